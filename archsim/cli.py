@@ -1,0 +1,210 @@
+"""The ``archsim`` command line (CONTRACT.md).
+
+Exit status: 0 done; 1 a functional verification failed; 2 bad input (one line on stderr:
+``archsim: error: <where>: <what> (<allowed>)``, never a traceback); 3 the simulation could not
+finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from archsim import __version__
+from archsim.errors import ArchsimError, InputError, SimulationError
+
+COMMANDS_HELP = "asm: assemble, check and run a kernel functionally; show-config: print a resolved machine"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad command lines as one archsim error line (exit 2)."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        raise InputError("command line", message, f"see `{self.prog} --help`")
+
+
+def _dims(text: str, option: str) -> tuple[int, int, int]:
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        vals = []
+    if not 1 <= len(vals) <= 3 or any(v <= 0 for v in vals):
+        raise InputError(option, f"bad value {text!r}", "X[,Y,Z] with positive integers")
+    return tuple(vals + [1] * (3 - len(vals)))
+
+
+def _add_machine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--hw", required=True, help="machine: a YAML path or a built-in name (a100, h100, sw26010pro, "
+                                               "tiny-gpu, tiny-sunway)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
+                   help="override one config value (dotted path), repeatable")
+    p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE",
+                   help="apply an overlay YAML (path or built-in name), repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="archsim", description="archsim: a cycle-level accelerator architecture simulator")
+    parser.add_argument("--version", action="version", version=f"archsim {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    p = sub.add_parser("asm", help="assemble, check and run a kernel functionally; print what it wrote")
+    p.add_argument("file", metavar="FILE.s", help="an assembly file, or the name of a built-in example "
+                                                 "(isa/examples/NAME.s)")
+    _add_machine_options(p)
+    p.add_argument("--grid", help="grid X[,Y,Z] (default: the file's .launch)")
+    p.add_argument("--block", help="block X[,Y,Z] (default: the file's .launch)")
+    p.add_argument("--engine", choices=("numba", "reference"), default="numba",
+                   help="functional interpreter: the numba engine or its slow pure-Python twin")
+    p.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    p.add_argument("--disassemble", action="store_true", help="print the assembled program first")
+
+    p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
+    p.add_argument("hw", metavar="HW", help="a YAML path or a built-in name")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE")
+    p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE")
+    p.add_argument("--json", metavar="FILE", help="write the resolved machine and derived figures as JSON")
+    return parser
+
+
+# ----------------------------------------------------------------------------- commands
+def _load_kernel(name: str):
+    from archsim.isa.asm import assemble_file
+    from archsim.paths import data_dir
+
+    path = Path(name)
+    if not path.exists() and not name.endswith(".s"):
+        builtin = data_dir("isa") / "examples" / f"{name}.s"
+        if builtin.exists():
+            return assemble_file(builtin), name
+        known = sorted(p.stem for p in (data_dir("isa") / "examples").glob("*.s"))
+        raise InputError(name, "no such file or built-in example", "a .s path or one of: " + ", ".join(known))
+    return assemble_file(path), None
+
+
+def _summary(arr: np.ndarray, dtype: str) -> dict:
+    from archsim.engine.launch import bf16_bits_to_f32
+
+    vals = bf16_bits_to_f32(arr) if dtype == "bf16" else arr
+    flat = np.asarray(vals, dtype=np.float64).ravel()
+    return {"dtype": dtype, "shape": list(arr.shape), "sum": float(np.sum(flat)),
+            "min": float(np.min(flat)) if flat.size else 0.0, "max": float(np.max(flat)) if flat.size else 0.0,
+            "head": [float(v) for v in flat[:8]]}
+
+
+def cmd_asm(a) -> int:
+    from archsim.config.derived import capabilities
+    from archsim.config.load import load_machine
+    from archsim.engine.functional import run_functional
+    from archsim.engine.launch import default_args, resolve_launch
+    from archsim.isa.asm import disassemble
+    from archsim.isa.check import check
+    from archsim.isa.program import Launch
+
+    machine = load_machine(a.hw, a.overlays, a.sets)
+    caps = capabilities(machine)
+    prog, example = _load_kernel(a.file)
+    check(prog, caps)
+    launch = resolve_launch(prog, None) if (a.grid is None or a.block is None) and prog.launch else None
+    grid = _dims(a.grid, "--grid") if a.grid else (launch.grid if launch else None)
+    block = _dims(a.block, "--block") if a.block else (launch.block if launch else None)
+    if grid is None or block is None:
+        raise InputError(a.file, f"kernel {prog.name} has no .launch directive",
+                         "give --grid and --block, or add .launch grid=X block=Y")
+    launch = Launch(grid, block)
+    tpb = launch.threads_per_block
+    if tpb > caps.warp_slots * caps.warp_width:
+        raise InputError("--block", f"{tpb} threads per block exceed what one core of {caps.name} holds",
+                         f"at most {caps.warp_slots * caps.warp_width} threads")
+    if a.disassemble:
+        print(disassemble(prog))
+    args = default_args(prog)
+    before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
+    result = run_functional(prog, args, launch, warp_width=caps.warp_width, ncores=caps.cores_total,
+                            engine=a.engine)
+    written = {}
+    for name, old in before.items():
+        new = result.output(name)
+        if not np.array_equal(new.view(np.uint8), old.view(np.uint8)):
+            written[name] = _summary(new, result.memory.buffers[name][2])
+    verification = None
+    if example is not None:
+        from archsim.isa.examples import EXAMPLES, verify
+
+        if example in EXAMPLES:
+            verification = verify(example, args_for_ref(prog), result)
+    out = {"schema": "archsim.asm/1", "kernel": prog.name, "machine": caps.name,
+           "launch": {"grid": list(launch.grid), "block": list(launch.block)},
+           "warp_instructions": result.warp_instructions, "written": written}
+    if verification is not None:
+        out["verification"] = verification
+    print(f"kernel {prog.name} on {caps.name}: grid {launch.grid} block {launch.block}, "
+          f"{result.warp_instructions} warp-instructions")
+    if not written:
+        print("  (no buffer changed)")
+    for name, s in written.items():
+        head = ", ".join(f"{v:.6g}" for v in s["head"])
+        print(f"  {name}: {s['dtype']}{s['shape']}  sum {s['sum']:.6g}  min {s['min']:.6g}  max {s['max']:.6g}  "
+              f"[{head}{', ...' if np.prod(s['shape']) > 8 else ''}]")
+    failed = False
+    if verification is not None:
+        for name, v in verification.items():
+            ok = "ok" if v["passed"] else "FAILED"
+            failed |= not v["passed"]
+            print(f"  check {name} vs numpy: max abs err {v['max_abs_err']:.3g}, max rel err {v['max_rel_err']:.3g}: {ok}")
+    if a.json:
+        _write_json(a.json, out)
+    return 1 if failed else 0
+
+
+def args_for_ref(prog) -> dict:
+    """The initial arguments again (the run mutates its copies)."""
+    from archsim.engine.launch import default_args
+
+    return default_args(prog)
+
+
+def cmd_show_config(a) -> int:
+    from archsim.config.derived import format_machine, peak_bandwidth_gbps, peak_tflops
+    from archsim.config.load import load_machine
+
+    machine = load_machine(a.hw, a.overlays, a.sets)
+    print(format_machine(machine))
+    if a.json:
+        _write_json(a.json, {"schema": "archsim.machine/1", "machine": machine.model_dump(mode="json"),
+                             "derived": {"peak_tflops": peak_tflops(machine),
+                                         "peak_bandwidth_gbps": peak_bandwidth_gbps(machine)}})
+    return 0
+
+
+def _write_json(path: str, obj) -> None:
+    try:
+        Path(path).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise InputError("--json", f"cannot write {path}: {e.strerror}", "a writable file path")
+
+
+COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config}
+
+
+def main(argv=None) -> int:
+    try:
+        a = build_parser().parse_args(argv)
+        return COMMANDS[a.command](a)
+    except SimulationError as e:
+        print(f"archsim: error: {e.line()}", file=sys.stderr)
+        return 3
+    except ArchsimError as e:
+        print(f"archsim: error: {e}", file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:
+        print("archsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

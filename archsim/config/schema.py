@@ -1,0 +1,506 @@
+"""The hardware description: one pydantic v2 tree for both machine families.
+
+A GPU (A100, H100) and the Sunway SW26010-Pro are both "core groups of cores that run warps, a
+fabric, memory partitions" (DESIGN.md section 3); blocks a family lacks are optional and ``None``
+when absent (``l1``, ``l2``, ``tensor``, ``dma``, ``rma``, ``mesh``, ``mpe``).
+
+Conventions
+- Every model is ``extra="forbid"`` (an unknown key is an error) and ``frozen=True``; mappings are
+  ``FrozenDict`` and lists are tuples, so a resolved ``Machine`` is immutable and hashable.
+- Units are in field names: ``*_ghz``, ``*_cycles``, ``*_kib``, ``*_bytes``, ``*_gbps``,
+  ``bytes_per_cycle``. Cycles are core-clock cycles unless the block says otherwise: ``fabric``
+  and ``l2`` count fabric-clock cycles, ``dram.timing`` counts memory-clock cycles. The clocks
+  are ``clock_ghz`` and ``clock_ratios`` (fabric and memory clock = ratio x core clock).
+- Per-unit rates are per sub-core (``pipes``), per tensor unit (``tensor``), per core (``l1``,
+  ``scratchpad``), per slice (``l2``), per engine (``dma``, ``rma``), per channel (``dram``).
+  Whole-machine peaks are derived (``archsim.config.derived``), never typed in.
+
+Pipes: ``pipes`` maps a pipe name to what it serves (ISA unit classes), how many lanes of each
+dtype it retires per cycle per sub-core (a warp of ``warp_width`` lanes occupies the pipe for
+``ceil(warp_width / lanes)`` cycles), and its latency (``latency_cycles``, or a per-latency-key
+override). A dtype a pipe does not list runs at its ``b`` rate; a pipe without ``b`` cannot run
+dtypes it does not list. ``tensor``, ``dma`` and ``rma`` are served by their blocks, not by pipes.
+bf16 arithmetic belongs to unit class ``fp16`` (dtype ``bf16x2``).
+
+Cross-field checks raise ``FieldError`` with the dotted path of the offending field, so the
+loader can print one line naming the file, the field and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+# ---- fixed vocabularies shared with the ISA (isa/opcodes.yaml) --------------------------------
+
+UNIT_CLASSES = ("int", "fp32", "fp16", "fp64", "mufu", "conv", "shfl", "lsu", "tensor", "ctrl",
+                "sync", "dma", "rma")
+BLOCK_UNITS = ("tensor", "dma", "rma")          # served by their config blocks, never by a pipe
+REQUIRED_UNITS = ("int", "ctrl", "sync")        # every core (and MPE) needs a pipe for these
+PIPE_DTYPES = ("i64", "f32", "f16x2", "bf16x2", "f64", "pred", "b")
+LATENCY_KEYS = ("int", "int_mul", "int_div", "fp32", "fp16", "fp64", "mufu", "conv", "shfl",
+                "s2r", "branch")
+TENSOR_DTYPES = ("fp16", "bf16", "tf32", "fp64", "int8", "fp8")
+FAMILIES = ("gpu", "sunway")
+
+UnitClass = Literal["int", "fp32", "fp16", "fp64", "mufu", "conv", "shfl", "lsu", "tensor", "ctrl",
+                    "sync", "dma", "rma"]
+PipeDtype = Literal["i64", "f32", "f16x2", "bf16x2", "f64", "pred", "b"]
+LatencyKey = Literal["int", "int_mul", "int_div", "fp32", "fp16", "fp64", "mufu", "conv", "shfl",
+                     "s2r", "branch"]
+TensorDtype = Literal["fp16", "bf16", "tf32", "fp64", "int8", "fp8"]
+
+
+class FieldError(ValueError):
+    """A cross-field check failed. ``path`` is dotted and relative to the model that raised it;
+    ``related`` names other fields the message is about (the loader blames whichever of them the
+    user changed last)."""
+
+    def __init__(self, path: str, what: str, allowed: str = "", related: tuple[str, ...] = ()):
+        self.path = path
+        self.what = what
+        self.allowed = allowed
+        self.related = tuple(related)
+        super().__init__(what)
+
+
+class FrozenDict(dict):
+    """A read-only, hashable, picklable dict (what mapping fields hold after validation)."""
+
+    __slots__ = ()
+
+    def _ro(self, *a, **k):
+        raise TypeError("a resolved Machine is frozen; use --set / overlays to change it")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _ro
+
+    def __hash__(self):
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self):
+        return (FrozenDict, (dict(self),))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+FMap = Annotated[dict[K, V], AfterValidator(FrozenDict)]
+
+PosInt = Annotated[int, Field(strict=True, gt=0)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0)]
+PosFloat = Annotated[float, Field(strict=True, gt=0)]
+NonNegFloat = Annotated[float, Field(strict=True, ge=0)]
+Bool = Annotated[bool, Field(strict=True)]
+Text = Annotated[str, Field(strict=True, min_length=1)]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _check_pipes(pipes: dict, prefix: str, what_core: str) -> None:
+    served = set()
+    for name, p in pipes.items():
+        served.update(p.serves)
+    for u in REQUIRED_UNITS:
+        if u not in served:
+            raise FieldError(prefix, f"no pipe serves unit class {u!r} on the {what_core}",
+                             f"every {what_core} needs pipes serving {', '.join(REQUIRED_UNITS)}")
+
+
+# ---- blocks ---------------------------------------------------------------------------------
+
+class ClockRatios(Frozen):
+    """Clock domains relative to the core clock (``clock_ghz``)."""
+
+    fabric: PosFloat        # fabric (crossbar / ring) and L2 clock = fabric x clock_ghz
+    memory: PosFloat        # DRAM command clock (the one dram.timing counts) = memory x clock_ghz
+
+
+class Cores(Frozen):
+    kind: Literal["sm", "cpe"]
+    per_group: PosInt               # cores in one core group (SMs on a GPU, CPEs per CG)
+    warp_width: PosInt              # lanes per warp (32; on a CPE the 512-bit vector)
+    warp_slots: PosInt              # resident warps per core
+    max_blocks: PosInt              # resident thread blocks per core
+    subcores: PosInt                # schedulers per core, each owning warp_slots/subcores warps
+    scheduler: Literal["lrr", "gto"]  # loose round robin | greedy-then-oldest
+    issue_per_cycle: PosInt         # warp-instructions issued per cycle per sub-core
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.warp_width > 32 or not _is_pow2(self.warp_width):
+            raise FieldError("warp_width", f"warp_width {self.warp_width} is not a power of two <= 32",
+                             "1, 2, 4, 8, 16 or 32")
+        if self.warp_slots % self.subcores:
+            raise FieldError("subcores", f"subcores {self.subcores} does not divide warp_slots "
+                             f"{self.warp_slots}", "a divisor of cores.warp_slots", ("warp_slots",))
+        if self.max_blocks > self.warp_slots:
+            raise FieldError("max_blocks", f"max_blocks {self.max_blocks} exceeds warp_slots "
+                             f"{self.warp_slots} (a block needs at least one warp)",
+                             f"at most {self.warp_slots}", ("warp_slots",))
+        return self
+
+
+class RegisterFile(Frozen):
+    regs_per_core: PosInt           # 32-bit registers per core (SM / CPE)
+    max_regs_per_thread: PosInt     # per lane
+    banks: PosInt                   # register-file banks per sub-core (operand-collector conflicts)
+
+
+class Pipe(Frozen):
+    serves: Annotated[tuple[UnitClass, ...], Field(min_length=1)]
+    lanes_per_cycle: Annotated[FMap[PipeDtype, PosFloat], Field(min_length=1)]  # per sub-core
+    latency_cycles: PosInt          # issue -> result for a dependent instruction
+    latency_overrides_cycles: FMap[LatencyKey, PosInt] = Field(default_factory=FrozenDict)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for i, u in enumerate(self.serves):
+            if u in BLOCK_UNITS:
+                raise FieldError(f"serves[{i}]", f"unit class {u!r} is served by the {u} block, not a pipe",
+                                 "unit classes other than " + ", ".join(BLOCK_UNITS))
+            if u in self.serves[:i]:
+                raise FieldError(f"serves[{i}]", f"unit class {u!r} listed twice", "each unit class once")
+        return self
+
+
+class Tensor(Frozen):
+    units_per_core: PosInt                       # tensor units per core (A100: one per sub-core)
+    mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
+    mac_steps_per_cycle: Annotated[FMap[TensorDtype, PosFloat], Field(min_length=1)]  # per unit
+    latency_cycles: PosInt                       # pipeline fill/drain after the last step
+
+
+class Scratchpad(Frozen):
+    kind: Literal["shared", "ldm"]
+    size_kib: NonNegInt             # shared memory per SM (the carveout) | LDM per CPE
+    banks: PosInt
+    bank_width_bytes: PosInt        # banks x bank_width_bytes = bytes per cycle per core
+    latency_cycles: PosInt          # unloaded load-to-use
+    carved_from_l1: Bool = False    # shared memory takes size_kib of the unified l1 array
+    carveouts_kib: Optional[tuple[NonNegInt, ...]] = None   # allowed size_kib values
+    cache_kib: NonNegInt = 0        # LDM part used as a data cache (Sunway)
+    cache_options_kib: Optional[tuple[NonNegInt, ...]] = None
+    cache_line_bytes: Optional[PosInt] = None
+    shared_modes: Optional[tuple[tuple[PosInt, PosInt], ...]] = None  # shared-LDM CPE groups (rows, cols)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.carveouts_kib is not None and self.size_kib not in self.carveouts_kib:
+            raise FieldError("size_kib", f"size_kib {self.size_kib} is not an allowed carveout",
+                             "one of: " + ", ".join(str(c) for c in self.carveouts_kib), ("carveouts_kib",))
+        if self.kind == "shared" and (self.cache_kib or self.cache_options_kib):
+            raise FieldError("cache_kib", "shared memory has no cache part (cache_kib is for an LDM)",
+                             "cache_kib: 0 and no cache_options_kib")
+        if self.kind == "ldm" and self.carved_from_l1:
+            raise FieldError("carved_from_l1", "an LDM is not carved from an L1", "false")
+        if self.cache_options_kib is not None and self.cache_kib not in self.cache_options_kib:
+            raise FieldError("cache_kib", f"cache_kib {self.cache_kib} is not an allowed LDM cache size",
+                             "one of: " + ", ".join(str(c) for c in self.cache_options_kib), ("cache_options_kib",))
+        if self.cache_kib and self.cache_kib >= self.size_kib:
+            raise FieldError("cache_kib", f"cache_kib {self.cache_kib} leaves no LDM of size_kib {self.size_kib}",
+                             f"less than {self.size_kib}", ("size_kib",))
+        if self.cache_kib and self.cache_line_bytes is None:
+            raise FieldError("cache_line_bytes", "an LDM cache needs cache_line_bytes", "an integer > 0")
+        return self
+
+
+class L1(Frozen):
+    size_kib: PosInt                # the whole SRAM array (unified L1 + shared when carved_from_l1)
+    line_bytes: PosInt
+    sector_bytes: PosInt
+    assoc: PosInt
+    mshrs: PosInt                   # outstanding sector misses per core
+    hit_latency_cycles: PosInt
+    bytes_per_cycle: PosInt         # per core
+
+    @model_validator(mode="after")
+    def _check(self):
+        if not _is_pow2(self.line_bytes):
+            raise FieldError("line_bytes", f"line_bytes {self.line_bytes} is not a power of two", "e.g. 128")
+        if self.line_bytes % self.sector_bytes:
+            raise FieldError("sector_bytes", f"sector_bytes {self.sector_bytes} does not divide line_bytes "
+                             f"{self.line_bytes}", "a divisor of line_bytes", ("line_bytes",))
+        return self
+
+
+class Dma(Frozen):
+    """Bulk copies between main memory and LDM (Sunway DMA), one engine per cluster."""
+
+    engines_per_cluster: PosInt
+    piece_bytes: PosInt             # requests are split into aligned pieces of this size
+    max_inflight: PosInt            # pieces in flight per engine
+    get_startup_cycles: NonNegInt   # engine-side fixed cost of a get (the memory path adds its own)
+    put_startup_cycles: NonNegInt
+    bytes_per_cycle: PosFloat       # per engine
+    broadcast_modes: tuple[Literal["row", "column", "array"], ...] = ()
+
+
+class Rma(Frozen):
+    """Remote LDM access between CPEs of one core group over the mesh."""
+
+    engines_per_cluster: PosInt
+    latency_cycles: PosInt          # a small transfer within one cluster
+    hop_cycles: NonNegInt           # added per cluster hop in x or y
+    bytes_per_cycle: PosFloat       # point to point
+
+
+class Mesh(Frozen):
+    """Cores of a group laid out rows x cols, grouped in clusters of cluster_rows x cluster_cols."""
+
+    rows: PosInt
+    cols: PosInt
+    cluster_rows: PosInt
+    cluster_cols: PosInt
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.rows % self.cluster_rows:
+            raise FieldError("cluster_rows", f"cluster_rows {self.cluster_rows} does not divide rows {self.rows}",
+                             "a divisor of mesh.rows", ("rows",))
+        if self.cols % self.cluster_cols:
+            raise FieldError("cluster_cols", f"cluster_cols {self.cluster_cols} does not divide cols {self.cols}",
+                             "a divisor of mesh.cols", ("cols",))
+        return self
+
+
+class Mpe(Frozen):
+    """Sunway management core(s): a separate in-order core per group with its own clock and pipes."""
+
+    per_group: PosInt
+    clock_ghz: PosFloat
+    pipes: Annotated[FMap[Text, Pipe], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _check(self):
+        _check_pipes(self.pipes, "pipes", "MPE")
+        return self
+
+
+class Fabric(Frozen):
+    kind: Literal["crossbar", "ring", "mesh"]
+    link_bytes_per_cycle: PosInt    # per link per direction, fabric clock (= flit size)
+    buffer_depth: PosInt            # flits (credits) per input buffer
+    router_latency_cycles: PosInt   # per router / ring stop traversal, fabric clock
+    bidirectional: Bool = True      # ring: links in both directions
+
+
+class L2(Frozen):
+    size_kib: PosInt
+    slices: PosInt
+    halves: PosInt                  # partitions; addresses interleave over them in interleave_bytes
+    interleave_bytes: PosInt
+    line_bytes: PosInt
+    sector_bytes: PosInt
+    assoc: PosInt
+    mshrs: PosInt                   # per slice
+    hit_latency_cycles: PosInt      # slice tag + data pipeline (the fabric adds its own)
+    bytes_per_cycle: PosInt         # per slice, fabric clock
+    far_half_extra_cycles: NonNegInt  # added when the data lives in the other half
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.slices % self.halves:
+            raise FieldError("halves", f"halves {self.halves} does not divide slices {self.slices}",
+                             "a divisor of l2.slices", ("slices",))
+        if self.line_bytes % self.sector_bytes:
+            raise FieldError("sector_bytes", f"sector_bytes {self.sector_bytes} does not divide line_bytes "
+                             f"{self.line_bytes}", "a divisor of line_bytes", ("line_bytes",))
+        per_slice = self.size_kib * 1024 / self.slices
+        if per_slice % (self.line_bytes * self.assoc):
+            raise FieldError("size_kib", f"size_kib {self.size_kib} does not split into {self.slices} slices "
+                             f"of whole {self.assoc}-way sets of {self.line_bytes}-B lines",
+                             "a multiple of slices x assoc x line_bytes / 1024", ("slices", "assoc", "line_bytes"))
+        return self
+
+
+class AddressMapping(Frozen):
+    """interleave: addresses spread over all channels in interleave_bytes chunks.
+    segments (Sunway): each core group owns a private segment on its own controller, plus a cross
+    segment interleaved over all controllers in interleave_bytes chunks."""
+
+    kind: Literal["interleave", "segments"]
+    interleave_bytes: PosInt
+
+
+class MemoryControllers(Frozen):
+    count: PosInt
+    queue_depth: PosInt             # requests per controller
+    policy: Literal["fcfs", "frfcfs"]
+    row_policy: Literal["open", "closed"]
+    address_mapping: AddressMapping
+
+
+class DramTiming(Frozen):
+    """DDR/HBM timing rules in memory-clock cycles (Ramulator-style, as data). The data-bus time of
+    one burst is derived: burst_bytes / (channel_gbps / memory clock)."""
+
+    tCL: PosInt       # read command -> data
+    tCWL: PosInt      # write command -> data
+    tRCD: PosInt      # activate -> read/write
+    tRP: PosInt       # precharge -> activate
+    tRAS: PosInt      # activate -> precharge
+    tRC: PosInt       # activate -> activate, same bank
+    tCCD_S: PosInt    # column -> column, different bank group
+    tCCD_L: PosInt    # column -> column, same bank group
+    tRRD_S: PosInt    # activate -> activate, different bank group
+    tRRD_L: PosInt    # activate -> activate, same bank group
+    tFAW: PosInt      # window for four activates
+    tWR: PosInt       # write recovery
+    tWTR_S: PosInt    # write -> read, different bank group
+    tWTR_L: PosInt    # write -> read, same bank group
+    tRTP: PosInt      # read -> precharge
+    tRFC: PosInt      # refresh cycle
+    tREFI: PosInt     # refresh interval
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.tRC < self.tRAS + self.tRP:
+            raise FieldError("tRC", f"tRC {self.tRC} is less than tRAS + tRP = {self.tRAS + self.tRP}",
+                             f">= {self.tRAS + self.tRP}", ("tRAS", "tRP"))
+        if self.tCCD_L < self.tCCD_S:
+            raise FieldError("tCCD_L", f"tCCD_L {self.tCCD_L} is less than tCCD_S {self.tCCD_S}",
+                             f">= {self.tCCD_S}", ("tCCD_S",))
+        if self.tRRD_L < self.tRRD_S:
+            raise FieldError("tRRD_L", f"tRRD_L {self.tRRD_L} is less than tRRD_S {self.tRRD_S}",
+                             f">= {self.tRRD_S}", ("tRRD_S",))
+        if self.tREFI <= self.tRFC:
+            raise FieldError("tREFI", f"tREFI {self.tREFI} is not longer than tRFC {self.tRFC}",
+                             f"> {self.tRFC}", ("tRFC",))
+        return self
+
+
+class Dram(Frozen):
+    kind: Literal["hbm2", "hbm2e", "hbm3", "ddr4", "ddr5"]
+    channels: PosInt                # independent channels (each with its own data bus and banks)
+    channel_gbps: PosFloat          # peak data rate of one channel
+    capacity_gib: Optional[PosFloat] = None
+    banks: PosInt                   # per channel
+    bank_groups: PosInt             # per channel
+    row_bytes: PosInt               # row-buffer (page) size per bank
+    burst_bytes: PosInt             # bytes moved by one column command
+    timing: DramTiming              # memory-clock cycles
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.banks % self.bank_groups:
+            raise FieldError("bank_groups", f"bank_groups {self.bank_groups} does not divide banks {self.banks}",
+                             "a divisor of dram.banks", ("banks",))
+        if self.row_bytes % self.burst_bytes:
+            raise FieldError("burst_bytes", f"burst_bytes {self.burst_bytes} does not divide row_bytes "
+                             f"{self.row_bytes}", "a divisor of dram.row_bytes", ("row_bytes",))
+        return self
+
+
+# ---- the machine ------------------------------------------------------------------------------
+
+class Machine(Frozen):
+    name: Text
+    family: Literal["gpu", "sunway"]
+    description: Optional[str] = None
+    sources: FMap[Text, Text] = Field(default_factory=FrozenDict)   # citation tags used in comments
+    clock_ghz: PosFloat             # core clock
+    clock_ratios: ClockRatios
+    groups: PosInt                  # core groups (1 on a GPU, 6 on the SW26010-Pro)
+    cores: Cores
+    register_file: RegisterFile
+    pipes: Annotated[FMap[Text, Pipe], Field(min_length=1)]
+    tensor: Optional[Tensor] = None
+    scratchpad: Scratchpad
+    l1: Optional[L1] = None
+    async_copy: Bool = False        # GPU cp.async: global -> shared without registers
+    dma: Optional[Dma] = None
+    rma: Optional[Rma] = None
+    mesh: Optional[Mesh] = None
+    mpe: Optional[Mpe] = None
+    fabric: Fabric
+    l2: Optional[L2] = None
+    memory_controllers: MemoryControllers
+    dram: Dram
+
+    @model_validator(mode="after")
+    def _check(self):
+        fam = self.family
+        want_core, want_scratch = ("sm", "shared") if fam == "gpu" else ("cpe", "ldm")
+        if self.cores.kind != want_core:
+            raise FieldError("cores.kind", f"cores.kind {self.cores.kind!r} does not fit family {fam!r}",
+                             f"{want_core} for family {fam}", ("family",))
+        if self.scratchpad.kind != want_scratch:
+            raise FieldError("scratchpad.kind", f"scratchpad.kind {self.scratchpad.kind!r} does not fit "
+                             f"family {fam!r}", f"{want_scratch} for family {fam}", ("family",))
+        if fam == "sunway" and self.mesh is None:
+            raise FieldError("mesh", "a sunway machine needs a mesh block (CPE layout and clusters)",
+                             "mesh: {rows, cols, cluster_rows, cluster_cols}")
+        _check_pipes(self.pipes, "pipes", "core")
+        ww = self.cores.warp_width
+        rf = self.register_file
+        if rf.max_regs_per_thread * ww > rf.regs_per_core:
+            raise FieldError("register_file.max_regs_per_thread",
+                             f"register_file.max_regs_per_thread {rf.max_regs_per_thread} x warp_width {ww} "
+                             f"exceeds register_file.regs_per_core {rf.regs_per_core}",
+                             f"at most {rf.regs_per_core // ww}", ("register_file.regs_per_core",))
+        sp = self.scratchpad
+        if sp.carved_from_l1:
+            if self.l1 is None:
+                raise FieldError("scratchpad.carved_from_l1", "scratchpad.carved_from_l1 is true but there is no l1",
+                                 "false, or add an l1 block", ("l1",))
+            if sp.size_kib > self.l1.size_kib:
+                raise FieldError("scratchpad.size_kib",
+                                 f"scratchpad.size_kib {sp.size_kib} exceeds l1.size_kib {self.l1.size_kib}, "
+                                 f"the unified L1/shared array", f"at most {self.l1.size_kib} KiB", ("l1.size_kib",))
+            if sp.carveouts_kib is not None:
+                over = [c for c in sp.carveouts_kib if c > self.l1.size_kib]
+                if over:
+                    raise FieldError("scratchpad.carveouts_kib",
+                                     f"carveout {over[0]} exceeds l1.size_kib {self.l1.size_kib}",
+                                     f"carveouts of at most {self.l1.size_kib}", ("l1.size_kib",))
+        if self.l1 is not None:
+            cache_bytes = (self.l1.size_kib - (sp.size_kib if sp.carved_from_l1 else 0)) * 1024
+            if cache_bytes % (self.l1.line_bytes * self.l1.assoc):
+                raise FieldError("l1.assoc", f"the {cache_bytes // 1024} KiB L1 cache is not a whole number of "
+                                 f"{self.l1.assoc}-way sets of {self.l1.line_bytes}-B lines",
+                                 "an assoc dividing the cache lines", ("l1.size_kib", "scratchpad.size_kib"))
+        if self.mesh is not None:
+            m = self.mesh
+            if m.rows * m.cols != self.cores.per_group:
+                raise FieldError("mesh.rows", f"mesh {m.rows}x{m.cols} does not hold cores.per_group "
+                                 f"{self.cores.per_group}", f"rows x cols = {self.cores.per_group}",
+                                 ("mesh.cols", "cores.per_group"))
+            for i, (r, c) in enumerate(sp.shared_modes or ()):
+                if m.rows % r or m.cols % c:
+                    raise FieldError(f"scratchpad.shared_modes[{i}]", f"shared-LDM mode {r}x{c} does not tile "
+                                     f"the {m.rows}x{m.cols} mesh", "rows and cols dividing the mesh's",
+                                     ("mesh.rows", "mesh.cols"))
+        for blk in ("dma", "rma"):
+            if getattr(self, blk) is not None and self.mesh is None:
+                raise FieldError(blk, f"a {blk} block needs a mesh block (its engines are per cluster)",
+                                 f"add mesh, or {blk}: null", ("mesh",))
+        mc = self.memory_controllers
+        if self.dram.channels % mc.count:
+            raise FieldError("dram.channels", f"dram.channels {self.dram.channels} is not a multiple of "
+                             f"memory_controllers.count {mc.count}", f"a multiple of {mc.count}",
+                             ("memory_controllers.count",))
+        if mc.address_mapping.kind == "segments" and mc.count % self.groups:
+            raise FieldError("memory_controllers.count", f"segments mapping needs the {mc.count} controllers "
+                             f"to split evenly over {self.groups} groups", f"a multiple of groups ({self.groups})",
+                             ("groups", "memory_controllers.address_mapping.kind"))
+        return self
+
+
+__all__ = [
+    "AddressMapping", "BLOCK_UNITS", "ClockRatios", "Cores", "Dma", "Dram", "DramTiming", "FAMILIES", "Fabric",
+    "FieldError", "FrozenDict", "L1", "L2", "LATENCY_KEYS", "Machine", "MemoryControllers", "Mesh", "Mpe",
+    "PIPE_DTYPES", "Pipe", "REQUIRED_UNITS", "RegisterFile", "Rma", "Scratchpad", "TENSOR_DTYPES", "Tensor",
+    "UNIT_CLASSES",
+]

@@ -1,0 +1,1 @@
+"""The numba engine: state as NamedTuples of numpy arrays, free @njit functions."""

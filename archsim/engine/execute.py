@@ -1,0 +1,945 @@
+"""Functional semantics of every opcode, executed at issue (as GPGPU-Sim does).
+
+``step(P, T, S, w)`` runs the next instruction of warp ``w`` (its SIMT-stack top) and returns a
+status code. The functional interpreter (functional.py) loops over it; the timing engine calls
+the same function at issue and times the effects. Semantics: isa/README.md. The pure-Python
+twin (reference.py) implements the same text independently.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from archsim.engine.numerics import bf16_to_f64, f64_to_bf16, f64_to_half, half_to_f64
+from archsim.isa import opcodes as _opc
+
+# ---- semantic codes: a literal copy, checked against the opcode module at import so that a
+# reordering there cannot leave a stale numba cache here (numba keys its cache on this file).
+_SEM_ORDER = (
+    "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
+    "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
+    "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
+    "ex2", "lg2", "rcp", "rsqrt", "sqrt", "tanh", "cvt",
+    "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
+    "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
+    "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
+)
+(S_NOP, S_BRA, S_EXIT, S_BAR, S_BARGRID, S_S2R, S_LDPARAM, S_MOV, S_SELP,
+ S_ADD, S_SUB, S_MUL, S_MIN, S_MAX, S_FMA, S_DIV, S_REM, S_AND, S_OR, S_XOR, S_NOT, S_SHL, S_SHR, S_SRA,
+ S_SETP, S_PAND, S_POR, S_PXOR, S_PNOT, S_VOTE_ANY, S_VOTE_ALL, S_NEG, S_ABS,
+ S_EX2, S_LG2, S_RCP, S_RSQRT, S_SQRT, S_TANH, S_CVT,
+ S_SHFL_BFLY, S_SHFL_DOWN, S_SHFL_UP, S_SHFL_IDX,
+ S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
+ S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT) = range(len(_SEM_ORDER))
+_DT_ORDER = ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred")
+DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = range(7)
+_SDT_ORDER = ("none", "f16", "f16h", "bf16", "bf16h", "f32", "i64", "f64", "tf32")
+SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = range(9)
+_CMP_ORDER = ("none", "eq", "ne", "lt", "le", "gt", "ge")
+C_NONE, C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE = range(7)
+SPACE_GLOBAL, SPACE_SHARED = 1, 2
+if (_SEM_ORDER != _opc.SEM_NAMES or _DT_ORDER != _opc.DTYPE_NAMES or _SDT_ORDER != _opc.SRC_DTYPE_NAMES
+        or _CMP_ORDER != _opc.CMP_NAMES):
+    raise ImportError("archsim.engine.execute: code tables differ from archsim.isa.opcodes; update both")
+
+(SP_TIDX, SP_TIDY, SP_TIDZ, SP_NTIDX, SP_NTIDY, SP_NTIDZ, SP_CTAX, SP_CTAY, SP_CTAZ,
+ SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE) = range(17)
+
+FLAG_IMM0, FLAG_PRED_NEG = 1, 16
+
+# step() results
+ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_FAULT = 0, 1, 2, 3, -1
+# warp states
+W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
+# fault codes (S.fault[0])
+F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT = range(9)
+
+# S.geom layout
+G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE = range(14)
+
+NAN32 = np.float32(np.nan)
+INT64_MAX = 9223372036854775807
+INT64_MIN = -9223372036854775808
+
+
+class FState(NamedTuple):
+    """Functional state of every resident warp (struct of arrays)."""
+
+    regs: np.ndarray      # int64 [NW, R, W]
+    rf32: np.ndarray      # float32 view [NW, R, 2W]: lane l's f32 at 2l
+    ru32: np.ndarray      # uint32 view  [NW, R, 2W]
+    ru16: np.ndarray      # uint16 view  [NW, R, 4W]: lane l's halves at 4l, 4l+1
+    rf64: np.ndarray      # float64 view [NW, R, W]
+    preds: np.ndarray     # uint8 [NW, 8, W]
+    g8: np.ndarray        # global memory views (byte offset 0 = address G_GBASE)
+    g16: np.ndarray
+    g32: np.ndarray
+    g64: np.ndarray       # int64
+    s8: np.ndarray        # scratchpads [blocks, bytes] and views
+    s16: np.ndarray
+    s32: np.ndarray
+    s64: np.ndarray
+    params: np.ndarray    # int64 [K]
+    geom: np.ndarray      # int64 [14], see G_*
+    stack_pc: np.ndarray  # int32 [NW, D]
+    stack_rpc: np.ndarray
+    stack_mask: np.ndarray  # int64 [NW, D]
+    sp: np.ndarray        # int32 [NW] entries on the stack
+    wstate: np.ndarray    # int32 [NW]
+    icount: np.ndarray    # int64 [NW] warp-instructions issued
+    fault: np.ndarray     # int64 [6]: code, lane, address, bytes, pc, 0
+    tmp_u32: np.ndarray   # uint32 [2] scratch for bit casts
+    tmp_f32: np.ndarray   # float32 view of tmp_u32
+    tmp_i64: np.ndarray   # int64 [1] scratch for bit casts
+    tmp_f64: np.ndarray   # float64 view of tmp_i64
+    vals: np.ndarray      # int64 [W] shuffle scratch
+    mat: np.ndarray       # float64 [3, 16, 16] mma scratch (A, B, C)
+    rows: np.ndarray      # uint16 [8, 8] ldmatrix scratch
+    addr: np.ndarray      # int64 [NW, W] effective addresses of the last memory instruction
+
+
+# ----------------------------------------------------------------------------- helpers
+@njit(cache=True)
+def _fault(S, code, lane, addr, nbytes, pc):
+    S.fault[0] = code
+    S.fault[1] = lane
+    S.fault[2] = addr
+    S.fault[3] = nbytes
+    S.fault[4] = pc
+    return ST_FAULT
+
+
+@njit(cache=True)
+def _f32_of_bits(S, bits):
+    S.tmp_u32[0] = np.uint32(bits & 0xFFFFFFFF)
+    return S.tmp_f32[0]
+
+
+@njit(cache=True)
+def _bits_of_f32(S, x):
+    S.tmp_f32[0] = x
+    return np.int64(S.tmp_u32[0])
+
+
+@njit(cache=True)
+def _f32_canon(x):
+    if x != x:
+        return NAN32
+    return np.float32(x)
+
+
+@njit(cache=True)
+def _get_f32(S, P, w, pc, slot_reg, slot, lane, immf):
+    if P.flags[pc] & (FLAG_IMM0 << slot):
+        return immf
+    return S.rf32[w, slot_reg, 2 * lane]
+
+
+@njit(cache=True)
+def _set_f32(S, w, r, lane, x):
+    S.regs[w, r, lane] = 0
+    S.rf32[w, r, 2 * lane] = _f32_canon(x)
+
+
+@njit(cache=True)
+def _get_i(S, P, w, pc, slot_reg, slot, lane):
+    if P.flags[pc] & (FLAG_IMM0 << slot):
+        return P.imm[pc]
+    return S.regs[w, slot_reg, lane]
+
+
+@njit(cache=True)
+def _get_f64(S, P, w, pc, slot_reg, slot, lane, immd):
+    if P.flags[pc] & (FLAG_IMM0 << slot):
+        return immd
+    return S.rf64[w, slot_reg, lane]
+
+
+@njit(cache=True)
+def _set_f64(S, w, r, lane, x):
+    if x != x:
+        x = np.nan
+    S.rf64[w, r, lane] = x
+
+
+@njit(cache=True)
+def _half(S, dt, h):
+    """A 16-bit element of f16x2 / bf16x2 -> float64 (exact)."""
+    if dt == DT_F16X2:
+        return half_to_f64(h)
+    return bf16_to_f64(h, S.tmp_u32, S.tmp_f32)
+
+
+@njit(cache=True)
+def _to_half(dt, x):
+    if dt == DT_F16X2:
+        return f64_to_half(x)
+    return f64_to_bf16(x)
+
+
+@njit(cache=True)
+def _set_halves(S, w, r, lane, lo, hi):
+    S.regs[w, r, lane] = (np.int64(lo) & 0xFFFF) | ((np.int64(hi) & 0xFFFF) << 16)
+
+
+@njit(cache=True)
+def _fmin(a, b):
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a < b else b
+
+
+@njit(cache=True)
+def _fmax(a, b):
+    if a != a:
+        return b
+    if b != b:
+        return a
+    return a if a > b else b
+
+
+@njit(cache=True)
+def _cmp(c, a, b):
+    if c == C_EQ:
+        return a == b
+    if c == C_NE:
+        return a != b
+    if c == C_LT:
+        return a < b
+    if c == C_LE:
+        return a <= b
+    if c == C_GT:
+        return a > b
+    return a >= b
+
+
+@njit(cache=True)
+def _f_to_i64(x):
+    if x != x:
+        return np.int64(0)
+    if x >= 9.223372036854775807e18:
+        return np.int64(INT64_MAX)
+    if x < -9.223372036854775808e18:
+        return np.int64(INT64_MIN)
+    return np.int64(math.trunc(x))
+
+
+@njit(cache=True)
+def _mufu(sem, x):
+    """Transcendentals in float64 from an fp32 input; the caller rounds to fp32."""
+    if sem == S_EX2:
+        if x != x:
+            return np.nan
+        return 2.0 ** x
+    if sem == S_LG2:
+        if x != x or x < 0.0:
+            return np.nan
+        if x == 0.0:
+            return -np.inf
+        if x == np.inf:
+            return np.inf
+        return math.log2(x)
+    if sem == S_RCP:
+        if x == 0.0:
+            return math.copysign(np.inf, x)
+        return 1.0 / x
+    if sem == S_RSQRT:
+        if x != x or x < 0.0:
+            return np.nan
+        if x == 0.0:
+            return math.copysign(np.inf, x)
+        return 1.0 / math.sqrt(x)
+    if sem == S_SQRT:
+        if x != x or x < 0.0:
+            return np.nan
+        return math.sqrt(x)
+    return math.tanh(x)
+
+
+@njit(cache=True)
+def _active_mask(P, S, w, pc, mask):
+    """Stack-top mask narrowed by the instruction's guard predicate."""
+    p = P.pred[pc]
+    if p < 0:
+        return mask
+    neg = (P.flags[pc] & FLAG_PRED_NEG) != 0
+    W = S.geom[G_W]
+    m = np.int64(0)
+    for l in range(W):
+        if (mask >> l) & 1:
+            v = S.preds[w, p, l] != 0
+            if v != neg:
+                m |= np.int64(1) << l
+    return m
+
+
+# ----------------------------------------------------------------------------- memory
+@njit(cache=True)
+def _gcheck(S, addr, nb, lane, pc):
+    off = addr - S.geom[G_GBASE]
+    if off < 0 or off + nb > S.geom[G_GSIZE]:
+        return _fault(S, F_GLOBAL_OOB, lane, addr, nb, pc), off
+    if addr % nb != 0:
+        return _fault(S, F_MISALIGNED, lane, addr, nb, pc), off
+    return ST_OK, off
+
+
+@njit(cache=True)
+def _scheck(S, addr, nb, lane, pc, align):
+    if addr < 0 or addr + nb > S.geom[G_SHARED]:
+        return _fault(S, F_SHARED_OOB, lane, addr, nb, pc)
+    if align and addr % nb != 0:
+        return _fault(S, F_MISALIGNED, lane, addr, nb, pc)
+    return ST_OK
+
+
+@njit(cache=True)
+def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
+    """Read nb bytes at byte offset off (global: from GBASE; shared: block blk) into register d."""
+    if space == SPACE_GLOBAL:
+        if nd == 1:
+            if nb == 1:
+                v = np.int64(S.g8[off])
+            elif nb == 2:
+                v = np.int64(S.g16[off >> 1])
+            elif nb == 4:
+                v = np.int64(S.g32[off >> 2])
+                if signed and v >= 2147483648:
+                    v -= 4294967296
+            else:
+                v = S.g64[off >> 3]
+            S.regs[w, d, lane] = v
+        else:
+            for j in range(nd):
+                S.regs[w, d + j, lane] = np.int64(S.g32[(off >> 2) + j])
+    else:
+        if nd == 1:
+            if nb == 1:
+                v = np.int64(S.s8[blk, off])
+            elif nb == 2:
+                v = np.int64(S.s16[blk, off >> 1])
+            elif nb == 4:
+                v = np.int64(S.s32[blk, off >> 2])
+                if signed and v >= 2147483648:
+                    v -= 4294967296
+            else:
+                v = S.s64[blk, off >> 3]
+            S.regs[w, d, lane] = v
+        else:
+            for j in range(nd):
+                S.regs[w, d + j, lane] = np.int64(S.s32[blk, (off >> 2) + j])
+
+
+@njit(cache=True)
+def _store(S, space, blk, off, nb, w, r, lane, nr):
+    if space == SPACE_GLOBAL:
+        if nr == 1:
+            v = S.regs[w, r, lane]
+            if nb == 1:
+                S.g8[off] = np.uint8(v & 0xFF)
+            elif nb == 2:
+                S.g16[off >> 1] = np.uint16(v & 0xFFFF)
+            elif nb == 4:
+                S.g32[off >> 2] = np.uint32(v & 0xFFFFFFFF)
+            else:
+                S.g64[off >> 3] = v
+        else:
+            for j in range(nr):
+                S.g32[(off >> 2) + j] = np.uint32(S.regs[w, r + j, lane] & 0xFFFFFFFF)
+    else:
+        if nr == 1:
+            v = S.regs[w, r, lane]
+            if nb == 1:
+                S.s8[blk, off] = np.uint8(v & 0xFF)
+            elif nb == 2:
+                S.s16[blk, off >> 1] = np.uint16(v & 0xFFFF)
+            elif nb == 4:
+                S.s32[blk, off >> 2] = np.uint32(v & 0xFFFFFFFF)
+            else:
+                S.s64[blk, off >> 3] = v
+        else:
+            for j in range(nr):
+                S.s32[blk, (off >> 2) + j] = np.uint32(S.regs[w, r + j, lane] & 0xFFFFFFFF)
+
+
+@njit(cache=True)
+def _base(S, P, w, pc, reg, lane):
+    if reg < 0:
+        return np.int64(0)
+    return S.regs[w, reg, lane]
+
+
+@njit(cache=True)
+def _bulk(S, P, w, pc, mask, blk, sem):
+    """dma.get/put and rma.put/get: once per warp, operands of the lowest active lane."""
+    W = S.geom[G_W]
+    lane = 0
+    while lane < W and not ((mask >> lane) & 1):
+        lane += 1
+    a0 = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+    a1 = _base(S, P, w, pc, P.src1[pc], lane) + P.imm2[pc]
+    n = S.regs[w, P.src2[pc], lane]
+    S.addr[w, 0] = a0
+    S.addr[w, 1] = a1
+    S.addr[w, 2] = n
+    if n < 0:
+        return _fault(S, F_SHARED_OOB, lane, a0, n, pc)
+    if sem == S_DMA_GET or sem == S_DMA_PUT:
+        sh = a0 if sem == S_DMA_GET else a1
+        gl = a1 if sem == S_DMA_GET else a0
+        if sh < 0 or sh + n > S.geom[G_SHARED]:
+            return _fault(S, F_SHARED_OOB, lane, sh, n, pc)
+        goff = gl - S.geom[G_GBASE]
+        if goff < 0 or goff + n > S.geom[G_GSIZE]:
+            return _fault(S, F_GLOBAL_OOB, lane, gl, n, pc)
+        if sem == S_DMA_GET:
+            for i in range(n):
+                S.s8[blk, sh + i] = S.g8[goff + i]
+        else:
+            for i in range(n):
+                S.g8[goff + i] = S.s8[blk, sh + i]
+        return ST_OK
+    core = S.regs[w, P.src3[pc], lane]
+    if core < 0 or core >= S.geom[G_NBLK]:
+        return _fault(S, F_RMA_CORE, lane, core, n, pc)
+    remote = a0 if sem == S_RMA_PUT else a1
+    local = a1 if sem == S_RMA_PUT else a0
+    if remote < 0 or remote + n > S.geom[G_SHARED]:
+        return _fault(S, F_SHARED_OOB, lane, remote, n, pc)
+    if local < 0 or local + n > S.geom[G_SHARED]:
+        return _fault(S, F_SHARED_OOB, lane, local, n, pc)
+    if sem == S_RMA_PUT:
+        for i in range(n):
+            S.s8[core, remote + i] = S.s8[blk, local + i]
+    else:
+        for i in range(n):
+            S.s8[blk, local + i] = S.s8[core, remote + i]
+    return ST_OK
+
+
+# ----------------------------------------------------------------------------- tensor ops
+@njit(cache=True)
+def _mma(S, P, T, w, pc, op, mask):
+    W = S.geom[G_W]
+    if W != 32:
+        return _fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+    A = S.mat[0]
+    B = S.mat[1]
+    C = S.mat[2]
+    a = P.src0[pc]
+    b = P.src1[pc]
+    c = P.src2[pc]
+    d = P.dst[pc]
+    sdt = T.src_dtype[op]
+    M = T.shape_m[op]
+    N = T.shape_n[op]
+    K = T.shape_k[op]
+    for L in range(32):
+        g = L >> 2
+        t = L & 3
+        if sdt == SDT_F16 or sdt == SDT_BF16:
+            dt = DT_F16X2 if sdt == SDT_F16 else DT_BF16X2
+            for j in range(4):
+                v = S.regs[w, a + j, L]
+                row = g + 8 * (j & 1)
+                col = 2 * t + 8 * (j >> 1)
+                A[row, col] = _half(S, dt, v & 0xFFFF)
+                A[row, col + 1] = _half(S, dt, (v >> 16) & 0xFFFF)
+            for j in range(2):
+                v = S.regs[w, b + j, L]
+                B[2 * t + 8 * j, g] = _half(S, dt, v & 0xFFFF)
+                B[2 * t + 8 * j + 1, g] = _half(S, dt, (v >> 16) & 0xFFFF)
+        elif sdt == SDT_TF32:
+            for j in range(4):
+                bits = S.regs[w, a + j, L] & 0xFFFFE000
+                A[g + 8 * (j & 1), t + 4 * (j >> 1)] = float(_f32_of_bits(S, bits))
+            for j in range(2):
+                bits = S.regs[w, b + j, L] & 0xFFFFE000
+                B[t + 4 * j, g] = float(_f32_of_bits(S, bits))
+        else:  # f64 m8n8k4
+            A[g, t] = S.rf64[w, a, L]
+            B[t, g] = S.rf64[w, b, L]
+        if sdt == SDT_F64:
+            C[g, 2 * t] = S.rf64[w, c, L]
+            C[g, 2 * t + 1] = S.rf64[w, c + 1, L]
+        else:
+            for j in range(4):
+                C[g + 8 * (j >> 1), 2 * t + (j & 1)] = float(S.rf32[w, c + j, 2 * L])
+    # D = A*B + C, accumulated in k order from C
+    for i in range(M):
+        for j in range(N):
+            if sdt == SDT_F64:
+                acc = C[i, j]
+                for k in range(K):
+                    acc = acc + A[i, k] * B[k, j]
+                C[i, j] = acc
+            else:
+                acc32 = np.float32(C[i, j])
+                for k in range(K):
+                    acc32 = np.float32(acc32 + np.float32(A[i, k] * B[k, j]))
+                C[i, j] = float(acc32)
+    for L in range(32):
+        if not ((mask >> L) & 1):
+            continue
+        g = L >> 2
+        t = L & 3
+        if sdt == SDT_F64:
+            _set_f64(S, w, d, L, C[g, 2 * t])
+            _set_f64(S, w, d + 1, L, C[g, 2 * t + 1])
+        else:
+            for j in range(4):
+                _set_f32(S, w, d + j, L, np.float32(C[g + 8 * (j >> 1), 2 * t + (j & 1)]))
+    return ST_OK
+
+
+@njit(cache=True)
+def _ldmatrix(S, P, T, w, pc, op, mask, blk):
+    W = S.geom[G_W]
+    if W != 32:
+        return _fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+    nm = T.matrices[op]
+    trans = T.trans[op]
+    d = P.dst[pc]
+    R = S.rows
+    for i in range(nm):
+        for r in range(8):
+            lane = 8 * i + r
+            addr = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+            S.addr[w, lane] = addr
+            if addr < 0 or addr + 16 > S.geom[G_SHARED]:
+                return _fault(S, F_SHARED_OOB, lane, addr, 16, pc)
+            if addr % 16 != 0:
+                return _fault(S, F_MISALIGNED, lane, addr, 16, pc)
+            for c in range(8):
+                R[r, c] = S.s16[blk, (addr >> 1) + c]
+        for L in range(32):
+            if not ((mask >> L) & 1):
+                continue
+            if trans:
+                lo = R[2 * (L & 3), L >> 2]
+                hi = R[2 * (L & 3) + 1, L >> 2]
+            else:
+                lo = R[L >> 2, 2 * (L & 3)]
+                hi = R[L >> 2, 2 * (L & 3) + 1]
+            _set_halves(S, w, d + i, L, lo, hi)
+    return ST_OK
+
+
+# ----------------------------------------------------------------------------- control
+@njit(cache=True)
+def _advance(S, w, top, nxt):
+    """Set the top entry's pc and pop entries that reached their reconvergence point."""
+    S.stack_pc[w, top] = nxt
+    sp = S.sp[w]
+    while sp > 0 and S.stack_rpc[w, sp - 1] >= 0 and S.stack_pc[w, sp - 1] == S.stack_rpc[w, sp - 1]:
+        sp -= 1
+    S.sp[w] = sp
+
+
+@njit(cache=True)
+def _exit_lanes(S, w, lanes):
+    sp = S.sp[w]
+    for e in range(sp):
+        S.stack_mask[w, e] &= ~lanes
+    while sp > 0 and S.stack_mask[w, sp - 1] == 0:
+        sp -= 1
+    S.sp[w] = sp
+
+
+@njit(cache=True)
+def _branch(S, P, w, pc, top, mask, taken):
+    target = np.int32(P.imm[pc])
+    nottaken = mask & ~taken
+    if taken == 0:
+        _advance(S, w, top, pc + 1)
+        return ST_OK
+    if nottaken == 0 or target == pc + 1:
+        _advance(S, w, top, target)
+        return ST_OK
+    rpc = P.reconv[pc]
+    D = S.stack_pc.shape[1]
+    # the top entry becomes the reconvergence entry; paths that go straight there are not pushed
+    S.stack_pc[w, top] = rpc
+    sp = top + 1
+    if pc + 1 != rpc:
+        if sp >= D:
+            return _fault(S, F_STACK, 0, sp, 0, pc)
+        S.stack_pc[w, sp] = pc + 1
+        S.stack_rpc[w, sp] = rpc
+        S.stack_mask[w, sp] = nottaken
+        sp += 1
+    if target != rpc:
+        if sp >= D:
+            return _fault(S, F_STACK, 0, sp, 0, pc)
+        S.stack_pc[w, sp] = target
+        S.stack_rpc[w, sp] = rpc
+        S.stack_mask[w, sp] = taken
+        sp += 1
+    S.sp[w] = sp
+    return ST_OK
+
+
+# ----------------------------------------------------------------------------- one instruction
+@njit(cache=True)
+def step(P, T, S, w):
+    """Execute warp w's next instruction. Returns ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED or ST_FAULT."""
+    top = S.sp[w] - 1
+    pc = S.stack_pc[w, top]
+    mask0 = S.stack_mask[w, top]
+    op = P.op[pc]
+    sem = T.sem[op]
+    dt = T.dtype[op]
+    W = S.geom[G_W]
+    blk = w // S.geom[G_WPB]
+    clock_before = S.icount[w]
+    S.icount[w] += 1
+    mask = _active_mask(P, S, w, pc, mask0)
+    d = P.dst[pc]
+    s0 = P.src0[pc]
+    s1 = P.src1[pc]
+    s2 = P.src2[pc]
+
+    if sem == S_BRA:
+        return _branch(S, P, w, pc, top, mask0, mask)
+    if sem == S_EXIT:
+        _exit_lanes(S, w, mask)
+        if S.sp[w] == 0:
+            return ST_EXITED
+        if S.sp[w] - 1 == top:  # guarded exit: the remaining lanes go on
+            _advance(S, w, top, pc + 1)
+        return ST_OK
+    if sem == S_BAR:
+        _advance(S, w, top, pc + 1)
+        return ST_BAR
+    if sem == S_BARGRID:
+        _advance(S, w, top, pc + 1)
+        return ST_GRIDBAR
+
+    status = ST_OK
+    if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT:
+        pass
+    elif sem == S_MMA:
+        status = _mma(S, P, T, w, pc, op, mask)
+    elif sem == S_LDMATRIX:
+        status = _ldmatrix(S, P, T, w, pc, op, mask, blk)
+    elif sem == S_DMA_GET or sem == S_DMA_PUT or sem == S_RMA_PUT or sem == S_RMA_GET:
+        if mask != 0:
+            status = _bulk(S, P, w, pc, mask, blk, sem)
+    elif sem == S_VOTE_ANY or sem == S_VOTE_ALL:
+        acc = sem == S_VOTE_ALL
+        for l in range(W):
+            if (mask >> l) & 1:
+                v = S.preds[w, s0, l] != 0
+                acc = (acc or v) if sem == S_VOTE_ANY else (acc and v)
+        for l in range(W):
+            if (mask >> l) & 1:
+                S.preds[w, d, l] = 1 if acc else 0
+    elif sem == S_SHFL_BFLY or sem == S_SHFL_DOWN or sem == S_SHFL_UP or sem == S_SHFL_IDX:
+        for l in range(W):
+            S.vals[l] = S.regs[w, s0, l]
+        for l in range(W):
+            if not ((mask >> l) & 1):
+                continue
+            b = _get_i(S, P, w, pc, s1, 1, l)
+            if sem == S_SHFL_BFLY:
+                src = l ^ b
+            elif sem == S_SHFL_DOWN:
+                src = l + b
+            elif sem == S_SHFL_UP:
+                src = l - b
+            else:
+                src = b
+            S.regs[w, d, l] = S.vals[src] if 0 <= src < W else S.vals[l]
+    elif sem == S_LD or sem == S_ST or sem == S_CPASYNC:
+        space = T.space[op]
+        nb = T.access_bytes[op]
+        for l in range(W):
+            if not ((mask >> l) & 1):
+                continue
+            addr = _base(S, P, w, pc, s0, l) + P.imm[pc]
+            S.addr[w, l] = addr
+            if sem == S_CPASYNC:
+                gaddr = _base(S, P, w, pc, s1, l) + P.imm2[pc]
+                status = _scheck(S, addr, nb, l, pc, True)
+                if status != ST_OK:
+                    break
+                status, goff = _gcheck(S, gaddr, nb, l, pc)
+                if status != ST_OK:
+                    break
+                for i in range(nb):
+                    S.s8[blk, addr + i] = S.g8[goff + i]
+                continue
+            if space == SPACE_GLOBAL:
+                status, off = _gcheck(S, addr, nb, l, pc)
+            else:
+                status = _scheck(S, addr, nb, l, pc, True)
+                off = addr
+            if status != ST_OK:
+                break
+            if sem == S_LD:
+                _load(S, space, blk, off, nb, T.signed[op], w, d, l, T.nregs_dst[op])
+            else:
+                _store(S, space, blk, off, nb, w, s1, l, T.nregs_src[op])
+    else:
+        status = _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before)
+    if status != ST_OK:
+        return status
+    _advance(S, w, top, pc + 1)
+    return ST_OK
+
+
+
+
+@njit(cache=True)
+def _special(S, w, blk, l, code, clock_before):
+    W = S.geom[G_W]
+    wib = w % S.geom[G_WPB]
+    tid = wib * W + l
+    if code == SP_TIDX:
+        return tid % S.geom[G_BX]
+    if code == SP_TIDY:
+        return (tid // S.geom[G_BX]) % S.geom[G_BY]
+    if code == SP_TIDZ:
+        return tid // (S.geom[G_BX] * S.geom[G_BY])
+    if code == SP_NTIDX:
+        return S.geom[G_BX]
+    if code == SP_NTIDY:
+        return S.geom[G_BY]
+    if code == SP_NTIDZ:
+        return S.geom[G_BZ]
+    if code == SP_CTAX:
+        return blk % S.geom[G_GX]
+    if code == SP_CTAY:
+        return (blk // S.geom[G_GX]) % S.geom[G_GY]
+    if code == SP_CTAZ:
+        return blk // (S.geom[G_GX] * S.geom[G_GY])
+    if code == SP_NCTAX:
+        return S.geom[G_GX]
+    if code == SP_NCTAY:
+        return S.geom[G_GY]
+    if code == SP_NCTAZ:
+        return S.geom[G_GZ]
+    if code == SP_LANE:
+        return np.int64(l)
+    if code == SP_WARP:
+        return wib
+    if code == SP_NWARP:
+        return S.geom[G_WPB]
+    if code == SP_CLOCK:
+        return clock_before
+    return blk % S.geom[G_NCORES]
+
+
+@njit(cache=True)
+def _int_op(sem, a, b, c):
+    """64-bit integer / bitwise ops (wrap-around)."""
+    if sem == S_ADD:
+        return a + b
+    if sem == S_SUB:
+        return a - b
+    if sem == S_MUL:
+        return a * b
+    if sem == S_FMA:
+        return a * b + c
+    if sem == S_MIN:
+        return a if a < b else b
+    if sem == S_MAX:
+        return a if a > b else b
+    if sem == S_DIV or sem == S_REM:
+        if b == 0:
+            return np.int64(-1) if sem == S_DIV else a
+        if b == -1:
+            return -a if sem == S_DIV else np.int64(0)
+        q = abs(a) // abs(b)
+        if (a < 0) != (b < 0):
+            q = -q
+        return q if sem == S_DIV else a - q * b
+    if sem == S_AND:
+        return a & b
+    if sem == S_OR:
+        return a | b
+    if sem == S_XOR:
+        return a ^ b
+    if sem == S_NOT:
+        return ~a
+    if sem == S_SHL:
+        return a << (b & 63)
+    if sem == S_SHR:
+        return np.int64(np.uint64(a) >> np.uint64(b & 63))
+    return a >> (b & 63)  # S_SRA
+
+
+@njit(cache=True)
+def _f32_op(sem, a, b, c):
+    if sem == S_ADD:
+        return a + b
+    if sem == S_SUB:
+        return a - b
+    if sem == S_MUL:
+        return a * b
+    if sem == S_FMA:
+        return np.float32(float(a) * float(b) + float(c))
+    if sem == S_MIN:
+        return _fmin(a, b)
+    return _fmax(a, b)
+
+
+@njit(cache=True)
+def _f64_op(sem, a, b, c):
+    if sem == S_ADD:
+        return a + b
+    if sem == S_SUB:
+        return a - b
+    if sem == S_MUL:
+        return a * b
+    if sem == S_FMA:
+        return a * b + c
+    if sem == S_MIN:
+        return _fmin(a, b)
+    return _fmax(a, b)
+
+
+@njit(cache=True)
+def _half2_op(S, sem, dt, ra, rb, rc):
+    """f16x2 / bf16x2: each half computed in fp32 (fma: fp64) and rounded to the half format."""
+    out = np.int64(0)
+    for h in range(2):
+        sh = 16 * h
+        x = _half(S, dt, (ra >> sh) & 0xFFFF)
+        y = _half(S, dt, (rb >> sh) & 0xFFFF)
+        if sem == S_FMA:
+            r = x * y + _half(S, dt, (rc >> sh) & 0xFFFF)
+        elif sem == S_MIN:
+            r = _fmin(x, y)
+        elif sem == S_MAX:
+            r = _fmax(x, y)
+        else:
+            r = float(_f32_op(sem, np.float32(x), np.float32(y), np.float32(0.0)))
+        out |= np.int64(_to_half(dt, r)) << sh
+    return out
+
+
+
+
+@njit(cache=True)
+def _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before):
+    W = S.geom[G_W]
+    d = P.dst[pc]
+    s0 = P.src0[pc]
+    s1 = P.src1[pc]
+    s2 = P.src2[pc]
+    imm = P.imm[pc]
+    immf = _f32_of_bits(S, imm)
+    S.tmp_i64[0] = imm
+    immd = S.tmp_f64[0]
+    cmpc = T.cmp[op]
+    mufu = sem == S_EX2 or sem == S_LG2 or sem == S_RCP or sem == S_RSQRT or sem == S_SQRT or sem == S_TANH
+    for l in range(W):
+        if not ((mask >> l) & 1):
+            continue
+        if sem == S_S2R:
+            S.regs[w, d, l] = _special(S, w, blk, l, imm, clock_before)
+        elif sem == S_LDPARAM:
+            S.regs[w, d, l] = S.params[imm]
+        elif sem == S_MOV:
+            S.regs[w, d, l] = _get_i(S, P, w, pc, s0, 0, l)
+        elif sem == S_SELP:
+            S.regs[w, d, l] = _get_i(S, P, w, pc, s0, 0, l) if S.preds[w, s2, l] else _get_i(S, P, w, pc, s1, 1, l)
+        elif sem == S_PAND:
+            S.preds[w, d, l] = S.preds[w, s0, l] & S.preds[w, s1, l]
+        elif sem == S_POR:
+            S.preds[w, d, l] = S.preds[w, s0, l] | S.preds[w, s1, l]
+        elif sem == S_PXOR:
+            S.preds[w, d, l] = S.preds[w, s0, l] ^ S.preds[w, s1, l]
+        elif sem == S_PNOT:
+            S.preds[w, d, l] = 1 - S.preds[w, s0, l]
+        elif sem == S_CVT:
+            _cvt(P, T, S, w, pc, op, l)
+        elif dt == DT_I64 or dt == DT_B:
+            ia = S.regs[w, s0, l]
+            ib = _get_i(S, P, w, pc, s1, 1, l)
+            if sem == S_SETP:
+                S.preds[w, d, l] = 1 if _cmp(cmpc, ia, ib) else 0
+            else:
+                ic = S.regs[w, s2, l] if sem == S_FMA else np.int64(0)
+                S.regs[w, d, l] = _int_op(sem, ia, ib, ic)
+        elif dt == DT_F32:
+            if sem == S_NEG:
+                S.regs[w, d, l] = (S.regs[w, s0, l] & 0xFFFFFFFF) ^ 0x80000000
+            elif sem == S_ABS:
+                S.regs[w, d, l] = S.regs[w, s0, l] & 0x7FFFFFFF
+            elif mufu:
+                _set_f32(S, w, d, l, np.float32(_mufu(sem, float(S.rf32[w, s0, 2 * l]))))
+            else:
+                fa = S.rf32[w, s0, 2 * l]
+                fb = _get_f32(S, P, w, pc, s1, 1, l, immf)
+                if sem == S_SETP:
+                    S.preds[w, d, l] = 1 if _cmp(cmpc, fa, fb) else 0
+                else:
+                    fc = S.rf32[w, s2, 2 * l] if sem == S_FMA else np.float32(0.0)
+                    _set_f32(S, w, d, l, _f32_op(sem, fa, fb, fc))
+        elif dt == DT_F64:
+            if sem == S_NEG:
+                S.regs[w, d, l] = S.regs[w, s0, l] ^ INT64_MIN
+            elif sem == S_ABS:
+                S.regs[w, d, l] = S.regs[w, s0, l] & INT64_MAX
+            else:
+                da = S.rf64[w, s0, l]
+                db = _get_f64(S, P, w, pc, s1, 1, l, immd)
+                dc = S.rf64[w, s2, l] if sem == S_FMA else 0.0
+                _set_f64(S, w, d, l, _f64_op(sem, da, db, dc))
+        elif dt == DT_F16X2 or dt == DT_BF16X2:
+            ra = S.regs[w, s0, l]
+            if sem == S_NEG:
+                S.regs[w, d, l] = (ra & 0xFFFFFFFF) ^ 0x80008000
+            elif sem == S_ABS:
+                S.regs[w, d, l] = ra & 0x7FFF7FFF
+            else:
+                rb = _get_i(S, P, w, pc, s1, 1, l)
+                rc = S.regs[w, s2, l] if sem == S_FMA else np.int64(0)
+                S.regs[w, d, l] = _half2_op(S, sem, dt, ra, rb, rc)
+        else:
+            return _fault(S, F_BAD_OP, l, op, 0, pc)
+    return ST_OK
+
+
+@njit(cache=True)
+def _cvt(P, T, S, w, pc, op, l):
+    d = P.dst[pc]
+    s0 = P.src0[pc]
+    sdt = T.src_dtype[op]
+    dt = T.dtype[op]
+    ra = S.regs[w, s0, l]
+    if dt == DT_F32:
+        if sdt == SDT_F16:
+            _set_f32(S, w, d, l, np.float32(half_to_f64(ra & 0xFFFF)))
+        elif sdt == SDT_F16H:
+            _set_f32(S, w, d, l, np.float32(half_to_f64((ra >> 16) & 0xFFFF)))
+        elif sdt == SDT_BF16:
+            S.regs[w, d, l] = (ra & 0xFFFF) << 16
+        elif sdt == SDT_BF16H:
+            S.regs[w, d, l] = ((ra >> 16) & 0xFFFF) << 16
+        elif sdt == SDT_I64:
+            _set_f32(S, w, d, l, np.float32(ra))
+        else:  # f64
+            _set_f32(S, w, d, l, np.float32(S.rf64[w, s0, l]))
+    elif dt == DT_F16X2 or dt == DT_BF16X2:
+        lo = float(S.rf32[w, s0, 2 * l])
+        hi = float(S.rf32[w, P.src1[pc], 2 * l])
+        _set_halves(S, w, d, l, _to_half(dt, lo), _to_half(dt, hi))
+    elif dt == DT_I64:
+        if sdt == SDT_F32:
+            S.regs[w, d, l] = _f_to_i64(float(S.rf32[w, s0, 2 * l]))
+        else:
+            S.regs[w, d, l] = _f_to_i64(S.rf64[w, s0, l])
+    else:  # f64
+        if sdt == SDT_F32:
+            _set_f64(S, w, d, l, float(S.rf32[w, s0, 2 * l]))
+        else:
+            _set_f64(S, w, d, l, float(ra))

@@ -1,0 +1,198 @@
+"""The functional interpreter: every warp of a launch resident at once, run round-robin with the
+numba ``execute.step`` until all exit. Used by ``archsim asm``, by kernel verification and as the
+oracle beside the pure-Python twin (``engine="reference"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from archsim.engine import execute as X
+from archsim.engine.launch import FunctionalResult, Launch, build_memory, resolve_launch
+from archsim.errors import SimulationError
+from archsim.isa.opcodes import tables
+from archsim.isa.program import Program
+
+STACK_DEPTH = 32
+QUANTUM = 256  # instructions a warp runs before the next warp gets its turn
+FAULT_TEXT = {
+    X.F_GLOBAL_OOB: "global access of {bytes} byte(s) at address {addr:#x} outside global memory",
+    X.F_SHARED_OOB: "scratchpad access of {bytes} byte(s) at {addr} outside the block's {shared} bytes",
+    X.F_MISALIGNED: "access of {bytes} byte(s) at address {addr:#x} is not aligned to its size",
+    X.F_RMA_CORE: "RMA to block {addr}, which does not exist ({blocks} blocks in the launch)",
+    X.F_STACK: "SIMT reconvergence stack overflow (depth {addr}; divergence nested too deeply)",
+    X.F_WARP_WIDTH: "needs a warp width of 32, the target has {addr}",
+    X.F_BAD_OP: "opcode {addr} has no functional semantics for its dtype",
+    X.F_LIMIT: "more than {addr} warp-instructions: stopped (a loop that never ends?)",
+}
+# outcome codes of run_loop
+DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
+
+
+def make_state(prog: Program, launch: Launch, mem, params, warp_width: int, ncores: int) -> X.FState:
+    W = int(warp_width)
+    tpb = launch.threads_per_block
+    wpb = (tpb + W - 1) // W
+    nblk = launch.blocks
+    NW = nblk * wpb
+    R = max(int(prog.nregs), 1)
+    regs = np.zeros((NW, R, W), np.int64)
+    gsize = len(mem.data)
+    gpad = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
+    gpad[:gsize] = mem.data
+    shared = int(prog.shared_bytes)
+    spad = max((shared + 15) // 16 * 16, 16)
+    smem = np.zeros((nblk, spad), np.uint8)
+    geom = np.zeros(14, np.int64)
+    geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
+          X.G_SHARED, X.G_GBASE, X.G_GSIZE]] = [W, wpb, tpb, *launch.block, *launch.grid, nblk, max(ncores, 1),
+                                                 shared, mem_base(), gsize]
+    stack_pc = np.zeros((NW, STACK_DEPTH), np.int32)
+    stack_rpc = np.full((NW, STACK_DEPTH), -1, np.int32)
+    stack_mask = np.zeros((NW, STACK_DEPTH), np.int64)
+    for w in range(NW):
+        first = (w % wpb) * W
+        live = min(W, tpb - first)
+        stack_mask[w, 0] = (1 << live) - 1 if live < 64 else -1
+    tmp_u32 = np.zeros(2, np.uint32)
+    tmp_i64 = np.zeros(1, np.int64)
+    return X.FState(
+        regs=regs, rf32=regs.view(np.float32), ru32=regs.view(np.uint32), ru16=regs.view(np.uint16),
+        rf64=regs.view(np.float64), preds=np.zeros((NW, 8, W), np.uint8),
+        g8=gpad, g16=gpad.view(np.uint16), g32=gpad.view(np.uint32), g64=gpad.view(np.int64),
+        s8=smem, s16=smem.view(np.uint16), s32=smem.view(np.uint32), s64=smem.view(np.int64),
+        params=np.asarray(params, np.int64), geom=geom, stack_pc=stack_pc, stack_rpc=stack_rpc,
+        stack_mask=stack_mask, sp=np.ones(NW, np.int32), wstate=np.zeros(NW, np.int32),
+        icount=np.zeros(NW, np.int64), fault=np.zeros(6, np.int64), tmp_u32=tmp_u32,
+        tmp_f32=tmp_u32.view(np.float32), tmp_i64=tmp_i64, tmp_f64=tmp_i64.view(np.float64),
+        vals=np.zeros(W, np.int64), mat=np.zeros((3, 16, 16), np.float64), rows=np.zeros((8, 8), np.uint16),
+        addr=np.zeros((NW, W), np.int64))
+
+
+def mem_base() -> int:
+    from archsim.engine.launch import GLOBAL_BASE
+
+    return GLOBAL_BASE
+
+
+@njit(cache=True)
+def run_loop(P, T, S, max_instructions, out):
+    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total."""
+    NW = S.wstate.shape[0]
+    wpb = S.geom[X.G_WPB]
+    nblk = S.geom[X.G_NBLK]
+    total = np.int64(0)
+    while True:
+        ran = False
+        for w in range(NW):
+            if S.wstate[w] != X.W_RUN:
+                continue
+            ran = True
+            for _ in range(QUANTUM):
+                pc = S.stack_pc[w, S.sp[w] - 1]
+                st = X.step(P, T, S, w)
+                total += 1
+                if st == X.ST_OK:
+                    if total >= max_instructions:
+                        out[0] = LIMIT
+                        out[1] = w
+                        out[2] = S.stack_pc[w, S.sp[w] - 1]
+                        out[3] = total
+                        return
+                    continue
+                if st == X.ST_FAULT:
+                    out[0] = FAULT
+                    out[1] = w
+                    out[2] = pc
+                    out[3] = total
+                    return
+                if st == X.ST_BAR:
+                    S.wstate[w] = X.W_BAR
+                elif st == X.ST_GRIDBAR:
+                    S.wstate[w] = X.W_GRIDBAR
+                else:
+                    S.wstate[w] = X.W_DONE
+                break
+        if ran:
+            continue
+        # nobody can run: release barriers, or finish, or report a deadlock
+        released = False
+        for b in range(nblk):
+            nbar = 0
+            for w in range(b * wpb, (b + 1) * wpb):
+                if S.wstate[w] == X.W_BAR:
+                    nbar += 1
+            if nbar == wpb:
+                for w in range(b * wpb, (b + 1) * wpb):
+                    S.wstate[w] = X.W_RUN
+                released = True
+        if not released:
+            ngrid = 0
+            for w in range(NW):
+                if S.wstate[w] == X.W_GRIDBAR:
+                    ngrid += 1
+            if ngrid == NW:
+                for w in range(NW):
+                    S.wstate[w] = X.W_RUN
+                released = True
+        if released:
+            continue
+        for w in range(NW):
+            if S.wstate[w] != X.W_DONE:
+                out[0] = DEADLOCK
+                out[1] = w
+                out[2] = S.stack_pc[w, S.sp[w] - 1] - 1
+                out[3] = total
+                return
+        out[0] = DONE
+        out[3] = total
+        return
+
+
+def _deadlock_text(S, prog: Program, w: int) -> str:
+    wpb = int(S.geom[X.G_WPB])
+    b = w // wpb
+    states = [int(S.wstate[v]) for v in range(b * wpb, (b + 1) * wpb)]
+    kind = "bar.grid" if S.wstate[w] == X.W_GRIDBAR else "bar.sync"
+    exited = [v - b * wpb for v in range(b * wpb, (b + 1) * wpb) if S.wstate[v] == X.W_DONE]
+    others = ""
+    if exited:
+        others = f"; warp(s) {', '.join(map(str, exited))} of the block already exited"
+    elif kind == "bar.sync" and X.W_GRIDBAR in states:
+        others = "; other warps of the block wait at bar.grid"
+    elif kind == "bar.grid":
+        others = "; not every warp of the launch reached bar.grid"
+    return f"deadlock: block {b} warp {w - b * wpb} waits at {kind} forever{others}"
+
+
+def run_functional(prog: Program, args: dict, launch: Launch | None = None, *, warp_width: int = 32,
+                   ncores: int = 1, engine: str = "numba", max_instructions: int = 200_000_000) -> FunctionalResult:
+    """Run a kernel on real values. ``args``: parameter name -> numpy array (buffer) or int."""
+    if engine == "reference":
+        from archsim.engine.reference import run_reference
+
+        return run_reference(prog, args, launch, warp_width=warp_width, ncores=ncores)
+    if engine != "numba":
+        raise ValueError(f"unknown engine {engine!r}")
+    launch = resolve_launch(prog, launch)
+    mem, params, _ = build_memory(prog, args)
+    S = make_state(prog, launch, mem, params, warp_width, ncores)
+    out = np.zeros(4, np.int64)
+    run_loop(prog.arrays(), tables(), S, np.int64(max_instructions), out)
+    mem.data[:] = S.g8[: len(mem.data)]
+    result = FunctionalResult(memory=mem, regs=S.regs, preds=S.preds.astype(bool),
+                              warp_instructions=int(out[3]), launch=launch)
+    outcome, w, pc = int(out[0]), int(out[1]), int(out[2])
+    if outcome == DONE:
+        return result
+    wpb = int(S.geom[X.G_WPB])
+    where = prog.where(max(pc, 0))
+    if outcome == DEADLOCK:
+        raise SimulationError(where, _deadlock_text(S, prog, w), partial=result)
+    code, lane, addr, nbytes = (int(v) for v in S.fault[:4])
+    if outcome == LIMIT:
+        code, addr = X.F_LIMIT, max_instructions
+        lane = 0
+    text = FAULT_TEXT[code].format(addr=addr, bytes=nbytes, shared=prog.shared_bytes, blocks=launch.blocks)
+    raise SimulationError(where, f"block {w // wpb} warp {w % wpb} lane {lane}: {text}", partial=result)

@@ -1,0 +1,83 @@
+"""Number formats in numba: fp16 / bf16 / tf32 conversions with round-to-nearest-even.
+
+Numba has no float16 on the CPU, so halves are carried as uint16 bit patterns and converted here.
+NaN results are canonical quiet NaNs (the engine does not model NaN payloads).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+F16_QNAN = 0x7E00
+BF16_QNAN = 0x7FC0
+
+
+@njit(cache=True)
+def half_to_f64(h: int) -> float:
+    """IEEE binary16 bits -> exact float64 value."""
+    h = h & 0xFFFF
+    sign = -1.0 if (h >> 15) & 1 else 1.0
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        return sign * math.ldexp(float(m), -24)
+    if e == 31:
+        if m == 0:
+            return sign * np.inf
+        return np.nan
+    return sign * math.ldexp(float(m + 1024), e - 25)
+
+
+@njit(cache=True)
+def bf16_to_f64(h: int, tmp_u32, tmp_f32) -> float:
+    tmp_u32[0] = np.uint32((h & 0xFFFF) << 16)
+    return float(tmp_f32[0])
+
+
+@njit(cache=True)
+def _round_bits(x: float, mant_bits: int, bias: int, emax: int, qnan: int) -> int:
+    """Correctly rounded (nearest even) float64 -> a small binary format's bits.
+
+    mant_bits: stored mantissa bits (10 for fp16, 7 for bf16); emin = 1 - bias.
+    """
+    if x != x:
+        return qnan
+    sign = 0
+    if x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0):
+        sign = 1
+        x = -x
+    exp_all_ones = (1 << (16 - 1 - mant_bits)) - 1
+    signbit = sign << 15
+    if x == np.inf:
+        return signbit | (exp_all_ones << mant_bits)
+    if x == 0.0:
+        return signbit
+    emin = 1 - bias
+    fr, e2 = math.frexp(x)  # x = fr * 2**e2, fr in [0.5, 1)
+    E = e2 - 1
+    if E < emin:
+        # subnormal: units of 2**(emin - mant_bits)
+        q = np.rint(math.ldexp(x, mant_bits - emin))
+        qi = int(q)
+        return signbit | qi  # qi == 2**mant_bits rolls into the smallest normal correctly
+    q = np.rint(math.ldexp(x, mant_bits - E))
+    qi = int(q)
+    if qi == (1 << (mant_bits + 1)):
+        qi = 1 << mant_bits
+        E += 1
+    if E > emax:
+        return signbit | (exp_all_ones << mant_bits)
+    return signbit | ((E + bias) << mant_bits) | (qi - (1 << mant_bits))
+
+
+@njit(cache=True)
+def f64_to_half(x: float) -> int:
+    return _round_bits(x, 10, 15, 15, F16_QNAN)
+
+
+@njit(cache=True)
+def f64_to_bf16(x: float) -> int:
+    return _round_bits(x, 7, 127, 127, BF16_QNAN)

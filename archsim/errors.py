@@ -1,0 +1,52 @@
+"""The errors users see.
+
+Every bad input (YAML, assembly, workload, command line) becomes one ``InputError`` carrying where
+(file, file:line or option), what is wrong, and what is allowed.  The CLI prints it as one line,
+``archsim: error: <where>: <what> (<allowed>)``, and exits 2.  A run that cannot finish raises
+``SimulationError`` (exit 3); a failed functional check exits 1.
+"""
+
+from __future__ import annotations
+
+
+class ArchsimError(Exception):
+    exit_status = 1
+
+
+class InputError(ArchsimError):
+    """Bad input: exit status 2, one line on stderr."""
+
+    exit_status = 2
+
+    def __init__(self, where: str, what: str, allowed: str = ""):
+        self.where = str(where)
+        self.what = str(what)
+        self.allowed = str(allowed)
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        text = f"{self.where}: {self.what}"
+        if self.allowed:
+            text += f" ({self.allowed})"
+        return text
+
+
+class SimulationError(ArchsimError):
+    """The simulation could not finish (deadlock, cycle limit, run-time fault): exit status 3."""
+
+    exit_status = 3
+
+    def __init__(self, where: str, what: str, partial=None):
+        self.where = str(where)
+        self.what = str(what)
+        self.partial = partial
+        super().__init__(self.line())
+
+    def line(self) -> str:
+        return f"{self.where}: {self.what}"
+
+
+class VerificationError(ArchsimError):
+    """A functional verification against numpy failed: exit status 1."""
+
+    exit_status = 1

@@ -1,0 +1,1 @@
+"""The SIMT ISA: opcode tables, programs, builder, assembler and checker."""

@@ -1,0 +1,135 @@
+"""Load-time checks of a Program: every message names ``file:line``, what is wrong and what is
+allowed (InputError, exit status 2).
+
+- registers and predicates read before they are written on some path (definite assignment over
+  the control-flow graph; a guarded write counts as a write, as compilers assume);
+- control that can run off the end of the program;
+- unbalanced barriers: a ``bar.sync`` inside a conditional region that not every path through
+  the region passes the same number of times;
+- target capabilities: an opcode whose unit class the machine lacks (MMA on a Sunway CPE),
+  more scratchpad or registers than the machine gives a block or a thread.
+"""
+
+from __future__ import annotations
+
+from archsim.errors import InputError
+from archsim.isa import cfg
+from archsim.isa.opcodes import opcodes
+from archsim.isa.program import FLAG_IMM0, NONE, Program
+
+_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
+
+
+def _uses_defs(prog: Program, pc: int):
+    """(registers read, predicates read, registers written, predicates written) as bitsets."""
+    op = opcodes()[int(prog.op[pc])]
+    ru = pu = rd = pd = 0
+    slot = 0
+    flags = int(prog.flags[pc])
+    for kind in op.operands:
+        if kind in ("R", "R2", "R4"):
+            d = int(prog.dst[pc])
+            for j in range(_RANGE[kind]):
+                rd |= 1 << (d + j)
+        elif kind == "P":
+            pd |= 1 << int(prog.dst[pc])
+        elif kind in ("r", "r2", "r4", "ri", "m"):
+            r = int(getattr(prog, f"src{slot}")[pc])
+            if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
+                for j in range(_RANGE[kind]):
+                    ru |= 1 << (r + j)
+            slot += 1
+        elif kind == "p":
+            pu |= 1 << int(getattr(prog, f"src{slot}")[pc])
+            slot += 1
+    if int(prog.pred[pc]) != NONE:
+        pu |= 1 << int(prog.pred[pc])
+    return ru, pu, rd, pd
+
+
+def check_program(prog: Program) -> None:
+    """Target-independent checks. Raises InputError."""
+    n = len(prog)
+    if n == 0:
+        raise InputError(prog.source, f"kernel {prog.name} has no instructions", "at least an exit")
+    last = opcodes()[int(prog.op[n - 1])]
+    if last.sem not in ("exit", "bra") or int(prog.pred[n - 1]) != NONE:
+        raise InputError(prog.where(n - 1), "control can run past the last instruction",
+                         "end the program with an unguarded exit or bra")
+    succ = cfg.successors(prog)
+    _check_definite_assignment(prog, succ)
+    bad = cfg.unbalanced_barrier(prog)
+    if bad is not None:
+        b, bar = bad
+        raise InputError(prog.where(bar),
+                         f"bar.sync is not reached the same number of times on every path from the branch at "
+                         f"{prog.where(b)} (unbalanced barrier)",
+                         "barriers outside divergent branches, or on every path alike")
+
+
+def _check_definite_assignment(prog: Program, succ) -> None:
+    n = len(prog)
+    info = [_uses_defs(prog, i) for i in range(n)]
+    full_r = (1 << 256) - 1
+    full_p = (1 << 8) - 1
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        for s in succ[i]:
+            if s < n:
+                preds[s].append(i)
+    in_r = [full_r] * n
+    in_p = [full_p] * n
+    in_r[0] = in_p[0] = 0
+    changed = True
+    while changed:
+        changed = False
+        for i in range(n):
+            if i == 0:
+                r, p = 0, 0
+            else:
+                r, p = full_r, full_p
+            for q in preds[i]:
+                r &= in_r[q] | info[q][2]
+                p &= in_p[q] | info[q][3]
+            if i != 0 and not preds[i]:
+                r, p = full_r, full_p  # unreachable code: nothing to report
+            if (r, p) != (in_r[i], in_p[i]):
+                in_r[i], in_p[i] = r, p
+                changed = True
+    for i in range(n):
+        ru, pu, _, _ = info[i]
+        missing = ru & ~in_r[i]
+        if missing:
+            reg = (missing & -missing).bit_length() - 1
+            raise InputError(prog.where(i), f"register r{reg} is read before it is written on some path",
+                             "write a register (mov, ld, ...) on every path before reading it")
+        missing = pu & ~in_p[i]
+        if missing:
+            p = (missing & -missing).bit_length() - 1
+            raise InputError(prog.where(i), f"predicate p{p} is read before it is set on some path",
+                             "set a predicate (setp, ...) on every path before reading it")
+
+
+def check_target(prog: Program, caps) -> None:
+    """Checks against a machine's capabilities (archsim.config.derived.Capabilities)."""
+    units = set(caps.units)
+    for i in range(len(prog)):
+        op = opcodes()[int(prog.op[i])]
+        if op.unit not in units:
+            raise InputError(prog.where(i), f"{op.mnemonic}: the target {caps.name} has no {op.unit} unit",
+                             f"units of {caps.name}: {', '.join(sorted(units))}")
+        if op.sem in ("mma", "ldmatrix") and caps.warp_width != 32:
+            raise InputError(prog.where(i), f"{op.mnemonic} needs a warp width of 32; {caps.name} has "
+                             f"{caps.warp_width}", "targets with 32-lane warps")
+    if prog.shared_bytes > caps.scratchpad_bytes:
+        raise InputError(prog.source, f"kernel {prog.name} needs {prog.shared_bytes} bytes of scratchpad per block; "
+                         f"{caps.name} has {caps.scratchpad_bytes}", f"at most {caps.scratchpad_bytes} bytes")
+    if prog.nregs > caps.max_regs_per_thread:
+        raise InputError(prog.source, f"kernel {prog.name} uses {prog.nregs} registers per thread; {caps.name} "
+                         f"allows {caps.max_regs_per_thread}", f"at most {caps.max_regs_per_thread}")
+
+
+def check(prog: Program, caps=None) -> None:
+    check_program(prog)
+    if caps is not None:
+        check_target(prog, caps)

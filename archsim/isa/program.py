@@ -1,0 +1,120 @@
+"""A Program: one kernel as a struct of numpy arrays (one row per instruction) plus its metadata.
+
+Operand placement is generic and driven by the opcode's signature (isa/opcodes.yaml): the
+destination (register, first register of a range, or predicate) goes to ``dst``; sources fill
+``src0..src3`` in order (a memory operand puts its base register there and its offset in ``imm``,
+the second memory operand's offset in ``imm2``); a source immediate sets its slot to -1, its value
+in ``imm`` and the slot's bit in ``flags``; a label's instruction index, a special register's code,
+a parameter's index and a plain immediate go to ``imm``. ``reconv`` holds each branch's
+reconvergence point (its immediate post-dominator; -1 = the warp's exit).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+NONE = -1
+FLAG_IMM0, FLAG_IMM1, FLAG_IMM2, FLAG_IMM3 = 1, 2, 4, 8
+FLAG_PRED_NEG = 16
+
+ARRAYS = ("op", "dst", "src0", "src1", "src2", "src3", "imm", "imm2", "pred", "flags", "reconv")
+_DTYPES = {"op": np.int16, "dst": np.int16, "src0": np.int16, "src1": np.int16, "src2": np.int16,
+           "src3": np.int16, "imm": np.int64, "imm2": np.int64, "pred": np.int8, "flags": np.int32,
+           "reconv": np.int32, "line": np.int32}
+
+ARG_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None, "f64": np.float64, "i32": np.int32,
+              "i64": np.int64, "u8": np.uint8}
+ARG_INITS = ("random", "zeros", "ones", "range")
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """Test-harness data for one parameter (`.arg`): a buffer (dtype, shape, init) or a scalar value."""
+
+    name: str
+    dtype: str = ""
+    shape: tuple[int, ...] = ()
+    init: str = ""
+    value: int | None = None
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.value is None
+
+    @property
+    def nbytes(self) -> int:
+        n = int(np.prod(self.shape)) if self.shape else 1
+        return n * (2 if self.dtype == "bf16" else np.dtype(ARG_DTYPES[self.dtype]).itemsize)
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+
+    @property
+    def blocks(self) -> int:
+        return self.grid[0] * self.grid[1] * self.grid[2]
+
+    @property
+    def threads_per_block(self) -> int:
+        return self.block[0] * self.block[1] * self.block[2]
+
+
+@dataclass(eq=False)
+class Program:
+    name: str
+    op: np.ndarray
+    dst: np.ndarray
+    src0: np.ndarray
+    src1: np.ndarray
+    src2: np.ndarray
+    src3: np.ndarray
+    imm: np.ndarray
+    imm2: np.ndarray
+    pred: np.ndarray
+    flags: np.ndarray
+    reconv: np.ndarray
+    params: tuple[str, ...] = ()
+    nregs: int = 1
+    shared_bytes: int = 0
+    launch: Launch | None = None
+    args: tuple[ArgSpec, ...] = ()
+    labels: tuple[tuple[int, str], ...] = ()  # (instruction index, name), sorted
+    # debug information, not part of equality
+    line: np.ndarray = field(default=None)
+    source: str = "<program>"
+
+    def __len__(self) -> int:
+        return int(self.op.shape[0])
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Program):
+            return NotImplemented
+        if (self.name, self.params, self.nregs, self.shared_bytes, self.launch, self.args, self.labels) != (
+                other.name, other.params, other.nregs, other.shared_bytes, other.launch, other.args, other.labels):
+            return False
+        return all(np.array_equal(getattr(self, a), getattr(other, a)) for a in ARRAYS)
+
+    def where(self, pc: int) -> str:
+        """`file:line` of instruction pc, for messages."""
+        if self.line is not None and 0 <= pc < len(self.line) and self.line[pc] > 0:
+            return f"{self.source}:{int(self.line[pc])}"
+        return f"{self.source}: instruction {pc}"
+
+    def arrays(self):
+        """The instruction arrays as the engine's NamedTuple."""
+        from archsim.engine.state import ProgArrays
+
+        return ProgArrays(*(getattr(self, a) for a in ARRAYS))
+
+    @staticmethod
+    def from_rows(name: str, rows: list[dict], **meta) -> "Program":
+        n = len(rows)
+        cols = {}
+        for a in ARRAYS + ("line",):
+            default = 0 if a in ("imm", "imm2", "flags", "line") else NONE
+            cols[a] = np.array([r.get(a, default) for r in rows] if n else [], dtype=_DTYPES[a])
+        return Program(name=name, **cols, **meta)

@@ -1,0 +1,26 @@
+"""Where the built-in data lives (configs/, isa/, workloads/).
+
+In a source checkout (or an editable install) the data sits beside the package at the repository
+root; a wheel carries the same directories as ``archsim._builtin.*``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+_KINDS = ("configs", "isa", "workloads")
+
+
+@lru_cache(maxsize=None)
+def data_dir(kind: str) -> Path:
+    if kind not in _KINDS:
+        raise ValueError(f"unknown data kind {kind!r}")
+    here = Path(__file__).resolve().parent
+    installed = here / "_builtin" / kind
+    if installed.is_dir():
+        return installed
+    checkout = here.parent / kind
+    if checkout.is_dir():
+        return checkout
+    raise FileNotFoundError(f"archsim data directory {kind!r} not found beside {here}")

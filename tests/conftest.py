@@ -1,0 +1,16 @@
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("ARCHSIM_HYPOTHESIS", "ci"))
+
+
+@pytest.fixture
+def asm():
+    """Assemble a snippet: asm(text) -> Program (source name 'k.s')."""
+    from archsim.isa.asm import assemble
+
+    return lambda text, name="k.s": assemble(text, name)
