@@ -12,9 +12,10 @@ import math
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from archsim.engine.jit import njit
 
-from archsim.engine.numerics import bf16_to_f64, f64_to_bf16, f64_to_half, half_to_f64
+from archsim.engine.numerics import (bf16_to_f64, f32_bits_to_f64, f64_to_bf16, f64_to_half, fma_round_to_odd,
+                                     half_to_f64)
 from archsim.isa import opcodes as _opc
 
 # ---- semantic codes: a literal copy, checked against the opcode module at import so that a
@@ -47,7 +48,7 @@ if (_SEM_ORDER != _opc.SEM_NAMES or _DT_ORDER != _opc.DTYPE_NAMES or _SDT_ORDER 
     raise ImportError("archsim.engine.execute: code tables differ from archsim.isa.opcodes; update both")
 
 (SP_TIDX, SP_TIDY, SP_TIDZ, SP_NTIDX, SP_NTIDY, SP_NTIDZ, SP_CTAX, SP_CTAY, SP_CTAZ,
- SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE) = range(17)
+ SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE) = range(18)
 
 FLAG_IMM0, FLAG_PRED_NEG = 1, 16
 
@@ -188,10 +189,13 @@ def _set_halves(S, w, r, lane, lo, hi):
 
 @njit(cache=True)
 def _fmin(a, b):
+    """IEEE minNum: a NaN operand yields the other; -0 counts as below +0."""
     if a != a:
         return b
     if b != b:
         return a
+    if a == b:
+        return a if math.copysign(1.0, a) < 0 else b
     return a if a < b else b
 
 
@@ -201,6 +205,8 @@ def _fmax(a, b):
         return b
     if b != b:
         return a
+    if a == b:
+        return b if math.copysign(1.0, a) < 0 else a
     return a if a > b else b
 
 
@@ -614,6 +620,9 @@ def step(P, T, S, w):
         if S.sp[w] - 1 == top:  # guarded exit: the remaining lanes go on
             _advance(S, w, top, pc + 1)
         return ST_OK
+    if mask == 0:  # no lane passes the guard: the instruction does nothing (no barrier arrival either)
+        _advance(S, w, top, pc + 1)
+        return ST_OK
     if sem == S_BAR:
         _advance(S, w, top, pc + 1)
         return ST_BAR
@@ -629,8 +638,7 @@ def step(P, T, S, w):
     elif sem == S_LDMATRIX:
         status = _ldmatrix(S, P, T, w, pc, op, mask, blk)
     elif sem == S_DMA_GET or sem == S_DMA_PUT or sem == S_RMA_PUT or sem == S_RMA_GET:
-        if mask != 0:
-            status = _bulk(S, P, w, pc, mask, blk, sem)
+        status = _bulk(S, P, w, pc, mask, blk, sem)
     elif sem == S_VOTE_ANY or sem == S_VOTE_ALL:
         acc = sem == S_VOTE_ALL
         for l in range(W):
@@ -666,10 +674,10 @@ def step(P, T, S, w):
             S.addr[w, l] = addr
             if sem == S_CPASYNC:
                 gaddr = _base(S, P, w, pc, s1, l) + P.imm2[pc]
-                status = _scheck(S, addr, nb, l, pc, True)
+                status, goff = _gcheck(S, gaddr, nb, l, pc)
                 if status != ST_OK:
                     break
-                status, goff = _gcheck(S, gaddr, nb, l, pc)
+                status = _scheck(S, addr, nb, l, pc, True)
                 if status != ST_OK:
                     break
                 for i in range(nb):
@@ -733,6 +741,8 @@ def _special(S, w, blk, l, code, clock_before):
         return S.geom[G_WPB]
     if code == SP_CLOCK:
         return clock_before
+    if code == SP_WARPSIZE:
+        return W
     return blk % S.geom[G_NCORES]
 
 
@@ -777,14 +787,13 @@ def _int_op(sem, a, b, c):
 
 @njit(cache=True)
 def _f32_op(sem, a, b, c):
+    """fp32 add/sub/mul/min/max (fma goes through _fma_f32)."""
     if sem == S_ADD:
         return a + b
     if sem == S_SUB:
         return a - b
     if sem == S_MUL:
         return a * b
-    if sem == S_FMA:
-        return np.float32(float(a) * float(b) + float(c))
     if sem == S_MIN:
         return _fmin(a, b)
     return _fmax(a, b)
@@ -814,7 +823,7 @@ def _half2_op(S, sem, dt, ra, rb, rc):
         x = _half(S, dt, (ra >> sh) & 0xFFFF)
         y = _half(S, dt, (rb >> sh) & 0xFFFF)
         if sem == S_FMA:
-            r = x * y + _half(S, dt, (rc >> sh) & 0xFFFF)
+            r = fma_round_to_odd(x, y, _half(S, dt, (rc >> sh) & 0xFFFF), S.tmp_i64, S.tmp_f64)
         elif sem == S_MIN:
             r = _fmin(x, y)
         elif sem == S_MAX:
@@ -875,15 +884,20 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before):
             elif sem == S_ABS:
                 S.regs[w, d, l] = S.regs[w, s0, l] & 0x7FFFFFFF
             elif mufu:
-                _set_f32(S, w, d, l, np.float32(_mufu(sem, float(S.rf32[w, s0, 2 * l]))))
+                _set_f32(S, w, d, l, np.float32(_mufu(sem, f32_bits_to_f64(S.regs[w, s0, l]))))
             else:
                 fa = S.rf32[w, s0, 2 * l]
                 fb = _get_f32(S, P, w, pc, s1, 1, l, immf)
                 if sem == S_SETP:
                     S.preds[w, d, l] = 1 if _cmp(cmpc, fa, fb) else 0
                 else:
-                    fc = S.rf32[w, s2, 2 * l] if sem == S_FMA else np.float32(0.0)
-                    _set_f32(S, w, d, l, _f32_op(sem, fa, fb, fc))
+                    if sem == S_FMA:
+                        bb = imm if P.flags[pc] & (FLAG_IMM0 << 1) else S.regs[w, s1, l]
+                        r = fma_round_to_odd(f32_bits_to_f64(S.regs[w, s0, l]), f32_bits_to_f64(bb),
+                                             f32_bits_to_f64(S.regs[w, s2, l]), S.tmp_i64, S.tmp_f64)
+                        _set_f32(S, w, d, l, np.float32(r))
+                    else:
+                        _set_f32(S, w, d, l, _f32_op(sem, fa, fb, np.float32(0.0)))
         elif dt == DT_F64:
             if sem == S_NEG:
                 S.regs[w, d, l] = S.regs[w, s0, l] ^ INT64_MIN

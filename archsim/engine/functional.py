@@ -6,7 +6,7 @@ oracle beside the pure-Python twin (``engine="reference"``).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from archsim.engine.jit import njit
 
 from archsim.engine import execute as X
 from archsim.engine.launch import FunctionalResult, Launch, build_memory, resolve_launch

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from archsim.engine.jit import njit
 
 F16_QNAN = 0x7E00
 BF16_QNAN = 0x7FC0
@@ -81,3 +81,48 @@ def f64_to_half(x: float) -> int:
 @njit(cache=True)
 def f64_to_bf16(x: float) -> int:
     return _round_bits(x, 7, 127, 127, BF16_QNAN)
+
+
+@njit(cache=True)
+def f32_bits_to_f64(b: int) -> float:
+    """IEEE binary32 bits -> exact float64, built from the fields.
+
+    Built by hand, not by a float32 -> float64 cast: LLVM rewrites
+    ``(float)f((double)x)`` into the single-precision ``f`` (log2f, 1/sqrtf, ...), which rounds
+    differently. With no visible extension there is nothing to shrink.
+    """
+    b = b & 0xFFFFFFFF
+    sign = -1.0 if (b >> 31) & 1 else 1.0
+    e = (b >> 23) & 0xFF
+    m = b & 0x7FFFFF
+    if e == 0:
+        return sign * math.ldexp(float(m), -149)
+    if e == 255:
+        if m == 0:
+            return sign * np.inf
+        return np.nan
+    return sign * math.ldexp(float(m + 0x800000), e - 150)
+
+
+@njit(cache=True)
+def fma_round_to_odd(a: float, b: float, c: float, tmp_i64, tmp_f64) -> float:
+    """a*b + c for operands whose product is exact in float64 (fp32, fp16, bf16), returned
+    rounded to odd in float64: rounding that once more to a format of at most 51 bits (fp32,
+    fp16, bf16) gives the correctly rounded fused result (Boldo & Melquiond)."""
+    p = a * b
+    s = p + c
+    if s != s or s == np.inf or s == -np.inf:
+        return s
+    bb = s - p
+    err = (p - (s - bb)) + (c - bb)  # TwoSum: p + c == s + err exactly
+    if err == 0.0:
+        return s
+    tmp_f64[0] = s
+    bits = tmp_i64[0]
+    if bits & 1:
+        return s
+    if (err > 0.0) == (s > 0.0):
+        tmp_i64[0] = bits + 1
+    else:
+        tmp_i64[0] = bits - 1
+    return tmp_f64[0]

@@ -50,6 +50,9 @@ def postdominators(prog: Program) -> list[int]:
     """Immediate post-dominator of each instruction (n = the exit node)."""
     n = len(prog)
     succ = successors(prog, for_reconvergence=True)
+    if not _all_reach_exit(succ, n):
+        # the only ways out are guarded exits (e.g. `@p exit` inside a loop): keep their exit edges
+        succ = successors(prog)
     full = (1 << (n + 1)) - 1
     pdom = [full] * n + [1 << n]
     changed = True
@@ -78,6 +81,21 @@ def postdominators(prog: Program) -> list[int]:
                 break
         ipdom.append(best)
     return ipdom
+
+
+def _all_reach_exit(succ, n: int) -> bool:
+    preds: list[list[int]] = [[] for _ in range(n + 1)]
+    for i, ss in enumerate(succ):
+        for t in ss:
+            preds[min(t, n)].append(i)
+    seen = {n}
+    todo = [n]
+    while todo:
+        for q in preds[todo.pop()]:
+            if q not in seen:
+                seen.add(q)
+                todo.append(q)
+    return len(seen) == n + 1
 
 
 def set_reconvergence(prog: Program) -> None:

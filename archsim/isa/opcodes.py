@@ -53,7 +53,7 @@ OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s"
 
 SPECIAL_NAMES = (
     "tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
-    "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "nwarpid", "clock", "coreid",
+    "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "nwarpid", "clock", "coreid", "warpsize",
 )
 SPECIAL = {n: i for i, n in enumerate(SPECIAL_NAMES)}
 
@@ -91,7 +91,8 @@ def _bad(row: int, what: str, allowed: str) -> InputError:
 
 def _parse(path) -> tuple[Opcode, ...]:
     try:
-        doc = yaml.safe_load(open(path, encoding="utf-8"))
+        with open(path, encoding="utf-8") as f:
+            doc = yaml.safe_load(f)
     except yaml.YAMLError as e:
         raise InputError(str(path), f"not valid YAML: {e}".splitlines()[0], "YAML")
     rows = doc.get("opcodes") if isinstance(doc, dict) else None
