@@ -1,0 +1,121 @@
+"""The command line: exit statuses, one-line errors, the asm and show-config commands."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from archsim.cli import main
+
+
+def cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def test_show_config_a100_and_sunway(capsys):
+    code, out, _ = cli(capsys, "show-config", "a100")
+    assert code == 0 and "108 SMs" in out and "fp16: 312.0" in out
+    code, out, _ = cli(capsys, "show-config", "sw26010pro")
+    assert code == 0 and "6 core groups x 64 CPEs" in out and "fp16: 55.3" in out
+
+
+def test_show_config_set_and_json(capsys, tmp_path):
+    f = tmp_path / "m.json"
+    code, out, _ = cli(capsys, "show-config", "tiny-gpu", "--set", "dram.channels=4", "--json", str(f))
+    assert code == 0
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "archsim.machine/1" and doc["machine"]["dram"]["channels"] == 4
+    assert doc["derived"]["peak_bandwidth_gbps"]["dram"] == pytest.approx(4 * doc["machine"]["dram"]["channel_gbps"])
+
+
+@pytest.mark.parametrize("argv,line", [
+    (["show-config", "nope"], "archsim: error: --hw: unknown machine 'nope' (a path to a YAML file or one of: "
+                              "a100, h100, sw26010pro, tiny-gpu, tiny-sunway)"),
+    (["asm", "vector_add"], "archsim: error: command line: the following arguments are required: --hw "
+                            "(see `archsim asm --help`)"),
+    (["asm", "vector_add", "--hw", "tiny-gpu", "--grid", "0"],
+     "archsim: error: --grid: bad value '0' (X[,Y,Z] with positive integers)"),
+    (["asm", "no_such_kernel", "--hw", "tiny-gpu"],
+     "archsim: error: no_such_kernel: no such file or built-in example (a .s path or one of: gemm_ffma, gemm_mma, "
+     "layernorm, reduce_sum, softmax, vector_add)"),
+    (["asm", "missing.s", "--hw", "tiny-gpu"], "archsim: error: missing.s: no such file (a path to an assembly (.s) file)"),
+])
+def test_bad_command_lines_exit_2_with_one_line(capsys, argv, line):
+    code, _, err = cli(capsys, *argv)
+    assert code == 2
+    assert one_line_error(err) == line
+
+
+def test_unknown_command(capsys):
+    code, _, err = cli(capsys, "frob")
+    line = one_line_error(err)
+    assert code == 2
+    # argparse quotes the choices differently across Python versions
+    assert line.startswith("archsim: error: command line: argument COMMAND: invalid choice: 'frob' (choose from ")
+    assert line.endswith("(see `archsim --help`)")
+
+
+def test_bad_yaml_exits_2(capsys, tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text((__import__("archsim.paths", fromlist=["x"]).data_dir("configs") / "tiny-gpu.yaml").read_text()
+                 + "\nbogus_key: 1\n")
+    code, _, err = cli(capsys, "show-config", str(f))
+    assert code == 2
+    line = one_line_error(err)
+    assert line.startswith(f"archsim: error: {f}: bogus_key: unknown key 'bogus_key' (known keys: ")
+
+
+def test_asm_runs_and_verifies_builtin_example(capsys, tmp_path):
+    f = tmp_path / "r.json"
+    code, out, _ = cli(capsys, "asm", "vector_add", "--hw", "tiny-gpu", "--json", str(f))
+    assert code == 0
+    assert "check out vs numpy" in out and ": ok" in out
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "archsim.asm/1" and doc["verification"]["out"]["passed"]
+    assert "out" in doc["written"] and doc["warp_instructions"] > 0
+
+
+def test_asm_rejects_mma_on_sunway(capsys):
+    code, _, err = cli(capsys, "asm", "gemm_mma", "--hw", "tiny-sunway")
+    assert code == 2
+    assert "mma.m16n8k16.f32.f16: the target tiny-sunway has no tensor unit" in one_line_error(err)
+
+
+def test_asm_syntax_error_names_file_and_line(capsys, tmp_path):
+    f = tmp_path / "bad.s"
+    f.write_text(".kernel k\n    mov.b64 r1, 1\n    frob r1\n    exit\n")
+    code, _, err = cli(capsys, "asm", str(f), "--hw", "tiny-gpu", "--grid", "1", "--block", "32")
+    assert code == 2
+    assert one_line_error(err) == "archsim: error: bad.s:3: unknown opcode 'frob' (see isa/opcodes.yaml)"
+
+
+def test_asm_runtime_fault_exits_3(capsys, tmp_path):
+    f = tmp_path / "oob.s"
+    f.write_text(".kernel k\n.launch grid=1 block=32\n    mov.b64 r0, 16\n    ld.global.b32 r1, [r0]\n    exit\n")
+    code, _, err = cli(capsys, "asm", str(f), "--hw", "tiny-gpu")
+    assert code == 3
+    assert one_line_error(err) == ("archsim: error: oob.s:4: block 0 warp 0 lane 0: global access of 4 byte(s) "
+                                   "at address 0x10 outside global memory")
+
+
+def test_block_larger_than_a_core(capsys):
+    code, _, err = cli(capsys, "asm", "vector_add", "--hw", "tiny-gpu", "--block", "100000")
+    assert code == 2
+    assert "threads per block exceed what one core of tiny-gpu holds" in one_line_error(err)
+
+
+def test_entry_point_in_a_subprocess():
+    r = subprocess.run([sys.executable, "-m", "archsim", "show-config", "tiny-gpu", "--set", "clock_ghz=0"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2
+    assert one_line_error(r.stderr).startswith("archsim: error: --set clock_ghz: ")
