@@ -129,3 +129,18 @@ def test_same_run_twice_is_identical():
     a = run_functional(p, default_args(p))
     b = run_functional(p, default_args(p))
     assert np.array_equal(a.memory.data, b.memory.data) and a.warp_instructions == b.warp_instructions
+
+
+def test_divergent_loop_with_32_trip_counts_does_not_grow_the_stack():
+    # lane l runs l+1 trips: every trip some lanes leave; the stack must not grow per trip
+    r = run(""".kernel k
+    s2r r0, %laneid
+    mov.b64 r1, 0
+L:  add.i64 r1, r1, 1
+    setp.le.i64 p0, r1, r0
+@p0 bra L
+    shfl.idx.b64 r2, r1, 31
+    exit
+""")
+    assert np.array_equal(r.regs[0, 1], np.arange(32) + 1)
+    assert np.all(r.regs[0, 2] == 32)

@@ -570,9 +570,15 @@ def _branch(S, P, w, pc, top, mask, taken):
         return ST_OK
     rpc = P.reconv[pc]
     D = S.stack_pc.shape[1]
-    # the top entry becomes the reconvergence entry; paths that go straight there are not pushed
-    S.stack_pc[w, top] = rpc
-    sp = top + 1
+    if rpc >= 0 and S.stack_rpc[w, top] == rpc:
+        # the top entry already waits to reconverge at rpc (a divergent loop's next trip): the new
+        # paths replace it instead of stacking a copy per iteration (GPGPU-Sim does the same)
+        sp = top
+    else:
+        # the top entry becomes the reconvergence entry
+        S.stack_pc[w, top] = rpc
+        sp = top + 1
+    # paths that go straight to the reconvergence point are not pushed
     if pc + 1 != rpc:
         if sp >= D:
             return _fault(S, F_STACK, 0, sp, 0, pc)
