@@ -124,8 +124,16 @@ def cmd_asm(a) -> int:
         print(disassemble(prog))
     args = default_args(prog)
     before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
-    result = run_functional(prog, args, launch, warp_width=caps.warp_width, ncores=caps.cores_total,
-                            engine=a.engine)
+    try:
+        result = run_functional(prog, args, launch, warp_width=caps.warp_width, ncores=caps.cores_total,
+                                engine=a.engine)
+    except SimulationError as e:
+        if a.json:  # the run could not finish: still write what it did, marked incomplete
+            partial = e.partial
+            _write_json(a.json, {"schema": "archsim.asm/1", "complete": False, "kernel": prog.name,
+                                 "machine": caps.name, "error": e.line(),
+                                 "warp_instructions": partial.warp_instructions if partial else 0})
+        raise
     written = {}
     for name, old in before.items():
         new = result.output(name)
@@ -137,7 +145,7 @@ def cmd_asm(a) -> int:
 
         if example in EXAMPLES:
             verification = verify(example, args_for_ref(prog), result)
-    out = {"schema": "archsim.asm/1", "kernel": prog.name, "machine": caps.name,
+    out = {"schema": "archsim.asm/1", "complete": True, "kernel": prog.name, "machine": caps.name,
            "launch": {"grid": list(launch.grid), "block": list(launch.block)},
            "warp_instructions": result.warp_instructions, "written": written}
     if verification is not None:

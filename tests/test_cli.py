@@ -102,8 +102,11 @@ def test_asm_syntax_error_names_file_and_line(capsys, tmp_path):
 def test_asm_runtime_fault_exits_3(capsys, tmp_path):
     f = tmp_path / "oob.s"
     f.write_text(".kernel k\n.launch grid=1 block=32\n    mov.b64 r0, 16\n    ld.global.b32 r1, [r0]\n    exit\n")
-    code, _, err = cli(capsys, "asm", str(f), "--hw", "tiny-gpu")
+    j = tmp_path / "partial.json"
+    code, _, err = cli(capsys, "asm", str(f), "--hw", "tiny-gpu", "--json", str(j))
     assert code == 3
+    doc = json.loads(j.read_text())
+    assert doc["complete"] is False and doc["error"].startswith("oob.s:4: block 0 warp 0 lane 0")
     assert one_line_error(err) == ("archsim: error: oob.s:4: block 0 warp 0 lane 0: global access of 4 byte(s) "
                                    "at address 0x10 outside global memory")
 
