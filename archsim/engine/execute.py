@@ -60,7 +60,9 @@ W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
 F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT = range(9)
 
 # S.geom layout
-G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE = range(14)
+G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE = \
+    range(16)
+MODE_FUNCTIONAL, MODE_TIMING = 0, 1  # timing: integer/address values and scratchpad only (no float math)
 
 NAN32 = np.float32(np.nan)
 INT64_MAX = 9223372036854775807
@@ -85,7 +87,12 @@ class FState(NamedTuple):
     s32: np.ndarray
     s64: np.ndarray
     params: np.ndarray    # int64 [K]
-    geom: np.ndarray      # int64 [14], see G_*
+    geom: np.ndarray      # int64 [16], see G_*
+    warp_block: np.ndarray  # int32 [NW] launch block id of the warp in each slot
+    warp_wib: np.ndarray    # int32 [NW] warp index inside its block
+    warp_smem: np.ndarray   # int32 [NW] scratchpad row of its block (s8[row])
+    warp_core: np.ndarray   # int32 [NW] core (SM / CPE) it runs on
+    block_smem: np.ndarray  # int32 [blocks] scratchpad row of each launch block (-1: not resident)
     stack_pc: np.ndarray  # int32 [NW, D]
     stack_rpc: np.ndarray
     stack_mask: np.ndarray  # int64 [NW, D]
@@ -288,11 +295,15 @@ def _active_mask(P, S, w, pc, mask):
 # ----------------------------------------------------------------------------- memory
 @njit(cache=True)
 def _gcheck(S, addr, nb, lane, pc):
+    """Bounds and alignment of a global access. Returns (status, byte offset); an offset of -1
+    with ST_OK means a timing run's unbacked memory: reads give 0, writes are dropped."""
     off = addr - S.geom[G_GBASE]
-    if off < 0 or off + nb > S.geom[G_GSIZE]:
+    if off < 0 or off + nb > S.geom[G_VSIZE]:
         return _fault(S, F_GLOBAL_OOB, lane, addr, nb, pc), off
     if addr % nb != 0:
         return _fault(S, F_MISALIGNED, lane, addr, nb, pc), off
+    if off + nb > S.geom[G_GSIZE]:
+        return ST_OK, np.int64(-1)
     return ST_OK, off
 
 
@@ -308,7 +319,10 @@ def _scheck(S, addr, nb, lane, pc, align):
 @njit(cache=True)
 def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
     """Read nb bytes at byte offset off (global: from GBASE; shared: block blk) into register d."""
-    if space == SPACE_GLOBAL:
+    if space == SPACE_GLOBAL and off < 0:
+        for j in range(nd):
+            S.regs[w, d + j, lane] = 0
+    elif space == SPACE_GLOBAL:
         if nd == 1:
             if nb == 1:
                 v = np.int64(S.g8[off])
@@ -344,6 +358,8 @@ def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
 
 @njit(cache=True)
 def _store(S, space, blk, off, nb, w, r, lane, nr):
+    if space == SPACE_GLOBAL and off < 0:
+        return
     if space == SPACE_GLOBAL:
         if nr == 1:
             v = S.regs[w, r, lane]
@@ -402,8 +418,10 @@ def _bulk(S, P, w, pc, mask, blk, sem):
         if sh < 0 or sh + n > S.geom[G_SHARED]:
             return _fault(S, F_SHARED_OOB, lane, sh, n, pc)
         goff = gl - S.geom[G_GBASE]
-        if goff < 0 or goff + n > S.geom[G_GSIZE]:
+        if goff < 0 or goff + n > S.geom[G_VSIZE]:
             return _fault(S, F_GLOBAL_OOB, lane, gl, n, pc)
+        if goff + n > S.geom[G_GSIZE]:
+            return ST_OK  # a timing run's unbacked memory
         if sem == S_DMA_GET:
             for i in range(n):
                 S.s8[blk, sh + i] = S.g8[goff + i]
@@ -412,8 +430,9 @@ def _bulk(S, P, w, pc, mask, blk, sem):
                 S.g8[goff + i] = S.s8[blk, sh + i]
         return ST_OK
     core = S.regs[w, P.src3[pc], lane]
-    if core < 0 or core >= S.geom[G_NBLK]:
+    if core < 0 or core >= S.geom[G_NBLK] or S.block_smem[core] < 0:
         return _fault(S, F_RMA_CORE, lane, core, n, pc)
+    core = S.block_smem[core]
     remote = a0 if sem == S_RMA_PUT else a1
     local = a1 if sem == S_RMA_PUT else a0
     if remote < 0 or remote + n > S.geom[G_SHARED]:
@@ -608,7 +627,7 @@ def step(P, T, S, w):
     sem = T.sem[op]
     dt = T.dtype[op]
     W = S.geom[G_W]
-    blk = w // S.geom[G_WPB]
+    blk = S.warp_smem[w]  # this warp's scratchpad row
     clock_before = S.icount[w]
     S.icount[w] += 1
     mask = _active_mask(P, S, w, pc, mask0)
@@ -640,7 +659,8 @@ def step(P, T, S, w):
     if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT:
         pass
     elif sem == S_MMA:
-        status = _mma(S, P, T, w, pc, op, mask)
+        if S.geom[G_MODE] == MODE_FUNCTIONAL:
+            status = _mma(S, P, T, w, pc, op, mask)
     elif sem == S_LDMATRIX:
         status = _ldmatrix(S, P, T, w, pc, op, mask, blk)
     elif sem == S_DMA_GET or sem == S_DMA_PUT or sem == S_RMA_PUT or sem == S_RMA_GET:
@@ -687,7 +707,7 @@ def step(P, T, S, w):
                 if status != ST_OK:
                     break
                 for i in range(nb):
-                    S.s8[blk, addr + i] = S.g8[goff + i]
+                    S.s8[blk, addr + i] = S.g8[goff + i] if goff >= 0 else 0
                 continue
             if space == SPACE_GLOBAL:
                 status, off = _gcheck(S, addr, nb, l, pc)
@@ -701,7 +721,7 @@ def step(P, T, S, w):
             else:
                 _store(S, space, blk, off, nb, w, s1, l, T.nregs_src[op])
     else:
-        status = _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before)
+        status = _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before)
     if status != ST_OK:
         return status
     _advance(S, w, top, pc + 1)
@@ -711,9 +731,10 @@ def step(P, T, S, w):
 
 
 @njit(cache=True)
-def _special(S, w, blk, l, code, clock_before):
+def _special(S, w, l, code, clock_before):
     W = S.geom[G_W]
-    wib = w % S.geom[G_WPB]
+    blk = S.warp_block[w]
+    wib = S.warp_wib[w]
     tid = wib * W + l
     if code == SP_TIDX:
         return tid % S.geom[G_BX]
@@ -749,7 +770,7 @@ def _special(S, w, blk, l, code, clock_before):
         return clock_before
     if code == SP_WARPSIZE:
         return W
-    return blk % S.geom[G_NCORES]
+    return np.int64(S.warp_core[w])
 
 
 @njit(cache=True)
@@ -843,7 +864,7 @@ def _half2_op(S, sem, dt, ra, rb, rc):
 
 
 @njit(cache=True)
-def _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before):
+def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
     W = S.geom[G_W]
     d = P.dst[pc]
     s0 = P.src0[pc]
@@ -855,11 +876,14 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, blk, clock_before):
     immd = S.tmp_f64[0]
     cmpc = T.cmp[op]
     mufu = sem == S_EX2 or sem == S_LG2 or sem == S_RCP or sem == S_RSQRT or sem == S_SQRT or sem == S_TANH
+    if S.geom[G_MODE] == MODE_TIMING and sem != S_SETP and sem != S_MOV and (
+            dt == DT_F32 or dt == DT_F64 or dt == DT_F16X2 or dt == DT_BF16X2):
+        return ST_OK  # timing runs carry no floating-point values
     for l in range(W):
         if not ((mask >> l) & 1):
             continue
         if sem == S_S2R:
-            S.regs[w, d, l] = _special(S, w, blk, l, imm, clock_before)
+            S.regs[w, d, l] = _special(S, w, l, imm, clock_before)
         elif sem == S_LDPARAM:
             S.regs[w, d, l] = S.params[imm]
         elif sem == S_MOV:

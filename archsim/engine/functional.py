@@ -44,10 +44,13 @@ def make_state(prog: Program, launch: Launch, mem, params, warp_width: int, ncor
     shared = int(prog.shared_bytes)
     spad = max((shared + 15) // 16 * 16, 16)
     smem = np.zeros((nblk, spad), np.uint8)
-    geom = np.zeros(14, np.int64)
+    geom = np.zeros(16, np.int64)
     geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
-          X.G_SHARED, X.G_GBASE, X.G_GSIZE]] = [W, wpb, tpb, *launch.block, *launch.grid, nblk, max(ncores, 1),
-                                                 shared, mem_base(), gsize]
+          X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE]] = [
+        W, wpb, tpb, *launch.block, *launch.grid, nblk, max(ncores, 1), shared, mem_base(), gsize,
+        X.MODE_FUNCTIONAL, gsize]
+    warp = np.arange(NW, dtype=np.int32)
+    blocks = (warp // wpb).astype(np.int32)
     stack_pc = np.zeros((NW, STACK_DEPTH), np.int32)
     stack_rpc = np.full((NW, STACK_DEPTH), -1, np.int32)
     stack_mask = np.zeros((NW, STACK_DEPTH), np.int64)
@@ -62,7 +65,9 @@ def make_state(prog: Program, launch: Launch, mem, params, warp_width: int, ncor
         rf64=regs.view(np.float64), preds=np.zeros((NW, 8, W), np.uint8),
         g8=gpad, g16=gpad.view(np.uint16), g32=gpad.view(np.uint32), g64=gpad.view(np.int64),
         s8=smem, s16=smem.view(np.uint16), s32=smem.view(np.uint32), s64=smem.view(np.int64),
-        params=np.asarray(params, np.int64), geom=geom, stack_pc=stack_pc, stack_rpc=stack_rpc,
+        params=np.asarray(params, np.int64), geom=geom, warp_block=blocks, warp_wib=(warp % wpb).astype(np.int32),
+        warp_smem=blocks.copy(), warp_core=(blocks % max(ncores, 1)).astype(np.int32),
+        block_smem=np.arange(nblk, dtype=np.int32), stack_pc=stack_pc, stack_rpc=stack_rpc,
         stack_mask=stack_mask, sp=np.ones(NW, np.int32), wstate=np.zeros(NW, np.int32),
         icount=np.zeros(NW, np.int64), fault=np.zeros(6, np.int64), tmp_u32=tmp_u32,
         tmp_f32=tmp_u32.view(np.float32), tmp_i64=tmp_i64, tmp_f64=tmp_i64.view(np.float64),

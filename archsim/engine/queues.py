@@ -1,0 +1,155 @@
+"""Fixed-capacity ring buffers and the memory-request table, shared by every timing block.
+
+Queues: many queues of int32 items (request ids) in one NamedTuple of arrays; queue ``q`` holds
+``count[q]`` items starting at ``head[q]`` in ``buf[q, :cap[q]]``. A full queue refuses a push:
+the producer stalls and counts the stall (back-pressure); nothing is dropped.
+
+Requests: one table of in-flight memory requests (struct of arrays), allocated from a free list.
+A request carries its address, size, kind, source and the cycle it was created, plus two free
+fields for the block that currently owns it (``aux0``, ``aux1``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from archsim.engine.jit import njit
+
+
+class Queues(NamedTuple):
+    buf: np.ndarray    # int32 [nq, max cap]
+    head: np.ndarray   # int32 [nq]
+    count: np.ndarray  # int32 [nq]
+    cap: np.ndarray    # int32 [nq]
+
+
+def make_queues(caps) -> Queues:
+    caps = np.asarray(caps, np.int32).ravel()
+    if caps.size == 0 or caps.min() <= 0:
+        raise ValueError("queue capacities must be positive")
+    return Queues(buf=np.full((caps.size, int(caps.max())), -1, np.int32), head=np.zeros(caps.size, np.int32),
+                  count=np.zeros(caps.size, np.int32), cap=caps.copy())
+
+
+@njit(cache=True)
+def q_full(Q, q):
+    return Q.count[q] >= Q.cap[q]
+
+
+@njit(cache=True)
+def q_empty(Q, q):
+    return Q.count[q] == 0
+
+
+@njit(cache=True)
+def q_push(Q, q, item):
+    """Append; False (and no change) when the queue is full."""
+    c = Q.count[q]
+    cap = Q.cap[q]
+    if c >= cap:
+        return False
+    i = Q.head[q] + c
+    if i >= cap:
+        i -= cap
+    Q.buf[q, i] = item
+    Q.count[q] = c + 1
+    return True
+
+
+@njit(cache=True)
+def q_peek(Q, q, k=0):
+    """The k-th item from the head (0 = oldest); the queue must hold more than k items."""
+    i = Q.head[q] + k
+    cap = Q.cap[q]
+    if i >= cap:
+        i -= cap
+    return Q.buf[q, i]
+
+
+@njit(cache=True)
+def q_pop(Q, q):
+    """Remove and return the oldest item; the queue must not be empty."""
+    h = Q.head[q]
+    item = Q.buf[q, h]
+    h += 1
+    if h >= Q.cap[q]:
+        h = 0
+    Q.head[q] = h
+    Q.count[q] -= 1
+    return item
+
+
+@njit(cache=True)
+def q_remove(Q, q, k):
+    """Remove the k-th item from the head (for out-of-order schedulers such as FR-FCFS),
+    keeping the order of the others; returns it."""
+    cap = Q.cap[q]
+    c = Q.count[q]
+    i = Q.head[q] + k
+    if i >= cap:
+        i -= cap
+    item = Q.buf[q, i]
+    for j in range(k, c - 1):
+        a = Q.head[q] + j
+        if a >= cap:
+            a -= cap
+        b = a + 1
+        if b >= cap:
+            b -= cap
+        Q.buf[q, a] = Q.buf[q, b]
+    Q.count[q] = c - 1
+    return item
+
+
+# ----------------------------------------------------------------------------- requests
+KIND_READ, KIND_WRITE, KIND_ATOMIC = 0, 1, 2
+
+
+class Requests(NamedTuple):
+    addr: np.ndarray       # int64 [N] byte address
+    nbytes: np.ndarray     # int32 [N]
+    kind: np.ndarray       # int8  [N] KIND_*
+    src: np.ndarray        # int32 [N] requesting core (SM / CPE) or engine
+    tag: np.ndarray        # int32 [N] requester's own tag (warp slot, MSHR entry, DMA piece ...)
+    t_created: np.ndarray  # int64 [N] cycle the request was made
+    aux0: np.ndarray       # int64 [N] owner's scratch
+    aux1: np.ndarray       # int64 [N] owner's scratch
+    free: np.ndarray       # int32 [N] free list (stack of ids)
+    nfree: np.ndarray      # int32 [1]
+
+
+def make_requests(n: int) -> Requests:
+    n = int(n)
+    return Requests(addr=np.zeros(n, np.int64), nbytes=np.zeros(n, np.int32), kind=np.zeros(n, np.int8),
+                    src=np.zeros(n, np.int32), tag=np.zeros(n, np.int32), t_created=np.zeros(n, np.int64),
+                    aux0=np.zeros(n, np.int64), aux1=np.zeros(n, np.int64),
+                    free=np.arange(n - 1, -1, -1, dtype=np.int32), nfree=np.array([n], np.int32))
+
+
+@njit(cache=True)
+def req_alloc(R, addr, nbytes, kind, src, tag, now):
+    """A new request id, or -1 when the table is full (the requester stalls)."""
+    n = R.nfree[0]
+    if n == 0:
+        return -1
+    n -= 1
+    r = R.free[n]
+    R.nfree[0] = n
+    R.addr[r] = addr
+    R.nbytes[r] = nbytes
+    R.kind[r] = kind
+    R.src[r] = src
+    R.tag[r] = tag
+    R.t_created[r] = now
+    R.aux0[r] = 0
+    R.aux1[r] = 0
+    return r
+
+
+@njit(cache=True)
+def req_free(R, r):
+    n = R.nfree[0]
+    R.free[n] = r
+    R.nfree[0] = n + 1
