@@ -700,6 +700,7 @@ def step(P, T, S, w):
             S.addr[w, l] = addr
             if sem == S_CPASYNC:
                 gaddr = _base(S, P, w, pc, s1, l) + P.imm2[pc]
+                S.addr[w, l] = gaddr  # the timing model moves the global side
                 status, goff = _gcheck(S, gaddr, nb, l, pc)
                 if status != ST_OK:
                     break

@@ -1,0 +1,530 @@
+"""The core timing model: one model for an SM sub-core and a Sunway CPE (DESIGN.md section 3).
+
+Each core has ``subcores`` schedulers; warp slot ``s`` of a core belongs to sub-core
+``s % subcores``. Every cycle each scheduler picks at most ``issue_per_cycle`` ready warps by its
+policy (GTO: keep the last warp while it is ready, else the oldest; LRR: round robin from the warp
+after the last one issued). A warp is ready when the scoreboard says every register and predicate
+its next instruction reads (and writes) is available, and the pipe (or tensor units) it needs is
+free. Issue executes the instruction functionally (execute.step, execute-at-issue), then books
+its timing: the pipe is held ``ii`` cycles, results are ready after ``lat`` cycles, memory
+instructions go to the memory system (memory.py), which marks their registers ready when the data
+is back.
+
+Every resident warp's cycle is classified once (the stall breakdown of CONTRACT.md): issued,
+not_selected, wait (fixed-latency dependency), long_scoreboard (memory), short_scoreboard
+(scratchpad / MUFU), pipe_busy, barrier, dma_wait, idle.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from archsim.engine import decode as D
+from archsim.engine import execute as X
+from archsim.engine.jit import njit
+
+INF = np.int64(1) << 62
+
+# warp states (timing)
+T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT = range(8)
+
+# stall reasons, in CONTRACT.md order
+(R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
+ R_IDLE) = range(9)
+STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
+               "barrier", "dma_wait", "idle")
+
+SCHED_LRR, SCHED_GTO = 0, 1
+CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
+
+
+class TState(NamedTuple):
+    """Timing state of every warp slot and core (struct of arrays)."""
+
+    reg_ready: np.ndarray    # int64 [NW, R] cycle the register's value is available
+    reg_kind: np.ndarray     # int8  [NW, R] producer kind (decode.SRC_*) of the pending value
+    pred_ready: np.ndarray   # int64 [NW, 8]
+    wst: np.ndarray          # int32 [NW] T_*
+    age: np.ndarray          # int64 [NW] dispatch order (GTO picks the oldest)
+    wait_arg: np.ndarray     # int32 [NW] N of the cp.async.wait / dma.wait / rma.wait it waits on
+    cp_open: np.ndarray      # int32 [NW] number of the open cp.async group
+    cp_oldest: np.ndarray    # int32 [NW] oldest group that may still have copies in flight
+    cp_pending: np.ndarray   # int32 [NW, CP_GROUPS] copies in flight per group (ring by group number)
+    bulk_pending: np.ndarray  # int32 [NW, 2] DMA and RMA transfers in flight
+    slot_block: np.ndarray   # int32 [NW] block slot (core * max_blocks + b) the warp belongs to
+    reason: np.ndarray       # int8  [NW] the warp's stall reason this cycle (R_*; -1 not resident)
+    pipe_free: np.ndarray    # int64 [cores, subcores, pipes]
+    tensor_free: np.ndarray  # int64 [cores, subcores]
+    last_warp: np.ndarray    # int32 [cores, subcores] last issued slot (-1)
+    # block slots
+    bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
+    bs_alive: np.ndarray     # int32 warps not exited
+    bs_arrived: np.ndarray   # int32 warps waiting at bar.sync
+    bs_first: np.ndarray     # int32 first warp slot of the block (its warps are consecutive)
+    bs_nwarps: np.ndarray    # int32
+    core_warps: np.ndarray   # int32 [cores] warp slots in use
+    core_smem: np.ndarray    # int64 [cores] scratchpad bytes in use
+    core_regs: np.ndarray    # int64 [cores] registers in use
+    core_blocks: np.ndarray  # int32 [cores]
+    # counters
+    stall: np.ndarray        # int64 [cores, 9] warp-cycles by reason
+    issued: np.ndarray       # int64 [cores] warp-instructions
+    flops: np.ndarray        # int64 [cores]
+    pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
+    # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
+    # [3] blocks total, [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals
+    k: np.ndarray
+
+
+class CoreCfg(NamedTuple):
+    """Per-machine constants the core model reads (int64 array; see make_core_cfg)."""
+
+    v: np.ndarray
+
+
+# CoreCfg.v layout
+(C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
+ C_W) = range(10)
+
+
+def make_core_cfg(machine, scratch_bytes: int) -> CoreCfg:
+    c = machine.cores
+    v = np.zeros(10, np.int64)
+    v[C_CORES] = machine.groups * c.per_group
+    v[C_SUBCORES] = c.subcores
+    v[C_SLOTS] = c.warp_slots
+    v[C_MAX_BLOCKS] = c.max_blocks
+    v[C_REGS_PER_CORE] = machine.register_file.regs_per_core
+    v[C_SMEM_BYTES] = scratch_bytes
+    v[C_SCHED] = SCHED_GTO if c.scheduler == "gto" else SCHED_LRR
+    v[C_ISSUE] = c.issue_per_cycle
+    v[C_NPIPES] = len(machine.pipes)
+    v[C_W] = c.warp_width
+    return CoreCfg(v)
+
+
+def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int) -> TState:
+    v = cfg.v
+    cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
+                                     int(v[C_NPIPES]))
+    NW = cores * slots
+    k = np.zeros(8, np.int64)
+    k[3], k[4], k[5], k[6] = nblocks, wpb, regs_per_warp, smem_per_block
+    return TState(
+        reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
+        pred_ready=np.zeros((NW, 8), np.int64), wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
+        wait_arg=np.zeros(NW, np.int32), cp_open=np.zeros(NW, np.int32), cp_oldest=np.zeros(NW, np.int32),
+        cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
+        slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
+        tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
+        bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
+        bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
+        bs_nwarps=np.zeros(cores * mb, np.int32), core_warps=np.zeros(cores, np.int32),
+        core_smem=np.zeros(cores, np.int64), core_regs=np.zeros(cores, np.int64),
+        core_blocks=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
+        issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
+        pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), k=k)
+
+
+# ----------------------------------------------------------------------------- dispatch
+@njit(cache=True)
+def _fits(C, TS, core):
+    v = C.v
+    wpb = TS.k[4]
+    if TS.core_blocks[core] >= v[C_MAX_BLOCKS]:
+        return False
+    if TS.core_warps[core] + wpb > v[C_SLOTS]:
+        return False
+    if TS.core_regs[core] + wpb * TS.k[5] > v[C_REGS_PER_CORE]:
+        return False
+    if TS.core_smem[core] + TS.k[6] > v[C_SMEM_BYTES]:
+        return False
+    return True
+
+
+@njit(cache=True)
+def dispatch_block(C, TS, S, core, now):
+    """Place the next launch block on `core` (caller checked _fits). Its warps take consecutive
+    free slots when available (any free slots otherwise)."""
+    v = C.v
+    slots = v[C_SLOTS]
+    mb = v[C_MAX_BLOCKS]
+    wpb = TS.k[4]
+    blk = TS.k[0]
+    TS.k[0] += 1
+    # a free block slot
+    bs = -1
+    for b in range(mb):
+        if TS.bs_block[core * mb + b] < 0:
+            bs = core * mb + b
+            break
+    # consecutive free warp slots
+    first = -1
+    run = 0
+    for s in range(slots):
+        w = core * slots + s
+        if TS.wst[w] == T_EMPTY:
+            run += 1
+            if run == wpb:
+                first = w - wpb + 1
+                break
+        else:
+            run = 0
+    TS.bs_block[bs] = blk
+    TS.bs_alive[bs] = wpb
+    TS.bs_arrived[bs] = 0
+    TS.bs_first[bs] = first
+    TS.bs_nwarps[bs] = wpb
+    TS.core_blocks[core] += 1
+    TS.core_warps[core] += wpb
+    TS.core_regs[core] += wpb * TS.k[5]
+    TS.core_smem[core] += TS.k[6]
+    S.block_smem[blk] = bs
+    W = S.geom[X.G_W]
+    tpb = S.geom[X.G_TPB]
+    for i in range(wpb):
+        w = first + i
+        TS.wst[w] = T_RUN
+        TS.age[w] = TS.k[2]
+        TS.k[2] += 1
+        TS.slot_block[w] = bs
+        TS.cp_open[w] = 0
+        TS.cp_oldest[w] = 0
+        for g in range(CP_GROUPS):
+            TS.cp_pending[w, g] = 0
+        TS.bulk_pending[w, 0] = 0
+        TS.bulk_pending[w, 1] = 0
+        for r in range(TS.reg_ready.shape[1]):
+            TS.reg_ready[w, r] = now
+            TS.reg_kind[w, r] = 0
+        for p in range(8):
+            TS.pred_ready[w, p] = now
+        # functional state of the slot
+        S.warp_block[w] = blk
+        S.warp_wib[w] = i
+        S.warp_smem[w] = bs
+        S.warp_core[w] = core
+        S.icount[w] = 0
+        S.sp[w] = 1
+        S.stack_pc[w, 0] = 0
+        S.stack_rpc[w, 0] = -1
+        live = tpb - i * W
+        if live > W:
+            live = W
+        S.stack_mask[w, 0] = (np.int64(1) << live) - 1 if live < 63 else np.int64(-1)
+        for r in range(S.regs.shape[1]):
+            for l in range(W):
+                S.regs[w, r, l] = 0
+        for p in range(8):
+            for l in range(W):
+                S.preds[w, p, l] = 0
+    for j in range(S.s8.shape[1]):
+        S.s8[bs, j] = 0
+
+
+@njit(cache=True)
+def dispatch_all(C, TS, S, now):
+    """Fill every core with blocks, round robin over cores, in launch order."""
+    cores = C.v[C_CORES]
+    placed = True
+    while placed and TS.k[0] < TS.k[3]:
+        placed = False
+        for core in range(cores):
+            if TS.k[0] >= TS.k[3]:
+                break
+            if _fits(C, TS, core):
+                dispatch_block(C, TS, S, core, now)
+                placed = True
+
+
+@njit(cache=True)
+def _retire_block(C, TS, S, bs, now):
+    mb = C.v[C_MAX_BLOCKS]
+    core = bs // mb
+    blk = TS.bs_block[bs]
+    for i in range(TS.bs_nwarps[bs]):
+        TS.wst[TS.bs_first[bs] + i] = T_EMPTY
+        TS.slot_block[TS.bs_first[bs] + i] = -1
+    S.block_smem[blk] = -1
+    TS.bs_block[bs] = -1
+    TS.core_blocks[core] -= 1
+    TS.core_warps[core] -= TS.bs_nwarps[bs]
+    TS.core_regs[core] -= TS.bs_nwarps[bs] * TS.k[5]
+    TS.core_smem[core] -= TS.k[6]
+    TS.k[1] += 1
+    # the core takes the next block of the launch
+    if TS.k[0] < TS.k[3] and _fits(C, TS, core):
+        dispatch_block(C, TS, S, core, now)
+
+
+# ----------------------------------------------------------------------------- readiness
+@njit(cache=True)
+def operands_ready(TS, Dd, w, pc, now):
+    """(ready cycle, kind of the latest operand) of the instruction at pc for warp w."""
+    t = np.int64(0)
+    kind = 0
+    for i in range(Dd.nrd[pc]):
+        r = Dd.rd[pc, i]
+        if TS.reg_ready[w, r] > t:
+            t = TS.reg_ready[w, r]
+            kind = TS.reg_kind[w, r]
+    for i in range(Dd.nwr[pc]):  # WAW: a pending write to a destination must land first
+        r = Dd.wr[pc, i]
+        if TS.reg_ready[w, r] > t:
+            t = TS.reg_ready[w, r]
+            kind = TS.reg_kind[w, r]
+    for i in range(2):
+        p = Dd.prd[pc, i]
+        if p >= 0 and TS.pred_ready[w, p] > t:
+            t = TS.pred_ready[w, p]
+            kind = D.SRC_FIXED
+    p = Dd.pwr[pc]
+    if p >= 0 and TS.pred_ready[w, p] > t:
+        t = TS.pred_ready[w, p]
+        kind = D.SRC_FIXED
+    return t, kind
+
+
+@njit(cache=True)
+def _kind_reason(kind):
+    if kind == D.SRC_LONG:
+        return R_LONG_SB
+    if kind == D.SRC_SHORT:
+        return R_SHORT_SB
+    return R_WAIT
+
+
+@njit(cache=True)
+def unit_free_at(TS, Dd, core, sub, pc):
+    cls = Dd.cls[pc]
+    if cls == D.CLS_TENSOR:
+        return TS.tensor_free[core, sub]
+    p = Dd.pipe[pc]
+    if p < 0:
+        return np.int64(0)
+    return TS.pipe_free[core, sub, p]
+
+
+@njit(cache=True)
+def waiting_done(TS, w):
+    """Is a warp in a wait state (cp.async.wait, dma.wait, rma.wait) free to go on?"""
+    st = TS.wst[w]
+    if st == T_CPWAIT:
+        # committed groups (numbers cp_oldest .. cp_open-1) that still have copies in flight
+        while TS.cp_oldest[w] < TS.cp_open[w] and TS.cp_pending[w, TS.cp_oldest[w] % CP_GROUPS] == 0:
+            TS.cp_oldest[w] += 1
+        n = 0
+        for g in range(TS.cp_oldest[w], TS.cp_open[w]):
+            if TS.cp_pending[w, g % CP_GROUPS] > 0:
+                n += 1
+        return n <= TS.wait_arg[w]
+    if st == T_DMAWAIT:
+        return TS.bulk_pending[w, 0] <= TS.wait_arg[w]
+    if st == T_RMAWAIT:
+        return TS.bulk_pending[w, 1] <= TS.wait_arg[w]
+    return False
+
+
+# ----------------------------------------------------------------------------- issue
+@njit(cache=True)
+def _popcount(m):
+    n = 0
+    while m:
+        m &= m - 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _release_barrier(TS, bs):
+    TS.bs_arrived[bs] = 0
+    for i in range(TS.bs_nwarps[bs]):
+        w = TS.bs_first[bs] + i
+        if TS.wst[w] == T_BAR:
+            TS.wst[w] = T_RUN
+
+
+@njit(cache=True)
+def _check_barrier(TS, bs):
+    if TS.bs_arrived[bs] > 0 and TS.bs_arrived[bs] == TS.bs_alive[bs]:
+        # every warp still alive has arrived; a warp that exited makes it a deadlock (as in the
+        # functional interpreter): the block only goes on when none exited
+        if TS.bs_alive[bs] == TS.bs_nwarps[bs]:
+            _release_barrier(TS, bs)
+
+
+@njit(cache=True)
+def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
+    """Issue warp w's next instruction at cycle `now`. Returns an execute.ST_* status."""
+    top = S.sp[w] - 1
+    pc = S.stack_pc[w, top]
+    mask = X._active_mask(P, S, w, pc, S.stack_mask[w, top])
+    st = X.step(P, T, S, w)
+    if st == X.ST_FAULT:
+        return st
+    cls = Dd.cls[pc]
+    TS.issued[core] += 1
+    TS.flops[core] += Dd.flops[pc] * _popcount(mask)
+    ii = Dd.ii[pc]
+    if cls == D.CLS_TENSOR:
+        TS.tensor_free[core, sub] = now + ii
+        TS.pipe_busy_cycles[core, TS.pipe_busy_cycles.shape[1] - 1] += ii
+    elif Dd.pipe[pc] >= 0:
+        TS.pipe_free[core, sub, Dd.pipe[pc]] = now + ii
+        TS.pipe_busy_cycles[core, Dd.pipe[pc]] += ii
+    if mask == 0 and cls != D.CLS_BRANCH and cls != D.CLS_EXIT:
+        return st  # guarded off: held the pipe, produced nothing
+    lat = Dd.lat[pc]
+    if cls == D.CLS_ALU or cls == D.CLS_TENSOR:
+        for i in range(Dd.nwr[pc]):
+            r = Dd.wr[pc, i]
+            TS.reg_ready[w, r] = now + lat
+            TS.reg_kind[w, r] = Dd.src_kind[pc]
+        p = Dd.pwr[pc]
+        if p >= 0:
+            TS.pred_ready[w, p] = now + lat
+    elif cls == D.CLS_CPCOMMIT:
+        TS.cp_open[w] += 1
+        TS.cp_pending[w, TS.cp_open[w] % CP_GROUPS] = 0
+    elif cls == D.CLS_CPWAIT or cls == D.CLS_DMAWAIT or cls == D.CLS_RMAWAIT:
+        TS.wait_arg[w] = np.int32(P.imm[pc])
+        TS.wst[w] = T_CPWAIT if cls == D.CLS_CPWAIT else (T_DMAWAIT if cls == D.CLS_DMAWAIT else T_RMAWAIT)
+        if waiting_done(TS, w):
+            TS.wst[w] = T_RUN
+    elif cls == D.CLS_BAR:
+        if st == X.ST_BAR:
+            bs = TS.slot_block[w]
+            TS.wst[w] = T_BAR
+            TS.bs_arrived[bs] += 1
+            _check_barrier(TS, bs)
+    elif cls == D.CLS_BARGRID:
+        if st == X.ST_GRIDBAR:
+            TS.wst[w] = T_GRIDBAR
+            TS.k[7] += 1
+    elif cls == D.CLS_EXIT:
+        if st == X.ST_EXITED:
+            bs = TS.slot_block[w]
+            TS.wst[w] = T_DONE
+            TS.bs_alive[bs] -= 1
+            if TS.bs_alive[bs] == 0:
+                _retire_block(C, TS, S, TS.slot_block[w], now)
+    elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
+        # memory instructions: the memory system books them and marks results ready later
+        mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now)
+    return st
+
+
+# ----------------------------------------------------------------------------- scheduling
+@njit(cache=True)
+def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
+    """(ready cycle, stall reason if not ready now) of a resident warp."""
+    st = TS.wst[w]
+    if st == T_BAR or st == T_GRIDBAR:
+        return INF, R_BARRIER
+    if st == T_CPWAIT or st == T_DMAWAIT or st == T_RMAWAIT:
+        if waiting_done(TS, w):
+            TS.wst[w] = T_RUN
+        else:
+            return INF, (R_LONG_SB if st == T_CPWAIT else R_DMA_WAIT)
+    pc = S.stack_pc[w, S.sp[w] - 1]
+    t, kind = operands_ready(TS, Dd, w, pc, now)
+    if t > now:
+        if t >= INF:
+            return INF, _kind_reason(kind)
+        return t, _kind_reason(kind)
+    u = unit_free_at(TS, Dd, core, sub, pc)
+    if u > now:
+        return u, R_PIPE_BUSY
+    if not mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
+        return now + 1, R_PIPE_BUSY
+    return now, R_ISSUED
+
+
+@njit(cache=True)
+def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
+    """One scheduler cycle. out[0] += instructions issued; out[1] = min(out[1], next cycle a
+    stalled warp may become ready); out[2] = 1 and out[3] = warp on a fault."""
+    v = C.v
+    slots = v[C_SLOTS]
+    nsub = v[C_SUBCORES]
+    base = core * slots
+    budget = v[C_ISSUE]
+    gto = v[C_SCHED] == SCHED_GTO
+    last = TS.last_warp[core, sub]
+    # evaluate every resident warp of this sub-core once
+    best = -1
+    best_key = INF
+    for s in range(sub, slots, nsub):
+        w = base + s
+        st = TS.wst[w]
+        if st == T_EMPTY or st == T_DONE:
+            TS.reason[w] = -1
+            continue
+        t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now)
+        if reason == R_ISSUED:
+            TS.reason[w] = R_NOT_SELECTED
+            # policy key: GTO prefers the last issued warp, then the oldest; LRR the next slot after last
+            if gto:
+                key = np.int64(-1) if w == last else TS.age[w]
+            else:
+                key = np.int64((s - (last - base) - 1) % slots) if last >= 0 else np.int64(s)
+            if key < best_key:
+                best_key = key
+                best = w
+        else:
+            TS.reason[w] = reason
+            if t < out[1]:
+                out[1] = t
+    issued = 0
+    while best >= 0 and issued < budget:
+        w = best
+        st = issue(C, TS, S, P, T, Dd, MS, core, sub, w, now)
+        if st == X.ST_FAULT:
+            out[2] = 1
+            out[3] = w
+            return
+        TS.reason[w] = R_ISSUED
+        TS.last_warp[core, sub] = w
+        issued += 1
+        best = -1
+        if issued < budget:  # dual issue: the next best among the others
+            best_key = INF
+            for s in range(sub, slots, nsub):
+                w2 = base + s
+                if TS.reason[w2] != R_NOT_SELECTED:
+                    continue
+                t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w2, now)
+                if reason != R_ISSUED:
+                    continue
+                key = TS.age[w2] if gto else np.int64((s - (w - base) - 1) % slots)
+                if key < best_key:
+                    best_key = key
+                    best = w2
+    out[0] += issued
+    if issued:
+        out[1] = min(out[1], now + 1)
+    # account this cycle
+    for s in range(sub, slots, nsub):
+        w = base + s
+        r = TS.reason[w]
+        if r >= 0:
+            TS.stall[core, r] += 1
+            if r == R_NOT_SELECTED:
+                out[1] = min(out[1], now + 1)
+
+
+@njit(cache=True)
+def account_skip(C, TS, cycles):
+    """Skip-ahead: every resident warp keeps its reason for `cycles` more cycles."""
+    slots = C.v[C_SLOTS]
+    NW = TS.wst.shape[0]
+    for w in range(NW):
+        r = TS.reason[w]
+        if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
+            TS.stall[w // slots, r] += cycles
+
+
+# memory.py imports this module; its functions are resolved when numba compiles the callers
+from archsim.engine.memory import mem_can_issue, mem_issue  # noqa: E402

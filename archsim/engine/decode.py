@@ -1,0 +1,172 @@
+"""Timing decode: (Program, Machine) -> per-instruction arrays the timing engine reads at issue.
+
+For every instruction: the registers and predicates it reads and writes (the scoreboard), its
+issue class (ALU, tensor, global/shared memory, barrier, ...), the pipe that serves it on this
+machine, how long it holds that pipe (``ceil(warp_width / lanes_per_cycle)`` for its dtype) and
+its result latency (the pipe's, or the pipe's override for the opcode's latency key). MMA holds
+the sub-core's tensor units for the MAC steps its shape needs at the configured rate.
+Nothing here is a per-kernel constant: everything comes from isa/opcodes.yaml and the config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from archsim.errors import InputError
+from archsim.isa.opcodes import opcodes
+from archsim.isa.program import FLAG_IMM0, NONE, Program
+
+MAX_RD = 12
+MAX_WR = 4
+
+# issue classes
+(CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
+ CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
+ CLS_BARGRID, CLS_NOP) = range(19)
+
+# scoreboard producer kinds (for the stall breakdown)
+SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
+
+_PIPE_DTYPE = {"b": "b", "i64": "i64", "f32": "f32", "f16x2": "f16x2", "bf16x2": "bf16x2", "f64": "f64",
+               "pred": "pred"}
+_TENSOR_DTYPE = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "f64": "fp64"}
+
+
+class Decoded(NamedTuple):
+    nrd: np.ndarray       # int8 [n]
+    rd: np.ndarray        # int16 [n, MAX_RD]
+    nwr: np.ndarray       # int8 [n]
+    wr: np.ndarray        # int16 [n, MAX_WR]
+    prd: np.ndarray       # int8 [n, 2] predicates read (-1 none): guard, source
+    pwr: np.ndarray       # int8 [n] predicate written (-1 none)
+    cls: np.ndarray       # int8 [n] CLS_*
+    pipe: np.ndarray      # int8 [n] pipe index (-1: tensor / dma / rma blocks)
+    ii: np.ndarray        # int32 [n] cycles the pipe (or tensor unit) is held
+    lat: np.ndarray       # int32 [n] issue -> result, cycles (memory ops: address generation only)
+    src_kind: np.ndarray  # int8 [n] SRC_* of the value it produces
+    flops: np.ndarray     # int64 [n] flops per active lane
+    access: np.ndarray    # int32 [n] bytes per lane of a memory access
+
+
+_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
+_CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC, "cpcommit": CLS_CPCOMMIT,
+        "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA, "dma_wait": CLS_DMAWAIT,
+        "rma_put": CLS_RMA, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
+        "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP}
+
+
+def pipe_names(machine) -> list[str]:
+    return list(machine.pipes.keys())
+
+
+def _pipe_for(machine, unit: str, where: str) -> int:
+    for i, (name, p) in enumerate(machine.pipes.items()):
+        if unit in p.serves:
+            return i
+    raise InputError(where, f"no pipe of {machine.name} serves unit class {unit!r}",
+                     "units served: " + ", ".join(sorted({u for p in machine.pipes.values() for u in p.serves})))
+
+
+def _lanes(pipe, dtype: str) -> float:
+    lanes = pipe.lanes_per_cycle
+    if dtype in lanes:
+        return float(lanes[dtype])
+    if "b" in lanes:
+        return float(lanes["b"])
+    raise KeyError(dtype)
+
+
+def decode(prog: Program, machine) -> Decoded:
+    ops = opcodes()
+    n = len(prog)
+    W = machine.cores.warp_width
+    out = {
+        "nrd": np.zeros(n, np.int8), "rd": np.full((n, MAX_RD), -1, np.int16),
+        "nwr": np.zeros(n, np.int8), "wr": np.full((n, MAX_WR), -1, np.int16),
+        "prd": np.full((n, 2), -1, np.int8), "pwr": np.full(n, -1, np.int8),
+        "cls": np.zeros(n, np.int8), "pipe": np.full(n, -1, np.int8), "ii": np.ones(n, np.int32),
+        "lat": np.ones(n, np.int32), "src_kind": np.zeros(n, np.int8), "flops": np.zeros(n, np.int64),
+        "access": np.zeros(n, np.int32),
+    }
+    pipes = list(machine.pipes.values())
+    subcores = machine.cores.subcores
+    for pc in range(n):
+        op = ops[int(prog.op[pc])]
+        where = prog.where(pc)
+        rd, wr = [], []
+        slot = 0
+        flags = int(prog.flags[pc])
+        preds = []
+        for kind in op.operands:
+            if kind in ("R", "R2", "R4"):
+                wr += range(int(prog.dst[pc]), int(prog.dst[pc]) + _RANGE[kind])
+            elif kind == "P":
+                out["pwr"][pc] = int(prog.dst[pc])
+            elif kind in ("r", "r2", "r4", "ri", "m"):
+                r = int(getattr(prog, f"src{slot}")[pc])
+                if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
+                    rd += range(r, r + _RANGE[kind])
+                slot += 1
+            elif kind == "p":
+                preds.append(int(getattr(prog, f"src{slot}")[pc]))
+                slot += 1
+        if int(prog.pred[pc]) != NONE:
+            preds.insert(0, int(prog.pred[pc]))
+        out["nrd"][pc] = len(rd)
+        out["rd"][pc, :len(rd)] = rd
+        out["nwr"][pc] = len(wr)
+        out["wr"][pc, :len(wr)] = wr
+        out["prd"][pc, :len(preds)] = preds[:2]
+        out["flops"][pc] = op.flops_per_lane
+        out["access"][pc] = op.access_bytes
+        # issue class
+        if op.sem in ("ld", "st"):
+            glob = op.space == "global"
+            out["cls"][pc] = (CLS_LD_GLOBAL if glob else CLS_LD_SHARED) if op.sem == "ld" else \
+                (CLS_ST_GLOBAL if glob else CLS_ST_SHARED)
+        else:
+            out["cls"][pc] = _CLS.get(op.sem, CLS_ALU)
+        # pipe, occupancy, latency
+        if op.unit == "tensor":
+            t = machine.tensor
+            if t is None:
+                raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor units", "a machine with tensor:")
+            tdt = _TENSOR_DTYPE[op.src_dtype]
+            rate = t.mac_steps_per_cycle.get(tdt)
+            if rate is None:
+                raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} do not run {tdt}",
+                                 "dtypes: " + ", ".join(t.mac_steps_per_cycle))
+            m, nn, k = op.shape
+            am, an, ak = t.mac_array
+            steps = math.ceil(m / am) * math.ceil(nn / an) * math.ceil(k / ak)
+            units = max(t.units_per_core // subcores, 1)
+            busy = max(1, math.ceil(steps / (rate * units)))
+            out["ii"][pc] = busy
+            out["lat"][pc] = busy + t.latency_cycles
+            out["src_kind"][pc] = SRC_FIXED
+        elif op.unit in ("dma", "rma"):
+            out["ii"][pc] = 1
+            out["lat"][pc] = 1
+        else:
+            pi = _pipe_for(machine, op.unit, where)
+            p = pipes[pi]
+            dt = _PIPE_DTYPE[op.dtype]
+            try:
+                lanes = _lanes(p, dt)
+            except KeyError:
+                raise InputError(where, f"{op.mnemonic}: pipe {list(machine.pipes)[pi]!r} of {machine.name} has "
+                                 f"no rate for dtype {dt}", "dtypes: " + ", ".join(p.lanes_per_cycle))
+            out["pipe"][pc] = pi
+            out["ii"][pc] = max(1, math.ceil(W / lanes))
+            lat = p.latency_overrides_cycles.get(op.latency, p.latency_cycles) if op.latency != "mem" \
+                else p.latency_cycles
+            out["lat"][pc] = lat
+            out["src_kind"][pc] = SRC_SHORT if op.unit == "mufu" else SRC_FIXED
+        if out["cls"][pc] in (CLS_LD_SHARED, CLS_LDMATRIX):
+            out["src_kind"][pc] = SRC_SHORT
+        elif out["cls"][pc] == CLS_LD_GLOBAL:
+            out["src_kind"][pc] = SRC_LONG
+    return Decoded(**out)

@@ -1,0 +1,881 @@
+"""DRAM channels with bank and row-buffer timing (Ramulator-style: the rules are ``dram.timing``).
+
+One ``DramState`` (a NamedTuple of numpy arrays, struct of arrays over channels x banks) holds
+every channel of the machine. The caller owns the queues (``archsim.engine.queues``): channel
+``c`` reads request ids from queue ``q_in_base + c`` and pushes finished ones to
+``q_out_base + c``. ``dram_step`` advances every channel by one memory-clock cycle;
+``dram_next_event`` says when the next step can change anything (skip-ahead). Python helpers:
+``make_dram_state``, ``dram_counters`` (per-channel records), ``dram_map`` / ``dram_address``
+(address <-> channel, bank, row, column), ``segment_base`` / ``cross_base`` (Sunway buffer
+placement), ``dram_queue_capacity``, ``refresh_first_due``, ``dram_log`` (command log, tests).
+
+Sub-channels
+    A configured channel is one queue, one set of counters and ``dram.banks`` banks. Its data
+    rate is ``channel_gbps``; one burst takes ``burst_cycles = burst_bytes / (channel_gbps /
+    memory clock)`` on it. When ``burst_cycles < tCCD_S`` one command bus could never reach that
+    rate (a100: 0.5 cycle bursts but tCCD_S = 2, so 25 % of peak at best): the channel is really
+    several physical channels side by side (a100.yaml: "a 512-bit controller spans 4 HBM2
+    channels x 16 banks"). The model therefore splits it into ``S = ceil(tCCD_S /
+    burst_cycles)`` sub-channels (a100 4, h100 8, tiny-gpu 2, DDR4 machines 1), each with
+    ``banks / S`` banks in ``bank_groups / S`` groups, its own command slot (one command per
+    sub-channel per memory cycle), its own data bus of ``channel_gbps / S`` (a burst occupies it
+    ``S x burst_cycles`` cycles) and its own tRRD / tFAW / tWTR / refresh state. Bank ``b`` of a
+    channel lives in sub-channel ``b // (banks / S)``. ``make_dram_state(..., subchannels=1)``
+    forces the literal one-bus model.
+
+Data bus in fixed point
+    Bus time is counted in 1/65536 cycle so a rate that is not a whole number of bytes per
+    cycle (a100: 127.98 B/cycle) is met exactly and never exceeded. A column command may issue
+    when the bus frees within the first cycle of its data slot (RD + tCL, WR + tCWL); its data
+    ends at start + burst and the request is complete at that instant rounded up to the cycle
+    (ends within 1/100 cycle past a boundary count as on it: the configs' clock ratios carry
+    about six digits).
+
+Address mapping (``dram_map``; all divisions, so counts need not be powers of two)
+    1. address -> (channel, channel-local address ``la``):
+       * ``interleave``: chunk ``i = addr // IL`` (IL = interleave_bytes); channel ``i % C``;
+         ``la = (i // C) * IL + addr % IL``.
+       * ``segments`` (Sunway): ``SEG = capacity_gib GiB / groups`` (rounded down to a multiple
+         of IL x channels per group). Group g's private segment ``[g*SEG, (g+1)*SEG)`` is
+         interleaved in IL chunks over the channels of g's own controller(s) only (controllers
+         first, then the channels of a controller); channels are numbered controller-major
+         and group-major (group g owns channels ``[g*C/groups, (g+1)*C/groups)``). The cross
+         segment starts at ``groups*SEG`` and is interleaved in IL chunks over ALL controllers
+         (chunk i -> controller ``i % count``, then its channels); its rows are numbered after
+         the private rows of each channel (``la = SEG/cpg + ...``; capacity is not checked).
+    2. ``la`` -> bank, row, column, low bits first::
+
+           [ offset within a CH-byte chunk | sub-channel | bank group | bank in group |
+             column chunk (row_bytes / CH) | row ]
+
+       with CH = max(burst_bytes, min(128, row_bytes)): a request of up to 128 B that is
+       128-B aligned stays in one row of one bank, while consecutive chunks of a stream go to
+       different sub-channels and bank groups (so tCCD_L and tRRD_L do not serialise a stream)
+       and each bank still reads its row from column 0 up (a stream of 128-B requests opens
+       each row once per row_bytes / 128 requests: 94 % hits on a100). The flat bank field ``fb`` (sub-channel fastest)
+       is XOR-hashed with the row's low bits (``fb ^ (row % banks)``, or ``(fb + row) % banks``
+       when banks is not a power of two), which spreads power-of-two strides over banks.
+       ``column`` is the byte offset within the row; ``bank`` = sc*(banks/S) + bg*(banks per
+       group) + bank in group.
+    A request must not cross an interleave chunk; each of its bursts is mapped on its own, so a
+    misaligned request may touch two chunks / rows / banks (two rows' worth of commands).
+
+Scheduler (per sub-channel, every memory cycle, at most one command)
+    Commands ACT, PRE, RD, WR, PREA (before refresh) and all-bank REF, each checked against
+    tRCD, tCL, tCWL, tRP, tRAS, tRC, tCCD_S/L, tRRD_S/L, tFAW (last 4 ACTs), tWR, tWTR_S/L,
+    tRTP, tRFC / tREFI and the data bus. ``fcfs``: only the oldest request of the sub-channel
+    may issue. ``frfcfs``: the oldest request whose next command is a ready row hit, else the
+    oldest request whose next command (ACT / PRE) is ready; a PRE that would close a row other
+    queued requests still hit waits, unless the bank served 16 hits since its ACT (Ramulator's
+    FRFCFS_Cap). ``row_policy: closed`` precharges automatically (RDA / WRA: no command slot)
+    after the last queued hit. Refresh: channel c is due first at tREFI + c*tREFI/C (channels
+    staggered, ``refresh_first_due``) and then every tREFI; every sub-channel of it then issues
+    no request commands, precharges its open banks (PREA) and issues an all-bank REF, which
+    blocks ACTs for tRFC. (Staggering the sub-channels of one channel costs twice as much: the
+    shared queue fills with requests for the refreshing one.)
+
+Requests: ``R.addr``, ``R.nbytes``, ``R.kind`` (KIND_WRITE writes; reads and atomics read) are
+read once, when a step first sees the id in the input queue (its arrival cycle); the state keeps
+a shadow of the decoded request per queue slot, so ``R.aux0/aux1`` are left alone and
+``dram_next_event`` needs no request table. A request leaves the input queue when its last
+column command issues and waits in a per-channel return buffer until its data has transferred;
+then it is pushed to the output queue. A full output queue leaves it there: the channel counts a
+blocked cycle and stops issuing last bursts once the return buffer is full (nothing dropped).
+
+Row hits / misses / conflicts are counted once per request, by the state of its first burst's
+bank when the request first needed it (a column command straight away = hit, an ACT = miss, a PRE
+= conflict). Skip-ahead contract: call ``dram_step`` with increasing ``now_mem``; push new
+requests only just before a step at the cycle they arrive; jump to ``min(dram_next_event(...,
+t + 1), next arrival)`` after stepping cycle t. Results then equal stepping every cycle.
+
+Engine notes (speed): the input queue is scanned once per channel and cycle, but a channel
+whose last scan issued nothing sleeps until the cycle that scan named, unless a request arrives
+or one retires; a request leaves the queue in O(1) (the head entry fills its slot; ages live in
+the shadow); per-bank row-hit counts are kept incrementally; the return buffer is a ring sorted
+by completion. No allocation and no reference counting in the step (see ``_jit``). The only
+failure a step can meet, a queue larger than ``queue_cap``, is flagged in ``chan[:, K_ERR]``
+and raised by ``dram_check`` / ``dram_counters``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from archsim.engine.jit import njit
+from archsim.engine.queues import KIND_WRITE
+
+FP = 1 << 16                 # fixed-point units per memory cycle (data-bus time)
+TOL = FP // 100              # an end this close past a cycle boundary counts as on it
+NEVER = np.int64(1 << 62)
+HIT_CAP = 16                 # FR-FCFS row-hit cap before a conflicting PRE may close the row
+
+# This block's numba options on top of jit.py's: no reference counting (nothing here allocates,
+# and NRT's atomic increments of every array of D, Q and R around each call cost more than the
+# work of a step) and numpy's error model (no ZeroDivisionError exits to unwind).
+_jit = njit(cache=True, error_model="numpy", _nrt=False)
+
+CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_PREA = 1, 2, 3, 4, 5, 6
+CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF: "REF", CMD_PREA: "PREA"}
+
+# indices into DramState.prm (int64 parameters)
+(P_C, P_S, P_NB, P_NBS, P_BGS, P_BPG, P_MODE, P_IL, P_GROUPS, P_CPG, P_CPGC, P_CPC, P_NCTRL, P_SEG,
+ P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
+ P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
+ P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_NPRM) = range(44)
+P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
+
+COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
+            "activates", "precharges", "refreshes", "queue_occupancy_sum", "queue_max",
+            "data_bus_busy_fp", "blocked_cycles", "latency_sum", "latency_count")
+(C_READS, C_WRITES, C_BYTES_READ, C_BYTES_WRITTEN, C_ROW_HITS, C_ROW_MISSES, C_ROW_CONFLICTS, C_ACTIVATES,
+ C_PRECHARGES, C_REFRESHES, C_QUEUE_OCC, C_QUEUE_MAX, C_BUS_BUSY_FP, C_BLOCKED, C_LAT_SUM, C_LAT_COUNT) = range(16)
+
+# field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
+B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
+G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
+(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11,
+                                                                                    12, 13)  # sub[C, S, :]
+H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_N = range(11)  # shadow[C, QCAP, :]
+F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
+K_INFN, K_RHEAD, K_NSEEN, K_LASTCOUNT, K_LOGN, K_ERR, K_WAKE, K_ASEQ, K_N = range(9)  # chan[C, :]
+ERR_QUEUE_CAP = 1                                                            # chan[c, K_ERR] bits
+
+
+class DramState(NamedTuple):
+    """Every channel's state, struct of arrays (int64 unless said). The packed arrays are indexed
+    by the constants above: ``bank[c, b, B_OPEN]`` is bank b's open row (-1 closed) and
+    ``B_ACT..B_WR`` the earliest cycle for each command on it; ``bgrp`` the same per bank group
+    (tRRD_L, tCCD_L, tWTR_L); ``sub`` per sub-channel (tRRD_S, tCCD_S, tWTR_S, data bus free
+    time in 1/FP cycles, next refresh due, the last four ACTs for tFAW); ``shadow`` the decoded
+    input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
+    class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival);
+    ``ret`` the return buffer; ``cnt[c, C_*]`` the counters (names in
+    COUNTERS); ``log[c, i, :]`` = (cycle, command, bank or sub-channel, row / request id)."""
+
+    prm: np.ndarray            # [P_NPRM] parameters
+    clk: np.ndarray            # float64 [1] memory clock, GHz
+    bank: np.ndarray           # [C, NB, B_N]
+    bgrp: np.ndarray           # [C, S*BGS, G_N]
+    sub: np.ndarray            # [C, S, S_N]
+    shadow: np.ndarray         # [C, QCAP, H_N]
+    ret: np.ndarray            # [C, RETCAP, F_N]
+    chan: np.ndarray           # [C, K_N]
+    last_step: np.ndarray      # [1] cycle of the last step
+    cnt: np.ndarray            # [C, 16] counters
+    log: np.ndarray            # [C, L, 4] command log ring (log_len=0: off)
+
+
+# ---------------------------------------------------------------------------- Python side
+
+def dram_subchannels(machine) -> int:
+    """Sub-channels per configured channel: ceil(tCCD_S / burst_cycles), a divisor of
+    gcd(banks, bank_groups) (the next one up, else the largest one below)."""
+    from archsim.config import dram_burst_cycles
+
+    d = machine.dram
+    need = max(1, math.ceil(d.timing.tCCD_S / dram_burst_cycles(machine) - 1e-3))
+    g = math.gcd(d.banks, d.bank_groups)
+    for s in range(need, g + 1):
+        if g % s == 0:
+            return s
+    return max(s for s in range(1, g + 1) if g % s == 0 and s <= need)
+
+
+def _segment_bytes(machine) -> int:
+    d, mc = machine.dram, machine.memory_controllers
+    if mc.address_mapping.kind != "segments":
+        return 0
+    if d.capacity_gib is None:
+        raise ValueError("dram.capacity_gib: the segments address mapping needs the capacity (a number of GiB)")
+    cpg = d.channels // machine.groups
+    unit = mc.address_mapping.interleave_bytes * cpg
+    seg = int(d.capacity_gib * (1 << 30)) // machine.groups
+    return seg // unit * unit
+
+
+def segment_base(machine, group: int) -> int:
+    """First byte of core group ``group``'s private segment (segments mapping); 0 on an
+    interleaved machine, where every address reaches every channel."""
+    if not 0 <= group < machine.groups:
+        raise ValueError(f"group {group} out of range 0..{machine.groups - 1}")
+    return group * _segment_bytes(machine)
+
+
+def segment_bytes(machine) -> int:
+    """Size of one private segment (0 on an interleaved machine)."""
+    return _segment_bytes(machine)
+
+
+def cross_base(machine) -> int:
+    """First byte of the cross segment (interleaved over all controllers); 0 when interleaved."""
+    return machine.groups * _segment_bytes(machine)
+
+
+def dram_queue_capacity(machine) -> int:
+    """A suggested input-queue capacity per channel: the controller's queue_depth shared by its
+    channels."""
+    mc = machine.memory_controllers
+    return max(1, mc.queue_depth // (machine.dram.channels // mc.count))
+
+
+def refresh_first_due(machine, channel: int) -> int:
+    """Memory cycle of a channel's first refresh: tREFI + channel * tREFI / channels (channels
+    are staggered; the sub-channels of one channel refresh together, as they share its queue)."""
+    t = machine.dram.timing
+    return t.tREFI + channel * t.tREFI // machine.dram.channels
+
+
+def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int | None = None,
+                    log_len: int = 0) -> DramState:
+    """State for every channel of ``machine`` (reads ``machine.dram``, ``machine.memory_controllers``).
+    ``queue_cap``: the largest input-queue capacity the caller will use (default
+    memory_controllers.queue_depth); ``subchannels`` overrides the derived split;
+    ``log_len`` > 0 keeps the last ``log_len`` commands per channel (tests, traces)."""
+    from archsim.config import dram_burst_cycles, memory_clock_ghz
+
+    d, mc, t = machine.dram, machine.memory_controllers, machine.dram.timing
+    C = d.channels
+    S = int(subchannels) if subchannels else dram_subchannels(machine)
+    if d.banks % S or d.bank_groups % S:
+        raise ValueError(f"subchannels {S} must divide dram.banks {d.banks} and dram.bank_groups {d.bank_groups}")
+    NB, NBS, BGS = d.banks, d.banks // S, d.bank_groups // S
+    BPG = NBS // BGS
+    chunk = max(d.burst_bytes, min(128, d.row_bytes))
+    if d.row_bytes % chunk or chunk % d.burst_bytes:
+        raise ValueError(f"dram.row_bytes {d.row_bytes} and burst_bytes {d.burst_bytes} do not fit a {chunk}-B chunk")
+    qcap = int(queue_cap) if queue_cap else mc.queue_depth
+    bfp = math.ceil(S * dram_burst_cycles(machine) * FP - 1e-6)
+    bint = (bfp + FP - 1 - TOL) // FP
+    # return-buffer ring: room for every burst in flight on every sub-channel, plus one more
+    # each, as all S sub-channels may finish a request in the same cycle
+    retcap = S * (max(t.tCL, t.tCWL) + bint + 3)
+    groups = machine.groups
+    segments = mc.address_mapping.kind == "segments"
+    cpc = C // mc.count
+
+    prm = np.zeros(P_NPRM + 2 * NB, np.int64)
+    vals = {
+        P_C: C, P_S: S, P_NB: NB, P_NBS: NBS, P_BGS: BGS, P_BPG: BPG, P_MODE: int(segments),
+        P_IL: mc.address_mapping.interleave_bytes, P_GROUPS: groups, P_CPG: C // groups if segments else C,
+        P_CPGC: mc.count // groups if segments else mc.count, P_CPC: cpc, P_NCTRL: mc.count,
+        P_SEG: _segment_bytes(machine), P_CHUNK: chunk, P_COLS: d.row_bytes // chunk, P_BB: d.burst_bytes,
+        P_POLICY: int(mc.policy == "frfcfs"), P_ROWPOL: int(mc.row_policy == "closed"),
+        P_TCL: t.tCL, P_TCWL: t.tCWL, P_TRCD: t.tRCD, P_TRP: t.tRP, P_TRAS: t.tRAS, P_TRC: t.tRC,
+        P_TCCDS: t.tCCD_S, P_TCCDL: t.tCCD_L, P_TRRDS: t.tRRD_S, P_TRRDL: t.tRRD_L, P_TFAW: t.tFAW,
+        P_TWR: t.tWR, P_TWTRS: t.tWTR_S, P_TWTRL: t.tWTR_L, P_TRTP: t.tRTP, P_TRFC: t.tRFC, P_TREFI: t.tREFI,
+        P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: HIT_CAP, P_LOGLEN: int(log_len), P_QCAP: qcap,
+        P_POW2: int(NB & (NB - 1) == 0),
+    }
+    for k, v in vals.items():
+        prm[k] = v
+    for b in range(NB):
+        prm[P_BTAB + 2 * b] = b // NBS
+        prm[P_BTAB + 2 * b + 1] = b // BPG
+    bank = np.zeros((C, NB, B_N), np.int64)
+    bank[:, :, B_OPEN] = -1
+    sub = np.zeros((C, S, S_N), np.int64)
+    sub[:, :, S_FAW:S_FAW + 4] = -(1 << 40)
+    for c in range(C):
+        sub[c, :, S_REF] = refresh_first_due(machine, c)
+    return DramState(
+        prm=prm, clk=np.array([memory_clock_ghz(machine)], np.float64), bank=bank,
+        bgrp=np.zeros((C, S * BGS, G_N), np.int64), sub=sub, shadow=np.zeros((C, qcap, H_N), np.int64),
+        ret=np.zeros((C, retcap, F_N), np.int64), chan=np.zeros((C, K_N), np.int64),
+        last_step=np.full(1, -1, np.int64), cnt=np.zeros((C, len(COUNTERS)), np.int64),
+        log=np.zeros((C, max(1, int(log_len)), 4), np.int64))
+
+
+def dram_check(D: DramState) -> None:
+    """Raise if a step refused a channel (an input queue larger than ``queue_cap``)."""
+    bad = [c for c in range(D.chan.shape[0]) if D.chan[c, K_ERR] & ERR_QUEUE_CAP]
+    if bad:
+        raise ValueError(f"dram: the input queues of channels {bad} are larger than make_dram_state's "
+                         f"queue_cap {int(D.prm[P_QCAP])}; those channels were not stepped")
+
+
+def dram_counters(D: DramState, elapsed_mem_cycles: int | None = None,
+                  mem_clock_ghz: float | None = None) -> list[dict]:
+    """Per channel a tidy record: CONTRACT.md's ``memory_controllers`` fields (name, queue_mean,
+    queue_max, row_hit_rate, gbps), the raw counters, data_bus_busy_cycles (full-width
+    equivalent), data_bus_util and latency_mean (memory cycles). ``elapsed_mem_cycles``
+    defaults to the last stepped cycle + 1, the clock to the machine's memory clock."""
+    dram_check(D)
+    p = D.prm
+    C, S, cpc = int(p[P_C]), int(p[P_S]), int(p[P_CPC])
+    elapsed = int(D.last_step[0]) + 1 if elapsed_mem_cycles is None else int(elapsed_mem_cycles)
+    ghz = float(D.clk[0]) if mem_clock_ghz is None else float(mem_clock_ghz)
+    out = []
+    for c in range(C):
+        rec = {"name": f"mc{c // cpc}" if cpc == 1 else f"mc{c // cpc}.ch{c % cpc}", "channel": c,
+               "controller": c // cpc}
+        for i, k in enumerate(COUNTERS):
+            if k != "data_bus_busy_fp":
+                rec[k] = int(D.cnt[c, i])
+        acc = rec["row_hits"] + rec["row_misses"] + rec["row_conflicts"]
+        busy = float(D.cnt[c, C_BUS_BUSY_FP]) / FP / S
+        nbytes = rec["bytes_read"] + rec["bytes_written"]
+        rec.update(
+            row_hit_rate=rec["row_hits"] / acc if acc else 0.0,
+            queue_mean=rec["queue_occupancy_sum"] / elapsed if elapsed > 0 else 0.0,
+            data_bus_busy_cycles=busy,
+            data_bus_util=busy / elapsed if elapsed > 0 else 0.0,
+            latency_mean=rec["latency_sum"] / rec["latency_count"] if rec["latency_count"] else 0.0,
+            gbps=nbytes * ghz / elapsed if elapsed > 0 else 0.0,
+            elapsed_mem_cycles=elapsed,
+        )
+        out.append(rec)
+    return out
+
+
+def dram_log(D: DramState, channel: int) -> list[tuple[int, str, int, int]]:
+    """The logged commands of one channel as (cycle, command, bank or sub-channel, arg) in cycle
+    order (needs ``log_len`` > 0). arg: the row for ACT, the request id for RD/WR, -2 for an
+    automatic precharge (closed rows), else -1."""
+    L = D.log.shape[1]
+    n = int(D.chan[channel, K_LOGN])
+    rows = [tuple(int(x) for x in D.log[channel, i % L]) for i in range(max(0, n - L), n)]
+    return sorted(((t, CMD_NAMES[cmd], b, a) for t, cmd, b, a in rows), key=lambda r: r[0])
+
+
+def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 0) -> int:
+    """Inverse of ``dram_map``: the byte address of (channel, bank, row, column). On a segments
+    machine a channel's rows below ``private_rows(D)`` belong to its group's private segment and
+    the rows from there on to the cross segment."""
+    p = [int(x) for x in D.prm]
+    S, NB, NBS, BGS, BPG = p[P_S], p[P_NB], p[P_NBS], p[P_BGS], p[P_BPG]
+    CH, COLS, IL, C = p[P_CHUNK], p[P_COLS], p[P_IL], p[P_C]
+    sc, rest = divmod(bank, NBS)
+    bg, bk = divmod(rest, BPG)
+    fbh = sc + S * (bg + BGS * bk)
+    fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
+    col_hi, off = divmod(column, CH)
+    la = ((row * COLS + col_hi) * NB + fb) * CH + off
+    if p[P_MODE] == 0:
+        li, lo = divmod(la, IL)
+        return (li * C + channel) * IL + lo
+    SEG, G, CPG, CPGC, CPC, NCTRL = p[P_SEG], p[P_GROUPS], p[P_CPG], p[P_CPGC], p[P_CPC], p[P_NCTRL]
+    if la < SEG // CPG:
+        g = channel // CPG
+        within = channel - g * CPG
+        j = (within % CPC) * CPGC + within // CPC
+        li, lo = divmod(la, IL)
+        return g * SEG + (li * CPG + j) * IL + lo
+    li, lo = divmod(la - SEG // CPG, IL)
+    m = (channel % CPC) * NCTRL + channel // CPC
+    return G * SEG + (li * C + m) * IL + lo
+
+
+def private_rows(D: DramState) -> int:
+    """Rows per bank of a channel that hold its group's private segment (segments mapping; the
+    cross segment's rows follow). 0 on an interleaved machine."""
+    p = D.prm
+    if p[P_MODE] == 0:
+        return 0
+    return int(p[P_SEG] // p[P_CPG] // (p[P_CHUNK] * p[P_NB] * p[P_COLS]))
+
+
+# ---------------------------------------------------------------------------- mapping (numba)
+
+@_jit
+def _local(p, addr):
+    """address -> (channel, channel-local address)."""
+    IL = p[P_IL]
+    C = p[P_C]
+    if p[P_MODE] == 0:
+        i = addr // IL
+        return i % C, (i // C) * IL + addr % IL
+    SEG = p[P_SEG]
+    G = p[P_GROUPS]
+    cpg = p[P_CPG]
+    cpc = p[P_CPC]
+    if addr < G * SEG:
+        g = addr // SEG
+        off = addr - g * SEG
+        i = off // IL
+        cpgc = p[P_CPGC]
+        j = i % cpg
+        return (g * cpgc + j % cpgc) * cpc + j // cpgc, (i // cpg) * IL + off % IL
+    off = addr - G * SEG
+    i = off // IL
+    nctrl = p[P_NCTRL]
+    return (i % nctrl) * cpc + (i // nctrl) % cpc, SEG // cpg + (i // C) * IL + off % IL
+
+
+@_jit
+def _bank_row_col(p, la):
+    CH = p[P_CHUNK]
+    NB = p[P_NB]
+    q = la // CH
+    fb = q % NB
+    rest = q // NB
+    cols = p[P_COLS]
+    col_hi = rest % cols
+    row = rest // cols
+    if p[P_POW2]:
+        fb = fb ^ (row & (NB - 1))
+    else:
+        fb = (fb + row) % NB
+    S = p[P_S]
+    t = fb // S
+    bank = (fb % S) * p[P_NBS] + (t % p[P_BGS]) * p[P_BPG] + t // p[P_BGS]
+    return bank, row, col_hi * CH + la % CH
+
+
+@_jit
+def dram_map(D, addr):
+    """byte address -> (channel, bank, row, column); see the module docstring for the layout."""
+    p = D.prm
+    ch, la = _local(p, np.int64(addr))
+    bank, row, col = _bank_row_col(p, la)
+    return ch, bank, row, col
+
+
+@_jit
+def _burst_loc(p, addr, k):
+    bb = p[P_BB]
+    ch, la = _local(p, (addr // bb + k) * bb)
+    bank, row, col = _bank_row_col(p, la)
+    return bank, row
+
+
+# ---------------------------------------------------------------------------- engine (numba)
+
+@_jit
+def _log(D, c, t, cmd, bank, arg):
+    L = D.prm[P_LOGLEN]
+    if L > 0:
+        i = D.chan[c, K_LOGN] % L
+        D.log[c, i, 0] = t
+        D.log[c, i, 1] = cmd
+        D.log[c, i, 2] = bank
+        D.log[c, i, 3] = arg
+        D.chan[c, K_LOGN] += 1
+
+
+@_jit
+def _slot(Q, qi, k):
+    s = Q.head[qi] + k
+    cap = Q.cap[qi]
+    if s >= cap:
+        s -= cap
+    return s
+
+
+@_jit
+def _arrivals(D, Q, R, c, qi, now):
+    """Decode the entries pushed since the last step; their arrival cycle is ``now``."""
+    p = D.prm
+    n = Q.count[qi]
+    bb = p[P_BB]
+    H = D.shadow
+    for k in range(D.chan[c, K_NSEEN], n):
+        sl = _slot(Q, qi, k)
+        r = Q.buf[qi, sl]
+        addr = R.addr[r]
+        nbytes = max(np.int64(1), np.int64(R.nbytes[r]))
+        nb = (addr + nbytes - 1) // bb - addr // bb + 1
+        wr = 1 if R.kind[r] == KIND_WRITE else 0
+        b, row = _burst_loc(p, addr, 0)
+        H[c, sl, H_ADDR] = addr
+        H[c, sl, H_NBYTES] = nbytes
+        H[c, sl, H_K] = 0
+        H[c, sl, H_NB] = nb
+        H[c, sl, H_CLS] = 0
+        H[c, sl, H_WR] = wr
+        H[c, sl, H_BANK] = b
+        H[c, sl, H_ROW] = row
+        H[c, sl, H_ARR] = now
+        H[c, sl, H_SEQ] = D.chan[c, K_ASEQ]           # age order (queue positions are not)
+        D.chan[c, K_ASEQ] += 1
+        if D.bank[c, b, B_OPEN] == row:
+            D.bank[c, b, B_HITS] += 1
+    D.chan[c, K_NSEEN] = n
+
+
+@_jit
+def _eval(D, c, sl, b):
+    """(command, earliest cycle) for the next command of the request in shadow slot ``sl``."""
+    p = D.prm
+    row = D.shadow[c, sl, H_ROW]
+    orow = D.bank[c, b, B_OPEN]
+    s = p[P_BTAB + 2 * b]
+    g = p[P_BTAB + 2 * b + 1]
+    if orow == row:
+        last = D.shadow[c, sl, H_K] == D.shadow[c, sl, H_NB] - 1
+        if D.shadow[c, sl, H_WR]:
+            if last and D.chan[c, K_INFN] + p[P_S] > p[P_RETCAP]:
+                return CMD_WR, NEVER
+            return CMD_WR, max(D.bank[c, b, B_WR], D.bgrp[c, g, G_WR], D.sub[c, s, S_WR],
+                               D.sub[c, s, S_BUS] // FP - p[P_TCWL])
+        if last and D.chan[c, K_INFN] + p[P_S] > p[P_RETCAP]:
+            return CMD_RD, NEVER
+        return CMD_RD, max(D.bank[c, b, B_RD], D.bgrp[c, g, G_RD], D.sub[c, s, S_RD],
+                           D.sub[c, s, S_BUS] // FP - p[P_TCL])
+    if orow < 0:
+        return CMD_ACT, max(D.bank[c, b, B_ACT], D.bgrp[c, g, G_ACT], D.sub[c, s, S_ACT],
+                            D.sub[c, s, S_FAW + D.sub[c, s, S_FAWI]] + p[P_TFAW])
+    return CMD_PRE, D.bank[c, b, B_PRE]
+
+
+@_jit
+def _ref_eval(D, c, s):
+    """(PREA or REF, earliest cycle) for the due refresh of sub-channel s."""
+    nbs = D.prm[P_NBS]
+    r = D.sub[c, s, S_REF]
+    any_open = False
+    for b in range(s * nbs, (s + 1) * nbs):
+        if D.bank[c, b, B_OPEN] >= 0:
+            any_open = True
+            r = max(r, D.bank[c, b, B_PRE])
+    if any_open:
+        return CMD_PREA, r
+    for b in range(s * nbs, (s + 1) * nbs):
+        r = max(r, D.bank[c, b, B_ACT])
+    return CMD_REF, r
+
+
+@_jit
+def _ref_issue(D, c, s, cmd, now):
+    p = D.prm
+    nbs = p[P_NBS]
+    if cmd == CMD_PREA:
+        for b in range(s * nbs, (s + 1) * nbs):
+            if D.bank[c, b, B_OPEN] >= 0:
+                D.bank[c, b, B_OPEN] = -1
+                D.bank[c, b, B_HITS] = 0
+                D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRP])
+                D.cnt[c, C_PRECHARGES] += 1
+    else:
+        for b in range(s * nbs, (s + 1) * nbs):
+            D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRFC])
+        D.sub[c, s, S_REF] += p[P_TREFI]
+        D.cnt[c, C_REFRESHES] += 1
+    _log(D, c, now, cmd, s, np.int64(-1))
+
+
+@_jit
+def _remove(D, Q, c, qi, a):
+    """Remove the entry in physical slot ``a`` in O(1): the head entry (and its shadow) moves into
+    the hole and the head advances. Seen entries stay in front of unseen ones; their age order
+    lives in H_SEQ, not in their positions."""
+    cap = Q.cap[qi]
+    n = Q.count[qi]
+    h = Q.head[qi]
+    if a != h:
+        Q.buf[qi, a] = Q.buf[qi, h]
+        for f in range(H_N):
+            D.shadow[c, a, f] = D.shadow[c, h, f]
+    h += 1
+    if h >= cap:
+        h = 0
+    Q.head[qi] = h
+    Q.count[qi] = n - 1
+    D.chan[c, K_NSEEN] -= 1
+
+
+@_jit
+def _issue(D, Q, c, qi, sl, now):
+    """Issue the next command of the request in physical queue slot ``sl`` (its readiness was
+    checked); True when that was its last burst and the request left the queue."""
+    p = D.prm
+    H = D.shadow
+    b = H[c, sl, H_BANK]
+    row = H[c, sl, H_ROW]
+    cmd, ready = _eval(D, c, sl, b)
+    s = p[P_BTAB + 2 * b]
+    g = p[P_BTAB + 2 * b + 1]
+    first = H[c, sl, H_K] == 0 and H[c, sl, H_CLS] == 0
+    if cmd == CMD_ACT:
+        D.bank[c, b, B_OPEN] = row
+        hits = 0                                     # queued requests whose next burst hits the new row
+        for j in range(Q.count[qi]):
+            sj = _slot(Q, qi, j)
+            if H[c, sj, H_BANK] == b and H[c, sj, H_ROW] == row:
+                hits += 1
+        D.bank[c, b, B_HITS] = hits
+        D.bank[c, b, B_RD] = max(D.bank[c, b, B_RD], now + p[P_TRCD])
+        D.bank[c, b, B_WR] = max(D.bank[c, b, B_WR], now + p[P_TRCD])
+        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + p[P_TRAS])
+        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRC])
+        D.bank[c, b, B_STREAK] = 0
+        D.bgrp[c, g, G_ACT] = max(D.bgrp[c, g, G_ACT], now + p[P_TRRDL])
+        D.sub[c, s, S_ACT] = max(D.sub[c, s, S_ACT], now + p[P_TRRDS])
+        i = D.sub[c, s, S_FAWI]
+        D.sub[c, s, S_FAW + i] = now
+        D.sub[c, s, S_FAWI] = (i + 1) & 3
+        D.cnt[c, C_ACTIVATES] += 1
+        if first:
+            H[c, sl, H_CLS] = 2                      # a miss (counted at its column command)
+        _log(D, c, now, np.int64(CMD_ACT), b, row)
+        return False
+    if cmd == CMD_PRE:
+        D.bank[c, b, B_OPEN] = -1
+        D.bank[c, b, B_HITS] = 0
+        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRP])
+        D.cnt[c, C_PRECHARGES] += 1
+        if first:
+            H[c, sl, H_CLS] = 3                      # a conflict
+        _log(D, c, now, np.int64(CMD_PRE), b, np.int64(-1))
+        return False
+    # column command (RD / WR) on the open row
+    kk = H[c, sl, H_K]
+    nb = H[c, sl, H_NB]
+    wr = H[c, sl, H_WR]
+    if kk == 0:
+        cls = H[c, sl, H_CLS]
+        if cls == 0:
+            D.cnt[c, C_ROW_HITS] += 1
+        elif cls == 2:
+            D.cnt[c, C_ROW_MISSES] += 1
+        else:
+            D.cnt[c, C_ROW_CONFLICTS] += 1
+    bint = p[P_BINT]
+    tccds = p[P_TCCDS]
+    tccdl = p[P_TCCDL]
+    if wr:
+        lat = p[P_TCWL]
+        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + lat + bint + p[P_TWR])
+        D.bgrp[c, g, G_WR] = max(D.bgrp[c, g, G_WR], now + tccdl)
+        D.bgrp[c, g, G_RD] = max(D.bgrp[c, g, G_RD], now + tccdl, now + lat + bint + p[P_TWTRL])
+        D.sub[c, s, S_WR] = max(D.sub[c, s, S_WR], now + tccds)
+        D.sub[c, s, S_RD] = max(D.sub[c, s, S_RD], now + tccds, now + lat + bint + p[P_TWTRS])
+    else:
+        lat = p[P_TCL]
+        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + p[P_TRTP])
+        D.bgrp[c, g, G_RD] = max(D.bgrp[c, g, G_RD], now + tccdl)
+        D.bgrp[c, g, G_WR] = max(D.bgrp[c, g, G_WR], now + tccdl)
+        D.sub[c, s, S_RD] = max(D.sub[c, s, S_RD], now + tccds)
+        D.sub[c, s, S_WR] = max(D.sub[c, s, S_WR], now + tccds)
+    bfp = p[P_BFP]
+    end = max(D.sub[c, s, S_BUS], (now + lat) * FP) + bfp
+    D.sub[c, s, S_BUS] = end
+    D.cnt[c, C_BUS_BUSY_FP] += bfp
+    D.bank[c, b, B_STREAK] += 1
+    rid = Q.buf[qi, sl]
+    _log(D, c, now, cmd, b, np.int64(rid))
+    kk += 1
+    D.bank[c, b, B_HITS] -= 1                       # this burst no longer waits on the row
+    removed = kk == nb
+    if removed:                                      # last burst: to the return buffer
+        # the return buffer is a ring sorted by completion cycle (ties: issue order)
+        done = (end + FP - 1 - TOL) // FP
+        F = D.ret
+        cap = p[P_RETCAP]
+        h = D.chan[c, K_RHEAD]
+        pos = D.chan[c, K_INFN]
+        while pos > 0:
+            prev = (h + pos - 1) % cap
+            if F[c, prev, F_DONE] <= done:
+                break
+            cur = (h + pos) % cap
+            for f in range(F_N):
+                F[c, cur, f] = F[c, prev, f]
+            pos -= 1
+        i = (h + pos) % cap
+        F[c, i, F_ID] = rid
+        F[c, i, F_DONE] = done
+        F[c, i, F_ARR] = H[c, sl, H_ARR]
+        F[c, i, F_NBYTES] = H[c, sl, H_NBYTES]
+        F[c, i, F_WR] = wr
+        D.chan[c, K_INFN] += 1
+        _remove(D, Q, c, qi, sl)
+    else:
+        nbk, nrow = _burst_loc(p, H[c, sl, H_ADDR], kk)
+        H[c, sl, H_BANK] = nbk
+        H[c, sl, H_ROW] = nrow
+        H[c, sl, H_K] = kk
+        if D.bank[c, nbk, B_OPEN] == nrow:
+            D.bank[c, nbk, B_HITS] += 1
+    if p[P_ROWPOL] == 1 and D.bank[c, b, B_HITS] <= 0:   # closed rows: auto-precharge after the last hit
+        tp = max(D.bank[c, b, B_PRE], now + 1)
+        D.bank[c, b, B_OPEN] = -1
+        D.bank[c, b, B_HITS] = 0
+        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], tp + p[P_TRP])
+        D.cnt[c, C_PRECHARGES] += 1
+        _log(D, c, tp, np.int64(CMD_PRE), b, np.int64(-2))
+    return removed
+
+
+@_jit
+def _sched(D, Q, c, qi, now, issue):
+    """Pick (and with ``issue`` issue) at most one command per sub-channel. Returns the earliest
+    cycle at which a command of this channel could issue given the state before this call
+    (NEVER if none; with ``issue`` it may be too late for sub-channels that issued) and whether
+    anything issued."""
+    p = D.prm
+    S = p[P_S]
+    frfcfs = p[P_POLICY] == 1
+    U = D.sub
+    H = D.shadow
+    ev = NEVER
+    issued = False
+    for s in range(S):
+        U[c, s, S_SEL] = -1
+        U[c, s, S_SELSEQ] = NEVER
+        U[c, s, S_SELHIT] = 0
+    n = Q.count[qi]
+    if n > 0 and not frfcfs:
+        # FCFS: only the oldest request of each sub-channel may issue
+        for k in range(n):
+            sl = _slot(Q, qi, k)
+            s = p[P_BTAB + 2 * H[c, sl, H_BANK]]
+            if H[c, sl, H_SEQ] < U[c, s, S_SELSEQ]:
+                U[c, s, S_SELSEQ] = H[c, sl, H_SEQ]
+                U[c, s, S_SEL] = sl
+        for s in range(S):
+            sl = U[c, s, S_SEL]
+            if sl < 0 or U[c, s, S_REF] <= now:
+                U[c, s, S_SEL] = -1
+                continue
+            cmd, ready = _eval(D, c, sl, H[c, sl, H_BANK])
+            if ready < ev:
+                ev = ready
+            if not (issue and ready <= now):
+                U[c, s, S_SEL] = -1
+    elif n > 0:
+        # FR-FCFS: the oldest ready row hit, else the oldest ready ACT / PRE
+        for k in range(n):
+            sl = _slot(Q, qi, k)
+            b = H[c, sl, H_BANK]
+            s = p[P_BTAB + 2 * b]
+            if U[c, s, S_REF] <= now:                # refresh due: the sub-channel serves it first
+                continue
+            seq = H[c, sl, H_SEQ]
+            hit = D.bank[c, b, B_OPEN] == H[c, sl, H_ROW]
+            if issue and U[c, s, S_SEL] >= 0:
+                # something issues here, so the returned time does not matter: skip what cannot win
+                if U[c, s, S_SELHIT]:
+                    if not hit or seq > U[c, s, S_SELSEQ]:
+                        continue
+                elif not hit and seq > U[c, s, S_SELSEQ]:
+                    continue
+            cmd, ready = _eval(D, c, sl, b)
+            if cmd == CMD_PRE and D.bank[c, b, B_HITS] > 0 and D.bank[c, b, B_STREAK] < p[P_HITCAP]:
+                continue                             # keep the row open for its queued hits
+            if ready < ev:
+                ev = ready
+            if issue and ready <= now:
+                if hit:
+                    if U[c, s, S_SELHIT] == 0 or seq < U[c, s, S_SELSEQ]:
+                        U[c, s, S_SEL] = sl
+                        U[c, s, S_SELSEQ] = seq
+                        U[c, s, S_SELHIT] = 1
+                elif U[c, s, S_SELHIT] == 0 and seq < U[c, s, S_SELSEQ]:
+                    U[c, s, S_SEL] = sl
+                    U[c, s, S_SELSEQ] = seq
+    for s in range(S):
+        if U[c, s, S_REF] <= now:
+            cmd, ready = _ref_eval(D, c, s)
+            if issue and ready <= now:
+                _ref_issue(D, c, s, cmd, now)
+                issued = True
+            elif ready < ev:
+                ev = ready
+        elif U[c, s, S_REF] < ev:
+            ev = U[c, s, S_REF]
+    if issue:
+        for s in range(S):
+            sl = U[c, s, S_SEL]
+            if sl < 0:
+                continue
+            h = Q.head[qi]
+            if _issue(D, Q, c, qi, sl, now) and sl != h:
+                # the request left the queue and the head entry moved into its slot
+                for s2 in range(s + 1, S):
+                    if U[c, s2, S_SEL] == h:
+                        U[c, s2, S_SEL] = sl
+            issued = True
+    return ev, issued
+
+
+@_jit
+def _retire(D, Q, c, qo, now):
+    """Push requests whose data has transferred, earliest first; count a blocked cycle when the
+    output queue refuses one."""
+    F = D.ret
+    cap = D.prm[P_RETCAP]
+    while D.chan[c, K_INFN] > 0:
+        i = D.chan[c, K_RHEAD]
+        if F[c, i, F_DONE] > now:
+            return
+        if Q.count[qo] >= Q.cap[qo]:
+            D.cnt[c, C_BLOCKED] += 1
+            return
+        Q.buf[qo, _slot(Q, qo, Q.count[qo])] = F[c, i, F_ID]
+        Q.count[qo] += 1
+        if F[c, i, F_WR]:
+            D.cnt[c, C_WRITES] += 1
+            D.cnt[c, C_BYTES_WRITTEN] += F[c, i, F_NBYTES]
+        else:
+            D.cnt[c, C_READS] += 1
+            D.cnt[c, C_BYTES_READ] += F[c, i, F_NBYTES]
+        D.cnt[c, C_LAT_SUM] += now - F[c, i, F_ARR]
+        D.cnt[c, C_LAT_COUNT] += 1
+        D.chan[c, K_RHEAD] = (i + 1) % cap
+        D.chan[c, K_INFN] -= 1
+
+
+@_jit
+def dram_step(D, Q, R, q_in_base, q_out_base, now_mem):
+    """Advance every channel by one memory-clock cycle (cycle ``now_mem``; cycles must increase)."""
+    p = D.prm
+    now = np.int64(now_mem)
+    gap = now - D.last_step[0] - 1
+    for c in range(p[P_C]):
+        qi = q_in_base + c
+        if Q.cap[qi] > p[P_QCAP]:                    # would overrun the shadow: refuse the channel
+            D.chan[c, K_ERR] |= ERR_QUEUE_CAP
+            continue
+        if gap > 0:
+            D.cnt[c, C_QUEUE_OCC] += D.chan[c, K_LASTCOUNT] * gap
+        wake = D.chan[c, K_WAKE]
+        if Q.count[qi] > D.chan[c, K_NSEEN]:
+            _arrivals(D, Q, R, c, qi, now)
+            wake = now
+        n = Q.count[qi]
+        D.cnt[c, C_QUEUE_OCC] += n
+        if n > D.cnt[c, C_QUEUE_MAX]:
+            D.cnt[c, C_QUEUE_MAX] = n
+        if D.chan[c, K_INFN] > 0:
+            before = D.chan[c, K_INFN]
+            _retire(D, Q, c, q_out_base + c, now)
+            if D.chan[c, K_INFN] != before:
+                wake = now
+        # the scheduler's state changes only by its own commands, arrivals and retirements, so
+        # until the cycle its last scan named nothing can issue: skip the scan
+        if now >= wake:
+            ev, issued = _sched(D, Q, c, qi, now, np.int64(1))
+            D.chan[c, K_WAKE] = now + 1 if issued else ev
+        D.chan[c, K_LASTCOUNT] = Q.count[qi]
+    D.last_step[0] = now
+
+
+@_jit
+def dram_next_event(D, Q, q_in_base, now_mem):
+    """The earliest memory cycle >= now_mem at which a step can change anything: a command can
+    issue, data completes, a refresh falls due; now_mem when a new request waits to be seen or a
+    finished one waits on a full output queue."""
+    p = D.prm
+    now = np.int64(now_mem)
+    ev = NEVER
+    for c in range(p[P_C]):
+        qi = q_in_base + c
+        if Q.count[qi] != D.chan[c, K_NSEEN]:
+            return now
+        if D.chan[c, K_INFN] > 0:
+            d = D.ret[c, D.chan[c, K_RHEAD], F_DONE]     # the ring is sorted: its head is due first
+            if d <= now:
+                return now
+            if d < ev:
+                ev = d
+        e = D.chan[c, K_WAKE]                   # the last scan's answer holds while nothing changed
+        if e <= now:
+            e, issued = _sched(D, Q, c, qi, now, np.int64(0))
+        if e < ev:
+            ev = e
+    if ev < now:
+        ev = now
+    return ev

@@ -1,0 +1,704 @@
+"""The GPU memory system around the cores: the MIO queue and the unified L1/shared data pipe of
+each SM, L1 (sectored, MSHRs), the request and response crossbars, the L2 slices (two halves,
+near and far) and the DRAM channels. The blocks live in their own files (cache.py, noc.py,
+dram.py); this module wires them together in the tick order of DESIGN.md (memory -> fabric ->
+cores).
+
+Per SM, memory instructions enter the MIO queue at issue (a full queue stalls issue: pipe_busy).
+The data pipe takes one wavefront per cycle (banks x bank_width bytes, 128 B on an A100 SM): a
+shared-memory access costs one wavefront per bank-conflict way, a global access one per line it
+touches. Shared loads are ready ``scratchpad.latency_cycles`` after their last wavefront, L1 hits
+``l1.hit_latency_cycles`` after theirs. Misses allocate L1 MSHRs and travel the request crossbar
+to the L2 slice that owns the address (``l2.halves`` partitions interleaved in
+``l2.interleave_bytes``; slices within a half in the controllers' interleave granule); a slice's
+data array moves ``l2.bytes_per_cycle``; hits answer after ``l2.hit_latency_cycles`` (plus
+``far_half_extra_cycles`` for an SM of the other half), misses go through the slice's MSHRs to
+the DRAM channel of the address. Data comes back over the response crossbar and through the L1
+pipeline. Every other cycle of latency comes from these queues, links and banks.
+
+Clock domains: the fabric and L2 step in the fabric clock, DRAM in the memory clock, both as
+fixed-point phase accumulators against the core clock, so skip-ahead advances them exactly as
+stepping would.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from archsim.engine import cache as CA
+from archsim.engine import core as K
+from archsim.engine import decode as D
+from archsim.engine import dram as DR
+from archsim.engine import noc as NC
+from archsim.engine.jit import njit
+from archsim.engine.queues import (KIND_READ, KIND_WRITE, Queues, Requests, make_queues, make_requests, q_empty,
+                                   q_full, q_peek, q_pop, q_push, req_alloc, req_free)
+
+MIO_CAP = 8            # choice: memory instructions queued per SM between issue and the data pipe
+TRACKERS = 512         # choice: loads / async copies in flight per SM (L1 MSHRs bound the misses)
+DELAY_CAP = 512        # fixed-latency return pipelines (L1 hits per SM, L2 responses per slice)
+HEADER_BYTES = 8       # request / response packet header on the fabric
+ONE = np.int64(1) << 32  # fixed point: one cycle of a clock domain
+
+# MIO entry fields
+(E_WARP, E_PC, E_CLS, E_MASK, E_BYTES, E_TRK, E_NLINES, E_IDX, E_WAVES, E_STARTED, E_N) = range(11)
+# tracker fields
+TK_WARP, TK_DST, TK_NDST, TK_PENDING, TK_KIND, TK_GROUP, TK_T0, TK_N = range(8)
+TRK_LOAD, TRK_CP = 0, 1
+# cfg fields
+(M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
+ M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
+ M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_N) = range(26)
+# clocks
+CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, CK_N = range(5)
+# bytes moved per level
+BY_L1, BY_SCRATCH, BY_L2, BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_N = range(7)
+# request tags of packets in flight below the L1
+TAG_WRITE = -(1 << 30)   # a write: no answer expected
+
+
+class MState(NamedTuple):
+    cfg: np.ndarray          # int64 [M_N]
+    clocks: np.ndarray       # int64 [CK_N]
+    Q: Queues                # internal queues (layout: see make_mstate)
+    R: Requests
+    mio: np.ndarray          # int64 [cores, MIO_CAP, E_N]
+    mio_addr: np.ndarray     # int64 [cores, MIO_CAP, W]
+    mio_lines: np.ndarray    # int64 [cores, MIO_CAP, 2W]
+    mio_masks: np.ndarray    # int64 [cores, MIO_CAP, 2W]
+    mio_full: np.ndarray     # int64 [cores, MIO_CAP, 2W]
+    mio_head: np.ndarray     # int32 [cores]
+    mio_count: np.ndarray    # int32 [cores]
+    trk: np.ndarray          # int64 [cores, TRACKERS, TK_N]
+    trk_free: np.ndarray     # int32 [cores, TRACKERS]
+    trk_nfree: np.ndarray    # int32 [cores]
+    slice_busy: np.ndarray   # int64 [slices] fabric cycle the slice's data array is free again
+    slice_hold: np.ndarray   # int32 [slices] request taken from the fabric, not accepted yet (-1)
+    L1: CA.CacheState
+    L2: CA.CacheState
+    req: NC.NocState         # cores -> memory side
+    resp: NC.NocState        # memory side -> cores
+    node: np.ndarray         # int32 [4, max(cores, slices)]: req core, req mem, resp mem, resp core
+    Dm: DR.DramState
+    waiters: np.ndarray      # int32 scratch for mshr_waiters
+    runs: np.ndarray         # int64 [2, 8] scratch: sector runs (first, length)
+    bytes: np.ndarray        # int64 [BY_N]
+    lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
+
+
+def _dummy_cache():
+    return CA.make_cache_state(1, 128, 128, 32, 1, 1, 1)
+
+
+def make_mstate(machine, TS) -> MState:
+    from archsim.config import cores_total
+
+    cores = cores_total(machine)
+    W = machine.cores.warp_width
+    l1 = CA.make_l1_state(machine)
+    l2 = CA.make_l2_state(machine)
+    fab = NC.make_fabric(machine)
+    nmem = len(fab.mem_names)
+    chans = machine.dram.channels
+    qcap = DR.dram_queue_capacity(machine)
+    Dm = DR.make_dram_state(machine, queue_cap=qcap)
+    # queues: dram in [0,C), dram out [C,2C), per core miss [2C, 2C+cores), per core L1-hit delay,
+    # per memory endpoint response delay, per memory endpoint DRAM retry
+    q_miss = 2 * chans
+    q_l1d = q_miss + cores
+    q_l2d = q_l1d + cores
+    q_retry = q_l2d + nmem
+    caps = [qcap] * chans + [DR.dram_queue_capacity(machine) * 4] * chans + [64] * cores + [DELAY_CAP] * cores \
+        + [DELAY_CAP] * nmem + [256] * nmem
+    Q = make_queues(caps)
+    l1c, l2c = machine.l1, machine.l2
+    sc = machine.scratchpad
+    cfg = np.zeros(M_N, np.int64)
+    cfg[M_CORES] = cores
+    cfg[M_W] = W
+    cfg[M_SLICES] = nmem
+    cfg[M_HALVES] = l2c.halves if l2c else 1
+    cfg[M_SPH] = nmem // (l2c.halves if l2c else 1)
+    cfg[M_IL_HALF] = l2c.interleave_bytes if l2c else 1 << 62
+    cfg[M_IL_SLICE] = machine.memory_controllers.address_mapping.interleave_bytes
+    cfg[M_L1_LAT] = l1c.hit_latency_cycles if l1c else sc.latency_cycles
+    cfg[M_L2_LAT] = l2c.hit_latency_cycles if l2c else 0
+    cfg[M_FAR] = l2c.far_half_extra_cycles if l2c else 0
+    cfg[M_SMEM_LAT] = sc.latency_cycles
+    cfg[M_BANKS] = sc.banks
+    cfg[M_BANK_W] = sc.bank_width_bytes
+    cfg[M_L2_BPC] = l2c.bytes_per_cycle if l2c else 1 << 20
+    cfg[M_SECTOR] = l1c.sector_bytes if l1c else (l2c.sector_bytes if l2c else 32)
+    cfg[M_LINE] = l1c.line_bytes if l1c else (l2c.line_bytes if l2c else 128)
+    cfg[M_HAS_L1] = int(l1 is not None)
+    cfg[M_HAS_L2] = int(l2 is not None)
+    cfg[M_CHANNELS] = chans
+    cfg[M_FAB_RATIO] = int(round(machine.clock_ratios.fabric * ONE))
+    cfg[M_MEM_RATIO] = int(round(machine.clock_ratios.memory * ONE))
+    cfg[M_Q_MISS], cfg[M_Q_L1D], cfg[M_Q_L2D], cfg[M_Q_RETRY] = q_miss, q_l1d, q_l2d, q_retry
+    nodes = np.full((4, max(cores, nmem)), -1, np.int32)
+    nodes[0, :cores] = fab.req_core
+    nodes[1, :nmem] = fab.req_mem
+    nodes[2, :nmem] = fab.resp_mem
+    nodes[3, :cores] = fab.resp_core
+    trk_free = np.tile(np.arange(TRACKERS - 1, -1, -1, dtype=np.int32), (cores, 1))
+    l2_mshrs = l2c.mshrs if l2c else 0
+    nreq = cores * (TRACKERS + 128) + nmem * (2 * l2_mshrs + 2 * 256 + 64) + 4096
+    lat = np.zeros(4, np.int64)
+    lat[2] = 1 << 62
+    return MState(
+        cfg=cfg, clocks=np.zeros(CK_N, np.int64), Q=Q, R=make_requests(nreq),
+        mio=np.zeros((cores, MIO_CAP, E_N), np.int64), mio_addr=np.zeros((cores, MIO_CAP, W), np.int64),
+        mio_lines=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_masks=np.zeros((cores, MIO_CAP, 2 * W), np.int64),
+        mio_full=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_head=np.zeros(cores, np.int32),
+        mio_count=np.zeros(cores, np.int32), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
+        trk_nfree=np.full(cores, TRACKERS, np.int32), slice_busy=np.zeros(nmem, np.int64),
+        slice_hold=np.full(nmem, -1, np.int32),
+        L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
+        req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
+        bytes=np.zeros(BY_N, np.int64), lat=lat)
+
+
+# ----------------------------------------------------------------------------- helpers
+@njit(cache=True)
+def _popc(m):
+    n = 0
+    while m:
+        m &= m - 1
+        n += 1
+    return n
+
+
+@njit(cache=True)
+def _slice_of(MS, addr):
+    """The memory-side endpoint of an address: its L2 slice, or without an L2 the controller of
+    its DRAM channel."""
+    cfg = MS.cfg
+    if cfg[M_HAS_L2] == 0:
+        c, _, _, _ = DR.dram_map(MS.Dm, addr)
+        return c // (cfg[M_CHANNELS] // cfg[M_SLICES])
+    half = (addr // cfg[M_IL_HALF]) % cfg[M_HALVES]
+    return half * cfg[M_SPH] + (addr // cfg[M_IL_SLICE]) % cfg[M_SPH]
+
+
+@njit(cache=True)
+def _far(MS, core, sl):
+    cfg = MS.cfg
+    if cfg[M_HALVES] <= 1:
+        return 0
+    return 1 if (sl // cfg[M_SPH]) != (core % cfg[M_HALVES]) else 0
+
+
+@njit(cache=True)
+def _trk_done(MS, TS, core, t, now):
+    """A tracker's last piece arrived: its registers (a load) or its cp.async group (a copy)."""
+    w = MS.trk[core, t, TK_WARP]
+    if MS.trk[core, t, TK_KIND] == TRK_LOAD:
+        d = MS.trk[core, t, TK_DST]
+        for j in range(MS.trk[core, t, TK_NDST]):
+            TS.reg_ready[w, d + j] = now
+        lat = now - MS.trk[core, t, TK_T0]
+        MS.lat[0] += lat
+        MS.lat[1] += 1
+        if lat < MS.lat[2]:
+            MS.lat[2] = lat
+        if lat > MS.lat[3]:
+            MS.lat[3] = lat
+    else:
+        g = MS.trk[core, t, TK_GROUP]
+        TS.cp_pending[w, g % K.CP_GROUPS] -= 1
+    n = MS.trk_nfree[core]
+    MS.trk_free[core, n] = t
+    MS.trk_nfree[core] = n + 1
+
+
+@njit(cache=True)
+def _trk_piece(MS, TS, core, t, now):
+    MS.trk[core, t, TK_PENDING] -= 1
+    if MS.trk[core, t, TK_PENDING] == 0:
+        _trk_done(MS, TS, core, t, now)
+
+
+# ----------------------------------------------------------------------------- issue side
+_MEM_CLASSES = (D.CLS_LD_GLOBAL, D.CLS_ST_GLOBAL, D.CLS_LD_SHARED, D.CLS_ST_SHARED, D.CLS_LDMATRIX, D.CLS_CPASYNC)
+
+
+@njit(cache=True)
+def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
+    cls = Dd.cls[pc]
+    if cls == D.CLS_LD_GLOBAL or cls == D.CLS_ST_GLOBAL or cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED \
+            or cls == D.CLS_LDMATRIX or cls == D.CLS_CPASYNC:
+        if MS.mio_count[core] >= MIO_CAP:
+            return False
+        if (cls == D.CLS_LD_GLOBAL or cls == D.CLS_CPASYNC) and MS.trk_nfree[core] == 0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
+    """Book a memory instruction just executed at issue (its addresses are in S.addr[w])."""
+    cls = Dd.cls[pc]
+    if not (cls == D.CLS_LD_GLOBAL or cls == D.CLS_ST_GLOBAL or cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED
+            or cls == D.CLS_LDMATRIX or cls == D.CLS_CPASYNC):
+        return  # dma / rma: the Sunway engines (not on this machine family yet)
+    i = MS.mio_head[core] + MS.mio_count[core]
+    if i >= MIO_CAP:
+        i -= MIO_CAP
+    MS.mio_count[core] += 1
+    e = MS.mio[core, i]
+    e[E_WARP] = w
+    e[E_PC] = pc
+    e[E_CLS] = cls
+    e[E_MASK] = mask
+    e[E_BYTES] = Dd.access[pc]
+    e[E_TRK] = -1
+    e[E_NLINES] = 0
+    e[E_IDX] = 0
+    e[E_WAVES] = 0
+    e[E_STARTED] = 0
+    W = MS.cfg[M_W]
+    for l in range(W):
+        MS.mio_addr[core, i, l] = S.addr[w, l]
+    if cls == D.CLS_LDMATRIX:
+        # lanes 8i..8i+7 give the rows of matrix i: only the lanes of the matrices that exist count
+        nm = Dd.nwr[pc]
+        lanes = np.int64(0)
+        for l in range(8 * nm):
+            lanes |= np.int64(1) << l
+        e[E_MASK] = lanes
+    # destination registers wait for the data
+    for j in range(Dd.nwr[pc]):
+        r = Dd.wr[pc, j]
+        TS.reg_ready[w, r] = K.INF
+        TS.reg_kind[w, r] = Dd.src_kind[pc]
+    if cls == D.CLS_LD_GLOBAL or cls == D.CLS_CPASYNC:
+        n = MS.trk_nfree[core] - 1
+        MS.trk_nfree[core] = n
+        t = MS.trk_free[core, n]
+        e[E_TRK] = t
+        MS.trk[core, t, TK_WARP] = w
+        MS.trk[core, t, TK_DST] = Dd.wr[pc, 0] if Dd.nwr[pc] > 0 else 0
+        MS.trk[core, t, TK_NDST] = Dd.nwr[pc]
+        MS.trk[core, t, TK_PENDING] = 1 << 40  # set to the line count when the data pipe coalesces
+        MS.trk[core, t, TK_KIND] = TRK_CP if cls == D.CLS_CPASYNC else TRK_LOAD
+        MS.trk[core, t, TK_GROUP] = TS.cp_open[w]
+        MS.trk[core, t, TK_T0] = now
+        if cls == D.CLS_CPASYNC:
+            TS.cp_pending[w, TS.cp_open[w] % K.CP_GROUPS] += 1
+
+
+# ----------------------------------------------------------------------------- the SM side
+@njit(cache=True)
+def _response(MS, TS, core, r, now):
+    """Data for this SM came back over the fabric: fill the L1 (waiters then take the L1 pipeline
+    back to the registers) or, for a bypassing read (cp.async), finish that piece."""
+    R = MS.R
+    q = MS.cfg[M_Q_L1D] + core
+    tag = R.tag[r]
+    if tag >= 0:
+        e = CA.cache_fill(MS.L1, core, R.addr[r], R.aux0[r], now)
+        req_free(R, r)
+        if e >= 0:
+            n = CA.mshr_waiters(MS.L1, core, e, MS.waiters)
+            for i in range(n):
+                rr = MS.waiters[i]
+                R.aux1[rr] = now + MS.cfg[M_L1_LAT]
+                q_push(MS.Q, q, rr)
+            CA.mshr_free(MS.L1, core, e)
+    else:
+        R.tag[r] = -1 - tag
+        R.aux1[r] = now + MS.cfg[M_L1_LAT]
+        q_push(MS.Q, q, r)
+
+
+@njit(cache=True)
+def _pop_mio(MS, core):
+    h = MS.mio_head[core] + 1
+    if h >= MIO_CAP:
+        h = 0
+    MS.mio_head[core] = h
+    MS.mio_count[core] -= 1
+
+
+@njit(cache=True)
+def _runs(mask, out_first, out_len):
+    """Contiguous runs of set bits of a sector mask."""
+    n = 0
+    i = 0
+    while mask >> i:
+        if (mask >> i) & 1:
+            j = i
+            while (mask >> j) & 1:
+                j += 1
+            out_first[n] = i
+            out_len[n] = j - i
+            n += 1
+            i = j
+        else:
+            i += 1
+    return n
+
+
+@njit(cache=True)
+def _data_pipe(MS, TS, S, Dd, core, now):
+    """One wavefront of the oldest MIO entry through the L1 / shared-memory data pipe."""
+    cfg = MS.cfg
+    R = MS.R
+    i = MS.mio_head[core]
+    e = MS.mio[core, i]
+    cls = e[E_CLS]
+    w = e[E_WARP]
+    pc = e[E_PC]
+    if cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED or cls == D.CLS_LDMATRIX:
+        if e[E_STARTED] == 0:
+            waves = CA.shared_bank_conflicts(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_BANKS],
+                                             cfg[M_BANK_W])
+            e[E_WAVES] = waves if waves > 0 else 1
+            e[E_STARTED] = 1
+            MS.bytes[BY_SCRATCH] += _popc(e[E_MASK]) * e[E_BYTES]
+        e[E_WAVES] -= 1
+        if e[E_WAVES] == 0:
+            if cls != D.CLS_ST_SHARED:
+                for j in range(Dd.nwr[pc]):
+                    TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
+            _pop_mio(MS, core)
+        return
+    if e[E_STARTED] == 0:
+        full = MS.mio_full[core, i]
+        n = CA.coalesce(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_SECTOR], cfg[M_LINE],
+                        MS.mio_lines[core, i], MS.mio_masks[core, i], full)
+        e[E_NLINES] = n
+        e[E_STARTED] = 1
+        t = e[E_TRK]
+        if t >= 0:
+            MS.trk[core, t, TK_PENDING] = n
+            if n == 0:
+                _trk_done(MS, TS, core, t, now)
+        if n == 0:
+            _pop_mio(MS, core)
+            return
+    k = e[E_IDX]
+    line = MS.mio_lines[core, i, k]
+    m = MS.mio_masks[core, i, k]
+    sb = cfg[M_SECTOR]
+    qm = cfg[M_Q_MISS] + core
+    ql = cfg[M_Q_L1D] + core
+    if MS.Q.count[qm] >= MS.Q.cap[qm] - 2 or MS.Q.count[ql] >= MS.Q.cap[ql] - 2 or R.nfree[0] < 4:
+        return  # the miss or return path is backed up: retry next cycle
+    t = e[E_TRK]
+    if cls == D.CLS_LD_GLOBAL and cfg[M_HAS_L1]:
+        r = req_alloc(R, line, _popc(m) * sb, KIND_READ, core, t, now)
+        if r < 0:
+            return
+        R.aux0[r] = m
+        status, newm = CA.cache_access_mask(MS.L1, core, line, m, np.int64(0), False, r, now)
+        if status == CA.RESERVATION_FAIL:
+            req_free(R, r)
+            return
+        if status == CA.HIT:
+            R.aux1[r] = now + cfg[M_L1_LAT]
+            q_push(MS.Q, ql, r)
+        elif newm != 0:
+            r2 = req_alloc(R, line, _popc(newm) * sb, KIND_READ, core, 0, now)
+            R.aux0[r2] = newm
+            q_push(MS.Q, qm, r2)
+    elif cls == D.CLS_ST_GLOBAL:
+        r = req_alloc(R, line, _popc(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
+        if r < 0:
+            return
+        R.aux0[r] = m
+        R.aux1[r] = MS.mio_full[core, i, k]
+        if cfg[M_HAS_L1]:
+            CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], True, r, now)
+        q_push(MS.Q, qm, r)
+    else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
+        r = req_alloc(R, line, _popc(m) * sb, KIND_READ, core, -1 - t, now)
+        if r < 0:
+            return
+        R.aux0[r] = m
+        q_push(MS.Q, qm, r)
+    MS.bytes[BY_L1] += _popc(m) * sb
+    k += 1
+    e[E_IDX] = k
+    if k == e[E_NLINES]:
+        _pop_mio(MS, core)
+
+
+@njit(cache=True)
+def _core_memory(MS, TS, S, Dd, core, now):
+    cfg = MS.cfg
+    R = MS.R
+    Q = MS.Q
+    node = MS.node[3, core]
+    while True:
+        r = NC.noc_eject(MS.resp, node)
+        if r < 0:
+            break
+        _response(MS, TS, core, r, now)
+    q = cfg[M_Q_L1D] + core
+    while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
+        r = q_pop(Q, q)
+        t = R.tag[r]
+        req_free(R, r)
+        _trk_piece(MS, TS, core, t, now)
+    if MS.mio_count[core] > 0:
+        _data_pipe(MS, TS, S, Dd, core, now)
+    q = cfg[M_Q_MISS] + core
+    now_f = MS.clocks[CK_NOW_FAB]
+    while Q.count[q] > 0:
+        r = q_peek(Q, q, 0)
+        nbytes = HEADER_BYTES + (R.nbytes[r] if R.kind[r] == KIND_WRITE else 0)
+        dest = MS.node[1, _slice_of(MS, R.addr[r])]
+        if not NC.noc_inject(MS.req, MS.node[0, core], r, nbytes, dest, now_f):
+            break
+        MS.bytes[BY_FABRIC] += nbytes
+        q_pop(Q, q)
+
+
+# ----------------------------------------------------------------------------- the memory side
+@njit(cache=True)
+def _to_dram(MS, r):
+    """Queue a DRAM request at its channel; False when the channel's queue is full."""
+    c, _, _, _ = DR.dram_map(MS.Dm, MS.R.addr[r])
+    return q_push(MS.Q, c, r)
+
+
+@njit(cache=True)
+def _fetch(MS, sl, line, mask, now):
+    """DRAM reads for the sectors `mask` of a line missing in slice sl (one per run of sectors)."""
+    sb = MS.cfg[M_SECTOR]
+    first = MS.runs[0]
+    ln = MS.runs[1]
+    n = _runs(mask, first, ln)
+    for j in range(n):
+        rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, KIND_READ, -1, sl, now)
+        MS.R.aux0[rd] = ((np.int64(1) << ln[j]) - 1) << first[j]
+        if not _to_dram(MS, rd):
+            q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd)
+
+
+@njit(cache=True)
+def _writeback(MS, sl, now):
+    dirty = MS.L2.evict_dirty[sl]
+    if dirty == 0:
+        return
+    sb = MS.cfg[M_SECTOR]
+    line = MS.L2.evict_addr[sl]
+    first = MS.runs[0]
+    ln = MS.runs[1]
+    n = _runs(dirty, first, ln)
+    for j in range(n):
+        rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, KIND_WRITE, -1, TAG_WRITE, now)
+        if not _to_dram(MS, rd):
+            q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd)
+    MS.L2.evict_dirty[sl] = 0
+
+
+@njit(cache=True)
+def _respond(MS, sl, r, ready):
+    MS.R.aux1[r] = ready
+    q_push(MS.Q, MS.cfg[M_Q_L2D] + sl, r)
+
+
+@njit(cache=True)
+def _slice_cycle(MS, sl, now):
+    """One fabric cycle of L2 slice (or, without an L2, memory endpoint) sl."""
+    cfg = MS.cfg
+    R = MS.R
+    Q = MS.Q
+    # responses whose latency has passed go out on the response fabric
+    q = cfg[M_Q_L2D] + sl
+    while Q.count[q] > 0:
+        r = q_peek(Q, q, 0)
+        if R.aux1[r] > now:
+            break
+        nbytes = HEADER_BYTES + R.nbytes[r]
+        if not NC.noc_inject(MS.resp, MS.node[2, sl], r, nbytes, MS.node[3, R.src[r]], now):
+            break
+        MS.bytes[BY_FABRIC] += nbytes
+        q_pop(Q, q)
+    # DRAM requests that found their channel queue full
+    q = cfg[M_Q_RETRY] + sl
+    while Q.count[q] > 0:
+        if not _to_dram(MS, q_peek(Q, q, 0)):
+            break
+        q_pop(Q, q)
+    # one new request per cycle when the data array is free
+    if MS.slice_busy[sl] > now:
+        return
+    if MS.slice_hold[sl] < 0:
+        MS.slice_hold[sl] = NC.noc_eject(MS.req, MS.node[1, sl])
+    r = MS.slice_hold[sl]
+    if r < 0:
+        return
+    if Q.count[cfg[M_Q_RETRY] + sl] >= Q.cap[cfg[M_Q_RETRY] + sl] - 8 or Q.count[cfg[M_Q_L2D] + sl] >= \
+            Q.cap[cfg[M_Q_L2D] + sl] - 8:
+        return
+    line = R.addr[r]
+    is_write = R.kind[r] == KIND_WRITE
+    if cfg[M_HAS_L2] == 0:
+        if not _to_dram(MS, r):
+            return
+        MS.slice_hold[sl] = -1
+        return
+    full = R.aux1[r] if is_write else np.int64(0)
+    status, newm = CA.cache_access_mask(MS.L2, sl, line, R.aux0[r], full, is_write, r, now)
+    if status == CA.RESERVATION_FAIL:
+        return
+    MS.slice_hold[sl] = -1
+    bpc = cfg[M_L2_BPC]
+    MS.slice_busy[sl] = now + (R.nbytes[r] + bpc - 1) // bpc
+    MS.bytes[BY_L2] += R.nbytes[r]
+    _writeback(MS, sl, now)
+    if status == CA.HIT:
+        if is_write:
+            req_free(R, r)
+        else:
+            _respond(MS, sl, r, now + cfg[M_L2_LAT] + _far(MS, R.src[r], sl) * cfg[M_FAR])
+    elif newm != 0:
+        _fetch(MS, sl, line & ~(cfg[M_LINE] - 1), newm, now)
+
+
+@njit(cache=True)
+def _dram_done(MS, c, now):
+    """Requests the DRAM channel finished (fabric time `now`)."""
+    cfg = MS.cfg
+    R = MS.R
+    Q = MS.Q
+    q = cfg[M_CHANNELS] + c
+    while Q.count[q] > 0:
+        rd = q_pop(Q, q)
+        if R.kind[rd] == KIND_WRITE:
+            MS.bytes[BY_DRAM_W] += R.nbytes[rd]
+            req_free(R, rd)
+            continue
+        MS.bytes[BY_DRAM_R] += R.nbytes[rd]
+        if cfg[M_HAS_L2] == 0:
+            # no L2: the request itself goes back from its memory endpoint
+            sl = _slice_of(MS, R.addr[rd])
+            _respond(MS, sl, rd, now)
+            continue
+        sl = R.tag[rd]
+        line = R.addr[rd] & ~(cfg[M_LINE] - 1)
+        e = CA.cache_fill(MS.L2, sl, line, R.aux0[rd], now)
+        req_free(R, rd)
+        _writeback(MS, sl, now)
+        if e < 0:
+            continue
+        n = CA.mshr_waiters(MS.L2, sl, e, MS.waiters)
+        for i in range(n):
+            rr = MS.waiters[i]
+            if R.kind[rr] == KIND_WRITE:
+                req_free(R, rr)
+            else:
+                _respond(MS, sl, rr, now + cfg[M_L2_LAT] + _far(MS, R.src[rr], sl) * cfg[M_FAR])
+        CA.mshr_free(MS.L2, sl, e)
+
+
+@njit(cache=True)
+def mem_cycle(MS, TS, S, Dd, now):
+    """One core cycle of the memory system: DRAM (memory clock), then the L2 slices and the
+    fabric (fabric clock), then every SM's data pipe and L1."""
+    cfg = MS.cfg
+    ck = MS.clocks
+    C = cfg[M_CHANNELS]
+    ck[CK_MEM_ACC] += cfg[M_MEM_RATIO]
+    while ck[CK_MEM_ACC] >= ONE:
+        DR.dram_step(MS.Dm, MS.Q, MS.R, 0, C, ck[CK_NOW_MEM])
+        ck[CK_NOW_MEM] += 1
+        ck[CK_MEM_ACC] -= ONE
+    ck[CK_FAB_ACC] += cfg[M_FAB_RATIO]
+    while ck[CK_FAB_ACC] >= ONE:
+        nf = ck[CK_NOW_FAB]
+        for c in range(C):
+            _dram_done(MS, c, nf)
+        for sl in range(cfg[M_SLICES]):
+            _slice_cycle(MS, sl, nf)
+        NC.noc_step(MS.req, nf)
+        NC.noc_step(MS.resp, nf)
+        ck[CK_NOW_FAB] += 1
+        ck[CK_FAB_ACC] -= ONE
+    for core in range(cfg[M_CORES]):
+        _core_memory(MS, TS, S, Dd, core, now)
+
+
+@njit(cache=True)
+def _busy_outside_dram(MS):
+    cfg = MS.cfg
+    Q = MS.Q
+    for core in range(cfg[M_CORES]):
+        if MS.mio_count[core] > 0:
+            return True
+    for q in range(2 * cfg[M_CHANNELS], Q.count.shape[0]):
+        if Q.count[q] > 0:
+            return True
+    for c in range(cfg[M_CHANNELS]):
+        if Q.count[cfg[M_CHANNELS] + c] > 0:
+            return True
+    for sl in range(cfg[M_SLICES]):
+        if MS.slice_hold[sl] >= 0:
+            return True
+    if not NC.noc_idle(MS.req) or not NC.noc_idle(MS.resp):
+        return True
+    return False
+
+
+@njit(cache=True)
+def mem_idle(MS):
+    """No request anywhere in the memory system (DRAM refresh alone does not count)."""
+    if MS.R.nfree[0] != MS.R.free.shape[0]:
+        return False
+    for core in range(MS.cfg[M_CORES]):
+        if MS.mio_count[core] > 0:
+            return False
+    return True
+
+
+@njit(cache=True)
+def mem_next_event(MS, now):
+    """The next core cycle at which the memory system can change anything (K.INF: never)."""
+    if _busy_outside_dram(MS):
+        return now + 1
+    cfg = MS.cfg
+    ck = MS.clocks
+    tm = DR.dram_next_event(MS.Dm, MS.Q, 0, ck[CK_NOW_MEM])
+    if tm >= DR.NEVER:
+        return K.INF
+    # the core cycle in which memory cycle tm is stepped
+    need = (tm - ck[CK_NOW_MEM] + 1) * ONE - ck[CK_MEM_ACC]
+    j = (need + cfg[M_MEM_RATIO] - 1) // cfg[M_MEM_RATIO]
+    if j < 1:
+        j = 1
+    return now + j
+
+
+@njit(cache=True)
+def mem_skip(MS, cycles):
+    """Advance the clock domains over `cycles` skipped core cycles (nothing happens in them)."""
+    cfg = MS.cfg
+    ck = MS.clocks
+    a = ck[CK_MEM_ACC] + cycles * cfg[M_MEM_RATIO]
+    ck[CK_NOW_MEM] += a // ONE
+    ck[CK_MEM_ACC] = a % ONE
+    a = ck[CK_FAB_ACC] + cycles * cfg[M_FAB_RATIO]
+    ck[CK_NOW_FAB] += a // ONE
+    ck[CK_FAB_ACC] = a % ONE
+
+
+def mem_counters(MS, cycles: int) -> dict:
+    out = {"bytes": {k: int(MS.bytes[i]) for i, k in enumerate(("l1", "scratch", "l2", "dram_read", "dram_write",
+                                                               "fabric"))},
+           "load_latency": {"sum": int(MS.lat[0]), "count": int(MS.lat[1]),
+                            "min": int(MS.lat[2]) if MS.lat[1] else 0, "max": int(MS.lat[3])},
+           "now_mem": int(MS.clocks[CK_NOW_MEM]), "now_fab": int(MS.clocks[CK_NOW_FAB])}
+    if MS.cfg[M_HAS_L1]:
+        out["l1"] = CA.cache_counters(MS.L1, "l1")
+    if MS.cfg[M_HAS_L2]:
+        out["l2"] = CA.cache_counters(MS.L2, "l2")
+    out["dram"] = DR.dram_counters(MS.Dm, int(MS.clocks[CK_NOW_MEM]))
+    out["fabric_req"] = NC.noc_counters(MS.req, int(MS.clocks[CK_NOW_FAB]))
+    out["fabric_resp"] = NC.noc_counters(MS.resp, int(MS.clocks[CK_NOW_FAB]))
+    return out

@@ -1,0 +1,548 @@
+"""DRAM channels: formula oracles for latency and bandwidth, timing rules checked on the command
+log by an independent Python checker, scheduling policies, back-pressure, address mapping and
+skip-ahead. The block is driven by a small Python harness: push request ids, step, pop."""
+
+from collections import deque
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archsim.config import dram_burst_cycles, load_machine
+from archsim.engine.dram import (B_HITS, B_OPEN, H_BANK, H_ROW, P_BFP, P_BINT, P_S, cross_base, dram_address,
+                                 dram_counters, dram_log, dram_map, dram_next_event, dram_queue_capacity, dram_step,
+                                 make_dram_state, private_rows, refresh_first_due, segment_base, segment_bytes)
+from archsim.engine.queues import KIND_READ, KIND_WRITE, make_queues, make_requests, q_peek, q_pop, q_push, req_alloc
+
+NO_REFRESH = ["dram.timing.tREFI=1000000000"]
+_machines = {}
+
+
+def machine(name, sets=()):
+    key = (name, tuple(sets))
+    if key not in _machines:
+        _machines[key] = load_machine(name, sets=list(sets))
+    return _machines[key]
+
+
+class Run:
+    """Drive every channel of a DramState with a trace of (arrival cycle, addr, nbytes, kind).
+    Requests wait in a per-channel FIFO until their input queue has room (the producer stalls)."""
+
+    def __init__(self, m, *, log_len=0, out_cap=4096, qcap=None, **kw):
+        self.m = m
+        self.D = make_dram_state(m, log_len=log_len, **kw)
+        self.C = m.dram.channels
+        self.Q = make_queues([qcap or dram_queue_capacity(m)] * self.C + [out_cap] * self.C)
+        self.R = make_requests(1 << 16)
+        self.pend = [deque() for _ in range(self.C)]
+        self.done = {}
+        self.order = []
+        self.ids = []
+        self.now = 0
+
+    def add(self, t, addr, nbytes=64, kind=KIND_READ):
+        rid = int(req_alloc(self.R, addr, nbytes, kind, 0, 0, t))
+        self.pend[int(dram_map(self.D, addr)[0])].append((t, rid))
+        self.ids.append(rid)
+        return rid
+
+    def _push(self):
+        for c in range(self.C):
+            p = self.pend[c]
+            while p and p[0][0] <= self.now and self.Q.count[c] < self.Q.cap[c]:
+                q_push(self.Q, c, p.popleft()[1])
+
+    def pop(self):
+        for c in range(self.C):
+            while self.Q.count[self.C + c]:
+                rid = int(q_pop(self.Q, self.C + c))
+                assert rid not in self.done, "a request completed twice"
+                self.done[rid] = self.now
+                self.order.append(rid)
+
+    def run(self, until=None, *, skip=False, pop=True, max_cycles=2_000_000):
+        """Step until every added request is done (or cycle ``until``); returns the cycle after."""
+        while self.now < max_cycles:
+            if until is None and len(self.done) == len(self.ids) and self.ids:
+                break
+            if until is not None and self.now >= until:
+                break
+            self._push()
+            dram_step(self.D, self.Q, self.R, 0, self.C, self.now)
+            if pop:
+                self.pop()
+            nxt = self.now + 1
+            if skip and not (until is None and len(self.done) == len(self.ids)):
+                nxt = int(dram_next_event(self.D, self.Q, 0, self.now + 1))
+                for c in range(self.C):
+                    if self.pend[c] and self.Q.count[c] < self.Q.cap[c]:
+                        nxt = min(nxt, max(self.pend[c][0][0], self.now + 1))
+                if until is not None:
+                    nxt = min(nxt, until)
+            self.now = nxt
+        assert self.now < max_cycles, "the run did not finish"
+        return self.now
+
+    def latency(self, rid):
+        return self.done[rid] - int(self.R.t_created[rid])
+
+    def counters(self, elapsed=None):
+        return dram_counters(self.D, elapsed_mem_cycles=elapsed)
+
+
+def tm(m):
+    return m.dram.timing
+
+
+def burst(D):
+    return int(D.prm[P_BINT])
+
+
+# ------------------------------------------------------------------------------ timing checker
+
+def check_timing(m, D, channel):
+    """Every logged command of ``channel`` obeys the timing table (an independent reference of
+    the rules; per sub-channel: banks, bank groups, tFAW, one command per cycle)."""
+    t = tm(m)
+    S = int(D.prm[P_S])
+    nbs, bpg = m.dram.banks // S, m.dram.banks // m.dram.bank_groups
+    B = burst(D)
+    FPU, bfp = 1 << 16, int(D.prm[P_BFP])
+    log = dram_log(D, channel)
+    assert log, "empty command log"
+    last = {}       # (kind, bank) -> cycle of the last such command on the bank
+    last_g = {}     # (kind, group) -> cycle
+    last_s = {}     # (kind, sub-channel) -> cycle
+    acts = {}       # sub-channel -> ACT cycles
+    slots = set()
+    auto_pre = [(cyc, b) for cyc, cmd, b, arg in log if arg == -2]
+    act_at = [(cyc, b) for cyc, cmd, b, arg in log if cmd == "ACT"]
+
+    def closing(b, cyc):
+        """An automatic precharge of bank b (committed earlier) is still to come: PREA skips it."""
+        tp = min((tp for tp, bb in auto_pre if bb == b and tp >= cyc), default=None)
+        nxt = min((ta for ta, bb in act_at if bb == b and ta > cyc), default=10**18)
+        return tp is not None and tp <= nxt
+
+    open_row = {}
+    refresh_until = {}
+    for cyc, cmd, x, arg in log:
+        if arg == -2:                                   # automatic precharge: no command slot
+            b = x
+            assert cyc >= last.get(("ACT", b), -10**9) + t.tRAS
+            assert cyc >= last.get(("RD", b), -10**9) + t.tRTP
+            assert cyc >= last.get(("WR", b), -10**9) + t.tCWL + B + t.tWR
+            last[("PRE", b)] = cyc
+            open_row.pop(b, None)
+            continue
+        s = x if cmd in ("REF", "PREA") else x // nbs
+        assert (s, cyc) not in slots, f"two commands on sub-channel {s} at cycle {cyc}"
+        slots.add((s, cyc))
+        if cmd in ("REF", "PREA"):
+            banks = range(s * nbs, (s + 1) * nbs)
+            if cmd == "PREA":
+                for b in banks:
+                    if b in open_row and not closing(b, cyc):
+                        assert cyc >= last.get(("ACT", b), -10**9) + t.tRAS
+                        assert cyc >= last.get(("RD", b), -10**9) + t.tRTP
+                        assert cyc >= last.get(("WR", b), -10**9) + t.tCWL + B + t.tWR
+                        open_row.pop(b)
+                        last[("PRE", b)] = cyc
+            else:
+                for b in banks:
+                    assert b not in open_row, "REF with an open bank"
+                    assert cyc >= last.get(("PRE", b), -10**9) + t.tRP
+                    assert cyc >= last.get(("ACT", b), -10**9) + t.tRC
+                refresh_until[s] = cyc + t.tRFC
+            continue
+        b, g = x, x // bpg
+        if cmd == "ACT":
+            assert b not in open_row
+            assert cyc >= refresh_until.get(s, -10**9), "ACT during tRFC"
+            assert cyc >= last.get(("ACT", b), -10**9) + t.tRC
+            assert cyc >= last.get(("PRE", b), -10**9) + t.tRP
+            assert cyc >= last_g.get(("ACT", g), -10**9) + t.tRRD_L
+            assert cyc >= last_s.get(("ACT", s), -10**9) + t.tRRD_S
+            a = acts.setdefault(s, [])
+            if len(a) >= 4:
+                assert cyc >= a[-4] + t.tFAW, f"tFAW: ACTs at {a[-4:]} and {cyc}"
+            a.append(cyc)
+            open_row[b] = arg
+            last[("ACT", b)] = cyc
+            last_g[("ACT", g)] = cyc
+            last_s[("ACT", s)] = cyc
+        elif cmd == "PRE":
+            assert b in open_row
+            assert cyc >= last.get(("ACT", b), -10**9) + t.tRAS
+            assert cyc >= last.get(("RD", b), -10**9) + t.tRTP
+            assert cyc >= last.get(("WR", b), -10**9) + t.tCWL + B + t.tWR
+            open_row.pop(b)
+            last[("PRE", b)] = cyc
+        else:                                           # RD / WR
+            assert b in open_row
+            assert cyc >= last[("ACT", b)] + t.tRCD
+            for k in ("RD", "WR"):
+                assert cyc >= last_g.get((k, g), -10**9) + t.tCCD_L
+                assert cyc >= last_s.get((k, s), -10**9) + t.tCCD_S
+            if cmd == "RD":
+                assert cyc >= last_g.get(("WR", g), -10**9) + t.tCWL + B + t.tWTR_L
+                assert cyc >= last_s.get(("WR", s), -10**9) + t.tCWL + B + t.tWTR_S
+            lat = t.tCL if cmd == "RD" else t.tCWL
+            start = (cyc + lat) * FPU                   # data: the bus frees within its first cycle
+            bus = last_s.get(("DATA", s), -10**12)
+            assert bus < start + FPU, f"data-bus overlap at cycle {cyc}"
+            last_s[("DATA", s)] = max(start, bus) + bfp
+            last[(cmd, b)] = cyc
+            last_g[(cmd, g)] = cyc
+            last_s[(cmd, s)] = cyc
+    return log
+
+
+def check_hits_invariant(D, Q, C):
+    """The incremental per-bank hit counts equal a recount of the queued requests."""
+    for c in range(C):
+        want = np.zeros(D.bank.shape[1], np.int64)
+        for k in range(int(Q.count[c])):
+            sl = (int(Q.head[c]) + k) % int(Q.cap[c])
+            b, row = int(D.shadow[c, sl, H_BANK]), int(D.shadow[c, sl, H_ROW])
+            if D.bank[c, b, B_OPEN] == row:
+                want[b] += 1
+        assert np.array_equal(D.bank[c, :, B_HITS], want)
+
+
+# ------------------------------------------------------------------------------ oracles
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_unloaded_latencies_match_the_timing_formulas(name):
+    m = machine(name, NO_REFRESH)
+    t = tm(m)
+    r = Run(m, log_len=256)
+    D = r.D
+    B = burst(D)
+    S = int(D.prm[P_S])
+    # a sub-channel carries 1/S of the channel: its burst takes S x burst_cycles (rounded up
+    # only by the configs' rounding of clock ratios)
+    assert abs(S * dram_burst_cycles(m) - B) < 0.01 * B
+    assert D.prm[P_BFP] >= S * dram_burst_cycles(m) * (1 << 16) - 1
+    a_row5 = dram_address(D, 0, 3, 5, 0)
+    closed = r.add(0, a_row5)
+    hit = r.add(200, dram_address(D, 0, 3, 5, 64))
+    conflict = r.add(400, dram_address(D, 0, 3, 9, 0))          # tRAS long past
+    early = r.add(410, dram_address(D, 0, 3, 5, 128))           # conflicts again, before tRAS
+    wr_closed = r.add(800, dram_address(D, 0, 7, 2, 0), kind=KIND_WRITE)
+    r.run()
+    assert r.latency(closed) == t.tRCD + t.tCL + B
+    assert r.latency(hit) == t.tCL + B
+    assert r.latency(conflict) == t.tRP + t.tRCD + t.tCL + B
+    act9 = 400 + t.tRP                                           # PRE at 400, ACT of row 9
+    assert r.done[early] == act9 + t.tRAS + t.tRP + t.tRCD + t.tCL + B
+    assert r.latency(wr_closed) == t.tRCD + t.tCWL + B
+    rec = r.counters()[0]
+    assert (rec["row_hits"], rec["row_misses"], rec["row_conflicts"]) == (1, 2, 2)
+    assert (rec["reads"], rec["writes"], rec["bytes_read"], rec["bytes_written"]) == (4, 1, 256, 64)
+    assert rec["latency_sum"] == sum(r.latency(i) for i in r.ids) and rec["latency_count"] == 5
+    check_timing(m, D, 0)
+
+
+def test_a_request_crossing_a_row_needs_both_rows():
+    m = machine("tiny-gpu", NO_REFRESH)
+    t = tm(m)
+    r = Run(m, log_len=64)
+    last_col = m.dram.row_bytes - 64
+    bank = next(b for b in range(m.dram.banks)                  # keep both bursts on channel 0
+                if dram_map(r.D, dram_address(r.D, 0, b, 7, last_col) + 64)[0] == 0)
+    a = dram_address(r.D, 0, bank, 7, last_col)
+    assert dram_map(r.D, a + 64)[1:3] != (bank, 7)              # the second burst: another row or bank
+    rid = r.add(0, a, 128)
+    r.run()
+    rec = r.counters()[0]
+    assert rec["activates"] == 2 and rec["reads"] == 1 and rec["bytes_read"] == 128
+    assert r.latency(rid) >= t.tRCD + t.tCL + 2 * burst(r.D)
+    check_timing(m, r.D, 0)
+
+
+def stream(m, n, *, random_rows=False, kind=KIND_READ, size=128, seed=0):
+    """n requests to channel 0 only: sequential addresses, or random banks and rows."""
+    r = Run(m)
+    rng = np.random.default_rng(seed)
+    if random_rows:
+        for b, row in zip(rng.integers(0, m.dram.banks, n), rng.integers(0, 1 << 14, n)):
+            r.add(0, dram_address(r.D, 0, int(b), int(row), 0), size, kind)
+    else:
+        IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
+        for i in range(n):
+            la = i * size
+            r.add(0, (la // IL * C) * IL + la % IL, size, kind)     # channel 0's own sequence
+    end = r.run()
+    return r, end
+
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_sequential_stream_reaches_the_channel_rate_and_never_exceeds_it(name):
+    m = machine(name, NO_REFRESH)
+    r, end = stream(m, 6000)
+    rec = r.counters(end)[0]
+    peak = m.dram.channel_gbps
+    assert 0.90 * peak <= rec["gbps"] <= peak
+    assert rec["data_bus_util"] <= 1.0 and rec["row_hit_rate"] > 0.9
+    assert rec["queue_max"] == dram_queue_capacity(m) and rec["queue_mean"] > 0.9 * dram_queue_capacity(m)
+    # never above the channel rate in any window, either
+    ghz = float(r.D.clk[0])
+    done = np.array(sorted(r.done.values()))
+    W = 500
+    for w0 in range(0, end - W, W):
+        nbytes = 128 * np.count_nonzero((done >= w0) & (done < w0 + W))
+        assert nbytes * ghz / W <= peak * (1 + 2 * 128 / (W * peak / ghz))
+
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_refresh_costs_about_tRFC_per_tREFI_of_streaming(name):
+    m = machine(name)
+    t = tm(m)
+    r, end = stream(m, 6000)
+    rec = r.counters(end)[0]
+    eff = rec["gbps"] / m.dram.channel_gbps
+    S = int(r.D.prm[P_S])
+    n_ref = len(range(refresh_first_due(m, 0), end, t.tREFI))
+    assert n_ref >= 1 and rec["refreshes"] == S * n_ref
+    expect = 1 - n_ref * t.tRFC / end                          # the channel stops tRFC per refresh
+    assert expect - 0.06 <= eff <= expect + 0.01
+
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_random_rows_miss_the_row_buffer_and_lose_bandwidth(name):
+    m = machine(name, NO_REFRESH)
+    seq = stream(m, 2000, size=64)
+    rnd = stream(m, 2000, size=64, random_rows=True)
+    s, q = seq[0].counters(seq[1])[0], rnd[0].counters(rnd[1])[0]
+    assert q["row_hit_rate"] < 0.05 < 0.9 < s["row_hit_rate"]
+    assert q["gbps"] < 0.75 * s["gbps"]
+    assert q["activates"] >= 0.95 * 2000 and q["latency_mean"] > s["latency_mean"]
+
+
+def test_refresh_every_tREFI_blocks_for_tRFC():
+    m = machine("tiny-gpu")
+    t = tm(m)
+    r = Run(m, log_len=256)
+    due0 = refresh_first_due(m, 0)
+    due1 = refresh_first_due(m, 1)
+    assert due0 == t.tREFI and t.tREFI < due1 < 2 * t.tREFI      # channels are staggered
+    opened = r.add(due0 - 60, dram_address(r.D, 0, 1, 4, 0))      # leaves bank 1 open at the refresh
+    late = r.add(due0 + 1, dram_address(r.D, 0, 5, 6, 0))          # arrives during tRFC
+    r.run()
+    end = r.run(until=3 * t.tREFI + 10, skip=True)
+    log = dram_log(r.D, 0)
+    S = int(r.D.prm[P_S])
+    assert S == 2
+    refs = {s: [c for c, cmd, x, _ in log if cmd == "REF" and x == s] for s in range(S)}
+    prea = [(c, x) for c, cmd, x, _ in log if cmd == "PREA"]
+    act1 = due0 - 60
+    # sub-channel 0 (banks 0-7) has an open bank at each refresh but the last: it precharges first
+    assert prea == [(max(due0, act1 + t.tRAS), 0), (due0 + t.tREFI, 0)]
+    assert refs[0] == [due0 + t.tRP, due0 + t.tREFI + t.tRP, due0 + 2 * t.tREFI]
+    assert refs[1] == [due0, due0 + t.tREFI, due0 + 2 * t.tREFI]       # idle: exactly every tREFI
+    assert r.done[late] == due0 + t.tRP + t.tRFC + t.tRCD + t.tCL + burst(r.D)
+    assert r.done[opened] == act1 + t.tRCD + t.tCL + burst(r.D)
+    rec = r.counters(end)
+    assert rec[0]["refreshes"] == 3 * S and rec[1]["refreshes"] == 2 * S
+    check_timing(m, r.D, 0)
+
+
+@pytest.mark.parametrize("faw", [None, 40])
+def test_tFAW_limits_the_activate_rate(faw):
+    m = machine("tiny-gpu", NO_REFRESH + ([f"dram.timing.tFAW={faw}"] if faw else []))
+    t = tm(m)
+    r = Run(m, log_len=256)
+    S = int(r.D.prm[P_S])
+    nbs, bpg = m.dram.banks // S, m.dram.banks // m.dram.bank_groups
+    # six closed banks of sub-channel 0, alternating bank groups (so tRRD_S applies)
+    banks = [g * bpg + k for k in range(bpg) for g in range(nbs // bpg)][:6]
+    for b in banks:
+        r.add(0, dram_address(r.D, 0, b, 3, 0))
+    r.run()
+    acts = [c for c, cmd, b, _ in dram_log(r.D, 0) if cmd == "ACT"]
+    assert acts[:4] == [0, t.tRRD_S, 2 * t.tRRD_S, 3 * t.tRRD_S]
+    assert acts[4] == max(4 * t.tRRD_S, t.tFAW)                   # four ACTs, then a wait
+    assert acts[5] == max(acts[4] + t.tRRD_S, acts[1] + t.tFAW)
+    check_timing(m, r.D, 0)
+
+
+def mixed_trace(r, rows=(1, 2), n=24):
+    D = r.D
+    for i in range(n):
+        r.add(0, dram_address(D, 0, 4, rows[i % 2], 64 * (i // 2)))
+
+
+def test_frfcfs_finishes_a_mixed_hit_conflict_trace_sooner_than_fcfs():
+    fr = Run(machine("tiny-gpu", NO_REFRESH), log_len=512)
+    fc = Run(machine("tiny-gpu", NO_REFRESH + ["memory_controllers.policy=fcfs"]), log_len=512)
+    for r in (fr, fc):
+        mixed_trace(r)
+        r.run()
+        check_timing(r.m, r.D, 0)
+    a, b = fr.counters()[0], fc.counters()[0]
+    assert max(fr.done.values()) < 0.5 * max(fc.done.values())
+    assert a["row_hit_rate"] > 0.6 and b["row_hit_rate"] == 0 and b["row_conflicts"] == 23
+    assert fc.order == fc.ids                                   # FCFS serves strictly in order
+
+
+def test_closed_rows_precharge_after_the_last_queued_hit():
+    m = machine("tiny-gpu", NO_REFRESH + ["memory_controllers.row_policy=closed"])
+    t = tm(m)
+    r = Run(m, log_len=64)
+    a = r.add(0, dram_address(r.D, 0, 3, 5, 0))
+    b = r.add(0, dram_address(r.D, 0, 3, 5, 64))                # queued hit: the row stays open for it
+    c = r.add(300, dram_address(r.D, 0, 3, 5, 128))             # same row, but it was closed meanwhile
+    r.run()
+    B = burst(r.D)
+    assert r.latency(a) == t.tRCD + t.tCL + B
+    assert r.latency(c) == t.tRCD + t.tCL + B                   # a miss, not a conflict
+    rec = r.counters()[0]
+    assert (rec["row_hits"], rec["row_misses"], rec["row_conflicts"]) == (1, 2, 0)
+    assert rec["precharges"] == 2 and rec["activates"] == 2
+    check_timing(m, r.D, 0)
+
+
+def test_a_full_output_queue_blocks_and_loses_nothing():
+    m = machine("tiny-gpu", NO_REFRESH)
+    r = Run(m, out_cap=1)
+    n = 120
+    for i in range(n):
+        r.add(0, i * 64)
+    r.run(until=400, pop=False)
+    rec = r.counters()
+    assert sum(x["blocked_cycles"] for x in rec) > 300
+    held = sum(int(r.Q.count[c]) for c in range(r.C))
+    assert held > 0 and sum(x["reads"] for x in rec) == 2         # one per output queue so far
+    r.run()                                                     # now pop every cycle
+    assert sorted(r.done) == sorted(r.ids) and len(r.order) == n
+    assert sum(x["reads"] for x in r.counters()) == n
+
+
+# ------------------------------------------------------------------------------ mapping
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name):
+    m = machine(name)
+    D = make_dram_state(m)
+    IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
+    for i in range(4 * C):
+        chans = {dram_map(D, i * IL + off)[0] for off in (0, 64, IL - 1)}
+        assert chans == {i % C}
+    # channel 0's own sequence: 128-B chunks rotate over sub-channels and bank groups, each bank
+    # reads its row from column 0 up
+    S = int(D.prm[P_S])
+    nbs, bpg = m.dram.banks // S, m.dram.banks // m.dram.bank_groups
+    locs = [dram_map(D, (la // IL * C) * IL + la % IL) for la in range(0, 64 * 1024, 128)]
+    assert all(loc[0] == 0 for loc in locs)
+    for prev, cur in zip(locs, locs[1:]):
+        assert (prev[1] // nbs, prev[1] // bpg) != (cur[1] // nbs, cur[1] // bpg)
+    assert len({loc[1] for loc in locs}) == m.dram.banks
+    rows = {}
+    for ch, b, row, col in locs:
+        assert col == rows.get((b, row), -128) + 128
+        rows[(b, row)] = col
+    assert dram_map(D, dram_address(D, C - 1, 5, 77, 320)) == (C - 1, 5, 77, 320)
+
+
+@pytest.mark.parametrize("name", ["tiny-sunway", "sw26010pro"])
+def test_segments_keep_private_addresses_on_their_group_and_spread_the_cross_segment(name):
+    m = machine(name)
+    D = make_dram_state(m)
+    G, C = m.groups, m.dram.channels
+    IL = m.memory_controllers.address_mapping.interleave_bytes
+    seg = segment_bytes(m)
+    assert seg == int(m.dram.capacity_gib * 2**30) // G and cross_base(m) == G * seg
+    cpg = C // G
+    rng = np.random.default_rng(1)
+    for g in range(G):
+        base = segment_base(m, g)
+        assert base == g * seg
+        offs = np.concatenate([np.arange(0, 64 * IL, 64), rng.integers(0, seg, 500)])
+        chans = {dram_map(D, base + int(o))[0] for o in offs}
+        assert chans == set(range(g * cpg, (g + 1) * cpg))
+    cb = cross_base(m)
+    for k in range(3):
+        chunk_chans = [dram_map(D, cb + (k * C + i) * IL)[0] for i in range(C)]
+        assert sorted(chunk_chans) == list(range(C))             # every channel once per C chunks
+        ctrls = [ch // (C // m.memory_controllers.count) for ch in chunk_chans]
+        assert ctrls[:m.memory_controllers.count] == list(range(m.memory_controllers.count))
+    # the cross segment's rows come after the private ones, so the two never share a row
+    pr = private_rows(D)
+    assert all(dram_map(D, cb + int(o))[2] >= pr for o in rng.integers(0, 1 << 30, 200))
+    assert all(dram_map(D, segment_base(m, 1) + int(o))[2] < pr for o in rng.integers(0, seg, 200))
+    for ch, b, row in [(0, 1, 3), (C - 1, 7, pr + 11)]:
+        assert dram_map(D, dram_address(D, ch, b, row, 448)) == (ch, b, row, 448)
+
+
+# ------------------------------------------------------------------------------ skip-ahead, determinism
+
+def random_trace(r, seed, n=150, span=3000, hot_rows=4):
+    rng = np.random.default_rng(seed)
+    D, m = r.D, r.m
+    for _ in range(n):
+        ch = int(rng.integers(0, r.C))
+        b = int(rng.integers(0, m.dram.banks))
+        row = int(rng.integers(0, hot_rows))
+        col = int(rng.integers(0, m.dram.row_bytes // 32)) * 32
+        size = int(rng.choice([32, 64, 128]))
+        kind = KIND_WRITE if rng.random() < 0.3 else KIND_READ
+        addr = dram_address(D, ch, b, row, col)
+        addr -= addr % size                                    # aligned, never across a chunk
+        r.add(int(rng.integers(0, span)), addr, size, kind)
+
+
+@pytest.mark.parametrize("name,sets", [("tiny-gpu", ()), ("a100", ()),
+                                       ("tiny-gpu", ("memory_controllers.policy=fcfs",
+                                                     "memory_controllers.row_policy=closed"))])
+def test_skip_ahead_gives_the_same_cycles_as_stepping_every_cycle(name, sets):
+    m = machine(name, sets)
+    runs = []
+    for skip in (False, True, False):
+        r = Run(m, log_len=4096)
+        random_trace(r, seed=7, span=3 * tm(m).tREFI // 2)
+        end = r.run(skip=skip)
+        end = r.run(until=end + 2 * tm(m).tREFI, skip=skip)         # idle time with refreshes
+        runs.append((r, end))
+    (a, ea), (b, eb), (c, ec) = runs
+    assert ea == eb == ec
+    assert a.done == b.done == c.done and a.order == b.order
+    assert np.array_equal(a.D.cnt, b.D.cnt) and np.array_equal(a.D.cnt, c.D.cnt)   # deterministic
+    assert a.counters(ea) == b.counters(eb)
+    assert sum(x["reads"] + x["writes"] for x in a.counters()) == len(a.ids)
+    for ch in range(a.C):
+        check_timing(m, a.D, ch)
+        assert dram_log(a.D, ch) == dram_log(b.D, ch)
+
+
+@settings(max_examples=15)
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["frfcfs", "fcfs"]), st.sampled_from(["open", "closed"]),
+       st.integers(2, 16))
+def test_random_traces_finish_and_obey_the_timing_rules(seed, policy, row_policy, qcap):
+    m = machine("tiny-gpu", (f"memory_controllers.policy={policy}", f"memory_controllers.row_policy={row_policy}",
+                             "dram.timing.tREFI=700", "dram.timing.tRFC=90"))
+    r = Run(m, log_len=4096, qcap=qcap, out_cap=3)
+    random_trace(r, seed, n=60, span=600, hot_rows=3)
+    while len(r.done) < len(r.ids):
+        r.run(until=r.now + 37)
+        check_hits_invariant(r.D, r.Q, r.C)
+        assert r.now < 50_000
+    recs = r.counters()
+    assert sum(x["row_hits"] + x["row_misses"] + x["row_conflicts"] for x in recs) == len(r.ids)
+    assert sum(x["bytes_read"] + x["bytes_written"] for x in recs) == sum(int(r.R.nbytes[i]) for i in r.ids)
+    for ch in range(r.C):
+        check_timing(m, r.D, ch)
+
+
+def test_an_oversized_input_queue_is_refused_with_a_clear_error():
+    m = machine("tiny-gpu")
+    D = make_dram_state(m, queue_cap=4)
+    Q = make_queues([8, 8, 4, 4])
+    R = make_requests(4)
+    q_push(Q, 0, req_alloc(R, 0, 64, KIND_READ, 0, 0, 0))
+    dram_step(D, Q, R, 0, 2, 0)
+    assert q_peek(Q, 0, 0) == 0 and Q.count[0] == 1              # untouched
+    with pytest.raises(ValueError, match="queue_cap"):
+        dram_counters(D)

@@ -1,0 +1,168 @@
+"""The GPU timing engine, core side, on tiny-gpu: formula oracles for the pipes, the tensor units
+and the scratchpad, the scheduler, skip-ahead invariance and determinism.
+
+Each oracle takes the difference of two runs that differ only in the length of a chain, so the
+fixed cost of launching and finishing cancels: (cycles(2n) - cycles(n)) / n is the per-
+instruction figure the config implies.
+"""
+
+import numpy as np
+import pytest
+
+from archsim.config import load_machine
+from archsim.engine.timing import time_kernel
+from archsim.errors import SimulationError
+from archsim.isa.asm import assemble
+from archsim.isa.program import Launch
+
+ONE_WARP = Launch((1, 1, 1), (32, 1, 1))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_machine("tiny-gpu")
+
+
+def kernel(body: str, n: int, shared: int = 0, setup: str = "") -> str:
+    """A loop of n iterations around `body`; the loop overhead is the same for every body."""
+    return f""".kernel k
+.shared {shared}
+    mov.b64 r40, 0
+    mov.f32 r1, 1.0
+    mov.f32 r2, 1.0
+    mov.f32 r3, 1.0
+    mov.f32 r4, 1.0
+    mov.f32 r5, 1.0
+    mov.f32 r6, 1.0
+    mov.f32 r7, 1.0
+    mov.f32 r8, 1.0
+    mov.b64 r10, 0
+    mov.b64 r11, 0
+    mov.b64 r12, 0
+    mov.b64 r13, 0
+    mov.b64 r14, 0
+    mov.b64 r15, 0
+    mov.b64 r16, 0
+    mov.b64 r17, 0
+    mov.b64 r18, 0
+    mov.b64 r19, 0
+    mov.b64 r20, 0
+    mov.b64 r21, 0
+    mov.b64 r22, 0
+    mov.b64 r23, 0
+{setup}
+L:  {body}
+    add.i64 r40, r40, 1
+    setp.lt.i64 p0, r40, {n}
+@p0 bra L
+    exit
+"""
+
+
+def cycles(machine, text, launch=ONE_WARP, **kw):
+    return time_kernel(assemble(text, "k.s"), machine, launch, {}, **kw).cycles
+
+
+def per_iteration(machine, body, shared=0, setup="", n=64):
+    a = cycles(machine, kernel(body, n, shared, setup))
+    b = cycles(machine, kernel(body, 2 * n, shared, setup))
+    return (b - a) / n
+
+
+def longer(tiny, unit, k, **kw):
+    """Extra cycles per iteration of a body of 2k `unit` instructions over one of k: the loop's own
+    overhead (which overlaps the body's tail) cancels."""
+    return per_iteration(tiny, "\n    ".join(unit(i) for i in range(2 * k)), **kw) - \
+        per_iteration(tiny, "\n    ".join(unit(i) for i in range(k)), **kw)
+
+
+def test_dependent_ffma_chain_costs_its_latency(tiny):
+    pipe = tiny.pipes["fma"]
+    assert longer(tiny, lambda i: "fma.f32 r1, r1, r2, r3", 8) == pytest.approx(8 * pipe.latency_cycles, abs=0.5)
+
+
+def test_independent_ffma_issue_at_the_pipe_rate(tiny):
+    pipe = tiny.pipes["fma"]
+    ii = -(-tiny.cores.warp_width // pipe.lanes_per_cycle["f32"])
+    # eight accumulators rotate; the other sources (r20, r21) are never written
+    got = longer(tiny, lambda i: f"fma.f32 r{1 + i % 8}, r{1 + i % 8}, r20, r21", 32)
+    assert got == pytest.approx(32 * ii, abs=1.0)
+
+
+def test_mma_occupies_the_tensor_units_for_its_mac_steps(tiny):
+    t = tiny.tensor
+    steps = (16 // 4) * (8 // 4) * (16 // 4)
+    units = max(t.units_per_core // tiny.cores.subcores, 1)
+    busy = max(1, -(-steps // int(t.mac_steps_per_cycle["fp16"] * units)))
+    independent = longer(tiny, lambda i: f"mma.m16n8k16.f32.f16 r{10 + 4 * (i % 3)}, r1, r5, r{10 + 4 * (i % 3)}", 6)
+    dependent = longer(tiny, lambda i: "mma.m16n8k16.f32.f16 r10, r1, r5, r10", 6)
+    assert dependent == pytest.approx(6 * (busy + t.latency_cycles), abs=1.0)
+    assert independent == pytest.approx(6 * busy, abs=1.0)
+
+
+def test_shared_memory_load_latency_and_bank_conflicts(tiny):
+    lat = tiny.scratchpad.latency_cycles
+    # a dependent chain: each load's address comes from the previous load (the value is 0)
+    assert longer(tiny, lambda i: "ld.shared.b32 r10, [r10]", 4, shared=4096) == pytest.approx(4 * lat, abs=1.0)
+    # 32 lanes hitting one bank with 32 different words: 32 wavefronts before the data comes
+    setup = "    s2r r30, %laneid\n    mul.i64 r30, r30, 128"
+    conflict = "\n    ".join(["ld.shared.b32 r10, [r30]", "add.i64 r30, r30, r10"] * 4)
+    plain_setup = "    s2r r30, %laneid\n    mul.i64 r30, r30, 4"
+    c = per_iteration(tiny, conflict, shared=4096, setup=setup)
+    p = per_iteration(tiny, conflict, shared=4096, setup=plain_setup)
+    assert c - p == pytest.approx(4 * (32 - 1), abs=1.0)  # 32 wavefronts instead of 1, per load
+
+
+def test_skip_ahead_changes_nothing_and_runs_repeat(tiny):
+    text = kernel("\n    ".join(["fma.f32 r1, r1, r2, r3", "ld.shared.b32 r10, [r10]"] * 3), 20, shared=256)
+    prog = assemble(text, "k.s")
+    launch = Launch((3, 1, 1), (96, 1, 1))
+    a = time_kernel(prog, tiny, launch, {}, skip=True)
+    b = time_kernel(prog, tiny, launch, {}, skip=False)
+    c = time_kernel(prog, tiny, launch, {}, skip=True)
+    assert a.skipped_cycles > 0 and b.skipped_cycles == 0
+    assert a.cycles == b.cycles == c.cycles
+    assert np.array_equal(a.stall, b.stall) and np.array_equal(a.stall, c.stall)
+
+
+def test_stall_breakdown_covers_every_resident_warp_cycle(tiny):
+    prog = assemble(kernel("fma.f32 r1, r1, r2, r3", 50), "k.s")
+    r = time_kernel(prog, tiny, Launch((1, 1, 1), (64, 1, 1)), {})
+    assert r.stall.sum() > 0
+    # two warps resident from dispatch to exit: every one of their cycles has exactly one reason
+    assert r.stall[:, 0].sum() == r.warp_instructions  # issued
+
+
+def test_deadlock_stops_with_status_3(tiny):
+    text = """.kernel k
+    s2r r0, %warpid
+    setp.eq.i64 p0, r0, 1
+@p0 exit
+    bar.sync
+    exit
+"""
+    with pytest.raises(SimulationError) as e:
+        time_kernel(assemble(text, "k.s"), tiny, Launch((1, 1, 1), (64, 1, 1)), {})
+    assert "deadlock" in e.value.line() and "waits at bar.sync" in e.value.line()
+
+
+def test_max_cycles_stops_and_says_where(tiny):
+    with pytest.raises(SimulationError) as e:
+        time_kernel(assemble(".kernel k\nL:  bra L\n", "k.s"), tiny, ONE_WARP, {}, max_cycles=500)
+    assert e.value.line().startswith("k.s:2: stopped at --max-cycles 500")
+
+
+def test_vector_add_moves_exactly_its_buffers_through_the_hierarchy(tiny):
+    """Every level sees the bytes the kernel touches: reads of x and y come from DRAM once, the
+    L1 data pipe carries x, y and out, and out stays dirty in the write-back L2."""
+    from archsim.isa.examples import load_example, make_args
+
+    args, launch = make_args("vector_add", 0)
+    r = time_kernel(load_example("vector_add"), tiny, launch, args)
+    n = int(args["n"])
+    b = r.memory["bytes"]
+    assert b["dram_read"] == 2 * 4 * n
+    assert b["l1"] == 3 * 4 * n
+    assert b["dram_write"] == 0
+    lat = r.memory["load_latency"]
+    assert lat["count"] > 0 and lat["min"] > tiny.l1.hit_latency_cycles + tiny.l2.hit_latency_cycles
