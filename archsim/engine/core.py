@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.engine import decode as D
+from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
 
@@ -329,15 +330,6 @@ def waiting_done(TS, w):
 
 # ----------------------------------------------------------------------------- issue
 @njit(cache=True)
-def _popcount(m):
-    n = 0
-    while m:
-        m &= m - 1
-        n += 1
-    return n
-
-
-@njit(cache=True)
 def _release_barrier(TS, bs):
     TS.bs_arrived[bs] = 0
     for i in range(TS.bs_nwarps[bs]):
@@ -366,7 +358,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
         return st
     cls = Dd.cls[pc]
     TS.issued[core] += 1
-    TS.flops[core] += Dd.flops[pc] * _popcount(mask)
+    TS.flops[core] += Dd.flops[pc] * popcount(mask)
     ii = Dd.ii[pc]
     if cls == D.CLS_TENSOR:
         TS.tensor_free[core, sub] = now + ii

@@ -30,49 +30,59 @@ FAULT_TEXT = {
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
 
 
-def make_state(prog: Program, launch: Launch, mem, params, warp_width: int, ncores: int) -> X.FState:
-    W = int(warp_width)
-    tpb = launch.threads_per_block
-    wpb = (tpb + W - 1) // W
-    nblk = launch.blocks
-    NW = nblk * wpb
-    R = max(int(prog.nregs), 1)
+def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsize: int, smem_rows: int,
+                 shared: int, params, launch: Launch, ncores: int, mode: int, warp_block, warp_wib, warp_smem,
+                 warp_core, block_smem, stack_mask0) -> X.FState:
+    """The functional state of NW warp slots (shared by functional and timing runs). `g` is the
+    global-memory image, padded to a multiple of 16 bytes."""
+    R = max(int(nregs), 1)
     regs = np.zeros((NW, R, W), np.int64)
-    gsize = len(mem.data)
-    gpad = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
-    gpad[:gsize] = mem.data
-    shared = int(prog.shared_bytes)
     spad = max((shared + 15) // 16 * 16, 16)
-    smem = np.zeros((nblk, spad), np.uint8)
+    smem = np.zeros((smem_rows, spad), np.uint8)
+    tpb = launch.threads_per_block
     geom = np.zeros(16, np.int64)
     geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
           X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE]] = [
-        W, wpb, tpb, *launch.block, *launch.grid, nblk, max(ncores, 1), shared, mem_base(), gsize,
-        X.MODE_FUNCTIONAL, gsize]
-    warp = np.arange(NW, dtype=np.int32)
-    blocks = (warp // wpb).astype(np.int32)
-    stack_pc = np.zeros((NW, STACK_DEPTH), np.int32)
-    stack_rpc = np.full((NW, STACK_DEPTH), -1, np.int32)
+        W, (tpb + W - 1) // W, tpb, *launch.block, *launch.grid, launch.blocks, max(ncores, 1), shared,
+        mem_base(), gsize, mode, vsize]
     stack_mask = np.zeros((NW, STACK_DEPTH), np.int64)
-    for w in range(NW):
-        first = (w % wpb) * W
-        live = min(W, tpb - first)
-        stack_mask[w, 0] = (1 << live) - 1 if live < 64 else -1
+    stack_mask[:, 0] = stack_mask0
     tmp_u32 = np.zeros(2, np.uint32)
     tmp_i64 = np.zeros(1, np.int64)
     return X.FState(
         regs=regs, rf32=regs.view(np.float32), ru32=regs.view(np.uint32), ru16=regs.view(np.uint16),
         rf64=regs.view(np.float64), preds=np.zeros((NW, 8, W), np.uint8),
-        g8=gpad, g16=gpad.view(np.uint16), g32=gpad.view(np.uint32), g64=gpad.view(np.int64),
+        g8=g, g16=g.view(np.uint16), g32=g.view(np.uint32), g64=g.view(np.int64),
         s8=smem, s16=smem.view(np.uint16), s32=smem.view(np.uint32), s64=smem.view(np.int64),
-        params=np.asarray(params, np.int64), geom=geom, warp_block=blocks, warp_wib=(warp % wpb).astype(np.int32),
-        warp_smem=blocks.copy(), warp_core=(blocks % max(ncores, 1)).astype(np.int32),
-        block_smem=np.arange(nblk, dtype=np.int32), stack_pc=stack_pc, stack_rpc=stack_rpc,
+        params=np.array(params, np.int64), geom=geom, warp_block=np.array(warp_block, np.int32),  # copies:
+        warp_wib=np.array(warp_wib, np.int32), warp_smem=np.array(warp_smem, np.int32),  # never aliased
+        warp_core=np.array(warp_core, np.int32), block_smem=np.array(block_smem, np.int32),
+        stack_pc=np.zeros((NW, STACK_DEPTH), np.int32), stack_rpc=np.full((NW, STACK_DEPTH), -1, np.int32),
         stack_mask=stack_mask, sp=np.ones(NW, np.int32), wstate=np.zeros(NW, np.int32),
         icount=np.zeros(NW, np.int64), fault=np.zeros(6, np.int64), tmp_u32=tmp_u32,
         tmp_f32=tmp_u32.view(np.float32), tmp_i64=tmp_i64, tmp_f64=tmp_i64.view(np.float64),
         vals=np.zeros(W, np.int64), mat=np.zeros((3, 16, 16), np.float64), rows=np.zeros((8, 8), np.uint16),
         addr=np.zeros((NW, W), np.int64))
+
+
+def make_state(prog: Program, launch: Launch, mem, params, warp_width: int, ncores: int) -> X.FState:
+    """Every warp of the launch resident at once, block-major."""
+    W = int(warp_width)
+    tpb = launch.threads_per_block
+    wpb = (tpb + W - 1) // W
+    nblk = launch.blocks
+    NW = nblk * wpb
+    gsize = len(mem.data)
+    gpad = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
+    gpad[:gsize] = mem.data
+    warp = np.arange(NW)
+    blocks = warp // wpb
+    live = np.minimum(W, tpb - (warp % wpb) * W)
+    mask0 = np.where(live < 64, (np.int64(1) << live.astype(np.int64)) - 1, -1)
+    return build_fstate(NW=NW, nregs=prog.nregs, W=W, g=gpad, gsize=gsize, vsize=gsize, smem_rows=nblk,
+                        shared=int(prog.shared_bytes), params=params, launch=launch, ncores=ncores,
+                        mode=X.MODE_FUNCTIONAL, warp_block=blocks, warp_wib=warp % wpb, warp_smem=blocks,
+                        warp_core=blocks % max(ncores, 1), block_smem=np.arange(nblk), stack_mask0=mask0)
 
 
 def mem_base() -> int:

@@ -163,15 +163,6 @@ def make_mstate(machine, TS) -> MState:
 
 # ----------------------------------------------------------------------------- helpers
 @njit(cache=True)
-def _popc(m):
-    n = 0
-    while m:
-        m &= m - 1
-        n += 1
-    return n
-
-
-@njit(cache=True)
 def _slice_of(MS, addr):
     """The memory-side endpoint of an address: its L2 slice, or without an L2 the controller of
     its DRAM channel."""
@@ -358,7 +349,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
                                              cfg[M_BANK_W])
             e[E_WAVES] = waves if waves > 0 else 1
             e[E_STARTED] = 1
-            MS.bytes[BY_SCRATCH] += _popc(e[E_MASK]) * e[E_BYTES]
+            MS.bytes[BY_SCRATCH] += CA.popcount(e[E_MASK]) * e[E_BYTES]
         e[E_WAVES] -= 1
         if e[E_WAVES] == 0:
             if cls != D.CLS_ST_SHARED:
@@ -390,7 +381,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         return  # the miss or return path is backed up: retry next cycle
     t = e[E_TRK]
     if cls == D.CLS_LD_GLOBAL and cfg[M_HAS_L1]:
-        r = req_alloc(R, line, _popc(m) * sb, KIND_READ, core, t, now)
+        r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, t, now)
         if r < 0:
             return
         R.aux0[r] = m
@@ -402,11 +393,11 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             R.aux1[r] = now + cfg[M_L1_LAT]
             q_push(MS.Q, ql, r)
         elif newm != 0:
-            r2 = req_alloc(R, line, _popc(newm) * sb, KIND_READ, core, 0, now)
+            r2 = req_alloc(R, line, CA.popcount(newm) * sb, KIND_READ, core, 0, now)
             R.aux0[r2] = newm
             q_push(MS.Q, qm, r2)
     elif cls == D.CLS_ST_GLOBAL:
-        r = req_alloc(R, line, _popc(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
+        r = req_alloc(R, line, CA.popcount(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
         if r < 0:
             return
         R.aux0[r] = m
@@ -415,12 +406,12 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], True, r, now)
         q_push(MS.Q, qm, r)
     else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
-        r = req_alloc(R, line, _popc(m) * sb, KIND_READ, core, -1 - t, now)
+        r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, -1 - t, now)
         if r < 0:
             return
         R.aux0[r] = m
         q_push(MS.Q, qm, r)
-    MS.bytes[BY_L1] += _popc(m) * sb
+    MS.bytes[BY_L1] += CA.popcount(m) * sb
     k += 1
     e[E_IDX] = k
     if k == e[E_NLINES]:

@@ -18,7 +18,7 @@ from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import machine as MA
 from archsim.engine import memory as M
-from archsim.engine.functional import STACK_DEPTH
+from archsim.engine.functional import build_fstate
 from archsim.engine.launch import ALIGN, GLOBAL_BASE
 from archsim.errors import InputError, SimulationError
 from archsim.isa.check import check
@@ -62,38 +62,15 @@ def _place(prog: Program, args: dict):
 
 
 def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int) -> X.FState:
-    W = machine.cores.warp_width
+    """Warp slots of every core (filled by block dispatch); timing mode; backed buffers only."""
     cores = machine.groups * machine.cores.per_group
     NW = cores * machine.cores.warp_slots
-    R = max(prog.nregs, 1)
     params, g, gsize, vsize = _place(prog, args)
-    tpb = launch.threads_per_block
-    wpb = (tpb + W - 1) // W
-    shared = int(prog.shared_bytes)
-    spad = max((shared + 15) // 16 * 16, 16)
-    smem = np.zeros((scratch_rows, spad), np.uint8)
-    regs = np.zeros((NW, R, W), np.int64)
-    geom = np.zeros(16, np.int64)
-    geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
-          X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE]] = [
-        W, wpb, tpb, *launch.block, *launch.grid, launch.blocks, cores, shared, GLOBAL_BASE, gsize,
-        X.MODE_TIMING, vsize]
-    tmp_u32 = np.zeros(2, np.uint32)
-    tmp_i64 = np.zeros(1, np.int64)
-    return X.FState(
-        regs=regs, rf32=regs.view(np.float32), ru32=regs.view(np.uint32), ru16=regs.view(np.uint16),
-        rf64=regs.view(np.float64), preds=np.zeros((NW, 8, W), np.uint8),
-        g8=g, g16=g.view(np.uint16), g32=g.view(np.uint32), g64=g.view(np.int64),
-        s8=smem, s16=smem.view(np.uint16), s32=smem.view(np.uint32), s64=smem.view(np.int64),
-        params=params, geom=geom, warp_block=np.zeros(NW, np.int32), warp_wib=np.zeros(NW, np.int32),
-        warp_smem=np.zeros(NW, np.int32), warp_core=np.zeros(NW, np.int32),
-        block_smem=np.full(launch.blocks, -1, np.int32),
-        stack_pc=np.zeros((NW, STACK_DEPTH), np.int32), stack_rpc=np.full((NW, STACK_DEPTH), -1, np.int32),
-        stack_mask=np.zeros((NW, STACK_DEPTH), np.int64), sp=np.zeros(NW, np.int32), wstate=np.zeros(NW, np.int32),
-        icount=np.zeros(NW, np.int64), fault=np.zeros(6, np.int64), tmp_u32=tmp_u32,
-        tmp_f32=tmp_u32.view(np.float32), tmp_i64=tmp_i64, tmp_f64=tmp_i64.view(np.float64),
-        vals=np.zeros(W, np.int64), mat=np.zeros((3, 16, 16), np.float64), rows=np.zeros((8, 8), np.uint16),
-        addr=np.zeros((NW, W), np.int64))
+    zeros = np.zeros(NW, np.int32)
+    return build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
+                        smem_rows=scratch_rows, shared=int(prog.shared_bytes), params=params, launch=launch,
+                        ncores=cores, mode=X.MODE_TIMING, warp_block=zeros, warp_wib=zeros, warp_smem=zeros,
+                        warp_core=zeros, block_smem=np.full(launch.blocks, -1, np.int32), stack_mask0=0)
 
 
 def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
