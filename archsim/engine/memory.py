@@ -458,33 +458,33 @@ def _to_dram(MS, r):
 
 
 @njit(cache=True)
-def _fetch(MS, sl, line, mask, now):
-    """DRAM reads for the sectors `mask` of a line missing in slice sl (one per run of sectors)."""
+def _to_dram_runs(MS, sl, line, mask, kind, tag, now):
+    """DRAM requests for the sectors `mask` of a line, one per run of consecutive sectors, queued at
+    their channel (or in slice sl's retry queue when the channel's queue is full)."""
     sb = MS.cfg[M_SECTOR]
     first = MS.runs[0]
     ln = MS.runs[1]
     n = _runs(mask, first, ln)
     for j in range(n):
-        rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, KIND_READ, -1, sl, now)
+        rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, kind, -1, tag, now)
         MS.R.aux0[rd] = ((np.int64(1) << ln[j]) - 1) << first[j]
         if not _to_dram(MS, rd):
             q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd)
 
 
 @njit(cache=True)
+def _fetch(MS, sl, line, mask, now):
+    """DRAM reads for the sectors of a line missing in slice sl; the fill goes back to sl."""
+    _to_dram_runs(MS, sl, line, mask, KIND_READ, sl, now)
+
+
+@njit(cache=True)
 def _writeback(MS, sl, now):
+    """Write the dirty victim the last L2 access or fill of slice sl evicted back to DRAM."""
     dirty = MS.L2.evict_dirty[sl]
     if dirty == 0:
         return
-    sb = MS.cfg[M_SECTOR]
-    line = MS.L2.evict_addr[sl]
-    first = MS.runs[0]
-    ln = MS.runs[1]
-    n = _runs(dirty, first, ln)
-    for j in range(n):
-        rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, KIND_WRITE, -1, TAG_WRITE, now)
-        if not _to_dram(MS, rd):
-            q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd)
+    _to_dram_runs(MS, sl, MS.L2.evict_addr[sl], dirty, KIND_WRITE, TAG_WRITE, now)
     MS.L2.evict_dirty[sl] = 0
 
 
