@@ -327,17 +327,21 @@ def cache_access_mask(C, inst, line_addr, mask, full_mask, is_write, req_id, now
 
 
 @njit(**_NOREF_INLINE)
+def _lookup(C, inst, line):
+    """(set, way) of a line number in instance inst; way -1 when the line is not present."""
+    s = set_index(C.cfg, line)
+    for k in range(C.tag.shape[2]):
+        if C.tag[inst, s, k] == line:
+            return s, k
+    return s, -1
+
+
+@njit(**_NOREF_INLINE)
 def _access(C, inst, line_addr, mask, full_mask, is_write, req_id, now):
     cfg = C.cfg
-    tag = C.tag
     C.evict_dirty[inst] = 0
     line = line_addr >> cfg[CFG_LINE_SHIFT]
-    s = _set_of(line, cfg[CFG_SETS], cfg[CFG_SETS_POW2] != 0, cfg[CFG_HASH] != 0, cfg[CFG_SET_BITS])
-    w = -1
-    for k in range(tag.shape[2]):
-        if tag[inst, s, k] == line:
-            w = k
-            break
+    s, w = _lookup(C, inst, line)
     status = np.int64(HIT)
     ret = np.int64(0)
     if w >= 0 and (mask & ~C.way[inst, s, w, WAY_VALID]) == 0:
@@ -512,15 +516,9 @@ def cache_fill(C, inst, line_addr, sector_mask, now):
     sectors are then added to the line if present, else installed in a victim way (a dirty victim is
     reported in C.evict_addr / C.evict_dirty), or dropped when every way of the set is reserved."""
     cfg = C.cfg
-    tag = C.tag
     C.evict_dirty[inst] = 0
     line = line_addr >> cfg[CFG_LINE_SHIFT]
-    s = _set_of(line, cfg[CFG_SETS], cfg[CFG_SETS_POW2] != 0, cfg[CFG_HASH] != 0, cfg[CFG_SET_BITS])
-    w = -1
-    for k in range(tag.shape[2]):
-        if tag[inst, s, k] == line:
-            w = k
-            break
+    s, w = _lookup(C, inst, line)
     if w < 0:
         w = _victim(C, inst, s)
         if w >= 0:
@@ -591,14 +589,10 @@ def mshr_line_addr(C, inst, e):
 @njit(**_NOREF)
 def cache_probe(C, inst, addr):
     """Valid sector mask of addr's line, -1 when the line is not present (no side effects)."""
-    line = addr >> C.cfg[CFG_LINE_SHIFT]
-    s = set_index(C.cfg, line)
-    r = np.int64(-1)
-    for w in range(C.tag.shape[2]):
-        if C.tag[inst, s, w] == line:
-            r = C.way[inst, s, w, WAY_VALID]
-            break
-    return r
+    s, w = _lookup(C, inst, addr >> C.cfg[CFG_LINE_SHIFT])
+    if w < 0:
+        return np.int64(-1)
+    return C.way[inst, s, w, WAY_VALID]
 
 
 @njit(**_NOREF)
