@@ -309,7 +309,7 @@ def test_a100_fabric_is_two_crossbars_of_108_sms_and_80_slices():
     assert latency(F.resp, int(F.resp_mem[0]), int(F.resp_core[3]), 32) == 50 + 1
     with pytest.raises(ValueError):                  # replies do not travel the request network
         noc_inject(F.req, int(F.req_mem[0]), 0, 32, int(F.req_core[0]), 0)
-    c = M.fabric_counters(F, 100)
+    c = M.fabric_counters(F.req, F.resp, 100)
     assert {"link_util_mean", "link_util_max", "blocked_cycles", "links"} <= set(c)
     assert set(c["links"][0]) >= {"name", "util", "blocked_cycles"} and c["links"][0]["name"].startswith("req ")
 

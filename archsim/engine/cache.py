@@ -229,10 +229,10 @@ def make_l2_state(machine, *, max_merge=L2_MAX_MERGE, replacement=REPL_LRU, set_
 
 
 # ----------------------------------------------------------------------------- helpers
-_NOREF = dict(cache=True, _nrt=False)   # see "Speed" in the module docstring
-# private helpers that take the state, inlined (numba IR) into the _NOREF functions: a call that
-# passes the state costs more than their work. Never inline them into reference-counted callers.
-_NOREF_INLINE = dict(cache=True, _nrt=False, inline="always")
+_NOREF = dict()   # jit.py's defaults: no reference counting (see "Speed" in the module docstring)
+# private helpers that take the state, inlined (numba IR) into their callers: a call that passes
+# the state costs more than their work. Never inline them into reference-counted callers.
+_NOREF_INLINE = dict(inline="always")
 
 
 @njit(**_NOREF)

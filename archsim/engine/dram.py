@@ -112,10 +112,9 @@ TOL = FP // 100              # an end this close past a cycle boundary counts as
 NEVER = np.int64(1 << 62)
 HIT_CAP = 16                 # FR-FCFS row-hit cap before a conflicting PRE may close the row
 
-# This block's numba options on top of jit.py's: no reference counting (nothing here allocates,
-# and NRT's atomic increments of every array of D, Q and R around each call cost more than the
-# work of a step) and numpy's error model (no ZeroDivisionError exits to unwind).
-_jit = njit(cache=True, error_model="numpy", _nrt=False)
+# jit.py's defaults: no reference counting (NRT's atomic increments of every array of D, Q and R
+# around each call cost more than the work of a step) and numpy's error model.
+_jit = njit()
 
 CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_PREA = 1, 2, 3, 4, 5, 6
 CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF: "REF", CMD_PREA: "PREA"}

@@ -98,7 +98,7 @@ class FState(NamedTuple):
     stack_mask: np.ndarray  # int64 [NW, D]
     sp: np.ndarray        # int32 [NW] entries on the stack
     wstate: np.ndarray    # int32 [NW]
-    icount: np.ndarray    # int64 [NW] warp-instructions issued
+    icount: np.ndarray    # int64 [NW] %clock: instructions issued (functional), set to the core cycle at issue (timing)
     fault: np.ndarray     # int64 [6]: code, lane, address, bytes, pc, 0
     tmp_u32: np.ndarray   # uint32 [2] scratch for bit casts
     tmp_f32: np.ndarray   # float32 view of tmp_u32

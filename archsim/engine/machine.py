@@ -22,11 +22,53 @@ from archsim.engine.jit import njit
 # run_loop outcomes
 DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 
+# Timeline: cumulative counters sampled at every window boundary (rows), then differenced by the
+# stats layer into per-window rates. When the rows run out, every other row is dropped and the
+# window doubles, so any run fits in a fixed array.
+TL_COUNTERS = ("warp_instructions", "l1", "scratch", "l2", "dram_read", "dram_write", "fabric") + \
+    tuple("stall_" + n for n in K.STALL_NAMES)
+TL_ROWS = 512
+TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
+
+
+def make_timeline(window_cycles: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros((TL_ROWS, len(TL_COUNTERS)), np.int64), np.array([window_cycles, 0, window_cycles], np.int64)
+
+
+def timeline_rows(TL, tlk, TS, MS, end_cycle: int) -> tuple[int, np.ndarray]:
+    """(window, rows): the sampled rows plus a last one with the totals at the end of the run."""
+    n = int(tlk[TLK_ROWS])
+    last = np.concatenate([[TS.issued.sum()], MS.bytes[:6], TS.stall.sum(axis=0)]).astype(np.int64)
+    return int(tlk[TLK_WINDOW]), np.vstack([TL[:n], last[None, :]])
+
 
 @njit(cache=True)
-def run_loop(C, TS, S, P, T, Dd, MS, max_cycles, skip, out):
+def _tl_sample(TL, tlk, TS, MS):
+    """Record the cumulative counters as the row of boundary tlk[TLK_NEXT]."""
+    if tlk[TLK_ROWS] == TL.shape[0]:
+        half = TL.shape[0] // 2
+        for i in range(half):
+            for j in range(TL.shape[1]):
+                TL[i, j] = TL[2 * i + 1, j]
+        tlk[TLK_ROWS] = half
+        tlk[TLK_WINDOW] *= 2
+        tlk[TLK_NEXT] = (half + 1) * tlk[TLK_WINDOW]
+        return False  # the boundary moved: the caller checks again
+    r = tlk[TLK_ROWS]
+    TL[r, 0] = TS.issued.sum()
+    for i in range(6):
+        TL[r, 1 + i] = MS.bytes[i]
+    for k in range(TS.stall.shape[1]):
+        TL[r, 7 + k] = TS.stall[:, k].sum()
+    tlk[TLK_ROWS] = r + 1
+    tlk[TLK_NEXT] += tlk[TLK_WINDOW]
+    return True
+
+
+@njit(nrt=True)  # allocates its scratch
+def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out):
     """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
-    [3] warp-instructions, [4] skipped cycles."""
+    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline)."""
     cores = C.v[K.C_CORES]
     nsub = C.v[K.C_SUBCORES]
     now = np.int64(0)
@@ -34,6 +76,8 @@ def run_loop(C, TS, S, P, T, Dd, MS, max_cycles, skip, out):
     step_out = np.zeros(4, np.int64)
     nblocks = TS.k[3]
     while TS.k[1] < nblocks:
+        while now >= tlk[TLK_NEXT]:
+            _tl_sample(TL, tlk, TS, MS)
         M.mem_cycle(MS, TS, S, Dd, now)
         step_out[0] = 0
         step_out[1] = K.INF
@@ -66,10 +110,14 @@ def run_loop(C, TS, S, P, T, Dd, MS, max_cycles, skip, out):
                     out[3] = TS.issued.sum()
                     return
             elif skip and t > nxt:
-                K.account_skip(C, TS, t - nxt)
-                M.mem_skip(MS, t - nxt)
                 out[4] += t - nxt
-                nxt = t
+                while nxt < t:  # split the jump at timeline boundaries: the timeline stays exact
+                    stop = min(t, tlk[TLK_NEXT]) if tlk[TLK_NEXT] > nxt else t
+                    K.account_skip(C, TS, stop - nxt)
+                    M.mem_skip(MS, stop - nxt)
+                    nxt = stop
+                    while nxt >= tlk[TLK_NEXT] and nxt < t:
+                        _tl_sample(TL, tlk, TS, MS)
         now = nxt
         if now >= max_cycles:
             out[0] = CYCLE_LIMIT
@@ -118,3 +166,5 @@ class KernelTiming:
     flops: int
     pipe_busy_cycles: np.ndarray
     memory: dict
+    timeline: tuple = (0, None)  # (window cycles, cumulative counter rows at window ends; last row = end)
+    buffers: dict = None         # backed buffer arguments as the kernel left them

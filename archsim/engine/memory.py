@@ -607,13 +607,35 @@ def mem_cycle(MS, TS, S, Dd, now):
         for c in range(C):
             _dram_done(MS, c, nf)
         for sl in range(cfg[M_SLICES]):
-            _slice_cycle(MS, sl, nf)
+            if _slice_has_work(MS, sl):  # a call passes the whole state: skip idle slices
+                _slice_cycle(MS, sl, nf)
         NC.noc_step(MS.req, nf)
         NC.noc_step(MS.resp, nf)
         ck[CK_NOW_FAB] += 1
         ck[CK_FAB_ACC] -= ONE
     for core in range(cfg[M_CORES]):
-        _core_memory(MS, TS, S, Dd, core, now)
+        if _core_has_work(MS, core):
+            _core_memory(MS, TS, S, Dd, core, now)
+
+
+@njit(inline="always")
+def _slice_has_work(MS, sl):
+    """Anything for _slice_cycle to look at: replies waiting, DRAM retries, a request held or
+    delivered by the request fabric."""
+    cfg = MS.cfg
+    Q = MS.Q
+    return (Q.count[cfg[M_Q_L2D] + sl] > 0 or Q.count[cfg[M_Q_RETRY] + sl] > 0 or MS.slice_hold[sl] >= 0
+            or NC.noc_deliverable(MS.req, MS.node[1, sl]))
+
+
+@njit(inline="always")
+def _core_has_work(MS, core):
+    """Anything for _core_memory to look at: replies delivered, L1 hits due, MIO entries, misses
+    waiting for the request fabric."""
+    cfg = MS.cfg
+    Q = MS.Q
+    return (MS.mio_count[core] > 0 or Q.count[cfg[M_Q_L1D] + core] > 0 or Q.count[cfg[M_Q_MISS] + core] > 0
+            or NC.noc_deliverable(MS.resp, MS.node[3, core]))
 
 
 @njit(cache=True)
@@ -679,6 +701,18 @@ def mem_skip(MS, cycles):
     ck[CK_FAB_ACC] = a % ONE
 
 
+def l2_half_of(machine, addr):
+    """The L2 half (partition) an address (int or array) lives in, as the slices map it."""
+    l2c = machine.l2
+    return (addr // l2c.interleave_bytes) % l2c.halves if l2c is not None and l2c.halves > 1 else addr * 0
+
+
+def near_half_of_core(machine, core: int) -> int:
+    """The L2 half that is near an SM (see _far)."""
+    l2c = machine.l2
+    return core % l2c.halves if l2c is not None and l2c.halves > 1 else 0
+
+
 def mem_counters(MS, cycles: int) -> dict:
     out = {"bytes": {k: int(MS.bytes[i]) for i, k in enumerate(("l1", "scratch", "l2", "dram_read", "dram_write",
                                                                "fabric"))},
@@ -690,6 +724,5 @@ def mem_counters(MS, cycles: int) -> dict:
     if MS.cfg[M_HAS_L2]:
         out["l2"] = CA.cache_counters(MS.L2, "l2")
     out["dram"] = DR.dram_counters(MS.Dm, int(MS.clocks[CK_NOW_MEM]))
-    out["fabric_req"] = NC.noc_counters(MS.req, int(MS.clocks[CK_NOW_FAB]))
-    out["fabric_resp"] = NC.noc_counters(MS.resp, int(MS.clocks[CK_NOW_FAB]))
+    out["fabric"] = NC.fabric_counters(MS.req, MS.resp, max(int(MS.clocks[CK_NOW_FAB]), 1))
     return out

@@ -351,7 +351,7 @@ def noc_idle(N):
     return N.clk[C_NFREE] == N.pfree.shape[0]
 
 
-@njit(cache=True)
+@njit(nrt=True)  # allocates its backlog
 def noc_drive(N, src, dsts, ndst, nbytes, period, t0, n_cycles, seed, skip, sent, delivered):
     """Synthetic traffic for tests and micro-benchmarks over cycles t0 .. t0+n_cycles-1.
 
@@ -755,9 +755,9 @@ def noc_counters(N: NocState, elapsed_cycles: int) -> dict:
             "inject_stalls": int(N.nt[:, NT_STALLS].sum())}
 
 
-def fabric_counters(F: FabricNets, elapsed_cycles: int) -> dict:
+def fabric_counters(req: NocState, resp: NocState, elapsed_cycles: int) -> dict:
     """Both networks of a machine fabric in one ``fabric`` record (link names prefixed req/resp)."""
-    a, b = noc_counters(F.req, elapsed_cycles), noc_counters(F.resp, elapsed_cycles)
+    a, b = noc_counters(req, elapsed_cycles), noc_counters(resp, elapsed_cycles)
     links = [dict(x, name="req " + x["name"]) for x in a["links"]] + \
             [dict(x, name="resp " + x["name"]) for x in b["links"]]
     utils = [x["util"] for x in links] or [0.0]

@@ -39,6 +39,7 @@ def _place(prog: Program, args: dict):
     addr = GLOBAL_BASE
     backed_end = GLOBAL_BASE
     images = []
+    placed = {}
     for i, name in enumerate(prog.params):
         if name not in args:
             raise InputError("arguments", f"no value for parameter {name!r} of kernel {prog.name}",
@@ -50,6 +51,7 @@ def _place(prog: Program, args: dict):
             n = v.nbytes
             if isinstance(v, np.ndarray):
                 images.append((addr, np.ascontiguousarray(v).view(np.uint8).ravel()))
+                placed[name] = (addr, v)
                 backed_end = max(backed_end, addr + n)
             addr += max(int(n), 1)
         else:
@@ -58,16 +60,23 @@ def _place(prog: Program, args: dict):
     g = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
     for a, raw in images:
         g[a - GLOBAL_BASE:a - GLOBAL_BASE + raw.size] = raw
-    return params, g, gsize, addr - GLOBAL_BASE
+    return params, g, gsize, addr - GLOBAL_BASE, placed
 
 
-def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int) -> X.FState:
-    """Warp slots of every core (filled by block dispatch); timing mode; backed buffers only."""
+def buffer_addresses(prog: Program, args: dict) -> dict[str, int]:
+    """The global address each buffer argument gets (a pointer-chase table holds addresses)."""
+    params = _place(prog, args)[0]
+    return {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
+
+
+def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int):
+    """Warp slots of every core (filled by block dispatch); timing mode; backed buffers only.
+    Returns (state, {name: (address, array)} of the backed buffers)."""
     cores = machine.groups * machine.cores.per_group
     NW = cores * machine.cores.warp_slots
-    params, g, gsize, vsize = _place(prog, args)
+    params, g, gsize, vsize, placed = _place(prog, args)
     zeros = np.zeros(NW, np.int32)
-    return build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
+    return placed, build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
                         smem_rows=scratch_rows, shared=int(prog.shared_bytes), params=params, launch=launch,
                         ncores=cores, mode=X.MODE_TIMING, warp_block=zeros, warp_wib=zeros, warp_smem=zeros,
                         warp_core=zeros, block_smem=np.full(launch.blocks, -1, np.int32), stack_mask0=0)
@@ -95,7 +104,7 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
 
 
 def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9,
-                skip: bool = True) -> MA.KernelTiming:
+                skip: bool = True, window_cycles: int = 1024) -> MA.KernelTiming:
     from archsim.config.derived import capabilities
 
     check(prog, capabilities(machine))
@@ -105,16 +114,22 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
     C = K.make_core_cfg(machine, scratch)
     cores = int(C.v[K.C_CORES])
-    S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks)
+    placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks)
     TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem)
     Dd = D.decode(prog, machine)
     MS = M.make_mstate(machine, TS)
     out = np.zeros(5, np.int64)
-    MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, np.int64(max_cycles), skip, out)
+    TL, tlk = MA.make_timeline(window_cycles)
+    MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)
+    buffers = {}
+    for name, (a, v) in placed.items():  # backed buffers as the kernel left them
+        raw = S.g8[a - GLOBAL_BASE:a - GLOBAL_BASE + v.nbytes].copy()
+        buffers[name] = raw.view(v.dtype).reshape(v.shape)
     timing = MA.KernelTiming(outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]),
                              skipped_cycles=int(out[4]), stuck_warp=int(out[2]), stall=TS.stall.copy(),
                              flops=int(TS.flops.sum()), pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
-                             memory=M.mem_counters(MS, int(out[1])))
+                             memory=M.mem_counters(MS, int(out[1])),
+                             timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers)
     if timing.outcome == MA.DONE:
         return timing
     w = timing.stuck_warp
