@@ -17,7 +17,9 @@ import numpy as np
 from archsim import __version__
 from archsim.errors import ArchsimError, InputError, SimulationError
 
-COMMANDS_HELP = "asm: assemble, check and run a kernel functionally; show-config: print a resolved machine"
+COMMANDS_HELP = ("asm: assemble, check and run a kernel functionally; show-config: print a resolved machine; "
+                 "micro: a micro-benchmark on the timing model; validate: model vs published figures; "
+                 "bench: simulator speed")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -68,6 +70,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE")
     p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE")
     p.add_argument("--json", metavar="FILE", help="write the resolved machine and derived figures as JSON")
+
+    from archsim.micro import PARAMS
+
+    p = sub.add_parser("micro", help="run a micro-benchmark (a real ISA program) on the timing model")
+    p.add_argument("name", metavar="NAME", help="one of: " + ", ".join(PARAMS))
+    _add_machine_options(p)
+    p.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=VALUE",
+                   help="a benchmark parameter, repeatable (see CONTRACT.md)")
+    p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
+                   help="stop a launch after N core cycles (exit 3, partial result)")
+    p.add_argument("--json", metavar="FILE", help="write the archsim.micro/1 result")
+
+    p = sub.add_parser("validate", help="simulated vs published figures (configs/reference/<machine>.yaml)")
+    _add_machine_options(p)
+    p.add_argument("--reference", metavar="FILE", help="a reference YAML (default: the machine's built-in one)")
+    p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
+
+    p = sub.add_parser("bench", help="simulator speed: warp-instructions per second on fixed cases")
+    p.add_argument("--json", metavar="FILE", help="write the archsim.bench/1 result")
     return parser
 
 
@@ -189,6 +210,59 @@ def cmd_show_config(a) -> int:
     return 0
 
 
+def cmd_micro(a) -> int:
+    from archsim.config.load import load_machine
+    from archsim.micro import parse_params, run_micro
+
+    machine = load_machine(a.hw, a.overlays, a.sets)
+    parse_params(a.name, a.params)  # bad parameters fail before anything runs
+    if a.max_cycles <= 0:
+        raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
+    try:
+        r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles)
+    except SimulationError as e:
+        if a.json and e.partial is not None and hasattr(e.partial, "document"):
+            e.partial.complete = False
+            _write_json(a.json, dict(e.partial.document(machine), error=e.line()))
+        raise
+    k = r.kernels[-1]
+    print(f"micro {a.name} on {machine.name} ({', '.join(f'{k2}={v}' for k2, v in r.params.items())}): "
+          f"{r.value:.4g} {r.unit}")
+    print(f"  {len(r.kernels)} launch(es), last: {k['cycles']} cycles, {k['warp_instructions']} warp-instructions, "
+          f"DRAM {k['bandwidth_gbps'].get('dram', 0):.1f} GB/s; simulated in {r.wall_seconds:.2f} s")
+    if a.json:
+        _write_json(a.json, r.document(machine))
+    return 0
+
+
+def cmd_validate(a) -> int:
+    from archsim.config.load import load_machine
+    from archsim.validate import HEADER, format_row, load_reference, reference_path, validate
+
+    machine = load_machine(a.hw, a.overlays, a.sets)
+    load_reference(reference_path(machine, a.reference))  # a bad file fails before anything runs
+    print(f"validate {machine.name}: simulated vs published")
+    print(HEADER)
+    res = validate(machine, a.reference, progress=lambda r: print(format_row(r), flush=True))
+    print(f"mean absolute percentage error: {res['mape_pct']:.1f}%  ({res['wall_seconds']:.0f} s)")
+    if a.json:
+        _write_json(a.json, res)
+    return 0
+
+
+def cmd_bench(a) -> int:
+    from archsim.bench import run_bench
+
+    print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
+    res = run_bench(progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
+                                             f"{c['wall_seconds']:>8.2f} {c['warp_instructions_per_second']:>14,.0f}",
+                                             flush=True))
+    print(f"median: {res['warp_instructions_per_second']:,.0f} warp-instructions/s")
+    if a.json:
+        _write_json(a.json, res)
+    return 0
+
+
 def _write_json(path: str, obj) -> None:
     try:
         Path(path).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
@@ -196,7 +270,8 @@ def _write_json(path: str, obj) -> None:
         raise InputError("--json", f"cannot write {path}: {e.strerror}", "a writable file path")
 
 
-COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config}
+COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, "validate": cmd_validate,
+            "bench": cmd_bench}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,44 @@
+"""`archsim bench`: simulator speed in warp-instructions per wall second, single process.
+
+Every case runs once on a tiny config first so that numba's compilation (or cache load) is not
+timed, then once timed. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from archsim.config import load_machine
+from archsim import micro as MI
+
+SCHEMA = "archsim.bench/1"
+
+# name, machine, micro, params (sizes that take seconds, not minutes, on one core)
+CASES = (
+    ("a100-gemm-fp16-1024", "a100", "gemm", {"m": 1024, "n": 1024, "k": 1024}),
+    ("a100-stream-read-64MiB", "a100", "bandwidth", {"kind": "read", "footprint_mib": 64}),
+    ("a100-pchase-l2", "a100", "latency", {"footprint_kib": 4096, "loads": 4096}),
+)
+WARMUP = (("tiny-gpu", "gemm", {"m": 64, "n": 64, "k": 64}), ("tiny-gpu", "bandwidth", {"footprint_mib": 1}),
+          ("tiny-gpu", "latency", {"footprint_kib": 4, "loads": 64}))
+
+
+def run_bench(cases=CASES, progress=None) -> dict:
+    for hw, name, params in WARMUP:  # JIT compile / cache load, not timed
+        MI.run_micro(name, load_machine(hw), params)
+    out = []
+    for case, hw, name, params in cases:
+        m = load_machine(hw)
+        t0 = time.perf_counter()
+        r = MI.run_micro(name, m, params)
+        wall = time.perf_counter() - t0
+        wi = sum(k["warp_instructions"] for k in r.kernels)
+        rec = {"name": case, "machine": hw, "micro": name, "params": r.params, "warp_instructions": wi,
+               "simulated_cycles": sum(k["cycles"] for k in r.kernels), "wall_seconds": round(wall, 3),
+               "warp_instructions_per_second": round(wi / wall, 1), "value": r.value, "unit": r.unit}
+        out.append(rec)
+        if progress:
+            progress(rec)
+    return {"schema": SCHEMA, "cases": out,
+            "warp_instructions_per_second": statistics.median(c["warp_instructions_per_second"] for c in out)}

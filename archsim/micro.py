@@ -1,0 +1,546 @@
+"""Micro-benchmarks (`archsim micro`): real ISA programs run on the timing model, as a GPU
+micro-benchmarker writes them (pointer chase, streaming, MMA throughput, tiled GEMM).
+
+Each benchmark builds a kernel, times it with the engine and reads its figure either from the
+run (cycles, bytes) or from what the kernel itself measured with `%clock` and stored in a backed
+buffer. Nothing here is a formula for the figure: the program runs and the model times it.
+
+The probes used only by `archsim validate` (dependent FFMA chain, shared-memory chase, L1 and
+L2 bandwidth) live here too, so that every measurement shares one kernel style.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from archsim.config import load_machine  # noqa: F401  (re-exported for callers)
+from archsim.config.derived import capabilities, peak_bandwidth_gbps
+from archsim.engine.timing import Unbacked, buffer_addresses, time_kernel
+from archsim.engine.machine import KernelTiming
+from archsim.errors import InputError, SimulationError
+from archsim.isa.asm import assemble
+from archsim.isa.program import Launch, Program
+from archsim import stats
+
+SCHEMA = "archsim.micro/1"
+
+
+@dataclass
+class MicroResult:
+    name: str
+    params: dict
+    value: float
+    unit: str
+    kernels: list = field(default_factory=list)   # stats.kernel_record of each timed launch
+    wall_seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+    max_cycles: int = 10**9
+    complete: bool = True
+
+    def document(self, machine) -> dict:
+        res = stats.result(machine, {"name": f"micro {self.name}", "params": self.params}, self.kernels,
+                           self.wall_seconds, complete=self.complete)
+        return {"schema": SCHEMA, "name": self.name, "machine": machine.name, "params": self.params,
+                "value": self.value if self.complete else None, "unit": self.unit, **self.extra,
+                "complete": self.complete, "result": res}
+
+
+# ----------------------------------------------------------------------------- parameters
+def _bool(s: str) -> bool:
+    if str(s).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(s).lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(s)
+
+
+# name -> {param: (parser, default, allowed text)}; default None = required
+PARAMS = {
+    "latency": {"footprint_kib": (float, None, "a size in KiB > 0"), "stride_bytes": (int, 128, "a multiple of 8"),
+                "warmup": (int, 1, "passes over the chain before timing (0 = cold)"),
+                "loads": (int, 4096, "timed loads > 0"),
+                "half": (str, "all", "all, near or far: only addresses in the chasing SM's near or far L2 half")},
+    "bandwidth": {"kind": (str, "read", "read, write, copy or triad"), "occupancy": (float, 1.0, "0 < x <= 1"),
+                  "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
+                  "placement": (str, "cross", "private or cross")},
+    "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
+    "gemm": {"m": (int, 1024, ">= 1"), "n": (int, 1024, ">= 1"), "k": (int, 1024, ">= 1"),
+             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
+}
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s"}
+
+
+def parse_params(name: str, given: list[str] | dict) -> dict:
+    """KEY=VALUE strings (or a dict) -> typed params with defaults; one clear error otherwise."""
+    if name not in PARAMS:
+        raise InputError("micro", f"unknown micro-benchmark {name!r}", ", ".join(sorted(PARAMS)))
+    spec = PARAMS[name]
+    raw = dict(given) if isinstance(given, dict) else {}
+    if not isinstance(given, dict):
+        for kv in given:
+            if "=" not in kv:
+                raise InputError("--param", f"{kv!r} is not KEY=VALUE", "e.g. --param footprint_kib=64")
+            k, v = kv.split("=", 1)
+            raw[k.strip()] = v.strip()
+    out = {}
+    for k, v in raw.items():
+        if k not in spec:
+            raise InputError(f"--param {k}", f"micro {name} has no parameter {k!r}", ", ".join(spec))
+        parser, _, allowed = spec[k]
+        try:
+            out[k] = parser(v) if parser is not bool else _bool(v)
+        except (TypeError, ValueError):
+            raise InputError(f"--param {k}", f"{v!r} is not valid", allowed) from None
+    for k, (_, default, allowed) in spec.items():
+        if k not in out:
+            if default is None:
+                raise InputError(f"micro {name}", f"parameter {k} is required", f"--param {k}=<{allowed}>")
+            out[k] = default
+    return out
+
+
+def _need(cond: bool, where: str, what: str, allowed: str) -> None:
+    if not cond:
+        raise InputError(where, what, allowed)
+
+
+def _gpu_only(machine, name: str) -> None:
+    _need(machine.family == "gpu", f"micro {name}", f"{machine.name} is a {machine.family} machine; this "
+          "micro-benchmark is written for SM cores (the Sunway variants use DMA)", "a GPU machine")
+
+
+# ----------------------------------------------------------------------------- kernels
+def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: MicroResult):
+    """Time one launch and keep its record; a run that cannot finish keeps its partial record
+    and carries the whole MicroResult up (the CLI writes it with complete: false)."""
+    try:
+        t = time_kernel(prog, machine, launch, args, max_cycles=out.max_cycles)
+    except SimulationError as e:
+        if isinstance(e.partial, KernelTiming):
+            out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
+            e.partial = out
+        raise
+    out.kernels.append(stats.kernel_record(name, machine, launch, t))
+    return t
+
+
+PCHASE_GLOBAL = """.kernel pchase
+.param table                    // u64[n]: table[i] = address of the next element (a random cycle)
+.param warm                     // loads before timing (fills the caches)
+.param loads                    // timed loads
+.param start                    // byte offset of the first element in the cycle
+.param out                      // i64[2]: timed cycles, final pointer
+        ldparam r0, table
+        ldparam r9, start
+        add.i64 r0, r0, r9
+        ldparam r1, warm
+        ldparam r2, loads
+        ldparam r3, out
+        mov.b64 r4, r0
+        mov.b64 r5, 0
+        setp.ge.i64 p0, r5, r1
+   @p0  bra TIMED
+WARM:   ld.global.b64 r4, [r4]
+        add.i64 r5, r5, 1
+        setp.lt.i64 p0, r5, r1
+   @p0  bra WARM
+TIMED:  add.i64 r6, r4, 0               // waits for the last warm-up load
+        s2r r7, %clock
+        mov.b64 r5, 0
+LOOP:   ld.global.b64 r4, [r4]          // each load needs the one before: pure latency
+        add.i64 r5, r5, 1
+        setp.lt.i64 p0, r5, r2
+   @p0  bra LOOP
+        add.i64 r6, r4, 0               // waits for the last timed load
+        s2r r8, %clock
+        sub.i64 r8, r8, r7
+        st.global.b64 [r3], r8
+        st.global.b64 [r3+8], r4
+        exit
+"""
+
+
+def chase_table(nbytes: int, stride: int, base: int, keep=None, seed: int = 1) -> tuple[np.ndarray, int]:
+    """A u64 table over `nbytes` whose elements `stride` apart (those whose address `keep`
+    accepts) form one random cycle of absolute addresses (Sattolo's algorithm). Returns the
+    table and the offset of the first element of the cycle."""
+    n = max(nbytes // stride, 1)
+    addr = base + np.arange(n, dtype=np.int64) * stride
+    idx = np.flatnonzero(keep(addr)) if keep is not None else np.arange(n)
+    rng = np.random.default_rng(seed)
+    m = len(idx)
+    order = np.arange(m)
+    for i in range(m - 1, 0, -1):  # Sattolo: a single cycle through every element
+        j = int(rng.integers(0, i))
+        order[i], order[j] = order[j], order[i]
+    table = np.zeros(n * (stride // 8), np.uint64)
+    words = stride // 8
+    table[idx * words] = addr[idx[order]].astype(np.uint64)
+    return table, int(idx[0]) * stride
+
+
+def micro_latency(machine, p: dict, out: MicroResult) -> float:
+    _need(p["footprint_kib"] > 0, "--param footprint_kib", f"{p['footprint_kib']} is not a size", "a size > 0")
+    _need(p["stride_bytes"] >= 8 and p["stride_bytes"] % 8 == 0, "--param stride_bytes",
+          f"{p['stride_bytes']} is not a multiple of 8", "8, 16, ... bytes")
+    _need(p["loads"] > 0 and p["warmup"] >= 0, "--param loads", "loads must be > 0 and warmup >= 0",
+          "loads >= 1, warmup >= 0")
+    prog = assemble(PCHASE_GLOBAL)
+    nbytes = int(p["footprint_kib"] * 1024) // p["stride_bytes"] * p["stride_bytes"]
+    _need(nbytes >= p["stride_bytes"], "--param footprint_kib", "footprint smaller than one stride",
+          f">= {p['stride_bytes']} bytes")
+    _need(p["half"] in ("all", "near", "far"), "--param half", f"{p['half']!r}", "all, near or far")
+    keep = None
+    if p["half"] != "all":
+        _gpu_only(machine, "latency half=" + p["half"])
+        from archsim.engine.memory import l2_half_of, near_half_of_core
+
+        near = near_half_of_core(machine, 0)  # block 0 runs on core 0
+        keep = (lambda a: l2_half_of(machine, a) == near) if p["half"] == "near" else \
+            (lambda a: l2_half_of(machine, a) != near)
+    probe = {"table": np.zeros(nbytes // 8, np.uint64), "warm": 0, "loads": 0, "start": 0,
+             "out": np.zeros(2, np.int64)}
+    base = buffer_addresses(prog, probe)["table"]
+    table, start = chase_table(nbytes, p["stride_bytes"], base, keep)
+    n = int(np.count_nonzero(table))
+    args = dict(probe, table=table, warm=p["warmup"] * n, loads=p["loads"], start=start)
+    t = _time(prog, machine, Launch((1, 1, 1), (1, 1, 1)), args, "pchase", out)
+    out.extra["loads_timed"] = p["loads"]
+    return float(t.buffers["out"][0]) / p["loads"]
+
+
+def _stream_kernel(kind: str, unroll: int = 4) -> str:
+    """Grid-stride streaming over 16-byte chunks, `unroll` independent chunks per thread per
+    iteration (so several loads are in flight per warp, as a bandwidth benchmark does)."""
+    lines = [f".kernel stream_{kind}", ".param a", ".param b", ".param c", ".param chunks",
+             "        s2r r0, %ctaid.x", "        s2r r1, %ntid.x", "        s2r r2, %tid.x",
+             "        mad.i64 r3, r0, r1, r2            // i = global thread index",
+             "        s2r r4, %nctaid.x", "        mul.i64 r4, r4, r1                // S = threads in the grid",
+             "        shl.b64 r3, r3, 4                 // byte offset of chunk i",
+             "        shl.b64 r5, r4, 4                 // byte stride between a thread's chunks",
+             "        ldparam r6, chunks", "        shl.b64 r6, r6, 4                 // bytes in each array",
+             "        ldparam r7, a", "        ldparam r8, b", "        ldparam r9, c",
+             "        mov.f32 r11, 1.0", "        mov.f32 r12, 0.0"]
+    if kind == "write":  # the values stored: defined once
+        lines += [f"        mov.f32 r{16 + 8 * u + j}, 1.0" for u in range(unroll) for j in range(4)]
+    # each step: regs 16 + 8u .. (4 for b, 4 for c)
+    lines.append("LOOP:   setp.ge.i64 p0, r3, r6")
+    lines.append("   @p0  exit")
+    for u in range(unroll):
+        off = "r3" if u == 0 else "r13"
+        if u:
+            lines.append(f"        mad.i64 r13, r5, {u}, r3")
+        if kind in ("read", "copy", "triad"):
+            lines.append(f"        add.i64 r14, r8, {off}")
+            lines.append(f"        ld.global.v4.b32 r{16 + 8 * u}, [r14]")
+        if kind == "triad":
+            lines.append(f"        add.i64 r14, r9, {off}")
+            lines.append(f"        ld.global.v4.b32 r{20 + 8 * u}, [r14]")
+    for u in range(unroll):
+        off = "r3" if u == 0 else "r13"
+        v = 16 + 8 * u
+        if u:
+            lines.append(f"        mad.i64 r13, r5, {u}, r3")
+        if kind == "read":
+            lines.append(f"        add.f32 r12, r12, r{v}")
+        elif kind == "triad":
+            for j in range(4):
+                lines.append(f"        fma.f32 r{v + j}, r11, r{v + 4 + j}, r{v + j}")
+        if kind == "write":
+            lines.append(f"        add.i64 r14, r7, {off}")
+            lines.append(f"        st.global.v4.b32 [r14], r{v}")
+        elif kind in ("copy", "triad"):
+            lines.append(f"        add.i64 r14, r7, {off}")
+            lines.append(f"        st.global.v4.b32 [r14], r{v}")
+    lines.append(f"        mad.i64 r3, r5, {unroll}, r3")
+    lines.append("        bra LOOP")
+    return "\n".join(lines) + "\n"
+
+
+STREAM_BYTES_PER_CHUNK = {"read": 16, "write": 16, "copy": 32, "triad": 48}
+
+
+def _occupancy_launch(machine, occupancy: float, max_block_warps: int = 8) -> Launch:
+    """Blocks filling `occupancy` of every core's warp slots, spread over all cores."""
+    c = machine.cores
+    cores = machine.groups * c.per_group
+    warps = max(1, int(round(occupancy * c.warp_slots)))
+    per_block = min(warps, max_block_warps)
+    while warps % per_block:
+        per_block -= 1
+    blocks = cores * (warps // per_block)
+    return Launch((blocks, 1, 1), (per_block * c.warp_width, 1, 1))
+
+
+def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
+    _gpu_only(machine, "bandwidth")
+    kind = p["kind"]
+    _need(kind in STREAM_BYTES_PER_CHUNK, "--param kind", f"{kind!r} is not a kernel", "read, write, copy or triad")
+    _need(0 < p["occupancy"] <= 1, "--param occupancy", f"{p['occupancy']} is out of range", "0 < occupancy <= 1")
+    _need(p["footprint_mib"] > 0, "--param footprint_mib", f"{p['footprint_mib']} is not a size", "> 0")
+    _need(p["placement"] in ("private", "cross"), "--param placement", f"{p['placement']!r}", "private or cross")
+    launch = _occupancy_launch(machine, p["occupancy"])
+    threads = launch.blocks * launch.threads_per_block
+    # the footprint is the bytes moved; each thread does whole unrolled iterations
+    per_iter = threads * 4
+    chunks = max(int(p["footprint_mib"] * 2**20) // STREAM_BYTES_PER_CHUNK[kind] // per_iter, 1) * per_iter
+    nb = chunks * 16
+    prog = assemble(_stream_kernel(kind))
+    args = {"a": Unbacked(nb), "b": Unbacked(nb), "c": Unbacked(nb), "chunks": chunks}
+    t = _time(prog, machine, launch, args, f"stream_{kind}", out)
+    useful = chunks * STREAM_BYTES_PER_CHUNK[kind]
+    gbps = useful / stats.seconds(machine, t.cycles) / 1e9
+    out.extra["peak_dram_gbps"] = peak_bandwidth_gbps(machine)["dram"]
+    out.extra["share_of_peak"] = gbps / out.extra["peak_dram_gbps"]
+    out.extra["warps_per_core"] = launch.blocks * launch.threads_per_block // machine.cores.warp_width // (
+        machine.groups * machine.cores.per_group)
+    return gbps
+
+
+MMA_FORMS = {  # dtype -> (mnemonic, A regs, B regs, C regs, flops per warp op)
+    "fp16": ("mma.m16n8k16.f32.f16", 4, 2, 4, 2 * 16 * 8 * 16),
+    "bf16": ("mma.m16n8k16.f32.bf16", 4, 2, 4, 2 * 16 * 8 * 16),
+    "tf32": ("mma.m16n8k8.f32.tf32", 4, 2, 4, 2 * 16 * 8 * 8),
+    "fp64": ("mma.m8n8k4.f64", 1, 1, 2, 2 * 8 * 8 * 4),
+}
+
+
+def mma_kernel(dtype: str, chains: int = 8) -> str:
+    """A loop of `chains` independent MMAs per iteration (independent accumulators, so the
+    tensor units, not the MMA latency, bound the rate)."""
+    mn, na, nb, nc, _ = MMA_FORMS[dtype]
+    lines = [f".kernel mma_{dtype}", ".param iters"]
+    for r in range(na + nb):
+        lines.append(f"        mov.b64 r{r}, 0")
+    acc0 = 16
+    for i in range(chains * nc):
+        lines.append(f"        mov.b64 r{acc0 + i}, 0")
+    lines += ["        ldparam r8, iters", "        mov.b64 r9, 0", "LOOP:"]
+    for i in range(chains):
+        c = acc0 + i * nc
+        lines.append(f"        {mn} r{c}, r0, r{na}, r{c}")
+    lines += ["        add.i64 r9, r9, 1", "        setp.lt.i64 p0, r9, r8", "   @p0  bra LOOP", "        exit"]
+    return "\n".join(lines) + "\n"
+
+
+def micro_mma(machine, p: dict, out: MicroResult) -> float:
+    dt = p["dtype"]
+    _need(dt in MMA_FORMS, "--param dtype", f"{dt!r} has no MMA form", ", ".join(MMA_FORMS))
+    caps = capabilities(machine)
+    _need(dt in caps.tensor_dtypes, f"micro mma on {machine.name}", f"the machine's tensor units do not run {dt}",
+          ", ".join(caps.tensor_dtypes) or "none: the machine has no tensor units")
+    _need(p["iterations"] > 0, "--param iterations", "must be > 0", ">= 1")
+    prog = assemble(mma_kernel(dt))
+    c = machine.cores
+    warps = min(c.warp_slots, 2 * c.subcores)  # two warps per scheduler hide the issue gaps
+    launch = Launch((machine.groups * c.per_group, 1, 1), (warps * c.warp_width, 1, 1))
+    t = _time(prog, machine, launch, {"iters": p["iterations"]}, f"mma_{dt}", out)
+    return t.flops / stats.seconds(machine, t.cycles) / 1e12
+
+
+def micro_gemm(machine, p: dict, out: MicroResult) -> float:
+    from archsim.workloads.emit.gemm_gpu import gemm_kernel
+
+    _gpu_only(machine, "gemm")
+    for k in ("m", "n", "k"):
+        _need(p[k] >= 1, f"--param {k}", f"{p[k]} is not a size", ">= 1")
+    caps = capabilities(machine)
+    try:
+        g = gemm_kernel(caps, p["m"], p["n"], p["k"], dtype=p["dtype"])
+    except ValueError as e:
+        raise InputError("--param dtype", str(e), "fp16, bf16, tf32 or fp32") from None
+    esz = 4 if p["dtype"] in ("tf32", "fp32") else 2
+    args = g.args(Unbacked(p["m"] * p["k"] * esz), Unbacked(p["k"] * p["n"] * esz), Unbacked(p["m"] * p["n"] * 4))
+    t = _time(g.program, machine, g.launch, args, "gemm", out)
+    out.kernels[-1]["model_flops"] = g.flops
+    out.extra["tile"] = list(g.tile)
+    return g.flops / stats.seconds(machine, t.cycles) / 1e12
+
+
+MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm}
+
+
+def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:
+    p = parse_params(name, params)
+    out = MicroResult(name=name, params=p, value=0.0, unit=UNITS[name], max_cycles=int(max_cycles))
+    t0 = time.perf_counter()
+    try:
+        out.value = float(MICROS[name](machine, p, out))
+    finally:
+        out.wall_seconds = time.perf_counter() - t0
+    return out
+
+
+# ----------------------------------------------------------------------------- validate probes
+def ffma_latency(machine, out: MicroResult, n: int = 64) -> float:
+    """Dependent FFMA latency: (T(2n) - T(n)) / n of a straight chain timed with %clock."""
+    def kernel(m: int) -> str:
+        body = "\n".join("        fma.f32 r1, r1, r2, r3" for _ in range(m))
+        return (f".kernel ffma_chain\n.param out\n        ldparam r0, out\n        mov.f32 r1, 1.0\n"
+                f"        mov.f32 r2, 1.0\n        mov.f32 r3, 0.0\n        s2r r4, %clock\n{body}\n"
+                "        s2r r5, %clock\n        sub.i64 r5, r5, r4\n        st.global.b64 [r0], r5\n        exit\n")
+    ts = []
+    for m in (n, 2 * n):
+        t = _time(assemble(kernel(m)), machine, Launch((1, 1, 1), (1, 1, 1)), {"out": np.zeros(1, np.int64)},
+                  f"ffma_chain_{m}", out)
+        ts.append(int(t.buffers["out"][0]))
+    return (ts[1] - ts[0]) / n
+
+
+def shared_latency(machine, out: MicroResult, n: int = 256) -> float:
+    """Pointer chase in the scratchpad: one thread builds a cycle of 8-byte slots, then follows it."""
+    text = f""".kernel shared_chase
+.param loads
+.param out
+.shared {n * 8}
+        ldparam r0, loads
+        ldparam r1, out
+        mov.b64 r2, 0
+BUILD:  add.i64 r3, r2, 1
+        rem.i64 r3, r3, {n}
+        shl.b64 r3, r3, 3
+        shl.b64 r4, r2, 3
+        st.shared.b64 [r4], r3
+        add.i64 r2, r2, 1
+        setp.lt.i64 p0, r2, {n}
+   @p0  bra BUILD
+        ld.shared.b64 r5, [0]
+        add.i64 r6, r5, 0
+        s2r r7, %clock
+        mov.b64 r2, 0
+LOOP:   ld.shared.b64 r5, [r5]
+        add.i64 r2, r2, 1
+        setp.lt.i64 p0, r2, r0
+   @p0  bra LOOP
+        add.i64 r6, r5, 0
+        s2r r8, %clock
+        sub.i64 r8, r8, r7
+        st.global.b64 [r1], r8
+        exit
+"""
+    loads = 1024
+    t = _time(assemble(text), machine, Launch((1, 1, 1), (1, 1, 1)), {"loads": loads, "out": np.zeros(1, np.int64)},
+              "shared_chase", out)
+    return int(t.buffers["out"][0]) / loads
+
+
+def l1_bandwidth(machine, out: MicroResult, iters: int = 64) -> float:
+    """Bytes per cycle one core's L1 delivers: a full block re-reads a 16 KiB buffer with
+    16-byte loads (after a warm-up pass), timed between two barriers."""
+    c = machine.cores
+    threads = min(c.warp_slots, 32) * c.warp_width
+    text = f""".kernel l1_stream
+.param buf
+.param iters
+.param out
+        ldparam r0, buf
+        ldparam r1, iters
+        ldparam r2, out
+        s2r r3, %tid.x
+        shl.b64 r3, r3, 4
+        and.b64 r3, r3, 16383
+        add.i64 r3, r3, r0
+        ld.global.v4.b32 r8, [r3]        // warm-up: the buffer is now in L1
+        add.i64 r20, r8, 0
+        bar.sync
+        s2r r4, %clock
+        mov.b64 r5, 0
+LOOP:   ld.global.v4.b32 r8, [r3]
+        ld.global.v4.b32 r12, [r3]
+        ld.global.v4.b32 r16, [r3]
+        ld.global.v4.b32 r24, [r3]
+        add.i64 r5, r5, 1
+        setp.lt.i64 p0, r5, r1
+   @p0  bra LOOP
+        add.i64 r20, r8, r12
+        add.i64 r20, r16, r24
+        bar.sync
+        s2r r6, %clock
+        sub.i64 r6, r6, r4
+        s2r r7, %tid.x
+        setp.ne.i64 p1, r7, 0
+   @p1  exit
+        st.global.b64 [r2], r6
+        exit
+"""
+    t = _time(assemble(text), machine, Launch((1, 1, 1), (threads, 1, 1)),
+              {"buf": Unbacked(16384), "iters": iters, "out": np.zeros(1, np.int64)}, "l1_stream", out)
+    return threads * 16 * 4 * iters / int(t.buffers["out"][0])
+
+
+def l2_bandwidth(machine, out: MicroResult, footprint: int = 8 << 20, per_core: int = 512 << 10) -> float:
+    """Bytes per core cycle the whole L2 delivers: the grid first reads an L2-resident buffer
+    once (warm-up), meets at a grid barrier, then every block streams `per_core` bytes of it
+    starting at another block's part (so its own L1 does not hold them), timed between two
+    grid barriers."""
+    c = machine.cores
+    cores = machine.groups * c.per_group
+    threads = min(c.warp_slots, 32) * c.warp_width
+    if machine.l2 is not None:  # well inside the L2: a power of two, so `and` wraps addresses
+        footprint = min(footprint, machine.l2.size_kib * 1024 // 4)
+    footprint = 1 << (int(footprint).bit_length() - 1)
+    text = f""".kernel l2_stream
+.param buf
+.param bytes                       // footprint, a power of two
+.param per_core
+.param out
+        ldparam r0, buf
+        ldparam r1, bytes
+        ldparam r2, per_core
+        ldparam r3, out
+        s2r r4, %ctaid.x
+        s2r r5, %ntid.x
+        s2r r6, %tid.x
+        mad.i64 r7, r4, r5, r6
+        shl.b64 r7, r7, 4                 // warm-up: the grid reads the buffer once
+        s2r r8, %nctaid.x
+        mul.i64 r8, r8, r5
+        shl.b64 r8, r8, 4                 // grid stride in bytes
+        mov.b64 r12, 0
+        mov.b64 r16, 0
+WARM:   setp.ge.i64 p0, r7, r1
+   @p0  bra WDONE
+        add.i64 r9, r0, r7
+        ld.global.v4.b32 r12, [r9]
+        add.i64 r7, r7, r8
+        bra WARM
+WDONE:  add.i64 r20, r12, 0
+        bar.grid
+        s2r r10, %clock
+        add.i64 r11, r4, 1                // start in the next block's part
+        mul.i64 r11, r11, r2
+        shl.b64 r7, r6, 4
+        add.i64 r11, r11, r7
+        shl.b64 r5, r5, 4                 // block stride in bytes
+        mov.b64 r7, 0
+        sub.i64 r23, r1, 1                // wrap mask
+LOOP:   and.b64 r9, r11, r23
+        add.i64 r9, r9, r0
+        ld.global.v4.b32 r12, [r9]
+        add.i64 r11, r11, r5
+        and.b64 r9, r11, r23
+        add.i64 r9, r9, r0
+        ld.global.v4.b32 r16, [r9]
+        add.i64 r11, r11, r5
+        add.i64 r7, r7, r5
+        add.i64 r7, r7, r5
+        setp.lt.i64 p0, r7, r2
+   @p0  bra LOOP
+        add.i64 r20, r12, r16
+        bar.grid
+        s2r r21, %clock
+        sub.i64 r21, r21, r10
+        or.b64 r22, r4, r6
+        setp.ne.i64 p1, r22, 0
+   @p1  exit
+        st.global.b64 [r3], r21
+        exit
+"""
+    per_core = per_core // (threads * 32) * threads * 32
+    t = _time(assemble(text), machine, Launch((cores, 1, 1), (threads, 1, 1)),
+              {"buf": Unbacked(footprint), "bytes": footprint, "per_core": per_core,
+               "out": np.zeros(1, np.int64)}, "l2_stream", out)
+    return cores * per_core / int(t.buffers["out"][0])

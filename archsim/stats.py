@@ -1,0 +1,149 @@
+"""Raw counters of timed launches -> the tidy ``archsim.result/1`` records of CONTRACT.md.
+
+Derived metrics are declared here once, with their units: seconds = cycles / core clock,
+achieved bandwidth (GB/s) = bytes / seconds / 1e9 per level, TFLOP/s = flops / seconds / 1e12,
+stall shares = warp-cycles of each reason / all resident warp-cycles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from archsim import __version__
+from archsim.config.derived import peak_bandwidth_gbps, peak_tflops
+from archsim.engine.core import STALL_NAMES
+from archsim.engine.machine import TL_COUNTERS, KernelTiming
+
+SCHEMA = "archsim.result/1"
+BYTE_LEVELS = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric")
+
+
+def machine_record(machine) -> dict:
+    return {"name": machine.name, "family": machine.family, "clock_ghz": machine.clock_ghz,
+            "cores": machine.groups * machine.cores.per_group,
+            "peak_tflops": {k: round(v, 3) for k, v in peak_tflops(machine).items()},
+            "peak_dram_gbps": round(peak_bandwidth_gbps(machine)["dram"], 3)}
+
+
+def seconds(machine, cycles: int | float) -> float:
+    return float(cycles) / (machine.clock_ghz * 1e9)
+
+
+def stall_shares(stall: np.ndarray) -> dict:
+    """Warp-cycles per reason (summed over cores) as fractions of all resident warp-cycles."""
+    tot = stall.sum(axis=0) if stall.ndim == 2 else stall
+    n = float(tot.sum())
+    return {name: (float(tot[i]) / n if n else 0.0) for i, name in enumerate(STALL_NAMES)}
+
+
+def _levels(machine) -> tuple[str, ...]:
+    """The bandwidth levels this machine has (CONTRACT: only those)."""
+    out = []
+    if machine.l1 is not None:
+        out.append("l1")
+    out.append("scratch")
+    if machine.l2 is not None:
+        out.append("l2")
+    out += ["dram", "fabric"]
+    if machine.dma is not None:
+        out.append("dma")
+    if getattr(machine, "rma", None) is not None:
+        out.append("rma")
+    return tuple(out)
+
+
+def timeline_record(machine, window: int, rows: np.ndarray, end_cycle: int) -> dict:
+    """Per-window series from cumulative rows: IPC, GB/s per level, stall shares. The last
+    window is usually partial (the end of the run); its rates use its true length."""
+    if rows is None or len(rows) == 0:
+        return {"window_cycles": window, "series": {}}
+    prev = np.vstack([np.zeros((1, rows.shape[1]), np.int64), rows[:-1]])
+    d = (rows - prev).astype(np.float64)
+    col = {n: i for i, n in enumerate(TL_COUNTERS)}
+    ncyc = np.full(len(rows), float(window))
+    # the last row is the end of the run: its window is what is left after the full ones
+    warps = d[:, [col["stall_" + n] for n in STALL_NAMES]].sum(axis=1)
+    ncyc[-1] = max(float(end_cycle - (rows.shape[0] - 1) * window), 1.0)
+    sec = ncyc / (machine.clock_ghz * 1e9)
+    series: dict[str, list] = {"ipc": list(np.round(d[:, col["warp_instructions"]] / ncyc, 4))}
+    for lvl in ("l1", "scratch", "l2", "fabric"):
+        if lvl in _levels(machine):
+            series[f"{lvl}_gbps"] = list(np.round(d[:, col[lvl]] / sec / 1e9, 3))
+    series["dram_gbps"] = list(np.round((d[:, col["dram_read"]] + d[:, col["dram_write"]]) / sec / 1e9, 3))
+    for n in STALL_NAMES:
+        series[f"stall_{n}"] = list(np.round(np.where(warps > 0, d[:, col["stall_" + n]] / np.maximum(warps, 1),
+                                                      0.0), 4))
+    return {"window_cycles": int(window), "series": {k: [float(x) for x in v] for k, v in series.items()}}
+
+
+def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: int = 1,
+                  model_flops: int | None = None, flops: int | None = None, sampled: bool = False,
+                  sample_error_est: float = 0.0) -> dict:
+    """One entry of ``kernels`` from a timed launch."""
+    cyc = int(timing.cycles)
+    sec = seconds(machine, cyc)
+    fl = int(timing.flops if flops is None else flops)
+    mem = timing.memory
+    b = mem["bytes"]
+    per = {lvl: int(b[lvl]) for lvl in BYTE_LEVELS}
+    bw = {}
+    for lvl in _levels(machine):
+        nbytes = per["dram_read"] + per["dram_write"] if lvl == "dram" else per.get(lvl, int(b.get(lvl, 0)))
+        bw[lvl] = round(nbytes / sec / 1e9, 3) if sec > 0 else 0.0
+    fab = mem["fabric"]
+    mcs = [{"name": r["name"], "queue_mean": round(r["queue_mean"], 4), "queue_max": int(r["queue_max"]),
+            "row_hit_rate": round(r["row_hit_rate"], 4), "gbps": round(r["gbps"], 3)} for r in mem["dram"]]
+    window, rows = timing.timeline
+    rec = {
+        "name": name, "count": int(count),
+        "grid": [int(x) for x in launch.grid], "block": [int(x) for x in launch.block],
+        "cycles": cyc, "seconds": sec, "flops": fl,
+        "model_flops": int(fl if model_flops is None else model_flops),
+        "tflops": round(fl / sec / 1e12, 4) if sec > 0 else 0.0,
+        "warp_instructions": int(timing.warp_instructions),
+        "sampled": bool(sampled), "sample_error_est": float(sample_error_est),
+        "stalls": {k: round(v, 6) for k, v in stall_shares(timing.stall).items()},
+        "bytes": per, "bandwidth_gbps": bw,
+        "fabric": {"link_util_mean": round(fab["link_util_mean"], 4), "link_util_max": round(fab["link_util_max"], 4),
+                   "blocked_cycles": int(fab["blocked_cycles"]),
+                   "links": [{"name": x["name"], "util": round(x["util"], 4), "blocked_cycles": int(x["blocked_cycles"]),
+                              "queue_mean": round(x["queue_mean"], 4), "queue_max": int(x["queue_max"])}
+                             for x in fab["links"]]},
+        "memory_controllers": mcs,
+        "timeline": timeline_record(machine, window, rows, cyc),
+        "caches": {lvl: _cache_summary(mem[lvl]) for lvl in ("l1", "l2") if lvl in mem},
+        "load_latency_mean_cycles": round(mem["load_latency"]["sum"] / mem["load_latency"]["count"], 2)
+        if mem["load_latency"]["count"] else 0.0,
+        "skipped_cycles": int(timing.skipped_cycles),
+    }
+    return rec
+
+
+def _cache_summary(recs: list[dict]) -> dict:
+    acc = sum(r["accesses"] for r in recs)
+    hits = sum(r["hits"] for r in recs)
+    return {"accesses": acc, "hits": hits, "hit_rate": round(hits / acc, 4) if acc else 0.0}
+
+
+def totals(kernels: list[dict]) -> dict:
+    """CONTRACT ``total``: every kernel times its count."""
+    cyc = sum(k["cycles"] * k["count"] for k in kernels)
+    sec = sum(k["seconds"] * k["count"] for k in kernels)
+    fl = sum(k["flops"] * k["count"] for k in kernels)
+    mf = sum(k["model_flops"] * k["count"] for k in kernels)
+    wi = sum(k["warp_instructions"] * k["count"] for k in kernels)
+    return {"cycles": int(cyc), "seconds": sec, "flops": int(fl), "model_flops": int(mf),
+            "tflops": round(fl / sec / 1e12, 4) if sec > 0 else 0.0, "warp_instructions": int(wi)}
+
+
+def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *, complete: bool = True,
+           simulated_warp_instructions: int | None = None) -> dict:
+    """The whole ``archsim.result/1`` document. The speed figure counts the warp-instructions
+    actually simulated (identical kernels run once), not those counted `count` times."""
+    sim_wi = sum(k["warp_instructions"] for k in kernels) if simulated_warp_instructions is None \
+        else simulated_warp_instructions
+    return {"schema": SCHEMA, "complete": bool(complete), "machine": machine_record(machine),
+            "workload": workload, "total": totals(kernels), "kernels": kernels,
+            "sim": {"wall_seconds": round(wall_seconds, 4),
+                    "warp_instructions_per_second": round(sim_wi / wall_seconds, 1) if wall_seconds > 0 else 0.0,
+                    "archsim_version": __version__}}

@@ -1,0 +1,215 @@
+"""Micro-benchmarks on tiny-gpu: each is a real kernel on the timing model, and the figures it
+gives must follow from the config (formula oracles) or show the behaviour a real machine shows
+(latency steps at the cache capacities, bandwidth growing with occupancy up to a ceiling below
+the DRAM peak). Also the result records: stall shares sum to 1, the timeline adds up to the
+totals, the same run twice gives the same JSON, and skip-ahead changes nothing."""
+
+import json
+
+import pytest
+
+from archsim import micro as MI
+from archsim.config import load_machine
+from archsim.config.derived import peak_bandwidth_gbps, peak_tflops
+from archsim.errors import InputError
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_machine("tiny-gpu")
+
+
+def chase(m, fp_kib, **kw):
+    return MI.run_micro("latency", m, dict(footprint_kib=fp_kib, loads=kw.pop("loads", 256), **kw))
+
+
+def test_pointer_chase_steps_at_cache_capacities(tiny):
+    # tiny-gpu: 16 KiB of L1 cache, 256 KiB of L2
+    l1 = chase(tiny, 4).value
+    l2 = chase(tiny, 96).value
+    dram = chase(tiny, 2048, warmup=0).value
+    # an L1 hit: the configured hit latency plus the LSU's fixed stages, nothing that grows
+    assert tiny.l1.hit_latency_cycles <= l1 <= tiny.l1.hit_latency_cycles + 12
+    assert l2 > l1 + 2 * tiny.fabric.router_latency_cycles + tiny.l2.hit_latency_cycles - 5
+    assert dram > l2 + tiny.dram.timing.tCL
+    # crossing a capacity raises the latency; staying inside does not
+    assert abs(chase(tiny, 8).value - l1) < 1.0
+    assert abs(chase(tiny, 128).value - l2) < 0.1 * l2
+
+
+def test_near_and_far_l2_halves(tiny):
+    near = chase(tiny, 96, half="near").value
+    far = chase(tiny, 96, half="far").value
+    assert far - near == pytest.approx(tiny.l2.far_half_extra_cycles, abs=3)
+
+
+def test_ffma_and_shared_latency_oracles(tiny):
+    out = MI.MicroResult("x", {}, 0.0, "")
+    assert MI.ffma_latency(tiny, out) == tiny.pipes["fma"].latency_cycles
+    sh = MI.shared_latency(tiny, out)
+    assert tiny.scratchpad.latency_cycles <= sh <= tiny.scratchpad.latency_cycles + 12
+
+
+@pytest.mark.xfail(strict=True, reason="known defect (issue 3, open): streaming saturates at ~15% of the DRAM "
+                   "peak on tiny-gpu (45% on a100); the SM-side MIO/L1-miss path or the DRAM row-hit rate "
+                   "limits it. This test is the target, not a description of today's model.")
+def test_bandwidth_grows_with_occupancy_and_saturates_below_peak(tiny):
+    peak = peak_bandwidth_gbps(tiny)["dram"]
+    bw = [MI.run_micro("bandwidth", tiny, {"footprint_mib": 1, "occupancy": q}).value for q in (0.125, 0.5, 1.0)]
+    assert bw[0] < bw[1] <= bw[2] * 1.02
+    assert 0.6 * peak < bw[2] < peak
+
+
+@pytest.mark.parametrize("kind", ["write", "copy", "triad"])
+def test_bandwidth_kinds_move_their_bytes(tiny, kind):
+    # a footprint 4x the L2: every byte read comes from DRAM once; written lines go back to DRAM
+    # when the write-back L2 evicts them, except those still dirty in it at the end and the
+    # write-backs still queued for DRAM when the last warp exits (the run ends there)
+    r = MI.run_micro("bandwidth", tiny, {"kind": kind, "footprint_mib": 1})
+    k = r.kernels[0]
+    useful = {"write": 1, "copy": 2, "triad": 3}[kind]
+    reads = {"write": 0, "copy": 1, "triad": 2}[kind]
+    total = r.value * 1e9 * k["seconds"]
+    assert k["bytes"]["dram_read"] == pytest.approx(total * reads / useful, rel=0.01)
+    written = total / useful
+    l2 = tiny.l2.size_kib * 1024
+    assert 0.8 * (written - l2) <= k["bytes"]["dram_write"] <= written
+
+
+def test_mma_reaches_the_tensor_peak(tiny):
+    r = MI.run_micro("mma", tiny, {"iterations": 32})
+    peak = peak_tflops(tiny)["fp16"]
+    assert 0.9 * peak < r.value <= peak * 1.0001
+
+
+def test_result_record_fields_and_sums(tiny):
+    r = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25})
+    doc = r.document(tiny)
+    assert doc["schema"] == "archsim.micro/1" and doc["result"]["schema"] == "archsim.result/1"
+    k = doc["result"]["kernels"][0]
+    assert sum(k["stalls"].values()) == pytest.approx(1.0, abs=1e-4)
+    assert set(k["bandwidth_gbps"]) == {"l1", "scratch", "l2", "dram", "fabric"}
+    assert {"link_util_mean", "link_util_max", "blocked_cycles", "links"} <= set(k["fabric"])
+    assert all({"name", "queue_mean", "queue_max", "row_hit_rate", "gbps"} <= set(mc) for mc in k["memory_controllers"])
+    # the timeline adds back up to the run's totals
+    tl = k["timeline"]
+    w = tl["window_cycles"]
+    ipc = tl["series"]["ipc"]
+    n = len(ipc)
+    last = k["cycles"] - (n - 1) * w
+    assert sum(ipc[:-1]) * w + ipc[-1] * last == pytest.approx(k["warp_instructions"], rel=1e-3)
+    dram = tl["series"]["dram_gbps"]
+    tot = (sum(dram[:-1]) * w + dram[-1] * last) / tiny.clock_ghz
+    assert tot == pytest.approx(k["bytes"]["dram_read"] + k["bytes"]["dram_write"], rel=1e-3)
+
+
+def _strip(doc):
+    doc = json.loads(json.dumps(doc))
+    doc["result"]["sim"] = None
+    return doc
+
+
+def test_same_run_twice_gives_identical_json(tiny):
+    a = MI.run_micro("latency", tiny, {"footprint_kib": 64, "loads": 128})
+    b = MI.run_micro("latency", tiny, {"footprint_kib": 64, "loads": 128})
+    assert _strip(a.document(tiny)) == _strip(b.document(tiny))
+
+
+def test_skip_ahead_changes_nothing_in_the_record(tiny, monkeypatch):
+    import archsim.micro as mod
+    from archsim.engine import timing
+
+    a = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25, "occupancy": 0.25})
+    orig = timing.time_kernel
+    monkeypatch.setattr(mod, "time_kernel", lambda *x, **kw: orig(*x, **dict(kw, skip=False)))
+    b = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25, "occupancy": 0.25})
+    da, db = _strip(a.document(tiny)), _strip(b.document(tiny))
+    assert da["result"]["kernels"][0].pop("skipped_cycles") > 0
+    assert db["result"]["kernels"][0].pop("skipped_cycles") == 0
+    assert da == db
+
+
+@pytest.mark.parametrize("name,params,where", [
+    ("latency", {}, "micro latency"),
+    ("latency", {"footprint_kib": "x"}, "--param footprint_kib"),
+    ("latency", {"footprint_kib": 4, "nope": 1}, "--param nope"),
+    ("bandwidth", {"kind": "scatter"}, "--param kind"),
+    ("mma", {"dtype": "int4"}, "--param dtype"),
+    ("nosuch", {}, "micro"),
+])
+def test_bad_parameters_are_one_clear_error(tiny, name, params, where):
+    with pytest.raises(InputError) as e:
+        MI.run_micro(name, tiny, params)
+    assert e.value.where == where
+
+
+# ----------------------------------------------------------------------------- command line
+def _cli(capsys, *argv):
+    from archsim.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_micro_json(capsys, tmp_path):
+    f = tmp_path / "m.json"
+    code, out, err = _cli(capsys, "micro", "latency", "--hw", "tiny-gpu", "--param", "footprint_kib=4",
+                          "--param", "loads=64", "--json", str(f))
+    assert code == 0, err
+    assert "cycles" in out
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "archsim.micro/1" and doc["unit"] == "cycles" and doc["value"] > 30
+    assert doc["result"]["complete"] is True
+
+
+def test_cli_micro_max_cycles_exits_3_with_partial_json(capsys, tmp_path):
+    f = tmp_path / "m.json"
+    code, out, err = _cli(capsys, "micro", "bandwidth", "--hw", "tiny-gpu", "--param", "footprint_mib=1",
+                          "--max-cycles", "500", "--json", str(f))
+    assert code == 3
+    assert err.count("\n") == 1 and "max-cycles 500" in err and "core" in err
+    doc = json.loads(f.read_text())
+    assert doc["complete"] is False and doc["result"]["complete"] is False
+    assert doc["result"]["kernels"][0]["cycles"] == 500
+
+
+def test_cli_micro_bad_param_exits_2(capsys):
+    code, out, err = _cli(capsys, "micro", "latency", "--hw", "tiny-gpu", "--param", "footprint_kib")
+    assert code == 2 and err.startswith("archsim: error: --param") and err.count("\n") == 1
+
+
+def test_cli_validate_with_a_reference_file(capsys, tmp_path):
+    ref = tmp_path / "ref.yaml"
+    ref.write_text("machine: tiny-gpu\nrows:\n"
+                   "  - {quantity: ffma_latency, value: 4, unit: cycles, source: tiny-gpu config}\n"
+                   "  - {quantity: shared_latency, value: 25, unit: cycles, source: tiny-gpu config}\n")
+    f = tmp_path / "v.json"
+    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--json", str(f))
+    assert code == 0, err
+    doc = json.loads(f.read_text())
+    assert doc["schema"] == "archsim.validate/1"
+    assert [r["quantity"] for r in doc["rows"]] == ["ffma_latency", "shared_latency"]
+    assert doc["rows"][0]["error_pct"] == 0.0
+    assert doc["mape_pct"] == pytest.approx(sum(abs(r["error_pct"]) for r in doc["rows"]) / 2, abs=0.01)
+
+
+@pytest.mark.parametrize("text,where", [
+    ("rows: 3\n", "no `rows:` list"),
+    ("rows:\n  - {quantity: warp_speed, value: 4, unit: cycles, source: x}\n", "has no probe"),
+    ("rows:\n  - {quantity: ffma_latency, value: 4, unit: ns, source: x}\n", "does not match"),
+    ("rows:\n  - {quantity: ffma_latency, value: -1, unit: cycles, source: x}\n", "not a positive number"),
+])
+def test_cli_validate_bad_reference_exits_2(capsys, tmp_path, text, where):
+    ref = tmp_path / "ref.yaml"
+    ref.write_text(text)
+    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref))
+    assert code == 2 and where in err and err.count("\n") == 1
+
+
+def test_builtin_references_load():
+    from archsim.validate import load_reference, reference_path
+
+    for name in ("a100", "h100"):
+        rows = load_reference(reference_path(load_machine(name)))
+        assert {r["quantity"] for r in rows} == set(__import__("archsim.validate").validate.PROBES)
