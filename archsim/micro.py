@@ -67,8 +67,8 @@ PARAMS = {
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
                   "placement": (str, "cross", "private or cross")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
-    "gemm": {"m": (int, 1024, ">= 1"), "n": (int, 1024, ">= 1"), "k": (int, 1024, ">= 1"),
-             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
+    "gemm": {"m": (int, 1024, "a multiple of 64"), "n": (int, 1024, "a multiple of 64"),
+             "k": (int, 1024, "a multiple of 32"), "dtype": (str, "fp16", "fp16")},
 }
 UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s"}
 
@@ -342,22 +342,29 @@ def micro_mma(machine, p: dict, out: MicroResult) -> float:
 
 
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
-    from archsim.workloads.emit.gemm_gpu import gemm_kernel
+    """The built-in tiled GEMM (isa/examples/gemm_mma.s: 64x64x32 block tiles, cp.async double
+    buffering, swizzled shared memory, ldmatrix, mma.m16n8k16) on the timing model. The
+    workload emitter's tile choice (issue 5) will replace it for any shape and dtype."""
+    from archsim.isa.examples import load_example
 
     _gpu_only(machine, "gemm")
-    for k in ("m", "n", "k"):
-        _need(p[k] >= 1, f"--param {k}", f"{p[k]} is not a size", ">= 1")
-    caps = capabilities(machine)
-    try:
-        g = gemm_kernel(caps, p["m"], p["n"], p["k"], dtype=p["dtype"])
-    except ValueError as e:
-        raise InputError("--param dtype", str(e), "fp16, bf16, tf32 or fp32") from None
-    esz = 4 if p["dtype"] in ("tf32", "fp32") else 2
-    args = g.args(Unbacked(p["m"] * p["k"] * esz), Unbacked(p["k"] * p["n"] * esz), Unbacked(p["m"] * p["n"] * 4))
-    t = _time(g.program, machine, g.launch, args, "gemm", out)
-    out.kernels[-1]["model_flops"] = g.flops
-    out.extra["tile"] = list(g.tile)
-    return g.flops / stats.seconds(machine, t.cycles) / 1e12
+    _need(p["dtype"] == "fp16", "--param dtype", f"{p['dtype']!r}: the built-in GEMM kernel is fp16", "fp16")
+    _need(p["dtype"] in capabilities(machine).tensor_dtypes, f"micro gemm on {machine.name}",
+          "the machine's tensor units do not run fp16", "a machine with fp16 tensor units")
+    M, N, K = p["m"], p["n"], p["k"]
+    _need(M > 0 and N > 0 and M % 64 == 0 and N % 64 == 0, "--param m/n", f"{M}x{N} is not made of 64x64 tiles",
+          "m and n multiples of 64")
+    _need(K > 0 and K % 32 == 0, "--param k", f"{K} is not a multiple of the 32-deep k tile", "k a multiple of 32")
+    prog = load_example("gemm_mma")
+    launch = Launch((N // 64, M // 64, 1), (128, 1, 1))
+    args = {"A": Unbacked(M * K * 2), "B": Unbacked(K * N * 2), "C": Unbacked(M * N * 4), "M": M, "N": N, "K": K}
+    t = _time(prog, machine, launch, args, "gemm_mma", out)
+    flops = 2 * M * N * K
+    out.kernels[-1]["model_flops"] = flops
+    out.extra["tile"] = [64, 64, 32]
+    out.extra["share_of_peak"] = flops / stats.seconds(machine, t.cycles) / 1e12 / \
+        stats.machine_record(machine)["peak_tflops"]["fp16"]
+    return flops / stats.seconds(machine, t.cycles) / 1e12
 
 
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm}

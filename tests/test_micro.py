@@ -213,3 +213,14 @@ def test_builtin_references_load():
     for name in ("a100", "h100"):
         rows = load_reference(reference_path(load_machine(name)))
         assert {r["quantity"] for r in rows} == set(__import__("archsim.validate").validate.PROBES)
+
+
+def test_gemm_micro_is_the_tiled_kernel_and_rejects_shapes_it_cannot_tile(tiny):
+    r = MI.run_micro("gemm", tiny, {"m": 128, "n": 64, "k": 64})
+    k = r.kernels[0]
+    assert k["model_flops"] == 2 * 128 * 64 * 64 and k["grid"] == [1, 2, 1]
+    assert 0 < r.value < peak_tflops(tiny)["fp16"]
+    assert k["bandwidth_gbps"]["scratch"] > 0  # staged through shared memory
+    with pytest.raises(InputError) as e:
+        MI.run_micro("gemm", tiny, {"m": 100, "n": 64, "k": 64})
+    assert e.value.where == "--param m/n"
