@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from archsim.config import load_machine  # noqa: F401  (re-exported for callers)
 from archsim.config.derived import capabilities, peak_bandwidth_gbps
 from archsim.engine.timing import Unbacked, buffer_addresses, time_kernel
 from archsim.engine.machine import KernelTiming
