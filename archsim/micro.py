@@ -66,8 +66,8 @@ PARAMS = {
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
                   "placement": (str, "cross", "private or cross")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
-    "gemm": {"m": (int, 1024, "a multiple of 64"), "n": (int, 1024, "a multiple of 64"),
-             "k": (int, 1024, "a multiple of 32"), "dtype": (str, "fp16", "fp16")},
+    "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
+             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
 }
 UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s"}
 
@@ -341,30 +341,31 @@ def micro_mma(machine, p: dict, out: MicroResult) -> float:
 
 
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
-    """The built-in tiled GEMM (isa/examples/gemm_mma.s: 64x64x32 block tiles, cp.async double
-    buffering, swizzled shared memory, ldmatrix, mma.m16n8k16) on the timing model. The
-    workload emitter's tile choice (issue 5) will replace it for any shape and dtype."""
-    from archsim.isa.examples import load_example
+    """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
+    (archsim.workloads.emit.gemm_gpu: the tile rule's block tile, a multistage cp.async pipeline,
+    swizzled shared memory, ldmatrix and mma; FFMA where the tensor units lack the dtype)."""
+    from archsim.workloads.emit import gemm_kernel
 
     _gpu_only(machine, "gemm")
-    _need(p["dtype"] == "fp16", "--param dtype", f"{p['dtype']!r}: the built-in GEMM kernel is fp16", "fp16")
-    _need(p["dtype"] in capabilities(machine).tensor_dtypes, f"micro gemm on {machine.name}",
-          "the machine's tensor units do not run fp16", "a machine with fp16 tensor units")
     M, N, K = p["m"], p["n"], p["k"]
-    _need(M > 0 and N > 0 and M % 64 == 0 and N % 64 == 0, "--param m/n", f"{M}x{N} is not made of 64x64 tiles",
-          "m and n multiples of 64")
-    _need(K > 0 and K % 32 == 0, "--param k", f"{K} is not a multiple of the 32-deep k tile", "k a multiple of 32")
-    prog = load_example("gemm_mma")
-    launch = Launch((N // 64, M // 64, 1), (128, 1, 1))
-    args = {"A": Unbacked(M * K * 2), "B": Unbacked(K * N * 2), "C": Unbacked(M * N * 4), "M": M, "N": N, "K": K}
-    t = _time(prog, machine, launch, args, "gemm_mma", out)
-    flops = 2 * M * N * K
-    out.kernels[-1]["model_flops"] = flops
-    out.extra["tile"] = [64, 64, 32]
-    out.extra["share_of_peak"] = flops / stats.seconds(machine, t.cycles) / 1e12 / \
-        stats.machine_record(machine)["peak_tflops"]["fp16"]
-    return flops / stats.seconds(machine, t.cycles) / 1e12
+    _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
+    _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
+    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
+    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    t = _time(g.program, machine, g.launch, args, g.program.name, out)
+    out.kernels[-1]["model_flops"] = g.flops
+    tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
+    peak = stats.machine_record(machine)["peak_tflops"]
+    out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
+    out.extra["stages"] = g.tile.stages
+    out.extra["kernel"] = g.kind
+    pk = peak.get(g.dtype if g.kind == "mma" else "fp32")
+    if pk:
+        out.extra["share_of_peak"] = tf / pk
+    return tf
 
+
+GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32")
 
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm}
 

@@ -10,7 +10,7 @@ import pytest
 
 from archsim import micro as MI
 from archsim.config import load_machine
-from archsim.config.derived import peak_bandwidth_gbps, peak_tflops
+from archsim.config.derived import capabilities, peak_bandwidth_gbps, peak_tflops
 from archsim.errors import InputError
 
 
@@ -215,12 +215,23 @@ def test_builtin_references_load():
         assert {r["quantity"] for r in rows} == set(__import__("archsim.validate").validate.PROBES)
 
 
-def test_gemm_micro_is_the_tiled_kernel_and_rejects_shapes_it_cannot_tile(tiny):
+def test_gemm_micro_is_the_emitted_tiled_kernel_and_rejects_bad_params(tiny):
+    from archsim.workloads.emit import gemm_kernel
+
     r = MI.run_micro("gemm", tiny, {"m": 128, "n": 64, "k": 64})
     k = r.kernels[0]
-    assert k["model_flops"] == 2 * 128 * 64 * 64 and k["grid"] == [1, 2, 1]
+    g = gemm_kernel(capabilities(tiny), 128, 64, 64, "fp16")
+    assert k["model_flops"] == 2 * 128 * 64 * 64 and k["grid"] == list(g.launch.grid)
+    assert r.extra["tile"] == [g.tile.BM, g.tile.BN, g.tile.BK]
     assert 0 < r.value < peak_tflops(tiny)["fp16"]
     assert k["bandwidth_gbps"]["scratch"] > 0  # staged through shared memory
+    odd = MI.run_micro("gemm", tiny, {"m": 100, "n": 40, "k": 24})  # edges: predicated, residue k tile
+    assert odd.kernels[0]["model_flops"] == 2 * 100 * 40 * 24 and odd.value > 0
     with pytest.raises(InputError) as e:
-        MI.run_micro("gemm", tiny, {"m": 100, "n": 64, "k": 64})
-    assert e.value.where == "--param m/n"
+        MI.run_micro("gemm", tiny, {"m": 0, "n": 64, "k": 64})
+    assert e.value.where == "--param m/n/k"
+    with pytest.raises(InputError) as e:
+        MI.run_micro("gemm", tiny, {"dtype": "int4"})
+    assert e.value.where == "--param dtype"
+
+

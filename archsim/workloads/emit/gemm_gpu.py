@@ -1,0 +1,1266 @@
+"""GEMM kernels for the GPU family: C[M,N] = A[M,K] @ B[K,N] (or A @ B^T with ``trans_b``).
+
+    caps = capabilities(load_machine("a100"))
+    k = gemm_kernel(caps, 1024, 1024, 1024, dtype="fp16", out_dtype="f32")
+    result = run_functional(k.program, k.args(A, B, C), k.launch, warp_width=caps.warp_width)
+    timing = time_kernel(k.program, machine, k.launch, k.args(Unbacked(..), Unbacked(..), Unbacked(..)))
+
+Every kernel is a loop over K (the program's size does not depend on the problem size: only the
+launch grid and the loop bound grow) and takes its shape from the ``M``, ``N``, ``K`` parameters,
+so one Program serves every shape of the same alignment class; it is built for the shape given
+only to pick the tile. Matrices are row-major; bf16 buffers are uint16 bit patterns (as
+everywhere in archsim); tf32 and fp32 inputs are float32 arrays.
+
+Tensor-core kernel (dtype fp16 / bf16 with mma.m16n8k16, tf32 with mma.m16n8k8), written the way
+an Ampere CUTLASS-style kernel is:
+
+- Block tile BM x BN of C, 4 warps in a 2 x 2 grid, each owning a (BM/2) x (BN/2) warp tile of
+  (BM/32) x (BN/16) mma tiles (64 x 64 for the 128 x 128 block: 128 f32 accumulators a thread).
+  K is stepped in k tiles of 128 bytes a row (BK = 64 halves / 32 tf32, four mma k-steps) when K
+  has at least two of them and the stages fit, else 64 bytes (BK = 32 / 16, two k-steps). 128-byte
+  rows halve the barriers per flop and make every cp.async of A touch whole 128-byte lines (64-byte
+  rows cost a line request, a data-pipe wavefront and a fabric packet per 64 bytes).
+- An S-stage cp.async pipeline (S = 4 / 3 / 2, the most that fits): the prologue copies tiles
+  0 .. S-2; iteration kt copies tile kt+S-1 into the stage that iteration kt-1 computed on. One
+  bar.sync per k tile, placed CUTLASS-style before the last k-step: after it, the first fragments
+  of the next tile are loaded while the last k-step's mma run. Fragments are double buffered in
+  registers: k-step s runs its 32 mma with the ldmatrix of k-step s+1 (and a share of the tile's
+  cp.async) spread evenly between them, so an in-order warp never parks a run of memory
+  instructions (which wait for the SM's MIO queue) in front of its tensor work.
+- Shared memory rows are stored in 16-byte chunks, XOR-swizzled so that the 8 row addresses of
+  every ldmatrix phase fall on 8 different 16-byte bank groups (conflict free):
+  64-byte rows (A and B^T with BK = 32, a 32-wide B): chunk c of row r at c ^ ((r/2) % 4);
+  rows of 128 bytes or more (A and B^T with BK = 64, B k-major): chunk c at c ^ (r % 8).
+  tf32 B (k-major) is read with scalar ld.shared.b32 (ldmatrix.trans moves 16-bit elements only);
+  its rows are padded by 32 bytes instead, which makes those reads conflict free.
+- A fragments with ldmatrix.x4; B with ldmatrix.x4.trans (B k-major, fp16/bf16) or ldmatrix.x4
+  (B^T, n-major).
+- Any M, N, K >= 1. Rows of A (columns of B) past M (N) are clamped to the last one: they only feed
+  C rows (columns) that are never stored. The K remainder is the *first* k tile, placed so that
+  it ends where the second one starts (CUTLASS's residue-first order): its k < 0 part is not
+  copied but zero-filled with st.shared (cp.async has no zero-fill), so the main loop carries no
+  bounds predicates. The copy width is the widest of 16 / 8 / 4 bytes that divides a row's byte
+  length (cp.async.16 for K, N multiples of 8 halves); rows of an odd number of halves fall back to
+  per-element ld.global.u16 + st.shared.b16 (correct, slow: no asynchronous overlap).
+- k rotation: block b takes its full k tiles starting at tile 1 + (b mod (nt-1)) and wraps
+  around (the residue tile stays first). Blocks that run together then read different k columns
+  at any moment; without it every block's A rows, a power-of-two stride apart, hit the same few
+  L2 slices and DRAM channels at once (partition camping; the modelled address interleave has no
+  hash). On a100 this took 1024^3 fp16 from 50.1k to 33.4k cycles. The fp32 sums therefore run
+  in a block-dependent k order (within the usual fp32 error).
+- Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
+  converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
+  with N even; otherwise each element is stored under its own bounds predicate.
+
+FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
+256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
+converted to f32 on the way to shared memory), register prefetch of the next tile while the
+current one is multiplied (fma.f32 on ld.shared.v4 operands).
+
+Tile rule (``choose_tile``): candidates 128x128, 128x64, 64x128, 64x64, 64x32, 32x64, 32x32 (4
+warps each). A candidate must fit the target: S >= 2 stages of (BM + BN) x (BK bytes) within
+``caps.scratchpad_bytes`` (the first of 128-byte rows x 4 or 3 stages, 64-byte rows x 3 or 2 that
+fits), the emitted kernel's registers per thread within ``caps.max_regs_per_thread`` and a
+block's registers within ``caps.regs_per_core``. Among those that fit, the smallest estimated
+time wins, ties to the larger tile:
+
+    cost = ceil(blocks / cores) * BM * BN / eff,  eff = min(1, BM*BN / (BM+BN) / 64)
+
+i.e. the work of the busiest core (whole tiles per core: wave quantization) divided by an
+efficiency that grows with the tile's arithmetic intensity (the 128 x 128 tile moves half the
+shared-memory and L2 bytes per flop of a 64 x 64 one). So a large GEMM gets 128 x 128 (a100:
+from about 1024^2 on), and a small one a smaller tile that spreads over more cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+from archsim.errors import InputError
+from archsim.isa.builder import Builder, Mem, Pred, Reg
+from archsim.isa.check import check
+from archsim.isa.program import Launch, Program
+
+__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference"]
+
+_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+           "tf32": "tf32", "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
+_OUTS = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "half": "f16",
+         "float16": "f16", "bf16": "bf16", "bfloat16": "bf16"}
+_ELEM_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
+_OUT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+_MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16", "tf32": "mma.m16n8k8.f32.tf32"}
+_HOST = {"fp16": np.float16, "bf16": np.uint16, "tf32": np.float32, "fp32": np.float32,
+         "f32": np.float32, "f16": np.float16}
+
+# (BM, BN, warps along M, warps along N) of the tensor-core kernel, largest first
+MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
+             (32, 64, 2, 2), (32, 32, 2, 2))
+FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
+
+
+class Tile(NamedTuple):
+    BM: int
+    BN: int
+    BK: int        # elements of K per k tile
+    warps: int
+    stages: int    # shared-memory stages of the copy pipeline (FFMA: 1, with a register prefetch)
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    kind: str          # mma | ffma
+    dtype: str         # fp16 bf16 tf32 fp32
+    out: str           # f32 f16 bf16
+    trans_b: bool
+    BM: int
+    BN: int
+    WM: int            # warps along M
+    WN: int            # warps along N
+    stages: int
+    cw_a: int          # bytes per copy of A / B (16, 8, 4 or 2)
+    cw_b: int
+    kb: int = 64       # bytes of a k-tile row (64: BK = 32 halves; 128: BK = 64 halves)
+    rotate: bool = True  # each block starts its full k tiles at its own offset (see _emit_mma)
+
+
+# ----------------------------------------------------------------------------- the kernel object
+@dataclass(frozen=True)
+class GemmKernel:
+    """One emitted GEMM: the program, its launch and what it computes."""
+
+    program: Program
+    launch: Launch
+    tile: Tile
+    flops: int             # 2*M*N*K (useful math; edge tiles do more)
+    M: int
+    N: int
+    K: int
+    dtype: str             # fp16 | bf16 | tf32 | fp32
+    out_dtype: str         # f32 | f16 | bf16
+    trans_b: bool
+    kind: str              # "mma" (tensor cores) or "ffma" (vector fallback)
+
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        return (self.M, self.K)
+
+    @property
+    def b_shape(self) -> tuple[int, int]:
+        return (self.N, self.K) if self.trans_b else (self.K, self.N)
+
+    @property
+    def c_shape(self) -> tuple[int, int]:
+        return (self.M, self.N)
+
+    @property
+    def in_host_dtype(self):
+        """numpy dtype of A and B (bf16: uint16 bit patterns; tf32: float32)."""
+        return _HOST[self.dtype]
+
+    @property
+    def out_host_dtype(self):
+        return _HOST[self.out_dtype]
+
+    def buffer_bytes(self) -> dict:
+        """Bytes of each buffer (for ``Unbacked(nbytes)`` in timing runs)."""
+        es, os_ = _ELEM_BYTES[self.dtype], _OUT_BYTES[self.out_dtype]
+        return {"A": self.M * self.K * es, "B": self.K * self.N * es, "C": self.M * self.N * os_}
+
+    def args(self, A, B, C) -> dict:
+        """Kernel arguments: the three buffers (numpy arrays of the right shape and dtype, or
+        anything with ``nbytes`` such as the timing engine's ``Unbacked``) and the scalars."""
+        want = self.buffer_bytes()
+        for name, v, shape, dt in (("A", A, self.a_shape, self.in_host_dtype), ("B", B, self.b_shape,
+                                   self.in_host_dtype), ("C", C, self.c_shape, self.out_host_dtype)):
+            if isinstance(v, np.ndarray):
+                if v.shape != shape or v.dtype != np.dtype(dt) or not v.flags.c_contiguous:
+                    raise InputError(f"gemm {self.M}x{self.N}x{self.K}", f"{name} is {v.dtype}{list(v.shape)}",
+                                     f"a C-contiguous {np.dtype(dt)}{list(shape)} array")
+            elif int(getattr(v, "nbytes", -1)) < want[name]:
+                raise InputError(f"gemm {self.M}x{self.N}x{self.K}", f"{name} has {getattr(v, 'nbytes', None)} "
+                                 "bytes", f"at least {want[name]}")
+        return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K}
+
+    def random_inputs(self, seed: int = 0) -> tuple:
+        """(A, B, C): standard-normal inputs in the kernel's input format, C zeros."""
+        rng = np.random.default_rng(seed)
+        a = rng.standard_normal(self.a_shape).astype(np.float32)
+        b = rng.standard_normal(self.b_shape).astype(np.float32)
+        return to_host(a, self.dtype), to_host(b, self.dtype), np.zeros(self.c_shape, self.out_host_dtype)
+
+    def reference(self, A, B) -> np.ndarray:
+        """C in float64 from the exact input values (tf32 inputs rounded as the tensor units read them)."""
+        return gemm_reference(A, B, self.dtype, self.trans_b)
+
+
+def to_host(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float array -> the buffer format of ``dtype`` (bf16 as uint16 bits)."""
+    dtype = _DTYPES[dtype]
+    if dtype == "bf16":
+        b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+        r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        return (r & 0xFFFF).astype(np.uint16)
+    return np.ascontiguousarray(x, _HOST[dtype])
+
+
+def to_float(x: np.ndarray, dtype: str) -> np.ndarray:
+    """A buffer in the format of ``dtype`` (bf16 bits, f16, f32) -> float64 values."""
+    dtype = _OUTS.get(dtype, _DTYPES.get(dtype))
+    if dtype == "bf16":
+        return (np.asarray(x, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return np.asarray(x).astype(np.float64)
+
+
+def gemm_reference(A, B, dtype: str, trans_b: bool = False) -> np.ndarray:
+    """float64 A @ B (A @ B^T with trans_b) from the buffers' exact values; tf32 inputs are
+    truncated to 10 mantissa bits, as the tensor units read them."""
+    dtype = _DTYPES[dtype]
+    a, b = to_float(A, dtype), to_float(B, dtype)
+    if dtype == "tf32":
+        def trunc(x):
+            bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+            return bits.view(np.float32).astype(np.float64)
+        a, b = trunc(A), trunc(B)
+    return a @ (b.T if trans_b else b)
+
+
+# ----------------------------------------------------------------------------- emission helpers
+class _Asm:
+    """A Builder with a register / predicate pool (registers are freed and reused)."""
+
+    def __init__(self, name: str, params, shared: int, limit: int = 255):
+        self.b = Builder(name, params=params, shared_bytes=shared)
+        self.busy = [False] * limit
+        self.pbusy = [False] * 8
+
+    def __call__(self, mnemonic: str, *ops, p: Optional[Pred] = None, neg: bool = False) -> None:
+        self.b.emit(mnemonic, *ops, pred=p, neg=neg)
+
+    def reg(self, k: int = 1) -> Reg:
+        n = len(self.busy)
+        s = 0
+        while s + k <= n:
+            run = next((i for i in range(s, s + k) if self.busy[i]), None)
+            if run is None:
+                for i in range(s, s + k):
+                    self.busy[i] = True
+                return Reg(s)
+            s = run + 1
+        raise _OutOfRegisters(f"needs more than {n} registers")
+
+    def free(self, *regs, k: int = 1) -> None:
+        for r in regs:
+            for i in range(r.n, r.n + k):
+                assert self.busy[i], f"r{i} freed twice"
+                self.busy[i] = False
+
+    def pred(self) -> Pred:
+        for i, b in enumerate(self.pbusy):
+            if not b:
+                self.pbusy[i] = True
+                return Pred(i)
+        raise _OutOfRegisters("needs more than 8 predicates")
+
+    def pfree(self, *ps) -> None:
+        for p in ps:
+            self.pbusy[p.n] = False
+
+    def label(self, name: str) -> None:
+        self.b.label(name)
+
+    def build(self) -> Program:
+        return self.b.build()
+
+
+class _OutOfRegisters(Exception):
+    pass
+
+
+def _log2(x: int) -> int:
+    assert x > 0 and x & (x - 1) == 0, x
+    return x.bit_length() - 1
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _copy_width(row_bytes: int, es: int) -> int:
+    """The widest copy (16, 8, 4 bytes; 2 = per element) that keeps every row's copies aligned."""
+    for cw in (16, 8, 4, 2):
+        if cw >= es and row_bytes % cw == 0:
+            return cw
+    return es
+
+
+def _zero_store(cw: int) -> str:
+    return {16: "st.shared.v4.b32", 8: "st.shared.v2.b32", 4: "st.shared.b32", 2: "st.shared.b16"}[cw]
+
+
+def _swz(a: _Asm, dst: Reg, row: Reg, cb: Reg, lay: str, RB: int, off: int) -> None:
+    """dst = off + row*RB + (cb ^ (f(row) << 4)): the byte offset of column byte cb of row `row`
+    in a swizzled (or padded) shared-memory tile. dst may be row or cb."""
+    t = a.reg()
+    if lay == "sw64":        # 64-byte rows: chunk c at c ^ ((row/2) % 4)
+        a("shr.u64", t, row, 1)
+        a("and.b64", t, t, 3)
+        a("shl.b64", t, t, 4)
+        a("xor.b64", t, t, cb)
+    elif lay == "sw128":     # rows of 128 bytes or more: chunk c at c ^ (row % 8)
+        a("and.b64", t, row, 7)
+        a("shl.b64", t, t, 4)
+        a("xor.b64", t, t, cb)
+    else:                    # padded rows, no swizzle
+        a("mov.b64", t, cb)
+    if RB & (RB - 1) == 0:
+        a("shl.b64", dst, row, _log2(RB))
+    else:
+        a("mul.i64", dst, row, RB)
+    a("add.i64", dst, dst, t)
+    if off:
+        a("add.i64", dst, dst, off)
+    a.free(t)
+
+
+# ----------------------------------------------------------------------------- tensor-core kernel
+class _Operand:
+    """Copy plan of one operand tile (global -> one shared-memory stage)."""
+
+    def __init__(self, name, kind, rows, payload, RB, lay, cw, off, es):
+        self.name, self.kind, self.rows, self.payload, self.RB, self.lay = name, kind, rows, payload, RB, lay
+        self.cw, self.off, self.es = cw, off, es
+        self.copies = []      # (sreg, simm, greg, gimm, dr, dcb)
+        self.sregs = []
+        self.gregs = []
+
+
+def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg, Kr: Reg, Nr: Reg, kshift: Reg,
+                 ptr: Reg) -> None:
+    """Allocate and compute the per-thread shared offsets and global pointers of op's copies.
+
+    Chunk q = tid + T*i of the tile (CPR chunks a row): row q // CPR, column chunk q % CPR.
+    rowbase: m0 (A) / n0 (B^T) / n0 (B, for its columns); lim: the clamp bound register."""
+    cw, es = op.cw, op.es
+    CPR = op.payload // cw
+    total = op.rows * CPR
+    if total % T:
+        raise _OutOfRegisters(f"{op.name} tile of {total} copies does not split over {T} threads")
+    n = total // T
+    if T % CPR == 0:
+        rb = a.reg()
+        a("shr.u64", rb, tid, _log2(CPR))
+        cbase = a.reg()
+        a("and.b64", cbase, tid, CPR - 1)
+        items = [((T // CPR) * i, 0) for i in range(n)]
+    else:
+        m = CPR // T
+        rb = None
+        cbase = a.reg()
+        a("mov.b64", cbase, tid)
+        items = [(i // m, T * (i % m) * cw) for i in range(n)]
+    cb = cbase
+    a("shl.b64", cb, cbase, _log2(cw))            # column byte of the thread's chunk
+    swizzled = op.lay != "pad"
+    sreg = {}
+    greg = {}
+    for dr, dcb in items:
+        skey = (dr % 8, dcb % 128) if swizzled else (0, 0)
+        if skey not in sreg:
+            r, c = a.reg(), a.reg()
+            if rb is None:
+                a("mov.b64", r, skey[0])
+            else:
+                a("add.i64", r, rb, skey[0])
+            a("add.i64", c, cb, skey[1])
+            _swz(a, r, r, c, op.lay, op.RB, op.off)
+            a.free(c)
+            sreg[skey] = r
+        simm = (dr - skey[0]) * op.RB + (dcb - skey[1])
+        if op.kind in ("A", "Bt"):
+            gkey = dr
+            if gkey not in greg:
+                g = a.reg()
+                if rb is None:
+                    a("add.i64", g, rowbase, dr)
+                else:
+                    a("add.i64", g, rb, rowbase)
+                    if dr:
+                        a("add.i64", g, g, dr)
+                a("min.i64", g, g, lim)                 # clamp to the last row
+                a("mul.i64", g, g, Kr)
+                a("add.i64", g, g, kshift)
+                a("shl.b64", g, g, _log2(es))
+                a("add.i64", g, g, ptr)
+                a("add.i64", g, g, cb)
+                greg[gkey] = g
+            gimm = dcb
+        else:   # Bn: rows are k, columns n (clamped per chunk)
+            gkey = (dr, dcb)
+            if gkey not in greg:
+                g, t = a.reg(), a.reg()
+                a("add.i64", t, cb, dcb)
+                a("shr.u64", t, t, _log2(es))
+                a("add.i64", t, t, rowbase)             # n0 + column
+                a("min.i64", t, t, lim)                 # clamp the chunk to N - cw/es
+                if rb is None:
+                    a("add.i64", g, kshift, dr)
+                else:
+                    a("add.i64", g, rb, kshift)
+                    if dr:
+                        a("add.i64", g, g, dr)
+                a("mad.i64", g, g, Nr, t)
+                a("shl.b64", g, g, _log2(es))
+                a("add.i64", g, g, ptr)
+                a.free(t)
+                greg[gkey] = g
+            gimm = 0
+        op.copies.append((sreg[skey], simm, greg[gkey], gimm, dr, dcb))
+    op.sregs = list(sreg.values())
+    op.gregs = list(dict.fromkeys(greg.values()))
+    op.rb, op.cb = rb, cb   # kept for the tile-0 validity test
+
+
+def _emit_copies(a: _Asm, op: _Operand, stage: Optional[Reg], guard: Optional[Pred], tile0: bool,
+                 kshift: Optional[Reg], zero: Reg) -> None:
+    """Copy one k tile of op into the stage at byte offset `stage` (None: 0).
+    tile0: the residue tile (k from kshift <= 0): chunks at k < 0 are zero-filled instead."""
+    base = {}
+    for s in op.sregs:
+        if stage is None:
+            base[s.n] = s
+        else:
+            t = a.reg()
+            a("add.i64", t, stage, s)
+            base[s.n] = t
+    valid = {}
+    pv = a.pred() if tile0 else None
+
+    def validity(dr, dcb):
+        """Set pv to 'this copy's k >= 0' (tile 0); cached on the last key."""
+        key = dcb if op.kind in ("A", "Bt") else dr
+        if valid.get("key") == key:
+            return
+        t = a.reg()
+        if op.kind in ("A", "Bt"):
+            a("shr.u64", t, op.cb, _log2(op.es))
+            a("add.i64", t, t, kshift)
+            a("setp.ge.i64", pv, t, -(dcb // op.es))
+        else:
+            if op.rb is None:
+                a("mov.b64", t, kshift)
+            else:
+                a("add.i64", t, op.rb, kshift)
+            a("setp.ge.i64", pv, t, -dr)
+        a.free(t)
+        valid["key"] = key
+
+    if op.cw >= 4:
+        for s, simm, g, gimm, dr, dcb in op.copies:
+            sm, gm = Mem(base[s.n], simm), Mem(g, gimm)
+            if tile0:
+                validity(dr, dcb)
+                a(f"cp.async.{op.cw}", sm, gm, p=pv)
+                a(_zero_store(op.cw), sm, zero, p=pv, neg=True)
+            else:
+                a(f"cp.async.{op.cw}", sm, gm, p=guard)
+    else:   # per element: ld.global.u16 + st.shared.b16, 8 at a time
+        G = 8
+        tmp = a.reg(G)
+        cps = op.copies
+        for i0 in range(0, len(cps), G):
+            grp = cps[i0:i0 + G]
+            for j, (s, simm, g, gimm, dr, dcb) in enumerate(grp):
+                if tile0:
+                    validity(dr, dcb)
+                    a("mov.b64", tmp + j, 0)
+                    a("ld.global.u16", tmp + j, Mem(g, gimm), p=pv)
+                else:
+                    a("ld.global.u16", tmp + j, Mem(g, gimm), p=guard)
+            for j, (s, simm, g, gimm, dr, dcb) in enumerate(grp):
+                a("st.shared.b16", Mem(base[s.n], simm), tmp + j, p=None if tile0 else guard)
+        a.free(tmp, k=G)
+    if pv is not None:
+        a.pfree(pv)
+    if stage is not None:
+        for t in base.values():
+            a.free(t)
+
+
+def _copy_ops(a: _Asm, op: _Operand, base: dict, guard: Optional[Pred]) -> list:
+    """The steady-state copies of one k tile of op as a list of emitters (one per instruction
+    group), so that the main loop can spread them between its mma. `base`: sreg -> register holding
+    stage + sreg."""
+    if op.cw >= 4:
+        return [(lambda s=s, simm=simm, g=g, gimm=gimm:
+                 a(f"cp.async.{op.cw}", Mem(base[s.n], simm), Mem(g, gimm), p=guard))
+                for s, simm, g, gimm, _, _ in op.copies]
+
+    def per_element():
+        G = 8
+        tmp = a.reg(G)
+        cps = op.copies
+        for i0 in range(0, len(cps), G):
+            grp = cps[i0:i0 + G]
+            for j, (s, simm, g, gimm, _, _) in enumerate(grp):
+                a("ld.global.u16", tmp + j, Mem(g, gimm), p=guard)
+            for j, (s, simm, g, gimm, _, _) in enumerate(grp):
+                a("st.shared.b16", Mem(base[s.n], simm), tmp + j, p=guard)
+        a.free(tmp, k=G)
+    return [per_element]
+
+
+def _interleave(a: _Asm, mmas: list, others: list) -> None:
+    """Emit the mma with the other instructions spread evenly between them (front-loaded), as
+    CUTLASS's warp-level software pipeline does: an in-order warp then never holds a run of memory
+    instructions in front of its tensor work."""
+    n, m = len(mmas), len(others)
+    j = 0
+    for i, f in enumerate(mmas):
+        while j < m and j * n <= i * m:
+            others[j]()
+            j += 1
+        f()
+    while j < m:
+        others[j]()
+        j += 1
+
+
+def _emit_mma(c: _Cfg) -> Program:
+    es = _ELEM_BYTES[c.dtype]
+    T = 32 * c.WM * c.WN
+    WTM, WTN = c.BM // c.WM, c.BN // c.WN
+    MI, NI = WTM // 16, WTN // 8
+    if MI < 1 or NI < 2 or NI % 2:
+        raise _OutOfRegisters("warp tile too small")
+    KB = c.kb                         # bytes of a k tile row: 64 or 128
+    BK = KB // es                     # elements per k tile
+    NSTEP = KB // 32                  # mma k-steps per k tile (32 bytes of k each)
+    lay_k = "sw64" if KB == 64 else "sw128"
+    S = c.stages
+    mma = _MMA[c.dtype]
+    A_BYTES = c.BM * KB
+    if c.trans_b:
+        b_rows, b_payload, b_RB, b_lay = c.BN, KB, KB, lay_k
+    elif es == 2:
+        b_rows, b_payload = BK, c.BN * 2
+        b_RB, b_lay = b_payload, ("sw128" if b_payload >= 128 else "sw64")
+    else:
+        b_rows, b_payload = BK, c.BN * 4
+        b_RB, b_lay = b_payload + 32, "pad"
+    B_OFF = A_BYTES
+    SB = _ceil(A_BYTES + b_rows * b_RB, 128) * 128
+    osz = _OUT_BYTES[c.out]
+    name = f"gemm_{c.dtype}_{c.out}{'_tb' if c.trans_b else ''}_{c.BM}x{c.BN}x{BK}_s{S}"
+    a = _Asm(name, ("A", "B", "C", "M", "N", "K"), S * SB)
+
+    # big register blocks first: accumulators, two fragment buffers
+    acc = a.reg(MI * NI * 4)
+    fa = [a.reg(MI * 4), a.reg(MI * 4)]
+    fb = [a.reg(NI * 2), a.reg(NI * 2)]
+
+    def accr(mi, ni):
+        return acc + 4 * (mi * NI + ni)
+
+    for i in range(MI * NI * 4):
+        a("mov.f32", acc + i, 0.0)
+
+    # ---- block, shape, k tiles
+    tid = a.reg()
+    a("s2r", tid, "%tid.x")
+    m0, n0 = a.reg(), a.reg()
+    a("s2r", m0, "%ctaid.y")
+    a("shl.b64", m0, m0, _log2(c.BM))
+    a("s2r", n0, "%ctaid.x")
+    a("shl.b64", n0, n0, _log2(c.BN))
+    Mr, Nr, Kr = a.reg(), a.reg(), a.reg()
+    a("ldparam", Mr, "M")
+    a("ldparam", Nr, "N")
+    a("ldparam", Kr, "K")
+    nt = a.reg()
+    a("add.i64", nt, Kr, BK - 1)
+    a("shr.u64", nt, nt, _log2(BK))               # k tiles
+    kshift = a.reg()
+    a("shl.b64", kshift, nt, _log2(BK))
+    a("sub.i64", kshift, Kr, kshift)              # K - nt*BK <= 0: first k of tile 0
+    lim = a.reg()
+    pA = a.reg()
+    a("ldparam", pA, "A")
+    A = _Operand("A", "A", c.BM, KB, KB, lay_k, c.cw_a, 0, es)
+    a("sub.i64", lim, Mr, 1)
+    _plan_copies(a, A, T, tid, m0, lim, Kr, Nr, kshift, pA)
+    a.free(pA)
+    pB = a.reg()
+    a("ldparam", pB, "B")
+    if c.trans_b:
+        Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, B_OFF, es)
+        a("sub.i64", lim, Nr, 1)
+    else:
+        Bop = _Operand("B", "Bn", b_rows, b_payload, b_RB, b_lay, c.cw_b, B_OFF, es)
+        a("sub.i64", lim, Nr, c.cw_b // es)       # the last chunk start that stays inside a row
+    _plan_copies(a, Bop, T, tid, n0, lim, Kr, Nr, kshift, pB)
+    a.free(pB, lim, Mr)
+    bstep = None
+    if not c.trans_b:
+        bstep = a.reg()
+        a("mul.i64", bstep, Nr, BK * es)          # B: BK rows further per k tile
+    # k rotation: block b takes the full k tiles 1 .. nt-1 starting from tile 1 + (b mod (nt-1)),
+    # wrapping around. Blocks that start together then read different k columns at any moment,
+    # instead of every block's A rows (a power-of-two stride apart) hitting the same few L2
+    # slices and DRAM channels at once (partition camping).
+    ti = wA = wB = pw = None
+    if c.rotate:
+        ti, wA, t1 = a.reg(), a.reg(), a.reg()
+        a("s2r", ti, "%ctaid.y")
+        a("s2r", t1, "%nctaid.x")
+        a("mul.i64", ti, ti, t1)
+        a("s2r", t1, "%ctaid.x")
+        a("add.i64", ti, ti, t1)                  # linear block index
+        a("sub.i64", wA, nt, 1)
+        a("max.i64", t1, wA, 1)
+        a("rem.i64", ti, ti, t1)                  # j0 = block mod (nt-1)
+        a.free(t1)
+        if c.trans_b:
+            wB = wA
+        else:
+            wB = a.reg()
+            a("mul.i64", wB, wA, bstep)           # (nt-1) tiles of B
+        a("mul.i64", wA, wA, BK * es)             # (nt-1) tiles of A
+        pw = a.pred()
+    a.free(Nr, Kr, m0, n0)
+
+    # ---- fragment addresses within a stage. Moving one k-step (32 bytes of k) to the right flips
+    # logical chunk bits 1.. of a swizzled row, i.e. xor 32*s on the address.
+    lane, warp, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
+    a("and.b64", lane, tid, 31)
+    a("shr.u64", warp, tid, 5)
+    aA = [a.reg() for _ in range(NSTEP)]
+    # A: lane L points at row wm*WTM + L%16, logical chunk L/16 (+2s for k-step s)
+    a("shr.u64", t1, warp, _log2(c.WN))
+    a("mul.i64", t1, t1, WTM)
+    a("and.b64", t2, lane, 15)
+    a("add.i64", t1, t1, t2)
+    a("shr.u64", t2, lane, 4)
+    a("shl.b64", t2, t2, 4)
+    _swz(a, aA[0], t1, t2, lay_k, KB, 0)
+    for s_ in range(1, NSTEP):
+        a("xor.b64", aA[s_], aA[0], 32 * s_)
+    a("and.b64", t1, warp, c.WN - 1)              # wn
+    a("mul.i64", t1, t1, WTN)                     # first column of the warp tile
+    if c.trans_b:
+        # B^T (rows n, KB bytes of k): lane L points at n-row (L%8) + 8*(L/16), chunk (L/8)%2 (+2s)
+        bB = [a.reg() for _ in range(NSTEP)]
+        a("and.b64", t2, lane, 7)
+        a("add.i64", t1, t1, t2)
+        a("shr.u64", t2, lane, 4)
+        a("shl.b64", t2, t2, 3)
+        a("add.i64", t1, t1, t2)
+        a("shr.u64", t2, lane, 3)
+        a("and.b64", t2, t2, 1)
+        a("shl.b64", t2, t2, 4)
+        _swz(a, bB[0], t1, t2, lay_k, KB, B_OFF)
+        for s_ in range(1, NSTEP):
+            a("xor.b64", bB[s_], bB[0], 32 * s_)
+    elif es == 2:
+        # B (rows k): ldmatrix.trans, lane L points at k-row L%16, chunk (warp's first) + L/16;
+        # n8-tile pair j: chunk + 2j = xor 32j; k-step s: 16s rows further (immediate)
+        bB = [a.reg() for _ in range(NI // 2)]
+        a("shl.b64", t1, t1, 1)                   # column bytes
+        a("shr.u64", t2, lane, 4)
+        a("shl.b64", t2, t2, 4)
+        a("add.i64", t2, t2, t1)
+        a("and.b64", t1, lane, 15)
+        _swz(a, bB[0], t1, t2, b_lay, b_RB, B_OFF)
+        for j in range(1, NI // 2):
+            a("xor.b64", bB[j], bB[0], 32 * j)
+    else:
+        # tf32 B (rows k, padded): lane (g, t) reads k-row t (+4), column g of each n8 tile
+        bB = [a.reg()]
+        a("shr.u64", t2, lane, 2)
+        a("add.i64", t1, t1, t2)
+        a("shl.b64", t1, t1, 2)
+        a("and.b64", t2, lane, 3)
+        a("mul.i64", t2, t2, b_RB)
+        a("add.i64", bB[0], t1, t2)
+        a("add.i64", bB[0], bB[0], B_OFF)
+    a.free(lane, warp, t1, t2, tid)
+
+    rs, ws, kt = a.reg(), a.reg(), a.reg()
+    fA = [a.reg() for _ in aA]                    # this tile's fragment bases
+    fB = [a.reg() for _ in bB]
+
+    def frag_bases(stage):
+        for i, r in enumerate(aA):
+            a("add.i64", fA[i], stage, r)
+        for i, r in enumerate(bB):
+            a("add.i64", fB[i], stage, r)
+
+    def frag_ops(s, buf):
+        """Emitters of the fragment loads of k-step s into buffer buf, in the order the mma use them."""
+        ops = []
+        A_ = [lambda mi=mi: a("ldmatrix.x4", fa[buf] + 4 * mi, Mem(fA[s], mi * 16 * KB)) for mi in range(MI)]
+        if c.trans_b:
+            B_ = [lambda j=j: a("ldmatrix.x4", fb[buf] + 4 * j, Mem(fB[s], j * 16 * KB)) for j in range(NI // 2)]
+        elif es == 2:
+            B_ = [lambda j=j: a("ldmatrix.x4.trans", fb[buf] + 4 * j, Mem(fB[j], s * 16 * b_RB))
+                  for j in range(NI // 2)]
+        else:
+            B_ = [lambda ni=ni, h=h: a("ld.shared.b32", fb[buf] + 2 * ni + h,
+                                       Mem(fB[0], (8 * s + 4 * h) * b_RB + 32 * ni))
+                  for ni in range(NI) for h in range(2)]
+        # A fragment 0 and the B fragments first (the first row of mma needs all of them)
+        ops.append(A_[0])
+        ops.extend(B_)
+        ops.extend(A_[1:])
+        return ops
+
+    def mma_ops(buf):
+        ops = []
+        for mi in range(MI):
+            order = range(NI) if mi % 2 == 0 else range(NI - 1, -1, -1)
+            for ni in order:
+                ops.append(lambda mi=mi, ni=ni: a(mma, accr(mi, ni), fa[buf] + 4 * mi, fb[buf] + 2 * ni,
+                                                  accr(mi, ni)))
+        return ops
+
+    def advance():
+        """Pointers to the next k tile (with rotation: tile nt wraps to tile 1)."""
+        for g in A.gregs:
+            a("add.i64", g, g, BK * es)
+        for g in Bop.gregs:
+            if c.trans_b:
+                a("add.i64", g, g, BK * es)
+            else:
+                a("add.i64", g, g, bstep)
+        if c.rotate:
+            a("add.i64", ti, ti, 1)
+            a("setp.eq.i64", pw, ti, nt)
+            for g in A.gregs:
+                a("sub.i64", g, g, wA, p=pw)
+            for g in Bop.gregs:
+                a("sub.i64", g, g, wB, p=pw)
+            a("mov.b64", ti, 1, p=pw)
+
+    # ---- prologue: tiles 0 .. S-2 into stages 0 .. S-2
+    pm = a.pred()
+    for j in range(S - 1):
+        stage = None
+        if j:
+            stage = a.reg()
+            a("mov.b64", stage, j * SB)
+            a("setp.gt.i64", pm, nt, j)           # tile j exists
+        for op in (A, Bop):
+            _emit_copies(a, op, stage, pm if j else None, j == 0, kshift, acc)
+        a("cp.async.commit")
+        if j == 0 and c.rotate:                   # jump j0 tiles ahead (ti = j0: "at tile j0")
+            t = a.reg()
+            a("mul.i64", t, ti, BK * es)
+            for g in A.gregs:
+                a("add.i64", g, g, t)
+            if not c.trans_b:
+                a("mul.i64", t, ti, bstep)
+            for g in Bop.gregs:
+                a("add.i64", g, g, t)
+            a.free(t)
+        advance()
+        if stage is not None:
+            a.free(stage)
+    a.free(kshift)
+    a("mov.b64", rs, 0)
+    a("mov.b64", ws, (S - 1) * SB)
+    a("mov.b64", kt, 0)
+    a("cp.async.wait", S - 2)
+    a("bar.sync")
+    frag_bases(rs)
+    for f in frag_ops(0, 0):
+        f()
+
+    # ---- main loop: one k tile per iteration. k-step s runs its mma with the loads of k-step s+1
+    # spread between them; the copies of tile kt+S-1 are spread over the k-steps before the barrier,
+    # which sits before the last k-step (CUTLASS's multistage order): after it, the first fragments
+    # of tile kt+1 are loaded while the last k-step's mma run.
+    a.label("KLOOP")
+    t = a.reg()
+    a("add.i64", t, kt, S - 1)
+    a("setp.lt.i64", pm, t, nt)                   # tile kt+S-1 exists?
+    a.free(t)
+    base = {}
+    for op in (A, Bop):
+        for sr in op.sregs:
+            r = a.reg()
+            a("add.i64", r, ws, sr)               # where this tile's copies go
+            base[sr.n] = r
+    copies = _copy_ops(a, A, base, pm) + _copy_ops(a, Bop, base, pm)
+    pre = NSTEP - 1                               # k-steps before the barrier
+    share = [copies[i * len(copies) // pre:(i + 1) * len(copies) // pre] for i in range(pre)]
+    for s_ in range(NSTEP):
+        buf = s_ % 2
+        if s_ == NSTEP - 1:
+            a("cp.async.wait", S - 2)             # tile kt+1 landed (this thread) ...
+            a("bar.sync")                         # ... for everyone; the stage of tile kt-1 is free
+            a("mov.b64", ws, rs)                  # next iteration writes where this one read
+            a("add.i64", rs, rs, SB)
+            a("setp.ge.i64", pm, rs, S * SB)
+            a("mov.b64", rs, 0, p=pm)
+            frag_bases(rs)
+            others = frag_ops(0, 1 - buf)         # k-step 0 of tile kt+1
+        else:
+            others = frag_ops(s_ + 1, 1 - buf) + share[s_]
+        _interleave(a, mma_ops(buf), others)
+        if s_ == NSTEP - 2:
+            a("cp.async.commit")
+            advance()
+            for r in base.values():
+                a.free(r)
+    a("add.i64", kt, kt, 1)
+    a("setp.lt.i64", pm, kt, nt)
+    a("bra", "KLOOP", p=pm)
+
+    for r in [rs, ws, kt, nt, *fA, *fB, *aA, *bB, *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
+        a.free(r)
+    for r in (A.rb, A.cb, Bop.rb, Bop.cb, bstep, ti, wA, None if c.trans_b else wB):
+        if r is not None:
+            a.free(r)
+    if pw is not None:
+        a.pfree(pw)
+    a.free(fa[0], fa[1], k=MI * 4)
+    a.free(fb[0], fb[1], k=NI * 2)
+
+    # ---- epilogue
+    _epilogue(a, c, pm, acc, MI, NI, WTM, WTN, osz, accr)
+    return a.build()
+
+
+def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr) -> None:
+    """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
+    mma tile. Fast path (whole block inside C, N even): 8-byte (f32) / 4-byte (f16x2) stores."""
+    tid, t1, t2 = a.reg(), a.reg(), a.reg()
+    Mr, Nr, ptr, row, col, step = a.reg(), a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    a("s2r", tid, "%tid.x")
+    a("ldparam", Mr, "M")
+    a("ldparam", Nr, "N")
+    a("s2r", t1, "%ctaid.y")
+    a("shl.b64", t1, t1, _log2(c.BM))                  # m0
+    a("s2r", t2, "%ctaid.x")
+    a("shl.b64", t2, t2, _log2(c.BN))                  # n0
+    pf, pq = a.pred(), a.pred()
+    a("add.i64", row, t1, c.BM)
+    a("setp.le.i64", pf, row, Mr)
+    a("add.i64", row, t2, c.BN)
+    a("setp.le.i64", pq, row, Nr)
+    a("and.pred", pf, pf, pq)
+    a("and.b64", row, Nr, 1)
+    a("setp.eq.i64", pq, row, 0)
+    a("and.pred", pf, pf, pq)                          # full block and N even
+    # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
+    a("shr.u64", row, tid, 5)
+    a("shr.u64", row, row, _log2(c.WN))
+    a("mul.i64", row, row, WTM)
+    a("add.i64", row, row, t1)
+    a("and.b64", t1, tid, 31)
+    a("shr.u64", t1, t1, 2)
+    a("add.i64", row, row, t1)
+    a("shr.u64", col, tid, 5)
+    a("and.b64", col, col, c.WN - 1)
+    a("mul.i64", col, col, WTN)
+    a("add.i64", col, col, t2)
+    a("and.b64", t1, tid, 3)
+    a("shl.b64", t1, t1, 1)
+    a("add.i64", col, col, t1)
+    a("ldparam", ptr, "C")
+    a("mad.i64", t1, row, Nr, col)
+    a("shl.b64", t1, t1, _log2(osz))
+    a("add.i64", ptr, ptr, t1)                         # &C[row, col]
+    a("mul.i64", step, Nr, 8 * osz)                    # 8 rows of C
+    a("bra", "EDGE", p=pf, neg=True)
+    cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
+    # -- fast path
+    cur = t2
+    a("mov.b64", cur, ptr)
+    for q in range(2 * MI):
+        mi, h = divmod(q, 2)
+        for ni in range(NI):
+            src = accr(mi, ni) + 2 * h
+            if cvt is None:
+                a("st.global.v2.b32", Mem(cur, 8 * ni * 4), src)
+            else:
+                a(cvt, t1, src, src + 1)
+                a("st.global.b32", Mem(cur, 8 * ni * 2), t1)
+        if q + 1 < 2 * MI:
+            a("add.i64", cur, cur, step)
+    a("exit")
+    # -- edge path: every element under (row < M) and (col < N)
+    a.label("EDGE")
+    a("sub.i64", row, Mr, row)                          # rows left from this thread's first
+    a("sub.i64", col, Nr, col)                          # columns left
+    pe = a.pred()
+    a("mov.b64", cur, ptr)
+    for q in range(2 * MI):
+        mi, h = divmod(q, 2)
+        a("setp.gt.i64", pf, row, 8 * q)
+        for ni in range(NI):
+            src = accr(mi, ni) + 2 * h
+            if cvt is not None:
+                a(cvt, t1, src, src + 1)
+                a("shr.u64", tid, t1, 16)
+            for e in range(2):
+                a("setp.gt.i64", pq, col, 8 * ni + e)
+                a("and.pred", pe, pf, pq)
+                if cvt is None:
+                    a("st.global.b32", Mem(cur, (8 * ni + e) * 4), src + e, p=pe)
+                else:
+                    a("st.global.b16", Mem(cur, (8 * ni + e) * 2), t1 if e == 0 else tid, p=pe)
+        if q + 1 < 2 * MI:
+            a("add.i64", cur, cur, step)
+    a("exit")
+
+
+# ----------------------------------------------------------------------------- FFMA fallback
+def _emit_ffma(c: _Cfg) -> Program:
+    """64 x 64 x 16 block tile, 16 x 16 threads of 4 x 4 outputs, f32 math."""
+    BM, BN, BK, warps = FFMA_TILE
+    es = _ELEM_BYTES[c.dtype]
+    osz = _OUT_BYTES[c.out]
+    RBs = (BM + 4) * 4                     # shared row: 64 f32 + 16 bytes of padding
+    B_OFF = BK * RBs
+    name = f"gemm_ffma_{c.dtype}_{c.out}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
+    a = _Asm(name, ("A", "B", "C", "M", "N", "K"), 2 * BK * RBs)
+    acc = a.reg(16)
+    ra, rb = a.reg(4), a.reg(4)
+    av, bv = a.reg(4), a.reg(4)
+    for i in range(16):
+        a("mov.f32", acc + i, 0.0)
+    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+    tid, m0, n0, Mr, Nr, Kr, t1, t2 = (a.reg() for _ in range(8))
+    a("s2r", tid, "%tid.x")
+    a("s2r", m0, "%ctaid.y")
+    a("shl.b64", m0, m0, _log2(BM))
+    a("s2r", n0, "%ctaid.x")
+    a("shl.b64", n0, n0, _log2(BN))
+    a("ldparam", Mr, "M")
+    a("ldparam", Nr, "N")
+    a("ldparam", Kr, "K")
+
+    def row_major_tile(base_row, lim, param):
+        """A-like tile (rows x 16 k): thread loads row tid/4, k 4*(tid%4) .. +4.
+        Returns (pointer, k-left register, shared offset of As[kc][row])."""
+        p, kl, s = a.reg(), a.reg(), a.reg()
+        a("shr.u64", t1, tid, 2)                   # row in tile
+        a("and.b64", t2, tid, 3)
+        a("shl.b64", t2, t2, 2)                    # kc
+        a("sub.i64", kl, Kr, t2)                   # k left at this thread's first element
+        a("mul.i64", s, t2, RBs)
+        a("shl.b64", p, t1, 2)
+        a("add.i64", s, s, p)                      # As[kc][row]
+        a("add.i64", p, t1, base_row)
+        a("sub.i64", t1, lim, 1)
+        a("min.i64", p, p, t1)                     # clamp the row
+        a("mad.i64", p, p, Kr, t2)
+        a("shl.b64", p, p, _log2(es))
+        a("ldparam", t1, param)
+        a("add.i64", p, p, t1)
+        return p, kl, s
+
+    pa, kla, sa = row_major_tile(m0, Mr, "A")
+    if c.trans_b:
+        pb, klb, sb = row_major_tile(n0, Nr, "B")
+        a("add.i64", sb, sb, B_OFF)
+        pbs = [pb]
+        bstep = None
+    else:
+        # B tile (16 k x 64 n): thread loads k-row tid/16, columns 4*(tid%16) .. +4 (each clamped)
+        klb, sb = a.reg(), a.reg()
+        pbs = [a.reg() for _ in range(4)]
+        a("shr.u64", t1, tid, 4)                   # k-row
+        a("and.b64", t2, tid, 15)
+        a("shl.b64", t2, t2, 2)                    # nc
+        a("sub.i64", klb, Kr, t1)
+        a("mul.i64", sb, t1, RBs)
+        a("shl.b64", pbs[0], t2, 2)
+        a("add.i64", sb, sb, pbs[0])
+        a("add.i64", sb, sb, B_OFF)                # Bs[krow][nc]
+        a("mul.i64", t1, t1, Nr)                   # krow*N
+        for e in range(4):
+            p = pbs[e]
+            a("add.i64", p, t2, n0)
+            if e:
+                a("add.i64", p, p, e)
+        a("sub.i64", t2, Nr, 1)
+        for e in range(4):
+            a("min.i64", pbs[e], pbs[e], t2)
+            a("add.i64", pbs[e], pbs[e], t1)
+            a("shl.b64", pbs[e], pbs[e], _log2(es))
+        a("ldparam", t1, "B")
+        for e in range(4):
+            a("add.i64", pbs[e], pbs[e], t1)
+        bstep = a.reg()
+        a("mul.i64", bstep, Nr, BK * es)
+    # where the inner loop reads: As[k][4ty], Bs[k][4tx]
+    rA, rB = a.reg(), a.reg()
+    a("shr.u64", rA, tid, 4)
+    a("shl.b64", rA, rA, 4)
+    a("and.b64", rB, tid, 15)
+    a("shl.b64", rB, rB, 4)
+    a("add.i64", rB, rB, B_OFF)
+    nt, kt = a.reg(), a.reg()
+    a("add.i64", nt, Kr, BK - 1)
+    a("shr.u64", nt, nt, _log2(BK))
+    a("mov.b64", kt, 0)
+    a.free(m0, n0, Mr, Nr, Kr, t1, t2, tid)
+    pv = a.pred()
+
+    def load_tile():
+        for e in range(4):
+            a("mov.b64", ra + e, 0)
+            a("setp.gt.i64", pv, kla, e)
+            a(ld, ra + e, Mem(pa, e * es), p=pv)
+        if c.trans_b:
+            for e in range(4):
+                a("mov.b64", rb + e, 0)
+                a("setp.gt.i64", pv, klb, e)
+                a(ld, rb + e, Mem(pbs[0], e * es), p=pv)
+        else:
+            a("setp.gt.i64", pv, klb, 0)
+            for e in range(4):
+                a("mov.b64", rb + e, 0)
+                a(ld, rb + e, Mem(pbs[e], 0), p=pv)
+
+    def advance():
+        a("add.i64", pa, pa, BK * es)
+        a("sub.i64", kla, kla, BK)
+        a("sub.i64", klb, klb, BK)
+        if c.trans_b:
+            a("add.i64", pbs[0], pbs[0], BK * es)
+        else:
+            for p in pbs:
+                a("add.i64", p, p, bstep)
+
+    def to_f32(r):
+        if c.dtype == "fp16":
+            a("cvt.f32.f16", r, r)
+        elif c.dtype == "bf16":
+            a("shl.b64", r, r, 16)
+
+    load_tile()
+    a.label("KLOOP")
+    for e in range(4):
+        to_f32(ra + e)
+        to_f32(rb + e)
+    for e in range(4):
+        a("st.shared.b32", Mem(sa, e * RBs), ra + e)     # As[kc+e][row] (transposed)
+    if c.trans_b:
+        for e in range(4):
+            a("st.shared.b32", Mem(sb, e * RBs), rb + e)
+    else:
+        a("st.shared.v4.b32", Mem(sb, 0), rb)
+    a("bar.sync")
+    advance()
+    load_tile()                                          # next tile, while this one is multiplied
+    ka, kb = a.reg(), a.reg()
+    a("mov.b64", ka, rA)
+    a("mov.b64", kb, rB)
+    a.label("INNER")
+    for k in range(4):
+        a("ld.shared.v4.b32", av, Mem(ka, k * RBs))
+        a("ld.shared.v4.b32", bv, Mem(kb, k * RBs))
+        for i in range(4):
+            for j in range(4):
+                a("fma.f32", acc + 4 * i + j, av + i, bv + j, acc + 4 * i + j)
+    a("add.i64", ka, ka, 4 * RBs)
+    a("add.i64", kb, kb, 4 * RBs)
+    a("setp.lt.i64", pv, ka, BK * RBs)
+    a("bra", "INNER", p=pv)
+    a("bar.sync")
+    a("add.i64", kt, kt, 1)
+    a("setp.lt.i64", pv, kt, nt)
+    a("bra", "KLOOP", p=pv)
+    for r in (pa, kla, sa, klb, sb, *pbs, rA, rB, nt, kt, ka, kb):
+        a.free(r)
+    if bstep is not None:
+        a.free(bstep)
+    a.free(ra, rb, av, bv, k=4)
+
+    # ---- epilogue: rows m0 + 4ty + i, columns n0 + 4tx + j
+    tid, Mr, Nr, row, col, ptr, t1, t2 = (a.reg() for _ in range(8))
+    a("s2r", tid, "%tid.x")
+    a("ldparam", Mr, "M")
+    a("ldparam", Nr, "N")
+    pf, pq = pv, a.pred()
+    a("s2r", row, "%ctaid.y")
+    a("shl.b64", row, row, _log2(BM))
+    a("add.i64", t1, row, BM)
+    a("setp.le.i64", pf, t1, Mr)
+    a("s2r", col, "%ctaid.x")
+    a("shl.b64", col, col, _log2(BN))
+    a("add.i64", t1, col, BN)
+    a("setp.le.i64", pq, t1, Nr)
+    a("and.pred", pf, pf, pq)
+    a("and.b64", t1, Nr, 3)
+    a("setp.eq.i64", pq, t1, 0)
+    a("and.pred", pf, pf, pq)                            # full block, N % 4 == 0
+    a("shr.u64", t1, tid, 4)
+    a("shl.b64", t1, t1, 2)
+    a("add.i64", row, row, t1)
+    a("and.b64", t1, tid, 15)
+    a("shl.b64", t1, t1, 2)
+    a("add.i64", col, col, t1)
+    a("ldparam", ptr, "C")
+    a("mad.i64", t1, row, Nr, col)
+    a("shl.b64", t1, t1, _log2(osz))
+    a("add.i64", ptr, ptr, t1)
+    a("shl.b64", t2, Nr, _log2(osz))                     # one row of C
+    cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
+    a("bra", "EDGE", p=pf, neg=True)
+    pk = a.reg(2)
+    for i in range(4):
+        if cvt is None:
+            a("st.global.v4.b32", Mem(ptr, 0), acc + 4 * i)
+        else:
+            a(cvt, pk, acc + 4 * i, acc + 4 * i + 1)
+            a(cvt, pk + 1, acc + 4 * i + 2, acc + 4 * i + 3)
+            a("st.global.v2.b32", Mem(ptr, 0), pk)
+        if i < 3:
+            a("add.i64", ptr, ptr, t2)
+    a("exit")
+    a.label("EDGE")
+    a("sub.i64", row, Mr, row)
+    a("sub.i64", col, Nr, col)
+    pe = a.pred()
+    for i in range(4):
+        a("setp.gt.i64", pf, row, i)
+        for j in range(4):
+            a("setp.gt.i64", pq, col, j)
+            a("and.pred", pe, pf, pq)
+            if cvt is None:
+                a("st.global.b32", Mem(ptr, 4 * j), acc + 4 * i + j, p=pe)
+            else:
+                a(cvt, pk, acc + 4 * i + j, acc + 4 * i + j)
+                a("st.global.b16", Mem(ptr, 2 * j), pk, p=pe)
+        if i < 3:
+            a("add.i64", ptr, ptr, t2)
+    a("exit")
+    return a.build()
+
+
+# ----------------------------------------------------------------------------- tile choice
+def _stage_bytes(dtype: str, trans_b: bool, BM: int, BN: int, kb: int = 64) -> int:
+    es = _ELEM_BYTES[dtype]
+    b = BN * kb if (trans_b or es == 2) else (kb // es) * (BN * 4 + 32)
+    return _ceil(BM * kb + b, 128) * 128
+
+
+def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
+    blocks = _ceil(M, BM) * _ceil(N, BN)
+    eff = min(1.0, BM * BN / (BM + BN) / 64.0)
+    return _ceil(blocks, max(cores, 1)) * BM * BN / eff
+
+
+def _fits(prog: Program, caps, threads: int) -> bool:
+    W = caps.warp_width
+    warps = _ceil(threads, W)
+    return (prog.shared_bytes <= caps.scratchpad_bytes and prog.nregs <= caps.max_regs_per_thread
+            and prog.nregs * warps * W <= caps.regs_per_core and warps <= caps.warp_slots)
+
+
+def _normalize(dtype: str, out_dtype: str) -> tuple[str, str]:
+    if dtype not in _DTYPES:
+        raise InputError("gemm", f"unknown dtype {dtype!r}", "fp16, bf16, tf32, fp32")
+    if out_dtype not in _OUTS:
+        raise InputError("gemm", f"unknown out_dtype {out_dtype!r}", "f32, f16, bf16")
+    dt, out = _DTYPES[dtype], _OUTS[out_dtype]
+    if out != "f32" and not (dt == "fp16" and out == "f16" or dt == "bf16" and out == "bf16"):
+        raise InputError("gemm", f"out_dtype {out_dtype!r} with dtype {dtype!r}",
+                         "f32, or the input dtype for fp16 / bf16")
+    return dt, out
+
+
+def _uses_tensor(caps, dt: str) -> bool:
+    return (dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+            and caps.has_async_copy)
+
+
+def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
+                trans_b: bool = False) -> tuple[_Cfg, Program]:
+    """The kernel configuration the tile rule picks (see the module docstring), and its program."""
+    dt, out = _normalize(dtype, out_dtype)
+    es = _ELEM_BYTES[dt]
+    if not _uses_tensor(caps, dt):
+        cfg = _Cfg("ffma", dt, out, trans_b, FFMA_TILE[0], FFMA_TILE[1], 4, 4, 1, es, es)
+        prog = _emit_ffma(cfg)
+        if not _fits(prog, caps, 32 * FFMA_TILE[3]):
+            raise InputError(f"gemm on {caps.name}", "the FFMA kernel (256 threads, "
+                             f"{prog.nregs} registers, {prog.shared_bytes} B scratchpad) does not fit a core",
+                             "a GPU-family target")
+        return cfg, prog
+    cw_a = _copy_width(K * es, es)
+    cw_b = _copy_width((K if trans_b else N) * es, es)
+    order = sorted(MMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total), -t[0] * t[1]))
+    tried = []
+    # k-tile rows of 128 bytes (BK = 64 halves / 32 tf32) halve the barriers and the cp.async
+    # wavefronts of A per flop; they need K of at least two such tiles to pay off
+    kbs = ((128, 4), (128, 3), (64, 3), (64, 2)) if K * es >= 256 else ((64, 3), (64, 2))
+    for BM, BN, WM, WN in order:
+        fit = [(kb, st) for kb, st in kbs if st * _stage_bytes(dt, trans_b, BM, BN, kb) <= caps.scratchpad_bytes]
+        if not fit:
+            tried.append(f"{BM}x{BN}: {2 * _stage_bytes(dt, trans_b, BM, BN)} B scratchpad")
+            continue
+        kb, stages = fit[0]
+        cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb)
+        try:
+            prog = _emit_mma(cfg)
+        except _OutOfRegisters as e:
+            tried.append(f"{BM}x{BN}: {e}")
+            continue
+        if _fits(prog, caps, 32 * WM * WN):
+            return cfg, prog
+        tried.append(f"{BM}x{BN}: {prog.nregs} registers")
+    raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
+
+
+# ----------------------------------------------------------------------------- API
+def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
+                trans_b: bool = False, *, tile: Optional[Tile] = None) -> GemmKernel:
+    """Emit C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when trans_b) for a GPU-family target.
+
+    caps: ``archsim.config.derived.capabilities(machine)``. dtype: fp16 | bf16 (mma.m16n8k16),
+    tf32 (f32 buffers, mma.m16n8k8) or fp32 (vector FFMA); a dtype the tensor units lack also
+    takes the FFMA kernel. out_dtype: f32, or the input dtype for fp16 / bf16.
+    ``tile`` forces a tensor-core tile instead of the rule: BM, BN, BK (64 or 128 bytes of k a
+    row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages."""
+    M, N, K = int(M), int(N), int(K)
+    if min(M, N, K) < 1:
+        raise InputError("gemm", f"shape {M}x{N}x{K}", "M, N, K >= 1")
+    if caps.family != "gpu":
+        raise InputError(f"gemm on {caps.name}", f"the GPU GEMM emitter targets the gpu family, not {caps.family}",
+                         "a gpu-family machine")
+    dt, out = _normalize(dtype, out_dtype)
+    if tile is not None and _uses_tensor(caps, dt):
+        es = _ELEM_BYTES[dt]
+        if tile.warps not in (4, 8):
+            raise InputError("gemm", f"tile {tile}", "4 or 8 warps")
+        wm, wn = (2, 2) if tile.warps == 4 else ((4, 2) if tile.BM >= tile.BN else (2, 4))
+        kb = tile.BK * es if tile.BK * es in (64, 128) else 64
+        cfg = _Cfg("mma", dt, out, trans_b, tile.BM, tile.BN, wm, wn, tile.stages, _copy_width(K * es, es),
+                   _copy_width((K if trans_b else N) * es, es), kb)
+        try:
+            prog = _emit_mma(cfg)
+        except _OutOfRegisters as e:
+            raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN}: {e}", "a smaller tile") from None
+        if not _fits(prog, caps, 32 * tile.warps):
+            raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
+                             f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
+    else:
+        cfg, prog = choose_tile(caps, M, N, K, dt, out, trans_b)
+    check(prog, caps)
+    if cfg.kind == "mma":
+        threads = 32 * cfg.WM * cfg.WN
+        t = Tile(cfg.BM, cfg.BN, cfg.kb // _ELEM_BYTES[dt], cfg.WM * cfg.WN, cfg.stages)
+    else:
+        threads = 32 * FFMA_TILE[3]
+        t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
+    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), 1), (threads, 1, 1))
+    return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K, M=M, N=N, K=K, dtype=dt,
+                      out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind)

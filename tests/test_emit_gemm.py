@@ -1,0 +1,267 @@
+"""The GPU GEMM emitter (archsim.workloads.emit.gemm_gpu) against numpy, on the numba engine.
+
+Tolerances (|got - ref| <= atol + rtol*|ref|, reference in float64 from the exact inputs):
+- f32 out: fp16 / bf16 / tf32 products are exact in fp32 and the tensor units sum in fp32 in k
+  order (FFMA: one rounding per fma): error ~ eps32 * sqrt(K) * |C| ~ 1e-6 here; (1e-4, 1e-5) as
+  for isa/examples/gemm_mma.s. A layout or edge bug gives O(1) errors.
+- f16 out: the f32 result rounded once to fp16 (relative 2^-11 = 4.9e-4): (1e-4, 1e-3).
+- bf16 out: rounded once to bf16 (2^-9 = 2e-3): (1e-3, 4e-3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from archsim.config import capabilities, load_machine
+from archsim.errors import InputError
+from archsim.isa.check import check
+from archsim.isa.opcodes import SEM, opcodes
+from archsim.workloads.emit import Tile, gemm_kernel
+from archsim.workloads.emit.gemm_gpu import to_float
+
+TOL = {"f32": (1e-4, 1e-5), "f16": (1e-4, 1e-3), "bf16": (1e-3, 4e-3)}
+_CAPS = {}
+
+
+def caps_of(hw: str):
+    if hw not in _CAPS:
+        _CAPS[hw] = capabilities(load_machine(hw))
+    return _CAPS[hw]
+
+
+def run_and_compare(caps, M, N, K, dtype, out, trans_b, tile=None, seed=0, engine="numba"):
+    from archsim.engine.functional import run_functional
+
+    k = gemm_kernel(caps, M, N, K, dtype, out, trans_b, tile=tile)
+    A, B, C = k.random_inputs(seed)
+    res = run_functional(k.program, k.args(A, B, C), k.launch, warp_width=caps.warp_width,
+                         ncores=caps.cores_total, engine=engine)
+    got = to_float(res.output("C"), k.out_dtype)
+    ref = k.reference(A, B)
+    atol, rtol = TOL[k.out_dtype]
+    err = np.abs(got - ref)
+    bad = ~(err <= atol + rtol * np.abs(ref))
+    assert not bad.any(), (f"{M}x{N}x{K} {dtype}->{out} trans_b={trans_b} tile={k.tile}: {int(bad.sum())} bad, "
+                           f"first at {np.argwhere(bad)[0]}, max err {float(err.max()):.3g}")
+    return k, res
+
+
+T128 = Tile(128, 128, 32, 4, 3)
+T128x64 = Tile(128, 64, 32, 4, 3)
+T64 = Tile(64, 64, 32, 4, 3)
+T64S2 = Tile(64, 64, 32, 4, 2)
+
+# (hw, M, N, K, dtype, out, trans_b, tile): aligned and odd shapes; copy widths 16 (K, N multiples
+# of 8), 8 (K = 36, 44), 4 (K = 70) and per element (odd K or N); residue k tiles; edge blocks
+CASES = [
+    ("a100", 128, 128, 64, "fp16", "f32", False, None),
+    ("a100", 128, 128, 64, "fp16", "f32", False, T128),
+    ("a100", 128, 128, 64, "fp16", "f32", True, T128),
+    ("a100", 128, 128, 64, "bf16", "bf16", False, T128),
+    ("a100", 130, 66, 40, "fp16", "f32", False, None),
+    ("a100", 130, 66, 40, "fp16", "f32", False, T128x64),
+    ("a100", 130, 66, 40, "fp16", "f16", True, T128x64),
+    ("a100", 77, 45, 19, "fp16", "f32", False, None),
+    ("a100", 77, 45, 19, "fp16", "f16", True, None),
+    ("a100", 77, 45, 19, "bf16", "bf16", False, T64),
+    ("a100", 1, 1, 1, "fp16", "f32", False, None),
+    ("a100", 1, 1, 1, "bf16", "bf16", True, None),
+    ("a100", 96, 80, 44, "bf16", "f32", False, T64),
+    ("a100", 64, 72, 36, "fp16", "f16", False, None),
+    ("a100", 50, 64, 70, "bf16", "bf16", False, None),
+    ("a100", 64, 64, 96, "fp16", "f16", True, T64S2),
+    ("a100", 70, 72, 40, "tf32", "f32", False, Tile(64, 64, 16, 4, 3)),
+    ("a100", 33, 40, 21, "tf32", "f32", True, None),
+    ("a100", 3, 9, 3, "tf32", "f32", False, None),
+    ("tiny-gpu", 128, 128, 64, "fp16", "f32", False, None),
+    ("tiny-gpu", 77, 45, 19, "bf16", "f32", True, None),
+    ("tiny-gpu", 130, 66, 40, "fp16", "f16", False, None),
+]
+
+
+@pytest.mark.parametrize("hw,M,N,K,dtype,out,trans_b,tile", CASES,
+                         ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}-{c[4]}-{c[5]}{'-tb' if c[6] else ''}"
+                              f"{'-%dx%ds%d' % (c[7].BM, c[7].BN, c[7].stages) if c[7] else ''}" for c in CASES])
+def test_tensor_core_gemm_matches_numpy(hw, M, N, K, dtype, out, trans_b, tile):
+    k, _ = run_and_compare(caps_of(hw), M, N, K, dtype, out, trans_b, tile, seed=M + 3 * N + 7 * K)
+    assert k.kind == "mma"
+    if tile is not None:
+        assert (k.tile.BM, k.tile.BN, k.tile.stages) == (tile.BM, tile.BN, tile.stages)
+
+
+FFMA_CASES = [
+    ("a100", 77, 45, 19, "fp32", "f32", False),
+    ("a100", 70, 130, 33, "fp32", "f32", True),
+    ("a100", 128, 128, 64, "fp32", "f32", False),
+    ("tiny-gpu", 1, 1, 1, "fp32", "f32", False),
+    ("tiny-gpu", 65, 64, 48, "fp32", "f32", True),
+]
+
+
+@pytest.mark.parametrize("hw,M,N,K,dtype,out,trans_b", FFMA_CASES,
+                         ids=[f"{c[0]}-{c[1]}x{c[2]}x{c[3]}{'-tb' if c[6] else ''}" for c in FFMA_CASES])
+def test_ffma_fallback_fp32(hw, M, N, K, dtype, out, trans_b):
+    k, _ = run_and_compare(caps_of(hw), M, N, K, dtype, out, trans_b, seed=M + N + K)
+    assert k.kind == "ffma"
+    assert "fma.f32" in {opcodes()[int(o)].mnemonic for o in k.program.op}
+
+
+@pytest.mark.parametrize("dtype,out,trans_b,shape", [("fp16", "f16", False, (70, 33, 21)),
+                                                     ("bf16", "bf16", True, (64, 64, 40)),
+                                                     ("fp16", "f32", True, (66, 64, 64))])
+def test_ffma_fallback_when_the_tensor_units_lack_the_dtype(dtype, out, trans_b, shape):
+    caps = dataclasses.replace(caps_of("a100"), tensor_dtypes=frozenset({"tf32"}))
+    k, _ = run_and_compare(caps, *shape, dtype, out, trans_b, seed=1)
+    assert k.kind == "ffma"
+    assert not any(opcodes()[int(o)].unit == "tensor" for o in k.program.op)
+
+
+# ----------------------------------------------------------------------------- tile choice
+def test_a100_takes_a_128_wide_tile_for_a_big_gemm():
+    caps = caps_of("a100")
+    for n in (2048, 4096):
+        k = gemm_kernel(caps, n, n, n, "fp16")
+        assert (k.tile.BM, k.tile.BN) == (128, 128) and k.tile.BK in (32, 64)
+        assert k.tile.warps == 4 and k.tile.stages >= 3
+        assert k.launch.grid == (n // 128, n // 128, 1) and k.launch.block == (128, 1, 1)
+        assert k.flops == 2 * n ** 3
+        assert k.program.nregs <= caps.max_regs_per_thread
+        assert k.program.nregs * 128 <= caps.regs_per_core
+        assert k.program.shared_bytes == k.tile.stages * (128 + 128) * k.tile.BK * 2 <= caps.scratchpad_bytes
+    k = gemm_kernel(caps, 4096, 4096, 4096, "bf16", "bf16", trans_b=True)
+    assert (k.tile.BM, k.tile.BN) == (128, 128)
+
+
+def test_small_problems_spread_over_more_cores():
+    caps = caps_of("a100")
+    k = gemm_kernel(caps, 512, 512, 512, "fp16")
+    assert k.tile.BM * k.tile.BN < 128 * 128
+    assert k.launch.blocks >= 64          # 128 x 128 tiles would give 16 blocks for 108 SMs
+    small = gemm_kernel(caps, 1, 1, 1, "fp16")
+    assert small.launch.blocks == 1
+
+
+def test_tiny_gpu_tile_fits_its_small_scratchpad():
+    caps = caps_of("tiny-gpu")
+    assert caps.scratchpad_bytes == 16 * 1024
+    for dt, tb in (("fp16", False), ("bf16", True), ("tf32", False), ("tf32", True)):
+        k = gemm_kernel(caps, 1024, 1024, 1024, dt, trans_b=tb)
+        assert k.kind == "mma"
+        assert k.program.shared_bytes <= caps.scratchpad_bytes
+        assert k.tile.stages >= 2
+        assert k.program.nregs * 32 * k.tile.warps <= caps.regs_per_core
+        check(k.program, caps)
+    k = gemm_kernel(caps, 1024, 1024, 1024, "fp16")
+    assert (k.tile.BM, k.tile.BN, k.tile.stages) == (64, 64, 2)
+    with pytest.raises(InputError, match="does not fit"):
+        gemm_kernel(caps, 1024, 1024, 1024, "fp16", tile=T128)
+
+
+# ----------------------------------------------------------------------------- program shape
+def test_program_size_does_not_depend_on_the_problem_size():
+    caps = caps_of("a100")
+    small = gemm_kernel(caps, 128, 128, 64, "fp16", tile=T128)
+    big = gemm_kernel(caps, 8192, 8192, 8192, "fp16", tile=T128)
+    assert small.program == big.program            # M, N, K are kernel parameters
+    assert big.launch.blocks == 64 * 64
+    bra = SEM["bra"]
+    sems = [SEM[opcodes()[int(o)].sem] for o in big.program.op]
+    assert any(s == bra and int(big.program.imm[pc]) <= pc for pc, s in enumerate(sems)), "a K loop"
+    assert len(big.program) < 1500                 # accumulators x (zeroing + 2 epilogues) dominate
+    mnems = {opcodes()[int(o)].mnemonic for o in big.program.op}
+    assert {"cp.async.16", "ldmatrix.x4", "ldmatrix.x4.trans", "mma.m16n8k16.f32.f16"} <= mnems
+
+
+@pytest.mark.parametrize("hw", ["a100", "tiny-gpu"])
+def test_kernels_pass_the_load_time_checks(hw):
+    caps = caps_of(hw)
+    for dt, out in (("fp16", "f32"), ("fp16", "f16"), ("bf16", "bf16"), ("tf32", "f32"), ("fp32", "f32")):
+        for tb in (False, True):
+            for shape in ((2048, 2048, 2048), (77, 45, 19)):
+                k = gemm_kernel(caps, *shape, dt, out, tb)
+                check(k.program, caps)
+                assert k.program.nregs <= caps.max_regs_per_thread
+
+
+def test_bad_requests_are_clear_errors():
+    caps = caps_of("a100")
+    with pytest.raises(InputError, match="M, N, K >= 1"):
+        gemm_kernel(caps, 0, 4, 4)
+    with pytest.raises(InputError, match="dtype"):
+        gemm_kernel(caps, 4, 4, 4, "int4")
+    with pytest.raises(InputError, match="out_dtype"):
+        gemm_kernel(caps, 4, 4, 4, "fp16", "bf16")
+    with pytest.raises(InputError, match="gpu family"):
+        gemm_kernel(caps_of("tiny-sunway"), 4, 4, 4)
+    k = gemm_kernel(caps, 8, 8, 8)
+    A, B, C = k.random_inputs()
+    with pytest.raises(InputError, match="float16"):
+        k.args(A.T.copy()[:4], B, C)
+
+
+def test_args_accept_unbacked_buffers():
+    from archsim.engine.timing import Unbacked
+
+    k = gemm_kernel(caps_of("a100"), 1000, 512, 256, "bf16", "bf16", trans_b=True)
+    nb = k.buffer_bytes()
+    assert nb == {"A": 1000 * 256 * 2, "B": 512 * 256 * 2, "C": 1000 * 512 * 2}
+    args = k.args(Unbacked(nb["A"]), Unbacked(nb["B"]), Unbacked(nb["C"]))
+    assert (args["M"], args["N"], args["K"]) == (1000, 512, 256)
+    with pytest.raises(InputError, match="bytes"):
+        k.args(Unbacked(nb["A"] - 2), Unbacked(nb["B"]), Unbacked(nb["C"]))
+
+
+# ----------------------------------------------------------------------------- swizzle
+def _wavefronts(addrs, nbytes):
+    """Shared-memory wavefronts of one warp access by the engine's rule (cache.shared_bank_conflicts)."""
+    from archsim.engine.cache import shared_bank_conflicts
+
+    a = np.zeros(32, np.int64)
+    a[:len(addrs)] = addrs
+    mask = (1 << len(addrs)) - 1
+    return int(shared_bank_conflicts(a, np.int64(mask), nbytes, 32, 4))
+
+
+@pytest.mark.parametrize("dtype,trans_b,tile", [("fp16", False, T128), ("fp16", True, T128),
+                                                ("fp16", False, Tile(64, 32, 32, 4, 2)),
+                                                ("tf32", False, Tile(64, 64, 16, 4, 2)),
+                                                ("tf32", True, Tile(64, 64, 16, 4, 2))])
+def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, monkeypatch):
+    """Run one block on the pure-Python reference engine, record the scratchpad addresses of every
+    ldmatrix and ld.shared, and count wavefronts by the timing engine's rule: ldmatrix.xN takes N
+    (one per 8-lane phase), a 4-byte ld.shared 1. The outputs agree bit for bit with numba's."""
+    from archsim.engine import reference as R
+    from archsim.engine.functional import run_functional
+
+    caps = caps_of("a100")
+    k = gemm_kernel(caps, tile.BM, tile.BN, 2 * tile.BK, dtype, "f32", trans_b, tile=tile)
+    seen = []
+    orig_ldm = R._Machine.op_ldmatrix
+
+    def op_ldmatrix(self, w, ins, active, top, clock):
+        n = ins.opc.matrices
+        seen.append(("ldmatrix", n, [self.addr(w, ins.src[0], ins.imm, l) for l in range(8 * n)]))
+        return orig_ldm(self, w, ins, active, top, clock)
+
+    monkeypatch.setattr(R._Machine, "op_ldmatrix", op_ldmatrix)
+    orig_ld = R._Machine.op_ld
+
+    def op_ld(self, w, ins, active, top, clock):
+        if ins.opc.space == "shared":
+            seen.append(("ld", 1, [self.addr(w, ins.src[0], ins.imm, l) for l in self.lanes(active)]))
+        return orig_ld(self, w, ins, active, top, clock)
+
+    monkeypatch.setattr(R._Machine, "op_ld", op_ld)
+    A, B, C = k.random_inputs(3)
+    ref = run_functional(k.program, k.args(A, B, C.copy()), k.launch, engine="reference")
+    assert seen
+    for kind, n, addrs in seen:
+        nbytes = 16 if kind == "ldmatrix" else 4
+        assert _wavefronts(addrs, nbytes) == n, (kind, addrs)
+    fast = run_functional(k.program, k.args(A, B, C.copy()), k.launch, engine="numba")
+    assert np.array_equal(fast.output("C").view(np.uint8), ref.output("C").view(np.uint8))
+    assert fast.warp_instructions == ref.warp_instructions
+    np.testing.assert_allclose(ref.output("C"), k.reference(A, B), *TOL["f32"][::-1])
