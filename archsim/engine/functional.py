@@ -6,10 +6,11 @@ oracle beside the pure-Python twin (``engine="reference"``).
 from __future__ import annotations
 
 import numpy as np
-from archsim.engine.jit import njit
 
 from archsim.engine import execute as X
+from archsim.engine.jit import njit
 from archsim.engine.launch import FunctionalResult, Launch, build_memory, resolve_launch
+from archsim.engine.ref import as_ptr
 from archsim.errors import SimulationError
 from archsim.isa.opcodes import tables
 from archsim.isa.program import Program
@@ -93,7 +94,13 @@ def mem_base() -> int:
 
 @njit(cache=True)
 def run_loop(P, T, S, max_instructions, out):
-    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total."""
+    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total.
+    The state tuples travel as StatePtrs (archsim.engine.ref) from here on."""
+    _run(as_ptr(P), as_ptr(T), as_ptr(S), max_instructions, out)
+
+
+@njit(cache=True)
+def _run(P, T, S, max_instructions, out):
     NW = S.wstate.shape[0]
     wpb = S.geom[X.G_WPB]
     nblk = S.geom[X.G_NBLK]

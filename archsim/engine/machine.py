@@ -18,6 +18,7 @@ from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import memory as M
 from archsim.engine.jit import njit
+from archsim.engine.ref import as_ptr
 
 # run_loop outcomes
 DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
@@ -65,15 +66,21 @@ def _tl_sample(TL, tlk, TS, MS):
     return True
 
 
-@njit(nrt=True)  # allocates its scratch
+@njit(nrt=True)  # allocates the scheduler's scratch
 def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out):
     """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
-    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline)."""
+    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The state
+    tuples travel as StatePtrs (archsim.engine.ref: one word a call) from here on."""
+    _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), as_ptr(MS), TL, tlk, max_cycles,
+         skip, out, np.zeros(4, np.int64))
+
+
+@njit(cache=True)
+def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     cores = C.v[K.C_CORES]
     nsub = C.v[K.C_SUBCORES]
     now = np.int64(0)
     K.dispatch_all(C, TS, S, now)
-    step_out = np.zeros(4, np.int64)
     nblocks = TS.k[3]
     while TS.k[1] < nblocks:
         while now >= tlk[TLK_NEXT]:
