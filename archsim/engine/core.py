@@ -38,6 +38,7 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
                "barrier", "dma_wait", "idle")
 
 SCHED_LRR, SCHED_GTO = 0, 1
+K_CUR, K_EVERY = 8, 9  # TState.k: running sub-core; 1 = run every scheduler every cycle
 CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
 
 
@@ -59,6 +60,10 @@ class TState(NamedTuple):
     pipe_free: np.ndarray    # int64 [cores, subcores, pipes]
     tensor_free: np.ndarray  # int64 [cores, subcores]
     last_warp: np.ndarray    # int32 [cores, subcores] last issued slot (-1)
+    # event-driven scheduling (skip-ahead per sub-core): sub-core i = core * subcores + sub
+    wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
+    acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
+    mem_wait: np.ndarray     # int8  [cores] a warp found the SM's MIO queue or trackers full
     # block slots
     bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
     bs_alive: np.ndarray     # int32 warps not exited
@@ -75,7 +80,8 @@ class TState(NamedTuple):
     flops: np.ndarray        # int64 [cores]
     pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
     # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
-    # [3] blocks total, [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals
+    # [3] blocks total, [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
+    # [8] the sub-core whose scheduler is running (-1: none), [9] 1 = every scheduler every cycle (no skipping)
     k: np.ndarray
 
 
@@ -111,8 +117,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
     NW = cores * slots
-    k = np.zeros(8, np.int64)
-    k[3], k[4], k[5], k[6] = nblocks, wpb, regs_per_warp, smem_per_block
+    k = np.zeros(10, np.int64)
+    k[3], k[4], k[5], k[6], k[8] = nblocks, wpb, regs_per_warp, smem_per_block, -1
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
@@ -120,6 +126,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
+        wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int8),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
         bs_nwarps=np.zeros(cores * mb, np.int32), core_warps=np.zeros(cores, np.int32),
@@ -127,6 +134,68 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         core_blocks=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
         pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), k=k)
+
+
+# ----------------------------------------------------------------------------- event-driven scheduling
+# A sub-core's scheduler runs only from the cycle in TS.wake on: the earliest cycle at which one of
+# its warps may issue, as its last run found it (an operand's ready cycle, a pipe's free cycle, the
+# next cycle after an issue). What its warps wait on beyond that (a memory reply, a barrier, a new
+# block) wakes it: wake_subcore. Its warps keep their stall reasons while it sleeps; the cycles are
+# accounted lazily (flush_stalls) when it runs again, before anything changes its warps, at each
+# timeline sample and at the end. With TS.k[K_EVERY] every scheduler runs every cycle: results are
+# identical (tests check it).
+@njit(cache=True)
+def flush_stalls(TS, i, upto):
+    """Account sub-core i's resident warps for cycles [acct, upto) with their last reasons."""
+    n = upto - TS.acct[i]
+    if n <= 0:
+        return
+    TS.acct[i] = upto
+    cores = TS.core_blocks.shape[0]
+    nsub = TS.acct.shape[0] // cores
+    slots = TS.wst.shape[0] // cores
+    core = i // nsub
+    for s in range(i % nsub, slots, nsub):
+        w = core * slots + s
+        r = TS.reason[w]
+        if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
+            TS.stall[core, r] += n
+
+
+@njit(cache=True)
+def flush_all(TS, upto):
+    for i in range(TS.acct.shape[0]):
+        flush_stalls(TS, i, upto)
+
+
+@njit(cache=True)
+def wake_subcore(TS, i, now):
+    """Something sub-core i's warps wait on changed during cycle `now`: its scheduler looks again
+    at the first cycle of its own that has not run yet (this one if it comes later in the cycle's
+    order, else the next)."""
+    cur = TS.k[K_CUR]
+    if i == cur:
+        at = now + 1  # the running scheduler accounts this cycle itself
+    else:
+        at = now + 1 if i < cur else now
+        flush_stalls(TS, i, at)
+    if at < TS.wake[i]:
+        TS.wake[i] = at
+
+
+@njit(cache=True)
+def wake_warp(TS, w, now):
+    cores = TS.core_blocks.shape[0]
+    nsub = TS.acct.shape[0] // cores
+    slots = TS.wst.shape[0] // cores
+    wake_subcore(TS, (w // slots) * nsub + (w % slots) % nsub, now)
+
+
+@njit(cache=True)
+def wake_core(TS, core, now):
+    nsub = TS.acct.shape[0] // TS.core_blocks.shape[0]
+    for sb in range(nsub):
+        wake_subcore(TS, core * nsub + sb, now)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -154,6 +223,7 @@ def dispatch_block(C, TS, S, core, now):
     mb = v[C_MAX_BLOCKS]
     wpb = TS.k[4]
     blk = TS.k[0]
+    wake_core(TS, core, now)  # before its warps change
     TS.k[0] += 1
     # a free block slot
     bs = -1
@@ -188,6 +258,7 @@ def dispatch_block(C, TS, S, core, now):
     for i in range(wpb):
         w = first + i
         TS.wst[w] = T_RUN
+        TS.reason[w] = -1
         TS.age[w] = TS.k[2]
         TS.k[2] += 1
         TS.slot_block[w] = bs
@@ -245,6 +316,7 @@ def _retire_block(C, TS, S, bs, now):
     mb = C.v[C_MAX_BLOCKS]
     core = bs // mb
     blk = TS.bs_block[bs]
+    wake_core(TS, core, now)  # before its warps change
     for i in range(TS.bs_nwarps[bs]):
         TS.wst[TS.bs_first[bs] + i] = T_EMPTY
         TS.slot_block[TS.bs_first[bs] + i] = -1
@@ -330,7 +402,8 @@ def waiting_done(TS, w):
 
 # ----------------------------------------------------------------------------- issue
 @njit(cache=True)
-def _release_barrier(TS, bs):
+def _release_barrier(C, TS, bs, now):
+    wake_core(TS, bs // C.v[C_MAX_BLOCKS], now)
     TS.bs_arrived[bs] = 0
     for i in range(TS.bs_nwarps[bs]):
         w = TS.bs_first[bs] + i
@@ -339,12 +412,12 @@ def _release_barrier(TS, bs):
 
 
 @njit(cache=True)
-def _check_barrier(TS, bs):
+def _check_barrier(C, TS, bs, now):
     if TS.bs_arrived[bs] > 0 and TS.bs_arrived[bs] == TS.bs_alive[bs]:
         # every warp still alive has arrived; a warp that exited makes it a deadlock (as in the
         # functional interpreter): the block only goes on when none exited
         if TS.bs_alive[bs] == TS.bs_nwarps[bs]:
-            _release_barrier(TS, bs)
+            _release_barrier(C, TS, bs, now)
 
 
 @njit(cache=True)
@@ -391,7 +464,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             bs = TS.slot_block[w]
             TS.wst[w] = T_BAR
             TS.bs_arrived[bs] += 1
-            _check_barrier(TS, bs)
+            _check_barrier(C, TS, bs, now)
     elif cls == D.CLS_BARGRID:
         if st == X.ST_GRIDBAR:
             TS.wst[w] = T_GRIDBAR
@@ -431,14 +504,16 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
     if u > now:
         return u, R_PIPE_BUSY
     if not mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
-        return now + 1, R_PIPE_BUSY
+        TS.mem_wait[core] = 1  # the SM's memory side wakes the core when an entry frees
+        return INF, R_PIPE_BUSY
     return now, R_ISSUED
 
 
 @njit(cache=True)
 def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
-    """One scheduler cycle. out[0] += instructions issued; out[1] = min(out[1], next cycle a
-    stalled warp may become ready); out[2] = 1 and out[3] = warp on a fault."""
+    """One scheduler cycle of sub-core `sub` of `core` (TS.k[K_CUR] names it while it runs).
+    out[0] += instructions issued; out[2] = 1 and out[3] = warp on a fault. Leaves TS.wake set
+    to the first cycle one of its warps may issue (K.INF: only an event can wake it)."""
     v = C.v
     slots = v[C_SLOTS]
     nsub = v[C_SUBCORES]
@@ -446,6 +521,10 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     budget = v[C_ISSUE]
     gto = v[C_SCHED] == SCHED_GTO
     last = TS.last_warp[core, sub]
+    i = core * nsub + sub
+    flush_stalls(TS, i, now)  # the cycles it slept through
+    TS.wake[i] = INF          # events during this cycle (a barrier its issue releases) lower it
+    nxt = INF
     # evaluate every resident warp of this sub-core once
     best = -1
     best_key = INF
@@ -458,6 +537,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now)
         if reason == R_ISSUED:
             TS.reason[w] = R_NOT_SELECTED
+            nxt = now + 1
             # policy key: GTO prefers the last issued warp, then the oldest; LRR the next slot after last
             if gto:
                 key = np.int64(-1) if w == last else TS.age[w]
@@ -468,8 +548,8 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                 best = w
         else:
             TS.reason[w] = reason
-            if t < out[1]:
-                out[1] = t
+            if t < nxt:
+                nxt = t
     issued = 0
     while best >= 0 and issued < budget:
         w = best
@@ -497,26 +577,16 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                     best = w2
     out[0] += issued
     if issued:
-        out[1] = min(out[1], now + 1)
+        nxt = now + 1
+    if nxt < TS.wake[i]:
+        TS.wake[i] = nxt
     # account this cycle
     for s in range(sub, slots, nsub):
         w = base + s
         r = TS.reason[w]
         if r >= 0:
             TS.stall[core, r] += 1
-            if r == R_NOT_SELECTED:
-                out[1] = min(out[1], now + 1)
-
-
-@njit(cache=True)
-def account_skip(C, TS, cycles):
-    """Skip-ahead: every resident warp keeps its reason for `cycles` more cycles."""
-    slots = C.v[C_SLOTS]
-    NW = TS.wst.shape[0]
-    for w in range(NW):
-        r = TS.reason[w]
-        if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
-            TS.stall[w // slots, r] += cycles
+    TS.acct[i] = now + 1
 
 
 # memory.py imports this module; its functions are resolved when numba compiles the callers

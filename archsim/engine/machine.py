@@ -1,10 +1,12 @@
 """Resolved config -> engine state, and the jitted tick loop of a kernel launch.
 
 Tick order per core cycle: memory (DRAM in its clock domain, then L2 and the fabric in theirs)
--> the cores' LSU/L1 side -> the schedulers (drain before fill). When no scheduler issued and the
-memory system has nothing due before some later cycle, the clock jumps there (skip-ahead): every
-resident warp keeps its stall reason over the skipped cycles, so results are identical with the
-jump on or off (tests check it).
+-> the cores' LSU/L1 side -> the schedulers (drain before fill). Scheduling is event-driven: a
+sub-core's scheduler runs only from the cycle one of its warps may issue (core.py, "event-driven
+scheduling"); a memory reply, a barrier, a freed MIO entry or a new block wakes it. When no
+scheduler is due and the memory system has nothing due before some later cycle, the clock jumps
+there (skip-ahead). Sleeping warps keep their stall reasons and are accounted lazily, so results
+are identical with ``skip`` on or off (off: every scheduler every cycle, no jumps; tests check it).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def _tl_sample(TL, tlk, TS, MS):
         tlk[TLK_NEXT] = (half + 1) * tlk[TLK_WINDOW]
         return False  # the boundary moved: the caller checks again
     r = tlk[TLK_ROWS]
+    K.flush_all(TS, tlk[TLK_NEXT])
     TL[r, 0] = TS.issued.sum()
     for i in range(6):
         TL[r, 1 + i] = MS.bytes[i]
@@ -79,66 +82,74 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out):
 def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     cores = C.v[K.C_CORES]
     nsub = C.v[K.C_SUBCORES]
+    every = not skip  # the reference order: every scheduler every cycle, no jumps
+    TS.k[K.K_EVERY] = 1 if every else 0
     now = np.int64(0)
+    TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
     nblocks = TS.k[3]
     while TS.k[1] < nblocks:
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
+        TS.k[K.K_CUR] = -1  # memory events wake sub-cores for this cycle
         M.mem_cycle(MS, TS, S, Dd, now)
         step_out[0] = 0
-        step_out[1] = K.INF
         step_out[2] = 0
         for c in range(cores):
             if TS.core_blocks[c] == 0:
                 continue
             for sb in range(nsub):
+                i = c * nsub + sb
+                if TS.wake[i] > now and not every:
+                    continue  # nothing it waits on is due: it sleeps (stalls accounted later)
+                TS.k[K.K_CUR] = i
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, sb, now, step_out)
                 if step_out[2]:
-                    out[0] = FAULT
-                    out[1] = now
-                    out[2] = step_out[3]
-                    out[3] = TS.issued.sum()
+                    _stop(TS, out, FAULT, now, step_out[3])
                     return
-        _grid_barrier(TS)
+        TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
+        _grid_barrier(TS, now)
         nxt = now + 1
         if step_out[0] == 0:
+            t = K.INF  # the first cycle a scheduler may issue
+            for c in range(cores):
+                if TS.core_blocks[c] > 0:
+                    for sb in range(nsub):
+                        if TS.wake[c * nsub + sb] < t:
+                            t = TS.wake[c * nsub + sb]
             t_mem = M.mem_next_event(MS, now)
-            t = step_out[1]
             if t >= K.INF and M.mem_idle(MS):
                 t = K.INF  # no warp can become ready and no request is in flight: only refresh ticks on
             elif t_mem < t:
                 t = t_mem
             if t >= K.INF:
                 if TS.k[1] < nblocks:
-                    out[0] = DEADLOCK
-                    out[1] = now
-                    out[2] = _first_stuck(TS)
-                    out[3] = TS.issued.sum()
+                    _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
                     return
             elif skip and t > nxt:
                 out[4] += t - nxt
-                while nxt < t:  # split the jump at timeline boundaries: the timeline stays exact
-                    stop = min(t, tlk[TLK_NEXT]) if tlk[TLK_NEXT] > nxt else t
-                    K.account_skip(C, TS, stop - nxt)
-                    M.mem_skip(MS, stop - nxt)
-                    nxt = stop
-                    while nxt >= tlk[TLK_NEXT] and nxt < t:
-                        _tl_sample(TL, tlk, TS, MS)
+                M.mem_skip(MS, t - nxt)
+                while tlk[TLK_NEXT] < t:  # samples inside the jump (sleeping warps keep their reasons)
+                    _tl_sample(TL, tlk, TS, MS)
+                nxt = t
         now = nxt
         if now >= max_cycles:
-            out[0] = CYCLE_LIMIT
-            out[1] = now
-            out[2] = _first_stuck(TS)
-            out[3] = TS.issued.sum()
+            _stop(TS, out, CYCLE_LIMIT, now, _first_stuck(TS))
             return
-    out[0] = DONE
+    _stop(TS, out, DONE, now, -1)
+
+
+@njit(cache=True)
+def _stop(TS, out, outcome, now, warp):
+    K.flush_all(TS, now)
+    out[0] = outcome
     out[1] = now
+    out[2] = warp
     out[3] = TS.issued.sum()
 
 
 @njit(cache=True)
-def _grid_barrier(TS):
+def _grid_barrier(TS, now):
     if TS.k[7] == 0:
         return
     alive = 0
@@ -147,6 +158,8 @@ def _grid_barrier(TS):
             alive += 1
     if TS.k[7] == alive and TS.k[0] >= TS.k[3]:
         TS.k[7] = 0
+        for c in range(TS.core_blocks.shape[0]):
+            K.wake_core(TS, c, now)
         for w in range(TS.wst.shape[0]):
             if TS.wst[w] == K.T_GRIDBAR:
                 TS.wst[w] = K.T_RUN

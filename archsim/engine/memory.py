@@ -200,6 +200,7 @@ def _trk_done(MS, TS, core, t, now):
     else:
         g = MS.trk[core, t, TK_GROUP]
         TS.cp_pending[w, g % K.CP_GROUPS] -= 1
+    K.wake_warp(TS, w, now)  # its scheduler looks again (its stall cycles so far are accounted first)
     n = MS.trk_nfree[core]
     MS.trk_free[core, n] = t
     MS.trk_nfree[core] = n + 1
@@ -355,6 +356,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             if cls != D.CLS_ST_SHARED:
                 for j in range(Dd.nwr[pc]):
                     TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
+                K.wake_warp(TS, w, now)  # its scheduler learns the ready cycle
             _pop_mio(MS, core)
         return
     if e[E_STARTED] == 0:
@@ -424,6 +426,8 @@ def _core_memory(MS, TS, S, Dd, core, now):
     R = MS.R
     Q = MS.Q
     node = MS.node[3, core]
+    mio0 = MS.mio_count[core]
+    trk0 = MS.trk_nfree[core]
     while True:
         r = NC.noc_eject(MS.resp, node)
         if r < 0:
@@ -437,6 +441,9 @@ def _core_memory(MS, TS, S, Dd, core, now):
         _trk_piece(MS, TS, core, t, now)
     if MS.mio_count[core] > 0:
         _data_pipe(MS, TS, S, Dd, core, now)
+    if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
+        TS.mem_wait[core] = 0  # a warp refused for a full MIO queue or no tracker may go now
+        K.wake_core(TS, core, now)
     q = cfg[M_Q_MISS] + core
     now_f = MS.clocks[CK_NOW_FAB]
     while Q.count[q] > 0:
