@@ -153,14 +153,14 @@ def _set_f32(S, w, r, lane, x):
     S.rf32[w, r, 2 * lane] = _f32_canon(x)
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _get_i(S, P, w, pc, slot_reg, slot, lane):
     if P.flags[pc] & (FLAG_IMM0 << slot):
         return P.imm[pc]
     return S.regs[w, slot_reg, lane]
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _get_f64(S, P, w, pc, slot_reg, slot, lane, immd):
     if P.flags[pc] & (FLAG_IMM0 << slot):
         return immd
@@ -293,7 +293,7 @@ def _active_mask(P, S, w, pc, mask):
 
 
 # ----------------------------------------------------------------------------- memory
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _gcheck(S, addr, nb, lane, pc):
     """Bounds and alignment of a global access. Returns (status, byte offset); an offset of -1
     with ST_OK means a timing run's unbacked memory: reads give 0, writes are dropped."""
@@ -307,7 +307,7 @@ def _gcheck(S, addr, nb, lane, pc):
     return ST_OK, off
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _scheck(S, addr, nb, lane, pc, align):
     if addr < 0 or addr + nb > S.geom[G_SHARED]:
         return _fault(S, F_SHARED_OOB, lane, addr, nb, pc)
@@ -316,7 +316,7 @@ def _scheck(S, addr, nb, lane, pc, align):
     return ST_OK
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
     """Read nb bytes at byte offset off (global: from GBASE; shared: block blk) into register d."""
     if space == SPACE_GLOBAL and off < 0:
@@ -356,7 +356,7 @@ def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
                 S.regs[w, d + j, lane] = np.int64(S.s32[blk, (off >> 2) + j])
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _store(S, space, blk, off, nb, w, r, lane, nr):
     if space == SPACE_GLOBAL and off < 0:
         return
@@ -390,7 +390,7 @@ def _store(S, space, blk, off, nb, w, r, lane, nr):
                 S.s32[blk, (off >> 2) + j] = np.uint32(S.regs[w, r + j, lane] & 0xFFFFFFFF)
 
 
-@njit(cache=True)
+@njit(inline="always")  # per lane: a call costs more than the work
 def _base(S, P, w, pc, reg, lane):
     if reg < 0:
         return np.int64(0)
@@ -865,6 +865,67 @@ def _half2_op(S, sem, dt, ra, rb, rc):
 
 
 @njit(cache=True)
+def _int_lanes(S, P, w, pc, sem, d, s0, s1, s2, imm, mask, W):
+    """The common 64-bit integer ops over the active lanes: one loop per op (the op, the operand
+    kinds and the mask test are decided once, not per lane). Same results as _int_op."""
+    R = S.regs
+    if sem == S_MOV:
+        if P.flags[pc] & FLAG_IMM0:
+            for l in range(W):
+                if (mask >> l) & 1:
+                    R[w, d, l] = imm
+        else:
+            for l in range(W):
+                if (mask >> l) & 1:
+                    R[w, d, l] = R[w, s0, l]
+        return
+    bimm = (P.flags[pc] & (FLAG_IMM0 << 1)) != 0
+    for l in range(W):
+        if (mask >> l) & 1:
+            S.vals[l] = imm if bimm else R[w, s1, l]
+    if sem == S_ADD:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] + S.vals[l]
+    elif sem == S_SUB:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] - S.vals[l]
+    elif sem == S_MUL:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] * S.vals[l]
+    elif sem == S_FMA:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] * S.vals[l] + R[w, s2, l]
+    elif sem == S_AND:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] & S.vals[l]
+    elif sem == S_OR:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] | S.vals[l]
+    elif sem == S_XOR:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] ^ S.vals[l]
+    elif sem == S_SHL:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] << (S.vals[l] & 63)
+    elif sem == S_SHR:
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = np.int64(np.uint64(R[w, s0, l]) >> np.uint64(S.vals[l] & 63))
+    else:  # S_SRA
+        for l in range(W):
+            if (mask >> l) & 1:
+                R[w, d, l] = R[w, s0, l] >> (S.vals[l] & 63)
+
+
+@njit(cache=True)
 def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
     W = S.geom[G_W]
     d = P.dst[pc]
@@ -880,6 +941,11 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
     if S.geom[G_MODE] == MODE_TIMING and sem != S_SETP and sem != S_MOV and (
             dt == DT_F32 or dt == DT_F64 or dt == DT_F16X2 or dt == DT_BF16X2):
         return ST_OK  # timing runs carry no floating-point values
+    if (dt == DT_I64 or dt == DT_B) and (sem == S_ADD or sem == S_SUB or sem == S_MUL or sem == S_FMA
+                                         or sem == S_AND or sem == S_OR or sem == S_XOR or sem == S_SHL
+                                         or sem == S_SHR or sem == S_SRA or sem == S_MOV):
+        _int_lanes(S, P, w, pc, sem, d, s0, s1, s2, imm, mask, W)
+        return ST_OK
     for l in range(W):
         if not ((mask >> l) & 1):
             continue
