@@ -478,76 +478,89 @@ LOOP:   ld.global.v4.b32 r8, [r3]
     return threads * 16 * 4 * iters / int(t.buffers["out"][0])
 
 
-def l2_bandwidth(machine, out: MicroResult, footprint: int = 8 << 20, per_core: int = 512 << 10) -> float:
-    """Bytes per core cycle the whole L2 delivers: the grid first reads an L2-resident buffer
-    once (warm-up), meets at a grid barrier, then every block streams `per_core` bytes of it
-    starting at another block's part (so its own L1 does not hold them), timed between two
-    grid barriers."""
+def l2_bandwidth(machine, out: MicroResult, iters: int = 8) -> float:
+    """Bytes per core cycle the whole L2 delivers, in the shape of gpu-benches' gpu-l2-cache
+    kernel (the reference row's source): full occupancy, block b of the grid owns rows b, b + B,
+    b + 2B, ... (B blocks; a row is one 16-byte chunk per thread), so the blocks read different
+    lines spread over every slice. A warm-up pass brings each block's rows into the L2; after a
+    grid barrier, iteration k of block b reads four rows of block (b + kP) mod B (another block's
+    data each time, as gpu-benches' blocks read rows other blocks read before them, so the L1
+    never holds them; P blocks share a core, so neighbours never read the same rows), four
+    independent 16-byte loads per thread in flight; timed between two grid barriers."""
     c = machine.cores
     cores = machine.groups * c.per_group
-    threads = min(c.warp_slots, 32) * c.warp_width
-    if machine.l2 is not None:  # well inside the L2: a power of two, so `and` wraps addresses
-        footprint = min(footprint, machine.l2.size_kib * 1024 // 4)
-    footprint = 1 << (int(footprint).bit_length() - 1)
+    warps = min(c.warp_slots, 32)
+    threads = warps * c.warp_width
+    per_core = max(1, min(c.warp_slots // warps, c.max_blocks))
+    blocks = cores * per_core
+    row = threads * 16
+    l1 = 0
+    if machine.l1 is not None:  # the cache part of the L1 (the unified array less the shared carveout)
+        sp = machine.scratchpad
+        l1 = (machine.l1.size_kib - (sp.size_kib if sp.carved_from_l1 else 0)) * 1024
+    nrows = 4                   # rows per block, a power of two: all rows together are >= 4 L1s
+    while nrows * row * blocks < 4 * l1:
+        nrows *= 2
     text = f""".kernel l2_stream
 .param buf
-.param bytes                       // footprint, a power of two
-.param per_core
+.param iters
 .param out
         ldparam r0, buf
-        ldparam r1, bytes
-        ldparam r2, per_core
-        ldparam r3, out
-        s2r r4, %ctaid.x
-        s2r r5, %ntid.x
-        s2r r6, %tid.x
-        mad.i64 r7, r4, r5, r6
-        shl.b64 r7, r7, 4                 // warm-up: the grid reads the buffer once
-        s2r r8, %nctaid.x
-        mul.i64 r8, r8, r5
-        shl.b64 r8, r8, 4                 // grid stride in bytes
-        mov.b64 r12, 0
-        mov.b64 r16, 0
-WARM:   setp.ge.i64 p0, r7, r1
-   @p0  bra WDONE
-        add.i64 r9, r0, r7
+        ldparam r1, iters
+        ldparam r2, out
+        s2r r3, %ctaid.x
+        s2r r4, %nctaid.x
+        s2r r5, %tid.x
+        shl.b64 r5, r5, 4
+        add.i64 r5, r5, r0                // this thread's chunk in row 0
+        mul.i64 r6, r4, {row}             // bytes from one of a block's rows to the next
+        mul.i64 r11, r3, {row}
+        add.i64 r11, r11, r5
+        mov.b64 r7, 0
+WARM:   mul.i64 r9, r7, r6                // warm-up: the block reads each of its rows once
+        add.i64 r9, r9, r11
         ld.global.v4.b32 r12, [r9]
-        add.i64 r7, r7, r8
-        bra WARM
-WDONE:  add.i64 r20, r12, 0
+        add.i64 r7, r7, 1
+        setp.lt.i64 p0, r7, {nrows}
+   @p0  bra WARM
+        add.i64 r20, r12, 0
         bar.grid
         s2r r10, %clock
-        add.i64 r11, r4, 1                // start in the next block's part
-        mul.i64 r11, r11, r2
-        shl.b64 r7, r6, 4
-        add.i64 r11, r11, r7
-        shl.b64 r5, r5, 4                 // block stride in bytes
-        mov.b64 r7, 0
-        sub.i64 r23, r1, 1                // wrap mask
-LOOP:   and.b64 r9, r11, r23
-        add.i64 r9, r9, r0
+        mov.b64 r13, r3                   // the block whose rows this iteration reads
+        mov.b64 r7, 0                     // the first of its four rows
+        mov.b64 r8, 0                     // iterations done
+LOOP:   add.i64 r13, r13, {per_core}           // blocks side by side on a core never read the same rows
+        setp.ge.i64 p1, r13, r4
+   @p1  sub.i64 r13, r13, r4
+        mul.i64 r9, r7, r6
+        mul.i64 r11, r13, {row}
+        add.i64 r9, r9, r11
+        add.i64 r9, r9, r5
         ld.global.v4.b32 r12, [r9]
-        add.i64 r11, r11, r5
-        and.b64 r9, r11, r23
-        add.i64 r9, r9, r0
+        add.i64 r9, r9, r6
         ld.global.v4.b32 r16, [r9]
-        add.i64 r11, r11, r5
-        add.i64 r7, r7, r5
-        add.i64 r7, r7, r5
-        setp.lt.i64 p0, r7, r2
+        add.i64 r9, r9, r6
+        ld.global.v4.b32 r24, [r9]
+        add.i64 r9, r9, r6
+        ld.global.v4.b32 r28, [r9]
+        add.i64 r7, r7, 4
+        and.b64 r7, r7, {nrows - 1}
+        add.i64 r8, r8, 1
+        setp.lt.i64 p0, r8, r1
    @p0  bra LOOP
         add.i64 r20, r12, r16
+        add.i64 r20, r24, r28
         bar.grid
         s2r r21, %clock
         sub.i64 r21, r21, r10
-        or.b64 r22, r4, r6
+        s2r r22, %tid.x
+        or.b64 r22, r22, r3
         setp.ne.i64 p1, r22, 0
    @p1  exit
-        st.global.b64 [r3], r21
+        st.global.b64 [r2], r21
         exit
 """
-    per_core = per_core // (threads * 32) * threads * 32
-    t = _time(assemble(text), machine, Launch((cores, 1, 1), (threads, 1, 1)),
-              {"buf": Unbacked(footprint), "bytes": footprint, "per_core": per_core,
-               "out": np.zeros(1, np.int64)}, "l2_stream", out)
-    return cores * per_core / int(t.buffers["out"][0])
+    t = _time(assemble(text), machine, Launch((blocks, 1, 1), (threads, 1, 1)),
+              {"buf": Unbacked(nrows * blocks * row), "iters": iters, "out": np.zeros(1, np.int64)},
+              "l2_stream", out)
+    return blocks * iters * 4 * row / int(t.buffers["out"][0])

@@ -423,9 +423,10 @@ def test_a_full_output_queue_blocks_and_loses_nothing():
 
 # ------------------------------------------------------------------------------ mapping
 
+@pytest.mark.parametrize("order", ["banks_low", "columns_low"])
 @pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
-def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name):
-    m = machine(name)
+def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name, order):
+    m = machine(name, [f"memory_controllers.address_mapping.bank_order={order}"])
     D = make_dram_state(m)
     IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
     for i in range(4 * C):
@@ -435,16 +436,23 @@ def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name):
     # reads its row from column 0 up
     S = int(D.prm[P_S])
     nbs, bpg = m.dram.banks // S, m.dram.banks // m.dram.bank_groups
-    locs = [dram_map(D, (la // IL * C) * IL + la % IL) for la in range(0, 64 * 1024, 128)]
+    span = 2 * m.dram.banks * m.dram.row_bytes          # two rows of every bank
+    locs = [dram_map(D, (la // IL * C) * IL + la % IL) for la in range(0, span, 128)]
     assert all(loc[0] == 0 for loc in locs)
     for prev, cur in zip(locs, locs[1:]):
         assert (prev[1] // nbs, prev[1] // bpg) != (cur[1] // nbs, cur[1] // bpg)
     assert len({loc[1] for loc in locs}) == m.dram.banks
-    rows = {}
-    for ch, b, row, col in locs:
+    rows, last = {}, {}
+    for i, (ch, b, row, col) in enumerate(locs):
         assert col == rows.get((b, row), -128) + 128
         rows[(b, row)] = col
-    assert dram_map(D, dram_address(D, C - 1, 5, 77, 320)) == (C - 1, 5, 77, 320)
+        if col and order == "columns_low":   # the next column of an open row: S x bank groups chunks on
+            assert i - last[(b, row)] == m.dram.bank_groups
+        elif col:                            # banks_low: after every bank
+            assert i - last[(b, row)] == m.dram.banks
+        last[(b, row)] = i
+    for args in ((C - 1, 5, 77, 320), (0, m.dram.banks - 1, 3, m.dram.row_bytes - 64)):
+        assert dram_map(D, dram_address(D, *args)) == args
 
 
 @pytest.mark.parametrize("name", ["tiny-sunway", "sw26010pro"])

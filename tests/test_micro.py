@@ -37,6 +37,15 @@ def test_pointer_chase_steps_at_cache_capacities(tiny):
     assert abs(chase(tiny, 128).value - l2) < 0.1 * l2
 
 
+def test_controller_front_end_adds_its_latency_to_every_dram_access(tiny):
+    # formula oracle: a cold chase (every load an L2 miss) slows by the front-end pipeline's
+    # latency (fabric cycles; tiny-gpu runs the fabric at the core clock) and by nothing else
+    base = chase(tiny, 2048, warmup=0).value
+    fe = load_machine("tiny-gpu", sets=["memory_controllers.frontend_latency_cycles=100"])
+    assert chase(fe, 2048, warmup=0).value - base == pytest.approx(100, abs=3)
+    assert abs(chase(fe, 96).value - chase(tiny, 96).value) < 1.0     # L2 hits do not pass it
+
+
 def test_near_and_far_l2_halves(tiny):
     near = chase(tiny, 96, half="near").value
     far = chase(tiny, 96, half="far").value

@@ -332,6 +332,12 @@ class AddressMapping(Frozen):
 
     kind: Literal["interleave", "segments"]
     interleave_bytes: PosInt
+    # Order of the bank and column fields in a channel-local address, low bits first (dram.py):
+    # banks_low: [chunk | sub-channel | bank group | bank in group | column | row] (a stream visits
+    # every bank before a row's next column); columns_low: [chunk | sub-channel | bank group | column
+    # | bank in group | row] (a stream reads a row's columns while rotating over sub-channels and
+    # bank groups: more row hits, the same tCCD_S / tRRD_S spacing).
+    bank_order: Literal["banks_low", "columns_low"] = "banks_low"
 
 
 class MemoryControllers(Frozen):
@@ -340,6 +346,10 @@ class MemoryControllers(Frozen):
     policy: Literal["fcfs", "frfcfs"]
     row_policy: Literal["open", "closed"]
     address_mapping: AddressMapping
+    # Controller front end between the L2 miss queue and the DRAM scheduler queue (request decode,
+    # address mapping, PHY): a pipeline of this many fabric cycles that never limits throughput.
+    # 0: none.
+    frontend_latency_cycles: NonNegInt = 0
 
 
 class DramTiming(Frozen):

@@ -57,6 +57,13 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
        when banks is not a power of two), which spreads power-of-two strides over banks.
        ``column`` is the byte offset within the row; ``bank`` = sc*(banks/S) + bg*(banks per
        group) + bank in group.
+       ``address_mapping.bank_order: columns_low`` moves the column field below the bank in
+       group: ``[ chunk offset | sub-channel | bank group | column chunk | bank in group | row ]``
+       (the XOR hash then mixes the row into the sub-channel / bank-group field only). A stream
+       still rotates over sub-channels and bank groups from one chunk to the next, but a bank
+       reads its open row every S x bank-groups-per-sub-channel chunks instead of every ``banks``
+       chunks, so the FR-FCFS queue finds far more row hits (as in Accel-Sim's A100 mapping,
+       where the column bits sit right above the bank-group bit).
     A request must not cross an interleave chunk; each of its bursts is mapped on its own, so a
     misaligned request may touch two chunks / rows / banks (two rows' worth of commands).
 
@@ -123,7 +130,7 @@ CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF
 (P_C, P_S, P_NB, P_NBS, P_BGS, P_BPG, P_MODE, P_IL, P_GROUPS, P_CPG, P_CPGC, P_CPC, P_NCTRL, P_SEG,
  P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
  P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
- P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_NPRM) = range(44)
+ P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_NPRM) = range(45)
 P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
 
 COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
@@ -266,7 +273,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_TCCDS: t.tCCD_S, P_TCCDL: t.tCCD_L, P_TRRDS: t.tRRD_S, P_TRRDL: t.tRRD_L, P_TFAW: t.tFAW,
         P_TWR: t.tWR, P_TWTRS: t.tWTR_S, P_TWTRL: t.tWTR_L, P_TRTP: t.tRTP, P_TRFC: t.tRFC, P_TREFI: t.tREFI,
         P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: HIT_CAP, P_LOGLEN: int(log_len), P_QCAP: qcap,
-        P_POW2: int(NB & (NB - 1) == 0),
+        P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
     }
     for k, v in vals.items():
         prm[k] = v
@@ -348,10 +355,15 @@ def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 
     CH, COLS, IL, C = p[P_CHUNK], p[P_COLS], p[P_IL], p[P_C]
     sc, rest = divmod(bank, NBS)
     bg, bk = divmod(rest, BPG)
-    fbh = sc + S * (bg + BGS * bk)
-    fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
     col_hi, off = divmod(column, CH)
-    la = ((row * COLS + col_hi) * NB + fb) * CH + off
+    if p[P_COLLOW]:
+        lo = sc + S * bg
+        fbl = (lo ^ (row & (S * BGS - 1))) if p[P_POW2] else (lo - row) % (S * BGS)
+        la = (((row * BPG + bk) * COLS + col_hi) * (S * BGS) + fbl) * CH + off
+    else:
+        fbh = sc + S * (bg + BGS * bk)
+        fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
+        la = ((row * COLS + col_hi) * NB + fb) * CH + off
     if p[P_MODE] == 0:
         li, lo = divmod(la, IL)
         return (li * C + channel) * IL + lo
@@ -407,17 +419,32 @@ def _local(p, addr):
 def _bank_row_col(p, la):
     CH = p[P_CHUNK]
     NB = p[P_NB]
-    q = la // CH
-    fb = q % NB
-    rest = q // NB
-    cols = p[P_COLS]
-    col_hi = rest % cols
-    row = rest // cols
-    if p[P_POW2]:
-        fb = fb ^ (row & (NB - 1))
-    else:
-        fb = (fb + row) % NB
     S = p[P_S]
+    q = la // CH
+    cols = p[P_COLS]
+    if p[P_COLLOW]:
+        # [sub-channel | bank group | column | bank in group | row]
+        SB = S * p[P_BGS]
+        lo = q % SB
+        rest = q // SB
+        col_hi = rest % cols
+        rest = rest // cols
+        bk = rest % p[P_BPG]
+        row = rest // p[P_BPG]
+        if p[P_POW2]:
+            lo = lo ^ (row & (SB - 1))
+        else:
+            lo = (lo + row) % SB
+        fb = lo + SB * bk
+    else:
+        fb = q % NB
+        rest = q // NB
+        col_hi = rest % cols
+        row = rest // cols
+        if p[P_POW2]:
+            fb = fb ^ (row & (NB - 1))
+        else:
+            fb = (fb + row) % NB
     t = fb // S
     bank = (fb % S) * p[P_NBS] + (t % p[P_BGS]) * p[P_BPG] + t // p[P_BGS]
     return bank, row, col_hi * CH + la % CH

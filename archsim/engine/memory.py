@@ -50,7 +50,7 @@ TRK_LOAD, TRK_CP = 0, 1
 # cfg fields
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
- M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_N) = range(26)
+ M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_N) = range(28)
 # clocks
 CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, CK_N = range(5)
 # bytes moved per level
@@ -86,6 +86,7 @@ class MState(NamedTuple):
     runs: np.ndarray         # int64 [2, 8] scratch: sector runs (first, length)
     bytes: np.ndarray        # int64 [BY_N]
     lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
+    fe_t: np.ndarray         # int64 [channels, front-end capacity]: fabric cycle each front-end slot leaves
 
 
 def _dummy_cache():
@@ -105,13 +106,17 @@ def make_mstate(machine, TS) -> MState:
     qcap = DR.dram_queue_capacity(machine)
     Dm = DR.make_dram_state(machine, queue_cap=qcap)
     # queues: dram in [0,C), dram out [C,2C), per core miss [2C, 2C+cores), per core L1-hit delay,
-    # per memory endpoint response delay, per memory endpoint DRAM retry
+    # per memory endpoint response delay, per memory endpoint DRAM retry, per channel controller
+    # front end
     q_miss = 2 * chans
     q_l1d = q_miss + cores
     q_l2d = q_l1d + cores
     q_retry = q_l2d + nmem
+    q_fe = q_retry + nmem
+    fe_lat = machine.memory_controllers.frontend_latency_cycles
+    fe_cap = frontend_capacity(machine)
     caps = [qcap] * chans + [DR.dram_queue_capacity(machine) * 4] * chans + [64] * cores + [DELAY_CAP] * cores \
-        + [DELAY_CAP] * nmem + [256] * nmem
+        + [DELAY_CAP] * nmem + [256] * nmem + [fe_cap] * chans
     Q = make_queues(caps)
     l1c, l2c = machine.l1, machine.l2
     sc = machine.scratchpad
@@ -138,6 +143,7 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_FAB_RATIO] = int(round(machine.clock_ratios.fabric * ONE))
     cfg[M_MEM_RATIO] = int(round(machine.clock_ratios.memory * ONE))
     cfg[M_Q_MISS], cfg[M_Q_L1D], cfg[M_Q_L2D], cfg[M_Q_RETRY] = q_miss, q_l1d, q_l2d, q_retry
+    cfg[M_Q_FE], cfg[M_FE_LAT] = q_fe, fe_lat
     nodes = np.full((4, max(cores, nmem)), -1, np.int32)
     nodes[0, :cores] = fab.req_core
     nodes[1, :nmem] = fab.req_mem
@@ -158,7 +164,18 @@ def make_mstate(machine, TS) -> MState:
         slice_hold=np.full(nmem, -1, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
-        bytes=np.zeros(BY_N, np.int64), lat=lat)
+        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64))
+
+
+def frontend_capacity(machine) -> int:
+    """Slots of one channel's controller front end: a pipeline of frontend_latency_cycles that
+    never limits throughput, so it holds what the channel can take in that time at its peak rate
+    in sector-sized requests (at least one slot)."""
+    lat = machine.memory_controllers.frontend_latency_cycles
+    sector = machine.l2.sector_bytes if machine.l2 is not None else 32
+    fab_ghz = machine.clock_ghz * machine.clock_ratios.fabric
+    per_cycle = machine.dram.channel_gbps / fab_ghz / sector    # requests per fabric cycle at peak
+    return max(1, int(np.ceil(lat * per_cycle)) + 1)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -459,9 +476,33 @@ def _core_memory(MS, TS, S, Dd, core, now):
 # ----------------------------------------------------------------------------- the memory side
 @njit(cache=True)
 def _to_dram(MS, r):
-    """Queue a DRAM request at its channel; False when the channel's queue is full."""
+    """Queue a DRAM request at its channel (through the controller front end when the machine has
+    one); False when that queue is full."""
     c, _, _, _ = DR.dram_map(MS.Dm, MS.R.addr[r])
-    return q_push(MS.Q, c, r)
+    lat = MS.cfg[M_FE_LAT]
+    if lat == 0:
+        return q_push(MS.Q, c, r)
+    q = MS.cfg[M_Q_FE] + c
+    Q = MS.Q
+    i = Q.head[q] + Q.count[q]
+    if i >= Q.cap[q]:
+        i -= Q.cap[q]
+    if not q_push(Q, q, r):
+        return False
+    MS.fe_t[c, i] = MS.clocks[CK_NOW_FAB] + lat
+    return True
+
+
+@njit(cache=True)
+def _frontend(MS, c, now):
+    """Requests whose front-end latency has passed enter channel c's scheduler queue, oldest
+    first, while it has room (a full scheduler queue holds them: back-pressure)."""
+    Q = MS.Q
+    q = MS.cfg[M_Q_FE] + c
+    while Q.count[q] > 0 and MS.fe_t[c, Q.head[q]] <= now:
+        if not q_push(Q, c, q_peek(Q, q, 0)):
+            break
+        q_pop(Q, q)
 
 
 @njit(cache=True)
@@ -613,6 +654,8 @@ def mem_cycle(MS, TS, S, Dd, now):
         nf = ck[CK_NOW_FAB]
         for c in range(C):
             _dram_done(MS, c, nf)
+            if cfg[M_FE_LAT] > 0:
+                _frontend(MS, c, nf)
         for sl in range(cfg[M_SLICES]):
             if _slice_has_work(MS, sl):  # a call passes the whole state: skip idle slices
                 _slice_cycle(MS, sl, nf)
