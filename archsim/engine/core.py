@@ -38,7 +38,7 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
                "barrier", "dma_wait", "idle")
 
 SCHED_LRR, SCHED_GTO = 0, 1
-K_CUR, K_EVERY = 8, 9  # TState.k: running sub-core; 1 = run every scheduler every cycle
+K_CUR = 8  # TState.k: the sub-core whose scheduler is running
 CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
 
 
@@ -81,7 +81,7 @@ class TState(NamedTuple):
     pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
     # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
     # [3] blocks total, [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
-    # [8] the sub-core whose scheduler is running (-1: none), [9] 1 = every scheduler every cycle (no skipping)
+    # [8] the sub-core whose scheduler is running (-1: none)
     k: np.ndarray
 
 
@@ -117,7 +117,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
     NW = cores * slots
-    k = np.zeros(10, np.int64)
+    k = np.zeros(9, np.int64)
     k[3], k[4], k[5], k[6], k[8] = nblocks, wpb, regs_per_warp, smem_per_block, -1
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
@@ -142,8 +142,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
 # next cycle after an issue). What its warps wait on beyond that (a memory reply, a barrier, a new
 # block) wakes it: wake_subcore. Its warps keep their stall reasons while it sleeps; the cycles are
 # accounted lazily (flush_stalls) when it runs again, before anything changes its warps, at each
-# timeline sample and at the end. With TS.k[K_EVERY] every scheduler runs every cycle: results are
-# identical (tests check it).
+# timeline sample and at the end. With skip off (machine.run_loop) every scheduler runs every
+# cycle: results are identical (tests check it).
 @njit(cache=True)
 def flush_stalls(TS, i, upto):
     """Account sub-core i's resident warps for cycles [acct, upto) with their last reasons."""

@@ -83,7 +83,6 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     cores = C.v[K.C_CORES]
     nsub = C.v[K.C_SUBCORES]
     every = not skip  # the reference order: every scheduler every cycle, no jumps
-    TS.k[K.K_EVERY] = 1 if every else 0
     now = np.int64(0)
     TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
