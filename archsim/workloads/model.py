@@ -1,0 +1,240 @@
+"""Transformer workloads: model YAML (+ command-line scenario overrides) -> a frozen ``Workload``.
+
+    w = load_workload("gpt2-small", {"phase": "decode", "batch": 4, "seq": None})
+    ops = w.block_ops()          # one decoder block's op graph, in execution order (ops.py)
+    w.totals()                   # flops / model_flops of ``layers`` blocks
+
+The schema is CONTRACT.md's "Workload YAML", plus one optional field: ``model.norm_eps`` (the
+normalisation epsilon, default 1e-5, which numpy references and norm kernels need to agree on).
+Every bad input becomes one ``InputError`` naming the file (or the command-line option that
+supplied the value), the dotted field and what is allowed, in the config loader's style.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from archsim.config.load import (_TYPE_WORDS, _child, _describe, _dotted, _is_model, _known_keys, _required_keys,
+                                 _resolve, _unwrap, read_yaml)
+from archsim.config.schema import FieldError
+from archsim.errors import InputError
+from archsim.paths import data_dir
+
+from .ops import Op, build_block
+
+PHASES = ("train", "prefill", "decode")
+DTYPES = ("fp16", "bf16", "fp32")
+ACTIVATIONS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+ATTENTIONS = ("fused", "unfused")
+
+PosInt = Annotated[int, Field(strict=True, gt=0)]
+Bool = Annotated[bool, Field(strict=True)]
+Text = Annotated[str, Field(strict=True, min_length=1)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSpec(_Frozen):
+    """The architecture: ``layers`` identical pre-norm decoder blocks."""
+
+    layers: PosInt                  # decoder blocks
+    hidden: PosInt                  # h
+    heads: PosInt                   # n
+    head_dim: PosInt                # d (h = n*d)
+    ffn_hidden: PosInt              # f: the FFN's inner width (swiglu: of each of gate and up)
+    vocab: PosInt                   # not part of the block (embedding and LM head are out of scope)
+    activation: Literal["gelu", "relu", "swiglu"]
+    norm: Literal["layernorm", "rmsnorm"]
+    # Optional (not in CONTRACT's example): the norm epsilon, so references and kernels agree.
+    norm_eps: Annotated[float, Field(strict=False, gt=0, lt=1, allow_inf_nan=False)] = 1e-5
+
+    @model_validator(mode="after")
+    def _heads_times_dim(self):
+        if self.hidden != self.heads * self.head_dim:
+            raise FieldError("hidden", f"hidden {self.hidden} != heads {self.heads} x head_dim {self.head_dim} "
+                             f"= {self.heads * self.head_dim}", "hidden = heads x head_dim",
+                             related=("heads", "head_dim"))
+        return self
+
+
+class Scenario(_Frozen):
+    """What runs: the phase, the batch and sequence, the precision and the attention kernel."""
+
+    phase: Literal["train", "prefill", "decode"]
+    batch: PosInt                   # b (micro-batch)
+    seq: PosInt                     # s; decode: tokens already in the KV cache
+    causal: Bool
+    dtype: Literal["fp16", "bf16", "fp32"]
+    attention: Literal["fused", "unfused"]    # fused (flash) | unfused (scores through DRAM)
+
+
+class Workload(_Frozen):
+    name: Text
+    model: ModelSpec
+    scenario: Scenario
+
+    # ---- the op graph ----
+
+    def block_ops(self) -> list[Op]:
+        """The ops of ONE decoder block for the scenario's phase, in execution order."""
+        return build_block(self)[0]
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the block's ops name (activations, weights, cache, grads) -> its shape."""
+        return build_block(self)[1]
+
+    def tokens(self) -> int:
+        """T: rows of the block's activations (batch x seq; decode: batch)."""
+        sc = self.scenario
+        return sc.batch if sc.phase == "decode" else sc.batch * sc.seq
+
+    def totals(self) -> dict:
+        """flops and model_flops of one block and of the whole workload (``layers`` blocks)."""
+        ops = self.block_ops()
+        bf = sum(o.flops for o in ops)
+        bm = sum(o.model_flops for o in ops)
+        L = self.model.layers
+        return {"layers": L, "block_flops": bf, "block_model_flops": bm, "flops": bf * L, "model_flops": bm * L}
+
+    def summary(self) -> dict:
+        """The result JSON's ``workload`` record (CONTRACT: name, phase, batch, seq, layers, ...)."""
+        m, sc = self.model, self.scenario
+        return {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
+                "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "hidden": m.hidden,
+                "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
+                "activation": m.activation, "norm": m.norm}
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+# Command-line scenario options -> (field path, option name shown in errors).
+OVERRIDES = {
+    "phase": (("scenario", "phase"), "--phase"),
+    "batch": (("scenario", "batch"), "--batch"),
+    "seq": (("scenario", "seq"), "--seq"),
+    "layers": (("model", "layers"), "--layers"),
+    "dtype": (("scenario", "dtype"), "--dtype"),
+    "attention": (("scenario", "attention"), "--attention"),
+    "causal": (("scenario", "causal"), "--causal"),
+}
+
+
+def builtin_workloads() -> list[str]:
+    """Names of the workload files shipped in workloads/ (gpt2-small, llama2-7b, ..., tiny)."""
+    return sorted(p.stem for p in data_dir("workloads").glob("*.yaml"))
+
+
+def resolve_workload(arg: str) -> Path:
+    """A workload file: a path to a YAML file, or a built-in name found in workloads/."""
+    return _resolve(arg, "--workload", "workload", data_dir("workloads"), builtin_workloads())
+
+
+def _type_at(path) -> Any:
+    t = Workload
+    for seg in path:
+        t = _child(t, seg)
+        if t is None:
+            return None
+    return t
+
+
+def _convert(exc: ValidationError, label: str, origins: Mapping[tuple, str]) -> InputError:
+    """A pydantic error -> one InputError (the first error; the config loader's wording)."""
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(err["loc"])
+    typ = err["type"]
+    ctx = err.get("ctx") or {}
+    val = err.get("input")
+    paths = [loc]
+    if typ == "value_error" and isinstance(ctx.get("error"), FieldError):
+        fe = ctx["error"]
+        loc = loc + (fe.path,)
+        paths = [loc] + [loc[:-1] + (r,) for r in fe.related]
+        what, allowed = fe.what, fe.allowed
+    elif typ == "extra_forbidden":
+        what, allowed = f"unknown key {loc[-1]!r}", "known keys: " + ", ".join(_known_keys(_type_at(loc[:-1])))
+    elif typ == "missing":
+        t = _type_at(loc)
+        kind = "block" if t is not None and _is_model(_unwrap(t)) else "key"
+        here = f"in {_dotted(loc[:-1])}" if len(loc) > 1 else "at the top level"
+        what = f"missing required {kind} {loc[-1]!r}"
+        allowed = f"required {here}: " + ", ".join(_required_keys(_type_at(loc[:-1])))
+    elif typ in ("literal_error", "enum"):
+        what, allowed = f"unknown value {val!r}", _describe(_type_at(loc))
+    elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        what, allowed = f"value {val!r} out of range", _describe(_type_at(loc))
+    elif typ in _TYPE_WORDS:
+        what = f"expected {_TYPE_WORDS[typ]}, got {val!r}"
+        allowed = _describe(_type_at(loc)) or _TYPE_WORDS[typ]
+    elif typ in ("too_short", "string_too_short"):
+        what, allowed = f"{val!r} is empty", _describe(_type_at(loc))
+    else:
+        what, allowed = f"{err['msg']}, got {val!r}", _describe(_type_at(loc))
+    for p in paths:                                  # a value from the command line: name the option
+        if p in origins:
+            field = _dotted(p)
+            if not what.startswith(field.split(".")[-1]):
+                what = f"{field}: {what}"
+            return InputError(origins[p], what, allowed)
+    return InputError(f"{label}: {_dotted(loc)}" if loc else label, what, allowed)
+
+
+def _apply_overrides(data: dict, overrides: Optional[Mapping[str, Any]]) -> tuple[dict, dict]:
+    origins: dict[tuple, str] = {}
+    if not overrides:
+        return data, origins
+    if not isinstance(overrides, Mapping):
+        raise InputError("overrides", f"expected a mapping, got {type(overrides).__name__}",
+                         "a dict of scenario fields")
+    data = dict(data)
+    for key, value in overrides.items():
+        if key not in OVERRIDES:
+            raise InputError("overrides", f"unknown scenario option {key!r}", "one of: " + ", ".join(OVERRIDES))
+        if value is None:                            # the option was not given
+            continue
+        path, flag = OVERRIDES[key]
+        if isinstance(value, str) and _unwrap(_type_at(path)) in (int, bool):
+            try:                                     # "4", "true" from a command line
+                parsed = yaml.safe_load(value)
+            except yaml.YAMLError:
+                parsed = value
+            value = parsed if isinstance(parsed, (int, bool)) else value
+        block = data.get(path[0])
+        block = dict(block) if isinstance(block, dict) else {}
+        block[path[1]] = value
+        data[path[0]] = block
+        origins[path] = flag
+    return data, origins
+
+
+def validate_workload(data: Any, label: str = "<workload>", overrides: Optional[Mapping[str, Any]] = None
+                      ) -> Workload:
+    """A plain dict (+ overrides) -> Workload; errors become one InputError naming ``label``."""
+    if not isinstance(data, dict):
+        raise InputError(label, f"expected a mapping of keys at the top level, got {type(data).__name__}",
+                         "a YAML mapping such as `name: ...`")
+    data, origins = _apply_overrides(data, overrides)
+    try:
+        return Workload.model_validate(data)
+    except ValidationError as e:
+        raise _convert(e, label, origins) from None
+
+
+def load_workload(name_or_path: str, overrides: Optional[Mapping[str, Any]] = None) -> Workload:
+    """Resolve a built-in name or a path, read the YAML, apply command-line scenario overrides
+    (keys: phase, batch, seq, layers, dtype, attention, causal; a ``None`` value means "not
+    given"), validate. Every problem is one ``InputError``."""
+    path = resolve_workload(name_or_path)
+    label = path.name if "/" not in str(name_or_path) and path.parent == data_dir("workloads") else str(name_or_path)
+    return validate_workload(read_yaml(path, label), label, overrides)
+
+
+__all__ = ["ACTIVATIONS", "ATTENTIONS", "DTYPES", "NORMS", "OVERRIDES", "PHASES", "ModelSpec", "Op", "Scenario",
+           "Workload", "builtin_workloads", "load_workload", "resolve_workload", "validate_workload"]

@@ -1,0 +1,235 @@
+"""One decoder block as an op graph: the operations, their tensors and how much math each does.
+
+The block is pre-norm (GPT-2 / LLaMA style), without biases (LLaMA has none; GPT-2's biases are
+left out everywhere, as the seed's FLOP table does)::
+
+    x -> norm1 -> qkv GEMM -> attention -> proj GEMM -> res1 (+ x) = x_mid
+      -> norm2 -> ffn1 GEMM -> activation -> ffn2 GEMM -> res2 (+ x_mid) = y
+
+Tensors (row-major; T tokens = batch x seq, or batch in decode):
+
+=================  ====================  ==================================================
+name               shape                 meaning
+=================  ====================  ==================================================
+x, y, x_mid        [T, h]                block input, output, stream after the first residual
+x_n1, x_n2         [T, h]                normalised inputs of attention / FFN
+qkv                [T, 3h]               Q cols 0..h-1, K h..2h-1, V 2h..3h-1; head i of each
+                                         at cols i*d .. i*d+d-1 of its third
+attn_out           [T, h]                heads concatenated (head i at cols i*d ..)
+proj_out           [T, h]
+ffn1_out           [T, f] or [T, 2f]     swiglu: gate cols 0..f-1, up cols f..2f-1
+act_out            [T, f]
+ffn2_out           [T, h]
+w_qkv [h, 3h], w_proj [h, h], w_ffn1 [h, f | 2f], w_ffn2 [f, h]   weights, W as [K, N]
+norm1_gamma, norm1_beta, norm2_gamma, norm2_beta [h]   (beta only for layernorm)
+k_cache, v_cache   [b, kv_len, h]        decode: the KV cache (heads as in qkv's K / V thirds)
+attn_lse           [b, n, s]             train, fused: per-row log-sum-exp of the scaled scores
+attn_probs         [b, n, s, s]          train, unfused: the softmax matrix (stored in DRAM)
+d_<name>                                 the gradient of the loss with respect to <name>
+=================  ====================  ==================================================
+
+Decode: the cache holds the ``seq`` earlier tokens; the new token's K and V (its row of qkv, cols
+h..3h-1) are stored at cache row ``seq`` before attention runs (in a server the QKV epilogue
+writes them there), so ``attn`` reads kv_len = seq + 1 rows and the new token attends to every
+earlier token and to itself. Its query sits at position kv_len - 1, so a causal mask hides
+nothing.
+
+Causal masking in general: query i of q_len (0-based) sits at position kv_len - q_len + i and
+sees keys 0 .. kv_len - q_len + i.
+
+Train = the forward ops, then the backward ops in reverse order. Per weight GEMM Y = X @ W (W as
+[K, N]) the backward has ``<name>.dgrad`` dX = dY @ W^T (trans_b) and ``<name>.wgrad`` dW = X^T @
+dY (trans_a). Residuals fan a gradient out unchanged, so ``res1.grad`` / ``res2.grad`` are the adds
+where the two paths' gradients meet (dx = d_x_part + d_x_mid, d_x_mid = d_y + d_x_mid_part).
+Norm and activation gradients recompute what they need from their forward inputs (mean, rstd,
+tanh, sigmoid) instead of storing it. ``attn.grad`` (fused, FlashAttention-2 style) recomputes the
+scores from Q, K and the saved log-sum-exp; unfused reads the stored softmax matrix.
+
+``flops`` counts the math the kernels execute:
+
+- GEMM: 2 M N K.
+- attention: per (batch, head) and per *unmasked* score element (every element when not causal;
+  when causal, exactly the elements at or below the shifted diagonal, counted element by element
+  rather than by tile, so a partly masked tile counts only its unmasked part): 2 d for QK^T, 2 d
+  for PV, and ``ELEMENTWISE_FLOPS["softmax"]`` for the softmax.
+- attention_grad: per unmasked element, matmuls 2 d each: fused 5 (S = QK^T recomputed, dV = P^T
+  dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), unfused 4 (P is read back); elementwise: fused 4
+  (P = exp(S - lse): 2; dS = P (dP - D): 2) plus D = rowsum(dO o O) at 2 d per query row; unfused 4
+  (P o dP, its row sum, subtract, multiply).
+- elementwise ops: ``ELEMENTWISE_FLOPS[kind]`` per element of [rows, cols].
+
+``model_flops`` is the seed's textbook count: 2 T K N per weight GEMM (dgrad and wgrad each equal
+their forward GEMM, so backward = 2 x forward); attention 2 b q_len kv_len h per matmul, two
+matmuls, over the full q_len x kv_len even when causal (prefill / train: 4 b s^2 h; decode:
+4 b kv_len h); attention_grad twice the forward; elementwise ops 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:                                   # pragma: no cover
+    from .model import Workload
+
+# Flops per element, with what each counts (an FMA is 2, a transcendental is 1).
+ELEMENTWISE_FLOPS = {
+    "add": 1,               # a + b
+    "relu": 1,              # max(x, 0)
+    "layernorm": 7,         # sum x, x - mean, square, sum of squares, * rstd, * gamma, + beta
+    "rmsnorm": 4,           # square, sum of squares, * rstd, * gamma
+    "gelu": 9,              # x^2 1, fma(0.044715, x^2, 1) 2, * x 1, * sqrt(2/pi) 1, tanh 1,
+                            # 0.5 x 1, fma(0.5x, t, 0.5x) 2
+    "swiglu": 5,            # per output element: exp(-g) 1, 1 + 1, reciprocal 1, * g 1, * up 1
+    "softmax": 5,           # max, subtract (the 1/sqrt(d) scale folded into it), exp, sum, * 1/sum
+    "relu_grad": 1,         # select
+    "layernorm_grad": 16,   # recompute mean/rstd/xhat 5, dxhat = dy*gamma 1, dgamma += dy*xhat 2,
+                            # dbeta += dy 1, sums of dxhat and dxhat*xhat 3,
+                            # dx = rstd (dxhat - m1 - xhat m2) 4
+    "rmsnorm_grad": 11,     # recompute rstd/xhat 3, dxhat 1, dgamma += dy*xhat 2, sum dxhat*xhat 2,
+                            # dx = rstd (dxhat - xhat m) 3
+    "gelu_grad": 18,        # recompute inner and tanh 6; dt = (1 - t^2) c (1 + 3*0.044715 x^2):
+                            # t^2 1, 1 - t^2 1, fma 2, two products 2; gelu' = 0.5 (1 + t) 2
+                            # + 0.5 x dt (0.5 x 1, fma 2); * dy 1
+    "swiglu_grad": 11,      # recompute sigmoid 3, silu 1, d_up = dy*silu 1,
+                            # d_gate = dy*up*s*(1 + g (1 - s)) 6
+}
+
+GEMM_NAMES = ("qkv", "proj", "ffn1", "ffn2")
+KINDS = ("gemm", "attention", "attention_grad", "layernorm", "rmsnorm", "gelu", "relu", "swiglu",
+         "add", "layernorm_grad", "rmsnorm_grad", "gelu_grad", "relu_grad", "swiglu_grad")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of the block (see the module docstring for names, layouts and counts).
+
+    ``dims`` by kind: gemm {M, N, K, trans_a, trans_b} (C[M,N] = op(A) @ op(B), A and B being
+    ``inputs[0]`` and ``inputs[1]`` as stored); attention / attention_grad {batch, heads, q_len,
+    kv_len, head_dim, causal, fused}; norms, activations, add {rows, cols} (swiglu and
+    swiglu_grad: cols = f, the width of the activation's output)."""
+
+    name: str
+    kind: str
+    dims: dict
+    dtype: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    flops: int
+    model_flops: int
+
+    def __hash__(self):                              # dims is a dict: hash its items
+        return hash((self.name, self.kind, tuple(sorted(self.dims.items())), self.dtype, self.inputs,
+                     self.outputs, self.flops, self.model_flops))
+
+
+def unmasked_scores(q_len: int, kv_len: int, causal: bool) -> int:
+    """Score elements of one (batch, head) that a causal mask leaves (all when not causal).
+    Query i sits at position kv_len - q_len + i and sees keys 0 .. kv_len - q_len + i."""
+    if not causal:
+        return q_len * kv_len
+    off = kv_len - q_len                             # >= 0: queries are the last q_len positions
+    return q_len * (off + 1) + q_len * (q_len - 1) // 2
+
+
+@dataclass
+class _Builder:
+    dtype: str
+    ops: list = field(default_factory=list)
+    shapes: dict = field(default_factory=dict)
+
+    def tensor(self, name: str, shape: tuple) -> str:
+        old = self.shapes.setdefault(name, tuple(int(v) for v in shape))
+        assert old == tuple(shape), (name, old, shape)
+        return name
+
+    def add(self, name, kind, dims, inputs, outputs, flops, model_flops):
+        self.ops.append(Op(name, kind, dict(dims), self.dtype, tuple(inputs), tuple(outputs), int(flops),
+                           int(model_flops)))
+
+    def gemm(self, name, a, b, c, M, N, K, trans_a=False, trans_b=False, model=True):
+        f = 2 * M * N * K
+        self.add(name, "gemm", dict(M=M, N=N, K=K, trans_a=trans_a, trans_b=trans_b), (a, b), (c,), f,
+                 f if model else 0)
+
+    def eltwise(self, name, kind, rows, cols, inputs, outputs):
+        self.add(name, kind, dict(rows=rows, cols=cols), inputs, outputs, ELEMENTWISE_FLOPS[kind] * rows * cols, 0)
+
+
+def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
+    """(ops in execution order, tensor name -> shape) of one decoder block of ``w``."""
+    m, sc = w.model, w.scenario
+    b, h, n, d, f = sc.batch, m.hidden, m.heads, m.head_dim, m.ffn_hidden
+    decode = sc.phase == "decode"
+    train = sc.phase == "train"
+    q_len = 1 if decode else sc.seq
+    kv_len = sc.seq + 1 if decode else sc.seq
+    T = b * q_len
+    swiglu = m.activation == "swiglu"
+    f1 = 2 * f if swiglu else f                      # ffn1's output width
+    fused = sc.attention == "fused"
+    layernorm = m.norm == "layernorm"
+    B = _Builder(sc.dtype)
+    t = B.tensor
+
+    def norm_inputs(i, src):
+        ins = [src, t(f"norm{i}_gamma", (h,))]
+        if layernorm:
+            ins.append(t(f"norm{i}_beta", (h,)))
+        return ins
+
+    # ---- forward ----
+    t("x", (T, h))
+    B.eltwise("norm1", m.norm, T, h, norm_inputs(1, "x"), [t("x_n1", (T, h))])
+    B.gemm("qkv", "x_n1", t("w_qkv", (h, 3 * h)), t("qkv", (T, 3 * h)), T, 3 * h, h)
+    adims = dict(batch=b, heads=n, q_len=q_len, kv_len=kv_len, head_dim=d, causal=sc.causal, fused=fused)
+    cells = b * n * unmasked_scores(q_len, kv_len, sc.causal)
+    a_flops = cells * (2 * 2 * d + ELEMENTWISE_FLOPS["softmax"])
+    a_model = 2 * 2 * b * q_len * kv_len * h
+    a_in = ["qkv"]
+    if decode:
+        a_in += [t("k_cache", (b, kv_len, h)), t("v_cache", (b, kv_len, h))]
+    a_out = [t("attn_out", (T, h))]
+    if train:
+        a_out.append(t("attn_lse", (b, n, sc.seq)) if fused else t("attn_probs", (b, n, sc.seq, sc.seq)))
+    B.add("attn", "attention", adims, a_in, a_out, a_flops, a_model)
+    B.gemm("proj", "attn_out", t("w_proj", (h, h)), t("proj_out", (T, h)), T, h, h)
+    B.eltwise("res1", "add", T, h, ["x", "proj_out"], [t("x_mid", (T, h))])
+    B.eltwise("norm2", m.norm, T, h, norm_inputs(2, "x_mid"), [t("x_n2", (T, h))])
+    B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)
+    B.eltwise("act", m.activation, T, f, ["ffn1_out"], [t("act_out", (T, f))])
+    B.gemm("ffn2", "act_out", t("w_ffn2", (f, h)), t("ffn2_out", (T, h)), T, h, f)
+    B.eltwise("res2", "add", T, h, ["x_mid", "ffn2_out"], [t("y", (T, h))])
+    if not train:
+        return B.ops, B.shapes
+
+    # ---- backward (reverse order) ----
+    def grad(name):
+        return t("d_" + name, B.shapes[name])
+
+    grad("y")
+
+    def gemm_grads(name, x, wname, yname):
+        (K, N) = B.shapes[wname]
+        B.gemm(f"{name}.dgrad", "d_" + yname, wname, grad(x), T, K, N, trans_b=True)
+        B.gemm(f"{name}.wgrad", x, "d_" + yname, grad(wname), K, N, T, trans_a=True)
+
+    def norm_grad(i, src, part):
+        ins = [src, f"norm{i}_gamma", f"d_x_n{i}"]
+        outs = [t(part, (T, h)), grad(f"norm{i}_gamma")] + ([grad(f"norm{i}_beta")] if layernorm else [])
+        B.eltwise(f"norm{i}.grad", m.norm + "_grad", T, h, ins, outs)
+
+    gemm_grads("ffn2", "act_out", "w_ffn2", "y")
+    B.eltwise("act.grad", m.activation + "_grad", T, f, ["ffn1_out", "d_act_out"], [grad("ffn1_out")])
+    gemm_grads("ffn1", "x_n2", "w_ffn1", "ffn1_out")
+    norm_grad(2, "x_mid", "d_x_mid_part")
+    B.eltwise("res2.grad", "add", T, h, ["d_y", "d_x_mid_part"], [grad("x_mid")])
+    gemm_grads("proj", "attn_out", "w_proj", "x_mid")
+    g_in = ["qkv", "attn_out", "attn_lse", "d_attn_out"] if fused else ["qkv", "attn_probs", "d_attn_out"]
+    mm, ew = (5, 4) if fused else (4, 4)
+    g_flops = cells * (mm * 2 * d + ew) + (b * n * q_len * 2 * d if fused else 0)
+    B.add("attn.grad", "attention_grad", adims, g_in, [grad("qkv")], g_flops, 2 * a_model)
+    gemm_grads("qkv", "x_n1", "w_qkv", "qkv")
+    norm_grad(1, "x", "d_x_part")
+    B.eltwise("res1.grad", "add", T, h, ["d_x_mid", "d_x_part"], [grad("x")])
+    return B.ops, B.shapes
