@@ -1,0 +1,342 @@
+"""float64 numpy references: per op kind, one decoder block, and an executor of the op graph.
+
+Emitters' tests import the per-kind references (``ref_layernorm``, ``ref_rmsnorm``, ``ref_gelu``,
+``ref_swiglu``, ``ref_softmax``, ``ref_attention``, ``ref_gemm`` and the gradients). The block
+level has two independent routes to the same numbers:
+
+- ``reference_block(workload, weights, x)``: the block written out directly (prefill semantics:
+  every token of every sequence at once, causal per the scenario);
+- ``execute_ops(workload, tensors)``: runs ``workload.block_ops()`` op by op, each through its
+  per-kind reference, reading and writing tensors by the op graph's names. This is what emitted
+  kernels chained together must reproduce; it covers decode (KV cache) and train (backward) too.
+
+Layouts are the op graph's (ops.py): activations [T, h] row-major with T = batch x tokens, the
+sequences one after another; qkv [T, 3h] with Q, K, V thirds and head i at cols i*d of each
+third; swiglu's ffn1 output [T, 2f] with gate cols 0..f-1 and up cols f..2f-1. Attention scales
+scores by 1/sqrt(head_dim). GELU is the tanh approximation (GPT-2's gelu_new, BLOOM's
+bloom_gelu), not the erf form.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional
+
+import numpy as np
+
+if TYPE_CHECKING:                                   # pragma: no cover
+    from .model import Workload
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+_GELU_A = 0.044715
+
+
+# ---- per op kind ------------------------------------------------------------------------------
+
+def ref_gemm(a, b, trans_a: bool = False, trans_b: bool = False) -> np.ndarray:
+    """C = op(A) @ op(B) in float64 (op = transpose when the flag is set)."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return (a.T if trans_a else a) @ (b.T if trans_b else b)
+
+
+def ref_add(a, b) -> np.ndarray:
+    return np.asarray(a, np.float64) + np.asarray(b, np.float64)
+
+
+def ref_softmax(x, axis: int = -1) -> np.ndarray:
+    """Softmax along ``axis``, max-subtracted; rows that are entirely -inf give zeros."""
+    x = np.asarray(x, np.float64)
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return np.divide(e, s, out=np.zeros_like(e), where=s > 0)
+
+
+def ref_layernorm(x, g, b, eps: float = 1e-5) -> np.ndarray:
+    """(x - mean) / sqrt(var + eps) * g + b over the last axis (biased variance)."""
+    x = np.asarray(x, np.float64)
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * np.asarray(g, np.float64) + np.asarray(b, np.float64)
+
+
+def ref_rmsnorm(x, g, eps: float = 1e-5) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * g over the last axis."""
+    x = np.asarray(x, np.float64)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * np.asarray(g, np.float64)
+
+
+def ref_gelu(x) -> np.ndarray:
+    """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    x = np.asarray(x, np.float64)
+    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + _GELU_A * x ** 3)))
+
+
+def ref_relu(x) -> np.ndarray:
+    return np.maximum(np.asarray(x, np.float64), 0.0)
+
+
+def ref_swiglu(gate, up) -> np.ndarray:
+    """silu(gate) * up = gate * sigmoid(gate) * up."""
+    g = np.asarray(gate, np.float64)
+    return g / (1.0 + np.exp(-g)) * np.asarray(up, np.float64)
+
+
+def causal_mask(q_len: int, kv_len: int) -> np.ndarray:
+    """[q_len, kv_len] booleans, True where query i (at position kv_len - q_len + i) sees key j."""
+    pos = np.arange(q_len)[:, None] + (kv_len - q_len)
+    return np.arange(kv_len)[None, :] <= pos
+
+
+def _scores(q, k, causal: bool, scale: float) -> np.ndarray:
+    s = np.einsum("...id,...jd->...ij", q, k) * scale
+    if causal:
+        s = np.where(causal_mask(q.shape[-2], k.shape[-2]), s, -np.inf)
+    return s
+
+
+def ref_attention(q, k, v, causal: bool, scale: Optional[float] = None, return_lse: bool = False):
+    """softmax(q k^T * scale, masked) @ v over the last two axes: q [..., Lq, d], k and v
+    [..., Lk, d] (e.g. [batch, heads, L, d]). Causal aligns the queries with the last Lq keys.
+    ``scale`` defaults to 1/sqrt(d). With ``return_lse``: (out, log-sum-exp of each row's scaled
+    scores [..., Lq])."""
+    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    s = _scores(q, k, causal, scale)
+    p = ref_softmax(s)
+    out = p @ v
+    if not return_lse:
+        return out
+    m = s.max(-1)
+    return out, m + np.log(np.exp(s - m[..., None]).sum(-1))
+
+
+def ref_attention_probs(q, k, causal: bool, scale: Optional[float] = None) -> np.ndarray:
+    """The softmax matrix [..., Lq, Lk] (zeros where masked): what unfused attention stores."""
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    return ref_softmax(_scores(q, k, causal, scale))
+
+
+# ---- gradients (each checked against finite differences in tests/test_workloads.py) -----------
+
+def ref_layernorm_grad(x, g, dy, eps: float = 1e-5):
+    """(dx, dgamma, dbeta) of ref_layernorm; dgamma and dbeta summed over rows."""
+    x, g, dy = (np.asarray(t, np.float64) for t in (x, g, dy))
+    mu = x.mean(-1, keepdims=True)
+    rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
+    xh = (x - mu) * rstd
+    dxh = dy * g
+    dx = rstd * (dxh - dxh.mean(-1, keepdims=True) - xh * (dxh * xh).mean(-1, keepdims=True))
+    rows = tuple(range(x.ndim - 1))
+    return dx, (dy * xh).sum(rows), dy.sum(rows)
+
+
+def ref_rmsnorm_grad(x, g, dy, eps: float = 1e-5):
+    """(dx, dgamma) of ref_rmsnorm; dgamma summed over rows."""
+    x, g, dy = (np.asarray(t, np.float64) for t in (x, g, dy))
+    rstd = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+    xh = x * rstd
+    dxh = dy * g
+    dx = rstd * (dxh - xh * (dxh * xh).mean(-1, keepdims=True))
+    return dx, (dy * xh).sum(tuple(range(x.ndim - 1)))
+
+
+def ref_gelu_grad(x, dy) -> np.ndarray:
+    x, dy = np.asarray(x, np.float64), np.asarray(dy, np.float64)
+    t = np.tanh(_GELU_C * (x + _GELU_A * x ** 3))
+    dt = (1.0 - t * t) * _GELU_C * (1.0 + 3.0 * _GELU_A * x * x)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * dt)
+
+
+def ref_relu_grad(x, dy) -> np.ndarray:
+    return np.where(np.asarray(x) > 0, np.asarray(dy, np.float64), 0.0)
+
+
+def ref_swiglu_grad(gate, up, dy):
+    """(dgate, dup) of ref_swiglu."""
+    g, u, dy = (np.asarray(t, np.float64) for t in (gate, up, dy))
+    s = 1.0 / (1.0 + np.exp(-g))
+    return dy * u * s * (1.0 + g * (1.0 - s)), dy * g * s
+
+
+def ref_attention_grad(q, k, v, dout, causal: bool, scale: Optional[float] = None, probs=None):
+    """(dq, dk, dv) of ref_attention. ``probs`` (the stored softmax matrix) is used when given,
+    otherwise it is recomputed from q and k."""
+    q, k, v, do = (np.asarray(t, np.float64) for t in (q, k, v, dout))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    p = ref_attention_probs(q, k, causal, scale) if probs is None else np.asarray(probs, np.float64)
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(v, -1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
+
+
+# ---- layouts ----------------------------------------------------------------------------------
+
+def split_heads(t, batch: int, heads: int) -> np.ndarray:
+    """[batch*L, heads*d] (sequences one after another) -> [batch, heads, L, d]."""
+    t = np.asarray(t)
+    rows, cols = t.shape
+    return t.reshape(batch, rows // batch, heads, cols // heads).transpose(0, 2, 1, 3)
+
+
+def merge_heads(t) -> np.ndarray:
+    """[batch, heads, L, d] -> [batch*L, heads*d]."""
+    b, n, L, d = t.shape
+    return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(b * L, n * d)
+
+
+# ---- one block --------------------------------------------------------------------------------
+
+def random_weights(workload: "Workload", seed: int = 0) -> dict[str, np.ndarray]:
+    """float64 weights of one block, named as in the op graph: w_qkv [h, 3h], w_proj [h, h],
+    w_ffn1 [h, f] (swiglu [h, 2f]), w_ffn2 [f, h] drawn N(0, 1/K) so activations stay O(1);
+    norm gammas 1 + N(0, 0.1^2), betas N(0, 0.1^2) (layernorm only)."""
+    m = workload.model
+    h, f = m.hidden, m.ffn_hidden
+    f1 = 2 * f if m.activation == "swiglu" else f
+    rng = np.random.default_rng(seed)
+    w = {}
+    for name, (K, N) in (("w_qkv", (h, 3 * h)), ("w_proj", (h, h)), ("w_ffn1", (h, f1)), ("w_ffn2", (f, h))):
+        w[name] = rng.standard_normal((K, N)) / math.sqrt(K)
+    for i in (1, 2):
+        w[f"norm{i}_gamma"] = 1.0 + 0.1 * rng.standard_normal(h)
+        if m.norm == "layernorm":
+            w[f"norm{i}_beta"] = 0.1 * rng.standard_normal(h)
+    return w
+
+
+def _norm(workload, x, weights, i):
+    m = workload.model
+    if m.norm == "layernorm":
+        return ref_layernorm(x, weights[f"norm{i}_gamma"], weights[f"norm{i}_beta"], m.norm_eps)
+    return ref_rmsnorm(x, weights[f"norm{i}_gamma"], m.norm_eps)
+
+
+def _activation(kind: str, z, f: int):
+    if kind == "gelu":
+        return ref_gelu(z)
+    if kind == "relu":
+        return ref_relu(z)
+    return ref_swiglu(z[:, :f], z[:, f:])
+
+
+def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[dict] = None) -> np.ndarray:
+    """One decoder block forward in float64, prefill semantics: ``x`` is [batch*L, h], the
+    scenario's ``batch`` sequences of L tokens each one after another (L = rows / batch), every
+    token computed at once, causal per the scenario. Returns y [batch*L, h]. When ``tensors`` is a
+    dict it receives the intermediates under the op graph's names (x_n1, qkv, attn_out, ...)."""
+    m, sc = workload.model, workload.scenario
+    x = np.asarray(x, np.float64)
+    if x.ndim != 2 or x.shape[1] != m.hidden or x.shape[0] % sc.batch:
+        raise ValueError(f"x must be [batch*L, {m.hidden}] with batch {sc.batch}, got {x.shape}")
+    b, n, h, f = sc.batch, m.heads, m.hidden, m.ffn_hidden
+    x_n1 = _norm(workload, x, weights, 1)
+    qkv = x_n1 @ weights["w_qkv"]
+    q, k, v = (split_heads(qkv[:, i * h:(i + 1) * h], b, n) for i in range(3))
+    attn_out = merge_heads(ref_attention(q, k, v, sc.causal))
+    x_mid = x + attn_out @ weights["w_proj"]
+    x_n2 = _norm(workload, x_mid, weights, 2)
+    ffn1_out = x_n2 @ weights["w_ffn1"]
+    act_out = _activation(m.activation, ffn1_out, f)
+    y = x_mid + act_out @ weights["w_ffn2"]
+    if tensors is not None:
+        tensors.update(x=x, x_n1=x_n1, qkv=qkv, attn_out=attn_out, x_mid=x_mid, x_n2=x_n2, ffn1_out=ffn1_out,
+                       act_out=act_out, y=y)
+    return y
+
+
+# ---- the op graph, op by op -------------------------------------------------------------------
+
+def _attention_qkv(op, tensors):
+    """q, k, v as [batch, heads, L, d] for an attention op (K/V from the cache in decode)."""
+    d = op.dims
+    b, n = d["batch"], d["heads"]
+    qkv = tensors["qkv"]
+    h = qkv.shape[1] // 3
+    q = split_heads(qkv[:, :h], b, n)
+    if "k_cache" in op.inputs:
+        kc, vc = tensors["k_cache"], tensors["v_cache"]
+        k, v = (c.reshape(b * d["kv_len"], h) for c in (kc, vc))
+        return q, split_heads(k, b, n), split_heads(v, b, n)
+    return q, split_heads(qkv[:, h:2 * h], b, n), split_heads(qkv[:, 2 * h:], b, n)
+
+
+def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
+    """The outputs of one op (name -> float64 array) from ``tensors`` (which must hold its inputs)."""
+    ins = [np.asarray(tensors[name], np.float64) for name in op.inputs]
+    k, d = op.kind, op.dims
+    if k == "gemm":
+        outs = [ref_gemm(ins[0], ins[1], d["trans_a"], d["trans_b"])]
+    elif k == "add":
+        outs = [ref_add(*ins)]
+    elif k == "layernorm":
+        outs = [ref_layernorm(*ins, eps=norm_eps)]
+    elif k == "rmsnorm":
+        outs = [ref_rmsnorm(*ins, eps=norm_eps)]
+    elif k in ("gelu", "relu"):
+        outs = [_activation(k, ins[0], d["cols"])]
+    elif k == "swiglu":
+        outs = [ref_swiglu(ins[0][:, :d["cols"]], ins[0][:, d["cols"]:])]
+    elif k == "layernorm_grad":
+        outs = list(ref_layernorm_grad(ins[0], ins[1], ins[2], norm_eps))
+    elif k == "rmsnorm_grad":
+        outs = list(ref_rmsnorm_grad(ins[0], ins[1], ins[2], norm_eps))
+    elif k == "gelu_grad":
+        outs = [ref_gelu_grad(*ins)]
+    elif k == "relu_grad":
+        outs = [ref_relu_grad(*ins)]
+    elif k == "swiglu_grad":
+        f = d["cols"]
+        outs = [np.concatenate(ref_swiglu_grad(ins[0][:, :f], ins[0][:, f:], ins[1]), axis=1)]
+    elif k == "attention":
+        q, kk, v = _attention_qkv(op, tensors)
+        out, lse = ref_attention(q, kk, v, d["causal"], return_lse=True)
+        outs = [merge_heads(out)]
+        if "attn_lse" in op.outputs:
+            outs.append(lse)
+        if "attn_probs" in op.outputs:
+            outs.append(ref_attention_probs(q, kk, d["causal"]))
+    elif k == "attention_grad":
+        q, kk, v = _attention_qkv(op, tensors)
+        b, n = d["batch"], d["heads"]
+        do = split_heads(tensors["d_attn_out"], b, n)
+        if "attn_lse" in op.inputs:                  # fused: P recomputed from the saved log-sum-exp
+            s = _scores(q, kk, d["causal"], 1.0 / math.sqrt(d["head_dim"]))
+            probs = np.exp(s - np.asarray(tensors["attn_lse"], np.float64)[..., None])
+        else:                                        # unfused: the stored softmax matrix
+            probs = tensors["attn_probs"]
+        grads = ref_attention_grad(q, kk, v, do, d["causal"], probs=probs)
+        outs = [np.concatenate([merge_heads(g) for g in grads], axis=1)]
+    else:
+        raise ValueError(f"op {op.name}: no reference for kind {k!r}")
+    if len(outs) != len(op.outputs):
+        raise ValueError(f"op {op.name}: reference made {len(outs)} outputs for {op.outputs}")
+    return dict(zip(op.outputs, outs))
+
+
+def execute_ops(workload: "Workload", tensors: dict) -> dict[str, np.ndarray]:
+    """Run ``workload.block_ops()`` in order through the per-kind references. ``tensors`` must hold
+    the block's inputs (x, the weights, k_cache/v_cache in decode, d_y in train); returns a new
+    dict with every tensor the ops produced added. Each output's shape is checked against
+    ``workload.tensor_shapes()``."""
+    shapes = workload.tensor_shapes()
+    env = dict(tensors)
+    for op in workload.block_ops():
+        missing = [name for name in op.inputs if name not in env]
+        if missing:
+            raise KeyError(f"op {op.name}: inputs {missing} are neither given nor produced earlier")
+        for name, value in run_op(op, env, workload.model.norm_eps).items():
+            if value.shape != shapes[name]:
+                raise ValueError(f"op {op.name}: {name} has shape {value.shape}, the graph says {shapes[name]}")
+            env[name] = value
+    return env
+
+
+__all__ = ["causal_mask", "execute_ops", "merge_heads", "random_weights", "ref_add", "ref_attention",
+           "ref_attention_grad", "ref_attention_probs", "ref_gelu", "ref_gelu_grad", "ref_gemm", "ref_layernorm",
+           "ref_layernorm_grad", "ref_relu", "ref_relu_grad", "ref_rmsnorm", "ref_rmsnorm_grad", "ref_softmax",
+           "ref_swiglu", "ref_swiglu_grad", "reference_block", "run_op", "split_heads"]
