@@ -23,9 +23,13 @@ ffn2_out           [T, h]
 w_qkv [h, 3h], w_proj [h, h], w_ffn1 [h, f | 2f], w_ffn2 [f, h]   weights, W as [K, N]
 norm1_gamma, norm1_beta, norm2_gamma, norm2_beta [h]   (beta only for layernorm)
 k_cache, v_cache   [b, kv_len, h]        decode: the KV cache (heads as in qkv's K / V thirds)
-attn_lse           [b, n, s]             train, fused: per-row log-sum-exp of the scaled scores
-attn_probs         [b, n, s, s]          train, unfused: the softmax matrix (stored in DRAM)
-d_<name>                                 the gradient of the loss with respect to <name>
+attn_lse           [b, n, s]             train, fused: per-row natural log-sum-exp of the scaled,
+                                         masked scores (what the backward recomputes P from)
+attn_probs         [b, n, s, s]          train, unfused: the softmax matrix, zeros where masked
+d_<name>           as <name>             the gradient of the loss with respect to <name>
+                                         (d_qkv in qkv's layout; d_norm*_gamma/beta summed over rows)
+d_x_part           [T, h]                norm1.grad's output: the part of d_x through norm1
+d_x_mid_part       [T, h]                norm2.grad's output: the part of d_x_mid through norm2
 =================  ====================  ==================================================
 
 Decode: the cache holds the ``seq`` earlier tokens; the new token's K and V (its row of qkv, cols
@@ -33,6 +37,11 @@ h..3h-1) are stored at cache row ``seq`` before attention runs (in a server the 
 writes them there), so ``attn`` reads kv_len = seq + 1 rows and the new token attends to every
 earlier token and to itself. Its query sits at position kv_len - 1, so a causal mask hides
 nothing.
+
+Norm grads take (input, gamma, d_output) and give (d_input part, d_gamma[, d_beta]); activation
+grads take (ffn1_out, d_act_out) and give d_ffn1_out (swiglu: [T, 2f], d_gate then d_up).
+``Op.dtype`` is the scenario's (the storage type of activations and weights; accumulation
+precision is the emitters' choice).
 
 Causal masking in general: query i of q_len (0-based) sits at position kv_len - q_len + i and
 sees keys 0 .. kv_len - q_len + i.
