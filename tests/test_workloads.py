@@ -205,6 +205,9 @@ def test_missing_key_yaml_syntax_and_non_mapping(tmp_path):
     line = _error(tmp_path=tmp_path, text="name: x\nmodel: [1, 2\n")
     assert "YAML syntax error" in line and line.startswith(str(tmp_path / "w.yaml") + ":")
     assert "mapping" in _error(tmp_path=tmp_path, text="- 1\n- 2\n")
+    (tmp_path / "w.yaml").write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        load_workload(str(tmp_path / "w.yaml"))
 
 
 @pytest.mark.parametrize("overrides, words", [

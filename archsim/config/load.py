@@ -96,6 +96,8 @@ def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise InputError(label, f"cannot read file: {e.strerror or e}", "a readable YAML file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(label, f"not UTF-8 text (byte {e.start})", "a YAML text file") from None
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
