@@ -110,7 +110,7 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
                               "queue_mean": round(x["queue_mean"], 4), "queue_max": int(x["queue_max"])}
                              for x in fab["links"]]},
         "memory_controllers": mcs,
-        "timeline": timeline_record(machine, window, rows, cyc),
+        "timeline": timeline_record(machine, window, rows, timing.timeline_end if timing.timeline_end >= 0 else cyc),
         "caches": {lvl: _cache_summary(mem[lvl]) for lvl in ("l1", "l2") if lvl in mem},
         "load_latency_mean_cycles": round(mem["load_latency"]["sum"] / mem["load_latency"]["count"], 2)
         if mem["load_latency"]["count"] else 0.0,

@@ -79,8 +79,12 @@ class TState(NamedTuple):
     issued: np.ndarray       # int64 [cores] warp-instructions
     flops: np.ndarray        # int64 [cores]
     pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
+    # per launch block (for wave sampling and traces; -1 until it happens)
+    blk_start: np.ndarray    # int64 [blocks] cycle the block was dispatched
+    blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
+    blk_core: np.ndarray     # int32 [blocks] core it ran on
     # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
-    # [3] blocks total, [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
+    # [3] end of the block range (blocks total unless sampling), [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
     # [8] the sub-core whose scheduler is running (-1: none)
     k: np.ndarray
 
@@ -112,13 +116,20 @@ def make_core_cfg(machine, scratch_bytes: int) -> CoreCfg:
     return CoreCfg(v)
 
 
-def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int) -> TState:
+def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int,
+                first_block: int = 0, end_block: int | None = None) -> TState:
+    """Timing state for a launch of `nblocks` blocks of which blocks [first_block, end_block) run
+    (all of them by default; a range serves wave sampling: the blocks keep their grid ids)."""
     v = cfg.v
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
     NW = cores * slots
     k = np.zeros(9, np.int64)
-    k[3], k[4], k[5], k[6], k[8] = nblocks, wpb, regs_per_warp, smem_per_block, -1
+    end = nblocks if end_block is None else end_block
+    if not 0 <= first_block <= end <= nblocks:
+        raise ValueError(f"block range [{first_block}, {end}) outside the launch's {nblocks} blocks")
+    k[0], k[1] = first_block, first_block
+    k[3], k[4], k[5], k[6], k[8] = end, wpb, regs_per_warp, smem_per_block, -1
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
@@ -133,7 +144,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         core_smem=np.zeros(cores, np.int64), core_regs=np.zeros(cores, np.int64),
         core_blocks=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
-        pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), k=k)
+        pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), blk_start=np.full(nblocks, -1, np.int64),
+        blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k)
 
 
 # ----------------------------------------------------------------------------- event-driven scheduling
@@ -244,6 +256,8 @@ def dispatch_block(C, TS, S, core, now):
         else:
             run = 0
     TS.bs_block[bs] = blk
+    TS.blk_start[blk] = now
+    TS.blk_core[blk] = core
     TS.bs_alive[bs] = wpb
     TS.bs_arrived[bs] = 0
     TS.bs_first[bs] = first
@@ -321,6 +335,7 @@ def _retire_block(C, TS, S, bs, now):
         TS.wst[TS.bs_first[bs] + i] = T_EMPTY
         TS.slot_block[TS.bs_first[bs] + i] = -1
     S.block_smem[blk] = -1
+    TS.blk_done[blk] = now
     TS.bs_block[bs] = -1
     TS.core_blocks[core] -= 1
     TS.core_warps[core] -= TS.bs_nwarps[bs]

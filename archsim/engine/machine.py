@@ -187,3 +187,9 @@ class KernelTiming:
     memory: dict
     timeline: tuple = (0, None)  # (window cycles, cumulative counter rows at window ends; last row = end)
     buffers: dict = None         # backed buffer arguments as the kernel left them
+    block_start: np.ndarray = None  # per block of the range run: dispatch cycle, retire cycle, core
+    block_done: np.ndarray = None
+    block_core: np.ndarray = None
+    first_block: int = 0            # grid id of the range's first block
+    timeline_end: int = -1          # the cycle the timeline rows end at (-1: `cycles`; a sampled
+                                    # launch extrapolates `cycles` past its simulated timeline)

@@ -104,7 +104,10 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
 
 
 def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9,
-                skip: bool = True, window_cycles: int = 1024) -> MA.KernelTiming:
+                skip: bool = True, window_cycles: int = 1024,
+                blocks: tuple[int, int] | None = None) -> MA.KernelTiming:
+    """Time `launch` of `prog`. `blocks` = (first, end) runs only that range of the launch's blocks
+    (they keep their grid ids and so their addresses): wave sampling (archsim.sample) uses it."""
     from archsim.config.derived import capabilities
 
     check(prog, capabilities(machine))
@@ -115,7 +118,11 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     C = K.make_core_cfg(machine, scratch)
     cores = int(C.v[K.C_CORES])
     placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks)
-    TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem)
+    first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
+    if not 0 <= first < end <= launch.blocks:
+        raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
+                         f"a non-empty range within the launch's {launch.blocks} blocks")
+    TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end)
     Dd = D.decode(prog, machine)
     MS = M.make_mstate(machine, TS)
     out = np.zeros(5, np.int64)
@@ -129,7 +136,9 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
                              skipped_cycles=int(out[4]), stuck_warp=int(out[2]), stall=TS.stall.copy(),
                              flops=int(TS.flops.sum()), pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
                              memory=M.mem_counters(MS, int(out[1])),
-                             timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers)
+                             timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers,
+                             block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
+                             block_core=TS.blk_core[first:end].copy(), first_block=first)
     if timing.outcome == MA.DONE:
         return timing
     w = timing.stuck_warp
