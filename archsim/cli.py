@@ -87,6 +87,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", metavar="FILE", help="a reference YAML (default: the machine's built-in one)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
 
+    for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
+                           ("compare", "the same workload on several machines, kernel by kernel")):
+        p = sub.add_parser(name, help=helptext)
+        if name == "run":
+            _add_machine_options(p)
+        else:
+            p.add_argument("--hw", action="append", required=True, metavar="HW",
+                           help="a machine (YAML path or built-in name); give two or more")
+            p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
+                           help="override one config value of every machine (dotted path), repeatable")
+            p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE",
+                           help="apply an overlay YAML to every machine, repeatable")
+        p.add_argument("--workload", required=True, metavar="WL",
+                       help="a workload YAML or a built-in name (gpt2-small, llama2-7b, gpt3-175b, bloom-176b, tiny)")
+        p.add_argument("--phase", help="train | prefill | decode (default: the workload's scenario)")
+        p.add_argument("--batch", help="micro-batch size")
+        p.add_argument("--seq", help="sequence length (decode: tokens in the KV cache)")
+        p.add_argument("--layers", help="decoder blocks")
+        p.add_argument("--dtype", help="fp16 | bf16 | fp32")
+        p.add_argument("--attention", help="fused | unfused")
+        p.add_argument("--causal", help="true | false")
+        p.add_argument("--mode", choices=("timing", "functional"), default="timing",
+                       help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
+        p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
+                                                                "(default: a few waves, extrapolated)")
+        p.add_argument("--sample-waves", type=int, default=3, metavar="N",
+                       help="waves simulated before a big launch is extrapolated (>= 3)")
+        p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
+                       help="stop a launch after N core cycles (exit 3, partial result)")
+        p.add_argument("--out", metavar="DIR", help="write result.json and plots (PNG) there")
+        p.add_argument("--trace", action="store_true", help="with --out: also trace.json (Perfetto / Chrome trace)")
+        p.add_argument("--json", metavar="FILE", help="write the result JSON")
+
+    p = sub.add_parser("plot", help="plots (PNG) of a result.json / compare.json or a run's --out directory")
+    p.add_argument("path", metavar="RESULT.json|DIR")
+    p.add_argument("--out", metavar="DIR", help="where to write the plots (default: beside the result)")
+
     p = sub.add_parser("bench", help="simulator speed: warp-instructions per second on fixed cases")
     p.add_argument("--json", metavar="FILE", help="write the archsim.bench/1 result")
     return parser
@@ -263,6 +300,166 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def _load_workload(a):
+    from archsim.workloads.model import load_workload
+
+    over = {k: getattr(a, k) for k in ("phase", "batch", "seq", "layers", "dtype", "attention", "causal")}
+    return load_workload(a.workload, over)
+
+
+def _run_options(a):
+    from archsim.run import RunOptions
+
+    if a.max_cycles <= 0:
+        raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
+    if a.sample_waves < 3:
+        raise InputError("--sample-waves", f"{a.sample_waves}", "at least 3 (wave 1 is the cold start; two steady "
+                                                                "waves give the error estimate)")
+    if a.trace and not a.out:
+        raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
+    return RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves, max_cycles=a.max_cycles,
+                      trace=a.trace)
+
+
+def _progress(label: str):
+    """A progress bar on a terminal, nothing otherwise (CONTRACT: quiet when not a terminal)."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=label, unit="kernel", file=sys.stderr, leave=False)
+
+    def update(i, n, name):
+        bar.total = n
+        bar.n = i
+        bar.set_postfix_str(name)
+        bar.refresh()
+
+    return update, bar.close
+
+
+def _out_dir(path: str) -> Path:
+    out = Path(path)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError("--out", f"cannot create {path}: {e.strerror}", "a writable directory path")
+    return out
+
+
+def _write_outputs(a, doc: dict, results: list[dict], name: str) -> None:
+    if a.json:
+        _write_json(a.json, doc)
+    if not a.out:
+        return
+    from archsim.report.plots import write_plots
+
+    out = _out_dir(a.out)
+    _write_json(str(out / name), doc)
+    write_plots(doc, out)
+    if a.trace:
+        from archsim.report.trace import trace_document
+
+        _write_json(str(out / "trace.json"), trace_document([r for r in results if r.get("mode") != "functional"]))
+
+
+def _run_one(a, machine, wl, opts, label):
+    from archsim.run import run_workload
+
+    update, close = _progress(label)
+    try:
+        return run_workload(machine, wl, opts, progress=update)
+    finally:
+        close()
+
+
+def cmd_run(a) -> int:
+    from archsim.config.load import load_machine
+    from archsim.report.tables import functional_table, run_table
+
+    machine = load_machine(a.hw, a.overlays, a.sets)
+    wl = _load_workload(a)
+    opts = _run_options(a)
+    try:
+        doc = _run_one(a, machine, wl, opts, f"{wl.name} on {machine.name}")
+    except SimulationError as e:
+        partial = getattr(e, "partial_document", None)
+        if partial is not None:
+            _write_outputs(a, partial, [partial], "result.json")
+        raise
+    print(functional_table(doc) if opts.mode == "functional" else run_table(doc))
+    _write_outputs(a, doc, [doc], "result.json")
+    if opts.mode == "functional" and not doc["passed"]:
+        print("archsim: functional verification failed (see the table)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_compare(a) -> int:
+    from archsim.config.load import load_machine
+    from archsim.report.tables import compare_table, functional_table
+
+    if len(a.hw) < 2:
+        raise InputError("--hw", f"compare got {len(a.hw)} machine", "two or more --hw")
+    machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
+    wl = _load_workload(a)
+    opts = _run_options(a)
+    from archsim.run import emit_block
+
+    for m in machines:
+        emit_block(m, wl)  # every machine can run the workload, before any simulation starts
+    results = []
+    failed = False
+    for m in machines:
+        try:
+            results.append(_run_one(a, m, wl, opts, f"{wl.name} on {m.name}"))
+        except SimulationError as e:
+            partial = getattr(e, "partial_document", None)
+            if partial is not None:
+                results.append(partial)
+                _write_outputs(a, _compare_doc(results, complete=False), results, "compare.json")
+            raise
+        failed |= opts.mode == "functional" and not results[-1]["passed"]
+    doc = _compare_doc(results)
+    if opts.mode == "functional":
+        for r in results:
+            print(functional_table(r))
+    else:
+        print(compare_table(results))
+    _write_outputs(a, doc, results, "compare.json")
+    return 1 if failed else 0
+
+
+def _compare_doc(results: list[dict], complete: bool = True) -> dict:
+    return {"schema": "archsim.compare/1", "complete": complete and all(r.get("complete", True) for r in results),
+            "machines": [r["machine"]["name"] for r in results], "workload": results[0]["workload"],
+            "results": results}
+
+
+def cmd_plot(a) -> int:
+    from archsim.report.plots import write_plots
+
+    path = Path(a.path)
+    if path.is_dir():
+        cands = [path / "result.json", path / "compare.json"]
+        path = next((c for c in cands if c.exists()), None)
+        if path is None:
+            raise InputError(a.path, "no result.json or compare.json in this directory", "a run's --out directory")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(str(path), f"cannot read: {e}", "a result JSON file") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}", f"not JSON: {e.msg}", "a result JSON file") from None
+    if not isinstance(doc, dict) or doc.get("schema") not in ("archsim.result/1", "archsim.compare/1"):
+        raise InputError(str(path), f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}",
+                         "archsim.result/1 or archsim.compare/1")
+    files = write_plots(doc, Path(a.out) if a.out else path.parent)
+    for f in files:
+        print(f)
+    return 0
+
+
 def _write_json(path: str, obj) -> None:
     try:
         Path(path).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
@@ -271,7 +468,7 @@ def _write_json(path: str, obj) -> None:
 
 
 COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, "validate": cmd_validate,
-            "bench": cmd_bench}
+            "bench": cmd_bench, "run": cmd_run, "compare": cmd_compare, "plot": cmd_plot}
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,121 @@
+"""Plots of results (PNG). The only module that imports matplotlib (with the Agg backend, so it
+works without a display).
+
+- ``kernels.png``: per kernel, the time of all its launches, and beside it the stall breakdown of
+  its warp-cycles;
+- ``timeline.png``: the kernels' timelines end to end: IPC, DRAM GB/s against the machine's peak,
+  and the share of warp-cycles waiting on memory (long scoreboard);
+- ``compare.png`` (several machines): time per kernel, machine beside machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+STALL_COLORS = {"issued": "#2ca02c", "not_selected": "#98df8a", "wait": "#ffbb78", "long_scoreboard": "#d62728",
+                "short_scoreboard": "#ff9896", "pipe_busy": "#1f77b4", "barrier": "#9467bd", "dma_wait": "#8c564b",
+                "idle": "#c7c7c7"}
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_kernels(result: dict, path: Path) -> Path:
+    plt = _plt()
+    ks = result["kernels"]
+    names = [k["name"] for k in ks]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.4 * len(ks) + 1.8), sharey=True)
+    ys = range(len(ks))
+    ax1.barh(ys, [k["seconds"] * k["count"] * 1e3 for k in ks], color="#1f77b4")
+    ax1.set_yticks(list(ys), names)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("time of all launches (ms)")
+    left = [0.0] * len(ks)
+    for st, col in STALL_COLORS.items():
+        vals = [k.get("stalls", {}).get(st, 0.0) for k in ks]
+        ax2.barh(ys, vals, left=left, color=col, label=st)
+        left = [a + b for a, b in zip(left, vals)]
+    ax2.set_xlim(0, 1)
+    ax2.set_xlabel("share of resident warp-cycles")
+    ax2.legend(fontsize=7, loc="lower right", ncol=3)
+    w = result["workload"]
+    fig.suptitle(f"{w['name']} {w['phase']} on {result['machine']['name']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(result: dict, path: Path) -> Path:
+    plt = _plt()
+    ghz = float(result["machine"]["clock_ghz"])
+    fig, axs = plt.subplots(3, 1, figsize=(11, 7), sharex=True)
+    t0 = 0.0
+    for k in result["kernels"]:
+        tl = k.get("timeline", {})
+        win = tl.get("window_cycles", 0)
+        s = tl.get("series", {})
+        n = len(s.get("ipc", []))
+        xs = [(t0 + (j + 0.5) * win) / (ghz * 1e3) for j in range(n)]
+        axs[0].plot(xs, s.get("ipc", []), lw=0.8)
+        axs[1].plot(xs, s.get("dram_gbps", []), lw=0.8, label=k["name"])
+        axs[2].plot(xs, s.get("stall_long_scoreboard", []), lw=0.8)
+        t0 += n * win
+    peak = result["machine"].get("peak_dram_gbps")
+    if peak:
+        axs[1].axhline(peak, color="k", ls="--", lw=0.7)
+    axs[0].set_ylabel("IPC (warp-instr/cycle)")
+    axs[1].set_ylabel("DRAM GB/s")
+    axs[2].set_ylabel("long-scoreboard share")
+    axs[2].set_xlabel("simulated time (us; sampled launches show their simulated waves)")
+    if len(result["kernels"]) <= 16:
+        axs[1].legend(fontsize=7, ncol=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_compare(results: list[dict], path: Path) -> Path:
+    plt = _plt()
+    names = []
+    for r in results:
+        for k in r["kernels"]:
+            if k["name"] not in names:
+                names.append(k["name"])
+    fig, ax = plt.subplots(figsize=(12, 0.45 * len(names) * len(results) + 1.5))
+    h = 0.8 / len(results)
+    for i, r in enumerate(results):
+        by = {k["name"]: k["seconds"] * k["count"] * 1e3 for k in r["kernels"]}
+        ax.barh([j + i * h for j in range(len(names))], [by.get(n, 0.0) for n in names], height=h,
+                label=r["machine"]["name"])
+    ax.set_yticks([j + 0.4 - h / 2 for j in range(len(names))], names)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("time of all launches (ms, log scale)")
+    ax.legend()
+    w = results[0]["workload"]
+    ax.set_title(f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(doc: dict, out: Path) -> list[Path]:
+    """Plots for a result document (archsim.result/1) or a comparison (archsim.compare/1)."""
+    out.mkdir(parents=True, exist_ok=True)
+    if doc.get("schema") == "archsim.compare/1":
+        files = [plot_compare(doc["results"], out / "compare.png")]
+        for r in doc["results"]:
+            files.append(plot_kernels(r, out / f"kernels-{r['machine']['name']}.png"))
+        return files
+    if doc.get("mode") == "functional":
+        return []
+    return [plot_kernels(doc, out / "kernels.png"), plot_timeline(doc, out / "timeline.png")]

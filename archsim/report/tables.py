@@ -1,0 +1,121 @@
+"""Terminal tables for `archsim run` and `archsim compare` (plain text, fixed-width columns).
+
+Bottleneck of a kernel (compare): the resource closest to its peak, as a share of that peak:
+compute (achieved TFLOP/s / the machine's peak for the workload's dtype), memory (achieved DRAM
+GB/s / peak DRAM bandwidth), fabric (the busiest link's utilization). When none reaches half of
+its peak the kernel is bound by latency (dependent memory accesses, too few warps, launch ramp).
+"""
+
+from __future__ import annotations
+
+LATENCY_BELOW = 0.5
+
+
+def _peak(result: dict, dtype: str) -> float:
+    p = result["machine"].get("peak_tflops", {})
+    return float(p.get(dtype, p.get("fp32", 0.0)) or 0.0)
+
+
+def utilizations(kernel: dict, result: dict) -> dict:
+    dtype = result["workload"].get("dtype", "fp16")
+    peak = _peak(result, dtype)
+    dram_peak = float(result["machine"].get("peak_dram_gbps", 0.0) or 0.0)
+    return {"compute": kernel["tflops"] / peak if peak else 0.0,
+            "memory": kernel["bandwidth_gbps"].get("dram", 0.0) / dram_peak if dram_peak else 0.0,
+            "fabric": float(kernel.get("fabric", {}).get("link_util_max", 0.0))}
+
+
+def bottleneck(kernel: dict, result: dict) -> str:
+    u = utilizations(kernel, result)
+    name = max(u, key=u.get)
+    return name if u[name] >= LATENCY_BELOW else "latency"
+
+
+def top_stall(kernel: dict) -> str:
+    st = {k: v for k, v in kernel.get("stalls", {}).items() if k != "issued"}
+    if not st:
+        return "-"
+    k = max(st, key=st.get)
+    return f"{k} {st[k] * 100:.0f}%"
+
+
+def _us(sec: float) -> str:
+    us = sec * 1e6
+    return f"{us:,.1f}" if us < 1e5 else f"{us:,.0f}"
+
+
+def run_table(result: dict) -> str:
+    """kernel, count, cycles, time, TFLOP/s, DRAM GB/s, top stall; then the total."""
+    w = result["workload"]
+    lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']}, "
+             f"{w['attention']} attention) on {result['machine']['name']}",
+             f"{'kernel':<16} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
+             f"{'sampled':>8}  top stall"]
+    for k in result["kernels"]:
+        samp = f"{k['sample_error_est'] * 100:.1f}%" if k.get("sampled") else "-"
+        lines.append(f"{k['name']:<16} {k['count']:>5} {k['cycles']:>11,} {_us(k['seconds']):>11} {k['tflops']:>8.1f} "
+                     f"{k['bandwidth_gbps'].get('dram', 0.0):>10.1f} {samp:>8}  {top_stall(k)}")
+    t = result["total"]
+    lines.append(f"{'total':<16} {'':>5} {t['cycles']:>11,} {_us(t['seconds']):>11} {t['tflops']:>8.1f}")
+    sim = result.get("sim", {})
+    if sim:
+        lines.append(f"simulated in {sim['wall_seconds']:.1f} s ({sim['warp_instructions_per_second']:,.0f} "
+                     "warp-instructions/s); time per kernel is per launch, the total counts every launch")
+    return "\n".join(lines)
+
+
+def compare_table(results: list[dict]) -> str:
+    """Kernel by kernel and in total: per machine the time of all its launches, TFLOP/s, share of
+    the machine's peak for the workload's dtype, and the bottleneck."""
+    names = []
+    for r in results:
+        for k in r["kernels"]:
+            if k["name"] not in names:
+                names.append(k["name"])
+    w = results[0]["workload"]
+    head = f"{'kernel':<16}"
+    for r in results:
+        m = r["machine"]["name"]
+        head += f" | {m + ' time us':>16} {'TFLOP/s':>8} {'peak':>6} {'bound':>8}"
+    lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']})",
+             head]
+    for n in names:
+        row = f"{n:<16}"
+        for r in results:
+            k = next((k for k in r["kernels"] if k["name"] == n), None)
+            if k is None:
+                row += f" | {'-':>16} {'':>8} {'':>6} {'':>8}"
+                continue
+            share = k["tflops"] / _peak(r, w["dtype"]) if _peak(r, w["dtype"]) else 0.0
+            row += (f" | {_us(k['seconds'] * k['count']):>16} {k['tflops']:>8.1f} {share * 100:>5.1f}% "
+                    f"{bottleneck(k, r):>8}")
+        lines.append(row)
+    row = f"{'total':<16}"
+    for r in results:
+        t = r["total"]
+        share = t["tflops"] / _peak(r, w["dtype"]) if _peak(r, w["dtype"]) else 0.0
+        # the total's bottleneck: the one that holds the most time
+        by = {}
+        for k in r["kernels"]:
+            b = bottleneck(k, r)
+            by[b] = by.get(b, 0.0) + k["seconds"] * k["count"]
+        row += f" | {_us(t['seconds']):>16} {t['tflops']:>8.1f} {share * 100:>5.1f}% {max(by, key=by.get) if by else '-':>8}"
+    lines.append(row)
+    return "\n".join(lines)
+
+
+def functional_table(result: dict) -> str:
+    """`run --mode functional`: per kernel its op's check against numpy, then the whole block."""
+    w = result["workload"]
+    lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['dtype']}) on "
+             f"{result['machine']['name']}, functional: outputs against float64 numpy",
+             f"{'kernel':<16} {'grid':>14} {'warp-instr':>11} {'max abs err':>12} {'max rel err':>12}  check"]
+    for k in result["kernels"]:
+        v = k["verification"]
+        grid = "x".join(str(g) for g in k["grid"])
+        lines.append(f"{k['name']:<16} {grid:>14} {k['warp_instructions']:>11,} {v['max_abs_err']:>12.3g} "
+                     f"{v['max_rel_err']:>12.3g}  {'ok' if v['passed'] else 'FAILED'}")
+    b = result["block_verification"]
+    lines.append(f"{'block output':<16} {'':>14} {'':>11} {b['max_abs_err']:>12.3g} {b['max_rel_err']:>12.3g}  "
+                 f"{'ok' if b['passed'] else 'FAILED'} ({', '.join(b['tensors'])} against a float64 pass of the block)")
+    return "\n".join(lines)

@@ -1,0 +1,240 @@
+"""`archsim run`: a workload (decoder blocks of a model in a phase) on a machine.
+
+One decoder block is emitted (archsim.workloads.emit) and its kernels run in op order; the
+workload is ``layers`` identical blocks, so every kernel counts ``layers`` times. Within a block,
+kernels with the same program, launch and arguments (the two residual adds, norm1 and norm2 of
+the same shape) are timed once and counted for each occurrence: `count` in the result.
+
+- timing mode: each distinct kernel is timed on the cycle model (archsim.sample: big launches
+  from a few simulated waves) with address-space-only buffers;
+- functional mode (small shapes): every kernel runs on real values in block order, each output is
+  compared with the op's float64 numpy reference computed from the kernel's actual inputs, and the
+  block's final hidden state with a float64 numpy forward pass of the whole block
+  (archsim.workloads.reference); any failure exits 1.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from archsim.config.derived import capabilities
+from archsim.errors import InputError, SimulationError
+from archsim.stats import result as result_doc
+from archsim.stats import totals
+
+WAVES_DEFAULT = 3
+
+
+@dataclass
+class RunOptions:
+    mode: str = "timing"           # timing | functional
+    sample: bool = True            # wave sampling of big launches (--no-sample: every block)
+    waves: int = WAVES_DEFAULT     # waves simulated before extrapolating
+    max_cycles: int = 10**9
+    seed: int = 0
+    trace: bool = False            # keep per-block dispatch/retire cycles (report.trace)
+
+
+def emit_block(machine, wl) -> list:
+    """The kernels of one decoder block for this machine (InputError if it cannot run them)."""
+    caps = capabilities(machine)
+    if caps.family == "gpu":
+        from archsim.workloads.emit.gpu import emit_op
+    else:
+        raise InputError(f"--hw {machine.name}", f"no kernel emitters for the {caps.family} family yet "
+                         "(the Sunway timing model and emitters are issue 4)", "a gpu-family machine")
+    kernels = []
+    for op in wl.block_ops():
+        kernels.extend(emit_op(op, caps))
+    return kernels
+
+
+def workload_record(wl) -> dict:
+    return wl.summary()
+
+
+def _distinct(kernels: list) -> list[tuple]:
+    """(kernel, occurrences in the block), first occurrence order."""
+    seen: dict[str, list] = {}
+    for k in kernels:
+        key = k.key()
+        if key in seen:
+            seen[key][1] += 1
+        else:
+            seen[key] = [k, 1]
+    return [tuple(v) for v in seen.values()]
+
+
+def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
+    from archsim.engine.timing import Unbacked
+    from archsim.sample import sampled_record
+    from archsim.workloads.emit.gpu import Slot
+
+    t0 = time.perf_counter()
+    kernels = emit_block(machine, wl)
+    groups = _distinct(kernels)
+    layers = wl.model.layers
+    recs = []
+    simulated = 0
+    for i, (k, n) in enumerate(groups):
+        if progress:
+            progress(i, len(groups), k.name)
+        args = {p: Unbacked(v.nbytes) if isinstance(v, Slot) else v for p, v in k.params.items()}
+        try:
+            rec = sampled_record(k.name, k.program, machine, k.launch, args, count=n * layers, flops=k.flops,
+                                 model_flops=k.model_flops, waves=opts.waves, max_cycles=opts.max_cycles,
+                                 sample=opts.sample, trace=opts.trace)
+        except SimulationError as e:
+            done = result_doc(machine, workload_record(wl), recs, time.perf_counter() - t0, complete=False,
+                              simulated_warp_instructions=simulated)
+            e.partial_document = done
+            raise
+        rec["op"] = k.op
+        if n > 1:
+            rec["also"] = [x.name for x in kernels if x.key() == k.key() and x.name != k.name]
+        simulated += rec["simulated_warp_instructions"]
+        recs.append(rec)
+    if progress:
+        progress(len(groups), len(groups), "")
+    return result_doc(machine, workload_record(wl), recs, time.perf_counter() - t0,
+                      simulated_warp_instructions=simulated)
+
+
+# tolerances (atol, rtol) of an op's outputs against float64 numpy from the exact inputs the
+# kernels read, by storage dtype: f32 math, one rounding to the storage format per kernel (an op of
+# several kernels rounds its intermediates too, hence 2-4 ulps of the format)
+OP_TOL = {"fp32": (1e-4, 1e-4), "f32": (1e-4, 1e-4), "fp16": (4e-3, 8e-3), "f16": (4e-3, 8e-3),
+          "bf16": (3e-2, 6e-2)}
+# the whole block's output against a float64 forward pass from the same initial tensors: every
+# intermediate was rounded to the storage format (about 10 roundings on the longest path)
+BLOCK_TOL = {"fp32": (1e-3, 1e-3), "fp16": (3e-2, 3e-2), "bf16": (2.5e-1, 2.5e-1)}
+
+
+def _verify(got: np.ndarray, ref: np.ndarray, tol: tuple) -> dict:
+    atol, rtol = tol
+    got = np.asarray(got, np.float64).reshape(ref.shape)
+    err = np.abs(got - ref)
+    rel = err / np.maximum(np.abs(ref), atol)
+    passed = bool(np.all(err <= atol + rtol * np.abs(ref)))
+    return {"max_abs_err": float(err.max()) if err.size else 0.0,
+            "max_rel_err": float(rel.max()) if rel.size else 0.0, "passed": passed}
+
+
+def _merge_ver(a: dict | None, b: dict) -> dict:
+    if a is None:
+        return dict(b)
+    return {"max_abs_err": max(a["max_abs_err"], b["max_abs_err"]),
+            "max_rel_err": max(a["max_rel_err"], b["max_rel_err"]), "passed": a["passed"] and b["passed"]}
+
+
+def _initial_tensors(wl, seed: int) -> dict:
+    """float64 values of the tensors the block reads before writing: the weights (scaled 1/sqrt(K)
+    as random_weights draws them), the input x, the KV cache (decode), d_y (train): N(0, 1)."""
+    from archsim.workloads.reference import random_weights
+
+    weights = random_weights(wl, seed)
+    rng = np.random.default_rng(seed + 1)
+    shapes = wl.tensor_shapes()
+    produced = set()
+    init = {}
+    for op in wl.block_ops():
+        for name in op.inputs:
+            if name not in produced and name not in init:
+                init[name] = weights[name] if name in weights else rng.standard_normal(shapes[name])
+        produced.update(op.outputs)
+    return init
+
+
+def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
+    """Every kernel of one block on real values, in op order. After an op's kernels, its outputs
+    are checked against archsim.workloads.reference.run_op on the exact values its kernels read;
+    at the end the block's outputs against a float64 pass of the whole op graph from the same
+    initial tensors (execute_ops) and, in prefill, against reference_block, an independent numpy
+    forward pass."""
+    from archsim.engine.functional import run_functional
+    from archsim.workloads import reference as R
+    from archsim.workloads.emit.gemm_gpu import to_host
+    from archsim.workloads.emit.gpu import Slot, host_to_float
+
+    t0 = time.perf_counter()
+    caps = capabilities(machine)
+    kernels = emit_block(machine, wl)
+    ops = wl.block_ops()
+    shapes = wl.tensor_shapes()
+    specs = {}
+    for k in kernels:
+        for t in k.tensors:
+            specs.setdefault(t.name, t)
+    init = _initial_tensors(wl, opts.seed)
+    host = {n: to_host(np.asarray(v, np.float32).reshape(specs[n].shape), specs[n].dtype)
+            for n, v in init.items() if n in specs}
+
+    def value(n):
+        return host_to_float(host[n], specs[n].dtype).reshape(shapes[n])
+
+    recs, op_ver = [], {}
+    done = 0
+    for op in ops:
+        before = {n: value(n) for n in op.inputs if n in host}
+        for k in (k for k in kernels if k.op == op.name):
+            if progress:
+                progress(done, len(kernels), k.name)
+            args = {}
+            for p, v in k.params.items():
+                if not isinstance(v, Slot):
+                    args[p] = v
+                elif v.tensor in host:
+                    args[p] = host[v.tensor].copy() if p in k.outputs else host[v.tensor]
+                else:
+                    args[p] = to_host(np.zeros(specs[v.tensor].shape, np.float32), specs[v.tensor].dtype)
+            res = run_functional(k.program, args, k.launch, warp_width=caps.warp_width, ncores=caps.cores_total)
+            for p in k.outputs:
+                host[k.params[p].tensor] = res.output(p)
+            recs.append({"name": k.name, "op": k.op, "count": wl.model.layers, "grid": list(k.launch.grid),
+                         "block": list(k.launch.block), "flops": int(k.flops), "model_flops": int(k.model_flops),
+                         "warp_instructions": int(res.warp_instructions)})
+            done += 1
+        env = {n: value(n) for n in host if n in shapes}
+        env.update(before)  # an op that updates a tensor in place is checked from what it read
+        ver = None
+        for n, ref in R.run_op(op, env, wl.model.norm_eps).items():
+            ver = _merge_ver(ver, _verify(value(n), ref, OP_TOL[specs[n].dtype]))
+        op_ver[op.name] = ver
+    for r in recs:
+        r["verification"] = op_ver[r["op"]]
+    if progress:
+        progress(len(kernels), len(kernels), "")
+    # the whole block from the same initial values (as the kernels read them: rounded)
+    start = {n: value(n) for n in init if n in host}
+    env = R.execute_ops(wl, start)
+    tol = BLOCK_TOL[wl.scenario.dtype]
+    finals = list(ops[-1].outputs)
+    block = None
+    for n in finals:
+        block = _merge_ver(block, _verify(value(n), env[n], tol))
+    if wl.scenario.phase == "prefill":
+        y = R.reference_block(wl, {n: v for n, v in start.items() if n != "x"}, start["x"])
+        block = _merge_ver(block, _verify(value("y"), y, tol))
+    block["tensors"] = finals
+    wall = time.perf_counter() - t0
+    doc = {"schema": "archsim.result/1", "complete": True, "mode": "functional",
+           "machine": {"name": machine.name}, "workload": workload_record(wl),
+           "total": {"flops": sum(r["flops"] * r["count"] for r in recs),
+                     "model_flops": sum(r["model_flops"] * r["count"] for r in recs),
+                     "warp_instructions": sum(r["warp_instructions"] * r["count"] for r in recs)},
+           "kernels": recs, "block_verification": block, "sim": {"wall_seconds": round(wall, 4)}}
+    doc["passed"] = all(r["verification"]["passed"] for r in recs) and block["passed"]
+    return doc
+
+
+def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> dict:
+    opts = opts or RunOptions()
+    if opts.mode == "functional":
+        return run_functional_block(machine, wl, opts, progress)
+    return run_timing(machine, wl, opts, progress)
+
+
+__all__ = ["RunOptions", "emit_block", "run_workload", "totals"]
