@@ -211,3 +211,23 @@ def test_timing_moves_only_q_k_v_and_o_through_dram():
     s_matrix = 2 * 128 * 128 * 2                   # the fp16 scores of both heads
     assert moved < total + s_matrix / 4
     assert r.flops >= k.flops                        # the engine counts every mma, masked lanes too
+
+
+def test_micro_attention_runs_the_fused_kernel():
+    from archsim import micro as MI
+
+    tiny = load_machine("tiny-gpu")
+    r = MI.run_micro("attention", tiny, {"seq": 100, "heads": 2, "head_dim": 32, "causal": True})
+    k = flash_attention_kernel(capabilities(tiny), 1, 2, 100, 100, 32, causal=True)
+    assert r.unit == "TFLOP/s" and r.value > 0
+    rec = r.kernels[0]
+    assert rec["name"] == k.program.name and rec["grid"] == [2, 2, 1]
+    assert rec["flops"] == k.flops and rec["model_flops"] == k.model_flops
+    assert r.value == pytest.approx(k.flops / rec["seconds"] / 1e12)
+    assert r.document(tiny)["schema"] == "archsim.micro/1"
+    with pytest.raises(InputError, match="fused"):
+        MI.run_micro("attention", tiny, {"fused": "false"})
+    with pytest.raises(InputError, match="head_dim"):
+        MI.run_micro("attention", tiny, {"head_dim": 48})
+    with pytest.raises(InputError, match="seq"):
+        MI.run_micro("attention", tiny, {"seq": 0})
