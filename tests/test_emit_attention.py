@@ -4,11 +4,14 @@ Tolerance, per output element (reference in float64 from the exact inputs):
 
     |got - ref| <= 2u * (|ref| + (P |V|)) + 1e-6
 
-u is the unit roundoff of the input dtype (fp16 2^-11, bf16 2^-8). The kernel rounds twice in
-that format: each probability p once (to feed the P V mma), which moves O by at most u * sum(p |v|)
-/ l = u * (P|V|), and the output once (u * |O|). Everything else is fp32 (scores, the running
-max and sum, the accumulators, ex2 and rcp correctly rounded): ~1e-6 relative here. The factor 2
-leaves room for those fp32 errors; a layout, mask or rescaling bug gives errors of order |V|.
+u is the unit roundoff of the input dtype (fp16 2^-11, bf16 2^-8). The tensor-core kernel rounds
+twice in that format: each probability p once (to feed the P V mma), which moves O by at most
+u * sum(p |v|) / l = u * (P|V|), and the output once (u * |O|). Everything else is fp32 (scores,
+the running max and sum, the accumulators, ex2 and rcp correctly rounded): ~1e-6 relative here.
+The factor 2 leaves room for those fp32 errors; a layout, mask or rescaling bug gives errors of
+order |V|. The FFMA kernel keeps p in fp32, so fp32 inputs get u = 2^-17 (~8e-6): fp32 scores of
+size ~10 carry ~1e-6 absolute error into ex2, i.e. ~1e-6 relative on each p, and sums over <= 129
+keys add a few ulps more.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from archsim.isa.check import check
 from archsim.isa.opcodes import SEM, opcodes
 from archsim.workloads.emit.attention_gpu import causal_pairs, flash_attention_kernel
 
-U = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+U = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -17}
 _CAPS = {}
 
 
@@ -36,6 +39,11 @@ def caps_of(hw: str):
 
 def _abs(X, dtype):
     return (X & np.uint16(0x7FFF)) if dtype == "bf16" else np.abs(X)
+
+
+def _no_fp16_tensor(caps):
+    return dataclasses.replace(caps, name=caps.name + " (tensor units without fp16/bf16)",
+                               tensor_dtypes=frozenset({"tf32"}))
 
 
 def run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv=False, seed=0):
@@ -91,6 +99,32 @@ def test_flash_attention_matches_numpy(hw, batch, heads, q_len, kv_len, d, dtype
     k, _ = run_and_compare(caps_of(hw), batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=q_len + 7 * d)
     assert k.kind == "mma"
     assert k.launch.grid == (-(-q_len // 64), heads, batch) and k.launch.block == (128, 1, 1)
+
+
+FFMA_CASES = [
+    ("a100", 2, 3, 37, 37, 64, "fp32", False, False),
+    ("a100", 2, 3, 70, 70, 32, "fp32", True, True),
+    ("a100", 1, 1, 129, 129, 128, "fp32", True, False),
+    ("a100", 2, 3, 1, 77, 64, "fp32", True, False),
+    ("tiny-gpu", 2, 3, 37, 37, 64, "fp32", True, False),
+    ("a100-no-f16-tensor", 1, 2, 70, 70, 64, "fp16", True, False),
+    ("a100-no-f16-tensor", 1, 2, 37, 100, 32, "bf16", True, True),
+]
+
+
+@pytest.mark.parametrize("hw,batch,heads,q_len,kv_len,d,dtype,causal,qkv", FFMA_CASES,
+                         ids=[f"{c[0]}-b{c[1]}h{c[2]}-{c[3]}x{c[4]}-d{c[5]}-{c[6]}{'-causal' if c[7] else ''}"
+                              f"{'-qkv' if c[8] else ''}" for c in FFMA_CASES])
+def test_ffma_variant_matches_numpy(hw, batch, heads, q_len, kv_len, d, dtype, causal, qkv):
+    """fp32, or fp16 / bf16 on tensor units that lack them: the same algorithm on the FFMA pipes."""
+    caps = _no_fp16_tensor(caps_of("a100")) if hw == "a100-no-f16-tensor" else caps_of(hw)
+    if qkv and q_len != kv_len:
+        qkv = False
+    k, _ = run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=q_len + d)
+    assert k.kind == "ffma"
+    mn = {opcodes()[int(o)].mnemonic for o in k.program.op}
+    assert not any(opcodes()[int(o)].unit == "tensor" for o in k.program.op)
+    assert {"fma.f32", "ex2.f32", "cp.async.16", "shfl.bfly.b64"} <= mn
 
 
 # ----------------------------------------------------------------------------- what the program is
@@ -175,10 +209,10 @@ def test_bad_requests_are_clear_errors():
         flash_attention_kernel(caps, 1, 2, 8, 8, 64, q_ld=100)
     with pytest.raises(InputError, match="dtype"):
         flash_attention_kernel(caps, 1, 1, 8, 8, 64, "int8")
-    with pytest.raises(InputError, match="no FFMA variant"):
-        flash_attention_kernel(caps, 1, 1, 8, 8, 64, "fp32")
-    with pytest.raises(InputError, match="no FFMA variant"):
-        flash_attention_kernel(dataclasses.replace(caps, tensor_dtypes=frozenset({"tf32"})), 1, 1, 8, 8, 64)
+    with pytest.raises(InputError, match="async copies"):
+        flash_attention_kernel(dataclasses.replace(caps, has_async_copy=False), 1, 1, 8, 8, 64)
+    with pytest.raises(InputError, match="FFMA kernel"):
+        flash_attention_kernel(caps_of("tiny-gpu"), 1, 1, 8, 8, 128, "fp32")
     with pytest.raises(InputError, match="gpu family"):
         flash_attention_kernel(caps_of("tiny-sunway"), 1, 1, 8, 8, 64)
     with pytest.raises(InputError, match="scale"):
@@ -191,6 +225,8 @@ def test_bad_requests_are_clear_errors():
         k.args(Q[:4].copy(), K, V, O)
     with pytest.raises(InputError, match="q_len == kv_len"):
         k.qkv_args(Q, O)
+    with pytest.raises(InputError, match="multiple of 8"):
+        k.args(Q, K, V, O, k_off=4)
 
 
 # ----------------------------------------------------------------------------- timing

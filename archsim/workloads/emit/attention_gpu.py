@@ -52,9 +52,16 @@ The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's A
 
 Tile rule: the first of Bc = 64, 32, 16 (Q in its own region, else Q staged in the K/V stages and
 moved to registers before the first K/V copy) whose shared memory, registers per thread and
-registers per block fit the target. head_dim 32, 64, 128; fp16 and bf16 on tensor units. A
-dtype without tensor support (fp32, or a target without tensor units) has no kernel yet: a clear
-InputError.
+registers per block fit the target. head_dim 32, 64, 128; fp16 and bf16 on tensor units.
+
+FFMA variant (fp32, or fp16 / bf16 where the tensor units lack them): the same algorithm on the
+vector pipes. A pair of adjacent threads owns a query row, each holding half of the row of Q
+(pre-scaled by scale*log2(e), in f32) and half of the row of O; K/V tiles are copied raw by
+cp.async into two stages (rows padded by 16 bytes between the halves: the two halves of a warp
+read different banks, the 16 lanes of a half one broadcast address); keys are taken 8 at a
+time: a score is an fma chain over the half row plus one shfl.bfly with the partner, then the
+online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
+converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
 
 ``flops`` counts the math of the unmasked (query, key) pairs: 4*d per pair (2d for a score, 2d
 for its share of P V), all q_len*kv_len pairs when not causal, the exact visible count when
@@ -79,7 +86,8 @@ __all__ = ["AttentionKernel", "flash_attention_kernel", "attention_reference", "
 
 _DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
-_HOST = {"fp16": np.float16, "bf16": np.uint16}
+_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
 _MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}
 _CVT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 HEAD_DIMS = (32, 64, 128)
@@ -87,6 +95,7 @@ BR = 64                      # query rows per block
 WARPS = 4                    # 16 query rows each
 THREADS = 32 * WARPS
 BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
+FFMA_BC_CHOICES = (64, 32, 16, 8)
 PARAMS = ("Q", "K", "V", "O", "q_len", "kv_len", "q_ld", "kv_ld", "o_ld", "q_off", "k_off", "v_off", "o_off")
 LOG2E = 1.4426950408889634
 
@@ -141,9 +150,9 @@ class AttentionKernel:
 
     def buffer_bytes(self, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
         """Bytes each buffer must hold (for ``Unbacked(nbytes)`` in timing runs)."""
-        B, Lq, Lk = self.batch, self.q_len, self.kv_len
-        return {"Q": 2 * self._need(B * Lq, self.q_ld, q_off), "K": 2 * self._need(B * Lk, self.kv_ld, k_off),
-                "V": 2 * self._need(B * Lk, self.kv_ld, v_off), "O": 2 * self._need(B * Lq, self.o_ld, o_off)}
+        B, Lq, Lk, es = self.batch, self.q_len, self.kv_len, _ES[self.dtype]
+        return {"Q": es * self._need(B * Lq, self.q_ld, q_off), "K": es * self._need(B * Lk, self.kv_ld, k_off),
+                "V": es * self._need(B * Lk, self.kv_ld, v_off), "O": es * self._need(B * Lq, self.o_ld, o_off)}
 
     def args(self, Q, K, V, O, *, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
         """Kernel arguments: the four buffers (numpy arrays of the kernel's host dtype, any shape,
@@ -152,8 +161,8 @@ class AttentionKernel:
         where = f"attention b{self.batch} h{self.heads} {self.q_len}x{self.kv_len} d{self.head_dim}"
         offs = {"q_off": q_off, "k_off": k_off, "v_off": v_off, "o_off": o_off}
         for n, v in offs.items():
-            if int(v) != v or v < 0:
-                raise InputError(where, f"{n} = {v!r}", "an element offset >= 0")
+            if int(v) != v or v < 0 or v % 8:
+                raise InputError(where, f"{n} = {v!r}", "an element offset >= 0, a multiple of 8 (16-byte copies)")
         want = self.buffer_bytes(q_off, k_off, v_off, o_off)
         for name, v in (("Q", Q), ("K", K), ("V", V), ("O", O)):
             if isinstance(v, np.ndarray):
@@ -575,10 +584,294 @@ def _emit_mma(c: _Cfg) -> Program:
     return a.build()
 
 
+# ----------------------------------------------------------------------------- the FFMA kernel
+U = 8                        # keys per online-softmax step of the FFMA kernel
+
+
+@dataclass(frozen=True)
+class _FCfg:
+    dtype: str          # fp32, or fp16 / bf16 on a target whose tensor units lack it
+    d: int
+    causal: bool
+    Bc: int
+    c: float
+
+
+def _emit_ffma(c: _FCfg) -> Program:
+    """The same algorithm on the vector pipes: a pair of threads per query row, each holding half
+    of the (pre-scaled) Q row and half of the O row in f32 registers; K/V tiles staged raw by
+    cp.async into two shared-memory stages (rows padded by 16 bytes between the halves, so the
+    two halves of a warp read different banks; the 16 lanes of a half read one address, a
+    broadcast); keys taken U = 8 at a time: scores by fma over the half row plus one shfl.bfly,
+    then the online-softmax update and O += p V by fma."""
+    d, Bc, es = c.d, c.Bc, (4 if c.dtype == "fp32" else 2)
+    HB = d // 2 * es                          # bytes of a half row
+    RBp = 2 * HB + 16                         # padded shared row
+    KV_BYTES = Bc * RBp
+    SB = 2 * KV_BYTES
+    CPR = d * es // 16
+    RS = THREADS // CPR
+    if RS > Bc or Bc % RS:
+        raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+    H = d // 2                                # elements a thread holds
+    NV = HB // 16                             # 16-byte loads per half row
+    name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+    a = _Asm(name, PARAMS, 2 * SB)
+    qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
+    buf = [a.reg(4), a.reg(4)]
+    for i in range(H):
+        a("mov.f32", ov + i, 0.0)
+    tid, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
+    a("s2r", tid, "%tid.x")
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    a("s2r", i0, "%ctaid.x")
+    a("shl.b64", i0, i0, _log2(BR))
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+
+    def to_f32(dst, src, high=False):
+        if c.dtype == "fp16":
+            a("cvt.f32.f16h" if high else "cvt.f32.f16", dst, src)
+        elif c.dtype == "bf16":
+            a("cvt.f32.bf16h" if high else "cvt.f32.bf16", dst, src)
+        elif dst != src:
+            a("mov.b64", dst, src)
+
+    def row_ptr(dst, buf_name, rows, row, ld_name, off_name, half):
+        """dst = buf + es*((bq*rows + row)*ld + hd*d + off + half*d/2)."""
+        a("mad.i64", dst, bq, rows, row)
+        a("ldparam", t2, ld_name)
+        a("mul.i64", dst, dst, t2)
+        a("mad.i64", dst, hd, d, dst)
+        a("ldparam", t2, off_name)
+        a("add.i64", dst, dst, t2)
+        if half is not None:
+            a("mad.i64", dst, half, H, dst)
+        a("shl.b64", dst, dst, _log2(es))
+        a("ldparam", t2, buf_name)
+        a("add.i64", dst, dst, t2)
+
+    # ---- this thread's half Q row (row clamped), scaled by c = scale*log2(e), in f32
+    qrow, half, g = a.reg(), a.reg(), a.reg()
+    a("shr.u64", qrow, tid, 1)
+    a("add.i64", qrow, qrow, i0)                  # unclamped query row
+    a("and.b64", half, tid, 1)
+    a("sub.i64", t1, Lq, 1)
+    a("min.i64", t1, t1, qrow)
+    row_ptr(g, "Q", Lq, t1, "q_ld", "q_off", half)
+    for e in range(H):
+        a(ld, qv + e, Mem(g, e * es))
+    for e in range(H):
+        to_f32(qv + e, qv + e)
+        a("mul.f32", qv + e, qv + e, c.c)
+
+    # ---- copy geometry: chunk q = tid + 128 i -> row q / CPR, chunk q % CPR (+16 bytes in the second half)
+    r0, cb, soff, gk, gv, kldb, klim, rj = (a.reg() for _ in range(8))
+    a("shr.u64", r0, tid, _log2(CPR))
+    a("and.b64", cb, tid, CPR - 1)
+    a("mul.i64", soff, r0, RBp)
+    a("shr.u64", t1, cb, _log2(CPR // 2))
+    a("shl.b64", t1, t1, 4)
+    a("add.i64", soff, soff, t1)
+    a("shl.b64", cb, cb, 4)
+    a("add.i64", soff, soff, cb)
+    a("mov.b64", t1, 0)
+    row_ptr(gk, "K", Lk, t1, "kv_ld", "k_off", None)
+    a("add.i64", gk, gk, cb)
+    row_ptr(gv, "V", Lk, t1, "kv_ld", "v_off", None)
+    a("add.i64", gv, gv, cb)
+    a("ldparam", kldb, "kv_ld")
+    a("shl.b64", kldb, kldb, _log2(es))
+    a("sub.i64", klim, Lk, 1)
+    a("mov.b64", rj, r0)
+    a.free(cb, r0)
+
+    def kv_copies(stage, guard=None):
+        sb = a.reg()
+        if isinstance(stage, int):
+            a("add.i64", sb, soff, stage)
+        else:
+            a("add.i64", sb, stage, soff)
+        gk_, gv_ = a.reg(), a.reg()
+        for i in range(Bc // RS):
+            a("add.i64", t1, rj, RS * i)
+            a("min.i64", t1, t1, klim)
+            a("mad.i64", gk_, t1, kldb, gk)
+            a("mad.i64", gv_, t1, kldb, gv)
+            a("cp.async.16", Mem(sb, RS * i * RBp), Mem(gk_, 0), p=guard)
+            a("cp.async.16", Mem(sb, KV_BYTES + RS * i * RBp), Mem(gv_, 0), p=guard)
+        a("cp.async.commit")
+        a("add.i64", rj, rj, Bc)
+        a.free(sb, gk_, gv_)
+
+    kv_copies(0)
+
+    # ---- tile counts (as the tensor-core kernel) and this row's last visible key
+    ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+    lb = _log2(Bc)
+    if c.causal:
+        a("sub.i64", t2, Lk, Lq)                  # diff
+        a("add.i64", t1, i0, BR - 1)
+        a("sub.i64", ntl, Lq, 1)
+        a("min.i64", t1, t1, ntl)
+        a("add.i64", ntl, t1, t2)
+        a("add.i64", ntl, ntl, Bc)
+        a("shr.u64", ntl, ntl, lb)
+        a("add.i64", nfull, i0, t2)
+        a("add.i64", nfull, nfull, 1)
+        a("shr.u64", nfull, nfull, lb)
+        a("add.i64", lim, qrow, t2)
+    else:
+        a("add.i64", ntl, Lk, Bc - 1)
+        a("shr.u64", ntl, ntl, lb)
+        a("shr.u64", nfull, Lk, lb)
+        a("mov.b64", lim, klim)
+    a.free(i0, Lk)
+
+    m, l, al, mx = a.reg(), a.reg(), a.reg(), a.reg()
+    a("mov.f32", m, float("-inf"))
+    a("mov.f32", l, 0.0)
+    j, rs, kp, key, jc, khalf = (a.reg() for _ in range(6))
+    a("mov.b64", j, 0)
+    a("mov.b64", key, 0)
+    a("mov.b64", rs, 0)
+    a("mul.i64", khalf, half, HB + 16)            # this thread's half of a shared row
+    pn, pm, pk = a.pred(), a.pred(), a.pred()
+
+    def pipelined(n, load, compute):
+        load(0, 0)
+        for i in range(n):
+            if i + 1 < n:
+                load(i + 1, (i + 1) % 2)
+            compute(i, i % 2)
+
+    a.label("KV_LOOP")
+    a("cp.async.wait", 0)
+    a("bar.sync")
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", pn, t1, ntl)
+    a("xor.b64", t2, rs, SB)
+    kv_copies(t2, pn)
+    a("setp.ge.i64", pk, j, nfull)                # this tile needs the mask
+    a("add.i64", kp, rs, khalf)
+    a("mov.b64", jc, 0)
+    a.label("CHUNK")
+    # scores of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
+    for u in range(U):
+        def load(i, b, u=u):
+            a("ld.shared.v4.b32", buf[b], Mem(kp, u * RBp + 16 * i))
+
+        def comp(i, b, u=u):
+            per = 4 if es == 4 else 8
+            for e in range(per):
+                x = qv + per * i + e
+                src = buf[b] + (e if es == 4 else e // 2)
+                if es == 4:
+                    v = src
+                else:
+                    v = t1
+                    to_f32(t1, src, high=bool(e & 1))
+                if i == 0 and e == 0:
+                    a("mul.f32", sv + u, x, v)
+                else:
+                    a("fma.f32", sv + u, x, v, sv + u)
+        pipelined(NV, load, comp)
+        a("shfl.bfly.b64", t1, sv + u, 1)
+        a("add.f32", sv + u, sv + u, t1)          # + the partner's half
+    a("bra", "UNMASKED", p=pk, neg=True)
+    a("sub.i64", t1, lim, key)
+    pe = a.pred()
+    for u in range(U):
+        a("setp.lt.i64", pe, t1, u)
+        a("mov.f32", sv + u, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.label("UNMASKED")
+    a("max.f32", mx, sv, sv + 1)
+    for u in range(2, U):
+        a("max.f32", mx, mx, sv + u)
+    a("max.f32", mx, mx, m)
+    a("sub.f32", al, m, mx)
+    a("ex2.f32", al, al)
+    a("mov.f32", m, mx)
+    for u in range(U):
+        a("sub.f32", sv + u, sv + u, mx)
+        a("ex2.f32", sv + u, sv + u)
+    a("add.f32", mx, sv, sv + 1)
+    for u in range(2, U):
+        a("add.f32", mx, mx, sv + u)
+    a("fma.f32", l, l, al, mx)
+    for e in range(H):
+        a("mul.f32", ov + e, ov + e, al)
+    for u in range(U):
+        def vload(i, b, u=u):
+            a("ld.shared.v4.b32", buf[b], Mem(kp, KV_BYTES + u * RBp + 16 * i))
+
+        def vcomp(i, b, u=u):
+            per = 4 if es == 4 else 8
+            for e in range(per):
+                x = ov + per * i + e
+                if es == 4:
+                    v = buf[b] + e
+                else:
+                    v = t1
+                    to_f32(t1, buf[b] + e // 2, high=bool(e & 1))
+                a("fma.f32", x, sv + u, v, x)
+        pipelined(NV, vload, vcomp)
+    a("add.i64", kp, kp, U * RBp)
+    a("add.i64", key, key, U)
+    a("add.i64", jc, jc, 1)
+    a("setp.lt.i64", pm, jc, Bc // U)
+    a("bra", "CHUNK", p=pm)
+    a("xor.b64", rs, rs, SB)
+    a("add.i64", j, j, 1)
+    a("setp.lt.i64", pm, j, ntl)
+    a("bra", "KV_LOOP", p=pm)
+
+    # ---- epilogue: O / l (both threads of a row hold the full l), stored in the input dtype
+    a("rcp.f32", l, l)
+    a("setp.lt.i64", pm, qrow, Lq)
+    row_ptr(g, "O", Lq, qrow, "o_ld", "o_off", half)
+    if es == 4:
+        for e in range(H):
+            a("mul.f32", ov + e, ov + e, l)
+            a("st.global.b32", Mem(g, 4 * e), ov + e, p=pm)
+    else:
+        cvt = _CVT[c.dtype]
+        for e in range(0, H, 2):
+            a("mul.f32", ov + e, ov + e, l)
+            a("mul.f32", ov + e + 1, ov + e + 1, l)
+            a(cvt, t1, ov + e, ov + e + 1)
+            a("st.global.b32", Mem(g, 2 * e), t1, p=pm)
+    a("exit")
+    return a.build()
+
+
 # ----------------------------------------------------------------------------- configuration
 def _fits(prog: Program, caps) -> bool:
     return (prog.shared_bytes <= caps.scratchpad_bytes and prog.nregs <= caps.max_regs_per_thread
             and prog.nregs * THREADS <= caps.regs_per_core and WARPS <= caps.warp_slots)
+
+
+def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_FCfg, Program]:
+    tried = []
+    for Bc in FFMA_BC_CHOICES:
+        shared = 4 * Bc * (d * _ES[dtype] + 16)
+        if shared > caps.scratchpad_bytes:
+            tried.append(f"Bc {Bc}: {shared} B scratchpad")
+            continue
+        cfg = _FCfg(dtype, d, causal, Bc, c)
+        try:
+            prog = _emit_ffma(cfg)
+        except _OutOfRegisters as e:
+            tried.append(f"Bc {Bc}: {e}")
+            continue
+        if _fits(prog, caps):
+            return cfg, prog
+        tried.append(f"Bc {Bc}: {prog.nregs} registers x {THREADS} threads")
+    raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype} (FFMA kernel): no K/V tile fits a core ("
+                     + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
 
 def _choose(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_Cfg, Program]:
@@ -622,17 +915,15 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         raise InputError(where, f"head_dim = {head_dim!r}", ", ".join(map(str, HEAD_DIMS)))
     d = int(head_dim)
     if dtype not in _DTYPES:
-        raise InputError(where, f"dtype {dtype!r}", "fp16, bf16")
+        raise InputError(where, f"dtype {dtype!r}", "fp16, bf16, fp32")
     dt = _DTYPES[dtype]
     if caps.family != "gpu":
         raise InputError(f"attention on {caps.name}", f"the GPU attention emitter targets the gpu family, "
                          f"not {caps.family}", "a gpu-family machine")
-    if dt not in _MMA:
-        raise InputError(f"attention on {caps.name}", f"dtype {dt}: the fused attention kernel runs on tensor "
-                         "units only (no FFMA variant yet)", "fp16, bf16")
-    if not (dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32 and caps.has_async_copy):
-        raise InputError(f"attention on {caps.name}", f"{dt} needs tensor units with {dt}, 32-lane warps and "
-                         "async copies (no FFMA variant yet)", "a target with fp16/bf16 tensor units")
+    if not caps.has_async_copy:
+        raise InputError(f"attention on {caps.name}", "the fused attention kernels stage K/V with async copies",
+                         "a target with async copies")
+    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     if causal and kv_len < q_len:
         raise InputError(where, f"causal with kv_len {kv_len} < q_len {q_len}: the first queries would see no key",
                          "kv_len >= q_len when causal")
@@ -648,11 +939,14 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     scale = float(scale)
     if not math.isfinite(scale) or scale <= 0:
         raise InputError(where, f"scale = {scale!r}", "a finite number > 0")
-    cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E)
+    if use_mma:
+        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E)
+    else:
+        cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E)
     check(prog, caps)
     launch = Launch((_ceil(q_len, BR), heads, batch), (THREADS, 1, 1))
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
-                           Bc=cfg.Bc, **lds)
+                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", **lds)
