@@ -70,7 +70,7 @@ PARAMS = {
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
-                  "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16 or bf16")},
+                  "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
 }
 UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s"}
 

@@ -105,7 +105,7 @@ FFMA_CASES = [
     ("a100", 2, 3, 37, 37, 64, "fp32", False, False),
     ("a100", 2, 3, 70, 70, 32, "fp32", True, True),
     ("a100", 1, 1, 129, 129, 128, "fp32", True, False),
-    ("a100", 2, 3, 1, 77, 64, "fp32", True, False),
+    ("a100", 1, 2, 1, 77, 64, "fp32", True, False),
     ("tiny-gpu", 2, 3, 37, 37, 64, "fp32", True, False),
     ("a100-no-f16-tensor", 1, 2, 70, 70, 64, "fp16", True, False),
     ("a100-no-f16-tensor", 1, 2, 37, 100, 32, "bf16", True, True),
