@@ -68,8 +68,11 @@ PARAMS = {
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
+    "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
+                  "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
+                  "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
 }
-UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s"}
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s"}
 
 
 def parse_params(name: str, given: list[str] | dict) -> dict:
@@ -367,7 +370,35 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
 
 GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32")
 
-MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm}
+
+def micro_attention(machine, p: dict, out: MicroResult) -> float:
+    """Forward attention softmax(Q K^T / sqrt(d) [+ causal mask]) V over batch x heads x seq x seq.
+    fused=true: the flash-attention kernel (archsim.workloads.emit.attention_gpu: K/V tiles in
+    shared memory, running max and sum in registers, no seq x seq matrix in memory). The value is
+    TFLOP/s of the math executed (4*d per unmasked (query, key) pair, the result's ``flops``);
+    ``model_flops`` holds the full seq x seq count."""
+    from archsim.workloads.emit.attention_gpu import flash_attention_kernel
+
+    _gpu_only(machine, "attention")
+    for k in ("batch", "heads", "seq"):
+        _need(p[k] > 0, f"--param {k}", f"{p[k]}", "> 0")
+    _need(p["fused"], "--param fused", "fused=false (QK^T, softmax and AV as separate kernels) is not yet built",
+          "fused=true")
+    a = flash_attention_kernel(capabilities(machine), p["batch"], p["heads"], p["seq"], p["seq"], p["head_dim"],
+                               p["dtype"], p["causal"])
+    args = a.args(*(Unbacked(n) for n in a.buffer_bytes().values()))
+    t = _time(a.program, machine, a.launch, args, a.program.name, out)
+    tf = a.flops / stats.seconds(machine, t.cycles) / 1e12
+    out.kernels[-1].update(flops=a.flops, model_flops=a.model_flops, tflops=round(tf, 4))
+    out.extra["kernel"] = {"name": a.program.name, "Bc": a.Bc, "grid": list(a.launch.grid)}
+    pk = stats.machine_record(machine)["peak_tflops"].get(a.dtype)
+    if pk:
+        out.extra["share_of_peak"] = tf / pk
+    return tf
+
+
+MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm,
+          "attention": micro_attention}
 
 
 def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:

@@ -3,8 +3,13 @@
 - ``gemm_gpu``: C = A @ B (or A @ B^T) for the GPU family: tensor-core kernels (mma.m16n8k16
   f16/bf16, m16n8k8 tf32) with cp.async multistage pipelines, XOR-swizzled shared memory and
   ldmatrix, and a vector-FFMA fallback.
+- ``attention_gpu``: fused (flash) attention softmax(scale Q K^T + mask) V for the GPU family,
+  FlashAttention-2 style (K/V tiles double-buffered in shared memory, online softmax, P fed from
+  the S accumulators to the P V mma), causal or not, any lengths, fused-QKV layouts.
 """
 
+from .attention_gpu import AttentionKernel, attention_reference, flash_attention_kernel
 from .gemm_gpu import GemmKernel, Tile, choose_tile, gemm_kernel, gemm_reference
 
-__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference"]
+__all__ = ["AttentionKernel", "GemmKernel", "Tile", "attention_reference", "choose_tile", "flash_attention_kernel",
+           "gemm_kernel", "gemm_reference"]

@@ -1,0 +1,952 @@
+"""Fused (flash) attention for the GPU family: O = softmax(scale * Q K^T + mask) V per (batch, head).
+
+    caps = capabilities(load_machine("a100"))
+    k = flash_attention_kernel(caps, batch=2, heads=3, q_len=129, kv_len=129, head_dim=64, causal=True)
+    Q, K, V, O = k.random_inputs(seed=0)
+    res = run_functional(k.program, k.args(Q, K, V, O), k.launch, warp_width=caps.warp_width)
+    err = to_float(res.output("O"), k.dtype) - k.reference(Q, K, V)
+
+Layout (elements, row-major): Q element (b, i, head, j) at Q + q_off + (b*q_len + i)*q_ld + head*d + j;
+K and V the same with kv_len, kv_ld (k_off, v_off); O with o_ld (o_off). The leading dimensions
+default to heads*d; a fused QKV buffer [b*s, 3*heads*d] is read in place with q_ld = kv_ld =
+3*heads*d and offsets 0, heads*d, 2*heads*d (``qkv_args``). The offsets are kernel parameters,
+so one Program serves every placement. fp16 buffers are float16 arrays, bf16 buffers uint16 bit
+patterns (as everywhere in archsim).
+
+Causal mask: query i sees key j iff j <= i + (kv_len - q_len); so a decode step (q_len = 1) sees
+the whole cache and a prefill (q_len = kv_len) the usual lower triangle. Causal needs
+kv_len >= q_len (otherwise the first queries would see no key at all).
+
+The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's Algorithm 9.1):
+
+- grid = (ceil(q_len / 64), heads, batch); a block of 4 warps owns Br = 64 query rows of one
+  (batch, head), warp w rows 16w .. 16w+15. Query rows past q_len are clamped to the last row
+  (they compute a copy of it and are never stored).
+- Q is copied once (cp.async.16) into swizzled shared memory and moved to registers with
+  ldmatrix.x4: the A fragments of all d/16 k-steps stay in registers for the whole kernel.
+- K and V tiles of Bc rows (64, or 32 / 16 where shared memory or registers are short) stream
+  through two shared-memory stages (cp.async double buffering): iteration j waits for tile j,
+  passes one barrier (which also frees the stage tile j-1 was read from) and at once issues the
+  copies of tile j+1 into that stage, so they fly while tile j is computed. Key rows past kv_len
+  are clamped to the last row (finite values that the mask zeroes out).
+- S = Q K^T with mma.m16n8k16 (K fragments with ldmatrix.x4 from key-major rows: the "B^T" form);
+  the first k-step adds to a zero block instead of zeroing S.
+- Online softmax in fp32 in the log2 domain (log2(e) * scale folded into one fma per score):
+  row max over the 4 lanes of a quad by shfl.bfly, m_new = max(m_old, rowmax), p = ex2(s*c -
+  m_new*c), alpha = ex2(m_old*c - m_new*c), l = alpha*l + rowsum(p) (per-lane partial sums,
+  reduced over the quad only at the end), O *= alpha.
+- P is converted to f16x2 / bf16x2 in registers and fed straight to the P V mma as its A operand:
+  the C fragment of two adjacent 16 x 8 S tiles is, element for element, the A fragment of one
+  16 x 16 k-step (rows g, g+8, columns 2t, 2t+1 and 2t+8, 2t+9), so four cvt per k-step, written
+  over the S registers they read, make the A fragment. V fragments with ldmatrix.x4.trans from
+  key-major rows (the "B k-major" form).
+- Masking only where needed: tiles 0 .. n_full-1 (wholly visible to every row of the block) skip
+  the mask code by a uniform branch; tiles n_full .. n_tiles-1 (the diagonal tile(s) and the
+  kv tail) set masked scores to -inf. Causal blocks stop at the last tile their last row sees,
+  so tiles wholly above the diagonal are never loaded.
+- Epilogue: l reduced over the quad, O * rcp(l), converted to the input dtype, 4-byte stores of
+  two adjacent columns, each row under its own row < q_len predicate.
+- Shared memory rows are 2d bytes in 16-byte chunks, XOR-swizzled as gemm_gpu's tiles are
+  (64-byte rows: chunk c at c ^ ((row/2) % 4); 128 bytes or more: c ^ (row % 8)), so every
+  ldmatrix phase hits 8 distinct bank groups.
+
+Tile rule: the first of Bc = 64, 32, 16 (Q in its own region, else Q staged in the K/V stages and
+moved to registers before the first K/V copy) whose shared memory, registers per thread and
+registers per block fit the target. head_dim 32, 64, 128; fp16 and bf16 on tensor units.
+
+FFMA variant (fp32, or fp16 / bf16 where the tensor units lack them): the same algorithm on the
+vector pipes. A pair of adjacent threads owns a query row, each holding half of the row of Q
+(pre-scaled by scale*log2(e), in f32) and half of the row of O; K/V tiles are copied raw by
+cp.async into two stages (rows padded by 16 bytes between the halves: the two halves of a warp
+read different banks, the 16 lanes of a half one broadcast address); keys are taken 8 at a
+time: a score is an fma chain over the half row plus one shfl.bfly with the partner, then the
+online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
+converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
+
+``flops`` counts the math of the unmasked (query, key) pairs: 4*d per pair (2d for a score, 2d
+for its share of P V), all q_len*kv_len pairs when not causal, the exact visible count when
+causal. ``model_flops`` is the same product over the full q_len x kv_len (the textbook count).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from archsim.errors import InputError
+from archsim.isa.builder import Mem
+from archsim.isa.check import check
+from archsim.isa.program import Launch, Program
+from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
+
+__all__ = ["AttentionKernel", "flash_attention_kernel", "attention_reference", "causal_pairs"]
+
+_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
+_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}
+_CVT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
+HEAD_DIMS = (32, 64, 128)
+BR = 64                      # query rows per block
+WARPS = 4                    # 16 query rows each
+THREADS = 32 * WARPS
+BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
+FFMA_BC_CHOICES = (64, 32, 16, 8)
+PARAMS = ("Q", "K", "V", "O", "q_len", "kv_len", "q_ld", "kv_ld", "o_ld", "q_off", "k_off", "v_off", "o_off")
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    dtype: str
+    d: int
+    causal: bool
+    Bc: int
+    qsep: bool          # Q has its own shared-memory region (else it is staged in the K/V stages)
+    c: float            # scale * log2(e)
+
+
+def causal_pairs(q_len: int, kv_len: int) -> int:
+    """(query, key) pairs the causal mask leaves visible: query i sees keys 0 .. i + kv_len - q_len."""
+    diff = kv_len - q_len
+    return q_len * (diff + 1) + q_len * (q_len - 1) // 2
+
+
+# ----------------------------------------------------------------------------- the kernel object
+@dataclass(frozen=True)
+class AttentionKernel:
+    """One emitted fused attention kernel: the program, its launch and what it computes."""
+
+    program: Program
+    launch: Launch
+    flops: int             # 4*d per unmasked (query, key) pair
+    model_flops: int       # 4*d per (query, key) pair of the full q_len x kv_len
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str             # fp16 | bf16
+    causal: bool
+    scale: float
+    q_ld: int
+    kv_ld: int
+    o_ld: int
+    Bc: int                # key rows per K/V tile
+    kind: str = "mma"
+
+    @property
+    def host_dtype(self):
+        """numpy dtype of every buffer (bf16: uint16 bit patterns)."""
+        return _HOST[self.dtype]
+
+    def _need(self, rows: int, ld: int, off: int) -> int:
+        """Elements a buffer must hold: the last row's last element + 1."""
+        return off + (rows - 1) * ld + self.heads * self.head_dim
+
+    def buffer_bytes(self, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
+        """Bytes each buffer must hold (for ``Unbacked(nbytes)`` in timing runs)."""
+        B, Lq, Lk, es = self.batch, self.q_len, self.kv_len, _ES[self.dtype]
+        return {"Q": es * self._need(B * Lq, self.q_ld, q_off), "K": es * self._need(B * Lk, self.kv_ld, k_off),
+                "V": es * self._need(B * Lk, self.kv_ld, v_off), "O": es * self._need(B * Lq, self.o_ld, o_off)}
+
+    def args(self, Q, K, V, O, *, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
+        """Kernel arguments: the four buffers (numpy arrays of the kernel's host dtype, any shape,
+        C-contiguous, or anything with ``nbytes`` such as the timing engine's ``Unbacked``), and
+        the element offsets of the first (batch 0, row 0, head 0) element in each."""
+        where = f"attention b{self.batch} h{self.heads} {self.q_len}x{self.kv_len} d{self.head_dim}"
+        offs = {"q_off": q_off, "k_off": k_off, "v_off": v_off, "o_off": o_off}
+        for n, v in offs.items():
+            if int(v) != v or v < 0 or v % 8:
+                raise InputError(where, f"{n} = {v!r}", "an element offset >= 0, a multiple of 8 (16-byte copies)")
+        want = self.buffer_bytes(q_off, k_off, v_off, o_off)
+        for name, v in (("Q", Q), ("K", K), ("V", V), ("O", O)):
+            if isinstance(v, np.ndarray):
+                if v.dtype != np.dtype(self.host_dtype) or not v.flags.c_contiguous:
+                    raise InputError(where, f"{name} is a {'non-contiguous ' if not v.flags.c_contiguous else ''}"
+                                     f"{v.dtype} array", f"a C-contiguous {np.dtype(self.host_dtype)} array")
+            if int(getattr(v, "nbytes", -1)) < want[name]:
+                raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
+        return {"Q": Q, "K": K, "V": V, "O": O, "q_len": self.q_len, "kv_len": self.kv_len, "q_ld": self.q_ld,
+                "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}}
+
+    def qkv_args(self, QKV, O) -> dict:
+        """Arguments for Q, K and V read in place from one fused QKV buffer [batch*s, 3*heads*d]
+        (needs q_len == kv_len and q_ld == kv_ld == 3*heads*d)."""
+        hd = self.heads * self.head_dim
+        if self.q_len != self.kv_len or self.q_ld != 3 * hd or self.kv_ld != 3 * hd:
+            raise InputError("attention qkv_args", f"q_len {self.q_len}, kv_len {self.kv_len}, q_ld {self.q_ld}, "
+                             f"kv_ld {self.kv_ld}", f"q_len == kv_len and q_ld == kv_ld == 3*heads*d = {3 * hd}")
+        return self.args(QKV, QKV, QKV, O, q_off=0, k_off=hd, v_off=2 * hd)
+
+    def random_inputs(self, seed: int = 0) -> tuple:
+        """(Q, K, V, O): standard-normal Q, K, V as [rows, ld] arrays of the host dtype (the
+        columns past heads*d are random too: they must not be read), O zeros [batch*q_len, o_ld]."""
+        rng = np.random.default_rng(seed)
+        B = self.batch
+        out = []
+        for rows, ld in ((B * self.q_len, self.q_ld), (B * self.kv_len, self.kv_ld), (B * self.kv_len, self.kv_ld)):
+            out.append(to_host(rng.standard_normal((rows, ld)).astype(np.float32), self.dtype))
+        out.append(np.zeros((B * self.q_len, self.o_ld), self.host_dtype))
+        return tuple(out)
+
+    def reference(self, Q, K, V, *, q_off: int = 0, k_off: int = 0, v_off: int = 0) -> np.ndarray:
+        """O in float64 from the exact input values, as a [batch*q_len, heads*d] array (the
+        columns of O that the kernel writes, in order)."""
+        return attention_reference(Q, K, V, self.dtype, self.batch, self.heads, self.q_len, self.kv_len,
+                                   self.head_dim, self.causal, self.scale, self.q_ld, self.kv_ld, q_off, k_off, v_off)
+
+    def output(self, O, *, o_off: int = 0) -> np.ndarray:
+        """The written part of an O buffer as float64 [batch*q_len, heads*d]."""
+        flat = to_float(np.asarray(O).ravel(), self.dtype)
+        hd = self.heads * self.head_dim
+        rows = self.batch * self.q_len
+        idx = o_off + np.arange(rows)[:, None] * self.o_ld + np.arange(hd)[None, :]
+        return flat[idx]
+
+
+def attention_reference(Q, K, V, dtype: str, batch: int, heads: int, q_len: int, kv_len: int, d: int,
+                        causal: bool, scale: float, q_ld: int, kv_ld: int, q_off: int = 0, k_off: int = 0,
+                        v_off: int = 0) -> np.ndarray:
+    """float64 softmax(scale Q K^T + mask) V from the buffers' exact values -> [batch*q_len, heads*d]."""
+    dtype = _DTYPES[dtype]
+
+    def gather(X, rows, ld, off):
+        flat = to_float(np.asarray(X).ravel(), dtype)
+        idx = off + np.arange(batch * rows)[:, None] * ld + np.arange(heads * d)[None, :]
+        return flat[idx].reshape(batch, rows, heads, d).transpose(0, 2, 1, 3)   # [b, h, rows, d]
+
+    q, k, v = gather(Q, q_len, q_ld, q_off), gather(K, kv_len, kv_ld, k_off), gather(V, kv_len, kv_ld, v_off)
+    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if causal:
+        vis = np.arange(kv_len)[None, :] <= np.arange(q_len)[:, None] + (kv_len - q_len)
+        s = np.where(vis, s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    o = np.einsum("bhij,bhjd->bhid", p, v)
+    return o.transpose(0, 2, 1, 3).reshape(batch * q_len, heads * d)
+
+
+# ----------------------------------------------------------------------------- the tensor-core kernel
+def _emit_mma(c: _Cfg) -> Program:
+    d, Bc = c.d, c.Bc
+    RB = 2 * d                                # bytes of a Q / K / V row in shared memory
+    lay = "sw64" if RB == 64 else "sw128"
+    Q_BYTES, KV_BYTES = BR * RB, Bc * RB
+    SB = 2 * KV_BYTES                         # one stage: K tile then V tile
+    ST0 = Q_BYTES if c.qsep else 0            # first stage (Q always at 0)
+    SWAP = ST0 ^ (ST0 + SB)                   # rs ^ SWAP: the other stage
+    assert c.qsep or Q_BYTES <= 2 * SB
+    NS, KQ, NO, KP, NP = Bc // 8, d // 16, d // 8, Bc // 16, d // 16
+    CPR = RB // 16                            # 16-byte chunks a row
+    RS = THREADS // CPR                       # rows between one thread's copies
+    if Bc % RS:
+        raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+    mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
+    name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+    a = _Asm(name, PARAMS, ST0 + 2 * SB)
+
+    # big register blocks first
+    o = a.reg(4 * NO)                         # O accumulators: n-tile nt at o + 4nt
+    q = a.reg(4 * KQ)                         # Q A-fragments: k-step ks at q + 4ks
+    s = a.reg(4 * NS)                         # S tiles (then P fragments: k-step kk at s + 8kk)
+    kf = [a.reg(4), a.reg(4)]                 # K / V B-fragments (two n-tiles), double buffered
+    zero = a.reg(4)
+    for i in range(4 * NO):
+        a("mov.f32", o + i, 0.0)
+    for i in range(4):
+        a("mov.f32", zero + i, 0.0)
+
+    # ---- block coordinates and copy geometry
+    tid, lane, warp = a.reg(), a.reg(), a.reg()
+    a("s2r", tid, "%tid.x")
+    a("and.b64", lane, tid, 31)
+    a("shr.u64", warp, tid, 5)
+    bq, hd, i0 = a.reg(), a.reg(), a.reg()
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    a("s2r", i0, "%ctaid.x")
+    a("shl.b64", i0, i0, _log2(BR))
+    Lq, Lk = a.reg(), a.reg()
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    r0, cb, soff = a.reg(), a.reg(), a.reg()
+    a("shr.u64", r0, tid, _log2(CPR))         # this thread's first row of a tile
+    a("and.b64", cb, tid, CPR - 1)
+    a("shl.b64", cb, cb, 4)                   # its column byte
+    a("mov.b64", soff, cb)
+    _swz(a, soff, r0, soff, lay, RB, 0)       # shared offset of (r0, cb) in a tile
+
+    def col_base(dst, buf, rows, ld_name, off_name):
+        """dst = buf + 2*((bq*rows)*ld + hd*d + off) + cb; returns the row pitch register (2*ld bytes)."""
+        ldb, t = a.reg(), a.reg()
+        a("ldparam", ldb, ld_name)
+        a("mul.i64", t, bq, rows)
+        a("mul.i64", t, t, ldb)
+        a("mad.i64", t, hd, d, t)
+        a("ldparam", dst, off_name)
+        a("add.i64", t, t, dst)
+        a("shl.b64", t, t, 1)
+        a("ldparam", dst, buf)
+        a("add.i64", dst, dst, t)
+        a("add.i64", dst, dst, cb)
+        a("shl.b64", ldb, ldb, 1)
+        a.free(t)
+        return ldb
+
+    # ---- Q: rows i0 + r0 + RS*i (clamped to q_len - 1) into the Q region at 0
+    gq = a.reg()
+    qldb = col_base(gq, "Q", Lq, "q_ld", "q_off")
+    qlim, t = a.reg(), a.reg()
+    a("sub.i64", qlim, Lq, 1)
+    for i in range(BR // RS):
+        a("add.i64", t, r0, i0)
+        if i:
+            a("add.i64", t, t, RS * i)
+        a("min.i64", t, t, qlim)
+        a("mad.i64", t, t, qldb, gq)
+        a("cp.async.16", Mem(soff, RS * i * RB), Mem(t, 0))
+    a("cp.async.commit")
+    a.free(gq, qldb, qlim, t)
+
+    # ---- K / V copy state: key row rj (+ RS*i) of the next tile to copy, clamped to kv_len - 1
+    gk, gv = a.reg(), a.reg()
+    kldb = col_base(gk, "K", Lk, "kv_ld", "k_off")
+    a.free(col_base(gv, "V", Lk, "kv_ld", "v_off"))
+    klim, rj = a.reg(), a.reg()
+    a("sub.i64", klim, Lk, 1)
+    a("mov.b64", rj, r0)
+    a.free(cb)
+
+    def kv_copies(stage: Optional[object], guard=None):
+        """Copies of the K and V tile whose first key row is rj - r0, into the stage at `stage`
+        (a register, or an int offset); rj moves on to the next tile."""
+        if isinstance(stage, int):
+            sb, imm = soff, stage
+        else:
+            sb, imm = a.reg(), 0
+            a("add.i64", sb, stage, soff)
+        t, gk_, gv_ = a.reg(), a.reg(), a.reg()
+        for i in range(Bc // RS):
+            a("add.i64", t, rj, RS * i)
+            a("min.i64", t, t, klim)
+            a("mad.i64", gk_, t, kldb, gk)
+            a("mad.i64", gv_, t, kldb, gv)
+            a("cp.async.16", Mem(sb, imm + RS * i * RB), Mem(gk_, 0), p=guard)
+            a("cp.async.16", Mem(sb, imm + KV_BYTES + RS * i * RB), Mem(gv_, 0), p=guard)
+        a("cp.async.commit")
+        a("add.i64", rj, rj, Bc)
+        a.free(t, gk_, gv_)
+        if sb is not soff:
+            a.free(sb)
+
+    # ---- fragment bases (without the stage). A / V form: row L%16, chunk L/16; K form: row
+    # (L%8) + 8(L/16), chunk (L/8)%2. A k-step (32 bytes) to the right is xor 32 on the offset.
+    vx0, kx0, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
+    a("and.b64", t1, lane, 15)
+    a("shr.u64", t2, lane, 4)
+    a("shl.b64", t2, t2, 4)
+    _swz(a, vx0, t1, t2, lay, RB, 0)
+    a("and.b64", t1, lane, 7)
+    a("shr.u64", t2, lane, 4)
+    a("shl.b64", t2, t2, 3)
+    a("add.i64", t1, t1, t2)
+    a("shr.u64", t2, lane, 3)
+    a("and.b64", t2, t2, 1)
+    a("shl.b64", t2, t2, 4)
+    _swz(a, kx0, t1, t2, lay, RB, 0)
+
+    def q_to_registers():
+        a("mul.i64", t1, warp, 16 * RB)
+        a("add.i64", t1, t1, vx0)                 # row 16w + L%16 keeps the swizzle of row L%16
+        for ks in range(KQ):
+            if ks:
+                a("xor.b64", t2, t1, 32 * ks)
+            a("ldmatrix.x4", q + 4 * ks, Mem(t1 if ks == 0 else t2, 0))
+
+    if c.qsep:
+        kv_copies(ST0)                            # tile 0 flies while Q lands
+        a("cp.async.wait", 1)
+        a("bar.sync")
+        q_to_registers()
+    else:
+        a("cp.async.wait", 0)
+        a("bar.sync")
+        q_to_registers()
+        a("bar.sync")                             # every warp has its Q before tile 0 overwrites it
+        kv_copies(ST0)
+
+    # ---- tile counts and mask limits (uniform per block). Key j is visible to row i iff j <= lim(i):
+    # lim = kv_len - 1, or i + kv_len - q_len when causal.
+    ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg()
+    lb = _log2(Bc)
+    if c.causal:
+        diff = t2
+        a("sub.i64", diff, Lk, Lq)
+        a("add.i64", t1, i0, BR - 1)
+        a("sub.i64", ntl, Lq, 1)
+        a("min.i64", t1, t1, ntl)                 # the block's last real row
+        a("add.i64", ntl, t1, diff)
+        a("add.i64", ntl, ntl, Bc)
+        a("shr.u64", ntl, ntl, lb)                # tiles up to the one holding its last visible key
+        a("add.i64", nfull, i0, diff)
+        a("add.i64", nfull, nfull, 1)
+        a("shr.u64", nfull, nfull, lb)            # tiles every row sees whole
+        a("shl.b64", t1, warp, 4)
+        a("add.i64", limA, t1, i0)
+        a("shr.u64", t1, lane, 2)
+        a("add.i64", limA, limA, t1)              # row g of this lane
+        a("add.i64", limA, limA, diff)
+        a("add.i64", limB, limA, 8)               # row g + 8
+    else:
+        a("add.i64", ntl, Lk, Bc - 1)
+        a("shr.u64", ntl, ntl, lb)
+        a("shr.u64", nfull, Lk, lb)
+        a("mov.b64", limA, klim)
+        a.free(limB)
+        limB = limA
+    a.free(Lq, Lk, bq, hd, i0, r0, warp)
+
+    # ---- softmax state
+    m, l = a.reg(2), a.reg(2)                     # row max (scaled by nothing), partial row sums
+    a("mov.f32", m, float("-inf"))
+    a("mov.f32", m + 1, float("-inf"))
+    a("mov.f32", l, 0.0)
+    a("mov.f32", l + 1, 0.0)
+    j, jkey, rs = a.reg(), a.reg(), a.reg()
+    a("mov.b64", j, 0)
+    a("and.b64", jkey, lane, 3)
+    a("shl.b64", jkey, jkey, 1)                   # key of this lane's first S column: j*Bc + 2t
+    a("mov.b64", rs, ST0)
+    a.free(lane)
+    pn, pm = a.pred(), a.pred()
+
+    def pipelined(steps, load, compute):
+        load(steps[0], 0)
+        for i, st in enumerate(steps):
+            if i + 1 < len(steps):
+                load(steps[i + 1], (i + 1) % 2)
+            compute(st, i % 2)
+
+    a.label("KV_LOOP")
+    a("cp.async.wait", 0)                         # tile j landed (this thread's copies) ...
+    a("bar.sync")                                 # ... everyone's; the stage of tile j-1 is free
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", pn, t1, ntl)
+    a("xor.b64", t1, rs, SWAP)
+    kv_copies(t1, pn)                             # tile j+1 into the other stage
+
+    # S = Q K^T: k-step ks outer, key pairs jp inner (one address per k-step)
+    def k_load(st, buf):
+        ks, jp = st
+        if jp == 0:
+            a("xor.b64", t2, kx0, 32 * ks)
+            a("add.i64", t2, t2, rs)
+        a("ldmatrix.x4", kf[buf], Mem(t2, 16 * jp * RB))
+
+    def s_mma(st, buf):
+        ks, jp = st
+        for h in range(2):
+            acc = s + 4 * (2 * jp + h)
+            a(mma, acc, q + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else acc)
+
+    pipelined([(ks, jp) for ks in range(KQ) for jp in range(NS // 2)], k_load, s_mma)
+
+    # mask (diagonal and tail tiles only): score (row, jkey + 8nt + e%2) -> -inf past lim(row)
+    a("setp.lt.i64", pm, j, nfull)
+    a("bra", "UNMASKED", p=pm)
+    pe = a.pred()
+    a("sub.i64", t1, limA, jkey)
+    if c.causal:
+        a("sub.i64", t2, limB, jkey)
+    for nt in range(NS):
+        for e in range(4):
+            a("setp.lt.i64", pe, t2 if (c.causal and e >= 2) else t1, 8 * nt + (e & 1))
+            a("mov.f32", s + 4 * nt + e, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.label("UNMASKED")
+
+    # online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3)
+    mx, nmc, al = a.reg(2), a.reg(2), a.reg(2)
+    for r in range(2):
+        a("max.f32", mx + r, s + 2 * r, s + 2 * r + 1)
+        for nt in range(1, NS):
+            a("max.f32", mx + r, mx + r, s + 4 * nt + 2 * r)
+            a("max.f32", mx + r, mx + r, s + 4 * nt + 2 * r + 1)
+    for sh in (1, 2):
+        for r in range(2):
+            a("shfl.bfly.b64", t1, mx + r, sh)
+            a("max.f32", mx + r, mx + r, t1)
+    for r in range(2):
+        a("max.f32", mx + r, mx + r, m + r)               # m_new
+        a("mul.f32", nmc + r, mx + r, -c.c)               # -m_new * c
+        a("fma.f32", al + r, m + r, c.c, nmc + r)
+        a("ex2.f32", al + r, al + r)                      # alpha = 2^(c (m_old - m_new))
+        a("mov.f32", m + r, mx + r)
+    for nt in range(NS):
+        for e in range(4):
+            x = s + 4 * nt + e
+            a("fma.f32", x, x, c.c, nmc + (e >> 1))
+            a("ex2.f32", x, x)                            # p = 2^(c s - c m_new)
+    for r in range(2):                                    # l = alpha l + rowsum(p) (this lane's columns)
+        a("add.f32", mx + r, s + 2 * r, s + 2 * r + 1)
+        for nt in range(1, NS):
+            a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r)
+            a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r + 1)
+        a("fma.f32", l + r, l + r, al + r, mx + r)
+    for nt in range(NO):
+        for e in range(4):
+            a("mul.f32", o + 4 * nt + e, o + 4 * nt + e, al + (e >> 1))
+    a.free(mx, nmc, al, k=2)
+    for kk in range(KP):                                  # P k-step kk -> s + 8kk .. +3
+        b = s + 8 * kk
+        a(cvt, b, b, b + 1)
+        a(cvt, b + 1, b + 2, b + 3)
+        a(cvt, b + 2, b + 4, b + 5)
+        a(cvt, b + 3, b + 6, b + 7)
+
+    # O += P V: n-tile pair np outer (one address each), key k-step kk inner
+    def v_load(st, buf):
+        np_, kk = st
+        if kk == 0:
+            a("xor.b64", t2, vx0, 32 * np_)
+            a("add.i64", t2, t2, rs)
+        a("ldmatrix.x4.trans", kf[buf], Mem(t2, KV_BYTES + 16 * kk * RB))
+
+    def pv_mma(st, buf):
+        np_, kk = st
+        for h in range(2):
+            acc = o + 4 * (2 * np_ + h)
+            a(mma, acc, s + 8 * kk, kf[buf] + 2 * h, acc)
+
+    pipelined([(np_, kk) for np_ in range(NP) for kk in range(KP)], v_load, pv_mma)
+
+    a("xor.b64", rs, rs, SWAP)
+    a("add.i64", jkey, jkey, Bc)
+    a("add.i64", j, j, 1)
+    a("setp.lt.i64", pm, j, ntl)
+    a("bra", "KV_LOOP", p=pm)
+
+    # ---- epilogue: O / l, rows g and g + 8 of each 16 x 8 tile, 2 columns a lane
+    a.free(j, jkey, rs, ntl, nfull, klim, rj, gk, kldb, vx0, kx0, soff)
+    if limB is not limA:
+        a.free(limB)
+    a.free(limA)
+    for sh in (1, 2):
+        for r in range(2):
+            a("shfl.bfly.b64", t1, l + r, sh)
+            a("add.f32", l + r, l + r, t1)
+    for r in range(2):
+        a("rcp.f32", l + r, l + r)
+    row, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    a("s2r", row, "%ctaid.x")
+    a("shl.b64", row, row, _log2(BR))
+    a("shr.u64", t1, tid, 5)
+    a("shl.b64", t1, t1, 4)
+    a("add.i64", row, row, t1)
+    a("and.b64", t1, tid, 31)
+    a("shr.u64", t1, t1, 2)
+    a("add.i64", row, row, t1)                            # i0 + 16w + g
+    a("ldparam", x, "q_len")
+    pB = a.pred()
+    a("setp.lt.i64", pm, row, x)
+    a("add.i64", t1, row, 8)
+    a("setp.lt.i64", pB, t1, x)
+    a("s2r", t1, "%ctaid.z")
+    a("mad.i64", row, t1, x, row)                         # b*q_len + row
+    a("ldparam", ldb, "o_ld")
+    a("mul.i64", row, row, ldb)
+    a("s2r", t1, "%ctaid.y")
+    a("mad.i64", row, t1, d, row)
+    a("ldparam", t1, "o_off")
+    a("add.i64", row, row, t1)
+    a("and.b64", t1, tid, 3)
+    a("shl.b64", t1, t1, 1)
+    a("add.i64", row, row, t1)                            # + 2t
+    a("shl.b64", row, row, 1)
+    a("ldparam", ptr, "O")
+    a("add.i64", ptr, ptr, row)
+    a("shl.b64", ldb, ldb, 4)                             # 8 rows of O
+    a("add.i64", ptrB, ptr, ldb)
+    for nt in range(NO):
+        for r, (pr, pp) in enumerate(((pm, ptr), (pB, ptrB))):
+            acc = o + 4 * nt + 2 * r
+            a("mul.f32", acc, acc, l + r)
+            a("mul.f32", acc + 1, acc + 1, l + r)
+            a(cvt, x, acc, acc + 1)
+            a("st.global.b32", Mem(pp, 16 * nt), x, p=pr)
+    a("exit")
+    return a.build()
+
+
+# ----------------------------------------------------------------------------- the FFMA kernel
+U = 8                        # keys per online-softmax step of the FFMA kernel
+
+
+@dataclass(frozen=True)
+class _FCfg:
+    dtype: str          # fp32, or fp16 / bf16 on a target whose tensor units lack it
+    d: int
+    causal: bool
+    Bc: int
+    c: float
+
+
+def _emit_ffma(c: _FCfg) -> Program:
+    """The same algorithm on the vector pipes: a pair of threads per query row, each holding half
+    of the (pre-scaled) Q row and half of the O row in f32 registers; K/V tiles staged raw by
+    cp.async into two shared-memory stages (rows padded by 16 bytes between the halves, so the
+    two halves of a warp read different banks; the 16 lanes of a half read one address, a
+    broadcast); keys taken U = 8 at a time: scores by fma over the half row plus one shfl.bfly,
+    then the online-softmax update and O += p V by fma."""
+    d, Bc, es = c.d, c.Bc, (4 if c.dtype == "fp32" else 2)
+    HB = d // 2 * es                          # bytes of a half row
+    RBp = 2 * HB + 16                         # padded shared row
+    KV_BYTES = Bc * RBp
+    SB = 2 * KV_BYTES
+    CPR = d * es // 16
+    RS = THREADS // CPR
+    if RS > Bc or Bc % RS:
+        raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+    H = d // 2                                # elements a thread holds
+    NV = HB // 16                             # 16-byte loads per half row
+    name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+    a = _Asm(name, PARAMS, 2 * SB)
+    qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
+    buf = [a.reg(4), a.reg(4)]
+    for i in range(H):
+        a("mov.f32", ov + i, 0.0)
+    tid, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
+    a("s2r", tid, "%tid.x")
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    a("s2r", i0, "%ctaid.x")
+    a("shl.b64", i0, i0, _log2(BR))
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+
+    def to_f32(dst, src, high=False):
+        if c.dtype == "fp16":
+            a("cvt.f32.f16h" if high else "cvt.f32.f16", dst, src)
+        elif c.dtype == "bf16":
+            a("cvt.f32.bf16h" if high else "cvt.f32.bf16", dst, src)
+        elif dst != src:
+            a("mov.b64", dst, src)
+
+    def row_ptr(dst, buf_name, rows, row, ld_name, off_name, half):
+        """dst = buf + es*((bq*rows + row)*ld + hd*d + off + half*d/2)."""
+        a("mad.i64", dst, bq, rows, row)
+        a("ldparam", t2, ld_name)
+        a("mul.i64", dst, dst, t2)
+        a("mad.i64", dst, hd, d, dst)
+        a("ldparam", t2, off_name)
+        a("add.i64", dst, dst, t2)
+        if half is not None:
+            a("mad.i64", dst, half, H, dst)
+        a("shl.b64", dst, dst, _log2(es))
+        a("ldparam", t2, buf_name)
+        a("add.i64", dst, dst, t2)
+
+    # ---- this thread's half Q row (row clamped), scaled by c = scale*log2(e), in f32
+    qrow, half, g = a.reg(), a.reg(), a.reg()
+    a("shr.u64", qrow, tid, 1)
+    a("add.i64", qrow, qrow, i0)                  # unclamped query row
+    a("and.b64", half, tid, 1)
+    a("sub.i64", t1, Lq, 1)
+    a("min.i64", t1, t1, qrow)
+    row_ptr(g, "Q", Lq, t1, "q_ld", "q_off", half)
+    for e in range(H):
+        a(ld, qv + e, Mem(g, e * es))
+    for e in range(H):
+        to_f32(qv + e, qv + e)
+        a("mul.f32", qv + e, qv + e, c.c)
+
+    # ---- copy geometry: chunk q = tid + 128 i -> row q / CPR, chunk q % CPR (+16 bytes in the second half)
+    r0, cb, soff, gk, gv, kldb, klim, rj = (a.reg() for _ in range(8))
+    a("shr.u64", r0, tid, _log2(CPR))
+    a("and.b64", cb, tid, CPR - 1)
+    a("mul.i64", soff, r0, RBp)
+    a("shr.u64", t1, cb, _log2(CPR // 2))
+    a("shl.b64", t1, t1, 4)
+    a("add.i64", soff, soff, t1)
+    a("shl.b64", cb, cb, 4)
+    a("add.i64", soff, soff, cb)
+    a("mov.b64", t1, 0)
+    row_ptr(gk, "K", Lk, t1, "kv_ld", "k_off", None)
+    a("add.i64", gk, gk, cb)
+    row_ptr(gv, "V", Lk, t1, "kv_ld", "v_off", None)
+    a("add.i64", gv, gv, cb)
+    a("ldparam", kldb, "kv_ld")
+    a("shl.b64", kldb, kldb, _log2(es))
+    a("sub.i64", klim, Lk, 1)
+    a("mov.b64", rj, r0)
+    a.free(cb, r0)
+
+    def kv_copies(stage, guard=None):
+        sb = a.reg()
+        if isinstance(stage, int):
+            a("add.i64", sb, soff, stage)
+        else:
+            a("add.i64", sb, stage, soff)
+        gk_, gv_ = a.reg(), a.reg()
+        for i in range(Bc // RS):
+            a("add.i64", t1, rj, RS * i)
+            a("min.i64", t1, t1, klim)
+            a("mad.i64", gk_, t1, kldb, gk)
+            a("mad.i64", gv_, t1, kldb, gv)
+            a("cp.async.16", Mem(sb, RS * i * RBp), Mem(gk_, 0), p=guard)
+            a("cp.async.16", Mem(sb, KV_BYTES + RS * i * RBp), Mem(gv_, 0), p=guard)
+        a("cp.async.commit")
+        a("add.i64", rj, rj, Bc)
+        a.free(sb, gk_, gv_)
+
+    kv_copies(0)
+
+    # ---- tile counts (as the tensor-core kernel) and this row's last visible key
+    ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+    lb = _log2(Bc)
+    if c.causal:
+        a("sub.i64", t2, Lk, Lq)                  # diff
+        a("add.i64", t1, i0, BR - 1)
+        a("sub.i64", ntl, Lq, 1)
+        a("min.i64", t1, t1, ntl)
+        a("add.i64", ntl, t1, t2)
+        a("add.i64", ntl, ntl, Bc)
+        a("shr.u64", ntl, ntl, lb)
+        a("add.i64", nfull, i0, t2)
+        a("add.i64", nfull, nfull, 1)
+        a("shr.u64", nfull, nfull, lb)
+        a("add.i64", lim, qrow, t2)
+    else:
+        a("add.i64", ntl, Lk, Bc - 1)
+        a("shr.u64", ntl, ntl, lb)
+        a("shr.u64", nfull, Lk, lb)
+        a("mov.b64", lim, klim)
+    a.free(i0, Lk)
+
+    m, l, al, mx = a.reg(), a.reg(), a.reg(), a.reg()
+    a("mov.f32", m, float("-inf"))
+    a("mov.f32", l, 0.0)
+    j, rs, kp, key, jc, khalf = (a.reg() for _ in range(6))
+    a("mov.b64", j, 0)
+    a("mov.b64", key, 0)
+    a("mov.b64", rs, 0)
+    a("mul.i64", khalf, half, HB + 16)            # this thread's half of a shared row
+    pn, pm, pk = a.pred(), a.pred(), a.pred()
+
+    def pipelined(n, load, compute):
+        load(0, 0)
+        for i in range(n):
+            if i + 1 < n:
+                load(i + 1, (i + 1) % 2)
+            compute(i, i % 2)
+
+    a.label("KV_LOOP")
+    a("cp.async.wait", 0)
+    a("bar.sync")
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", pn, t1, ntl)
+    a("xor.b64", t2, rs, SB)
+    kv_copies(t2, pn)
+    a("setp.ge.i64", pk, j, nfull)                # this tile needs the mask
+    a("add.i64", kp, rs, khalf)
+    a("mov.b64", jc, 0)
+    a.label("CHUNK")
+    # scores of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
+    for u in range(U):
+        def load(i, b, u=u):
+            a("ld.shared.v4.b32", buf[b], Mem(kp, u * RBp + 16 * i))
+
+        def comp(i, b, u=u):
+            per = 4 if es == 4 else 8
+            for e in range(per):
+                x = qv + per * i + e
+                src = buf[b] + (e if es == 4 else e // 2)
+                if es == 4:
+                    v = src
+                else:
+                    v = t1
+                    to_f32(t1, src, high=bool(e & 1))
+                if i == 0 and e == 0:
+                    a("mul.f32", sv + u, x, v)
+                else:
+                    a("fma.f32", sv + u, x, v, sv + u)
+        pipelined(NV, load, comp)
+        a("shfl.bfly.b64", t1, sv + u, 1)
+        a("add.f32", sv + u, sv + u, t1)          # + the partner's half
+    a("bra", "UNMASKED", p=pk, neg=True)
+    a("sub.i64", t1, lim, key)
+    pe = a.pred()
+    for u in range(U):
+        a("setp.lt.i64", pe, t1, u)
+        a("mov.f32", sv + u, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.label("UNMASKED")
+    a("max.f32", mx, sv, sv + 1)
+    for u in range(2, U):
+        a("max.f32", mx, mx, sv + u)
+    a("max.f32", mx, mx, m)
+    a("sub.f32", al, m, mx)
+    a("ex2.f32", al, al)
+    a("mov.f32", m, mx)
+    for u in range(U):
+        a("sub.f32", sv + u, sv + u, mx)
+        a("ex2.f32", sv + u, sv + u)
+    a("add.f32", mx, sv, sv + 1)
+    for u in range(2, U):
+        a("add.f32", mx, mx, sv + u)
+    a("fma.f32", l, l, al, mx)
+    for e in range(H):
+        a("mul.f32", ov + e, ov + e, al)
+    for u in range(U):
+        def vload(i, b, u=u):
+            a("ld.shared.v4.b32", buf[b], Mem(kp, KV_BYTES + u * RBp + 16 * i))
+
+        def vcomp(i, b, u=u):
+            per = 4 if es == 4 else 8
+            for e in range(per):
+                x = ov + per * i + e
+                if es == 4:
+                    v = buf[b] + e
+                else:
+                    v = t1
+                    to_f32(t1, buf[b] + e // 2, high=bool(e & 1))
+                a("fma.f32", x, sv + u, v, x)
+        pipelined(NV, vload, vcomp)
+    a("add.i64", kp, kp, U * RBp)
+    a("add.i64", key, key, U)
+    a("add.i64", jc, jc, 1)
+    a("setp.lt.i64", pm, jc, Bc // U)
+    a("bra", "CHUNK", p=pm)
+    a("xor.b64", rs, rs, SB)
+    a("add.i64", j, j, 1)
+    a("setp.lt.i64", pm, j, ntl)
+    a("bra", "KV_LOOP", p=pm)
+
+    # ---- epilogue: O / l (both threads of a row hold the full l), stored in the input dtype
+    a("rcp.f32", l, l)
+    a("setp.lt.i64", pm, qrow, Lq)
+    row_ptr(g, "O", Lq, qrow, "o_ld", "o_off", half)
+    if es == 4:
+        for e in range(H):
+            a("mul.f32", ov + e, ov + e, l)
+            a("st.global.b32", Mem(g, 4 * e), ov + e, p=pm)
+    else:
+        cvt = _CVT[c.dtype]
+        for e in range(0, H, 2):
+            a("mul.f32", ov + e, ov + e, l)
+            a("mul.f32", ov + e + 1, ov + e + 1, l)
+            a(cvt, t1, ov + e, ov + e + 1)
+            a("st.global.b32", Mem(g, 2 * e), t1, p=pm)
+    a("exit")
+    return a.build()
+
+
+# ----------------------------------------------------------------------------- configuration
+def _fits(prog: Program, caps) -> bool:
+    return (prog.shared_bytes <= caps.scratchpad_bytes and prog.nregs <= caps.max_regs_per_thread
+            and prog.nregs * THREADS <= caps.regs_per_core and WARPS <= caps.warp_slots)
+
+
+def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_FCfg, Program]:
+    tried = []
+    for Bc in FFMA_BC_CHOICES:
+        shared = 4 * Bc * (d * _ES[dtype] + 16)
+        if shared > caps.scratchpad_bytes:
+            tried.append(f"Bc {Bc}: {shared} B scratchpad")
+            continue
+        cfg = _FCfg(dtype, d, causal, Bc, c)
+        try:
+            prog = _emit_ffma(cfg)
+        except _OutOfRegisters as e:
+            tried.append(f"Bc {Bc}: {e}")
+            continue
+        if _fits(prog, caps):
+            return cfg, prog
+        tried.append(f"Bc {Bc}: {prog.nregs} registers x {THREADS} threads")
+    raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype} (FFMA kernel): no K/V tile fits a core ("
+                     + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
+
+
+def _choose(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_Cfg, Program]:
+    tried = []
+    for Bc in BC_CHOICES:
+        for qsep in (True, False):
+            shared = (BR * 2 * d if qsep else 0) + 2 * 2 * Bc * 2 * d
+            if not qsep and BR * 2 * d > 2 * 2 * Bc * 2 * d:
+                continue
+            if shared > caps.scratchpad_bytes:
+                tried.append(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
+                continue
+            cfg = _Cfg(dtype, d, causal, Bc, qsep, c)
+            try:
+                prog = _emit_mma(cfg)
+            except _OutOfRegisters as e:
+                tried.append(f"Bc {Bc}: {e}")
+                continue
+            if _fits(prog, caps):
+                return cfg, prog
+            tried.append(f"Bc {Bc}: {prog.nregs} registers x {THREADS} threads")
+    raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype}: no K/V tile fits a core ("
+                     + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
+
+
+# ----------------------------------------------------------------------------- API
+def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                           dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                           q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
+                           o_ld: Optional[int] = None) -> AttentionKernel:
+    """Emit fused attention O = softmax(scale Q K^T + mask) V for a GPU-family target (see the
+    module docstring for the layout and the algorithm). scale defaults to 1/sqrt(head_dim);
+    q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim."""
+    where = "attention"
+    vals = {"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len}
+    for n, v in vals.items():
+        if isinstance(v, bool) or int(v) != v or v < 1:
+            raise InputError(where, f"{n} = {v!r}", "an integer >= 1")
+    batch, heads, q_len, kv_len = (int(v) for v in vals.values())
+    if head_dim not in HEAD_DIMS:
+        raise InputError(where, f"head_dim = {head_dim!r}", ", ".join(map(str, HEAD_DIMS)))
+    d = int(head_dim)
+    if dtype not in _DTYPES:
+        raise InputError(where, f"dtype {dtype!r}", "fp16, bf16, fp32")
+    dt = _DTYPES[dtype]
+    if caps.family != "gpu":
+        raise InputError(f"attention on {caps.name}", f"the GPU attention emitter targets the gpu family, "
+                         f"not {caps.family}", "a gpu-family machine")
+    if not caps.has_async_copy:
+        raise InputError(f"attention on {caps.name}", "the fused attention kernels stage K/V with async copies",
+                         "a target with async copies")
+    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+    if causal and kv_len < q_len:
+        raise InputError(where, f"causal with kv_len {kv_len} < q_len {q_len}: the first queries would see no key",
+                         "kv_len >= q_len when causal")
+    hd = heads * d
+    lds = {}
+    for n, v in (("q_ld", q_ld), ("kv_ld", kv_ld), ("o_ld", o_ld)):
+        v = hd if v is None else v
+        if isinstance(v, bool) or int(v) != v or v < hd or v % 8:
+            raise InputError(where, f"{n} = {v!r}", f"a multiple of 8 elements >= heads*head_dim = {hd}")
+        lds[n] = int(v)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise InputError(where, f"scale = {scale!r}", "a finite number > 0")
+    if use_mma:
+        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E)
+    else:
+        cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E)
+    check(prog, caps)
+    launch = Launch((_ceil(q_len, BR), heads, batch), (THREADS, 1, 1))
+    pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
+    return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
+                           model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
+                           q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
+                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", **lds)
