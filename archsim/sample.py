@@ -24,7 +24,7 @@ durations times the extrapolated share of the cycles (S >= 3). On a 10-wave a100
 (4096x4096x256 fp16) the sampled estimate is within 6% of the whole simulation, at a third of
 the cost; warp-instructions are exact when every block runs the same code.
 
-Kernels with ``bar.grid`` are never sampled (the whole grid must be resident anyway).
+A ``bar.grid`` kernel is never sampled: its whole grid must be resident, so it is one wave.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ import numpy as np
 
 from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
-from archsim.isa.opcodes import opcodes
 from archsim.isa.program import Launch, Program
 from archsim.stats import kernel_record
 
@@ -59,11 +58,6 @@ def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
 def concurrency(prog: Program, machine, launch: Launch) -> int:
     """Blocks the whole machine holds at once: one wave."""
     return blocks_per_core(prog, machine, launch) * machine.groups * machine.cores.per_group
-
-
-def _uses_grid_barrier(prog: Program) -> bool:
-    ops = opcodes()
-    return any(ops[int(o)].sem == "bargrid" for o in prog.op)
 
 
 @dataclasses.dataclass
@@ -107,7 +101,7 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     C = concurrency(prog, machine, launch)
     B = launch.blocks
     nwaves = -(-B // C)
-    if not sample or waves < 3 or nwaves <= waves + 1 or _uses_grid_barrier(prog):
+    if not sample or waves < 3 or nwaves <= waves + 1:
         t = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles)
         return Sampled(t, False, 0.0, nwaves, float(nwaves), t.warp_instructions)
     S = waves

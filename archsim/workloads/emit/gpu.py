@@ -18,6 +18,7 @@ import numpy as np
 from archsim.errors import InputError
 from archsim.isa.program import ARRAYS, Launch, Program
 
+from .attention_gpu import flash_attention_kernel
 from .gemm_gpu import gemm_kernel, to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
@@ -87,7 +88,39 @@ def _gemm(op, caps) -> list[Kernel]:
     return [Kernel(op.name, op.name, k.program, k.launch, k.flops, int(op.model_flops), params, tensors, ("C",))]
 
 
-EMITTERS = {"gemm": _gemm}
+def _slots(shapes: dict, dt: dict, names: dict) -> dict:
+    """Slots for buffer parameters bound to whole tensors (param -> tensor name)."""
+    return {p: Slot(n, TensorSpec(n, shapes[n], dt[n]).nbytes) for p, n in names.items()}
+
+
+def _attention(op, caps) -> list[Kernel]:
+    """Forward attention. Q (and K, V outside decode) are read in place from the fused qkv
+    tensor [T, 3h]; decode reads K, V from the cache [b, kv_len, h]; O is attn_out [T, h]."""
+    d = op.dims
+    dt = op.dtype
+    b, n, hd = d["batch"], d["heads"], d["head_dim"]
+    h = n * hd
+    T = b * d["q_len"]
+    cache = "k_cache" in op.inputs
+    if not d["fused"]:
+        raise InputError(f"op {op.name}", "unfused attention is not emitted for the GPU yet", "attention: fused")
+    if len(op.outputs) > 1:
+        raise InputError(f"op {op.name}", f"the fused attention kernel does not write {', '.join(op.outputs[1:])} "
+                         "(the training phase's saved statistics)", "phase prefill or decode")
+    k = flash_attention_kernel(caps, b, n, d["q_len"], d["kv_len"], hd, dt, d["causal"], q_ld=3 * h,
+                               kv_ld=h if cache else 3 * h, o_ld=h)
+    shapes = {"qkv": (T, 3 * h), "attn_out": (T, h), "k_cache": (b, d["kv_len"], h), "v_cache": (b, d["kv_len"], h)}
+    names = {"Q": "qkv", "K": "k_cache" if cache else "qkv", "V": "v_cache" if cache else "qkv",
+             "O": op.outputs[0]}
+    sl = _slots(shapes, {t: dt for t in shapes}, names)
+    params = k.args(sl["Q"], sl["K"], sl["V"], sl["O"], q_off=0, k_off=0 if cache else h,
+                    v_off=0 if cache else 2 * h)
+    tensors = tuple(TensorSpec(t, shapes[t], dt) for t in dict.fromkeys(names.values()))
+    return [Kernel(op.name, op.name, k.program, k.launch, int(op.flops), int(op.model_flops), params, tensors,
+                   ("O",))]
+
+
+EMITTERS = {"gemm": _gemm, "attention": _attention}
 
 
 def emit_op(op, caps) -> list[Kernel]:

@@ -1,0 +1,158 @@
+"""`archsim run`, `compare` and `plot` on the tiny model (tests/test_cli.py has the CLI helpers).
+
+Functional runs are the end-to-end proof: every emitted kernel of a block, chained through real
+buffers, checked op by op against numpy and as a whole block against a float64 forward pass, for
+each phase and for both attention forms and both activation/norm families. Timing runs check the
+result document: CONTRACT fields, identical kernels simulated once and counted, totals that sum the
+kernels, the seed's model_flops, determinism, and the files --out writes.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from archsim.cli import main
+from archsim.paths import data_dir
+
+from test_cli import cli, one_line_error
+
+
+def _variant(tmp_path, **changes):
+    """The tiny workload with model/scenario fields changed, as a YAML file."""
+    doc = yaml.safe_load((data_dir("workloads") / "tiny.yaml").read_text())
+    for k, v in changes.items():
+        (doc["model"] if k in doc["model"] else doc["scenario"])[k] = v
+    p = tmp_path / "variant.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return str(p)
+
+
+FUNCTIONAL = [
+    ("prefill", {}),
+    ("decode", {}),
+    ("prefill", {"attention": "unfused"}),
+    ("prefill", {"activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
+    ("train", {}),
+    ("train", {"attention": "unfused", "causal": False}),
+]
+
+
+@pytest.mark.parametrize("phase,changes", FUNCTIONAL)
+def test_functional_block_matches_numpy(capsys, tmp_path, phase, changes):
+    wl = _variant(tmp_path, **changes) if changes else "tiny"
+    out = tmp_path / "r.json"
+    code, text, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", wl, "--phase", phase, "--mode",
+                          "functional", "--json", str(out))
+    assert code == 0, text + err
+    doc = json.loads(out.read_text())
+    assert doc["passed"] and doc["block_verification"]["passed"]
+    assert all(k["verification"]["passed"] for k in doc["kernels"])
+    assert "block output" in text and "FAILED" not in text
+
+
+def test_timing_run_document(capsys, tmp_path):
+    from archsim.workloads.model import load_workload
+
+    out = tmp_path / "r.json"
+    code, text, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.result/1" and doc["complete"]
+    wl = load_workload("tiny")
+    ops = wl.block_ops()
+    ks = doc["kernels"]
+    # every op is emitted; identical kernels (res1/res2, norm1/norm2: same shapes) are timed once
+    assert {k["op"] for k in ks} | {a for k in ks for a in k.get("also", [])} >= {o.name for o in ops}
+    from archsim.config import load_machine
+    from archsim.run import emit_block
+
+    emitted = emit_block(load_machine("tiny-gpu"), wl)
+    assert len(ks) < len(emitted)  # something was deduplicated
+    assert sum(k["count"] for k in ks) == len(emitted) * wl.model.layers
+    for k in ks:
+        assert k["count"] % wl.model.layers == 0 and k["cycles"] > 0
+        assert sum(k["stalls"].values()) == pytest.approx(1.0, abs=1e-4)
+        for f in ("grid", "seconds", "flops", "model_flops", "tflops", "warp_instructions", "sampled",
+                  "sample_error_est", "bytes", "bandwidth_gbps", "fabric", "memory_controllers", "timeline"):
+            assert f in k
+    t = doc["total"]
+    assert t["cycles"] == sum(k["cycles"] * k["count"] for k in ks)
+    assert t["model_flops"] == wl.totals()["model_flops"]
+    assert t["flops"] == wl.totals()["flops"]
+    assert "total" in text and "top stall" in text
+
+
+def test_timing_run_is_deterministic(capsys, tmp_path):
+    docs = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.json"
+        assert cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--phase", "decode", "--json",
+                   str(out))[0] == 0
+        d = json.loads(out.read_text())
+        d.pop("sim")
+        docs.append(d)
+    assert docs[0] == docs[1]
+
+
+def test_out_dir_plots_and_trace(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1", "--out", str(out),
+                       "--trace")
+    assert code == 0, err
+    assert (out / "result.json").exists() and (out / "kernels.png").stat().st_size > 1000
+    assert (out / "timeline.png").stat().st_size > 1000
+    tr = json.loads((out / "trace.json").read_text())
+    names = {e["name"] for e in tr["traceEvents"]}
+    assert "qkv" in names and any(n.startswith("qkv block") for n in names)
+    (out / "kernels.png").unlink()
+    code, text, _ = cli(capsys, "plot", str(out))
+    assert code == 0 and (out / "kernels.png").exists()
+
+
+def test_compare_two_machines(capsys, tmp_path):
+    out = tmp_path / "c.json"
+    code, text, err = cli(capsys, "compare", "--hw", "tiny-gpu", "--hw", "a100", "--workload", "tiny", "--layers", "1",
+                          "--phase", "decode", "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.compare/1" and doc["machines"] == ["tiny-gpu", "a100"]
+    assert all(r["schema"] == "archsim.result/1" for r in doc["results"])
+    assert "tiny-gpu time us" in text and "a100 time us" in text and "bound" in text
+
+
+@pytest.mark.parametrize("argv,where", [
+    (["--batch", "0"], "--batch"),
+    (["--phase", "serve"], "--phase"),
+    (["--sample-waves", "2"], "--sample-waves"),
+    (["--trace"], "--trace"),
+    (["--max-cycles", "0"], "--max-cycles"),
+])
+def test_bad_run_options_are_one_line(capsys, argv, where):
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", *argv)
+    assert code == 2
+    assert where in one_line_error(err)
+
+
+def test_bad_workload_file_is_one_line(capsys, tmp_path):
+    p = _variant(tmp_path, hidden=65)
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", p)
+    assert code == 2 and "hidden" in one_line_error(err)
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "no-such-model")
+    assert code == 2 and "tiny" in one_line_error(err)
+
+
+def test_max_cycles_stops_with_status_3_and_a_partial_result(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--max-cycles", "50", "--json",
+                       str(out))
+    assert code == 3 and "max-cycles" in one_line_error(err)
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+
+
+def test_compare_needs_two_machines(capsys):
+    code, _, err = cli(capsys, "compare", "--hw", "tiny-gpu", "--workload", "tiny")
+    assert code == 2 and "--hw" in one_line_error(err)
