@@ -1,0 +1,1027 @@
+"""Elementwise and row-reduction kernels of a transformer block, for the GPU family.
+
+    caps = capabilities(load_machine("a100"))
+    k = softmax_kernel(caps, rows=b * n * s, cols=s, dtype="fp16", scale=d ** -0.5, causal=True, q_len=s)
+    bufs = k.random_inputs(seed=0)                    # {"x": ..., "y": zeros}
+    res = run_functional(k.program, k.args(**bufs), k.launch, warp_width=32)
+    ref = k.reference(**bufs)                         # {"y": float64}
+
+Forward: ``softmax_kernel``, ``layernorm_kernel``, ``rmsnorm_kernel``, ``gelu_kernel``,
+``swiglu_kernel``, ``add_kernel``. Backward: ``softmax_grad_kernel``, ``layernorm_grad_kernel``,
+``rmsnorm_grad_kernel`` (each a ``KernelChain`` of two kernels: dx per row, then the dgamma /
+dbeta column sums), ``gelu_grad_kernel``, ``swiglu_grad_kernel``. Each returns an
+``ElementwiseKernel``: the program, its launch, nominal ``flops``, ``buffers`` (name, shape,
+storage dtype, written or not, in parameter order), ``args(**buffers)``, ``random_inputs(seed)``,
+``reference(**inputs)`` (float64 from the buffers' exact values) and ``buffer_bytes()``.
+
+Storage dtypes fp16, bf16 (uint16 bit patterns, as everywhere in archsim) and fp32; every value is
+converted to f32 on load and the math runs in f32 (MUFU ex2, tanh, rcp, rsqrt); results are
+rounded once to the storage dtype on the store. Saved statistics (mean, rstd) are f32.
+
+How the kernels are written (the way a CUDA programmer writes them):
+
+- Row kernels (softmax, norms, their gradients, SwiGLU) give each row a *team*: one warp (rows of
+  up to 1024 elements, 4 warps a block, so a block has 4 rows in flight) or a whole block of 128
+  or 256 threads (longer rows, or too few rows to fill the machine with warps). Team thread t
+  takes vector t, t+T, t+2T, ... of the row (T = 32 or the block size), then one scalar element of
+  the row's tail (cols mod V). Vectors are 16 bytes when the row stride allows (8 fp16/bf16 or 4
+  fp32 per ld.global.v4.b32), else the widest of 8 / 4 / 2 bytes that keeps every row aligned.
+- Team reductions: a butterfly of shfl.bfly.b64 (masks 16 .. 1) gives every lane the warp's
+  value; a block team then writes one partial per warp to shared memory, bar.sync, and every
+  warp reads the partials back and runs the butterfly again. Two alternating sets of slots keep
+  consecutive reductions apart with one barrier each (an odd number of reductions per row gets
+  one more barrier at the end of the row).
+- The grid is capped at what the machine holds at once (cores x resident blocks) and every team
+  loops over rows (flat kernels: over vectors) with a grid stride, so the program's size does not
+  depend on the shape: rows, cols and the other sizes are kernel parameters; only the vector width
+  (the shape's alignment class), the team kind, the dtype and the causal flag select the program.
+  Float scalars (scale, eps) are parameters holding f32 bit patterns.
+- Softmax is the online (single pass) normalizer: each lane keeps a running max m and sum s of
+  2^(t - m) over t = x * scale * log2(e) (log2 e folded into the scale, so the exponential is
+  one ex2), rescaling s by 2^(m_old - m_new) once per vector; lanes and warps combine (m, s) pairs
+  the same way. A second pass writes y = 2^(t - m) / s. Causal masking: row r is query
+  i = r mod q_len and keeps columns j <= i + q_offset (q_offset defaults to kv_len - q_len, a query
+  block at the end of the key sequence); the first pass reads only the kept columns, the second
+  writes zeros past them without loading (a row with no kept column is all zeros).
+- Layernorm is two-pass (mean, then the sum of squared deviations from it: exact where
+  E[x^2] - mean^2 cancels), then a third pass writes y; the row is re-read from L1/L2, not kept in
+  registers (any row length). Forward norms also write the per-row statistics the backward pass
+  reads (mean and rstd for layernorm, rstd for rmsnorm), as training frameworks do.
+- Norm backward: kernel 1 (row team) dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat))
+  (rmsnorm: rstd * g*dy - x * rstd^3 * mean(g*dy*x)); kernel 2 (atomics-free column sums): a block
+  of 8 warps owns 32*V columns, warp w sums rows w, w+8, ... in registers, the 8 partials meet in
+  shared memory and warp 0 writes dgamma (and dbeta) in the storage dtype.
+
+Tolerances the tests hold them to are stated in tests/test_emit_elementwise.py.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from archsim.errors import InputError
+from archsim.isa.builder import Mem, Pred, Reg
+from archsim.isa.check import check
+from archsim.isa.program import Launch, Program
+
+from .gemm_gpu import _Asm, _ceil, _log2, to_float, to_host
+
+__all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
+           "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
+           "swiglu_kernel", "swiglu_grad_kernel", "add_kernel"]
+
+_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
+_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
+_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
+_LD = {4: "ld.global.b32", 8: "ld.global.v2.b32", 16: "ld.global.v4.b32"}
+_ST = {2: "st.global.b16", 4: "st.global.b32", 8: "st.global.v2.b32", 16: "st.global.v4.b32"}
+
+LOG2E = 1.4426950408889634
+GELU_K = math.sqrt(2.0 / math.pi)     # tanh-approximation GELU (GPT-2): 0.5x(1 + tanh(K(x + A x^3)))
+GELU_A = 0.044715
+WARP_ROW_MAX_COLS = 1024              # longer rows get a block per row
+COLSUM_WARPS = 8                      # warps of a dgamma / dbeta column-sum block
+
+# nominal flops per element (the element-wise math of the kernel body; per-row and per-vector
+# work such as reductions and rescales is not counted)
+FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
+                  "rmsnorm_grad": 7, "gelu": 8, "gelu_grad": 16, "swiglu": 5, "swiglu_grad": 10, "add": 1,
+                  "colsum_ln": 5, "colsum_rms": 3}
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+# ----------------------------------------------------------------------------- kernel objects
+@dataclass(frozen=True)
+class Buf:
+    """One buffer parameter: name, shape, storage dtype (fp16 | bf16 | fp32), written by the kernel."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    out: bool = False
+
+    @property
+    def host_dtype(self):
+        return np.dtype(_HOST[self.dtype])
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * _ES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ElementwiseKernel:
+    """One emitted elementwise / row kernel: program, launch and what it computes."""
+
+    op: str                      # softmax, layernorm, ..., colsum_ln (dgamma/dbeta of a chain)
+    program: Program
+    launch: Launch
+    flops: int                   # nominal (FLOPS_PER_ELEM x elements)
+    dtype: str                   # storage dtype: fp16 | bf16 | fp32
+    buffers: tuple               # Buf, in parameter order
+    scalars: tuple               # (param, value) of the integer parameters (f32 ones as bit patterns)
+    team: str                    # warp | block (row kernels), thread (flat), column (column sums)
+    vector_bytes: int            # bytes per lane per load of the main loop
+    _gen: Callable = field(compare=False, repr=False, default=None)
+    _ref: Callable = field(compare=False, repr=False, default=None)
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(b for b in self.buffers if not b.out)
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(b for b in self.buffers if b.out)
+
+    def buffer_bytes(self) -> dict:
+        """Bytes of each buffer (for ``Unbacked(nbytes)`` in timing runs)."""
+        return {b.name: b.nbytes for b in self.buffers}
+
+    def args(self, *arrays, **named) -> dict:
+        """Kernel arguments: the buffers in parameter order or by name (numpy arrays of the right
+        shape and dtype, or anything with ``nbytes`` such as the timing engine's ``Unbacked``),
+        plus the scalar parameters."""
+        if len(arrays) > len(self.buffers):
+            raise InputError(f"{self.op} kernel", f"{len(arrays)} buffers given",
+                             "buffers: " + ", ".join(b.name for b in self.buffers))
+        got = dict(zip((b.name for b in self.buffers), arrays))
+        for k, v in named.items():
+            if k not in {b.name for b in self.buffers} or k in got:
+                raise InputError(f"{self.op} kernel", f"unexpected or repeated buffer {k!r}",
+                                 "buffers: " + ", ".join(b.name for b in self.buffers))
+            got[k] = v
+        out = {}
+        for b in self.buffers:
+            if b.name not in got:
+                raise InputError(f"{self.op} kernel", f"no buffer {b.name!r}",
+                                 "buffers: " + ", ".join(bb.name for bb in self.buffers))
+            v = got[b.name]
+            if isinstance(v, np.ndarray):
+                if v.shape != tuple(b.shape) or v.dtype != b.host_dtype or not v.flags.c_contiguous:
+                    raise InputError(f"{self.op} kernel", f"{b.name} is {v.dtype}{list(v.shape)}",
+                                     f"a C-contiguous {b.host_dtype}{list(b.shape)} array")
+            elif int(getattr(v, "nbytes", -1)) < b.nbytes:
+                raise InputError(f"{self.op} kernel", f"{b.name} has {getattr(v, 'nbytes', None)} bytes",
+                                 f"at least {b.nbytes}")
+            out[b.name] = v
+        out.update(dict(self.scalars))
+        return out
+
+    def random_inputs(self, seed: int = 0) -> dict:
+        """Every buffer by name: inputs drawn for the op (in the storage format), outputs zeros."""
+        rng = np.random.default_rng(seed)
+        ins = self._gen(rng)
+        out = {}
+        for b in self.buffers:
+            out[b.name] = ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype)
+        return out
+
+    def reference(self, **bufs) -> dict:
+        """The outputs in float64, computed from the exact values of the input buffers."""
+        vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.inputs}
+        return self._ref(vals)
+
+
+@dataclass(frozen=True)
+class KernelChain:
+    """Kernels run one after the other on shared buffers (a norm's backward: dx, then dgamma/dbeta)."""
+
+    op: str
+    kernels: tuple
+    dtype: str
+    _gen: Callable = field(compare=False, repr=False, default=None)
+    _ref: Callable = field(compare=False, repr=False, default=None)
+
+    @property
+    def buffers(self) -> tuple:
+        seen = {}
+        for k in self.kernels:
+            for b in k.buffers:
+                seen.setdefault(b.name, b)
+        outs = {b.name for k in self.kernels for b in k.outputs}
+        return tuple(Buf(b.name, b.shape, b.dtype, b.name in outs) for b in seen.values())
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    def buffer_bytes(self) -> dict:
+        return {b.name: b.nbytes for b in self.buffers}
+
+    def args_list(self, **bufs) -> list:
+        """The arguments of each kernel, taken by name from one dict of buffers."""
+        return [k.args(**{b.name: bufs[b.name] for b in k.buffers}) for k in self.kernels]
+
+    def random_inputs(self, seed: int = 0) -> dict:
+        rng = np.random.default_rng(seed)
+        ins = self._gen(rng)
+        return {b.name: ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype) for b in self.buffers}
+
+    def reference(self, **bufs) -> dict:
+        vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.buffers if not b.out}
+        return self._ref(vals)
+
+
+# ----------------------------------------------------------------------------- validation
+def _dtype(op: str, dtype) -> str:
+    if not isinstance(dtype, str) or dtype.lower() not in _DTYPES:
+        raise InputError(op, f"unknown dtype {dtype!r}", "fp16, bf16, fp32")
+    return _DTYPES[dtype.lower()]
+
+
+def _pos(op: str, **sizes) -> None:
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise InputError(op, f"{k} = {v!r}", f"{k} an integer >= 1")
+
+
+def _target(op: str, caps) -> None:
+    if caps.family != "gpu" or caps.warp_width != 32:
+        raise InputError(f"{op} on {caps.name}", f"the GPU elementwise emitter needs a gpu-family target with "
+                         f"32-wide warps, not {caps.family} with {caps.warp_width}", "a gpu-family machine")
+
+
+def _finite(op: str, name: str, v) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not math.isfinite(f) or abs(f) > 3.4e38:
+        raise InputError(op, f"{name} = {v!r}", f"{name} a finite f32 number")
+    return f
+
+
+def _vec_bytes(row_bytes: int, es: int) -> int:
+    """The widest load (16, 8, 4 bytes; 2 = one 16-bit element) that keeps every row aligned."""
+    for vb in (16, 8, 4):
+        if vb >= es and row_bytes % vb == 0:
+            return vb
+    return es
+
+
+def _grid(caps, prog: Program, threads: int, needed: int) -> int:
+    """Blocks to launch: what the work needs, capped at what the machine holds at once."""
+    warps = _ceil(threads, 32)
+    per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
+                   caps.regs_per_core // max(prog.nregs * warps * 32, 1))
+    if prog.shared_bytes:
+        per_core = min(per_core, caps.scratchpad_bytes // prog.shared_bytes)
+    if per_core < 1 or prog.nregs > caps.max_regs_per_thread:
+        raise InputError(f"{prog.name} on {caps.name}", f"a block of {threads} threads x {prog.nregs} registers, "
+                         f"{prog.shared_bytes} B scratchpad does not fit a core", "a larger target")
+    return max(1, min(needed, caps.cores_total * per_core))
+
+
+# ----------------------------------------------------------------------------- emission helpers
+class _E:
+    """Emission context: an _Asm with f32 load/store of the storage dtype and team reductions."""
+
+    def __init__(self, name: str, params, dt: str, VB: int, team: str = "warp", BT: int = 128, red_vals: int = 0,
+                 shared: int = 0):
+        self.dt, self.es, self.VB = dt, _ES[dt], VB
+        self.V = VB // self.es
+        self.team, self.BT = team, BT
+        self.T = 32 if team == "warp" else BT
+        self.red_vals = red_vals
+        self.red_base = shared
+        if team == "block" and red_vals:
+            shared += 2 * red_vals * 128
+        self.a = _Asm(name, params, shared)
+        self.nloop = 0
+        self.nred = 0
+        self._const = {}
+
+    def __call__(self, *x, **kw):
+        self.a(*x, **kw)
+
+    def reg(self, k: int = 1) -> Reg:
+        return self.a.reg(k)
+
+    def free(self, *r, k: int = 1) -> None:
+        self.a.free(*r, k=k)
+
+    def const(self, v: float) -> Reg:
+        """A register holding the f32 constant v (kept for the whole kernel)."""
+        if v not in self._const:
+            r = self.reg()
+            self("mov.f32", r, float(v))
+            self._const[v] = r
+        return self._const[v]
+
+    def fparam(self, name: str) -> Reg:
+        r = self.reg()
+        self("ldparam", r, name)
+        return r
+
+    # ---- memory
+    def load(self, addr: Reg, n: int, p: Optional[Pred] = None) -> Reg:
+        """n elements of the storage dtype at [addr] -> n consecutive f32 registers (returned: the first)."""
+        es, a = self.es, self.a
+        nb = n * es
+        v = a.reg(n)
+        if self.dt == "fp32":
+            a(_LD[nb], v, Mem(addr, 0), p=p)
+            return v
+        lo, hi = _CVT_IN[self.dt]
+        if n == 1:
+            a("ld.global.u16", v, Mem(addr, 0), p=p)
+            a(lo, v, v)
+            return v
+        nr = nb // 4
+        raw = a.reg(nr)
+        a(_LD[nb], raw, Mem(addr, 0), p=p)
+        for i in range(nr):
+            a(lo, v + 2 * i, raw + i)
+            a(hi, v + 2 * i + 1, raw + i)
+        a.free(raw, k=nr)
+        return v
+
+    def store(self, addr: Reg, v: Reg, n: int) -> None:
+        es, a = self.es, self.a
+        nb = n * es
+        if self.dt == "fp32":
+            a(_ST[nb], Mem(addr, 0), v)
+            return
+        cvt = _CVT_OUT[self.dt]
+        if n == 1:
+            pk = a.reg()
+            a(cvt, pk, v, v)
+            a("st.global.b16", Mem(addr, 0), pk)
+            a.free(pk)
+            return
+        nr = nb // 4
+        pk = a.reg(nr)
+        for i in range(nr):
+            a(cvt, pk + i, v + 2 * i, v + 2 * i + 1)
+        a(_ST[nb], Mem(addr, 0), pk)
+        a.free(pk, k=nr)
+
+    def addr(self, base: Reg, j: Reg) -> Reg:
+        r = self.reg()
+        self("add.i64", r, base, j)
+        return r
+
+    # ---- team setup and loops
+    def team_setup(self) -> tuple:
+        """Registers: tt (thread index in the team), row (first row), step (row stride)."""
+        a = self.a
+        tt, row, step, t = a.reg(), a.reg(), a.reg(), a.reg()
+        if self.team == "warp":
+            a("s2r", tt, "%laneid")
+            a("s2r", row, "%ctaid.x")
+            a("s2r", t, "%nwarpid")
+            a("s2r", step, "%nctaid.x")
+            a("mul.i64", step, step, t)
+            a("mul.i64", row, row, t)
+            a("s2r", t, "%warpid")
+            a("add.i64", row, row, t)
+        else:
+            a("s2r", tt, "%tid.x")
+            a("s2r", row, "%ctaid.x")
+            a("s2r", step, "%nctaid.x")
+        if self.team == "block" and self.red_vals:
+            self.woff, self.loff = a.reg(), a.reg()
+            self.plane0, self.prd = a.pred(), a.pred()
+            a("s2r", t, "%laneid")
+            a("setp.eq.i64", self.plane0, t, 0)
+            a("shl.b64", self.loff, t, 2)
+            a("s2r", self.woff, "%nwarpid")
+            a("setp.lt.i64", self.prd, t, self.woff)
+            a("s2r", t, "%warpid")
+            a("shl.b64", self.woff, t, 2)
+        a.free(t)
+        self.j0v = a.reg()
+        a("shl.b64", self.j0v, tt, _log2(self.VB))
+        self.j0s = None
+        if self.V > 1:
+            self.j0s = a.reg()
+            a("shl.b64", self.j0s, tt, _log2(self.es))
+        self.tt = tt
+        return tt, row, step
+
+    def loop(self, lim_b: Reg, body: Callable) -> None:
+        """body(j, n) for every vector of the row below byte offset lim_b (j: the vector's byte
+        offset in the row, n = V elements), then for the tail elements one at a time (n = 1)."""
+        a = self.a
+        k = self.nloop
+        self.nloop += 1
+        j, p = a.reg(), a.pred()
+        if self.V > 1:
+            vend = a.reg()
+            a("and.b64", vend, lim_b, -self.VB)
+        else:
+            vend = lim_b
+        a("mov.b64", j, self.j0v)
+        a.label(f"L{k}")
+        a("setp.ge.i64", p, j, vend)
+        a("bra", f"L{k}_tail", p=p)
+        body(j, self.V)
+        a("add.i64", j, j, self.T * self.VB)
+        a("bra", f"L{k}")
+        a.label(f"L{k}_tail")
+        if self.V > 1:
+            a("add.i64", j, vend, self.j0s)
+            a("setp.ge.i64", p, j, lim_b)
+            a("bra", f"L{k}_end", p=p)
+            body(j, 1)
+            a.label(f"L{k}_end")
+            a.free(vend)
+        a.free(j)
+        a.pfree(p)
+
+    def reduce(self, vals: list, combine: Callable, ident: list) -> None:
+        """Reduce registers over the team; every thread ends with the result."""
+        a = self.a
+        oth = [a.reg() for _ in vals]
+
+        def bfly():
+            for m in (16, 8, 4, 2, 1):
+                for v, o in zip(vals, oth):
+                    a("shfl.bfly.b64", o, v, m)
+                combine(vals, oth)
+
+        bfly()
+        if self.team == "block":
+            assert len(vals) <= self.red_vals
+            base = self.red_base + (self.nred % 2) * self.red_vals * 128
+            self.nred += 1
+            for i, v in enumerate(vals):
+                a("st.shared.b32", Mem(self.woff, base + 128 * i), v, p=self.plane0)
+            a("bar.sync")
+            for i, v in enumerate(vals):
+                a("mov.f32", v, ident[i])
+                a("ld.shared.b32", v, Mem(self.loff, base + 128 * i), p=self.prd)
+            bfly()
+        a.free(*oth)
+
+    def reduce_sum(self, vals: list) -> None:
+        self.reduce(vals, lambda vs, os: [self("add.f32", v, v, o) for v, o in zip(vs, os)], [0.0] * len(vals))
+
+    def end_row(self) -> None:
+        """Block teams: an odd number of reductions per row leaves the slot sets out of step with
+        the next row's; one more barrier keeps a fast warp's next write behind every read."""
+        if self.team == "block" and self.nred % 2:
+            self("bar.sync")
+
+    def row_loop(self, row: Reg, step: Reg, rows: Reg, body: Callable) -> None:
+        a = self.a
+        p = a.pred()
+        a.label("ROW")
+        a("setp.ge.i64", p, row, rows)
+        a("bra", "DONE", p=p)
+        a.pfree(p)
+        self.nred = 0
+        body()
+        self.end_row()
+        a("add.i64", row, row, step)
+        a("bra", "ROW")
+        a.label("DONE")
+        a("exit")
+
+    def build(self) -> Program:
+        return self.a.build()
+
+
+def _choose_team(caps, rows: int, cols: int, V: int, team: Optional[str]) -> tuple:
+    """(team, block threads). Warp per row for rows up to WARP_ROW_MAX_COLS elements unless there
+    are too few rows to give every core 4 warps; a block (128 or 256 threads) per longer row."""
+    if team is None:
+        long_row = cols > WARP_ROW_MAX_COLS
+        few_rows = cols >= 256 and rows < 4 * caps.cores_total
+        team = "block" if long_row or few_rows else "warp"
+    if team not in ("warp", "block"):
+        raise InputError("row kernel", f"team {team!r}", "warp, block or None (the rule)")
+    if team == "warp":
+        return "warp", 128
+    return "block", (128 if _ceil(cols, V) <= 512 else 256)
+
+
+def _finish(op: str, caps, e: _E, threads: int, needed: int, flops: int, buffers, scalars, team: str, gen, ref):
+    prog = e.build()
+    check(prog, caps)
+    grid = _grid(caps, prog, threads, needed)
+    return ElementwiseKernel(op=op, program=prog, launch=Launch((grid, 1, 1), (threads, 1, 1)), flops=int(flops),
+                             dtype=e.dt, buffers=tuple(buffers), scalars=tuple(scalars), team=team,
+                             vector_bytes=e.VB, _gen=gen, _ref=ref)
+
+
+def _normal(rng, shape, dt, scale=1.0, shift=0.0):
+    return to_host((rng.standard_normal(shape) * scale + shift).astype(np.float32), dt)
+
+
+# ----------------------------------------------------------------------------- softmax
+def _keep(rows: int, cols: int, causal: bool, q_len: int, q_off: int) -> np.ndarray:
+    """The kept entries of a [rows, cols] score matrix (small shapes: references only)."""
+    if not causal:
+        return np.ones((rows, cols), bool)
+    i = (np.arange(rows) % q_len)[:, None]
+    return np.arange(cols)[None, :] <= i + q_off
+
+
+def _kept(rows: int, cols: int, causal: bool, q_len: int, q_off: int) -> int:
+    """How many entries the mask keeps, without building it."""
+    if not causal:
+        return rows * cols
+    per_query = np.clip(np.arange(q_len, dtype=np.int64) + q_off + 1, 0, cols)
+    return int(per_query.sum()) * (rows // q_len)
+
+
+def _pad(y: np.ndarray, ld: int) -> np.ndarray:
+    """[rows, cols] -> [rows, ld] with zeros in the columns the kernel does not touch."""
+    if y.shape[1] == ld:
+        return y
+    out = np.zeros((y.shape[0], ld))
+    out[:, :y.shape[1]] = y
+    return out
+
+
+def _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld):
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, cols=cols)
+    _target(op, caps)
+    scale = _finite(op, "scale", scale)
+    ld = cols if ld is None else ld
+    _pos(op, ld=ld)
+    if ld < cols:
+        raise InputError(op, f"ld = {ld} < cols = {cols}", "ld >= cols (the row stride in elements)")
+    if q_len is None:
+        q_len = rows
+    _pos(op, q_len=q_len)
+    if causal and rows % q_len:
+        raise InputError(op, f"rows = {rows} is not a multiple of q_len = {q_len}",
+                         "rows = batch*heads*q_len for a causal mask")
+    if q_offset is None:
+        q_offset = cols - q_len
+    if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)):
+        raise InputError(op, f"q_offset = {q_offset!r}", "an integer (query i keeps columns j <= i + q_offset)")
+    return dt, scale, int(ld), int(q_len), int(q_offset)
+
+
+def _mask_setup(e: _E, row: Reg, causal: bool, cols_b: Reg) -> Reg:
+    """The byte end of the row's kept columns: causal: clamp(row mod q_len + q_off + 1, 0, cols) * es."""
+    if not causal:
+        return cols_b
+    ce = e.reg()
+    t = e.reg()
+    e("ldparam", t, "q_len")
+    e("rem.i64", ce, row, t)
+    e("ldparam", t, "q_off")
+    e("add.i64", ce, ce, t)
+    e("add.i64", ce, ce, 1)
+    e("max.i64", ce, ce, 0)
+    e("shl.b64", ce, ce, _log2(e.es))
+    e("min.i64", ce, ce, cols_b)
+    e.free(t)
+    return ce
+
+
+def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float = 1.0, causal: bool = False,
+                   q_offset: Optional[int] = None, ld: Optional[int] = None, *, q_len: Optional[int] = None,
+                   team: Optional[str] = None) -> ElementwiseKernel:
+    """y = softmax(scale * x) over each row of x [rows, ld] (the first cols columns), written to a
+    separate buffer y [rows, ld] (columns past cols are not touched).
+
+    Causal: rows = b*n*q_len of an S [b, n, q_len, kv_len = cols] tensor; row r is query
+    i = r mod q_len (q_len: default rows) and keeps columns j <= i + q_offset (default
+    kv_len - q_len); masked entries are written as 0. ld: row stride in elements (default cols).
+    team: force "warp" or "block" rows (default: the rule in ``_choose_team``)."""
+    op = "softmax"
+    dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
+    es = _ES[dt]
+    VB = _vec_bytes(ld * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    params = ("x", "y", "rows", "cols", "ld", "q_len", "q_off", "scale")
+    e = _E(f"softmax_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=2)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, ldb, X, Y = e.reg(), e.reg(), e.reg(), e.reg(), e.reg()
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("ldparam", ldb, "ld")
+    e("shl.b64", ldb, ldb, _log2(es))
+    e("ldparam", X, "x")
+    e("ldparam", Y, "y")
+    c = e.fparam("scale")
+    e("mul.f32", c, c, LOG2E)                         # t = x * scale * log2(e): exp(s x) = 2^t
+
+    def body():
+        ro, px, py = e.reg(), e.reg(), e.reg()
+        e("mul.i64", ro, row, ldb)
+        e("add.i64", px, X, ro)
+        e("add.i64", py, Y, ro)
+        e.free(ro)
+        ce = _mask_setup(e, row, causal, cols_b)
+        m, s = e.reg(), e.reg()
+        e("mov.f32", m, float("-inf"))
+        e("mov.f32", s, 0.0)
+
+        def online(j, n):                             # running (m, s) over the kept columns
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, c)
+            M, t = e.reg(), e.reg()
+            e("max.f32", M, m, v)
+            for i in range(1, n):
+                e("max.f32", M, M, v + i)
+            e("sub.f32", t, m, M)
+            e("max.f32", t, t, float("-inf"))         # -inf - -inf = NaN -> -inf: a factor of 0
+            e("ex2.f32", t, t)
+            e("mul.f32", s, s, t)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, M)
+                e("ex2.f32", v + i, v + i)
+                e("add.f32", s, s, v + i)
+            e("mov.b64", m, M)
+            e.free(M, t)
+            e.free(v, k=n)
+
+        e.loop(ce, online)
+
+        def combine(vs, os):
+            (m1, s1), (m2, s2) = vs, os
+            M, t = e.reg(), e.reg()
+            e("max.f32", M, m1, m2)
+            e("sub.f32", t, m1, M)
+            e("max.f32", t, t, float("-inf"))
+            e("ex2.f32", t, t)
+            e("mul.f32", s1, s1, t)
+            e("sub.f32", t, m2, M)
+            e("max.f32", t, t, float("-inf"))
+            e("ex2.f32", t, t)
+            e("fma.f32", s1, s2, t, s1)
+            e("mov.b64", m1, M)
+            e.free(M, t)
+
+        e.reduce([m, s], combine, [float("-inf"), 0.0])
+        e("rcp.f32", s, s)                            # 1/s (no kept column: inf, never used)
+
+        def write(j, n):
+            pv = rem = None
+            if causal:
+                rem, pv = e.reg(), e.a.pred()
+                e("sub.i64", rem, ce, j)
+                e("setp.gt.i64", pv, rem, 0)          # some element of this vector is kept
+            ad = e.addr(px, j)
+            v = e.load(ad, n, p=pv)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, c)
+                e("sub.f32", v + i, v + i, m)
+                e("ex2.f32", v + i, v + i)
+                e("mul.f32", v + i, v + i, s)
+            if causal:
+                for i in range(n):
+                    e("setp.gt.i64", pv, rem, i * es)
+                    e("selp.b64", v + i, v + i, 0, pv)
+                e.free(rem)
+                e.a.pfree(pv)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, write)
+        e.free(m, s, px, py)
+        if causal:
+            e.free(ce)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, ld), dt), Buf("y", (rows, ld), dt, True))
+
+    def gen(rng):
+        return {"x": _normal(rng, (rows, ld), dt, 2.0)}
+
+    def ref(v):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        t = np.where(keep, scale * v["x"][:, :cols], -np.inf)
+        mx = t.max(axis=1, keepdims=True)
+        mx = np.where(np.isfinite(mx), mx, 0.0)
+        p = np.where(keep, np.exp(t - mx), 0.0)
+        sm = p.sum(axis=1, keepdims=True)
+        return {"y": _pad(p / np.where(sm > 0, sm, 1.0), ld)}
+
+    scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
+               ("scale", _f32_bits(scale)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers, scalars, tm, gen, ref)
+
+
+def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float = 1.0, causal: bool = False,
+                        q_offset: Optional[int] = None, ld: Optional[int] = None, *, q_len: Optional[int] = None,
+                        team: Optional[str] = None) -> ElementwiseKernel:
+    """dx = scale * P * (dP - rowsum(dP * P)): the gradient of y = softmax(scale * x) given the
+    forward output P = y and dP = dL/dy (all [rows, ld]; the same scale / causal / q_len /
+    q_offset / ld conventions as ``softmax_kernel``). Masked entries get dx = 0 and are not read."""
+    op = "softmax_grad"
+    dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
+    es = _ES[dt]
+    VB = _vec_bytes(ld * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    params = ("p", "dp", "dx", "rows", "cols", "ld", "q_len", "q_off", "scale")
+    e = _E(f"softmax_grad_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, ldb, P, DP, DX = (e.reg() for _ in range(6))
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("ldparam", ldb, "ld")
+    e("shl.b64", ldb, ldb, _log2(es))
+    e("ldparam", P, "p")
+    e("ldparam", DP, "dp")
+    e("ldparam", DX, "dx")
+    c = e.fparam("scale")
+
+    def body():
+        ro = e.reg()
+        e("mul.i64", ro, row, ldb)
+        pp, pd, px = e.addr(P, ro), e.addr(DP, ro), e.addr(DX, ro)
+        e.free(ro)
+        ce = _mask_setup(e, row, causal, cols_b)
+        acc = e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def dot(j, n):
+            ad = e.addr(pp, j)
+            p = e.load(ad, n)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("fma.f32", acc, p + i, d + i, acc)
+            e.free(p, k=n)
+            e.free(d, k=n)
+
+        e.loop(ce, dot)
+        e.reduce_sum([acc])                            # acc = sum_j P dP over the kept columns
+
+        def write(j, n):
+            pv = rem = None
+            if causal:
+                rem, pv = e.reg(), e.a.pred()
+                e("sub.i64", rem, ce, j)
+                e("setp.gt.i64", pv, rem, 0)
+            ad = e.addr(pp, j)
+            p = e.load(ad, n, p=pv)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n, p=pv)
+            for i in range(n):
+                e("sub.f32", d + i, d + i, acc)
+                e("mul.f32", d + i, d + i, p + i)
+                e("mul.f32", d + i, d + i, c)
+            if causal:
+                for i in range(n):
+                    e("setp.gt.i64", pv, rem, i * es)
+                    e("selp.b64", d + i, d + i, 0, pv)
+                e.free(rem)
+                e.a.pfree(pv)
+            e("add.i64", ad, px, j)
+            e.store(ad, d, n)
+            e.free(ad)
+            e.free(p, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, write)
+        e.free(acc, pp, pd, px)
+        if causal:
+            e.free(ce)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("p", (rows, ld), dt), Buf("dp", (rows, ld), dt), Buf("dx", (rows, ld), dt, True))
+
+    def gen(rng):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        t = np.where(keep, rng.standard_normal((rows, cols)) * 2.0, -np.inf)
+        mx = t.max(axis=1, keepdims=True)
+        pr = np.where(keep, np.exp(t - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
+        pr /= np.maximum(pr.sum(axis=1, keepdims=True), 1e-300)
+        return {"p": to_host(_pad(pr, ld).astype(np.float32), dt), "dp": _normal(rng, (rows, ld), dt)}
+
+    def ref(v):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        p = np.where(keep, v["p"][:, :cols], 0.0)
+        d = v["dp"][:, :cols]
+        s = (p * d).sum(axis=1, keepdims=True)
+        return {"dx": _pad(np.where(keep, scale * p * (d - s), 0.0), ld)}
+
+    scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
+               ("scale", _f32_bits(scale)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers,
+                   scalars, tm, gen, ref)
+
+
+# ----------------------------------------------------------------------------- layernorm / rmsnorm
+def _norm_setup(op, caps, rows, cols, dtype, eps, team):
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, cols=cols)
+    _target(op, caps)
+    if eps is not None:
+        eps = _finite(op, "eps", eps)
+        if eps < 0:
+            raise InputError(op, f"eps = {eps}", "eps >= 0")
+    es = _ES[dt]
+    VB = _vec_bytes(cols * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    return dt, es, VB, tm, BT
+
+
+def _row_ptrs(e: _E, row: Reg, rowb: Reg, bases: list) -> list:
+    """Pointers to the row `row` of each [rows, cols] buffer: base + row * rowb."""
+    ro = e.reg()
+    e("mul.i64", ro, row, rowb)
+    out = [e.addr(b, ro) for b in bases]
+    e.free(ro)
+    return out
+
+
+def _norm_gen(rows, cols, dt, with_beta):
+    def gen(rng):
+        d = {"x": _normal(rng, (rows, cols), dt, 2.0, 0.5), "gamma": _normal(rng, (cols,), dt, 0.2, 1.0)}
+        if with_beta:
+            d["beta"] = _normal(rng, (cols,), dt, 0.2)
+        return d
+    return gen
+
+
+def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                     team: Optional[str] = None) -> ElementwiseKernel:
+    """y = (x - mean) * rstd * gamma + beta per row of x [rows, cols], rstd = 1/sqrt(var + eps)
+    (biased variance, as torch.nn.LayerNorm); also writes mean [rows] and rstd [rows] (f32), the
+    statistics ``layernorm_grad_kernel`` reads. gamma, beta: [cols] in the storage dtype."""
+    op = "layernorm"
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    params = ("x", "gamma", "beta", "y", "mean", "rstd", "rows", "cols", "eps")
+    e = _E(f"layernorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, G, B, Y, MEAN, RSTD = (e.reg() for _ in range(8))
+    invn, eps_r = e.reg(), e.fparam("eps")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (G, "gamma"), (B, "beta"), (Y, "y"), (MEAN, "mean"), (RSTD, "rstd")):
+        e("ldparam", r, n)
+    p0 = e.a.pred()
+    e("setp.eq.i64", p0, tt, 0)
+
+    def body():
+        px, py = _row_ptrs(e, row, cols_b, [X, Y])
+        acc, mean, rstd = e.reg(), e.reg(), e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def s1(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("add.f32", acc, acc, v + i)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s1)
+        e.reduce_sum([acc])
+        e("mul.f32", mean, acc, invn)
+        e("mov.f32", acc, 0.0)
+
+        def s2(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, mean)
+                e("fma.f32", acc, v + i, v + i, acc)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s2)
+        e.reduce_sum([acc])
+        e("fma.f32", rstd, acc, invn, eps_r)           # var + eps
+        e("rsqrt.f32", rstd, rstd)
+        ad = e.reg()
+        e("shl.b64", ad, row, 2)
+        e("add.i64", acc, MEAN, ad)
+        e("st.global.b32", Mem(acc, 0), mean, p=p0)
+        e("add.i64", acc, RSTD, ad)
+        e("st.global.b32", Mem(acc, 0), rstd, p=p0)
+        e.free(ad, acc)
+
+        def out(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            e("add.i64", ad, B, j)
+            b = e.load(ad, n)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, mean)
+                e("mul.f32", v + i, v + i, rstd)
+                e("fma.f32", v + i, v + i, g + i, b + i)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            for r in (v, g, b):
+                e.free(r, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, py, mean, rstd)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("gamma", (cols,), dt), Buf("beta", (cols,), dt),
+               Buf("y", (rows, cols), dt, True), Buf("mean", (rows,), "fp32", True), Buf("rstd", (rows,), "fp32", True))
+
+    def ref(v):
+        x = v["x"]
+        mu = x.mean(axis=1)
+        r = 1.0 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + eps)
+        return {"y": (x - mu[:, None]) * r[:, None] * v["gamma"] + v["beta"], "mean": mu, "rstd": r}
+
+    scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   _norm_gen(rows, cols, dt, True), ref)
+
+
+def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                   team: Optional[str] = None) -> ElementwiseKernel:
+    """y = x * rstd * gamma per row of x [rows, cols], rstd = 1/sqrt(mean(x^2) + eps) (LLaMA's
+    RMSNorm); also writes rstd [rows] (f32) for ``rmsnorm_grad_kernel``."""
+    op = "rmsnorm"
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    params = ("x", "gamma", "y", "rstd", "rows", "cols", "eps")
+    e = _E(f"rmsnorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, G, Y, RSTD = (e.reg() for _ in range(6))
+    invn, eps_r = e.reg(), e.fparam("eps")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (G, "gamma"), (Y, "y"), (RSTD, "rstd")):
+        e("ldparam", r, n)
+    p0 = e.a.pred()
+    e("setp.eq.i64", p0, tt, 0)
+
+    def body():
+        px, py = _row_ptrs(e, row, cols_b, [X, Y])
+        acc, rstd = e.reg(), e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def s1(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("fma.f32", acc, v + i, v + i, acc)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s1)
+        e.reduce_sum([acc])
+        e("fma.f32", rstd, acc, invn, eps_r)
+        e("rsqrt.f32", rstd, rstd)
+        e("shl.b64", acc, row, 2)
+        e("add.i64", acc, acc, RSTD)
+        e("st.global.b32", Mem(acc, 0), rstd, p=p0)
+        e.free(acc)
+
+        def out(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, rstd)
+                e("mul.f32", v + i, v + i, g + i)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            e.free(v, k=n)
+            e.free(g, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, py, rstd)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("gamma", (cols,), dt), Buf("y", (rows, cols), dt, True),
+               Buf("rstd", (rows,), "fp32", True))
+
+    def ref(v):
+        x = v["x"]
+        r = 1.0 / np.sqrt((x * x).mean(axis=1) + eps)
+        return {"y": x * r[:, None] * v["gamma"], "rstd": r}
+
+    scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   _norm_gen(rows, cols, dt, False), ref)
