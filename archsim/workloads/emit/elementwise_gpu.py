@@ -1025,3 +1025,293 @@ def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float =
     teams = _ceil(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
                    _norm_gen(rows, cols, dt, False), ref)
+
+
+# ----------------------------------------------------------------------------- norm backward
+def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> ElementwiseKernel:
+    """Kernel 1 of a norm's backward: dx per row from x, dy, gamma and the saved statistics."""
+    op = "layernorm_grad" if ln else "rmsnorm_grad"
+    params = ("x", "dy", "gamma") + (("mean",) if ln else ()) + ("rstd", "dx", "rows", "cols")
+    e = _E(f"{op}_dx_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=2 if ln else 1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, DY, G, RSTD, DX, invn = (e.reg() for _ in range(8))
+    MEAN = e.reg() if ln else None
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (DY, "dy"), (G, "gamma"), (RSTD, "rstd"), (DX, "dx")) + (((MEAN, "mean"),) if ln else ()):
+        e("ldparam", r, n)
+
+    def body():
+        px, pd, po = _row_ptrs(e, row, cols_b, [X, DY, DX])
+        rstd, t = e.reg(), e.reg()
+        e("shl.b64", t, row, 2)
+        e("add.i64", rstd, RSTD, t)
+        e("ld.global.b32", rstd, Mem(rstd, 0))
+        mean = None
+        if ln:
+            mean = e.reg()
+            e("add.i64", mean, MEAN, t)
+            e("ld.global.b32", mean, Mem(mean, 0))
+        e.free(t)
+        acc = [e.reg() for _ in range(2 if ln else 1)]
+        for r in acc:
+            e("mov.f32", r, 0.0)
+
+        def operands(j, n):
+            """x (ln: xhat = (x - mean) * rstd) and g*dy of n elements at byte offset j."""
+            ad = e.addr(px, j)
+            x = e.load(ad, n)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("mul.f32", d + i, d + i, g + i)
+                if ln:
+                    e("sub.f32", x + i, x + i, mean)
+                    e("mul.f32", x + i, x + i, rstd)
+            e.free(g, k=n)
+            return x, d
+
+        def sums(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:
+                    e("add.f32", acc[0], acc[0], d + i)            # sum g dy
+                    e("fma.f32", acc[1], d + i, x + i, acc[1])     # sum g dy xhat
+                else:
+                    e("fma.f32", acc[0], d + i, x + i, acc[0])     # sum g dy x
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, sums)
+        e.reduce_sum(acc)
+        if ln:
+            e("mul.f32", acc[0], acc[0], invn)                    # c1 = mean(g dy)
+            e("mul.f32", acc[1], acc[1], invn)                    # c2 = mean(g dy xhat)
+        else:
+            e("mul.f32", acc[0], acc[0], invn)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("neg.f32", acc[0], acc[0])                          # -rstd^3 mean(g dy x)
+
+        def out(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:   # rstd * (g dy - c1 - xhat c2)
+                    e("fma.f32", x + i, x + i, acc[1], acc[0])
+                    e("sub.f32", d + i, d + i, x + i)
+                    e("mul.f32", d + i, d + i, rstd)
+                else:    # rstd g dy - x rstd^3 mean(g dy x)
+                    e("mul.f32", d + i, d + i, rstd)
+                    e("fma.f32", d + i, x + i, acc[0], d + i)
+            ad = e.addr(po, j)
+            e.store(ad, d, n)
+            e.free(ad)
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, pd, po, rstd, *acc)
+        if ln:
+            e.free(mean)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt), Buf("gamma", (cols,), dt)) + \
+        ((Buf("mean", (rows,), "fp32"),) if ln else ()) + (Buf("rstd", (rows,), "fp32"), Buf("dx", (rows, cols), dt, True))
+    scalars = (("rows", rows), ("cols", cols))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   None, None)
+
+
+def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel:
+    """Kernel 2 of a norm's backward: dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), no
+    atomics. A block of RY warps owns a tile of 32*V columns (lane l: V adjacent columns, one
+    vector load a row); warp w sums rows w, w+RY, ... in registers; the RY partials of each
+    column meet in shared memory and warp 0 adds them and stores. Tiles go round with a grid
+    stride."""
+    op = "colsum_ln" if ln else "colsum_rms"
+    VB = _vec_bytes(cols * es, es)
+    V = VB // es
+    TW = 32 * V                                   # columns of a tile
+    nout = 2 if ln else 1
+    RY = COLSUM_WARPS
+    while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
+        RY //= 2
+    plane = RY * TW * 4                            # bytes of one output's partials
+    params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd", "dgamma") + (("dbeta",) if ln else ()) + ("rows", "cols")
+    e = _E(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}", params, dt, VB, "column", 32 * RY,
+           shared=nout * plane)
+    a = e.a
+    lane, warp, tile, step, rows_r, cols_b = (e.reg() for _ in range(6))
+    e("s2r", lane, "%laneid")
+    e("s2r", warp, "%warpid")
+    e("s2r", tile, "%ctaid.x")
+    e("s2r", step, "%nctaid.x")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    ntile = e.reg()
+    e("add.i64", ntile, cols_b, 32 * VB - 1)
+    e("shr.u64", ntile, ntile, _log2(32 * VB))
+    X, DY, RSTD, DG = e.reg(), e.reg(), e.reg(), e.reg()
+    MEAN = e.reg() if ln else None
+    DB = e.reg() if ln else None
+    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, "dgamma")) + (((MEAN, "mean"), (DB, "dbeta")) if ln else ()):
+        e("ldparam", r, n)
+    soff = e.reg()                                 # this thread's partial slot: (warp*TW + lane*V)*4
+    e("mul.i64", soff, warp, TW * 4)
+    t = e.reg()
+    e("shl.b64", t, lane, _log2(V * 4))
+    e("add.i64", soff, soff, t)
+    e("shl.b64", t, lane, _log2(VB))
+    lane_b = t                                     # lane's column byte within a tile
+    pT, pv, pw, pr = a.pred(), a.pred(), a.pred(), a.pred()
+    e("setp.eq.i64", pw, warp, 0)
+    rstep = e.reg()
+    e("mul.i64", rstep, cols_b, RY)                # bytes of RY rows
+
+    def vec_st(addr: Reg, off: int, v: Reg) -> None:
+        i = 0
+        while i < V:
+            w = min(4, V - i)
+            a({4: "st.shared.v4.b32", 2: "st.shared.v2.b32", 1: "st.shared.b32"}[w], Mem(addr, off + 4 * i), v + i)
+            i += w
+
+    def vec_ld(v: Reg, addr: Reg, off: int) -> None:
+        i = 0
+        while i < V:
+            w = min(4, V - i)
+            a({4: "ld.shared.v4.b32", 2: "ld.shared.v2.b32", 1: "ld.shared.b32"}[w], v + i, Mem(addr, off + 4 * i))
+            i += w
+
+    a.label("TILE")
+    e("setp.ge.i64", pT, tile, ntile)
+    e("bra", "DONE", p=pT)
+    c = e.reg()
+    e("shl.b64", c, tile, _log2(32 * VB))
+    e("add.i64", c, c, lane_b)                     # this thread's first column byte
+    e("setp.lt.i64", pv, c, cols_b)
+    accs = [e.reg(V) for _ in range(nout)]
+    for acc in accs:
+        for i in range(V):
+            e("mov.f32", acc + i, 0.0)
+    e("bra", "SUMS_END", p=pv, neg=True)
+    r, px, pd, ps = e.reg(), e.reg(), e.reg(), e.reg()
+    e("mov.b64", r, warp)
+    e("mul.i64", px, warp, cols_b)
+    e("add.i64", px, px, c)
+    e("add.i64", pd, px, DY)
+    e("add.i64", px, px, X)
+    e("shl.b64", ps, warp, 2)                      # byte offset of row r's statistics
+    a.label("ROWS")
+    e("setp.ge.i64", pr, r, rows_r)
+    e("bra", "SUMS_END", p=pr)
+    x = e.load(px, V)
+    d = e.load(pd, V)
+    rs, mu = e.reg(), (e.reg() if ln else None)
+    e("add.i64", rs, RSTD, ps)
+    e("ld.global.b32", rs, Mem(rs, 0))
+    if ln:
+        e("add.i64", mu, MEAN, ps)
+        e("ld.global.b32", mu, Mem(mu, 0))
+    for i in range(V):
+        if ln:
+            e("sub.f32", x + i, x + i, mu)
+        e("mul.f32", x + i, x + i, rs)             # xhat
+        e("fma.f32", accs[0] + i, d + i, x + i, accs[0] + i)
+        if ln:
+            e("add.f32", accs[1] + i, accs[1] + i, d + i)
+    e.free(x, k=V)
+    e.free(d, k=V)
+    e.free(rs)
+    if ln:
+        e.free(mu)
+    e("add.i64", r, r, RY)
+    e("add.i64", px, px, rstep)
+    e("add.i64", pd, pd, rstep)
+    e("add.i64", ps, ps, 4 * RY)
+    e("bra", "ROWS")
+    a.label("SUMS_END")
+    e.free(r, px, pd, ps)
+    for k, acc in enumerate(accs):
+        vec_st(soff, k * plane, acc)
+    e("bar.sync")
+    pw0 = a.pred()
+    e("and.pred", pw0, pw, pv)
+    e("bra", "OUT_END", p=pw0, neg=True)
+    part = e.reg(V)
+    for k, acc in enumerate(accs):
+        for w in range(1, RY):
+            vec_ld(part, soff, k * plane + w * TW * 4)
+            for i in range(V):
+                e("add.f32", acc + i, acc + i, part + i)
+        ad = e.addr(DG if k == 0 else DB, c)
+        e.store(ad, acc, V)
+        e.free(ad)
+    e.free(part, k=V)
+    a.label("OUT_END")
+    a.pfree(pw0)
+    e("bar.sync")                                  # partials read before the next tile writes
+    e("add.i64", tile, tile, step)
+    e("bra", "TILE")
+    a.label("DONE")
+    e("exit")
+    for acc in accs:
+        e.free(acc, k=V)
+    buffers = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
+        + (Buf("rstd", (rows,), "fp32"), Buf("dgamma", (cols,), dt, True)) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
+    return _finish(op, caps, e, 32 * RY, _ceil(cols, TW), FLOPS_PER_ELEM[op] * rows * cols, buffers,
+                   (("rows", rows), ("cols", cols)), "column", None, None)
+
+
+def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    k1 = _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln)
+    k2 = _norm_colsum_kernel(caps, rows, cols, dt, es, ln)
+
+    def gen(rng):
+        d = _norm_gen(rows, cols, dt, False)(rng)
+        d["dy"] = _normal(rng, (rows, cols), dt)
+        x = to_float(d["x"], dt)
+        if ln:
+            mu = x.mean(axis=1)
+            d["mean"] = mu.astype(np.float32)
+            d["rstd"] = (1.0 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + eps)).astype(np.float32)
+        else:
+            d["rstd"] = (1.0 / np.sqrt((x * x).mean(axis=1) + eps)).astype(np.float32)
+        return d
+
+    def ref(v):
+        x, dy, g, r = v["x"], v["dy"], v["gamma"], v["rstd"][:, None]
+        gdy = g * dy
+        if ln:
+            xhat = (x - v["mean"][:, None]) * r
+            dx = r * (gdy - gdy.mean(axis=1, keepdims=True) - xhat * (gdy * xhat).mean(axis=1, keepdims=True))
+            return {"dx": dx, "dgamma": (dy * xhat).sum(axis=0), "dbeta": dy.sum(axis=0)}
+        dx = r * gdy - x * r ** 3 * (gdy * x).mean(axis=1, keepdims=True)
+        return {"dx": dx, "dgamma": (dy * x * r).sum(axis=0)}
+
+    return KernelChain(op=op, kernels=(k1, k2), dtype=dt, _gen=gen, _ref=ref)
+
+
+def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                          team: Optional[str] = None) -> KernelChain:
+    """Layernorm backward as two kernels on shared buffers: (1) dx [rows, cols] from x, dy, gamma
+    and the forward's saved mean, rstd [rows] (f32; eps is already in rstd: the kernels do not
+    use it, ``random_inputs`` does, to make the statistics); (2) dgamma = sum_rows dy * xhat, dbeta = sum_rows dy ([cols], storage
+    dtype). The reference takes the saved statistics as given (the forward's own outputs)."""
+    return _norm_grad("layernorm_grad", caps, rows, cols, dtype, eps, team, True)
+
+
+def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                        team: Optional[str] = None) -> KernelChain:
+    """RMSNorm backward: (1) dx = rstd * g * dy - x * rstd^3 * mean(g * dy * x) per row, from the
+    forward's saved rstd [rows] (f32); (2) dgamma = sum_rows dy * x * rstd."""
+    return _norm_grad("rmsnorm_grad", caps, rows, cols, dtype, eps, team, False)
