@@ -93,7 +93,7 @@ COLSUM_WARPS = 8                      # warps of a dgamma / dbeta column-sum blo
 # nominal flops per element (the element-wise math of the kernel body; per-row and per-vector
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
-                  "rmsnorm_grad": 7, "gelu": 8, "gelu_grad": 16, "swiglu": 5, "swiglu_grad": 10, "add": 1,
+                  "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
                   "colsum_ln": 5, "colsum_rms": 3}
 
 
@@ -410,9 +410,10 @@ class _E:
         self.tt = tt
         return tt, row, step
 
-    def loop(self, lim_b: Reg, body: Callable) -> None:
+    def loop(self, lim_b: Reg, body: Callable, step_b: Optional[Reg] = None) -> None:
         """body(j, n) for every vector of the row below byte offset lim_b (j: the vector's byte
-        offset in the row, n = V elements), then for the tail elements one at a time (n = 1)."""
+        offset in the row, n = V elements), then for the tail elements one at a time (n = 1).
+        The vectors a thread takes are step_b bytes apart (default: the team's T vectors)."""
         a = self.a
         k = self.nloop
         self.nloop += 1
@@ -427,7 +428,7 @@ class _E:
         a("setp.ge.i64", p, j, vend)
         a("bra", f"L{k}_tail", p=p)
         body(j, self.V)
-        a("add.i64", j, j, self.T * self.VB)
+        a("add.i64", j, j, self.T * self.VB if step_b is None else step_b)
         a("bra", f"L{k}")
         a.label(f"L{k}_tail")
         if self.V > 1:
@@ -1315,3 +1316,279 @@ def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: fl
     """RMSNorm backward: (1) dx = rstd * g * dy - x * rstd^3 * mean(g * dy * x) per row, from the
     forward's saved rstd [rows] (f32); (2) dgamma = sum_rows dy * x * rstd."""
     return _norm_grad("rmsnorm_grad", caps, rows, cols, dtype, eps, team, False)
+
+
+# ----------------------------------------------------------------------------- flat elementwise
+FLAT_THREADS = 256
+
+
+def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref
+                 ) -> ElementwiseKernel:
+    """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
+    vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
+    math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
+    (it may overwrite the input registers)."""
+    dt = _dtype(op, dtype)
+    _pos(op, n=n)
+    _target(op, caps)
+    es = _ES[dt]
+    VB = 16
+    e = _E(f"{op}_{dt}", ins + outs + ("n",), dt, VB, "thread", FLAT_THREADS)
+    gid, t, stride = e.reg(), e.reg(), e.reg()
+    e("s2r", gid, "%ctaid.x")
+    e("s2r", t, "%ntid.x")
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, t)
+    e("shl.b64", stride, stride, _log2(VB))       # bytes between a thread's vectors
+    e("mul.i64", gid, gid, t)
+    e("s2r", t, "%tid.x")
+    e("add.i64", gid, gid, t)
+    e.free(t)
+    e.j0v, e.j0s = e.reg(), e.reg()
+    e("shl.b64", e.j0v, gid, _log2(VB))
+    e("shl.b64", e.j0s, gid, _log2(es))
+    nb = e.reg()
+    e("ldparam", nb, "n")
+    e("shl.b64", nb, nb, _log2(es))
+    base = {}
+    for name in ins + outs:
+        base[name] = e.reg()
+        e("ldparam", base[name], name)
+
+    e.const(1.0)                                   # constants the math uses, set on every path
+    e.const(0.5)
+
+    def body(j, k):
+        ad = e.reg()
+        vals = {}
+        for name in ins:
+            e("add.i64", ad, base[name], j)
+            vals[name] = e.load(ad, k)
+        res = math_fn(e, vals, k)
+        for name in outs:
+            e("add.i64", ad, base[name], j)
+            e.store(ad, res[name], k)
+        e.free(ad)
+        for r in set(vals.values()) | set(res.values()):
+            e.free(r, k=k)
+
+    e.loop(nb, body, step_b=stride)
+    e("exit")
+    buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
+    return _finish(op, caps, e, FLAT_THREADS, _ceil(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
+                   (("n", n),), "thread", gen, ref)
+
+
+def _gelu_f(e: _E, x: Reg, k: int, t: Reg) -> None:
+    """t[i] = tanh(K (x + A x^3)) for k values (t, x: first registers)."""
+    one = e.const(1.0)
+    for i in range(k):
+        e("mul.f32", t + i, x + i, x + i)
+        e("fma.f32", t + i, t + i, GELU_A, one)
+        e("mul.f32", t + i, t + i, x + i)
+        e("mul.f32", t + i, t + i, GELU_K)
+        e("tanh.f32", t + i, t + i)
+
+
+def _gelu_ref_parts(x):
+    u = GELU_K * (x + GELU_A * x ** 3)
+    return np.tanh(u)
+
+
+def gelu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) over n elements (GPT-2's GELU)."""
+    def math_fn(e, v, k):
+        x = v["x"]
+        t = e.reg(k)
+        _gelu_f(e, x, k, t)
+        for i in range(k):
+            e("mul.f32", x + i, x + i, 0.5)
+            e("fma.f32", x + i, x + i, t + i, x + i)     # h + h t
+        e.free(t, k=k)
+        return {"y": x}
+
+    def gen(rng):
+        return {"x": _normal(rng, (n,), _dtype("gelu", dtype), 2.0)}
+
+    def ref(v):
+        x = v["x"]
+        return {"y": 0.5 * x * (1.0 + _gelu_ref_parts(x))}
+
+    return _flat_kernel("gelu", caps, n, dtype, ("x",), ("y",), math_fn, gen, ref)
+
+
+def gelu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """dx = dy * gelu'(x) of the tanh-approximation GELU:
+    gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(...)."""
+    def math_fn(e, v, k):
+        x, dy = v["x"], v["dy"]
+        one, half = e.const(1.0), e.const(0.5)
+        t, s = e.reg(k), e.reg()
+        _gelu_f(e, x, k, t)
+        for i in range(k):
+            e("neg.f32", s, t + i)
+            e("fma.f32", s, s, t + i, one)                # 1 - t^2
+            e("fma.f32", t + i, t + i, 0.5, half)         # 0.5 (1 + t)
+            e("mul.f32", s, s, x + i)
+            e("mul.f32", s, s, 0.5 * GELU_K)              # 0.5 x (1 - t^2) K
+            e("mul.f32", x + i, x + i, x + i)
+            e("fma.f32", x + i, x + i, 3.0 * GELU_A, one)  # 1 + 3 A x^2
+            e("fma.f32", x + i, s, x + i, t + i)
+            e("mul.f32", x + i, x + i, dy + i)
+        e.free(t, k=k)
+        e.free(s)
+        return {"dx": x}
+
+    dt = _dtype("gelu_grad", dtype)
+
+    def gen(rng):
+        return {"x": _normal(rng, (n,), dt, 2.0), "dy": _normal(rng, (n,), dt)}
+
+    def ref(v):
+        x = v["x"]
+        t = _gelu_ref_parts(x)
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_K * (1 + 3 * GELU_A * x * x)
+        return {"dx": v["dy"] * d}
+
+    return _flat_kernel("gelu_grad", caps, n, dtype, ("x", "dy"), ("dx",), math_fn, gen, ref)
+
+
+def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = a + b over n elements (the residual connection)."""
+    def math_fn(e, v, k):
+        a, b = v["a"], v["b"]
+        for i in range(k):
+            e("add.f32", a + i, a + i, b + i)
+        return {"y": a}
+
+    dt = _dtype("add", dtype)
+
+    def gen(rng):
+        return {"a": _normal(rng, (n,), dt), "b": _normal(rng, (n,), dt)}
+
+    def ref(v):
+        return {"y": v["a"] + v["b"]}
+
+    return _flat_kernel("add", caps, n, dtype, ("a", "b"), ("y",), math_fn, gen, ref)
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+def _sigmoid(e: _E, g: Reg, s: Reg) -> None:
+    """s = sigmoid(g) = 0.5 tanh(g / 2) + 0.5."""
+    e("mul.f32", s, g, 0.5)
+    e("tanh.f32", s, s)
+    e("fma.f32", s, s, 0.5, e.const(0.5))
+
+
+def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> ElementwiseKernel:
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, ffn=ffn)
+    _target(op, caps)
+    es = _ES[dt]
+    VB = _vec_bytes(ffn * es, es)
+    tm, BT = _choose_team(caps, rows, ffn, VB // es, team)
+    params = ("x", "dy", "dx", "rows", "ffn") if grad else ("x", "y", "rows", "ffn")
+    e = _E(f"{op}_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT)
+    tt, row, step = e.team_setup()
+    rows_r, fb, X, Y = e.reg(), e.reg(), e.reg(), e.reg()
+    DX = e.reg() if grad else None
+    e("ldparam", rows_r, "rows")
+    e("ldparam", fb, "ffn")
+    e("shl.b64", fb, fb, _log2(es))                # bytes of one half-row
+    e("ldparam", X, "x")
+    e("ldparam", Y, "dy" if grad else "y")
+    if grad:
+        e("ldparam", DX, "dx")
+    one = e.const(1.0)
+    e.const(0.5)
+
+    def body():
+        ro, pg, pu, po = e.reg(), e.reg(), e.reg(), e.reg()
+        e("mul.i64", ro, row, fb)                  # row offset in y / dy ([rows, ffn])
+        e("add.i64", po, Y, ro)
+        e("shl.b64", ro, ro, 1)                    # row offset in x / dx ([rows, 2 ffn])
+        e("add.i64", pg, X, ro)
+        e("add.i64", pu, pg, fb)
+        pdg = pdu = None
+        if grad:
+            pdg, pdu = e.reg(), e.reg()
+            e("add.i64", pdg, DX, ro)
+            e("add.i64", pdu, pdg, fb)
+        e.free(ro)
+
+        def elem(j, n):
+            ad = e.addr(pg, j)
+            g = e.load(ad, n)
+            e("add.i64", ad, pu, j)
+            u = e.load(ad, n)
+            s = e.reg()
+            if not grad:
+                for i in range(n):
+                    _sigmoid(e, g + i, s)
+                    e("mul.f32", g + i, g + i, s)
+                    e("mul.f32", g + i, g + i, u + i)      # silu(gate) * up
+                e("add.i64", ad, po, j)
+                e.store(ad, g, n)
+            else:
+                e("add.i64", ad, po, j)
+                d = e.load(ad, n)
+                w = e.reg()
+                for i in range(n):
+                    _sigmoid(e, g + i, s)
+                    e("mul.f32", w, g + i, s)               # silu
+                    e("mul.f32", u + i, u + i, d + i)       # dy * up
+                    e("mul.f32", d + i, d + i, w)           # d up = dy * silu
+                    e("sub.f32", g + i, one, s)             # 1 - sig
+                    e("fma.f32", g + i, w, g + i, s)        # silu' = sig + silu (1 - sig)
+                    e("mul.f32", g + i, g + i, u + i)       # d gate
+                e("add.i64", ad, pdg, j)
+                e.store(ad, g, n)
+                e("add.i64", ad, pdu, j)
+                e.store(ad, d, n)
+                e.free(w)
+                e.free(d, k=n)
+            e.free(ad, s)
+            e.free(g, k=n)
+            e.free(u, k=n)
+
+        e.loop(fb, elem)
+        e.free(pg, pu, po)
+        if grad:
+            e.free(pdg, pdu)
+
+    e.row_loop(row, step, rows_r, body)
+    if grad:
+        buffers = (Buf("x", (rows, 2 * ffn), dt), Buf("dy", (rows, ffn), dt), Buf("dx", (rows, 2 * ffn), dt, True))
+    else:
+        buffers = (Buf("x", (rows, 2 * ffn), dt), Buf("y", (rows, ffn), dt, True))
+
+    def gen(rng):
+        d = {"x": _normal(rng, (rows, 2 * ffn), dt, 2.0)}
+        if grad:
+            d["dy"] = _normal(rng, (rows, ffn), dt)
+        return d
+
+    def ref(v):
+        g, u = v["x"][:, :ffn], v["x"][:, ffn:]
+        sig = 1.0 / (1.0 + np.exp(-g))
+        if not grad:
+            return {"y": g * sig * u}
+        dy = v["dy"]
+        dsilu = sig * (1.0 + g * (1.0 - sig))
+        return {"dx": np.concatenate([dy * u * dsilu, dy * g * sig], axis=1)}
+
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * ffn, buffers, (("rows", rows), ("ffn", ffn)),
+                   tm, gen, ref)
+
+
+def swiglu_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *, team: Optional[str] = None) -> ElementwiseKernel:
+    """y [rows, ffn] = silu(gate) * up with x [rows, 2 ffn] = [gate | up] (LLaMA's FFN input after
+    the fused gate/up projection); silu(g) = g * sigmoid(g), sigmoid = 0.5 tanh(g/2) + 0.5."""
+    return _swiglu("swiglu", caps, rows, ffn, dtype, team, False)
+
+
+def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
+                       team: Optional[str] = None) -> ElementwiseKernel:
+    """dx [rows, 2 ffn] = [dy * up * silu'(gate) | dy * silu(gate)] from x [rows, 2 ffn] and dy [rows, ffn]."""
+    return _swiglu("swiglu_grad", caps, rows, ffn, dtype, team, True)
