@@ -100,6 +100,30 @@ def test_softmax_matches_numpy(hw, rows, cols, dtype, kw):
         assert not y[~keep].any(), "masked entries are exactly 0"
 
 
+@pytest.mark.parametrize("dtype,team", [("fp16", "warp"), ("bf16", "block"), ("fp32", "warp")])
+def test_softmax_takes_minus_infinity_as_an_additive_mask(dtype, team):
+    """-inf scores (a mask added to the scores) give exactly 0; a lane whose first scores are all
+    -inf must not turn its running sum into NaN (2^(-inf - -inf))."""
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.emit.gemm_gpu import to_host
+
+    caps = caps_of("tiny-gpu")
+    rows, cols = 7, 97
+    k = E.softmax_kernel(caps, rows, cols, dtype, team=team)
+    x = np.random.default_rng(5).standard_normal((rows, cols)).astype(np.float32)
+    x[:, :40] = -np.inf
+    x[2, 41:] = -np.inf                          # one column left
+    x[4, ::3] = -np.inf
+    x[5, :] = -np.inf                            # nothing left: zeros, as a fully masked causal row
+    bufs = {"x": to_host(x, dtype), "y": np.zeros((rows, cols), k.buffers[1].host_dtype)}
+    res = run_functional(k.program, k.args(**bufs), k.launch, warp_width=32, ncores=caps.cores_total)
+    got = to_float(res.output("y"), dtype)
+    want = k.reference(**bufs)["y"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=TOL[dtype][0], atol=1e-6)
+    assert not got[np.isneginf(x)].any() and got[2, 40] == 1.0 and not got[5].any()
+
+
 SOFTMAX_GRAD = [
     ("tiny-gpu", 1, 1, "fp32", {}),
     ("tiny-gpu", 7, 31, "bf16", dict(causal=True, scale=0.5)),

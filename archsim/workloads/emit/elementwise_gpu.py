@@ -39,7 +39,9 @@ How the kernels are written (the way a CUDA programmer writes them):
 - Softmax is the online (single pass) normalizer: each lane keeps a running max m and sum s of
   2^(t - m) over t = x * scale * log2(e) (log2 e folded into the scale, so the exponential is
   one ex2), rescaling s by 2^(m_old - m_new) once per vector; lanes and warps combine (m, s) pairs
-  the same way. A second pass writes y = 2^(t - m) / s. Causal masking: row r is query
+  the same way. m starts at -FLT_MAX, not -inf, so -inf scores (an additive mask) give 2^-inf = 0
+  and never -inf - -inf = NaN; a row of only -inf scores is written as zeros. A second pass
+  writes y = 2^(t - m) / s. Causal masking: row r is query
   i = r mod q_len and keeps columns j <= i + q_offset (q_offset defaults to kv_len - q_len, a query
   block at the end of the key sequence); the first pass reads only the kept columns, the second
   writes zeros past them without loading (a row with no kept column is all zeros).
@@ -85,6 +87,7 @@ _LD = {4: "ld.global.b32", 8: "ld.global.v2.b32", 16: "ld.global.v4.b32"}
 _ST = {2: "st.global.b16", 4: "st.global.b32", 8: "st.global.v2.b32", 16: "st.global.v4.b32"}
 
 LOG2E = 1.4426950408889634
+F32_MAX = 3.4028234663852886e38
 GELU_K = math.sqrt(2.0 / math.pi)     # tanh-approximation GELU (GPT-2): 0.5x(1 + tanh(K(x + A x^3)))
 GELU_A = 0.044715
 WARP_ROW_MAX_COLS = 1024              # longer rows get a block per row
@@ -624,7 +627,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
         e.free(ro)
         ce = _mask_setup(e, row, causal, cols_b)
         m, s = e.reg(), e.reg()
-        e("mov.f32", m, float("-inf"))
+        e("mov.f32", m, -F32_MAX)                     # not -inf: m - M is never -inf - -inf
         e("mov.f32", s, 0.0)
 
         def online(j, n):                             # running (m, s) over the kept columns
@@ -638,7 +641,6 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
             for i in range(1, n):
                 e("max.f32", M, M, v + i)
             e("sub.f32", t, m, M)
-            e("max.f32", t, t, float("-inf"))         # -inf - -inf = NaN -> -inf: a factor of 0
             e("ex2.f32", t, t)
             e("mul.f32", s, s, t)
             for i in range(n):
@@ -656,18 +658,17 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
             M, t = e.reg(), e.reg()
             e("max.f32", M, m1, m2)
             e("sub.f32", t, m1, M)
-            e("max.f32", t, t, float("-inf"))
             e("ex2.f32", t, t)
             e("mul.f32", s1, s1, t)
             e("sub.f32", t, m2, M)
-            e("max.f32", t, t, float("-inf"))
             e("ex2.f32", t, t)
             e("fma.f32", s1, s2, t, s1)
             e("mov.b64", m1, M)
             e.free(M, t)
 
-        e.reduce([m, s], combine, [float("-inf"), 0.0])
-        e("rcp.f32", s, s)                            # 1/s (no kept column: inf, never used)
+        e.reduce([m, s], combine, [-F32_MAX, 0.0])
+        e("rcp.f32", s, s)
+        e("min.f32", s, s, F32_MAX)                   # s = 0 (nothing kept, all -inf): y = 0 * MAX = 0
 
         def write(j, n):
             pv = rem = None
