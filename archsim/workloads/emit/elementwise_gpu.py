@@ -8,7 +8,7 @@
 
 Forward: ``softmax_kernel``, ``layernorm_kernel``, ``rmsnorm_kernel``, ``gelu_kernel``,
 ``swiglu_kernel``, ``add_kernel``. Backward: ``softmax_grad_kernel``, ``layernorm_grad_kernel``,
-``rmsnorm_grad_kernel`` (each a ``KernelChain`` of two kernels: dx per row, then the dgamma /
+``rmsnorm_grad_kernel`` (each a ``KernelChain``: dx per row, then the dgamma /
 dbeta column sums), ``gelu_grad_kernel``, ``swiglu_grad_kernel``. Each returns an
 ``ElementwiseKernel``: the program, its launch, nominal ``flops``, ``buffers`` (name, shape,
 storage dtype, written or not, in parameter order), ``args(**buffers)``, ``random_inputs(seed)``,
@@ -51,8 +51,11 @@ How the kernels are written (the way a CUDA programmer writes them):
   reads (mean and rstd for layernorm, rstd for rmsnorm), as training frameworks do.
 - Norm backward: kernel 1 (row team) dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat))
   (rmsnorm: rstd * g*dy - x * rstd^3 * mean(g*dy*x)); kernel 2 (atomics-free column sums): a block
-  of 8 warps owns 32*V columns, warp w sums rows w, w+8, ... in registers, the 8 partials meet in
-  shared memory and warp 0 writes dgamma (and dbeta) in the storage dtype.
+  of up to 16 warps owns 32*V columns, warp w sums rows w, w+16, ... in registers, the partials
+  meet in shared memory and warp 0 writes dgamma (and dbeta) in the storage dtype. When the
+  column tiles cannot fill the machine the rows are split into chunks as well: f32 partials go to
+  a workspace ``ws`` [chunks, nout*cols] (a ``scratch`` buffer of the chain) and a third kernel
+  adds the chunks (a100, 2048 x 768 fp16: 96 blocks and ~12k cycles instead of 3 blocks, ~195k).
 
 Tolerances the tests hold them to are stated in tests/test_emit_elementwise.py.
 """
@@ -91,13 +94,13 @@ F32_MAX = 3.4028234663852886e38
 GELU_K = math.sqrt(2.0 / math.pi)     # tanh-approximation GELU (GPT-2): 0.5x(1 + tanh(K(x + A x^3)))
 GELU_A = 0.044715
 WARP_ROW_MAX_COLS = 1024              # longer rows get a block per row
-COLSUM_WARPS = 8                      # warps of a dgamma / dbeta column-sum block
+COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum block (at most)
 
 # nominal flops per element (the element-wise math of the kernel body; per-row and per-vector
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
-                  "colsum_ln": 5, "colsum_rms": 3}
+                  "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
 
 
 def _f32_bits(x: float) -> int:
@@ -113,6 +116,7 @@ class Buf:
     shape: tuple
     dtype: str
     out: bool = False
+    scratch: bool = False        # a workspace between the kernels of a chain (not a result)
 
     @property
     def host_dtype(self):
@@ -213,7 +217,7 @@ class KernelChain:
             for b in k.buffers:
                 seen.setdefault(b.name, b)
         outs = {b.name for k in self.kernels for b in k.outputs}
-        return tuple(Buf(b.name, b.shape, b.dtype, b.name in outs) for b in seen.values())
+        return tuple(Buf(b.name, b.shape, b.dtype, b.name in outs, b.scratch) for b in seen.values())
 
     @property
     def flops(self) -> int:
@@ -222,9 +226,11 @@ class KernelChain:
     def buffer_bytes(self) -> dict:
         return {b.name: b.nbytes for b in self.buffers}
 
-    def args_list(self, **bufs) -> list:
-        """The arguments of each kernel, taken by name from one dict of buffers."""
-        return [k.args(**{b.name: bufs[b.name] for b in k.buffers}) for k in self.kernels]
+    def args_for(self, i: int, **bufs) -> dict:
+        """The arguments of kernel i, taken by name from one dict of buffers (in a functional run,
+        build them after kernel i-1 ran: its outputs are kernel i's inputs)."""
+        k = self.kernels[i]
+        return k.args(**{b.name: bufs[b.name] for b in k.buffers})
 
     def random_inputs(self, seed: int = 0) -> dict:
         rng = np.random.default_rng(seed)
@@ -1137,35 +1143,48 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     atomics. A block of RY warps owns a tile of 32*V columns (lane l: V adjacent columns, one
     vector load a row); warp w sums rows w, w+RY, ... in registers; the RY partials of each
     column meet in shared memory and warp 0 adds them and stores. Tiles go round with a grid
-    stride."""
+    stride. When the tiles alone cannot fill the machine (a100, 768 columns of fp16: 3 tiles), the
+    rows are split into chunks too: the block of (tile, chunk) writes its f32 partial sums to a
+    workspace ws [chunks, nout*cols] and a third kernel (``_ws_sum_kernel``) adds the chunks up.
+    Returns the kernels (one or two)."""
     op = "colsum_ln" if ln else "colsum_rms"
     VB = _vec_bytes(cols * es, es)
     V = VB // es
     TW = 32 * V                                   # columns of a tile
     nout = 2 if ln else 1
-    RY = COLSUM_WARPS
+    RY = min(COLSUM_WARPS, caps.warp_slots)
     while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
         RY //= 2
     plane = RY * TW * 4                            # bytes of one output's partials
-    params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd", "dgamma") + (("dbeta",) if ln else ()) + ("rows", "cols")
-    e = _E(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}", params, dt, VB, "column", 32 * RY,
-           shared=nout * plane)
+    ntiles = _ceil(cols, TW)
+    nchunk = max(1, min(_ceil(2 * caps.cores_total, ntiles), rows // (4 * RY)))   # >= 4 rows a warp
+    rpc = _ceil(rows, nchunk)
+    nchunk = _ceil(rows, rpc)
+    partial = nchunk > 1
+    outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
+    params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd",) + outs + ("rows", "cols", "rpc", "chunks")
+    e = _E(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}{'_partial' if partial else ''}", params, dt,
+           VB, "column", 32 * RY, shared=nout * plane)
     a = e.a
-    lane, warp, tile, step, rows_r, cols_b = (e.reg() for _ in range(6))
+    lane, warp, u, step, rows_r, cols_b = (e.reg() for _ in range(6))
     e("s2r", lane, "%laneid")
     e("s2r", warp, "%warpid")
-    e("s2r", tile, "%ctaid.x")
+    e("s2r", u, "%ctaid.x")                        # work unit: (tile, chunk) = (u mod ntile, u / ntile)
     e("s2r", step, "%nctaid.x")
     e("ldparam", rows_r, "rows")
     e("ldparam", cols_b, "cols")
     e("shl.b64", cols_b, cols_b, _log2(es))
-    ntile = e.reg()
+    ntile, nunit, rpc_r = e.reg(), e.reg(), e.reg()
     e("add.i64", ntile, cols_b, 32 * VB - 1)
     e("shr.u64", ntile, ntile, _log2(32 * VB))
+    e("ldparam", nunit, "chunks")
+    e("mul.i64", nunit, nunit, ntile)
+    e("ldparam", rpc_r, "rpc")
     X, DY, RSTD, DG = e.reg(), e.reg(), e.reg(), e.reg()
     MEAN = e.reg() if ln else None
-    DB = e.reg() if ln else None
-    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, "dgamma")) + (((MEAN, "mean"), (DB, "dbeta")) if ln else ()):
+    DB = e.reg() if ln and not partial else None
+    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, outs[0])) + (((MEAN, "mean"),) if ln else ()) + \
+            (((DB, "dbeta"),) if DB is not None else ()):
         e("ldparam", r, n)
     soff = e.reg()                                 # this thread's partial slot: (warp*TW + lane*V)*4
     e("mul.i64", soff, warp, TW * 4)
@@ -1194,26 +1213,33 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
             i += w
 
     a.label("TILE")
-    e("setp.ge.i64", pT, tile, ntile)
+    e("setp.ge.i64", pT, u, nunit)
     e("bra", "DONE", p=pT)
-    c = e.reg()
-    e("shl.b64", c, tile, _log2(32 * VB))
+    c, chunk, rend = e.reg(), e.reg(), e.reg()
+    e("rem.i64", c, u, ntile)
+    e("div.i64", chunk, u, ntile)
+    e("shl.b64", c, c, _log2(32 * VB))
     e("add.i64", c, c, lane_b)                     # this thread's first column byte
     e("setp.lt.i64", pv, c, cols_b)
+    e("mul.i64", rend, chunk, rpc_r)               # the chunk's first row
+    r0 = e.reg()
+    e("add.i64", r0, rend, warp)
+    e("add.i64", rend, rend, rpc_r)
+    e("min.i64", rend, rend, rows_r)               # ... and its end
     accs = [e.reg(V) for _ in range(nout)]
     for acc in accs:
         for i in range(V):
             e("mov.f32", acc + i, 0.0)
     e("bra", "SUMS_END", p=pv, neg=True)
     r, px, pd, ps = e.reg(), e.reg(), e.reg(), e.reg()
-    e("mov.b64", r, warp)
-    e("mul.i64", px, warp, cols_b)
+    e("mov.b64", r, r0)
+    e("mul.i64", px, r0, cols_b)
     e("add.i64", px, px, c)
     e("add.i64", pd, px, DY)
     e("add.i64", px, px, X)
-    e("shl.b64", ps, warp, 2)                      # byte offset of row r's statistics
+    e("shl.b64", ps, r0, 2)                        # byte offset of row r's statistics
     a.label("ROWS")
-    e("setp.ge.i64", pr, r, rows_r)
+    e("setp.ge.i64", pr, r, rend)
     e("bra", "SUMS_END", p=pr)
     x = e.load(px, V)
     d = e.load(pd, V)
@@ -1249,34 +1275,143 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     e("and.pred", pw0, pw, pv)
     e("bra", "OUT_END", p=pw0, neg=True)
     part = e.reg(V)
+    wsa = None
+    if partial:        # ws [chunk, k*cols + col] in f32: byte (chunk*nout*cols + col)*4 + k*cols*4
+        wsa, t2 = e.reg(), e.reg()
+        e("ldparam", t2, "cols")
+        e("mul.i64", wsa, chunk, nout)
+        e("mul.i64", wsa, wsa, t2)
+        e("shr.u64", t2, c, _log2(es))
+        e("add.i64", wsa, wsa, t2)
+        e("shl.b64", wsa, wsa, 2)
+        e("add.i64", wsa, wsa, DG)
+        e.free(t2)
     for k, acc in enumerate(accs):
         for w in range(1, RY):
             vec_ld(part, soff, k * plane + w * TW * 4)
             for i in range(V):
                 e("add.f32", acc + i, acc + i, part + i)
-        ad = e.addr(DG if k == 0 else DB, c)
-        e.store(ad, acc, V)
-        e.free(ad)
+        if partial:
+            if k:
+                t2 = e.reg()
+                e("ldparam", t2, "cols")
+                e("shl.b64", t2, t2, 2)
+                e("add.i64", wsa, wsa, t2)
+                e.free(t2)
+            i = 0
+            while i < V:
+                w = min(4, V - i)
+                a({4: "st.global.v4.b32", 2: "st.global.v2.b32", 1: "st.global.b32"}[w], Mem(wsa, 4 * i), acc + i)
+                i += w
+        else:
+            ad = e.addr(DG if k == 0 else DB, c)
+            e.store(ad, acc, V)
+            e.free(ad)
     e.free(part, k=V)
+    if partial:
+        e.free(wsa)
     a.label("OUT_END")
     a.pfree(pw0)
     e("bar.sync")                                  # partials read before the next tile writes
-    e("add.i64", tile, tile, step)
+    e.free(c, chunk, rend, r0)
+    e("add.i64", u, u, step)
     e("bra", "TILE")
     a.label("DONE")
     e("exit")
     for acc in accs:
         e.free(acc, k=V)
-    buffers = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
-        + (Buf("rstd", (rows,), "fp32"), Buf("dgamma", (cols,), dt, True)) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
-    return _finish(op, caps, e, 32 * RY, _ceil(cols, TW), FLOPS_PER_ELEM[op] * rows * cols, buffers,
-                   (("rows", rows), ("cols", cols)), "column", None, None)
+    ins = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
+        + (Buf("rstd", (rows,), "fp32"),)
+    finals = (Buf("dgamma", (cols,), dt, True),) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
+    ws = Buf("ws", (nchunk, nout * cols), "fp32", True, scratch=True)
+    k1 = _finish(op, caps, e, 32 * RY, ntiles * nchunk, FLOPS_PER_ELEM[op] * rows * cols,
+                 ins + ((ws,) if partial else finals), (("rows", rows), ("cols", cols), ("rpc", rpc), ("chunks", nchunk)),
+                 "column", None, None)
+    return (k1, _ws_sum_kernel(caps, cols, nchunk, dt, finals)) if partial else (k1,)
+
+
+def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> ElementwiseKernel:
+    """The chunks of a column-sum workspace ws [chunks, nout*cols] (f32) added up: thread i (grid
+    stride) sums column i over the chunks and stores it, in the storage dtype, to dgamma[i] or
+    dbeta[i - cols]."""
+    nout = len(finals)
+    es = _ES[dt]
+    U = 4
+    e = _E(f"grad_params_sum_{dt}_{nout}", ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks"), dt, es,
+           "thread", FLAT_THREADS)
+    a = e.a
+    i, t, stride, tot, nch, rowb, WS = (e.reg() for _ in range(7))
+    e("s2r", i, "%ctaid.x")
+    e("s2r", t, "%ntid.x")
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, t)
+    e("mul.i64", i, i, t)
+    e("s2r", t, "%tid.x")
+    e("add.i64", i, i, t)
+    e("ldparam", tot, "cols")
+    e("mul.i64", rowb, tot, 4 * nout)              # bytes of one chunk's row
+    colsr = e.reg()
+    e("mov.b64", colsr, tot)
+    e("mul.i64", tot, tot, nout)
+    e("ldparam", nch, "chunks")
+    e("ldparam", WS, "ws")
+    outs = [e.reg() for _ in finals]
+    for r, b in zip(outs, finals):
+        e("ldparam", r, b.name)
+    p, pc = a.pred(), a.pred()
+    a.label("COL")
+    e("setp.ge.i64", p, i, tot)
+    e("bra", "DONE", p=p)
+    acc, ptr, ch, v = e.reg(), e.reg(), e.reg(), e.reg(U)
+    e("mov.f32", acc, 0.0)
+    e("shl.b64", ptr, i, 2)
+    e("add.i64", ptr, ptr, WS)
+    e("mov.b64", ch, U)
+    a.label("CHUNK4")                              # U chunks at a time: U loads in flight
+    e("setp.gt.i64", pc, ch, nch)
+    e("bra", "CHUNK4_END", p=pc)
+    for j in range(U):
+        e("ld.global.b32", v + j, Mem(ptr, 0))
+        e("add.i64", ptr, ptr, rowb)
+    for j in range(U):
+        e("add.f32", acc, acc, v + j)
+    e("add.i64", ch, ch, U)
+    e("bra", "CHUNK4")
+    a.label("CHUNK4_END")
+    e("sub.i64", ch, ch, U)
+    a.label("CHUNK")
+    e("setp.ge.i64", pc, ch, nch)
+    e("bra", "CHUNK_END", p=pc)
+    e("ld.global.b32", v, Mem(ptr, 0))
+    e("add.f32", acc, acc, v)
+    e("add.i64", ptr, ptr, rowb)
+    e("add.i64", ch, ch, 1)
+    e("bra", "CHUNK")
+    a.label("CHUNK_END")
+    e("shl.b64", ptr, i, _log2(es))
+    e("add.i64", ptr, ptr, outs[0])                # dgamma + i
+    if nout == 2:                                  # i >= cols: dbeta + (i - cols)
+        e("setp.ge.i64", pc, i, colsr)
+        e("sub.i64", ch, i, colsr)
+        e("shl.b64", ch, ch, _log2(es))
+        e("add.i64", ch, ch, outs[1])
+        e("selp.b64", ptr, ch, ptr, pc)
+    e.store(ptr, acc, 1)
+    e.free(acc, ptr, ch)
+    e.free(v, k=U)
+    e("add.i64", i, i, stride)
+    e("bra", "COL")
+    a.label("DONE")
+    e("exit")
+    ws = Buf("ws", (nchunk, nout * cols), "fp32", False, scratch=True)
+    return _finish("colsum_chunks", caps, e, FLAT_THREADS, _ceil(nout * cols, FLAT_THREADS), nout * cols * nchunk,
+                   (ws,) + finals, (("cols", cols), ("chunks", nchunk)), "thread", None, None)
 
 
 def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
     dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
     k1 = _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln)
-    k2 = _norm_colsum_kernel(caps, rows, cols, dt, es, ln)
+    ksum = _norm_colsum_kernel(caps, rows, cols, dt, es, ln)
 
     def gen(rng):
         d = _norm_gen(rows, cols, dt, False)(rng)
@@ -1300,7 +1435,7 @@ def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
         dx = r * gdy - x * r ** 3 * (gdy * x).mean(axis=1, keepdims=True)
         return {"dx": dx, "dgamma": (dy * x * r).sum(axis=0)}
 
-    return KernelChain(op=op, kernels=(k1, k2), dtype=dt, _gen=gen, _ref=ref)
+    return KernelChain(op=op, kernels=(k1,) + ksum, dtype=dt, _gen=gen, _ref=ref)
 
 
 def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
