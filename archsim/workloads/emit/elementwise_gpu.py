@@ -1,0 +1,1730 @@
+"""Elementwise and row-reduction kernels of a transformer block, for the GPU family.
+
+    caps = capabilities(load_machine("a100"))
+    k = softmax_kernel(caps, rows=b * n * s, cols=s, dtype="fp16", scale=d ** -0.5, causal=True, q_len=s)
+    bufs = k.random_inputs(seed=0)                    # {"x": ..., "y": zeros}
+    res = run_functional(k.program, k.args(**bufs), k.launch, warp_width=32)
+    ref = k.reference(**bufs)                         # {"y": float64}
+
+Forward: ``softmax_kernel``, ``layernorm_kernel``, ``rmsnorm_kernel``, ``gelu_kernel``,
+``swiglu_kernel``, ``add_kernel``. Backward: ``softmax_grad_kernel``, ``layernorm_grad_kernel``,
+``rmsnorm_grad_kernel`` (each a ``KernelChain``: dx per row, then the dgamma /
+dbeta column sums), ``gelu_grad_kernel``, ``swiglu_grad_kernel``. Each returns an
+``ElementwiseKernel``: the program, its launch, nominal ``flops``, ``buffers`` (name, shape,
+storage dtype, written or not, in parameter order), ``args(**buffers)``, ``random_inputs(seed)``,
+``reference(**inputs)`` (float64 from the buffers' exact values) and ``buffer_bytes()``.
+
+Storage dtypes fp16, bf16 (uint16 bit patterns, as everywhere in archsim) and fp32; every value is
+converted to f32 on load and the math runs in f32 (MUFU ex2, tanh, rcp, rsqrt); results are
+rounded once to the storage dtype on the store. Saved statistics (mean, rstd) are f32.
+
+How the kernels are written (the way a CUDA programmer writes them):
+
+- Row kernels (softmax, norms, their gradients, SwiGLU) give each row a *team*: one warp (rows of
+  up to 1024 elements, 4 warps a block, so a block has 4 rows in flight) or a whole block of 128
+  or 256 threads (longer rows, or too few rows to fill the machine with warps). Team thread t
+  takes vector t, t+T, t+2T, ... of the row (T = 32 or the block size), then one scalar element of
+  the row's tail (cols mod V). Vectors are 16 bytes when the row stride allows (8 fp16/bf16 or 4
+  fp32 per ld.global.v4.b32), else the widest of 8 / 4 / 2 bytes that keeps every row aligned.
+- Team reductions: a butterfly of shfl.bfly.b64 (masks 16 .. 1) gives every lane the warp's
+  value; a block team then writes one partial per warp to shared memory, bar.sync, and every
+  warp reads the partials back and runs the butterfly again. Two alternating sets of slots keep
+  consecutive reductions apart with one barrier each (an odd number of reductions per row gets
+  one more barrier at the end of the row).
+- The grid is capped at what the machine holds at once (cores x resident blocks) and every team
+  loops over rows (flat kernels: over vectors) with a grid stride, so the program's size does not
+  depend on the shape: rows, cols and the other sizes are kernel parameters; only the vector width
+  (the shape's alignment class), the team kind, the dtype and the causal flag select the program.
+  Float scalars (scale, eps) are parameters holding f32 bit patterns.
+- Softmax is the online (single pass) normalizer: each lane keeps a running max m and sum s of
+  2^(t - m) over t = x * scale * log2(e) (log2 e folded into the scale, so the exponential is
+  one ex2), rescaling s by 2^(m_old - m_new) once per vector; lanes and warps combine (m, s) pairs
+  the same way. m starts at -FLT_MAX, not -inf, so -inf scores (an additive mask) give 2^-inf = 0
+  and never -inf - -inf = NaN; a row of only -inf scores is written as zeros. A second pass
+  writes y = 2^(t - m) / s. Causal masking: row r is query
+  i = r mod q_len and keeps columns j <= i + q_offset (q_offset defaults to kv_len - q_len, a query
+  block at the end of the key sequence); the first pass reads only the kept columns, the second
+  writes zeros past them without loading (a row with no kept column is all zeros).
+- Layernorm is two-pass (mean, then the sum of squared deviations from it: exact where
+  E[x^2] - mean^2 cancels), then a third pass writes y; the row is re-read from L1/L2, not kept in
+  registers (any row length). Forward norms also write the per-row statistics the backward pass
+  reads (mean and rstd for layernorm, rstd for rmsnorm), as training frameworks do.
+- Norm backward: kernel 1 (row team) dx = rstd * (g*dy - mean(g*dy) - xhat * mean(g*dy*xhat))
+  (rmsnorm: rstd * g*dy - x * rstd^3 * mean(g*dy*x)); kernel 2 (atomics-free column sums): a block
+  of up to 16 warps owns 32*V columns, warp w sums rows w, w+16, ... in registers, the partials
+  meet in shared memory and warp 0 writes dgamma (and dbeta) in the storage dtype. When the
+  column tiles cannot fill the machine the rows are split into chunks as well: f32 partials go to
+  a workspace ``ws`` [chunks, nout*cols] (a ``scratch`` buffer of the chain) and a third kernel
+  adds the chunks (a100, 2048 x 768 fp16: 96 blocks and ~12k cycles instead of 3 blocks, ~195k).
+
+Tolerances the tests hold them to are stated in tests/test_emit_elementwise.py.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from archsim.errors import InputError
+from archsim.isa.builder import Mem, Pred, Reg
+from archsim.isa.check import check
+from archsim.isa.program import Launch, Program
+
+from .gemm_gpu import _Asm, _ceil, _log2, to_float, to_host
+
+__all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
+           "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
+           "swiglu_kernel", "swiglu_grad_kernel", "add_kernel"]
+
+_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
+           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
+_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
+_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
+_LD = {4: "ld.global.b32", 8: "ld.global.v2.b32", 16: "ld.global.v4.b32"}
+_ST = {2: "st.global.b16", 4: "st.global.b32", 8: "st.global.v2.b32", 16: "st.global.v4.b32"}
+
+LOG2E = 1.4426950408889634
+F32_MAX = 3.4028234663852886e38
+GELU_K = math.sqrt(2.0 / math.pi)     # tanh-approximation GELU (GPT-2): 0.5x(1 + tanh(K(x + A x^3)))
+GELU_A = 0.044715
+WARP_ROW_MAX_COLS = 1024              # longer rows get a block per row
+COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum block (at most)
+
+# nominal flops per element (the element-wise math of the kernel body; per-row and per-vector
+# work such as reductions and rescales is not counted)
+FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
+                  "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
+                  "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", float(x)))[0]
+
+
+# ----------------------------------------------------------------------------- kernel objects
+@dataclass(frozen=True)
+class Buf:
+    """One buffer parameter: name, shape, storage dtype (fp16 | bf16 | fp32), written by the kernel."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    out: bool = False
+    scratch: bool = False        # a workspace between the kernels of a chain (not a result)
+
+    @property
+    def host_dtype(self):
+        return np.dtype(_HOST[self.dtype])
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * _ES[self.dtype]
+
+
+@dataclass(frozen=True)
+class ElementwiseKernel:
+    """One emitted elementwise / row kernel: program, launch and what it computes."""
+
+    op: str                      # softmax, layernorm, ..., colsum_ln (dgamma/dbeta of a chain)
+    program: Program
+    launch: Launch
+    flops: int                   # nominal (FLOPS_PER_ELEM x elements)
+    dtype: str                   # storage dtype: fp16 | bf16 | fp32
+    buffers: tuple               # Buf, in parameter order
+    scalars: tuple               # (param, value) of the integer parameters (f32 ones as bit patterns)
+    team: str                    # warp | block (row kernels), thread (flat), column (column sums)
+    vector_bytes: int            # bytes per lane per load of the main loop
+    _gen: Callable = field(compare=False, repr=False, default=None)
+    _ref: Callable = field(compare=False, repr=False, default=None)
+
+    @property
+    def inputs(self) -> tuple:
+        return tuple(b for b in self.buffers if not b.out)
+
+    @property
+    def outputs(self) -> tuple:
+        return tuple(b for b in self.buffers if b.out)
+
+    def buffer_bytes(self) -> dict:
+        """Bytes of each buffer (for ``Unbacked(nbytes)`` in timing runs)."""
+        return {b.name: b.nbytes for b in self.buffers}
+
+    def args(self, *arrays, **named) -> dict:
+        """Kernel arguments: the buffers in parameter order or by name (numpy arrays of the right
+        shape and dtype, or anything with ``nbytes`` such as the timing engine's ``Unbacked``),
+        plus the scalar parameters."""
+        if len(arrays) > len(self.buffers):
+            raise InputError(f"{self.op} kernel", f"{len(arrays)} buffers given",
+                             "buffers: " + ", ".join(b.name for b in self.buffers))
+        got = dict(zip((b.name for b in self.buffers), arrays))
+        for k, v in named.items():
+            if k not in {b.name for b in self.buffers} or k in got:
+                raise InputError(f"{self.op} kernel", f"unexpected or repeated buffer {k!r}",
+                                 "buffers: " + ", ".join(b.name for b in self.buffers))
+            got[k] = v
+        out = {}
+        for b in self.buffers:
+            if b.name not in got:
+                raise InputError(f"{self.op} kernel", f"no buffer {b.name!r}",
+                                 "buffers: " + ", ".join(bb.name for bb in self.buffers))
+            v = got[b.name]
+            if isinstance(v, np.ndarray):
+                if v.shape != tuple(b.shape) or v.dtype != b.host_dtype or not v.flags.c_contiguous:
+                    raise InputError(f"{self.op} kernel", f"{b.name} is {v.dtype}{list(v.shape)}",
+                                     f"a C-contiguous {b.host_dtype}{list(b.shape)} array")
+            elif int(getattr(v, "nbytes", -1)) < b.nbytes:
+                raise InputError(f"{self.op} kernel", f"{b.name} has {getattr(v, 'nbytes', None)} bytes",
+                                 f"at least {b.nbytes}")
+            out[b.name] = v
+        out.update(dict(self.scalars))
+        return out
+
+    def random_inputs(self, seed: int = 0) -> dict:
+        """Every buffer by name: inputs drawn for the op (in the storage format), outputs zeros."""
+        rng = np.random.default_rng(seed)
+        ins = self._gen(rng)
+        out = {}
+        for b in self.buffers:
+            out[b.name] = ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype)
+        return out
+
+    def reference(self, **bufs) -> dict:
+        """The outputs in float64, computed from the exact values of the input buffers."""
+        vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.inputs}
+        return self._ref(vals)
+
+
+@dataclass(frozen=True)
+class KernelChain:
+    """Kernels run one after the other on shared buffers (a norm's backward: dx, then dgamma/dbeta)."""
+
+    op: str
+    kernels: tuple
+    dtype: str
+    _gen: Callable = field(compare=False, repr=False, default=None)
+    _ref: Callable = field(compare=False, repr=False, default=None)
+
+    @property
+    def buffers(self) -> tuple:
+        seen = {}
+        for k in self.kernels:
+            for b in k.buffers:
+                seen.setdefault(b.name, b)
+        outs = {b.name for k in self.kernels for b in k.outputs}
+        return tuple(Buf(b.name, b.shape, b.dtype, b.name in outs, b.scratch) for b in seen.values())
+
+    @property
+    def flops(self) -> int:
+        return sum(k.flops for k in self.kernels)
+
+    def buffer_bytes(self) -> dict:
+        return {b.name: b.nbytes for b in self.buffers}
+
+    def args_for(self, i: int, **bufs) -> dict:
+        """The arguments of kernel i, taken by name from one dict of buffers (in a functional run,
+        build them after kernel i-1 ran: its outputs are kernel i's inputs)."""
+        k = self.kernels[i]
+        return k.args(**{b.name: bufs[b.name] for b in k.buffers})
+
+    def random_inputs(self, seed: int = 0) -> dict:
+        rng = np.random.default_rng(seed)
+        ins = self._gen(rng)
+        return {b.name: ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype) for b in self.buffers}
+
+    def reference(self, **bufs) -> dict:
+        vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.buffers if not b.out}
+        return self._ref(vals)
+
+
+# ----------------------------------------------------------------------------- validation
+def _dtype(op: str, dtype) -> str:
+    if not isinstance(dtype, str) or dtype.lower() not in _DTYPES:
+        raise InputError(op, f"unknown dtype {dtype!r}", "fp16, bf16, fp32")
+    return _DTYPES[dtype.lower()]
+
+
+def _pos(op: str, **sizes) -> None:
+    for k, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise InputError(op, f"{k} = {v!r}", f"{k} an integer >= 1")
+
+
+def _target(op: str, caps) -> None:
+    if caps.family != "gpu" or caps.warp_width != 32:
+        raise InputError(f"{op} on {caps.name}", f"the GPU elementwise emitter needs a gpu-family target with "
+                         f"32-wide warps, not {caps.family} with {caps.warp_width}", "a gpu-family machine")
+
+
+def _finite(op: str, name: str, v) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        f = float("nan")
+    if not math.isfinite(f) or abs(f) > 3.4e38:
+        raise InputError(op, f"{name} = {v!r}", f"{name} a finite f32 number")
+    return f
+
+
+def _vec_bytes(row_bytes: int, es: int) -> int:
+    """The widest load (16, 8, 4 bytes; 2 = one 16-bit element) that keeps every row aligned."""
+    for vb in (16, 8, 4):
+        if vb >= es and row_bytes % vb == 0:
+            return vb
+    return es
+
+
+def _grid(caps, prog: Program, threads: int, needed: int) -> int:
+    """Blocks to launch: what the work needs, capped at what the machine holds at once."""
+    warps = _ceil(threads, 32)
+    per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
+                   caps.regs_per_core // max(prog.nregs * warps * 32, 1))
+    if prog.shared_bytes:
+        per_core = min(per_core, caps.scratchpad_bytes // prog.shared_bytes)
+    if per_core < 1 or prog.nregs > caps.max_regs_per_thread:
+        raise InputError(f"{prog.name} on {caps.name}", f"a block of {threads} threads x {prog.nregs} registers, "
+                         f"{prog.shared_bytes} B scratchpad does not fit a core", "a larger target")
+    return max(1, min(needed, caps.cores_total * per_core))
+
+
+# ----------------------------------------------------------------------------- emission helpers
+class _E:
+    """Emission context: an _Asm with f32 load/store of the storage dtype and team reductions."""
+
+    def __init__(self, name: str, params, dt: str, VB: int, team: str = "warp", BT: int = 128, red_vals: int = 0,
+                 shared: int = 0):
+        self.dt, self.es, self.VB = dt, _ES[dt], VB
+        self.V = VB // self.es
+        self.team, self.BT = team, BT
+        self.T = 32 if team == "warp" else BT
+        self.red_vals = red_vals
+        self.red_base = shared
+        if team == "block" and red_vals:
+            shared += 2 * red_vals * 128
+        self.a = _Asm(name, params, shared)
+        self.nloop = 0
+        self.nred = 0
+        self._const = {}
+
+    def __call__(self, *x, **kw):
+        self.a(*x, **kw)
+
+    def reg(self, k: int = 1) -> Reg:
+        return self.a.reg(k)
+
+    def free(self, *r, k: int = 1) -> None:
+        self.a.free(*r, k=k)
+
+    def const(self, v: float) -> Reg:
+        """A register holding the f32 constant v (kept for the whole kernel)."""
+        if v not in self._const:
+            r = self.reg()
+            self("mov.f32", r, float(v))
+            self._const[v] = r
+        return self._const[v]
+
+    def fparam(self, name: str) -> Reg:
+        r = self.reg()
+        self("ldparam", r, name)
+        return r
+
+    # ---- memory
+    def load(self, addr: Reg, n: int, p: Optional[Pred] = None) -> Reg:
+        """n elements of the storage dtype at [addr] -> n consecutive f32 registers (returned: the first)."""
+        es, a = self.es, self.a
+        nb = n * es
+        v = a.reg(n)
+        if self.dt == "fp32":
+            a(_LD[nb], v, Mem(addr, 0), p=p)
+            return v
+        lo, hi = _CVT_IN[self.dt]
+        if n == 1:
+            a("ld.global.u16", v, Mem(addr, 0), p=p)
+            a(lo, v, v)
+            return v
+        nr = nb // 4
+        raw = a.reg(nr)
+        a(_LD[nb], raw, Mem(addr, 0), p=p)
+        for i in range(nr):
+            a(lo, v + 2 * i, raw + i)
+            a(hi, v + 2 * i + 1, raw + i)
+        a.free(raw, k=nr)
+        return v
+
+    def store(self, addr: Reg, v: Reg, n: int) -> None:
+        es, a = self.es, self.a
+        nb = n * es
+        if self.dt == "fp32":
+            a(_ST[nb], Mem(addr, 0), v)
+            return
+        cvt = _CVT_OUT[self.dt]
+        if n == 1:
+            pk = a.reg()
+            a(cvt, pk, v, v)
+            a("st.global.b16", Mem(addr, 0), pk)
+            a.free(pk)
+            return
+        nr = nb // 4
+        pk = a.reg(nr)
+        for i in range(nr):
+            a(cvt, pk + i, v + 2 * i, v + 2 * i + 1)
+        a(_ST[nb], Mem(addr, 0), pk)
+        a.free(pk, k=nr)
+
+    def addr(self, base: Reg, j: Reg) -> Reg:
+        r = self.reg()
+        self("add.i64", r, base, j)
+        return r
+
+    # ---- team setup and loops
+    def team_setup(self) -> tuple:
+        """Registers: tt (thread index in the team), row (first row), step (row stride)."""
+        a = self.a
+        tt, row, step, t = a.reg(), a.reg(), a.reg(), a.reg()
+        if self.team == "warp":
+            a("s2r", tt, "%laneid")
+            a("s2r", row, "%ctaid.x")
+            a("s2r", t, "%nwarpid")
+            a("s2r", step, "%nctaid.x")
+            a("mul.i64", step, step, t)
+            a("mul.i64", row, row, t)
+            a("s2r", t, "%warpid")
+            a("add.i64", row, row, t)
+        else:
+            a("s2r", tt, "%tid.x")
+            a("s2r", row, "%ctaid.x")
+            a("s2r", step, "%nctaid.x")
+        if self.team == "block" and self.red_vals:
+            self.woff, self.loff = a.reg(), a.reg()
+            self.plane0, self.prd = a.pred(), a.pred()
+            a("s2r", t, "%laneid")
+            a("setp.eq.i64", self.plane0, t, 0)
+            a("shl.b64", self.loff, t, 2)
+            a("s2r", self.woff, "%nwarpid")
+            a("setp.lt.i64", self.prd, t, self.woff)
+            a("s2r", t, "%warpid")
+            a("shl.b64", self.woff, t, 2)
+        a.free(t)
+        self.j0v = a.reg()
+        a("shl.b64", self.j0v, tt, _log2(self.VB))
+        self.j0s = None
+        if self.V > 1:
+            self.j0s = a.reg()
+            a("shl.b64", self.j0s, tt, _log2(self.es))
+        self.tt = tt
+        return tt, row, step
+
+    def loop(self, lim_b: Reg, body: Callable, step_b: Optional[Reg] = None) -> None:
+        """body(j, n) for every vector of the row below byte offset lim_b (j: the vector's byte
+        offset in the row, n = V elements), then for the tail elements one at a time (n = 1).
+        The vectors a thread takes are step_b bytes apart (default: the team's T vectors)."""
+        a = self.a
+        k = self.nloop
+        self.nloop += 1
+        j, p = a.reg(), a.pred()
+        if self.V > 1:
+            vend = a.reg()
+            a("and.b64", vend, lim_b, -self.VB)
+        else:
+            vend = lim_b
+        a("mov.b64", j, self.j0v)
+        a.label(f"L{k}")
+        a("setp.ge.i64", p, j, vend)
+        a("bra", f"L{k}_tail", p=p)
+        body(j, self.V)
+        a("add.i64", j, j, self.T * self.VB if step_b is None else step_b)
+        a("bra", f"L{k}")
+        a.label(f"L{k}_tail")
+        if self.V > 1:
+            a("add.i64", j, vend, self.j0s)
+            a("setp.ge.i64", p, j, lim_b)
+            a("bra", f"L{k}_end", p=p)
+            body(j, 1)
+            a.label(f"L{k}_end")
+            a.free(vend)
+        a.free(j)
+        a.pfree(p)
+
+    def reduce(self, vals: list, combine: Callable, ident: list) -> None:
+        """Reduce registers over the team; every thread ends with the result."""
+        a = self.a
+        oth = [a.reg() for _ in vals]
+
+        def bfly():
+            for m in (16, 8, 4, 2, 1):
+                for v, o in zip(vals, oth):
+                    a("shfl.bfly.b64", o, v, m)
+                combine(vals, oth)
+
+        bfly()
+        if self.team == "block":
+            assert len(vals) <= self.red_vals
+            base = self.red_base + (self.nred % 2) * self.red_vals * 128
+            self.nred += 1
+            for i, v in enumerate(vals):
+                a("st.shared.b32", Mem(self.woff, base + 128 * i), v, p=self.plane0)
+            a("bar.sync")
+            for i, v in enumerate(vals):
+                a("mov.f32", v, ident[i])
+                a("ld.shared.b32", v, Mem(self.loff, base + 128 * i), p=self.prd)
+            bfly()
+        a.free(*oth)
+
+    def reduce_sum(self, vals: list) -> None:
+        self.reduce(vals, lambda vs, os: [self("add.f32", v, v, o) for v, o in zip(vs, os)], [0.0] * len(vals))
+
+    def end_row(self) -> None:
+        """Block teams: an odd number of reductions per row leaves the slot sets out of step with
+        the next row's; one more barrier keeps a fast warp's next write behind every read."""
+        if self.team == "block" and self.nred % 2:
+            self("bar.sync")
+
+    def row_loop(self, row: Reg, step: Reg, rows: Reg, body: Callable) -> None:
+        a = self.a
+        p = a.pred()
+        a.label("ROW")
+        a("setp.ge.i64", p, row, rows)
+        a("bra", "DONE", p=p)
+        a.pfree(p)
+        self.nred = 0
+        body()
+        self.end_row()
+        a("add.i64", row, row, step)
+        a("bra", "ROW")
+        a.label("DONE")
+        a("exit")
+
+    def build(self) -> Program:
+        return self.a.build()
+
+
+def _choose_team(caps, rows: int, cols: int, V: int, team: Optional[str]) -> tuple:
+    """(team, block threads). Warp per row for rows up to WARP_ROW_MAX_COLS elements unless there
+    are too few rows to give every core 4 warps; a block (128 or 256 threads) per longer row."""
+    if team is None:
+        long_row = cols > WARP_ROW_MAX_COLS
+        few_rows = cols >= 256 and rows < 4 * caps.cores_total
+        team = "block" if long_row or few_rows else "warp"
+    if team not in ("warp", "block"):
+        raise InputError("row kernel", f"team {team!r}", "warp, block or None (the rule)")
+    if team == "warp":
+        return "warp", 128
+    return "block", (128 if _ceil(cols, V) <= 512 else 256)
+
+
+def _finish(op: str, caps, e: _E, threads: int, needed: int, flops: int, buffers, scalars, team: str, gen, ref):
+    prog = e.build()
+    check(prog, caps)
+    grid = _grid(caps, prog, threads, needed)
+    return ElementwiseKernel(op=op, program=prog, launch=Launch((grid, 1, 1), (threads, 1, 1)), flops=int(flops),
+                             dtype=e.dt, buffers=tuple(buffers), scalars=tuple(scalars), team=team,
+                             vector_bytes=e.VB, _gen=gen, _ref=ref)
+
+
+def _normal(rng, shape, dt, scale=1.0, shift=0.0):
+    return to_host((rng.standard_normal(shape) * scale + shift).astype(np.float32), dt)
+
+
+# ----------------------------------------------------------------------------- softmax
+def _keep(rows: int, cols: int, causal: bool, q_len: int, q_off: int) -> np.ndarray:
+    """The kept entries of a [rows, cols] score matrix (small shapes: references only)."""
+    if not causal:
+        return np.ones((rows, cols), bool)
+    i = (np.arange(rows) % q_len)[:, None]
+    return np.arange(cols)[None, :] <= i + q_off
+
+
+def _kept(rows: int, cols: int, causal: bool, q_len: int, q_off: int) -> int:
+    """How many entries the mask keeps, without building it."""
+    if not causal:
+        return rows * cols
+    per_query = np.clip(np.arange(q_len, dtype=np.int64) + q_off + 1, 0, cols)
+    return int(per_query.sum()) * (rows // q_len)
+
+
+def _pad(y: np.ndarray, ld: int) -> np.ndarray:
+    """[rows, cols] -> [rows, ld] with zeros in the columns the kernel does not touch."""
+    if y.shape[1] == ld:
+        return y
+    out = np.zeros((y.shape[0], ld))
+    out[:, :y.shape[1]] = y
+    return out
+
+
+def _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld):
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, cols=cols)
+    _target(op, caps)
+    scale = _finite(op, "scale", scale)
+    ld = cols if ld is None else ld
+    _pos(op, ld=ld)
+    if ld < cols:
+        raise InputError(op, f"ld = {ld} < cols = {cols}", "ld >= cols (the row stride in elements)")
+    if q_len is None:
+        q_len = rows
+    _pos(op, q_len=q_len)
+    if causal and rows % q_len:
+        raise InputError(op, f"rows = {rows} is not a multiple of q_len = {q_len}",
+                         "rows = batch*heads*q_len for a causal mask")
+    if q_offset is None:
+        q_offset = cols - q_len
+    if isinstance(q_offset, bool) or not isinstance(q_offset, (int, np.integer)):
+        raise InputError(op, f"q_offset = {q_offset!r}", "an integer (query i keeps columns j <= i + q_offset)")
+    return dt, scale, int(ld), int(q_len), int(q_offset)
+
+
+def _mask_setup(e: _E, row: Reg, causal: bool, cols_b: Reg) -> Reg:
+    """The byte end of the row's kept columns: causal: clamp(row mod q_len + q_off + 1, 0, cols) * es."""
+    if not causal:
+        return cols_b
+    ce = e.reg()
+    t = e.reg()
+    e("ldparam", t, "q_len")
+    e("rem.i64", ce, row, t)
+    e("ldparam", t, "q_off")
+    e("add.i64", ce, ce, t)
+    e("add.i64", ce, ce, 1)
+    e("max.i64", ce, ce, 0)
+    e("shl.b64", ce, ce, _log2(e.es))
+    e("min.i64", ce, ce, cols_b)
+    e.free(t)
+    return ce
+
+
+def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float = 1.0, causal: bool = False,
+                   q_offset: Optional[int] = None, ld: Optional[int] = None, *, q_len: Optional[int] = None,
+                   team: Optional[str] = None) -> ElementwiseKernel:
+    """y = softmax(scale * x) over each row of x [rows, ld] (the first cols columns), written to a
+    separate buffer y [rows, ld] (columns past cols are not touched).
+
+    Causal: rows = b*n*q_len of an S [b, n, q_len, kv_len = cols] tensor; row r is query
+    i = r mod q_len (q_len: default rows) and keeps columns j <= i + q_offset (default
+    kv_len - q_len); masked entries are written as 0. ld: row stride in elements (default cols).
+    team: force "warp" or "block" rows (default: the rule in ``_choose_team``)."""
+    op = "softmax"
+    dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
+    es = _ES[dt]
+    VB = _vec_bytes(ld * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    params = ("x", "y", "rows", "cols", "ld", "q_len", "q_off", "scale")
+    e = _E(f"softmax_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=2)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, ldb, X, Y = e.reg(), e.reg(), e.reg(), e.reg(), e.reg()
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("ldparam", ldb, "ld")
+    e("shl.b64", ldb, ldb, _log2(es))
+    e("ldparam", X, "x")
+    e("ldparam", Y, "y")
+    c = e.fparam("scale")
+    e("mul.f32", c, c, LOG2E)                         # t = x * scale * log2(e): exp(s x) = 2^t
+
+    def body():
+        ro, px, py = e.reg(), e.reg(), e.reg()
+        e("mul.i64", ro, row, ldb)
+        e("add.i64", px, X, ro)
+        e("add.i64", py, Y, ro)
+        e.free(ro)
+        ce = _mask_setup(e, row, causal, cols_b)
+        m, s = e.reg(), e.reg()
+        e("mov.f32", m, -F32_MAX)                     # not -inf: m - M is never -inf - -inf
+        e("mov.f32", s, 0.0)
+
+        def online(j, n):                             # running (m, s) over the kept columns
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, c)
+            M, t = e.reg(), e.reg()
+            e("max.f32", M, m, v)
+            for i in range(1, n):
+                e("max.f32", M, M, v + i)
+            e("sub.f32", t, m, M)
+            e("ex2.f32", t, t)
+            e("mul.f32", s, s, t)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, M)
+                e("ex2.f32", v + i, v + i)
+                e("add.f32", s, s, v + i)
+            e("mov.b64", m, M)
+            e.free(M, t)
+            e.free(v, k=n)
+
+        e.loop(ce, online)
+
+        def combine(vs, os):
+            (m1, s1), (m2, s2) = vs, os
+            M, t = e.reg(), e.reg()
+            e("max.f32", M, m1, m2)
+            e("sub.f32", t, m1, M)
+            e("ex2.f32", t, t)
+            e("mul.f32", s1, s1, t)
+            e("sub.f32", t, m2, M)
+            e("ex2.f32", t, t)
+            e("fma.f32", s1, s2, t, s1)
+            e("mov.b64", m1, M)
+            e.free(M, t)
+
+        e.reduce([m, s], combine, [-F32_MAX, 0.0])
+        e("rcp.f32", s, s)
+        e("min.f32", s, s, F32_MAX)                   # s = 0 (nothing kept, all -inf): y = 0 * MAX = 0
+
+        def write(j, n):
+            pv = rem = None
+            if causal:
+                rem, pv = e.reg(), e.a.pred()
+                e("sub.i64", rem, ce, j)
+                e("setp.gt.i64", pv, rem, 0)          # some element of this vector is kept
+            ad = e.addr(px, j)
+            v = e.load(ad, n, p=pv)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, c)
+                e("sub.f32", v + i, v + i, m)
+                e("ex2.f32", v + i, v + i)
+                e("mul.f32", v + i, v + i, s)
+            if causal:
+                for i in range(n):
+                    e("setp.gt.i64", pv, rem, i * es)
+                    e("selp.b64", v + i, v + i, 0, pv)
+                e.free(rem)
+                e.a.pfree(pv)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, write)
+        e.free(m, s, px, py)
+        if causal:
+            e.free(ce)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, ld), dt), Buf("y", (rows, ld), dt, True))
+
+    def gen(rng):
+        return {"x": _normal(rng, (rows, ld), dt, 2.0)}
+
+    def ref(v):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        t = np.where(keep, scale * v["x"][:, :cols], -np.inf)
+        mx = t.max(axis=1, keepdims=True)
+        mx = np.where(np.isfinite(mx), mx, 0.0)
+        p = np.where(keep, np.exp(t - mx), 0.0)
+        sm = p.sum(axis=1, keepdims=True)
+        return {"y": _pad(p / np.where(sm > 0, sm, 1.0), ld)}
+
+    scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
+               ("scale", _f32_bits(scale)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers, scalars, tm, gen, ref)
+
+
+def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float = 1.0, causal: bool = False,
+                        q_offset: Optional[int] = None, ld: Optional[int] = None, *, q_len: Optional[int] = None,
+                        team: Optional[str] = None) -> ElementwiseKernel:
+    """dx = scale * P * (dP - rowsum(dP * P)): the gradient of y = softmax(scale * x) given the
+    forward output P = y and dP = dL/dy (all [rows, ld]; the same scale / causal / q_len /
+    q_offset / ld conventions as ``softmax_kernel``). Masked entries get dx = 0 and are not read."""
+    op = "softmax_grad"
+    dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
+    es = _ES[dt]
+    VB = _vec_bytes(ld * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    params = ("p", "dp", "dx", "rows", "cols", "ld", "q_len", "q_off", "scale")
+    e = _E(f"softmax_grad_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, ldb, P, DP, DX = (e.reg() for _ in range(6))
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("ldparam", ldb, "ld")
+    e("shl.b64", ldb, ldb, _log2(es))
+    e("ldparam", P, "p")
+    e("ldparam", DP, "dp")
+    e("ldparam", DX, "dx")
+    c = e.fparam("scale")
+
+    def body():
+        ro = e.reg()
+        e("mul.i64", ro, row, ldb)
+        pp, pd, px = e.addr(P, ro), e.addr(DP, ro), e.addr(DX, ro)
+        e.free(ro)
+        ce = _mask_setup(e, row, causal, cols_b)
+        acc = e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def dot(j, n):
+            ad = e.addr(pp, j)
+            p = e.load(ad, n)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("fma.f32", acc, p + i, d + i, acc)
+            e.free(p, k=n)
+            e.free(d, k=n)
+
+        e.loop(ce, dot)
+        e.reduce_sum([acc])                            # acc = sum_j P dP over the kept columns
+
+        def write(j, n):
+            pv = rem = None
+            if causal:
+                rem, pv = e.reg(), e.a.pred()
+                e("sub.i64", rem, ce, j)
+                e("setp.gt.i64", pv, rem, 0)
+            ad = e.addr(pp, j)
+            p = e.load(ad, n, p=pv)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n, p=pv)
+            for i in range(n):
+                e("sub.f32", d + i, d + i, acc)
+                e("mul.f32", d + i, d + i, p + i)
+                e("mul.f32", d + i, d + i, c)
+            if causal:
+                for i in range(n):
+                    e("setp.gt.i64", pv, rem, i * es)
+                    e("selp.b64", d + i, d + i, 0, pv)
+                e.free(rem)
+                e.a.pfree(pv)
+            e("add.i64", ad, px, j)
+            e.store(ad, d, n)
+            e.free(ad)
+            e.free(p, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, write)
+        e.free(acc, pp, pd, px)
+        if causal:
+            e.free(ce)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("p", (rows, ld), dt), Buf("dp", (rows, ld), dt), Buf("dx", (rows, ld), dt, True))
+
+    def gen(rng):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        t = np.where(keep, rng.standard_normal((rows, cols)) * 2.0, -np.inf)
+        mx = t.max(axis=1, keepdims=True)
+        pr = np.where(keep, np.exp(t - np.where(np.isfinite(mx), mx, 0.0)), 0.0)
+        pr /= np.maximum(pr.sum(axis=1, keepdims=True), 1e-300)
+        return {"p": to_host(_pad(pr, ld).astype(np.float32), dt), "dp": _normal(rng, (rows, ld), dt)}
+
+    def ref(v):
+        keep = _keep(rows, cols, causal, q_len, q_off)
+        p = np.where(keep, v["p"][:, :cols], 0.0)
+        d = v["dp"][:, :cols]
+        s = (p * d).sum(axis=1, keepdims=True)
+        return {"dx": _pad(np.where(keep, scale * p * (d - s), 0.0), ld)}
+
+    scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
+               ("scale", _f32_bits(scale)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers,
+                   scalars, tm, gen, ref)
+
+
+# ----------------------------------------------------------------------------- layernorm / rmsnorm
+def _norm_setup(op, caps, rows, cols, dtype, eps, team):
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, cols=cols)
+    _target(op, caps)
+    if eps is not None:
+        eps = _finite(op, "eps", eps)
+        if eps < 0:
+            raise InputError(op, f"eps = {eps}", "eps >= 0")
+    es = _ES[dt]
+    VB = _vec_bytes(cols * es, es)
+    tm, BT = _choose_team(caps, rows, cols, VB // es, team)
+    return dt, es, VB, tm, BT
+
+
+def _row_ptrs(e: _E, row: Reg, rowb: Reg, bases: list) -> list:
+    """Pointers to the row `row` of each [rows, cols] buffer: base + row * rowb."""
+    ro = e.reg()
+    e("mul.i64", ro, row, rowb)
+    out = [e.addr(b, ro) for b in bases]
+    e.free(ro)
+    return out
+
+
+def _norm_gen(rows, cols, dt, with_beta):
+    def gen(rng):
+        d = {"x": _normal(rng, (rows, cols), dt, 2.0, 0.5), "gamma": _normal(rng, (cols,), dt, 0.2, 1.0)}
+        if with_beta:
+            d["beta"] = _normal(rng, (cols,), dt, 0.2)
+        return d
+    return gen
+
+
+def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                     team: Optional[str] = None) -> ElementwiseKernel:
+    """y = (x - mean) * rstd * gamma + beta per row of x [rows, cols], rstd = 1/sqrt(var + eps)
+    (biased variance, as torch.nn.LayerNorm); also writes mean [rows] and rstd [rows] (f32), the
+    statistics ``layernorm_grad_kernel`` reads. gamma, beta: [cols] in the storage dtype."""
+    op = "layernorm"
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    params = ("x", "gamma", "beta", "y", "mean", "rstd", "rows", "cols", "eps")
+    e = _E(f"layernorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, G, B, Y, MEAN, RSTD = (e.reg() for _ in range(8))
+    invn, eps_r = e.reg(), e.fparam("eps")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (G, "gamma"), (B, "beta"), (Y, "y"), (MEAN, "mean"), (RSTD, "rstd")):
+        e("ldparam", r, n)
+    p0 = e.a.pred()
+    e("setp.eq.i64", p0, tt, 0)
+
+    def body():
+        px, py = _row_ptrs(e, row, cols_b, [X, Y])
+        acc, mean, rstd = e.reg(), e.reg(), e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def s1(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("add.f32", acc, acc, v + i)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s1)
+        e.reduce_sum([acc])
+        e("mul.f32", mean, acc, invn)
+        e("mov.f32", acc, 0.0)
+
+        def s2(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, mean)
+                e("fma.f32", acc, v + i, v + i, acc)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s2)
+        e.reduce_sum([acc])
+        e("fma.f32", rstd, acc, invn, eps_r)           # var + eps
+        e("rsqrt.f32", rstd, rstd)
+        ad = e.reg()
+        e("shl.b64", ad, row, 2)
+        e("add.i64", acc, MEAN, ad)
+        e("st.global.b32", Mem(acc, 0), mean, p=p0)
+        e("add.i64", acc, RSTD, ad)
+        e("st.global.b32", Mem(acc, 0), rstd, p=p0)
+        e.free(ad, acc)
+
+        def out(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            e("add.i64", ad, B, j)
+            b = e.load(ad, n)
+            for i in range(n):
+                e("sub.f32", v + i, v + i, mean)
+                e("mul.f32", v + i, v + i, rstd)
+                e("fma.f32", v + i, v + i, g + i, b + i)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            for r in (v, g, b):
+                e.free(r, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, py, mean, rstd)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("gamma", (cols,), dt), Buf("beta", (cols,), dt),
+               Buf("y", (rows, cols), dt, True), Buf("mean", (rows,), "fp32", True), Buf("rstd", (rows,), "fp32", True))
+
+    def ref(v):
+        x = v["x"]
+        mu = x.mean(axis=1)
+        r = 1.0 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + eps)
+        return {"y": (x - mu[:, None]) * r[:, None] * v["gamma"] + v["beta"], "mean": mu, "rstd": r}
+
+    scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   _norm_gen(rows, cols, dt, True), ref)
+
+
+def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                   team: Optional[str] = None) -> ElementwiseKernel:
+    """y = x * rstd * gamma per row of x [rows, cols], rstd = 1/sqrt(mean(x^2) + eps) (LLaMA's
+    RMSNorm); also writes rstd [rows] (f32) for ``rmsnorm_grad_kernel``."""
+    op = "rmsnorm"
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    params = ("x", "gamma", "y", "rstd", "rows", "cols", "eps")
+    e = _E(f"rmsnorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, G, Y, RSTD = (e.reg() for _ in range(6))
+    invn, eps_r = e.reg(), e.fparam("eps")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (G, "gamma"), (Y, "y"), (RSTD, "rstd")):
+        e("ldparam", r, n)
+    p0 = e.a.pred()
+    e("setp.eq.i64", p0, tt, 0)
+
+    def body():
+        px, py = _row_ptrs(e, row, cols_b, [X, Y])
+        acc, rstd = e.reg(), e.reg()
+        e("mov.f32", acc, 0.0)
+
+        def s1(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            for i in range(n):
+                e("fma.f32", acc, v + i, v + i, acc)
+            e.free(ad)
+            e.free(v, k=n)
+
+        e.loop(cols_b, s1)
+        e.reduce_sum([acc])
+        e("fma.f32", rstd, acc, invn, eps_r)
+        e("rsqrt.f32", rstd, rstd)
+        e("shl.b64", acc, row, 2)
+        e("add.i64", acc, acc, RSTD)
+        e("st.global.b32", Mem(acc, 0), rstd, p=p0)
+        e.free(acc)
+
+        def out(j, n):
+            ad = e.addr(px, j)
+            v = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            for i in range(n):
+                e("mul.f32", v + i, v + i, rstd)
+                e("mul.f32", v + i, v + i, g + i)
+            e("add.i64", ad, py, j)
+            e.store(ad, v, n)
+            e.free(ad)
+            e.free(v, k=n)
+            e.free(g, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, py, rstd)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("gamma", (cols,), dt), Buf("y", (rows, cols), dt, True),
+               Buf("rstd", (rows,), "fp32", True))
+
+    def ref(v):
+        x = v["x"]
+        r = 1.0 / np.sqrt((x * x).mean(axis=1) + eps)
+        return {"y": x * r[:, None] * v["gamma"], "rstd": r}
+
+    scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   _norm_gen(rows, cols, dt, False), ref)
+
+
+# ----------------------------------------------------------------------------- norm backward
+def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> ElementwiseKernel:
+    """Kernel 1 of a norm's backward: dx per row from x, dy, gamma and the saved statistics."""
+    op = "layernorm_grad" if ln else "rmsnorm_grad"
+    params = ("x", "dy", "gamma") + (("mean",) if ln else ()) + ("rstd", "dx", "rows", "cols")
+    e = _E(f"{op}_dx_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=2 if ln else 1)
+    tt, row, step = e.team_setup()
+    rows_r, cols_b, X, DY, G, RSTD, DX, invn = (e.reg() for _ in range(8))
+    MEAN = e.reg() if ln else None
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("cvt.f32.i64", invn, cols_b)
+    e("rcp.f32", invn, invn)
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    for r, n in ((X, "x"), (DY, "dy"), (G, "gamma"), (RSTD, "rstd"), (DX, "dx")) + (((MEAN, "mean"),) if ln else ()):
+        e("ldparam", r, n)
+
+    def body():
+        px, pd, po = _row_ptrs(e, row, cols_b, [X, DY, DX])
+        rstd, t = e.reg(), e.reg()
+        e("shl.b64", t, row, 2)
+        e("add.i64", rstd, RSTD, t)
+        e("ld.global.b32", rstd, Mem(rstd, 0))
+        mean = None
+        if ln:
+            mean = e.reg()
+            e("add.i64", mean, MEAN, t)
+            e("ld.global.b32", mean, Mem(mean, 0))
+        e.free(t)
+        acc = [e.reg() for _ in range(2 if ln else 1)]
+        for r in acc:
+            e("mov.f32", r, 0.0)
+
+        def operands(j, n):
+            """x (ln: xhat = (x - mean) * rstd) and g*dy of n elements at byte offset j."""
+            ad = e.addr(px, j)
+            x = e.load(ad, n)
+            e("add.i64", ad, pd, j)
+            d = e.load(ad, n)
+            e("add.i64", ad, G, j)
+            g = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("mul.f32", d + i, d + i, g + i)
+                if ln:
+                    e("sub.f32", x + i, x + i, mean)
+                    e("mul.f32", x + i, x + i, rstd)
+            e.free(g, k=n)
+            return x, d
+
+        def sums(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:
+                    e("add.f32", acc[0], acc[0], d + i)            # sum g dy
+                    e("fma.f32", acc[1], d + i, x + i, acc[1])     # sum g dy xhat
+                else:
+                    e("fma.f32", acc[0], d + i, x + i, acc[0])     # sum g dy x
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, sums)
+        e.reduce_sum(acc)
+        if ln:
+            e("mul.f32", acc[0], acc[0], invn)                    # c1 = mean(g dy)
+            e("mul.f32", acc[1], acc[1], invn)                    # c2 = mean(g dy xhat)
+        else:
+            e("mul.f32", acc[0], acc[0], invn)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("mul.f32", acc[0], acc[0], rstd)
+            e("neg.f32", acc[0], acc[0])                          # -rstd^3 mean(g dy x)
+
+        def out(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:   # rstd * (g dy - c1 - xhat c2)
+                    e("fma.f32", x + i, x + i, acc[1], acc[0])
+                    e("sub.f32", d + i, d + i, x + i)
+                    e("mul.f32", d + i, d + i, rstd)
+                else:    # rstd g dy - x rstd^3 mean(g dy x)
+                    e("mul.f32", d + i, d + i, rstd)
+                    e("fma.f32", d + i, x + i, acc[0], d + i)
+            ad = e.addr(po, j)
+            e.store(ad, d, n)
+            e.free(ad)
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        e.loop(cols_b, out)
+        e.free(px, pd, po, rstd, *acc)
+        if ln:
+            e.free(mean)
+
+    e.row_loop(row, step, rows_r, body)
+    buffers = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt), Buf("gamma", (cols,), dt)) + \
+        ((Buf("mean", (rows,), "fp32"),) if ln else ()) + (Buf("rstd", (rows,), "fp32"), Buf("dx", (rows, cols), dt, True))
+    scalars = (("rows", rows), ("cols", cols))
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
+                   None, None)
+
+
+def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel:
+    """Kernel 2 of a norm's backward: dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), no
+    atomics. A block of RY warps owns a tile of 32*V columns (lane l: V adjacent columns, one
+    vector load a row); warp w sums rows w, w+RY, ... in registers; the RY partials of each
+    column meet in shared memory and warp 0 adds them and stores. Tiles go round with a grid
+    stride. When the tiles alone cannot fill the machine (a100, 768 columns of fp16: 3 tiles), the
+    rows are split into chunks too: the block of (tile, chunk) writes its f32 partial sums to a
+    workspace ws [chunks, nout*cols] and a third kernel (``_ws_sum_kernel``) adds the chunks up.
+    Returns the kernels (one or two)."""
+    op = "colsum_ln" if ln else "colsum_rms"
+    VB = _vec_bytes(cols * es, es)
+    V = VB // es
+    TW = 32 * V                                   # columns of a tile
+    nout = 2 if ln else 1
+    RY = min(COLSUM_WARPS, caps.warp_slots)
+    while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
+        RY //= 2
+    plane = RY * TW * 4                            # bytes of one output's partials
+    ntiles = _ceil(cols, TW)
+    nchunk = max(1, min(_ceil(2 * caps.cores_total, ntiles), rows // (4 * RY)))   # >= 4 rows a warp
+    rpc = _ceil(rows, nchunk)
+    nchunk = _ceil(rows, rpc)
+    partial = nchunk > 1
+    outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
+    params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd",) + outs + ("rows", "cols", "rpc", "chunks")
+    e = _E(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}{'_partial' if partial else ''}", params, dt,
+           VB, "column", 32 * RY, shared=nout * plane)
+    a = e.a
+    lane, warp, u, step, rows_r, cols_b = (e.reg() for _ in range(6))
+    e("s2r", lane, "%laneid")
+    e("s2r", warp, "%warpid")
+    e("s2r", u, "%ctaid.x")                        # work unit: (tile, chunk) = (u mod ntile, u / ntile)
+    e("s2r", step, "%nctaid.x")
+    e("ldparam", rows_r, "rows")
+    e("ldparam", cols_b, "cols")
+    e("shl.b64", cols_b, cols_b, _log2(es))
+    ntile, nunit, rpc_r = e.reg(), e.reg(), e.reg()
+    e("add.i64", ntile, cols_b, 32 * VB - 1)
+    e("shr.u64", ntile, ntile, _log2(32 * VB))
+    e("ldparam", nunit, "chunks")
+    e("mul.i64", nunit, nunit, ntile)
+    e("ldparam", rpc_r, "rpc")
+    X, DY, RSTD, DG = e.reg(), e.reg(), e.reg(), e.reg()
+    MEAN = e.reg() if ln else None
+    DB = e.reg() if ln and not partial else None
+    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, outs[0])) + (((MEAN, "mean"),) if ln else ()) + \
+            (((DB, "dbeta"),) if DB is not None else ()):
+        e("ldparam", r, n)
+    soff = e.reg()                                 # this thread's partial slot: (warp*TW + lane*V)*4
+    e("mul.i64", soff, warp, TW * 4)
+    t = e.reg()
+    e("shl.b64", t, lane, _log2(V * 4))
+    e("add.i64", soff, soff, t)
+    e("shl.b64", t, lane, _log2(VB))
+    lane_b = t                                     # lane's column byte within a tile
+    pT, pv, pw, pr = a.pred(), a.pred(), a.pred(), a.pred()
+    e("setp.eq.i64", pw, warp, 0)
+    rstep = e.reg()
+    e("mul.i64", rstep, cols_b, RY)                # bytes of RY rows
+
+    def vec_st(addr: Reg, off: int, v: Reg) -> None:
+        i = 0
+        while i < V:
+            w = min(4, V - i)
+            a({4: "st.shared.v4.b32", 2: "st.shared.v2.b32", 1: "st.shared.b32"}[w], Mem(addr, off + 4 * i), v + i)
+            i += w
+
+    def vec_ld(v: Reg, addr: Reg, off: int) -> None:
+        i = 0
+        while i < V:
+            w = min(4, V - i)
+            a({4: "ld.shared.v4.b32", 2: "ld.shared.v2.b32", 1: "ld.shared.b32"}[w], v + i, Mem(addr, off + 4 * i))
+            i += w
+
+    a.label("TILE")
+    e("setp.ge.i64", pT, u, nunit)
+    e("bra", "DONE", p=pT)
+    c, chunk, rend = e.reg(), e.reg(), e.reg()
+    e("rem.i64", c, u, ntile)
+    e("div.i64", chunk, u, ntile)
+    e("shl.b64", c, c, _log2(32 * VB))
+    e("add.i64", c, c, lane_b)                     # this thread's first column byte
+    e("setp.lt.i64", pv, c, cols_b)
+    e("mul.i64", rend, chunk, rpc_r)               # the chunk's first row
+    r0 = e.reg()
+    e("add.i64", r0, rend, warp)
+    e("add.i64", rend, rend, rpc_r)
+    e("min.i64", rend, rend, rows_r)               # ... and its end
+    accs = [e.reg(V) for _ in range(nout)]
+    for acc in accs:
+        for i in range(V):
+            e("mov.f32", acc + i, 0.0)
+    e("bra", "SUMS_END", p=pv, neg=True)
+    r, px, pd, ps = e.reg(), e.reg(), e.reg(), e.reg()
+    e("mov.b64", r, r0)
+    e("mul.i64", px, r0, cols_b)
+    e("add.i64", px, px, c)
+    e("add.i64", pd, px, DY)
+    e("add.i64", px, px, X)
+    e("shl.b64", ps, r0, 2)                        # byte offset of row r's statistics
+    a.label("ROWS")
+    e("setp.ge.i64", pr, r, rend)
+    e("bra", "SUMS_END", p=pr)
+    x = e.load(px, V)
+    d = e.load(pd, V)
+    rs, mu = e.reg(), (e.reg() if ln else None)
+    e("add.i64", rs, RSTD, ps)
+    e("ld.global.b32", rs, Mem(rs, 0))
+    if ln:
+        e("add.i64", mu, MEAN, ps)
+        e("ld.global.b32", mu, Mem(mu, 0))
+    for i in range(V):
+        if ln:
+            e("sub.f32", x + i, x + i, mu)
+        e("mul.f32", x + i, x + i, rs)             # xhat
+        e("fma.f32", accs[0] + i, d + i, x + i, accs[0] + i)
+        if ln:
+            e("add.f32", accs[1] + i, accs[1] + i, d + i)
+    e.free(x, k=V)
+    e.free(d, k=V)
+    e.free(rs)
+    if ln:
+        e.free(mu)
+    e("add.i64", r, r, RY)
+    e("add.i64", px, px, rstep)
+    e("add.i64", pd, pd, rstep)
+    e("add.i64", ps, ps, 4 * RY)
+    e("bra", "ROWS")
+    a.label("SUMS_END")
+    e.free(r, px, pd, ps)
+    for k, acc in enumerate(accs):
+        vec_st(soff, k * plane, acc)
+    e("bar.sync")
+    pw0 = a.pred()
+    e("and.pred", pw0, pw, pv)
+    e("bra", "OUT_END", p=pw0, neg=True)
+    part = e.reg(V)
+    wsa = None
+    if partial:        # ws [chunk, k*cols + col] in f32: byte (chunk*nout*cols + col)*4 + k*cols*4
+        wsa, t2 = e.reg(), e.reg()
+        e("ldparam", t2, "cols")
+        e("mul.i64", wsa, chunk, nout)
+        e("mul.i64", wsa, wsa, t2)
+        e("shr.u64", t2, c, _log2(es))
+        e("add.i64", wsa, wsa, t2)
+        e("shl.b64", wsa, wsa, 2)
+        e("add.i64", wsa, wsa, DG)
+        e.free(t2)
+    for k, acc in enumerate(accs):
+        for w in range(1, RY):
+            vec_ld(part, soff, k * plane + w * TW * 4)
+            for i in range(V):
+                e("add.f32", acc + i, acc + i, part + i)
+        if partial:
+            if k:
+                t2 = e.reg()
+                e("ldparam", t2, "cols")
+                e("shl.b64", t2, t2, 2)
+                e("add.i64", wsa, wsa, t2)
+                e.free(t2)
+            i = 0
+            while i < V:
+                w = min(4, V - i)
+                a({4: "st.global.v4.b32", 2: "st.global.v2.b32", 1: "st.global.b32"}[w], Mem(wsa, 4 * i), acc + i)
+                i += w
+        else:
+            ad = e.addr(DG if k == 0 else DB, c)
+            e.store(ad, acc, V)
+            e.free(ad)
+    e.free(part, k=V)
+    if partial:
+        e.free(wsa)
+    a.label("OUT_END")
+    a.pfree(pw0)
+    e("bar.sync")                                  # partials read before the next tile writes
+    e.free(c, chunk, rend, r0)
+    e("add.i64", u, u, step)
+    e("bra", "TILE")
+    a.label("DONE")
+    e("exit")
+    for acc in accs:
+        e.free(acc, k=V)
+    ins = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
+        + (Buf("rstd", (rows,), "fp32"),)
+    finals = (Buf("dgamma", (cols,), dt, True),) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
+    ws = Buf("ws", (nchunk, nout * cols), "fp32", True, scratch=True)
+    k1 = _finish(op, caps, e, 32 * RY, ntiles * nchunk, FLOPS_PER_ELEM[op] * rows * cols,
+                 ins + ((ws,) if partial else finals), (("rows", rows), ("cols", cols), ("rpc", rpc), ("chunks", nchunk)),
+                 "column", None, None)
+    return (k1, _ws_sum_kernel(caps, cols, nchunk, dt, finals)) if partial else (k1,)
+
+
+def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> ElementwiseKernel:
+    """The chunks of a column-sum workspace ws [chunks, nout*cols] (f32) added up: thread i (grid
+    stride) sums column i over the chunks and stores it, in the storage dtype, to dgamma[i] or
+    dbeta[i - cols]."""
+    nout = len(finals)
+    es = _ES[dt]
+    U = 4
+    e = _E(f"grad_params_sum_{dt}_{nout}", ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks"), dt, es,
+           "thread", FLAT_THREADS)
+    a = e.a
+    i, t, stride, tot, nch, rowb, WS = (e.reg() for _ in range(7))
+    e("s2r", i, "%ctaid.x")
+    e("s2r", t, "%ntid.x")
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, t)
+    e("mul.i64", i, i, t)
+    e("s2r", t, "%tid.x")
+    e("add.i64", i, i, t)
+    e("ldparam", tot, "cols")
+    e("mul.i64", rowb, tot, 4 * nout)              # bytes of one chunk's row
+    colsr = e.reg()
+    e("mov.b64", colsr, tot)
+    e("mul.i64", tot, tot, nout)
+    e("ldparam", nch, "chunks")
+    e("ldparam", WS, "ws")
+    outs = [e.reg() for _ in finals]
+    for r, b in zip(outs, finals):
+        e("ldparam", r, b.name)
+    p, pc = a.pred(), a.pred()
+    a.label("COL")
+    e("setp.ge.i64", p, i, tot)
+    e("bra", "DONE", p=p)
+    acc, ptr, ch, v = e.reg(), e.reg(), e.reg(), e.reg(U)
+    e("mov.f32", acc, 0.0)
+    e("shl.b64", ptr, i, 2)
+    e("add.i64", ptr, ptr, WS)
+    e("mov.b64", ch, U)
+    a.label("CHUNK4")                              # U chunks at a time: U loads in flight
+    e("setp.gt.i64", pc, ch, nch)
+    e("bra", "CHUNK4_END", p=pc)
+    for j in range(U):
+        e("ld.global.b32", v + j, Mem(ptr, 0))
+        e("add.i64", ptr, ptr, rowb)
+    for j in range(U):
+        e("add.f32", acc, acc, v + j)
+    e("add.i64", ch, ch, U)
+    e("bra", "CHUNK4")
+    a.label("CHUNK4_END")
+    e("sub.i64", ch, ch, U)
+    a.label("CHUNK")
+    e("setp.ge.i64", pc, ch, nch)
+    e("bra", "CHUNK_END", p=pc)
+    e("ld.global.b32", v, Mem(ptr, 0))
+    e("add.f32", acc, acc, v)
+    e("add.i64", ptr, ptr, rowb)
+    e("add.i64", ch, ch, 1)
+    e("bra", "CHUNK")
+    a.label("CHUNK_END")
+    e("shl.b64", ptr, i, _log2(es))
+    e("add.i64", ptr, ptr, outs[0])                # dgamma + i
+    if nout == 2:                                  # i >= cols: dbeta + (i - cols)
+        e("setp.ge.i64", pc, i, colsr)
+        e("sub.i64", ch, i, colsr)
+        e("shl.b64", ch, ch, _log2(es))
+        e("add.i64", ch, ch, outs[1])
+        e("selp.b64", ptr, ch, ptr, pc)
+    e.store(ptr, acc, 1)
+    e.free(acc, ptr, ch)
+    e.free(v, k=U)
+    e("add.i64", i, i, stride)
+    e("bra", "COL")
+    a.label("DONE")
+    e("exit")
+    ws = Buf("ws", (nchunk, nout * cols), "fp32", False, scratch=True)
+    return _finish("colsum_chunks", caps, e, FLAT_THREADS, _ceil(nout * cols, FLAT_THREADS), nout * cols * nchunk,
+                   (ws,) + finals, (("cols", cols), ("chunks", nchunk)), "thread", None, None)
+
+
+def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
+    dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
+    k1 = _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln)
+    ksum = _norm_colsum_kernel(caps, rows, cols, dt, es, ln)
+
+    def gen(rng):
+        d = _norm_gen(rows, cols, dt, False)(rng)
+        d["dy"] = _normal(rng, (rows, cols), dt)
+        x = to_float(d["x"], dt)
+        if ln:
+            mu = x.mean(axis=1)
+            d["mean"] = mu.astype(np.float32)
+            d["rstd"] = (1.0 / np.sqrt(((x - mu[:, None]) ** 2).mean(axis=1) + eps)).astype(np.float32)
+        else:
+            d["rstd"] = (1.0 / np.sqrt((x * x).mean(axis=1) + eps)).astype(np.float32)
+        return d
+
+    def ref(v):
+        x, dy, g, r = v["x"], v["dy"], v["gamma"], v["rstd"][:, None]
+        gdy = g * dy
+        if ln:
+            xhat = (x - v["mean"][:, None]) * r
+            dx = r * (gdy - gdy.mean(axis=1, keepdims=True) - xhat * (gdy * xhat).mean(axis=1, keepdims=True))
+            return {"dx": dx, "dgamma": (dy * xhat).sum(axis=0), "dbeta": dy.sum(axis=0)}
+        dx = r * gdy - x * r ** 3 * (gdy * x).mean(axis=1, keepdims=True)
+        return {"dx": dx, "dgamma": (dy * x * r).sum(axis=0)}
+
+    return KernelChain(op=op, kernels=(k1,) + ksum, dtype=dt, _gen=gen, _ref=ref)
+
+
+def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                          team: Optional[str] = None) -> KernelChain:
+    """Layernorm backward as two kernels on shared buffers: (1) dx [rows, cols] from x, dy, gamma
+    and the forward's saved mean, rstd [rows] (f32; eps is already in rstd: the kernels do not
+    use it, ``random_inputs`` does, to make the statistics); (2) dgamma = sum_rows dy * xhat, dbeta = sum_rows dy ([cols], storage
+    dtype). The reference takes the saved statistics as given (the forward's own outputs)."""
+    return _norm_grad("layernorm_grad", caps, rows, cols, dtype, eps, team, True)
+
+
+def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                        team: Optional[str] = None) -> KernelChain:
+    """RMSNorm backward: (1) dx = rstd * g * dy - x * rstd^3 * mean(g * dy * x) per row, from the
+    forward's saved rstd [rows] (f32); (2) dgamma = sum_rows dy * x * rstd."""
+    return _norm_grad("rmsnorm_grad", caps, rows, cols, dtype, eps, team, False)
+
+
+# ----------------------------------------------------------------------------- flat elementwise
+FLAT_THREADS = 256
+
+
+def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref
+                 ) -> ElementwiseKernel:
+    """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
+    vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
+    math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
+    (it may overwrite the input registers)."""
+    dt = _dtype(op, dtype)
+    _pos(op, n=n)
+    _target(op, caps)
+    es = _ES[dt]
+    VB = 16
+    e = _E(f"{op}_{dt}", ins + outs + ("n",), dt, VB, "thread", FLAT_THREADS)
+    gid, t, stride = e.reg(), e.reg(), e.reg()
+    e("s2r", gid, "%ctaid.x")
+    e("s2r", t, "%ntid.x")
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, t)
+    e("shl.b64", stride, stride, _log2(VB))       # bytes between a thread's vectors
+    e("mul.i64", gid, gid, t)
+    e("s2r", t, "%tid.x")
+    e("add.i64", gid, gid, t)
+    e.free(t)
+    e.j0v, e.j0s = e.reg(), e.reg()
+    e("shl.b64", e.j0v, gid, _log2(VB))
+    e("shl.b64", e.j0s, gid, _log2(es))
+    nb = e.reg()
+    e("ldparam", nb, "n")
+    e("shl.b64", nb, nb, _log2(es))
+    base = {}
+    for name in ins + outs:
+        base[name] = e.reg()
+        e("ldparam", base[name], name)
+
+    e.const(1.0)                                   # constants the math uses, set on every path
+    e.const(0.5)
+
+    def body(j, k):
+        ad = e.reg()
+        vals = {}
+        for name in ins:
+            e("add.i64", ad, base[name], j)
+            vals[name] = e.load(ad, k)
+        res = math_fn(e, vals, k)
+        for name in outs:
+            e("add.i64", ad, base[name], j)
+            e.store(ad, res[name], k)
+        e.free(ad)
+        for r in set(vals.values()) | set(res.values()):
+            e.free(r, k=k)
+
+    e.loop(nb, body, step_b=stride)
+    e("exit")
+    buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
+    return _finish(op, caps, e, FLAT_THREADS, _ceil(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
+                   (("n", n),), "thread", gen, ref)
+
+
+def _gelu_f(e: _E, x: Reg, k: int, t: Reg) -> None:
+    """t[i] = tanh(K (x + A x^3)) for k values (t, x: first registers)."""
+    one = e.const(1.0)
+    for i in range(k):
+        e("mul.f32", t + i, x + i, x + i)
+        e("fma.f32", t + i, t + i, GELU_A, one)
+        e("mul.f32", t + i, t + i, x + i)
+        e("mul.f32", t + i, t + i, GELU_K)
+        e("tanh.f32", t + i, t + i)
+
+
+def _gelu_ref_parts(x):
+    u = GELU_K * (x + GELU_A * x ** 3)
+    return np.tanh(u)
+
+
+def gelu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) over n elements (GPT-2's GELU)."""
+    def math_fn(e, v, k):
+        x = v["x"]
+        t = e.reg(k)
+        _gelu_f(e, x, k, t)
+        for i in range(k):
+            e("mul.f32", x + i, x + i, 0.5)
+            e("fma.f32", x + i, x + i, t + i, x + i)     # h + h t
+        e.free(t, k=k)
+        return {"y": x}
+
+    def gen(rng):
+        return {"x": _normal(rng, (n,), _dtype("gelu", dtype), 2.0)}
+
+    def ref(v):
+        x = v["x"]
+        return {"y": 0.5 * x * (1.0 + _gelu_ref_parts(x))}
+
+    return _flat_kernel("gelu", caps, n, dtype, ("x",), ("y",), math_fn, gen, ref)
+
+
+def gelu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """dx = dy * gelu'(x) of the tanh-approximation GELU:
+    gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(...)."""
+    def math_fn(e, v, k):
+        x, dy = v["x"], v["dy"]
+        one, half = e.const(1.0), e.const(0.5)
+        t, s = e.reg(k), e.reg()
+        _gelu_f(e, x, k, t)
+        for i in range(k):
+            e("neg.f32", s, t + i)
+            e("fma.f32", s, s, t + i, one)                # 1 - t^2
+            e("fma.f32", t + i, t + i, 0.5, half)         # 0.5 (1 + t)
+            e("mul.f32", s, s, x + i)
+            e("mul.f32", s, s, 0.5 * GELU_K)              # 0.5 x (1 - t^2) K
+            e("mul.f32", x + i, x + i, x + i)
+            e("fma.f32", x + i, x + i, 3.0 * GELU_A, one)  # 1 + 3 A x^2
+            e("fma.f32", x + i, s, x + i, t + i)
+            e("mul.f32", x + i, x + i, dy + i)
+        e.free(t, k=k)
+        e.free(s)
+        return {"dx": x}
+
+    dt = _dtype("gelu_grad", dtype)
+
+    def gen(rng):
+        return {"x": _normal(rng, (n,), dt, 2.0), "dy": _normal(rng, (n,), dt)}
+
+    def ref(v):
+        x = v["x"]
+        t = _gelu_ref_parts(x)
+        d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_K * (1 + 3 * GELU_A * x * x)
+        return {"dx": v["dy"] * d}
+
+    return _flat_kernel("gelu_grad", caps, n, dtype, ("x", "dy"), ("dx",), math_fn, gen, ref)
+
+
+def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = a + b over n elements (the residual connection)."""
+    def math_fn(e, v, k):
+        a, b = v["a"], v["b"]
+        for i in range(k):
+            e("add.f32", a + i, a + i, b + i)
+        return {"y": a}
+
+    dt = _dtype("add", dtype)
+
+    def gen(rng):
+        return {"a": _normal(rng, (n,), dt), "b": _normal(rng, (n,), dt)}
+
+    def ref(v):
+        return {"y": v["a"] + v["b"]}
+
+    return _flat_kernel("add", caps, n, dtype, ("a", "b"), ("y",), math_fn, gen, ref)
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+def _sigmoid(e: _E, g: Reg, s: Reg) -> None:
+    """s = sigmoid(g) = 0.5 tanh(g / 2) + 0.5."""
+    e("mul.f32", s, g, 0.5)
+    e("tanh.f32", s, s)
+    e("fma.f32", s, s, 0.5, e.const(0.5))
+
+
+def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> ElementwiseKernel:
+    dt = _dtype(op, dtype)
+    _pos(op, rows=rows, ffn=ffn)
+    _target(op, caps)
+    es = _ES[dt]
+    VB = _vec_bytes(ffn * es, es)
+    tm, BT = _choose_team(caps, rows, ffn, VB // es, team)
+    params = ("x", "dy", "dx", "rows", "ffn") if grad else ("x", "y", "rows", "ffn")
+    e = _E(f"{op}_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT)
+    tt, row, step = e.team_setup()
+    rows_r, fb, X, Y = e.reg(), e.reg(), e.reg(), e.reg()
+    DX = e.reg() if grad else None
+    e("ldparam", rows_r, "rows")
+    e("ldparam", fb, "ffn")
+    e("shl.b64", fb, fb, _log2(es))                # bytes of one half-row
+    e("ldparam", X, "x")
+    e("ldparam", Y, "dy" if grad else "y")
+    if grad:
+        e("ldparam", DX, "dx")
+    one = e.const(1.0)
+    e.const(0.5)
+
+    def body():
+        ro, pg, pu, po = e.reg(), e.reg(), e.reg(), e.reg()
+        e("mul.i64", ro, row, fb)                  # row offset in y / dy ([rows, ffn])
+        e("add.i64", po, Y, ro)
+        e("shl.b64", ro, ro, 1)                    # row offset in x / dx ([rows, 2 ffn])
+        e("add.i64", pg, X, ro)
+        e("add.i64", pu, pg, fb)
+        pdg = pdu = None
+        if grad:
+            pdg, pdu = e.reg(), e.reg()
+            e("add.i64", pdg, DX, ro)
+            e("add.i64", pdu, pdg, fb)
+        e.free(ro)
+
+        def elem(j, n):
+            ad = e.addr(pg, j)
+            g = e.load(ad, n)
+            e("add.i64", ad, pu, j)
+            u = e.load(ad, n)
+            s = e.reg()
+            if not grad:
+                for i in range(n):
+                    _sigmoid(e, g + i, s)
+                    e("mul.f32", g + i, g + i, s)
+                    e("mul.f32", g + i, g + i, u + i)      # silu(gate) * up
+                e("add.i64", ad, po, j)
+                e.store(ad, g, n)
+            else:
+                e("add.i64", ad, po, j)
+                d = e.load(ad, n)
+                w = e.reg()
+                for i in range(n):
+                    _sigmoid(e, g + i, s)
+                    e("mul.f32", w, g + i, s)               # silu
+                    e("mul.f32", u + i, u + i, d + i)       # dy * up
+                    e("mul.f32", d + i, d + i, w)           # d up = dy * silu
+                    e("sub.f32", g + i, one, s)             # 1 - sig
+                    e("fma.f32", g + i, w, g + i, s)        # silu' = sig + silu (1 - sig)
+                    e("mul.f32", g + i, g + i, u + i)       # d gate
+                e("add.i64", ad, pdg, j)
+                e.store(ad, g, n)
+                e("add.i64", ad, pdu, j)
+                e.store(ad, d, n)
+                e.free(w)
+                e.free(d, k=n)
+            e.free(ad, s)
+            e.free(g, k=n)
+            e.free(u, k=n)
+
+        e.loop(fb, elem)
+        e.free(pg, pu, po)
+        if grad:
+            e.free(pdg, pdu)
+
+    e.row_loop(row, step, rows_r, body)
+    if grad:
+        buffers = (Buf("x", (rows, 2 * ffn), dt), Buf("dy", (rows, ffn), dt), Buf("dx", (rows, 2 * ffn), dt, True))
+    else:
+        buffers = (Buf("x", (rows, 2 * ffn), dt), Buf("y", (rows, ffn), dt, True))
+
+    def gen(rng):
+        d = {"x": _normal(rng, (rows, 2 * ffn), dt, 2.0)}
+        if grad:
+            d["dy"] = _normal(rng, (rows, ffn), dt)
+        return d
+
+    def ref(v):
+        g, u = v["x"][:, :ffn], v["x"][:, ffn:]
+        sig = 1.0 / (1.0 + np.exp(-g))
+        if not grad:
+            return {"y": g * sig * u}
+        dy = v["dy"]
+        dsilu = sig * (1.0 + g * (1.0 - sig))
+        return {"dx": np.concatenate([dy * u * dsilu, dy * g * sig], axis=1)}
+
+    teams = _ceil(rows, 4) if tm == "warp" else rows
+    return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * ffn, buffers, (("rows", rows), ("ffn", ffn)),
+                   tm, gen, ref)
+
+
+def swiglu_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *, team: Optional[str] = None) -> ElementwiseKernel:
+    """y [rows, ffn] = silu(gate) * up with x [rows, 2 ffn] = [gate | up] (LLaMA's FFN input after
+    the fused gate/up projection); silu(g) = g * sigmoid(g), sigmoid = 0.5 tanh(g/2) + 0.5."""
+    return _swiglu("swiglu", caps, rows, ffn, dtype, team, False)
+
+
+def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
+                       team: Optional[str] = None) -> ElementwiseKernel:
+    """dx [rows, 2 ffn] = [dy * up * silu'(gate) | dy * silu(gate)] from x [rows, 2 ffn] and dy [rows, ffn]."""
+    return _swiglu("swiglu_grad", caps, rows, ffn, dtype, team, True)
