@@ -1,4 +1,5 @@
-"""GEMM kernels for the GPU family: C[M,N] = A[M,K] @ B[K,N] (or A @ B^T with ``trans_b``).
+"""GEMM kernels for the GPU family: C[M,N] = alpha * A[M,K] @ B[K,N], with A given as [K,M]
+(``trans_a``) and / or B as [N,K] (``trans_b``), strided rows and a 2-level batch.
 
     caps = capabilities(load_machine("a100"))
     k = gemm_kernel(caps, 1024, 1024, 1024, dtype="fp16", out_dtype="f32")
@@ -10,6 +11,14 @@ launch grid and the loop bound grow) and takes its shape from the ``M``, ``N``, 
 so one Program serves every shape of the same alignment class; it is built for the shape given
 only to pick the tile. Matrices are row-major; bf16 buffers are uint16 bit patterns (as
 everywhere in archsim); tf32 and fp32 inputs are float32 arrays.
+
+Layout (kernel parameters too, see ``PARAMS``): rows of A, B and C are ``lda``, ``ldb``, ``ldc``
+elements apart (sub-matrices of a wider tensor: Q, K or V columns of a fused [T, 3h] QKV buffer,
+a head's column slice of [T, h]). ``batch = (nb, nh)`` runs nb*nh GEMMs as grid.z; block z finds
+its matrices at (z // nh)*stride[0] + (z % nh)*stride[1] elements into each buffer (the division
+is a multiply by a host-computed magic number and a shift, CUTLASS's FastDivmod). Copy widths come
+from the gcd of row length, ld and used strides, so a strided layout keeps cp.async.16 wherever
+its rows stay 16-byte aligned. C's layout must write no element twice (checked on the host).
 
 Tensor-core kernel (dtype fp16 / bf16 with mma.m16n8k16, tf32 with mma.m16n8k8), written the way
 an Ampere CUTLASS-style kernel is:
@@ -51,11 +60,19 @@ an Ampere CUTLASS-style kernel is:
 - Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
   converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
   with N even; otherwise each element is stored under its own bounds predicate.
+- trans_a (A^T given, as in the weight gradient dW = X^T dY): the A tile is staged k-major like B
+  (rows of BK k, BM columns of m, the same swizzle) and read with ldmatrix.x4.trans: lane L points
+  at k-row (L%8) + 8(L/16), m-chunk (L/8)%2, so the four transposed 8x8 matrices are the A
+  fragment's registers 0-3. tf32 A^T is read with scalar ld.shared.b32 from padded rows.
+- alpha != 1: one mul.f32 per accumulator before the stores (emitted only then).
+- The epilogue's vector stores also need ldc and C's strides even (checked at run time: the
+  edge path stores element by element otherwise).
 
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
 converted to f32 on the way to shared memory), register prefetch of the next tile while the
-current one is multiplied (fma.f32 on ld.shared.v4 operands).
+current one is multiplied (fma.f32 on ld.shared.v4 operands). The same layout options: A^T and B
+are loaded a k-row at a time (4 adjacent columns a thread), A and B^T four k of one row.
 
 Tile rule (``choose_tile``): candidates 128x128, 128x64, 64x128, 64x64, 64x32, 32x64, 32x32 (4
 warps each). A candidate must fit the target: S >= 2 stages of (BM + BN) x (BK bytes) within
@@ -85,7 +102,7 @@ from archsim.isa.builder import Builder, Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "PARAMS"]
+__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "PARAMS", "MAX_BATCH"]
 
 _DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "tf32": "tf32", "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
@@ -132,8 +149,17 @@ class _Cfg:
 
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
 # (the inner batch level) and the element strides of each buffer per batch and per head
-PARAMS = ("A", "B", "C", "M", "N", "K", "lda", "ldb", "ldc", "nh",
+PARAMS = ("A", "B", "C", "M", "N", "K", "lda", "ldb", "ldc", "nh", "nh_magic",
           "sa_b", "sa_h", "sb_b", "sb_h", "sc_b", "sc_h")
+MAX_BATCH = 65535          # grid.z limit (as CUDA's); it also keeps the magic division exact
+_MAGIC_SHIFT = 40
+
+
+def nh_magic(nh: int) -> int:
+    """The multiplier of the kernels' division by nh: z // nh = (z * nh_magic(nh)) >> 40, exact
+    for z < 2^40 / nh (z < nb*nh <= 65535 here), as CUTLASS's FastDivmod replaces a division
+    by a run-time constant with a multiply and a shift."""
+    return -(-(1 << _MAGIC_SHIFT) // nh)
 
 
 # ----------------------------------------------------------------------------- the kernel object
@@ -243,7 +269,7 @@ class GemmKernel:
             elif int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
         return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
-                "ldc": self.ldc, "nh": self.batch[1], "sa_b": self.stride_a[0], "sa_h": self.stride_a[1],
+                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]), "sa_b": self.stride_a[0], "sa_h": self.stride_a[1],
                 "sb_b": self.stride_b[0], "sb_h": self.stride_b[1], "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
 
     def random_inputs(self, seed: int = 0) -> tuple:
@@ -404,22 +430,35 @@ def _swz(a: _Asm, dst: Reg, row: Reg, cb: Reg, lay: str, RB: int, off: int) -> N
     a.free(t)
 
 
-def _batch_ptr(a: _Asm, dst: Reg, buf: str, sb: str, sh: str, es: int) -> None:
-    """dst = buf + ((z / nh)*sb + (z % nh)*sh) * es: the start of this block's matrix in buffer
-    `buf` (z = %ctaid.z; nh, sb, sh are kernel parameters, so one program serves every batch)."""
-    z, nh, t = a.reg(), a.reg(), a.reg()
-    a("s2r", z, "%ctaid.z")
-    a("ldparam", nh, "nh")
-    a("div.i64", t, z, nh)
-    a("ldparam", dst, sb)
-    a("mul.i64", t, t, dst)
-    a("rem.i64", z, z, nh)
+def _batch_index(a: _Asm) -> tuple[Reg, Reg]:
+    """(z // nh, z % nh) of this block (z = %ctaid.z) in two new registers: the batch and the head.
+    A multiply by the host's magic number and a shift instead of a division (40 cycles on the
+    modelled integer pipe; see nh_magic)."""
+    zb, zh, t = a.reg(), a.reg(), a.reg()
+    a("s2r", zh, "%ctaid.z")
+    a("ldparam", t, "nh_magic")
+    a("mul.i64", zb, zh, t)
+    a("shr.u64", zb, zb, _MAGIC_SHIFT)
+    a("ldparam", t, "nh")
+    a("mul.i64", t, zb, t)
+    a("sub.i64", zh, zh, t)
+    a.free(t)
+    return zb, zh
+
+
+def _batch_ptr(a: _Asm, dst: Reg, buf: str, sb: str, sh: str, es: int, z: tuple[Reg, Reg]) -> None:
+    """dst = buf + (zb*sb + zh*sh) * es: the start of this block's matrix in buffer `buf`
+    (z = (zb, zh) from _batch_index; sb, sh are kernel parameters, so one program serves every
+    batch)."""
+    t = a.reg()
+    a("ldparam", t, sb)
+    a("mul.i64", t, z[0], t)
     a("ldparam", dst, sh)
-    a("mad.i64", t, z, dst, t)
+    a("mad.i64", t, z[1], dst, t)
     a("shl.b64", t, t, _log2(es))
     a("ldparam", dst, buf)
     a("add.i64", dst, dst, t)
-    a.free(z, nh, t)
+    a.free(t)
 
 
 # ----------------------------------------------------------------------------- tensor-core kernel
@@ -694,8 +733,11 @@ def _emit_mma(c: _Cfg) -> Program:
     a("shl.b64", kshift, nt, _log2(BK))
     a("sub.i64", kshift, Kr, kshift)              # K - nt*BK <= 0: first k of tile 0
     lim, ld = a.reg(), a.reg()
-    pA = a.reg()
-    _batch_ptr(a, pA, "A", "sa_b", "sa_h", es)
+    pA, pB = a.reg(), a.reg()                     # this block's matrices
+    z = _batch_index(a)
+    _batch_ptr(a, pA, "A", "sa_b", "sa_h", es, z)
+    _batch_ptr(a, pB, "B", "sb_b", "sb_h", es, z)
+    a.free(*z)
     a("ldparam", ld, "lda")
     if c.trans_a:
         A = _Operand("A", "At", a_rows, a_payload, a_RB, a_lay, c.cw_a, 0, es)
@@ -704,12 +746,11 @@ def _emit_mma(c: _Cfg) -> Program:
         A = _Operand("A", "A", c.BM, KB, KB, lay_k, c.cw_a, 0, es)
         a("sub.i64", lim, Mr, 1)
     _plan_copies(a, A, T, tid, m0, lim, ld, kshift, pA)
+    a.free(pA)
     astep = None
     if c.trans_a:
         astep = a.reg()
         a("mul.i64", astep, ld, BK * es)          # A^T: BK rows further per k tile
-    pB = pA
-    _batch_ptr(a, pB, "B", "sb_b", "sb_h", es)
     a("ldparam", ld, "ldb")
     if c.trans_b:
         Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, B_OFF, es)
@@ -1041,7 +1082,9 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("and.b64", t1, tid, 3)
     a("shl.b64", t1, t1, 1)
     a("add.i64", col, col, t1)
-    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz)
+    z = _batch_index(a)
+    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    a.free(*z)
     a("ldparam", ldc, "ldc")
     a("mad.i64", t1, row, ldc, col)
     a("shl.b64", t1, t1, _log2(osz))
@@ -1120,7 +1163,7 @@ def _emit_ffma(c: _Cfg) -> Program:
         """A / B^T tile (64 rows x 16 k, k along the row in global memory): thread loads row
         tid/4, k 4*(tid%4) .. +4, stored transposed (Xs[k][row]). Returns the plan."""
         p, kl, s = a.reg(), a.reg(), a.reg()
-        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es)
+        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 2)                   # row in tile
         a("and.b64", t2, tid, 3)
         a("shl.b64", t2, t2, 2)                    # kc
@@ -1145,7 +1188,7 @@ def _emit_ffma(c: _Cfg) -> Program:
         columns 4*(tid%16) .. +4 (each clamped), stored as they are (Xs[k][col])."""
         kl, s, p = a.reg(), a.reg(), a.reg()
         ptrs = [a.reg() for _ in range(4)]
-        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es)
+        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 4)                   # k-row
         a("and.b64", t2, tid, 15)
         a("shl.b64", t2, t2, 2)                    # column in tile
@@ -1170,8 +1213,10 @@ def _emit_ffma(c: _Cfg) -> Program:
         a("mul.i64", p, t2, BK * es)               # BK rows further per k tile
         return {"kind": "kmaj", "ptrs": ptrs, "kl": kl, "s": s, "step": p}
 
+    z = _batch_index(a)
     opA = kmajor_tile("A", m0, Mr, 0) if c.trans_a else row_tile("A", m0, Mr, 0)
     opB = row_tile("B", n0, Nr, B_OFF) if c.trans_b else kmajor_tile("B", n0, Nr, B_OFF)
+    a.free(*z)
     # where the inner loop reads: As[k][4ty], Bs[k][4tx]
     rA, rB = a.reg(), a.reg()
     a("shr.u64", rA, tid, 4)
@@ -1277,7 +1322,9 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("and.b64", t1, tid, 15)
     a("shl.b64", t1, t1, 2)
     a("add.i64", col, col, t1)
-    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz)
+    z = _batch_index(a)
+    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    a.free(*z)
     a("ldparam", t2, "ldc")
     a("mad.i64", t1, row, t2, col)
     a("shl.b64", t1, t1, _log2(osz))
@@ -1459,6 +1506,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     ldb = b_cols if ldb is None else _int(where, "ldb", ldb, b_cols, f"ldb >= {b_cols} (a row of B as stored)")
     ldc = N if ldc is None else _int(where, "ldc", ldc, N, f"ldc >= {N} (a row of C)")
     nb, nh = _pair(where, "batch", batch, 1, "integers >= 1")
+    if nb * nh > MAX_BATCH:
+        raise InputError(where, f"batch {(nb, nh)}: {nb * nh} GEMMs", f"nb*nh <= {MAX_BATCH} (grid.z)")
     sa = _pair(where, "stride_a", stride_a, 0, "integers >= 0")
     sb = _pair(where, "stride_b", stride_b, 0, "integers >= 0")
     sc = _pair(where, "stride_c", stride_c, 0, "integers >= 0")
@@ -1470,7 +1519,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         alpha_f = float(alpha)
     except (TypeError, ValueError):
         raise InputError(where, f"alpha = {alpha!r}", "a finite number") from None
-    if not np.isfinite(alpha_f) or not np.isfinite(np.float32(alpha_f)):
+    if not np.isfinite(alpha_f) or abs(alpha_f) > float(np.finfo(np.float32).max):
         raise InputError(where, f"alpha = {alpha!r}", "a finite number within the f32 range")
 
     def cw(cols, ld, strides):
