@@ -184,6 +184,11 @@ def test_kernels_pass_the_load_time_checks(hw):
                 k = gemm_kernel(caps, *shape, dt, out, tb)
                 check(k.program, caps)
                 assert k.program.nregs <= caps.max_regs_per_thread
+            k = gemm_kernel(caps, 2048, 2048, 2048, dt, out, tb, trans_a=True)
+            check(k.program, caps)
+            assert k.program.nregs <= caps.max_regs_per_thread
+            if dt in ("fp16", "bf16"):      # same scratchpad (tf32 A^T rows are padded: may need a smaller tile)
+                assert k.tile == gemm_kernel(caps, 2048, 2048, 2048, dt, out, tb).tile
 
 
 def test_bad_requests_are_clear_errors():

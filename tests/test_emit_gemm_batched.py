@@ -160,6 +160,44 @@ def test_batched_av_writes_each_head_into_its_columns_of_o(dtype, out, hw):
     assert_close(got, ref, out, "AV")
 
 
+def test_scores_with_padded_rows_round_trip_through_av():
+    """S [b, n, s, 40] (rows padded to 8 halves for s = 37) written by QK^T in f16 and read back by
+    AV with lda = 40; the padding columns are never written."""
+    caps = caps_of("a100")
+    rng = np.random.default_rng(9)
+    ld = 40
+    qkv = qkv_buffer(rng, "fp16")
+    flat = qkv.reshape(-1)
+    qk = gemm_kernel(caps, S, S, D, "fp16", "f16", True, lda=3 * H, ldb=3 * H, ldc=ld, batch=(B_, NH),
+                     stride_a=(S * 3 * H, D), stride_b=(S * 3 * H, D), stride_c=(NH * S * ld, S * ld))
+    s_buf = run(caps, qk, flat, flat[H:], sentinel_buffer(B_ * NH * S * ld, "f16"))
+    assert (s_buf.reshape(B_, NH, S, ld)[..., S:] == SENTINEL).all()
+    av = gemm_kernel(caps, S, D, S, "fp16", "f32", False, lda=ld, ldb=3 * H, ldc=H, batch=(B_, NH),
+                     stride_a=(NH * S * ld, S * ld), stride_b=(S * 3 * H, D), stride_c=(S * H, D))
+    got = run(caps, av, s_buf.astype(np.float16), flat[2 * H:], np.zeros(B_ * S * H, np.float32))
+    x = exact(qkv, "fp16")
+    p16 = (heads(x, 0) @ heads(x, 1).transpose(0, 1, 3, 2)).astype(np.float16).astype(np.float64)
+    ref = (p16 @ heads(x, 2)).transpose(0, 2, 1, 3).reshape(B_ * S, H)
+    assert_close(got.reshape(B_ * S, H), ref, "f16", "QK^T (f16) then AV")
+
+
+def test_copy_width_follows_the_alignment_of_rows_and_strides():
+    """cp.async.16 when row length, ld and the used strides are multiples of 8 halves; per element
+    when a row is odd (s = 37 keys) or a stride is."""
+    from archsim.isa.opcodes import opcodes
+
+    caps = caps_of("a100")
+    mn = lambda k: {opcodes()[int(o)].mnemonic for o in k.program.op}  # noqa: E731
+    qk = qk_kernel(caps, "fp16", "f32")                 # K = d = 32, ld 3h, strides s*3h, d
+    assert "cp.async.16" in mn(qk) and "ld.global.u16" not in mn(qk)
+    assert "ld.global.u16" in mn(av_kernel(caps, "fp16", "f32"))      # P rows of s = 37 halves
+    assert "ld.global.u16" not in mn(av_kernel(caps, "fp16", "f32", s=40))
+    odd = gemm_kernel(caps, 64, 64, 64, "fp16", "f32", True, batch=(1, 2), stride_a=(0, 64 * 64 + 1),
+                      stride_b=(0, 64 * 64), stride_c=(0, 64 * 64))
+    assert "ld.global.u16" in mn(odd)                  # A's head stride is odd
+    assert "cp.async.16" in mn(odd)                    # B still 16-byte copies
+
+
 def test_attention_head_padding_keeps_other_rows_untouched():
     """C with a head stride larger than a head's matrix: the gap rows keep their sentinel."""
     caps = caps_of("tiny-gpu")

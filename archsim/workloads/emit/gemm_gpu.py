@@ -59,14 +59,13 @@ an Ampere CUTLASS-style kernel is:
   in a block-dependent k order (within the usual fp32 error).
 - Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
   converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
-  with N even; otherwise each element is stored under its own bounds predicate.
+  with ldc and C's strides even (checked at run time); otherwise each element is stored under its
+  own bounds predicate.
 - trans_a (A^T given, as in the weight gradient dW = X^T dY): the A tile is staged k-major like B
   (rows of BK k, BM columns of m, the same swizzle) and read with ldmatrix.x4.trans: lane L points
   at k-row (L%8) + 8(L/16), m-chunk (L/8)%2, so the four transposed 8x8 matrices are the A
   fragment's registers 0-3. tf32 A^T is read with scalar ld.shared.b32 from padded rows.
 - alpha != 1: one mul.f32 per accumulator before the stores (emitted only then).
-- The epilogue's vector stores also need ldc and C's strides even (checked at run time: the
-  edge path stores element by element otherwise).
 
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
@@ -1032,11 +1031,11 @@ def _emit_mma(c: _Cfg) -> Program:
     return a.build()
 
 
-def _aligned(a: _Asm, dst: Reg, Nr: Reg, params: tuple, mask: int, tmp: Reg) -> None:
-    """dst = (N | params...) & mask: zero when N and every named parameter are multiples of
-    mask + 1 (so vector stores of mask + 1 elements stay aligned in every row and matrix)."""
-    a("mov.b64", dst, Nr)
-    for name in params:
+def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
+    """dst = (params...) & mask: zero when every named parameter (ldc, C's strides) is a multiple
+    of mask + 1, so that vector stores of mask + 1 elements stay aligned in every row and matrix."""
+    a("ldparam", dst, params[0])
+    for name in params[1:]:
         a("ldparam", tmp, name)
         a("or.b64", dst, dst, tmp)
     a("and.b64", dst, dst, mask)
@@ -1064,9 +1063,9 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("add.i64", row, t2, c.BN)
     a("setp.le.i64", pq, row, Nr)
     a("and.pred", pf, pf, pq)
-    _aligned(a, row, Nr, ("ldc", "sc_b", "sc_h"), 1, col)
+    _aligned(a, row, ("ldc", "sc_b", "sc_h"), 1, col)
     a("setp.eq.i64", pq, row, 0)
-    a("and.pred", pf, pf, pq)                # full block; N, ldc and C's strides even (2-column stores)
+    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides even (2-column stores)
     # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
     a("shr.u64", row, tid, 5)
     a("shr.u64", row, row, _log2(c.WN))
@@ -1313,9 +1312,9 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("add.i64", t1, col, BN)
     a("setp.le.i64", pq, t1, Nr)
     a("and.pred", pf, pf, pq)
-    _aligned(a, t1, Nr, ("ldc", "sc_b", "sc_h"), 3, t2)
+    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 3, t2)
     a("setp.eq.i64", pq, t1, 0)
-    a("and.pred", pf, pf, pq)                # full block; N, ldc and C's strides multiples of 4
+    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides multiples of 4
     a("shr.u64", t1, tid, 4)
     a("shl.b64", t1, t1, 2)
     a("add.i64", row, row, t1)
