@@ -184,6 +184,11 @@ def test_kernels_pass_the_load_time_checks(hw):
                 k = gemm_kernel(caps, *shape, dt, out, tb)
                 check(k.program, caps)
                 assert k.program.nregs <= caps.max_regs_per_thread
+            k = gemm_kernel(caps, 2048, 2048, 2048, dt, out, tb, trans_a=True)
+            check(k.program, caps)
+            assert k.program.nregs <= caps.max_regs_per_thread
+            if dt in ("fp16", "bf16"):      # same scratchpad (tf32 A^T rows are padded: may need a smaller tile)
+                assert k.tile == gemm_kernel(caps, 2048, 2048, 2048, dt, out, tb).tile
 
 
 def test_bad_requests_are_clear_errors():
@@ -225,11 +230,14 @@ def _wavefronts(addrs, nbytes):
     return int(shared_bank_conflicts(a, np.int64(mask), nbytes, 32, 4))
 
 
-@pytest.mark.parametrize("dtype,trans_b,tile", [("fp16", False, T128), ("fp16", True, T128),
-                                                ("fp16", False, Tile(64, 32, 32, 4, 2)),
-                                                ("tf32", False, Tile(64, 64, 16, 4, 2)),
-                                                ("tf32", True, Tile(64, 64, 16, 4, 2))])
-def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, monkeypatch):
+@pytest.mark.parametrize("dtype,trans_b,tile,trans_a", [("fp16", False, T128, False), ("fp16", True, T128, False),
+                                                        ("fp16", False, Tile(64, 32, 32, 4, 2), False),
+                                                        ("tf32", False, Tile(64, 64, 16, 4, 2), False),
+                                                        ("tf32", True, Tile(64, 64, 16, 4, 2), False),
+                                                        ("fp16", True, T128, True),           # A^T: sw128
+                                                        ("bf16", False, Tile(32, 64, 32, 4, 2), True),  # sw64
+                                                        ("tf32", True, Tile(64, 64, 16, 4, 2), True)])  # padded
+def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, trans_a, monkeypatch):
     """Run one block on the pure-Python reference engine, record the scratchpad addresses of every
     ldmatrix and ld.shared, and count wavefronts by the timing engine's rule: ldmatrix.xN takes N
     (one per 8-lane phase), a 4-byte ld.shared 1. The outputs agree bit for bit with numba's."""
@@ -237,7 +245,7 @@ def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, monkeypatch
     from archsim.engine.functional import run_functional
 
     caps = caps_of("a100")
-    k = gemm_kernel(caps, tile.BM, tile.BN, 2 * tile.BK, dtype, "f32", trans_b, tile=tile)
+    k = gemm_kernel(caps, tile.BM, tile.BN, 2 * tile.BK, dtype, "f32", trans_b, tile=tile, trans_a=trans_a)
     seen = []
     orig_ldm = R._Machine.op_ldmatrix
 

@@ -2,7 +2,9 @@
 
 - ``gemm_gpu``: C = A @ B (or A @ B^T) for the GPU family: tensor-core kernels (mma.m16n8k16
   f16/bf16, m16n8k8 tf32) with cp.async multistage pipelines, XOR-swizzled shared memory and
-  ldmatrix, and a vector-FFMA fallback.
+  ldmatrix, and a vector-FFMA fallback; leading dimensions, a 2-level (batch, head) batch over
+  grid.z, A^T (ldmatrix.trans) and an alpha scale, so attention and training GEMMs read their
+  operands in place (QKV columns, per-head slices).
 - ``attention_gpu``: fused (flash) attention softmax(scale Q K^T + mask) V for the GPU family,
   FlashAttention-2 style (K/V tiles double-buffered in shared memory, online softmax, P fed from
   the S accumulators to the P V mma), causal or not, any lengths, fused-QKV layouts.

@@ -1,4 +1,5 @@
-"""GEMM kernels for the GPU family: C[M,N] = A[M,K] @ B[K,N] (or A @ B^T with ``trans_b``).
+"""GEMM kernels for the GPU family: C[M,N] = alpha * A[M,K] @ B[K,N], with A given as [K,M]
+(``trans_a``) and / or B as [N,K] (``trans_b``), strided rows and a 2-level batch.
 
     caps = capabilities(load_machine("a100"))
     k = gemm_kernel(caps, 1024, 1024, 1024, dtype="fp16", out_dtype="f32")
@@ -10,6 +11,14 @@ launch grid and the loop bound grow) and takes its shape from the ``M``, ``N``, 
 so one Program serves every shape of the same alignment class; it is built for the shape given
 only to pick the tile. Matrices are row-major; bf16 buffers are uint16 bit patterns (as
 everywhere in archsim); tf32 and fp32 inputs are float32 arrays.
+
+Layout (kernel parameters too, see ``PARAMS``): rows of A, B and C are ``lda``, ``ldb``, ``ldc``
+elements apart (sub-matrices of a wider tensor: Q, K or V columns of a fused [T, 3h] QKV buffer,
+a head's column slice of [T, h]). ``batch = (nb, nh)`` runs nb*nh GEMMs as grid.z; block z finds
+its matrices at (z // nh)*stride[0] + (z % nh)*stride[1] elements into each buffer (the division
+is a multiply by a host-computed magic number and a shift, CUTLASS's FastDivmod). Copy widths come
+from the gcd of row length, ld and used strides, so a strided layout keeps cp.async.16 wherever
+its rows stay 16-byte aligned. C's layout must write no element twice (checked on the host).
 
 Tensor-core kernel (dtype fp16 / bf16 with mma.m16n8k16, tf32 with mma.m16n8k8), written the way
 an Ampere CUTLASS-style kernel is:
@@ -50,12 +59,19 @@ an Ampere CUTLASS-style kernel is:
   in a block-dependent k order (within the usual fp32 error).
 - Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
   converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
-  with N even; otherwise each element is stored under its own bounds predicate.
+  with ldc and C's strides even (checked at run time); otherwise each element is stored under its
+  own bounds predicate.
+- trans_a (A^T given, as in the weight gradient dW = X^T dY): the A tile is staged k-major like B
+  (rows of BK k, BM columns of m, the same swizzle) and read with ldmatrix.x4.trans: lane L points
+  at k-row (L%8) + 8(L/16), m-chunk (L/8)%2, so the four transposed 8x8 matrices are the A
+  fragment's registers 0-3. tf32 A^T is read with scalar ld.shared.b32 from padded rows.
+- alpha != 1: one mul.f32 per accumulator before the stores (emitted only then).
 
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
 converted to f32 on the way to shared memory), register prefetch of the next tile while the
-current one is multiplied (fma.f32 on ld.shared.v4 operands).
+current one is multiplied (fma.f32 on ld.shared.v4 operands). The same layout options: A^T and B
+are loaded a k-row at a time (4 adjacent columns a thread), A and B^T four k of one row.
 
 Tile rule (``choose_tile``): candidates 128x128, 128x64, 64x128, 64x64, 64x32, 32x64, 32x32 (4
 warps each). A candidate must fit the target: S >= 2 stages of (BM + BN) x (BK bytes) within
@@ -74,6 +90,7 @@ from about 1024^2 on), and a small one a smaller tile that spreads over more cor
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
 
@@ -84,7 +101,7 @@ from archsim.isa.builder import Builder, Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference"]
+__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "PARAMS", "MAX_BATCH"]
 
 _DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "tf32": "tf32", "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
@@ -125,17 +142,39 @@ class _Cfg:
     cw_b: int
     kb: int = 64       # bytes of a k-tile row (64: BK = 32 halves; 128: BK = 64 halves)
     rotate: bool = True  # each block starts its full k tiles at its own offset (see _emit_mma)
+    trans_a: bool = False  # A given k-major ([K, M], row stride lda)
+    alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
+
+
+# kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
+# (the inner batch level) and the element strides of each buffer per batch and per head
+PARAMS = ("A", "B", "C", "M", "N", "K", "lda", "ldb", "ldc", "nh", "nh_magic",
+          "sa_b", "sa_h", "sb_b", "sb_h", "sc_b", "sc_h")
+MAX_BATCH = 65535          # grid.z limit (as CUDA's); it also keeps the magic division exact
+_MAGIC_SHIFT = 40
+
+
+def nh_magic(nh: int) -> int:
+    """The multiplier of the kernels' division by nh: z // nh = (z * nh_magic(nh)) >> 40, exact
+    for z < 2^40 / nh (z < nb*nh <= 65535 here), as CUTLASS's FastDivmod replaces a division
+    by a run-time constant with a multiply and a shift."""
+    return -(-(1 << _MAGIC_SHIFT) // nh)
 
 
 # ----------------------------------------------------------------------------- the kernel object
 @dataclass(frozen=True)
 class GemmKernel:
-    """One emitted GEMM: the program, its launch and what it computes."""
+    """One emitted GEMM: the program, its launch and what it computes.
+
+    Block z of the launch (z < nb*nh for ``batch = (nb, nh)``) computes
+    C_z = alpha * op(A_z) @ op(B_z), where X_z starts ``(z // nh)*stride[0] + (z % nh)*stride[1]``
+    elements into buffer X and its rows are ``ld`` elements apart. op(A) is A[M, K] (A given as
+    [K, M] with ``trans_a``), op(B) is B[K, N] (B given as [N, K] with ``trans_b``)."""
 
     program: Program
     launch: Launch
     tile: Tile
-    flops: int             # 2*M*N*K (useful math; edge tiles do more)
+    flops: int             # 2*M*N*K*nb*nh (useful math; edge tiles do more)
     M: int
     N: int
     K: int
@@ -143,10 +182,20 @@ class GemmKernel:
     out_dtype: str         # f32 | f16 | bf16
     trans_b: bool
     kind: str              # "mma" (tensor cores) or "ffma" (vector fallback)
+    trans_a: bool = False
+    lda: int = 0           # row strides in elements (0: dense, set by gemm_kernel)
+    ldb: int = 0
+    ldc: int = 0
+    batch: tuple = (1, 1)  # (nb, nh): grid.z = nb*nh
+    stride_a: tuple = (0, 0)  # element strides of A per batch and per head
+    stride_b: tuple = (0, 0)
+    stride_c: tuple = (0, 0)
+    alpha: float = 1.0
 
     @property
     def a_shape(self) -> tuple[int, int]:
-        return (self.M, self.K)
+        """Shape of one A matrix as stored ([K, M] with trans_a)."""
+        return (self.K, self.M) if self.trans_a else (self.M, self.K)
 
     @property
     def b_shape(self) -> tuple[int, int]:
@@ -157,6 +206,12 @@ class GemmKernel:
         return (self.M, self.N)
 
     @property
+    def dense(self) -> bool:
+        """One GEMM on dense row-major matrices: buffers are exactly a_shape, b_shape, c_shape."""
+        return (self.batch == (1, 1) and self.lda == self.a_shape[1] and self.ldb == self.b_shape[1]
+                and self.ldc == self.N)
+
+    @property
     def in_host_dtype(self):
         """numpy dtype of A and B (bf16: uint16 bit patterns; tf32: float32)."""
         return _HOST[self.dtype]
@@ -165,36 +220,90 @@ class GemmKernel:
     def out_host_dtype(self):
         return _HOST[self.out_dtype]
 
+    def _layout(self, name: str):
+        """(shape of one matrix as stored, row stride, (batch stride, head stride)) of a buffer."""
+        return {"A": (self.a_shape, self.lda, self.stride_a), "B": (self.b_shape, self.ldb, self.stride_b),
+                "C": (self.c_shape, self.ldc, self.stride_c)}[name]
+
+    def extent(self, name: str) -> int:
+        """Elements buffer A, B or C must hold: one past the last element the kernel touches."""
+        (rows, cols), ld, (sb, sh) = self._layout(name)
+        nb, nh = self.batch
+        return (nb - 1) * sb + (nh - 1) * sh + (rows - 1) * ld + cols
+
+    def view(self, name: str, buf: np.ndarray) -> np.ndarray:
+        """The matrices the kernel sees in a buffer (a C-contiguous array of at least extent(name)
+        elements), as a strided view: [rows, cols] for a dense kernel, else [nb, nh, rows, cols].
+        Writing through the view of C writes the buffer."""
+        (rows, cols), ld, (sb, sh) = self._layout(name)
+        flat = buf.reshape(-1)
+        if self.dense:
+            return flat[:rows * cols].reshape(rows, cols)
+        it = flat.itemsize
+        return np.lib.stride_tricks.as_strided(flat, (*self.batch, rows, cols), (sb * it, sh * it, ld * it, it))
+
     def buffer_bytes(self) -> dict:
         """Bytes of each buffer (for ``Unbacked(nbytes)`` in timing runs)."""
         es, os_ = _ELEM_BYTES[self.dtype], _OUT_BYTES[self.out_dtype]
-        return {"A": self.M * self.K * es, "B": self.K * self.N * es, "C": self.M * self.N * os_}
+        return {"A": self.extent("A") * es, "B": self.extent("B") * es, "C": self.extent("C") * os_}
 
     def args(self, A, B, C) -> dict:
-        """Kernel arguments: the three buffers (numpy arrays of the right shape and dtype, or
-        anything with ``nbytes`` such as the timing engine's ``Unbacked``) and the scalars."""
+        """Kernel arguments: the three buffers and the scalars. A buffer is a numpy array in the
+        kernel's format (a dense kernel: exactly [rows, cols] of its matrix; a strided or batched
+        one: any C-contiguous array of at least ``extent`` elements, e.g. ``qkv.reshape(-1)[h:]``
+        for the K columns of a fused [T, 3h] QKV buffer), or anything with ``nbytes`` such as the
+        timing engine's ``Unbacked``."""
         want = self.buffer_bytes()
-        for name, v, shape, dt in (("A", A, self.a_shape, self.in_host_dtype), ("B", B, self.b_shape,
-                                   self.in_host_dtype), ("C", C, self.c_shape, self.out_host_dtype)):
+        where = f"gemm {self.M}x{self.N}x{self.K}"
+        for name, v, dt in (("A", A, self.in_host_dtype), ("B", B, self.in_host_dtype), ("C", C, self.out_host_dtype)):
             if isinstance(v, np.ndarray):
-                if v.shape != shape or v.dtype != np.dtype(dt) or not v.flags.c_contiguous:
-                    raise InputError(f"gemm {self.M}x{self.N}x{self.K}", f"{name} is {v.dtype}{list(v.shape)}",
-                                     f"a C-contiguous {np.dtype(dt)}{list(shape)} array")
+                if self.dense:
+                    shape = self._layout(name)[0]
+                    if v.shape != shape or v.dtype != np.dtype(dt) or not v.flags.c_contiguous:
+                        raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}",
+                                         f"a C-contiguous {np.dtype(dt)}{list(shape)} array")
+                elif v.dtype != np.dtype(dt) or not v.flags.c_contiguous or v.size < self.extent(name):
+                    raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}{'' if v.flags.c_contiguous else ' (strided)'}",
+                                     f"a C-contiguous {np.dtype(dt)} array of at least {self.extent(name)} elements")
             elif int(getattr(v, "nbytes", -1)) < want[name]:
-                raise InputError(f"gemm {self.M}x{self.N}x{self.K}", f"{name} has {getattr(v, 'nbytes', None)} "
-                                 "bytes", f"at least {want[name]}")
-        return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K}
+                raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
+        return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
+                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]), "sa_b": self.stride_a[0], "sa_h": self.stride_a[1],
+                "sb_b": self.stride_b[0], "sb_h": self.stride_b[1], "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
 
     def random_inputs(self, seed: int = 0) -> tuple:
-        """(A, B, C): standard-normal inputs in the kernel's input format, C zeros."""
+        """(A, B, C): standard-normal inputs in the kernel's input format, C zeros. Dense kernels get
+        [rows, cols] arrays; strided or batched ones flat buffers of ``extent`` elements."""
         rng = np.random.default_rng(seed)
-        a = rng.standard_normal(self.a_shape).astype(np.float32)
-        b = rng.standard_normal(self.b_shape).astype(np.float32)
-        return to_host(a, self.dtype), to_host(b, self.dtype), np.zeros(self.c_shape, self.out_host_dtype)
+        if self.dense:
+            a = rng.standard_normal(self.a_shape).astype(np.float32)
+            b = rng.standard_normal(self.b_shape).astype(np.float32)
+            return to_host(a, self.dtype), to_host(b, self.dtype), np.zeros(self.c_shape, self.out_host_dtype)
+        a = rng.standard_normal(self.extent("A")).astype(np.float32)
+        b = rng.standard_normal(self.extent("B")).astype(np.float32)
+        return to_host(a, self.dtype), to_host(b, self.dtype), np.zeros(self.extent("C"), self.out_host_dtype)
 
     def reference(self, A, B) -> np.ndarray:
-        """C in float64 from the exact input values (tf32 inputs rounded as the tensor units read them)."""
-        return gemm_reference(A, B, self.dtype, self.trans_b)
+        """alpha * op(A) @ op(B) in float64 from the exact input values (tf32 inputs rounded as the
+        tensor units read them; alpha rounded to f32 as the kernel holds it): [M, N] for a dense
+        kernel, else [nb, nh, M, N] (compare with ``view("C", C)``)."""
+        a = self.view("A", _exact(A, self.dtype))
+        b = self.view("B", _exact(B, self.dtype))
+        if self.trans_a:
+            a = np.swapaxes(a, -1, -2)
+        if self.trans_b:
+            b = np.swapaxes(b, -1, -2)
+        c = a @ b
+        return c if self.alpha == 1.0 else c * float(np.float32(self.alpha))
+
+
+def _exact(x, dtype: str) -> np.ndarray:
+    """The float64 values the kernel reads from a buffer (tf32: 10 mantissa bits)."""
+    dtype = _DTYPES[dtype]
+    if dtype == "tf32":
+        bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
+        return bits.view(np.float32).astype(np.float64)
+    return to_float(x, dtype)
 
 
 def to_host(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -215,17 +324,11 @@ def to_float(x: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def gemm_reference(A, B, dtype: str, trans_b: bool = False) -> np.ndarray:
-    """float64 A @ B (A @ B^T with trans_b) from the buffers' exact values; tf32 inputs are
-    truncated to 10 mantissa bits, as the tensor units read them."""
-    dtype = _DTYPES[dtype]
-    a, b = to_float(A, dtype), to_float(B, dtype)
-    if dtype == "tf32":
-        def trunc(x):
-            bits = np.ascontiguousarray(x, np.float32).view(np.uint32) & np.uint32(0xFFFFE000)
-            return bits.view(np.float32).astype(np.float64)
-        a, b = trunc(A), trunc(B)
-    return a @ (b.T if trans_b else b)
+def gemm_reference(A, B, dtype: str, trans_b: bool = False, trans_a: bool = False) -> np.ndarray:
+    """float64 A @ B (A^T with trans_a, B^T with trans_b) of two dense matrices from the buffers'
+    exact values; tf32 inputs are truncated to 10 mantissa bits, as the tensor units read them."""
+    a, b = _exact(A, dtype), _exact(B, dtype)
+    return (a.T if trans_a else a) @ (b.T if trans_b else b)
 
 
 # ----------------------------------------------------------------------------- emission helpers
@@ -326,6 +429,37 @@ def _swz(a: _Asm, dst: Reg, row: Reg, cb: Reg, lay: str, RB: int, off: int) -> N
     a.free(t)
 
 
+def _batch_index(a: _Asm) -> tuple[Reg, Reg]:
+    """(z // nh, z % nh) of this block (z = %ctaid.z) in two new registers: the batch and the head.
+    A multiply by the host's magic number and a shift instead of a division (40 cycles on the
+    modelled integer pipe; see nh_magic)."""
+    zb, zh, t = a.reg(), a.reg(), a.reg()
+    a("s2r", zh, "%ctaid.z")
+    a("ldparam", t, "nh_magic")
+    a("mul.i64", zb, zh, t)
+    a("shr.u64", zb, zb, _MAGIC_SHIFT)
+    a("ldparam", t, "nh")
+    a("mul.i64", t, zb, t)
+    a("sub.i64", zh, zh, t)
+    a.free(t)
+    return zb, zh
+
+
+def _batch_ptr(a: _Asm, dst: Reg, buf: str, sb: str, sh: str, es: int, z: tuple[Reg, Reg]) -> None:
+    """dst = buf + (zb*sb + zh*sh) * es: the start of this block's matrix in buffer `buf`
+    (z = (zb, zh) from _batch_index; sb, sh are kernel parameters, so one program serves every
+    batch)."""
+    t = a.reg()
+    a("ldparam", t, sb)
+    a("mul.i64", t, z[0], t)
+    a("ldparam", dst, sh)
+    a("mad.i64", t, z[1], dst, t)
+    a("shl.b64", t, t, _log2(es))
+    a("ldparam", dst, buf)
+    a("add.i64", dst, dst, t)
+    a.free(t)
+
+
 # ----------------------------------------------------------------------------- tensor-core kernel
 class _Operand:
     """Copy plan of one operand tile (global -> one shared-memory stage)."""
@@ -338,12 +472,14 @@ class _Operand:
         self.gregs = []
 
 
-def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg, Kr: Reg, Nr: Reg, kshift: Reg,
+def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg, ld: Reg, kshift: Reg,
                  ptr: Reg) -> None:
     """Allocate and compute the per-thread shared offsets and global pointers of op's copies.
 
     Chunk q = tid + T*i of the tile (CPR chunks a row): row q // CPR, column chunk q % CPR.
-    rowbase: m0 (A) / n0 (B^T) / n0 (B, for its columns); lim: the clamp bound register."""
+    rowbase: m0 (A) / n0 (B^T) / n0 (B, for its columns) / m0 (A^T, for its columns); lim: the
+    clamp bound register; ld: the row stride of the operand in global memory (elements); ptr: the
+    operand's base address (this block's matrix)."""
     cw, es = op.cw, op.es
     CPR = op.payload // cw
     total = op.rows * CPR
@@ -391,14 +527,14 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
                     if dr:
                         a("add.i64", g, g, dr)
                 a("min.i64", g, g, lim)                 # clamp to the last row
-                a("mul.i64", g, g, Kr)
+                a("mul.i64", g, g, ld)
                 a("add.i64", g, g, kshift)
                 a("shl.b64", g, g, _log2(es))
                 a("add.i64", g, g, ptr)
                 a("add.i64", g, g, cb)
                 greg[gkey] = g
             gimm = dcb
-        else:   # Bn: rows are k, columns n (clamped per chunk)
+        else:   # Bn / At: rows are k, columns n / m (clamped per chunk)
             gkey = (dr, dcb)
             if gkey not in greg:
                 g, t = a.reg(), a.reg()
@@ -412,7 +548,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
                     a("add.i64", g, rb, kshift)
                     if dr:
                         a("add.i64", g, g, dr)
-                a("mad.i64", g, g, Nr, t)
+                a("mad.i64", g, g, ld, t)
                 a("shl.b64", g, g, _log2(es))
                 a("add.i64", g, g, ptr)
                 a.free(t)
@@ -542,7 +678,15 @@ def _emit_mma(c: _Cfg) -> Program:
     lay_k = "sw64" if KB == 64 else "sw128"
     S = c.stages
     mma = _MMA[c.dtype]
-    A_BYTES = c.BM * KB
+    if not c.trans_a:
+        a_rows, a_payload, a_RB, a_lay = c.BM, KB, KB, lay_k
+    elif es == 2:        # A^T (rows k, BM columns of m), read with ldmatrix.trans like B
+        a_rows, a_payload = BK, c.BM * 2
+        a_RB, a_lay = a_payload, ("sw128" if a_payload >= 128 else "sw64")
+    else:                # tf32 A^T: scalar reads from padded rows, like tf32 B
+        a_rows, a_payload = BK, c.BM * 4
+        a_RB, a_lay = a_payload + 32, "pad"
+    A_BYTES = _ceil(a_rows * a_RB, 128) * 128
     if c.trans_b:
         b_rows, b_payload, b_RB, b_lay = c.BN, KB, KB, lay_k
     elif es == 2:
@@ -554,8 +698,9 @@ def _emit_mma(c: _Cfg) -> Program:
     B_OFF = A_BYTES
     SB = _ceil(A_BYTES + b_rows * b_RB, 128) * 128
     osz = _OUT_BYTES[c.out]
-    name = f"gemm_{c.dtype}_{c.out}{'_tb' if c.trans_b else ''}_{c.BM}x{c.BN}x{BK}_s{S}"
-    a = _Asm(name, ("A", "B", "C", "M", "N", "K"), S * SB)
+    name = (f"gemm_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}"
+            f"_{c.BM}x{c.BN}x{BK}_s{S}")
+    a = _Asm(name, PARAMS, S * SB)
 
     # big register blocks first: accumulators, two fragment buffers
     acc = a.reg(MI * NI * 4)
@@ -586,49 +731,69 @@ def _emit_mma(c: _Cfg) -> Program:
     kshift = a.reg()
     a("shl.b64", kshift, nt, _log2(BK))
     a("sub.i64", kshift, Kr, kshift)              # K - nt*BK <= 0: first k of tile 0
-    lim = a.reg()
-    pA = a.reg()
-    a("ldparam", pA, "A")
-    A = _Operand("A", "A", c.BM, KB, KB, lay_k, c.cw_a, 0, es)
-    a("sub.i64", lim, Mr, 1)
-    _plan_copies(a, A, T, tid, m0, lim, Kr, Nr, kshift, pA)
+    lim, ld = a.reg(), a.reg()
+    pA, pB = a.reg(), a.reg()                     # this block's matrices
+    z = _batch_index(a)
+    _batch_ptr(a, pA, "A", "sa_b", "sa_h", es, z)
+    _batch_ptr(a, pB, "B", "sb_b", "sb_h", es, z)
+    a.free(*z)
+    a("ldparam", ld, "lda")
+    if c.trans_a:
+        A = _Operand("A", "At", a_rows, a_payload, a_RB, a_lay, c.cw_a, 0, es)
+        a("sub.i64", lim, Mr, c.cw_a // es)       # the last chunk start that stays inside a row
+    else:
+        A = _Operand("A", "A", c.BM, KB, KB, lay_k, c.cw_a, 0, es)
+        a("sub.i64", lim, Mr, 1)
+    _plan_copies(a, A, T, tid, m0, lim, ld, kshift, pA)
     a.free(pA)
-    pB = a.reg()
-    a("ldparam", pB, "B")
+    astep = None
+    if c.trans_a:
+        astep = a.reg()
+        a("mul.i64", astep, ld, BK * es)          # A^T: BK rows further per k tile
+    a("ldparam", ld, "ldb")
     if c.trans_b:
         Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, B_OFF, es)
         a("sub.i64", lim, Nr, 1)
     else:
         Bop = _Operand("B", "Bn", b_rows, b_payload, b_RB, b_lay, c.cw_b, B_OFF, es)
         a("sub.i64", lim, Nr, c.cw_b // es)       # the last chunk start that stays inside a row
-    _plan_copies(a, Bop, T, tid, n0, lim, Kr, Nr, kshift, pB)
+    _plan_copies(a, Bop, T, tid, n0, lim, ld, kshift, pB)
     a.free(pB, lim, Mr)
     bstep = None
     if not c.trans_b:
         bstep = a.reg()
-        a("mul.i64", bstep, Nr, BK * es)          # B: BK rows further per k tile
+        a("mul.i64", bstep, ld, BK * es)          # B: BK rows further per k tile
+    a.free(ld)
     # k rotation: block b takes the full k tiles 1 .. nt-1 starting from tile 1 + (b mod (nt-1)),
     # wrapping around. Blocks that start together then read different k columns at any moment,
     # instead of every block's A rows (a power-of-two stride apart) hitting the same few L2
     # slices and DRAM channels at once (partition camping).
-    ti = wA = wB = pw = None
+    # a k tile further: BK elements along a row (A, B^T), or BK rows (A^T, B: a register)
+    kstep = {"A": astep if c.trans_a else BK * es, "B": BK * es if c.trans_b else bstep}
+    ti = pw = None
+    wrap = {}
     if c.rotate:
-        ti, wA, t1 = a.reg(), a.reg(), a.reg()
+        ti, cnt, t1 = a.reg(), a.reg(), a.reg()
         a("s2r", ti, "%ctaid.y")
         a("s2r", t1, "%nctaid.x")
         a("mul.i64", ti, ti, t1)
         a("s2r", t1, "%ctaid.x")
         a("add.i64", ti, ti, t1)                  # linear block index
-        a("sub.i64", wA, nt, 1)
-        a("max.i64", t1, wA, 1)
+        a("sub.i64", cnt, nt, 1)
+        a("max.i64", t1, cnt, 1)
         a("rem.i64", ti, ti, t1)                  # j0 = block mod (nt-1)
         a.free(t1)
-        if c.trans_b:
-            wB = wA
-        else:
-            wB = a.reg()
-            a("mul.i64", wB, wA, bstep)           # (nt-1) tiles of B
-        a("mul.i64", wA, wA, BK * es)             # (nt-1) tiles of A
+        for k in ("B", "A"):                      # (nt-1) tiles of each operand
+            if k == "A" and kstep["A"] == kstep["B"]:
+                wrap["A"] = wrap["B"]             # both step BK elements: one register
+            elif k == "A" and isinstance(kstep["A"], int):
+                wrap["A"] = cnt
+                a("mul.i64", cnt, cnt, kstep["A"])
+            else:
+                wrap[k] = a.reg()
+                a("mul.i64", wrap[k], cnt, kstep[k])
+        if wrap["A"] is not cnt:
+            a.free(cnt)
         pw = a.pred()
     a.free(Nr, Kr, m0, n0)
 
@@ -637,17 +802,47 @@ def _emit_mma(c: _Cfg) -> Program:
     lane, warp, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
     a("and.b64", lane, tid, 31)
     a("shr.u64", warp, tid, 5)
-    aA = [a.reg() for _ in range(NSTEP)]
-    # A: lane L points at row wm*WTM + L%16, logical chunk L/16 (+2s for k-step s)
     a("shr.u64", t1, warp, _log2(c.WN))
-    a("mul.i64", t1, t1, WTM)
-    a("and.b64", t2, lane, 15)
-    a("add.i64", t1, t1, t2)
-    a("shr.u64", t2, lane, 4)
-    a("shl.b64", t2, t2, 4)
-    _swz(a, aA[0], t1, t2, lay_k, KB, 0)
-    for s_ in range(1, NSTEP):
-        a("xor.b64", aA[s_], aA[0], 32 * s_)
+    a("mul.i64", t1, t1, WTM)                     # first row (A^T: column) of the warp tile
+    if not c.trans_a:
+        # A: lane L points at row wm*WTM + L%16, logical chunk L/16 (+2s for k-step s)
+        aA = [a.reg() for _ in range(NSTEP)]
+        a("and.b64", t2, lane, 15)
+        a("add.i64", t1, t1, t2)
+        a("shr.u64", t2, lane, 4)
+        a("shl.b64", t2, t2, 4)
+        _swz(a, aA[0], t1, t2, lay_k, KB, 0)
+        for s_ in range(1, NSTEP):
+            a("xor.b64", aA[s_], aA[0], 32 * s_)
+    elif es == 2:
+        # A^T (rows k): ldmatrix.trans, lane L points at k-row (L%8) + 8*(L/16), chunk (warp's
+        # first) + (L/8)%2: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15,
+        # k 8-15) transposed are the A fragment's registers 0-3. m16 tile mi: chunk + 2mi = xor
+        # 32mi; k-step s: 16s rows further (immediate)
+        aA = [a.reg() for _ in range(MI)]
+        a("shl.b64", t1, t1, 1)                   # column bytes
+        a("shr.u64", t2, lane, 3)
+        a("and.b64", t2, t2, 1)
+        a("shl.b64", t2, t2, 4)
+        a("add.i64", t2, t2, t1)
+        t3 = a.reg()
+        a("and.b64", t1, lane, 7)
+        a("shr.u64", t3, lane, 4)
+        a("shl.b64", t3, t3, 3)
+        a("add.i64", t1, t1, t3)
+        a.free(t3)
+        _swz(a, aA[0], t1, t2, a_lay, a_RB, 0)
+        for mi in range(1, MI):
+            a("xor.b64", aA[mi], aA[0], 32 * mi)
+    else:
+        # tf32 A^T (rows k, padded): lane (g, t) reads k-row t (+4), column g (+8) of each m16 tile
+        aA = [a.reg()]
+        a("shr.u64", t2, lane, 2)
+        a("add.i64", t1, t1, t2)
+        a("shl.b64", t1, t1, 2)
+        a("and.b64", t2, lane, 3)
+        a("mul.i64", t2, t2, a_RB)
+        a("add.i64", aA[0], t1, t2)
     a("and.b64", t1, warp, c.WN - 1)              # wn
     a("mul.i64", t1, t1, WTN)                     # first column of the warp tile
     if c.trans_b:
@@ -701,7 +896,16 @@ def _emit_mma(c: _Cfg) -> Program:
     def frag_ops(s, buf):
         """Emitters of the fragment loads of k-step s into buffer buf, in the order the mma use them."""
         ops = []
-        A_ = [lambda mi=mi: a("ldmatrix.x4", fa[buf] + 4 * mi, Mem(fA[s], mi * 16 * KB)) for mi in range(MI)]
+        if not c.trans_a:
+            A_ = [lambda mi=mi: a("ldmatrix.x4", fa[buf] + 4 * mi, Mem(fA[s], mi * 16 * KB)) for mi in range(MI)]
+        elif es == 2:
+            A_ = [lambda mi=mi: a("ldmatrix.x4.trans", fa[buf] + 4 * mi, Mem(fA[mi], s * 16 * a_RB))
+                  for mi in range(MI)]
+        else:   # registers 0-3: (g, t), (g+8, t), (g, t+4), (g+8, t+4) as (m, k); rows are k
+            A_ = [lambda mi=mi: [a("ld.shared.b32", fa[buf] + 4 * mi + j,
+                                   Mem(fA[0], (8 * s + 4 * (j // 2)) * a_RB + 4 * (16 * mi + 8 * (j % 2))))
+                                 for j in range(4)]
+                  for mi in range(MI)]
         if c.trans_b:
             B_ = [lambda j=j: a("ldmatrix.x4", fb[buf] + 4 * j, Mem(fB[s], j * 16 * KB)) for j in range(NI // 2)]
         elif es == 2:
@@ -728,20 +932,15 @@ def _emit_mma(c: _Cfg) -> Program:
 
     def advance():
         """Pointers to the next k tile (with rotation: tile nt wraps to tile 1)."""
-        for g in A.gregs:
-            a("add.i64", g, g, BK * es)
-        for g in Bop.gregs:
-            if c.trans_b:
-                a("add.i64", g, g, BK * es)
-            else:
-                a("add.i64", g, g, bstep)
+        for op in (A, Bop):
+            for g in op.gregs:
+                a("add.i64", g, g, kstep[op.name])
         if c.rotate:
             a("add.i64", ti, ti, 1)
             a("setp.eq.i64", pw, ti, nt)
-            for g in A.gregs:
-                a("sub.i64", g, g, wA, p=pw)
-            for g in Bop.gregs:
-                a("sub.i64", g, g, wB, p=pw)
+            for op in (A, Bop):
+                for g in op.gregs:
+                    a("sub.i64", g, g, wrap[op.name], p=pw)
             a("mov.b64", ti, 1, p=pw)
 
     # ---- prologue: tiles 0 .. S-2 into stages 0 .. S-2
@@ -757,13 +956,11 @@ def _emit_mma(c: _Cfg) -> Program:
         a("cp.async.commit")
         if j == 0 and c.rotate:                   # jump j0 tiles ahead (ti = j0: "at tile j0")
             t = a.reg()
-            a("mul.i64", t, ti, BK * es)
-            for g in A.gregs:
-                a("add.i64", g, g, t)
-            if not c.trans_b:
-                a("mul.i64", t, ti, bstep)
-            for g in Bop.gregs:
-                a("add.i64", g, g, t)
+            for op in (A, Bop):
+                if op is A or kstep["B"] != kstep["A"]:
+                    a("mul.i64", t, ti, kstep[op.name])
+                for g in op.gregs:
+                    a("add.i64", g, g, t)
             a.free(t)
         advance()
         if stage is not None:
@@ -821,7 +1018,7 @@ def _emit_mma(c: _Cfg) -> Program:
 
     for r in [rs, ws, kt, nt, *fA, *fB, *aA, *bB, *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
         a.free(r)
-    for r in (A.rb, A.cb, Bop.rb, Bop.cb, bstep, ti, wA, None if c.trans_b else wB):
+    for r in (A.rb, A.cb, Bop.rb, Bop.cb, astep, bstep, ti, *{w.n: w for w in wrap.values()}.values()):
         if r is not None:
             a.free(r)
     if pw is not None:
@@ -834,11 +1031,25 @@ def _emit_mma(c: _Cfg) -> Program:
     return a.build()
 
 
+def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
+    """dst = (params...) & mask: zero when every named parameter (ldc, C's strides) is a multiple
+    of mask + 1, so that vector stores of mask + 1 elements stay aligned in every row and matrix."""
+    a("ldparam", dst, params[0])
+    for name in params[1:]:
+        a("ldparam", tmp, name)
+        a("or.b64", dst, dst, tmp)
+    a("and.b64", dst, dst, mask)
+
+
 def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr) -> None:
     """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
     mma tile. Fast path (whole block inside C, N even): 8-byte (f32) / 4-byte (f16x2) stores."""
+    if c.alpha != 1.0:
+        for i in range(MI * NI * 4):
+            a("mul.f32", acc + i, acc + i, c.alpha)
     tid, t1, t2 = a.reg(), a.reg(), a.reg()
     Mr, Nr, ptr, row, col, step = a.reg(), a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    ldc = a.reg()
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
@@ -852,9 +1063,9 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("add.i64", row, t2, c.BN)
     a("setp.le.i64", pq, row, Nr)
     a("and.pred", pf, pf, pq)
-    a("and.b64", row, Nr, 1)
+    _aligned(a, row, ("ldc", "sc_b", "sc_h"), 1, col)
     a("setp.eq.i64", pq, row, 0)
-    a("and.pred", pf, pf, pq)                          # full block and N even
+    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides even (2-column stores)
     # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
     a("shr.u64", row, tid, 5)
     a("shr.u64", row, row, _log2(c.WN))
@@ -870,11 +1081,14 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("and.b64", t1, tid, 3)
     a("shl.b64", t1, t1, 1)
     a("add.i64", col, col, t1)
-    a("ldparam", ptr, "C")
-    a("mad.i64", t1, row, Nr, col)
+    z = _batch_index(a)
+    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    a.free(*z)
+    a("ldparam", ldc, "ldc")
+    a("mad.i64", t1, row, ldc, col)
     a("shl.b64", t1, t1, _log2(osz))
     a("add.i64", ptr, ptr, t1)                         # &C[row, col]
-    a("mul.i64", step, Nr, 8 * osz)                    # 8 rows of C
+    a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
     a("bra", "EDGE", p=pf, neg=True)
     cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
     # -- fast path
@@ -926,8 +1140,8 @@ def _emit_ffma(c: _Cfg) -> Program:
     osz = _OUT_BYTES[c.out]
     RBs = (BM + 4) * 4                     # shared row: 64 f32 + 16 bytes of padding
     B_OFF = BK * RBs
-    name = f"gemm_ffma_{c.dtype}_{c.out}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
-    a = _Asm(name, ("A", "B", "C", "M", "N", "K"), 2 * BK * RBs)
+    name = f"gemm_ffma_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
+    a = _Asm(name, PARAMS, 2 * BK * RBs)
     acc = a.reg(16)
     ra, rb = a.reg(4), a.reg(4)
     av, bv = a.reg(4), a.reg(4)
@@ -944,60 +1158,64 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("ldparam", Nr, "N")
     a("ldparam", Kr, "K")
 
-    def row_major_tile(base_row, lim, param):
-        """A-like tile (rows x 16 k): thread loads row tid/4, k 4*(tid%4) .. +4.
-        Returns (pointer, k-left register, shared offset of As[kc][row])."""
+    def row_tile(buf, base_row, lim, off):
+        """A / B^T tile (64 rows x 16 k, k along the row in global memory): thread loads row
+        tid/4, k 4*(tid%4) .. +4, stored transposed (Xs[k][row]). Returns the plan."""
         p, kl, s = a.reg(), a.reg(), a.reg()
+        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 2)                   # row in tile
         a("and.b64", t2, tid, 3)
         a("shl.b64", t2, t2, 2)                    # kc
         a("sub.i64", kl, Kr, t2)                   # k left at this thread's first element
         a("mul.i64", s, t2, RBs)
-        a("shl.b64", p, t1, 2)
-        a("add.i64", s, s, p)                      # As[kc][row]
-        a("add.i64", p, t1, base_row)
-        a("sub.i64", t1, lim, 1)
-        a("min.i64", p, p, t1)                     # clamp the row
-        a("mad.i64", p, p, Kr, t2)
-        a("shl.b64", p, p, _log2(es))
-        a("ldparam", t1, param)
+        a("add.i64", s, s, off)
+        a("shl.b64", t2, t2, _log2(es))
+        a("add.i64", p, p, t2)                     # + kc
+        a("shl.b64", t2, t1, 2)
+        a("add.i64", s, s, t2)                     # Xs[kc][row]
+        a("add.i64", t1, t1, base_row)
+        a("sub.i64", t2, lim, 1)
+        a("min.i64", t1, t1, t2)                   # clamp the row
+        a("ldparam", t2, f"ld{buf.lower()}")
+        a("mul.i64", t1, t1, t2)
+        a("shl.b64", t1, t1, _log2(es))
         a("add.i64", p, p, t1)
-        return p, kl, s
+        return {"kind": "row", "ptrs": [p], "kl": kl, "s": s, "step": BK * es}
 
-    pa, kla, sa = row_major_tile(m0, Mr, "A")
-    if c.trans_b:
-        pb, klb, sb = row_major_tile(n0, Nr, "B")
-        a("add.i64", sb, sb, B_OFF)
-        pbs = [pb]
-        bstep = None
-    else:
-        # B tile (16 k x 64 n): thread loads k-row tid/16, columns 4*(tid%16) .. +4 (each clamped)
-        klb, sb = a.reg(), a.reg()
-        pbs = [a.reg() for _ in range(4)]
+    def kmajor_tile(buf, base_col, lim, off):
+        """B / A^T tile (16 k x 64 columns, rows k in global memory): thread loads k-row tid/16,
+        columns 4*(tid%16) .. +4 (each clamped), stored as they are (Xs[k][col])."""
+        kl, s, p = a.reg(), a.reg(), a.reg()
+        ptrs = [a.reg() for _ in range(4)]
+        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 4)                   # k-row
         a("and.b64", t2, tid, 15)
-        a("shl.b64", t2, t2, 2)                    # nc
-        a("sub.i64", klb, Kr, t1)
-        a("mul.i64", sb, t1, RBs)
-        a("shl.b64", pbs[0], t2, 2)
-        a("add.i64", sb, sb, pbs[0])
-        a("add.i64", sb, sb, B_OFF)                # Bs[krow][nc]
-        a("mul.i64", t1, t1, Nr)                   # krow*N
+        a("shl.b64", t2, t2, 2)                    # column in tile
+        a("sub.i64", kl, Kr, t1)
+        a("mul.i64", s, t1, RBs)
+        a("shl.b64", ptrs[0], t2, 2)
+        a("add.i64", s, s, ptrs[0])
+        a("add.i64", s, s, off)                    # Xs[krow][col]
         for e in range(4):
-            p = pbs[e]
-            a("add.i64", p, t2, n0)
+            a("add.i64", ptrs[e], t2, base_col)
             if e:
-                a("add.i64", p, p, e)
-        a("sub.i64", t2, Nr, 1)
+                a("add.i64", ptrs[e], ptrs[e], e)
+        a("sub.i64", t2, lim, 1)
         for e in range(4):
-            a("min.i64", pbs[e], pbs[e], t2)
-            a("add.i64", pbs[e], pbs[e], t1)
-            a("shl.b64", pbs[e], pbs[e], _log2(es))
-        a("ldparam", t1, "B")
+            a("min.i64", ptrs[e], ptrs[e], t2)     # clamp the column
+        a("ldparam", t2, f"ld{buf.lower()}")
+        a("mul.i64", t1, t1, t2)                   # krow*ld
         for e in range(4):
-            a("add.i64", pbs[e], pbs[e], t1)
-        bstep = a.reg()
-        a("mul.i64", bstep, Nr, BK * es)
+            a("add.i64", ptrs[e], ptrs[e], t1)
+            a("shl.b64", ptrs[e], ptrs[e], _log2(es))
+            a("add.i64", ptrs[e], ptrs[e], p)
+        a("mul.i64", p, t2, BK * es)               # BK rows further per k tile
+        return {"kind": "kmaj", "ptrs": ptrs, "kl": kl, "s": s, "step": p}
+
+    z = _batch_index(a)
+    opA = kmajor_tile("A", m0, Mr, 0) if c.trans_a else row_tile("A", m0, Mr, 0)
+    opB = row_tile("B", n0, Nr, B_OFF) if c.trans_b else kmajor_tile("B", n0, Nr, B_OFF)
+    a.free(*z)
     # where the inner loop reads: As[k][4ty], Bs[k][4tx]
     rA, rB = a.reg(), a.reg()
     a("shr.u64", rA, tid, 4)
@@ -1013,30 +1231,23 @@ def _emit_ffma(c: _Cfg) -> Program:
     pv = a.pred()
 
     def load_tile():
-        for e in range(4):
-            a("mov.b64", ra + e, 0)
-            a("setp.gt.i64", pv, kla, e)
-            a(ld, ra + e, Mem(pa, e * es), p=pv)
-        if c.trans_b:
-            for e in range(4):
-                a("mov.b64", rb + e, 0)
-                a("setp.gt.i64", pv, klb, e)
-                a(ld, rb + e, Mem(pbs[0], e * es), p=pv)
-        else:
-            a("setp.gt.i64", pv, klb, 0)
-            for e in range(4):
-                a("mov.b64", rb + e, 0)
-                a(ld, rb + e, Mem(pbs[e], 0), p=pv)
+        for op, r in ((opA, ra), (opB, rb)):
+            if op["kind"] == "row":
+                for e in range(4):
+                    a("mov.b64", r + e, 0)
+                    a("setp.gt.i64", pv, op["kl"], e)
+                    a(ld, r + e, Mem(op["ptrs"][0], e * es), p=pv)
+            else:
+                a("setp.gt.i64", pv, op["kl"], 0)
+                for e in range(4):
+                    a("mov.b64", r + e, 0)
+                    a(ld, r + e, Mem(op["ptrs"][e], 0), p=pv)
 
     def advance():
-        a("add.i64", pa, pa, BK * es)
-        a("sub.i64", kla, kla, BK)
-        a("sub.i64", klb, klb, BK)
-        if c.trans_b:
-            a("add.i64", pbs[0], pbs[0], BK * es)
-        else:
-            for p in pbs:
-                a("add.i64", p, p, bstep)
+        for op in (opA, opB):
+            a("sub.i64", op["kl"], op["kl"], BK)
+            for p in op["ptrs"]:
+                a("add.i64", p, p, op["step"])
 
     def to_f32(r):
         if c.dtype == "fp16":
@@ -1049,13 +1260,12 @@ def _emit_ffma(c: _Cfg) -> Program:
     for e in range(4):
         to_f32(ra + e)
         to_f32(rb + e)
-    for e in range(4):
-        a("st.shared.b32", Mem(sa, e * RBs), ra + e)     # As[kc+e][row] (transposed)
-    if c.trans_b:
-        for e in range(4):
-            a("st.shared.b32", Mem(sb, e * RBs), rb + e)
-    else:
-        a("st.shared.v4.b32", Mem(sb, 0), rb)
+    for op, r in ((opA, ra), (opB, rb)):
+        if op["kind"] == "row":
+            for e in range(4):
+                a("st.shared.b32", Mem(op["s"], e * RBs), r + e)   # Xs[kc+e][row] (transposed)
+        else:
+            a("st.shared.v4.b32", Mem(op["s"], 0), r)
     a("bar.sync")
     advance()
     load_tile()                                          # next tile, while this one is multiplied
@@ -1077,13 +1287,17 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("add.i64", kt, kt, 1)
     a("setp.lt.i64", pv, kt, nt)
     a("bra", "KLOOP", p=pv)
-    for r in (pa, kla, sa, klb, sb, *pbs, rA, rB, nt, kt, ka, kb):
-        a.free(r)
-    if bstep is not None:
-        a.free(bstep)
+    for op in (opA, opB):
+        a.free(op["kl"], op["s"], *op["ptrs"])
+        if op["kind"] == "kmaj":
+            a.free(op["step"])
+    a.free(rA, rB, nt, kt, ka, kb)
     a.free(ra, rb, av, bv, k=4)
 
     # ---- epilogue: rows m0 + 4ty + i, columns n0 + 4tx + j
+    if c.alpha != 1.0:
+        for i in range(16):
+            a("mul.f32", acc + i, acc + i, c.alpha)
     tid, Mr, Nr, row, col, ptr, t1, t2 = (a.reg() for _ in range(8))
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
@@ -1098,20 +1312,23 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("add.i64", t1, col, BN)
     a("setp.le.i64", pq, t1, Nr)
     a("and.pred", pf, pf, pq)
-    a("and.b64", t1, Nr, 3)
+    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 3, t2)
     a("setp.eq.i64", pq, t1, 0)
-    a("and.pred", pf, pf, pq)                            # full block, N % 4 == 0
+    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides multiples of 4
     a("shr.u64", t1, tid, 4)
     a("shl.b64", t1, t1, 2)
     a("add.i64", row, row, t1)
     a("and.b64", t1, tid, 15)
     a("shl.b64", t1, t1, 2)
     a("add.i64", col, col, t1)
-    a("ldparam", ptr, "C")
-    a("mad.i64", t1, row, Nr, col)
+    z = _batch_index(a)
+    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    a.free(*z)
+    a("ldparam", t2, "ldc")
+    a("mad.i64", t1, row, t2, col)
     a("shl.b64", t1, t1, _log2(osz))
     a("add.i64", ptr, ptr, t1)
-    a("shl.b64", t2, Nr, _log2(osz))                     # one row of C
+    a("shl.b64", t2, t2, _log2(osz))                     # one row of C
     cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
     a("bra", "EDGE", p=pf, neg=True)
     pk = a.reg(2)
@@ -1146,10 +1363,11 @@ def _emit_ffma(c: _Cfg) -> Program:
 
 
 # ----------------------------------------------------------------------------- tile choice
-def _stage_bytes(dtype: str, trans_b: bool, BM: int, BN: int, kb: int = 64) -> int:
+def _stage_bytes(dtype: str, trans_b: bool, BM: int, BN: int, kb: int = 64, trans_a: bool = False) -> int:
     es = _ELEM_BYTES[dtype]
+    a = BM * kb if (not trans_a or es == 2) else _ceil((kb // es) * (BM * 4 + 32), 128) * 128
     b = BN * kb if (trans_b or es == 2) else (kb // es) * (BN * 4 + 32)
-    return _ceil(BM * kb + b, 128) * 128
+    return _ceil(a + b, 128) * 128
 
 
 def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
@@ -1183,32 +1401,38 @@ def _uses_tensor(caps, dt: str) -> bool:
 
 
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
-                trans_b: bool = False) -> tuple[_Cfg, Program]:
-    """The kernel configuration the tile rule picks (see the module docstring), and its program."""
+                trans_b: bool = False, *, trans_a: bool = False, cw_a: Optional[int] = None,
+                cw_b: Optional[int] = None, alpha: float = 1.0) -> tuple[_Cfg, Program]:
+    """The kernel configuration the tile rule picks (see the module docstring), and its program.
+    cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape)."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if not _uses_tensor(caps, dt):
-        cfg = _Cfg("ffma", dt, out, trans_b, FFMA_TILE[0], FFMA_TILE[1], 4, 4, 1, es, es)
+        cfg = _Cfg("ffma", dt, out, trans_b, FFMA_TILE[0], FFMA_TILE[1], 4, 4, 1, es, es,
+                   trans_a=trans_a, alpha=alpha)
         prog = _emit_ffma(cfg)
         if not _fits(prog, caps, 32 * FFMA_TILE[3]):
             raise InputError(f"gemm on {caps.name}", "the FFMA kernel (256 threads, "
                              f"{prog.nregs} registers, {prog.shared_bytes} B scratchpad) does not fit a core",
                              "a GPU-family target")
         return cfg, prog
-    cw_a = _copy_width(K * es, es)
-    cw_b = _copy_width((K if trans_b else N) * es, es)
+    if cw_a is None:
+        cw_a = _copy_width((M if trans_a else K) * es, es)
+    if cw_b is None:
+        cw_b = _copy_width((K if trans_b else N) * es, es)
     order = sorted(MMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total), -t[0] * t[1]))
     tried = []
     # k-tile rows of 128 bytes (BK = 64 halves / 32 tf32) halve the barriers and the cp.async
     # wavefronts of A per flop; they need K of at least two such tiles to pay off
     kbs = ((128, 4), (128, 3), (64, 3), (64, 2)) if K * es >= 256 else ((64, 3), (64, 2))
     for BM, BN, WM, WN in order:
-        fit = [(kb, st) for kb, st in kbs if st * _stage_bytes(dt, trans_b, BM, BN, kb) <= caps.scratchpad_bytes]
+        fit = [(kb, st) for kb, st in kbs
+               if st * _stage_bytes(dt, trans_b, BM, BN, kb, trans_a) <= caps.scratchpad_bytes]
         if not fit:
-            tried.append(f"{BM}x{BN}: {2 * _stage_bytes(dt, trans_b, BM, BN)} B scratchpad")
+            tried.append(f"{BM}x{BN}: {2 * _stage_bytes(dt, trans_b, BM, BN, 64, trans_a)} B scratchpad")
             continue
         kb, stages = fit[0]
-        cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb)
+        cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb, trans_a=trans_a, alpha=alpha)
         try:
             prog = _emit_mma(cfg)
         except _OutOfRegisters as e:
@@ -1220,31 +1444,99 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
 
 
+def _int(where: str, what: str, v, lo: int, allowed: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
+        raise InputError(where, f"{what} = {v!r}", allowed)
+    return int(v)
+
+
+def _pair(where: str, what: str, v, lo: int, allowed: str) -> tuple[int, int]:
+    if not isinstance(v, (tuple, list)) or len(v) != 2:
+        raise InputError(where, f"{what} = {v!r}", f"a pair (per batch, per head) of {allowed}")
+    return (_int(where, f"{what}[0]", v[0], lo, allowed), _int(where, f"{what}[1]", v[1], lo, allowed))
+
+
+def _one_to_one(dims) -> bool:
+    """Whether offsets sum(i_d * stride_d), 0 <= i_d < count_d, are all different: sorted by stride,
+    each stride must step past everything the smaller ones reach (a sufficient test; it accepts
+    every nesting of rows, column slices, heads and batches, whatever the order)."""
+    reach = 0                                     # the largest offset the smaller dimensions reach
+    for stride, count in sorted((s, n) for s, n in dims if n > 1):
+        if stride <= reach:
+            return False
+        reach += stride * (count - 1)
+    return True
+
+
 # ----------------------------------------------------------------------------- API
 def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
-                trans_b: bool = False, *, tile: Optional[Tile] = None) -> GemmKernel:
-    """Emit C[M,N] = A[M,K] @ B[K,N] (B given as [N,K] when trans_b) for a GPU-family target.
+                trans_b: bool = False, tile: Optional[Tile] = None, *, trans_a: bool = False,
+                lda: Optional[int] = None, ldb: Optional[int] = None, ldc: Optional[int] = None,
+                batch=(1, 1), stride_a=(0, 0), stride_b=(0, 0), stride_c=(0, 0), alpha: float = 1.0) -> GemmKernel:
+    """Emit C = alpha * op(A) @ op(B) for a GPU-family target: op(A) is A[M,K] (A given as [K,M]
+    with ``trans_a``), op(B) is B[K,N] (B given as [N,K] with ``trans_b``), C is [M,N].
 
     caps: ``archsim.config.derived.capabilities(machine)``. dtype: fp16 | bf16 (mma.m16n8k16),
     tf32 (f32 buffers, mma.m16n8k8) or fp32 (vector FFMA); a dtype the tensor units lack also
     takes the FFMA kernel. out_dtype: f32, or the input dtype for fp16 / bf16.
     ``tile`` forces a tensor-core tile instead of the rule: BM, BN, BK (64 or 128 bytes of k a
-    row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages."""
-    M, N, K = int(M), int(N), int(K)
+    row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages.
+
+    Layout (all in elements; kernel parameters, so one program serves every value of the same
+    alignment class): ``lda``, ``ldb``, ``ldc`` are the row strides of A, B, C as stored (default:
+    dense rows); ``batch = (nb, nh)`` launches nb*nh GEMMs (grid.z), and block z reads A at
+    ``A + (z // nh)*stride_a[0] + (z % nh)*stride_a[1]`` (likewise B and C). ``alpha`` scales the
+    f32 result before it is stored. Example, attention's S = Q K^T per (batch, head) from a fused
+    [b*s, 3h] QKV buffer: M = N = s, K = d, trans_b, lda = ldb = 3h, stride_a = stride_b =
+    (s*3h, d), batch (b, n), C = S[b, n, s, s] (stride_c (n*s*s, s*s)); pass A = qkv.reshape(-1)
+    and B = qkv.reshape(-1)[h:]."""
+    where = "gemm"
+    M, N, K = (_int(where, n, v, 0, "an integer") for n, v in (("M", M), ("N", N), ("K", K)))
     if min(M, N, K) < 1:
         raise InputError("gemm", f"shape {M}x{N}x{K}", "M, N, K >= 1")
     if caps.family != "gpu":
         raise InputError(f"gemm on {caps.name}", f"the GPU GEMM emitter targets the gpu family, not {caps.family}",
                          "a gpu-family machine")
     dt, out = _normalize(dtype, out_dtype)
+    es = _ELEM_BYTES[dt]
+    a_cols = M if trans_a else K
+    b_cols = K if trans_b else N
+    lda = a_cols if lda is None else _int(where, "lda", lda, a_cols, f"lda >= {a_cols} (a row of A as stored)")
+    ldb = b_cols if ldb is None else _int(where, "ldb", ldb, b_cols, f"ldb >= {b_cols} (a row of B as stored)")
+    ldc = N if ldc is None else _int(where, "ldc", ldc, N, f"ldc >= {N} (a row of C)")
+    nb, nh = _pair(where, "batch", batch, 1, "integers >= 1")
+    if nb * nh > MAX_BATCH:
+        raise InputError(where, f"batch {(nb, nh)}: {nb * nh} GEMMs", f"nb*nh <= {MAX_BATCH} (grid.z)")
+    sa = _pair(where, "stride_a", stride_a, 0, "integers >= 0")
+    sb = _pair(where, "stride_b", stride_b, 0, "integers >= 0")
+    sc = _pair(where, "stride_c", stride_c, 0, "integers >= 0")
+    if not _one_to_one(((1, N), (ldc, M), (sc[0], nb), (sc[1], nh))):
+        raise InputError(where, f"C layout ldc={ldc}, stride_c={sc} with batch {(nb, nh)} and {M}x{N} matrices "
+                         "writes some elements of C more than once",
+                         "strides that, sorted, each step past the span of the smaller ones")
+    try:
+        alpha_f = float(alpha)
+    except (TypeError, ValueError):
+        raise InputError(where, f"alpha = {alpha!r}", "a finite number") from None
+    if not np.isfinite(alpha_f) or abs(alpha_f) > float(np.finfo(np.float32).max):
+        raise InputError(where, f"alpha = {alpha!r}", "a finite number within the f32 range")
+
+    def cw(cols, ld, strides):
+        """The copy width that keeps every row of every matrix of the operand aligned."""
+        g = math.gcd(cols * es, ld * es)
+        for s, n in zip(strides, (nb, nh)):
+            if n > 1:
+                g = math.gcd(g, s * es)
+        return _copy_width(g, es)
+
+    cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
     if tile is not None and _uses_tensor(caps, dt):
-        es = _ELEM_BYTES[dt]
         if tile.warps not in (4, 8):
             raise InputError("gemm", f"tile {tile}", "4 or 8 warps")
         wm, wn = (2, 2) if tile.warps == 4 else ((4, 2) if tile.BM >= tile.BN else (2, 4))
         kb = tile.BK * es if tile.BK * es in (64, 128) else 64
-        cfg = _Cfg("mma", dt, out, trans_b, tile.BM, tile.BN, wm, wn, tile.stages, _copy_width(K * es, es),
-                   _copy_width((K if trans_b else N) * es, es), kb)
+        cfg = _Cfg("mma", dt, out, bool(trans_b), tile.BM, tile.BN, wm, wn, tile.stages, cw_a, cw_b, kb,
+                   trans_a=bool(trans_a), alpha=alpha_f)
         try:
             prog = _emit_mma(cfg)
         except _OutOfRegisters as e:
@@ -1253,14 +1545,16 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
                              f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
     else:
-        cfg, prog = choose_tile(caps, M, N, K, dt, out, trans_b)
+        cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
+                                alpha=alpha_f)
     check(prog, caps)
     if cfg.kind == "mma":
         threads = 32 * cfg.WM * cfg.WN
-        t = Tile(cfg.BM, cfg.BN, cfg.kb // _ELEM_BYTES[dt], cfg.WM * cfg.WN, cfg.stages)
+        t = Tile(cfg.BM, cfg.BN, cfg.kb // es, cfg.WM * cfg.WN, cfg.stages)
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
-    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), 1), (threads, 1, 1))
-    return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K, M=M, N=N, K=K, dtype=dt,
-                      out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind)
+    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), nb * nh), (threads, 1, 1))
+    return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
+                      out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
+                      ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f)
