@@ -67,7 +67,8 @@ PARAMS = {
                   "placement": (str, "cross", "private or cross")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
-             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32")},
+             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32"),
+             "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
@@ -115,18 +116,24 @@ def _gpu_only(machine, name: str) -> None:
 
 
 # ----------------------------------------------------------------------------- kernels
-def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: MicroResult):
+def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: MicroResult, sample: bool = False):
     """Time one launch and keep its record; a run that cannot finish keeps its partial record
-    and carries the whole MicroResult up (the CLI writes it with complete: false)."""
+    and carries the whole MicroResult up (the CLI writes it with complete: false). ``sample``:
+    a launch of many waves is timed from its first waves (archsim.sample)."""
+    from archsim.sample import time_sampled
+
     try:
-        t = time_kernel(prog, machine, launch, args, max_cycles=out.max_cycles)
+        s = time_sampled(prog, machine, launch, args, max_cycles=out.max_cycles, sample=sample)
     except SimulationError as e:
         if isinstance(e.partial, KernelTiming):
             out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
             e.partial = out
         raise
-    out.kernels.append(stats.kernel_record(name, machine, launch, t))
-    return t
+    rec = stats.kernel_record(name, machine, launch, s.timing, sampled=s.sampled,
+                              sample_error_est=round(s.error_est, 5))
+    rec["simulated_warp_instructions"] = s.simulated_warp_instructions
+    out.kernels.append(rec)
+    return s.timing
 
 
 PCHASE_GLOBAL = """.kernel pchase
@@ -355,7 +362,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
     args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
-    t = _time(g.program, machine, g.launch, args, g.program.name, out)
+    t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
     out.kernels[-1]["model_flops"] = g.flops
     tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
     peak = stats.machine_record(machine)["peak_tflops"]

@@ -41,15 +41,12 @@ class RunOptions:
 def emit_block(machine, wl) -> list:
     """The kernels of one decoder block for this machine (InputError if it cannot run them)."""
     caps = capabilities(machine)
-    if caps.family == "gpu":
-        from archsim.workloads.emit.gpu import emit_op
-    else:
+    if caps.family != "gpu":
         raise InputError(f"--hw {machine.name}", f"no kernel emitters for the {caps.family} family yet "
                          "(the Sunway timing model and emitters are issue 4)", "a gpu-family machine")
-    kernels = []
-    for op in wl.block_ops():
-        kernels.extend(emit_op(op, caps))
-    return kernels
+    from archsim.workloads.emit.gpu import emit_block as emit_gpu
+
+    return emit_gpu(caps, wl)
 
 
 def workload_record(wl) -> dict:
@@ -173,26 +170,34 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
             for n, v in init.items() if n in specs}
 
     def value(n):
-        return host_to_float(host[n], specs[n].dtype).reshape(shapes[n])
+        return host_to_float(host[n], specs[n].dtype).reshape(specs[n].shape)
+
+    def bind(slot):
+        """The slot's part of its tensor as the kernel wants it (a copy: kernels get their own memory)."""
+        if slot.tensor not in host:
+            spec = specs[slot.tensor]
+            host[slot.tensor] = to_host(np.zeros(spec.shape, np.float32), spec.dtype)
+        flat = host[slot.tensor].reshape(-1)[slot.offset:]
+        if slot.view is not None:
+            flat = flat[:int(np.prod(slot.view))].reshape(slot.view)
+        return np.ascontiguousarray(flat).copy()
+
+    def write_back(slot, arr):
+        flat = host[slot.tensor].reshape(-1)
+        a = np.asarray(arr).reshape(-1)
+        flat[slot.offset:slot.offset + a.size] = a
 
     recs, op_ver = [], {}
     done = 0
     for op in ops:
-        before = {n: value(n) for n in op.inputs if n in host}
+        before = {n: value(n) for n in op.inputs if n in host and n in op.outputs}
         for k in (k for k in kernels if k.op == op.name):
             if progress:
                 progress(done, len(kernels), k.name)
-            args = {}
-            for p, v in k.params.items():
-                if not isinstance(v, Slot):
-                    args[p] = v
-                elif v.tensor in host:
-                    args[p] = host[v.tensor].copy() if p in k.outputs else host[v.tensor]
-                else:
-                    args[p] = to_host(np.zeros(specs[v.tensor].shape, np.float32), specs[v.tensor].dtype)
+            args = {p: bind(v) if isinstance(v, Slot) else v for p, v in k.params.items()}
             res = run_functional(k.program, args, k.launch, warp_width=caps.warp_width, ncores=caps.cores_total)
             for p in k.outputs:
-                host[k.params[p].tensor] = res.output(p)
+                write_back(k.params[p], res.output(p))
             recs.append({"name": k.name, "op": k.op, "count": wl.model.layers, "grid": list(k.launch.grid),
                          "block": list(k.launch.block), "flops": int(k.flops), "model_flops": int(k.model_flops),
                          "warp_instructions": int(res.warp_instructions)})
@@ -211,7 +216,8 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
     start = {n: value(n) for n in init if n in host}
     env = R.execute_ops(wl, start)
     tol = BLOCK_TOL[wl.scenario.dtype]
-    finals = list(ops[-1].outputs)
+    consumed = {n for op in ops for n in op.inputs}
+    finals = [n for op in ops for n in op.outputs if n not in consumed]  # y; d_x and every weight gradient
     block = None
     for n in finals:
         block = _merge_ver(block, _verify(value(n), env[n], tol))

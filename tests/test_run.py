@@ -35,8 +35,9 @@ FUNCTIONAL = [
     ("decode", {}),
     ("prefill", {"attention": "unfused"}),
     ("prefill", {"activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
-    ("train", {}),
-    ("train", {"attention": "unfused", "causal": False}),
+    ("train", {"attention": "unfused"}),
+    ("train", {"attention": "unfused", "causal": False, "activation": "relu", "dtype": "fp32"}),
+    ("train", {"attention": "unfused", "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
 ]
 
 

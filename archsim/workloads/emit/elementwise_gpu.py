@@ -100,6 +100,7 @@ COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum blo
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
+                  "relu": 1, "relu_grad": 1,
                   "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
 
 
@@ -1606,6 +1607,37 @@ def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
         return {"y": v["a"] + v["b"]}
 
     return _flat_kernel("add", caps, n, dtype, ("a", "b"), ("y",), math_fn, gen, ref)
+
+
+def relu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = max(x, 0) over n elements."""
+    def math_fn(e, v, k):
+        x = v["x"]
+        for i in range(k):
+            e("max.f32", x + i, x + i, 0.0)
+        return {"y": x}
+
+    dt = _dtype("relu", dtype)
+    return _flat_kernel("relu", caps, n, dtype, ("x",), ("y",), math_fn,
+                        lambda rng: {"x": _normal(rng, (n,), dt)}, lambda v: {"y": np.maximum(v["x"], 0.0)})
+
+
+def relu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """dx = dy where x > 0, else 0 (the subgradient at 0 is 0, as torch's)."""
+    def math_fn(e, v, k):
+        x, dy = v["x"], v["dy"]
+        p = e.a.pred()
+        for i in range(k):
+            e("setp.gt.f32", p, x + i, 0.0)
+            e("mov.f32", x + i, 0.0)
+            e("mov.b64", x + i, dy + i, p=p)
+        e.a.pfree(p)
+        return {"dx": x}
+
+    dt = _dtype("relu_grad", dtype)
+    return _flat_kernel("relu_grad", caps, n, dtype, ("x", "dy"), ("dx",), math_fn,
+                        lambda rng: {"x": _normal(rng, (n,), dt), "dy": _normal(rng, (n,), dt)},
+                        lambda v: {"dx": np.where(v["x"] > 0, v["dy"], 0.0)})
 
 
 # ----------------------------------------------------------------------------- SwiGLU

@@ -1,47 +1,75 @@
 """Op graph -> GPU kernels: each op of a decoder block becomes one or more emitted kernels.
 
-A ``Kernel`` here is an emitted program bound to the block's tensors: its buffer parameters name
-tensors (``Slot``), its scalar parameters are numbers. The run layer (archsim.run) gives the
-slots real numpy arrays in functional mode or address space in timing mode; the emitter never
-sees the engine (DESIGN.md's dependency rule).
+A ``Kernel`` here is an emitted program bound to the block's tensors: its buffer parameters are
+``Slot``s (a tensor of the block, an element offset into it, and the shape the kernel wants a
+numpy array in), its scalar parameters are numbers. The run layer (archsim.run) gives the slots
+real numpy arrays in functional mode or address space in timing mode; the emitters never see the
+engine (DESIGN.md's dependency rule).
+
+How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py):
+
+- gemm: one tiled GEMM (gemm_gpu; dgrad with trans_b, wgrad with trans_a), out in the storage dtype.
+- attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
+  fused qkv tensor [T, 3h] (decode: K, V from the cache [b, kv_len, h]) and writing attn_out.
+- attention, unfused (the s x s matrix goes through memory): ``attn.qk`` S = Q K^T as a batched
+  GEMM over (batch, head) into attn_scores [b, n, q, kv]; ``attn.softmax`` P = softmax(S / sqrt(d))
+  with the causal mask into attn_probs; ``attn.av`` O = P V, a batched GEMM writing each head's
+  columns of attn_out.
+- attention_grad, unfused: dV = P^T dO, dP = dO V^T, dS = softmax'(P, dP) (the scale folded in),
+  dQ = dS K, dK = dS^T Q: four batched GEMMs and a row kernel, writing the Q, K, V thirds of d_qkv.
+- layernorm / rmsnorm: one row kernel that also saves its statistics (``<op>.mean``,
+  ``<op>.rstd``, f32) for the backward, which reads them (``<op>.grad``: dx, then the column sums
+  for d_gamma / d_beta, with a workspace when the rows are split over the machine).
+- gelu, relu, add, and their grads: grid-stride flat kernels; swiglu(_grad): row kernels.
+
+flops and model_flops of a kernel are its share of its op's (the op graph's counts are the
+contract): a multi-kernel op splits them by the kernels' own nominal counts, and its model_flops
+by the matmuls each kernel holds.
 
 Kernel naming: a kernel is named after its op (``qkv``, ``ffn1.wgrad``); an op emitted as several
-kernels names them ``<op>.<part>`` (unfused attention: ``attn.qk``, ``attn.softmax``, ``attn.av``).
+kernels names them ``<op>.<part>`` (``attn.qk``, ``attn.softmax``, ``attn.av``, ``norm1.grad.dx``).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
+
 import numpy as np
 
 from archsim.errors import InputError
 from archsim.isa.program import ARRAYS, Launch, Program
 
+from . import elementwise_gpu as EW
 from .attention_gpu import flash_attention_kernel
 from .gemm_gpu import gemm_kernel, to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
 _OUT = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4, "f32": 4, "f16": 2}
 
 
 @dataclass(frozen=True)
 class Slot:
-    """A buffer parameter bound to a tensor of the block."""
+    """A buffer parameter bound to a tensor of the block: from element ``offset`` on; ``view`` is
+    the shape the kernel wants a numpy array in (None: the flat rest of the tensor)."""
 
     tensor: str
     nbytes: int
+    offset: int = 0
+    view: tuple | None = None
 
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     shape: tuple
-    dtype: str            # fp16 | bf16 | fp32 | f32 (host format as in gemm_gpu.to_host)
+    dtype: str            # fp16 | bf16 | fp32 (host format as in gemm_gpu.to_host)
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * (4 if self.dtype in ("fp32", "f32") else 2)
+        return int(np.prod(self.shape)) * _ES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -50,8 +78,8 @@ class Kernel:
     op: str
     program: Program
     launch: Launch
-    flops: int                       # math executed (CONTRACT: 2mnk per GEMM ...)
-    model_flops: int                 # the seed's textbook count for this kernel's share of the op
+    flops: int                       # its share of the op's flops (CONTRACT: the math executed)
+    model_flops: int                 # its share of the op's textbook count
     params: dict                     # parameter -> Slot | int
     tensors: tuple                   # TensorSpec of every tensor it reads or writes
     outputs: tuple                   # parameters it writes
@@ -68,76 +96,232 @@ class Kernel:
         return h.hexdigest()
 
 
-def _bind(kobj, names: dict) -> dict:
-    """The emitted kernel's arguments with buffers as Slots. ``names``: buffer parameter ->
-    tensor name; kobj.buffer_bytes() gives the sizes."""
-    nb = kobj.buffer_bytes()
-    return {p: Slot(names[p], int(nb[p])) for p in nb}
+class _Ctx:
+    """What the emitters of one block need: target, tensor shapes, storage dtype, norm eps."""
+
+    def __init__(self, caps, wl):
+        self.caps = caps
+        self.shapes = wl.tensor_shapes()
+        self.dt = wl.scenario.dtype
+        self.eps = wl.model.norm_eps
+        self.extra: dict[str, TensorSpec] = {}   # tensors the kernels add (statistics, scores, workspaces)
+
+    def spec(self, name: str, shape=None, dtype=None) -> TensorSpec:
+        if name in self.shapes:
+            return TensorSpec(name, tuple(self.shapes[name]), dtype or self.dt)
+        if name not in self.extra:
+            self.extra[name] = TensorSpec(name, tuple(shape), dtype or self.dt)
+        return self.extra[name]
+
+    def slot(self, name: str, offset: int = 0, view=None, shape=None, dtype=None) -> Slot:
+        s = self.spec(name, shape, dtype)
+        return Slot(name, s.nbytes - offset * _ES[s.dtype], offset, tuple(view) if view is not None else None)
 
 
-def _gemm(op, caps) -> list[Kernel]:
+def _split(total: int, weights: list) -> list[int]:
+    """total split in proportion to weights, as integers that add up to total."""
+    w = [max(float(x), 0.0) for x in weights]
+    s = sum(w) or float(len(w))
+    parts = [int(total * (x if sum(w) else 1.0) // s) for x in w]
+    parts[-1] += total - sum(parts)
+    return parts
+
+
+def _mk(name, op, prog, launch, flops, model_flops, params, ctx, outputs) -> Kernel:
+    tensors = tuple(dict.fromkeys(ctx.spec(v.tensor) for v in params.values() if isinstance(v, Slot)))
+    return Kernel(name, op.name, prog, launch, int(flops), int(model_flops), params, tensors, tuple(outputs))
+
+
+# ----------------------------------------------------------------------------- GEMMs
+def _gemm_call(ctx, M, N, K, *, trans_a=False, trans_b=False, **kw):
+    return gemm_kernel(ctx.caps, M, N, K, ctx.dt, _OUT[ctx.dt], trans_b, trans_a=trans_a, **kw)
+
+
+def _gemm(op, ctx) -> list[Kernel]:
     d = op.dims
-    dt = op.dtype
-    k = gemm_kernel(caps, d["M"], d["N"], d["K"], dt, _OUT[dt], bool(d.get("trans_b", False)),
-                    **({"trans_a": True} if d.get("trans_a") else {}))
+    k = _gemm_call(ctx, d["M"], d["N"], d["K"], trans_a=bool(d.get("trans_a")), trans_b=bool(d.get("trans_b")))
     a, b = op.inputs[:2]
     (c,) = op.outputs
-    slots = _bind(k, {"A": a, "B": b, "C": c})
-    params = k.args(slots["A"], slots["B"], slots["C"])
-    tensors = (TensorSpec(a, k.a_shape, dt), TensorSpec(b, k.b_shape, dt), TensorSpec(c, k.c_shape, k.out_dtype))
-    return [Kernel(op.name, op.name, k.program, k.launch, k.flops, int(op.model_flops), params, tensors, ("C",))]
+    sl = {"A": ctx.slot(a, view=k.a_shape), "B": ctx.slot(b, view=k.b_shape), "C": ctx.slot(c, view=k.c_shape)}
+    return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, k.args(sl["A"], sl["B"], sl["C"]), ctx,
+                ("C",))]
 
 
-def _slots(shapes: dict, dt: dict, names: dict) -> dict:
-    """Slots for buffer parameters bound to whole tensors (param -> tensor name)."""
-    return {p: Slot(n, TensorSpec(n, shapes[n], dt[n]).nbytes) for p, n in names.items()}
+def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=False, trans_b=False, lda, ldb, ldc,
+             batch, stride_a, stride_b, stride_c) -> Kernel:
+    """A batched GEMM over (batch, head); A, B, C: (tensor, element offset[, shape if scratch])."""
+    k = _gemm_call(ctx, M, N, K, trans_a=trans_a, trans_b=trans_b, lda=lda, ldb=ldb, ldc=ldc, batch=batch,
+                   stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
+    sl = [ctx.slot(t[0], t[1], shape=t[2] if len(t) > 2 else None) for t in (A, B, C)]
+    return _mk(name, op, k.program, k.launch, flops, model_flops, k.args(*sl), ctx, ("C",))
 
 
-def _attention(op, caps) -> list[Kernel]:
-    """Forward attention. Q (and K, V outside decode) are read in place from the fused qkv
-    tensor [T, 3h]; decode reads K, V from the cache [b, kv_len, h]; O is attn_out [T, h]."""
+# ----------------------------------------------------------------------------- attention
+def _attn_geometry(op, ctx):
     d = op.dims
-    dt = op.dtype
-    b, n, hd = d["batch"], d["heads"], d["head_dim"]
+    b, n, hd, q, kv = d["batch"], d["heads"], d["head_dim"], d["q_len"], d["kv_len"]
     h = n * hd
-    T = b * d["q_len"]
     cache = "k_cache" in op.inputs
-    if not d["fused"]:
-        raise InputError(f"op {op.name}", "unfused attention is not emitted for the GPU yet", "attention: fused")
-    if len(op.outputs) > 1:
-        raise InputError(f"op {op.name}", f"the fused attention kernel does not write {', '.join(op.outputs[1:])} "
-                         "(the training phase's saved statistics)", "phase prefill or decode")
-    k = flash_attention_kernel(caps, b, n, d["q_len"], d["kv_len"], hd, dt, d["causal"], q_ld=3 * h,
-                               kv_ld=h if cache else 3 * h, o_ld=h)
-    shapes = {"qkv": (T, 3 * h), "attn_out": (T, h), "k_cache": (b, d["kv_len"], h), "v_cache": (b, d["kv_len"], h)}
-    names = {"Q": "qkv", "K": "k_cache" if cache else "qkv", "V": "v_cache" if cache else "qkv",
-             "O": op.outputs[0]}
-    sl = _slots(shapes, {t: dt for t in shapes}, names)
-    params = k.args(sl["Q"], sl["K"], sl["V"], sl["O"], q_off=0, k_off=0 if cache else h,
-                    v_off=0 if cache else 2 * h)
-    tensors = tuple(TensorSpec(t, shapes[t], dt) for t in dict.fromkeys(names.values()))
-    return [Kernel(op.name, op.name, k.program, k.launch, int(op.flops), int(op.model_flops), params, tensors,
-                   ("O",))]
+    # where K and V rows live: (tensor, element offset, row stride)
+    kt = ("k_cache", 0, h) if cache else ("qkv", h, 3 * h)
+    vt = ("v_cache", 0, h) if cache else ("qkv", 2 * h, 3 * h)
+    return b, n, hd, q, kv, h, kt, vt
 
 
-EMITTERS = {"gemm": _gemm, "attention": _attention}
+def _attention(op, ctx) -> list[Kernel]:
+    d = op.dims
+    b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
+    if d["fused"]:
+        if len(op.outputs) > 1:
+            raise InputError(f"op {op.name}", "the fused attention kernel does not save the log-sum-exp the "
+                             "training phase's backward needs", "phase prefill or decode, or attention: unfused")
+        k = flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h)
+        sl = [ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0])]
+        params = k.args(*sl, q_off=0, k_off=kt[1], v_off=vt[1])
+        return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, params, ctx, ("O",))]
+    # unfused: S = Q K^T -> P = softmax(S / sqrt(d)) -> O = P V, S and P through memory
+    sq = (b, n, q, kv)
+    probs = op.outputs[1] if len(op.outputs) > 1 else f"{op.name}.probs"
+    sm = EW.softmax_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
+    cells = op.flops // (4 * hd + EW.FLOPS_PER_ELEM["softmax"])   # unmasked (query, key) pairs
+    f_qk, f_sm, f_av = 2 * hd * cells, op.flops - 4 * hd * cells, 2 * hd * cells
+    m_half = op.model_flops // 2
+    qk = _batched(ctx, f"{op.name}.qk", op, f_qk, m_half, q, kv, hd, ("qkv", 0), kt[:2],
+                  (f"{op.name}.scores", 0, sq), trans_b=True, lda=3 * h, ldb=kt[2], ldc=kv, batch=(b, n),
+                  stride_a=(q * 3 * h, hd), stride_b=(kv * kt[2], hd), stride_c=(n * q * kv, q * kv))
+    ssl = {"x": ctx.slot(f"{op.name}.scores", view=(b * n * q, kv), shape=sq),
+           "y": ctx.slot(probs, view=(b * n * q, kv), shape=sq)}
+    smk = _mk(f"{op.name}.softmax", op, sm.program, sm.launch, f_sm, 0, sm.args(**ssl), ctx, ("y",))
+    av = _batched(ctx, f"{op.name}.av", op, f_av, op.model_flops - m_half, q, hd, kv, (probs, 0, sq), vt[:2],
+                  (op.outputs[0], 0), lda=kv, ldb=vt[2], ldc=h, batch=(b, n), stride_a=(n * q * kv, q * kv),
+                  stride_b=(kv * vt[2], hd), stride_c=(q * h, hd))
+    return [qk, smk, av]
 
 
-def emit_op(op, caps) -> list[Kernel]:
+def _attention_grad(op, ctx) -> list[Kernel]:
+    d = op.dims
+    b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
+    if d["fused"]:
+        raise InputError(f"op {op.name}", "no fused (FlashAttention-2) backward kernel for the GPU yet",
+                         "phase prefill or decode, or attention: unfused")
+    probs, dout = op.inputs[1], op.inputs[2]
+    (dqkv,) = op.outputs
+    sq = (b, n, q, kv)
+    dp, ds = f"{op.name}.dprobs", f"{op.name}.dscores"
+    sg = EW.softmax_grad_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
+    cells = op.flops // (8 * hd + 4)               # unmasked pairs: 4 matmuls of 2d, 4 elementwise
+    f_mm = 2 * hd * cells
+    f_sg = op.flops - 4 * f_mm
+    m4 = _split(op.model_flops, [1, 1, 1, 1])
+    P = dict(batch=(b, n))
+    sP = (n * q * kv, q * kv)          # a (b, head) matrix of P, dP, dS
+    sO = (q * h, hd)                   # a head of dO (rows of h)
+    sQKV = (q * 3 * h, hd)             # a head of Q / dQ / dK / dV in the [T, 3h] layout
+    ks = [
+        _batched(ctx, f"{op.name}.dv", op, f_mm, m4[0], kv, hd, q, (probs, 0, sq), (dout, 0), (dqkv, 2 * h),
+                 trans_a=True, lda=kv, ldb=h, ldc=3 * h, stride_a=sP, stride_b=sO, stride_c=sQKV, **P),
+        _batched(ctx, f"{op.name}.dp", op, f_mm, m4[1], q, kv, hd, (dout, 0), vt[:2], (dp, 0, sq), trans_b=True,
+                 lda=h, ldb=vt[2], ldc=kv, stride_a=sO, stride_b=(kv * vt[2], hd), stride_c=sP, **P),
+    ]
+    gsl = {"p": ctx.slot(probs, view=(b * n * q, kv), shape=sq), "dp": ctx.slot(dp, view=(b * n * q, kv), shape=sq),
+           "dx": ctx.slot(ds, view=(b * n * q, kv), shape=sq)}
+    ks.append(_mk(f"{op.name}.softmax", op, sg.program, sg.launch, f_sg, 0, sg.args(**gsl), ctx, ("dx",)))
+    ks.append(_batched(ctx, f"{op.name}.dq", op, f_mm, m4[2], q, hd, kv, (ds, 0, sq), kt[:2], (dqkv, 0), lda=kv,
+                       ldb=kt[2], ldc=3 * h, stride_a=sP, stride_b=(kv * kt[2], hd), stride_c=sQKV, **P))
+    ks.append(_batched(ctx, f"{op.name}.dk", op, f_mm, m4[3], kv, hd, q, (ds, 0, sq), ("qkv", 0), (dqkv, h),
+                       trans_a=True, lda=kv, ldb=3 * h, ldc=3 * h, stride_a=sP, stride_b=sQKV, stride_c=sQKV, **P))
+    return ks
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _ew(op, ctx, kobj, bind: dict) -> list[Kernel]:
+    """An elementwise kernel or chain; ``bind``: buffer name -> tensor name (the kernels' extra
+    buffers, such as a norm's saved statistics or a workspace, get their own tensors)."""
+    kernels = kobj.kernels if isinstance(kobj, EW.KernelChain) else (kobj,)
+    flops = _split(op.flops, [k.flops for k in kernels])
+    out = []
+    for i, k in enumerate(kernels):
+        params = {}
+        for buf in k.buffers:
+            t = bind.get(buf.name, f"{op.name}.{buf.name}")
+            params[buf.name] = ctx.slot(t, view=buf.shape, shape=buf.shape, dtype=buf.dtype)
+        params.update(dict(k.scalars))
+        name = op.name if len(kernels) == 1 else f"{op.name}.{_part(k.op, i)}"
+        out.append(_mk(name, op, k.program, k.launch, flops[i], 0, params, ctx, tuple(b.name for b in k.outputs)))
+    return out
+
+
+def _part(kop: str, i: int) -> str:
+    return {"layernorm_grad": "dx", "rmsnorm_grad": "dx", "colsum_ln": "dgamma", "colsum_rms": "dgamma",
+            "colsum_chunks": "dgamma_sum"}.get(kop, f"k{i}")
+
+
+def _norm(op, ctx) -> list[Kernel]:
+    d = op.dims
+    rows, cols = d["rows"], d["cols"]
+    if op.kind == "layernorm":
+        k = EW.layernorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
+        bind = dict(zip(("x", "gamma", "beta"), op.inputs), y=op.outputs[0])
+    else:
+        k = EW.rmsnorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
+        bind = dict(zip(("x", "gamma"), op.inputs), y=op.outputs[0])
+    return _ew(op, ctx, k, bind)
+
+
+def _norm_grad(op, ctx) -> list[Kernel]:
+    d = op.dims
+    fwd = op.name[:-len(".grad")]          # the forward op whose statistics it reads
+    ln = op.kind == "layernorm_grad"
+    k = (EW.layernorm_grad_kernel if ln else EW.rmsnorm_grad_kernel)(ctx.caps, d["rows"], d["cols"], ctx.dt, ctx.eps)
+    bind = dict(zip(("x", "gamma", "dy"), op.inputs), dx=op.outputs[0], dgamma=op.outputs[1],
+                mean=f"{fwd}.mean", rstd=f"{fwd}.rstd")
+    if ln:
+        bind["dbeta"] = op.outputs[2]
+    return _ew(op, ctx, k, bind)
+
+
+def _flat(op, ctx) -> list[Kernel]:
+    d = op.dims
+    n = d["rows"] * d["cols"]
+    fn = {"gelu": EW.gelu_kernel, "relu": EW.relu_kernel, "add": EW.add_kernel, "gelu_grad": EW.gelu_grad_kernel,
+          "relu_grad": EW.relu_grad_kernel}[op.kind]
+    k = fn(ctx.caps, n, ctx.dt)
+    names = [b.name for b in k.buffers]
+    return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
+
+
+def _swiglu(op, ctx) -> list[Kernel]:
+    d = op.dims
+    fn = EW.swiglu_grad_kernel if op.kind == "swiglu_grad" else EW.swiglu_kernel
+    k = fn(ctx.caps, d["rows"], d["cols"], ctx.dt)
+    names = [b.name for b in k.buffers]
+    return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
+
+
+EMITTERS = {"gemm": _gemm, "attention": _attention, "attention_grad": _attention_grad, "layernorm": _norm,
+            "rmsnorm": _norm, "layernorm_grad": _norm_grad, "rmsnorm_grad": _norm_grad, "gelu": _flat,
+            "relu": _flat, "add": _flat, "gelu_grad": _flat, "relu_grad": _flat, "swiglu": _swiglu,
+            "swiglu_grad": _swiglu}
+
+
+def emit_block(caps, wl) -> list[Kernel]:
+    """The kernels of one decoder block of workload ``wl`` for a GPU-family target, in op order."""
     if caps.family != "gpu":
-        raise InputError(f"op {op.name}", f"the GPU emitters target the gpu family, not {caps.family}",
+        raise InputError(f"--hw {caps.name}", f"the GPU emitters target the gpu family, not {caps.family}",
                          "a gpu-family machine")
-    fn = EMITTERS.get(op.kind)
-    if fn is None:
-        raise InputError(f"op {op.name}", f"no GPU emitter for op kind {op.kind!r}",
-                         "one of: " + ", ".join(sorted(EMITTERS)))
-    return fn(op, caps)
-
-
-def host_random(spec: TensorSpec, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
-    """A random tensor in its host format (bf16 as bits)."""
-    return to_host((rng.standard_normal(spec.shape) * scale).astype(np.float32), spec.dtype)
+    ctx = _Ctx(caps, wl)
+    out = []
+    for op in wl.block_ops():
+        fn = EMITTERS.get(op.kind)
+        if fn is None:
+            raise InputError(f"op {op.name}", f"no GPU emitter for op kind {op.kind!r}",
+                             "one of: " + ", ".join(sorted(EMITTERS)))
+        out.extend(fn(op, ctx))
+    return out
 
 
 def host_to_float(x: np.ndarray, dtype: str) -> np.ndarray:
     return to_float(x, dtype)
+
+
+__all__ = ["Kernel", "Slot", "TensorSpec", "emit_block", "host_to_float", "to_host"]
