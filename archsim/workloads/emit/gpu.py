@@ -99,11 +99,11 @@ class Kernel:
 class _Ctx:
     """What the emitters of one block need: target, tensor shapes, storage dtype, norm eps."""
 
-    def __init__(self, caps, wl):
+    def __init__(self, caps, shapes: dict, dtype: str, eps: float = 1e-5):
         self.caps = caps
-        self.shapes = wl.tensor_shapes()
-        self.dt = wl.scenario.dtype
-        self.eps = wl.model.norm_eps
+        self.shapes = shapes
+        self.dt = dtype
+        self.eps = eps
         self.extra: dict[str, TensorSpec] = {}   # tensors the kernels add (statistics, scores, workspaces)
 
     def spec(self, name: str, shape=None, dtype=None) -> TensorSpec:
@@ -309,7 +309,7 @@ def emit_block(caps, wl) -> list[Kernel]:
     if caps.family != "gpu":
         raise InputError(f"--hw {caps.name}", f"the GPU emitters target the gpu family, not {caps.family}",
                          "a gpu-family machine")
-    ctx = _Ctx(caps, wl)
+    ctx = _Ctx(caps, wl.tensor_shapes(), wl.scenario.dtype, wl.model.norm_eps)
     out = []
     for op in wl.block_ops():
         fn = EMITTERS.get(op.kind)
@@ -318,6 +318,23 @@ def emit_block(caps, wl) -> list[Kernel]:
                              "one of: " + ", ".join(sorted(EMITTERS)))
         out.extend(fn(op, ctx))
     return out
+
+
+def attention_kernels(caps, batch: int, heads: int, seq: int, head_dim: int, dtype: str = "fp16",
+                      causal: bool = False, fused: bool = True) -> list[Kernel]:
+    """Forward self-attention over a fused qkv tensor [batch*seq, 3*heads*head_dim] into
+    attn_out, as a block's attention op is emitted: one flash kernel, or QK^T, softmax, AV with
+    the seq x seq matrix through memory (``micro attention``)."""
+    from archsim.workloads.ops import ELEMENTWISE_FLOPS, Op, unmasked_scores
+
+    h = heads * head_dim
+    T = batch * seq
+    cells = batch * heads * unmasked_scores(seq, seq, causal)
+    op = Op(name="attn", kind="attention", dims=dict(batch=batch, heads=heads, q_len=seq, kv_len=seq,
+                                                     head_dim=head_dim, causal=causal, fused=fused),
+            dtype=dtype, inputs=("qkv",), outputs=("attn_out",),
+            flops=cells * (4 * head_dim + ELEMENTWISE_FLOPS["softmax"]), model_flops=4 * batch * seq * seq * h)
+    return _attention(op, _Ctx(caps, {"qkv": (T, 3 * h), "attn_out": (T, h)}, dtype))
 
 
 def host_to_float(x: np.ndarray, dtype: str) -> np.ndarray:
