@@ -257,12 +257,12 @@ def test_micro_attention_runs_the_fused_kernel():
     k = flash_attention_kernel(capabilities(tiny), 1, 2, 100, 100, 32, causal=True)
     assert r.unit == "TFLOP/s" and r.value > 0
     rec = r.kernels[0]
-    assert rec["name"] == k.program.name and rec["grid"] == [2, 2, 1]
-    assert rec["flops"] == k.flops and rec["model_flops"] == k.model_flops
-    assert r.value == pytest.approx(k.flops / rec["seconds"] / 1e12)
+    assert rec["name"] == "attn" and r.extra["kernels"][0]["program"] == k.program.name
+    assert rec["grid"] == [2, 2, 1]
+    # the contract's flops: the matmuls (the kernel's count) plus the softmax, 5 per unmasked pair
+    assert rec["flops"] == k.flops + 5 * 2 * causal_pairs(100, 100) and rec["model_flops"] == k.model_flops
+    assert r.value == pytest.approx(rec["flops"] / rec["seconds"] / 1e12)
     assert r.document(tiny)["schema"] == "archsim.micro/1"
-    with pytest.raises(InputError, match="fused"):
-        MI.run_micro("attention", tiny, {"fused": "false"})
     with pytest.raises(InputError, match="head_dim"):
         MI.run_micro("attention", tiny, {"head_dim": 48})
     with pytest.raises(InputError, match="seq"):
