@@ -145,6 +145,23 @@ def _initial_tensors(wl, seed: int) -> dict:
     return init
 
 
+def _execute_block(wl, tensors: dict) -> dict:
+    """The op graph in float64 (reference.run_op), with the decode step's KV-cache append: the new
+    tokens' K, V rows of qkv enter the caches' last row before attention (as the kernels do)."""
+    from archsim.workloads import reference as R
+
+    env = dict(tensors)
+    for op in wl.block_ops():
+        if op.kind == "attention" and "k_cache" in op.inputs:
+            h = op.dims["heads"] * op.dims["head_dim"]
+            for name, lo in (("k_cache", h), ("v_cache", 2 * h)):
+                c = np.array(env[name], np.float64)
+                c[:, -1, :] = env["qkv"][:, lo:lo + h]
+                env[name] = c
+        env.update(R.run_op(op, env, wl.model.norm_eps))
+    return env
+
+
 def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
     """Every kernel of one block on real values, in op order. After an op's kernels, its outputs
     are checked against archsim.workloads.reference.run_op on the exact values its kernels read;
@@ -214,7 +231,7 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
         progress(len(kernels), len(kernels), "")
     # the whole block from the same initial values (as the kernels read them: rounded)
     start = {n: value(n) for n in init if n in host}
-    env = R.execute_ops(wl, start)
+    env = _execute_block(wl, start)
     tol = BLOCK_TOL[wl.scenario.dtype]
     consumed = {n for op in ops for n in op.inputs}
     finals = [n for op in ops for n in op.outputs if n not in consumed]  # y; d_x and every weight gradient

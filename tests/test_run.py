@@ -173,3 +173,27 @@ def test_fused_attention_moves_fewer_dram_bytes_and_runs_faster_than_unfused():
     assert unfused.extra["dram_bytes"] > 4 * fused.extra["dram_bytes"]
     assert fused.value > 2 * unfused.value
     assert fused.kernels[0]["flops"] == sum(k["flops"] for k in unfused.kernels)
+
+
+@pytest.mark.parametrize("h,dtype", [(64, "fp16"), (36, "fp16"), (12, "fp32"), (5, "bf16")])
+def test_kv_append_copies_the_new_rows_into_the_caches(h, dtype):
+    """16-, 8-, 16- and 2-byte copies (the widest that divides a row); every other cache row kept."""
+    import numpy as np
+
+    from archsim.config import capabilities, load_machine
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.emit.kvcache_gpu import kv_append_kernel
+
+    caps = capabilities(load_machine("tiny-gpu"))
+    k = kv_append_kernel(caps, 3, 9, h, 7, dtype)
+    rng = np.random.default_rng(1)
+    host = {"fp16": np.float16, "fp32": np.float32, "bf16": np.uint16}[dtype]
+    q = rng.integers(1, 30000, (3, 3 * h)).astype(np.uint16).view(np.uint16).astype(host) if dtype == "bf16" else \
+        rng.standard_normal((3, 3 * h)).astype(host)
+    kc = rng.standard_normal((3, 9, h)).astype(host) if dtype != "bf16" else np.full((3, 9, h), 7, np.uint16)
+    vc = kc.copy()
+    r = run_functional(k.program, k.args(q, kc, vc), k.launch, warp_width=32)
+    ek, ev = k.reference(q, kc, vc)
+    assert np.array_equal(r.output("k_cache").reshape(ek.shape), ek)
+    assert np.array_equal(r.output("v_cache").reshape(ev.shape), ev)
+    assert not np.array_equal(ek, kc)  # the row changed

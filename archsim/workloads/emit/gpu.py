@@ -9,6 +9,8 @@ engine (DESIGN.md's dependency rule).
 How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py):
 
 - gemm: one tiled GEMM (gemm_gpu; dgrad with trans_b, wgrad with trans_a), out in the storage dtype.
+- attention in decode: first ``attn.kv_append`` copies the new tokens' K, V rows of qkv into the
+  caches' last row (kvcache_gpu), then the attention kernels read K, V from the caches.
 - attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
   fused qkv tensor [T, 3h] (decode: K, V from the cache [b, kv_len, h]) and writing attn_out.
 - attention, unfused (the s x s matrix goes through memory): ``attn.qk`` S = Q K^T as a batched
@@ -44,6 +46,7 @@ from archsim.isa.program import ARRAYS, Launch, Program
 from . import elementwise_gpu as EW
 from .attention_gpu import flash_attention_kernel
 from .gemm_gpu import gemm_kernel, to_float, to_host
+from .kvcache_gpu import kv_append_kernel
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
 _OUT = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}
@@ -168,7 +171,22 @@ def _attn_geometry(op, ctx):
     return b, n, hd, q, kv, h, kt, vt
 
 
+def _kv_append(op, ctx) -> list[Kernel]:
+    """Decode: the new tokens' K, V go into the caches' last row before attention reads them."""
+    d = op.dims
+    if "k_cache" not in op.inputs:
+        return []
+    h = d["heads"] * d["head_dim"]
+    k = kv_append_kernel(ctx.caps, d["batch"], d["kv_len"], h, d["kv_len"] - 1, ctx.dt)
+    params = k.args(ctx.slot("qkv"), ctx.slot("k_cache"), ctx.slot("v_cache"))
+    return [_mk(f"{op.name}.kv_append", op, k.program, k.launch, 0, 0, params, ctx, ("k_cache", "v_cache"))]
+
+
 def _attention(op, ctx) -> list[Kernel]:
+    return _kv_append(op, ctx) + _attention_math(op, ctx)
+
+
+def _attention_math(op, ctx) -> list[Kernel]:
     d = op.dims
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
