@@ -123,17 +123,21 @@ def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: Mi
     from archsim.sample import time_sampled
 
     try:
-        s = time_sampled(prog, machine, launch, args, max_cycles=out.max_cycles, sample=sample)
+        if sample:
+            s = time_sampled(prog, machine, launch, args, max_cycles=out.max_cycles)
+            t, sampled, err, simulated = s.timing, s.sampled, s.error_est, s.simulated_warp_instructions
+        else:
+            t = time_kernel(prog, machine, launch, args, max_cycles=out.max_cycles)
+            sampled, err, simulated = False, 0.0, t.warp_instructions
     except SimulationError as e:
         if isinstance(e.partial, KernelTiming):
             out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
             e.partial = out
         raise
-    rec = stats.kernel_record(name, machine, launch, s.timing, sampled=s.sampled,
-                              sample_error_est=round(s.error_est, 5))
-    rec["simulated_warp_instructions"] = s.simulated_warp_instructions
+    rec = stats.kernel_record(name, machine, launch, t, sampled=sampled, sample_error_est=round(err, 5))
+    rec["simulated_warp_instructions"] = simulated
     out.kernels.append(rec)
-    return s.timing
+    return t
 
 
 PCHASE_GLOBAL = """.kernel pchase
