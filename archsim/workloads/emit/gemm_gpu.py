@@ -263,13 +263,15 @@ class GemmKernel:
                         raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}",
                                          f"a C-contiguous {np.dtype(dt)}{list(shape)} array")
                 elif v.dtype != np.dtype(dt) or not v.flags.c_contiguous or v.size < self.extent(name):
-                    raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}{'' if v.flags.c_contiguous else ' (strided)'}",
+                    strided = "" if v.flags.c_contiguous else " (strided)"
+                    raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}{strided}",
                                      f"a C-contiguous {np.dtype(dt)} array of at least {self.extent(name)} elements")
             elif int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
         return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
-                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]), "sa_b": self.stride_a[0], "sa_h": self.stride_a[1],
-                "sb_b": self.stride_b[0], "sb_h": self.stride_b[1], "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
+                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]),
+                "sa_b": self.stride_a[0], "sa_h": self.stride_a[1], "sb_b": self.stride_b[0], "sb_h": self.stride_b[1],
+                "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
 
     def random_inputs(self, seed: int = 0) -> tuple:
         """(A, B, C): standard-normal inputs in the kernel's input format, C zeros. Dense kernels get
