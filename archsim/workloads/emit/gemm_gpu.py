@@ -263,13 +263,15 @@ class GemmKernel:
                         raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}",
                                          f"a C-contiguous {np.dtype(dt)}{list(shape)} array")
                 elif v.dtype != np.dtype(dt) or not v.flags.c_contiguous or v.size < self.extent(name):
-                    raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}{'' if v.flags.c_contiguous else ' (strided)'}",
+                    strided = "" if v.flags.c_contiguous else " (strided)"
+                    raise InputError(where, f"{name} is {v.dtype}{list(v.shape)}{strided}",
                                      f"a C-contiguous {np.dtype(dt)} array of at least {self.extent(name)} elements")
             elif int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
         return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
-                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]), "sa_b": self.stride_a[0], "sa_h": self.stride_a[1],
-                "sb_b": self.stride_b[0], "sb_h": self.stride_b[1], "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
+                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]),
+                "sa_b": self.stride_a[0], "sa_h": self.stride_a[1], "sb_b": self.stride_b[0], "sb_h": self.stride_b[1],
+                "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
 
     def random_inputs(self, seed: int = 0) -> tuple:
         """(A, B, C): standard-normal inputs in the kernel's input format, C zeros. Dense kernels get
@@ -1027,7 +1029,7 @@ def _emit_mma(c: _Cfg) -> Program:
     a.free(fb[0], fb[1], k=NI * 2)
 
     # ---- epilogue
-    _epilogue(a, c, pm, acc, MI, NI, WTM, WTN, osz, accr)
+    _epilogue(a, c, pm, acc, MI, NI, WTM, WTN, osz, accr, S * SB)
     return a.build()
 
 
@@ -1041,15 +1043,94 @@ def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
     a("and.b64", dst, dst, mask)
 
 
-def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr) -> None:
+def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: str, RS: int,
+                  tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred) -> None:
+    """The 16-byte store path (see _epilogue) for a full block (pf) whose ldc and C strides are
+    multiples of 8 halves; other blocks fall through. Every block passes the two barriers (the
+    checker, like the hardware, wants them on every path): the shared-memory writes are guarded
+    instead of branched around. Shared rows are padded by 16 bytes, which makes the fragment
+    writes conflict free (8 rows x 4 words on 32 banks); the 16-byte reads are too when a row has
+    8 or more chunks (BN >= 64), and take 2 wavefronts a phase for BN = 32. Leaves tid and ldc as
+    they were."""
+    t1, t2, t3, t4, t5 = tmp
+    T = 32 * c.WM * c.WN
+    CPR = c.BN // 8                                    # 16-byte chunks of a C row
+    RPI = T // CPR                                     # rows the block stores per instruction
+    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 7, t2)
+    a("setp.eq.i64", p, t1, 0)
+    a("and.pred", p, p, pf)                            # full block, 16-byte aligned rows
+    a("bar.sync")                                      # every warp is done with the k tiles' stages
+    # the thread's fragment corner in the tile: row wm*WTM + lane/4, column wn*WTN + 2*(lane%4)
+    a("shr.u64", t1, tid, 5)
+    a("shr.u64", t1, t1, _log2(c.WN))
+    a("mul.i64", t1, t1, WTM)
+    a("and.b64", t2, tid, 31)
+    a("shr.u64", t2, t2, 2)
+    a("add.i64", t1, t1, t2)
+    a("mul.i64", t1, t1, RS)
+    a("shr.u64", t2, tid, 5)
+    a("and.b64", t2, t2, c.WN - 1)
+    a("mul.i64", t2, t2, WTN)
+    a("and.b64", t3, tid, 3)
+    a("shl.b64", t3, t3, 1)
+    a("add.i64", t2, t2, t3)
+    a("shl.b64", t2, t2, 1)
+    a("add.i64", t1, t1, t2)                           # shared byte offset of the corner
+    for q in range(2 * MI):
+        mi, h = divmod(q, 2)
+        for ni in range(NI):
+            src = accr(mi, ni) + 2 * h
+            w = t2 if ni % 2 == 0 else t3
+            a(cvt, w, src, src + 1, p=p)
+            a("st.shared.b32", Mem(t1, (16 * mi + 8 * h) * RS + 16 * ni), w, p=p)
+    a("bar.sync")
+    a("bra", "VEC4", p=p, neg=True)
+    # thread: chunk tid % CPR of rows tid / CPR + RPI*i; C tile at m0, n0 of this block's matrix
+    a("shr.u64", t1, tid, _log2(CPR))                  # first row
+    a("and.b64", t2, tid, CPR - 1)                     # chunk
+    a("s2r", t3, "%ctaid.x")
+    a("shl.b64", t3, t3, _log2(c.BN))
+    a("shl.b64", t4, t2, 3)
+    a("add.i64", t4, t4, t3)                           # column n0 + 8*chunk
+    a("s2r", t3, "%ctaid.y")
+    a("shl.b64", t3, t3, _log2(c.BM))
+    a("add.i64", t3, t3, t1)                           # row m0 + first row
+    a("mad.i64", t4, t3, ldc, t4)
+    z = _batch_index(a)
+    _batch_ptr(a, t5, "C", "sc_b", "sc_h", 2, z)
+    a.free(*z)
+    a("shl.b64", t4, t4, 1)
+    a("add.i64", t5, t5, t4)                           # global address of the first chunk
+    a("mul.i64", t1, t1, RS)
+    a("shl.b64", t2, t2, 4)
+    a("add.i64", t1, t1, t2)                           # its shared offset
+    a("mul.i64", t4, ldc, 2 * RPI)                     # RPI rows of C
+    groups = min(4, MI * NI)                           # the accumulators are free: 4-register buffers
+    for i in range(c.BM // RPI):
+        buf = acc + 4 * (i % groups)
+        a("ld.shared.v4.b32", buf, Mem(t1, i * RPI * RS))
+        a("st.global.v4.b32", Mem(t5, 0), buf)
+        if i + 1 < c.BM // RPI:
+            a("add.i64", t5, t5, t4)
+    a("exit")
+    a.label("VEC4")
+
+
+def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr,
+              smem: int) -> None:
     """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
-    mma tile. Fast path (whole block inside C, N even): 8-byte (f32) / 4-byte (f16x2) stores."""
+    mma tile. Fast path (whole block inside C, ldc and C's strides even): 8-byte (f32) / 4-byte
+    (f16x2) stores. f16 / bf16 out with ldc and strides multiples of 8: the block's C tile is
+    staged in shared memory (`smem` bytes are free after the main loop) and stored 16 bytes a lane,
+    whole rows a warp, as CUTLASS's epilogue does: the 4-byte stores write 16-byte pieces of
+    32-byte sectors, which the L2 must fetch before it can merge them."""
     if c.alpha != 1.0:
         for i in range(MI * NI * 4):
             a("mul.f32", acc + i, acc + i, c.alpha)
     tid, t1, t2 = a.reg(), a.reg(), a.reg()
     Mr, Nr, ptr, row, col, step = a.reg(), a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     ldc = a.reg()
+    t3, t4, t5 = (a.reg(), a.reg(), a.reg()) if c.out != "f32" else (None, None, None)
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
@@ -1089,8 +1170,11 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("shl.b64", t1, t1, _log2(osz))
     a("add.i64", ptr, ptr, t1)                         # &C[row, col]
     a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
-    a("bra", "EDGE", p=pf, neg=True)
     cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
+    RS = c.BN * 2 + 16                                 # staged row: BN halves + 16 bytes of padding
+    if cvt is not None and c.BM * RS <= smem:
+        _staged_store(a, c, acc, MI, NI, WTM, WTN, accr, cvt, RS, tid, ldc, (t1, t2, t3, t4, t5), pf, pq)
+    a("bra", "EDGE", p=pf, neg=True)
     # -- fast path
     cur = t2
     a("mov.b64", cur, ptr)
