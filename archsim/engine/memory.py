@@ -91,6 +91,7 @@ class MState(NamedTuple):
     bytes: np.ndarray        # int64 [BY_N]
     lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
     fe_t: np.ndarray         # int64 [channels, front-end capacity]: fabric cycle each front-end slot leaves
+    ep_pending: np.ndarray   # int64 [endpoints] no L2: accepted requests whose reply has not left yet
     dma: DM.DmaState         # DMA engines (none on a GPU)
     gnode: np.ndarray        # int32 [groups, 2] fabric node of each core group: req, resp (M_GROUPED)
 
@@ -178,7 +179,8 @@ def make_mstate(machine, TS) -> MState:
         slice_hold=np.full(nmem, -1, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
-        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), dma=dma, gnode=gnode)
+        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
+        gnode=gnode)
 
 
 def frontend_capacity(machine) -> int:
@@ -580,6 +582,8 @@ def _slice_cycle(MS, sl, now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         q_pop(Q, q)
+        if cfg[M_HAS_L2] == 0:
+            MS.ep_pending[sl] -= 1
     # DRAM requests that found their channel queue full
     q = cfg[M_Q_RETRY] + sl
     while Q.count[q] > 0:
@@ -600,8 +604,15 @@ def _slice_cycle(MS, sl, now):
     line = R.addr[r]
     is_write = R.kind[r] == KIND_WRITE
     if cfg[M_HAS_L2] == 0:
+        # a reply must never be refused: accept a request that will be answered (a read, an
+        # acknowledged DMA write) only while the reply queue could hold every accepted one
+        answered = R.kind[r] != KIND_WRITE or R.tag[r] == TAG_DMA
+        if answered and MS.ep_pending[sl] >= Q.cap[cfg[M_Q_L2D] + sl]:
+            return
         if not _to_dram(MS, r):
             return
+        if answered:
+            MS.ep_pending[sl] += 1
         MS.slice_hold[sl] = -1
         return
     full = R.aux1[r] if is_write else np.int64(0)
