@@ -327,3 +327,21 @@ def test_cli_micro_dma_writes_its_json(tmp_path, capsys):
     assert doc["schema"] == "archsim.micro/1" and doc["unit"] == "B/cycle" and doc["value"] > 0
     assert main(["micro", "dma", "--hw", "tiny-sunway", "--param", "size_bytes=999999"]) == 2
     assert "does not fit the LDM" in capsys.readouterr().err
+
+
+def test_dma_outside_the_ldm_stops_with_the_core_and_instruction(sw):
+    from archsim.errors import SimulationError
+
+    src = ".kernel k\n.shared 256\n.param a\n        ldparam r1, a\n        mov.b64 r2, 128\n" \
+          "        mov.b64 r3, 200\n        dma.get [r2], [r1], r3\n        dma.wait 0\n        exit\n"
+    with pytest.raises(SimulationError) as e:
+        time_kernel(assemble(src, "k.s"), sw, CPE, {"a": np.zeros(256, np.uint8)})
+    assert e.value.where == "k.s:7" and "core 0" in str(e.value) and "outside the block's 256 bytes" in str(e.value)
+
+
+def test_pointer_chase_from_a_cpe_goes_over_the_ring(sw):
+    # every load is a ring round trip and a DDR4 access; an open row saves tRCD
+    r = MI.run_micro("latency", sw, {"footprint_kib": 16, "loads": 128})
+    cold = measure(sw, GLD)
+    trcd = sw.dram.timing.tRCD / sw.clock_ratios.memory
+    assert cold - trcd - 4 <= r.value <= cold + 4
