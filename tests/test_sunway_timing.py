@@ -345,3 +345,15 @@ def test_pointer_chase_from_a_cpe_goes_over_the_ring(sw):
     cold = measure(sw, GLD)
     trcd = sw.dram.timing.tRCD / sw.clock_ratios.memory
     assert cold - trcd - 4 <= r.value <= cold + 4
+
+
+def test_cpe_global_store_goes_out_on_the_ring(sw):
+    src = ".kernel k\n.param a\n        ldparam r1, a\n        mov.b64 r2, 77\n        st.global.b64 [r1+8], r2\n" \
+          "        exit\n"
+    t = time_kernel(assemble(src, "k.s"), sw, CPE, {"a": np.zeros(4, np.int64)})
+    assert list(t.buffers["a"]) == [0, 77, 0, 0]
+    # the store leaves on the request ring as one packet: an 8-B header and the 32-B sector the
+    # coalescer rounds it to (the kernel ends when its CPE exits: as on the GPU, a run does not
+    # wait for stores still in flight)
+    b = t.memory["bytes"]
+    assert b["fabric"] == 8 + 32 and b["dram_read"] == 0
