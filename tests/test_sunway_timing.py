@@ -357,3 +357,13 @@ def test_cpe_global_store_goes_out_on_the_ring(sw):
     # wait for stores still in flight)
     b = t.memory["bytes"]
     assert b["fabric"] == 8 + 32 and b["dram_read"] == 0
+
+
+@pytest.mark.parametrize("dtype,published_tflops", [("f16x2", 55.3), ("f32", 13.82)])
+def test_sw26010pro_cpe_vector_fma_reaches_the_published_peak(dtype, published_tflops):
+    # [BGL]: 55.3 fp16 TFLOP/s from the 384 CPEs; 14.03 fp32 of which 13.82 from the CPEs
+    m = load_machine("sw26010pro")
+    cycles_per_fma = longer(m, lambda i: f"fma.{dtype} r{1 + i % 4}, r{1 + i % 4}, r20, r21", 16) / 16
+    flops = 32 * (4 if dtype == "f16x2" else 2)  # a warp-instruction: 32 lanes, f16x2 packs two FMAs
+    tflops = flops / cycles_per_fma * 384 * m.clock_ghz / 1000
+    assert tflops == pytest.approx(published_tflops, rel=0.01)
