@@ -413,7 +413,7 @@ def micro_dma(machine, p: dict, out: MicroResult) -> float:
     from archsim.config.derived import scratch_usable_kib
     from archsim.engine.dma import pieces
 
-    _need(machine.dma is not None, "micro dma", f"{machine.name} has no DMA engines", "a Sunway machine (dma:)")
+    _need(machine.dma is not None, "micro dma", f"{machine.name} has no DMA engines", "a Sunway machine: one with a dma block")
     _need(p["direction"] in ("get", "put"), "--param direction", repr(p["direction"]), "get or put")
     ldm = scratch_usable_kib(machine) * 1024
     size, cpes = p["size_bytes"], p["cpes"]
@@ -424,6 +424,7 @@ def micro_dma(machine, p: dict, out: MicroResult) -> float:
     _need(p["offset_bytes"] >= 0, "--param offset_bytes", f"{p['offset_bytes']}", ">= 0")
     spacing = size if p["spacing_bytes"] == -1 else p["spacing_bytes"]
     _need(spacing >= 0, "--param spacing_bytes", f"{spacing}", ">= 0")
+    p["spacing_bytes"] = spacing  # the record shows the value used
     _need(p["reps"] >= 1, "--param reps", f"{p['reps']}", ">= 1")
     piece = machine.dma.piece_bytes
     stride = -(-max(cpes * spacing, size) // piece) * piece  # every rep keeps the same alignment
