@@ -254,7 +254,11 @@ def test_result_record_carries_dma_bytes_bandwidth_and_dma_wait(sw):
     assert k["dma"]["gets"] == 8 and k["dma"]["bytes_get"] == 8192
     assert k["bandwidth_gbps"]["dma"] > 0 and "l1" not in k["bandwidth_gbps"]
     assert k["stalls"]["dma_wait"] > 0.5 and sum(k["stalls"].values()) == pytest.approx(1.0)
-    assert sum(k["timeline"]["series"]["dma_gbps"]) > 0
+    tl = k["timeline"]
+    n = len(tl["series"]["dma_gbps"])
+    sec = [tl["window_cycles"]] * (n - 1) + [k["cycles"] - (n - 1) * tl["window_cycles"]]
+    moved = sum(g * c / (sw.clock_ghz * 1e9) * 1e9 for g, c in zip(tl["series"]["dma_gbps"], sec))
+    assert moved == pytest.approx(8192, rel=1e-3)  # the timeline adds back up to the DMA bytes
     assert k["memory_controllers"][0]["gbps"] > 0 and k["fabric"]["link_util_max"] > 0
     assert r.value == pytest.approx(8192 / k["cycles"])
 
