@@ -72,8 +72,14 @@ PARAMS = {
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
+    "dma": {"direction": (str, "get", "get or put"), "size_bytes": (int, None, "bytes per transfer, 1 .. the LDM"),
+            "cpes": (int, 1, "CPEs of core group 0 taking part, 1 .. cores per group"),
+            "offset_bytes": (int, 0, "start offset from a 256-byte aligned base, >= 0"),
+            "spacing_bytes": (int, -1, "bytes between the regions of neighbouring CPEs, >= 0 (default: size_bytes)"),
+            "reps": (int, 4, "transfers per CPE, each waited for, >= 1")},
 }
-UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s"}
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
+         "dma": "B/cycle"}
 
 
 def parse_params(name: str, given: list[str] | dict) -> dict:
@@ -419,8 +425,79 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     return tf
 
 
+def dma_kernel(direction: str, ldm_bytes: int) -> str:
+    """Each CPE (one block per CPE) moves `reps` transfers of `size` bytes between global memory
+    and its LDM, waiting for each (as a blocking athread get/put does). CPE i's transfer r
+    starts at buf + offset + i * spacing + r * stride."""
+    op = "dma.get [r8], [r1], r4" if direction == "get" else "dma.put [r1], [r8], r4"
+    return f""".kernel dma_{direction}
+.shared {ldm_bytes}
+.param buf
+.param offset
+.param spacing
+.param stride
+.param size
+.param reps
+        s2r r0, %ctaid.x
+        ldparam r1, buf
+        ldparam r2, spacing
+        mad.i64 r1, r0, r2, r1
+        ldparam r3, offset
+        add.i64 r1, r1, r3
+        ldparam r4, size
+        ldparam r5, reps
+        ldparam r6, stride
+        mov.b64 r7, 0
+        mov.b64 r8, 0
+LOOP:   {op}
+        dma.wait 0
+        add.i64 r1, r1, r6
+        add.i64 r7, r7, 1
+        setp.lt.i64 p0, r7, r5
+   @p0  bra LOOP
+        exit
+"""
+
+
+def micro_dma(machine, p: dict, out: MicroResult) -> float:
+    """Aggregate DMA bandwidth of one core group: `cpes` CPEs of group 0 each move `reps`
+    transfers of `size_bytes`; the value is all bytes moved over the kernel's cycles."""
+    from archsim.config.derived import scratch_usable_kib
+    from archsim.engine.dma import pieces
+
+    _need(machine.dma is not None, "micro dma", f"{machine.name} has no DMA engines", "a Sunway machine: one with a dma block")
+    _need(p["direction"] in ("get", "put"), "--param direction", repr(p["direction"]), "get or put")
+    ldm = scratch_usable_kib(machine) * 1024
+    size, cpes = p["size_bytes"], p["cpes"]
+    _need(0 < size <= ldm, "--param size_bytes", f"a transfer of {size} bytes does not fit the LDM of "
+          f"{ldm} bytes" if size > 0 else f"{size} is not a size", f"1 .. {ldm}")
+    per_group = machine.cores.per_group
+    _need(1 <= cpes <= per_group, "--param cpes", f"{cpes} CPEs", f"1 .. {per_group}")
+    _need(p["offset_bytes"] >= 0, "--param offset_bytes", f"{p['offset_bytes']}", ">= 0")
+    spacing = size if p["spacing_bytes"] == -1 else p["spacing_bytes"]
+    _need(spacing >= 0, "--param spacing_bytes", f"{spacing}", ">= 0")
+    p["spacing_bytes"] = spacing  # the record shows the value used
+    _need(p["reps"] >= 1, "--param reps", f"{p['reps']}", ">= 1")
+    piece = machine.dma.piece_bytes
+    stride = -(-max(cpes * spacing, size) // piece) * piece  # every rep keeps the same alignment
+    reps = p["reps"]
+    nbytes = p["offset_bytes"] + (cpes - 1) * spacing + (reps - 1) * stride + size
+    prog = assemble(dma_kernel(p["direction"], (size + 7) // 8 * 8))
+    args = {"buf": Unbacked(nbytes), "offset": p["offset_bytes"], "spacing": spacing, "stride": stride,
+            "size": size, "reps": reps}
+    t = _time(prog, machine, Launch((cpes, 1, 1), (machine.cores.warp_width, 1, 1)), args,
+              f"dma_{p['direction']}", out)
+    moved = cpes * reps * size
+    base = buffer_addresses(prog, args)["buf"] + p["offset_bytes"]
+    out.extra["bytes_moved"] = moved
+    out.extra["gbps"] = moved / stats.seconds(machine, t.cycles) / 1e9
+    out.extra["pieces_per_transfer_cpe0"] = pieces(base, size, piece)
+    out.extra["transfer_latency_mean_cycles"] = t.memory["dma"]["latency_mean_cycles"]
+    return moved / t.cycles
+
+
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm,
-          "attention": micro_attention}
+          "attention": micro_attention, "dma": micro_dma}
 
 
 def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:

@@ -66,7 +66,7 @@ def timeline_record(machine, window: int, rows: np.ndarray, end_cycle: int) -> d
     ncyc[-1] = max(float(end_cycle - (rows.shape[0] - 1) * window), 1.0)
     sec = ncyc / (machine.clock_ghz * 1e9)
     series: dict[str, list] = {"ipc": list(np.round(d[:, col["warp_instructions"]] / ncyc, 4))}
-    for lvl in ("l1", "scratch", "l2", "fabric"):
+    for lvl in ("l1", "scratch", "l2", "fabric", "dma"):
         if lvl in _levels(machine):
             series[f"{lvl}_gbps"] = list(np.round(d[:, col[lvl]] / sec / 1e9, 3))
     series["dram_gbps"] = list(np.round((d[:, col["dram_read"]] + d[:, col["dram_write"]]) / sec / 1e9, 3))
@@ -116,6 +116,9 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
         if mem["load_latency"]["count"] else 0.0,
         "skipped_cycles": int(timing.skipped_cycles),
     }
+    if "dma" in mem:
+        rec["dma"] = dict(mem["dma"])
+        rec["bytes"]["dma"] = int(b.get("dma", 0))
     return rec
 
 

@@ -25,7 +25,7 @@ MAX_WR = 4
 # issue classes
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
- CLS_BARGRID, CLS_NOP) = range(19)
+ CLS_BARGRID, CLS_NOP, CLS_DMA_PUT) = range(20)   # CLS_DMA: dma.get
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -53,7 +53,7 @@ class Decoded(NamedTuple):
 
 _RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
 _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC, "cpcommit": CLS_CPCOMMIT,
-        "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA, "dma_wait": CLS_DMAWAIT,
+        "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA_PUT, "dma_wait": CLS_DMAWAIT,
         "rma_put": CLS_RMA, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP}
 

@@ -28,7 +28,8 @@ DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 # Timeline: cumulative counters sampled at every window boundary (rows), then differenced by the
 # stats layer into per-window rates. When the rows run out, every other row is dropped and the
 # window doubles, so any run fits in a fixed array.
-TL_COUNTERS = ("warp_instructions", "l1", "scratch", "l2", "dram_read", "dram_write", "fabric") + \
+TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
+TL_COUNTERS = ("warp_instructions",) + TL_BYTES + \
     tuple("stall_" + n for n in K.STALL_NAMES)
 TL_ROWS = 512
 TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
@@ -41,7 +42,7 @@ def make_timeline(window_cycles: int = 1024) -> tuple[np.ndarray, np.ndarray]:
 def timeline_rows(TL, tlk, TS, MS, end_cycle: int) -> tuple[int, np.ndarray]:
     """(window, rows): the sampled rows plus a last one with the totals at the end of the run."""
     n = int(tlk[TLK_ROWS])
-    last = np.concatenate([[TS.issued.sum()], MS.bytes[:6], TS.stall.sum(axis=0)]).astype(np.int64)
+    last = np.concatenate([[TS.issued.sum()], MS.bytes[:len(TL_BYTES)], TS.stall.sum(axis=0)]).astype(np.int64)
     return int(tlk[TLK_WINDOW]), np.vstack([TL[:n], last[None, :]])
 
 
@@ -60,10 +61,11 @@ def _tl_sample(TL, tlk, TS, MS):
     r = tlk[TLK_ROWS]
     K.flush_all(TS, tlk[TLK_NEXT])
     TL[r, 0] = TS.issued.sum()
-    for i in range(6):
+    nb = TL.shape[1] - TS.stall.shape[1] - 1  # byte levels (TL_BYTES)
+    for i in range(nb):
         TL[r, 1 + i] = MS.bytes[i]
     for k in range(TS.stall.shape[1]):
-        TL[r, 7 + k] = TS.stall[:, k].sum()
+        TL[r, 1 + nb + k] = TS.stall[:, k].sum()
     tlk[TLK_ROWS] = r + 1
     tlk[TLK_NEXT] += tlk[TLK_WINDOW]
     return True

@@ -30,6 +30,7 @@ import numpy as np
 from archsim.engine import cache as CA
 from archsim.engine import core as K
 from archsim.engine import decode as D
+from archsim.engine import dma as DM
 from archsim.engine import dram as DR
 from archsim.engine import noc as NC
 from archsim.engine.jit import njit
@@ -50,13 +51,16 @@ TRK_LOAD, TRK_CP = 0, 1
 # cfg fields
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
- M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_N) = range(28)
+ M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_N) = range(30)
+# M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
+# replies are taken off the fabric per group and handed to their core or DMA engine
 # clocks
 CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, CK_N = range(5)
 # bytes moved per level
-BY_L1, BY_SCRATCH, BY_L2, BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_N = range(7)
+BY_L1, BY_SCRATCH, BY_L2, BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_DMA, BY_RMA, BY_N = range(9)
 # request tags of packets in flight below the L1
 TAG_WRITE = -(1 << 30)   # a write: no answer expected
+TAG_DMA = -(1 << 29)     # a DMA piece (aux0 = engine * DESC_CAP + descriptor slot); its write is acknowledged
 
 
 class MState(NamedTuple):
@@ -87,6 +91,9 @@ class MState(NamedTuple):
     bytes: np.ndarray        # int64 [BY_N]
     lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
     fe_t: np.ndarray         # int64 [channels, front-end capacity]: fabric cycle each front-end slot leaves
+    ep_pending: np.ndarray   # int64 [endpoints] no L2: accepted requests whose reply has not left yet
+    dma: DM.DmaState         # DMA engines (none on a GPU)
+    gnode: np.ndarray        # int32 [groups, 2] fabric node of each core group: req, resp (M_GROUPED)
 
 
 def _dummy_cache():
@@ -145,13 +152,21 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_Q_MISS], cfg[M_Q_L1D], cfg[M_Q_L2D], cfg[M_Q_RETRY] = q_miss, q_l1d, q_l2d, q_retry
     cfg[M_Q_FE], cfg[M_FE_LAT] = q_fe, fe_lat
     nodes = np.full((4, max(cores, nmem)), -1, np.int32)
-    nodes[0, :cores] = fab.req_core
+    grouped = len(fab.req_core) != cores  # Sunway: one fabric node per core group
+    core_node = np.arange(cores) // machine.cores.per_group if grouped else np.arange(cores)
+    nodes[0, :cores] = fab.req_core[core_node]
     nodes[1, :nmem] = fab.req_mem
     nodes[2, :nmem] = fab.resp_mem
-    nodes[3, :cores] = fab.resp_core
+    nodes[3, :cores] = fab.resp_core[core_node]
+    cfg[M_GROUPED] = int(grouped)
+    cfg[M_GROUPS] = len(fab.req_core) if grouped else 0
+    gnode = np.stack([fab.req_core, fab.resp_core], axis=1).astype(np.int32) if grouped else \
+        np.full((1, 2), -1, np.int32)
+    dma = DM.make_dma_state(machine)
     trk_free = np.tile(np.arange(TRACKERS - 1, -1, -1, dtype=np.int32), (cores, 1))
     l2_mshrs = l2c.mshrs if l2c else 0
-    nreq = cores * (TRACKERS + 128) + nmem * (2 * l2_mshrs + 2 * 256 + 64) + 4096
+    nreq = cores * (TRACKERS + 128) + nmem * (2 * l2_mshrs + 2 * 256 + 64) + 4096 + \
+        int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0)
     lat = np.zeros(4, np.int64)
     lat[2] = 1 << 62
     return MState(
@@ -164,7 +179,8 @@ def make_mstate(machine, TS) -> MState:
         slice_hold=np.full(nmem, -1, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
-        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64))
+        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
+        gnode=gnode)
 
 
 def frontend_capacity(machine) -> int:
@@ -243,6 +259,8 @@ def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
             return False
         if (cls == D.CLS_LD_GLOBAL or cls == D.CLS_CPASYNC) and MS.trk_nfree[core] == 0:
             return False
+    elif cls == D.CLS_DMA or cls == D.CLS_DMA_PUT:
+        return DM.dma_can_issue(MS.dma, core)  # the engine's descriptor FIFO has room
     return True
 
 
@@ -250,9 +268,14 @@ def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
 def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
     """Book a memory instruction just executed at issue (its addresses are in S.addr[w])."""
     cls = Dd.cls[pc]
+    if cls == D.CLS_DMA or cls == D.CLS_DMA_PUT:
+        # execute left the operands in S.addr: get [ldm], [global], n | put [global], [ldm], n
+        put = cls == D.CLS_DMA_PUT
+        DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now)
+        return
     if not (cls == D.CLS_LD_GLOBAL or cls == D.CLS_ST_GLOBAL or cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED
             or cls == D.CLS_LDMATRIX or cls == D.CLS_CPASYNC):
-        return  # dma / rma: the Sunway engines (not on this machine family yet)
+        return  # rma: not timed yet (timing.py refuses RMA programs)
     i = MS.mio_head[core] + MS.mio_count[core]
     if i >= MIO_CAP:
         i -= MIO_CAP
@@ -445,7 +468,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
     node = MS.node[3, core]
     mio0 = MS.mio_count[core]
     trk0 = MS.trk_nfree[core]
-    while True:
+    while cfg[M_GROUPED] == 0:  # grouped: _group_replies took them off the fabric
         r = NC.noc_eject(MS.resp, node)
         if r < 0:
             break
@@ -554,11 +577,13 @@ def _slice_cycle(MS, sl, now):
         r = q_peek(Q, q, 0)
         if R.aux1[r] > now:
             break
-        nbytes = HEADER_BYTES + R.nbytes[r]
+        nbytes = HEADER_BYTES + (R.nbytes[r] if R.kind[r] != KIND_WRITE else 0)  # a write's ack: a header
         if not NC.noc_inject(MS.resp, MS.node[2, sl], r, nbytes, MS.node[3, R.src[r]], now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         q_pop(Q, q)
+        if cfg[M_HAS_L2] == 0:
+            MS.ep_pending[sl] -= 1
     # DRAM requests that found their channel queue full
     q = cfg[M_Q_RETRY] + sl
     while Q.count[q] > 0:
@@ -579,8 +604,15 @@ def _slice_cycle(MS, sl, now):
     line = R.addr[r]
     is_write = R.kind[r] == KIND_WRITE
     if cfg[M_HAS_L2] == 0:
+        # a reply must never be refused: accept a request that will be answered (a read, an
+        # acknowledged DMA write) only while the reply queue could hold every accepted one
+        answered = R.kind[r] != KIND_WRITE or R.tag[r] == TAG_DMA
+        if answered and MS.ep_pending[sl] >= Q.cap[cfg[M_Q_L2D] + sl]:
+            return
         if not _to_dram(MS, r):
             return
+        if answered:
+            MS.ep_pending[sl] += 1
         MS.slice_hold[sl] = -1
         return
     full = R.aux1[r] if is_write else np.int64(0)
@@ -612,7 +644,10 @@ def _dram_done(MS, c, now):
         rd = q_pop(Q, q)
         if R.kind[rd] == KIND_WRITE:
             MS.bytes[BY_DRAM_W] += R.nbytes[rd]
-            req_free(R, rd)
+            if R.tag[rd] == TAG_DMA:  # a DMA put piece: the controller acknowledges it
+                _respond(MS, _slice_of(MS, R.addr[rd]), rd, now)
+            else:
+                req_free(R, rd)
             continue
         MS.bytes[BY_DRAM_R] += R.nbytes[rd]
         if cfg[M_HAS_L2] == 0:
@@ -635,6 +670,69 @@ def _dram_done(MS, c, now):
             else:
                 _respond(MS, sl, rr, now + cfg[M_L2_LAT] + _far(MS, R.src[rr], sl) * cfg[M_FAR])
         CA.mshr_free(MS.L2, sl, e)
+
+
+@njit(cache=True)
+def _group_replies(MS, TS, g, now):
+    """Replies at core group g's ring stop: DMA pieces to their engine, the rest (CPE global
+    loads) to the core that asked."""
+    R = MS.R
+    while True:
+        r = NC.noc_eject(MS.resp, MS.gnode[g, 1])
+        if r < 0:
+            break
+        if R.tag[r] == TAG_DMA:
+            a = R.aux0[r]
+            n = R.nbytes[r]
+            req_free(R, r)
+            MS.bytes[BY_DMA] += n
+            DM.dma_piece_done(MS.dma, TS, a // DM.DESC_CAP, a % DM.DESC_CAP, n, now)
+        else:
+            _response(MS, TS, R.src[r], r, now)
+
+
+@njit(cache=True)
+def _dma_send(MS, e, r, now_f):
+    """Put DMA piece request r of engine e on the request ring at its group's stop; a refused one
+    is held and retried next cycle (back-pressure)."""
+    R = MS.R
+    nbytes = HEADER_BYTES + (R.nbytes[r] if R.kind[r] == KIND_WRITE else 0)
+    dest = MS.node[1, _slice_of(MS, R.addr[r])]
+    if NC.noc_inject(MS.req, MS.gnode[MS.dma.engine_group[e], 0], r, nbytes, dest, now_f):
+        MS.bytes[BY_FABRIC] += nbytes
+        MS.dma.eng[e, DM.EN_HOLD] = -1
+        return True
+    MS.dma.eng[e, DM.EN_HOLD] = r
+    return False
+
+
+@njit(cache=True)
+def _dma_engines(MS, TS, now):
+    """One core cycle of every DMA engine: retry a piece the ring refused, then send the pieces
+    the port, the in-flight limit and the descriptors' start-up allow."""
+    DMs = MS.dma
+    R = MS.R
+    now_f = MS.clocks[CK_NOW_FAB]
+    for e in range(DMs.cfg[DM.DC_ENGINES]):
+        en = DMs.eng[e]
+        if en[DM.EN_COUNT] == 0:
+            continue
+        if en[DM.EN_HOLD] >= 0 and not _dma_send(MS, e, en[DM.EN_HOLD], now_f):
+            continue
+        while True:
+            slot = DM.dma_ready_piece(DMs, e, now)
+            if slot < 0:
+                break
+            addr, n = DM.dma_piece(DMs, e, slot)
+            d = DMs.desc[e, slot]
+            put = d[DM.DD_PUT] != 0
+            r = req_alloc(R, addr, n, KIND_WRITE if put else KIND_READ, d[DM.DD_CORE], TAG_DMA, now)
+            if r < 0:
+                break  # the request table is full: try again next cycle
+            R.aux0[r] = e * DM.DESC_CAP + slot
+            DM.dma_piece_sent(DMs, e, slot, n, now)
+            if not _dma_send(MS, e, r, now_f):
+                break
 
 
 @njit(cache=True)
@@ -663,6 +761,12 @@ def mem_cycle(MS, TS, S, Dd, now):
         NC.noc_step(MS.resp, nf)
         ck[CK_NOW_FAB] += 1
         ck[CK_FAB_ACC] -= ONE
+    if cfg[M_GROUPED]:
+        for g in range(cfg[M_GROUPS]):
+            if NC.noc_deliverable(MS.resp, MS.gnode[g, 1]):
+                _group_replies(MS, TS, g, now)
+        if MS.dma.cfg[DM.DC_ENGINES] > 0:
+            _dma_engines(MS, TS, now)
     for core in range(cfg[M_CORES]):
         if _core_has_work(MS, core):
             _core_memory(MS, TS, S, Dd, core, now)
@@ -685,7 +789,7 @@ def _core_has_work(MS, core):
     cfg = MS.cfg
     Q = MS.Q
     return (MS.mio_count[core] > 0 or Q.count[cfg[M_Q_L1D] + core] > 0 or Q.count[cfg[M_Q_MISS] + core] > 0
-            or NC.noc_deliverable(MS.resp, MS.node[3, core]))
+            or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
 
 
 @njit(cache=True)
@@ -706,6 +810,9 @@ def _busy_outside_dram(MS):
             return True
     if not NC.noc_idle(MS.req) or not NC.noc_idle(MS.resp):
         return True
+    for e in range(MS.dma.cfg[DM.DC_ENGINES]):
+        if MS.dma.eng[e, DM.EN_HOLD] >= 0:
+            return True
     return False
 
 
@@ -717,7 +824,7 @@ def mem_idle(MS):
     for core in range(MS.cfg[M_CORES]):
         if MS.mio_count[core] > 0:
             return False
-    return True
+    return not DM.dma_busy(MS.dma)
 
 
 @njit(cache=True)
@@ -727,15 +834,16 @@ def mem_next_event(MS, now):
         return now + 1
     cfg = MS.cfg
     ck = MS.clocks
+    t_dma = DM.dma_next_event(MS.dma, now) if MS.dma.cfg[DM.DC_ENGINES] > 0 else K.INF
     tm = DR.dram_next_event(MS.Dm, MS.Q, 0, ck[CK_NOW_MEM])
     if tm >= DR.NEVER:
-        return K.INF
+        return t_dma
     # the core cycle in which memory cycle tm is stepped
     need = (tm - ck[CK_NOW_MEM] + 1) * ONE - ck[CK_MEM_ACC]
     j = (need + cfg[M_MEM_RATIO] - 1) // cfg[M_MEM_RATIO]
     if j < 1:
         j = 1
-    return now + j
+    return min(now + j, t_dma)
 
 
 @njit(cache=True)
@@ -765,7 +873,7 @@ def near_half_of_core(machine, core: int) -> int:
 
 def mem_counters(MS, cycles: int) -> dict:
     out = {"bytes": {k: int(MS.bytes[i]) for i, k in enumerate(("l1", "scratch", "l2", "dram_read", "dram_write",
-                                                               "fabric"))},
+                                                               "fabric", "dma", "rma"))},
            "load_latency": {"sum": int(MS.lat[0]), "count": int(MS.lat[1]),
                             "min": int(MS.lat[2]) if MS.lat[1] else 0, "max": int(MS.lat[3])},
            "now_mem": int(MS.clocks[CK_NOW_MEM]), "now_fab": int(MS.clocks[CK_NOW_FAB])}
@@ -775,4 +883,6 @@ def mem_counters(MS, cycles: int) -> dict:
         out["l2"] = CA.cache_counters(MS.L2, "l2")
     out["dram"] = DR.dram_counters(MS.Dm, int(MS.clocks[CK_NOW_MEM]))
     out["fabric"] = NC.fabric_counters(MS.req, MS.resp, max(int(MS.clocks[CK_NOW_FAB]), 1))
+    if MS.dma.cfg[DM.DC_ENGINES] > 0:
+        out["dma"] = DM.dma_counters(MS.dma)
     return out
