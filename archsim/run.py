@@ -199,10 +199,14 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
             flat = flat[:int(np.prod(slot.view))].reshape(slot.view)
         return np.ascontiguousarray(flat).copy()
 
-    def write_back(slot, arr):
+    def write_back(slot, given, arr):
+        """The elements the kernel changed go back into the tensor (several output parameters
+        of one kernel may cover different parts of one tensor, e.g. dK and dV of d_qkv)."""
         flat = host[slot.tensor].reshape(-1)
-        a = np.asarray(arr).reshape(-1)
-        flat[slot.offset:slot.offset + a.size] = a
+        a, g = np.asarray(arr).reshape(-1), np.asarray(given).reshape(-1)
+        bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize]
+        changed = np.nonzero(a.view(bits) != g.view(bits))[0]
+        flat[slot.offset + changed] = a[changed]
 
     recs, op_ver = [], {}
     done = 0
@@ -214,7 +218,7 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
             args = {p: bind(v) if isinstance(v, Slot) else v for p, v in k.params.items()}
             res = run_functional(k.program, args, k.launch, warp_width=caps.warp_width, ncores=caps.cores_total)
             for p in k.outputs:
-                write_back(k.params[p], res.output(p))
+                write_back(k.params[p], args[p], res.output(p))
             recs.append({"name": k.name, "op": k.op, "count": wl.model.layers, "grid": list(k.launch.grid),
                          "block": list(k.launch.block), "flops": int(k.flops), "model_flops": int(k.model_flops),
                          "warp_instructions": int(res.warp_instructions)})
