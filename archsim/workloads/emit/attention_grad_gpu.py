@@ -817,21 +817,31 @@ class AttentionGradKernel:
         """The arguments of one part, from ``args`` / ``qkv_args``."""
         return {k: args[k] for k in part.program.params}
 
-    def random_inputs(self, seed: int = 0) -> tuple:
+    def random_inputs(self, seed: int = 0, qkv: bool = False) -> tuple:
         """(Q, K, V, O, dO, LSE): standard-normal Q, K, V, dO in the host dtype ([rows, ld]
         arrays, columns past heads*d random too), and O and LSE consistent with them (float64
-        attention rounded to the dtype / float32)."""
+        attention rounded to the dtype / float32). With qkv, Q, K and V are one fused QKV buffer
+        (the same array; Q, K, V at column offsets 0, h, 2h), as ``qkv_args`` reads it."""
         rng = np.random.default_rng(seed)
-        B = self.batch
-        Q = to_host(rng.standard_normal((B * self.q_len, self.q_ld)).astype(np.float32), self.dtype)
-        K = to_host(rng.standard_normal((B * self.kv_len, self.kv_ld)).astype(np.float32), self.dtype)
-        V = to_host(rng.standard_normal((B * self.kv_len, self.kv_ld)).astype(np.float32), self.dtype)
-        dO = to_host(rng.standard_normal((B * self.q_len, self.o_ld)).astype(np.float32), self.dtype)
-        q, k, v = self._heads(Q, self.q_len, self.q_ld), self._heads(K, self.kv_len, self.kv_ld), \
-            self._heads(V, self.kv_len, self.kv_ld)
+        B, hd = self.batch, self.heads * self.head_dim
+
+        def normal(rows, ld):
+            return to_host(rng.standard_normal((rows, ld)).astype(np.float32), self.dtype)
+
+        if qkv:
+            Q = K = V = normal(B * self.q_len, self.q_ld)
+            offs = (0, hd, 2 * hd)
+        else:
+            Q, K, V = normal(B * self.q_len, self.q_ld), normal(B * self.kv_len, self.kv_ld), \
+                normal(B * self.kv_len, self.kv_ld)
+            offs = (0, 0, 0)
+        dO = normal(B * self.q_len, self.o_ld)
+        q = self._heads(Q, self.q_len, self.q_ld, offs[0])
+        k = self._heads(K, self.kv_len, self.kv_ld, offs[1])
+        v = self._heads(V, self.kv_len, self.kv_ld, offs[2])
         o, lse = _attention_lse(q, k, v, self.causal, self.scale)
         O = np.zeros((B * self.q_len, self.o_ld), np.float32)
-        O[:, :self.heads * self.head_dim] = o.transpose(0, 2, 1, 3).reshape(B * self.q_len, -1)
+        O[:, :hd] = _merge(o)
         return Q, K, V, to_host(O, self.dtype), dO, np.ascontiguousarray(lse, np.float32)
 
     def _heads(self, X, rows: int, ld: int, off: int = 0) -> np.ndarray:
