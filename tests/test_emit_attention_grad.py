@@ -121,6 +121,8 @@ CASES = [
     ("a100", 2, 3, 70, 70, 64, "bf16", False, True),
     ("a100", 1, 2, 37, 100, 64, "fp16", True, False),     # chunked prefill: kv_len > q_len
     ("a100", 1, 2, 1, 77, 32, "bf16", True, False),       # one query row
+    ("a100", 1, 2, 70, 70, 128, "fp16", True, False),     # head_dim 128: dkdv keeps K / V in shared memory
+    ("a100", 1, 2, 37, 37, 128, "bf16", False, False),
     ("tiny-gpu", 2, 3, 70, 70, 64, "bf16", True, False),
     ("tiny-gpu", 2, 3, 37, 37, 32, "fp16", False, True),
 ]
@@ -248,6 +250,8 @@ def test_parts_flops_and_programs():
         assert g.part("dq").launch.grid == (-(-q_len // (16 * w_q)), n, b)
         assert g.q_pad % 64 == 0 and g.q_pad >= q_len
     # programs do not depend on the sizes; they are loops over tiles with mma, ldmatrix and cp.async
+    assert not flash_attention_grad_kernel(caps, 1, 1, 8, 8, 64).kv_smem
+    assert flash_attention_grad_kernel(caps, 1, 1, 8, 8, 128).kv_smem
     small = flash_attention_grad_kernel(caps, 1, 1, 37, 37, 64, "bf16", True)
     big = flash_attention_grad_kernel(caps, 4, 16, 2048, 2048, 64, "bf16", True)
     assert small.programs == big.programs

@@ -198,6 +198,10 @@ class _TileStream:
         self.r0, self.lim = r0, lim
         self.rj = a.reg()
 
+    def release(self):
+        """Free the stream's registers (after its last copies)."""
+        self.a.free(self.r0, self.rj, self.soff, *self.g, *self.ld)
+
     def start(self, first_row):
         """The next copy reads tile rows first_row + r0 + RS*i."""
         self.a("add.i64", self.rj, first_row, self.r0)
@@ -323,6 +327,7 @@ class _Cfg:
     T: int              # rows of a streamed tile (queries in dkdv, keys in dq)
     c: float            # scale * log2(e)
     scale: float
+    kv_smem: bool = False   # dkdv: K / V of the block staged in shared memory, A fragments by ldmatrix per use
 
 
 def _emit_dkdv(c: _Cfg) -> Program:
@@ -334,9 +339,16 @@ def _emit_dkdv(c: _Cfg) -> Program:
     SB = 2 * TB                                   # a stage: Q tile then dO tile
     KQ, NS, NO, KP, NP = d // 16, Br // 8, d // 8, Br // 16, d // 16
     mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
-    a = _Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_causal' if c.causal else ''}", DKDV_PARAMS, 2 * SB)
+    kvs = c.kv_smem
+    KVB = 2 * SB                                  # kv_smem: K rows then V rows of the block
+    a = _Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_kvs' if kvs else ''}{'_causal' if c.causal else ''}",
+             DKDV_PARAMS, 2 * SB + (2 * Bk * RB if kvs else 0))
     dk, dv = a.reg(4 * NO), a.reg(4 * NO)         # accumulators: n-tile nt at +4nt
-    kq, vq = a.reg(4 * KQ), a.reg(4 * KQ)         # K / V A fragments of the warp's 16 keys
+    if kvs:                                       # shared offsets of the K / V regions; A fragments per k-step
+        kq, vq = KVB, KVB + Bk * RB
+        af = [a.reg(4), a.reg(4)]
+    else:
+        kq, vq = a.reg(4 * KQ), a.reg(4 * KQ)     # K / V A fragments of the warp's 16 keys
     s, dp = a.reg(4 * NS), a.reg(4 * NS)          # S^T -> P^T, dP^T -> dS^T (16 keys x Br queries)
     lv = a.reg(2 * NS)                            # NL, then D, of this lane's query columns
     kf = [a.reg(4), a.reg(4)]
@@ -356,19 +368,27 @@ def _emit_dkdv(c: _Cfg) -> Program:
     a("shr.u64", t1, cx.lane, 2)
     a("add.i64", kA, kA, t1)                      # this lane's key row g (unclamped)
 
-    # ---- K and V fragments of the warp's keys, rows clamped to kv_len - 1
-    klim, pA, pB = a.reg(), a.reg(), a.reg()
+    # ---- K and V of the block's keys, rows clamped to kv_len - 1: fragments of the warp's keys
+    # straight into registers, or (kv_smem) the block's rows into shared memory by cp.async
+    klim = a.reg()
     a("sub.i64", klim, Lk, 1)
-    a("and.b64", t2, cx.lane, 3)
-    a("shl.b64", t2, t2, 2)                       # column byte 4t (elements 2t, 2t+1)
-    for buf, off, dst in (("K", "k_off", kq), ("V", "v_off", vq)):
-        a("min.i64", t1, kA, klim)
-        _row_ptr(a, pA, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
-        a("add.i64", t1, kA, 8)
-        a("min.i64", t1, t1, klim)
-        _row_ptr(a, pB, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
-        _load_a_frags(a, dst, KQ, pA, pB)
-    a.free(pA, pB)
+    if kvs:
+        kst = _TileStream(a, cx, d, Bk, threads, lay, Lk, klim, ("K", "kv_ld", "k_off"), ("V", "kv_ld", "v_off"))
+        kst.start(j0)
+        kst.copies(KVB)
+        kst.release()
+    else:
+        pA, pB = a.reg(), a.reg()
+        a("and.b64", t2, cx.lane, 3)
+        a("shl.b64", t2, t2, 2)                   # column byte 4t (elements 2t, 2t+1)
+        for buf, off, dst in (("K", "k_off", kq), ("V", "v_off", vq)):
+            a("min.i64", t1, kA, klim)
+            _row_ptr(a, pA, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
+            a("add.i64", t1, kA, 8)
+            a("min.i64", t1, t1, klim)
+            _row_ptr(a, pB, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
+            _load_a_frags(a, dst, KQ, pA, pB)
+        a.free(pA, pB)
 
     # ---- query tiles: causal blocks start at the first tile that sees key j0; tiles before nmask
     # have some (key, query) pair hidden and run the mask. Key row k sees query i iff i >= k - diff.
@@ -405,6 +425,10 @@ def _emit_dkdv(c: _Cfg) -> Program:
     _ws_ptr(a, cx, pdd, "D", t2)
     qcol = t2                                     # i0 + 2t, kept in t2 through the loop
     vx0, kx0 = _frag_bases(a, cx.lane, lay, RB)
+    if kvs:
+        abase, ta = a.reg(), a.reg()
+        a("mul.i64", abase, cx.warp, 16 * RB)
+        a("add.i64", abase, abase, vx0)           # row 16w + L%16 keeps the swizzle of row L%16
     rs = a.reg()
     a("mov.b64", rs, 0)
     pn, pm = a.pred(), a.pred()
@@ -421,10 +445,14 @@ def _emit_dkdv(c: _Cfg) -> Program:
         a("ld.global.v2.b32", lv + 2 * nt, Mem(pl, 32 * nt))
 
     def product(acc, afr, part):
-        """acc (16 x Br) = A (16 x d, registers) times the part's tile rows transposed."""
+        """acc (16 x Br) = A (16 x d: registers, or kv_smem: the shared region at afr) times the
+        part's tile rows transposed."""
         def load(stp, buf):
             ks, jp = stp
             if jp == 0:
+                if kvs:
+                    a("xor.b64", ta, abase, 32 * ks)
+                    a("ldmatrix.x4", af[ks % 2], Mem(ta, afr))
                 a("xor.b64", t1, kx0, 32 * ks)
                 a("add.i64", t1, t1, rs)
             a("ldmatrix.x4", kf[buf], Mem(t1, part * TB + 16 * jp * RB))
@@ -433,7 +461,7 @@ def _emit_dkdv(c: _Cfg) -> Program:
             ks, jp = stp
             for h in range(2):
                 x = acc + 4 * (2 * jp + h)
-                a(mma, x, afr + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else x)
+                a(mma, x, af[ks % 2] if kvs else afr + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else x)
         _pipelined(a, [(ks, jp) for ks in range(KQ) for jp in range(NS // 2)], load, comp)
 
     def accumulate(acc, afr, part):
@@ -677,23 +705,26 @@ def _fits(prog: Program, caps, threads: int) -> bool:
             and prog.nregs * threads <= caps.regs_per_core and threads // 32 <= caps.warp_slots)
 
 
-def _choose(caps, emit, what: str, dtype: str, d: int, causal: bool, c: float, scale: float):
+def _choose(caps, emit, what: str, dtype: str, d: int, causal: bool, c: float, scale: float,
+            kv_smem=(False,)):
     tried = []
-    for W in WARP_CHOICES:
-        for T in TILE_CHOICES:
-            shared = 2 * 2 * T * 2 * d
-            if shared > caps.scratchpad_bytes:
-                tried.append(f"{W} warps, tile {T}: {shared} B scratchpad")
-                continue
-            cfg = _Cfg(dtype, d, causal, W, T, c, scale)
-            try:
-                prog = emit(cfg)
-            except _OutOfRegisters as e:
-                tried.append(f"{W} warps, tile {T}: {e}")
-                continue
-            if _fits(prog, caps, 32 * W):
-                return cfg, prog
-            tried.append(f"{W} warps, tile {T}: {prog.nregs} registers x {32 * W} threads")
+    for kvs in kv_smem:
+        for W in WARP_CHOICES:
+            for T in TILE_CHOICES:
+                tag = f"{W} warps, tile {T}{', K/V in shared memory' if kvs else ''}"
+                shared = 2 * 2 * T * 2 * d + (2 * 16 * W * 2 * d if kvs else 0)
+                if shared > caps.scratchpad_bytes:
+                    tried.append(f"{tag}: {shared} B scratchpad")
+                    continue
+                cfg = _Cfg(dtype, d, causal, W, T, c, scale, kvs)
+                try:
+                    prog = emit(cfg)
+                except _OutOfRegisters as e:
+                    tried.append(f"{tag}: {e}")
+                    continue
+                if _fits(prog, caps, 32 * W):
+                    return cfg, prog
+                tried.append(f"{tag}: {prog.nregs} registers x {32 * W} threads")
     raise InputError(f"attention backward on {caps.name}", f"head_dim {d} {dtype} ({what}): no tile fits a core ("
                      + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
@@ -730,6 +761,7 @@ class AttentionGradKernel:
     o_ld: int
     q_pad: int
     tiles: dict = field(default_factory=dict)    # part -> (warps, tile rows)
+    kv_smem: bool = False                         # dkdv stages K / V in shared memory (head_dim 128)
 
     @property
     def flops(self) -> int:
@@ -932,7 +964,7 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     c = scale * LOG2E
     q_pad = _ceil(q_len, Q_PAD) * Q_PAD
     pre = _emit_pre(dt, d)
-    ckv, pkv = _choose(caps, _emit_dkdv, "dK, dV kernel", dt, d, bool(causal), c, scale)
+    ckv, pkv = _choose(caps, _emit_dkdv, "dK, dV kernel", dt, d, bool(causal), c, scale, kv_smem=(False, True))
     cq, pq = _choose(caps, _emit_dq, "dQ kernel", dt, d, bool(causal), c, scale)
     for p in (pre, pkv, pq):
         check(p, caps)
@@ -948,4 +980,5 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     )
     return AttentionGradKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,
                                dtype=dt, causal=bool(causal), scale=scale, q_pad=q_pad,
-                               tiles={"dkdv": (ckv.warps, ckv.T), "dq": (cq.warps, cq.T)}, **lds)
+                               tiles={"dkdv": (ckv.warps, ckv.T), "dq": (cq.warps, cq.T)},
+                               kv_smem=ckv.kv_smem, **lds)
