@@ -63,6 +63,11 @@ time: a score is an fma chain over the half row plus one shfl.bfly with the part
 online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
 converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
 
+Training: with_lse=True adds a buffer parameter LSE (fp32 [batch, heads, q_len], contiguous) where
+the epilogue stores each row's natural log-sum-exp of its scaled, masked scores, ln 2 (c m + log2 l)
+(what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads); the
+with_lse=False program is the same as before.
+
 ``flops`` counts the math of the unmasked (query, key) pairs: 4*d per pair (2d for a score, 2d
 for its share of P V), all q_len*kv_len pairs when not causal, the exact visible count when
 causal. ``model_flops`` is the same product over the full q_len x kv_len (the textbook count).

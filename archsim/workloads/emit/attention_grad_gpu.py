@@ -840,7 +840,8 @@ class AttentionGradKernel:
         hd = self.heads * self.head_dim
         if self.q_len != self.kv_len or self.q_ld != 3 * hd or self.kv_ld != 3 * hd:
             raise InputError("attention backward qkv_args", f"q_len {self.q_len}, kv_len {self.kv_len}, q_ld "
-                             f"{self.q_ld}, kv_ld {self.kv_ld}", f"q_len == kv_len and q_ld == kv_ld == 3*heads*d = {3 * hd}")
+                             f"{self.q_ld}, kv_ld {self.kv_ld}",
+                             f"q_len == kv_len and q_ld == kv_ld == 3*heads*d = {3 * hd}")
         return self.args(QKV, QKV, QKV, O, dO, LSE, dQKV, dQKV, dQKV, D, NL, q_off=0, k_off=hd, v_off=2 * hd,
                          dq_off=0, dk_off=hd, dv_off=2 * hd)
 
