@@ -7,7 +7,9 @@
   operands in place (QKV columns, per-head slices).
 - ``attention_gpu``: fused (flash) attention softmax(scale Q K^T + mask) V for the GPU family,
   FlashAttention-2 style (K/V tiles double-buffered in shared memory, online softmax, P fed from
-  the S accumulators to the P V mma), causal or not, any lengths, fused-QKV layouts.
+  the S accumulators to the P V mma), causal or not, any lengths, fused-QKV layouts; optionally
+  the per-row log-sum-exp for training.
+- ``attention_grad_gpu``: its backward (FlashAttention-2): three kernels, attn.grad.pre / .dkdv / .dq.
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and
   their backward kernels): warp or block per row, vector loads, shfl.bfly reductions.
@@ -15,12 +17,13 @@
 """
 
 from .attention_gpu import AttentionKernel, attention_reference, flash_attention_kernel
+from .attention_grad_gpu import AttentionGradKernel, flash_attention_grad_kernel
 from .elementwise_gpu import (ElementwiseKernel, KernelChain, add_kernel, gelu_grad_kernel, gelu_kernel,
                               layernorm_grad_kernel, layernorm_kernel, rmsnorm_grad_kernel, rmsnorm_kernel,
                               softmax_grad_kernel, softmax_kernel, swiglu_grad_kernel, swiglu_kernel)
 from .gemm_gpu import GemmKernel, Tile, choose_tile, gemm_kernel, gemm_reference
 
-__all__ = ["AttentionKernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
+__all__ = ["AttentionGradKernel", "AttentionKernel", "flash_attention_grad_kernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
            "attention_reference", "choose_tile", "flash_attention_kernel", "gelu_grad_kernel", "gelu_kernel",
            "gemm_kernel", "gemm_reference", "layernorm_grad_kernel", "layernorm_kernel", "rmsnorm_grad_kernel",
            "rmsnorm_kernel", "softmax_grad_kernel", "softmax_kernel", "swiglu_grad_kernel", "swiglu_kernel"]

@@ -63,6 +63,11 @@ time: a score is an fma chain over the half row plus one shfl.bfly with the part
 online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
 converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
 
+Training: with_lse=True adds a buffer parameter LSE (fp32 [batch, heads, q_len], contiguous) where
+the epilogue stores each row's natural log-sum-exp of its scaled, masked scores, ln 2 (c m + log2 l)
+(what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads); the
+with_lse=False program is the same as before.
+
 ``flops`` counts the math of the unmasked (query, key) pairs: 4*d per pair (2d for a score, 2d
 for its share of P V), all q_len*kv_len pairs when not causal, the exact visible count when
 causal. ``model_flops`` is the same product over the full q_len x kv_len (the textbook count).
@@ -97,6 +102,8 @@ THREADS = 32 * WARPS
 BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
 FFMA_BC_CHOICES = (64, 32, 16, 8)
 PARAMS = ("Q", "K", "V", "O", "q_len", "kv_len", "q_ld", "kv_ld", "o_ld", "q_off", "k_off", "v_off", "o_off")
+LSE_PARAMS = PARAMS + ("LSE",)   # with_lse: the log-sum-exp buffer, f32 [batch, heads, q_len]
+LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
 
 
@@ -108,6 +115,7 @@ class _Cfg:
     Bc: int
     qsep: bool          # Q has its own shared-memory region (else it is staged in the K/V stages)
     c: float            # scale * log2(e)
+    lse: bool = False   # also write the natural log-sum-exp of each row's scaled scores to LSE
 
 
 def causal_pairs(q_len: int, kv_len: int) -> int:
@@ -138,6 +146,7 @@ class AttentionKernel:
     o_ld: int
     Bc: int                # key rows per K/V tile
     kind: str = "mma"
+    with_lse: bool = False  # the program also writes LSE (f32 [batch, heads, q_len])
 
     @property
     def host_dtype(self):
@@ -151,13 +160,21 @@ class AttentionKernel:
     def buffer_bytes(self, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
         """Bytes each buffer must hold (for ``Unbacked(nbytes)`` in timing runs)."""
         B, Lq, Lk, es = self.batch, self.q_len, self.kv_len, _ES[self.dtype]
-        return {"Q": es * self._need(B * Lq, self.q_ld, q_off), "K": es * self._need(B * Lk, self.kv_ld, k_off),
-                "V": es * self._need(B * Lk, self.kv_ld, v_off), "O": es * self._need(B * Lq, self.o_ld, o_off)}
+        out = {"Q": es * self._need(B * Lq, self.q_ld, q_off), "K": es * self._need(B * Lk, self.kv_ld, k_off),
+               "V": es * self._need(B * Lk, self.kv_ld, v_off), "O": es * self._need(B * Lq, self.o_ld, o_off)}
+        if self.with_lse:
+            out["LSE"] = 4 * B * self.heads * Lq
+        return out
 
-    def args(self, Q, K, V, O, *, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
+    def lse_buffer(self) -> np.ndarray:
+        """A zeroed LSE buffer: float32 [batch, heads, q_len]."""
+        return np.zeros((self.batch, self.heads, self.q_len), np.float32)
+
+    def args(self, Q, K, V, O, *, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0, LSE=None) -> dict:
         """Kernel arguments: the four buffers (numpy arrays of the kernel's host dtype, any shape,
         C-contiguous, or anything with ``nbytes`` such as the timing engine's ``Unbacked``), and
-        the element offsets of the first (batch 0, row 0, head 0) element in each."""
+        the element offsets of the first (batch 0, row 0, head 0) element in each. A with_lse
+        kernel also takes LSE (a C-contiguous float32 array of batch*heads*q_len elements)."""
         where = f"attention b{self.batch} h{self.heads} {self.q_len}x{self.kv_len} d{self.head_dim}"
         offs = {"q_off": q_off, "k_off": k_off, "v_off": v_off, "o_off": o_off}
         for n, v in offs.items():
@@ -171,17 +188,28 @@ class AttentionKernel:
                                      f"{v.dtype} array", f"a C-contiguous {np.dtype(self.host_dtype)} array")
             if int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
+        extra = {}
+        if self.with_lse:
+            if LSE is None:
+                raise InputError(where, "a with_lse kernel without an LSE buffer", "LSE=<float32 array>")
+            if isinstance(LSE, np.ndarray) and (LSE.dtype != np.float32 or not LSE.flags.c_contiguous):
+                raise InputError(where, f"LSE is a {LSE.dtype} array", "a C-contiguous float32 array")
+            if int(getattr(LSE, "nbytes", -1)) < want["LSE"]:
+                raise InputError(where, f"LSE has {getattr(LSE, 'nbytes', None)} bytes", f"at least {want['LSE']}")
+            extra["LSE"] = LSE
+        elif LSE is not None:
+            raise InputError(where, "an LSE buffer for a kernel emitted without with_lse", "with_lse=True")
         return {"Q": Q, "K": K, "V": V, "O": O, "q_len": self.q_len, "kv_len": self.kv_len, "q_ld": self.q_ld,
-                "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}}
+                "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}, **extra}
 
-    def qkv_args(self, QKV, O) -> dict:
+    def qkv_args(self, QKV, O, LSE=None) -> dict:
         """Arguments for Q, K and V read in place from one fused QKV buffer [batch*s, 3*heads*d]
         (needs q_len == kv_len and q_ld == kv_ld == 3*heads*d)."""
         hd = self.heads * self.head_dim
         if self.q_len != self.kv_len or self.q_ld != 3 * hd or self.kv_ld != 3 * hd:
             raise InputError("attention qkv_args", f"q_len {self.q_len}, kv_len {self.kv_len}, q_ld {self.q_ld}, "
                              f"kv_ld {self.kv_ld}", f"q_len == kv_len and q_ld == kv_ld == 3*heads*d = {3 * hd}")
-        return self.args(QKV, QKV, QKV, O, q_off=0, k_off=hd, v_off=2 * hd)
+        return self.args(QKV, QKV, QKV, O, q_off=0, k_off=hd, v_off=2 * hd, LSE=LSE)
 
     def random_inputs(self, seed: int = 0) -> tuple:
         """(Q, K, V, O): standard-normal Q, K, V as [rows, ld] arrays of the host dtype (the
@@ -248,8 +276,8 @@ def _emit_mma(c: _Cfg) -> Program:
     if Bc % RS:
         raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
     mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
-    name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = _Asm(name, PARAMS, ST0 + 2 * SB)
+    name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, ST0 + 2 * SB)
 
     # big register blocks first
     o = a.reg(4 * NO)                         # O accumulators: n-tile nt at o + 4nt
@@ -541,6 +569,12 @@ def _emit_mma(c: _Cfg) -> Program:
         for r in range(2):
             a("shfl.bfly.b64", t1, l + r, sh)
             a("add.f32", l + r, l + r, t1)
+    if c.lse:                                             # ln(sum e^(scale s)) = ln2 (c m + log2 l)
+        lz = a.reg(2)
+        for r in range(2):
+            a("lg2.f32", lz + r, l + r)
+            a("fma.f32", lz + r, m + r, c.c, lz + r)
+            a("mul.f32", lz + r, lz + r, LN2)
     for r in range(2):
         a("rcp.f32", l + r, l + r)
     row, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
@@ -557,6 +591,24 @@ def _emit_mma(c: _Cfg) -> Program:
     a("setp.lt.i64", pm, row, x)
     a("add.i64", t1, row, 8)
     a("setp.lt.i64", pB, t1, x)
+    if c.lse:                                             # lane t == 0 of each quad stores rows g, g + 8
+        pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
+        a("and.b64", t1, tid, 3)
+        a("setp.eq.i64", pz, t1, 0)
+        a("and.pred", pA2, pm, pz)
+        a("and.pred", pB2, pB, pz)
+        a("s2r", t1, "%ctaid.z")
+        a("s2r", ptr, "%nctaid.y")
+        a("s2r", ptrB, "%ctaid.y")
+        a("mad.i64", t1, t1, ptr, ptrB)                   # b*heads + head
+        a("mad.i64", t1, t1, x, row)                      # (b*heads + head)*q_len + row
+        a("shl.b64", t1, t1, 2)
+        a("ldparam", ptr, "LSE")
+        a("add.i64", ptr, ptr, t1)
+        a("st.global.b32", Mem(ptr, 0), lz, p=pA2)
+        a("st.global.b32", Mem(ptr, 32), lz + 1, p=pB2)   # row + 8
+        a.pfree(pz, pA2, pB2)
+        a.free(lz, k=2)
     a("s2r", t1, "%ctaid.z")
     a("mad.i64", row, t1, x, row)                         # b*q_len + row
     a("ldparam", ldb, "o_ld")
@@ -595,6 +647,7 @@ class _FCfg:
     causal: bool
     Bc: int
     c: float
+    lse: bool = False
 
 
 def _emit_ffma(c: _FCfg) -> Program:
@@ -615,8 +668,8 @@ def _emit_ffma(c: _FCfg) -> Program:
         raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
     H = d // 2                                # elements a thread holds
     NV = HB // 16                             # 16-byte loads per half row
-    name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = _Asm(name, PARAMS, 2 * SB)
+    name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, 2 * SB)
     qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
     buf = [a.reg(4), a.reg(4)]
     for i in range(H):
@@ -830,8 +883,23 @@ def _emit_ffma(c: _FCfg) -> Program:
     a("bra", "KV_LOOP", p=pm)
 
     # ---- epilogue: O / l (both threads of a row hold the full l), stored in the input dtype
-    a("rcp.f32", l, l)
     a("setp.lt.i64", pm, qrow, Lq)
+    if c.lse:                                     # scores are in the log2 domain: ln2 (m + log2 l)
+        pz = a.pred()
+        a("setp.eq.i64", pz, half, 0)
+        a("and.pred", pz, pz, pm)
+        a("lg2.f32", al, l)
+        a("add.f32", al, al, m)
+        a("mul.f32", al, al, LN2)
+        a("s2r", t1, "%nctaid.y")
+        a("mad.i64", t1, bq, t1, hd)              # b*heads + head
+        a("mad.i64", t1, t1, Lq, qrow)
+        a("shl.b64", t1, t1, 2)
+        a("ldparam", t2, "LSE")
+        a("add.i64", t1, t1, t2)
+        a("st.global.b32", Mem(t1, 0), al, p=pz)
+        a.pfree(pz)
+    a("rcp.f32", l, l)
     row_ptr(g, "O", Lq, qrow, "o_ld", "o_off", half)
     if es == 4:
         for e in range(H):
@@ -854,14 +922,14 @@ def _fits(prog: Program, caps) -> bool:
             and prog.nregs * THREADS <= caps.regs_per_core and WARPS <= caps.warp_slots)
 
 
-def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_FCfg, Program]:
+def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False) -> tuple[_FCfg, Program]:
     tried = []
     for Bc in FFMA_BC_CHOICES:
         shared = 4 * Bc * (d * _ES[dtype] + 16)
         if shared > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {shared} B scratchpad")
             continue
-        cfg = _FCfg(dtype, d, causal, Bc, c)
+        cfg = _FCfg(dtype, d, causal, Bc, c, lse)
         try:
             prog = _emit_ffma(cfg)
         except _OutOfRegisters as e:
@@ -874,7 +942,7 @@ def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_FCf
                      + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
 
-def _choose(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_Cfg, Program]:
+def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False) -> tuple[_Cfg, Program]:
     tried = []
     for Bc in BC_CHOICES:
         for qsep in (True, False):
@@ -884,7 +952,7 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_Cfg, Pro
             if shared > caps.scratchpad_bytes:
                 tried.append(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
                 continue
-            cfg = _Cfg(dtype, d, causal, Bc, qsep, c)
+            cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse)
             try:
                 prog = _emit_mma(cfg)
             except _OutOfRegisters as e:
@@ -901,10 +969,13 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float) -> tuple[_Cfg, Pro
 def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                            dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
                            q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
-                           o_ld: Optional[int] = None) -> AttentionKernel:
+                           o_ld: Optional[int] = None, with_lse: bool = False) -> AttentionKernel:
     """Emit fused attention O = softmax(scale Q K^T + mask) V for a GPU-family target (see the
     module docstring for the layout and the algorithm). scale defaults to 1/sqrt(head_dim);
-    q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim."""
+    q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim.
+    with_lse: the program takes one more buffer, LSE (float32 [batch, heads, q_len], contiguous),
+    and writes there each query row's natural log-sum-exp of its scaled, masked scores (what the
+    fused backward recomputes P from); the with_lse=False program is unchanged."""
     where = "attention"
     vals = {"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len}
     for n, v in vals.items():
@@ -940,13 +1011,13 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     if not math.isfinite(scale) or scale <= 0:
         raise InputError(where, f"scale = {scale!r}", "a finite number > 0")
     if use_mma:
-        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E)
+        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     else:
-        cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E)
+        cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
     launch = Launch((_ceil(q_len, BR), heads, batch), (THREADS, 1, 1))
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
-                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", **lds)
+                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", with_lse=bool(with_lse), **lds)
