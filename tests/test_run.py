@@ -35,7 +35,9 @@ FUNCTIONAL = [
     ("decode", {}),
     ("prefill", {"attention": "unfused"}),
     ("prefill", {"activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
+    ("train", {}),
     ("train", {"attention": "unfused"}),
+    ("train", {"causal": False, "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
     ("train", {"attention": "unfused", "causal": False, "activation": "relu", "dtype": "fp32"}),
     ("train", {"attention": "unfused", "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
 ]

@@ -155,10 +155,10 @@ def test_attention_flops_executed(causal):
     assert (dec.dims["q_len"], dec.dims["kv_len"]) == (1, s + 1)
     assert dec.flops == b * n * (s + 1) * (4 * d + ELEMENTWISE_FLOPS["softmax"])   # the mask hides nothing
     assert dec.inputs == ("qkv", "k_cache", "v_cache")
-    for attention, matmuls, rows in (("fused", 5, b * n * s * 2 * d), ("unfused", 4, 0)):
+    for attention, matmuls, elem, rows in (("fused", 7, 8, b * n * s * 2 * d), ("unfused", 4, 4, 0)):
         ops = {o.name: o for o in small(batch=b, seq=s, causal=causal, phase="train", attention=attention).block_ops()}
         g = ops["attn.grad"]
-        assert g.flops == cells * (matmuls * 2 * d + 4) + rows       # rows: D = rowsum(dO o O), fused only
+        assert g.flops == cells * (matmuls * 2 * d + elem) + rows    # rows: D = rowsum(dO o O), fused only
         assert g.model_flops == 2 * ops["attn"].model_flops
         assert ("attn_lse" in ops["attn"].outputs) == (attention == "fused")
         assert ("attn_probs" in g.inputs) == (attention == "unfused")

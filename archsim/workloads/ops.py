@@ -61,10 +61,12 @@ scores from Q, K and the saved log-sum-exp; unfused reads the stored softmax mat
   when causal, exactly the elements at or below the shifted diagonal, counted element by element
   rather than by tile, so a partly masked tile counts only its unmasked part): 2 d for QK^T, 2 d
   for PV, and ``ELEMENTWISE_FLOPS["softmax"]`` for the softmax.
-- attention_grad: per unmasked element, matmuls 2 d each: fused 5 (S = QK^T recomputed, dV = P^T
-  dO, dP = dO V^T, dQ = dS K, dK = dS^T Q), unfused 4 (P is read back); elementwise: fused 4
-  (P = exp(S - lse): 2; dS = P (dP - D): 2) plus D = rowsum(dO o O) at 2 d per query row; unfused 4
-  (P o dP, its row sum, subtract, multiply).
+- attention_grad: per unmasked element, matmuls 2 d each: fused 7 (FlashAttention-2's backward as
+  the GPU emits it, with no atomics for dQ: the key-block kernel recomputes S = QK^T and dP = dO
+  V^T and forms dV = P^T dO, dK = dS^T Q; the query-block kernel recomputes S and dP again and
+  forms dQ = dS K), unfused 4 (P is read back); elementwise: fused 8 (P = exp(S - lse): 2 and
+  dS = P (dP - D): 2, in each of the two kernels) plus D = rowsum(dO o O) at 2 d per query row;
+  unfused 4 (P o dP, its row sum, subtract, multiply).
 - elementwise ops: ``ELEMENTWISE_FLOPS[kind]`` per element of [rows, cols].
 
 ``model_flops`` is the seed's textbook count: 2 T K N per weight GEMM (dgrad and wgrad each equal
@@ -235,7 +237,7 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     B.eltwise("res2.grad", "add", T, h, ["d_y", "d_x_mid_part"], [grad("x_mid")])
     gemm_grads("proj", "attn_out", "w_proj", "x_mid")
     g_in = ["qkv", "attn_out", "attn_lse", "d_attn_out"] if fused else ["qkv", "attn_probs", "d_attn_out"]
-    mm, ew = (5, 4) if fused else (4, 4)
+    mm, ew = (7, 8) if fused else (4, 4)
     g_flops = cells * (mm * 2 * d + ew) + (b * n * q_len * 2 * d if fused else 0)
     B.add("attn.grad", "attention_grad", adims, g_in, [grad("qkv")], g_flops, 2 * a_model)
     gemm_grads("qkv", "x_n1", "w_qkv", "qkv")

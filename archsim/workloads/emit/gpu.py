@@ -45,6 +45,7 @@ from archsim.isa.program import ARRAYS, Launch, Program
 
 from . import elementwise_gpu as EW
 from .attention_gpu import flash_attention_kernel
+from .attention_grad_gpu import flash_attention_grad_kernel
 from .gemm_gpu import gemm_kernel, to_float, to_host
 from .kvcache_gpu import kv_append_kernel
 
@@ -108,12 +109,18 @@ class _Ctx:
         self.dt = dtype
         self.eps = eps
         self.extra: dict[str, TensorSpec] = {}   # tensors the kernels add (statistics, scores, workspaces)
+        self.dtypes: dict[str, str] = {}         # tensors not stored in the scenario's dtype
 
     def spec(self, name: str, shape=None, dtype=None) -> TensorSpec:
+        """A tensor's shape (the graph's, else the first kernel's that names it) and storage dtype
+        (the scenario's unless a kernel stores it otherwise: statistics and workspaces in f32)."""
+        if dtype is not None:
+            self.dtypes.setdefault(name, dtype)
+        dt = self.dtypes.get(name, self.dt)
         if name in self.shapes:
-            return TensorSpec(name, tuple(self.shapes[name]), dtype or self.dt)
+            return TensorSpec(name, tuple(self.shapes[name]), dt)
         if name not in self.extra:
-            self.extra[name] = TensorSpec(name, tuple(shape), dtype or self.dt)
+            self.extra[name] = TensorSpec(name, tuple(shape), dt)
         return self.extra[name]
 
     def slot(self, name: str, offset: int = 0, view=None, shape=None, dtype=None) -> Slot:
@@ -190,13 +197,14 @@ def _attention_math(op, ctx) -> list[Kernel]:
     d = op.dims
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
-        if len(op.outputs) > 1:
-            raise InputError(f"op {op.name}", "the fused attention kernel does not save the log-sum-exp the "
-                             "training phase's backward needs", "phase prefill or decode, or attention: unfused")
-        k = flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h)
+        lse = "attn_lse" in op.outputs     # train: the backward recomputes P from the log-sum-exp
+        k = flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h,
+                                   with_lse=lse)
         sl = [ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0])]
-        params = k.args(*sl, q_off=0, k_off=kt[1], v_off=vt[1])
-        return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, params, ctx, ("O",))]
+        extra = {"LSE": ctx.slot("attn_lse", dtype="fp32")} if lse else {}
+        params = k.args(*sl, q_off=0, k_off=kt[1], v_off=vt[1], **extra)
+        return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, params, ctx,
+                    ("O", "LSE") if lse else ("O",))]
     # unfused: S = Q K^T -> P = softmax(S / sqrt(d)) -> O = P V, S and P through memory
     sq = (b, n, q, kv)
     probs = op.outputs[1] if len(op.outputs) > 1 else f"{op.name}.probs"
@@ -220,8 +228,7 @@ def _attention_grad(op, ctx) -> list[Kernel]:
     d = op.dims
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
-        raise InputError(f"op {op.name}", "no fused (FlashAttention-2) backward kernel for the GPU yet",
-                         "phase prefill or decode, or attention: unfused")
+        return _attention_grad_fused(op, ctx)
     probs, dout = op.inputs[1], op.inputs[2]
     (dqkv,) = op.outputs
     sq = (b, n, q, kv)
@@ -249,6 +256,24 @@ def _attention_grad(op, ctx) -> list[Kernel]:
     ks.append(_batched(ctx, f"{op.name}.dk", op, f_mm, m4[3], kv, hd, q, (ds, 0, sq), ("qkv", 0), (dqkv, h),
                        trans_a=True, lda=kv, ldb=3 * h, ldc=3 * h, stride_a=sP, stride_b=sQKV, stride_c=sQKV, **P))
     return ks
+
+
+def _attention_grad_fused(op, ctx) -> list[Kernel]:
+    """FlashAttention-2's backward (attention_grad_gpu): attn.grad.pre, .dkdv, .dq, reading Q, K,
+    V from qkv and writing dQ, dK, dV into d_qkv in place; D and NL are its f32 workspaces."""
+    d = op.dims
+    b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
+    g = flash_attention_grad_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=3 * h,
+                                    o_ld=h, name=op.name)
+    qkv, out, lse, dout = op.inputs
+    (dqkv,) = op.outputs
+    ws = {w: ctx.slot(f"{op.name}.{w}", shape=shape, dtype="fp32") for w, (shape, _) in g.workspaces().items()}
+    args = g.qkv_args(ctx.slot(qkv), ctx.slot(out), ctx.slot(dout), ctx.slot(lse, dtype="fp32"), ctx.slot(dqkv),
+                      ws["D"], ws["NL"])
+    flops = _split(op.flops, [p.flops for p in g.parts])
+    model = _split(op.model_flops, [p.model_flops for p in g.parts])
+    return [_mk(p.name, op, p.program, p.launch, flops[i], model[i], g.part_args(p, args), ctx, p.outputs)
+            for i, p in enumerate(g.parts)]
 
 
 # ----------------------------------------------------------------------------- elementwise
