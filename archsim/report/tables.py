@@ -49,14 +49,14 @@ def run_table(result: dict) -> str:
     w = result["workload"]
     lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']}, "
              f"{w['attention']} attention) on {result['machine']['name']}",
-             f"{'kernel':<20} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
+             f"{'kernel':<22} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
              f"{'sampled':>8}  top stall"]
     for k in result["kernels"]:
         samp = f"{k['sample_error_est'] * 100:.1f}%" if k.get("sampled") else "-"
-        lines.append(f"{k['name']:<20} {k['count']:>5} {k['cycles']:>11,} {_us(k['seconds']):>11} {k['tflops']:>8.1f} "
+        lines.append(f"{k['name']:<22} {k['count']:>5} {k['cycles']:>11,} {_us(k['seconds']):>11} {k['tflops']:>8.1f} "
                      f"{k['bandwidth_gbps'].get('dram', 0.0):>10.1f} {samp:>8}  {top_stall(k)}")
     t = result["total"]
-    lines.append(f"{'total':<20} {'':>5} {t['cycles']:>11,} {_us(t['seconds']):>11} {t['tflops']:>8.1f}")
+    lines.append(f"{'total':<22} {'':>5} {t['cycles']:>11,} {_us(t['seconds']):>11} {t['tflops']:>8.1f}")
     sim = result.get("sim", {})
     if sim:
         lines.append(f"simulated in {sim['wall_seconds']:.1f} s ({sim['warp_instructions_per_second']:,.0f} "
@@ -73,14 +73,14 @@ def compare_table(results: list[dict]) -> str:
             if k["name"] not in names:
                 names.append(k["name"])
     w = results[0]["workload"]
-    head = f"{'kernel':<20}"
+    head = f"{'kernel':<22}"
     for r in results:
         m = r["machine"]["name"]
         head += f" | {m + ' time us':>16} {'TFLOP/s':>8} {'peak':>6} {'bound':>8}"
     lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']})",
              head]
     for n in names:
-        row = f"{n:<20}"
+        row = f"{n:<22}"
         for r in results:
             k = next((k for k in r["kernels"] if k["name"] == n), None)
             if k is None:
@@ -90,7 +90,7 @@ def compare_table(results: list[dict]) -> str:
             row += (f" | {_us(k['seconds'] * k['count']):>16} {k['tflops']:>8.1f} {share * 100:>5.1f}% "
                     f"{bottleneck(k, r):>8}")
         lines.append(row)
-    row = f"{'total':<20}"
+    row = f"{'total':<22}"
     for r in results:
         t = r["total"]
         share = t["tflops"] / _peak(r, w["dtype"]) if _peak(r, w["dtype"]) else 0.0
@@ -109,13 +109,13 @@ def functional_table(result: dict) -> str:
     w = result["workload"]
     lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['dtype']}) on "
              f"{result['machine']['name']}, functional: outputs against float64 numpy",
-             f"{'kernel':<20} {'grid':>14} {'warp-instr':>11} {'max abs err':>12} {'max rel err':>12}  check"]
+             f"{'kernel':<22} {'grid':>14} {'warp-instr':>11} {'max abs err':>12} {'max rel err':>12}  check"]
     for k in result["kernels"]:
         v = k["verification"]
         grid = "x".join(str(g) for g in k["grid"])
-        lines.append(f"{k['name']:<20} {grid:>14} {k['warp_instructions']:>11,} {v['max_abs_err']:>12.3g} "
+        lines.append(f"{k['name']:<22} {grid:>14} {k['warp_instructions']:>11,} {v['max_abs_err']:>12.3g} "
                      f"{v['max_rel_err']:>12.3g}  {'ok' if v['passed'] else 'FAILED'}")
     b = result["block_verification"]
-    lines.append(f"{'block output':<20} {'':>14} {'':>11} {b['max_abs_err']:>12.3g} {b['max_rel_err']:>12.3g}  "
+    lines.append(f"{'block output':<22} {'':>14} {'':>11} {b['max_abs_err']:>12.3g} {b['max_rel_err']:>12.3g}  "
                  f"{'ok' if b['passed'] else 'FAILED'} ({', '.join(b['tensors'])} against a float64 pass of the block)")
     return "\n".join(lines)

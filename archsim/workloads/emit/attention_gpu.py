@@ -966,17 +966,11 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False)
 
 
 # ----------------------------------------------------------------------------- API
-def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
-                           dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
-                           q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
-                           o_ld: Optional[int] = None, with_lse: bool = False) -> AttentionKernel:
-    """Emit fused attention O = softmax(scale Q K^T + mask) V for a GPU-family target (see the
-    module docstring for the layout and the algorithm). scale defaults to 1/sqrt(head_dim);
-    q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim.
-    with_lse: the program takes one more buffer, LSE (float32 [batch, heads, q_len], contiguous),
-    and writes there each query row's natural log-sum-exp of its scaled, masked scores (what the
-    fused backward recomputes P from); the with_lse=False program is unchanged."""
-    where = "attention"
+def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld,
+                         kv_ld, o_ld, dtypes_allowed: str):
+    """The argument checks the fused attention kernels (forward and backward) share: one
+    InputError line per bad value. Returns (batch, heads, q_len, kv_len, d, dtype, {q_ld, kv_ld,
+    o_ld}, scale) normalised."""
     vals = {"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len}
     for n, v in vals.items():
         if isinstance(v, bool) or int(v) != v or v < 1:
@@ -986,15 +980,14 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         raise InputError(where, f"head_dim = {head_dim!r}", ", ".join(map(str, HEAD_DIMS)))
     d = int(head_dim)
     if dtype not in _DTYPES:
-        raise InputError(where, f"dtype {dtype!r}", "fp16, bf16, fp32")
+        raise InputError(where, f"dtype {dtype!r}", dtypes_allowed)
     dt = _DTYPES[dtype]
     if caps.family != "gpu":
-        raise InputError(f"attention on {caps.name}", f"the GPU attention emitter targets the gpu family, "
+        raise InputError(f"{where} on {caps.name}", f"the GPU attention emitter targets the gpu family, "
                          f"not {caps.family}", "a gpu-family machine")
     if not caps.has_async_copy:
-        raise InputError(f"attention on {caps.name}", "the fused attention kernels stage K/V with async copies",
-                         "a target with async copies")
-    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+        raise InputError(f"{where} on {caps.name}", "the fused attention kernels stream K/V tiles with async "
+                         "copies", "a target with async copies")
     if causal and kv_len < q_len:
         raise InputError(where, f"causal with kv_len {kv_len} < q_len {q_len}: the first queries would see no key",
                          "kv_len >= q_len when causal")
@@ -1010,6 +1003,23 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     scale = float(scale)
     if not math.isfinite(scale) or scale <= 0:
         raise InputError(where, f"scale = {scale!r}", "a finite number > 0")
+    return batch, heads, q_len, kv_len, d, dt, lds, scale
+
+
+def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                           dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                           q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
+                           o_ld: Optional[int] = None, with_lse: bool = False) -> AttentionKernel:
+    """Emit fused attention O = softmax(scale Q K^T + mask) V for a GPU-family target (see the
+    module docstring for the layout and the algorithm). scale defaults to 1/sqrt(head_dim);
+    q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim.
+    with_lse: the program takes one more buffer, LSE (float32 [batch, heads, q_len], contiguous),
+    and writes there each query row's natural log-sum-exp of its scaled, masked scores (what the
+    fused backward recomputes P from); the with_lse=False program is unchanged."""
+    where = "attention"
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
+    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     if use_mma:
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     else:

@@ -52,7 +52,6 @@ q_len x kv_len: dkdv 3 of them, dq 1.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -62,7 +61,7 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import _DTYPES, _HOST, HEAD_DIMS, LOG2E, causal_pairs
+from archsim.workloads.emit.attention_gpu import _HOST, LOG2E, causal_pairs, check_attention_args
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
 
 __all__ = ["AttentionGradKernel", "GradPart", "flash_attention_grad_kernel", "attention_grad_reference"]
@@ -924,44 +923,14 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     """Emit the fused attention backward (see the module docstring) for a GPU-family target.
     Parts are named ``<name>.pre``, ``<name>.dkdv``, ``<name>.dq`` and run in that order."""
     where = "attention backward"
-    vals = {"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len}
-    for n, v in vals.items():
-        if isinstance(v, bool) or int(v) != v or v < 1:
-            raise InputError(where, f"{n} = {v!r}", "an integer >= 1")
-    batch, heads, q_len, kv_len = (int(v) for v in vals.values())
-    if head_dim not in HEAD_DIMS:
-        raise InputError(where, f"head_dim = {head_dim!r}", ", ".join(map(str, HEAD_DIMS)))
-    d = int(head_dim)
-    if dtype not in _DTYPES:
-        raise InputError(where, f"dtype {dtype!r}", "fp16, bf16")
-    dt = _DTYPES[dtype]
-    if caps.family != "gpu":
-        raise InputError(f"attention backward on {caps.name}", f"the GPU attention emitter targets the gpu family, "
-                         f"not {caps.family}", "a gpu-family machine")
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16")
     if dt not in _MMA:
         raise InputError(where, f"dtype {dt}: the fused backward runs on tensor units only (no FFMA variant)",
                          "fp16, bf16")
     if not (dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32):
         raise InputError(f"attention backward on {caps.name}", f"no {dt} tensor units (the fused backward has no "
                          "FFMA variant)", "a target with fp16 / bf16 mma")
-    if not caps.has_async_copy:
-        raise InputError(f"attention backward on {caps.name}", "the backward streams tiles with async copies",
-                         "a target with async copies")
-    if causal and kv_len < q_len:
-        raise InputError(where, f"causal with kv_len {kv_len} < q_len {q_len}: the first queries would see no key",
-                         "kv_len >= q_len when causal")
-    hd = heads * d
-    lds = {}
-    for n, v in (("q_ld", q_ld), ("kv_ld", kv_ld), ("o_ld", o_ld)):
-        v = hd if v is None else v
-        if isinstance(v, bool) or int(v) != v or v < hd or v % 8:
-            raise InputError(where, f"{n} = {v!r}", f"a multiple of 8 elements >= heads*head_dim = {hd}")
-        lds[n] = int(v)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0:
-        raise InputError(where, f"scale = {scale!r}", "a finite number > 0")
     c = scale * LOG2E
     q_pad = _ceil(q_len, Q_PAD) * Q_PAD
     pre = _emit_pre(dt, d)
