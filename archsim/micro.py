@@ -391,7 +391,7 @@ GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32")
 def micro_attention(machine, p: dict, out: MicroResult) -> float:
     """Forward attention softmax(Q K^T / sqrt(d) [+ causal mask]) V over batch x heads x seq x seq.
     Both forms are the kernels a decoder block's attention op is emitted as
-    (archsim.workloads.emit.gpu.attention_kernels), reading Q, K, V in place from a fused QKV
+    (archsim.workloads.emit.block.attention_kernels), reading Q, K, V in place from a fused QKV
     buffer [batch*seq, 3*heads*head_dim]:
     fused=true: one flash-attention kernel (K/V tiles in shared memory, running max and sum in
     registers, no seq x seq matrix in memory); fused=false: S = Q K^T (a batched GEMM), P =
@@ -400,7 +400,7 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     summed time (per the contract: 4*d per unmasked (query, key) pair plus the softmax, the
     result's ``flops``); ``model_flops`` holds the full seq x seq count. Big launches are timed
     from their first waves (archsim.sample)."""
-    from archsim.workloads.emit.gpu import Slot, attention_kernels
+    from archsim.workloads.emit.block import Slot, attention_kernels
 
     _gpu_only(machine, "attention")
     for k in ("batch", "heads", "seq"):

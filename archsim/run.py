@@ -40,13 +40,9 @@ class RunOptions:
 
 def emit_block(machine, wl) -> list:
     """The kernels of one decoder block for this machine (InputError if it cannot run them)."""
-    caps = capabilities(machine)
-    if caps.family != "gpu":
-        raise InputError(f"--hw {machine.name}", f"no kernel emitters for the {caps.family} family yet "
-                         "(the Sunway timing model and emitters are issue 4)", "a gpu-family machine")
-    from archsim.workloads.emit.gpu import emit_block as emit_gpu
+    from archsim.workloads.emit.block import emit_block as emit
 
-    return emit_gpu(caps, wl)
+    return emit(capabilities(machine), wl)
 
 
 def workload_record(wl) -> dict:
@@ -68,7 +64,7 @@ def _distinct(kernels: list) -> list[tuple]:
 def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
     from archsim.engine.timing import Unbacked
     from archsim.sample import sampled_record
-    from archsim.workloads.emit.gpu import Slot
+    from archsim.workloads.emit.block import Slot
 
     t0 = time.perf_counter()
     kernels = emit_block(machine, wl)
@@ -171,7 +167,7 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
     from archsim.engine.functional import run_functional
     from archsim.workloads import reference as R
     from archsim.workloads.emit.gemm_gpu import to_host
-    from archsim.workloads.emit.gpu import Slot, host_to_float
+    from archsim.workloads.emit.block import Slot, host_to_float
 
     t0 = time.perf_counter()
     caps = capabilities(machine)

@@ -13,7 +13,8 @@
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and
   their backward kernels): warp or block per row, vector loads, shfl.bfly reductions.
-- ``gpu``: a block's op graph -> the kernels above, bound to the block's tensors.
+- ``block``: a block's op graph -> the kernels above (the target family's emitters), bound to the
+  block's tensors.
 """
 
 from .attention_gpu import AttentionKernel, attention_reference, flash_attention_kernel

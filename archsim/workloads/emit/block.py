@@ -1,4 +1,5 @@
-"""Op graph -> GPU kernels: each op of a decoder block becomes one or more emitted kernels.
+"""Op graph -> kernels: each op of a decoder block becomes one or more emitted kernels, from the
+emitters of the target's machine family (``family_emitters``: the *_gpu modules for the GPU family).
 
 A ``Kernel`` here is an emitted program bound to the block's tensors: its buffer parameters are
 ``Slot``s (a tensor of the block, an element offset into it, and the shape the kernel wants a
@@ -44,10 +45,7 @@ from archsim.errors import InputError
 from archsim.isa.program import ARRAYS, Launch, Program
 
 from . import elementwise_gpu as EW
-from .attention_gpu import flash_attention_kernel
-from .attention_grad_gpu import flash_attention_grad_kernel
-from .gemm_gpu import gemm_kernel, to_float, to_host
-from .kvcache_gpu import kv_append_kernel
+from .gemm_gpu import to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
 _OUT = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}
@@ -100,11 +98,35 @@ class Kernel:
         return h.hexdigest()
 
 
+@dataclass(frozen=True)
+class FamilyEmitters:
+    """The kernel emitters of one machine family. Each family's modules have the same functions
+    with the same signatures and return the same kernel classes, so the composition below is one
+    for both families."""
+
+    gemm_kernel: object
+    flash_attention_kernel: object
+    flash_attention_grad_kernel: object
+    kv_append_kernel: object
+    ew: object                       # module with the elementwise / row kernels
+
+
+def family_emitters(caps) -> FamilyEmitters:
+    """The emitters for ``caps.family``; a family without emitters is a one-line input error."""
+    if caps.family == "gpu":
+        from . import attention_gpu, attention_grad_gpu, gemm_gpu, kvcache_gpu
+        return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
+                              attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW)
+    raise InputError(f"--hw {caps.name}", f"no kernel emitters for the {caps.family} family", "a gpu-family machine")
+
+
 class _Ctx:
-    """What the emitters of one block need: target, tensor shapes, storage dtype, norm eps."""
+    """What the emitters of one block need: target and its family's emitters, tensor shapes,
+    storage dtype, norm eps."""
 
     def __init__(self, caps, shapes: dict, dtype: str, eps: float = 1e-5):
         self.caps = caps
+        self.E = family_emitters(caps)
         self.shapes = shapes
         self.dt = dtype
         self.eps = eps
@@ -144,7 +166,7 @@ def _mk(name, op, prog, launch, flops, model_flops, params, ctx, outputs) -> Ker
 
 # ----------------------------------------------------------------------------- GEMMs
 def _gemm_call(ctx, M, N, K, *, trans_a=False, trans_b=False, **kw):
-    return gemm_kernel(ctx.caps, M, N, K, ctx.dt, _OUT[ctx.dt], trans_b, trans_a=trans_a, **kw)
+    return ctx.E.gemm_kernel(ctx.caps, M, N, K, ctx.dt, _OUT[ctx.dt], trans_b, trans_a=trans_a, **kw)
 
 
 def _gemm(op, ctx) -> list[Kernel]:
@@ -184,7 +206,7 @@ def _kv_append(op, ctx) -> list[Kernel]:
     if "k_cache" not in op.inputs:
         return []
     h = d["heads"] * d["head_dim"]
-    k = kv_append_kernel(ctx.caps, d["batch"], d["kv_len"], h, d["kv_len"] - 1, ctx.dt)
+    k = ctx.E.kv_append_kernel(ctx.caps, d["batch"], d["kv_len"], h, d["kv_len"] - 1, ctx.dt)
     params = k.args(ctx.slot("qkv"), ctx.slot("k_cache"), ctx.slot("v_cache"))
     return [_mk(f"{op.name}.kv_append", op, k.program, k.launch, 0, 0, params, ctx, ("k_cache", "v_cache"))]
 
@@ -198,7 +220,7 @@ def _attention_math(op, ctx) -> list[Kernel]:
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
         lse = "attn_lse" in op.outputs     # train: the backward recomputes P from the log-sum-exp
-        k = flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h,
+        k = ctx.E.flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h,
                                    with_lse=lse)
         sl = [ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0])]
         extra = {"LSE": ctx.slot("attn_lse", dtype="fp32")} if lse else {}
@@ -208,7 +230,7 @@ def _attention_math(op, ctx) -> list[Kernel]:
     # unfused: S = Q K^T -> P = softmax(S / sqrt(d)) -> O = P V, S and P through memory
     sq = (b, n, q, kv)
     probs = op.outputs[1] if len(op.outputs) > 1 else f"{op.name}.probs"
-    sm = EW.softmax_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
+    sm = ctx.E.ew.softmax_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
     cells = op.flops // (4 * hd + EW.FLOPS_PER_ELEM["softmax"])   # unmasked (query, key) pairs
     f_qk, f_sm, f_av = 2 * hd * cells, op.flops - 4 * hd * cells, 2 * hd * cells
     m_half = op.model_flops // 2
@@ -233,7 +255,7 @@ def _attention_grad(op, ctx) -> list[Kernel]:
     (dqkv,) = op.outputs
     sq = (b, n, q, kv)
     dp, ds = f"{op.name}.dprobs", f"{op.name}.dscores"
-    sg = EW.softmax_grad_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
+    sg = ctx.E.ew.softmax_grad_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
     cells = op.flops // (8 * hd + 4)               # unmasked pairs: 4 matmuls of 2d, 4 elementwise
     f_mm = 2 * hd * cells
     f_sg = op.flops - 4 * f_mm
@@ -263,7 +285,7 @@ def _attention_grad_fused(op, ctx) -> list[Kernel]:
     V from qkv and writing dQ, dK, dV into d_qkv in place; D and NL are its f32 workspaces."""
     d = op.dims
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
-    g = flash_attention_grad_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=3 * h,
+    g = ctx.E.flash_attention_grad_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=3 * h,
                                     o_ld=h, name=op.name)
     qkv, out, lse, dout = op.inputs
     (dqkv,) = op.outputs
@@ -303,10 +325,10 @@ def _norm(op, ctx) -> list[Kernel]:
     d = op.dims
     rows, cols = d["rows"], d["cols"]
     if op.kind == "layernorm":
-        k = EW.layernorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
+        k = ctx.E.ew.layernorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
         bind = dict(zip(("x", "gamma", "beta"), op.inputs), y=op.outputs[0])
     else:
-        k = EW.rmsnorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
+        k = ctx.E.ew.rmsnorm_kernel(ctx.caps, rows, cols, ctx.dt, ctx.eps)
         bind = dict(zip(("x", "gamma"), op.inputs), y=op.outputs[0])
     return _ew(op, ctx, k, bind)
 
@@ -315,7 +337,7 @@ def _norm_grad(op, ctx) -> list[Kernel]:
     d = op.dims
     fwd = op.name[:-len(".grad")]          # the forward op whose statistics it reads
     ln = op.kind == "layernorm_grad"
-    k = (EW.layernorm_grad_kernel if ln else EW.rmsnorm_grad_kernel)(ctx.caps, d["rows"], d["cols"], ctx.dt, ctx.eps)
+    k = (ctx.E.ew.layernorm_grad_kernel if ln else ctx.E.ew.rmsnorm_grad_kernel)(ctx.caps, d["rows"], d["cols"], ctx.dt, ctx.eps)
     bind = dict(zip(("x", "gamma", "dy"), op.inputs), dx=op.outputs[0], dgamma=op.outputs[1],
                 mean=f"{fwd}.mean", rstd=f"{fwd}.rstd")
     if ln:
@@ -326,8 +348,8 @@ def _norm_grad(op, ctx) -> list[Kernel]:
 def _flat(op, ctx) -> list[Kernel]:
     d = op.dims
     n = d["rows"] * d["cols"]
-    fn = {"gelu": EW.gelu_kernel, "relu": EW.relu_kernel, "add": EW.add_kernel, "gelu_grad": EW.gelu_grad_kernel,
-          "relu_grad": EW.relu_grad_kernel}[op.kind]
+    fn = {"gelu": ctx.E.ew.gelu_kernel, "relu": ctx.E.ew.relu_kernel, "add": ctx.E.ew.add_kernel, "gelu_grad": ctx.E.ew.gelu_grad_kernel,
+          "relu_grad": ctx.E.ew.relu_grad_kernel}[op.kind]
     k = fn(ctx.caps, n, ctx.dt)
     names = [b.name for b in k.buffers]
     return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
@@ -335,7 +357,7 @@ def _flat(op, ctx) -> list[Kernel]:
 
 def _swiglu(op, ctx) -> list[Kernel]:
     d = op.dims
-    fn = EW.swiglu_grad_kernel if op.kind == "swiglu_grad" else EW.swiglu_kernel
+    fn = ctx.E.ew.swiglu_grad_kernel if op.kind == "swiglu_grad" else ctx.E.ew.swiglu_kernel
     k = fn(ctx.caps, d["rows"], d["cols"], ctx.dt)
     names = [b.name for b in k.buffers]
     return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
@@ -348,16 +370,13 @@ EMITTERS = {"gemm": _gemm, "attention": _attention, "attention_grad": _attention
 
 
 def emit_block(caps, wl) -> list[Kernel]:
-    """The kernels of one decoder block of workload ``wl`` for a GPU-family target, in op order."""
-    if caps.family != "gpu":
-        raise InputError(f"--hw {caps.name}", f"the GPU emitters target the gpu family, not {caps.family}",
-                         "a gpu-family machine")
+    """The kernels of one decoder block of workload ``wl`` for the target ``caps``, in op order."""
     ctx = _Ctx(caps, wl.tensor_shapes(), wl.scenario.dtype, wl.model.norm_eps)
     out = []
     for op in wl.block_ops():
         fn = EMITTERS.get(op.kind)
         if fn is None:
-            raise InputError(f"op {op.name}", f"no GPU emitter for op kind {op.kind!r}",
+            raise InputError(f"op {op.name}", f"no emitter for op kind {op.kind!r}",
                              "one of: " + ", ".join(sorted(EMITTERS)))
         out.extend(fn(op, ctx))
     return out
