@@ -410,8 +410,11 @@ def result_row(point: Point, doc: dict) -> dict:
     tot = doc.get("total", {})
     for f in TOTAL_FIELDS:
         row[f"total.{f}"] = tot.get(f)
+    if doc.get("mode") == "functional":
+        row["passed"] = bool(doc.get("passed"))
     for k in doc.get("kernels", []):
-        row[f"cycles.{k['name']}"] = k.get("cycles")
+        if "cycles" in k:                   # timing runs (functional runs count no cycles)
+            row[f"cycles.{k['name']}"] = k["cycles"]
     return row
 
 

@@ -83,6 +83,30 @@ def test_keys_are_stable_and_follow_the_resolved_run(tmp_path):
     assert other.key != plain.key
 
 
+def test_relative_paths_are_taken_from_the_spec_folder(tmp_path, monkeypatch):
+    from archsim.paths import data_dir
+
+    folder = tmp_path / "specs"
+    folder.mkdir()
+    (folder / "my-gpu.yaml").write_text((data_dir("configs") / "tiny-gpu.yaml").read_text().replace(
+        "name: tiny-gpu", "name: my-gpu"))
+    spec = spec_file(folder, hw="my-gpu.yaml", vary={"clock_ghz": [1.0, 2.0]})
+    monkeypatch.chdir(tmp_path)
+    points = S.expand(S.load_spec(str(spec)))
+    assert [(p.hw, p.machine.name, p.machine.clock_ghz) for p in points] == [("my-gpu.yaml", "my-gpu", 1.0),
+                                                                             ("my-gpu.yaml", "my-gpu", 2.0)]
+
+
+def test_the_example_spec_is_valid():
+    from pathlib import Path
+
+    spec = S.load_spec(str(Path(__file__).resolve().parents[1] / "examples" / "sweep-a100-dram.yaml"))
+    points = S.expand(spec)
+    assert [p.values for p in points] == [{"cores.per_group": c, "dram.channel_gbps": g}
+                                          for c in (54, 108) for g in (155.5, 203.9)]
+    assert all(p.machine.name == "a100" and p.workload.scenario.phase == "decode" for p in points)
+
+
 # ----------------------------------------------------------------------------- the results store
 def test_results_parquet_matches_the_run_jsons(swept):
     import pandas as pd
