@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -134,6 +134,17 @@ def test_results_parquet_matches_the_run_jsons(swept):
     assert meta["schema"] == "archsim.sweep/1" and [p["status"] for p in meta["points"]] == ["ok", "ok"]
 
 
+def test_parquet_takes_list_and_mixed_values(tmp_path):
+    import pandas as pd
+
+    rows = [{"key": "a", "tensor.mac_array": [4, 4, 4], "l2": None, "x": 1, "total.cycles": 10},
+            {"key": "b", "tensor.mac_array": [8, 4, 4], "l2": {"size_kib": 128}, "x": "fast", "total.cycles": None}]
+    df = pd.read_parquet(S.write_results(tmp_path, rows))
+    assert list(df["tensor.mac_array"]) == ["[4, 4, 4]", "[8, 4, 4]"]
+    assert list(df["x"]) == ["1", "fast"] and df["l2"][1] == '{"size_kib": 128}'
+    assert df["total.cycles"][0] == 10 and pd.isna(df["total.cycles"][1])
+
+
 def test_a_rerun_skips_finished_keys(swept, tmp_path, monkeypatch, capsys):
     spec, done = swept
     out = tmp_path / "out"
@@ -233,7 +244,8 @@ BAD = [
     ({"vary": {"dram.channel_gbps": []}}, "vary.dram.channel_gbps: empty list (a non-empty list of values)"),
     ({"vary": {"dram.channel_gbps": 64}}, "vary.dram.channel_gbps: expected a list of values, got 64"),
     ({"vary": {"dram.channel_gbps": [16, 16]}}, "vary.dram.channel_gbps: value 16 appears twice"),
-    ({"vary": {"dram.channel_gbpz": [1, 2]}}, "vary.dram.channel_gbpz: unknown key 'channel_gbpz' in dram (known keys: "),
+    ({"vary": {"dram.channel_gbpz": [1, 2]}},
+     "vary.dram.channel_gbpz: unknown key 'channel_gbpz' in dram (known keys: "),
     ({"vary": {"dram.channel_gbps": [16, -1]}}, "vary.dram.channel_gbps: value -1 out of range (a number > 0)"),
     ({"vary": {"cores.scheduler": ["gto", "fifo"]}}, "vary.cores.scheduler: unknown value 'fifo' (one of: lrr, gto)"),
     ({"hw": ["tiny-gpu", "tiny-sunway"], "vary": {"l2.size_kib": [128]}},
@@ -242,6 +254,9 @@ BAD = [
     ({"vary": {"workload.seq": [5]}}, "vary.workload.seq: seq is both fixed (top-level seq) and varied"),
     ({"vary": {"workload.frob": [1]}}, "vary.workload.frob: unknown workload field 'frob' (workload.<field>, one of: "),
     ({"batch": 0}, "batch: value 0 out of range (an integer > 0)"),
+    ({"set": {"dram.channels": 3}}, "set.dram.channels: dram.channels 3 is not a multiple of memory_controllers.count"),
+    ({"set": {"dram.channel_gbps": 1}, "vary": {"dram.channel_gbps": [1]}},
+     "vary.dram.channel_gbps: dram.channel_gbps is both fixed (set) and varied"),
     ({"mode": "fast"}, "mode: unknown value 'fast' (one of: timing, functional)"),
     ({"sample_waves": 2}, "sample_waves: value 2 out of range"),
     ({"hw": []}, "hw: empty list"),
