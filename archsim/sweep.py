@@ -72,8 +72,12 @@ def _err(spec_label: str, where: str, what: str, allowed: str = "") -> InputErro
     return InputError(f"{spec_label}: {where}" if where else spec_label, what, allowed)
 
 
-def _beside(value: str, folder: Path) -> str:
-    """A relative file path in the spec is taken from the spec's folder when it is there."""
+def _beside(value: str, folder: Path, builtins: list[str]) -> str:
+    """A relative file path in the spec is taken from the spec's folder when it is there (a
+    built-in name stays one, as it does on the command line)."""
+    stem = value[:-5] if value.endswith(".yaml") else value
+    if "/" not in value and stem in builtins:
+        return value
     p = Path(value).expanduser()
     if not p.is_absolute() and (folder / p).is_file():
         return str(folder / p)
@@ -172,10 +176,14 @@ def load_spec(path: str) -> Spec:
     for k in sets:
         if not isinstance(k, str) or not k or any(not s for s in k.split(".")):
             raise _err(label, f"set.{k}", f"bad path {k!r}", "dotted config keys such as l2.size_kib")
-    return Spec(label=label, hw=[_beside(h, folder) for h in hw_list], hw_labels=list(hw_list),
-                workload=_beside(wl, folder), options=options,
+    from archsim.config.load import builtin_overlays
+    from archsim.workloads.model import builtin_workloads
+
+    return Spec(label=label, hw=[_beside(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
+                workload=_beside(wl, folder, builtin_workloads()), options=options,
                 run=RunOptions(mode=mode, sample=sample, waves=waves, max_cycles=max_cycles),
-                overlays=[_beside(o, folder) for o in overlays], sets=dict(sets), vary=dict(vary))
+                overlays=[_beside(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
+                vary=dict(vary))
 
 
 # ----------------------------------------------------------------------------- keys
@@ -223,7 +231,7 @@ class _Resolver:
     def _rewrite(self, e: InputError, hw_label: str, point: dict) -> InputError:
         """A loader's error -> one line naming the spec key that supplied the bad value."""
         spec = self.spec
-        on = f" (hw {hw_label})" if len(spec.hw) > 1 else ""
+        on = f" (hw {hw_label})" if len(spec.hw) > 1 and hw_label else ""
         if e.where.startswith("--set "):
             dotted = e.where[len("--set "):]
             src = f"vary.{dotted}" if dotted in spec.vary else f"set.{dotted}"
