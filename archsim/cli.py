@@ -120,7 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--trace", action="store_true", help="with --out: also trace.json (Perfetto / Chrome trace)")
         p.add_argument("--json", metavar="FILE", help="write the result JSON")
 
-    p = sub.add_parser("plot", help="plots (PNG) of a result.json / compare.json or a run's --out directory")
+    p = sub.add_parser("sweep", help="a grid of runs from a spec (hw, workload, vary: dotted paths -> lists) on a "
+                                     "process pool or a Dask cluster; results.parquet and runs/<key>.json")
+    p.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (README: Sweeps)")
+    p.add_argument("--out", required=True, metavar="DIR", help="results.parquet, sweep.json and runs/<key>.json; "
+                                                               "finished keys there are skipped")
+    p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default 1: in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (dask.distributed)")
+
+    p = sub.add_parser("plot", help="plots (PNG) of a result.json / compare.json, a run's --out directory or a "
+                                    "sweep's directory")
     p.add_argument("path", metavar="RESULT.json|DIR")
     p.add_argument("--out", metavar="DIR", help="where to write the plots (default: beside the result)")
 
@@ -436,15 +445,67 @@ def _compare_doc(results: list[dict], complete: bool = True) -> dict:
             "results": results}
 
 
+def cmd_sweep(a) -> int:
+    from archsim.sweep import expand, load_spec, run_sweep, summary_table
+
+    if a.workers is not None and a.workers < 1:
+        raise InputError("--workers", f"{a.workers} is not a worker count", "a positive integer")
+    if a.scheduler is not None and a.workers is not None:
+        raise InputError("--workers", "--workers and --scheduler both given", "one of them (a Dask cluster has its "
+                                                                             "own workers)")
+    spec = load_spec(a.spec)
+    points = expand(spec)           # the whole spec is checked before anything runs
+    out = _out_dir(a.out)
+    update, close = _progress_runs(f"sweep {Path(a.spec).name}")
+    try:
+        res = run_sweep(spec, out, workers=a.workers or 1, scheduler=a.scheduler, progress=update, points=points)
+    finally:
+        close()
+    print(summary_table(res, spec))
+    failed = res.failed()
+    print(f"{len(res.points)} points: {len(res.executed)} run, {len(res.skipped)} finished before, "
+          f"{len(failed)} failed; {out / 'results.parquet'}")
+    for key in failed:
+        d = res.docs[key]
+        print(f"archsim: run {key} ({d.get('sweep', {}).get('hw', '')} "
+              f"{d.get('sweep', {}).get('values', {})}) failed: {d.get('error', 'functional verification failed')}",
+              file=sys.stderr)
+    return res.exit_status()
+
+
+def _progress_runs(label: str):
+    """A progress bar over a sweep's runs on a terminal, nothing otherwise."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc=label, unit="run", file=sys.stderr)
+
+    def update(i, n):
+        bar.total = n
+        bar.n = i
+        bar.refresh()
+
+    return update, bar.close
+
+
 def cmd_plot(a) -> int:
     from archsim.report.plots import write_plots
 
     path = Path(a.path)
+    if path.is_dir() and (path / "results.parquet").exists() and (path / "sweep.json").exists() \
+            and not (path / "result.json").exists():
+        from archsim.report.plots import write_sweep_plots
+
+        for f in write_sweep_plots(path, Path(a.out) if a.out else path):
+            print(f)
+        return 0
     if path.is_dir():
         cands = [path / "result.json", path / "compare.json"]
         path = next((c for c in cands if c.exists()), None)
         if path is None:
-            raise InputError(a.path, "no result.json or compare.json in this directory", "a run's --out directory")
+            raise InputError(a.path, "no result.json, compare.json or results.parquet in this directory",
+                             "a run's or a sweep's --out directory")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
@@ -468,7 +529,8 @@ def _write_json(path: str, obj) -> None:
 
 
 COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, "validate": cmd_validate,
-            "bench": cmd_bench, "run": cmd_run, "compare": cmd_compare, "plot": cmd_plot}
+            "bench": cmd_bench, "run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep,
+            "plot": cmd_plot}
 
 
 def main(argv=None) -> int:

@@ -5,11 +5,14 @@ works without a display).
   its warp-cycles;
 - ``timeline.png``: the kernels' timelines end to end: IPC, DRAM GB/s against the machine's peak,
   and the share of warp-cycles waiting on memory (long scoreboard);
-- ``compare.png`` (several machines): time per kernel, machine beside machine.
+- ``compare.png`` (several machines): time per kernel, machine beside machine;
+- ``sweep.png`` (a sweep's directory): total time against each varied value, one line per setting
+  of the other varied values (and machine).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 STALL_COLORS = {"issued": "#2ca02c", "not_selected": "#98df8a", "wait": "#ffbb78", "long_scoreboard": "#d62728",
@@ -119,3 +122,73 @@ def write_plots(doc: dict, out: Path) -> list[Path]:
     if doc.get("mode") == "functional":
         return []
     return [plot_kernels(doc, out / "kernels.png"), plot_timeline(doc, out / "timeline.png")]
+
+
+def _label(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def plot_sweep(rows: list[dict], vary: dict, path: Path, title: str = "") -> Path:
+    """Total time (us) against each varied value: one panel per vary key, one line per setting of
+    the other keys and the machine. Values are placed in spec order (numbers on a linear axis,
+    anything else as categories). ``rows``: finished runs, each with ``hw``, ``values`` and
+    ``seconds``. With nothing varied, a bar per machine."""
+    plt = _plt()
+    keys = list(vary)
+    if not keys:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.bar([r["hw"] for r in rows], [r["seconds"] * 1e6 for r in rows])
+        ax.set_ylabel("total time (us)")
+    else:
+        fig, axs = plt.subplots(1, len(keys), figsize=(5.2 * len(keys), 4), squeeze=False)
+        for ax, k in zip(axs[0], keys):
+            numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vary[k])
+            pos = {_label(v): (v if numeric else i) for i, v in enumerate(vary[k])}
+            lines: dict = {}
+            for r in rows:
+                rest = tuple([r["hw"]] + [f"{o}={_label(r['values'][o])}" for o in keys if o != k])
+                lines.setdefault(rest, []).append((pos[_label(r["values"][k])], r["seconds"] * 1e6))
+            for rest, pts in lines.items():
+                pts.sort()
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", lw=1, label=", ".join(rest))
+            if not numeric:
+                ax.set_xticks(list(range(len(vary[k]))), [_label(v) for v in vary[k]], rotation=20)
+            ax.set_xlabel(k)
+            ax.set_ylabel("total time (us)")
+            ax.set_ylim(bottom=0)
+            if 1 < len(lines) <= 10:
+                ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_sweep_plots(sweep_dir: Path, out: Path) -> list[Path]:
+    """``sweep.png`` for a sweep's directory (sweep.json names the varied keys and every point;
+    the totals come from runs/<key>.json, the same documents results.parquet is made of)."""
+    from archsim.errors import InputError
+
+    sweep_dir = Path(sweep_dir)
+    try:
+        meta = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise InputError(str(sweep_dir / "sweep.json"), f"cannot read: {e}", "a sweep's --out directory") from None
+    if meta.get("schema") != "archsim.sweep/1":
+        raise InputError(str(sweep_dir / "sweep.json"), f"schema {meta.get('schema')!r}", "archsim.sweep/1")
+    rows = []
+    for p in meta.get("points", []):
+        try:
+            doc = json.loads((sweep_dir / "runs" / f"{p['key']}.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        sec = doc.get("total", {}).get("seconds")
+        if doc.get("complete") and "error" not in doc and sec is not None:
+            rows.append({"hw": p["hw"], "values": p["values"], "seconds": sec})
+    if not rows:
+        raise InputError(str(sweep_dir), "no finished timing run to plot", "a sweep with finished timing runs")
+    out.mkdir(parents=True, exist_ok=True)
+    title = f"{meta.get('workload', '')} {meta.get('options', {}).get('phase', '')}".strip()
+    return [plot_sweep(rows, meta.get("vary", {}), out / "sweep.png", title)]
