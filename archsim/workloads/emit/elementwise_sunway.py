@@ -982,3 +982,678 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
             e.free(D.ce)
 
     return _row_kernel(sk, caps, rs, team, (ld * _ES[sk.dtype],), code, setup, "_causal" if causal else "")
+
+
+# ----------------------------------------------------------------------------- layernorm / rmsnorm
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+def _norm_fwd(sk: ElementwiseKernel, caps, rows: int, cols: int, team, ln: bool) -> ElementwiseKernel:
+    vecs = (_St("gamma", "gamma", 0, cols, 0),) + ((_St("beta", "beta", 0, cols, 0),) if ln else ())
+    rs = _RowSpec(ins=(_St("x", "x", 0, cols, cols),), outs=(_St("y", "y", 0, cols, cols),), vecs=vecs,
+                  stats_out=("mean", "rstd") if ln else ("rstd",))
+    st = {}
+
+    def setup(D):
+        st["eps"] = D.e.fparam("eps")
+        st["invn"] = D.e.const(_f32(1.0 / cols))        # = rcp.f32(cols): 1/cols rounded once to f32
+
+    def code(D):
+        e, invn, eps = D.e, st["invn"], st["eps"]
+        acc, rstd = e.reg(), e.reg()
+        mean = e.reg() if ln else None
+        e("mov.f32", acc, 0.0)
+
+        def load_x(j, n):
+            ad = e.addr(D.p["x"], j)
+            v = e.load(ad, n)
+            e.free(ad)
+            return v
+
+        if ln:
+            def s1(j, n):
+                v = load_x(j, n)
+                for i in range(n):
+                    e("add.f32", acc, acc, v + i)
+                e.free(v, k=n)
+
+            D.sweep(("x",), (), s1)
+            e.reduce_sum([acc])
+            e("mul.f32", mean, acc, invn)
+            e("mov.f32", acc, 0.0)
+
+        def s2(j, n):
+            v = load_x(j, n)
+            for i in range(n):
+                if ln:
+                    e("sub.f32", v + i, v + i, mean)
+                e("fma.f32", acc, v + i, v + i, acc)
+            e.free(v, k=n)
+
+        D.sweep(("x",), (), s2)
+        e.reduce_sum([acc])
+        e("fma.f32", rstd, acc, invn, eps)
+        e("rsqrt.f32", rstd, rstd)
+        if ln:
+            D.stat_out("mean", mean)
+        D.stat_out("rstd", rstd)
+
+        def out(j, n):
+            v = load_x(j, n)
+            ad = e.addr(D.p["gamma"], j)
+            g = e.load(ad, n)
+            b = None
+            if ln:
+                e("add.i64", ad, D.p["beta"], j)
+                b = e.load(ad, n)
+            for i in range(n):
+                if ln:
+                    e("sub.f32", v + i, v + i, mean)
+                    e("mul.f32", v + i, v + i, rstd)
+                    e("fma.f32", v + i, v + i, g + i, b + i)
+                else:
+                    e("mul.f32", v + i, v + i, rstd)
+                    e("mul.f32", v + i, v + i, g + i)
+            e("add.i64", ad, D.p["y"], j)
+            e.store(ad, v, n)
+            e.free(ad)
+            for r in (v, g) + ((b,) if ln else ()):
+                e.free(r, k=n)
+
+        D.sweep(("x", "gamma") + (("beta",) if ln else ()), ("y",), out)
+        e.free(acc, rstd)
+        if ln:
+            e.free(mean)
+
+    return _row_kernel(sk, caps, rs, team, (cols * _ES[sk.dtype],), code, setup)
+
+
+def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                     team: Optional[str] = None) -> ElementwiseKernel:
+    """y = (x - mean) * rstd * gamma + beta per row, also mean [rows] and rstd [rows] (f32), as
+    ``elementwise_gpu.layernorm_kernel``: two passes for the statistics, a third writes y."""
+    _target("layernorm", caps)
+    return _norm_fwd(EW.layernorm_kernel(_spec(caps), rows, cols, dtype, eps), caps, rows, cols, team, True)
+
+
+def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                   team: Optional[str] = None) -> ElementwiseKernel:
+    """y = x * rstd * gamma per row, rstd = 1/sqrt(mean(x^2) + eps), also rstd [rows] (f32)."""
+    _target("rmsnorm", caps)
+    return _norm_fwd(EW.rmsnorm_kernel(_spec(caps), rows, cols, dtype, eps), caps, rows, cols, team, False)
+
+
+# ----------------------------------------------------------------------------- norm backward
+def _norm_dx(sk: ElementwiseKernel, caps, rows: int, cols: int, team, ln: bool) -> ElementwiseKernel:
+    rs = _RowSpec(ins=(_St("x", "x", 0, cols, cols), _St("dy", "dy", 0, cols, cols)),
+                  outs=(_St("dx", "dx", 0, cols, cols),), vecs=(_St("gamma", "gamma", 0, cols, 0),),
+                  stats_in=("mean", "rstd") if ln else ("rstd",))
+    st = {}
+
+    def setup(D):
+        st["invn"] = D.e.const(_f32(1.0 / cols))
+
+    def code(D):
+        e, invn = D.e, st["invn"]
+        rstd = D.stat_in("rstd")
+        mean = D.stat_in("mean") if ln else None
+        acc = [e.reg() for _ in range(2 if ln else 1)]
+        for r in acc:
+            e("mov.f32", r, 0.0)
+
+        def operands(j, n):
+            ad = e.addr(D.p["x"], j)
+            x = e.load(ad, n)
+            e("add.i64", ad, D.p["dy"], j)
+            d = e.load(ad, n)
+            e("add.i64", ad, D.p["gamma"], j)
+            g = e.load(ad, n)
+            e.free(ad)
+            for i in range(n):
+                e("mul.f32", d + i, d + i, g + i)
+                if ln:
+                    e("sub.f32", x + i, x + i, mean)
+                    e("mul.f32", x + i, x + i, rstd)
+            e.free(g, k=n)
+            return x, d
+
+        def sums(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:
+                    e("add.f32", acc[0], acc[0], d + i)
+                    e("fma.f32", acc[1], d + i, x + i, acc[1])
+                else:
+                    e("fma.f32", acc[0], d + i, x + i, acc[0])
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        D.sweep(("x", "dy", "gamma"), (), sums)
+        e.reduce_sum(acc)
+        if ln:
+            e("mul.f32", acc[0], acc[0], invn)
+            e("mul.f32", acc[1], acc[1], invn)
+        else:
+            e("mul.f32", acc[0], acc[0], invn)
+            for _ in range(3):
+                e("mul.f32", acc[0], acc[0], rstd)
+            e("neg.f32", acc[0], acc[0])
+
+        def out(j, n):
+            x, d = operands(j, n)
+            for i in range(n):
+                if ln:
+                    e("fma.f32", x + i, x + i, acc[1], acc[0])
+                    e("sub.f32", d + i, d + i, x + i)
+                    e("mul.f32", d + i, d + i, rstd)
+                else:
+                    e("mul.f32", d + i, d + i, rstd)
+                    e("fma.f32", d + i, x + i, acc[0], d + i)
+            ad = e.addr(D.p["dx"], j)
+            e.store(ad, d, n)
+            e.free(ad)
+            e.free(x, k=n)
+            e.free(d, k=n)
+
+        D.sweep(("x", "dy", "gamma"), ("dx",), out)
+        e.free(rstd, *acc)
+        if ln:
+            e.free(mean)
+
+    return _row_kernel(sk, caps, rs, team, (cols * _ES[sk.dtype],), code, setup)
+
+
+COLSUM_MIN_ROWS = 8          # choice: rows a column-sum unit sums at least (fewer: more partials to add up)
+
+
+def _colsum_geometry(caps, rows: int, cols: int, es: int, nout: int) -> dict:
+    """Units (column chunk c, row range q); tiles of RB rows x CW columns. CW: the whole row when
+    the LDM holds it (one DMA a tile), else a power-of-two chunk (one DMA per tile row)."""
+    L = caps.scratchpad_bytes
+    G = caps.cores_total
+
+    def need(cw, rb):     # acc (f32) + out staging + 2 sets of x, dy tiles and the rows' mean / rstd
+        return nout * _al(cw * 4) + nout * _al(cw * es) + 2 * (2 * _al(rb * cw * es) + 2 * _al(rb * 4))
+
+    cw = cols
+    if need(cw, 1) > L:
+        cw = _pow2_floor(cols)
+        while cw > 1 and need(cw, 1) > L:
+            cw //= 2
+    ncc = _ceil(cols, cw)
+    Q = max(1, min(_ceil(G, ncc), rows // COLSUM_MIN_ROWS))
+    rq = _ceil(rows, Q)
+    Q = _ceil(rows, rq)
+    rb = max(1, _ceil(rq, CHUNKS_PER_CPE))
+    while rb > 1 and need(cw, rb) > L:
+        rb -= 1
+    return dict(cw=cw, ncc=ncc, Q=Q, rq=rq, rb=rb)
+
+
+def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
+    """dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), xhat from x and the saved statistics.
+    Unit u = (row range q = u / ncc, column chunk c = u % ncc), grid stride over units. A unit
+    streams tiles of rb rows through the LDM; for each column vector of the chunk the tile's rows
+    are summed in registers and added to f32 partial sums in the LDM; at the end the unit stores
+    its partial sums (Q = 1: dgamma / dbeta in the storage dtype; else ws[q] in f32)."""
+    es = _ES[dt]
+    nout = 2 if ln else 1
+    geo = _colsum_geometry(caps, rows, cols, es, nout)
+    cw, ncc, Q, rq, rb = geo["cw"], geo["ncc"], geo["Q"], geo["rq"], geo["rb"]
+    partial = Q > 1
+    op = "colsum_ln" if ln else "colsum_rms"
+    outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
+    bufs = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
+        + (Buf("rstd", (rows,), "fp32"),)
+    finals = (Buf("dgamma", (cols,), dt, True),) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
+    ws = Buf("ws", (Q, nout * cols), "fp32", True, scratch=True)
+    bufs = bufs + ((ws,) if partial else finals)
+    scalars = (("rows", rows), ("cols", cols))
+    stats = ("mean", "rstd") if ln else ("rstd",)
+    cwb = cw * es
+    # LDM: acc[nout] (f32), out staging[nout] (storage dtype), then 2 sets of x, dy, stats tiles
+    off = {}
+    pos = 0
+    for o in range(nout):
+        off[f"acc{o}"] = pos
+        pos += _al(cw * 4)
+    for o in range(nout):
+        off[f"out{o}"] = pos
+        pos += _al(cwb)
+    base = pos
+    for name in ("x", "dy"):
+        off[name] = pos
+        pos += _al(rb * cwb)
+    for name in stats:
+        off[name] = pos
+        pos += _al(rb * 4)
+    setb = pos - base
+    shared = base + 2 * setb
+    params = tuple(b.name for b in bufs) + ("rows", "cols")
+
+    def make(vb):
+        e = _L(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_sw_v{vb}{'_partial' if partial else ''}", params,
+               dt, vb, shared, caps)
+        e.lanes()
+        a = e.a
+        u, ustep, nunit, rows_r = e.reg(), e.reg(), e.reg(), e.reg()
+        e("s2r", u, "%ctaid.x")
+        e("s2r", ustep, "%nctaid.x")
+        e("mov.b64", nunit, Q * ncc)
+        e("ldparam", rows_r, "rows")
+        top, done = e.label(), e.label()
+        pu = a.pred()
+        a.label(top)
+        e("setp.ge.i64", pu, u, nunit)
+        e("bra", done, p=pu)
+        c0, clen, r0, rend = e.reg(), e.reg(), e.reg(), e.reg()
+        e("rem.i64", c0, u, ncc)
+        e("mul.i64", c0, c0, cwb)                     # the chunk's first column byte
+        e("mov.b64", clen, cols * es)
+        e("sub.i64", clen, clen, c0)
+        e("min.i64", clen, clen, cwb)
+        e("div.i64", r0, u, ncc)
+        e("mul.i64", r0, r0, rq)                      # the unit's rows [r0, rend)
+        e("add.i64", rend, r0, rq)
+        e("min.i64", rend, rend, rows_r)
+        # zero the f32 partial sums
+        j, pz = e.reg(), a.pred()
+        zl = e.label()
+        z = e.reg()
+        e("mov.b64", z, 0)
+        e("shl.b64", j, e.j0s if e.j0s is not None else e.j0v, 2 - _log2(es)) if es < 4 else e("mov.b64", j, e.j0v if e.V == 1 else e.j0s)
+        a.label(zl)
+        for o in range(nout):
+            e("st.shared.b32", Mem(j, off[f"acc{o}"]), z)
+        e("add.i64", j, j, 128)
+        e("setp.lt.i64", pz, j, cw * 4)
+        e("bra", zl, p=pz)
+        e.free(j, z)
+        a.pfree(pz)
+        # tiles: k = 0 .. ntiles-1 of rb rows from r0
+        k, kend = e.reg(), e.reg()
+        e("mov.b64", k, 0)
+        e("sub.i64", kend, rend, r0)
+        e("add.i64", kend, kend, rb - 1)
+        e("div.i64", kend, kend, rb)
+
+        def tile(kk):
+            t0, nr = e.reg(), e.reg()
+            e("mul.i64", t0, kk, rb)
+            e("add.i64", t0, t0, r0)
+            e("sub.i64", nr, rend, t0)
+            e("min.i64", nr, nr, rb)
+            return t0, nr
+
+        def gets(kk, boff):
+            t0, nr = tile(kk)
+            ga, la, ln_ = e.reg(), e.reg(), e.reg()
+            for name in ("x", "dy"):
+                e("ldparam", ga, name)
+                e("mul.i64", ln_, t0, cols * es)
+                e("add.i64", ga, ga, ln_)
+                e("add.i64", ga, ga, c0)
+                e("add.i64", la, boff, off[name])
+                if ncc == 1:
+                    e("mul.i64", ln_, nr, cwb)
+                    e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+                else:                                  # one row segment at a time
+                    i, p = e.reg(), a.pred()
+                    lab = e.label()
+                    e("mov.b64", i, 0)
+                    a.label(lab)
+                    e("dma.get", Mem(la, 0), Mem(ga, 0), clen)
+                    e("add.i64", ga, ga, cols * es)
+                    e("add.i64", la, la, cwb)
+                    e("add.i64", i, i, 1)
+                    e("setp.lt.i64", p, i, nr)
+                    e("bra", lab, p=p)
+                    e.free(i)
+                    a.pfree(p)
+            for name in stats:
+                e("ldparam", ga, name)
+                e("shl.b64", ln_, t0, 2)
+                e("add.i64", ga, ga, ln_)
+                e("add.i64", la, boff, off[name])
+                e("shl.b64", ln_, nr, 2)
+                e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+            e.free(t0, nr, ga, la, ln_)
+
+        def body(kk, boff):
+            t0, nr = tile(kk)
+            e.free(t0)
+
+            def col(jj, n):
+                accs = []
+                sj = e.reg()                            # f32 offset of the vector: j * 4 / es
+                e("shl.b64", sj, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", sj, jj)
+                for o in range(nout):
+                    r = e.a.reg(n)
+                    e.words(_LDS, r, sj, off[f"acc{o}"], n)
+                    accs.append(r)
+                rr, px, pd, ps, p = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
+                e("mov.b64", rr, 0)
+                e("add.i64", px, boff, jj)
+                e("mov.b64", ps, boff)
+                lab = e.label()
+                a.label(lab)
+                x = e.load(px, n, off=off["x"])
+                d = e.load(px, n, off=off["dy"])
+                rs_ = e.reg()
+                e("ld.shared.b32", rs_, Mem(ps, off["rstd"]))
+                mu = None
+                if ln:
+                    mu = e.reg()
+                    e("ld.shared.b32", mu, Mem(ps, off["mean"]))
+                for i in range(n):
+                    if ln:
+                        e("sub.f32", x + i, x + i, mu)
+                    e("mul.f32", x + i, x + i, rs_)
+                    e("fma.f32", accs[0] + i, d + i, x + i, accs[0] + i)
+                    if ln:
+                        e("add.f32", accs[1] + i, accs[1] + i, d + i)
+                e.free(x, k=n)
+                e.free(d, k=n)
+                e.free(rs_)
+                if ln:
+                    e.free(mu)
+                e("add.i64", px, px, cwb)
+                e("add.i64", ps, ps, 4)
+                e("add.i64", rr, rr, 1)
+                e("setp.lt.i64", p, rr, nr)
+                e("bra", lab, p=p)
+                for o in range(nout):
+                    e.words(_STS, accs[o], sj, off[f"acc{o}"], n, store=True)
+                    e.free(accs[o], k=n)
+                e.free(sj, rr, px, pd, ps)
+                a.pfree(p)
+
+            e.loop(clen, col)
+            e.free(nr)
+
+        e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
+        e.free(k, kend)
+        # store the unit's sums
+        ga, la = e.reg(), e.reg()
+        if partial:                                   # ws[q, o*cols + column] in f32
+            q = e.reg()
+            e("div.i64", q, u, ncc)
+            e("mul.i64", q, q, nout * cols * 4)
+            e("shl.b64", la, clen, 2 - _log2(es)) if es < 4 else e("mov.b64", la, clen)   # f32 bytes
+            for o in range(nout):
+                e("ldparam", ga, "ws")
+                e("add.i64", ga, ga, q)
+                t = e.reg()
+                e("shl.b64", t, c0, 2 - _log2(es)) if es < 4 else e("mov.b64", t, c0)
+                e("add.i64", ga, ga, t)
+                e("mov.b64", t, off[f"acc{o}"])
+                e("dma.put", Mem(ga, o * cols * 4), Mem(t, 0), la)
+                e.free(t)
+            e.free(q)
+        else:                                         # convert to the storage dtype, then put
+            def conv(jj, n):
+                sj = e.reg()
+                e("shl.b64", sj, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", sj, jj)
+                for o in range(nout):
+                    r = e.a.reg(n)
+                    e.words(_LDS, r, sj, off[f"acc{o}"], n)
+                    e.store(jj, r, n, off=off[f"out{o}"])
+                    e.free(r, k=n)
+                e.free(sj)
+
+            e.loop(clen, conv)
+            for o, name in enumerate(outs):
+                e("ldparam", ga, name)
+                e("add.i64", ga, ga, c0)
+                e("mov.b64", la, off[f"out{o}"])
+                e("dma.put", Mem(ga, 0), Mem(la, 0), clen)
+        e.free(ga, la)
+        e("dma.wait", 0)                              # the partial sums are reused by the next unit
+        e.free(c0, clen, r0, rend)
+        e("add.i64", u, u, ustep)
+        e("bra", top)
+        a.label(done)
+        e("exit")
+        return _build(e, caps), vb
+
+    prog, vb = _try_vb(make, [v for v in (16, 8, 4) if v >= es and (cwb % v == 0 or ncc == 1 and cols * es % v == 0)]
+                       + [es])
+    k1 = ElementwiseKernel(op=op, program=prog, launch=_grid_launch(caps, Q * ncc), flops=FLOPS_PER_ELEM[op] * rows * cols,
+                           dtype=dt, buffers=bufs, scalars=scalars, team="column", vector_bytes=vb)
+    if not partial:
+        return (k1,)
+    return (k1, _ws_sum_kernel(caps, cols, Q, dt, finals))
+
+
+def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> ElementwiseKernel:
+    """dgamma (dbeta) = the Q partial sums of ws [Q, nout*cols] (f32) added up. Unit u = (output
+    o, column chunk c); a unit streams the chunk of each ws row through the LDM (double buffered,
+    one DMA a row), adds it to f32 sums in registers-then-LDM, converts and puts the chunk."""
+    es = _ES[dt]
+    nout = len(finals)
+    G = caps.cores_total
+    L = caps.scratchpad_bytes
+    cw = max(32, _pow2_ceil(_ceil(nout * cols, G)))    # f32 columns of a chunk
+    cw = min(cw, _pow2_floor(cols))
+    while cw > 32 and cw * 4 + cw * es + 2 * cw * 4 + 3 * ALIGN > L:
+        cw //= 2
+    ncc = _ceil(cols, cw)
+    off_acc, off_out, base = 0, _al(cw * 4), _al(cw * 4) + _al(cw * es)
+    setb = _al(cw * 4)
+    shared = base + 2 * setb
+    params = ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks")
+
+    def make(vb):
+        e = _L(f"grad_params_sum_{dt}_{nout}_sw_v{vb}", params, dt, vb, shared, caps)
+        e.lanes()
+        a = e.a
+        u, ustep, pu = e.reg(), e.reg(), a.pred()
+        e("s2r", u, "%ctaid.x")
+        e("s2r", ustep, "%nctaid.x")
+        top, done = e.label(), e.label()
+        a.label(top)
+        e("setp.ge.i64", pu, u, nout * ncc)
+        e("bra", done, p=pu)
+        o, c0, clen = e.reg(), e.reg(), e.reg()
+        e("div.i64", o, u, ncc)
+        e("rem.i64", c0, u, ncc)
+        e("mul.i64", c0, c0, cw)                      # first column of the chunk
+        e("mov.b64", clen, cols)
+        e("sub.i64", clen, clen, c0)
+        e("min.i64", clen, clen, cw)                  # columns
+        j, z, pz = e.reg(), e.reg(), a.pred()
+        e("mov.b64", z, 0)
+        e("shl.b64", j, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", j, e.j0v)   # lane * 4
+        zl = e.label()
+        a.label(zl)
+        e("st.shared.b32", Mem(j, off_acc), z)
+        e("add.i64", j, j, 128)
+        e("setp.lt.i64", pz, j, cw * 4)
+        e("bra", zl, p=pz)
+        e.free(j, z)
+        a.pfree(pz)
+        k, kend = e.reg(), e.reg()
+        e("mov.b64", k, 0)
+        e("ldparam", kend, "chunks")
+
+        def gets(kk, boff):
+            ga, la, ln_ = e.reg(), e.reg(), e.reg()
+            e("ldparam", ga, "ws")
+            e("mul.i64", ln_, kk, nout * cols * 4)
+            e("add.i64", ga, ga, ln_)
+            e("mul.i64", ln_, o, cols * 4)
+            e("add.i64", ga, ga, ln_)
+            e("shl.b64", ln_, c0, 2)
+            e("add.i64", ga, ga, ln_)
+            e("add.i64", la, boff, base)
+            e("shl.b64", ln_, clen, 2)
+            e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+            e.free(ga, la, ln_)
+
+        def body(kk, boff):
+            nb, jj, pj = e.reg(), e.reg(), a.pred()
+            e("shl.b64", nb, clen, 2)
+            lab, end = e.label(), e.label()
+            e("shl.b64", jj, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", jj, e.j0v)
+            a.label(lab)                               # lane l: f32 columns l, l+32, ...
+            e("setp.ge.i64", pj, jj, nb)
+            e("bra", end, p=pj)
+            v, w, ad = e.reg(), e.reg(), e.reg()
+            e("add.i64", ad, jj, boff)
+            e("ld.shared.b32", v, Mem(ad, base))
+            e("ld.shared.b32", w, Mem(jj, off_acc))
+            e("add.f32", w, w, v)
+            e("st.shared.b32", Mem(jj, off_acc), w)
+            e.free(v, w, ad)
+            e("add.i64", jj, jj, 128)
+            e("bra", lab)
+            a.label(end)
+            e.free(nb, jj)
+            a.pfree(pj)
+
+        e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
+        e.free(k, kend)
+        jj, v, ad, pj = e.reg(), e.reg(), e.reg(), a.pred()
+        e("shl.b64", jj, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", jj, e.j0v)
+        nb = e.reg()
+        e("shl.b64", nb, clen, 2)
+        lab, end = e.label(), e.label()
+        a.label(lab)
+        e("setp.ge.i64", pj, jj, nb)
+        e("bra", end, p=pj)
+        e("ld.shared.b32", v, Mem(jj, off_acc))
+        e("shr.u64", ad, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", ad, jj)
+        if dt == "fp32":
+            e("st.shared.b32", Mem(ad, off_out), v)
+        else:
+            e(_CVT_OUT[dt], v, v, v)
+            e("st.shared.b16", Mem(ad, off_out), v)
+        e("add.i64", jj, jj, 128)
+        e("bra", lab)
+        a.label(end)
+        e.free(jj, v, nb)
+        a.pfree(pj)
+        ga = e.reg()
+        for i, b in enumerate(finals):                 # the output o names: branch-free select
+            t = e.reg()
+            e("ldparam", t, b.name)
+            if i == 0:
+                e("mov.b64", ga, t)
+            else:
+                p = a.pred()
+                e("setp.eq.i64", p, o, i)
+                e("selp.b64", ga, t, ga, p)
+                a.pfree(p)
+            e.free(t)
+        e("mul.i64", ad, c0, es)
+        e("add.i64", ga, ga, ad)
+        e("mov.b64", ad, off_out)
+        e("mul.i64", clen, clen, es)
+        e("dma.put", Mem(ga, 0), Mem(ad, 0), clen)
+        e("dma.wait", 0)
+        e.free(ga, ad, o, c0, clen)
+        e("add.i64", u, u, ustep)
+        e("bra", top)
+        a.label(done)
+        e("exit")
+        return _build(e, caps), vb
+
+    prog, vb = make(4)
+    ws = Buf("ws", (Q, nout * cols), "fp32", False, scratch=True)
+    return ElementwiseKernel(op="colsum_chunks", program=prog, launch=_grid_launch(caps, nout * ncc),
+                             flops=FLOPS_PER_ELEM["colsum_chunks"] * nout * cols * Q, dtype=dt, buffers=(ws,) + finals,
+                             scalars=(("cols", cols), ("chunks", Q)), team="column", vector_bytes=4)
+
+
+def _norm_grad(op: str, caps, rows: int, cols: int, dtype, eps, team, ln: bool) -> KernelChain:
+    _target(op, caps)
+    fn = EW.layernorm_grad_kernel if ln else EW.rmsnorm_grad_kernel
+    sc = fn(_spec(caps), rows, cols, dtype, eps)
+    k1 = _norm_dx(sc.kernels[0], caps, rows, cols, team, ln)
+    return KernelChain(op=op, kernels=(k1,) + _colsum_kernel(caps, rows, cols, sc.dtype, ln), dtype=sc.dtype,
+                       _gen=sc._gen, _ref=sc._ref)
+
+
+def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
+                          team: Optional[str] = None) -> KernelChain:
+    """Layernorm backward: (1) dx [rows, cols] from x, dy, gamma, mean, rstd; (2) dgamma, dbeta
+    (column sums; (3) the workspace's partial sums added up when the rows are split)."""
+    return _norm_grad("layernorm_grad", caps, rows, cols, dtype, eps, team, True)
+
+
+def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-6, *,
+                        team: Optional[str] = None) -> KernelChain:
+    """RMSNorm backward: (1) dx; (2) dgamma = sum_rows dy * x * rstd (and (3) as layernorm's)."""
+    return _norm_grad("rmsnorm_grad", caps, rows, cols, dtype, eps, team, False)
+
+
+# ----------------------------------------------------------------------------- SwiGLU
+def _swiglu(sk: ElementwiseKernel, caps, rows: int, ffn: int, team, grad: bool) -> ElementwiseKernel:
+    if grad:
+        rs = _RowSpec(ins=(_St("g", "x", 0, ffn, 2 * ffn), _St("u", "x", ffn, ffn, 2 * ffn), _St("dy", "dy", 0, ffn, ffn)),
+                      outs=(_St("dg", "dx", 0, ffn, 2 * ffn), _St("du", "dx", ffn, ffn, 2 * ffn)))
+    else:
+        rs = _RowSpec(ins=(_St("g", "x", 0, ffn, 2 * ffn), _St("u", "x", ffn, ffn, 2 * ffn)),
+                      outs=(_St("y", "y", 0, ffn, ffn),))
+
+    def setup(D):
+        D.e.const(1.0)
+        D.e.const(0.5)
+
+    def code(D):
+        e = D.e
+        one = e.const(1.0)
+
+        def elem(j, n):
+            ad = e.addr(D.p["g"], j)
+            g = e.load(ad, n)
+            e("add.i64", ad, D.p["u"], j)
+            u = e.load(ad, n)
+            s = e.reg()
+            if not grad:
+                for i in range(n):
+                    EW._sigmoid(e, g + i, s)
+                    e("mul.f32", g + i, g + i, s)
+                    e("mul.f32", g + i, g + i, u + i)
+                e("add.i64", ad, D.p["y"], j)
+                e.store(ad, g, n)
+            else:
+                e("add.i64", ad, D.p["dy"], j)
+                d = e.load(ad, n)
+                w = e.reg()
+                for i in range(n):
+                    EW._sigmoid(e, g + i, s)
+                    e("mul.f32", w, g + i, s)
+                    e("mul.f32", u + i, u + i, d + i)
+                    e("mul.f32", d + i, d + i, w)
+                    e("sub.f32", g + i, one, s)
+                    e("fma.f32", g + i, w, g + i, s)
+                    e("mul.f32", g + i, g + i, u + i)
+                e("add.i64", ad, D.p["dg"], j)
+                e.store(ad, g, n)
+                e("add.i64", ad, D.p["du"], j)
+                e.store(ad, d, n)
+                e.free(w)
+                e.free(d, k=n)
+            e.free(ad, s)
+            e.free(g, k=n)
+            e.free(u, k=n)
+
+        D.sweep(("g", "u") + (("dy",) if grad else ()), ("dg", "du") if grad else ("y",), elem)
+
+    es = _ES[sk.dtype]
+    return _row_kernel(sk, caps, rs, team, (ffn * es,), code, setup)
+
+
+def swiglu_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *, team: Optional[str] = None) -> ElementwiseKernel:
+    """y [rows, ffn] = silu(gate) * up with x [rows, 2 ffn] = [gate | up]."""
+    _target("swiglu", caps)
+    return _swiglu(EW.swiglu_kernel(_spec(caps), rows, ffn, dtype), caps, rows, ffn, team, False)
+
+
+def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
+                       team: Optional[str] = None) -> ElementwiseKernel:
+    """dx [rows, 2 ffn] = [dy * up * silu'(gate) | dy * silu(gate)]."""
+    _target("swiglu_grad", caps)
+    return _swiglu(EW.swiglu_grad_kernel(_spec(caps), rows, ffn, dtype), caps, rows, ffn, team, True)
