@@ -244,7 +244,8 @@ def test_kernels_keep_the_gpu_kernels_contract():
     reqs = [("softmax_kernel", (64, 100, "fp16"), dict(scale=0.3, causal=True, q_len=16, ld=104)),
             ("softmax_grad_kernel", (33, 97, "bf16"), dict(causal=True, q_len=11)),
             ("layernorm_kernel", (9, 45, "fp32"), {}), ("rmsnorm_kernel", (9, 45, "bf16"), {}),
-            ("gelu_kernel", (1000, "fp16"), {}), ("gelu_grad_kernel", (1000, "fp32"), {}), ("add_kernel", (77, "bf16"), {}),
+            ("gelu_kernel", (1000, "fp16"), {}), ("gelu_grad_kernel", (1000, "fp32"), {}),
+            ("add_kernel", (77, "bf16"), {}),
             ("relu_kernel", (77, "fp16"), {}), ("relu_grad_kernel", (77, "fp16"), {}),
             ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {})]
     for fn, a, kw in reqs:

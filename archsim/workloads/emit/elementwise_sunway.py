@@ -65,7 +65,6 @@ GPU module's tolerances hold.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -268,6 +267,17 @@ class _L(EW._E):
         a.label(e_end)
         a.free(boff, kn)
         a.pfree(p)
+
+
+def _scale_off(e, dst: Reg, src: Reg, frm: int, to: int) -> None:
+    """dst = src * to / frm for power-of-two element sizes: a byte offset in an array of frm-byte
+    elements -> the same element's offset in an array of to-byte elements (e.g. 2 -> 4: into f32)."""
+    if to > frm:
+        e("shl.b64", dst, src, _log2(to // frm))
+    elif to < frm:
+        e("shr.u64", dst, src, _log2(frm // to))
+    else:
+        e("mov.b64", dst, src)
 
 
 def _grid_launch(caps, needed: int) -> Launch:
@@ -891,7 +901,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
             v = exps(j, n)
             if rows_team:                               # e in the f32 scratch row, at 4/es x j
                 ad = e.reg()
-                e("shl.b64", ad, j, 2 - _log2(e.es)) if e.es < 4 else e("mov.b64", ad, j)
+                _scale_off(e, ad, j, e.es, 4)
                 e.words(_STS, v, ad, D.geo["scratch"], n, store=True)
                 e.free(ad)
             e.free(v, k=n)
@@ -904,7 +914,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
         def write(j, n):
             if rows_team:
                 ad = e.reg()
-                e("shl.b64", ad, j, 2 - _log2(e.es)) if e.es < 4 else e("mov.b64", ad, j)
+                _scale_off(e, ad, j, e.es, 4)
                 v = e.a.reg(n)
                 e.words(_LDS, v, ad, D.geo["scratch"], n)
                 e.free(ad)
@@ -1262,7 +1272,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
         zl = e.label()
         z = e.reg()
         e("mov.b64", z, 0)
-        e("shl.b64", j, e.j0s if e.j0s is not None else e.j0v, 2 - _log2(es)) if es < 4 else e("mov.b64", j, e.j0v if e.V == 1 else e.j0s)
+        _scale_off(e, j, e.j0s if e.j0s is not None else e.j0v, es, 4)           # lane * 4
         a.label(zl)
         for o in range(nout):
             e("st.shared.b32", Mem(j, off[f"acc{o}"]), z)
@@ -1327,12 +1337,12 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
             def col(jj, n):
                 accs = []
                 sj = e.reg()                            # f32 offset of the vector: j * 4 / es
-                e("shl.b64", sj, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", sj, jj)
+                _scale_off(e, sj, jj, es, 4)
                 for o in range(nout):
                     r = e.a.reg(n)
                     e.words(_LDS, r, sj, off[f"acc{o}"], n)
                     accs.append(r)
-                rr, px, pd, ps, p = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
+                rr, px, ps, p = e.reg(), e.reg(), e.reg(), a.pred()
                 e("mov.b64", rr, 0)
                 e("add.i64", px, boff, jj)
                 e("mov.b64", ps, boff)
@@ -1366,7 +1376,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
                 for o in range(nout):
                     e.words(_STS, accs[o], sj, off[f"acc{o}"], n, store=True)
                     e.free(accs[o], k=n)
-                e.free(sj, rr, px, pd, ps)
+                e.free(sj, rr, px, ps)
                 a.pfree(p)
 
             e.loop(clen, col)
@@ -1380,12 +1390,12 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
             q = e.reg()
             e("div.i64", q, u, ncc)
             e("mul.i64", q, q, nout * cols * 4)
-            e("shl.b64", la, clen, 2 - _log2(es)) if es < 4 else e("mov.b64", la, clen)   # f32 bytes
+            _scale_off(e, la, clen, es, 4)   # f32 bytes
             for o in range(nout):
                 e("ldparam", ga, "ws")
                 e("add.i64", ga, ga, q)
                 t = e.reg()
-                e("shl.b64", t, c0, 2 - _log2(es)) if es < 4 else e("mov.b64", t, c0)
+                _scale_off(e, t, c0, es, 4)
                 e("add.i64", ga, ga, t)
                 e("mov.b64", t, off[f"acc{o}"])
                 e("dma.put", Mem(ga, o * cols * 4), Mem(t, 0), la)
@@ -1394,7 +1404,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
         else:                                         # convert to the storage dtype, then put
             def conv(jj, n):
                 sj = e.reg()
-                e("shl.b64", sj, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", sj, jj)
+                _scale_off(e, sj, jj, es, 4)
                 for o in range(nout):
                     r = e.a.reg(n)
                     e.words(_LDS, r, sj, off[f"acc{o}"], n)
@@ -1419,7 +1429,8 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
 
     prog, vb = _try_vb(make, [v for v in (16, 8, 4) if v >= es and (cwb % v == 0 or ncc == 1 and cols * es % v == 0)]
                        + [es])
-    k1 = ElementwiseKernel(op=op, program=prog, launch=_grid_launch(caps, Q * ncc), flops=FLOPS_PER_ELEM[op] * rows * cols,
+    k1 = ElementwiseKernel(op=op, program=prog, launch=_grid_launch(caps, Q * ncc),
+                           flops=FLOPS_PER_ELEM[op] * rows * cols,
                            dtype=dt, buffers=bufs, scalars=scalars, team="column", vector_bytes=vb)
     if not partial:
         return (k1,)
@@ -1464,7 +1475,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         e("min.i64", clen, clen, cw)                  # columns
         j, z, pz = e.reg(), e.reg(), a.pred()
         e("mov.b64", z, 0)
-        e("shl.b64", j, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", j, e.j0v)   # lane * 4
+        _scale_off(e, j, e.j0v, vb, 4)   # lane * 4
         zl = e.label()
         a.label(zl)
         e("st.shared.b32", Mem(j, off_acc), z)
@@ -1495,7 +1506,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
             nb, jj, pj = e.reg(), e.reg(), a.pred()
             e("shl.b64", nb, clen, 2)
             lab, end = e.label(), e.label()
-            e("shl.b64", jj, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", jj, e.j0v)
+            _scale_off(e, jj, e.j0v, vb, 4)
             a.label(lab)                               # lane l: f32 columns l, l+32, ...
             e("setp.ge.i64", pj, jj, nb)
             e("bra", end, p=pj)
@@ -1515,7 +1526,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
         e.free(k, kend)
         jj, v, ad, pj = e.reg(), e.reg(), e.reg(), a.pred()
-        e("shl.b64", jj, e.j0v, 2 - _log2(vb)) if vb != 4 else e("mov.b64", jj, e.j0v)
+        _scale_off(e, jj, e.j0v, vb, 4)
         nb = e.reg()
         e("shl.b64", nb, clen, 2)
         lab, end = e.label(), e.label()
@@ -1523,7 +1534,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         e("setp.ge.i64", pj, jj, nb)
         e("bra", end, p=pj)
         e("ld.shared.b32", v, Mem(jj, off_acc))
-        e("shr.u64", ad, jj, 2 - _log2(es)) if es < 4 else e("mov.b64", ad, jj)
+        _scale_off(e, ad, jj, 4, es)
         if dt == "fp32":
             e("st.shared.b32", Mem(ad, off_out), v)
         else:
@@ -1591,7 +1602,8 @@ def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: fl
 # ----------------------------------------------------------------------------- SwiGLU
 def _swiglu(sk: ElementwiseKernel, caps, rows: int, ffn: int, team, grad: bool) -> ElementwiseKernel:
     if grad:
-        rs = _RowSpec(ins=(_St("g", "x", 0, ffn, 2 * ffn), _St("u", "x", ffn, ffn, 2 * ffn), _St("dy", "dy", 0, ffn, ffn)),
+        rs = _RowSpec(ins=(_St("g", "x", 0, ffn, 2 * ffn), _St("u", "x", ffn, ffn, 2 * ffn),
+                           _St("dy", "dy", 0, ffn, ffn)),
                       outs=(_St("dg", "dx", 0, ffn, 2 * ffn), _St("du", "dx", ffn, ffn, 2 * ffn)))
     else:
         rs = _RowSpec(ins=(_St("g", "x", 0, ffn, 2 * ffn), _St("u", "x", ffn, ffn, 2 * ffn)),
