@@ -1174,6 +1174,7 @@ def _norm_dx(sk: ElementwiseKernel, caps, rows: int, cols: int, team, ln: bool) 
     return _row_kernel(sk, caps, rs, team, (cols * _ES[sk.dtype],), code, setup)
 
 
+WS_ROWS = 8                  # choice: workspace rows a step of the workspace sum fetches (DMAs in flight)
 COLSUM_MIN_ROWS = 8          # choice: rows a column-sum unit sums at least (fewer: more partials to add up)
 
 
@@ -1439,8 +1440,9 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
 
 def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> ElementwiseKernel:
     """dgamma (dbeta) = the Q partial sums of ws [Q, nout*cols] (f32) added up. Unit u = (output
-    o, column chunk c); a unit streams the chunk of each ws row through the LDM (double buffered,
-    one DMA a row), adds it to f32 sums in registers-then-LDM, converts and puts the chunk."""
+    o, column chunk c); a unit streams the chunk of the ws rows through the LDM, WS_ROWS rows a
+    step (one DMA a row, the steps double buffered), adds them to f32 sums in the LDM, converts and
+    puts the chunk."""
     es = _ES[dt]
     nout = len(finals)
     G = caps.cores_total
@@ -1450,8 +1452,12 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
     while cw > 32 and cw * 4 + cw * es + 2 * cw * 4 + 3 * ALIGN > L:
         cw //= 2
     ncc = _ceil(cols, cw)
+    R = min(WS_ROWS, Q)
+    while R > 1 and _al(cw * 4) + _al(cw * es) + 2 * R * _al(cw * 4) > L:
+        R //= 2
     off_acc, off_out, base = 0, _al(cw * 4), _al(cw * 4) + _al(cw * es)
-    setb = _al(cw * 4)
+    rowl = _al(cw * 4)                                 # LDM bytes of one ws row's chunk
+    setb = R * rowl
     shared = base + 2 * setb
     params = ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks")
 
@@ -1484,14 +1490,24 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         e("bra", zl, p=pz)
         e.free(j, z)
         a.pfree(pz)
-        k, kend = e.reg(), e.reg()
+        k, kend, nq_all = e.reg(), e.reg(), e.reg()
         e("mov.b64", k, 0)
-        e("ldparam", kend, "chunks")
+        e("ldparam", nq_all, "chunks")
+        e("add.i64", kend, nq_all, R - 1)
+        e("div.i64", kend, kend, R)                   # steps of R ws rows
+
+        def rows_of(kk):
+            q0, nq = e.reg(), e.reg()
+            e("mul.i64", q0, kk, R)
+            e("sub.i64", nq, nq_all, q0)
+            e("min.i64", nq, nq, R)
+            return q0, nq
 
         def gets(kk, boff):
-            ga, la, ln_ = e.reg(), e.reg(), e.reg()
+            q0, nq = rows_of(kk)
+            ga, la, ln_, i, p = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
             e("ldparam", ga, "ws")
-            e("mul.i64", ln_, kk, nout * cols * 4)
+            e("mul.i64", ln_, q0, nout * cols * 4)
             e("add.i64", ga, ga, ln_)
             e("mul.i64", ln_, o, cols * 4)
             e("add.i64", ga, ga, ln_)
@@ -1499,10 +1515,21 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
             e("add.i64", ga, ga, ln_)
             e("add.i64", la, boff, base)
             e("shl.b64", ln_, clen, 2)
+            e("mov.b64", i, 0)
+            lab = e.label()
+            a.label(lab)
             e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
-            e.free(ga, la, ln_)
+            e("add.i64", ga, ga, nout * cols * 4)
+            e("add.i64", la, la, rowl)
+            e("add.i64", i, i, 1)
+            e("setp.lt.i64", p, i, nq)
+            e("bra", lab, p=p)
+            e.free(q0, nq, ga, la, ln_, i)
+            a.pfree(p)
 
         def body(kk, boff):
+            q0, nq = rows_of(kk)
+            e.free(q0)
             nb, jj, pj = e.reg(), e.reg(), a.pred()
             e("shl.b64", nb, clen, 2)
             lab, end = e.label(), e.label()
@@ -1510,21 +1537,29 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
             a.label(lab)                               # lane l: f32 columns l, l+32, ...
             e("setp.ge.i64", pj, jj, nb)
             e("bra", end, p=pj)
-            v, w, ad = e.reg(), e.reg(), e.reg()
+            v, w, ad, i, pi = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
             e("add.i64", ad, jj, boff)
-            e("ld.shared.b32", v, Mem(ad, base))
             e("ld.shared.b32", w, Mem(jj, off_acc))
+            e("mov.b64", i, 0)
+            rl = e.label()
+            a.label(rl)                                # the step's rows, in order
+            e("ld.shared.b32", v, Mem(ad, base))
             e("add.f32", w, w, v)
+            e("add.i64", ad, ad, rowl)
+            e("add.i64", i, i, 1)
+            e("setp.lt.i64", pi, i, nq)
+            e("bra", rl, p=pi)
             e("st.shared.b32", Mem(jj, off_acc), w)
-            e.free(v, w, ad)
+            e.free(v, w, ad, i)
+            a.pfree(pi)
             e("add.i64", jj, jj, 128)
             e("bra", lab)
             a.label(end)
-            e.free(nb, jj)
+            e.free(nb, jj, nq)
             a.pfree(pj)
 
         e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
-        e.free(k, kend)
+        e.free(k, kend, nq_all)
         jj, v, ad, pj = e.reg(), e.reg(), e.reg(), a.pred()
         _scale_off(e, jj, e.j0v, vb, 4)
         nb = e.reg()
