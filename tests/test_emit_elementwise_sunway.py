@@ -408,3 +408,15 @@ def test_kernels_time_on_tiny_sunway_and_move_exactly_their_bytes_by_dma():
             must = 2 * 64 * 300 * 2
         assert r.memory["bytes"]["dma"] == must, (k.program.name, r.memory["bytes"]["dma"], must)
         assert r.cycles > 0 and r.memory["dma"]["gets"] > 0 and r.memory["dma"]["puts"] > 0
+
+
+def test_timing_is_repeatable_and_independent_of_skip_ahead():
+    from archsim.engine.timing import Unbacked, time_kernel
+
+    tiny = load_machine("tiny-sunway")
+    chain = E.rmsnorm_grad_kernel(caps_of("tiny-sunway"), 40, 100, "fp16")
+    for k in (E.softmax_kernel(caps_of("tiny-sunway"), 40, 100, "bf16", causal=True, q_len=20),) + chain.kernels:
+        nb = k.buffer_bytes()
+        args = k.args(**{b: Unbacked(v) for b, v in nb.items()})
+        runs = [time_kernel(k.program, tiny, k.launch, dict(args), skip=s) for s in (True, True, False)]
+        assert len({(r.cycles, r.warp_instructions, r.memory["bytes"]["dma"]) for r in runs}) == 1, k.program.name
