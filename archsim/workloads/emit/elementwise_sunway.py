@@ -13,9 +13,9 @@ The contract (buffers, scalar parameters, nominal flops, ``random_inputs`` and `
 GPU module's own: each function first builds the GPU kernel for the same request on a GPU-shaped
 twin of the target (``_spec``) and keeps everything but the program, launch, team and vector width.
 Scalars are the GPU kernels' (rows, cols, ld, q_len, q_off, scale, eps, n, ffn); the Sunway programs
-read the loop bounds from them and carry their LDM layout (which depends on the row length) as
-immediates. So a program does not depend on the number of rows (or, for flat kernels, grows not
-with n), and its size never depends on the shape.
+read the loop bounds from them and carry their geometry (LDM layout, rows per tile, chunk bytes,
+chosen on the host from the shape and the LDM size) as immediates. So a program's size never
+depends on the shape (loops, not unrolled streams), while its immediates do.
 
 How the kernels are written (the way athread code is):
 
@@ -25,13 +25,15 @@ How the kernels are written (the way athread code is):
   vector pipes, and its results DMA'd out (``dma.put``). Chunks are double buffered: two LDM sets;
   while chunk k is computed, chunk k+step's get and chunk k-step's put are in flight. The only wait
   is ``dma.wait 0`` (the ISA counts a CPE's transfers, it has no per-transfer reply word), placed
-  after the compute of chunk k: it covers exactly the two transfers issued before that compute.
-  The last chunk's put is waited for before ``exit``.
+  after the compute of chunk k: it covers exactly the transfers issued before that compute (chunk
+  k+step's gets, chunk k-step's puts), which overlapped it. The last puts are waited for before
+  ``exit``.
 - Flat kernels (gelu, relu, add and their gradients): a chunk is CHB contiguous bytes of every
   buffer (a power of two, at most ``FLAT_CHUNK_MAX``, sized to give every CPE about 3 chunks).
 - Row kernels (softmax, norms, their gradients, SwiGLU), team ``rows`` (GPU name: ``warp``): a chunk
   is RB whole rows, one DMA per buffer (rows are contiguous in memory; a [cols] parameter such as
-  gamma is fetched once and stays in the LDM). Each row is then processed in the LDM with the
+  gamma is fetched once per CPE and stays in its LDM: every CPE gets its own copy, as the ISA has
+  no broadcast DMA yet). Each row is then processed in the LDM with the
   GPU kernels' lane layout: lane l takes vectors l, l+32, ... (16 bytes when the row stride allows,
   else 8 / 4 / 2), then one element of the tail; reductions are a butterfly of shfl.bfly (the
   vector's lane permutes), no barrier. RB = ceil(rows per CPE / 4) (about 4 chunks a CPE, for the
@@ -53,7 +55,8 @@ How the kernels are written (the way athread code is):
   (and the rows' mean / rstd) through the LDM, and for each column vector sums the tile's rows in
   registers into f32 partial sums kept in the LDM; a unit that covers all rows stores dgamma
   directly, otherwise its partial sums go to a workspace ``ws`` [ranges, nout*cols] (f32) and (3)
-  a third kernel adds the ranges up (the GPU chain's structure; no atomics, no RMA).
+  a third kernel adds the ranges up, ``WS_ROWS`` workspace rows a DMA step (the GPU chain's
+  structure; no atomics, no RMA).
 - ``team``: None (the rule above), "warp" / "rows" (whole rows in the LDM; an InputError if one row
   does not fit), "block" / "chunks" (streamed column chunks, for any row length). The kernel's
   ``team`` field says "rows", "chunks", "flat" or "column".
@@ -117,7 +120,7 @@ def _target(op: str, caps) -> None:
 def _spec(caps):
     """A GPU-shaped twin of a Sunway target: the GPU emitter builds its kernel for the same request
     on it, and the Sunway kernel keeps that kernel's contract (buffers, scalars, flops, references)."""
-    return dataclasses.replace(caps, name=f"{caps.name}", family="gpu", warp_slots=64, max_blocks_per_core=32,
+    return dataclasses.replace(caps, family="gpu", warp_slots=64, max_blocks_per_core=32,
                                regs_per_core=65536, max_regs_per_thread=255, subcores=4,
                                scratchpad_bytes=max(caps.scratchpad_bytes, 64 * 1024))
 
