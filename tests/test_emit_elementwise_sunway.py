@@ -84,6 +84,7 @@ SOFTMAX = [
     ("tiny-sunway", 7, 97, "fp16", dict(ld=100, team="block")),
     ("tiny-sunway", 3, 5000, "fp32", {}),                                         # too long: chunks
     ("tiny-sunway", 130, 64, "fp16", {}),                                         # several rows a tile
+    ("tiny-sunway", 300, 50, "bf16", dict(ld=53, causal=True, q_len=100)),        # ... put row by row
     ("sw26010pro", 999, 100, "bf16", dict(causal=True, q_len=333)),
 ]
 
