@@ -241,6 +241,7 @@ class Dma(Frozen):
     engines_per_cluster: PosInt
     piece_bytes: PosInt             # requests are split into aligned pieces of this size
     max_inflight: PosInt            # pieces in flight per engine
+    max_inflight_per_transfer: Optional[PosInt] = None  # pieces one transfer (descriptor) may have in flight; None: only the engine limit
     get_startup_cycles: NonNegInt   # engine-side fixed cost of a get (the memory path adds its own)
     put_startup_cycles: NonNegInt
     bytes_per_cycle: PosFloat       # per engine
