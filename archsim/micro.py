@@ -860,3 +860,81 @@ LOOP:   add.i64 r13, r13, {per_core}           // blocks side by side on a core 
               {"buf": Unbacked(nrows * blocks * row), "iters": iters, "out": np.zeros(1, np.int64)},
               "l2_stream", out)
     return blocks * iters * 4 * row / int(t.buffers["out"][0])
+
+
+# ----------------------------------------------------------------------------- Sunway validate probes
+def dma_startup(machine, out: MicroResult, direction: str, nbytes: int = 8) -> float:
+    """Cycles one CPE spends on a blocking DMA transfer of `nbytes` (issue to the end of
+    ``dma.wait``), timed with %clock around the pair, as [M] measures the start-up."""
+    _need(machine.dma is not None, f"dma_{direction}_startup", f"{machine.name} has no DMA engines", "a Sunway machine")
+    op = "dma.get [r2], [r1], r3" if direction == "get" else "dma.put [r1], [r2], r3"
+    text = f""".kernel dma_{direction}_startup
+.shared {max(nbytes, 8)}
+.param buf
+.param out
+.param n
+        ldparam r1, buf
+        ldparam r9, out
+        ldparam r3, n
+        mov.b64 r2, 0
+        s2r r4, %clock
+        {op}
+        dma.wait 0
+        s2r r5, %clock
+        sub.i64 r5, r5, r4
+        st.global.b64 [r9], r5
+        exit
+"""
+    args = {"buf": Unbacked(max(nbytes, 256)), "out": np.zeros(1, np.int64), "n": nbytes}
+    t = _time(assemble(text), machine, Launch((1, 1, 1), (machine.cores.warp_width, 1, 1)), args,
+              f"dma_{direction}_startup", out)
+    return float(t.buffers["out"][0])
+
+
+def dma_stream_rate(machine, out: MicroResult, direction: str, small: int = 16384, large: int = 32768) -> float:
+    """One CPE's streaming rate in bytes per core cycle: the extra bytes over the extra cycles of
+    one blocking transfer of `large` bytes against one of `small` (start-up and launch cancel)."""
+    c = []
+    for size in (small, large):
+        r = MicroResult("dma", {}, 0.0, "B/cycle", max_cycles=out.max_cycles)
+        micro_dma(machine, parse_params("dma", {"direction": direction, "size_bytes": size, "cpes": 1, "reps": 1}), r)
+        out.kernels += r.kernels
+        c.append(r.kernels[0]["cycles"])
+    return (large - small) / (c[1] - c[0])
+
+
+def dma_group_gbps(machine, out: MicroResult, cpes: int = 16, size: int = 8192, reps: int = 2) -> float:
+    """GB/s of one core group's DMA: `cpes` CPEs of group 0 each get `reps` blocks of `size` bytes
+    from the group's own segment (its controller)."""
+    micro_dma(machine, parse_params("dma", {"direction": "get", "size_bytes": size, "cpes": cpes, "reps": reps}), out)
+    return out.extra["gbps"]
+
+
+def vector_fma_tflops(machine, out: MicroResult, dtype: str, chains: int = 8, unroll: int = 8,
+                      iters: int = 8) -> float:
+    """TFLOP/s of the whole machine's cores running vector FMAs of `dtype` (f32, f16x2): a loop of
+    `unroll` x `chains` independent FMAs per iteration (enough chains to cover the FMA latency, as
+    a peak-FLOPS benchmark unrolls), on every core; the value is the extra flops over the extra
+    time of 2 x `iters` iterations against `iters` (the launch and the tail cancel)."""
+    body = "\n".join(f"        fma.{dtype} r{1 + i % chains}, r{1 + i % chains}, r20, r21" for i in range(chains * unroll))
+    init = "\n".join(f"        mov.b64 r{1 + i}, 0" for i in range(chains))
+    text = f""".kernel vfma_{dtype}
+.param iters
+        ldparam r30, iters
+        mov.b64 r31, 0
+        mov.b64 r20, 0
+        mov.b64 r21, 0
+{init}
+LOOP:
+{body}
+        add.i64 r31, r31, 1
+        setp.lt.i64 p0, r31, r30
+   @p0  bra LOOP
+        exit
+"""
+    c = machine.cores
+    launch = Launch((machine.groups * c.per_group, 1, 1), (c.warp_width, 1, 1))
+    prog = assemble(text)
+    t1 = _time(prog, machine, launch, {"iters": iters}, f"vfma_{dtype}_{iters}", out)
+    t2 = _time(prog, machine, launch, {"iters": 2 * iters}, f"vfma_{dtype}_{2 * iters}", out)
+    return (t2.flops - t1.flops) / stats.seconds(machine, t2.cycles - t1.cycles) / 1e12
