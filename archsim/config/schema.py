@@ -295,6 +295,7 @@ class Fabric(Frozen):
     buffer_depth: PosInt            # flits (credits) per input buffer
     router_latency_cycles: PosInt   # per router / ring stop traversal, fabric clock
     bidirectional: Bool = True      # ring: links in both directions
+    port_bytes_per_cycle: Optional[PosInt] = None  # ring: a stop's local ports (its core group / controller); None: the links arriving at it (2 x link width when bidirectional)
 
 
 class L2(Frozen):
