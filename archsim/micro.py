@@ -295,12 +295,14 @@ def _occupancy_launch(machine, occupancy: float, max_block_warps: int = 8) -> La
 
 
 def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
-    _gpu_only(machine, "bandwidth")
     kind = p["kind"]
     _need(kind in STREAM_BYTES_PER_CHUNK, "--param kind", f"{kind!r} is not a kernel", "read, write, copy or triad")
     _need(0 < p["occupancy"] <= 1, "--param occupancy", f"{p['occupancy']} is out of range", "0 < occupancy <= 1")
     _need(p["footprint_mib"] > 0, "--param footprint_mib", f"{p['footprint_mib']} is not a size", "> 0")
     _need(p["placement"] in ("private", "cross"), "--param placement", f"{p['placement']!r}", "private or cross")
+    if machine.dma is not None:
+        return _sunway_bandwidth(machine, p, out)
+    _gpu_only(machine, "bandwidth")
     launch = _occupancy_launch(machine, p["occupancy"])
     threads = launch.blocks * launch.threads_per_block
     # the footprint is the bytes moved; each thread does whole unrolled iterations
@@ -316,6 +318,170 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
     out.extra["share_of_peak"] = gbps / out.extra["peak_dram_gbps"]
     out.extra["warps_per_core"] = launch.blocks * launch.threads_per_block // machine.cores.warp_width // (
         machine.groups * machine.cores.per_group)
+    return gbps
+
+
+# ----------------------------------------------------------------------------- Sunway streaming
+SW_ARRAYS = {"read": 1, "write": 1, "copy": 2, "triad": 3}   # arrays a kernel moves (b | a | b->a | b,c->a)
+
+
+def sw_stream_kernel(kind: str, per_group: int, blk: int) -> str:
+    """The Sunway streaming kernel: every active CPE moves its own contiguous part of the arrays
+    through its LDM in blocks of `blk` bytes with DMA, as an athread kernel does. CPE k of core
+    group g (``%coreid``) works on ``buf + g*gstride + k*per_cpe`` (+ ``astride`` per array:
+    a, b, c); CPEs with k >= ``active`` exit. read: get b, sum it from the LDM (double
+    buffered: block i+1 is on its way while block i is read); write: put a from the LDM (two puts
+    in flight); copy: a = b; triad: a = b + 2 c (get b / c block i+1 while block i is computed
+    and put). LDM: b slots at 0 and blk, c slots at 2 blk and 3 blk."""
+    B = blk
+    rows = blk // 512          # 32 lanes x 16 B per LDM access
+    head = [f".kernel swstream_{kind}", f".shared {4 * B if kind == 'triad' else 2 * B}",
+            ".param buf", ".param gstride", ".param astride", ".param active", ".param per_cpe", ".param nblk",
+            "        s2r r0, %coreid",
+            f"        div.i64 r1, r0, {per_group}       // core group",
+            f"        rem.i64 r2, r0, {per_group}       // CPE in its group",
+            "        ldparam r3, active",
+            "        setp.ge.i64 p0, r2, r3",
+            "   @p0  exit",
+            "        ldparam r4, buf",
+            "        ldparam r5, gstride",
+            "        mad.i64 r4, r1, r5, r4            // the group's region",
+            "        ldparam r6, per_cpe",
+            "        mad.i64 r4, r2, r6, r4            // this CPE's part of a",
+            "        ldparam r7, astride",
+            "        add.i64 r8, r4, r7                // b",
+            "        add.i64 r9, r8, r7                // c",
+            "        ldparam r10, nblk",
+            f"        mov.b64 r11, {B}",
+            "        mov.b64 r12, 0                    // block i",
+            "        s2r r13, %laneid",
+            "        shl.b64 r13, r13, 4               // the lane's 16 B of a 512-B LDM row",
+            "        mov.f32 r14, 0.0",
+            "        mov.f32 r15, 2.0",
+            "        mov.b64 r30, 0"]
+    L = head
+    if kind == "read":
+        L += ["        dma.get [r30], [r8], r11",
+              "LOOP:   add.i64 r16, r12, 1",
+              "        setp.ge.i64 p1, r16, r10",
+              "   @p1  bra LAST",
+              "        and.b64 r17, r16, 1",
+              f"        mul.i64 r17, r17, {B}",
+              f"        mul.i64 r18, r16, {B}",
+              "        add.i64 r18, r18, r8",
+              "        dma.get [r17], [r18], r11       // block i+1 on its way",
+              "        dma.wait 1                       // block i is in",
+              "        bra BODY",
+              "LAST:   dma.wait 0",
+              "BODY:   and.b64 r19, r12, 1",
+              f"        mul.i64 r19, r19, {B}",
+              "        add.i64 r19, r19, r13"]
+        for u in range(rows):
+            L += [f"        ld.shared.v4.b32 r20, [r19+{u * 512}]", "        add.f32 r14, r14, r20"]
+        L += ["        mov.b64 r12, r16", "        setp.lt.i64 p0, r12, r10", "   @p0  bra LOOP", "        exit"]
+    elif kind == "write":
+        L += ["LOOP:   and.b64 r17, r12, 1",
+              f"        mul.i64 r17, r17, {B}",
+              f"        mul.i64 r18, r12, {B}",
+              "        add.i64 r18, r18, r4",
+              "        dma.put [r18], [r17], r11",
+              "        dma.wait 1",
+              "        add.i64 r12, r12, 1", "        setp.lt.i64 p0, r12, r10", "   @p0  bra LOOP",
+              "        dma.wait 0", "        exit"]
+    else:
+        L += ["        dma.get [r30], [r8], r11"]
+        if kind == "triad":
+            L += [f"        mov.b64 r31, {2 * B}", "        dma.get [r31], [r9], r11"]
+        L += ["LOOP:   dma.wait 0                       // block i is in, the put of i-1 is out",
+              "        add.i64 r16, r12, 1",
+              "        setp.ge.i64 p1, r16, r10",
+              "   @p1  bra BODY",
+              "        and.b64 r17, r16, 1",
+              f"        mul.i64 r17, r17, {B}",
+              f"        mul.i64 r18, r16, {B}",
+              "        add.i64 r21, r18, r8",
+              "        dma.get [r17], [r21], r11       // b block i+1"]
+        if kind == "triad":
+            L += ["        add.i64 r21, r18, r9",
+                  f"        add.i64 r17, r17, {2 * B}",
+                  "        dma.get [r17], [r21], r11       // c block i+1"]
+        L += ["BODY:   and.b64 r19, r12, 1",
+              f"        mul.i64 r19, r19, {B}           // b slot of block i"]
+        if kind == "triad":
+            L += ["        add.i64 r22, r19, r13"]
+            for u in range(rows):
+                o = u * 512
+                L += [f"        ld.shared.v4.b32 r24, [r22+{o}]", f"        ld.shared.v4.b32 r28, [r22+{2 * B + o}]"]
+                L += [f"        fma.f32 r{24 + j}, r15, r{28 + j}, r{24 + j}" for j in range(4)]
+                L += [f"        st.shared.v4.b32 [r22+{o}], r24"]
+        L += [f"        mul.i64 r18, r12, {B}",
+              "        add.i64 r18, r18, r4",
+              "        dma.put [r18], [r19], r11       // a block i",
+              "        mov.b64 r12, r16", "        setp.lt.i64 p0, r12, r10", "   @p0  bra LOOP",
+              "        dma.wait 0", "        exit"]
+    return "\n".join(L) + "\n"
+
+
+def sw_stream_setup(machine, p: dict, buf_at=None):
+    """(program, launch, args, layout) of `micro bandwidth` on a Sunway machine (see
+    _sunway_bandwidth); ``buf_at`` overrides the buffer argument (a backed array in tests)."""
+    from archsim.config.derived import scratch_usable_kib
+    from archsim.engine import dram as DR
+    from archsim.engine.launch import ALIGN, GLOBAL_BASE
+
+    kind = p["kind"]
+    pg, groups = machine.cores.per_group, machine.groups
+    ldm = scratch_usable_kib(machine) * 1024
+    slots = 4 if kind == "triad" else 2
+    blk = 8192                 # choice: 8 KiB per transfer, the size athread kernels stream in ([M] rates are for >= 8 KiB)
+    while slots * blk > ldm and blk > 512:
+        blk //= 2
+    active = max(1, int(round(p["occupancy"] * pg)))
+    workers = groups * active
+    narr = SW_ARRAYS[kind]
+    per_array = int(p["footprint_mib"] * 2**20) // narr
+    nblk = max(1, per_array // (workers * blk))
+    per_cpe = nblk * blk
+    astride = -(-active * per_cpe // ALIGN) * ALIGN
+    region = 3 * astride
+    if p["placement"] == "private":
+        seg = DR.segment_bytes(machine)
+        _need(seg > 0, "--param placement", f"{machine.name} has no private segments", "cross")
+        at, gstride = GLOBAL_BASE, seg   # group g's region in its own segment, at the same offset
+        _need(at + region <= seg, "--param footprint_mib", f"a group's {region} bytes do not fit its private "
+              f"segment of {seg} bytes", "a smaller footprint")
+    else:
+        at, gstride = max(DR.cross_base(machine), GLOBAL_BASE), region
+    span = (groups - 1) * gstride + region
+    buf = buf_at if buf_at is not None else Unbacked(span, at=at)
+    args = {"buf": buf, "gstride": gstride, "astride": astride, "active": active, "per_cpe": per_cpe, "nblk": nblk}
+    prog = assemble(sw_stream_kernel(kind, pg, blk))
+    launch = Launch((groups * pg, 1, 1), (machine.cores.warp_width, 1, 1))
+    layout = {"block_bytes": blk, "cpes_per_group": active, "blocks_per_cpe": nblk, "address": at,
+              "group_stride_bytes": gstride, "array_stride_bytes": astride,
+              "moved_bytes": narr * workers * per_cpe}
+    return prog, launch, args, layout
+
+
+def _sunway_bandwidth(machine, p: dict, out: MicroResult) -> float:
+    """`micro bandwidth` on a Sunway: CPEs stream with DMA through their LDM (sw_stream_kernel);
+    ``occupancy`` is the share of each core group's CPEs taking part; ``placement`` private puts
+    each group's arrays in its own segment (its own controller, no ring hop), cross puts them in
+    the cross segment, interleaved over every controller (most traffic crosses the ring)."""
+    prog, launch, args, lay = sw_stream_setup(machine, p)
+    t = _time(prog, machine, launch, args, prog.name, out)
+    moved = lay["moved_bytes"]
+    gbps = moved / stats.seconds(machine, t.cycles) / 1e9
+    workers = machine.groups * lay["cpes_per_group"]
+    fab = t.memory["fabric"]
+    ring = [x for x in fab["links"] if x["name"].split(" ", 1)[-1].startswith("ring ")]  # stop-to-stop links
+    out.extra.update({k: v for k, v in lay.items() if k != "address"})
+    out.extra["peak_dram_gbps"] = peak_bandwidth_gbps(machine)["dram"]
+    out.extra["share_of_peak"] = gbps / out.extra["peak_dram_gbps"]
+    out.extra["per_cpe_gbps"] = gbps / workers
+    out.extra["ring_link_util_max"] = max((x["util"] for x in ring), default=0.0)
+    out.extra["ring_link_util_mean"] = sum(x["util"] for x in ring) / len(ring) if ring else 0.0
+    out.extra["ring_blocked_cycles"] = sum(x["blocked_cycles"] for x in ring)
     return gbps
 
 
@@ -694,3 +860,81 @@ LOOP:   add.i64 r13, r13, {per_core}           // blocks side by side on a core 
               {"buf": Unbacked(nrows * blocks * row), "iters": iters, "out": np.zeros(1, np.int64)},
               "l2_stream", out)
     return blocks * iters * 4 * row / int(t.buffers["out"][0])
+
+
+# ----------------------------------------------------------------------------- Sunway validate probes
+def dma_startup(machine, out: MicroResult, direction: str, nbytes: int = 8) -> float:
+    """Cycles one CPE spends on a blocking DMA transfer of `nbytes` (issue to the end of
+    ``dma.wait``), timed with %clock around the pair, as [M] measures the start-up."""
+    _need(machine.dma is not None, f"dma_{direction}_startup", f"{machine.name} has no DMA engines", "a Sunway machine")
+    op = "dma.get [r2], [r1], r3" if direction == "get" else "dma.put [r1], [r2], r3"
+    text = f""".kernel dma_{direction}_startup
+.shared {max(nbytes, 8)}
+.param buf
+.param out
+.param n
+        ldparam r1, buf
+        ldparam r9, out
+        ldparam r3, n
+        mov.b64 r2, 0
+        s2r r4, %clock
+        {op}
+        dma.wait 0
+        s2r r5, %clock
+        sub.i64 r5, r5, r4
+        st.global.b64 [r9], r5
+        exit
+"""
+    args = {"buf": Unbacked(max(nbytes, 256)), "out": np.zeros(1, np.int64), "n": nbytes}
+    t = _time(assemble(text), machine, Launch((1, 1, 1), (machine.cores.warp_width, 1, 1)), args,
+              f"dma_{direction}_startup", out)
+    return float(t.buffers["out"][0])
+
+
+def dma_stream_rate(machine, out: MicroResult, direction: str, small: int = 16384, large: int = 32768) -> float:
+    """One CPE's streaming rate in bytes per core cycle: the extra bytes over the extra cycles of
+    one blocking transfer of `large` bytes against one of `small` (start-up and launch cancel)."""
+    c = []
+    for size in (small, large):
+        r = MicroResult("dma", {}, 0.0, "B/cycle", max_cycles=out.max_cycles)
+        micro_dma(machine, parse_params("dma", {"direction": direction, "size_bytes": size, "cpes": 1, "reps": 1}), r)
+        out.kernels += r.kernels
+        c.append(r.kernels[0]["cycles"])
+    return (large - small) / (c[1] - c[0])
+
+
+def dma_group_gbps(machine, out: MicroResult, cpes: int = 16, size: int = 8192, reps: int = 2) -> float:
+    """GB/s of one core group's DMA: `cpes` CPEs of group 0 each get `reps` blocks of `size` bytes
+    from the group's own segment (its controller)."""
+    micro_dma(machine, parse_params("dma", {"direction": "get", "size_bytes": size, "cpes": cpes, "reps": reps}), out)
+    return out.extra["gbps"]
+
+
+def vector_fma_tflops(machine, out: MicroResult, dtype: str, chains: int = 8, unroll: int = 8,
+                      iters: int = 8) -> float:
+    """TFLOP/s of the whole machine's cores running vector FMAs of `dtype` (f32, f16x2): a loop of
+    `unroll` x `chains` independent FMAs per iteration (enough chains to cover the FMA latency, as
+    a peak-FLOPS benchmark unrolls), on every core; the value is the extra flops over the extra
+    time of 2 x `iters` iterations against `iters` (the launch and the tail cancel)."""
+    body = "\n".join(f"        fma.{dtype} r{1 + i % chains}, r{1 + i % chains}, r20, r21" for i in range(chains * unroll))
+    init = "\n".join(f"        mov.b64 r{1 + i}, 0" for i in range(chains))
+    text = f""".kernel vfma_{dtype}
+.param iters
+        ldparam r30, iters
+        mov.b64 r31, 0
+        mov.b64 r20, 0
+        mov.b64 r21, 0
+{init}
+LOOP:
+{body}
+        add.i64 r31, r31, 1
+        setp.lt.i64 p0, r31, r30
+   @p0  bra LOOP
+        exit
+"""
+    c = machine.cores
+    launch = Launch((machine.groups * c.per_group, 1, 1), (c.warp_width, 1, 1))
+    prog = assemble(text)
+    t1 = _time(prog, machine, launch, {"iters": iters}, f"vfma_{dtype}_{iters}", out)
+    t2 = _time(prog, machine, launch, {"iters": 2 * iters}, f"vfma_{dtype}_{2 * iters}", out)
+    return (t2.flops - t1.flops) / stats.seconds(machine, t2.cycles - t1.cycles) / 1e12

@@ -70,6 +70,36 @@ def p_mma_fp16_tflops(machine, out):
     return MI.micro_mma(machine, MI.parse_params("mma", {"dtype": "fp16"}), out)
 
 
+# Sunway (SW26010-Pro): DMA start-up and streaming of one CPE, one core group's DMA peak, the CPEs'
+# vector FMA peak (archsim.micro's Sunway probes)
+def p_dma_get_startup(machine, out):
+    return MI.dma_startup(machine, out, "get")
+
+
+def p_dma_put_startup(machine, out):
+    return MI.dma_startup(machine, out, "put")
+
+
+def p_dma_get_stream(machine, out):
+    return MI.dma_stream_rate(machine, out, "get")
+
+
+def p_dma_put_stream(machine, out):
+    return MI.dma_stream_rate(machine, out, "put")
+
+
+def p_dma_group_gbps(machine, out):
+    return MI.dma_group_gbps(machine, out)
+
+
+def p_vector_fp16_tflops(machine, out):
+    return MI.vector_fma_tflops(machine, out, "f16x2")
+
+
+def p_vector_fp32_tflops(machine, out):
+    return MI.vector_fma_tflops(machine, out, "f32")
+
+
 PROBES = {
     "ffma_latency": ("cycles", p_ffma_latency),
     "shared_latency": ("cycles", p_shared_latency),
@@ -80,6 +110,13 @@ PROBES = {
     "l2_bandwidth": ("bytes/cycle", p_l2_bandwidth),
     "dram_stream_share": ("fraction", p_dram_stream_share),
     "mma_fp16_tflops": ("TFLOP/s", p_mma_fp16_tflops),
+    "dma_get_startup": ("cycles", p_dma_get_startup),
+    "dma_put_startup": ("cycles", p_dma_put_startup),
+    "dma_get_stream": ("bytes/cycle", p_dma_get_stream),
+    "dma_put_stream": ("bytes/cycle", p_dma_put_stream),
+    "dma_group_gbps": ("GB/s", p_dma_group_gbps),
+    "vector_fp16_tflops": ("TFLOP/s", p_vector_fp16_tflops),
+    "vector_fp32_tflops": ("TFLOP/s", p_vector_fp32_tflops),
 }
 
 

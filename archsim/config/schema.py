@@ -241,6 +241,7 @@ class Dma(Frozen):
     engines_per_cluster: PosInt
     piece_bytes: PosInt             # requests are split into aligned pieces of this size
     max_inflight: PosInt            # pieces in flight per engine
+    max_inflight_per_transfer: Optional[PosInt] = None  # pieces one transfer (descriptor) may have in flight; None: only the engine limit
     get_startup_cycles: NonNegInt   # engine-side fixed cost of a get (the memory path adds its own)
     put_startup_cycles: NonNegInt
     bytes_per_cycle: PosFloat       # per engine
@@ -294,6 +295,7 @@ class Fabric(Frozen):
     buffer_depth: PosInt            # flits (credits) per input buffer
     router_latency_cycles: PosInt   # per router / ring stop traversal, fabric clock
     bidirectional: Bool = True      # ring: links in both directions
+    port_bytes_per_cycle: Optional[PosInt] = None  # ring: a stop's local ports (its core group / controller); None: the links arriving at it (2 x link width when bidirectional)
 
 
 class L2(Frozen):

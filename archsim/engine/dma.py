@@ -14,7 +14,10 @@ Design note (core cycles throughout)
   decode, address translation). Start-ups of queued descriptors overlap (a pipelined engine).
   The rest of a transfer's latency is the path: ring hops, router pipelines, link serialization,
   controller queues and DDR4 bank timing, all from their own blocks.
-- Pieces leave in FIFO order, at most ``dma.max_inflight`` per engine in flight, through a port of
+- Pieces leave in FIFO order, at most ``dma.max_inflight`` per engine in flight and at most
+  ``dma.max_inflight_per_transfer`` of one descriptor (its window: a descriptor issues its next
+  piece only when an earlier one came back, so one CPE's stream runs at window x piece / round
+  trip, below what the engine and the controller could take), through a port of
   ``dma.bytes_per_cycle``: a piece of n bytes holds it n / bytes_per_cycle cycles (fixed point,
   1/65536 cycle, so a fractional rate is met exactly and never exceeded).
 - A get piece is a read request (header only) to the memory controller owning its address and a
@@ -43,7 +46,7 @@ FX = np.int64(1) << 16  # fixed point: one core cycle of the engine port
 INF = np.int64(1) << 62
 
 # cfg fields
-DC_ENGINES, DC_PIECE, DC_INFLIGHT, DC_GET_START, DC_PUT_START, DC_BPC_FX, DC_N = range(7)
+DC_ENGINES, DC_PIECE, DC_INFLIGHT, DC_GET_START, DC_PUT_START, DC_BPC_FX, DC_XFER_INFLIGHT, DC_N = range(8)
 # descriptor fields
 (DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE, DD_N) = range(11)
 # per-engine scalars: FIFO head and count, offset (from head) of the first descriptor with pieces
@@ -106,6 +109,7 @@ def make_dma_state(machine) -> DmaState:
     cfg[DC_GET_START] = d.get_startup_cycles
     cfg[DC_PUT_START] = d.put_startup_cycles
     cfg[DC_BPC_FX] = int(round(d.bytes_per_cycle * int(FX)))
+    cfg[DC_XFER_INFLIGHT] = d.max_inflight_per_transfer or 0  # 0: no per-transfer window
     per_engine = (csz + epc - 1) // epc
     D = _state(ncores, engines, per_engine, cfg)
     fill = np.zeros(engines, np.int32)
@@ -185,6 +189,9 @@ def dma_ready_piece(DM, e, now):
         slot -= DESC_CAP
     if DM.desc[e, slot, DD_READY] > now:
         return -1
+    w = DM.cfg[DC_XFER_INFLIGHT]
+    if w > 0 and DM.desc[e, slot, DD_OUT] >= w:
+        return -1  # the transfer's window is full: a returning piece reopens it
     return slot
 
 
@@ -270,6 +277,8 @@ def dma_next_event(DM, now):
         slot = en[EN_HEAD] + en[EN_CUR]
         if slot >= DESC_CAP:
             slot -= DESC_CAP
+        if DM.cfg[DC_XFER_INFLIGHT] > 0 and DM.desc[e, slot, DD_OUT] >= DM.cfg[DC_XFER_INFLIGHT]:
+            continue  # waits for one of its pieces to come back (a memory-system event)
         u = DM.desc[e, slot, DD_READY]
         p = (en[EN_PORT_FX] + FX - 1) // FX
         if p > u:

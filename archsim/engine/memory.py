@@ -796,6 +796,8 @@ def _core_has_work(MS, core):
 def _busy_outside_dram(MS):
     cfg = MS.cfg
     Q = MS.Q
+    if not NC.noc_idle(MS.req) or not NC.noc_idle(MS.resp):
+        return True  # O(1), and the common case while anything streams: test it before the scans
     for core in range(cfg[M_CORES]):
         if MS.mio_count[core] > 0:
             return True
@@ -808,8 +810,6 @@ def _busy_outside_dram(MS):
     for sl in range(cfg[M_SLICES]):
         if MS.slice_hold[sl] >= 0:
             return True
-    if not NC.noc_idle(MS.req) or not NC.noc_idle(MS.resp):
-        return True
     for e in range(MS.dma.cfg[DM.DC_ENGINES]):
         if MS.dma.eng[e, DM.EN_HOLD] >= 0:
             return True

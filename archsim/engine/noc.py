@@ -671,9 +671,10 @@ def make_fabric(machine) -> FabricNets:
     is no L2) and back, one port each. ring / mesh: one stop per core group on a Sunway (a GPU:
     one per memory-side endpoint, SMs spread evenly over them); memory controller j shares the
     stop of group j x stops // count (the controller of each core group sits at its group's
-    stop). On a ring each stop's local ports are as wide as the ring links that arrive at it (2 x
-    the link width when bidirectional), so a group's private-segment traffic to its own
-    controller is not squeezed through one ring link."""
+    stop). On a ring each stop's local ports are ``fabric.port_bytes_per_cycle`` wide (default: as
+    wide as the ring links that arrive at it, 2 x the link width when bidirectional), so a group's
+    private-segment traffic to its own controller is not squeezed through one ring link (and a
+    config that sets the port keeps it when a sweep narrows the links)."""
     fb = machine.fabric
     W, D, L = fb.link_bytes_per_cycle, fb.buffer_depth, fb.router_latency_cycles
     sunway = machine.family == "sunway"
@@ -700,7 +701,7 @@ def make_fabric(machine) -> FabricNets:
     names = core_names + mem_names
     if fb.kind == "ring":
         stop_names = [f"cg{s}" for s in range(stops)] if sunway else [f"stop{s}" for s in range(stops)]
-        pw = W * (2 if fb.bidirectional else 1)
+        pw = fb.port_bytes_per_cycle or W * (2 if fb.bidirectional else 1)
 
         def mk():
             return make_ring(stops, W, D, L, fb.bidirectional, node_stop, names, stop_names, pw)

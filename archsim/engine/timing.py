@@ -28,58 +28,91 @@ from archsim.isa.program import Launch, Program
 
 @dataclass(frozen=True)
 class Unbacked:
-    """A buffer argument that exists only as address space in a timing run."""
+    """A buffer argument that exists only as address space in a timing run. ``at``: the global
+    address it starts at (a multiple of ALIGN, at or above the layout base); None lays it out in
+    parameter order after the buffers before it. A Sunway buffer is placed in a memory segment
+    this way: ``Unbacked(n, at=archsim.engine.dram.cross_base(machine))`` puts it in the cross
+    segment, ``segment_base(machine, g)`` (at least GLOBAL_BASE) in core group g's own."""
 
     nbytes: int
+    at: int | None = None
 
 
-def _place(prog: Program, args: dict):
-    """Lay buffers out as the functional runs do; backed ones first get real bytes."""
+def _place(prog: Program, args: dict, base: int | None = None):
+    """Lay buffers out as the functional runs do, from global address ``base`` (default
+    GLOBAL_BASE, a multiple of ALIGN): in parameter order, ALIGN-aligned; an ``Unbacked(n, at=A)``
+    sits at A instead and the others are laid out around it. Backed buffers (numpy arrays) get
+    real bytes: the memory image covers [base, end of the last backed buffer); unbacked ones are
+    address space up to the highest end. Buffers must not overlap."""
+    base = GLOBAL_BASE if base is None else int(base)
+    if base < GLOBAL_BASE or base % ALIGN:
+        raise InputError("buffer placement", f"layout base {base:#x}",
+                         f"a multiple of {ALIGN} at or above {GLOBAL_BASE:#x}")
     params = np.zeros(max(len(prog.params), 1), np.int64)
-    addr = GLOBAL_BASE
-    backed_end = GLOBAL_BASE
+    addr = base
+    backed_end = base
+    top = base
     images = []
     placed = {}
+    spans = []
     for i, name in enumerate(prog.params):
         if name not in args:
             raise InputError("arguments", f"no value for parameter {name!r} of kernel {prog.name}",
                              "give every .param a value")
         v = args[name]
         if isinstance(v, (np.ndarray, Unbacked)):
-            addr = (addr + ALIGN - 1) // ALIGN * ALIGN
-            params[i] = addr
-            n = v.nbytes
+            n = max(int(v.nbytes), 1)
+            at = v.at if isinstance(v, Unbacked) else None
+            if at is None:
+                addr = (addr + ALIGN - 1) // ALIGN * ALIGN
+                a = addr
+                addr += n
+            else:
+                a = int(at)
+                if a < base or a % ALIGN:
+                    raise InputError(f"argument {name}", f"Unbacked(at={a:#x})",
+                                     f"a multiple of {ALIGN} at or above the layout base {base:#x}")
+            params[i] = a
+            spans.append((a, a + n, name))
+            top = max(top, a + n)
             if isinstance(v, np.ndarray):
-                images.append((addr, np.ascontiguousarray(v).view(np.uint8).ravel()))
-                placed[name] = (addr, v)
-                backed_end = max(backed_end, addr + n)
-            addr += max(int(n), 1)
+                images.append((a, np.ascontiguousarray(v).view(np.uint8).ravel()))
+                placed[name] = (a, v)
+                backed_end = max(backed_end, a + int(v.nbytes))
         else:
             params[i] = int(v)
-    gsize = backed_end - GLOBAL_BASE
+    spans.sort()
+    for (a0, e0, n0), (a1, _, n1) in zip(spans, spans[1:]):
+        if a1 < e0:
+            raise InputError(f"argument {n1}", f"at {a1:#x} it overlaps buffer {n0} [{a0:#x}, {e0:#x})",
+                             "non-overlapping buffers (move its Unbacked(at=...))")
+    gsize = backed_end - base
     g = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
     for a, raw in images:
-        g[a - GLOBAL_BASE:a - GLOBAL_BASE + raw.size] = raw
-    return params, g, gsize, addr - GLOBAL_BASE, placed
+        g[a - base:a - base + raw.size] = raw
+    return params, g, gsize, top - base, placed
 
 
-def buffer_addresses(prog: Program, args: dict) -> dict[str, int]:
+def buffer_addresses(prog: Program, args: dict, base: int | None = None) -> dict[str, int]:
     """The global address each buffer argument gets (a pointer-chase table holds addresses)."""
-    params = _place(prog, args)[0]
+    params = _place(prog, args, base)[0]
     return {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
 
 
-def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int):
+def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int,
+                       base: int | None = None):
     """Warp slots of every core (filled by block dispatch); timing mode; backed buffers only.
-    Returns (state, {name: (address, array)} of the backed buffers)."""
+    Returns ({name: (address, array)} of the backed buffers, state)."""
     cores = machine.groups * machine.cores.per_group
     NW = cores * machine.cores.warp_slots
-    params, g, gsize, vsize, placed = _place(prog, args)
+    params, g, gsize, vsize, placed = _place(prog, args, base)
     zeros = np.zeros(NW, np.int32)
-    return placed, build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
+    S = build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
                         smem_rows=scratch_rows, shared=int(prog.shared_bytes), params=params, launch=launch,
                         ncores=cores, mode=X.MODE_TIMING, warp_block=zeros, warp_wib=zeros, warp_smem=zeros,
                         warp_core=zeros, block_smem=np.full(launch.blocks, -1, np.int32), stack_mask0=0)
+    S.geom[X.G_GBASE] = GLOBAL_BASE if base is None else int(base)  # global byte 0 of the image
+    return placed, S
 
 
 def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
@@ -117,9 +150,11 @@ def _refuse_untimed(prog: Program) -> None:
 
 def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9,
                 skip: bool = True, window_cycles: int = 1024,
-                blocks: tuple[int, int] | None = None) -> MA.KernelTiming:
+                blocks: tuple[int, int] | None = None, base: int | None = None) -> MA.KernelTiming:
     """Time `launch` of `prog`. `blocks` = (first, end) runs only that range of the launch's blocks
-    (they keep their grid ids and so their addresses): wave sampling (archsim.sample) uses it."""
+    (they keep their grid ids and so their addresses): wave sampling (archsim.sample) uses it.
+    `base`: the global address the buffers are laid out from (default GLOBAL_BASE; see _place;
+    on a Sunway ``dram.cross_base(machine)`` puts every buffer in the cross segment)."""
     from archsim.config.derived import capabilities
 
     check(prog, capabilities(machine))
@@ -130,7 +165,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
     C = K.make_core_cfg(machine, scratch)
     cores = int(C.v[K.C_CORES])
-    placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks)
+    placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks, base)
     first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
     if not 0 <= first < end <= launch.blocks:
         raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
@@ -143,7 +178,8 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)
     buffers = {}
     for name, (a, v) in placed.items():  # backed buffers as the kernel left them
-        raw = S.g8[a - GLOBAL_BASE:a - GLOBAL_BASE + v.nbytes].copy()
+        o = a - int(S.geom[X.G_GBASE])
+        raw = S.g8[o:o + v.nbytes].copy()
         buffers[name] = raw.view(v.dtype).reshape(v.shape)
     timing = MA.KernelTiming(outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]),
                              skipped_cycles=int(out[4]), stuck_warp=int(out[2]), stall=TS.stall.copy(),
