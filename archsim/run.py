@@ -61,6 +61,27 @@ def _distinct(kernels: list) -> list[tuple]:
     return [tuple(v) for v in seen.values()]
 
 
+def _timing_args(machine, params: dict, Unbacked, Slot) -> dict:
+    """A kernel's timing arguments: each tensor slot becomes address space. On a machine whose
+    memory is split into segments (Sunway) the tensors sit in the cross segment, interleaved over
+    every memory controller, as shared data of a program that uses all core groups (athread's
+    default for memory the core groups share); elsewhere they are laid out from the usual base."""
+    from archsim.engine.dram import cross_base
+    from archsim.engine.launch import ALIGN
+
+    if machine.memory_controllers.address_mapping.kind != "segments":
+        return {p: Unbacked(v.nbytes) if isinstance(v, Slot) else v for p, v in params.items()}
+    addr = cross_base(machine)
+    out = {}
+    for p, v in params.items():
+        if isinstance(v, Slot):
+            out[p] = Unbacked(v.nbytes, at=addr)
+            addr += (max(int(v.nbytes), 1) + ALIGN - 1) // ALIGN * ALIGN
+        else:
+            out[p] = v
+    return out
+
+
 def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
     from archsim.engine.timing import Unbacked
     from archsim.sample import sampled_record
@@ -75,7 +96,7 @@ def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
     for i, (k, n) in enumerate(groups):
         if progress:
             progress(i, len(groups), k.name)
-        args = {p: Unbacked(v.nbytes) if isinstance(v, Slot) else v for p, v in k.params.items()}
+        args = _timing_args(machine, k.params, Unbacked, Slot)
         try:
             rec = sampled_record(k.name, k.program, machine, k.launch, args, count=n * layers, flops=k.flops,
                                  model_flops=k.model_flops, waves=opts.waves, max_cycles=opts.max_cycles,
