@@ -822,14 +822,15 @@ WARM:   mul.i64 r9, r7, r6                // warm-up: the block reads each of it
         add.i64 r20, r12, 0
         bar.grid
         s2r r10, %clock
-        mov.b64 r13, r3                   // the block whose rows this iteration reads
+        mov.b64 r23, r3                   // the block whose rows this iteration reads (not r13: the
+                                          // v4 load into r12 writes r12..r15)
         mov.b64 r7, 0                     // the first of its four rows
         mov.b64 r8, 0                     // iterations done
-LOOP:   add.i64 r13, r13, {per_core}           // blocks side by side on a core never read the same rows
-        setp.ge.i64 p1, r13, r4
-   @p1  sub.i64 r13, r13, r4
+LOOP:   add.i64 r23, r23, {per_core}           // blocks side by side on a core never read the same rows
+        setp.ge.i64 p1, r23, r4
+   @p1  sub.i64 r23, r23, r4
         mul.i64 r9, r7, r6
-        mul.i64 r11, r13, {row}
+        mul.i64 r11, r23, {row}
         add.i64 r9, r9, r11
         add.i64 r9, r9, r5
         ld.global.v4.b32 r12, [r9]

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from archsim.config import dram_burst_cycles, load_machine
 from archsim.engine.dram import (B_HITS, B_OPEN, H_BANK, H_ROW, P_BFP, P_BINT, P_S, cross_base, dram_address,
                                  dram_counters, dram_log, dram_map, dram_next_event, dram_queue_capacity, dram_step,
-                                 make_dram_state, private_rows, refresh_first_due, segment_base, segment_bytes)
+                                 make_dram_state, private_rows, refresh_first_due, refresh_interval, segment_base,
+                                 segment_bytes)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, make_queues, make_requests, q_peek, q_pop, q_push, req_alloc
 
 NO_REFRESH = ["dram.timing.tREFI=1000000000"]
@@ -128,6 +129,7 @@ def check_timing(m, D, channel):
 
     open_row = {}
     refresh_until = {}
+    bank_refresh_until = {}
     for cyc, cmd, x, arg in log:
         if arg == -2:                                   # automatic precharge: no command slot
             b = x
@@ -140,6 +142,12 @@ def check_timing(m, D, channel):
         s = x if cmd in ("REF", "PREA") else x // nbs
         assert (s, cyc) not in slots, f"two commands on sub-channel {s} at cycle {cyc}"
         slots.add((s, cyc))
+        if cmd == "REFSB":                              # per-bank refresh of bank x
+            assert x not in open_row, "REFSB on an open bank"
+            assert cyc >= last.get(("PRE", x), -10**9) + t.tRP
+            assert cyc >= last.get(("ACT", x), -10**9) + t.tRC
+            bank_refresh_until[x] = cyc + t.tRFCpb
+            continue
         if cmd in ("REF", "PREA"):
             banks = range(s * nbs, (s + 1) * nbs)
             if cmd == "PREA":
@@ -161,6 +169,7 @@ def check_timing(m, D, channel):
         if cmd == "ACT":
             assert b not in open_row
             assert cyc >= refresh_until.get(s, -10**9), "ACT during tRFC"
+            assert cyc >= bank_refresh_until.get(b, -10**9), "ACT during the bank's tRFCpb"
             assert cyc >= last.get(("ACT", b), -10**9) + t.tRC
             assert cyc >= last.get(("PRE", b), -10**9) + t.tRP
             assert cyc >= last_g.get(("ACT", g), -10**9) + t.tRRD_L
@@ -299,7 +308,7 @@ def test_sequential_stream_reaches_the_channel_rate_and_never_exceeds_it(name):
 
 @pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
 def test_refresh_costs_about_tRFC_per_tREFI_of_streaming(name):
-    m = machine(name)
+    m = machine(name, ["dram.refresh=all_bank"])
     t = tm(m)
     r, end = stream(m, 6000)
     rec = r.counters(end)[0]
@@ -348,6 +357,61 @@ def test_refresh_every_tREFI_blocks_for_tRFC():
     rec = r.counters(end)
     assert rec[0]["refreshes"] == 3 * S and rec[1]["refreshes"] == 2 * S
     check_timing(m, r.D, 0)
+
+
+PER_BANK = ["dram.refresh=per_bank", "dram.timing.tRFCpb=160"]
+
+
+@pytest.mark.parametrize("mode", ["per_bank", "all_bank"])
+def test_per_bank_refresh_blocks_only_its_bank_for_tRFCpb_and_all_bank_blocks_all(mode):
+    m = machine("tiny-gpu", PER_BANK + [f"dram.refresh={mode}"])
+    t = tm(m)
+    r = Run(m, log_len=512)
+    S = int(r.D.prm[P_S])
+    nbs = m.dram.banks // S
+    T = refresh_interval(m)
+    due0 = refresh_first_due(m, 0)
+    assert S == 2 and due0 == T and T == (t.tREFI // nbs if mode == "per_bank" else t.tREFI)
+    opened = r.add(due0 - 60, dram_address(r.D, 0, 0, 4, 0))      # bank 0 (its turn first) is open at the due cycle
+    same = r.add(due0 + 1, dram_address(r.D, 0, 0, 6, 0))          # bank 0 again, during its refresh
+    other = r.add(due0 + 1, dram_address(r.D, 0, nbs - 1, 6, 0))   # another bank of sub-channel 0 (its turn comes last)
+    r.run()
+    end = r.run(until=due0 + 3 * T + 10, skip=True)
+    log = dram_log(r.D, 0)
+    act0 = due0 - 60
+    ref0 = max(due0, act0 + t.tRAS) + t.tRP                      # the refresh precharges bank 0 first
+    full = t.tRCD + t.tCL + burst(r.D)
+    assert r.done[opened] == act0 + full
+    if mode == "per_bank":
+        refs = [(c, x) for c, cmd, x, _ in log if cmd == "REFSB"]
+        # each sub-channel's banks take turns, one every T; an idle bank refreshes exactly when due
+        assert refs[:2] == [(due0, nbs), (ref0, 0)]
+        assert sorted(refs[2:6]) == [(due0 + T, 1), (due0 + T, nbs + 1), (due0 + 2 * T, 2), (due0 + 2 * T, nbs + 2)]
+        assert r.done[same] == ref0 + t.tRFCpb + full                # its bank: blocked for tRFCpb
+        assert r.done[other] == due0 + 1 + full                      # another bank: not blocked at all
+        assert not any(cmd in ("REF", "PREA") for _, cmd, _, _ in log)
+        assert r.counters(end)[0]["refreshes"] == len(refs)
+    else:
+        assert [c for c, cmd, x, _ in log if cmd == "REF" and x == 0][0] == ref0
+        assert r.done[same] == ref0 + t.tRFC + full                  # every bank waits for tRFC
+        assert r.done[other] == ref0 + t.tRFC + t.tRRD_S + full      # (after `same`'s ACT: tRRD_S)
+        assert not any(cmd == "REFSB" for _, cmd, _, _ in log)
+    check_timing(m, r.D, 0)
+
+
+@pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
+def test_per_bank_refresh_keeps_more_of_the_stream_bandwidth_than_all_bank(name):
+    sets = ["dram.timing.tRFCpb=195"] if name == "a100" else PER_BANK
+    pb = machine(name, sets + ["dram.refresh=per_bank"])
+    ab = machine(name, sets + ["dram.refresh=all_bank"])
+    (rp, ep), (ra, ea) = stream(pb, 6000), stream(ab, 6000)
+    gp, ga = rp.counters(ep)[0]["gbps"], ra.counters(ea)[0]["gbps"]
+    S = int(rp.D.prm[P_S])
+    n_due = len(range(refresh_first_due(pb, 0), ep, refresh_interval(pb)))
+    assert S * (n_due - 1) <= rp.counters(ep)[0]["refreshes"] <= S * n_due   # (the last one may still wait on its bank)
+    assert gp > ga
+    if name == "a100":      # (tiny-gpu's 8-deep queue fills with requests for the refreshing bank)
+        assert gp >= 0.9 * pb.dram.channel_gbps
 
 
 @pytest.mark.parametrize("faw", [None, 40])

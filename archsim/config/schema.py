@@ -296,6 +296,10 @@ class Fabric(Frozen):
     router_latency_cycles: PosInt   # per router / ring stop traversal, fabric clock
     bidirectional: Bool = True      # ring: links in both directions
     port_bytes_per_cycle: Optional[PosInt] = None  # ring: a stop's local ports (its core group / controller); None: the links arriving at it (2 x link width when bidirectional)
+    # Packets behind a router input port's head that the port may send instead when the head
+    # waits for a busy or full output (head-of-line blocking relief, a virtual-output-queue-like
+    # input port). 0: a FIFO port. Packets for one output never pass each other.
+    lookahead_packets: NonNegInt = 0
 
 
 class L2(Frozen):
@@ -310,6 +314,12 @@ class L2(Frozen):
     hit_latency_cycles: PosInt      # slice tag + data pipeline (the fabric adds its own)
     bytes_per_cycle: PosInt         # per slice, fabric clock
     far_half_extra_cycles: NonNegInt  # added when the data lives in the other half
+    # Which slice of its half an address goes to: consecutive (interleave granules round-robin
+    # over the half's slices) or hashed (the granule index within each group of slices-per-half
+    # granules is permuted by an XOR fold of the higher address bits, so large or power-of-two
+    # strides spread over every slice instead of camping on a few). The half is always chosen
+    # by interleave_bytes.
+    slice_indexing: Literal["consecutive", "hashed"] = "consecutive"
 
     @model_validator(mode="after")
     def _check(self):
@@ -373,8 +383,9 @@ class DramTiming(Frozen):
     tWTR_S: PosInt    # write -> read, different bank group
     tWTR_L: PosInt    # write -> read, same bank group
     tRTP: PosInt      # read -> precharge
-    tRFC: PosInt      # refresh cycle
-    tREFI: PosInt     # refresh interval
+    tRFC: PosInt      # refresh cycle (all-bank refresh)
+    tREFI: PosInt     # refresh interval (every bank is refreshed once per tREFI)
+    tRFCpb: Optional[PosInt] = None   # per-bank refresh cycle (dram.refresh: per_bank)
 
     @model_validator(mode="after")
     def _check(self):
@@ -390,6 +401,9 @@ class DramTiming(Frozen):
         if self.tREFI <= self.tRFC:
             raise FieldError("tREFI", f"tREFI {self.tREFI} is not longer than tRFC {self.tRFC}",
                              f"> {self.tRFC}", ("tRFC",))
+        if self.tRFCpb is not None and self.tRFCpb > self.tRFC:
+            raise FieldError("tRFCpb", f"tRFCpb {self.tRFCpb} is longer than the all-bank tRFC {self.tRFC}",
+                             f"<= {self.tRFC}", ("tRFC",))
         return self
 
 
@@ -403,9 +417,16 @@ class Dram(Frozen):
     row_bytes: PosInt               # row-buffer (page) size per bank
     burst_bytes: PosInt             # bytes moved by one column command
     timing: DramTiming              # memory-clock cycles
+    # all_bank: every tREFI a channel precharges all banks and refreshes them together (tRFC);
+    # per_bank: the banks take turns (one every tREFI / banks-per-command-bus), each blocked for
+    # timing.tRFCpb while the others keep serving requests (HBM2 REFSB, LPDDR REFpb).
+    refresh: Literal["all_bank", "per_bank"] = "all_bank"
 
     @model_validator(mode="after")
     def _check(self):
+        if self.refresh == "per_bank" and self.timing.tRFCpb is None:
+            raise FieldError("timing.tRFCpb", "dram.refresh per_bank needs timing.tRFCpb (the per-bank "
+                             "refresh cycle)", "a number of memory cycles", ("refresh",))
         if self.banks % self.bank_groups:
             raise FieldError("bank_groups", f"bank_groups {self.bank_groups} does not divide banks {self.banks}",
                              "a divisor of dram.banks", ("banks",))

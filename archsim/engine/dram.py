@@ -68,7 +68,7 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
     misaligned request may touch two chunks / rows / banks (two rows' worth of commands).
 
 Scheduler (per sub-channel, every memory cycle, at most one command)
-    Commands ACT, PRE, RD, WR, PREA (before refresh) and all-bank REF, each checked against
+    Commands ACT, PRE, RD, WR, PREA (before refresh), all-bank REF and per-bank REFSB, each checked against
     tRCD, tCL, tCWL, tRP, tRAS, tRC, tCCD_S/L, tRRD_S/L, tFAW (last 4 ACTs), tWR, tWTR_S/L,
     tRTP, tRFC / tREFI and the data bus. ``fcfs``: only the oldest request of the sub-channel
     may issue. ``frfcfs``: the oldest request whose next command is a ready row hit, else the
@@ -79,7 +79,11 @@ Scheduler (per sub-channel, every memory cycle, at most one command)
     staggered, ``refresh_first_due``) and then every tREFI; every sub-channel of it then issues
     no request commands, precharges its open banks (PREA) and issues an all-bank REF, which
     blocks ACTs for tRFC. (Staggering the sub-channels of one channel costs twice as much: the
-    shared queue fills with requests for the refreshing one.)
+    shared queue fills with requests for the refreshing one.) ``dram.refresh: per_bank`` (HBM2
+    REFSB): each sub-channel refreshes its banks in turn, one every ``T = tREFI // banks per
+    sub-channel`` cycles (so each bank once per tREFI), the first at ``T + c*T/C``. While bank
+    b's refresh is due only requests for bank b wait: the bank is precharged (PRE) if open, then
+    REFSB takes the sub-channel's command slot and blocks ACTs to bank b alone for tRFCpb.
 
 Requests: ``R.addr``, ``R.nbytes``, ``R.kind`` (KIND_WRITE writes; reads and atomics read) are
 read once, when a step first sees the id in the input queue (its arrival cycle); the state keeps
@@ -123,14 +127,15 @@ HIT_CAP = 16                 # FR-FCFS row-hit cap before a conflicting PRE may 
 # around each call cost more than the work of a step) and numpy's error model.
 _jit = njit()
 
-CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_PREA = 1, 2, 3, 4, 5, 6
-CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF: "REF", CMD_PREA: "PREA"}
+CMD_ACT, CMD_PRE, CMD_RD, CMD_WR, CMD_REF, CMD_PREA, CMD_REFSB = 1, 2, 3, 4, 5, 6, 7
+CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF: "REF", CMD_PREA: "PREA",
+             CMD_REFSB: "REFSB"}
 
 # indices into DramState.prm (int64 parameters)
 (P_C, P_S, P_NB, P_NBS, P_BGS, P_BPG, P_MODE, P_IL, P_GROUPS, P_CPG, P_CPGC, P_CPC, P_NCTRL, P_SEG,
  P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
  P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
- P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_NPRM) = range(45)
+ P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_NPRM) = range(48)
 P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
 
 COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
@@ -142,8 +147,8 @@ COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_m
 # field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
 B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
 G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
-(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11,
-                                                                                    12, 13)  # sub[C, S, :]
+(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_REFB, S_N) = (0, 1, 2, 3, 4, 5, 9, 10,
+                                                                                            11, 12, 13, 14)  # sub[C, S, :]
 H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_N = range(11)  # shadow[C, QCAP, :]
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
 K_INFN, K_RHEAD, K_NSEEN, K_LASTCOUNT, K_LOGN, K_ERR, K_WAKE, K_ASEQ, K_N = range(9)  # chan[C, :]
@@ -155,7 +160,8 @@ class DramState(NamedTuple):
     by the constants above: ``bank[c, b, B_OPEN]`` is bank b's open row (-1 closed) and
     ``B_ACT..B_WR`` the earliest cycle for each command on it; ``bgrp`` the same per bank group
     (tRRD_L, tCCD_L, tWTR_L); ``sub`` per sub-channel (tRRD_S, tCCD_S, tWTR_S, data bus free
-    time in 1/FP cycles, next refresh due, the last four ACTs for tFAW); ``shadow`` the decoded
+    time in 1/FP cycles, next refresh due, the last four ACTs for tFAW, per-bank refresh: the
+    bank (within the sub-channel) refreshed next); ``shadow`` the decoded
     input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
     class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival);
     ``ret`` the return buffer; ``cnt[c, C_*]`` the counters (names in
@@ -227,11 +233,22 @@ def dram_queue_capacity(machine) -> int:
     return max(1, mc.queue_depth // (machine.dram.channels // mc.count))
 
 
-def refresh_first_due(machine, channel: int) -> int:
-    """Memory cycle of a channel's first refresh: tREFI + channel * tREFI / channels (channels
-    are staggered; the sub-channels of one channel refresh together, as they share its queue)."""
+def refresh_interval(machine, subchannels: int | None = None) -> int:
+    """Memory cycles between two refresh commands of one sub-channel: tREFI (all-bank), or
+    tREFI // banks per sub-channel (per-bank: every bank once per tREFI)."""
     t = machine.dram.timing
-    return t.tREFI + channel * t.tREFI // machine.dram.channels
+    if machine.dram.refresh != "per_bank":
+        return t.tREFI
+    S = int(subchannels) if subchannels else dram_subchannels(machine)
+    return t.tREFI // (machine.dram.banks // S)
+
+
+def refresh_first_due(machine, channel: int, subchannels: int | None = None) -> int:
+    """Memory cycle of a channel's first refresh: T + channel * T / channels with T =
+    refresh_interval (channels are staggered; the sub-channels of one channel refresh together,
+    as they share its queue)."""
+    T = refresh_interval(machine, subchannels)
+    return T + channel * T // machine.dram.channels
 
 
 def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int | None = None,
@@ -274,6 +291,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_TWR: t.tWR, P_TWTRS: t.tWTR_S, P_TWTRL: t.tWTR_L, P_TRTP: t.tRTP, P_TRFC: t.tRFC, P_TREFI: t.tREFI,
         P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: HIT_CAP, P_LOGLEN: int(log_len), P_QCAP: qcap,
         P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
+        P_REFPB: int(d.refresh == "per_bank"), P_TRFCPB: t.tRFCpb or t.tRFC, P_TREFIPB: refresh_interval(machine, S),
     }
     for k, v in vals.items():
         prm[k] = v
@@ -285,7 +303,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
     sub = np.zeros((C, S, S_N), np.int64)
     sub[:, :, S_FAW:S_FAW + 4] = -(1 << 40)
     for c in range(C):
-        sub[c, :, S_REF] = refresh_first_due(machine, c)
+        sub[c, :, S_REF] = refresh_first_due(machine, c, S)
     return DramState(
         prm=prm, clk=np.array([memory_clock_ghz(machine)], np.float64), bank=bank,
         bgrp=np.zeros((C, S * BGS, G_N), np.int64), sub=sub, shadow=np.zeros((C, qcap, H_N), np.int64),
@@ -548,9 +566,15 @@ def _eval(D, c, sl, b):
 
 @_jit
 def _ref_eval(D, c, s):
-    """(PREA or REF, earliest cycle) for the due refresh of sub-channel s."""
+    """(command, earliest cycle) for the due refresh of sub-channel s: PREA or REF (all-bank),
+    PRE or REFSB of the bank whose turn it is (per-bank)."""
     nbs = D.prm[P_NBS]
     r = D.sub[c, s, S_REF]
+    if D.prm[P_REFPB]:
+        b = s * nbs + D.sub[c, s, S_REFB]
+        if D.bank[c, b, B_OPEN] >= 0:
+            return CMD_PRE, max(r, D.bank[c, b, B_PRE])
+        return CMD_REFSB, max(r, D.bank[c, b, B_ACT])
     any_open = False
     for b in range(s * nbs, (s + 1) * nbs):
         if D.bank[c, b, B_OPEN] >= 0:
@@ -567,6 +591,20 @@ def _ref_eval(D, c, s):
 def _ref_issue(D, c, s, cmd, now):
     p = D.prm
     nbs = p[P_NBS]
+    if p[P_REFPB]:
+        b = s * nbs + D.sub[c, s, S_REFB]
+        if cmd == CMD_PRE:
+            D.bank[c, b, B_OPEN] = -1
+            D.bank[c, b, B_HITS] = 0
+            D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRP])
+            D.cnt[c, C_PRECHARGES] += 1
+        else:
+            D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRFCPB])
+            D.sub[c, s, S_REF] += p[P_TREFIPB]
+            D.sub[c, s, S_REFB] = (D.sub[c, s, S_REFB] + 1) % nbs
+            D.cnt[c, C_REFRESHES] += 1
+        _log(D, c, now, cmd, b, np.int64(-1))
+        return
     if cmd == CMD_PREA:
         for b in range(s * nbs, (s + 1) * nbs):
             if D.bank[c, b, B_OPEN] >= 0:
@@ -580,6 +618,15 @@ def _ref_issue(D, c, s, cmd, now):
         D.sub[c, s, S_REF] += p[P_TREFI]
         D.cnt[c, C_REFRESHES] += 1
     _log(D, c, now, cmd, s, np.int64(-1))
+
+
+@_jit
+def _ref_blocks(D, c, s, b):
+    """While sub-channel s's refresh is due, may bank b not serve requests? All-bank: every bank
+    of s; per-bank: only the bank whose turn it is."""
+    if D.prm[P_REFPB] == 0:
+        return True
+    return b == s * D.prm[P_NBS] + D.sub[c, s, S_REFB]
 
 
 @_jit
@@ -753,7 +800,7 @@ def _sched(D, Q, c, qi, now, issue):
                 U[c, s, S_SEL] = sl
         for s in range(S):
             sl = U[c, s, S_SEL]
-            if sl < 0 or U[c, s, S_REF] <= now:
+            if sl < 0 or (U[c, s, S_REF] <= now and _ref_blocks(D, c, s, H[c, sl, H_BANK])):
                 U[c, s, S_SEL] = -1
                 continue
             cmd, ready = _eval(D, c, sl, H[c, sl, H_BANK])
@@ -767,8 +814,8 @@ def _sched(D, Q, c, qi, now, issue):
             sl = _slot(Q, qi, k)
             b = H[c, sl, H_BANK]
             s = p[P_BTAB + 2 * b]
-            if U[c, s, S_REF] <= now:                # refresh due: the sub-channel serves it first
-                continue
+            if U[c, s, S_REF] <= now and _ref_blocks(D, c, s, b):
+                continue                             # refresh due: the sub-channel (bank) serves it first
             seq = H[c, sl, H_SEQ]
             hit = D.bank[c, b, B_OPEN] == H[c, sl, H_ROW]
             if issue and U[c, s, S_SEL] >= 0:
@@ -797,6 +844,7 @@ def _sched(D, Q, c, qi, now, issue):
             cmd, ready = _ref_eval(D, c, s)
             if issue and ready <= now:
                 _ref_issue(D, c, s, cmd, now)
+                U[c, s, S_SEL] = -1                  # the refresh took the command slot (per-bank)
                 issued = True
             elif ready < ev:
                 ev = ready

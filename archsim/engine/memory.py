@@ -10,10 +10,12 @@ shared-memory access costs one wavefront per bank-conflict way, a global access 
 touches. Shared loads are ready ``scratchpad.latency_cycles`` after their last wavefront, L1 hits
 ``l1.hit_latency_cycles`` after theirs. Misses allocate L1 MSHRs and travel the request crossbar
 to the L2 slice that owns the address (``l2.halves`` partitions interleaved in
-``l2.interleave_bytes``; slices within a half in the controllers' interleave granule); a slice's
-data array moves ``l2.bytes_per_cycle``; hits answer after ``l2.hit_latency_cycles`` (plus
-``far_half_extra_cycles`` for an SM of the other half), misses go through the slice's MSHRs to
-the DRAM channel of the address. Data comes back over the response crossbar and through the L1
+``l2.interleave_bytes``; slices within a half in the controllers' interleave granule, round-robin
+or, with ``l2.slice_indexing: hashed``, permuted by an XOR fold of the higher address bits); a
+slice's data array moves ``l2.bytes_per_cycle``; hits answer after ``l2.hit_latency_cycles`` (plus
+``far_half_extra_cycles`` for an SM of the other half: near and far replies wait in separate
+delay pipelines, so a near reply never queues behind a far one), misses go through the slice's
+MSHRs to the DRAM channel of the address. Data comes back over the response crossbar and through the L1
 pipeline. Every other cycle of latency comes from these queues, links and banks.
 
 Clock domains: the fabric and L2 step in the fabric clock, DRAM in the memory clock, both as
@@ -51,7 +53,10 @@ TRK_LOAD, TRK_CP = 0, 1
 # cfg fields
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
- M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_N) = range(30)
+ M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_SLICE_HASH, M_SPH_BITS,
+ M_HALF_GRAN, M_Q_L2F, M_N) = range(34)
+# M_Q_L2D: per memory endpoint, the near-reply delay pipeline (L2 hits for SMs of the slice's own
+# half, DRAM replies without an L2); M_Q_L2F: the far-reply one (SMs of the other half)
 # M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
 # replies are taken off the fabric per group and handed to their core or DMA engine
 # clocks
@@ -113,17 +118,18 @@ def make_mstate(machine, TS) -> MState:
     qcap = DR.dram_queue_capacity(machine)
     Dm = DR.make_dram_state(machine, queue_cap=qcap)
     # queues: dram in [0,C), dram out [C,2C), per core miss [2C, 2C+cores), per core L1-hit delay,
-    # per memory endpoint response delay, per memory endpoint DRAM retry, per channel controller
-    # front end
+    # per memory endpoint response delay (near), per memory endpoint DRAM retry, per channel
+    # controller front end, per memory endpoint far-response delay
     q_miss = 2 * chans
     q_l1d = q_miss + cores
     q_l2d = q_l1d + cores
     q_retry = q_l2d + nmem
     q_fe = q_retry + nmem
+    q_l2f = q_fe + chans
     fe_lat = machine.memory_controllers.frontend_latency_cycles
     fe_cap = frontend_capacity(machine)
     caps = [qcap] * chans + [DR.dram_queue_capacity(machine) * 4] * chans + [64] * cores + [DELAY_CAP] * cores \
-        + [DELAY_CAP] * nmem + [256] * nmem + [fe_cap] * chans
+        + [DELAY_CAP] * nmem + [256] * nmem + [fe_cap] * chans + [DELAY_CAP] * nmem
     Q = make_queues(caps)
     l1c, l2c = machine.l1, machine.l2
     sc = machine.scratchpad
@@ -151,6 +157,11 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_MEM_RATIO] = int(round(machine.clock_ratios.memory * ONE))
     cfg[M_Q_MISS], cfg[M_Q_L1D], cfg[M_Q_L2D], cfg[M_Q_RETRY] = q_miss, q_l1d, q_l2d, q_retry
     cfg[M_Q_FE], cfg[M_FE_LAT] = q_fe, fe_lat
+    cfg[M_Q_L2F] = q_l2f
+    cfg[M_SLICE_HASH] = int(l2c is not None and l2c.slice_indexing == "hashed")
+    cfg[M_SPH_BITS] = max(1, (int(cfg[M_SPH]) - 1).bit_length())
+    il_h, il_s = int(cfg[M_IL_HALF]), int(cfg[M_IL_SLICE])
+    cfg[M_HALF_GRAN] = il_h // il_s if (l2c is not None and l2c.halves > 1 and il_h % il_s == 0) else 0
     nodes = np.full((4, max(cores, nmem)), -1, np.int32)
     grouped = len(fab.req_core) != cores  # Sunway: one fabric node per core group
     core_node = np.arange(cores) // machine.cores.per_group if grouped else np.arange(cores)
@@ -204,7 +215,37 @@ def _slice_of(MS, addr):
         c, _, _, _ = DR.dram_map(MS.Dm, addr)
         return c // (cfg[M_CHANNELS] // cfg[M_SLICES])
     half = (addr // cfg[M_IL_HALF]) % cfg[M_HALVES]
-    return half * cfg[M_SPH] + (addr // cfg[M_IL_SLICE]) % cfg[M_SPH]
+    sph = cfg[M_SPH]
+    if cfg[M_SLICE_HASH] == 0:
+        return half * sph + (addr // cfg[M_IL_SLICE]) % sph
+    # hashed: number the half's own granules consecutively (the granules of a half-interleave
+    # chunk, then those of the half's next chunk), then permute each group of sph of them
+    g = cfg[M_HALF_GRAN]
+    if g > 0:
+        ilh = cfg[M_IL_HALF]
+        q = addr // (ilh * cfg[M_HALVES]) * g + (addr % ilh) // cfg[M_IL_SLICE]
+    else:
+        q = addr // cfg[M_IL_SLICE]
+    return half * sph + hashed_slice(q, sph, cfg[M_SPH_BITS])
+
+
+@njit(cache=True)
+def hashed_slice(q, sph, bits):
+    """Slice within a half of interleave granule q (l2.slice_indexing: hashed): q's position in
+    its group of sph consecutive granules, XORed (sph a power of two) or added modulo sph (other
+    sph) with the XOR fold of the group number in `bits`-bit pieces. Each group of sph granules
+    still covers every slice once (sequential streams stay balanced), and granules sph apart,
+    or any power-of-two stride, land on different slices."""
+    lo = q % sph
+    x = q // sph
+    mask = (np.int64(1) << bits) - 1
+    h = np.int64(0)
+    while x > 0:
+        h ^= x & mask
+        x >>= bits
+    if sph & (sph - 1) == 0:
+        return lo ^ (h & (sph - 1))
+    return (lo + h) % sph
 
 
 @njit(cache=True)
@@ -566,16 +607,42 @@ def _respond(MS, sl, r, ready):
 
 
 @njit(cache=True)
+def _respond_l2(MS, sl, r, now):
+    """An L2 slice answers read r: after the slice pipeline for an SM of its own half (the near
+    pipeline), plus far_half_extra_cycles for an SM of the other half (the far pipeline). Each
+    pipeline is a FIFO of one fixed latency, so its ready cycles never decrease."""
+    cfg = MS.cfg
+    if _far(MS, MS.R.src[r], sl):
+        MS.R.aux1[r] = now + cfg[M_L2_LAT] + cfg[M_FAR]
+        q_push(MS.Q, cfg[M_Q_L2F] + sl, r)
+    else:
+        MS.R.aux1[r] = now + cfg[M_L2_LAT]
+        q_push(MS.Q, cfg[M_Q_L2D] + sl, r)
+
+
+@njit(cache=True)
 def _slice_cycle(MS, sl, now):
     """One fabric cycle of L2 slice (or, without an L2, memory endpoint) sl."""
     cfg = MS.cfg
     R = MS.R
     Q = MS.Q
-    # responses whose latency has passed go out on the response fabric
-    q = cfg[M_Q_L2D] + sl
-    while Q.count[q] > 0:
-        r = q_peek(Q, q, 0)
-        if R.aux1[r] > now:
+    # responses whose latency has passed go out on the response fabric, the earliest ready of the
+    # near and far pipelines first (near first on a tie)
+    qn = cfg[M_Q_L2D] + sl
+    qf = cfg[M_Q_L2F] + sl
+    while True:
+        q = -1
+        r = -1
+        if Q.count[qn] > 0:
+            r = q_peek(Q, qn, 0)
+            if R.aux1[r] <= now:
+                q = qn
+        if Q.count[qf] > 0:
+            rf = q_peek(Q, qf, 0)
+            if R.aux1[rf] <= now and (q < 0 or R.aux1[rf] < R.aux1[r]):
+                q = qf
+                r = rf
+        if q < 0:
             break
         nbytes = HEADER_BYTES + (R.nbytes[r] if R.kind[r] != KIND_WRITE else 0)  # a write's ack: a header
         if not NC.noc_inject(MS.resp, MS.node[2, sl], r, nbytes, MS.node[3, R.src[r]], now):
@@ -598,8 +665,8 @@ def _slice_cycle(MS, sl, now):
     r = MS.slice_hold[sl]
     if r < 0:
         return
-    if Q.count[cfg[M_Q_RETRY] + sl] >= Q.cap[cfg[M_Q_RETRY] + sl] - 8 or Q.count[cfg[M_Q_L2D] + sl] >= \
-            Q.cap[cfg[M_Q_L2D] + sl] - 8:
+    if Q.count[cfg[M_Q_RETRY] + sl] >= Q.cap[cfg[M_Q_RETRY] + sl] - 8 or Q.count[qn] >= Q.cap[qn] - 8 \
+            or Q.count[qf] >= Q.cap[qf] - 8:
         return
     line = R.addr[r]
     is_write = R.kind[r] == KIND_WRITE
@@ -628,7 +695,7 @@ def _slice_cycle(MS, sl, now):
         if is_write:
             req_free(R, r)
         else:
-            _respond(MS, sl, r, now + cfg[M_L2_LAT] + _far(MS, R.src[r], sl) * cfg[M_FAR])
+            _respond_l2(MS, sl, r, now)
     elif newm != 0:
         _fetch(MS, sl, line & ~(cfg[M_LINE] - 1), newm, now)
 
@@ -668,7 +735,7 @@ def _dram_done(MS, c, now):
             if R.kind[rr] == KIND_WRITE:
                 req_free(R, rr)
             else:
-                _respond(MS, sl, rr, now + cfg[M_L2_LAT] + _far(MS, R.src[rr], sl) * cfg[M_FAR])
+                _respond_l2(MS, sl, rr, now)
         CA.mshr_free(MS.L2, sl, e)
 
 
@@ -778,8 +845,8 @@ def _slice_has_work(MS, sl):
     delivered by the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return (Q.count[cfg[M_Q_L2D] + sl] > 0 or Q.count[cfg[M_Q_RETRY] + sl] > 0 or MS.slice_hold[sl] >= 0
-            or NC.noc_deliverable(MS.req, MS.node[1, sl]))
+    return (Q.count[cfg[M_Q_L2D] + sl] > 0 or Q.count[cfg[M_Q_L2F] + sl] > 0 or Q.count[cfg[M_Q_RETRY] + sl] > 0
+            or MS.slice_hold[sl] >= 0 or NC.noc_deliverable(MS.req, MS.node[1, sl]))
 
 
 @njit(inline="always")

@@ -37,8 +37,14 @@ Model (fabric-clock cycles; ``W`` = ``link_bytes_per_cycle`` of the network)
 
 Calling order per cycle ``now``: ``noc_eject`` (sees tails that arrived by the end of the last
 stepped cycle), ``noc_inject(..., now)``, ``noc_step(N, now)``; a node may also inject after the
-step (the packet then leaves in ``now + 1``). Ports are FIFOs, so a head packet waiting for a busy
-output holds up the packets behind it (head-of-line blocking), as in an input-queued router.
+step (the packet then leaves in ``now + 1``). With ``lookahead`` 0 ports are FIFOs, so a head
+packet waiting for a busy output holds up the packets behind it (head-of-line blocking), as in an
+input-queued router. With ``lookahead`` K a port looks at its first K + 1 packets and offers the
+oldest one that can go (arrived, output link free, credits), skipping packets whose output an
+older packet in that window already wants (packets for one output never pass each other). A port
+still starts at most one packet at a time; each output arbitrates among the offers as above, and
+ports that lost offer again to the outputs still free, for up to ``LOOK_ITERS`` rounds per cycle
+(an iterative matching, as iSLIP-style crossbar allocators do).
 
 Counters per link: flits sent (= busy cycles), packets, bytes, blocked cycles (cycles in which at
 least one arrived packet wanted the link and did not get it: lost arbitration, no credit, or link
@@ -64,14 +70,14 @@ TOPO_CODES = {"crossbar": TOPO_CROSSBAR, "ring": TOPO_RING, "mesh": TOPO_MESH}
 BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port | node ejection buffer
 
 # par[] (int64): network parameters
-P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS = range(9)
+P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK = range(10)
 # clk[] (int64): mutable scalars
 C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES = range(5)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
-BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW = range(9)  # bi int32 [B, 9]
+BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF = range(10)  # bi int32 [B, 10]
 BT_FREE, BT_AREA, BT_T = range(3)                                          # bt int64 [B, 3]
 G_IN0, G_NIN, G_OUT0, G_NOUT, G_NPKT = range(5)                            # gi int32 [G, 5]
-LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR, LI_WANT, LI_CAND, LI_DIST = range(9)  # li int32 [Lk, 9]
+LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR, LI_WANT, LI_CAND, LI_DIST, LI_GOT = range(10)  # li int32 [Lk, 10]
 LT_BUSY, LT_FLITS, LT_PKTS, LT_BYTES, LT_BLOCKED, LT_GAP = range(6)        # lt int64 [Lk, 6]
 NI_ROUTER, NI_GRP, NI_SRC, NI_EJ = range(4)                                # ni int32 [nodes, 4]
 NT_STALLS, NT_INJECTED, NT_DELIVERED = range(3)                            # nt int64 [nodes, 3]
@@ -79,6 +85,8 @@ PI_REQ, PI_BYTES, PI_FLITS, PI_DST, PI_VC, PI_SER = range(6)               # pi 
 PT_READY, PT_TINJ = range(2)                                               # pt int64 [P, 2]
 
 INF = np.int64(1) << np.int64(62)
+LOOK_ITERS = 3   # offer / grant rounds per step when ports look ahead (one round: a port that lost
+                 # arbitration idles although another output could take one of its packets)
 _NAME_LEN = 40
 
 
@@ -87,7 +95,8 @@ class NocState(NamedTuple):
 
     Buffers (bi/bt): kind (BUF_*), pool (credits, flits), lat (cycles from header entry to
     eligibility: L for router ports), grp (arbiter group reading it, -1 for ejection buffers),
-    occ (credits in use), max, credit-return scratch, read width (bytes per cycle); read port
+    occ (credits in use), max, credit-return scratch, read width (bytes per cycle), the window
+    position of the packet offered this step (lookahead); read port
     busy-until, occupancy integral, cycle from which occ holds. Groups (gi): routers 0..R-1, then
     one per sending node's interface: slices of gin (input buffers) and gout (output links),
     packets waiting. Links (li/lt): driving
@@ -99,7 +108,7 @@ class NocState(NamedTuple):
     (longest serialization so far); eligible-from cycle (ejection buffer: tail arrived by the end
     of it), injection cycle. ``pfree`` is the stack of free slots (``clk[C_NFREE]`` of them)."""
 
-    par: np.ndarray          # int64 [9] P_*
+    par: np.ndarray          # int64 [10] P_*
     clk: np.ndarray          # int64 [5] C_*
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
@@ -130,6 +139,42 @@ def _occ_change(bi, bt, b, delta, t):
     bi[b, BI_OCC] = o
     if o > bi[b, BI_MAX]:
         bi[b, BI_MAX] = o
+
+
+@njit(cache=True, inline="always")
+def _take(Q, b, j):
+    """Remove and return the j-th packet from buffer b's head (0: the head): the j packets in
+    front of it move back one place, so the cost is O(j), not O(queue length)."""
+    if j == 0:
+        return q_pop(Q, b)
+    cap = Q.cap[b]
+    h = Q.head[b]
+    i = h + j
+    if i >= cap:
+        i -= cap
+    item = Q.buf[b, i]
+    for _ in range(j):
+        k = i - 1
+        if k < 0:
+            k += cap
+        Q.buf[b, i] = Q.buf[b, k]
+        i = k
+    h += 1
+    if h >= cap:
+        h = 0
+    Q.head[b] = h
+    Q.count[b] -= 1
+    return item
+
+
+@njit(cache=True, inline="always")
+def _window_dup(N, g, b, j, l):
+    """True when a packet in front of the j-th one of buffer b (router g) also goes to link l."""
+    Q, pi, route = N.Q, N.pi, N.route
+    for i in range(j):
+        if route[g, pi[q_peek(Q, b, i), PI_DST]] == l:
+            return True
+    return False
 
 
 @njit(cache=True, inline="always")   # inlined into jitted callers: no per-call copy of N
@@ -183,6 +228,8 @@ def noc_step(N, now):
     gap_hi = now - 1
     has_gap = gap_hi >= gap_lo
     Q, bi, bt, gi, li, lt, pi, pt = N.Q, N.bi, N.bt, N.gi, N.li, N.lt, N.pi, N.pt
+    look = N.par[P_LOOK]
+    iters = 1 if look == 0 else LOOK_ITERS
     nrel = 0
     for g in range(N.par[P_GROUPS]):
         if gi[g, G_NPKT] == 0:
@@ -192,80 +239,115 @@ def noc_step(N, now):
         for j in range(no):
             l = N.gout[o0 + j]
             li[l, LI_WANT] = 0
-            li[l, LI_CAND] = -1
-            li[l, LI_DIST] = 1 << 30
+            li[l, LI_GOT] = 0
             lt[l, LT_GAP] = 0
         i0 = gi[g, G_IN0]
         nin = gi[g, G_NIN]
-        for k in range(nin):
-            b = N.gin[i0 + k]
-            if Q.count[b] == 0:
-                continue
-            p = q_peek(Q, b, 0)
-            l = N.route[g, pi[p, PI_DST]]
-            e = pt[p, PT_READY]
-            if bt[b, BT_FREE] > e:
-                e = bt[b, BT_FREE]
-            if has_gap:
-                lo = e if e > gap_lo else gap_lo
-                if lo <= gap_hi and gap_hi - lo + 1 > lt[l, LT_GAP]:
-                    lt[l, LT_GAP] = gap_hi - lo + 1
-            if e > now:
-                continue
-            li[l, LI_WANT] += 1
-            if lt[l, LT_BUSY] > now:
-                continue
-            tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
-            o = bi[tb, BI_OCC]
-            if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
-                continue
-            d = k - li[l, LI_RR] - 1
-            if d < 0:
-                d += nin
-            if d < li[l, LI_DIST]:
-                li[l, LI_DIST] = d
-                li[l, LI_CAND] = k
+        for it in range(iters):
+            # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
+            # its window that can go); later iterations let ports that lost offer another packet
+            # to an output still free (their own read port is busy once they sent)
+            for j in range(no):
+                l = N.gout[o0 + j]
+                li[l, LI_CAND] = -1
+                li[l, LI_DIST] = 1 << 30
+            offered = False
+            for k in range(nin):
+                b = N.gin[i0 + k]
+                cnt = Q.count[b]
+                if cnt == 0:
+                    continue
+                nwin = cnt if cnt <= look else look + 1
+                if has_gap and it == 0:
+                    # skipped cycles: nothing could move, so every packet of the window that had
+                    # arrived wanted its link (as stepping each cycle would have counted it)
+                    for j in range(nwin):
+                        p = q_peek(Q, b, j)
+                        l = N.route[g, pi[p, PI_DST]]
+                        if j > 0 and _window_dup(N, g, b, j, l):
+                            continue
+                        e = pt[p, PT_READY]
+                        if bt[b, BT_FREE] > e:
+                            e = bt[b, BT_FREE]
+                        lo = e if e > gap_lo else gap_lo
+                        if lo > gap_hi:
+                            break
+                        if gap_hi - lo + 1 > lt[l, LT_GAP]:
+                            lt[l, LT_GAP] = gap_hi - lo + 1
+                for j in range(nwin):         # the head, then (lookahead) packets for other outputs
+                    p = q_peek(Q, b, j)
+                    l = N.route[g, pi[p, PI_DST]]
+                    if j > 0 and _window_dup(N, g, b, j, l):
+                        continue
+                    e = pt[p, PT_READY]
+                    if bt[b, BT_FREE] > e:
+                        e = bt[b, BT_FREE]
+                    if e > now:
+                        break                 # packets arrive in order: the later ones are not here yet
+                    if it == 0:
+                        li[l, LI_WANT] += 1
+                    if lt[l, LT_BUSY] > now:
+                        continue
+                    tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
+                    o = bi[tb, BI_OCC]
+                    if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
+                        continue
+                    bi[b, BI_OFF] = j             # the port offers this packet
+                    offered = True
+                    d = k - li[l, LI_RR] - 1
+                    if d < 0:
+                        d += nin
+                    if d < li[l, LI_DIST]:
+                        li[l, LI_DIST] = d
+                        li[l, LI_CAND] = k
+                    break
+            if not offered:
+                break
+            # grants: each output link takes the offer nearest after its last winner
+            for j in range(no):
+                l = N.gout[o0 + j]
+                k = li[l, LI_CAND]
+                if k < 0:
+                    continue
+                li[l, LI_GOT] = 1
+                b = N.gin[i0 + k]
+                p = _take(Q, b, bi[b, BI_OFF])
+                gi[g, G_NPKT] -= 1
+                f = pi[p, PI_FLITS]
+                w = li[l, LI_WIDTH]
+                ser = (pi[p, PI_BYTES] + w - 1) // w
+                if ser < 1:
+                    ser = 1
+                bi[nrel, BI_REL] = b          # credits come back at the end of the step
+                bi[nrel, BI_RELF] = min(f, bi[b, BI_POOL])
+                nrel += 1
+                rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
+                bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
+                lt[l, LT_BUSY] = now + ser
+                lt[l, LT_FLITS] += ser
+                lt[l, LT_PKTS] += 1
+                lt[l, LT_BYTES] += pi[p, PI_BYTES]
+                li[l, LI_RR] = k
+                if li[l, LI_DATELINE]:
+                    pi[p, PI_VC] = 1
+                tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
+                _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
+                q_push(Q, tb, p)
+                if ser > pi[p, PI_SER]:
+                    pi[p, PI_SER] = ser
+                if bi[tb, BI_KIND] == BUF_EJ:
+                    pt[p, PT_READY] = now + pi[p, PI_SER] - 1
+                else:
+                    pt[p, PT_READY] = now + bi[tb, BI_LAT]
+                    gi[bi[tb, BI_GRP], G_NPKT] += 1
+        # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
+        # credit, link busy); the skipped cycles before this one count as the gap says
         for j in range(no):
             l = N.gout[o0 + j]
             if has_gap:
                 lt[l, LT_BLOCKED] += lt[l, LT_GAP]
-            k = li[l, LI_CAND]
-            if k < 0:
-                if li[l, LI_WANT] > 0:
-                    lt[l, LT_BLOCKED] += 1
-                continue
-            if li[l, LI_WANT] > 1:
+            if li[l, LI_WANT] > li[l, LI_GOT]:
                 lt[l, LT_BLOCKED] += 1
-            b = N.gin[i0 + k]
-            p = q_pop(Q, b)
-            gi[g, G_NPKT] -= 1
-            f = pi[p, PI_FLITS]
-            w = li[l, LI_WIDTH]
-            ser = (pi[p, PI_BYTES] + w - 1) // w
-            if ser < 1:
-                ser = 1
-            bi[nrel, BI_REL] = b          # credits come back at the end of the step
-            bi[nrel, BI_RELF] = min(f, bi[b, BI_POOL])
-            nrel += 1
-            rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
-            bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
-            lt[l, LT_BUSY] = now + ser
-            lt[l, LT_FLITS] += ser
-            lt[l, LT_PKTS] += 1
-            lt[l, LT_BYTES] += pi[p, PI_BYTES]
-            li[l, LI_RR] = k
-            if li[l, LI_DATELINE]:
-                pi[p, PI_VC] = 1
-            tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
-            _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
-            q_push(Q, tb, p)
-            if ser > pi[p, PI_SER]:
-                pi[p, PI_SER] = ser
-            if bi[tb, BI_KIND] == BUF_EJ:
-                pt[p, PT_READY] = now + pi[p, PI_SER] - 1
-            else:
-                pt[p, PT_READY] = now + bi[tb, BI_LAT]
-                gi[bi[tb, BI_GRP], G_NPKT] += 1
     for i in range(nrel):
         _occ_change(bi, bt, bi[i, BI_REL], -bi[i, BI_RELF], now + 1)
     N.clk[C_LAST] = now
@@ -313,27 +395,33 @@ def noc_next_event(N, now):
     Stepping straight to it (no noc_step in between) gives the same results as every cycle."""
     best = INF
     Q, bi, bt, gi, li, lt, pi, pt = N.Q, N.bi, N.bt, N.gi, N.li, N.lt, N.pi, N.pt
+    look = N.par[P_LOOK]
     for g in range(N.par[P_GROUPS]):
         if gi[g, G_NPKT] == 0:
             continue
         i0 = gi[g, G_IN0]
         for k in range(gi[g, G_NIN]):
             b = N.gin[i0 + k]
-            if Q.count[b] == 0:
+            cnt = Q.count[b]
+            if cnt == 0:
                 continue
-            p = q_peek(Q, b, 0)
-            l = N.route[g, pi[p, PI_DST]]
-            tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
-            o = bi[tb, BI_OCC]
-            if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
-                continue                      # waits for a credit: another event frees it
-            e = pt[p, PT_READY]
-            if bt[b, BT_FREE] > e:
-                e = bt[b, BT_FREE]
-            if lt[l, LT_BUSY] > e:
-                e = lt[l, LT_BUSY]
-            if e < best:
-                best = e
+            nwin = cnt if cnt <= look else look + 1
+            for j in range(nwin):
+                p = q_peek(Q, b, j)
+                l = N.route[g, pi[p, PI_DST]]
+                if j > 0 and _window_dup(N, g, b, j, l):
+                    continue
+                tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
+                o = bi[tb, BI_OCC]
+                if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
+                    continue                  # waits for a credit: another event frees it
+                e = pt[p, PT_READY]
+                if bt[b, BT_FREE] > e:
+                    e = bt[b, BT_FREE]
+                if lt[l, LT_BUSY] > e:
+                    e = lt[l, LT_BUSY]
+                if e < best:
+                    best = e
     for n in range(N.par[P_NODES]):
         b = N.ni[n, NI_EJ]
         if b >= 0 and Q.count[b] > 0:
@@ -443,12 +531,15 @@ class _Builder:
     """Collects routers, nodes and links in Python, then packs them into a NocState."""
 
     def __init__(self, topo: int, width: int, depth: int, latency: int, n_routers: int,
-                 router_names: Sequence[str]):
+                 router_names: Sequence[str], lookahead: int = 0):
         for what, v in (("link_bytes_per_cycle", width), ("buffer_depth", depth),
                         ("router_latency_cycles", latency)):
             if int(v) != v or v < 1:
                 raise ValueError(f"{what} must be a positive integer, got {v!r}")
+        if int(lookahead) != lookahead or lookahead < 0:
+            raise ValueError(f"lookahead_packets must be a non-negative integer, got {lookahead!r}")
         self.topo, self.W, self.D, self.L = topo, int(width), int(depth), int(latency)
+        self.look = int(lookahead)
         self.R = n_routers
         self.router_names = list(router_names)
         self.port_names = list(router_names)   # how node port links name their router
@@ -518,7 +609,7 @@ class _Builder:
                 if dn["ej"] < 0:
                     route[r, d] = -1
         B, Lk = len(self.bufs), len(self.links)
-        bi = np.zeros((B, 9), np.int32)
+        bi = np.zeros((B, 10), np.int32)
         for i, (kind, pool, lat, grp) in enumerate(self.bufs):
             bi[i, [BI_KIND, BI_POOL, BI_LAT, BI_GRP]] = kind, pool, lat, grp
         for (grp, d0, d1, dl, w, _) in self.links:
@@ -538,13 +629,13 @@ class _Builder:
         gi = np.zeros((G, 5), np.int32)
         gi[:, G_IN0], gi[:, G_NIN], gin = flat(self.g_in)
         gi[:, G_OUT0], gi[:, G_NOUT], gout = flat(self.g_out)
-        li = np.zeros((Lk, 9), np.int32)
+        li = np.zeros((Lk, 10), np.int32)
         for l, (grp, d0, d1, dl, w, _) in enumerate(self.links):
             li[l, [LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR]] = grp, d0, d1, dl, w, gi[grp, G_NIN] - 1
         ni = np.array([[n["router"], n["grp"], n["src"], n["ej"]] for n in self.nodes], np.int32).reshape(nn, 4)
-        par = np.zeros(9, np.int64)
-        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS]] = \
-            [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B]
+        par = np.zeros(10, np.int64)
+        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK]] = \
+            [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look]
         clk = np.zeros(5, np.int64)
         clk[C_LAST] = -1
         clk[C_NFREE] = maxp
@@ -559,13 +650,14 @@ class _Builder:
 
 def make_crossbar(n_src: int, n_dst: int, link_bytes_per_cycle: int, buffer_depth: int, latency_cycles: int,
                   src_names: Optional[Sequence[str]] = None, dst_names: Optional[Sequence[str]] = None,
-                  router_name: str = "xbar") -> NocState:
+                  router_name: str = "xbar", lookahead: int = 0) -> NocState:
     """One direction of a crossbar: nodes 0..n_src-1 send, nodes n_src..n_src+n_dst-1 receive.
     Each source has an input port, each destination an output port, both link_bytes_per_cycle
-    wide; latency_cycles is the crossbar pipeline (one router). Build a second one for replies."""
+    wide; latency_cycles is the crossbar pipeline (one router); lookahead: packets behind a
+    blocked head an input port may send instead (0: FIFO). Build a second one for replies."""
     src_names = list(src_names or [f"src{i}" for i in range(n_src)])
     dst_names = list(dst_names or [f"dst{j}" for j in range(n_dst)])
-    bld = _Builder(TOPO_CROSSBAR, link_bytes_per_cycle, buffer_depth, latency_cycles, 1, [router_name])
+    bld = _Builder(TOPO_CROSSBAR, link_bytes_per_cycle, buffer_depth, latency_cycles, 1, [router_name], lookahead)
     for i in range(n_src):
         bld.node(src_names[i], 0, send=True, recv=False)
     for j in range(n_dst):
@@ -576,14 +668,14 @@ def make_crossbar(n_src: int, n_dst: int, link_bytes_per_cycle: int, buffer_dept
 def make_ring(n_stops: int, link_bytes_per_cycle: int, buffer_depth: int, latency_cycles: int,
               bidirectional: bool = True, node_stop: Optional[Sequence[int]] = None,
               node_names: Optional[Sequence[str]] = None, stop_names: Optional[Sequence[str]] = None,
-              port_bytes_per_cycle: Optional[int] = None) -> NocState:
+              port_bytes_per_cycle: Optional[int] = None, lookahead: int = 0) -> NocState:
     """A ring of n_stops routers; node i sits at stop node_stop[i] (default: one node per stop)
     and both sends and receives through ports port_bytes_per_cycle wide (default: the link
     width). Clockwise links go stop s -> s+1; bidirectional adds s -> s-1."""
     node_stop = list(range(n_stops) if node_stop is None else node_stop)
     stop_names = list(stop_names or [f"s{i}" for i in range(n_stops)])
     node_names = list(node_names or [f"n{i}" for i in range(len(node_stop))])
-    bld = _Builder(TOPO_RING, link_bytes_per_cycle, buffer_depth, latency_cycles, n_stops, stop_names)
+    bld = _Builder(TOPO_RING, link_bytes_per_cycle, buffer_depth, latency_cycles, n_stops, stop_names, lookahead)
     bld.port_names = ["ring"] * n_stops       # node ports: "cg0->ring", "ring->mc0"
     cw, ccw = {}, {}
     if n_stops > 1:
@@ -613,14 +705,14 @@ def make_ring(n_stops: int, link_bytes_per_cycle: int, buffer_depth: int, latenc
 
 def make_mesh(rows: int, cols: int, link_bytes_per_cycle: int, buffer_depth: int, latency_cycles: int,
               node_router: Optional[Sequence[int]] = None, node_names: Optional[Sequence[str]] = None,
-              port_bytes_per_cycle: Optional[int] = None) -> NocState:
+              port_bytes_per_cycle: Optional[int] = None, lookahead: int = 0) -> NocState:
     """A rows x cols mesh of routers (router r at row r // cols, column r % cols) with XY routing;
     node i attaches to router node_router[i] (default: one node per router)."""
     n = rows * cols
     node_router = list(range(n) if node_router is None else node_router)
     rnames = [f"r{r // cols}c{r % cols}" for r in range(n)]
     node_names = list(node_names or [f"n{i}" for i in range(len(node_router))])
-    bld = _Builder(TOPO_MESH, link_bytes_per_cycle, buffer_depth, latency_cycles, n, rnames)
+    bld = _Builder(TOPO_MESH, link_bytes_per_cycle, buffer_depth, latency_cycles, n, rnames, lookahead)
     nb = {}
     for r in range(n):
         i, j = divmod(r, cols)
@@ -676,7 +768,7 @@ def make_fabric(machine) -> FabricNets:
     private-segment traffic to its own controller is not squeezed through one ring link (and a
     config that sets the port keeps it when a sweep narrows the links)."""
     fb = machine.fabric
-    W, D, L = fb.link_bytes_per_cycle, fb.buffer_depth, fb.router_latency_cycles
+    W, D, L, K = fb.link_bytes_per_cycle, fb.buffer_depth, fb.router_latency_cycles, fb.lookahead_packets
     sunway = machine.family == "sunway"
     if sunway:
         core_names = [f"cg{i}" for i in range(machine.groups)]
@@ -688,8 +780,8 @@ def make_fabric(machine) -> FabricNets:
         mem_names = [f"mc{j}" for j in range(machine.memory_controllers.count)]
     nc, nm = len(core_names), len(mem_names)
     if fb.kind == "crossbar":
-        req = make_crossbar(nc, nm, W, D, L, core_names, mem_names)
-        resp = make_crossbar(nm, nc, W, D, L, mem_names, core_names)
+        req = make_crossbar(nc, nm, W, D, L, core_names, mem_names, lookahead=K)
+        resp = make_crossbar(nm, nc, W, D, L, mem_names, core_names, lookahead=K)
         ar = np.arange
         return FabricNets("crossbar", req, resp, tuple(core_names), tuple(mem_names),
                           ar(nc, dtype=np.int32), ar(nc, nc + nm, dtype=np.int32),
@@ -704,12 +796,12 @@ def make_fabric(machine) -> FabricNets:
         pw = fb.port_bytes_per_cycle or W * (2 if fb.bidirectional else 1)
 
         def mk():
-            return make_ring(stops, W, D, L, fb.bidirectional, node_stop, names, stop_names, pw)
+            return make_ring(stops, W, D, L, fb.bidirectional, node_stop, names, stop_names, pw, K)
     else:
         rows, cols = _grid(stops)
 
         def mk():
-            return make_mesh(rows, cols, W, D, L, node_stop, names)
+            return make_mesh(rows, cols, W, D, L, node_stop, names, lookahead=K)
     ids_c, ids_m = np.arange(nc, dtype=np.int32), np.arange(nc, nc + nm, dtype=np.int32)
     return FabricNets(fb.kind, mk(), mk(), tuple(core_names), tuple(mem_names), ids_c, ids_m, ids_m, ids_c)
 

@@ -1,0 +1,132 @@
+"""L2 slices of the GPU memory system (archsim.engine.memory): which slice owns an address
+(consecutive or hashed slice indexing) and the near / far reply pipelines of a slice."""
+
+import numpy as np
+import pytest
+
+from archsim.config import load_machine
+from archsim.engine import core  # noqa: F401  (core imports memory: load it first)
+from archsim.engine import memory as ME
+from archsim.engine import noc as NC
+from archsim.engine.queues import KIND_READ, req_alloc
+
+_ms = {}
+
+
+def mstate(name, sets=()):
+    key = (name, tuple(sets))
+    if key not in _ms:
+        m = load_machine(name, sets=list(sets))
+        _ms[key] = (m, ME.make_mstate(m, None))
+    return _ms[key]
+
+
+def slices(MS, addrs):
+    return np.array([ME._slice_of(MS, int(a)) for a in addrs])
+
+
+def half_granule(m, a):
+    """The index of address a's interleave granule among its own half's granules."""
+    l2, il = m.l2, m.memory_controllers.address_mapping.interleave_bytes
+    return a // (l2.interleave_bytes * l2.halves) * (l2.interleave_bytes // il) + (a % l2.interleave_bytes) // il
+
+
+def fold_oracle(q, sph):
+    """The hashed slice of granule q, written out from the l2.slice_indexing docs."""
+    bits = max(1, (sph - 1).bit_length())
+    lo, x, h = q % sph, q // sph, 0
+    while x:
+        h ^= x & ((1 << bits) - 1)
+        x >>= bits
+    return lo ^ (h & (sph - 1)) if sph & (sph - 1) == 0 else (lo + h) % sph
+
+
+# ----------------------------------------------------------------------------- slice indexing
+
+@pytest.mark.parametrize("name", ["a100", "tiny-gpu"])
+def test_hashed_indexing_matches_its_definition_and_keeps_the_half(name):
+    m, MS = mstate(name)
+    _, MC = mstate(name, ["l2.slice_indexing=consecutive"])
+    l2 = m.l2
+    sph = l2.slices // l2.halves
+    il = m.memory_controllers.address_mapping.interleave_bytes
+    assert l2.slice_indexing == ("hashed" if name == "a100" else "consecutive")
+    _, MS = mstate(name, ["l2.slice_indexing=hashed"])
+    rng = np.random.default_rng(1)
+    addrs = rng.integers(0, 1 << 36, 3000) // 32 * 32
+    hs, cs = slices(MS, addrs), slices(MC, addrs)
+    half = (addrs // l2.interleave_bytes) % l2.halves
+    assert np.array_equal(hs // sph, half) and np.array_equal(cs // sph, half)   # the half is never hashed
+    assert np.array_equal(cs % sph, (addrs // il) % sph)
+    assert np.array_equal(hs % sph, [fold_oracle(half_granule(m, int(a)), sph) for a in addrs])
+
+
+@pytest.mark.parametrize("name", ["a100", "tiny-gpu"])
+def test_hashed_indexing_is_a_permutation_of_each_group_of_granules(name):
+    m, _ = mstate(name)
+    _, MS = mstate(name, ["l2.slice_indexing=hashed"])
+    sph = m.l2.slices // m.l2.halves
+    il = m.memory_controllers.address_mapping.interleave_bytes
+    for g in (0, 1, 7, 12345, 1 << 20):
+        within = [ME.hashed_slice(g * sph + k, sph, max(1, (sph - 1).bit_length())) for k in range(sph)]
+        assert sorted(within) == list(range(sph))                 # a sequential stream stays balanced
+    # a sequential stream over a few MB loads every slice equally
+    s = slices(MS, np.arange(0, 4 * m.l2.interleave_bytes * m.l2.halves * sph, il))
+    counts = np.bincount(s, minlength=m.l2.slices)
+    assert counts.min() == counts.max()
+
+
+@pytest.mark.parametrize("stride_granules", ["sph", 256, 1000])
+def test_hashed_indexing_spreads_strided_streams_over_every_slice(stride_granules):
+    m, MC = mstate("a100", ["l2.slice_indexing=consecutive"])
+    _, MH = mstate("a100", ["l2.slice_indexing=hashed"])
+    sph = m.l2.slices // m.l2.halves
+    il = m.memory_controllers.address_mapping.interleave_bytes
+    k = sph if stride_granules == "sph" else stride_granules
+    addrs = np.arange(4000, dtype=np.int64) * k * il
+    halves = np.unique((addrs // m.l2.interleave_bytes) % m.l2.halves)   # (the half is not hashed)
+    cc = np.bincount(slices(MC, addrs), minlength=m.l2.slices)
+    ch = np.bincount(slices(MH, addrs), minlength=m.l2.slices)
+    # consecutive interleave camps on a few slices (one per half for a stride of sph granules)
+    assert np.count_nonzero(cc) <= 10
+    # hashed: every slice of the halves the stream touches gets a share, none more than twice the mean
+    assert np.count_nonzero(ch) == len(halves) * sph
+    assert ch.max() <= 2 * len(addrs) / (len(halves) * sph)
+
+
+# ----------------------------------------------------------------------------- near / far replies
+
+def _injected(MS, sl):
+    return int(MS.resp.nt[MS.node[2, sl], NC.NT_INJECTED])
+
+
+def test_near_reply_does_not_wait_behind_a_far_one():
+    m, MS = mstate("tiny-gpu")
+    l2 = m.l2
+    sl = 0                                                        # half 0: core 0 is near, core 1 far
+    near_core, far_core = 0, 1
+    assert ME._far(MS, near_core, sl) == 0 and ME._far(MS, far_core, sl) == 1
+    lat, far_x = l2.hit_latency_cycles, l2.far_half_extra_cycles
+    r_far = req_alloc(MS.R, 0, 32, KIND_READ, far_core, 0, 0)
+    r_near = req_alloc(MS.R, 128, 32, KIND_READ, near_core, 0, 1)
+    ME._respond_l2(MS, sl, r_far, 0)                               # the far one is answered first
+    ME._respond_l2(MS, sl, r_near, 1)
+    left = {}
+    for now in range(0, 200):
+        before = _injected(MS, sl)
+        ME._slice_cycle(MS, sl, now)
+        NC.noc_step(MS.resp, now)
+        for _ in range(_injected(MS, sl) - before):
+            left[len(left)] = now
+        if len(left) == 2:
+            break
+    # each reply leaves its slice after exactly its own pipeline: the near one first
+    assert left == {0: 1 + lat, 1: 0 + lat + far_x}
+    got = {}
+    for now in range(200, 400):
+        NC.noc_step(MS.resp, now)
+        for core in (near_core, far_core):
+            r = NC.noc_eject(MS.resp, MS.node[3, core])
+            if r >= 0:
+                got[core] = r
+    assert got == {near_core: r_near, far_core: r_far}
