@@ -70,6 +70,23 @@ def p_mma_fp16_tflops(machine, out):
     return MI.micro_mma(machine, MI.parse_params("mma", {"dtype": "fp16"}), out)
 
 
+def p_rma_latency_cluster(machine, out):
+    """8-B blocking RMA put between two CPEs of one cluster (CPE 0 -> CPE 1), cycles."""
+    return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 1, "size_bytes": 8}), out)
+
+
+def p_rma_latency_corner(machine, out):
+    """8-B blocking RMA put from the first CPE of a core group to the last (corner to corner)."""
+    last = machine.cores.per_group - 1
+    return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": last, "size_bytes": 8}), out)
+
+
+def p_rma_bandwidth(machine, out):
+    """Point-to-point RMA streaming: B/cycle of blocking 16 KiB puts to a neighbouring cluster."""
+    MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 2, "size_bytes": 16384, "reps": 4}), out)
+    return out.extra["bytes_per_cycle"]
+
+
 PROBES = {
     "ffma_latency": ("cycles", p_ffma_latency),
     "shared_latency": ("cycles", p_shared_latency),

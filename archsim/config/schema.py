@@ -262,6 +262,8 @@ class Rma(Frozen):
     link_bytes_per_cycle: PosInt = 32                 # CPE-mesh link width = flit (choice: not published)
     piece_bytes: PosInt = 128                         # a transfer is split into pieces of at most this size
     max_inflight: PosInt = 16                         # pieces in flight per engine
+    buffer_depth: Optional[PosInt] = None             # CPE-mesh buffers, flits (default: two whole pieces,
+                                                      # so a stream never waits for a buffer to drain)
 
 
 class Mesh(Frozen):

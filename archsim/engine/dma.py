@@ -25,7 +25,8 @@ Design note (core cycles throughout)
   global starts are ``stride`` apart; each block is split at piece boundaries of its own global
   address (a block of 200 B at offset 0 is a 128-B and a 72-B piece), so narrow blocks cost a
   piece (a request and a reply on the ring, a DRAM access) each.
-- Not modelled yet: broadcast modes, LDM port contention between the engine and the CPE's own
+- Broadcast gets: see "broadcast" below (rendezvous, one memory read, fan-out over the CPE mesh).
+- Not modelled yet: LDM port contention between the engine and the CPE's own
   LDM accesses, the descriptor's trip from the CPE to the engine (inside the start-up constant).
 
 State is struct of arrays (``DmaState``); the step functions are free @njit functions that
@@ -92,6 +93,7 @@ class DmaState(NamedTuple):
     dpart: np.ndarray           # int32 [engines, DESC_CAP, per_group] participant warps of a broadcast
     dgot: np.ndarray            # int64 [engines, DESC_CAP, per_group] bytes landed in each one's LDM
     dt0: np.ndarray             # int64 [engines, DESC_CAP, per_group] cycle each one issued
+    wst: np.ndarray             # int32 [warps] the timing warp states (TState.wst, shared): who has exited
 
 
 def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: int = 1, per_group: int = 1) -> DmaState:
@@ -111,11 +113,17 @@ def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: 
                     line_cores=np.full((nl, pg), -1, np.int32), lines=np.zeros((nl, BL_N), np.int64),
                     line_warp=np.full((nl, pg), -1, np.int32), line_t0=np.zeros((nl, pg), np.int64),
                     dpart=np.full((e, DESC_CAP, pg), -1, np.int32), dgot=np.zeros((e, DESC_CAP, pg), np.int64),
-                    dt0=np.zeros((e, DESC_CAP, pg), np.int64))
+                    dt0=np.zeros((e, DESC_CAP, pg), np.int64), wst=np.zeros(1, np.int32))
 
 
-def make_dma_state(machine) -> DmaState:
-    """The DMA engines of a machine (none, as an empty state, on a machine without ``dma``)."""
+def make_dma_state(machine, wst=None) -> DmaState:
+    """The DMA engines of a machine (none, as an empty state, on a machine without ``dma``).
+    ``wst``: the timing warp states (a broadcast waits for the members that have not exited)."""
+    D = _make_dma_state(machine)
+    return D._replace(wst=wst) if wst is not None else D
+
+
+def _make_dma_state(machine) -> DmaState:
     from archsim.config import cores_total
 
     ncores = cores_total(machine)
@@ -195,10 +203,17 @@ def pieces(gaddr: int, nbytes: int, piece_bytes: int, count: int = 1, stride: in
 
 # ----------------------------------------------------------------------------- issue side
 @njit(cache=True)
-def dma_can_issue(DM, core):
-    """Has the engine of `core` room for one more descriptor?"""
+def dma_can_issue(DM, core, mode=0):
+    """Has the engine of `core` room for one more descriptor (and, for a broadcast of `mode`, has
+    the core no unlaunched broadcast of that mode)?"""
     e = DM.core_engine[core]
-    return e >= 0 and DM.eng[e, EN_COUNT] < DESC_CAP
+    if e < 0 or DM.eng[e, EN_COUNT] >= DESC_CAP:
+        return False
+    if mode > 0:
+        li = DM.core_line[core, mode]
+        if DM.lines[li, BL_JOINED] > 0 and DM.line_warp[li, DM.core_lidx[core, mode]] >= 0:
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -230,12 +245,182 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
     d[DD_COUNT] = count
     d[DD_BSIZE] = bsize
     d[DD_STRIDE] = stride
+    d[DD_LINE] = -1
     DM.eng[e, EN_COUNT] += 1
     TS.bulk_pending[w, 0] += 1
     if put:
         DM.cnt[e, DX_PUTS] += 1
     else:
         DM.cnt[e, DX_GETS] += 1
+
+
+# ----------------------------------------------------------------------------- broadcast
+# A broadcast get is collective over a line (the CPEs of a mesh row / column / the whole core
+# group of the issuer). Each participant's issue joins the line's rendezvous (its own dma.wait
+# counts the transfer); when every member that runs a block of the launch and has not exited
+# has joined, one descriptor is queued at the engine of the last one to join: memory is read
+# once, and each piece is carried over the CPE mesh from that engine's cluster to every cluster
+# with participants (memory.py: an XY tree of engine-to-engine hops); a participant completes
+# when all its bytes have landed in its cluster.
+@njit(cache=True)
+def _line_ready(DM, li):
+    """Has every live member of line li joined?"""
+    slots = DM.cfg[DC_SLOTS]
+    for k in range(DM.line_cores.shape[1]):
+        c = DM.line_cores[li, k]
+        if c < 0:
+            break
+        if DM.line_warp[li, k] >= 0:
+            continue
+        st = DM.wst[c * slots]
+        if st != K.T_EMPTY and st != K.T_DONE:
+            return False
+    return True
+
+
+@njit(cache=True)
+def dma_bcast_try(DM, TS, li, now):
+    """Launch line li's broadcast when it is complete and its engine has room; True if launched."""
+    L = DM.lines[li]
+    if L[BL_JOINED] == 0 or not _line_ready(DM, li):
+        return False
+    e = DM.core_engine[L[BL_LAST]]
+    if DM.eng[e, EN_COUNT] >= DESC_CAP:
+        return False
+    slot = DM.eng[e, EN_HEAD] + DM.eng[e, EN_COUNT]
+    if slot >= DESC_CAP:
+        slot -= DESC_CAP
+    d = DM.desc[e, slot]
+    d[DD_WARP] = -1
+    d[DD_CORE] = L[BL_LAST]
+    d[DD_PUT] = 0
+    d[DD_GADDR] = L[BL_GADDR]
+    d[DD_NBYTES] = L[BL_NBYTES]
+    d[DD_NEXT] = 0
+    d[DD_OUT] = 0
+    d[DD_READY] = now + DM.cfg[DC_GET_START]
+    d[DD_T0] = now
+    d[DD_DONE] = 0
+    d[DD_COUNT] = L[BL_COUNT]
+    d[DD_BSIZE] = L[BL_BSIZE]
+    d[DD_STRIDE] = L[BL_STRIDE]
+    d[DD_LINE] = li
+    n = 0
+    mask = np.int64(0)
+    for k in range(DM.line_cores.shape[1]):
+        c = DM.line_cores[li, k]
+        if c < 0:
+            break
+        wk = DM.line_warp[li, k]
+        if wk < 0:
+            continue
+        DM.dpart[e, slot, n] = wk
+        DM.dgot[e, slot, n] = 0
+        DM.dt0[e, slot, n] = DM.line_t0[li, k]
+        mask |= np.int64(1) << DM.core_cluster[c]
+        DM.line_warp[li, k] = -1
+        n += 1
+    d[DD_NPART] = n
+    d[DD_CLMASK] = mask
+    DM.eng[e, EN_COUNT] += 1
+    DM.cnt[e, DX_BCASTS] += 1
+    L[BL_JOINED] = 0
+    DM.cfg[DC_OPEN] -= 1
+    for k in range(DM.line_cores.shape[1]):  # members refused for a second broadcast may issue now
+        c = DM.line_cores[li, k]
+        if c < 0:
+            break
+        if TS.mem_wait[c]:
+            TS.mem_wait[c] = 0
+            K.wake_core(TS, c, now)
+    return True
+
+
+@njit(cache=True)
+def dma_bcast_join(DM, TS, w, core, mode, gaddr, nbytes, count, bsize, stride, ldm, now):
+    """Warp w (on `core`) issued a broadcast get of `mode`: join its line. Returns -1, or the core
+    of the first participant when the operands differ from that one's (a fault)."""
+    if nbytes <= 0:
+        return -1  # nothing to move: complete at issue
+    li = DM.core_line[core, mode]
+    L = DM.lines[li]
+    if L[BL_JOINED] == 0:
+        L[BL_GADDR] = gaddr
+        L[BL_NBYTES] = nbytes
+        L[BL_COUNT] = count
+        L[BL_BSIZE] = bsize
+        L[BL_STRIDE] = stride
+        L[BL_LDM] = ldm
+        L[BL_FIRST] = core
+        DM.cfg[DC_OPEN] += 1
+    elif (L[BL_GADDR] != gaddr or L[BL_NBYTES] != nbytes or L[BL_COUNT] != count or L[BL_BSIZE] != bsize
+          or (count > 1 and L[BL_STRIDE] != stride) or L[BL_LDM] != ldm):
+        return L[BL_FIRST]
+    k = DM.core_lidx[core, mode]
+    DM.line_warp[li, k] = w
+    DM.line_t0[li, k] = now
+    L[BL_JOINED] += 1
+    L[BL_LAST] = core
+    TS.bulk_pending[w, 0] += 1
+    DM.cnt[DM.core_engine[core], DX_GETS] += 1
+    dma_bcast_try(DM, TS, li, now)
+    return -1
+
+
+@njit(cache=True)
+def dma_bcast_poll(DM, TS, now):
+    """Launch the open lines that became complete because a member exited (or whose engine had
+    no room when they did)."""
+    if DM.cfg[DC_OPEN] == 0:
+        return
+    for li in range(DM.lines.shape[0]):
+        if DM.lines[li, BL_JOINED] > 0:
+            dma_bcast_try(DM, TS, li, now)
+
+
+@njit(cache=True)
+def dma_bcast_land(DM, TS, e, slot, cluster, nbytes, now):
+    """A piece of broadcast descriptor `slot` of engine e (nbytes) reached `cluster`: it lands in
+    the LDM of every participant there. Returns the bytes landed (all copies)."""
+    d = DM.desc[e, slot]
+    slots = DM.cfg[DC_SLOTS]
+    got = 0
+    for k in range(d[DD_NPART]):
+        wk = DM.dpart[e, slot, k]
+        if DM.core_cluster[wk // slots] != cluster:
+            continue
+        DM.dgot[e, slot, k] += nbytes
+        got += nbytes
+        DM.cnt[e, DX_BYTES_GET] += nbytes
+        if DM.dgot[e, slot, k] >= d[DD_NBYTES]:
+            DM.cnt[e, DX_BC_COPIES] += 1
+            TS.bulk_pending[wk, 0] -= 1
+            K.wake_warp(TS, wk, now)
+            lat = now - DM.dt0[e, slot, k]
+            DM.cnt[e, DX_LAT_SUM] += lat
+            if lat < DM.cnt[e, DX_LAT_MIN]:
+                DM.cnt[e, DX_LAT_MIN] = lat
+            if lat > DM.cnt[e, DX_LAT_MAX]:
+                DM.cnt[e, DX_LAT_MAX] = lat
+    return got
+
+
+@njit(cache=True)
+def bcast_any(mask, ccols, i0, i1, j0, j1):
+    """Has the cluster mask a cluster in rows i0..i1 and columns j0..j1 (inclusive)?"""
+    if i0 > i1 or j0 > j1:
+        return False
+    m = mask
+    c = 0
+    while m:
+        if m & 1:
+            i = c // ccols
+            j = c - i * ccols
+            if i0 <= i <= i1 and j0 <= j <= j1:
+                return True
+        m >>= 1
+        c += 1
+    return False
 
 
 # ----------------------------------------------------------------------------- engine side
@@ -299,10 +484,16 @@ def dma_piece_done(DM, TS, e, slot, nbytes, now):
     d = DM.desc[e, slot]
     d[DD_OUT] -= 1
     DM.eng[e, EN_INFLIGHT] -= 1
-    DM.cnt[e, DX_BYTES_PUT if d[DD_PUT] else DX_BYTES_GET] += nbytes
+    bc = d[DD_LINE] >= 0  # a broadcast: its copies were counted (and completed) as they landed
+    if bc:
+        DM.cnt[e, DX_BC_READ] += nbytes
+    else:
+        DM.cnt[e, DX_BYTES_PUT if d[DD_PUT] else DX_BYTES_GET] += nbytes
     if d[DD_OUT] == 0 and d[DD_NEXT] >= d[DD_NBYTES]:
         d[DD_DONE] = 1
+    if d[DD_DONE] == 1 and not bc and d[DD_WARP] >= 0:
         w = d[DD_WARP]
+        d[DD_WARP] = -1
         TS.bulk_pending[w, 0] -= 1
         K.wake_warp(TS, w, now)
         lat = now - d[DD_T0]
@@ -334,6 +525,11 @@ def dma_next_event(DM, now):
     """The first cycle after `now` at which an engine may send a piece on its own (K.INF: none;
     engines waiting for replies are woken by the memory system's own events)."""
     t = INF
+    if DM.cfg[DC_OPEN] > 0:  # a line that became complete (a member exited) launches next cycle
+        for li in range(DM.lines.shape[0]):
+            if DM.lines[li, BL_JOINED] > 0 and _line_ready(DM, li) and \
+                    DM.eng[DM.core_engine[DM.lines[li, BL_LAST]], EN_COUNT] < DESC_CAP:
+                return now + 1
     for e in range(DM.cfg[DC_ENGINES]):
         en = DM.eng[e]
         if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= DM.cfg[DC_INFLIGHT]:
@@ -356,7 +552,9 @@ def dma_next_event(DM, now):
 
 @njit(cache=True)
 def dma_busy(DM):
-    """Any transfer queued or in flight."""
+    """Any transfer queued or in flight, or a broadcast waiting for its participants."""
+    if DM.cfg[DC_OPEN] > 0:
+        return True
     for e in range(DM.cfg[DC_ENGINES]):
         if DM.eng[e, EN_COUNT] > 0 or DM.eng[e, EN_HOLD] >= 0:
             return True
@@ -367,11 +565,14 @@ def dma_counters(DM) -> dict:
     """Totals over the engines: transfers, bytes, pieces, latency (issue -> complete)."""
     n = int(DM.cfg[DC_ENGINES])
     c = DM.cnt[:n] if n else np.zeros((0, DX_N), np.int64)
+    # transfers completed: plain gets and puts (one latency each) + broadcast copies (one per participant)
     done = int(c[:, DX_GETS].sum() + c[:, DX_PUTS].sum()) if n else 0
     lat_min = int(c[:, DX_LAT_MIN].min()) if n else 0
     return {"engines": n, "gets": int(c[:, DX_GETS].sum()), "puts": int(c[:, DX_PUTS].sum()),
             "bytes_get": int(c[:, DX_BYTES_GET].sum()), "bytes_put": int(c[:, DX_BYTES_PUT].sum()),
-            "pieces": int(c[:, DX_PIECES].sum()),
+            "pieces": int(c[:, DX_PIECES].sum()), "broadcasts": int(c[:, DX_BCASTS].sum()) if n else 0,
+            "broadcast_bytes_read": int(c[:, DX_BC_READ].sum()) if n else 0,
+            "broadcast_copies": int(c[:, DX_BC_COPIES].sum()) if n else 0,
             "latency_mean_cycles": float(c[:, DX_LAT_SUM].sum()) / done if done else 0.0,
             "latency_min_cycles": lat_min if done and lat_min < int(INF) else 0,
             "latency_max_cycles": int(c[:, DX_LAT_MAX].max()) if n else 0}

@@ -57,7 +57,9 @@ ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_FAULT = 0, 1, 2, 3, -1
 # warp states
 W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
 # fault codes (S.fault[0])
-F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT = range(9)
+# (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue)
+(F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
+ F_BCAST) = range(11)
 
 # S.geom layout
 G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE = \
@@ -465,6 +467,9 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
     core = S.regs[w, P.src3[pc], lane]
     if core < 0 or core >= S.geom[G_NBLK] or S.block_smem[core] < 0:
         return _fault(S, F_RMA_CORE, lane, core, n, pc)
+    if W >= 8:
+        S.addr[w, 3] = core  # the target block (the timing model finds its CPE)
+        S.addr[w, 4] = lane
     core = S.block_smem[core]
     remote = a0 if sem == S_RMA_PUT else a1
     local = a1 if sem == S_RMA_PUT else a0

@@ -717,10 +717,13 @@ def cpe_mesh_params(machine) -> tuple[int, int, int]:
     """(link bytes per cycle, router latency cycles, buffer depth flits) of the CPE mesh: links
     rma.link_bytes_per_cycle wide, one router traversal rma.router_latency_cycles (default
     max(1, hop_cycles // 2): a transfer crosses every router twice, out and back, so one more
-    cluster hop costs the published hop_cycles), buffers of fabric.buffer_depth flits."""
+    cluster hop costs the published hop_cycles), buffers of rma.buffer_depth flits (default: two
+    whole pieces with their header, so a stream of pieces never waits for a buffer to drain)."""
     rma = machine.rma
+    W = int(rma.link_bytes_per_cycle)
     L = rma.router_latency_cycles if rma.router_latency_cycles is not None else max(1, rma.hop_cycles // 2)
-    return int(rma.link_bytes_per_cycle), int(L), int(machine.fabric.buffer_depth)
+    D = rma.buffer_depth if rma.buffer_depth is not None else 2 * -(-(rma.piece_bytes + 8) // W)
+    return W, int(L), int(D)
 
 
 def make_cpe_mesh(machine) -> NocState:
