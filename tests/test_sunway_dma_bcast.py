@@ -248,3 +248,16 @@ def test_bad_strided_operands_are_faults(sw):
     with pytest.raises(SimulationError) as e:                            # the last block outside the buffer
         time_kernel(strided_prog(), sw, launch(1), args)
     assert "outside" in str(e.value)
+
+
+def test_a_fractional_engine_port_rate_is_met_exactly(sw):
+    """128-B pieces through a 9.5 B/cycle port take 13.47 cycles each: back-to-back pieces carry
+    the fraction over instead of rounding every piece up to 14 cycles (9.14 B/cycle)."""
+    from archsim import micro as MI
+
+    slow = load_machine("tiny-sunway", sets=["dma.bytes_per_cycle=9.5"])
+
+    def cycles(size):
+        return MI.run_micro("dma", slow, {"size_bytes": size, "cpes": 1, "reps": 1}).kernels[0]["cycles"]
+
+    assert 8192 / (cycles(16384) - cycles(8192)) == pytest.approx(9.5, rel=0.003)

@@ -467,9 +467,11 @@ def dma_piece_sent(DM, e, slot, nbytes, now):
     d[DD_OUT] += 1
     en = DM.eng[e]
     en[EN_INFLIGHT] += 1
-    t = now * FX
-    if en[EN_PORT_FX] > t:
-        t = en[EN_PORT_FX]
+    # a piece that waited only for the port starts when the port freed (a fraction of a cycle ago):
+    # back-to-back pieces meet a fractional rate exactly; after an idle cycle it starts now
+    t = en[EN_PORT_FX]
+    if t <= (now - 1) * FX:
+        t = now * FX
     bpc = DM.cfg[DC_BPC_FX]
     en[EN_PORT_FX] = t + (nbytes * FX * FX + bpc - 1) // bpc
     DM.cnt[e, DX_PIECES] += 1
