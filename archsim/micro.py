@@ -77,9 +77,14 @@ PARAMS = {
             "offset_bytes": (int, 0, "start offset from a 256-byte aligned base, >= 0"),
             "spacing_bytes": (int, -1, "bytes between the regions of neighbouring CPEs, >= 0 (default: size_bytes)"),
             "reps": (int, 4, "transfers per CPE, each waited for, >= 1")},
+    "rma": {"src": (int, 0, "the issuing CPE of core group 0, 0 .. cores per group - 1"),
+            "dst": (int, None, "the target CPE of core group 0, 0 .. cores per group - 1"),
+            "size_bytes": (int, 8, "bytes per transfer, 1 .. the LDM"),
+            "direction": (str, "put", "put or get"),
+            "reps": (int, 16, "transfers, each waited for, >= 1")},
 }
 UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
-         "dma": "B/cycle"}
+         "dma": "B/cycle", "rma": "cycles"}
 
 
 def parse_params(name: str, given: list[str] | dict) -> dict:
@@ -662,8 +667,76 @@ def micro_dma(machine, p: dict, out: MicroResult) -> float:
     return moved / t.cycles
 
 
+def rma_kernel(direction: str, ldm_bytes: int) -> str:
+    """CPE `src` (block src) moves `reps` transfers of `size` bytes to / from CPE `dst`, waiting
+    for each (as a blocking athread RMA), between two %clock reads; every block then meets at
+    bar.grid so that the target stays resident while it is addressed."""
+    op = "rma.put [r2], [r2], r3, r11" if direction == "put" else "rma.get [r2], [r2], r3, r11"
+    return f""".kernel rma_{direction}
+.shared {ldm_bytes}
+.param out
+.param size
+.param src
+.param dst
+.param reps
+        s2r r0, %ctaid.x
+        ldparam r10, src
+        setp.ne.i64 p0, r0, r10
+   @p0  bra END
+        ldparam r9, out
+        ldparam r3, size
+        ldparam r11, dst
+        ldparam r6, reps
+        mov.b64 r2, 0
+        mov.b64 r7, 0
+        s2r r4, %clock
+LOOP:   {op}
+        rma.wait 0
+        add.i64 r7, r7, 1
+        setp.lt.i64 p1, r7, r6
+   @p1  bra LOOP
+        s2r r5, %clock
+        sub.i64 r5, r5, r4
+        st.global.b64 [r9], r5
+END:    bar.grid
+        exit
+"""
+
+
+def micro_rma(machine, p: dict, out: MicroResult) -> float:
+    """Mean cycles per blocking RMA transfer of `size_bytes` from CPE `src` to CPE `dst` of core
+    group 0 (the kernel times its own loop with %clock)."""
+    from archsim.config.derived import scratch_usable_kib
+
+    _need(machine.rma is not None and machine.mesh is not None, "micro rma", f"{machine.name} has no RMA engines",
+          "a Sunway machine: one with rma and mesh blocks")
+    _need(p["direction"] in ("get", "put"), "--param direction", repr(p["direction"]), "put or get")
+    per_group = machine.cores.per_group
+    for k in ("src", "dst"):
+        _need(0 <= p[k] < per_group, f"--param {k}", f"CPE {p[k]} does not exist in a core group of "
+              f"{per_group} CPEs", f"0 .. {per_group - 1}")
+    ldm = scratch_usable_kib(machine) * 1024
+    size = p["size_bytes"]
+    _need(0 < size <= ldm, "--param size_bytes", f"a transfer of {size} bytes does not fit the LDM of "
+          f"{ldm} bytes" if size > 0 else f"{size} is not a size", f"1 .. {ldm}")
+    _need(p["reps"] >= 1, "--param reps", f"{p['reps']}", ">= 1")
+    prog = assemble(rma_kernel(p["direction"], (size + 7) // 8 * 8))
+    args = {"out": np.zeros(2, np.int64), "size": size, "src": p["src"], "dst": p["dst"], "reps": p["reps"]}
+    blocks = max(p["src"], p["dst"]) + 1
+    t = _time(prog, machine, Launch((blocks, 1, 1), (machine.cores.warp_width, 1, 1)), args,
+              f"rma_{p['direction']}", out)
+    per = float(t.buffers["out"][0]) / p["reps"]
+    m = machine.mesh
+    ccols = m.cols // m.cluster_cols
+    cl = [(k // m.cols) // m.cluster_rows * ccols + (k % m.cols) // m.cluster_cols for k in (p["src"], p["dst"])]
+    out.extra["cluster_hops"] = abs(cl[0] // ccols - cl[1] // ccols) + abs(cl[0] % ccols - cl[1] % ccols)
+    out.extra["bytes_per_cycle"] = size / per
+    out.extra["transfer_latency_mean_cycles"] = t.memory["rma"]["latency_mean_cycles"]
+    return per
+
+
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm,
-          "attention": micro_attention, "dma": micro_dma}
+          "attention": micro_attention, "dma": micro_dma, "rma": micro_rma}
 
 
 def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:

@@ -119,6 +119,16 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
     if "dma" in mem:
         rec["dma"] = dict(mem["dma"])
         rec["bytes"]["dma"] = int(b.get("dma", 0))
+    if "rma" in mem:
+        rec["rma"] = dict(mem["rma"])
+        rec["bytes"]["rma"] = int(b.get("rma", 0))
+    if "mesh" in mem:  # the CPE mesh (RMA and DMA broadcast traffic)
+        ms = mem["mesh"]
+        rec["mesh"] = {"link_util_mean": round(ms["link_util_mean"], 4), "link_util_max": round(ms["link_util_max"], 4),
+                       "blocked_cycles": int(ms["blocked_cycles"]), "bytes_delivered": int(ms["bytes_delivered"]),
+                       "latency_mean_cycles": round(ms["latency_mean_cycles"], 3),
+                       "links": [{"name": x["name"], "util": round(x["util"], 4),
+                                  "blocked_cycles": int(x["blocked_cycles"])} for x in ms["links"] if x["packets"]]}
     return rec
 
 

@@ -100,6 +100,25 @@ def p_vector_fp32_tflops(machine, out):
     return MI.vector_fma_tflops(machine, out, "f32")
 
 
+def p_rma_latency_cluster(machine, out):
+    """8-B blocking RMA put between two CPEs of one cluster (CPE 0 -> CPE 1), cycles."""
+    return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 1, "size_bytes": 8}), out)
+
+
+def p_rma_latency_corner(machine, out):
+    """8-B blocking RMA put from the first CPE of a core group to the last (corner to corner)."""
+    last = machine.cores.per_group - 1
+    return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": last, "size_bytes": 8}), out)
+
+
+def p_rma_bandwidth(machine, out):
+    """Point-to-point RMA streaming, B/cycle: d(bytes) / d(cycles) between one blocking put of 16
+    and one of 32 KiB to the neighbouring cluster (the start-up and the last trip cancel)."""
+    c = [MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 2, "size_bytes": n, "reps": 1}), out)
+         for n in (16384, 32768)]
+    return 16384 / (c[1] - c[0])
+
+
 PROBES = {
     "ffma_latency": ("cycles", p_ffma_latency),
     "shared_latency": ("cycles", p_shared_latency),
@@ -117,6 +136,9 @@ PROBES = {
     "dma_group_gbps": ("GB/s", p_dma_group_gbps),
     "vector_fp16_tflops": ("TFLOP/s", p_vector_fp16_tflops),
     "vector_fp32_tflops": ("TFLOP/s", p_vector_fp32_tflops),
+    "rma_latency_cluster": ("cycles", p_rma_latency_cluster),
+    "rma_latency_corner": ("cycles", p_rma_latency_corner),
+    "rma_bandwidth": ("bytes/cycle", p_rma_bandwidth),
 }
 
 

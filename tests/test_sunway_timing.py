@@ -309,15 +309,10 @@ def test_bad_dma_parameters_are_one_clear_error(sw, params, where):
     assert e.value.where == where
 
 
-def test_dma_on_a_gpu_and_untimed_rma_are_clear_errors(sw):
+def test_dma_on_a_gpu_is_a_clear_error(sw):
     with pytest.raises(InputError) as e:
         MI.run_micro("dma", load_machine("tiny-gpu"), {"size_bytes": 128})
     assert "no DMA engines" in str(e.value)
-    rma = ".kernel k\n.shared 64\n        mov.b64 r1, 0\n        mov.b64 r2, 8\n        rma.put [r1], [r1], r2, r1\n" \
-          "        rma.wait 0\n        exit\n"
-    with pytest.raises(InputError) as e:
-        time_kernel(assemble(rma, "k.s"), sw, CPE, {})
-    assert "RMA" in str(e.value) and e.value.where == "k.s:5"
 
 
 def test_cli_micro_dma_writes_its_json(tmp_path, capsys):

@@ -493,7 +493,8 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
                 _retire_block(C, TS, S, TS.slot_block[w], now)
     elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
         # memory instructions: the memory system books them and marks results ready later
-        mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now)
+        if mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
+            return X.ST_FAULT  # a fault only the timing model sees (an RMA to another core group ...)
     return st
 
 

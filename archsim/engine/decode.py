@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.errors import InputError
-from archsim.isa.opcodes import opcodes
+from archsim.isa.opcodes import BCAST, opcodes
 from archsim.isa.program import FLAG_IMM0, NONE, Program
 
 MAX_RD = 12
@@ -25,7 +25,7 @@ MAX_WR = 4
 # issue classes
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
- CLS_BARGRID, CLS_NOP, CLS_DMA_PUT) = range(20)   # CLS_DMA: dma.get
+ CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT) = range(21)   # CLS_DMA: dma.get, CLS_RMA: rma.get
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -49,12 +49,13 @@ class Decoded(NamedTuple):
     src_kind: np.ndarray  # int8 [n] SRC_* of the value it produces
     flops: np.ndarray     # int64 [n] flops per active lane
     access: np.ndarray    # int32 [n] bytes per lane of a memory access
+    bcast: np.ndarray     # int8 [n] DMA broadcast mode (archsim.isa.opcodes.BCAST_*; 0: none)
 
 
 _RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
 _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC, "cpcommit": CLS_CPCOMMIT,
         "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA_PUT, "dma_wait": CLS_DMAWAIT,
-        "rma_put": CLS_RMA, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
+        "rma_put": CLS_RMA_PUT, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP}
 
 
@@ -89,7 +90,7 @@ def decode(prog: Program, machine) -> Decoded:
         "prd": np.full((n, 2), -1, np.int8), "pwr": np.full(n, -1, np.int8),
         "cls": np.zeros(n, np.int8), "pipe": np.full(n, -1, np.int8), "ii": np.ones(n, np.int32),
         "lat": np.ones(n, np.int32), "src_kind": np.zeros(n, np.int8), "flops": np.zeros(n, np.int64),
-        "access": np.zeros(n, np.int32),
+        "access": np.zeros(n, np.int32), "bcast": np.zeros(n, np.int8),
     }
     pipes = list(machine.pipes.values())
     subcores = machine.cores.subcores
@@ -122,6 +123,7 @@ def decode(prog: Program, machine) -> Decoded:
         out["prd"][pc, :len(preds)] = preds[:2]
         out["flops"][pc] = op.flops_per_lane
         out["access"][pc] = op.access_bytes
+        out["bcast"][pc] = BCAST[op.bcast]
         # issue class
         if op.sem in ("ld", "st"):
             glob = op.space == "global"

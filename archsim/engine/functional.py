@@ -26,6 +26,10 @@ FAULT_TEXT = {
     X.F_WARP_WIDTH: "needs a warp width of 32, the target has {addr}",
     X.F_BAD_OP: "opcode {addr} has no functional semantics for its dtype",
     X.F_LIMIT: "more than {addr} warp-instructions: stopped (a loop that never ends?)",
+    X.F_RMA_GROUP: "RMA to block {addr}, which runs in another core group (RMA reaches the CPEs of the issuer's "
+                   "core group only)",
+    X.F_BCAST: "DMA broadcast operands differ from those core {addr} gave for the same line (every participant "
+               "issues the same get)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3

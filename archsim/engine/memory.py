@@ -34,7 +34,9 @@ from archsim.engine import core as K
 from archsim.engine import decode as D
 from archsim.engine import dma as DM
 from archsim.engine import dram as DR
+from archsim.engine import execute as X
 from archsim.engine import noc as NC
+from archsim.engine import rma as RM
 from archsim.engine.jit import njit
 from archsim.engine.queues import (KIND_READ, KIND_WRITE, Queues, Requests, make_queues, make_requests, q_empty,
                                    q_full, q_peek, q_pop, q_push, req_alloc, req_free)
@@ -66,6 +68,14 @@ BY_L1, BY_SCRATCH, BY_L2, BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_DMA, BY_RMA, BY_N 
 # request tags of packets in flight below the L1
 TAG_WRITE = -(1 << 30)   # a write: no answer expected
 TAG_DMA = -(1 << 29)     # a DMA piece (aux0 = engine * DESC_CAP + descriptor slot); its write is acknowledged
+# packets on the CPE mesh (addr = destination node, nbytes = payload; memory.py's _mesh_* functions)
+TAG_BCAST = -(1 << 28)   # a broadcast piece hop to a cluster port (aux0 = its token: the piece's reply
+                         # request, whose aux1 counts the hops still to land; src = destination cluster)
+TAG_RMA_REQ = -(1 << 27)  # an RMA piece to its target CPE (kind WRITE: put data; READ: get request;
+                          # aux0 = engine * RCAP + slot, src = engine)
+TAG_RMA_RESP = -(1 << 26)  # its answer back to the engine (get data, put ack)
+# MState.mk: the CPE mesh's scalars
+MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_N = range(8)
 
 
 class MState(NamedTuple):
@@ -99,6 +109,10 @@ class MState(NamedTuple):
     ep_pending: np.ndarray   # int64 [endpoints] no L2: accepted requests whose reply has not left yet
     dma: DM.DmaState         # DMA engines (none on a GPU)
     gnode: np.ndarray        # int32 [groups, 2] fabric node of each core group: req, resp (M_GROUPED)
+    rma: RM.RmaState         # RMA engines (none on a GPU)
+    mesh: NC.NocState        # the CPE meshes of all core groups (noc.make_cpe_meshes; a stub without one)
+    obox: Queues             # per mesh node: packets waiting to enter the mesh (request ids)
+    mk: np.ndarray           # int64 [MK_N]
 
 
 def _dummy_cache():
@@ -173,11 +187,31 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_GROUPS] = len(fab.req_core) if grouped else 0
     gnode = np.stack([fab.req_core, fab.resp_core], axis=1).astype(np.int32) if grouped else \
         np.full((1, 2), -1, np.int32)
-    dma = DM.make_dma_state(machine)
+    dma = DM.make_dma_state(machine, TS.wst)
+    rma = RM.make_rma_state(machine)
+    mk = np.zeros(MK_N, np.int64)
+    if machine.rma is not None and machine.mesh is not None:
+        mesh = NC.make_cpe_meshes(machine)
+        m = machine.mesh
+        ncl = (m.rows // m.cluster_rows) * (m.cols // m.cluster_cols)
+        mk[MK_ON], mk[MK_CORES], mk[MK_NODES] = 1, cores, cores + machine.groups * ncl
+        mk[MK_NCL], mk[MK_CCOLS], mk[MK_PER_GROUP] = ncl, m.cols // m.cluster_cols, machine.cores.per_group
+        # outboxes never refuse (a node must always take what the mesh delivers to it): a CPE answers
+        # at most every RMA piece of its group in flight; a cluster port sends its own RMA pieces and
+        # up to 4 hops for every broadcast piece of its group in flight
+        rma_fly = ncl * machine.rma.engines_per_cluster * machine.rma.max_inflight
+        dma_fly = ncl * machine.dma.engines_per_cluster * machine.dma.max_inflight if machine.dma is not None else 0
+        obox = make_queues([rma_fly + 8] * cores + [4 * dma_fly + rma_fly + 8] * (machine.groups * ncl))
+        mesh_reqs = int(rma.cfg[RM.RC_ENGINES]) * machine.rma.max_inflight + \
+            int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight * ncl if machine.dma is not None else 0)
+    else:
+        mesh = NC.make_mesh(1, 1, 8, 1, 1)
+        obox = make_queues([1])
+        mesh_reqs = 0
     trk_free = np.tile(np.arange(TRACKERS - 1, -1, -1, dtype=np.int32), (cores, 1))
     l2_mshrs = l2c.mshrs if l2c else 0
     nreq = cores * (TRACKERS + 128) + nmem * (2 * l2_mshrs + 2 * 256 + 64) + 4096 + \
-        int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0)
+        int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
     lat[2] = 1 << 62
     return MState(
@@ -191,7 +225,7 @@ def make_mstate(machine, TS) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
-        gnode=gnode)
+        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mk=mk)
 
 
 def frontend_capacity(machine) -> int:
@@ -301,22 +335,53 @@ def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
         if (cls == D.CLS_LD_GLOBAL or cls == D.CLS_CPASYNC) and MS.trk_nfree[core] == 0:
             return False
     elif cls == D.CLS_DMA or cls == D.CLS_DMA_PUT:
-        return DM.dma_can_issue(MS.dma, core)  # the engine's descriptor FIFO has room
+        return DM.dma_can_issue(MS.dma, core, Dd.bcast[pc])  # the engine's descriptor FIFO has room
+    elif cls == D.CLS_RMA or cls == D.CLS_RMA_PUT:
+        return RM.rma_can_issue(MS.rma, core)
     return True
 
 
 @njit(cache=True)
+def _lowest_lane(mask):
+    lane = 0
+    while lane < 63 and not ((mask >> lane) & 1):
+        lane += 1
+    return lane
+
+
+@njit(cache=True)
 def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
-    """Book a memory instruction just executed at issue (its addresses are in S.addr[w])."""
+    """Book a memory instruction just executed at issue (its addresses are in S.addr[w]).
+    Returns 0, or 1 after a fault only the timing model sees (S.fault says which)."""
     cls = Dd.cls[pc]
     if cls == D.CLS_DMA or cls == D.CLS_DMA_PUT:
         # execute left the operands in S.addr: get [ldm], [global], n | put [global], [ldm], n
+        # (execute._bulk: [3] count, [4] bsize, [5] stride of a strided form, [6] broadcast mode)
         put = cls == D.CLS_DMA_PUT
-        DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now)
-        return
+        mode = Dd.bcast[pc]
+        if mode > 0:
+            first = DM.dma_bcast_join(MS.dma, TS, w, core, mode, S.addr[w, 1], S.addr[w, 2], S.addr[w, 3],
+                                      S.addr[w, 4], S.addr[w, 5], S.addr[w, 0], now)
+            if first >= 0:
+                X._fault(S, X.F_BCAST, _lowest_lane(mask), first, S.addr[w, 2], pc)
+                return 1
+            return 0
+        DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now,
+                     S.addr[w, 3], S.addr[w, 4], S.addr[w, 5])
+        return 0
+    if cls == D.CLS_RMA or cls == D.CLS_RMA_PUT:
+        # rma.put [remote], [local], n, blk | rma.get [local], [remote], n, blk: [3] blk, [4] lane
+        blk = S.addr[w, 3]
+        target = TS.blk_core[blk]
+        n = S.addr[w, 2]
+        if MS.rma.core_group[target] != MS.rma.core_group[core]:
+            X._fault(S, X.F_RMA_GROUP, S.addr[w, 4], blk, n, pc)
+            return 1
+        RM.rma_issue(MS.rma, TS, w, core, cls == D.CLS_RMA_PUT, target, n, now)
+        return 0
     if not (cls == D.CLS_LD_GLOBAL or cls == D.CLS_ST_GLOBAL or cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED
             or cls == D.CLS_LDMATRIX or cls == D.CLS_CPASYNC):
-        return  # rma: not timed yet (timing.py refuses RMA programs)
+        return 0
     i = MS.mio_head[core] + MS.mio_count[core]
     if i >= MIO_CAP:
         i -= MIO_CAP
@@ -361,6 +426,7 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
         MS.trk[core, t, TK_T0] = now
         if cls == D.CLS_CPASYNC:
             TS.cp_pending[w, TS.cp_open[w] % K.CP_GROUPS] += 1
+    return 0
 
 
 # ----------------------------------------------------------------------------- the SM side
@@ -751,9 +817,19 @@ def _group_replies(MS, TS, g, now):
         if R.tag[r] == TAG_DMA:
             a = R.aux0[r]
             n = R.nbytes[r]
+            e = a // DM.DESC_CAP
+            slot = a % DM.DESC_CAP
+            if MS.dma.desc[e, slot, DM.DD_LINE] >= 0:
+                # a broadcast piece: r is its token from here on, until every cluster has it
+                R.aux1[r] = 1
+                cl = MS.dma.engine_cluster[e]
+                MS.bytes[BY_DMA] += DM.dma_bcast_land(MS.dma, TS, e, slot, cl, n, now)
+                _bcast_forward(MS, r, e, slot, cl)
+                _bcast_token_done(MS, TS, r, now)
+                continue
             req_free(R, r)
             MS.bytes[BY_DMA] += n
-            DM.dma_piece_done(MS.dma, TS, a // DM.DESC_CAP, a % DM.DESC_CAP, n, now)
+            DM.dma_piece_done(MS.dma, TS, e, slot, n, now)
         else:
             _response(MS, TS, R.src[r], r, now)
 
@@ -802,6 +878,172 @@ def _dma_engines(MS, TS, now):
                 break
 
 
+# ----------------------------------------------------------------------------- the CPE mesh
+@njit(cache=True)
+def _obox_push(MS, node, r):
+    q_push(MS.obox, node, r)
+    MS.mk[MK_QUEUED] += 1
+
+
+@njit(cache=True)
+def _bcast_hop(MS, tok, g, src_cl, dst_cl):
+    """Queue a hop of broadcast piece `tok` from cluster src_cl's port to cluster dst_cl's."""
+    R = MS.R
+    base = MS.mk[MK_CORES] + g * MS.mk[MK_NCL]
+    r = req_alloc(R, base + dst_cl, R.nbytes[tok], KIND_WRITE, dst_cl, TAG_BCAST, 0)
+    R.aux0[r] = tok
+    R.aux1[tok] += 1
+    _obox_push(MS, base + src_cl, r)
+
+
+@njit(cache=True)
+def _bcast_forward(MS, tok, e, slot, cl):
+    """The hops a broadcast piece takes on from cluster `cl` (an XY tree rooted at engine e's
+    cluster: along the root's cluster row, then up and down every column), only towards
+    clusters with participants."""
+    DMs = MS.dma
+    ccols = MS.mk[MK_CCOLS]
+    crows = MS.mk[MK_NCL] // ccols
+    mask = DMs.desc[e, slot, DM.DD_CLMASK]
+    root = DMs.engine_cluster[e]
+    g = DMs.engine_group[e]
+    ri, rj = root // ccols, root % ccols
+    i, j = cl // ccols, cl % ccols
+    if i == ri:
+        if j <= rj and DM.bcast_any(mask, ccols, 0, crows - 1, 0, j - 1):
+            _bcast_hop(MS, tok, g, cl, cl - 1)
+        if j >= rj and DM.bcast_any(mask, ccols, 0, crows - 1, j + 1, ccols - 1):
+            _bcast_hop(MS, tok, g, cl, cl + 1)
+    if i <= ri and DM.bcast_any(mask, ccols, 0, i - 1, j, j):
+        _bcast_hop(MS, tok, g, cl, cl - ccols)
+    if i >= ri and DM.bcast_any(mask, ccols, i + 1, crows - 1, j, j):
+        _bcast_hop(MS, tok, g, cl, cl + ccols)
+
+
+@njit(cache=True)
+def _bcast_token_done(MS, TS, tok, now):
+    """One cluster of broadcast piece `tok` is served; the last one ends the piece at its engine."""
+    R = MS.R
+    R.aux1[tok] -= 1
+    if R.aux1[tok] > 0:
+        return
+    a = R.aux0[tok]
+    n = R.nbytes[tok]
+    req_free(R, tok)
+    DM.dma_piece_done(MS.dma, TS, a // DM.DESC_CAP, a % DM.DESC_CAP, n, now)
+
+
+@njit(inline="always")
+def _mesh_wire_bytes(R, r):
+    """Bytes a mesh packet puts on the links: a header, plus data where it carries some."""
+    t = R.tag[r]
+    if t == TAG_BCAST or (t == TAG_RMA_REQ and R.kind[r] == KIND_WRITE) or \
+            (t == TAG_RMA_RESP and R.kind[r] == KIND_READ):
+        return HEADER_BYTES + R.nbytes[r]
+    return HEADER_BYTES
+
+
+@njit(cache=True)
+def _mesh_deliver(MS, TS, node, r, now):
+    """Packet r reached mesh node `node` (a CPE's LDM, or a cluster port)."""
+    R = MS.R
+    t = R.tag[r]
+    if t == TAG_BCAST:
+        tok = R.aux0[r]
+        cl = R.src[r]
+        req_free(R, r)
+        a = R.aux0[tok]
+        e = a // DM.DESC_CAP
+        slot = a % DM.DESC_CAP
+        MS.bytes[BY_DMA] += DM.dma_bcast_land(MS.dma, TS, e, slot, cl, R.nbytes[tok], now)
+        _bcast_forward(MS, tok, e, slot, cl)
+        _bcast_token_done(MS, TS, tok, now)
+    elif t == TAG_RMA_REQ:
+        # the target's LDM takes the data (put) or reads it (get) and answers the engine
+        R.tag[r] = TAG_RMA_RESP
+        e = R.src[r]
+        dest = MS.rma.engine_node[e]
+        R.addr[r] = dest
+        _obox_push(MS, node, r)
+    else:  # TAG_RMA_RESP at the engine's port
+        a = R.aux0[r]
+        n = R.nbytes[r]
+        req_free(R, r)
+        MS.bytes[BY_RMA] += n
+        RM.rma_piece_done(MS.rma, TS, a // RM.RCAP, a % RM.RCAP, n, now)
+
+
+@njit(cache=True)
+def _rma_engines(MS, TS, now):
+    """One core cycle of every RMA engine: pieces the port, the in-flight limit and the
+    descriptors' start-up allow go to the engine's cluster port."""
+    RMs = MS.rma
+    R = MS.R
+    Q = MS.obox
+    for e in range(RMs.cfg[RM.RC_ENGINES]):
+        if RMs.eng[e, RM.EN_COUNT] == 0:
+            continue
+        node = RMs.engine_node[e]
+        while True:
+            slot = RM.rma_ready_piece(RMs, e, now)
+            if slot < 0 or Q.count[node] >= Q.cap[node]:
+                break
+            d = RMs.desc[e, slot]
+            n = RM.rma_piece_bytes(RMs, e, slot)
+            put = d[RM.RD_PUT] != 0
+            r = req_alloc(R, d[RM.RD_TARGET], n, KIND_WRITE if put else KIND_READ, e, TAG_RMA_REQ, now)
+            if r < 0:
+                break
+            R.aux0[r] = e * RM.RCAP + slot
+            RM.rma_piece_sent(RMs, e, slot, n, now)
+            _obox_push(MS, node, r)
+
+
+@njit(cache=True)
+def _mesh_cycle(MS, TS, now):
+    """One core cycle of the CPE mesh: take what arrived at every node, let the RMA engines send,
+    put what waits in the outboxes on the mesh, step it."""
+    N = MS.mesh
+    R = MS.R
+    Q = MS.obox
+    nn = MS.mk[MK_NODES]
+    if not NC.noc_idle(N):
+        for node in range(nn):
+            while True:
+                r = NC.noc_eject(N, node)
+                if r < 0:
+                    break
+                _mesh_deliver(MS, TS, node, r, now)
+    if MS.rma.cfg[RM.RC_ENGINES] > 0:
+        _rma_engines(MS, TS, now)
+    if MS.mk[MK_QUEUED] > 0:
+        for node in range(nn):
+            while Q.count[node] > 0:
+                r = q_peek(Q, node, 0)
+                if not NC.noc_inject(N, node, r, _mesh_wire_bytes(R, r), R.addr[r], now):
+                    break
+                q_pop(Q, node)
+                MS.mk[MK_QUEUED] -= 1
+    if not NC.noc_idle(N):
+        NC.noc_step(N, now)
+
+
+@njit(cache=True)
+def _mesh_next_event(MS, now):
+    """The next core cycle at which the mesh or the RMA engines can change anything (K.INF)."""
+    t = RM.rma_next_event(MS.rma, now) if MS.rma.cfg[RM.RC_ENGINES] > 0 else K.INF
+    if MS.mk[MK_QUEUED] > 0:
+        return now + 1
+    N = MS.mesh
+    if NC.noc_idle(N):
+        return t
+    for node in range(MS.mk[MK_NODES]):
+        if NC.noc_deliverable(N, node):
+            return now + 1
+    u = NC.noc_next_event(N, now)
+    return u if u < t else t
+
+
 @njit(cache=True)
 def mem_cycle(MS, TS, S, Dd, now):
     """One core cycle of the memory system: DRAM (memory clock), then the L2 slices and the
@@ -833,7 +1075,10 @@ def mem_cycle(MS, TS, S, Dd, now):
             if NC.noc_deliverable(MS.resp, MS.gnode[g, 1]):
                 _group_replies(MS, TS, g, now)
         if MS.dma.cfg[DM.DC_ENGINES] > 0:
+            DM.dma_bcast_poll(MS.dma, TS, now)
             _dma_engines(MS, TS, now)
+    if MS.mk[MK_ON]:
+        _mesh_cycle(MS, TS, now)
     for core in range(cfg[M_CORES]):
         if _core_has_work(MS, core):
             _core_memory(MS, TS, S, Dd, core, now)
@@ -891,7 +1136,7 @@ def mem_idle(MS):
     for core in range(MS.cfg[M_CORES]):
         if MS.mio_count[core] > 0:
             return False
-    return not DM.dma_busy(MS.dma)
+    return not DM.dma_busy(MS.dma) and not RM.rma_busy(MS.rma) and MS.mk[MK_QUEUED] == 0 and NC.noc_idle(MS.mesh)
 
 
 @njit(cache=True)
@@ -902,6 +1147,10 @@ def mem_next_event(MS, now):
     cfg = MS.cfg
     ck = MS.clocks
     t_dma = DM.dma_next_event(MS.dma, now) if MS.dma.cfg[DM.DC_ENGINES] > 0 else K.INF
+    if MS.mk[MK_ON]:
+        t_mesh = _mesh_next_event(MS, now)
+        if t_mesh < t_dma:
+            t_dma = t_mesh
     tm = DR.dram_next_event(MS.Dm, MS.Q, 0, ck[CK_NOW_MEM])
     if tm >= DR.NEVER:
         return t_dma
@@ -952,4 +1201,8 @@ def mem_counters(MS, cycles: int) -> dict:
     out["fabric"] = NC.fabric_counters(MS.req, MS.resp, max(int(MS.clocks[CK_NOW_FAB]), 1))
     if MS.dma.cfg[DM.DC_ENGINES] > 0:
         out["dma"] = DM.dma_counters(MS.dma)
+    if MS.rma.cfg[RM.RC_ENGINES] > 0:
+        out["rma"] = RM.rma_counters(MS.rma)
+    if MS.mk[MK_ON]:
+        out["mesh"] = NC.noc_counters(MS.mesh, max(int(cycles), 1))
     return out

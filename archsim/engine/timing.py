@@ -136,18 +136,6 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
     return regs_per_warp, prog.shared_bytes
 
 
-def _refuse_untimed(prog: Program) -> None:
-    """Opcodes the timing model does not time yet are an error, never a silent zero-cost op."""
-    from archsim.isa.opcodes import opcodes
-
-    ops = opcodes()
-    for pc in range(len(prog)):
-        op = ops[int(prog.op[pc])]
-        if op.unit == "rma":
-            raise InputError(prog.where(pc), f"{op.mnemonic}: RMA has no timing model yet (issue 4, next step)",
-                             "run it functionally (archsim asm), or use dma.get / dma.put")
-
-
 def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9,
                 skip: bool = True, window_cycles: int = 1024,
                 blocks: tuple[int, int] | None = None, base: int | None = None) -> MA.KernelTiming:
@@ -158,7 +146,6 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     from archsim.config.derived import capabilities
 
     check(prog, capabilities(machine))
-    _refuse_untimed(prog)
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     W = machine.cores.warp_width
     wpb = (launch.threads_per_block + W - 1) // W
