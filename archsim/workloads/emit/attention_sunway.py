@@ -1,0 +1,520 @@
+"""Fused (flash) attention for the Sunway family: O = softmax(scale * Q K^T + mask) V per (batch, head).
+
+    caps = capabilities(load_machine("sw26010pro"))
+    k = flash_attention_kernel(caps, batch=1, heads=12, q_len=1024, kv_len=1024, head_dim=64, causal=True)
+    Q, K, V, O = k.random_inputs(seed=0)
+    res = run_functional(k.program, k.args(Q, K, V, O), k.launch, warp_width=32, ncores=caps.cores_total)
+    err = to_float(res.output("O"), k.dtype) - k.reference(Q, K, V)
+
+The public API, the kernel object (``AttentionKernel``: buffers Q, K, V, O (+ LSE), ``args`` /
+``qkv_args`` with q_off / k_off / v_off, ``reference``) and the layout of every buffer are those of
+attention_gpu, so the block composer only picks the module by machine family.
+
+A thread block is one CPE: one warp of 32 lanes, the lanes being the 512-bit vector (8 fp32 FMAs a
+cycle). A CPE has no tensor unit and no cache, but a 256 KiB scratchpad (LDM) filled by DMA. The
+kernel (FlashAttention-2's forward, lane = query row):
+
+- grid = (ceil(q_len / 32), heads, batch), block (32, 1, 1): one CPE owns Br = 32 query rows of one
+  (batch, head), lane i row i0 + i. Block x takes query block nqb - 1 - x, so that under a causal
+  mask the heaviest blocks start first when the grid outnumbers the CPEs. Rows past q_len compute
+  a copy of the last row and are never stored.
+- Q: 32 row DMAs (one per row: rows are kv_ld / q_ld apart in memory, a DMA moves one contiguous
+  range) into a staging area whose rows are padded by 8 bytes (the lanes' gathers then spread over
+  the LDM banks), then transposed, converted to fp32 and pre-scaled by c = scale * log2(e) into
+  QT [d][32] (lane i's row in column i: one vector load gives every row's element k). The O
+  accumulator OT [d][32] fp32 lives in the LDM too (d fp32 registers a lane would not fit).
+- K and V blocks of Bc key rows are fetched by one DMA per row. fp16 / bf16: the rows land in a raw
+  area; at the start of block j the CPE converts it to fp32 working copies Kf, Vf [Bc][d] (one
+  vector load, two cvt and one 8-byte store per 64 elements, ~2% of the block's vector work), after
+  which the raw area is free and the DMAs of block j+1 go there while block j is computed (double
+  buffering through raw + working copy). fp32: the rows land straight in one of two stages that
+  alternate. The next block's DMAs are spread over the score loop (a K and a V row per iteration
+  or so) rather than issued at once, so the CPE does not stall on a full descriptor queue while it
+  has math to do.
+- Keys are taken U = 16 at a time (a group). Scores s_u = sum_k QT[k][lane] Kf[u][k]: per k a
+  vector load of QT and, per key, a broadcast load of Kf (ld.shared.v4: four k at once, every lane
+  the same address) and one fma.f32: no shuffles, every row's statistics stay in its own lane.
+- Online softmax in fp32 in the log2 domain, lane-local: m_new = max(m, s_0..s_15), alpha =
+  ex2(m - m_new), p_u = ex2(s_u - m_new), l = alpha l + sum p_u. Masking only in blocks that need
+  it (the diagonal and the kv tail: a uniform branch); causal blocks stop at the last block their
+  last row sees.
+- O += P V: OT is walked in chunks of C columns: C vector loads, O *= alpha, per key a broadcast
+  load of four Vf elements and four fma.f32 with p_u, C vector stores.
+- Epilogue: O / l, converted to the storage dtype, transposed back into padded rows in the LDM and
+  written by one DMA put per row (rows < q_len only); LSE (with_lse) as 32 fp32 values by one put.
+
+Why fp32 math with fp16 storage: the vector pipe's f16x2 FMA is 4x faster, but scores summed over
+64-128 products and probabilities in fp16 would miss the tolerance the GPU kernels meet (a few
+units of fp16 rounding on O); fp32 keeps the kernel's error at the output's own rounding.
+
+Block sizes: Br = 32 (the vector width). Bc is the largest of 64, 32, 16, 8 whose LDM footprint
+fits caps.scratchpad_bytes: QT + OT (2 x 128 d bytes) + the raw area (2 Bc d es, and at least the
+32 padded staging rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
+(U, C) is the first of (16, 16), (16, 8), (8, 8) whose registers fit max_regs_per_thread.
+
+Decode (q_len = 1): one CPE per (batch, head) with one useful lane in 32. Splitting the KV length
+over CPEs needs a combine of the partial (m, l, O) across CPEs: the ISA has no atomics, the API has
+no workspace buffer, RMA has no timing model yet, and a grid barrier needs the whole grid resident;
+so the decode kernel is the same program, memory-bound on K/V DMA (its real bound) at batch*heads
+CPEs. See the report in the tests for the figure.
+
+``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from archsim.errors import InputError
+from archsim.isa.builder import Mem
+from archsim.isa.check import check
+from archsim.isa.program import Launch, Program
+from archsim.workloads.emit.attention_gpu import (LN2, LOG2E, LSE_PARAMS, PARAMS, AttentionKernel, causal_pairs,
+                                                  check_attention_args)
+from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
+
+__all__ = ["flash_attention_kernel"]
+
+BR = 32                        # query rows per CPE: one per lane
+LANES = 32
+BC_CHOICES = (64, 32, 16, 8)   # key rows per K/V block, largest first
+UC_CHOICES = ((16, 16), (16, 8), (8, 8))   # (keys per group, O columns per chunk)
+_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
+_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
+NEEDED_UNITS = ("fp32", "mufu", "dma")
+
+
+@dataclass(frozen=True)
+class _Cfg:
+    dtype: str
+    d: int
+    causal: bool
+    Bc: int
+    U: int
+    C: int
+    c: float            # scale * log2(e)
+    lse: bool = False
+
+
+def _layout(dtype: str, d: int, Bc: int) -> dict:
+    """LDM byte offsets: QT, OT, RAW (DMA landing area / staging), WK (fp32 working K, V follows)."""
+    es = _ES[dtype]
+    RB, RBp = d * es, d * es + 8
+    stage = 2 * Bc * RB                               # K rows then V rows
+    raw = max(stage * (2 if dtype == "fp32" else 1), LANES * RBp + 4 * LANES)
+    raw = _ceil(raw, 16) * 16
+    QT, OT, RAW = 0, 128 * d, 256 * d
+    WK = RAW + raw
+    total = WK + (8 * Bc * d if dtype != "fp32" else 0)
+    return dict(es=es, RB=RB, RBp=RBp, STG=stage, QT=QT, OT=OT, RAW=RAW, WK=WK if dtype != "fp32" else RAW,
+                total=total)
+
+
+def _emit(c: _Cfg, max_regs: int) -> Program:
+    d, Bc, U, C = c.d, c.Bc, c.U, c.C
+    L = _layout(c.dtype, d, Bc)
+    es, RB, RBp, STG, OT, RAW = L["es"], L["RB"], L["RBp"], L["STG"], L["OT"], L["RAW"]
+    f32 = c.dtype == "fp32"
+    KV4 = 4 * d                                       # bytes of a working K / V row (fp32)
+    VOFF = Bc * KV4                                   # working V block after the working K block
+    NIT = d // 4                                      # score-loop iterations (4 k each)
+    name = f"flash_attn_sw_{c.dtype}_d{d}_bc{Bc}_u{U}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+
+    # ---------------------------------------------------------------- coordinates
+    qa0, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
+    a("s2r", qa0, "%tid.x")
+    a("shl.b64", qa0, qa0, 2)                         # 4 * lane: this lane's column of QT / OT
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    a("s2r", t1, "%nctaid.x")
+    a("s2r", t2, "%ctaid.x")
+    a("sub.i64", i0, t1, t2)
+    a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
+    a("shl.b64", i0, i0, _log2(BR))
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    rbn = a.reg()
+    a("mov.b64", rbn, RB)                             # bytes a row DMA moves
+
+    def base_ptr(dst, buf, rows, ld_name, off_name):
+        """dst = buf + es*((bq*rows)*ld + hd*d + off); returns a register with ld*es (bytes a row)."""
+        ldb = a.reg()
+        a("ldparam", ldb, ld_name)
+        a("mul.i64", dst, bq, rows)
+        a("mul.i64", dst, dst, ldb)
+        a("mad.i64", dst, hd, d, dst)
+        a("ldparam", t1, off_name)
+        a("add.i64", dst, dst, t1)
+        a("shl.b64", dst, dst, _log2(es))
+        a("ldparam", t1, buf)
+        a("add.i64", dst, dst, t1)
+        a("shl.b64", ldb, ldb, _log2(es))
+        return ldb
+
+    pl = a.pred()
+
+    def row_loop(label, count, body):
+        """for r in 0 .. count-1 (count: register or int >= 1): body(r)."""
+        r = a.reg()
+        a("mov.b64", r, 0)
+        a.label(label)
+        body(r)
+        a("add.i64", r, r, 1)
+        a("setp.lt.i64", pl, r, count)
+        a("bra", label, p=pl)
+        a.free(r)
+
+    # ---------------------------------------------------------------- Q: 32 row DMAs, transpose, scale
+    gq = a.reg()
+    qldb = base_ptr(gq, "Q", Lq, "q_ld", "q_off")
+    qlim = a.reg()
+    a("sub.i64", qlim, Lq, 1)
+
+    def q_row(r):
+        a("add.i64", t1, i0, r)
+        a("min.i64", t1, t1, qlim)
+        a("mad.i64", t1, t1, qldb, gq)
+        a("mul.i64", t2, r, RBp)
+        a("dma.get", Mem(t2, RAW), Mem(t1, 0), rbn)
+
+    row_loop("Q_ROWS", BR, q_row)
+    a.free(gq, qldb)
+    a("dma.wait", 0)
+    stg, x, y, z = a.reg(), a.reg(), a.reg(), a.reg()
+    a("mul.i64", stg, qa0, RBp // 4)                  # lane * RBp: this lane's staged row
+    if f32:
+        for k in range(d):
+            a("ld.shared.b32", x, Mem(stg, RAW + 4 * k))
+            a("mul.f32", x, x, c.c)
+            a("st.shared.b32", Mem(qa0, 128 * k), x)
+    else:
+        lo, hi = _CVT_IN[c.dtype]
+        for k in range(0, d, 2):
+            a("ld.shared.b32", x, Mem(stg, RAW + 2 * k))
+            a(lo, y, x)
+            a(hi, z, x)
+            a("mul.f32", y, y, c.c)
+            a("mul.f32", z, z, c.c)
+            a("st.shared.b32", Mem(qa0, 128 * k), y)
+            a("st.shared.b32", Mem(qa0, 128 * (k + 1)), z)
+    a("mov.f32", x, 0.0)
+    for k in range(d):
+        a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
+    a.free(stg, x, y, z)
+
+    # ---------------------------------------------------------------- K / V sources, block counts, mask limit
+    gk, gv = a.reg(), a.reg()
+    kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
+    a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
+    klim = a.reg()
+    a("sub.i64", klim, Lk, 1)
+    ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+    lb = _log2(Bc)
+    a("s2r", lim, "%tid.x")
+    a("add.i64", lim, lim, i0)
+    a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
+    if c.causal:
+        a("sub.i64", t2, Lk, Lq)                      # diff: row i sees keys 0 .. i + diff
+        a("add.i64", t1, i0, BR - 1)
+        a("min.i64", t1, t1, qlim)                    # the block's last real row
+        a("add.i64", ntl, t1, t2)
+        a("add.i64", ntl, ntl, Bc)
+        a("shr.u64", ntl, ntl, lb)                    # blocks up to the one holding its last visible key
+        a("add.i64", nfull, i0, t2)
+        a("add.i64", nfull, nfull, 1)
+        a("shr.u64", nfull, nfull, lb)                # blocks the block's first row sees whole
+        a("add.i64", lim, lim, t2)
+    else:
+        a("add.i64", ntl, Lk, Bc - 1)
+        a("shr.u64", ntl, ntl, lb)
+        a("shr.u64", nfull, Lk, lb)
+        a("mov.b64", lim, klim)
+    a.free(Lk, qlim, bq, hd)
+
+    # block 0: its K and V rows into stage 0 (the raw area)
+    def kv_row(r):
+        a("min.i64", t1, r, klim)
+        a("mul.i64", t2, r, RB)
+        a("add.i64", t2, t2, RAW)
+        a("mad.i64", t1, t1, kldb, gk)
+        a("dma.get", Mem(t2, 0), Mem(t1, 0), rbn)
+        a("min.i64", t1, r, klim)
+        a("mad.i64", t1, t1, kldb, gv)
+        a("dma.get", Mem(t2, Bc * RB), Mem(t1, 0), rbn)
+
+    row_loop("KV0_ROWS", Bc, kv_row)
+
+    # ---------------------------------------------------------------- loop state
+    m, l, j, key, wk, dd, rr, dk = (a.reg() for _ in range(8))
+    a("mov.f32", m, float("-inf"))
+    a("mov.f32", l, 0.0)
+    a("mov.b64", j, 0)
+    a("mov.b64", key, 0)                              # first key of the current group
+    a("mov.b64", wk, L["WK"])                         # working K block (V at + VOFF)
+    a("mov.b64", dd, RAW if not f32 else RAW + STG)   # where the next block's rows land
+    pn, pk, pm = a.pred(), a.pred(), a.pred()
+
+    a.label("KV_LOOP")
+    a("dma.wait", 0)                                  # block j landed
+    if not f32:                                       # raw -> fp32 working copies (K then V, contiguous)
+        lo, hi = _CVT_IN[c.dtype]
+        n_it = 2 * Bc * d // 64
+        UNR = 4
+        src, dst = a.reg(), a.reg()
+        xs, ys = a.reg(UNR), a.reg(2 * UNR)
+        a("add.i64", src, qa0, RAW)
+        a("shl.b64", dst, qa0, 1)
+        a("add.i64", dst, dst, L["WK"])
+
+        def conv(r):
+            for e in range(UNR):
+                a("ld.shared.b32", xs + e, Mem(src, 128 * e))
+            for e in range(UNR):
+                a(lo, ys + 2 * e, xs + e)
+                a(hi, ys + 2 * e + 1, xs + e)
+            for e in range(UNR):
+                a("st.shared.v2.b32", Mem(dst, 256 * e), ys + 2 * e)
+            a("add.i64", src, src, 128 * UNR)
+            a("add.i64", dst, dst, 256 * UNR)
+
+        row_loop("CONVERT", n_it // UNR, conv)
+        a.free(src, dst)
+        a.free(xs, k=UNR)
+        a.free(ys, k=2 * UNR)
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", pn, t1, ntl)                     # a next block exists
+    a("shl.b64", rr, t1, lb)                          # its first key row
+    a("mov.b64", dk, dd)
+    a("setp.ge.i64", pk, j, nfull)                    # this block needs the mask
+    kp, gi = a.reg(), a.reg()
+    a("mov.b64", kp, wk)
+    a("mov.b64", gi, 0)
+
+    a.label("GROUP")
+    # ---- scores s_u of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
+    s = a.reg(U)
+    for u in range(U):
+        a("mov.f32", s + u, 0.0)
+    q, kv = a.reg(4), [a.reg(4), a.reg(4)]
+    qa, kp2, it = a.reg(), a.reg(), a.reg()
+    a("mov.b64", qa, qa0)
+    a("mov.b64", kp2, kp)
+    a("mov.b64", it, 0)
+    rows_per_it = max(1, U // NIT)
+    pit, pq = (a.pred(), a.pred()) if NIT > U else (None, None)
+    a.label("SCORE")
+    for e in range(4):
+        a("ld.shared.b32", q + e, Mem(qa, 128 * e))
+    a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
+    for u in range(U):
+        if u + 1 < U:
+            a("ld.shared.v4.b32", kv[(u + 1) % 2], Mem(kp2, (u + 1) * KV4))
+        for e in range(4):
+            a("fma.f32", s + u, q + e, kv[u % 2] + e, s + u)
+    # the next block's rows, spread over the score loop
+    if pit is not None:
+        a("setp.lt.i64", pit, it, U)
+        a("and.pred", pq, pit, pn)
+    for _ in range(rows_per_it):
+        g = pq if pq is not None else pn
+        a("min.i64", t1, rr, klim)
+        a("mad.i64", t2, t1, kldb, gk)
+        a("dma.get", Mem(dk, 0), Mem(t2, 0), rbn, p=g)
+        a("mad.i64", t2, t1, kldb, gv)
+        a("dma.get", Mem(dk, Bc * RB), Mem(t2, 0), rbn, p=g)
+        a("add.i64", rr, rr, 1, p=pit)
+        a("add.i64", dk, dk, RB, p=pit)
+    if pit is not None:
+        a.pfree(pit, pq)
+    a("add.i64", qa, qa, 512)
+    a("add.i64", kp2, kp2, 16)
+    a("add.i64", it, it, 1)
+    a("setp.lt.i64", pm, it, NIT)
+    a("bra", "SCORE", p=pm)
+    a.free(qa, kp2, it)
+    a.free(q, kv[0], kv[1], k=4)
+
+    # ---- mask: key + u visible to this lane's row iff key + u <= lim
+    a("bra", "UNMASKED", p=pk, neg=True)
+    pe = a.pred()
+    a("sub.i64", t1, lim, key)
+    for u in range(U):
+        a("setp.lt.i64", pe, t1, u)
+        a("mov.f32", s + u, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.label("UNMASKED")
+
+    # ---- online softmax (every row in its own lane)
+    mx, al = a.reg(), a.reg()
+    a("max.f32", mx, m, s)
+    for u in range(1, U):
+        a("max.f32", mx, mx, s + u)
+    a("sub.f32", al, m, mx)
+    a("ex2.f32", al, al)                              # alpha = 2^(m_old - m_new)
+    a("mov.f32", m, mx)
+    for u in range(U):
+        a("sub.f32", s + u, s + u, mx)
+        a("ex2.f32", s + u, s + u)                    # p = 2^(s - m_new)
+    a("add.f32", mx, s, s + 1)
+    for u in range(2, U):
+        a("add.f32", mx, mx, s + u)
+    a("fma.f32", l, l, al, mx)
+    a.free(mx)
+
+    # ---- O += P V, C columns of OT at a time
+    o, vb = a.reg(C), [a.reg(4), a.reg(4)]
+    oa, vp, cc = a.reg(), a.reg(), a.reg()
+    a("add.i64", oa, qa0, OT)
+    a("add.i64", vp, kp, VOFF)
+    a("mov.b64", cc, 0)
+    a.label("PV")
+    for e in range(C):
+        a("ld.shared.b32", o + e, Mem(oa, 128 * e))
+    for e in range(C):
+        a("mul.f32", o + e, o + e, al)
+    steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
+    a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
+    for i, (u, e4) in enumerate(steps):
+        if i + 1 < len(steps):
+            u2, f2 = steps[i + 1]
+            a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
+        for e in range(4):
+            a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
+    for e in range(C):
+        a("st.shared.b32", Mem(oa, 128 * e), o + e)
+    a("add.i64", oa, oa, 128 * C)
+    a("add.i64", vp, vp, 4 * C)
+    a("add.i64", cc, cc, 1)
+    a("setp.lt.i64", pm, cc, d // C)
+    a("bra", "PV", p=pm)
+    a.free(oa, vp, cc, al)
+    a.free(o, k=C)
+    a.free(vb[0], vb[1], k=4)
+    a.free(s, k=U)
+
+    a("add.i64", kp, kp, U * KV4)
+    a("add.i64", key, key, U)
+    a("add.i64", gi, gi, 1)
+    a("setp.lt.i64", pm, gi, Bc // U)
+    a("bra", "GROUP", p=pm)
+    a.free(kp, gi)
+    if f32:                                           # the stages swap
+        a("mov.b64", t1, wk)
+        a("mov.b64", wk, dd)
+        a("mov.b64", dd, t1)
+    a("add.i64", j, j, 1)
+    a("setp.lt.i64", pm, j, ntl)
+    a("bra", "KV_LOOP", p=pm)
+    a.free(j, key, wk, dd, rr, dk, ntl, nfull, lim, gk, gv, kldb, klim)
+    a.pfree(pn, pk)
+
+    # ---------------------------------------------------------------- epilogue: O / l -> padded rows -> row DMAs
+    nr = a.reg()
+    a("sub.i64", nr, Lq, i0)
+    a("min.i64", nr, nr, BR)                          # rows of this block below q_len
+    if c.lse:                                         # ln(sum e^(scale s)) = ln2 (m + log2 l)
+        x = a.reg()
+        a("lg2.f32", x, l)
+        a("add.f32", x, x, m)
+        a("mul.f32", x, x, LN2)
+        a("st.shared.b32", Mem(qa0, RAW + LANES * RBp), x)
+        a("s2r", t1, "%nctaid.y")
+        a("s2r", t2, "%ctaid.z")
+        a("mul.i64", t1, t1, t2)
+        a("s2r", t2, "%ctaid.y")
+        a("add.i64", t1, t1, t2)                      # b*heads + head
+        a("mad.i64", t1, t1, Lq, i0)
+        a("shl.b64", t1, t1, 2)
+        a("ldparam", t2, "LSE")
+        a("add.i64", t1, t1, t2)
+        a("shl.b64", x, nr, 2)
+        a("mov.b64", t2, RAW + LANES * RBp)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
+        a.free(x)
+    a("rcp.f32", l, l)
+    stg, x, y = a.reg(), a.reg(), a.reg()
+    a("mul.i64", stg, qa0, RBp // 4)
+    if f32:
+        for k in range(d):
+            a("ld.shared.b32", x, Mem(qa0, OT + 128 * k))
+            a("mul.f32", x, x, l)
+            a("st.shared.b32", Mem(stg, RAW + 4 * k), x)
+    else:
+        for k in range(0, d, 2):
+            a("ld.shared.b32", x, Mem(qa0, OT + 128 * k))
+            a("ld.shared.b32", y, Mem(qa0, OT + 128 * (k + 1)))
+            a("mul.f32", x, x, l)
+            a("mul.f32", y, y, l)
+            a(_CVT_OUT[c.dtype], x, x, y)
+            a("st.shared.b32", Mem(stg, RAW + 2 * k), x)
+    a.free(stg, x, y)
+    # O rows: bq, hd again from the special registers (their registers were freed)
+    go = a.reg()
+    bq, hd = a.reg(), a.reg()
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    oldb = base_ptr(go, "O", Lq, "o_ld", "o_off")
+    a.free(bq, hd)
+    a("mad.i64", go, i0, oldb, go)                    # row i0
+
+    def o_row(r):
+        a("mul.i64", t2, r, RBp)
+        a("dma.put", Mem(go, 0), Mem(t2, RAW), rbn)
+        a("add.i64", go, go, oldb)
+
+    row_loop("O_ROWS", nr, o_row)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+# ----------------------------------------------------------------------------- configuration
+def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
+    tried = []
+    for Bc in BC_CHOICES:
+        need = _layout(dtype, d, Bc)["total"]
+        if need > caps.scratchpad_bytes:
+            tried.append(f"Bc {Bc}: {need} B LDM")
+            continue
+        for U, C in UC_CHOICES:
+            if Bc % U:
+                continue
+            cfg = _Cfg(dtype, d, causal, Bc, U, C, c, lse)
+            try:
+                prog = _emit(cfg, caps.max_regs_per_thread)
+            except _OutOfRegisters as e:
+                tried.append(f"Bc {Bc} U {U} C {C}: {e}")
+                continue
+            return cfg, prog
+    raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype}: no K/V block fits a CPE ("
+                     + "; ".join(dict.fromkeys(tried)) + f"; LDM {caps.scratchpad_bytes} B)",
+                     "a smaller head_dim or a larger LDM")
+
+
+def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                           dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                           q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
+                           o_ld: Optional[int] = None, with_lse: bool = False) -> AttentionKernel:
+    """Emit fused attention O = softmax(scale Q K^T + mask) V for a Sunway-family target (see the
+    module docstring); the arguments and the returned kernel are attention_gpu's."""
+    where = "attention"
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld,
+        "fp16, bf16, fp32", family="sunway")
+    need = set(NEEDED_UNITS) | ({"conv"} if dt != "fp32" else set())
+    missing = sorted(need - set(caps.units))
+    if missing or caps.warp_width != LANES:
+        raise InputError(f"{where} on {caps.name}", f"dtype {dt} needs {', '.join(sorted(need))} units and "
+                         f"{LANES}-lane warps (missing: {', '.join(missing) or 'none'}, warp width "
+                         f"{caps.warp_width})", "a Sunway CPE with fp32 vector, mufu and DMA")
+    cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
+    check(prog, caps)
+    launch = Launch((_ceil(q_len, BR), heads, batch), (LANES, 1, 1))
+    pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
+    return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
+                           model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
+                           q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
+                           Bc=cfg.Bc, kind="sunway", with_lse=bool(with_lse), **lds)
