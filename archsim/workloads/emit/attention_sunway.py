@@ -298,7 +298,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     s = a.reg(U)
     for u in range(U):
         a("mov.f32", s + u, 0.0)
-    q, kv = a.reg(4), [a.reg(4), a.reg(4)]
+    # keys in pairs, their fmas interleaved: two fmas apart on one accumulator cover the FMA latency
+    q, kv = a.reg(4), [a.reg(8), a.reg(8)]
     qa, kp2, it = a.reg(), a.reg(), a.reg()
     a("mov.b64", qa, qa0)
     a("mov.b64", kp2, kp)
@@ -308,12 +309,19 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a.label("SCORE")
     for e in range(4):
         a("ld.shared.b32", q + e, Mem(qa, 128 * e))
-    a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
-    for u in range(U):
-        if u + 1 < U:
-            a("ld.shared.v4.b32", kv[(u + 1) % 2], Mem(kp2, (u + 1) * KV4))
+
+    def kv_pair(u, buf):
+        a("ld.shared.v4.b32", buf, Mem(kp2, u * KV4))
+        a("ld.shared.v4.b32", buf + 4, Mem(kp2, (u + 1) * KV4))
+
+    kv_pair(0, kv[0])
+    for u in range(0, U, 2):
+        if u + 2 < U:
+            kv_pair(u + 2, kv[(u // 2 + 1) % 2])
+        b = kv[(u // 2) % 2]
         for e in range(4):
-            a("fma.f32", s + u, q + e, kv[u % 2] + e, s + u)
+            a("fma.f32", s + u, q + e, b + e, s + u)
+            a("fma.f32", s + u + 1, q + e, b + 4 + e, s + u + 1)
     # the next block's rows, spread over the score loop
     if pit is not None:
         a("setp.lt.i64", pit, it, U)
@@ -335,7 +343,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("setp.lt.i64", pm, it, NIT)
     a("bra", "SCORE", p=pm)
     a.free(qa, kp2, it)
-    a.free(q, kv[0], kv[1], k=4)
+    a.free(q, k=4)
+    a.free(kv[0], kv[1], k=8)
 
     # ---- mask: key + u visible to this lane's row iff key + u <= lim
     a("bra", "UNMASKED", p=pk, neg=True)
@@ -347,52 +356,77 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a.pfree(pe)
     a.label("UNMASKED")
 
-    # ---- online softmax (every row in its own lane)
+    # ---- online softmax (every row in its own lane); max by a tree over temporaries
+    def tree(op, first, n, out):
+        tmp = a.reg(n // 2)
+        for i in range(n // 2):
+            a(op, tmp + i, first + 2 * i, first + 2 * i + 1)
+        w = n // 2
+        while w > 1:
+            for i in range(w // 2):
+                a(op, tmp + i, tmp + 2 * i, tmp + 2 * i + 1)
+            w //= 2
+        a(op, out, out, tmp)
+        a.free(tmp, k=n // 2)
+
     mx, al = a.reg(), a.reg()
-    a("max.f32", mx, m, s)
-    for u in range(1, U):
-        a("max.f32", mx, mx, s + u)
+    a("mov.f32", mx, m)
+    tree("max.f32", s, U, mx)                         # m_new
     a("sub.f32", al, m, mx)
     a("ex2.f32", al, al)                              # alpha = 2^(m_old - m_new)
     a("mov.f32", m, mx)
     for u in range(U):
         a("sub.f32", s + u, s + u, mx)
-        a("ex2.f32", s + u, s + u)                    # p = 2^(s - m_new)
-    a("add.f32", mx, s, s + 1)
-    for u in range(2, U):
-        a("add.f32", mx, mx, s + u)
-    a("fma.f32", l, l, al, mx)
+    a("ex2.f32", s, s)
+    a("ex2.f32", s + 1, s + 1)
     a.free(mx)
 
-    # ---- O += P V, C columns of OT at a time
-    o, vb = a.reg(C), [a.reg(4), a.reg(4)]
-    oa, vp, cc = a.reg(), a.reg(), a.reg()
+    # ---- O += P V, C columns of OT at a time. The first chunk is emitted apart: p_(u+2) = ex2(..)
+    # issues just before the fmas of p_u (its result lands while they run), so the slow mufu pipe
+    # works while the vector pipe does.
+    oa, vp = a.reg(), a.reg()
     a("add.i64", oa, qa0, OT)
     a("add.i64", vp, kp, VOFF)
-    a("mov.b64", cc, 0)
-    a.label("PV")
-    for e in range(C):
-        a("ld.shared.b32", o + e, Mem(oa, 128 * e))
-    for e in range(C):
-        a("mul.f32", o + e, o + e, al)
-    steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
-    a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
-    for i, (u, e4) in enumerate(steps):
-        if i + 1 < len(steps):
-            u2, f2 = steps[i + 1]
-            a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
-        for e in range(4):
-            a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
-    for e in range(C):
-        a("st.shared.b32", Mem(oa, 128 * e), o + e)
-    a("add.i64", oa, oa, 128 * C)
-    a("add.i64", vp, vp, 4 * C)
-    a("add.i64", cc, cc, 1)
-    a("setp.lt.i64", pm, cc, d // C)
-    a("bra", "PV", p=pm)
-    a.free(oa, vp, cc, al)
-    a.free(o, k=C)
-    a.free(vb[0], vb[1], k=4)
+
+    def chunk(first: bool):
+        o, vb = a.reg(C), [a.reg(4), a.reg(4)]
+        for e in range(C):
+            a("ld.shared.b32", o + e, Mem(oa, 128 * e))
+        for e in range(C):
+            a("mul.f32", o + e, o + e, al)
+        steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
+        a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
+        for i, (u, e4) in enumerate(steps):
+            if first and e4 == 0 and u + 2 < U:
+                a("ex2.f32", s + u + 2, s + u + 2)    # p = 2^(s - m_new), two keys ahead
+            if i + 1 < len(steps):
+                u2, f2 = steps[i + 1]
+                a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
+            for e in range(4):
+                a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
+        for e in range(C):
+            a("st.shared.b32", Mem(oa, 128 * e), o + e)
+        a("add.i64", oa, oa, 128 * C)
+        a("add.i64", vp, vp, 4 * C)
+        a.free(o, k=C)
+        a.free(vb[0], vb[1], k=4)
+
+    chunk(True)
+    sm = a.reg()                                      # l = alpha l + sum p
+    a("mov.f32", sm, 0.0)
+    tree("add.f32", s, U, sm)
+    a("fma.f32", l, l, al, sm)
+    a.free(sm)
+    if d // C > 1:
+        cc = a.reg()
+        a("mov.b64", cc, 1)
+        a.label("PV")
+        chunk(False)
+        a("add.i64", cc, cc, 1)
+        a("setp.lt.i64", pm, cc, d // C)
+        a("bra", "PV", p=pm)
+        a.free(cc)
+    a.free(oa, vp, al)
     a.free(s, k=U)
 
     a("add.i64", kp, kp, U * KV4)
