@@ -227,12 +227,16 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("add.i64", nfull, nfull, 1)
         a("shr.u64", nfull, nfull, lb)                # blocks the block's first row sees whole
         a("add.i64", lim, lim, t2)
+        a("shl.b64", ntl, ntl, lb)                    # both in keys from here on
+        a("shl.b64", nfull, nfull, lb)
     else:
         a("add.i64", ntl, Lk, Bc - 1)
         a("shr.u64", ntl, ntl, lb)
         a("shr.u64", nfull, Lk, lb)
         a("mov.b64", lim, klim)
-    a.free(Lk, qlim, bq, hd)
+        a("shl.b64", ntl, ntl, lb)                    # both in keys from here on
+        a("shl.b64", nfull, nfull, lb)
+    a.free(Lk, qlim, bq, hd, i0, Lq)                  # the epilogue reads i0 and q_len again
 
     # block 0: its K and V rows into stage 0 (the raw area)
     def kv_row(r):
@@ -248,13 +252,16 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     row_loop("KV0_ROWS", Bc, kv_row)
 
     # ---------------------------------------------------------------- loop state
-    m, l, j, key, wk, dd, rr, dk = (a.reg() for _ in range(8))
+    m, l, key, rr, dk = (a.reg() for _ in range(5))
     a("mov.f32", m, float("-inf"))
     a("mov.f32", l, 0.0)
-    a("mov.b64", j, 0)
-    a("mov.b64", key, 0)                              # first key of the current group
-    a("mov.b64", wk, L["WK"])                         # working K block (V at + VOFF)
-    a("mov.b64", dd, RAW if not f32 else RAW + STG)   # where the next block's rows land
+    a("mov.b64", key, 0)                              # first key of the current group (block j: j*Bc)
+    if f32:                                           # the two stages alternate
+        wk, dd = a.reg(), a.reg()
+        a("mov.b64", wk, L["WK"])                     # working K block (V at + VOFF)
+        a("mov.b64", dd, RAW + STG)                   # where the next block's rows land
+    else:                                             # fixed: working copies at WK, DMAs into RAW
+        wk, dd = L["WK"], RAW
     pn, pk, pm = a.pred(), a.pred(), a.pred()
 
     a.label("KV_LOOP")
@@ -284,66 +291,82 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a.free(src, dst)
         a.free(xs, k=UNR)
         a.free(ys, k=2 * UNR)
-    a("add.i64", t1, j, 1)
-    a("setp.lt.i64", pn, t1, ntl)                     # a next block exists
-    a("shl.b64", rr, t1, lb)                          # its first key row
+    a("add.i64", rr, key, Bc)                         # the next block's first key row
+    a("setp.lt.i64", pn, rr, ntl)                     # a next block exists
     a("mov.b64", dk, dd)
-    a("setp.ge.i64", pk, j, nfull)                    # this block needs the mask
-    kp, gi = a.reg(), a.reg()
+    a("setp.ge.i64", pk, key, nfull)                  # this block needs the mask
+    kp = a.reg()
     a("mov.b64", kp, wk)
-    a("mov.b64", gi, 0)
 
     a.label("GROUP")
     # ---- scores s_u of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
     s = a.reg(U)
     for u in range(U):
         a("mov.f32", s + u, 0.0)
-    # keys in pairs, their fmas interleaved: two fmas apart on one accumulator cover the FMA latency
-    q, kv = a.reg(4), [a.reg(8), a.reg(8)]
+    # Keys in pairs, their fmas interleaved (two fmas apart on one accumulator cover the FMA
+    # latency). A loop body covers two k-quads (q registers A, B); everything else the loop does
+    # (the other half's q loads, the next pair's and next body's K loads, the next block's row
+    # DMAs, the loop counter) is spread between the fmas, so the in-order CPE issues it in the
+    # shadow of the vector pipe instead of in a clump the pipe waits through.
+    q, kv = [a.reg(4), a.reg(4)], [a.reg(8), a.reg(8)]
     qa, kp2, it = a.reg(), a.reg(), a.reg()
     a("mov.b64", qa, qa0)
     a("mov.b64", kp2, kp)
     a("mov.b64", it, 0)
-    rows_per_it = max(1, U // NIT)
-    pit, pq = (a.pred(), a.pred()) if NIT > U else (None, None)
-    a.label("SCORE")
+    NB = NIT // 2                                     # loop bodies
+    rows_per_body = max(1, U // NB)
+    pit, pq = (a.pred(), a.pred()) if NB > U else (None, None)
     for e in range(4):
-        a("ld.shared.b32", q + e, Mem(qa, 128 * e))
-
-    def kv_pair(u, buf):
-        a("ld.shared.v4.b32", buf, Mem(kp2, u * KV4))
-        a("ld.shared.v4.b32", buf + 4, Mem(kp2, (u + 1) * KV4))
-
-    kv_pair(0, kv[0])
-    for u in range(0, U, 2):
-        if u + 2 < U:
-            kv_pair(u + 2, kv[(u // 2 + 1) % 2])
-        b = kv[(u // 2) % 2]
-        for e in range(4):
-            a("fma.f32", s + u, q + e, b + e, s + u)
-            a("fma.f32", s + u + 1, q + e, b + 4 + e, s + u + 1)
-    # the next block's rows, spread over the score loop
+        a("ld.shared.b32", q[0] + e, Mem(qa, 128 * e))
+    a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
+    a("ld.shared.v4.b32", kv[0] + 4, Mem(kp2, KV4))
+    a.label("SCORE")
+    fill = []                                         # (mnemonic, operands, kwargs) in order
     if pit is not None:
-        a("setp.lt.i64", pit, it, U)
-        a("and.pred", pq, pit, pn)
-    for _ in range(rows_per_it):
+        fill.append(("setp.lt.i64", (pit, it, U), {}))
+        fill.append(("and.pred", (pq, pit, pn), {}))
+    for _ in range(rows_per_body):
         g = pq if pq is not None else pn
-        a("min.i64", t1, rr, klim)
-        a("mad.i64", t2, t1, kldb, gk)
-        a("dma.get", Mem(dk, 0), Mem(t2, 0), rbn, p=g)
-        a("mad.i64", t2, t1, kldb, gv)
-        a("dma.get", Mem(dk, Bc * RB), Mem(t2, 0), rbn, p=g)
-        a("add.i64", rr, rr, 1, p=pit)
-        a("add.i64", dk, dk, RB, p=pit)
+        fill += [("min.i64", (t1, rr, klim), {}), ("mad.i64", (t2, t1, kldb, gk), {}),
+                 ("dma.get", (Mem(dk, 0), Mem(t2, 0), rbn), {"p": g}), ("mad.i64", (t2, t1, kldb, gv), {}),
+                 ("dma.get", (Mem(dk, Bc * RB), Mem(t2, 0), rbn), {"p": g}),
+                 ("add.i64", (rr, rr, 1), {"p": pit}), ("add.i64", (dk, dk, RB), {"p": pit})]
+    fill += [("add.i64", (it, it, 1), {}), ("setp.lt.i64", (pm, it, NB), {})]
+    halves = ([("ld.shared.b32", (q[1] + e, Mem(qa, 512 + 128 * e)), {}) for e in range(4)] + fill[:len(fill) // 2],
+              [("ld.shared.b32", (q[0] + e, Mem(qa, 1024 + 128 * e)), {}) for e in range(4)] + fill[len(fill) // 2:])
+    for h in range(2):
+        todo = list(halves[h])
+        npairs = U // 2
+        every = max(1, (4 * U) // (len(todo) + 1))    # fmas between two fillers
+        nf = 0
+        for pi in range(npairs):
+            u = 2 * pi
+            nxt = kv[(pi + 1) % 2]
+            if pi + 1 < npairs:                       # the next pair of this k-quad
+                a("ld.shared.v4.b32", nxt, Mem(kp2, 16 * h + (u + 2) * KV4))
+                a("ld.shared.v4.b32", nxt + 4, Mem(kp2, 16 * h + (u + 3) * KV4))
+            else:                                     # pair 0 of the next k-quad (next half / body)
+                a("ld.shared.v4.b32", nxt, Mem(kp2, 16 * (h + 1)))
+                a("ld.shared.v4.b32", nxt + 4, Mem(kp2, 16 * (h + 1) + KV4))
+            b = kv[pi % 2]
+            for e in range(4):
+                for w in range(2):
+                    a("fma.f32", s + u + w, q[h] + e, b + 4 * w + e, s + u + w)
+                    nf += 1
+                    if todo and nf % every == 0:
+                        mn, ops, kw = todo.pop(0)
+                        a(mn, *ops, **kw)
+        for mn, ops, kw in todo:
+            a(mn, *ops, **kw)
+        if npairs % 2:                                # keep "pair 0 is in kv[0]" for the next k-quad
+            raise _OutOfRegisters(f"U = {U}: an odd number of key pairs")
     if pit is not None:
         a.pfree(pit, pq)
-    a("add.i64", qa, qa, 512)
-    a("add.i64", kp2, kp2, 16)
-    a("add.i64", it, it, 1)
-    a("setp.lt.i64", pm, it, NIT)
+    a("add.i64", qa, qa, 1024)
+    a("add.i64", kp2, kp2, 32)
     a("bra", "SCORE", p=pm)
     a.free(qa, kp2, it)
-    a.free(q, k=4)
+    a.free(q[0], q[1], k=4)
     a.free(kv[0], kv[1], k=8)
 
     # ---- mask: key + u visible to this lane's row iff key + u <= lim
@@ -431,22 +454,28 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
 
     a("add.i64", kp, kp, U * KV4)
     a("add.i64", key, key, U)
-    a("add.i64", gi, gi, 1)
-    a("setp.lt.i64", pm, gi, Bc // U)
+    a("sub.i64", t1, kp, wk)                          # groups done in this block (wk: register or immediate)
+    a("setp.lt.i64", pm, t1, Bc * KV4)
     a("bra", "GROUP", p=pm)
-    a.free(kp, gi)
+    a.free(kp)
     if f32:                                           # the stages swap
         a("mov.b64", t1, wk)
         a("mov.b64", wk, dd)
         a("mov.b64", dd, t1)
-    a("add.i64", j, j, 1)
-    a("setp.lt.i64", pm, j, ntl)
+        a.free(wk, dd)
+    a("setp.lt.i64", pm, key, ntl)
     a("bra", "KV_LOOP", p=pm)
-    a.free(j, key, wk, dd, rr, dk, ntl, nfull, lim, gk, gv, kldb, klim)
+    a.free(key, rr, dk, ntl, nfull, lim, gk, gv, kldb, klim)
     a.pfree(pn, pk)
 
     # ---------------------------------------------------------------- epilogue: O / l -> padded rows -> row DMAs
-    nr = a.reg()
+    nr, i0, Lq = a.reg(), a.reg(), a.reg()
+    a("s2r", t1, "%nctaid.x")
+    a("s2r", t2, "%ctaid.x")
+    a("sub.i64", i0, t1, t2)
+    a("sub.i64", i0, i0, 1)
+    a("shl.b64", i0, i0, _log2(BR))
+    a("ldparam", Lq, "q_len")
     a("sub.i64", nr, Lq, i0)
     a("min.i64", nr, nr, BR)                          # rows of this block below q_len
     if c.lse:                                         # ln(sum e^(scale s)) = ln2 (m + log2 l)
