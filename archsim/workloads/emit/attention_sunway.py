@@ -413,10 +413,12 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
 
     def chunk(first: bool):
         o, vb = a.reg(C), [a.reg(4), a.reg(4)]
-        for e in range(C):
+        for e in range(4):                            # loads run 4 ahead of the rescaling muls
             a("ld.shared.b32", o + e, Mem(oa, 128 * e))
         for e in range(C):
             a("mul.f32", o + e, o + e, al)
+            if e + 4 < C:
+                a("ld.shared.b32", o + e + 4, Mem(oa, 128 * (e + 4)))
         steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
         a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
         for i, (u, e4) in enumerate(steps):
@@ -427,7 +429,9 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
                 a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
             for e in range(4):
                 a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
-        for e in range(C):
+                if u == U - 1 and e4 > 0:             # the last key: store the previous 4 columns
+                    a("st.shared.b32", Mem(oa, 128 * (4 * (e4 - 1) + e)), o + 4 * (e4 - 1) + e)
+        for e in range(C - 4, C):
             a("st.shared.b32", Mem(oa, 128 * e), o + e)
         a("add.i64", oa, oa, 128 * C)
         a("add.i64", vp, vp, 4 * C)
