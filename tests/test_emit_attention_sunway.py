@@ -76,8 +76,11 @@ CASES = [
     (1, 2, 70, 70, 64, "fp16", True, True),       # Q, K, V in one fused QKV buffer
     (1, 2, 45, 45, 128, "fp16", True, False),     # d 128: Bc 16 on the 64 KiB LDM
     (1, 2, 45, 45, 128, "bf16", False, False),
-    (2, 3, 1, 77, 64, "fp16", True, False),       # decode: one query sees the whole cache
+    (2, 3, 1, 77, 64, "fp16", True, False),       # decode: one query sees the whole cache (lane = key)
     (1, 2, 1, 77, 32, "bf16", False, False),
+    (1, 2, 1, 5, 32, "fp16", True, False),        # decode, a cache shorter than the lanes
+    (1, 2, 1, 300, 32, "fp32", False, False),
+    (1, 2, 1, 200, 128, "bf16", True, False),     # decode d 128: K^T, V^T do not fit 64 KiB -> row kernel
     (1, 2, 37, 100, 64, "fp16", True, False),     # chunked prefill: kv_len > q_len
     (1, 2, 100, 130, 64, "fp16", False, False),   # several K/V blocks and query blocks, both tails odd
     (1, 2, 37, 37, 64, "fp32", True, False),
@@ -92,7 +95,7 @@ CASES = [
 def test_sunway_flash_attention_matches_numpy(batch, heads, q_len, kv_len, d, dtype, causal, qkv):
     caps = caps_of("tiny-sunway")
     k, _, _ = run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=q_len + 7 * d)
-    assert k.kind == "sunway"
+    assert k.kind == ("sunway_decode" if q_len == 1 and (d, dtype) != (128, "bf16") else "sunway")
     assert k.launch.grid == (-(-q_len // 32), heads, batch) and k.launch.block == (32, 1, 1)
     assert isinstance(k, attention_gpu.AttentionKernel)          # the GPU module's kernel object
 
@@ -113,6 +116,49 @@ def test_with_lse_writes_the_log_sum_exp():
     _, lse = ref_attention(heads(Q, 0), heads(Q, hd), heads(Q, 2 * hd), True, k.scale, return_lse=True)
     got = np.asarray(res.output("LSE")).reshape(lse.shape)
     assert np.allclose(got, lse, rtol=1e-5, atol=1e-5), float(np.abs(got - lse).max())
+
+
+def test_decode_with_lse_and_a_kv_cache_layout():
+    """Decode as the block composer emits it: Q from the fused qkv rows (q_ld = 3h), K and V from
+    caches of kv_len rows (kv_ld = h), O rows of h, and the log-sum-exp."""
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.reference import ref_attention
+
+    caps = caps_of("tiny-sunway")
+    b, n, d, kv = 2, 3, 64, 90
+    h = n * d
+    k = flash_attention_kernel(caps, b, n, 1, kv, d, "fp16", True, q_ld=3 * h, kv_ld=h, o_ld=h, with_lse=True)
+    assert k.kind == "sunway_decode"
+    rng = np.random.default_rng(5)
+    Q = rng.standard_normal((b, 3 * h)).astype(np.float16)
+    K, V = (rng.standard_normal((b * kv, h)).astype(np.float16) for _ in range(2))
+    O, LSE = np.zeros((b, h), np.float16), k.lse_buffer()
+    res = run_functional(k.program, k.args(Q, K, V, O, LSE=LSE), k.launch, warp_width=32, ncores=caps.cores_total)
+    ref = k.reference(Q, K, V)
+    err = np.abs(k.output(res.output("O")) - ref)
+    assert (err <= 2 * U["fp16"] * (np.abs(ref) + k.reference(Q, K, np.abs(V))) + 1e-6).all(), float(err.max())
+
+    def heads(X, rows):                         # the first h columns of each row -> [b, heads, rows, d]
+        return X.astype(np.float64)[:, :h].reshape(b, rows, n, d).transpose(0, 2, 1, 3)
+
+    _, lse = ref_attention(heads(Q, 1), heads(K, kv), heads(V, kv), True, k.scale, return_lse=True)
+    got = np.asarray(res.output("LSE")).reshape(lse.shape)
+    assert np.allclose(got, lse, rtol=1e-5, atol=1e-5), float(np.abs(got - lse).max())
+
+
+def test_decode_kernel_issues_far_less_than_the_row_kernel():
+    """One query: the row kernel (lane = query row) would run 31 idle lanes; lane = key uses all 32."""
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.emit import attention_sunway as A
+
+    caps = caps_of("tiny-sunway")
+    k = flash_attention_kernel(caps, 1, 1, 1, 512, 64)
+    Q, K, V, O = k.random_inputs(0)
+    dec = run_functional(k.program, k.args(Q, K, V, O), k.launch, warp_width=32, ncores=caps.cores_total)
+    _, row_prog = A._choose(caps, "fp16", 64, False, k.scale * attention_gpu.LOG2E, False)
+    row = run_functional(row_prog, k.args(Q, K, V, O), k.launch, warp_width=32, ncores=caps.cores_total)
+    assert np.abs(k.output(dec.output("O")) - k.output(row.output("O"))).max() < 2e-3   # the same O
+    assert dec.warp_instructions * 4 < row.warp_instructions, (dec.warp_instructions, row.warp_instructions)
 
 
 # ----------------------------------------------------------------------------- what the program is

@@ -538,6 +538,309 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     return a.build()
 
 
+# ----------------------------------------------------------------------------- decode (q_len = 1)
+DEC_BC_CHOICES = (128, 64, 32)   # keys per block: 32 lanes x U keys a lane
+
+
+def _dec_layout(dtype: str, d: int, Bc: int) -> dict:
+    es = _ES[dtype]
+    RB, RBp = d * es, d * es + 8
+    QF, OT = 0, _ceil(4 * d, 128) * 128
+    RAW = OT + 128 * d
+    raw = _ceil(max(2 * Bc * RBp, 2 * RB + 16), 16) * 16
+    KT = RAW + raw
+    return dict(es=es, RB=RB, RBp=RBp, QF=QF, OT=OT, RAW=RAW, KT=KT, VT=KT + 4 * Bc * d, total=KT + 8 * Bc * d)
+
+
+def _emit_decode(c: _Cfg, max_regs: int) -> Program:
+    """q_len = 1: lane = key. Lane i takes keys j*Bc + 32u + i (u < U = Bc/32) of every block, with
+    its own running max, sum and O column set OT[.][i]; the 32 partial softmaxes are merged by
+    shfl.bfly at the end. K / V rows land by row DMAs in padded rows and are transposed to fp32
+    KT, VT [d][Bc] (key-contiguous: one vector load gives 32 keys' element k)."""
+    d, Bc = c.d, c.Bc
+    U = Bc // LANES
+    C = 8
+    L = _dec_layout(c.dtype, d, Bc)
+    es, RB, RBp, OT, RAW, KT, VT = L["es"], L["RB"], L["RBp"], L["OT"], L["RAW"], L["KT"], L["VT"]
+    f32 = c.dtype == "fp32"
+    KTR = 4 * Bc                                      # bytes of a KT / VT row (one k, all keys)
+    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_lse' if c.lse else ''}"
+    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+    qa0, bq, hd, t1, t2, rbn, lane = (a.reg() for _ in range(7))
+    a("s2r", lane, "%tid.x")
+    a("shl.b64", qa0, lane, 2)
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    a("mov.b64", rbn, RB)
+    pl = a.pred()
+
+    def base_ptr(dst, buf, rows, ld_name, off_name):
+        ldb = a.reg()
+        a("ldparam", ldb, ld_name)
+        a("mul.i64", dst, bq, rows)
+        a("mul.i64", dst, dst, ldb)
+        a("mad.i64", dst, hd, d, dst)
+        a("ldparam", t1, off_name)
+        a("add.i64", dst, dst, t1)
+        a("shl.b64", dst, dst, _log2(es))
+        a("ldparam", t1, buf)
+        a("add.i64", dst, dst, t1)
+        a("shl.b64", ldb, ldb, _log2(es))
+        return ldb
+
+    def row_loop(label, count, body):
+        r = a.reg()
+        a("mov.b64", r, 0)
+        a.label(label)
+        body(r)
+        a("add.i64", r, r, 1)
+        a("setp.lt.i64", pl, r, count)
+        a("bra", label, p=pl)
+        a.free(r)
+
+    one = a.reg()
+    a("mov.b64", one, 1)
+    # ---- Q row -> QF (fp32, scaled by c): lanes take element pairs
+    g = a.reg()
+    a.free(base_ptr(g, "Q", one, "q_ld", "q_off"))
+    a("mov.b64", t2, RAW)
+    a("dma.get", Mem(t2, 0), Mem(g, 0), rbn)
+    a("dma.wait", 0)
+    x, y, z = a.reg(), a.reg(), a.reg()
+    pq = a.pred()
+    if f32:
+        for k0 in range(0, d, LANES):
+            a("ld.shared.b32", x, Mem(qa0, RAW + 4 * k0))
+            a("mul.f32", x, x, c.c)
+            a("st.shared.b32", Mem(qa0, 4 * k0), x)
+    else:
+        lo, hi = _CVT_IN[c.dtype]
+        for k0 in range(0, d, 2 * LANES):
+            part = d - k0 < 2 * LANES                 # d 32: lanes 0 .. 15 hold the 32 elements
+            if part:
+                a("setp.lt.i64", pq, lane, (d - k0) // 2)
+            a("ld.shared.b32", x, Mem(qa0, RAW + 2 * k0))
+            a(lo, y, x)
+            a(hi, z, x)
+            a("mul.f32", y, y, c.c)
+            a("mul.f32", z, z, c.c)
+            a("shl.b64", t1, qa0, 1)
+            a("st.shared.v2.b32", Mem(t1, 4 * k0), y, p=pq if part else None)
+    a("mov.f32", x, 0.0)
+    for k in range(d):
+        a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
+    a.free(x, y, z)
+    a.pfree(pq)
+
+    # ---- K / V rows
+    gk, gv = a.reg(), a.reg()
+    Lk = a.reg()
+    a("ldparam", Lk, "kv_len")
+    kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
+    a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
+    klim, ntl = a.reg(), a.reg()
+    a("sub.i64", klim, Lk, 1)
+    a("add.i64", ntl, Lk, Bc - 1)
+    a("shr.u64", ntl, ntl, _log2(Bc))
+    a("shl.b64", ntl, ntl, _log2(Bc))                # keys of the blocks run
+    a.free(Lk, one)
+
+    def kv_rows(first_key):
+        def body(r):
+            a("add.i64", t1, r, first_key)
+            a("min.i64", t1, t1, klim)
+            a("mul.i64", t2, r, RBp)
+            a("mad.i64", g, t1, kldb, gk)
+            a("dma.get", Mem(t2, RAW), Mem(g, 0), rbn)
+            a("mad.i64", g, t1, kldb, gv)
+            a("dma.get", Mem(t2, RAW + Bc * RBp), Mem(g, 0), rbn)
+        return body
+
+    key = a.reg()
+    a("mov.b64", key, 0)
+    row_loop("KV0_ROWS", Bc, kv_rows(key))
+    m, l = a.reg(), a.reg()
+    a("mov.f32", m, -1e30)                            # finite: a lane whose keys are all masked stays exact
+    a("mov.f32", l, 0.0)
+    pm, pn, pk = a.pred(), a.pred(), a.pred()
+
+    a.label("KV_LOOP")
+    a("dma.wait", 0)
+    # transpose + convert: lane i takes row 32u + i; KT[k][32u + i]
+    src, dst = a.reg(), a.reg()
+    xs, ys = a.reg(4), a.reg(8)
+    for which, raw0, dst0 in (("K", RAW, KT), ("V", RAW + Bc * RBp, VT)):
+        for u in range(U):
+            a("mul.i64", src, lane, RBp)
+            a("add.i64", src, src, raw0 + 32 * u * RBp)
+            a("add.i64", dst, qa0, dst0 + 128 * u)
+            step = 4 if f32 else 8                    # elements a loop iteration converts
+            for k0 in range(0, d, step):
+                if f32:
+                    for e in range(4):
+                        a("ld.shared.b32", ys + e, Mem(src, 4 * (k0 + e)))
+                    for e in range(4):
+                        a("st.shared.b32", Mem(dst, KTR * (k0 + e)), ys + e)
+                else:
+                    lo, hi = _CVT_IN[c.dtype]
+                    for e in range(4):
+                        a("ld.shared.b32", xs + e, Mem(src, 2 * k0 + 4 * e))
+                    for e in range(4):
+                        a(lo, ys + 2 * e, xs + e)
+                        a(hi, ys + 2 * e + 1, xs + e)
+                    for e in range(8):
+                        a("st.shared.b32", Mem(dst, KTR * (k0 + e)), ys + e)
+    a.free(src, dst)
+    a.free(xs, k=4)
+    a.free(ys, k=8)
+    # the next block's rows into the raw area, now free
+    nk = a.reg()
+    a("add.i64", nk, key, Bc)
+    a("setp.lt.i64", pn, nk, ntl)
+    a("bra", "NO_NEXT", p=pn, neg=True)
+    row_loop("KV_ROWS", Bc, kv_rows(nk))
+    a.label("NO_NEXT")
+    a.free(nk)
+
+    # ---- scores s_u = sum_k QF[k] KT[k][32u + lane]: two accumulators a key (even / odd k)
+    s = a.reg(2 * U)
+    for i in range(2 * U):
+        a("mov.f32", s + i, 0.0)
+    qv, kx = a.reg(4), a.reg(4 * U)
+    kk, qq, it = a.reg(), a.reg(), a.reg()
+    a("add.i64", kk, qa0, KT)
+    a("mov.b64", qq, 0)
+    a("mov.b64", it, 0)
+    a.label("SCORE")
+    a("ld.shared.v4.b32", qv, Mem(qq, 0))
+    for e in range(4):
+        for u in range(U):
+            a("ld.shared.b32", kx + 4 * u + e, Mem(kk, KTR * e + 128 * u))
+    for e in range(4):
+        for u in range(U):
+            acc = s + (e % 2) * U + u
+            a("fma.f32", acc, qv + e, kx + 4 * u + e, acc)
+    a("add.i64", kk, kk, 4 * KTR)
+    a("add.i64", qq, qq, 16)
+    a("add.i64", it, it, 1)
+    a("setp.lt.i64", pm, it, d // 4)
+    a("bra", "SCORE", p=pm)
+    a.free(qv, k=4)
+    a.free(kx, k=4 * U)
+    a.free(kk, qq, it)
+    for u in range(U):
+        a("add.f32", s + u, s + u, s + U + u)
+    # mask keys past kv_len (the last block only)
+    a("add.i64", t1, key, Bc)
+    a("setp.le.i64", pk, t1, klim)
+    a("bra", "UNMASKED", p=pk)
+    a("sub.i64", t1, klim, key)
+    a("sub.i64", t1, t1, lane)                        # key + 32u + lane visible iff 32u <= t1
+    for u in range(U):
+        a("setp.lt.i64", pk, t1, 32 * u)
+        a("mov.f32", s + u, float("-inf"), p=pk)
+    a.label("UNMASKED")
+    # ---- online softmax per lane
+    mx, al = a.reg(), a.reg()
+    a("mov.f32", mx, m)
+    for u in range(U):
+        a("max.f32", mx, mx, s + u)
+    a("sub.f32", al, m, mx)
+    a("ex2.f32", al, al)
+    a("mov.f32", m, mx)
+    for u in range(U):
+        a("sub.f32", s + u, s + u, mx)
+        a("ex2.f32", s + u, s + u)
+    a("mov.f32", mx, 0.0)
+    for u in range(U):
+        a("add.f32", mx, mx, s + u)
+    a("fma.f32", l, l, al, mx)
+    a.free(mx)
+    # ---- O^T[c][lane] += p_u VT[c][32u + lane]
+    o, vx = a.reg(C), a.reg(C)
+    oa, vp, cc = a.reg(), a.reg(), a.reg()
+    a("add.i64", oa, qa0, OT)
+    a("add.i64", vp, qa0, VT)
+    a("mov.b64", cc, 0)
+    a.label("PV")
+    for e in range(C):
+        a("ld.shared.b32", o + e, Mem(oa, 128 * e))
+    for e in range(C):
+        a("mul.f32", o + e, o + e, al)
+    for u in range(U):
+        for e in range(C):
+            a("ld.shared.b32", vx + e, Mem(vp, KTR * e + 128 * u))
+        for e in range(C):
+            a("fma.f32", o + e, s + u, vx + e, o + e)
+    for e in range(C):
+        a("st.shared.b32", Mem(oa, 128 * e), o + e)
+    a("add.i64", oa, oa, 128 * C)
+    a("add.i64", vp, vp, KTR * C)
+    a("add.i64", cc, cc, 1)
+    a("setp.lt.i64", pm, cc, d // C)
+    a("bra", "PV", p=pm)
+    a.free(oa, vp, cc, al)
+    a.free(o, vx, k=C)
+    a.free(s, k=2 * U)
+    a("add.i64", key, key, Bc)
+    a("setp.lt.i64", pm, key, ntl)
+    a("bra", "KV_LOOP", p=pm)
+    a.free(key, klim, ntl, gk, gv, kldb)
+
+    # ---- merge the 32 lanes: M = max m, sc = 2^(m - M), L = sum l sc, O = sum sc O^T / L
+    M, sc, x = a.reg(), a.reg(), a.reg()
+    a("mov.f32", M, m)
+    for sh in (1, 2, 4, 8, 16):
+        a("shfl.bfly.b64", x, M, sh)
+        a("max.f32", M, M, x)
+    a("sub.f32", sc, m, M)
+    a("ex2.f32", sc, sc)
+    a("mul.f32", l, l, sc)
+    for sh in (1, 2, 4, 8, 16):
+        a("shfl.bfly.b64", x, l, sh)
+        a("add.f32", l, l, x)
+    p0 = a.pred()
+    a("setp.eq.i64", p0, lane, 0)
+    if c.lse:
+        a("lg2.f32", x, l)
+        a("add.f32", x, x, M)
+        a("mul.f32", x, x, LN2)
+        a("mov.b64", t2, RAW + RB)
+        a("st.shared.b32", Mem(t2, 0), x, p=p0)
+        a("s2r", t1, "%nctaid.y")
+        a("mad.i64", t1, bq, t1, hd)                  # (b*heads + head) * q_len(1)
+        a("shl.b64", t1, t1, 2)
+        a("ldparam", x, "LSE")
+        a("add.i64", t1, t1, x)
+        a("mov.b64", x, 4)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
+    a("rcp.f32", l, l)
+    a("mul.f32", sc, sc, l)                           # 2^(m - M) / L
+    vals = a.reg(2)
+    for c0 in range(0, d, 1 if f32 else 2):
+        for e in range(1 if f32 else 2):
+            v = vals + e
+            a("ld.shared.b32", v, Mem(qa0, OT + 128 * (c0 + e)))
+            a("mul.f32", v, v, sc)
+            for sh in (1, 2, 4, 8, 16):
+                a("shfl.bfly.b64", x, v, sh)
+                a("add.f32", v, v, x)
+        if f32:
+            a("st.shared.b32", Mem(None, RAW + 4 * c0), vals, p=p0)
+        else:
+            a(_CVT_OUT[c.dtype], x, vals, vals + 1)
+            a("st.shared.b32", Mem(None, RAW + 2 * c0), x, p=p0)
+    go = a.reg()
+    one = a.reg()
+    a("mov.b64", one, 1)
+    a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
+    a("mov.b64", t2, RAW)
+    a("dma.put", Mem(go, 0), Mem(t2, 0), rbn)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
 # ----------------------------------------------------------------------------- configuration
 def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
     tried = []
@@ -561,6 +864,23 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tupl
                      "a smaller head_dim or a larger LDM")
 
 
+def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
+    tried = []
+    for Bc in DEC_BC_CHOICES:
+        need = _dec_layout(dtype, d, Bc)["total"]
+        if need > caps.scratchpad_bytes:
+            tried.append(f"Bc {Bc}: {need} B LDM")
+            continue
+        cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse)
+        try:
+            return cfg, _emit_decode(cfg, caps.max_regs_per_thread)
+        except _OutOfRegisters as e:
+            tried.append(f"Bc {Bc}: {e}")
+    raise InputError(f"attention (decode) on {caps.name}", f"head_dim {d} {dtype}: no K/V block fits a CPE ("
+                     + "; ".join(dict.fromkeys(tried)) + f"; LDM {caps.scratchpad_bytes} B)",
+                     "a smaller head_dim or a larger LDM")
+
+
 def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                            dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
                            q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
@@ -577,11 +897,19 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         raise InputError(f"{where} on {caps.name}", f"dtype {dt} needs {', '.join(sorted(need))} units and "
                          f"{LANES}-lane warps (missing: {', '.join(missing) or 'none'}, warp width "
                          f"{caps.warp_width})", "a Sunway CPE with fp32 vector, mufu and DMA")
-    cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
+    cfg = prog = None
+    if q_len == 1:                                    # decode: lane = key (causal or not: it sees every key)
+        try:
+            cfg, prog = _choose_decode(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
+        except InputError:                            # its fp32 K^T, V^T do not fit: the row kernel does
+            pass
+    if prog is None:
+        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
     launch = Launch((_ceil(q_len, BR), heads, batch), (LANES, 1, 1))
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
-                           Bc=cfg.Bc, kind="sunway", with_lse=bool(with_lse), **lds)
+                           Bc=cfg.Bc, kind="sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway",
+                           with_lse=bool(with_lse), **lds)
