@@ -52,11 +52,22 @@ fits caps.scratchpad_bytes: QT + OT (2 x 128 d bytes) + the raw area (2 Bc d es,
 32 padded staging rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
 (U, C) is the first of (16, 16), (16, 8), (8, 8) whose registers fit max_regs_per_thread.
 
-Decode (q_len = 1): one CPE per (batch, head) with one useful lane in 32. Splitting the KV length
-over CPEs needs a combine of the partial (m, l, O) across CPEs: the ISA has no atomics, the API has
-no workspace buffer, RMA has no timing model yet, and a grid barrier needs the whole grid resident;
-so the decode kernel is the same program, memory-bound on K/V DMA (its real bound) at batch*heads
-CPEs. See the report in the tests for the figure.
+Decode (q_len = 1): a second program (kind "sunway_decode"), lane = key. One CPE per (batch, head);
+lane i takes keys j*Bc + 32u + i (u < Bc/32) of every K/V block, keeps its own running max, sum
+and O columns (OT[.][i]), and the 32 partial softmaxes are merged at the end by shfl.bfly (max,
+then the rescaled sums and O columns). K / V rows land in padded rows and are transposed to fp32
+K^T, V^T [d][Bc] so that one vector load gives 32 keys' element k; Q is broadcast from the LDM.
+Bc is the largest of 128, 64, 32 that fits; where none does (d 128 on a 64 KiB LDM) the row
+kernel runs instead. The KV length is split over the lanes, not over CPEs: merging partial
+(m, l, O) across CPEs needs atomics (the ISA has none), a workspace buffer and a second kernel
+(the composer's attention op is one kernel over Q, K, V, O), or RMA / bar.grid (RMA has no timing
+model yet; bar.grid needs the whole grid resident). So decode keeps batch*heads CPEs busy.
+
+DMA granularity: a dma.get moves one contiguous range, and the rows of one head are kv_ld apart,
+so every K / V row is its own 2 d-byte descriptor. An engine's FIFO holds 8 descriptors until
+they complete (~500 cycles on sw26010pro), so one engine moves ~2 B/cycle of such rows: enough
+for the prefill kernel (4 CPEs an engine, 0.5 B/cycle each), the limit of decode. A strided DMA
+(the real athread_get's stride / bsize) would lift it; the ISA has none yet.
 
 ``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
 """
