@@ -272,3 +272,19 @@ def test_timing_smoke_on_tiny_sunway():
     assert r.flops >= k.flops
     # the vector pipe is busy most of the time on the CPE with the heaviest query block
     assert r.pipe_busy_cycles[0][0] > 0.6 * r.cycles
+
+
+def test_decode_timing_reads_the_cache_once():
+    """Decode on tiny-sunway's timing model: one CPE per head reads every cached K / V row once
+    (rows of the last block past kv_len are clamped re-reads) and the whole query and O row once."""
+    from archsim.engine.timing import Unbacked, time_kernel
+
+    m = load_machine("tiny-sunway")
+    k = flash_attention_kernel(capabilities(m), 1, 2, 1, 200, 64, causal=True)
+    assert k.kind == "sunway_decode" and k.Bc == 64
+    nb = k.buffer_bytes()
+    r = time_kernel(k.program, m, k.launch, k.args(*(Unbacked(nb[n]) for n in "QKVO")))
+    assert r.outcome == 0 and r.cycles > 0
+    rows = -(-200 // 64) * 64                       # 4 blocks of 64 rows
+    assert r.memory["bytes"]["dma"] == 2 * (64 * 2) * 2 + 2 * 2 * rows * 64 * 2   # Q, O rows + K, V rows
+    assert r.flops >= k.flops
