@@ -983,8 +983,9 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
         raise InputError(where, f"dtype {dtype!r}", dtypes_allowed)
     dt = _DTYPES[dtype]
     if caps.family != family:
-        raise InputError(f"{where} on {caps.name}", f"the {'GPU' if family == 'gpu' else family.capitalize()} "
-                         f"attention emitter targets the {family} family, not {caps.family}", f"a {family}-family machine")
+        who = "GPU" if family == "gpu" else family.capitalize()
+        raise InputError(f"{where} on {caps.name}", f"the {who} attention emitter targets the {family} family, "
+                         f"not {caps.family}", f"a {family}-family machine")
     if family == "gpu" and not caps.has_async_copy:
         raise InputError(f"{where} on {caps.name}", "the fused attention kernels stream K/V tiles with async "
                          "copies", "a target with async copies")

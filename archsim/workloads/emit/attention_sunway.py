@@ -918,9 +918,9 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
     launch = Launch((_ceil(q_len, BR), heads, batch), (LANES, 1, 1))
+    kind = "sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway"
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
-                           Bc=cfg.Bc, kind="sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway",
-                           with_lse=bool(with_lse), **lds)
+                           Bc=cfg.Bc, kind=kind, with_lse=bool(with_lse), **lds)
