@@ -86,6 +86,8 @@ CASES = [
     (1, 2, 37, 37, 64, "fp32", True, False),
     (1, 1, 40, 40, 128, "fp32", False, False),
     (1, 2, 33, 33, 32, "fp32", True, True),
+    (4, 4, 130, 130, 64, "fp16", True, True),     # a grid that fills tiny-sunway at 64 rows a CPE
+    (2, 8, 100, 130, 32, "bf16", True, False),    # 64 rows a CPE, kv_len > q_len
 ]
 
 
@@ -96,22 +98,25 @@ def test_sunway_flash_attention_matches_numpy(batch, heads, q_len, kv_len, d, dt
     caps = caps_of("tiny-sunway")
     k, _, _ = run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=q_len + 7 * d)
     assert k.kind == ("sunway_decode" if q_len == 1 and (d, dtype) != (128, "bf16") else "sunway")
-    assert k.launch.grid == (-(-q_len // 32), heads, batch) and k.launch.block == (32, 1, 1)
+    rows = 64 if "_br64_" in k.program.name else 32
+    assert rows == (64 if batch * heads * -(-q_len // 64) >= caps.cores_total and q_len > 1 else 32)
+    assert k.launch.grid == (-(-q_len // rows), heads, batch) and k.launch.block == (32, 1, 1)
     assert isinstance(k, attention_gpu.AttentionKernel)          # the GPU module's kernel object
 
 
-def test_with_lse_writes_the_log_sum_exp():
+@pytest.mark.parametrize("batch,heads,seq", [(1, 2, 45), (4, 4, 100)])   # 32 and 64 rows a CPE
+def test_with_lse_writes_the_log_sum_exp(batch, heads, seq):
     from archsim.workloads.reference import ref_attention
 
     caps = caps_of("tiny-sunway")
-    k, res, (Q, K, V, offs) = run_and_compare(caps, 1, 2, 45, 45, 64, "fp16", True, qkv=True, seed=3,
+    k, res, (Q, K, V, offs) = run_and_compare(caps, batch, heads, seq, seq, 64, "fp16", True, qkv=True, seed=3,
                                               with_lse=True)
     hd = k.heads * k.head_dim
 
     def heads(X, off):
         flat = attention_gpu.to_float(np.asarray(X).ravel(), k.dtype)
-        idx = off + np.arange(k.q_len)[:, None] * k.q_ld + np.arange(hd)[None, :]
-        return flat[idx].reshape(1, k.q_len, k.heads, k.head_dim).transpose(0, 2, 1, 3)
+        idx = off + np.arange(k.batch * k.q_len)[:, None] * k.q_ld + np.arange(hd)[None, :]
+        return flat[idx].reshape(k.batch, k.q_len, k.heads, k.head_dim).transpose(0, 2, 1, 3)
 
     _, lse = ref_attention(heads(Q, 0), heads(Q, hd), heads(Q, 2 * hd), True, k.scale, return_lse=True)
     got = np.asarray(res.output("LSE")).reshape(lse.shape)
@@ -165,9 +170,11 @@ def test_decode_kernel_issues_far_less_than_the_row_kernel():
 def test_program_shape_and_instruction_mix():
     caps = caps_of("sw26010pro")
     small = flash_attention_kernel(caps, 1, 1, 37, 37, 64)
+    assert small.program == flash_attention_kernel(caps, 2, 3, 300, 500, 64).program   # sizes are parameters
     big = flash_attention_kernel(caps, 8, 16, 4096, 4096, 64)
-    assert small.program == big.program            # lengths, strides and offsets are kernel parameters
-    assert big.launch.grid == (128, 16, 8)
+    assert big.program == flash_attention_kernel(caps, 4, 12, 2048, 2048, 64).program
+    assert "_br32_" in small.program.name and small.launch.grid == (2, 1, 1)
+    assert "_br64_" in big.program.name and big.launch.grid == (64, 16, 8)   # the grid fills 384 CPEs twice
     bra = SEM["bra"]
     sems = [SEM[opcodes()[int(o)].sem] for o in big.program.op]
     assert any(s == bra and int(big.program.imm[pc]) <= pc for pc, s in enumerate(sems)), "a K/V loop"

@@ -14,8 +14,8 @@ A thread block is one CPE: one warp of 32 lanes, the lanes being the 512-bit vec
 cycle). A CPE has no tensor unit and no cache, but a 256 KiB scratchpad (LDM) filled by DMA. The
 kernel (FlashAttention-2's forward, lane = query row):
 
-- grid = (ceil(q_len / 32), heads, batch), block (32, 1, 1): one CPE owns Br = 32 query rows of one
-  (batch, head), lane i row i0 + i. Block x takes query block nqb - 1 - x, so that under a causal
+- grid = (ceil(q_len / Br), heads, batch), block (32, 1, 1): one CPE owns Br = 32 (or 64, below)
+  query rows of one (batch, head), lane i row i0 + i (and i0 + 32 + i). Block x takes query block nqb - 1 - x, so that under a causal
   mask the heaviest blocks start first when the grid outnumbers the CPEs. Rows past q_len compute
   a copy of the last row and are never stored.
 - Q: 32 row DMAs (one per row: rows are kv_ld / q_ld apart in memory, a DMA moves one contiguous
@@ -47,9 +47,13 @@ Why fp32 math with fp16 storage: the vector pipe's f16x2 FMA is 4x faster, but s
 64-128 products and probabilities in fp16 would miss the tolerance the GPU kernels meet (a few
 units of fp16 rounding on O); fp32 keeps the kernel's error at the output's own rounding.
 
-Block sizes: Br = 32 (the vector width). Bc is the largest of 64, 32, 16, 8 whose LDM footprint
-fits caps.scratchpad_bytes: QT + OT (2 x 128 d bytes) + the raw area (2 Bc d es, and at least the
-32 padded staging rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
+Block sizes: Br = 32 rows (the vector width), or 64 (two chunks of 32 rows that take every K/V
+group in turn, their m and l kept in the LDM) when the grid at 64 rows a CPE still covers every
+CPE (ceil(q_len / 64) * heads * batch >= cores) and a Bc >= 32 fits: the K/V traffic per flop
+halves (DRAM, not the vector pipe, limits 32-row blocks on a full chip; on tiny-sunway b4 h8 256
+x 256 the 64-row kernel is 20% faster). Bc is the largest of 64, 32, 16, 8 whose LDM footprint fits
+caps.scratchpad_bytes: QT + OT (2 x 128 d bytes a chunk) + the raw area (2 Bc d es, and at least
+the padded staging rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
 (U, C) is the first of (16, 16), (16, 8), (8, 8) whose registers fit max_regs_per_thread.
 
 Decode (q_len = 1): a second program (kind "sunway_decode"), lane = key. One CPE per (batch, head);
@@ -107,31 +111,37 @@ class _Cfg:
     C: int
     c: float            # scale * log2(e)
     lse: bool = False
+    nch: int = 1        # chunks of 32 query rows a CPE owns (row kernel)
 
 
-def _layout(dtype: str, d: int, Bc: int) -> dict:
-    """LDM byte offsets: QT, OT, RAW (DMA landing area / staging), WK (fp32 working K, V follows)."""
+def _layout(dtype: str, d: int, Bc: int, nch: int = 1) -> dict:
+    """LDM byte offsets: QT, OT ([d][32 nch] fp32 each), ML (m, l of every row: [2][32 nch]), RAW
+    (DMA landing area / staging), WK (fp32 working K, V follows)."""
     es = _ES[dtype]
     RB, RBp = d * es, d * es + 8
     stage = 2 * Bc * RB                               # K rows then V rows
-    raw = max(stage * (2 if dtype == "fp32" else 1), LANES * RBp + 4 * LANES)
+    raw = max(stage * (2 if dtype == "fp32" else 1), LANES * nch * RBp + 4 * LANES * nch)
     raw = _ceil(raw, 16) * 16
-    QT, OT, RAW = 0, 128 * d, 256 * d
+    QP = 128 * nch                                    # bytes of a QT / OT row (one k, every row)
+    QT, OT, ML = 0, QP * d, 2 * QP * d
+    RAW = ML + (2 * QP if nch > 1 else 0)
     WK = RAW + raw
     total = WK + (8 * Bc * d if dtype != "fp32" else 0)
-    return dict(es=es, RB=RB, RBp=RBp, STG=stage, QT=QT, OT=OT, RAW=RAW, WK=WK if dtype != "fp32" else RAW,
-                total=total)
+    return dict(es=es, RB=RB, RBp=RBp, STG=stage, QP=QP, QT=QT, OT=OT, ML=ML, RAW=RAW,
+                WK=WK if dtype != "fp32" else RAW, total=total)
 
 
 def _emit(c: _Cfg, max_regs: int) -> Program:
     d, Bc, U, C = c.d, c.Bc, c.U, c.C
-    L = _layout(c.dtype, d, Bc)
+    nch = c.nch
+    L = _layout(c.dtype, d, Bc, nch)
     es, RB, RBp, STG, OT, RAW = L["es"], L["RB"], L["RBp"], L["STG"], L["OT"], L["RAW"]
+    QP, ML, BRr = L["QP"], L["ML"], BR * nch
     f32 = c.dtype == "fp32"
     KV4 = 4 * d                                       # bytes of a working K / V row (fp32)
     VOFF = Bc * KV4                                   # working V block after the working K block
     NIT = d // 4                                      # score-loop iterations (4 k each)
-    name = f"flash_attn_sw_{c.dtype}_d{d}_bc{Bc}_u{U}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+    name = f"flash_attn_sw_{c.dtype}_d{d}_br{BRr}_bc{Bc}_u{U}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
     a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
 
     # ---------------------------------------------------------------- coordinates
@@ -144,7 +154,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
-    a("shl.b64", i0, i0, _log2(BR))
+    a("shl.b64", i0, i0, _log2(BRr))
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
     rbn = a.reg()
@@ -191,29 +201,36 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("mul.i64", t2, r, RBp)
         a("dma.get", Mem(t2, RAW), Mem(t1, 0), rbn)
 
-    row_loop("Q_ROWS", BR, q_row)
+    row_loop("Q_ROWS", BRr, q_row)
     a.free(gq, qldb)
     a("dma.wait", 0)
     stg, x, y, z = a.reg(), a.reg(), a.reg(), a.reg()
     a("mul.i64", stg, qa0, RBp // 4)                  # lane * RBp: this lane's staged row
-    if f32:
-        for k in range(d):
-            a("ld.shared.b32", x, Mem(stg, RAW + 4 * k))
-            a("mul.f32", x, x, c.c)
-            a("st.shared.b32", Mem(qa0, 128 * k), x)
-    else:
-        lo, hi = _CVT_IN[c.dtype]
-        for k in range(0, d, 2):
-            a("ld.shared.b32", x, Mem(stg, RAW + 2 * k))
-            a(lo, y, x)
-            a(hi, z, x)
-            a("mul.f32", y, y, c.c)
-            a("mul.f32", z, z, c.c)
-            a("st.shared.b32", Mem(qa0, 128 * k), y)
-            a("st.shared.b32", Mem(qa0, 128 * (k + 1)), z)
+    for ch in range(nch):                             # rows 32 ch + lane
+        so, qo = RAW + 32 * ch * RBp, 128 * ch
+        if f32:
+            for k in range(d):
+                a("ld.shared.b32", x, Mem(stg, so + 4 * k))
+                a("mul.f32", x, x, c.c)
+                a("st.shared.b32", Mem(qa0, qo + QP * k), x)
+        else:
+            lo, hi = _CVT_IN[c.dtype]
+            for k in range(0, d, 2):
+                a("ld.shared.b32", x, Mem(stg, so + 2 * k))
+                a(lo, y, x)
+                a(hi, z, x)
+                a("mul.f32", y, y, c.c)
+                a("mul.f32", z, z, c.c)
+                a("st.shared.b32", Mem(qa0, qo + QP * k), y)
+                a("st.shared.b32", Mem(qa0, qo + QP * (k + 1)), z)
     a("mov.f32", x, 0.0)
-    for k in range(d):
+    for k in range(d * nch):
         a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
+    if nch > 1:                                       # m = -inf, l = 0 of every chunk's rows
+        a("mov.f32", y, float("-inf"))
+        for ch in range(nch):
+            a("st.shared.b32", Mem(qa0, ML + 128 * ch), y)
+            a("st.shared.b32", Mem(qa0, ML + QP + 128 * ch), x)
     a.free(stg, x, y, z)
 
     # ---------------------------------------------------------------- K / V sources, block counts, mask limit
@@ -229,7 +246,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
     if c.causal:
         a("sub.i64", t2, Lk, Lq)                      # diff: row i sees keys 0 .. i + diff
-        a("add.i64", t1, i0, BR - 1)
+        a("add.i64", t1, i0, BRr - 1)
         a("min.i64", t1, t1, qlim)                    # the block's last real row
         a("add.i64", ntl, t1, t2)
         a("add.i64", ntl, ntl, Bc)
@@ -310,6 +327,13 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("mov.b64", kp, wk)
 
     a.label("GROUP")
+    if nch > 1:                                       # every chunk of 32 rows takes this group of keys
+        choff = a.reg()                               # 128 * chunk
+        a("mov.b64", choff, 0)
+        a.label("CHUNKS")
+        a("add.i64", t1, qa0, choff)
+        a("ld.shared.b32", m, Mem(t1, ML))
+        a("ld.shared.b32", l, Mem(t1, ML + QP))
     # ---- scores s_u of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
     s = a.reg(U)
     for u in range(U):
@@ -321,30 +345,45 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     # shadow of the vector pipe instead of in a clump the pipe waits through.
     q, kv = [a.reg(4), a.reg(4)], [a.reg(8), a.reg(8)]
     qa, kp2, it = a.reg(), a.reg(), a.reg()
-    a("mov.b64", qa, qa0)
+    if nch > 1:
+        a("add.i64", qa, qa0, choff)
+    else:
+        a("mov.b64", qa, qa0)
     a("mov.b64", kp2, kp)
     a("mov.b64", it, 0)
     NB = NIT // 2                                     # loop bodies
     rows_per_body = max(1, U // NB)
-    pit, pq = (a.pred(), a.pred()) if NB > U else (None, None)
+    pit = a.pred() if NB > U else None
+    pc0 = a.pred() if nch > 1 else None               # the first chunk issues the next block's DMAs
+    pq = a.pred() if (pit is not None or pc0 is not None) else None
+    if pc0 is not None:
+        a("setp.eq.i64", pc0, choff, 0)
+        if pit is None:
+            a("and.pred", pq, pc0, pn)
     for e in range(4):
-        a("ld.shared.b32", q[0] + e, Mem(qa, 128 * e))
+        a("ld.shared.b32", q[0] + e, Mem(qa, QP * e))
     a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
     a("ld.shared.v4.b32", kv[0] + 4, Mem(kp2, KV4))
     a.label("SCORE")
     fill = []                                         # (mnemonic, operands, kwargs) in order
+    pinc = pit                                        # guards the DMA row counters
     if pit is not None:
         fill.append(("setp.lt.i64", (pit, it, U), {}))
         fill.append(("and.pred", (pq, pit, pn), {}))
+        if pc0 is not None:
+            fill.append(("and.pred", (pq, pq, pc0), {}))
+            fill.append(("and.pred", (pit, pit, pc0), {}))
+    elif pc0 is not None:
+        pinc = pc0
     for _ in range(rows_per_body):
         g = pq if pq is not None else pn
         fill += [("min.i64", (t1, rr, klim), {}), ("mad.i64", (t2, t1, kldb, gk), {}),
                  ("dma.get", (Mem(dk, 0), Mem(t2, 0), rbn), {"p": g}), ("mad.i64", (t2, t1, kldb, gv), {}),
                  ("dma.get", (Mem(dk, Bc * RB), Mem(t2, 0), rbn), {"p": g}),
-                 ("add.i64", (rr, rr, 1), {"p": pit}), ("add.i64", (dk, dk, RB), {"p": pit})]
+                 ("add.i64", (rr, rr, 1), {"p": pinc}), ("add.i64", (dk, dk, RB), {"p": pinc})]
     fill += [("add.i64", (it, it, 1), {}), ("setp.lt.i64", (pm, it, NB), {})]
-    halves = ([("ld.shared.b32", (q[1] + e, Mem(qa, 512 + 128 * e)), {}) for e in range(4)] + fill[:len(fill) // 2],
-              [("ld.shared.b32", (q[0] + e, Mem(qa, 1024 + 128 * e)), {}) for e in range(4)] + fill[len(fill) // 2:])
+    halves = ([("ld.shared.b32", (q[1] + e, Mem(qa, QP * (4 + e))), {}) for e in range(4)] + fill[:len(fill) // 2],
+              [("ld.shared.b32", (q[0] + e, Mem(qa, QP * (8 + e))), {}) for e in range(4)] + fill[len(fill) // 2:])
     for h in range(2):
         todo = list(halves[h])
         npairs = U // 2
@@ -371,9 +410,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
             a(mn, *ops, **kw)
         if npairs % 2:                                # keep "pair 0 is in kv[0]" for the next k-quad
             raise _OutOfRegisters(f"U = {U}: an odd number of key pairs")
-    if pit is not None:
-        a.pfree(pit, pq)
-    a("add.i64", qa, qa, 1024)
+    a.pfree(*(p_ for p_ in (pit, pq, pc0) if p_ is not None))
+    a("add.i64", qa, qa, 8 * QP)
     a("add.i64", kp2, kp2, 32)
     a("bra", "SCORE", p=pm)
     a.free(qa, kp2, it)
@@ -383,7 +421,13 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     # ---- mask: key + u visible to this lane's row iff key + u <= lim
     a("bra", "UNMASKED", p=pk, neg=True)
     pe = a.pred()
-    a("sub.i64", t1, lim, key)
+    if nch > 1 and c.causal:                          # this chunk's rows: lim + 32 chunk, at most kv_len - 1
+        a("shr.u64", t1, choff, 2)
+        a("add.i64", t1, t1, lim)
+        a("min.i64", t1, t1, klim)
+        a("sub.i64", t1, t1, key)
+    else:
+        a("sub.i64", t1, lim, key)
     for u in range(U):
         a("setp.lt.i64", pe, t1, u)
         a("mov.f32", s + u, float("-inf"), p=pe)
@@ -420,16 +464,18 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     # works while the vector pipe does.
     oa, vp = a.reg(), a.reg()
     a("add.i64", oa, qa0, OT)
+    if nch > 1:
+        a("add.i64", oa, oa, choff)
     a("add.i64", vp, kp, VOFF)
 
     def chunk(first: bool):
         o, vb = a.reg(C), [a.reg(4), a.reg(4)]
         for e in range(4):                            # loads run 4 ahead of the rescaling muls
-            a("ld.shared.b32", o + e, Mem(oa, 128 * e))
+            a("ld.shared.b32", o + e, Mem(oa, QP * e))
         for e in range(C):
             a("mul.f32", o + e, o + e, al)
             if e + 4 < C:
-                a("ld.shared.b32", o + e + 4, Mem(oa, 128 * (e + 4)))
+                a("ld.shared.b32", o + e + 4, Mem(oa, QP * (e + 4)))
         steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
         a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
         for i, (u, e4) in enumerate(steps):
@@ -441,10 +487,10 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
             for e in range(4):
                 a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
                 if u == U - 1 and e4 > 0:             # the last key: store the previous 4 columns
-                    a("st.shared.b32", Mem(oa, 128 * (4 * (e4 - 1) + e)), o + 4 * (e4 - 1) + e)
+                    a("st.shared.b32", Mem(oa, QP * (4 * (e4 - 1) + e)), o + 4 * (e4 - 1) + e)
         for e in range(C - 4, C):
-            a("st.shared.b32", Mem(oa, 128 * e), o + e)
-        a("add.i64", oa, oa, 128 * C)
+            a("st.shared.b32", Mem(oa, QP * e), o + e)
+        a("add.i64", oa, oa, QP * C)
         a("add.i64", vp, vp, 4 * C)
         a.free(o, k=C)
         a.free(vb[0], vb[1], k=4)
@@ -466,6 +512,14 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a.free(cc)
     a.free(oa, vp, al)
     a.free(s, k=U)
+    if nch > 1:
+        a("add.i64", t1, qa0, choff)
+        a("st.shared.b32", Mem(t1, ML), m)
+        a("st.shared.b32", Mem(t1, ML + QP), l)
+        a("add.i64", choff, choff, 128)
+        a("setp.lt.i64", pm, choff, QP)
+        a("bra", "CHUNKS", p=pm)
+        a.free(choff)
 
     a("add.i64", kp, kp, U * KV4)
     a("add.i64", key, key, U)
@@ -489,16 +543,39 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)
-    a("shl.b64", i0, i0, _log2(BR))
+    a("shl.b64", i0, i0, _log2(BRr))
     a("ldparam", Lq, "q_len")
     a("sub.i64", nr, Lq, i0)
-    a("min.i64", nr, nr, BR)                          # rows of this block below q_len
-    if c.lse:                                         # ln(sum e^(scale s)) = ln2 (m + log2 l)
-        x = a.reg()
-        a("lg2.f32", x, l)
-        a("add.f32", x, x, m)
-        a("mul.f32", x, x, LN2)
-        a("st.shared.b32", Mem(qa0, RAW + LANES * RBp), x)
+    a("min.i64", nr, nr, BRr)                         # rows of this block below q_len
+    LSEB = RAW + BRr * RBp                            # staged log-sum-exps
+    stg, x, y = a.reg(), a.reg(), a.reg()
+    a("mul.i64", stg, qa0, RBp // 4)
+    for ch in range(nch):                             # rows 32 ch + lane: O / l -> padded rows
+        if nch > 1:
+            a("ld.shared.b32", m, Mem(qa0, ML + 128 * ch))
+            a("ld.shared.b32", l, Mem(qa0, ML + QP + 128 * ch))
+        if c.lse:                                     # ln(sum e^(scale s)) = ln2 (m + log2 l)
+            a("lg2.f32", x, l)
+            a("add.f32", x, x, m)
+            a("mul.f32", x, x, LN2)
+            a("st.shared.b32", Mem(qa0, LSEB + 128 * ch), x)
+        a("rcp.f32", l, l)
+        so, qo = RAW + 32 * ch * RBp, OT + 128 * ch
+        if f32:
+            for k in range(d):
+                a("ld.shared.b32", x, Mem(qa0, qo + QP * k))
+                a("mul.f32", x, x, l)
+                a("st.shared.b32", Mem(stg, so + 4 * k), x)
+        else:
+            for k in range(0, d, 2):
+                a("ld.shared.b32", x, Mem(qa0, qo + QP * k))
+                a("ld.shared.b32", y, Mem(qa0, qo + QP * (k + 1)))
+                a("mul.f32", x, x, l)
+                a("mul.f32", y, y, l)
+                a(_CVT_OUT[c.dtype], x, x, y)
+                a("st.shared.b32", Mem(stg, so + 2 * k), x)
+    a.free(stg, y)
+    if c.lse:
         a("s2r", t1, "%nctaid.y")
         a("s2r", t2, "%ctaid.z")
         a("mul.i64", t1, t1, t2)
@@ -509,26 +586,9 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("ldparam", t2, "LSE")
         a("add.i64", t1, t1, t2)
         a("shl.b64", x, nr, 2)
-        a("mov.b64", t2, RAW + LANES * RBp)
+        a("mov.b64", t2, LSEB)
         a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
-        a.free(x)
-    a("rcp.f32", l, l)
-    stg, x, y = a.reg(), a.reg(), a.reg()
-    a("mul.i64", stg, qa0, RBp // 4)
-    if f32:
-        for k in range(d):
-            a("ld.shared.b32", x, Mem(qa0, OT + 128 * k))
-            a("mul.f32", x, x, l)
-            a("st.shared.b32", Mem(stg, RAW + 4 * k), x)
-    else:
-        for k in range(0, d, 2):
-            a("ld.shared.b32", x, Mem(qa0, OT + 128 * k))
-            a("ld.shared.b32", y, Mem(qa0, OT + 128 * (k + 1)))
-            a("mul.f32", x, x, l)
-            a("mul.f32", y, y, l)
-            a(_CVT_OUT[c.dtype], x, x, y)
-            a("st.shared.b32", Mem(stg, RAW + 2 * k), x)
-    a.free(stg, x, y)
+    a.free(x)
     # O rows: bq, hd again from the special registers (their registers were freed)
     go = a.reg()
     bq, hd = a.reg(), a.reg()
@@ -853,17 +913,17 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
 
 
 # ----------------------------------------------------------------------------- configuration
-def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
+def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, nch: int = 1) -> tuple[_Cfg, Program]:
     tried = []
     for Bc in BC_CHOICES:
-        need = _layout(dtype, d, Bc)["total"]
+        need = _layout(dtype, d, Bc, nch)["total"]
         if need > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {need} B LDM")
             continue
         for U, C in UC_CHOICES:
             if Bc % U:
                 continue
-            cfg = _Cfg(dtype, d, causal, Bc, U, C, c, lse)
+            cfg = _Cfg(dtype, d, causal, Bc, U, C, c, lse, nch)
             try:
                 prog = _emit(cfg, caps.max_regs_per_thread)
             except _OutOfRegisters as e:
@@ -914,10 +974,17 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
             cfg, prog = _choose_decode(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
         except InputError:                            # its fp32 K^T, V^T do not fit: the row kernel does
             pass
+    if prog is None and _ceil(q_len, 2 * BR) * heads * batch >= caps.cores_total:
+        try:                                          # every CPE still busy with 64 rows: half the K/V traffic
+            cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse), nch=2)
+            if cfg.Bc < 32:                           # not at the price of small K/V blocks
+                cfg = prog = None
+        except InputError:
+            pass
     if prog is None:
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
-    launch = Launch((_ceil(q_len, BR), heads, batch), (LANES, 1, 1))
+    launch = Launch((_ceil(q_len, BR * cfg.nch), heads, batch), (LANES, 1, 1))
     kind = "sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway"
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
