@@ -15,10 +15,10 @@ cycle). A CPE has no tensor unit and no cache, but a 256 KiB scratchpad (LDM) fi
 kernel (FlashAttention-2's forward, lane = query row):
 
 - grid = (ceil(q_len / Br), heads, batch), block (32, 1, 1): one CPE owns Br = 32 (or 64, below)
-  query rows of one (batch, head), lane i row i0 + i (and i0 + 32 + i). Block x takes query block nqb - 1 - x, so that under a causal
-  mask the heaviest blocks start first when the grid outnumbers the CPEs. Rows past q_len compute
-  a copy of the last row and are never stored.
-- Q: 32 row DMAs (one per row: rows are kv_ld / q_ld apart in memory, a DMA moves one contiguous
+  query rows of one (batch, head), lane i row i0 + i (and i0 + 32 + i). Block x takes query
+  block nqb - 1 - x, so that under a causal mask the heaviest blocks start first when the grid
+  outnumbers the CPEs. Rows past q_len compute a copy of the last row and are never stored.
+- Q: Br row DMAs (one per row: rows are kv_ld / q_ld apart in memory, a DMA moves one contiguous
   range) into a staging area whose rows are padded by 8 bytes (the lanes' gathers then spread over
   the LDM banks), then transposed, converted to fp32 and pre-scaled by c = scale * log2(e) into
   QT [d][32] (lane i's row in column i: one vector load gives every row's element k). The O
