@@ -967,9 +967,9 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False)
 
 # ----------------------------------------------------------------------------- API
 def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld,
-                         kv_ld, o_ld, dtypes_allowed: str):
-    """The argument checks the fused attention kernels (forward and backward) share: one
-    InputError line per bad value. Returns (batch, heads, q_len, kv_len, d, dtype, {q_ld, kv_ld,
+                         kv_ld, o_ld, dtypes_allowed: str, family: str = "gpu"):
+    """The argument checks the fused attention kernels (forward and backward, GPU and Sunway:
+    ``family``) share: one InputError line per bad value. Returns (batch, heads, q_len, kv_len, d, dtype, {q_ld, kv_ld,
     o_ld}, scale) normalised."""
     vals = {"batch": batch, "heads": heads, "q_len": q_len, "kv_len": kv_len}
     for n, v in vals.items():
@@ -982,10 +982,11 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
     if dtype not in _DTYPES:
         raise InputError(where, f"dtype {dtype!r}", dtypes_allowed)
     dt = _DTYPES[dtype]
-    if caps.family != "gpu":
-        raise InputError(f"{where} on {caps.name}", f"the GPU attention emitter targets the gpu family, "
-                         f"not {caps.family}", "a gpu-family machine")
-    if not caps.has_async_copy:
+    if caps.family != family:
+        who = "GPU" if family == "gpu" else family.capitalize()
+        raise InputError(f"{where} on {caps.name}", f"the {who} attention emitter targets the {family} family, "
+                         f"not {caps.family}", f"a {family}-family machine")
+    if family == "gpu" and not caps.has_async_copy:
         raise InputError(f"{where} on {caps.name}", "the fused attention kernels stream K/V tiles with async "
                          "copies", "a target with async copies")
     if causal and kv_len < q_len:
