@@ -125,7 +125,7 @@ class SunwayCfg:
     BN: int
     BK: int            # k-steps per panel (and per f16 accumulation chain)
     RM: int            # register tile rows
-    RV: int            # register tile vectors (64 halves / 32 floats of C columns each)
+    RV: int            # register tile vectors (32 columns of C each)
     alpha: float = 1.0
 
     @property
@@ -133,9 +133,14 @@ class SunwayCfg:
         return _ES[self.dtype]
 
     @property
+    def half(self) -> bool:
+        return self.es == 2
+
+    @property
     def vw(self) -> int:
-        """C columns per vector register."""
-        return 64 if self.es == 2 else 32
+        """C columns per vector register: one a lane (f16 / bf16: the two halves of a lane are the
+        even-k and odd-k partial sums of the same element)."""
+        return 32
 
     @property
     def RN(self) -> int:
@@ -180,8 +185,100 @@ class SunwayCfg:
 
 
 # ----------------------------------------------------------------------------- emission
+class _Queue:
+    """The rows of the next panel still to fetch: one operand at a time (A, then B), as
+    (src, dst, count, length, src step, dst step) registers plus ``ph`` = 1 while A's rows are
+    queued (B's come next). ``setup`` is the one place a panel becomes transfers: broadcast or
+    strided DMA forms would replace it."""
+
+    def __init__(self, a: _Asm, c: "SunwayCfg", p, gA, gB, mv, nv):
+        self.a, self.c, self.p = a, c, p
+        self.g = {"A": (gA, mv), "B": (gB, nv)}
+        self.src, self.dst, self.cnt, self.len, self.ss, self.ds, self.ph = (a.reg() for _ in range(7))
+
+    def setup(self, op: str) -> None:
+        """Queue operand op's rows of panel p+1 (into stage (p+1) % 2)."""
+        a, c = self.a, self.c
+        es = c.es
+        g, ext = self.g[op]
+        trans = c.trans_a if op == "A" else c.trans_b
+        kmajor = trans if op == "A" else not trans        # panel rows are k-steps
+        k0, kn = a.reg(), a.reg()
+        a("add.i64", k0, self.p, 1)
+        a("and.b64", self.dst, k0, 1)
+        a("mul.i64", self.dst, self.dst, c.stage)
+        a("add.i64", self.dst, self.dst, c.cs_bytes + (0 if op == "A" else c.a_panel))
+        a("shl.b64", k0, k0, _log2(c.BK))
+        a("ldparam", kn, "K")
+        a("sub.i64", kn, kn, k0)
+        a("min.i64", kn, kn, c.BK)                        # k-steps of that panel
+        a("ldparam", self.ss, "lda" if op == "A" else "ldb")
+        a("shl.b64", self.ss, self.ss, _log2(es))         # bytes between rows in memory
+        if kmajor:                                        # rows k0 .. k0+kn-1, ext elements each
+            a("mul.i64", self.src, k0, self.ss)
+            a("mov.b64", self.cnt, kn)
+            a("shl.b64", self.len, ext, _log2(es))
+        else:                                             # ext rows, k0 .. k0+kn-1 of each
+            a("shl.b64", self.src, k0, _log2(es))
+            a("mov.b64", self.cnt, ext)
+            a("shl.b64", self.len, kn, _log2(es))
+        a("add.i64", self.src, self.src, g)
+        a("mov.b64", self.ds, c.pa if op == "A" else c.pb)
+        a("mov.b64", self.ph, 1 if op == "A" else 0)
+        a.free(k0, kn)
+
+    def issue(self, pred=None) -> None:
+        a = self.a
+        a("dma.get", Mem(self.dst, 0), Mem(self.src, 0), self.len, p=pred)
+        a("add.i64", self.dst, self.dst, self.ds, p=pred)
+        a("add.i64", self.src, self.src, self.ss, p=pred)
+        a("sub.i64", self.cnt, self.cnt, 1, p=pred)
+
+    def switch(self, p0, lbl) -> None:
+        """A's rows all issued: queue B's."""
+        a = self.a
+        skip = lbl("QSW")
+        a("setp.ne.i64", p0, self.cnt, 0)
+        a("bra", skip, p=p0)
+        a("setp.eq.i64", p0, self.ph, 0)
+        a("bra", skip, p=p0)
+        self.setup("B")
+        a.label(skip)
+
+    def drain(self, p0, lbl) -> None:
+        """Issue every row still queued (A's, then B's), back to back."""
+        a = self.a
+        top, go, done = lbl("DRAIN"), lbl("DGET"), lbl("DDONE")
+        a.label(top)
+        a("setp.gt.i64", p0, self.cnt, 0)
+        a("bra", go, p=p0)
+        a("setp.eq.i64", p0, self.ph, 0)
+        a("bra", done, p=p0)
+        self.setup("B")
+        a("bra", top)
+        a.label(go)
+        self.issue()
+        a("bra", top)
+        a.label(done)
+
+
+def _pace(c: "SunwayCfg") -> int:
+    """k-steps between two queued gets inside the compute loop: the full tile's k-steps of a
+    panel (sub-tiles x BK) spread over its rows, at most one get every 4 k-steps (choice: a
+    sw26010pro CPE's share of its engine is 2 of 8 descriptors over a ~490-cycle get, one get per
+    ~245 cycles, ~4 k-steps of a 32-register f16 tile; issuing faster only stalls the CPE on the
+    full FIFO while its FMAs wait)."""
+    rows = c.a_rows + c.b_rows
+    sub = (c.BM // c.RM) * (c.BN // c.RN)
+    r = max(1, sub * c.BK // rows)
+    pace = 1
+    while pace * 2 <= min(r, 4):
+        pace *= 2
+    return pace
+
+
 def _emit(c: SunwayCfg, max_regs: int) -> Program:
-    es, os_, W = c.es, _OS[c.out], 32
+    es, os_ = c.es, _OS[c.out]
     name = f"sw_gemm_{c.dtype}_{c.out}_{'t' if c.trans_a else 'n'}{'t' if c.trans_b else 'n'}_{c.BM}x{c.BN}"
     a = _Asm(name, PARAMS, c.ldm_bytes, limit=max_regs)
     labels = iter(range(10**6))
@@ -223,56 +320,17 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("add.i64", gB, gB, w)
     a.free(t, u, w)
 
-    def load_panel(kp, sbase: int, soff=None) -> None:
-        """Every dma.get of panel kp (a register) into the stage at byte sbase (+ register soff).
-        The one place a panel becomes transfers: broadcast / strided forms would go here."""
-        k0, kn, src, dst, cnt, ln, step = (a.reg() for _ in range(7))
-        a("shl.b64", k0, kp, _log2(c.BK))
-        a("ldparam", kn, "K")
-        a("sub.i64", kn, kn, k0)
-        a("min.i64", kn, kn, c.BK)                      # k-steps in this panel
-        for op in ("A", "B"):
-            trans = c.trans_a if op == "A" else c.trans_b
-            g, ext = (gA, mv) if op == "A" else (gB, nv)
-            kmajor = trans if op == "A" else not trans  # panel rows are k-steps
-            pitch = c.pa if op == "A" else c.pb
-            off = sbase + (0 if op == "A" else c.a_panel)
-            a("ldparam", step, "lda" if op == "A" else "ldb")
-            a("shl.b64", step, step, _log2(es))           # bytes between rows in memory
-            if kmajor:                                    # rows k0 .. k0+kn-1, ext elements each
-                a("mul.i64", src, k0, step)
-                a("mov.b64", cnt, kn)
-                a("shl.b64", ln, ext, _log2(es))
-            else:                                         # ext rows, k0 .. k0+kn-1 of each
-                a("shl.b64", src, k0, _log2(es))
-                a("mov.b64", cnt, ext)
-                a("shl.b64", ln, kn, _log2(es))
-            a("add.i64", src, src, g)
-            if soff is None:
-                a("mov.b64", dst, off)
-            else:
-                a("add.i64", dst, soff, off)
-            top = lbl(f"GET{op}")
-            a.label(top)
-            a("dma.get", Mem(dst, 0), Mem(src, 0), ln)
-            a("add.i64", dst, dst, pitch)
-            a("add.i64", src, src, step)
-            a("sub.i64", cnt, cnt, 1)
-            a("setp.gt.i64", p0, cnt, 0)
-            a("bra", top, p=p0)
-        a.free(k0, kn, src, dst, cnt, ln, step)
-
-    # ---- prologue: panel 0 in flight while the C tile is zeroed
-    p, np_ = a.reg(), a.reg()
+    # ---- prologue: panel 0's gets (p = -1: the queue fetches panel p+1), then zero the C tile
+    p = a.reg()
+    q = _Queue(a, c, p, gA, gB, mv, nv)
+    a("mov.b64", p, -1)
+    q.setup("A")
+    q.drain(p0, lbl)
     a("mov.b64", p, 0)
-    load_panel(p, c.cs_bytes)
-    a("ldparam", np_, "K")
-    a("add.i64", np_, np_, c.BK - 1)
-    a("shr.u64", np_, np_, _log2(c.BK))                  # panels
     zr = a.reg(4)
     for i in range(4):
         a("mov.b64", zr + i, 0)
-    zp, ln = a.reg(), a.reg()
+    zp = a.reg()
     a("s2r", zp, "%laneid")
     a("shl.b64", zp, zp, 4)
     unroll = next(u for u in (4, 2, 1) if c.cs_bytes % (512 * u) == 0)
@@ -282,33 +340,44 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("add.i64", zp, zp, 512 * unroll)
     a("setp.lt.i64", p0, zp, c.cs_bytes)
     a("bra", "ZERO", p=p0)
-    a.free(zp, ln)
+    a.free(zp)
     a.free(zr, k=4)
 
-    # ---- panel loop
+    # ---- panel loop: wait for panel p, queue panel p+1 (issued a row at a time between the
+    # FMAs of panel p, the rest after it), compute panel p
     sb, kn = a.reg(), a.reg()
     a.label("PANEL")
     a("dma.wait", 0)                                     # panel p is in the LDM
     a("add.i64", sb, p, 1)
-    a("setp.lt.i64", p0, sb, np_)
+    a("shl.b64", sb, sb, _log2(c.BK))
+    a("ldparam", kn, "K")
+    a("mov.b64", q.cnt, 0)
+    a("mov.b64", q.ph, 0)
+    a("setp.lt.i64", p0, sb, kn)
     a("bra", "COMPUTE", p=p0, neg=True)
-    a("and.b64", kn, sb, 1)
-    a("mul.i64", kn, kn, c.stage)
-    load_panel(sb, c.cs_bytes, kn)                       # panel p+1 into the other stage
+    q.setup("A")                                         # panel p+1 into the other stage
     a.label("COMPUTE")
     a("and.b64", sb, p, 1)
     a("mul.i64", sb, sb, c.stage)
     a("add.i64", sb, sb, c.cs_bytes)                     # this panel's stage
-    a("shl.b64", kn, p, _log2(c.BK))
-    a("ldparam", t := a.reg(), "K")
-    a("sub.i64", kn, t, kn)
+    t = a.reg()
+    a("shl.b64", t, p, _log2(c.BK))
+    a("ldparam", kn, "K")
+    a("sub.i64", kn, kn, t)
     a("min.i64", kn, kn, c.BK)                           # k-steps of this panel
     a.free(t)
-    _compute_panel(a, c, sb, kn, mv, nv, p0, lbl)
+    if c.half:
+        _pad_odd(a, c, sb, kn, p0, lbl)
+    _compute_panel(a, c, sb, kn, mv, nv, p0, lbl, q)
+    q.drain(p0, lbl)
     a("add.i64", p, p, 1)
-    a("setp.lt.i64", p0, p, np_)
+    t = a.reg()
+    a("shl.b64", sb, p, _log2(c.BK))
+    a("ldparam", t, "K")
+    a("setp.lt.i64", p0, sb, t)
+    a.free(t)
     a("bra", "PANEL", p=p0)
-    a.free(sb, kn, p, np_, gA, gB)
+    a.free(sb, kn, p, gA, gB, q.src, q.dst, q.cnt, q.len, q.ss, q.ds, q.ph)
 
     # ---- epilogue: alpha, conversion in place, one put per row
     gC, t, lane, row, ldc, ln = (a.reg() for _ in range(6))
@@ -335,7 +404,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
         a("add.i64", t, t, row)                          # this row's f32 pairs at 8*lane
         a("shl.b64", t2, lane, 2)
         a("add.i64", t2, t2, row)                        # its packed pairs at 4*lane
-        for j in range(_ceil(c.BN, 64)):               # (fp32 in: BN may end in half a vector)
+        for j in range(_ceil(c.BN, 64)):                 # (fp32 in: BN may end in half a vector)
             a("ld.shared.v2.b32", x, Mem(t, 256 * j))
             if c.alpha != 1.0:
                 a("mul.f32", x, x, c.alpha)
@@ -362,145 +431,186 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     return a.build()
 
 
-def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl) -> None:
+def _pad_odd(a: _Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
+    """A panel of odd kn k-steps (the K residue) is read in k-pairs: its element kn of A and of B
+    (past what the DMA fetched) is set to zero so the last pair's odd half adds 0 * 0."""
+    skip = lbl("NOPAD")
+    t, u, lane = a.reg(), a.reg(), a.reg()
+    z = a.reg()
+    a("and.b64", t, kn, 1)
+    a("setp.eq.i64", p0, t, 0)
+    a("bra", skip, p=p0)
+    a("mov.b64", z, 0)
+    a("s2r", lane, "%laneid")
+    # A: column kn of BM rows (A), or row kn of BM halves (A^T); B: row kn of BN (B), column kn of BN rows (B^T)
+    for op, rows, pitch, base, kmajor in (("A", c.BM, c.pa, 0, c.trans_a), ("B", c.BN, c.pb, c.a_panel, not c.trans_b)):
+        if kmajor:                                   # row kn, element lane + 32r
+            a("mul.i64", t, kn, pitch)
+            a("mad.i64", t, lane, 2, t)
+        else:                                        # row lane + 32r, element kn
+            a("mul.i64", t, lane, pitch)
+            a("mad.i64", t, kn, 2, t)
+        a("add.i64", t, t, sb)
+        for r0 in range(0, rows, 32):
+            pr = None
+            if r0 + 32 > rows:                       # the last lanes past the tile
+                a("setp.lt.i64", p0, lane, rows - r0)
+                pr = p0
+            a("st.shared.b16", Mem(t, base + r0 * (2 if kmajor else pitch)), z, p=pr)
+    a.free(t, u, lane, z)
+    a.label(skip)
+
+
+def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
     """C tile (f32, LDM) += op(A panel) @ op(B panel) over kn k-steps, register tile by register
-    tile (only those holding valid rows / columns)."""
-    es, RM, RV = c.es, c.RM, c.RV
-    half = es == 2
-    ms, ns, si, sj = (a.reg() for _ in range(4))
-    a("add.i64", ms, mv, RM - 1)
-    a("shr.u64", ms, ms, _log2(RM))
-    a("add.i64", ns, nv, c.RN - 1)
-    a("shr.u64", ns, ns, _log2(c.RN))
+    tile (only those holding valid rows / columns); one queued get every _pace(c) iterations.
+
+    f16 / bf16 (c.half): an iteration is a k-pair; lane l of vector j of row i accumulates
+    (A[i,k] B[k,n], A[i,k+1] B[k+1,n]) for n = sj + 32j + l in its two halves. fp32: an iteration
+    is one k-step, lane l holds column sj + 32j + l."""
+    es, RM, RV, half = c.es, c.RM, c.RV, c.half
+    kstep = 2 if half else 1                             # k-steps an iteration
+    pace = _pace(c)
+    pq, pk = a.pred(), a.pred()
+    si, sj = a.reg(), a.reg()                            # element offsets of the register tile
     a("mov.b64", si, 0)
     top_i = lbl("SI")
     a.label(top_i)
     a("mov.b64", sj, 0)
     top_j = lbl("SJ")
     a.label(top_j)
+    q.switch(p0, lbl)
+    a("setp.gt.i64", pq, q.cnt, 0)
     acc = a.reg(RM * RV)
     for r in range(RM * RV):
         a("mov.b64", acc + r, 0)
-    aptr, bptr, kc, t = (a.reg() for _ in range(4))
-    # A element (row si*RM, k 0) of the panel
-    a("mul.i64", aptr, si, RM * (es if c.trans_a else c.pa))
+    aptr, bptr, kc = (a.reg() for _ in range(3))
+    t = a.reg() if pace > 1 else None
+    # A: element (row si, k 0) of the panel
+    a("mul.i64", aptr, si, es if c.trans_a else c.pa)
     a("add.i64", aptr, aptr, sb)
-    # B: this lane's element(s) of column block sj, k 0
-    a("s2r", t, "%laneid")
-    if c.trans_b:
-        a("mul.i64", bptr, sj, c.RN)
-        a("mad.i64", bptr, t, 2 if half else 1, bptr)    # the lane's (first) B^T row
-        a("mul.i64", bptr, bptr, c.pb)
-    else:
-        a("mul.i64", bptr, sj, c.RN * es)
-        a("mad.i64", bptr, t, 4, bptr)                  # 4 bytes a lane: 2 halves / 1 float
+    # B: this lane's element of column sj + lane, k 0
+    a("s2r", kc, "%laneid")
+    a("add.i64", bptr, sj, kc)
+    a("mul.i64", bptr, bptr, c.pb if c.trans_b else es)
     a("add.i64", bptr, bptr, sb)
     a("add.i64", bptr, bptr, c.a_panel)
-    a.free(t)
-    a("mov.b64", kc, kn)
+    a("add.i64", kc, kn, kstep - 1)
+    if half:
+        a("shr.u64", kc, kc, 1)                          # iterations (k-pairs)
+    # operand loads: a pair from two rows of the panel is two ld.shared.u16 joined by a mad
+    a_pair_rows = half and c.trans_a                     # A^T: k and k+1 are rows of the panel
+    b_pair_rows = half and not c.trans_b                 # B: likewise
     bv = a.reg(RV)
-    bh = a.reg(RV) if (c.trans_b and half) else None
-    av = [a.reg() for _ in range(min(3, RM))]
-    a_step_row = es if c.trans_a else c.pa               # bytes between A rows in the panel
-    a_step_k = c.pa if c.trans_a else es
-    b_step_k = es if c.trans_b else c.pb
-    lanes_per_vec = 2 if half else 1
-    b_vec = c.vw * c.pb if c.trans_b else c.vw * es      # bytes between B vectors (columns vw apart)
-    lda_op = "ld.shared.u16" if half else "ld.shared.b32"
+    bt = [a.reg() for _ in range(2)] if b_pair_rows else []
+    na = 2 if (a_pair_rows or b_pair_rows) else 3
+    av = [a.reg() for _ in range(min(na, RM))]
+    at = [a.reg() for _ in range(min(na, RM))] if a_pair_rows else []
+    ahead = len(av) - 1                                  # rows an A load runs ahead of its FMAs
+    a_row = es if c.trans_a else c.pa                    # bytes between A rows (m) in the panel
+    a_k = c.pa if c.trans_a else es                      # bytes between k-steps
+    b_col = c.pb if c.trans_b else es                    # bytes between B columns (n)
+    b_k = es if c.trans_b else c.pb
+    wide = "ld.shared.b32"                               # a pair (k, k+1) adjacent / an f32
 
     def load_a(i):
-        a(lda_op, av[i % len(av)], Mem(aptr, i * a_step_row))
+        r = av[i % len(av)]
+        if a_pair_rows:
+            a("ld.shared.u16", r, Mem(aptr, i * a_row))
+            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k))
+        else:
+            a(wide, r, Mem(aptr, i * a_row))             # every lane the same address: a broadcast
 
-    def dup_a(i):
-        if half:
-            a("mul.i64", av[i % len(av)], av[i % len(av)], 0x10001)
+    def join_a(i):
+        if a_pair_rows:
+            r = av[i % len(av)]
+            a("mad.i64", r, at[i % len(at)], 0x10000, r)
 
     loop = lbl("K")
     a.label(loop)
     for j in range(RV):
-        if c.trans_b and half:
-            a("ld.shared.u16", bv + j, Mem(bptr, j * b_vec))
-            a("ld.shared.u16", bh + j, Mem(bptr, j * b_vec + c.pb))
+        if b_pair_rows:
+            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col))
+            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k))
+            if j >= 1:
+                a("mad.i64", bv + (j - 1), bt[(j - 1) % 2], 0x10000, bv + (j - 1))
         else:
-            a("ld.shared.b32", bv + j, Mem(bptr, j * b_vec))
-    load_a(0)
-    if RM > 1:
-        load_a(1)
-    if c.trans_b and half:
-        for j in range(RV):
-            a("mad.i64", bv + j, bh + j, 0x10000, bv + j)
-    dup_a(0)
+            a(wide, bv + j, Mem(bptr, j * 32 * b_col))
+    for i in range(min(ahead, RM)):
+        load_a(i)
+    if b_pair_rows:
+        a("mad.i64", bv + (RV - 1), bt[(RV - 1) % 2], 0x10000, bv + (RV - 1))
+    join_a(0)
     for i in range(RM):
-        if i + 2 < RM:
-            load_a(i + 2)
+        if i + ahead < RM:
+            load_a(i + ahead)
         if i + 1 < RM:
-            dup_a(i + 1)
+            join_a(i + 1)
         for j in range(RV):
             r = acc + i * RV + j
             a(_FMA[c.dtype], r, av[i % len(av)], bv + j, r)
-    a("add.i64", aptr, aptr, a_step_k)
-    a("add.i64", bptr, bptr, b_step_k)
+        if i == 0:                                       # the DMA slot: one queued get
+            if pace > 1:
+                a("and.b64", t, kc, pace - 1)
+                a("setp.eq.i64", pk, t, 0)
+                a("and.pred", pk, pk, pq)
+            q.issue(pk if pace > 1 else pq)
+            a("setp.gt.i64", pq, q.cnt, 0)
+    a("add.i64", aptr, aptr, kstep * a_k)
+    a("add.i64", bptr, bptr, kstep * b_k)
     a("sub.i64", kc, kc, 1)
     a("setp.gt.i64", p0, kc, 0)
     a("bra", loop, p=p0)
-    a.free(*av)
+    a.free(*av, *at, *bt)
     a.free(bv, k=RV)
-    if bh is not None:
-        a.free(bh, k=RV)
     a.free(aptr, bptr, kc)
+    if t is not None:
+        a.free(t)
 
-    # ---- flush the register tile into the f32 tile
+    # ---- flush the register tile into the f32 tile: lane l of (i, j) is C[si+i, sj+32j+l]
     cp = a.reg()
     a("s2r", cp, "%laneid")
-    a("shl.b64", cp, cp, 3 if half else 2)
+    a("add.i64", cp, cp, sj)
+    a("shl.b64", cp, cp, 2)
     t = a.reg()
-    a("mul.i64", t, si, RM * c.BN * 4)
-    a("add.i64", cp, cp, t)
-    a("mul.i64", t, sj, c.RN * 4)
+    a("mul.i64", t, si, c.BN * 4)
     a("add.i64", cp, cp, t)
     a.free(t)
     rb = c.BN * 4
-    if half:
-        batch = 2
-        tmp = [(a.reg(2), a.reg(2)) for _ in range(batch)]      # (f32 pair from LDM, converted pair)
-        regs = [(i, j) for i in range(RM) for j in range(RV)]
-        for g0 in range(0, len(regs), batch):
-            grp = regs[g0:g0 + batch]
-            for (i, j), (cv, _) in zip(grp, tmp):
-                a("ld.shared.v2.b32", cv, Mem(cp, i * rb + j * 256))
-            for (i, j), (_, hv) in zip(grp, tmp):
-                r = acc + i * RV + j
-                a(_CVT_LO[c.dtype], hv, r)
-                a(_CVT_HI[c.dtype], hv + 1, r)
-            for (i, j), (cv, hv) in zip(grp, tmp):
-                a("add.f32", cv, cv, hv)
-                a("add.f32", cv + 1, cv + 1, hv + 1)
-            for (i, j), (cv, _) in zip(grp, tmp):
-                a("st.shared.v2.b32", Mem(cp, i * rb + j * 256), cv)
-        for cv, hv in tmp:
-            a.free(cv, hv, k=2)
-    else:
-        batch = 4
-        tmp = [a.reg() for _ in range(batch)]
-        regs = [(i, j) for i in range(RM) for j in range(RV)]
-        for g0 in range(0, len(regs), batch):
-            grp = regs[g0:g0 + batch]
-            for (i, j), cv in zip(grp, tmp):
-                a("ld.shared.b32", cv, Mem(cp, i * rb + j * 128))
-            for (i, j), cv in zip(grp, tmp):
-                a("add.f32", cv, cv, acc + i * RV + j)
-            for (i, j), cv in zip(grp, tmp):
-                a("st.shared.b32", Mem(cp, i * rb + j * 128), cv)
-        a.free(*tmp)
+    regs = [(i, j) for i in range(RM) for j in range(RV)]
+    batch = 4
+    cv = [a.reg() for _ in range(batch)]
+    hv = [a.reg(2) for _ in range(batch)] if half else []
+    for g0 in range(0, len(regs), batch):
+        grp = list(enumerate(regs[g0:g0 + batch]))
+        for n, (i, j) in grp:
+            a("ld.shared.b32", cv[n], Mem(cp, i * rb + j * 128))
+        if half:
+            for n, (i, j) in grp:
+                a(_CVT_LO[c.dtype], hv[n], acc + i * RV + j)
+                a(_CVT_HI[c.dtype], hv[n] + 1, acc + i * RV + j)
+            for n, (i, j) in grp:
+                a("add.f32", cv[n], cv[n], hv[n])
+            for n, (i, j) in grp:
+                a("add.f32", cv[n], cv[n], hv[n] + 1)
+        else:
+            for n, (i, j) in grp:
+                a("add.f32", cv[n], cv[n], acc + i * RV + j)
+        for n, (i, j) in grp:
+            a("st.shared.b32", Mem(cp, i * rb + j * 128), cv[n])
+    a.free(*cv)
+    for h in hv:
+        a.free(h, k=2)
     a.free(cp)
     a.free(acc, k=RM * RV)
-    a("add.i64", sj, sj, 1)
-    a("setp.lt.i64", p0, sj, ns)
+    a("add.i64", sj, sj, c.RN)
+    a("setp.lt.i64", p0, sj, nv)
     a("bra", top_j, p=p0)
-    a("add.i64", si, si, 1)
-    a("setp.lt.i64", p0, si, ms)
+    a("add.i64", si, si, RM)
+    a("setp.lt.i64", p0, si, mv)
     a("bra", top_i, p=p0)
-    a.free(ms, ns, si, sj)
+    a.free(si, sj)
+    a.pfree(pq, pk)
 
 
 # ----------------------------------------------------------------------------- tile choice
@@ -518,8 +628,7 @@ def _normalize(caps, dtype, out_dtype) -> tuple[str, str]:
 
 
 def _register_tile(dt: str, N: int) -> tuple[int, int]:
-    vw = 64 if _ES[dt] == 2 else 32
-    rv = 4 if N > 2 * vw else (2 if N > vw else 1)
+    rv = 4 if N > 64 else (2 if N > 32 else 1)
     return min(ACC_REGS // rv, 16), rv
 
 
@@ -546,13 +655,13 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     dt, out = _normalize(caps, dtype, out_dtype)
     es = _ES[dt]
     RM0, RV0 = _register_tile(dt, N)
-    vw = 64 if es == 2 else 32
+    vw = 32
     best = None
     for RV in (4, 2, 1):
         if RV > RV0:
             continue
         RM = min(ACC_REGS // RV, 16)
-        for BK in (128 // es, 64 // es):           # 128-byte panel rows, else 64 (a small LDM)
+        for BK in ((128, 64) if es == 2 else (32, 16)):   # 256 / 128-byte panel rows (a small LDM: half)
             for BM in range(RM, BM_MAX + 1, RM):
                 if BM > RM and BM - RM >= M:       # no use: a smaller BM covers M already
                     break
@@ -566,7 +675,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                     if best is None or key < best[0]:
                         best = (key, cfg)
     if best is None:
-        small = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), 16, vw, 64 // es, 16, 1, alpha)
+        small = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), 16, vw, 64 if es == 2 else 16, 16, 1, alpha)
         raise InputError(f"gemm tile on {caps.name}", f"the smallest tile {small.BM}x{small.BN} needs "
                          f"{small.ldm_bytes} B of LDM", f"at most {caps.scratchpad_bytes} B (caps.scratchpad_bytes)")
     cfg = best[1]
@@ -620,12 +729,12 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         raise InputError("gemm alpha", f"alpha = {alpha!r}", "a finite number within the f32 range")
     if tile is not None:
         RM, RV = _register_tile(dt, N)
-        vw = 64 if es == 2 else 32
+        vw = 32
         ok = (isinstance(tile, tuple) and len(tile) == 5 and all(isinstance(v, (int, np.integer)) for v in tile))
         if not ok or tile[3] != 1 or tile[4] != 2:
             raise InputError("gemm tile", f"tile {tile!r}", "Tile(BM, BN, BK, warps=1, stages=2)")
         BM, BN, BK = int(tile[0]), int(tile[1]), int(tile[2])
-        if BM < RM or BM % RM or BN < RV * vw or BN % (RV * vw) or BK < 1 or BK & (BK - 1):
+        if BM < RM or BM % RM or BN < RV * vw or BN % (RV * vw) or BK < (2 if es == 2 else 1) or BK & (BK - 1):
             raise InputError("gemm tile", f"tile {BM}x{BN}, BK {BK}",
                              f"BM a multiple of {RM}, BN of {RV * vw}, BK a power of two")
         cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha_f)
