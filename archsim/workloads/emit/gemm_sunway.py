@@ -17,8 +17,8 @@ size: M, N, K, leading dimensions and strides are kernel parameters, loops carry
 
 LDM (``.shared``) of one CPE:
 - ``Cs``: the f32 C tile, BM x BN, row-major (zeroed at the start of the tile);
-- two stages (double buffering), each an A panel and a B panel of BK k-steps (BK = 64 halves or
-  32 floats: 128-byte rows). A is kept as stored: rows of A (BM rows of BK k) or, with
+- two stages (double buffering), each an A panel and a B panel of BK k-steps (BK = 128 halves or
+  32 floats; 64 / 16 when the LDM is small). A is kept as stored: rows of A (BM rows of BK k) or, with
   ``trans_a``, rows of A^T (BK rows of BM m); likewise B as BK rows of BN n, or with ``trans_b``
   BN rows of BK k, their pitch padded by 4 (halves) / 8 (floats) bytes so that the lanes' reads
   of 32 different rows spread over the 8 LDM banks.
@@ -28,27 +28,39 @@ LDM (``.shared``) of one CPE:
   k-steps, an edge tile its columns < N), so the kernel never reads outside A or B; LDM bytes
   outside the fetched part only ever feed C rows / columns that are not stored. The descriptor
   FIFO is the engine's (8 per 2x2 cluster): a CPE issuing into a full FIFO stalls, as modelled.
-- Pipeline, per panel p: ``dma.wait 0`` (panel p is in), issue every get of panel p+1 into the
-  other stage, then compute panel p from LDM while those gets fly. ``_load_panel`` is the one
-  place that turns a panel into transfers (the hook for broadcast / strided DMA: swDNN shares A
-  and B panels across a mesh row / column, which the engine does not model yet).
+- Pipeline, per panel p: ``dma.wait 0`` (panel p is in), queue the rows of panel p+1 (into the
+  other stage), compute panel p from LDM issuing one queued get every ``_pace`` k-iterations
+  from inside the FMA loop, then issue what is left. Issuing a whole panel at once would park
+  the in-order CPE on the full descriptor FIFO for most of the panel; paced, the gets fly while
+  the FMAs run. ``_Queue.setup`` is the one place that turns a panel into transfers (the hook
+  for broadcast / strided DMA: swDNN shares A and B panels across a mesh row / column, which
+  the engine does not model yet).
 
-Compute (the CPE has no tensor unit): register tiles of RM rows x RV vectors of C. f16 / bf16:
-lane l of vector j holds columns 64j+2l, 64j+2l+1 as an f16x2 (bf16x2) pair; each k-step loads
-RV B vectors from LDM (one ``ld.shared.b32`` a lane from B's k-row; with ``trans_b`` two
-``ld.shared.u16`` from the lane's two B^T rows, joined by one ``mad.i64``), and for every row a
-broadcast ``ld.shared.u16`` of A[i, k] (every lane reads the same address: one wavefront) made
-into a pair by ``mul.i64 x, x, 0x10001``, then RM x RV ``fma.f16x2``. fp32: one column a lane
-(32 per vector), ``ld.shared.b32`` of A broadcast, ``fma.f32``. RM x RV = 32 accumulator
-registers: (8, 4) when N > 128 halves, (16, 2) / (16, 1) for narrow C; A loads run two rows
-ahead of their FMAs (an in-order core stalls on the first operand not ready).
+Compute (the CPE has no tensor unit): register tiles of RM rows x RV vectors of 32 columns of C,
+lane l of vector j holding column sj + 32j + l. f16 / bf16 run in k-pairs: the two halves of
+an accumulator are the even-k and odd-k partial sums of the same element, so one
+``fma.f16x2 acc, (A[i,k], A[i,k+1]), (B[k,n], B[k+1,n]), acc`` does 64 multiply-adds. The A pair
+is one ``ld.shared.b32`` that every lane reads at the same address (a broadcast: one wavefront)
+when A is stored [M, K]; with ``trans_a`` its halves sit in two panel rows: two broadcast
+``ld.shared.u16`` joined by one ``mad.i64 x, hi, 0x10000, lo``. The B pair is one
+``ld.shared.b32`` a lane from the lane's B^T row (``trans_b``), else two ``ld.shared.u16`` from
+B's rows k and k+1 (32 lanes, 64 contiguous bytes) and a ``mad.i64``. Per k-pair of an (8, 4)
+tile: 32 FMAs (64 vector cycles) against 8 A and 4-8 B loads and at most 12 integer ops. fp32:
+one k-step an iteration, ``ld.shared.b32`` of A broadcast, B one float a lane, ``fma.f32``.
+RM x RV = 32 accumulator registers: (8, 4) when N > 64, (16, 2) / (16, 1) for narrow C; A loads
+run one or two rows ahead of their FMAs (an in-order core stalls on the first operand not
+ready). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
+last pair adds 0 * 0. The modelled integer pipe charges every integer op a full 32-lane issue
+(2 cycles), which is why the layout avoids per-row integer work (a k-per-instruction layout
+needs a ``mul.i64`` to duplicate every A element: int-bound).
 
 Accumulation (the swDNN / swBLAS-style mixed-precision choice): fp16 / bf16 products are summed
 in the vector registers in the input format (``fma.f16x2`` / ``fma.bf16x2``, one rounding per
-k-step, 64 halves an instruction: the full 55 TFLOP/s rate of sw26010pro) within one panel, i.e.
-chains of at most BK = 64 k-steps; after each panel the register tile is flushed into the f32
-tile in LDM (two ``cvt.f32.f16[h]`` and two ``add.f32`` per register: ~12 vector cycles per 128
-cycles of FMA, 9 %), so errors do not grow with K beyond the f32 sum of K/64 blocks. An all-f32
+k-step, 64 halves an instruction: the full 55 TFLOP/s rate of sw26010pro) within one panel of
+BK = 128 k-steps (64 on a small LDM), i.e. two chains of at most 64 products per element (the
+even and odd k halves); after each panel the register tile is flushed into the f32 tile in LDM
+(two ``cvt.f32.f16[h]`` and two ``add.f32`` per register at the f32 rate: 16 vector cycles per
+128 cycles of FMA, 12 %), so errors do not grow with K beyond the f32 sum of K/128 blocks. An all-f32
 accumulation would run at the f32 rate, a quarter of the f16 one. fp32 inputs accumulate with
 ``fma.f32`` within the panel and add into the f32 tile the same way. The result error is thus
 bounded by u_in * sum over panels and k of |partial sum| + u32 * (K/BK sums) + the output
@@ -65,11 +77,14 @@ vector width (<= 512); the candidate must fit the LDM (``caps.scratchpad_bytes``
 BM*BN*4 + 2 stages) and its program the registers (``caps.max_regs_per_thread``). The smallest
 estimated time wins, ties to the larger tile:
 
-    cost = max(tiles * (BM' + BN') * K * es / (BW * cores),  waves * 2 * BM' * BN' * K / F) + waves * T0
+    cost = max(tiles * (BM' + BN') * K * es / (BW * min(tiles, cores)),  waves * 2 * BM' * BN' * K / F)
+           + waves * T0
 
 with BM' = min(BM, M), BN' = min(BN, N), waves = ceil(tiles / cores) (wave quantization over
-``caps.cores_total`` CPEs): the DRAM bytes of all tiles over the machine's bandwidth, or the
-busiest CPE's FMA time, whichever is longer. BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
+``caps.cores_total`` CPEs): the DRAM bytes of all tiles over the bandwidth of the CPEs that run
+them (blocks fill the core groups one after the other, and a core group's DMA is bounded by its
+controller and ring stop, so a launch of few tiles gets a share of the machine's bandwidth), or
+the busiest CPE's FMA time, whichever is longer. BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
 16 (f32) flops per cycle are sw26010pro's balance (307.2 GB/s over 384 CPEs at 2.25 GHz; one
 f16x2 / f32 FMA of 32 lanes per 2 / 4 cycles): a choice, since capabilities carry no rates; the
 rule only ranks tiles, the timing engine measures them.
@@ -636,7 +651,7 @@ def _cost(M, N, K, BM, BN, es, cores, nbatch) -> float:
     bm, bn = min(BM, M), min(BN, N)
     tiles = _ceil(M, BM) * _ceil(N, BN) * nbatch
     waves = _ceil(tiles, max(cores, 1))
-    mem = tiles * (bm + bn) * K * es / (_BW_CPE * cores)
+    mem = tiles * (bm + bn) * K * es / (_BW_CPE * min(tiles, cores))
     comp = waves * 2.0 * bm * bn * K / _FLOPS_CPE[es]
     return max(mem, comp) + waves * _T0
 
@@ -734,9 +749,11 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         if not ok or tile[3] != 1 or tile[4] != 2:
             raise InputError("gemm tile", f"tile {tile!r}", "Tile(BM, BN, BK, warps=1, stages=2)")
         BM, BN, BK = int(tile[0]), int(tile[1]), int(tile[2])
+        RV = next((v for v in (4, 2, 1) if v <= RV and BN >= v * vw and BN % (v * vw) == 0), RV)
+        RM = min(ACC_REGS // RV, 16)
         if BM < RM or BM % RM or BN < RV * vw or BN % (RV * vw) or BK < (2 if es == 2 else 1) or BK & (BK - 1):
             raise InputError("gemm tile", f"tile {BM}x{BN}, BK {BK}",
-                             f"BM a multiple of {RM}, BN of {RV * vw}, BK a power of two")
+                             f"BM a multiple of {RM}, BN of {vw}, BK a power of two (>= 2 for 16-bit inputs)")
         cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha_f)
         if cfg.ldm_bytes > caps.scratchpad_bytes:
             raise InputError("gemm tile", f"tile {BM}x{BN}x{BK} needs {cfg.ldm_bytes} B of LDM "
