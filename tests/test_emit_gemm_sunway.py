@@ -268,3 +268,15 @@ def test_timing_smoke_vector_pipe_busy_matches_the_fmas():
     assert t.cycles >= busy / k.launch.blocks        # no CPE beats its own vector pipe
     dma = t.memory["dma"]
     assert dma["gets"] == k.launch.blocks * panels * (16 + 64) and dma["puts"] == M * 1 * (N // 128)
+
+
+def test_micro_gemm_uses_the_sunway_emitter():
+    from archsim.micro import run_micro
+
+    m = load_machine("tiny-sunway")
+    r = run_micro("gemm", m, {"m": "100", "n": "70", "k": "64"})
+    assert r.extra["kernel"] == "vfma" and r.value > 0
+    assert 0 < r.extra["share_of_peak"] < 1
+    assert r.kernels[0]["flops"] >= 2 * 100 * 70 * 64
+    with pytest.raises(InputError, match="dtype"):
+        run_micro("gemm", m, {"m": "8", "n": "8", "k": "8", "dtype": "tf32"})

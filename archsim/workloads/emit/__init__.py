@@ -13,6 +13,10 @@
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and
   their backward kernels): warp or block per row, vector loads, shfl.bfly reductions.
+- ``gemm_sunway``: the same GEMM contract (``gemm_kernel``, ``GemmKernel``, ``PARAMS``) for the
+  Sunway family: one CPE a C tile, f32 C tile in LDM, double-buffered per-row DMA panels issued
+  paced between the FMAs, f16x2 / bf16x2 k-pair register tiles flushed into f32 per panel
+  (fp32: fma.f32). ``gemm_kernel_for(caps)`` picks the module by machine family.
 - ``gpu``: a block's op graph -> the kernels above, bound to the block's tensors.
 """
 
@@ -22,8 +26,16 @@ from .elementwise_gpu import (ElementwiseKernel, KernelChain, add_kernel, gelu_g
                               layernorm_grad_kernel, layernorm_kernel, rmsnorm_grad_kernel, rmsnorm_kernel,
                               softmax_grad_kernel, softmax_kernel, swiglu_grad_kernel, swiglu_kernel)
 from .gemm_gpu import GemmKernel, Tile, choose_tile, gemm_kernel, gemm_reference
+from . import gemm_sunway
+from .gemm_sunway import gemm_kernel as sunway_gemm_kernel
 
-__all__ = ["AttentionGradKernel", "AttentionKernel", "flash_attention_grad_kernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
+
+def gemm_kernel_for(caps):
+    """The GEMM emitter of a machine family: gemm_gpu.gemm_kernel or gemm_sunway.gemm_kernel
+    (the same signature and GemmKernel result)."""
+    return sunway_gemm_kernel if caps.family == "sunway" else gemm_kernel
+
+__all__ = ["gemm_kernel_for", "gemm_sunway", "sunway_gemm_kernel", "AttentionGradKernel", "AttentionKernel", "flash_attention_grad_kernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
            "attention_reference", "choose_tile", "flash_attention_kernel", "gelu_grad_kernel", "gelu_kernel",
            "gemm_kernel", "gemm_reference", "layernorm_grad_kernel", "layernorm_kernel", "rmsnorm_grad_kernel",
            "rmsnorm_kernel", "softmax_grad_kernel", "softmax_kernel", "swiglu_grad_kernel", "swiglu_kernel"]
