@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from archsim.config import load_machine
 from archsim.engine import noc as M
-from archsim.engine.noc import (link_names, make_cpe_mesh, make_crossbar, make_fabric, make_mesh, make_ring,
+from archsim.engine.noc import (cpe_mesh_params, link_names, make_cpe_mesh, make_crossbar, make_fabric, make_mesh, make_ring,
                                 noc_counters, noc_drive, noc_eject, noc_idle, noc_inject, noc_next_event,
                                 noc_step)
 
@@ -345,4 +345,4 @@ def test_cpe_mesh_for_rma():
     N = make_cpe_mesh(m)
     assert int(N.par[M.P_ROUTERS]) == 16 and int(N.par[M.P_NODES]) == 64
     assert int(N.ni[9, M.NI_ROUTER]) == 0 and int(N.ni[63, M.NI_ROUTER]) == 15   # CPE (1,1) in cluster 0
-    assert latency(N, 0, 63, 8) == 7 * m.rma.hop_cycles + 1                       # 6 cluster hops
+    assert latency(N, 0, 63, 8) == 7 * cpe_mesh_params(m)[1] + 1                   # 6 cluster hops

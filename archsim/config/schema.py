@@ -251,9 +251,17 @@ class Rma(Frozen):
     """Remote LDM access between CPEs of one core group over the mesh."""
 
     engines_per_cluster: PosInt
-    latency_cycles: PosInt          # a small transfer within one cluster
-    hop_cycles: NonNegInt           # added per cluster hop in x or y
-    bytes_per_cycle: PosFloat       # point to point
+    latency_cycles: PosInt          # a small transfer within one cluster (published figure; the model's comes
+                                    # out of startup_cycles + the mesh)
+    hop_cycles: NonNegInt           # added per cluster hop in x or y (published figure)
+    bytes_per_cycle: PosFloat       # point to point: the engine's port (fixed point, never exceeded)
+    # the timing model (archsim/engine/rma.py); optional so older files keep loading
+    startup_cycles: Optional[NonNegInt] = None        # engine-side fixed cost of a transfer (default latency_cycles)
+    router_latency_cycles: Optional[PosInt] = None    # CPE-mesh router traversal (default max(1, hop_cycles // 2):
+                                                      # a transfer crosses each router twice, out and back)
+    link_bytes_per_cycle: PosInt = 32                 # CPE-mesh link width = flit (choice: not published)
+    piece_bytes: PosInt = 128                         # a transfer is split into pieces of at most this size
+    max_inflight: PosInt = 16                         # pieces in flight per engine
 
 
 class Mesh(Frozen):

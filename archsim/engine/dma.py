@@ -21,6 +21,10 @@ Design note (core cycles throughout)
   reply carrying the data; a put piece carries its data and the controller acknowledges it
   (header only) once DRAM has written it. A transfer is complete when its last piece is back:
   the issuing warp's DMA count (``TS.bulk_pending[w, 0]``) drops and a warp in ``dma.wait`` wakes.
+- Strided transfers (``dma.get.s`` / ``dma.put.s``): ``count`` blocks of ``bsize`` bytes whose
+  global starts are ``stride`` apart; each block is split at piece boundaries of its own global
+  address (a block of 200 B at offset 0 is a 128-B and a 72-B piece), so narrow blocks cost a
+  piece (a request and a reply on the ring, a DRAM access) each.
 - Not modelled yet: broadcast modes, LDM port contention between the engine and the CPE's own
   LDM accesses, the descriptor's trip from the CPE to the engine (inside the start-up constant).
 
@@ -42,15 +46,29 @@ DESC_CAP = 8           # choice: transfer descriptors queued per engine (a CPE i
 FX = np.int64(1) << 16  # fixed point: one core cycle of the engine port
 INF = np.int64(1) << 62
 
-# cfg fields
-DC_ENGINES, DC_PIECE, DC_INFLIGHT, DC_GET_START, DC_PUT_START, DC_BPC_FX, DC_N = range(7)
+# cfg fields (DC_OPEN: broadcast lines open now; DC_SLOTS: warp slots per core; DC_NCL / DC_CCOLS:
+# clusters per group and cluster columns; DC_CORES: cores of the machine)
+(DC_ENGINES, DC_PIECE, DC_INFLIGHT, DC_GET_START, DC_PUT_START, DC_BPC_FX, DC_OPEN, DC_SLOTS, DC_NCL, DC_CCOLS,
+ DC_CORES, DC_N) = range(12)
+# broadcast modes (archsim.isa.opcodes.BCAST_*)
+BC_NONE, BC_ROW, BC_COLUMN, BC_ARRAY = range(4)
+# broadcast line fields: joined participants (0: closed), the operands of the first participant,
+# its core, the last participant's core
+(BL_JOINED, BL_GADDR, BL_NBYTES, BL_COUNT, BL_BSIZE, BL_STRIDE, BL_LDM, BL_FIRST, BL_LAST, BL_N) = range(10)
 # descriptor fields
-(DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE, DD_N) = range(11)
+# (a strided transfer: DD_COUNT blocks of DD_BSIZE bytes, DD_STRIDE apart in global memory; a contiguous
+# one is a single block of DD_NBYTES; DD_NEXT counts bytes sent in packed order)
+# (a broadcast: DD_LINE its line, DD_NPART participants in dpart, DD_CLMASK the clusters they sit in,
+# DD_WARP -1: each participant completes on its own when its copy has landed)
+(DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE, DD_COUNT, DD_BSIZE,
+ DD_STRIDE, DD_LINE, DD_NPART, DD_CLMASK, DD_N) = range(17)
 # per-engine scalars: FIFO head and count, offset (from head) of the first descriptor with pieces
 # left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none)
 EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_N = range(7)
 # counters per engine
-(DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_N) = range(9)
+# (DX_BCASTS: broadcasts launched, DX_BC_READ: bytes they read from memory, DX_BC_COPIES: copies landed)
+(DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_BCASTS, DX_BC_READ,
+ DX_BC_COPIES, DX_N) = range(12)
 
 
 class DmaState(NamedTuple):
@@ -62,18 +80,38 @@ class DmaState(NamedTuple):
     engine_group: np.ndarray  # int32 [engines] core group of each engine
     engine_cores: np.ndarray  # int32 [engines, k] cores an engine serves (-1 padded)
     cnt: np.ndarray           # int64 [engines, DX_N]
+    # broadcast: lines (a mesh row, column or whole group of CPEs) and their rendezvous
+    engine_cluster: np.ndarray  # int32 [engines] cluster (index in its group) of each engine
+    core_cluster: np.ndarray    # int32 [cores] cluster (index in its group) of each core
+    core_line: np.ndarray       # int32 [cores, 4] line of each core per mode (BC_*; column 0 unused)
+    core_lidx: np.ndarray       # int32 [cores, 4] the core's index among its line's members
+    line_cores: np.ndarray      # int32 [lines, per_group] member cores (-1 padded)
+    lines: np.ndarray           # int64 [lines, BL_N]
+    line_warp: np.ndarray       # int32 [lines, per_group] warp of each joined member (-1: not joined)
+    line_t0: np.ndarray         # int64 [lines, per_group] cycle each member issued
+    dpart: np.ndarray           # int32 [engines, DESC_CAP, per_group] participant warps of a broadcast
+    dgot: np.ndarray            # int64 [engines, DESC_CAP, per_group] bytes landed in each one's LDM
+    dt0: np.ndarray             # int64 [engines, DESC_CAP, per_group] cycle each one issued
 
 
-def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray) -> DmaState:
+def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: int = 1, per_group: int = 1) -> DmaState:
     e = max(engines, 1)
     eng = np.zeros((e, EN_N), np.int64)
     eng[:, EN_HOLD] = -1
     cnt = np.zeros((e, DX_N), np.int64)
     cnt[:, DX_LAT_MIN] = INF
+    nc = max(ncores, 1)
+    pg = max(per_group, 1)
+    nl = max(nlines, 1)
     return DmaState(cfg=cfg, desc=np.zeros((e, DESC_CAP, DD_N), np.int64), eng=eng,
-                    core_engine=np.full(max(ncores, 1), -1, np.int32), core_group=np.zeros(max(ncores, 1), np.int32),
+                    core_engine=np.full(nc, -1, np.int32), core_group=np.zeros(nc, np.int32),
                     engine_group=np.zeros(e, np.int32), engine_cores=np.full((e, max(per_engine, 1)), -1, np.int32),
-                    cnt=cnt)
+                    cnt=cnt, engine_cluster=np.zeros(e, np.int32), core_cluster=np.zeros(nc, np.int32),
+                    core_line=np.full((nc, 4), -1, np.int32), core_lidx=np.zeros((nc, 4), np.int32),
+                    line_cores=np.full((nl, pg), -1, np.int32), lines=np.zeros((nl, BL_N), np.int64),
+                    line_warp=np.full((nl, pg), -1, np.int32), line_t0=np.zeros((nl, pg), np.int64),
+                    dpart=np.full((e, DESC_CAP, pg), -1, np.int32), dgot=np.zeros((e, DESC_CAP, pg), np.int64),
+                    dt0=np.zeros((e, DESC_CAP, pg), np.int64))
 
 
 def make_dma_state(machine) -> DmaState:
@@ -107,29 +145,52 @@ def make_dma_state(machine) -> DmaState:
     cfg[DC_PUT_START] = d.put_startup_cycles
     cfg[DC_BPC_FX] = int(round(d.bytes_per_cycle * int(FX)))
     per_engine = (csz + epc - 1) // epc
-    D = _state(ncores, engines, per_engine, cfg)
+    if d.broadcast_modes and machine.rma is None:
+        raise InputError(f"{machine.name}: dma.broadcast_modes", "a DMA broadcast crosses the CPE mesh, whose "
+                         "parameters are in the rma block", "add rma: {...} or broadcast_modes: []")
+    if d.broadcast_modes and machine.cores.warp_slots != 1:
+        raise InputError(f"{machine.name}: dma.broadcast_modes", "a DMA broadcast is collective over CPEs of one "
+                         "warp slot each", "cores.warp_slots: 1")
+    cpg = machine.cores.per_group
+    lines_per_group = m.rows + m.cols + 1          # rows, then columns, then the whole array
+    cfg[DC_SLOTS] = machine.cores.warp_slots
+    cfg[DC_NCL] = clusters
+    cfg[DC_CCOLS] = m.cols // m.cluster_cols
+    cfg[DC_CORES] = ncores
+    D = _state(ncores, engines, per_engine, cfg, machine.groups * lines_per_group, cpg)
     fill = np.zeros(engines, np.int32)
+    lfill = np.zeros(machine.groups * lines_per_group, np.int32)
     ccols = m.cols // m.cluster_cols
     for core in range(ncores):
-        g, k = divmod(core, machine.cores.per_group)
+        g, k = divmod(core, cpg)
         row, col = divmod(k, m.cols)
         cluster = (row // m.cluster_rows) * ccols + col // m.cluster_cols
         inside = (row % m.cluster_rows) * m.cluster_cols + col % m.cluster_cols
         e = g * per_group + cluster * epc + inside % epc
         D.core_engine[core] = e
         D.core_group[core] = g
+        D.core_cluster[core] = cluster
         D.engine_group[e] = g
+        D.engine_cluster[e] = cluster
         D.engine_cores[e, fill[e]] = core
         fill[e] += 1
+        for mode, line in ((BC_ROW, row), (BC_COLUMN, m.rows + col), (BC_ARRAY, m.rows + m.cols)):
+            li = g * lines_per_group + line
+            D.core_line[core, mode] = li
+            D.core_lidx[core, mode] = lfill[li]
+            D.line_cores[li, lfill[li]] = core
+            lfill[li] += 1
     return D
 
 
-def pieces(gaddr: int, nbytes: int, piece_bytes: int) -> int:
+def pieces(gaddr: int, nbytes: int, piece_bytes: int, count: int = 1, stride: int = 0) -> int:
     """Pieces a transfer of nbytes at global address gaddr is split into (Python twin of the
-    engine's rule, for tests and micro-benchmarks)."""
+    engine's rule, for tests and micro-benchmarks); with count > 1, a strided transfer of
+    `count` blocks of nbytes each, `stride` bytes apart."""
     if nbytes <= 0:
         return 0
-    return (gaddr + nbytes - 1) // piece_bytes - gaddr // piece_bytes + 1
+    return sum((a + nbytes - 1) // piece_bytes - a // piece_bytes + 1
+               for a in (gaddr + i * stride for i in range(count)))
 
 
 # ----------------------------------------------------------------------------- issue side
@@ -141,10 +202,15 @@ def dma_can_issue(DM, core):
 
 
 @njit(cache=True)
-def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now):
-    """Queue the transfer warp w (on `core`) just issued (the caller checked dma_can_issue)."""
+def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, stride=0):
+    """Queue the transfer warp w (on `core`) just issued (the caller checked dma_can_issue):
+    nbytes at gaddr, or (strided) `count` blocks of `bsize` bytes `stride` apart from gaddr."""
     if nbytes <= 0:
         return  # nothing to move: complete at issue
+    if bsize < 0:
+        count = 1
+        bsize = nbytes
+        stride = nbytes
     e = DM.core_engine[core]
     cap = DESC_CAP
     slot = DM.eng[e, EN_HEAD] + DM.eng[e, EN_COUNT]
@@ -161,6 +227,9 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now):
     d[DD_READY] = now + (DM.cfg[DC_PUT_START] if put else DM.cfg[DC_GET_START])
     d[DD_T0] = now
     d[DD_DONE] = 0
+    d[DD_COUNT] = count
+    d[DD_BSIZE] = bsize
+    d[DD_STRIDE] = stride
     DM.eng[e, EN_COUNT] += 1
     TS.bulk_pending[w, 0] += 1
     if put:
@@ -190,11 +259,15 @@ def dma_ready_piece(DM, e, now):
 
 @njit(cache=True)
 def dma_piece(DM, e, slot):
-    """(global address, bytes) of the next piece of descriptor `slot` of engine e."""
+    """(global address, bytes) of the next piece of descriptor `slot` of engine e: the rest of
+    the current block up to the next piece boundary of the global address."""
     d = DM.desc[e, slot]
     P = DM.cfg[DC_PIECE]
-    a = d[DD_GADDR] + d[DD_NEXT]
-    end = d[DD_GADDR] + d[DD_NBYTES]
+    bs = d[DD_BSIZE]
+    blk = d[DD_NEXT] // bs
+    off = d[DD_NEXT] - blk * bs
+    a = d[DD_GADDR] + blk * d[DD_STRIDE] + off
+    end = a - off + bs
     b = (a // P + 1) * P
     if b > end:
         b = end

@@ -398,8 +398,10 @@ def _base(S, P, w, pc, reg, lane):
 
 
 @njit(cache=True)
-def _bulk(S, P, w, pc, mask, blk, sem):
-    """dma.get/put and rma.put/get: once per warp, operands of the lowest active lane."""
+def _bulk(S, P, T, w, pc, mask, blk, sem):
+    """dma.get/put (contiguous, strided, broadcast) and rma.put/get: once per warp, operands of
+    the lowest active lane. Leaves the operands in S.addr[w]: 0, 1 the two addresses, 2 the bytes
+    moved; DMA forms with W >= 8 also 3 count, 4 bsize, 5 stride, 6 broadcast mode."""
     W = S.geom[G_W]
     lane = 0
     while lane < W and not ((mask >> lane) & 1):
@@ -407,9 +409,26 @@ def _bulk(S, P, w, pc, mask, blk, sem):
     a0 = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
     a1 = _base(S, P, w, pc, P.src1[pc], lane) + P.imm2[pc]
     n = S.regs[w, P.src2[pc], lane]
+    op = P.op[pc]
+    strided = (sem == S_DMA_GET or sem == S_DMA_PUT) and T.strided[op] != 0
+    count = np.int64(1)
+    bsize = n
+    stride = n
+    if strided:  # dma.get.s [s], [g], count, rB: rB = bsize, rB+1 = stride
+        count = n
+        bsize = S.regs[w, P.src3[pc], lane]
+        stride = S.regs[w, P.src3[pc] + 1, lane]
+        if count < 0 or bsize < 0:
+            return _fault(S, F_SHARED_OOB, lane, a0, count if count < 0 else bsize, pc)
+        n = count * bsize
     S.addr[w, 0] = a0
     S.addr[w, 1] = a1
     S.addr[w, 2] = n
+    if W >= 8:
+        S.addr[w, 3] = count
+        S.addr[w, 4] = bsize
+        S.addr[w, 5] = stride
+        S.addr[w, 6] = T.bcast[op]
     if n < 0:
         return _fault(S, F_SHARED_OOB, lane, a0, n, pc)
     if sem == S_DMA_GET or sem == S_DMA_PUT:
@@ -417,17 +436,31 @@ def _bulk(S, P, w, pc, mask, blk, sem):
         gl = a1 if sem == S_DMA_GET else a0
         if sh < 0 or sh + n > S.geom[G_SHARED]:
             return _fault(S, F_SHARED_OOB, lane, sh, n, pc)
-        goff = gl - S.geom[G_GBASE]
-        if goff < 0 or goff + n > S.geom[G_VSIZE]:
-            return _fault(S, F_GLOBAL_OOB, lane, gl, n, pc)
-        if goff + n > S.geom[G_GSIZE]:
+        if n == 0:
+            return ST_OK
+        # the global span the blocks cover (stride may be negative or smaller than bsize)
+        lo = gl
+        hi = gl + bsize
+        last = gl + (count - 1) * stride
+        if last < lo:
+            lo = last
+        if last + bsize > hi:
+            hi = last + bsize
+        goff = lo - S.geom[G_GBASE]
+        if goff < 0 or hi - S.geom[G_GBASE] > S.geom[G_VSIZE]:
+            return _fault(S, F_GLOBAL_OOB, lane, lo if goff < 0 else gl, hi - lo, pc)
+        if hi - S.geom[G_GBASE] > S.geom[G_GSIZE]:
             return ST_OK  # a timing run's unbacked memory
-        if sem == S_DMA_GET:
-            for i in range(n):
-                S.s8[blk, sh + i] = S.g8[goff + i]
-        else:
-            for i in range(n):
-                S.g8[goff + i] = S.s8[blk, sh + i]
+        g0 = gl - S.geom[G_GBASE]
+        for b in range(count):
+            go = g0 + b * stride
+            so = sh + b * bsize
+            if sem == S_DMA_GET:
+                for i in range(bsize):
+                    S.s8[blk, so + i] = S.g8[go + i]
+            else:
+                for i in range(bsize):
+                    S.g8[go + i] = S.s8[blk, so + i]
         return ST_OK
     core = S.regs[w, P.src3[pc], lane]
     if core < 0 or core >= S.geom[G_NBLK] or S.block_smem[core] < 0:
@@ -664,7 +697,7 @@ def step(P, T, S, w):
     elif sem == S_LDMATRIX:
         status = _ldmatrix(S, P, T, w, pc, op, mask, blk)
     elif sem == S_DMA_GET or sem == S_DMA_PUT or sem == S_RMA_PUT or sem == S_RMA_GET:
-        status = _bulk(S, P, w, pc, mask, blk, sem)
+        status = _bulk(S, P, T, w, pc, mask, blk, sem)
     elif sem == S_VOTE_ANY or sem == S_VOTE_ALL:
         acc = sem == S_VOTE_ALL
         for l in range(W):

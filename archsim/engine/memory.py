@@ -270,8 +270,10 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
     cls = Dd.cls[pc]
     if cls == D.CLS_DMA or cls == D.CLS_DMA_PUT:
         # execute left the operands in S.addr: get [ldm], [global], n | put [global], [ldm], n
+        # (execute._bulk: [3] count, [4] bsize, [5] stride of a strided form, [6] broadcast mode)
         put = cls == D.CLS_DMA_PUT
-        DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now)
+        DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now,
+                     S.addr[w, 3], S.addr[w, 4], S.addr[w, 5])
         return
     if not (cls == D.CLS_LD_GLOBAL or cls == D.CLS_ST_GLOBAL or cls == D.CLS_LD_SHARED or cls == D.CLS_ST_SHARED
             or cls == D.CLS_LDMATRIX or cls == D.CLS_CPASYNC):

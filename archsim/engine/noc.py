@@ -713,19 +713,71 @@ def make_fabric(machine) -> FabricNets:
     return FabricNets(fb.kind, mk(), mk(), tuple(core_names), tuple(mem_names), ids_c, ids_m, ids_m, ids_c)
 
 
+def cpe_mesh_params(machine) -> tuple[int, int, int]:
+    """(link bytes per cycle, router latency cycles, buffer depth flits) of the CPE mesh: links
+    rma.link_bytes_per_cycle wide, one router traversal rma.router_latency_cycles (default
+    max(1, hop_cycles // 2): a transfer crosses every router twice, out and back, so one more
+    cluster hop costs the published hop_cycles), buffers of fabric.buffer_depth flits."""
+    rma = machine.rma
+    L = rma.router_latency_cycles if rma.router_latency_cycles is not None else max(1, rma.hop_cycles // 2)
+    return int(rma.link_bytes_per_cycle), int(L), int(machine.fabric.buffer_depth)
+
+
 def make_cpe_mesh(machine) -> NocState:
-    """The CPE mesh of one Sunway core group for RMA: a router per cluster (mesh.rows /
-    cluster_rows x mesh.cols / cluster_cols), every CPE a node of its cluster's router (CPE k at
-    row k // mesh.cols). Links rma.bytes_per_cycle wide (rounded down to whole bytes), one router
-    traversal = rma.hop_cycles (the RMA engine adds the rest of rma.latency_cycles), buffers of
-    fabric.buffer_depth flits."""
+    """The CPE mesh of one Sunway core group: a router per cluster (mesh.rows / cluster_rows x
+    mesh.cols / cluster_cols), every CPE a node of its cluster's router (CPE k at row
+    k // mesh.cols); parameters from cpe_mesh_params."""
     m, rma = machine.mesh, machine.rma
     if m is None or rma is None:
         raise ValueError(f"machine {machine.name!r} has no mesh/rma block")
     rows, cols = m.rows // m.cluster_rows, m.cols // m.cluster_cols
     nr = [(k // m.cols) // m.cluster_rows * cols + (k % m.cols) // m.cluster_cols for k in range(m.rows * m.cols)]
-    return make_mesh(rows, cols, max(1, int(rma.bytes_per_cycle)), machine.fabric.buffer_depth,
-                     max(1, rma.hop_cycles), nr, [f"cpe{k}" for k in range(len(nr))])
+    W, L, D = cpe_mesh_params(machine)
+    return make_mesh(rows, cols, W, D, L, nr, [f"cpe{k}" for k in range(len(nr))])
+
+
+def make_cpe_meshes(machine) -> NocState:
+    """The CPE meshes of every core group of a Sunway as one network of disjoint meshes (no link
+    between groups): router g * clusters + k is cluster k of group g (row-major over the
+    clusters); node c is CPE c (global core id, at its cluster's router) and node
+    cores + g * clusters + k the cluster's engine port (its DMA and RMA engines send and receive
+    there). XY routing inside a group; a destination in another group is unreachable (route -1:
+    the RMA engine never sends there). Parameters from cpe_mesh_params."""
+    m = machine.mesh
+    if m is None or machine.rma is None:
+        raise ValueError(f"machine {machine.name!r} has no mesh/rma block")
+    W, L, D = cpe_mesh_params(machine)
+    crows, ccols = m.rows // m.cluster_rows, m.cols // m.cluster_cols
+    ncl = crows * ccols
+    G = machine.groups
+    per = m.rows * m.cols
+    rnames = [f"cg{g}.r{k // ccols}c{k % ccols}" for g in range(G) for k in range(ncl)]
+    bld = _Builder(TOPO_MESH, W, D, L, G * ncl, rnames)
+    nb = {}
+    for g in range(G):
+        for k in range(ncl):
+            i, j = divmod(k, ccols)
+            r = g * ncl + k
+            for di, dj in ((0, 1), (0, -1), (1, 0), (-1, 0)):
+                if 0 <= i + di < crows and 0 <= j + dj < ccols:
+                    t = g * ncl + (i + di) * ccols + j + dj
+                    nb[r, t] = bld.router_link(r, t, f"mesh {rnames[r]}->{rnames[t]}")
+    for c in range(G * per):
+        g, k = divmod(c, per)
+        cl = (k // m.cols) // m.cluster_rows * ccols + (k % m.cols) // m.cluster_cols
+        bld.node(f"cpe{c}", g * ncl + cl)
+    for r in range(G * ncl):
+        bld.node(f"eng.{rnames[r]}", r)
+
+    def next_link(r, d):
+        if r // ncl != d // ncl:
+            return -1
+        (i, j), (di, dj) = divmod(r % ncl, ccols), divmod(d % ncl, ccols)
+        if dj != j:
+            return nb[r, r + (1 if dj > j else -1)]
+        return nb[r, r + (ccols if di > i else -ccols)]
+
+    return bld.build(next_link)
 
 
 # ----------------------------------------------------------------------------- results
@@ -772,7 +824,7 @@ def fabric_counters(req: NocState, resp: NocState, elapsed_cycles: int) -> dict:
 
 __all__ = [
     "BUF_EJ", "BUF_IN", "BUF_SRC", "FabricNets", "INF", "NocState", "TOPO_CODES", "TOPO_CROSSBAR", "TOPO_MESH",
-    "TOPO_RING", "fabric_counters", "link_names", "make_cpe_mesh", "make_crossbar", "make_fabric", "make_mesh",
+    "TOPO_RING", "cpe_mesh_params", "fabric_counters", "link_names", "make_cpe_mesh", "make_cpe_meshes", "make_crossbar", "make_fabric", "make_mesh",
     "make_ring", "noc_counters", "noc_deliverable", "noc_drive", "noc_eject", "noc_idle",
     "noc_inject", "noc_next_event", "noc_step", "node_names",
 ]

@@ -819,25 +819,47 @@ class _Machine:
         if n < 0:
             raise self.fault(w, ins.pc, lane, f"{what} of a negative size {n}")
 
-    def op_dma_get(self, w, ins, active, top, clock):
+    def _dma_blocks(self, w, ins, lane, n, what):
+        """(count, bsize, stride) of a DMA transfer: one block of n bytes, or the strided form's
+        count = n blocks of bsize (register src3) bytes, stride (src3 + 1) bytes apart."""
+        if not ins.opc.strided:
+            self._size(w, ins, lane, n, what)
+            return 1, n, n
+        b = ins.src[3]
+        bsize, stride = _s64(w.regs[b][lane]), _s64(w.regs[b + 1][lane])
+        self._size(w, ins, lane, n, what)
+        self._size(w, ins, lane, bsize, what)
+        return n, bsize, stride
+
+    def _dma(self, w, ins, active, get):
         if not active:
             return
-        lane, s, g, (n,) = self._bulk_operands(w, ins, active, 1)
-        self._size(w, ins, lane, n, "dma.get")
-        self.check(w, ins.pc, lane, "global", g, n, 1, "dma.get read")
-        self.check(w, ins.pc, lane, "shared", s, n, 1, "dma.get write")
-        o = g - GLOBAL_BASE
-        self.shared[w.block][s:s + n] = self.gmem[o:o + n]
+        what = ins.opc.mnemonic
+        lane, a0, a1, (n,) = self._bulk_operands(w, ins, active, 1)
+        s, g = (a0, a1) if get else (a1, a0)
+        count, bsize, stride = self._dma_blocks(w, ins, lane, n, what)
+        total = count * bsize
+        self.check(w, ins.pc, lane, "shared", s, total, 1, what + (" write" if get else " read"))
+        if total == 0:
+            return
+        lo, hi = min(g, g + (count - 1) * stride), max(g, g + (count - 1) * stride) + bsize
+        self.check(w, ins.pc, lane, "global", lo, hi - lo, 1, what + (" read" if get else " write"))
+        sh = self.shared[w.block]
+        for b in range(count):
+            o = g + b * stride - GLOBAL_BASE
+            t = s + b * bsize
+            if get:
+                sh[t:t + bsize] = self.gmem[o:o + bsize]
+            else:
+                self.gmem[o:o + bsize] = sh[t:t + bsize]
+
+    def op_dma_get(self, w, ins, active, top, clock):
+        """dma.get[.s][.bcast.MODE]: a broadcast is collective (every participant issues the same
+        one), so each participant's own scratchpad receives the data, as a plain get."""
+        self._dma(w, ins, active, get=True)
 
     def op_dma_put(self, w, ins, active, top, clock):
-        if not active:
-            return
-        lane, g, s, (n,) = self._bulk_operands(w, ins, active, 1)
-        self._size(w, ins, lane, n, "dma.put")
-        self.check(w, ins.pc, lane, "shared", s, n, 1, "dma.put read")
-        self.check(w, ins.pc, lane, "global", g, n, 1, "dma.put write")
-        o = g - GLOBAL_BASE
-        self.gmem[o:o + n] = self.shared[w.block][s:s + n]
+        self._dma(w, ins, active, get=False)
 
     def _rma(self, w, ins, active, put):
         if not active:

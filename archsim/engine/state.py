@@ -26,6 +26,8 @@ class OpTables(NamedTuple):
     shape_m: np.ndarray
     shape_n: np.ndarray
     shape_k: np.ndarray
+    strided: np.ndarray       # dma.get.s / dma.put.s
+    bcast: np.ndarray         # DMA broadcast mode (archsim.isa.opcodes.BCAST_*)
 
 
 class ProgArrays(NamedTuple):

@@ -110,6 +110,9 @@ def _refuse_untimed(prog: Program) -> None:
     ops = opcodes()
     for pc in range(len(prog)):
         op = ops[int(prog.op[pc])]
+        if op.bcast != "none":
+            raise InputError(prog.where(pc), f"{op.mnemonic}: DMA broadcast has no timing model yet (issue 4)",
+                             "run it functionally (archsim asm), or use dma.get")
         if op.unit == "rma":
             raise InputError(prog.where(pc), f"{op.mnemonic}: RMA has no timing model yet (issue 4, next step)",
                              "run it functionally (archsim asm), or use dma.get / dma.put")

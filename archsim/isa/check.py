@@ -118,6 +118,10 @@ def check_target(prog: Program, caps) -> None:
         if op.unit not in units:
             raise InputError(prog.where(i), f"{op.mnemonic}: the target {caps.name} has no {op.unit} unit",
                              f"units of {caps.name}: {', '.join(sorted(units))}")
+        if op.bcast != "none" and op.bcast not in caps.dma_broadcast_modes:
+            have = ", ".join(m for m in ("row", "column", "array") if m in caps.dma_broadcast_modes)
+            raise InputError(prog.where(i), f"{op.mnemonic}: the DMA engines of {caps.name} have no {op.bcast} "
+                             "broadcast mode", f"dma.broadcast_modes of {caps.name}: {have or 'none'}")
         if op.sem in ("mma", "ldmatrix") and caps.warp_width != 32:
             raise InputError(prog.where(i), f"{op.mnemonic} needs a warp width of 32; {caps.name} has "
                              f"{caps.warp_width}", "targets with 32-lane warps")

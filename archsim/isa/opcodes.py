@@ -48,6 +48,10 @@ CMP = {n: i for i, n in enumerate(CMP_NAMES)}
 SPACE_NAMES = ("none", "global", "shared")
 SPACE = {n: i for i, n in enumerate(SPACE_NAMES)}
 SPACE_NONE, SPACE_GLOBAL, SPACE_SHARED = range(3)
+# DMA broadcast modes (dma.get.bcast.*); the names are those of the config's dma.broadcast_modes
+BCAST_NAMES = ("none", "row", "column", "array")
+BCAST = {n: i for i, n in enumerate(BCAST_NAMES)}
+BCAST_NONE, BCAST_ROW, BCAST_COLUMN, BCAST_ARRAY = range(4)
 
 OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s", "k", "i")
 
@@ -79,10 +83,13 @@ class Opcode:
     matrices: int = 0
     trans: int = 0
     shape: tuple[int, int, int] = (0, 0, 0)
+    strided: int = 0          # dma.get.s / dma.put.s: count blocks of bsize bytes, stride apart in global memory
+    bcast: str = "none"       # DMA broadcast mode (BCAST_NAMES)
 
 
 _FIELDS = {"mnemonic", "operands", "unit", "latency", "sem", "dtype", "flops_per_lane", "cmp", "space",
-           "access_bytes", "signed", "src_dtype", "matrices", "trans", "shape"}
+           "access_bytes", "signed", "src_dtype", "matrices", "trans", "shape",
+           "strided", "bcast"}
 
 
 def _bad(row: int, what: str, allowed: str) -> InputError:
@@ -113,7 +120,7 @@ def _parse(path) -> tuple[Opcode, ...]:
         for key, names in (("sem", SEM), ("dtype", DT), ("unit", UNIT)):
             if r.get(key) not in names:
                 raise _bad(i, f"{mn}: unknown {key} {r.get(key)!r}", ", ".join(names))
-        for key, names in (("cmp", CMP), ("space", SPACE), ("src_dtype", SDT)):
+        for key, names in (("cmp", CMP), ("space", SPACE), ("src_dtype", SDT), ("bcast", BCAST)):
             if r.get(key, "none") not in names:
                 raise _bad(i, f"{mn}: unknown {key} {r.get(key)!r}", ", ".join(names))
         ops = tuple(r.get("operands") or ())
@@ -125,7 +132,7 @@ def _parse(path) -> tuple[Opcode, ...]:
             dtype=r["dtype"], flops_per_lane=int(r.get("flops_per_lane", 0)), cmp=r.get("cmp", "none"),
             space=r.get("space", "none"), access_bytes=int(r.get("access_bytes", 0)), signed=int(r.get("signed", 0)),
             src_dtype=r.get("src_dtype", "none"), matrices=int(r.get("matrices", 0)), trans=int(r.get("trans", 0)),
-            shape=tuple(r.get("shape", (0, 0, 0))),
+            shape=tuple(r.get("shape", (0, 0, 0))), strided=int(r.get("strided", 0)), bcast=r.get("bcast", "none"),
         ))
     return tuple(out)
 
@@ -167,6 +174,8 @@ def tables():
         shape_m=arr(lambda o: o.shape[0]),
         shape_n=arr(lambda o: o.shape[1]),
         shape_k=arr(lambda o: o.shape[2]),
+        strided=arr(lambda o: o.strided),
+        bcast=arr(lambda o: BCAST[o.bcast]),
     )
 
 
