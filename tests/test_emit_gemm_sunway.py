@@ -267,7 +267,15 @@ def test_timing_smoke_vector_pipe_busy_matches_the_fmas():
     assert busy == n_fma * fma_cycles + regs_flushed * 4 * f32_cycles
     assert t.cycles >= busy / k.launch.blocks        # no CPE beats its own vector pipe
     dma = t.memory["dma"]
-    assert dma["gets"] == k.launch.blocks * panels * (16 + 64) and dma["puts"] == M * 1 * (N // 128)
+    # full panels: one strided get each for A and B (dma.get.s); C: one put per row
+    assert dma["gets"] == k.launch.blocks * panels * 2 and dma["puts"] == M
+    # a K residue panel and an edge tile fetch row by row (their rows are shorter than the pitch)
+    k2 = SW.gemm_kernel(caps, M - 3, N, K + 5, "fp16", "f32", tile=Tile(16, 128, 64, 1, 2))
+    t2 = time_kernel(k2.program, m, k2.launch, k2.args(*(Unbacked(n) for n in k2.buffer_bytes().values())))
+    # per tile: 4 full panels (2 strided gets each); the residue panel (kn = 5): A's rows are
+    # 10 bytes, not the 128-byte pitch, so one get per row (16, or 13 in the edge tile), and B's
+    # 5 k-rows are full width: one strided get
+    assert t2.memory["dma"]["gets"] == (panels * 2 + 16 + 1) + (panels * 2 + 13 + 1)
 
 
 def test_micro_gemm_uses_the_sunway_emitter():

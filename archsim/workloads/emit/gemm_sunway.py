@@ -142,6 +142,7 @@ class SunwayCfg:
     RM: int            # register tile rows
     RV: int            # register tile vectors (32 columns of C each)
     alpha: float = 1.0
+    strided: bool = True   # full-pitch panels of A and B by one strided get (dma.get.s)
 
     @property
     def es(self) -> int:
@@ -206,14 +207,15 @@ class _Queue:
     queued (B's come next). ``setup`` is the one place a panel becomes transfers: broadcast or
     strided DMA forms would replace it."""
 
-    def __init__(self, a: _Asm, c: "SunwayCfg", p, gA, gB, mv, nv):
-        self.a, self.c, self.p = a, c, p
+    def __init__(self, a: _Asm, c: "SunwayCfg", p, gA, gB, mv, nv, p0, lbl):
+        self.a, self.c, self.p, self.p0, self.lbl = a, c, p, p0, lbl
+        self.strided = c.strided
         self.g = {"A": (gA, mv), "B": (gB, nv)}
         self.src, self.dst, self.cnt, self.len, self.ss, self.ds, self.ph = (a.reg() for _ in range(7))
 
     def setup(self, op: str) -> None:
         """Queue operand op's rows of panel p+1 (into stage (p+1) % 2)."""
-        a, c = self.a, self.c
+        a, c, lbl = self.a, self.c, self.lbl
         es = c.es
         g, ext = self.g[op]
         trans = c.trans_a if op == "A" else c.trans_b
@@ -238,8 +240,24 @@ class _Queue:
             a("mov.b64", self.cnt, ext)
             a("shl.b64", self.len, kn, _log2(es))
         a("add.i64", self.src, self.src, g)
-        a("mov.b64", self.ds, c.pa if op == "A" else c.pb)
+        pitch = c.pa if op == "A" else c.pb
+        a("mov.b64", self.ds, pitch)
         a("mov.b64", self.ph, 1 if op == "A" else 0)
+        if self.strided and not (op == "B" and c.trans_b):
+            # rows as long as the LDM pitch (every panel but an edge tile's or the K residue's):
+            # one strided get for the whole panel (athread's dma_iget_stride), packed at the
+            # pitch. B^T rows keep their padded pitch (bank spread), so they go row by row.
+            skip = lbl("QROWS")
+            p0 = self.p0
+            a("setp.ne.i64", p0, self.len, pitch)
+            a("bra", skip, p=p0)
+            pair = a.reg(2)
+            a("mov.b64", pair, self.len)                  # block size
+            a("mov.b64", pair + 1, self.ss)               # stride
+            a("dma.get.s", Mem(self.dst, 0), Mem(self.src, 0), self.cnt, pair)
+            a("mov.b64", self.cnt, 0)
+            a.free(pair, k=2)
+            a.label(skip)
         a.free(k0, kn)
 
     def issue(self, pred=None) -> None:
@@ -337,7 +355,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
 
     # ---- prologue: panel 0's gets (p = -1: the queue fetches panel p+1), then zero the C tile
     p = a.reg()
-    q = _Queue(a, c, p, gA, gB, mv, nv)
+    q = _Queue(a, c, p, gA, gB, mv, nv, p0, lbl)
     a("mov.b64", p, -1)
     q.setup("A")
     q.drain(p0, lbl)
