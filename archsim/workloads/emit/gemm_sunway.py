@@ -22,8 +22,12 @@ LDM (``.shared``) of one CPE:
   ``trans_a``, rows of A^T (BK rows of BM m); likewise B as BK rows of BN n, or with ``trans_b``
   BN rows of BK k, their pitch padded by 4 (halves) / 8 (floats) bytes so that the lanes' reads
   of 32 different rows spread over the 8 LDM banks.
-- Panels travel by DMA, one ``dma.get`` per panel row (a row of a tile is contiguous in memory
-  only along the leading dimension). Only the rows inside the matrix are fetched (min(BM, M-m0)
+- Panels travel by DMA. A panel whose rows are as long as their LDM pitch (every panel of an
+  interior tile but the K residue) is one strided get, ``dma.get.s`` (athread's
+  dma_iget_stride: count rows of pitch bytes, ld apart in memory, packed in the LDM); the
+  others (edge tiles, the residue panel, and B^T, whose LDM rows are padded) take one
+  ``dma.get`` per row (a row of a tile is contiguous in memory only along the leading
+  dimension). Only the rows inside the matrix are fetched (min(BM, M-m0)
   rows of A, ...) and only the valid length of each (the K residue panel fetches its kn < BK
   k-steps, an edge tile its columns < N), so the kernel never reads outside A or B; LDM bytes
   outside the fetched part only ever feed C rows / columns that are not stored. The descriptor
@@ -87,7 +91,10 @@ controller and ring stop, so a launch of few tiles gets a share of the machine's
 the busiest CPE's FMA time, whichever is longer. BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
 16 (f32) flops per cycle are sw26010pro's balance (307.2 GB/s over 384 CPEs at 2.25 GHz; one
 f16x2 / f32 FMA of 32 lanes per 2 / 4 cycles): a choice, since capabilities carry no rates; the
-rule only ranks tiles, the timing engine measures them.
+rule only ranks tiles, the timing engine measures them. The bandwidth term assumes the buffers
+are spread over the controllers (the cross segment); with every buffer in one core group's
+private segment (the engine's placement today) all traffic meets at one controller and the
+total bytes alone decide, which favours bigger tiles than this rule picks.
 """
 
 from __future__ import annotations
