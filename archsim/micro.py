@@ -67,7 +67,7 @@ PARAMS = {
                   "placement": (str, "cross", "private or cross")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
-             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32"),
+             "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
@@ -537,6 +537,8 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     swizzled shared memory, ldmatrix and mma; FFMA where the tensor units lack the dtype)."""
     from archsim.workloads.emit import gemm_kernel
 
+    if machine.family == "sunway":
+        return _micro_gemm_sunway(machine, p, out)
     _gpu_only(machine, "gemm")
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
@@ -557,6 +559,31 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
 
 
 GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32")
+SUNWAY_GEMM_DTYPES = ("fp16", "bf16", "fp32")
+
+
+def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
+    """C = A @ B (f32 out) with the Sunway GEMM emitter (archsim.workloads.emit.gemm_sunway: one
+    CPE a C tile in LDM, double-buffered per-row DMA panels, f16x2 / bf16x2 / f32 vector FMA).
+    Share of peak against the dtype's vector peak (the CPEs' f16x2 rate for fp16 / bf16)."""
+    from archsim.workloads.emit.gemm_sunway import gemm_kernel
+
+    M, N, K = p["m"], p["n"], p["k"]
+    _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
+    _need(p["dtype"] in SUNWAY_GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(SUNWAY_GEMM_DTYPES))
+    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
+    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
+    out.kernels[-1]["model_flops"] = g.flops
+    tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
+    out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
+    out.extra["stages"] = g.tile.stages
+    out.extra["kernel"] = g.kind
+    out.extra["blocks"] = g.launch.blocks
+    pk = stats.machine_record(machine)["peak_tflops"].get(g.dtype)
+    if pk:
+        out.extra["share_of_peak"] = tf / pk
+    return tf
 
 
 def micro_attention(machine, p: dict, out: MicroResult) -> float:

@@ -13,6 +13,11 @@
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and
   their backward kernels): warp or block per row, vector loads, shfl.bfly reductions.
+- ``gemm_sunway``, ``attention_sunway``, ``elementwise_sunway``, ``kvcache_sunway``: the same
+  contracts for the Sunway family (one CPE a block; DMA into the LDM, vector FMAs): GEMM with an
+  f32 C tile in LDM, double-buffered strided / per-row DMA panels and f16x2 / bf16x2 k-pair
+  register tiles flushed into f32 per panel; fused attention forward with one lane per query row
+  (decode: one lane per key); row and flat kernels streaming rows or chunks through the LDM.
 - ``block``: a block's op graph -> the kernels above (the target family's emitters), bound to the
   block's tensors.
 """
@@ -23,8 +28,9 @@ from .elementwise_gpu import (ElementwiseKernel, KernelChain, add_kernel, gelu_g
                               layernorm_grad_kernel, layernorm_kernel, rmsnorm_grad_kernel, rmsnorm_kernel,
                               softmax_grad_kernel, softmax_kernel, swiglu_grad_kernel, swiglu_kernel)
 from .gemm_gpu import GemmKernel, Tile, choose_tile, gemm_kernel, gemm_reference
+from .block import FamilyEmitters, family_emitters
 
-__all__ = ["AttentionGradKernel", "AttentionKernel", "flash_attention_grad_kernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
+__all__ = ["FamilyEmitters", "family_emitters", "AttentionGradKernel", "AttentionKernel", "flash_attention_grad_kernel", "ElementwiseKernel", "GemmKernel", "KernelChain", "Tile", "add_kernel",
            "attention_reference", "choose_tile", "flash_attention_kernel", "gelu_grad_kernel", "gelu_kernel",
            "gemm_kernel", "gemm_reference", "layernorm_grad_kernel", "layernorm_kernel", "rmsnorm_grad_kernel",
            "rmsnorm_kernel", "softmax_grad_kernel", "softmax_kernel", "swiglu_grad_kernel", "swiglu_kernel"]
