@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from archsim.config.derived import capabilities, peak_bandwidth_gbps
-from archsim.engine.timing import Unbacked, buffer_addresses, time_kernel
+from archsim.engine.timing import Unbacked, buffer_addresses, shared_buffers, time_kernel
 from archsim.engine.machine import KernelTiming
 from archsim.errors import InputError, SimulationError
 from archsim.isa.asm import assemble
@@ -544,7 +544,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
-    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
     out.kernels[-1]["model_flops"] = g.flops
     tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
@@ -572,7 +572,7 @@ def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in SUNWAY_GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(SUNWAY_GEMM_DTYPES))
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
-    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
     out.kernels[-1]["model_flops"] = g.flops
     tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
@@ -592,22 +592,22 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     (archsim.workloads.emit.block.attention_kernels), reading Q, K, V in place from a fused QKV
     buffer [batch*seq, 3*heads*head_dim]:
     fused=true: one flash-attention kernel (K/V tiles in shared memory, running max and sum in
-    registers, no seq x seq matrix in memory); fused=false: S = Q K^T (a batched GEMM), P =
+    registers, no seq x seq matrix in memory; on Sunway K/V blocks staged in the LDM); fused=false: S = Q K^T (a batched GEMM), P =
     softmax(S / sqrt(d)) (a row kernel, causal mask), O = P V (a batched GEMM), with S and P going
     through the memory hierarchy. The value is TFLOP/s of the math executed over the kernels'
     summed time (per the contract: 4*d per unmasked (query, key) pair plus the softmax, the
     result's ``flops``); ``model_flops`` holds the full seq x seq count. Big launches are timed
     from their first waves (archsim.sample)."""
-    from archsim.workloads.emit.block import Slot, attention_kernels
+    from archsim.run import timing_args
+    from archsim.workloads.emit.block import attention_kernels
 
-    _gpu_only(machine, "attention")
     for k in ("batch", "heads", "seq"):
         _need(p[k] > 0, f"--param {k}", f"{p[k]}", "> 0")
     ks = attention_kernels(capabilities(machine), p["batch"], p["heads"], p["seq"], p["head_dim"], p["dtype"],
                            p["causal"], p["fused"])
     cycles = 0
     for k in ks:
-        args = {q: Unbacked(v.nbytes) if isinstance(v, Slot) else v for q, v in k.params.items()}
+        args = timing_args(machine, k.params)
         t = _time(k.program, machine, k.launch, args, k.name, out, sample=True)
         out.kernels[-1].update(flops=k.flops, model_flops=k.model_flops,
                                tflops=round(k.flops / stats.seconds(machine, t.cycles) / 1e12, 4))

@@ -38,6 +38,23 @@ class Unbacked:
     at: int | None = None
 
 
+def shared_buffers(machine, sizes) -> list:
+    """Address space for buffers of these sizes that every core shares: on a machine whose memory
+    is split into segments (Sunway) they sit in the cross segment, interleaved over every memory
+    controller (how a program that uses all core groups shares data); elsewhere they are laid out
+    from the usual base."""
+    from archsim.engine.dram import cross_base
+
+    if machine.memory_controllers.address_mapping.kind != "segments":
+        return [Unbacked(int(n)) for n in sizes]
+    addr = cross_base(machine)
+    out = []
+    for n in sizes:
+        out.append(Unbacked(int(n), at=addr))
+        addr += (max(int(n), 1) + ALIGN - 1) // ALIGN * ALIGN
+    return out
+
+
 def _place(prog: Program, args: dict, base: int | None = None):
     """Lay buffers out as the functional runs do, from global address ``base`` (default
     GLOBAL_BASE, a multiple of ALIGN): in parameter order, ALIGN-aligned; an ``Unbacked(n, at=A)``

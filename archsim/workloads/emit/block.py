@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -85,6 +85,7 @@ class Kernel:
     params: dict                     # parameter -> Slot | int
     tensors: tuple                   # TensorSpec of every tensor it reads or writes
     outputs: tuple                   # parameters it writes
+    acc_error: float = 0.0           # a GEMM accumulating below f32: relative error vs sum |a*b| (see gemm_sunway)
 
     def key(self) -> str:
         """Identity for memoization: the same program, launch and arguments (sizes and scalars)
@@ -109,6 +110,7 @@ class FamilyEmitters:
     flash_attention_grad_kernel: object
     kv_append_kernel: object
     ew: object                       # module with the elementwise / row kernels
+    gemm_acc_error: object = None    # GemmKernel -> its accumulation's relative error (None: f32, 0)
 
 
 def family_emitters(caps) -> FamilyEmitters:
@@ -117,7 +119,18 @@ def family_emitters(caps) -> FamilyEmitters:
         from . import attention_gpu, attention_grad_gpu, gemm_gpu, kvcache_gpu
         return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
                               attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW)
-    raise InputError(f"--hw {caps.name}", f"no kernel emitters for the {caps.family} family", "a gpu-family machine")
+    if caps.family == "sunway":
+        from . import attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
+        return FamilyEmitters(gemm_sunway.gemm_kernel, attention_sunway.flash_attention_kernel,
+                              _no_sunway_flash_backward, kvcache_sunway.kv_append_kernel, elementwise_sunway,
+                              gemm_sunway.accumulation_error)
+    raise InputError(f"--hw {caps.name}", f"no kernel emitters for the {caps.family} family",
+                     "a gpu or sunway machine")
+
+
+def _no_sunway_flash_backward(caps, *a, **kw):
+    raise InputError(f"--hw {caps.name}", "the fused (flash) attention backward has no Sunway emitter yet",
+                     "--attention unfused for a train step on a sunway machine")
 
 
 class _Ctx:
@@ -165,6 +178,10 @@ def _mk(name, op, prog, launch, flops, model_flops, params, ctx, outputs) -> Ker
 
 
 # ----------------------------------------------------------------------------- GEMMs
+def _acc(ctx, k) -> float:
+    return ctx.E.gemm_acc_error(k) if ctx.E.gemm_acc_error else 0.0
+
+
 def _gemm_call(ctx, M, N, K, *, trans_a=False, trans_b=False, **kw):
     return ctx.E.gemm_kernel(ctx.caps, M, N, K, ctx.dt, _OUT[ctx.dt], trans_b, trans_a=trans_a, **kw)
 
@@ -175,8 +192,9 @@ def _gemm(op, ctx) -> list[Kernel]:
     a, b = op.inputs[:2]
     (c,) = op.outputs
     sl = {"A": ctx.slot(a, view=k.a_shape), "B": ctx.slot(b, view=k.b_shape), "C": ctx.slot(c, view=k.c_shape)}
-    return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, k.args(sl["A"], sl["B"], sl["C"]), ctx,
-                ("C",))]
+    kern = _mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, k.args(sl["A"], sl["B"], sl["C"]), ctx,
+               ("C",))
+    return [replace(kern, acc_error=_acc(ctx, k))]
 
 
 def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=False, trans_b=False, lda, ldb, ldc,
@@ -185,7 +203,8 @@ def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=Fal
     k = _gemm_call(ctx, M, N, K, trans_a=trans_a, trans_b=trans_b, lda=lda, ldb=ldb, ldc=ldc, batch=batch,
                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
     sl = [ctx.slot(t[0], t[1], shape=t[2] if len(t) > 2 else None) for t in (A, B, C)]
-    return _mk(name, op, k.program, k.launch, flops, model_flops, k.args(*sl), ctx, ("C",))
+    return replace(_mk(name, op, k.program, k.launch, flops, model_flops, k.args(*sl), ctx, ("C",)),
+                   acc_error=_acc(ctx, k))
 
 
 # ----------------------------------------------------------------------------- attention

@@ -129,6 +129,17 @@ _PACK = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 # significand bits of the accumulation within a panel (the test's error bound uses 2^-ACC_BITS)
 ACC_BITS = {"fp16": 11, "bf16": 8, "fp32": 24}
 
+
+
+def accumulation_error(g) -> float:
+    """First-order relative error of this kernel's accumulation beyond what f32 adds: each output
+    element is off by at most about this times sum_k |A[i,k] B[k,j]| (an f16 / bf16 chain of up to
+    BK/2 products per half, flushed into f32 per panel; fp32 inputs accumulate in f32: 0)."""
+    if g.dtype not in ("fp16", "bf16"):
+        return 0.0
+    return (g.tile.BK // 2) * 2.0 ** -ACC_BITS[g.dtype]
+
+
 ACC_REGS = 32          # choice: accumulator registers of the register tile (half the 64 a CPE thread has)
 BM_MAX, BN_MAX = 256, 512
 # tile-rule balance (see the module docstring): sw26010pro, per CPE and core cycle
