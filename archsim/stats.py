@@ -36,6 +36,21 @@ def stall_shares(stall: np.ndarray) -> dict:
     return {name: (float(tot[i]) / n if n else 0.0) for i, name in enumerate(STALL_NAMES)}
 
 
+def round_shares(shares: dict, digits: int = 6) -> dict:
+    """Shares rounded to ``digits`` decimals by largest remainder, so that the rounded shares still
+    sum to 1 (rounding each one alone drifts by up to half a unit per share)."""
+    unit = 10 ** digits
+    total = sum(shares.values())
+    if total <= 0:
+        return {k: 0.0 for k in shares}
+    scaled = {k: v / total * unit for k, v in shares.items()}
+    floor = {k: int(v) for k, v in scaled.items()}
+    left = unit - sum(floor.values())
+    for k in sorted(scaled, key=lambda k: (floor[k] - scaled[k], k))[:left]:
+        floor[k] += 1
+    return {k: floor[k] / unit for k in shares}
+
+
 def _levels(machine) -> tuple[str, ...]:
     """The bandwidth levels this machine has (CONTRACT: only those)."""
     out = []
@@ -102,7 +117,7 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
         "tflops": round(fl / sec / 1e12, 4) if sec > 0 else 0.0,
         "warp_instructions": int(timing.warp_instructions),
         "sampled": bool(sampled), "sample_error_est": float(sample_error_est),
-        "stalls": {k: round(v, 6) for k, v in stall_shares(timing.stall).items()},
+        "stalls": round_shares(stall_shares(timing.stall)),
         "bytes": per, "bandwidth_gbps": bw,
         "fabric": {"link_util_mean": round(fab["link_util_mean"], 4), "link_util_max": round(fab["link_util_max"], 4),
                    "blocked_cycles": int(fab["blocked_cycles"]),

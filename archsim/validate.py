@@ -141,6 +141,12 @@ PROBES = {
     "rma_bandwidth": ("bytes/cycle", p_rma_bandwidth),
 }
 
+# which machine family each probe measures (a GPU has no DMA engine, a CPE no tensor unit)
+SUNWAY_PROBES = ("dma_get_startup", "dma_put_startup", "dma_get_stream", "dma_put_stream", "dma_group_gbps",
+                 "vector_fp16_tflops", "vector_fp32_tflops", "rma_latency_cluster", "rma_latency_corner",
+                 "rma_bandwidth")
+FAMILY_PROBES = {"sunway": SUNWAY_PROBES, "gpu": tuple(q for q in PROBES if q not in SUNWAY_PROBES)}
+
 
 def reference_path(machine, given: str | None = None) -> Path:
     if given:
@@ -189,6 +195,11 @@ def load_reference(path: Path) -> list[dict]:
 
 def validate(machine, reference: str | None = None, progress=None) -> dict:
     rows = load_reference(reference_path(machine, reference))
+    fam = FAMILY_PROBES[machine.family]
+    for i, r in enumerate(rows):
+        if r["quantity"] not in fam:
+            raise InputError(f"{reference or machine.name}: rows[{i}].quantity",
+                             f"{r['quantity']!r} is not a probe of the {machine.family} family", ", ".join(fam))
     out_rows = []
     t0 = time.perf_counter()
     for r in rows:

@@ -219,9 +219,20 @@ def test_cli_validate_bad_reference_exits_2(capsys, tmp_path, text, where):
 def test_builtin_references_load():
     from archsim.validate import load_reference, reference_path
 
-    for name in ("a100", "h100"):
-        rows = load_reference(reference_path(load_machine(name)))
-        assert {r["quantity"] for r in rows} == set(__import__("archsim.validate").validate.PROBES)
+    from archsim.validate import FAMILY_PROBES, PROBES
+
+    assert set(FAMILY_PROBES["gpu"]) | set(FAMILY_PROBES["sunway"]) == set(PROBES)
+    for name in ("a100", "h100", "sw26010pro"):
+        m = load_machine(name)
+        rows = load_reference(reference_path(m))
+        assert {r["quantity"] for r in rows} == set(FAMILY_PROBES[m.family])
+
+
+def test_validate_rejects_a_probe_of_the_other_family(capsys, tmp_path):
+    ref = tmp_path / "ref.yaml"
+    ref.write_text("rows:\n  - {quantity: dma_get_startup, value: 490, unit: cycles, source: x}\n")
+    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref))
+    assert code == 2 and "not a probe of the gpu family" in err and err.count("\n") == 1
 
 
 def test_gemm_micro_is_the_emitted_tiled_kernel_and_rejects_bad_params(tiny):

@@ -262,7 +262,8 @@ BAD = [
     ({"hw": []}, "hw: empty list"),
     ({"hw": "nope"}, "hw: unknown machine 'nope'"),
     ({"workload": "nope"}, "workload: unknown workload 'nope'"),
-    ({"hw": "tiny-sunway"}, "hw: --hw tiny-sunway: no kernel emitters for the sunway family"),
+    ({"hw": "tiny-sunway", "phase": "train", "attention": "fused"},
+     "hw: --hw tiny-sunway: the fused (flash) attention backward has no Sunway emitter yet"),
 ]
 
 

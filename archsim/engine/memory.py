@@ -187,7 +187,7 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_GROUPS] = len(fab.req_core) if grouped else 0
     gnode = np.stack([fab.req_core, fab.resp_core], axis=1).astype(np.int32) if grouped else \
         np.full((1, 2), -1, np.int32)
-    dma = DM.make_dma_state(machine, TS.wst)
+    dma = DM.make_dma_state(machine, TS.wst if TS is not None else None)
     rma = RM.make_rma_state(machine)
     mk = np.zeros(MK_N, np.int64)
     if machine.rma is not None and machine.mesh is not None:
