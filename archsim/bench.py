@@ -21,12 +21,14 @@ CASES = (
     ("a100-gemm-fp16-1024", "a100", "gemm", {"m": 1024, "n": 1024, "k": 1024}),
     ("a100-stream-read-64MiB", "a100", "bandwidth", {"kind": "read", "footprint_mib": 64}),
     ("a100-pchase-l2", "a100", "latency", {"footprint_kib": 4096, "loads": 4096}),
+    # the Sunway GEMM emitter on all 384 CPEs (LDM tiles, DMA panels, vector f16x2 FMA)
+    ("sw26010pro-gemm-fp16-1024", "sw26010pro", "gemm", {"m": 1024, "n": 1024, "k": 1024}),
     # all 384 CPEs stream 48 MiB through their LDMs with DMA (16 blocks of 8 KiB each), cross segment
     ("sw26010pro-stream-read-48MiB", "sw26010pro", "bandwidth", {"kind": "read", "footprint_mib": 48}),
 )
 WARMUP = (("tiny-gpu", "gemm", {"m": 64, "n": 64, "k": 64}), ("tiny-gpu", "bandwidth", {"footprint_mib": 1}),
           ("tiny-gpu", "latency", {"footprint_kib": 4, "loads": 64}),
-          ("tiny-sunway", "bandwidth", {"footprint_mib": 1}))
+          ("tiny-sunway", "bandwidth", {"footprint_mib": 1}), ("tiny-sunway", "gemm", {"m": 64, "n": 64, "k": 64}))
 
 
 def run_bench(cases=CASES, progress=None) -> dict:

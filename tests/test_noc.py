@@ -56,6 +56,14 @@ def state_arrays(N):
             out[name] = v[:, :M.LI_WANT]
         elif name == "lt":
             out[name] = v[:, :M.LT_GAP]
+        elif name == "bi":                  # a port's sleep (noc.py "Sleeping ports") is scratch:
+            out[name] = v[:, :M.BI_LOST]    # with skip-ahead ports scan at other cycles
+        elif name == "bt":
+            out[name] = v[:, :M.BT_SLEEP]
+        elif name == "clk":
+            out[name] = v[:M.C_STAMP]
+        elif name in ("bw", "bc"):
+            continue
         else:
             out[name] = v
     return out

@@ -570,7 +570,8 @@ def _ldmatrix(S, P, T, w, pc, op, mask, blk):
     trans = T.trans[op]
     d = P.dst[pc]
     R = S.rows
-    for i in range(nm):
+    values = S.geom[G_MODE] == MODE_FUNCTIONAL  # timing: the rows' addresses only (matrix data
+    for i in range(nm):                         # feeds mma, which carries no values there)
         for r in range(8):
             lane = 8 * i + r
             addr = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
@@ -579,9 +580,11 @@ def _ldmatrix(S, P, T, w, pc, op, mask, blk):
                 return _fault(S, F_SHARED_OOB, lane, addr, 16, pc)
             if addr % 16 != 0:
                 return _fault(S, F_MISALIGNED, lane, addr, 16, pc)
+            if not values:
+                continue
             for c in range(8):
                 R[r, c] = S.s16[blk, (addr >> 1) + c]
-        for L in range(32):
+        for L in range(32 if values else 0):
             if not ((mask >> L) & 1):
                 continue
             if trans:

@@ -11,6 +11,7 @@ from archsim.engine import execute as X
 from archsim.engine.jit import njit
 from archsim.engine.launch import FunctionalResult, Launch, build_memory, resolve_launch
 from archsim.engine.ref import as_ptr
+from archsim.engine.state import sparse_zeros
 from archsim.errors import SimulationError
 from archsim.isa.opcodes import tables
 from archsim.isa.program import Program
@@ -41,9 +42,9 @@ def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsiz
     """The functional state of NW warp slots (shared by functional and timing runs). `g` is the
     global-memory image, padded to a multiple of 16 bytes."""
     R = max(int(nregs), 1)
-    regs = np.zeros((NW, R, W), np.int64)
+    regs = sparse_zeros((NW, R, W), np.int64)
     spad = max((shared + 15) // 16 * 16, 16)
-    smem = np.zeros((smem_rows, spad), np.uint8)
+    smem = sparse_zeros((smem_rows, spad), np.uint8)
     tpb = launch.threads_per_block
     geom = np.zeros(16, np.int64)
     geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,

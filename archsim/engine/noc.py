@@ -46,6 +46,13 @@ still starts at most one packet at a time; each output arbitrates among the offe
 ports that lost offer again to the outputs still free, for up to ``LOOK_ITERS`` rounds per cycle
 (an iterative matching, as iSLIP-style crossbar allocators do).
 
+Sleeping ports (speed only; results are the same as scanning every port every cycle): a port
+whose scan offered nothing (every packet of its window not yet arrived, waiting for a busy link
+or waiting for credits) sleeps until the first arrival or link-free time it saw, or until one of
+the buffers it waits credits of has room, or until a packet is pushed into it: until then each
+cycle's scan would want the same links and offer nothing, so a sleeping port only adds its
+remembered wants (and checks the remembered buffers' room, which costs less than the scan).
+
 Counters per link: flits sent (= busy cycles), packets, bytes, blocked cycles (cycles in which at
 least one arrived packet wanted the link and did not get it: lost arbitration, no credit, or link
 busy with another input's packet), occupancy of the buffers the link feeds (time integral and
@@ -72,13 +79,14 @@ BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port
 # par[] (int64): network parameters
 P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK = range(10)
 # clk[] (int64): mutable scalars
-C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES = range(5)
+C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP = range(6)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
-BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF = range(10)  # bi int32 [B, 10]
-BT_FREE, BT_AREA, BT_T = range(3)                                          # bt int64 [B, 3]
+(BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF, BI_LOST, BI_NWANT,
+ BI_NCRED) = range(13)  # bi int32 [B, 13]
+BT_FREE, BT_AREA, BT_T, BT_SLEEP = range(4)                                # bt int64 [B, 4]
 G_IN0, G_NIN, G_OUT0, G_NOUT, G_NPKT = range(5)                            # gi int32 [G, 5]
 LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR, LI_WANT, LI_CAND, LI_DIST, LI_GOT = range(10)  # li int32 [Lk, 10]
-LT_BUSY, LT_FLITS, LT_PKTS, LT_BYTES, LT_BLOCKED, LT_GAP = range(6)        # lt int64 [Lk, 6]
+LT_BUSY, LT_FLITS, LT_PKTS, LT_BYTES, LT_BLOCKED, LT_GAP, LT_SEEN = range(7)  # lt int64 [Lk, 7]
 NI_ROUTER, NI_GRP, NI_SRC, NI_EJ = range(4)                                # ni int32 [nodes, 4]
 NT_STALLS, NT_INJECTED, NT_DELIVERED = range(3)                            # nt int64 [nodes, 3]
 PI_REQ, PI_BYTES, PI_FLITS, PI_DST, PI_VC, PI_SER = range(6)               # pi int32 [P, 6]
@@ -124,6 +132,8 @@ class NocState(NamedTuple):
     pi: np.ndarray
     pt: np.ndarray
     pfree: np.ndarray        # int32 [P]
+    bw: np.ndarray           # int32 [B, lookahead + 1] links a sleeping port's packets want (BT_SLEEP)
+    bc: np.ndarray           # int32 [B, lookahead + 1, 2] (buffer, flits) its packets wait credits of
     link_names: np.ndarray   # uint8 [Lk, 40] NUL padded
     node_names: np.ndarray   # uint8 [nodes, 40]
 
@@ -168,12 +178,20 @@ def _take(Q, b, j):
 
 
 @njit(cache=True, inline="always")
-def _window_dup(N, g, b, j, l):
-    """True when a packet in front of the j-th one of buffer b (router g) also goes to link l."""
-    Q, pi, route = N.Q, N.pi, N.route
-    for i in range(j):
-        if route[g, pi[q_peek(Q, b, i), PI_DST]] == l:
-            return True
+def _new_scan(N):
+    """A fresh stamp for one scan of a port's window (see _window_dup)."""
+    N.clk[C_STAMP] += 1
+    return N.clk[C_STAMP]
+
+
+@njit(cache=True, inline="always")
+def _window_dup(lt, l, stamp):
+    """True when a packet in front of the current one in this scan of a port's window (the scan
+    stamped ``stamp``) also goes to link l; marks l as wanted in this scan. O(1): each scan stamps
+    the links its packets want (comparing with every packet in front was O(window) a packet)."""
+    if lt[l, LT_SEEN] == stamp:
+        return True
+    lt[l, LT_SEEN] = stamp
     return False
 
 
@@ -212,6 +230,7 @@ def noc_inject(N, node, req_id, nbytes, dest_node, now):
         t = now
     _occ_change(bi, N.bt, b, min(f, pool), t)
     q_push(N.Q, b, p)
+    N.bt[b, BT_SLEEP] = 0                     # its window changed: the port scans again
     N.gi[g, G_NPKT] += 1
     nt[node, NT_INJECTED] += 1
     return True
@@ -257,14 +276,20 @@ def noc_step(N, now):
                 cnt = Q.count[b]
                 if cnt == 0:
                     continue
+                if it > 0 and bi[b, BI_LOST] == 0:
+                    # only a port that offered and lost can offer again: the grants of this step
+                    # only took links and credits, and a port that sent is busy reading out
+                    continue
+                bi[b, BI_LOST] = 0
                 nwin = cnt if cnt <= look else look + 1
                 if has_gap and it == 0:
                     # skipped cycles: nothing could move, so every packet of the window that had
                     # arrived wanted its link (as stepping each cycle would have counted it)
+                    stamp = _new_scan(N)
                     for j in range(nwin):
                         p = q_peek(Q, b, j)
                         l = N.route[g, pi[p, PI_DST]]
-                        if j > 0 and _window_dup(N, g, b, j, l):
+                        if _window_dup(lt, l, stamp):
                             continue
                         e = pt[p, PT_READY]
                         if bt[b, BT_FREE] > e:
@@ -274,25 +299,53 @@ def noc_step(N, now):
                             break
                         if gap_hi - lo + 1 > lt[l, LT_GAP]:
                             lt[l, LT_GAP] = gap_hi - lo + 1
+                if it == 0 and bt[b, BT_SLEEP] > now:
+                    # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
+                    # has room now, the scan would find what it found when the port fell asleep:
+                    # the same links wanted, nothing to offer
+                    for j in range(bi[b, BI_NCRED]):
+                        tb = N.bc[b, j, 0]
+                        o = bi[tb, BI_OCC]
+                        if o == 0 or o + N.bc[b, j, 1] <= bi[tb, BI_POOL]:
+                            bt[b, BT_SLEEP] = 0
+                            break
+                    if bt[b, BT_SLEEP] > now:
+                        for j in range(bi[b, BI_NWANT]):
+                            li[N.bw[b, j], LI_WANT] += 1
+                        continue
+                stamp = _new_scan(N)
+                nw = 0                        # links wanted (iteration 0), for the port's sleep
+                nc = 0                        # buffers its packets wait credits of
+                wake = INF                    # the first cycle the scan can find anything else
                 for j in range(nwin):         # the head, then (lookahead) packets for other outputs
                     p = q_peek(Q, b, j)
                     l = N.route[g, pi[p, PI_DST]]
-                    if j > 0 and _window_dup(N, g, b, j, l):
+                    if _window_dup(lt, l, stamp):
                         continue
                     e = pt[p, PT_READY]
                     if bt[b, BT_FREE] > e:
                         e = bt[b, BT_FREE]
                     if e > now:
+                        if e < wake:
+                            wake = e
                         break                 # packets arrive in order: the later ones are not here yet
                     if it == 0:
                         li[l, LI_WANT] += 1
+                        N.bw[b, nw] = l
+                        nw += 1
                     if lt[l, LT_BUSY] > now:
+                        if lt[l, LT_BUSY] < wake:
+                            wake = lt[l, LT_BUSY]
                         continue
                     tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
                     o = bi[tb, BI_OCC]
                     if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
+                        N.bc[b, nc, 0] = tb
+                        N.bc[b, nc, 1] = pi[p, PI_FLITS]
+                        nc += 1
                         continue
                     bi[b, BI_OFF] = j             # the port offers this packet
+                    bi[b, BI_LOST] = 1            # until an output grants it
                     offered = True
                     d = k - li[l, LI_RR] - 1
                     if d < 0:
@@ -301,6 +354,10 @@ def noc_step(N, now):
                         li[l, LI_DIST] = d
                         li[l, LI_CAND] = k
                     break
+                if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1:
+                    bt[b, BT_SLEEP] = wake    # nothing to offer before `wake` or room in a buffer
+                    bi[b, BI_NWANT] = nw
+                    bi[b, BI_NCRED] = nc
             if not offered:
                 break
             # grants: each output link takes the offer nearest after its last winner
@@ -312,6 +369,7 @@ def noc_step(N, now):
                 li[l, LI_GOT] = 1
                 b = N.gin[i0 + k]
                 p = _take(Q, b, bi[b, BI_OFF])
+                bi[b, BI_LOST] = 0
                 gi[g, G_NPKT] -= 1
                 f = pi[p, PI_FLITS]
                 w = li[l, LI_WIDTH]
@@ -333,6 +391,7 @@ def noc_step(N, now):
                 tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
                 _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
                 q_push(Q, tb, p)
+                bt[tb, BT_SLEEP] = 0
                 if ser > pi[p, PI_SER]:
                     pi[p, PI_SER] = ser
                 if bi[tb, BI_KIND] == BUF_EJ:
@@ -406,10 +465,11 @@ def noc_next_event(N, now):
             if cnt == 0:
                 continue
             nwin = cnt if cnt <= look else look + 1
+            stamp = _new_scan(N)
             for j in range(nwin):
                 p = q_peek(Q, b, j)
                 l = N.route[g, pi[p, PI_DST]]
-                if j > 0 and _window_dup(N, g, b, j, l):
+                if _window_dup(lt, l, stamp):
                     continue
                 tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
                 o = bi[tb, BI_OCC]
@@ -609,7 +669,7 @@ class _Builder:
                 if dn["ej"] < 0:
                     route[r, d] = -1
         B, Lk = len(self.bufs), len(self.links)
-        bi = np.zeros((B, 10), np.int32)
+        bi = np.zeros((B, 13), np.int32)
         for i, (kind, pool, lat, grp) in enumerate(self.bufs):
             bi[i, [BI_KIND, BI_POOL, BI_LAT, BI_GRP]] = kind, pool, lat, grp
         for (grp, d0, d1, dl, w, _) in self.links:
@@ -617,7 +677,7 @@ class _Builder:
         for n in self.nodes:
             if n["src"] >= 0:
                 bi[n["src"], BI_RDW] = self.links[n["inj_link"]][4]
-        bt = np.zeros((B, 3), np.int64)
+        bt = np.zeros((B, 4), np.int64)
         Q = make_queues(bi[:, BI_POOL])        # a packet is at least one flit
         maxp = int(bi[:, BI_POOL].sum())
 
@@ -636,14 +696,15 @@ class _Builder:
         par = np.zeros(10, np.int64)
         par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK]] = \
             [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look]
-        clk = np.zeros(5, np.int64)
+        clk = np.zeros(6, np.int64)
         clk[C_LAST] = -1
         clk[C_NFREE] = maxp
         return NocState(
             par=par, clk=clk, Q=Q, bi=bi, bt=bt, gi=gi, gin=gin, gout=gout, route=route,
-            li=li, lt=np.zeros((Lk, 6), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
+            li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
             pi=np.zeros((maxp, 6), np.int32), pt=np.zeros((maxp, 2), np.int64),
-            pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32),
+            pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
+            bc=np.zeros((B, self.look + 1, 2), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
             node_names=_name_array([n["name"] for n in self.nodes]))
 

@@ -4,7 +4,27 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import mmap
+
 import numpy as np
+
+_SPARSE_MIN_BYTES = 4 << 20
+
+
+def sparse_zeros(shape, dtype) -> np.ndarray:
+    """np.zeros for a big array of which a run touches only parts (the register file and
+    scratchpad rows of every warp slot of a whole GPU: hundreds of MB, mostly idle slots). It is an
+    anonymous mapping with transparent huge pages turned off, so the kernel zeroes only the 4-KiB
+    pages a run touches; with huge pages, the first touch of each slot's registers zeroed a whole
+    2-MiB page (an a100 GEMM spent a quarter of its time there)."""
+    dt = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if n < _SPARSE_MIN_BYTES:
+        return np.zeros(shape, dt)
+    mm = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mm, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mm.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mm, dt).reshape(shape)
 
 
 class OpTables(NamedTuple):
