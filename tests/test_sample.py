@@ -41,7 +41,8 @@ def test_block_ranges_split_the_launch(tiny):
     assert len(b.block_done) == B - 2 and b.first_block == 2
     assert (b.block_start >= 0).all() and (b.block_done > b.block_start).all()
     assert set(b.block_core.tolist()) <= set(range(tiny.groups * tiny.cores.per_group))
-    assert whole.block_done.max() == whole.cycles or whole.block_done.max() == whole.cycles - 1
+    # the launch ends once the last block has retired and its stores have reached the L2
+    assert whole.block_done.max() <= whole.cycles
 
 
 def test_bad_block_range_is_one_input_error(tiny):

@@ -202,6 +202,29 @@ def test_max_cycles_stops_and_says_where(tiny):
     assert e.value.line().startswith("k.s:2: stopped at --max-cycles 500")
 
 
+def test_a_launch_ends_when_its_stores_reach_the_l2():
+    """A kernel boundary waits for stores: a warp that stores and exits does not end the launch
+    until its write has crossed the request fabric into its L2 slice, so a slower router moves
+    the end by exactly the extra router latency (formula oracle), and the last block retires
+    before the launch ends."""
+    from archsim.engine.timing import Unbacked
+
+    text = """.kernel k
+.param out
+    ldparam r1, out
+    mov.b64 r2, 7
+    st.global.b32 [r1], r2
+    exit
+"""
+    ends = []
+    for lat in (10, 110):
+        m = load_machine("tiny-gpu", sets=[f"fabric.router_latency_cycles={lat}"])
+        r = time_kernel(assemble(text, "k.s"), m, ONE_WARP, {"out": Unbacked(128)})
+        assert r.block_done.max() < r.cycles - lat
+        ends.append(r.cycles)
+    assert ends[1] - ends[0] == 100
+
+
 def test_vector_add_moves_exactly_its_buffers_through_the_hierarchy(tiny):
     """Every level sees the bytes the kernel touches: reads of x and y come from DRAM once, the
     L1 data pipe carries x, y and out, and out stays dirty in the write-back L2."""

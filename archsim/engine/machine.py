@@ -89,7 +89,9 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
     nblocks = TS.k[3]
-    while TS.k[1] < nblocks:
+    # a launch ends when its last block has retired and its stores have reached the L2 (the memory
+    # controller without one): the next kernel would see them there, as at a real kernel boundary
+    while TS.k[1] < nblocks or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
         TS.k[K.K_CUR] = -1  # memory events wake sub-cores for this cycle

@@ -74,8 +74,9 @@ TAG_BCAST = -(1 << 28)   # a broadcast piece hop to a cluster port (aux0 = its t
 TAG_RMA_REQ = -(1 << 27)  # an RMA piece to its target CPE (kind WRITE: put data; READ: get request;
                           # aux0 = engine * RCAP + slot, src = engine)
 TAG_RMA_RESP = -(1 << 26)  # its answer back to the engine (get data, put ack)
-# MState.mk: the CPE mesh's scalars
-MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_N = range(8)
+# MState.mk: scalars: the CPE mesh's; MK_STORES: core stores not yet accepted by their memory-side
+# endpoint (L2 slice, or the controller's queue without an L2): a launch ends when they are
+MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_N = range(9)
 
 
 class MState(NamedTuple):
@@ -549,6 +550,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
         if r < 0:
             return
+        MS.mk[MK_STORES] += 1
         R.aux0[r] = m
         R.aux1[r] = MS.mio_full[core, i, k]
         if cfg[M_HAS_L1]:
@@ -746,6 +748,8 @@ def _slice_cycle(MS, sl, now):
             return
         if answered:
             MS.ep_pending[sl] += 1
+        elif R.tag[r] == TAG_WRITE:
+            MS.mk[MK_STORES] -= 1             # a core's store reached its controller
         MS.slice_hold[sl] = -1
         return
     full = R.aux1[r] if is_write else np.int64(0)
@@ -753,6 +757,8 @@ def _slice_cycle(MS, sl, now):
     if status == CA.RESERVATION_FAIL:
         return
     MS.slice_hold[sl] = -1
+    if is_write and R.tag[r] == TAG_WRITE:
+        MS.mk[MK_STORES] -= 1                 # a core's store reached the L2 (the point of coherence)
     bpc = cfg[M_L2_BPC]
     MS.slice_busy[sl] = now + (R.nbytes[r] + bpc - 1) // bpc
     MS.bytes[BY_L2] += R.nbytes[r]
