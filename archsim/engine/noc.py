@@ -89,7 +89,7 @@ LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR, LI_WANT, LI_CAND, LI_DIS
 LT_BUSY, LT_FLITS, LT_PKTS, LT_BYTES, LT_BLOCKED, LT_GAP, LT_SEEN = range(7)  # lt int64 [Lk, 7]
 NI_ROUTER, NI_GRP, NI_SRC, NI_EJ = range(4)                                # ni int32 [nodes, 4]
 NT_STALLS, NT_INJECTED, NT_DELIVERED = range(3)                            # nt int64 [nodes, 3]
-PI_REQ, PI_BYTES, PI_FLITS, PI_DST, PI_VC, PI_SER = range(6)               # pi int32 [P, 6]
+PI_REQ, PI_BYTES, PI_FLITS, PI_DST, PI_VC, PI_SER, PI_LINK = range(7)      # pi int32 [P, 7]
 PT_READY, PT_TINJ = range(2)                                               # pt int64 [P, 2]
 
 INF = np.int64(1) << np.int64(62)
@@ -113,8 +113,8 @@ class NocState(NamedTuple):
     bytes, blocked cycles, scratch. Nodes (ni/nt): router, interface group (-1: cannot send),
     source queue, ejection buffer (-1: cannot receive); injection stalls, injected, delivered.
     Packet slots (pi/pt): request id, bytes, flits, destination node, virtual channel, tail lag
-    (longest serialization so far); eligible-from cycle (ejection buffer: tail arrived by the end
-    of it), injection cycle. ``pfree`` is the stack of free slots (``clk[C_NFREE]`` of them)."""
+    (longest serialization so far), the link it wants out of the buffer it is in; eligible-from
+    cycle (ejection buffer: tail arrived by the end of it), injection cycle. ``pfree`` is the stack of free slots (``clk[C_NFREE]`` of them)."""
 
     par: np.ndarray          # int64 [10] P_*
     clk: np.ndarray          # int64 [5] C_*
@@ -223,6 +223,7 @@ def noc_inject(N, node, req_id, nbytes, dest_node, now):
     pi[p, PI_DST] = dest_node
     pi[p, PI_VC] = 0
     pi[p, PI_SER] = 0
+    pi[p, PI_LINK] = N.route[g, dest_node]
     pt[p, PT_READY] = now
     pt[p, PT_TINJ] = now
     t = clk[C_LAST] + 1                       # before noc_step(now) that is now; after it, now + 1
@@ -288,7 +289,7 @@ def noc_step(N, now):
                     stamp = _new_scan(N)
                     for j in range(nwin):
                         p = q_peek(Q, b, j)
-                        l = N.route[g, pi[p, PI_DST]]
+                        l = pi[p, PI_LINK]
                         if _window_dup(lt, l, stamp):
                             continue
                         e = pt[p, PT_READY]
@@ -319,7 +320,7 @@ def noc_step(N, now):
                 wake = INF                    # the first cycle the scan can find anything else
                 for j in range(nwin):         # the head, then (lookahead) packets for other outputs
                     p = q_peek(Q, b, j)
-                    l = N.route[g, pi[p, PI_DST]]
+                    l = pi[p, PI_LINK]
                     if _window_dup(lt, l, stamp):
                         continue
                     e = pt[p, PT_READY]
@@ -399,6 +400,7 @@ def noc_step(N, now):
                 else:
                     pt[p, PT_READY] = now + bi[tb, BI_LAT]
                     gi[bi[tb, BI_GRP], G_NPKT] += 1
+                    pi[p, PI_LINK] = N.route[bi[tb, BI_GRP], pi[p, PI_DST]]  # the link it wants next
         # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
         # credit, link busy); the skipped cycles before this one count as the gap says
         for j in range(no):
@@ -468,7 +470,7 @@ def noc_next_event(N, now):
             stamp = _new_scan(N)
             for j in range(nwin):
                 p = q_peek(Q, b, j)
-                l = N.route[g, pi[p, PI_DST]]
+                l = pi[p, PI_LINK]
                 if _window_dup(lt, l, stamp):
                     continue
                 tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
@@ -702,7 +704,7 @@ class _Builder:
         return NocState(
             par=par, clk=clk, Q=Q, bi=bi, bt=bt, gi=gi, gin=gin, gout=gout, route=route,
             li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
-            pi=np.zeros((maxp, 6), np.int32), pt=np.zeros((maxp, 2), np.int64),
+            pi=np.zeros((maxp, 7), np.int32), pt=np.zeros((maxp, 2), np.int64),
             pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
             bc=np.zeros((B, self.look + 1, 2), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
