@@ -729,6 +729,23 @@ def _pad_odd(a: _Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
     a.label(skip)
 
 
+class _Recorder:
+    """Stands in for an _Asm: records instructions (to be emitted later, spread between FMAs);
+    registers and predicates still come from the real pool."""
+
+    def __init__(self, a: _Asm):
+        self.a, self.out = a, []
+
+    def __call__(self, *args, **kw) -> None:
+        self.out.append((args, kw))
+
+    def pred(self):
+        return self.a.pred()
+
+    def pfree(self, *ps) -> None:
+        self.a.pfree(*ps)
+
+
 def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
     """C tile (f32, LDM) += op(A panel) @ op(B panel) over kn k-steps, register tile by register
     tile (only those holding valid rows / columns); one queued get every _pace(c) iterations.
@@ -781,53 +798,90 @@ def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) ->
     b_k = es if c.trans_b else c.pb
     wide = "ld.shared.b32"                               # a pair (k, k+1) adjacent / an f32
 
-    def load_a(i):
+    def load_a(i, pred=None):
         r = av[i % len(av)]
         if a_pair_rows:
-            a("ld.shared.u16", r, Mem(aptr, i * a_row))
-            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k))
+            a("ld.shared.u16", r, Mem(aptr, i * a_row), p=pred)
+            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k), p=pred)
         else:
-            a(wide, r, Mem(aptr, i * a_row))             # every lane the same address: a broadcast
+            a(wide, r, Mem(aptr, i * a_row), p=pred)     # every lane the same address: a broadcast
 
-    def join_a(i):
+    def join_a(i, pred=None):
         if a_pair_rows:
             r = av[i % len(av)]
-            a("mad.i64", r, at[i % len(at)], 0x10000, r)
+            a("mad.i64", r, at[i % len(at)], 0x10000, r, p=pred)
 
+    def load_b(j, pred=None):                            # vector j of B at bptr
+        if b_pair_rows:
+            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col), p=pred)
+            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k), p=pred)
+        else:
+            a(wide, bv + j, Mem(bptr, j * 32 * b_col), p=pred)
+
+    def join_b(j, pred=None):
+        if b_pair_rows:
+            a("mad.i64", bv + j, bt[j % 2], 0x10000, bv + j, p=pred)
+
+    # B of the first k-iteration; each iteration loads the next one's B during its last row's FMAs
+    for j in range(RV):
+        load_b(j)
+        if j >= 1:
+            join_b(j - 1)
+    join_b(RV - 1)
+    # A row 0 likewise when its registers are free during the last row (row RM-1 uses others)
+    pre_a = ahead >= 1 and (RM - 1) % len(av) != 0 and (not at or (RM - 1) % len(at) != 0)
+    if pre_a:
+        load_a(0)
+        join_a(0)
     loop = lbl("K")
     a.label(loop)
-    for j in range(RV):
-        if b_pair_rows:
-            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col))
-            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k))
-            if j >= 1:
-                a("mad.i64", bv + (j - 1), bt[(j - 1) % 2], 0x10000, bv + (j - 1))
-        else:
-            a(wide, bv + j, Mem(bptr, j * 32 * b_col))
-    for i in range(min(ahead, RM)):
+    for i in range(1 if pre_a else 0, min(ahead, RM)):
         load_a(i)
-    if b_pair_rows:
-        a("mad.i64", bv + (RV - 1), bt[(RV - 1) % 2], 0x10000, bv + (RV - 1))
-    join_a(0)
+    if not pre_a:
+        join_a(0)
+    # the DMA slot (one queued get), the pointer steps and the loop count go one instruction into
+    # each FMA's second vector cycle (the in-order CPE issues one instruction a cycle; an f16x2
+    # FMA holds the vector pipe two), not as a block of integer ops between the FMAs
+    rec = _Recorder(a)
+    if pace > 1:
+        rec("and.b64", t, kc, pace - 1)
+        rec("setp.eq.i64", pk, t, 0)
+        rec("and.pred", pk, pk, pq)
+    q.a = rec
+    q.issue(pk if pace > 1 else pq)
+    q.a = a
+    rec("setp.gt.i64", pq, q.cnt, 0)
+    rec("add.i64", bptr, bptr, kstep * b_k)
+    rec("sub.i64", kc, kc, 1)
+    rec("setp.gt.i64", p0, kc, 0)                         # another iteration follows
+    fill = rec.out
     for i in range(RM):
         if i + ahead < RM:
             load_a(i + ahead)
+            if i + ahead == RM - 1:                      # the last A row of this iteration is loaded
+                fill.append((("add.i64", aptr, aptr, kstep * a_k), {}))
         if i + 1 < RM:
             join_a(i + 1)
+        last = i == RM - 1
+        if last:                                         # everything before the next B loads
+            while fill:
+                args, kw = fill.pop(0)
+                a(*args, **kw)
         for j in range(RV):
             r = acc + i * RV + j
             a(_FMA[c.dtype], r, av[i % len(av)], bv + j, r)
-        if i == 0:                                       # the DMA slot: one queued get
-            if pace > 1:
-                a("and.b64", t, kc, pace - 1)
-                a("setp.eq.i64", pk, t, 0)
-                a("and.pred", pk, pk, pq)
-            q.issue(pk if pace > 1 else pq)
-            a("setp.gt.i64", pq, q.cnt, 0)
-    a("add.i64", aptr, aptr, kstep * a_k)
-    a("add.i64", bptr, bptr, kstep * b_k)
-    a("sub.i64", kc, kc, 1)
-    a("setp.gt.i64", p0, kc, 0)
+            if last:                                     # bv + j is free: the next iteration's B
+                load_b(j, p0)
+                if j >= 1:
+                    join_b(j - 1, p0)
+            elif fill:
+                args, kw = fill.pop(0)
+                a(*args, **kw)
+    if pre_a:
+        load_a(0, p0)
+    join_b(RV - 1, p0)
+    if pre_a:
+        join_a(0, p0)
     a("bra", loop, p=p0)
     a.free(*av, *at, *bt)
     a.free(bv, k=RV)
