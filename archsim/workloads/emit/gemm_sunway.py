@@ -81,7 +81,11 @@ tile: 32 FMAs (64 vector cycles) against 8 A and 4-8 B loads and at most 12 inte
 one k-step an iteration, ``ld.shared.b32`` of A broadcast, B one float a lane, ``fma.f32``.
 RM x RV = 32 accumulator registers: (8, 4) when N > 64, (16, 2) / (16, 1) for narrow C; A loads
 run one or two rows ahead of their FMAs (an in-order core stalls on the first operand not
-ready). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
+ready), and the next k-iteration's B vectors (and A row 0) load during the last row's FMAs, each
+into a register its FMA has just read; the DMA slot, pointer steps and loop count take one
+instruction after each FMA (an f16x2 FMA holds the vector pipe two cycles, the CPE issues one
+instruction a cycle), so an (8, 4) k-pair costs ~95 cycles against its 64 FMA cycles (116 with
+those as blocks; sw26010pro, one CPE). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
 last pair adds 0 * 0. The modelled integer pipe charges every integer op a full 32-lane issue
 (2 cycles), which is why the layout avoids per-row integer work (a k-per-instruction layout
 needs a ``mul.i64`` to duplicate every A element: int-bound).
