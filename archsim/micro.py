@@ -564,7 +564,9 @@ SUNWAY_GEMM_DTYPES = ("fp16", "bf16", "fp32")
 
 def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     """C = A @ B (f32 out) with the Sunway GEMM emitter (archsim.workloads.emit.gemm_sunway: one
-    CPE a C tile in LDM, double-buffered per-row DMA panels, f16x2 / bf16x2 / f32 vector FMA).
+    CPE a C tile in LDM, double-buffered DMA panels, f16x2 / bf16x2 / f32 vector FMA; where the
+    machine has row and column DMA broadcast, a core group's mesh shares A panels along its rows
+    and B panels along its columns: extra ``layout`` "broadcast", else "tile").
     Share of peak against the dtype's vector peak (the CPEs' f16x2 rate for fp16 / bf16)."""
     from archsim.workloads.emit.gemm_sunway import gemm_kernel
 
@@ -580,6 +582,7 @@ def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     out.extra["stages"] = g.tile.stages
     out.extra["kernel"] = g.kind
     out.extra["blocks"] = g.launch.blocks
+    out.extra["layout"] = "broadcast" if g.program.name.endswith("_bcast") else "tile"
     pk = stats.machine_record(machine)["peak_tflops"].get(g.dtype)
     if pk:
         out.extra["share_of_peak"] = tf / pk

@@ -1,7 +1,8 @@
 """GEMM kernels for the Sunway family (SW26010-Pro CPEs): C = alpha * op(A) @ op(B), LDM-tiled,
 DMA double-buffered, vector FMA. The public API mirrors ``gemm_gpu`` (same ``gemm_kernel``
-signature, the same ``GemmKernel`` object and kernel parameters ``PARAMS``), so the block composer
-can pick the module by machine family.
+signature and ``GemmKernel`` fields; ``SunwayGemmKernel`` is a GemmKernel whose ``args`` add the
+parameter ``nz`` = nb*nh, so ``PARAMS`` is gemm_gpu's plus ``nz``), so the block composer can pick
+the module by machine family.
 
     caps = capabilities(load_machine("sw26010pro"))
     k = gemm_kernel(caps, 1024, 1024, 1024, dtype="fp16", out_dtype="f32")
@@ -9,11 +10,37 @@ can pick the module by machine family.
 
 Execution model: a thread block is one CPE (one warp: the 32 lanes are the 512-bit vector; an
 f16x2 / bf16x2 register of a lane carries two halves, so one vector op works on 64 halves, an f32
-op on 32 floats). Block (x, y, z) of the launch owns the C tile of rows y*BM .. y*BM+BM-1 and
-columns x*BN .. x*BN+BN-1 of GEMM z (z < nb*nh: the (batch, head) pair, as on the GPU: A, B, C of
-GEMM z start (z // nh)*stride[0] + (z % nh)*stride[1] elements into their buffers); the grid's
-blocks are dispatched over the machine's CPEs. The program's size does not depend on the problem
-size: M, N, K, leading dimensions and strides are kernel parameters, loops carry the rest.
+op on 32 floats) and computes BM x BN C tiles of GEMM z (z < nb*nh: the (batch, head) pair, as
+on the GPU: A, B, C of GEMM z start (z // nh)*stride[0] + (z % nh)*stride[1] elements into their
+buffers). Two layouts, one emitter (``SunwayCfg.bcast``):
+
+- Broadcast layout (swDNN / swBLAS-style; the target has ``row`` and ``column`` in
+  ``dma.broadcast_modes`` and a core group is its R x Cc CPE mesh, see ``bcast_layout``): a core
+  group's mesh computes a macro tile of (R*BM) x (Cc*BN) of C, the CPE at mesh row r, column cc
+  its (r, cc) tile. The CPEs of a mesh row need the same A rows and those of a column the same B
+  columns, so every A panel is one row broadcast (``dma.get[.s].bcast.row``) and every B panel
+  one column broadcast: DRAM holds each panel once per line instead of once per CPE (A is read
+  once per macro-tile column, B once per macro-tile row). Blocks are persistent: the launch is
+  one block per CPE of the G core groups used (G = min(groups, macro tiles)), so block b runs on
+  CPE b (the engine dispatches a launch no larger than the machine in order, one block a CPE)
+  and every member of a line is resident for the whole kernel (no waves mixing in a line). Core
+  group g loops over macro tiles g, g+G, g+2G, ... (z-major, then m, then n; the index and the
+  tile's coordinates live in LDM slots, ``SLOT_*``); all 64 CPEs of a group take the same
+  sequence, so the members of a line issue the same gets, in the same order, with the same
+  operands (global address, length, count / stride, LDM stage), as the rendezvous requires. A
+  CPE whose tile lies outside C (an edge macro tile) has mv = 0 or nv = 0: it still joins its
+  lines (its row shares A rows with CPEs that need them, its column B columns), fetches nothing
+  for a line with nothing to fetch (a whole line outside C issues no get, consistently), and
+  skips the zeroing, the FMAs and the puts. Deadlock-free: every CPE issues its lines' gets in
+  one global order (tile, panel, A then B, row by row), so the earliest unlaunched broadcast has
+  every member joined or on its way.
+- One tile a block (the fallback: no broadcast on the target, or the tile rule finds it cheaper,
+  e.g. a batch of tiny GEMMs where a macro tile would leave most CPEs idle): block (x, y, z) owns
+  the C tile of rows y*BM .. and columns x*BN .. of GEMM z; the grid's blocks are dispatched
+  over the machine's CPEs in waves, each CPE fetching its own panels with plain / strided gets.
+
+The program's size does not depend on the problem size: M, N, K, leading dimensions, strides and
+nz are kernel parameters, loops carry the rest.
 
 LDM (``.shared``) of one CPE:
 - ``Cs``: the f32 C tile, BM x BN, row-major (zeroed at the start of the tile);
@@ -36,9 +63,10 @@ LDM (``.shared``) of one CPE:
   other stage), compute panel p from LDM issuing one queued get every ``_pace`` k-iterations
   from inside the FMA loop, then issue what is left. Issuing a whole panel at once would park
   the in-order CPE on the full descriptor FIFO for most of the panel; paced, the gets fly while
-  the FMAs run. ``_Queue.setup`` is the one place that turns a panel into transfers (the hook
-  for broadcast / strided DMA: swDNN shares A and B panels across a mesh row / column, which
-  the engine does not model yet).
+  the FMAs run. ``_Queue.setup`` is the one place that turns a panel into transfers: in the
+  broadcast layout the same gets in their ``.bcast.row`` (A) / ``.bcast.column`` (B) forms
+  (the timing engine models the rendezvous, one DRAM read per line and the fan-out over the CPE
+  mesh; a functional run treats a broadcast as the issuer's own get).
 
 Compute (the CPE has no tensor unit): register tiles of RM rows x RV vectors of 32 columns of C,
 lane l of vector j holding column sj + 32j + l. f16 / bf16 run in k-pairs: the two halves of
@@ -53,7 +81,11 @@ tile: 32 FMAs (64 vector cycles) against 8 A and 4-8 B loads and at most 12 inte
 one k-step an iteration, ``ld.shared.b32`` of A broadcast, B one float a lane, ``fma.f32``.
 RM x RV = 32 accumulator registers: (8, 4) when N > 64, (16, 2) / (16, 1) for narrow C; A loads
 run one or two rows ahead of their FMAs (an in-order core stalls on the first operand not
-ready). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
+ready), and the next k-iteration's B vectors (and A row 0) load during the last row's FMAs, each
+into a register its FMA has just read; the DMA slot, pointer steps and loop count take one
+instruction after each FMA (an f16x2 FMA holds the vector pipe two cycles, the CPE issues one
+instruction a cycle), so an (8, 4) k-pair costs ~95 cycles against its 64 FMA cycles (116 with
+those as blocks; sw26010pro, one CPE). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
 last pair adds 0 * 0. The modelled integer pipe charges every integer op a full 32-lane issue
 (2 cycles), which is why the layout avoids per-row integer work (a k-per-instruction layout
 needs a ``mul.i64`` to duplicate every A element: int-bound).
@@ -74,21 +106,32 @@ its panel sums ~8x less accurate than fp16's.
 
 Epilogue: alpha (an f32 multiply) and the conversion to the output dtype (``cvt.f16x2.f32`` /
 ``cvt.bf16x2.f32``, in place in the f32 rows) for the tile's valid rows, then one ``dma.put``
-per row of min(BN, N-n0) elements and ``dma.wait 0`` before the CPE exits.
+per row of min(BN, N-n0) elements and ``dma.wait 0`` before the CPE exits. In the broadcast
+layout the puts of one macro tile overlap the gets of the next one's first panel; its
+``dma.wait 0`` comes before the C tile is zeroed again.
 
 Tile rule (``choose_tile``): (RM, RV) from N as above; BM a multiple of RM (<= 256), BN of RM's
 vector width (<= 512); the candidate must fit the LDM (``caps.scratchpad_bytes``:
-BM*BN*4 + 2 stages) and its program the registers (``caps.max_regs_per_thread``). The smallest
-estimated time wins, ties to the larger tile:
+BM*BN*4 + 2 stages, + 64 bytes of slots in the broadcast layout) and its program the registers
+(``caps.max_regs_per_thread``). Every candidate is costed in both layouts (the broadcast one only
+where the target has it); the smallest estimated time wins, ties to the broadcast layout, then
+to the larger tile. One tile a block:
 
-    cost = max(tiles * (BM' + BN') * K * es / (BW * min(tiles, cores)),  waves * 2 * BM' * BN' * K / F)
+    cost = max(tiles * (BM' + BN') * K * es / (BW * min(tiles, cores)),  waves * 2 * BM' * BN' * K / F * f)
            + waves * T0
+
+broadcast layout (macro tiles T = nz * ceil(M / (R*BM)) * ceil(N / (Cc*BN)), rounds = ceil(T / groups)):
+
+    cost = max(rounds * (min(R*BM, M) + min(Cc*BN, N)) * K * es / (BW * R * Cc),  rounds * 2 * BM' * BN' * K / F * f)
+           + rounds * T0
 
 with BM' = min(BM, M), BN' = min(BN, N), waves = ceil(tiles / cores) (wave quantization over
 ``caps.cores_total`` CPEs): the DRAM bytes of all tiles over the bandwidth of the CPEs that run
 them (blocks fill the core groups one after the other, and a core group's DMA is bounded by its
 controller and ring stop, so a launch of few tiles gets a share of the machine's bandwidth), or
-the busiest CPE's FMA time, whichever is longer. BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
+the busiest CPE's FMA time, whichever is longer; f = ``_reg_tile_factor`` (>= 1) charges a
+register tile whose k-iteration is bound by instruction issue or LDM loads rather than its FMAs
+(16 x 1: 1.22, 8 x 4 and 16 x 2: 1). BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
 16 (f32) flops per cycle are sw26010pro's balance (307.2 GB/s over 384 CPEs at 2.25 GHz; one
 f16x2 / f32 FMA of 32 lanes per 2 / 4 cycles): a choice, since capabilities carry no rates; the
 rule only ranks tiles, the timing engine measures them. The bandwidth term assumes the buffers
@@ -110,10 +153,25 @@ from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-from .gemm_gpu import (MAX_BATCH, PARAMS, GemmKernel, Tile, _Asm, _batch_index, _batch_ptr, _ceil, _int,
+from .gemm_gpu import PARAMS as _GEMM_PARAMS
+from .gemm_gpu import (MAX_BATCH, GemmKernel, Tile, _Asm, _batch_index, _batch_ptr, _ceil, _int,
                        _log2, _one_to_one, _OutOfRegisters, _pair)
 
-__all__ = ["gemm_kernel", "choose_tile", "SunwayCfg", "ACC_BITS", "PARAMS"]
+__all__ = ["gemm_kernel", "choose_tile", "SunwayCfg", "SunwayGemmKernel", "ACC_BITS", "PARAMS", "bcast_layout"]
+
+# kernel parameters: gemm_gpu's and nz = nb*nh, the GEMMs of the batch (the broadcast layout's
+# persistent blocks loop over them, so their count cannot come from the grid)
+PARAMS = _GEMM_PARAMS + ("nz",)
+
+
+@dataclass(frozen=True)
+class SunwayGemmKernel(GemmKernel):
+    """gemm_gpu.GemmKernel (same fields, views, reference) whose ``args`` add ``nz``."""
+
+    def args(self, A, B, C) -> dict:
+        d = super().args(A, B, C)
+        d["nz"] = self.batch[0] * self.batch[1]
+        return d
 
 _DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
@@ -126,6 +184,10 @@ _FMA = {"fp16": "fma.f16x2", "bf16": "fma.bf16x2", "fp32": "fma.f32"}
 _CVT_LO = {"fp16": "cvt.f32.f16", "bf16": "cvt.f32.bf16"}
 _CVT_HI = {"fp16": "cvt.f32.f16h", "bf16": "cvt.f32.bf16h"}
 _PACK = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
+_BCAST = {"A": ".bcast.row", "B": ".bcast.column"}   # broadcast layout: A shared along mesh rows, B along columns
+# LDM slots of the broadcast layout (8 bytes each, after the two stages)
+SLOT_TIX, SLOT_M0, SLOT_N0, SLOT_ZB, SLOT_ZH = 0, 8, 16, 24, 32
+SLOT_BYTES = 64
 # significand bits of the accumulation within a panel (the test's error bound uses 2^-ACC_BITS)
 ACC_BITS = {"fp16": 11, "bf16": 8, "fp32": 24}
 
@@ -161,6 +223,8 @@ class SunwayCfg:
     RV: int            # register tile vectors (32 columns of C each)
     alpha: float = 1.0
     strided: bool = True   # full-pitch panels of A and B by one strided get (dma.get.s)
+    bcast: bool = False    # broadcast layout: persistent blocks, A panels by row, B by column broadcast
+    mesh: tuple = (0, 0)   # (rows, cols) of a core group's CPE mesh (broadcast layout)
 
     @property
     def es(self) -> int:
@@ -214,22 +278,40 @@ class SunwayCfg:
         return _ceil(self.a_panel + self.b_rows * self.pb, 128) * 128
 
     @property
-    def ldm_bytes(self) -> int:
+    def slot(self) -> int:
+        """LDM offset of the broadcast layout's 8-byte slots (SLOT_*: the macro-tile index and the
+        tile's coordinates, kept in the LDM across the tile instead of in registers)."""
         return self.cs_bytes + 2 * self.stage
+
+    @property
+    def ldm_bytes(self) -> int:
+        return self.cs_bytes + 2 * self.stage + (SLOT_BYTES if self.bcast else 0)
 
 
 # ----------------------------------------------------------------------------- emission
 class _Queue:
     """The rows of the next panel still to fetch: one operand at a time (A, then B), as
     (src, dst, count, length, src step, dst step) registers plus ``ph`` = 1 while A's rows are
-    queued (B's come next). ``setup`` is the one place a panel becomes transfers: broadcast or
-    strided DMA forms would replace it."""
+    queued (B's come next). ``setup`` is the one place a panel becomes transfers.
+
+    Broadcast layout (``c.bcast``): every get of A is a row broadcast (``dma.get[.s].bcast.row``:
+    the CPEs of a mesh row own the same C rows, so they fetch the same A rows into the same LDM
+    stage), every get of B a column broadcast; ``pph`` mirrors ``ph`` as a predicate to pick the
+    mode of a queued row. All members of a line compute the same operands (same macro tile, same
+    mesh row / column, same panel), so they issue the same sequence of gets with the same
+    operands, as the rendezvous requires."""
 
     def __init__(self, a: _Asm, c: "SunwayCfg", p, gA, gB, mv, nv, p0, lbl):
         self.a, self.c, self.p, self.p0, self.lbl = a, c, p, p0, lbl
         self.strided = c.strided
+        self.bcast = c.bcast
         self.g = {"A": (gA, mv), "B": (gB, nv)}
         self.src, self.dst, self.cnt, self.len, self.ss, self.ds, self.ph = (a.reg() for _ in range(7))
+        self.pph = a.pred() if c.bcast else None
+
+    def free(self) -> None:
+        if self.pph is not None:
+            self.a.pfree(self.pph)
 
     def setup(self, op: str) -> None:
         """Queue operand op's rows of panel p+1 (into stage (p+1) % 2)."""
@@ -253,6 +335,9 @@ class _Queue:
             a("mul.i64", self.src, k0, self.ss)
             a("mov.b64", self.cnt, kn)
             a("shl.b64", self.len, ext, _log2(es))
+            if self.bcast:                                # a tile outside C (ext = 0): nothing to fetch
+                a("setp.eq.i64", self.p0, ext, 0)
+                a("mov.b64", self.cnt, 0, p=self.p0)
         else:                                             # ext rows, k0 .. k0+kn-1 of each
             a("shl.b64", self.src, k0, _log2(es))
             a("mov.b64", self.cnt, ext)
@@ -261,18 +346,23 @@ class _Queue:
         pitch = c.pa if op == "A" else c.pb
         a("mov.b64", self.ds, pitch)
         a("mov.b64", self.ph, 1 if op == "A" else 0)
+        if self.bcast:
+            a("setp.ne.i64", self.pph, self.ph, 0)
         if self.strided and not (op == "B" and c.trans_b):
             # rows as long as the LDM pitch (every panel but an edge tile's or the K residue's):
             # one strided get for the whole panel (athread's dma_iget_stride), packed at the
             # pitch. B^T rows keep their padded pitch (bank spread), so they go row by row.
             skip = lbl("QROWS")
             p0 = self.p0
+            if self.bcast:                                # no rows (a tile outside C): no get
+                a("setp.eq.i64", p0, self.cnt, 0)
+                a("bra", skip, p=p0)
             a("setp.ne.i64", p0, self.len, pitch)
             a("bra", skip, p=p0)
             pair = a.reg(2)
             a("mov.b64", pair, self.len)                  # block size
             a("mov.b64", pair + 1, self.ss)               # stride
-            a("dma.get.s", Mem(self.dst, 0), Mem(self.src, 0), self.cnt, pair)
+            a("dma.get.s" + (_BCAST[op] if self.bcast else ""), Mem(self.dst, 0), Mem(self.src, 0), self.cnt, pair)
             a("mov.b64", self.cnt, 0)
             a.free(pair, k=2)
             a.label(skip)
@@ -280,7 +370,18 @@ class _Queue:
 
     def issue(self, pred=None) -> None:
         a = self.a
-        a("dma.get", Mem(self.dst, 0), Mem(self.src, 0), self.len, p=pred)
+        if not self.bcast:
+            a("dma.get", Mem(self.dst, 0), Mem(self.src, 0), self.len, p=pred)
+        elif pred is None:
+            a("dma.get" + _BCAST["A"], Mem(self.dst, 0), Mem(self.src, 0), self.len, p=self.pph)
+            a("dma.get" + _BCAST["B"], Mem(self.dst, 0), Mem(self.src, 0), self.len, p=self.pph, neg=True)
+        else:
+            pa, pb = a.pred(), a.pred()
+            a("and.pred", pa, pred, self.pph)             # an A row
+            a("xor.pred", pb, pa, pred)                   # a B row
+            a("dma.get" + _BCAST["A"], Mem(self.dst, 0), Mem(self.src, 0), self.len, p=pa)
+            a("dma.get" + _BCAST["B"], Mem(self.dst, 0), Mem(self.src, 0), self.len, p=pb)
+            a.pfree(pa, pb)
         a("add.i64", self.dst, self.dst, self.ds, p=pred)
         a("add.i64", self.src, self.src, self.ss, p=pred)
         a("sub.i64", self.cnt, self.cnt, 1, p=pred)
@@ -328,9 +429,88 @@ def _pace(c: "SunwayCfg") -> int:
     return pace
 
 
+def _divmod_const(a: _Asm, q, r, x, d: int) -> None:
+    """q = x // d, r = x % d for x >= 0 and a compile-time d (shift / and when d is a power of two);
+    q or r may be None, neither may be x."""
+    if d & (d - 1) == 0:
+        if q is not None:
+            a("shr.u64", q, x, _log2(d))
+        if r is not None:
+            a("and.b64", r, x, d - 1)
+    else:
+        if q is not None:
+            a("div.i64", q, x, d)
+        if r is not None:
+            a("rem.i64", r, x, d)
+
+
+def _macro_tile(a: _Asm, c: SunwayCfg, p0, done: str):
+    """Broadcast layout: decode the core group's current macro tile (LDM slot TIX) into this
+    CPE's (m0, n0, zb, zh), stored in the slots; jump to `done` when the group has no tile left.
+    Macro tiles run z-major, then m, then n: tile t of the (nz = nb*nh) GEMMs of tm x tn macro
+    tiles each. The CPE at mesh (r, cc) owns C rows m0 = im*R*BM + r*BM .. and columns
+    n0 = in*Cc*BN + cc*BN .. of it."""
+    R, Cc = c.mesh
+    MM, NN = R * c.BM, Cc * c.BN
+    tix, tm, tn, tpg, w, z = (a.reg() for _ in range(6))
+    a("ld.shared.b64", tix, Mem(None, c.slot + SLOT_TIX))
+    a("ldparam", tm, "M")
+    a("add.i64", tm, tm, MM - 1)
+    a("div.i64", tm, tm, MM)                             # macro-tile rows
+    a("ldparam", tn, "N")
+    a("add.i64", tn, tn, NN - 1)
+    a("div.i64", tn, tn, NN)                             # macro-tile columns
+    a("mul.i64", tpg, tm, tn)                            # macro tiles per GEMM
+    a("ldparam", w, "nz")
+    a("mul.i64", w, w, tpg)
+    a("setp.ge.i64", p0, tix, w)
+    a("bra", done, p=p0)
+    a("div.i64", z, tix, tpg)
+    a("mul.i64", w, z, tpg)
+    a("sub.i64", tix, tix, w)                            # tile within GEMM z
+    a("div.i64", w, tix, tn)                             # im
+    a("mul.i64", tm, w, tn)
+    a("sub.i64", tix, tix, tm)                           # in
+    a("s2r", tm, "%ctaid.x")
+    _divmod_const(a, None, tm, tm, R * Cc)               # CPE index in the group (block b runs on CPE b)
+    _divmod_const(a, tn, tm, tm, Cc)                     # mesh row tn, column tm
+    a("mul.i64", w, w, MM)
+    a("mad.i64", w, tn, c.BM, w)                         # m0
+    a("st.shared.b64", Mem(None, c.slot + SLOT_M0), w)
+    a("mul.i64", tix, tix, NN)
+    a("mad.i64", tix, tm, c.BN, tix)                     # n0
+    a("st.shared.b64", Mem(None, c.slot + SLOT_N0), tix)
+    a("ldparam", tn, "nh")
+    a("div.i64", w, z, tn)                               # batch
+    a("mul.i64", tn, w, tn)
+    a("sub.i64", z, z, tn)                               # head
+    a("st.shared.b64", Mem(None, c.slot + SLOT_ZB), w)
+    a("st.shared.b64", Mem(None, c.slot + SLOT_ZH), z)
+    a.free(tix, tm, tn, tpg, w, z)
+
+
+def _coords(a: _Asm, c: SunwayCfg):
+    """(m0, n0, (zb, zh)) of this CPE's C tile in new registers: from the slots (broadcast layout)
+    or from the block's grid position (one tile a block)."""
+    m0, n0 = a.reg(), a.reg()
+    if c.bcast:
+        zb, zh = a.reg(), a.reg()
+        a("ld.shared.b64", m0, Mem(None, c.slot + SLOT_M0))
+        a("ld.shared.b64", n0, Mem(None, c.slot + SLOT_N0))
+        a("ld.shared.b64", zb, Mem(None, c.slot + SLOT_ZB))
+        a("ld.shared.b64", zh, Mem(None, c.slot + SLOT_ZH))
+        return m0, n0, (zb, zh)
+    a("s2r", m0, "%ctaid.y")
+    a("mul.i64", m0, m0, c.BM)
+    a("s2r", n0, "%ctaid.x")
+    a("mul.i64", n0, n0, c.BN)
+    return m0, n0, _batch_index(a)
+
+
 def _emit(c: SunwayCfg, max_regs: int) -> Program:
     es, os_ = c.es, _OS[c.out]
-    name = f"sw_gemm_{c.dtype}_{c.out}_{'t' if c.trans_a else 'n'}{'t' if c.trans_b else 'n'}_{c.BM}x{c.BN}"
+    name = (f"sw_gemm_{c.dtype}_{c.out}_{'t' if c.trans_a else 'n'}{'t' if c.trans_b else 'n'}_{c.BM}x{c.BN}"
+            + ("_bcast" if c.bcast else ""))
     a = _Asm(name, PARAMS, c.ldm_bytes, limit=max_regs)
     labels = iter(range(10**6))
 
@@ -338,19 +518,30 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
         return f"{s}_{next(labels)}"
 
     p0 = a.pred()
-    # ---- tile coordinates, valid extents and operand origins
-    gA, gB, mv, nv, t, u = (a.reg() for _ in range(6))
-    a("s2r", t, "%ctaid.y")
-    a("mul.i64", t, t, c.BM)                             # m0
+    if c.bcast:
+        # persistent blocks: block b is CPE b; core group g takes macro tiles g, g + G, ... (G = the
+        # groups launched), its 64 CPEs all the same tile, so a mesh row / column line's members
+        # always work on the same A rows / B columns
+        t = a.reg()
+        a("s2r", t, "%ctaid.x")
+        _divmod_const(a, t, None, t, c.mesh[0] * c.mesh[1])
+        a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
+        a.free(t)
+        a.label("TILE")
+        _macro_tile(a, c, p0, "DONE")
+
+    # ---- tile coordinates, valid extents (0 for a broadcast-layout tile outside C) and operand origins
+    gA, gB, mv, nv = (a.reg() for _ in range(4))
+    t, u, z = _coords(a, c)
     a("ldparam", mv, "M")
     a("sub.i64", mv, mv, t)
     a("min.i64", mv, mv, c.BM)                           # rows of C in this tile
-    a("s2r", u, "%ctaid.x")
-    a("mul.i64", u, u, c.BN)                             # n0
     a("ldparam", nv, "N")
     a("sub.i64", nv, nv, u)
     a("min.i64", nv, nv, c.BN)                           # columns of C in this tile
-    z = _batch_index(a)
+    if c.bcast:
+        a("max.i64", mv, mv, 0)
+        a("max.i64", nv, nv, 0)
     _batch_ptr(a, gA, "A", "sa_b", "sa_h", es, z)
     _batch_ptr(a, gB, "B", "sb_b", "sb_h", es, z)
     a.free(*z)
@@ -371,6 +562,16 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("add.i64", gB, gB, w)
     a.free(t, u, w)
 
+    def idle_skip(target: str) -> None:
+        """Broadcast layout: a CPE whose tile holds no element of C (mv * nv = 0) still takes part
+        in its lines' gets but computes and stores nothing."""
+        if c.bcast:
+            w = a.reg()
+            a("mul.i64", w, mv, nv)
+            a("setp.eq.i64", p0, w, 0)
+            a("bra", target, p=p0)
+            a.free(w)
+
     # ---- prologue: panel 0's gets (p = -1: the queue fetches panel p+1), then zero the C tile
     p = a.reg()
     q = _Queue(a, c, p, gA, gB, mv, nv, p0, lbl)
@@ -378,6 +579,9 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     q.setup("A")
     q.drain(p0, lbl)
     a("mov.b64", p, 0)
+    if c.bcast:
+        a("dma.wait", 0)                                 # the previous tile's puts have read the C tile
+    idle_skip("ZDONE")
     zr = a.reg(4)
     for i in range(4):
         a("mov.b64", zr + i, 0)
@@ -393,6 +597,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("bra", "ZERO", p=p0)
     a.free(zp)
     a.free(zr, k=4)
+    a.label("ZDONE")
 
     # ---- panel loop: wait for panel p, queue panel p+1 (issued a row at a time between the
     # FMAs of panel p, the rest after it), compute panel p
@@ -408,6 +613,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("bra", "COMPUTE", p=p0, neg=True)
     q.setup("A")                                         # panel p+1 into the other stage
     a.label("COMPUTE")
+    idle_skip("CDONE")
     a("and.b64", sb, p, 1)
     a("mul.i64", sb, sb, c.stage)
     a("add.i64", sb, sb, c.cs_bytes)                     # this panel's stage
@@ -420,6 +626,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     if c.half:
         _pad_odd(a, c, sb, kn, p0, lbl)
     _compute_panel(a, c, sb, kn, mv, nv, p0, lbl, q)
+    a.label("CDONE")
     q.drain(p0, lbl)
     a("add.i64", p, p, 1)
     t = a.reg()
@@ -429,18 +636,18 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a.free(t)
     a("bra", "PANEL", p=p0)
     a.free(sb, kn, p, gA, gB, q.src, q.dst, q.cnt, q.len, q.ss, q.ds, q.ph)
+    q.free()
 
     # ---- epilogue: alpha, conversion in place, one put per row
-    gC, t, lane, row, ldc, ln = (a.reg() for _ in range(6))
-    z = _batch_index(a)
+    idle_skip("NEXT")
+    gC, lane, row, ldc, ln = (a.reg() for _ in range(5))
+    t, u, z = _coords(a, c)
     _batch_ptr(a, gC, "C", "sc_b", "sc_h", os_, z)
     a.free(*z)
-    a("s2r", t, "%ctaid.y")
-    a("mul.i64", t, t, c.BM)
     a("ldparam", ldc, "ldc")
     a("mul.i64", t, t, ldc)
-    a("s2r", row, "%ctaid.x")
-    a("mad.i64", t, row, c.BN, t)
+    a("add.i64", t, t, u)
+    a.free(u)
     a("shl.b64", t, t, _log2(os_))
     a("add.i64", gC, gC, t)                              # C[m0, n0]
     a("shl.b64", ldc, ldc, _log2(os_))
@@ -477,6 +684,20 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("sub.i64", mv, mv, 1)
     a("setp.gt.i64", p0, mv, 0)
     a("bra", "OUT", p=p0)
+    a.free(gC, lane, row, ldc, ln, t, t2)
+    a.free(x, k=2)
+    a.label("NEXT")
+    a.free(mv, nv)
+    if c.bcast:                                          # the group's next macro tile
+        t, u = a.reg(), a.reg()
+        a("ld.shared.b64", t, Mem(None, c.slot + SLOT_TIX))
+        a("s2r", u, "%nctaid.x")
+        _divmod_const(a, u, None, u, c.mesh[0] * c.mesh[1])
+        a("add.i64", t, t, u)
+        a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
+        a.free(t, u)
+        a("bra", "TILE")
+        a.label("DONE")
     a("dma.wait", 0)
     a("exit")
     return a.build()
@@ -510,6 +731,23 @@ def _pad_odd(a: _Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
             a("st.shared.b16", Mem(t, base + r0 * (2 if kmajor else pitch)), z, p=pr)
     a.free(t, u, lane, z)
     a.label(skip)
+
+
+class _Recorder:
+    """Stands in for an _Asm: records instructions (to be emitted later, spread between FMAs);
+    registers and predicates still come from the real pool."""
+
+    def __init__(self, a: _Asm):
+        self.a, self.out = a, []
+
+    def __call__(self, *args, **kw) -> None:
+        self.out.append((args, kw))
+
+    def pred(self):
+        return self.a.pred()
+
+    def pfree(self, *ps) -> None:
+        self.a.pfree(*ps)
 
 
 def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
@@ -564,53 +802,90 @@ def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) ->
     b_k = es if c.trans_b else c.pb
     wide = "ld.shared.b32"                               # a pair (k, k+1) adjacent / an f32
 
-    def load_a(i):
+    def load_a(i, pred=None):
         r = av[i % len(av)]
         if a_pair_rows:
-            a("ld.shared.u16", r, Mem(aptr, i * a_row))
-            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k))
+            a("ld.shared.u16", r, Mem(aptr, i * a_row), p=pred)
+            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k), p=pred)
         else:
-            a(wide, r, Mem(aptr, i * a_row))             # every lane the same address: a broadcast
+            a(wide, r, Mem(aptr, i * a_row), p=pred)     # every lane the same address: a broadcast
 
-    def join_a(i):
+    def join_a(i, pred=None):
         if a_pair_rows:
             r = av[i % len(av)]
-            a("mad.i64", r, at[i % len(at)], 0x10000, r)
+            a("mad.i64", r, at[i % len(at)], 0x10000, r, p=pred)
 
+    def load_b(j, pred=None):                            # vector j of B at bptr
+        if b_pair_rows:
+            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col), p=pred)
+            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k), p=pred)
+        else:
+            a(wide, bv + j, Mem(bptr, j * 32 * b_col), p=pred)
+
+    def join_b(j, pred=None):
+        if b_pair_rows:
+            a("mad.i64", bv + j, bt[j % 2], 0x10000, bv + j, p=pred)
+
+    # B of the first k-iteration; each iteration loads the next one's B during its last row's FMAs
+    for j in range(RV):
+        load_b(j)
+        if j >= 1:
+            join_b(j - 1)
+    join_b(RV - 1)
+    # A row 0 likewise when its registers are free during the last row (row RM-1 uses others)
+    pre_a = ahead >= 1 and (RM - 1) % len(av) != 0 and (not at or (RM - 1) % len(at) != 0)
+    if pre_a:
+        load_a(0)
+        join_a(0)
     loop = lbl("K")
     a.label(loop)
-    for j in range(RV):
-        if b_pair_rows:
-            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col))
-            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k))
-            if j >= 1:
-                a("mad.i64", bv + (j - 1), bt[(j - 1) % 2], 0x10000, bv + (j - 1))
-        else:
-            a(wide, bv + j, Mem(bptr, j * 32 * b_col))
-    for i in range(min(ahead, RM)):
+    for i in range(1 if pre_a else 0, min(ahead, RM)):
         load_a(i)
-    if b_pair_rows:
-        a("mad.i64", bv + (RV - 1), bt[(RV - 1) % 2], 0x10000, bv + (RV - 1))
-    join_a(0)
+    if not pre_a:
+        join_a(0)
+    # the DMA slot (one queued get), the pointer steps and the loop count go one instruction into
+    # each FMA's second vector cycle (the in-order CPE issues one instruction a cycle; an f16x2
+    # FMA holds the vector pipe two), not as a block of integer ops between the FMAs
+    rec = _Recorder(a)
+    if pace > 1:
+        rec("and.b64", t, kc, pace - 1)
+        rec("setp.eq.i64", pk, t, 0)
+        rec("and.pred", pk, pk, pq)
+    q.a = rec
+    q.issue(pk if pace > 1 else pq)
+    q.a = a
+    rec("setp.gt.i64", pq, q.cnt, 0)
+    rec("add.i64", bptr, bptr, kstep * b_k)
+    rec("sub.i64", kc, kc, 1)
+    rec("setp.gt.i64", p0, kc, 0)                         # another iteration follows
+    fill = rec.out
     for i in range(RM):
         if i + ahead < RM:
             load_a(i + ahead)
+            if i + ahead == RM - 1:                      # the last A row of this iteration is loaded
+                fill.append((("add.i64", aptr, aptr, kstep * a_k), {}))
         if i + 1 < RM:
             join_a(i + 1)
+        last = i == RM - 1
+        if last:                                         # everything before the next B loads
+            while fill:
+                args, kw = fill.pop(0)
+                a(*args, **kw)
         for j in range(RV):
             r = acc + i * RV + j
             a(_FMA[c.dtype], r, av[i % len(av)], bv + j, r)
-        if i == 0:                                       # the DMA slot: one queued get
-            if pace > 1:
-                a("and.b64", t, kc, pace - 1)
-                a("setp.eq.i64", pk, t, 0)
-                a("and.pred", pk, pk, pq)
-            q.issue(pk if pace > 1 else pq)
-            a("setp.gt.i64", pq, q.cnt, 0)
-    a("add.i64", aptr, aptr, kstep * a_k)
-    a("add.i64", bptr, bptr, kstep * b_k)
-    a("sub.i64", kc, kc, 1)
-    a("setp.gt.i64", p0, kc, 0)
+            if last:                                     # bv + j is free: the next iteration's B
+                load_b(j, p0)
+                if j >= 1:
+                    join_b(j - 1, p0)
+            elif fill:
+                args, kw = fill.pop(0)
+                a(*args, **kw)
+    if pre_a:
+        load_a(0, p0)
+    join_b(RV - 1, p0)
+    if pre_a:
+        join_a(0, p0)
     a("bra", loop, p=p0)
     a.free(*av, *at, *bt)
     a.free(bv, k=RV)
@@ -683,13 +958,49 @@ def _register_tile(dt: str, N: int) -> tuple[int, int]:
     return min(ACC_REGS // rv, 16), rv
 
 
-def _cost(M, N, K, BM, BN, es, cores, nbatch) -> float:
+def _reg_tile_factor(RM: int, RV: int, es: int) -> float:
+    """Cycles of one k-iteration of an RM x RV register tile over its vector-FMA cycles (>= 1): the
+    in-order CPE issues one instruction a cycle (RM*RV FMAs, RM + RV operand loads, ~6 loop and
+    DMA-slot integer ops) and its LSU takes 2 cycles a 32-lane load (choice: sw26010pro's rates),
+    so a 16 x 1 tile is load-bound where an 8 x 4 one is FMA-bound."""
+    vec = RM * RV * (2 if es == 2 else 4)
+    return max(vec, RM * RV + RM + RV + 6, 2 * (RM + RV)) / vec
+
+
+def _cost(M, N, K, BM, BN, es, cores, nbatch, f=1.0) -> float:
     bm, bn = min(BM, M), min(BN, N)
     tiles = _ceil(M, BM) * _ceil(N, BN) * nbatch
     waves = _ceil(tiles, max(cores, 1))
     mem = tiles * (bm + bn) * K * es / (_BW_CPE * min(tiles, cores))
-    comp = waves * 2.0 * bm * bn * K / _FLOPS_CPE[es]
+    comp = waves * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
     return max(mem, comp) + waves * _T0
+
+
+def bcast_layout(caps) -> Optional[tuple[int, int]]:
+    """The mesh (rows, cols) the broadcast layout uses on this target, or None (fall back to one
+    tile a block with per-CPE gets): it needs row and column broadcast gets and a core group that
+    is exactly its CPE mesh."""
+    R, Cc, P = caps.mesh_rows, caps.mesh_cols, caps.cores_per_group
+    if not {"row", "column"} <= set(caps.dma_broadcast_modes) or R < 1 or Cc < 1 or R * Cc != P:
+        return None
+    if caps.cores_total % P or caps.max_blocks_per_core != 1 or caps.warp_slots != 1:
+        return None
+    return (R, Cc)
+
+
+def _macro_tiles(M, N, BM, BN, mesh, nbatch) -> int:
+    return _ceil(M, mesh[0] * BM) * _ceil(N, mesh[1] * BN) * nbatch
+
+
+def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, f=1.0) -> float:
+    """The broadcast layout: a core group computes a (R*BM) x (Cc*BN) macro tile, reading its A
+    rows and B columns once (row / column broadcast); groups take macro tiles in rounds."""
+    R, Cc = mesh
+    bm, bn = min(BM, M), min(BN, N)
+    rounds = _ceil(_macro_tiles(M, N, BM, BN, mesh, nbatch), groups)
+    mem = rounds * (min(R * BM, M) + min(Cc * BN, N)) * K * es / (_BW_CPE * R * Cc)
+    comp = rounds * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
+    return max(mem, comp) + rounds * _T0
 
 
 def _build(caps, cfg: SunwayCfg) -> Program:
@@ -707,6 +1018,8 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     es = _ES[dt]
     RM0, RV0 = _register_tile(dt, N)
     vw = 32
+    mesh = bcast_layout(caps)
+    groups = caps.cores_total // caps.cores_per_group if mesh else 0
     best = None
     for RV in (4, 2, 1):
         if RV > RV0:
@@ -719,12 +1032,17 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                 for BN in range(RV * vw, BN_MAX + 1, RV * vw):
                     if BN > RV * vw and BN - RV * vw >= N:
                         break
-                    cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha)
-                    if cfg.ldm_bytes > caps.scratchpad_bytes:
-                        continue
-                    key = (_cost(M, N, K, BM, BN, es, caps.cores_total, nbatch), -BM * BN, -BK, -RV, abs(BM - BN))
-                    if best is None or key < best[0]:
-                        best = (key, cfg)
+                    for lay in ((mesh, None) if mesh else (None,)):   # broadcast layout, one tile a block
+                        cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha,
+                                        bcast=lay is not None, mesh=lay or (0, 0))
+                        if cfg.ldm_bytes > caps.scratchpad_bytes:
+                            continue
+                        f = _reg_tile_factor(RM, RV, es)
+                        cost = (_cost_bcast(M, N, K, BM, BN, es, lay, groups, nbatch, f) if lay else
+                                _cost(M, N, K, BM, BN, es, caps.cores_total, nbatch, f))
+                        key = (cost, lay is None, -BM * BN, -BK, -RV, abs(BM - BN))
+                        if best is None or key < best[0]:
+                            best = (key, cfg)
     if best is None:
         small = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), 16, vw, 64 if es == 2 else 16, 16, 1, alpha)
         raise InputError(f"gemm tile on {caps.name}", f"the smallest tile {small.BM}x{small.BN} needs "
@@ -790,7 +1108,9 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         if BM < RM or BM % RM or BN < RV * vw or BN % (RV * vw) or BK < (2 if es == 2 else 1) or BK & (BK - 1):
             raise InputError("gemm tile", f"tile {BM}x{BN}, BK {BK}",
                              f"BM a multiple of {RM}, BN of {vw}, BK a power of two (>= 2 for 16-bit inputs)")
-        cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha_f)
+        mesh = bcast_layout(caps)
+        cfg = SunwayCfg(dt, out, bool(trans_a), bool(trans_b), BM, BN, BK, RM, RV, alpha_f,
+                        bcast=mesh is not None, mesh=mesh or (0, 0))
         if cfg.ldm_bytes > caps.scratchpad_bytes:
             raise InputError("gemm tile", f"tile {BM}x{BN}x{BK} needs {cfg.ldm_bytes} B of LDM "
                              f"(f32 C tile {cfg.cs_bytes} + 2 stages of {cfg.stage}), it does not fit",
@@ -800,8 +1120,12 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), alpha=alpha_f,
                                 nbatch=nb * nh)
     check(prog, caps)
-    launch = Launch((_ceil(N, cfg.BN), _ceil(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1))
-    return GemmKernel(program=prog, launch=launch, tile=Tile(cfg.BM, cfg.BN, cfg.BK, 1, 2),
+    if cfg.bcast:      # persistent blocks, one a CPE, of the core groups that get a macro tile
+        groups = min(caps.cores_total // caps.cores_per_group, _macro_tiles(M, N, cfg.BM, cfg.BN, cfg.mesh, nb * nh))
+        launch = Launch((groups * caps.cores_per_group, 1, 1), (caps.warp_width, 1, 1))
+    else:
+        launch = Launch((_ceil(N, cfg.BN), _ceil(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1))
+    return SunwayGemmKernel(program=prog, launch=launch, tile=Tile(cfg.BM, cfg.BN, cfg.BK, 1, 2),
                       flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt, out_dtype=out, trans_b=bool(trans_b),
                       kind="vfma", trans_a=bool(trans_a), lda=lda, ldb=ldb, ldc=ldc, batch=(nb, nh), stride_a=sa,
                       stride_b=sb, stride_c=sc, alpha=alpha_f)
