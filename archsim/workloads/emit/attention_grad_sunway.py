@@ -476,31 +476,30 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
         a("mov.f32", s + u, 0.0)
         a("mov.f32", dp + u, 0.0)
     kq, vq = a.reg(4), a.reg(4)
-    buf = [a.reg(4), a.reg(4)]
+    buf = [a.reg(8), a.reg(8)]                        # Q_u then dO_u (4 elements each), two stages
     rp, qp = a.reg(), a.reg()
     a("mul.i64", rp, k.lane, k.RBp)                   # the lane's K row (V row at + 32 RBp)
     a("mul.i64", qp, u0, QR4)
     a("add.i64", qp, qp, L["QF"])                     # Q_u0 (dO_u0 at + Br*QR4)
-    steps = [(u, w) for u in range(U) for w in range(2)]
 
-    def ld_s(st, b):
-        u, w = st
-        a("ld.shared.v4.b32", buf[b], Mem(qp, w * Br * QR4 + u * QR4))
+    def ld_s(u, b):
+        a("ld.shared.v4.b32", buf[b], Mem(qp, u * QR4))
+        a("ld.shared.v4.b32", buf[b] + 4, Mem(qp, Br * QR4 + u * QR4))
 
-    def fma_s(st, b):
-        u, w = st
-        acc, x = (s, kq) if w == 0 else (dp, vq)
+    def fma_s(u, b):                                  # the s and dp chains interleaved (FMA latency)
         for e in range(4):
-            a("fma.f32", acc + u, x + e, buf[b] + e, acc + u)
+            a("fma.f32", s + u, kq + e, buf[b] + e, s + u)
+            a("fma.f32", dp + u, vq + e, buf[b] + 4 + e, dp + u)
 
     def score(_):
         k.quad(kq, rp, L["KR"])
         k.quad(vq, rp, L["VR"])
-        _pipe(a, steps, ld_s, fma_s)
+        _pipe(a, list(range(U)), ld_s, fma_s)
         a("add.i64", rp, rp, 4 * es)
         a("add.i64", qp, qp, 16)
     k.loop("SCORE", d // 4, score)
-    a.free(kq, vq, buf[0], buf[1], k=4)
+    a.free(kq, vq, k=4)
+    a.free(buf[0], buf[1], k=8)
     a.free(rp, qp)
 
     # ---- mask: query i0 + u0 + u hidden from this lane's key iff i0 + u0 + u < lim
@@ -550,7 +549,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
         for e in range(4):
             a("ld.shared.b32", dv + e, Mem(ap, 128 * d + 128 * e))
             a("ld.shared.b32", dk + e, Mem(ap, 128 * e))
-        _pipe(a, steps, ld_a, fma_a)
+        _pipe(a, [(u, w) for u in range(U) for w in range(2)], ld_a, fma_a)
         for e in range(4):
             a("st.shared.b32", Mem(ap, 128 * d + 128 * e), dv + e)
             a("st.shared.b32", Mem(ap, 128 * e), dk + e)
@@ -702,31 +701,30 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
         a("mov.f32", s + u, 0.0)
         a("mov.f32", dp + u, 0.0)
     qq, oq = a.reg(4), a.reg(4)
-    buf = [a.reg(4), a.reg(4)]
+    buf = [a.reg(8), a.reg(8)]                        # K_u then V_u (4 elements each), two stages
     rp, kp = a.reg(), a.reg()
     a("mul.i64", rp, k.lane, k.RBp)                   # the lane's Q row (dO row at + 32 RBp)
     a("mul.i64", kp, u0, KR4)
     a("add.i64", kp, kp, L["KF"])                     # K_u0 (V_u0 at + Bc*KR4)
-    steps = [(u, w) for u in range(U) for w in range(2)]
 
-    def ld_s(st, b):
-        u, w = st
-        a("ld.shared.v4.b32", buf[b], Mem(kp, w * Bc * KR4 + u * KR4))
+    def ld_s(u, b):
+        a("ld.shared.v4.b32", buf[b], Mem(kp, u * KR4))
+        a("ld.shared.v4.b32", buf[b] + 4, Mem(kp, Bc * KR4 + u * KR4))
 
-    def fma_s(st, b):
-        u, w = st
-        acc, x = (s, qq) if w == 0 else (dp, oq)
+    def fma_s(u, b):                                  # the s and dp chains interleaved (FMA latency)
         for e in range(4):
-            a("fma.f32", acc + u, x + e, buf[b] + e, acc + u)
+            a("fma.f32", s + u, qq + e, buf[b] + e, s + u)
+            a("fma.f32", dp + u, oq + e, buf[b] + 4 + e, dp + u)
 
     def score(_):
         k.quad(qq, rp, L["QR"])
         k.quad(oq, rp, L["DOR"])
-        _pipe(a, steps, ld_s, fma_s)
+        _pipe(a, list(range(U)), ld_s, fma_s)
         a("add.i64", rp, rp, 4 * es)
         a("add.i64", kp, kp, 16)
     k.loop("SCORE", d // 4, score)
-    a.free(qq, oq, buf[0], buf[1], k=4)
+    a.free(qq, oq, k=4)
+    a.free(buf[0], buf[1], k=8)
     a.free(rp, kp)
 
     # ---- mask: key + u0 + u hidden iff key + u0 + u > lim
