@@ -470,6 +470,18 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     a("mov.b64", u0, 0)
 
     a.label("GROUP")
+    # skip a group no lane sees: past q_len (padding rows), or (causal) wholly before the first
+    # query the CPE's first key sees (j0 - diff)
+    a("shl.b64", t1, it, _log2(Br))
+    a("add.i64", t1, t1, u0)                          # the group's first query
+    a("ldparam", t2, "q_len")
+    a("setp.ge.i64", k.pl, t1, t2)
+    a("bra", "SKIP", p=k.pl)
+    if c.causal:
+        a("add.i64", t1, t1, U - 1)                   # its last query
+        a("sub.i64", t2, lim, k.lane)                 # j0 - diff (lim of lane 0)
+        a("setp.lt.i64", k.pl, t1, t2)
+        a("bra", "SKIP", p=k.pl)
     # ---- s_u = K_lane . Q_u, dp_u = V_lane . dO_u
     s, dp = a.reg(U), a.reg(U)
     for u in range(U):
@@ -560,6 +572,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     a.free(ap, qp)
     a.free(s, dp, k=U)
 
+    a.label("SKIP")
     a("add.i64", u0, u0, U)
     a("setp.lt.i64", k.pl, u0, Br)
     a("bra", "GROUP", p=k.pl)
@@ -632,7 +645,7 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
 
     # ---- key blocks: causal CPEs stop at the last block their last row sees (ntl, in keys);
     # blocks from nfull on need the mask. Key j visible to this lane's row iff j <= lim.
-    ntl, nfull, lim, Lk = a.reg(), a.reg(), a.reg(), a.reg()
+    ntl, nfull, lim, Lk, glim = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     a("ldparam", Lk, "kv_len")
     a("add.i64", lim, i0, k.lane)
     a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
@@ -641,8 +654,8 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
         a("sub.i64", t2, Lk, t2)                      # diff
         a("add.i64", t1, i0, LANES - 1)
         a("min.i64", t1, t1, qlim)
-        a("add.i64", ntl, t1, t2)
-        a("add.i64", ntl, ntl, Bc)
+        a("add.i64", glim, t1, t2)                    # the last key the CPE's last row sees
+        a("add.i64", ntl, glim, Bc)
         a("shr.u64", ntl, ntl, lb)
         a("add.i64", nfull, i0, t2)
         a("add.i64", nfull, nfull, 1)
@@ -653,6 +666,7 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
         a("shr.u64", ntl, ntl, lb)
         a("shr.u64", nfull, Lk, lb)
         a("sub.i64", lim, Lk, 1)
+        a("mov.b64", glim, lim)
     a("shl.b64", ntl, ntl, lb)                        # both in keys from here on
     a("shl.b64", nfull, nfull, lb)
     a.free(i0, qlim, Lk)
@@ -695,6 +709,9 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a("mov.b64", u0, 0)
 
     a.label("GROUP")
+    a("add.i64", t1, key, u0)                         # skip a group no lane sees (keys past glim)
+    a("setp.gt.i64", k.pl, t1, glim)
+    a("bra", "SKIP", p=k.pl)
     # ---- s_u = Q_lane . K_u, dp_u = dO_lane . V_u
     s, dp = a.reg(U), a.reg(U)
     for u in range(U):
@@ -773,13 +790,14 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a.free(ap, kp)
     a.free(dp, k=U)
 
+    a.label("SKIP")
     a("add.i64", u0, u0, U)
     a("setp.lt.i64", k.pl, u0, Bc)
     a("bra", "GROUP", p=k.pl)
     a("add.i64", key, key, Bc)
     a("setp.lt.i64", k.pl, key, ntl)
     a("bra", "KV_LOOP", p=k.pl)
-    a.free(key, ntl, nfull, lim, nl, dd, u0)
+    a.free(key, ntl, nfull, lim, glim, nl, dd, u0)
     a.pfree(pn, pk)
 
     # ---- epilogue: dQ * scale -> the padded Q rows -> one put a row (rows < q_len)
