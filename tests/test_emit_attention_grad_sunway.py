@@ -87,6 +87,7 @@ CASES = [
     (1, 2, 50, 83, 32, "fp32", False, False),      # q_len != kv_len, fp32 storage
     (1, 2, 33, 33, 64, "fp32", True, False),       # fp32: 16-row query blocks on 64 KiB
     (1, 2, 1, 77, 32, "bf16", True, False),        # one query row
+    (2, 1, 3, 5, 32, "fp16", True, False),         # lengths below one block, causal offset 2
     (2, 2, 70, 70, 64, "fp16", True, True),        # in place: qkv [T, 3h] -> d_qkv [T, 3h]
     (1, 2, 45, 45, 32, "fp32", True, True),
     (1, 2, 45, 45, 128, "fp16", True, False),      # head_dim 128: Br 8, Bc 16 on tiny-sunway

@@ -43,6 +43,9 @@ in the LDM (a vector load gives one column of all 32 lanes), as the forward keep
   does not see whole (the diagonal and the kv tail: clamped rows past kv_len) run the mask.
   Epilogue: dQ * scale, in the storage dtype, one put a row.
 
+In both, a group no lane sees (queries past q_len or wholly before the CPE's first visible query;
+keys past the last one its last row sees) is skipped by a uniform branch.
+
 Every dtype (fp16, bf16, fp32 storage) computes in fp32; fp16 / bf16 rows are converted once as
 they land (the working copies) or as a lane reads its own row (one 8-byte load and 4 cvt per four
 elements). Block sizes: Br (dkdv) and Bc (dq) are the largest of 32, 16, 8 (Bc: 64 first) whose
