@@ -29,7 +29,11 @@ FUNCTIONAL = [
     ("decode", {}),
     ("prefill", {"attention": "unfused", "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
     ("train", {"attention": "unfused"}),
+    ("train", {}),                                  # fused attention: the Sunway flash backward
+    ("train", {"causal": False, "dtype": "bf16", "seq": 40}),
 ]
+GRADS = {"d_x", "d_w_qkv", "d_w_proj", "d_w_ffn1", "d_w_ffn2", "d_norm1_gamma", "d_norm1_beta", "d_norm2_gamma",
+         "d_norm2_beta"}
 
 
 @pytest.mark.parametrize("phase,changes", FUNCTIONAL)
@@ -43,13 +47,21 @@ def test_sunway_block_matches_numpy(capsys, tmp_path, phase, changes):
     assert doc["passed"] and doc["block_verification"]["passed"]
     assert all(k["verification"]["passed"] for k in doc["kernels"])
     assert all(k["block"] == [32, 1, 1] for k in doc["kernels"])      # one CPE (one 32-lane vector) a block
+    if phase == "train":                        # d_x and every weight gradient checked against numpy
+        assert GRADS <= set(doc["block_verification"]["tensors"])
+        names = [k["name"] for k in doc["kernels"]]
+        fused = changes.get("attention", "fused") == "fused"
+        assert ({"attn.grad.pre", "attn.grad.dkdv", "attn.grad.dq"} <= set(names)) == fused
+        assert ("attn.grad.softmax" in names) == (not fused)
 
 
-def test_a_fused_train_step_on_sunway_is_a_clear_error(capsys):
-    code, _, err = cli(capsys, "run", "--hw", "tiny-sunway", "--workload", "tiny", "--phase", "train",
+def test_a_fused_train_step_beyond_the_ldm_is_a_clear_error(capsys, tmp_path):
+    """fp32 at head_dim 128: the fused backward's blocks do not fit tiny-sunway's 64 KiB LDM."""
+    wl = _variant(tmp_path, head_dim=128, hidden=256, dtype="fp32")
+    code, _, err = cli(capsys, "run", "--hw", "tiny-sunway", "--workload", wl, "--phase", "train",
                        "--mode", "functional")
     line = one_line_error(err)
-    assert code == 2 and "fused (flash) attention backward" in line and "--attention unfused" in line
+    assert code == 2 and "attention backward on tiny-sunway" in line and "65536 B LDM" in line
 
 
 def test_sunway_timing_uses_dma_and_every_controller(capsys, tmp_path):

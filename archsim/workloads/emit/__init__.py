@@ -13,11 +13,12 @@
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and
   their backward kernels): warp or block per row, vector loads, shfl.bfly reductions.
-- ``gemm_sunway``, ``attention_sunway``, ``elementwise_sunway``, ``kvcache_sunway``: the same
+- ``gemm_sunway``, ``attention_sunway``, ``attention_grad_sunway``, ``elementwise_sunway``, ``kvcache_sunway``: the same
   contracts for the Sunway family (one CPE a block; DMA into the LDM, vector FMAs): GEMM with an
   f32 C tile in LDM, double-buffered strided / per-row DMA panels and f16x2 / bf16x2 k-pair
   register tiles flushed into f32 per panel; fused attention forward with one lane per query row
-  (decode: one lane per key); row and flat kernels streaming rows or chunks through the LDM.
+  (decode: one lane per key) and its backward (pre; dkdv with one lane per key row; dq with one
+  lane per query row); row and flat kernels streaming rows or chunks through the LDM.
 - ``block``: a block's op graph -> the kernels above (the target family's emitters), bound to the
   block's tensors.
 """

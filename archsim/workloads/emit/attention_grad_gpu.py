@@ -61,7 +61,7 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import _HOST, LOG2E, causal_pairs, check_attention_args
+from archsim.workloads.emit.attention_gpu import _ES, _HOST, LOG2E, causal_pairs, check_attention_args
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
 
 __all__ = ["AttentionGradKernel", "GradPart", "flash_attention_grad_kernel", "attention_grad_reference"]
@@ -794,12 +794,13 @@ class AttentionGradKernel:
                                                "dv_off")}
         B, Lq, Lk = self.batch, self.q_len, self.kv_len
         ws = 4 * B * self.heads * self.q_pad
-        return {"Q": 2 * self._need(B * Lq, self.q_ld, o["q_off"]), "K": 2 * self._need(B * Lk, self.kv_ld, o["k_off"]),
-                "V": 2 * self._need(B * Lk, self.kv_ld, o["v_off"]), "O": 2 * self._need(B * Lq, self.o_ld, o["o_off"]),
-                "dO": 2 * self._need(B * Lq, self.o_ld, o["do_off"]), "LSE": 4 * B * self.heads * Lq,
-                "dQ": 2 * self._need(B * Lq, self.q_ld, o["dq_off"]),
-                "dK": 2 * self._need(B * Lk, self.kv_ld, o["dk_off"]),
-                "dV": 2 * self._need(B * Lk, self.kv_ld, o["dv_off"]), "D": ws, "NL": ws}
+        es = _ES[self.dtype]                        # fp32 storage: the Sunway backward
+        return {"Q": es * self._need(B * Lq, self.q_ld, o["q_off"]), "K": es * self._need(B * Lk, self.kv_ld, o["k_off"]),
+                "V": es * self._need(B * Lk, self.kv_ld, o["v_off"]), "O": es * self._need(B * Lq, self.o_ld, o["o_off"]),
+                "dO": es * self._need(B * Lq, self.o_ld, o["do_off"]), "LSE": 4 * B * self.heads * Lq,
+                "dQ": es * self._need(B * Lq, self.q_ld, o["dq_off"]),
+                "dK": es * self._need(B * Lk, self.kv_ld, o["dk_off"]),
+                "dV": es * self._need(B * Lk, self.kv_ld, o["dv_off"]), "D": ws, "NL": ws}
 
     def workspaces(self) -> dict:
         """Scratch buffers the caller allocates (name -> (shape, host dtype)); no contents needed."""

@@ -952,6 +952,17 @@ def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) 
                      "a smaller head_dim or a larger LDM")
 
 
+def check_sunway_units(where: str, caps, dt: str) -> None:
+    """The units the Sunway attention kernels (forward and backward) need: fp32 vector, mufu, DMA,
+    conversions for a 16-bit dtype, and 32-lane warps; one InputError line otherwise."""
+    need = set(NEEDED_UNITS) | ({"conv"} if dt != "fp32" else set())
+    missing = sorted(need - set(caps.units))
+    if missing or caps.warp_width != LANES:
+        raise InputError(f"{where} on {caps.name}", f"dtype {dt} needs {', '.join(sorted(need))} units and "
+                         f"{LANES}-lane warps (missing: {', '.join(missing) or 'none'}, warp width "
+                         f"{caps.warp_width})", "a Sunway CPE with fp32 vector, mufu and DMA")
+
+
 def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                            dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
                            q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
@@ -962,12 +973,7 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld,
         "fp16, bf16, fp32", family="sunway")
-    need = set(NEEDED_UNITS) | ({"conv"} if dt != "fp32" else set())
-    missing = sorted(need - set(caps.units))
-    if missing or caps.warp_width != LANES:
-        raise InputError(f"{where} on {caps.name}", f"dtype {dt} needs {', '.join(sorted(need))} units and "
-                         f"{LANES}-lane warps (missing: {', '.join(missing) or 'none'}, warp width "
-                         f"{caps.warp_width})", "a Sunway CPE with fp32 vector, mufu and DMA")
+    check_sunway_units(where, caps, dt)
     cfg = prog = None
     if q_len == 1:                                    # decode: lane = key (causal or not: it sees every key)
         try:

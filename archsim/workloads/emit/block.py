@@ -120,17 +120,12 @@ def family_emitters(caps) -> FamilyEmitters:
         return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
                               attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW)
     if caps.family == "sunway":
-        from . import attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
+        from . import attention_grad_sunway, attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
         return FamilyEmitters(gemm_sunway.gemm_kernel, attention_sunway.flash_attention_kernel,
-                              _no_sunway_flash_backward, kvcache_sunway.kv_append_kernel, elementwise_sunway,
-                              gemm_sunway.accumulation_error)
+                              attention_grad_sunway.flash_attention_grad_kernel, kvcache_sunway.kv_append_kernel,
+                              elementwise_sunway, gemm_sunway.accumulation_error)
     raise InputError(f"--hw {caps.name}", f"no kernel emitters for the {caps.family} family",
                      "a gpu or sunway machine")
-
-
-def _no_sunway_flash_backward(caps, *a, **kw):
-    raise InputError(f"--hw {caps.name}", "the fused (flash) attention backward has no Sunway emitter yet",
-                     "--attention unfused for a train step on a sunway machine")
 
 
 class _Ctx:
@@ -300,7 +295,7 @@ def _attention_grad(op, ctx) -> list[Kernel]:
 
 
 def _attention_grad_fused(op, ctx) -> list[Kernel]:
-    """FlashAttention-2's backward (attention_grad_gpu): attn.grad.pre, .dkdv, .dq, reading Q, K,
+    """FlashAttention-2's backward (attention_grad_gpu / _sunway): attn.grad.pre, .dkdv, .dq, reading Q, K,
     V from qkv and writing dQ, dK, dV into d_qkv in place; D and NL are its f32 workspaces."""
     d = op.dims
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
