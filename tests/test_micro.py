@@ -72,6 +72,20 @@ def test_bandwidth_grows_with_occupancy_and_saturates_below_peak():
     assert 0.75 * peak < bw[2] < peak
 
 
+def test_gemm_efficiency_grows_with_size_and_decode_gemms_are_memory_bound():
+    """On the a100 model the emitted tensor-core GEMM fills more of the machine as it grows
+    (256^3: 16 tiles for 108 SMs; 1024^3: 64 tiles, each with a longer K loop to hide its
+    pipeline fill), and a decode-shaped GEMM (one token against a 4096 x 4096 weight) streams its
+    weight at most of the DRAM peak while its TFLOP/s stay far below the tensor peak."""
+    a100 = load_machine("a100")
+    tf = [MI.run_micro("gemm", a100, {"m": s, "n": s, "k": s}).value for s in (256, 512, 1024)]
+    assert tf[0] < tf[1] < tf[2] < peak_tflops(a100)["fp16"]
+    r = MI.run_micro("gemm", a100, {"m": 1, "n": 4096, "k": 4096})
+    dram = r.kernels[0]["bandwidth_gbps"]["dram"]
+    assert dram > 0.75 * peak_bandwidth_gbps(a100)["dram"]
+    assert r.value < 0.02 * peak_tflops(a100)["fp16"]
+
+
 @pytest.mark.parametrize("kind", ["write", "copy", "triad"])
 def test_bandwidth_kinds_move_their_bytes(tiny, kind):
     # a footprint 4x the L2: every byte read comes from DRAM once; written lines go back to DRAM
