@@ -114,7 +114,8 @@ class NocState(NamedTuple):
     source queue, ejection buffer (-1: cannot receive); injection stalls, injected, delivered.
     Packet slots (pi/pt): request id, bytes, flits, destination node, virtual channel, tail lag
     (longest serialization so far), the link it wants out of the buffer it is in; eligible-from
-    cycle (ejection buffer: tail arrived by the end of it), injection cycle. ``pfree`` is the stack of free slots (``clk[C_NFREE]`` of them)."""
+    cycle (ejection buffer: tail arrived by the end of it), injection cycle. ``pfree`` is the stack
+    of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
     par: np.ndarray          # int64 [10] P_*
     clk: np.ndarray          # int64 [5] C_*
