@@ -54,7 +54,7 @@ def round_shares(shares: dict, digits: int = 6) -> dict:
 def _levels(machine) -> tuple[str, ...]:
     """The bandwidth levels this machine has (CONTRACT: only those)."""
     out = []
-    if machine.l1 is not None:
+    if machine.l1 is not None or machine.scratchpad.cache_kib > 0:   # an SM's L1, a CPE's LDM cache
         out.append("l1")
     out.append("scratch")
     if machine.l2 is not None:

@@ -366,3 +366,53 @@ def test_sw26010pro_cpe_vector_fma_reaches_the_published_peak(dtype, published_t
     flops = 32 * (4 if dtype == "f16x2" else 2)  # a warp-instruction: 32 lanes, f16x2 packs two FMAs
     tflops = flops / cycles_per_fma * 384 * m.clock_ghz / 1000
     assert tflops == pytest.approx(published_tflops, rel=0.01)
+
+
+# ----------------------------------------------------------------------------- LDM cache
+def _with_cache(kib=8):
+    return load_machine("tiny-sunway", sets=[f"scratchpad.cache_kib={kib}"])
+
+
+def _gld_run(m, op):
+    args = {"buf": Unbacked(1 << 16), "out": np.zeros(2, np.int64), "n": 8, "who": 0}
+    return time_kernel(assemble(timed(op, shared=1024), "k.s"), m, CPE, args)
+
+
+def test_ldm_cache_hits_at_the_ldm_latency_and_fills_whole_lines(sw):
+    """With scratchpad.cache_kib > 0 a CPE's global loads go through its LDM cache: a miss fetches
+    the whole cache_line_bytes line over the ring, a hit answers at the LDM's latency (plus the
+    load's fixed return stage) without leaving the CPE."""
+    c = _with_cache()
+    one, two = measure(c, GLD), measure(c, GLD + "\n        " + GLD)
+    assert c.scratchpad.latency_cycles <= two - one <= c.scratchpad.latency_cycles + 2
+    assert one >= measure(sw, GLD)                      # a miss: the ring trip, a longer reply
+    line = c.scratchpad.cache_line_bytes
+    assert _gld_run(c, GLD).memory["bytes"]["dram_read"] == line
+    assert _gld_run(sw, GLD).memory["bytes"]["dram_read"] == 32   # no cache: the load's sector
+
+
+def test_ldm_cache_latency_steps_at_its_capacity():
+    """Pointer chase on one CPE: a footprint inside the LDM cache runs at its hit latency, one
+    four times its size misses (the chase's random cycle defeats the cache)."""
+    c = _with_cache(8)
+    inside = MI.run_micro("latency", c, {"footprint_kib": 4, "loads": 256}).value
+    outside = MI.run_micro("latency", c, {"footprint_kib": 32, "loads": 256}).value
+    assert inside <= c.scratchpad.latency_cycles + 2 < 20 < outside
+    rec = MI.run_micro("latency", c, {"footprint_kib": 4, "loads": 64}).kernels[0]
+    assert "l1" in rec["bandwidth_gbps"]
+
+
+def test_ldm_cache_writes_stores_through_without_allocating():
+    """A store is written through in its own 32-B sector (no line fill, no allocation)."""
+    c = _with_cache()
+    t = _gld_run(c, "st.global.b64 [r1], r3")
+    assert t.memory["bytes"]["dram_read"] == 0
+    assert _gld_run(c, "st.global.b64 [r1], r3\n        " + GLD).memory["bytes"]["dram_read"] == \
+        c.scratchpad.cache_line_bytes                   # the later load still misses: no allocation
+
+
+def test_ldm_cache_organisation_is_checked():
+    with pytest.raises(InputError, match="cache_assoc"):
+        load_machine("tiny-sunway", sets=["scratchpad.cache_kib=8", "scratchpad.cache_assoc=3"])
+    with pytest.raises(InputError, match="cache_line_bytes"):
+        load_machine("tiny-sunway", sets=["scratchpad.cache_kib=8", "scratchpad.cache_line_bytes=96"])

@@ -193,6 +193,8 @@ class Scratchpad(Frozen):
     cache_kib: NonNegInt = 0        # LDM part used as a data cache (Sunway)
     cache_options_kib: Optional[tuple[NonNegInt, ...]] = None
     cache_line_bytes: Optional[PosInt] = None
+    cache_assoc: Optional[PosInt] = None        # ways of the LDM cache
+    cache_mshrs: Optional[PosInt] = None        # LDM-cache lines in flight per CPE
     shared_modes: Optional[tuple[tuple[PosInt, PosInt], ...]] = None  # shared-LDM CPE groups (rows, cols)
 
     @model_validator(mode="after")
@@ -213,6 +215,16 @@ class Scratchpad(Frozen):
                              f"less than {self.size_kib}", ("size_kib",))
         if self.cache_kib and self.cache_line_bytes is None:
             raise FieldError("cache_line_bytes", "an LDM cache needs cache_line_bytes", "an integer > 0")
+        if self.cache_kib and (self.cache_assoc is None or self.cache_mshrs is None):
+            missing = "cache_assoc" if self.cache_assoc is None else "cache_mshrs"
+            raise FieldError(missing, f"an LDM cache needs {missing}", "an integer > 0")
+        if self.cache_kib and self.cache_line_bytes and (self.cache_line_bytes & (self.cache_line_bytes - 1)
+                                                         or self.cache_line_bytes < 32):
+            raise FieldError("cache_line_bytes", f"cache_line_bytes {self.cache_line_bytes} is not a power of two "
+                             ">= 32", "32, 64, 128, 256, ...")
+        if self.cache_kib and self.cache_assoc and (self.cache_kib * 1024) % (self.cache_line_bytes * self.cache_assoc):
+            raise FieldError("cache_assoc", f"{self.cache_kib} KiB is not a whole number of {self.cache_assoc}-way "
+                             f"sets of {self.cache_line_bytes}-B lines", "an associativity dividing the cache")
         return self
 
 

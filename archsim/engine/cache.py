@@ -189,6 +189,9 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
 
 # L1: "A:512:8" and L2: "A:192:4" MSHR merge limits of Accel-Sim's tested Volta config (SM7_QV100).
 L1_MAX_MERGE = 8
+# the LDM cache keeps 32-B sectors internally so that a store writes through only the bytes' sectors;
+# a load miss fills the whole line (memory.py M_FILL_LINE)
+LDM_CACHE_SECTOR = 32
 L2_MAX_MERGE = 4
 
 
@@ -200,6 +203,15 @@ def make_l1_state(machine, *, max_merge=L1_MAX_MERGE, replacement=REPL_LRU, set_
     from archsim.config import cores_total, l1_cache_kib
 
     l1 = machine.l1
+    sp = machine.scratchpad
+    if l1 is None and sp.kind == "ldm" and sp.cache_kib > 0:
+        # the LDM cache of a CPE (Sunway): scratchpad.cache_kib of the LDM, whole lines of
+        # cache_line_bytes filled on a miss (memory.py asks for every sector of the line), stores
+        # written through without allocating, as the GPU L1 (the write policy is not in our sources)
+        return make_cache_state(cores_total(machine), sp.cache_kib * 1024, sp.cache_line_bytes, LDM_CACHE_SECTOR,
+                                sp.cache_assoc, sp.cache_mshrs, max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE,
+                                replacement, set_hash=set_hash,
+                                mshr_sectors=sp.cache_mshrs * (sp.cache_line_bytes // LDM_CACHE_SECTOR))
     if l1 is None:
         return None
     kib = l1_cache_kib(machine)

@@ -56,7 +56,7 @@ TRK_LOAD, TRK_CP = 0, 1
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
  M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_SLICE_HASH, M_SPH_BITS,
- M_HALF_GRAN, M_Q_L2F, M_N) = range(34)
+ M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_N) = range(35)
 # M_Q_L2D: per memory endpoint, the near-reply delay pipeline (L2 hits for SMs of the slice's own
 # half, DRAM replies without an L2); M_Q_L2F: the far-reply one (SMs of the other half)
 # M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
@@ -165,6 +165,10 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_L2_BPC] = l2c.bytes_per_cycle if l2c else 1 << 20
     cfg[M_SECTOR] = l1c.sector_bytes if l1c else (l2c.sector_bytes if l2c else 32)
     cfg[M_LINE] = l1c.line_bytes if l1c else (l2c.line_bytes if l2c else 128)
+    if l1c is None and l1 is not None:        # a CPE's LDM cache: whole lines filled on a miss
+        cfg[M_SECTOR] = CA.LDM_CACHE_SECTOR
+        cfg[M_LINE] = sc.cache_line_bytes
+        cfg[M_FILL_LINE] = 1
     cfg[M_HAS_L1] = int(l1 is not None)
     cfg[M_HAS_L2] = int(l2 is not None)
     cfg[M_CHANNELS] = chans
@@ -535,7 +539,10 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         if r < 0:
             return
         R.aux0[r] = m
-        status, newm = CA.cache_access_mask(MS.L1, core, line, m, np.int64(0), False, r, now)
+        am = m
+        if cfg[M_FILL_LINE]:  # an LDM cache fills (and waits for) the whole line
+            am = (np.int64(1) << (cfg[M_LINE] // sb)) - 1
+        status, newm = CA.cache_access_mask(MS.L1, core, line, am, np.int64(0), False, r, now)
         if status == CA.RESERVATION_FAIL:
             req_free(R, r)
             return
