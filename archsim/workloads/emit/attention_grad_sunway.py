@@ -298,6 +298,45 @@ def _pipe(a: _Asm, steps, load, compute):
         compute(st, i % 2)
 
 
+def _dual_dots(a: _Asm, k: "_Cpe", U: int, d: int, u0, lane_rows, first: int, pitch: int, rows: int):
+    """The two score chains of both gradient kernels, in new registers (s, dp) of U each:
+    s_u = X_lane . Y_u and dp_u = Z_lane . W_u for u < U, where the lane's X and Z rows are the
+    lane's padded LDM rows at lane_rows = (X offset, Z offset), and Y_u, W_u the fp32 working rows
+    u0 + u at first + (u0 + u) * pitch and rows * pitch further (dkdv: K, V against Q, dO; dq: Q,
+    dO against K, V). Loads of row u + 1 run ahead of the FMAs of row u; s and dp interleave."""
+    s, dp = a.reg(U), a.reg(U)
+    for u in range(U):
+        a("mov.f32", s + u, 0.0)
+        a("mov.f32", dp + u, 0.0)
+    xq, zq = a.reg(4), a.reg(4)
+    buf = [a.reg(8), a.reg(8)]                        # Y_u then W_u (4 elements each), two stages
+    rp, yp = a.reg(), a.reg()
+    a("mul.i64", rp, k.lane, k.RBp)                   # the lane's X row (Z row at its own offset)
+    a("mul.i64", yp, u0, pitch)
+    a("add.i64", yp, yp, first)                       # Y_u0 (W_u0 at + rows * pitch)
+
+    def ld_s(u, b):
+        a("ld.shared.v4.b32", buf[b], Mem(yp, u * pitch))
+        a("ld.shared.v4.b32", buf[b] + 4, Mem(yp, rows * pitch + u * pitch))
+
+    def fma_s(u, b):                                  # the s and dp chains interleaved (FMA latency)
+        for e in range(4):
+            a("fma.f32", s + u, xq + e, buf[b] + e, s + u)
+            a("fma.f32", dp + u, zq + e, buf[b] + 4 + e, dp + u)
+
+    def score(_):
+        k.quad(xq, rp, lane_rows[0])
+        k.quad(zq, rp, lane_rows[1])
+        _pipe(a, list(range(U)), ld_s, fma_s)
+        a("add.i64", rp, rp, 4 * k.es)
+        a("add.i64", yp, yp, 16)
+    k.loop("SCORE", d // 4, score)
+    a.free(xq, zq, k=4)
+    a.free(buf[0], buf[1], k=8)
+    a.free(rp, yp)
+    return s, dp
+
+
 # ----------------------------------------------------------------------------- attn.grad.pre
 def _pre_layout(dtype: str, d: int) -> dict:
     RBp = d * _ES[dtype] + 8
@@ -389,7 +428,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
              L["total"], limit=max_regs)
     k = _Cpe(a, c.dtype, d)
     t1, t2 = k.t1, k.t2
-    RB, es = k.RB, k.es
+    RB = k.RB
     QR4 = 4 * d                                       # bytes of a working Q / dO row (fp32)
     j0, g = a.reg(), a.reg()
     a("s2r", j0, "%ctaid.x")
@@ -486,36 +525,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
         a("setp.lt.i64", k.pl, t1, t2)
         a("bra", "SKIP", p=k.pl)
     # ---- s_u = K_lane . Q_u, dp_u = V_lane . dO_u
-    s, dp = a.reg(U), a.reg(U)
-    for u in range(U):
-        a("mov.f32", s + u, 0.0)
-        a("mov.f32", dp + u, 0.0)
-    kq, vq = a.reg(4), a.reg(4)
-    buf = [a.reg(8), a.reg(8)]                        # Q_u then dO_u (4 elements each), two stages
-    rp, qp = a.reg(), a.reg()
-    a("mul.i64", rp, k.lane, k.RBp)                   # the lane's K row (V row at + 32 RBp)
-    a("mul.i64", qp, u0, QR4)
-    a("add.i64", qp, qp, L["QF"])                     # Q_u0 (dO_u0 at + Br*QR4)
-
-    def ld_s(u, b):
-        a("ld.shared.v4.b32", buf[b], Mem(qp, u * QR4))
-        a("ld.shared.v4.b32", buf[b] + 4, Mem(qp, Br * QR4 + u * QR4))
-
-    def fma_s(u, b):                                  # the s and dp chains interleaved (FMA latency)
-        for e in range(4):
-            a("fma.f32", s + u, kq + e, buf[b] + e, s + u)
-            a("fma.f32", dp + u, vq + e, buf[b] + 4 + e, dp + u)
-
-    def score(_):
-        k.quad(kq, rp, L["KR"])
-        k.quad(vq, rp, L["VR"])
-        _pipe(a, list(range(U)), ld_s, fma_s)
-        a("add.i64", rp, rp, 4 * es)
-        a("add.i64", qp, qp, 16)
-    k.loop("SCORE", d // 4, score)
-    a.free(kq, vq, k=4)
-    a.free(buf[0], buf[1], k=8)
-    a.free(rp, qp)
+    s, dp = _dual_dots(a, k, U, d, u0, (L["KR"], L["VR"]), L["QF"], QR4, Br)
 
     # ---- mask: query i0 + u0 + u hidden from this lane's key iff i0 + u0 + u < lim
     if c.causal:
@@ -624,7 +634,7 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
              L["total"], limit=max_regs)
     k = _Cpe(a, c.dtype, d)
     t1, t2 = k.t1, k.t2
-    RB, es = k.RB, k.es
+    RB = k.RB
     KR4 = 4 * d
     lb = _log2(Bc)
     i0, g, qlim = a.reg(), a.reg(), a.reg()
@@ -716,36 +726,7 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a("setp.gt.i64", k.pl, t1, glim)
     a("bra", "SKIP", p=k.pl)
     # ---- s_u = Q_lane . K_u, dp_u = dO_lane . V_u
-    s, dp = a.reg(U), a.reg(U)
-    for u in range(U):
-        a("mov.f32", s + u, 0.0)
-        a("mov.f32", dp + u, 0.0)
-    qq, oq = a.reg(4), a.reg(4)
-    buf = [a.reg(8), a.reg(8)]                        # K_u then V_u (4 elements each), two stages
-    rp, kp = a.reg(), a.reg()
-    a("mul.i64", rp, k.lane, k.RBp)                   # the lane's Q row (dO row at + 32 RBp)
-    a("mul.i64", kp, u0, KR4)
-    a("add.i64", kp, kp, L["KF"])                     # K_u0 (V_u0 at + Bc*KR4)
-
-    def ld_s(u, b):
-        a("ld.shared.v4.b32", buf[b], Mem(kp, u * KR4))
-        a("ld.shared.v4.b32", buf[b] + 4, Mem(kp, Bc * KR4 + u * KR4))
-
-    def fma_s(u, b):                                  # the s and dp chains interleaved (FMA latency)
-        for e in range(4):
-            a("fma.f32", s + u, qq + e, buf[b] + e, s + u)
-            a("fma.f32", dp + u, oq + e, buf[b] + 4 + e, dp + u)
-
-    def score(_):
-        k.quad(qq, rp, L["QR"])
-        k.quad(oq, rp, L["DOR"])
-        _pipe(a, list(range(U)), ld_s, fma_s)
-        a("add.i64", rp, rp, 4 * es)
-        a("add.i64", kp, kp, 16)
-    k.loop("SCORE", d // 4, score)
-    a.free(qq, oq, k=4)
-    a.free(buf[0], buf[1], k=8)
-    a.free(rp, kp)
+    s, dp = _dual_dots(a, k, U, d, u0, (L["QR"], L["DOR"]), L["KF"], KR4, Bc)
 
     # ---- mask: key + u0 + u hidden iff key + u0 + u > lim
     a("bra", "UNMASKED", p=pk, neg=True)

@@ -142,7 +142,6 @@ total bytes alone decide, which favours bigger tiles than this rule picks.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Optional
 
