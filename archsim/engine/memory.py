@@ -1077,7 +1077,7 @@ def mem_cycle(MS, TS, S, Dd, now):
             if cfg[M_FE_LAT] > 0:
                 _frontend(MS, c, nf)
         for sl in range(cfg[M_SLICES]):
-            if _slice_has_work(MS, sl):  # a call passes the whole state: skip idle slices
+            if _slice_has_work(MS, sl, nf):  # a call passes the whole state: skip idle slices
                 _slice_cycle(MS, sl, nf)
         NC.noc_step(MS.req, nf)
         NC.noc_step(MS.resp, nf)
@@ -1093,27 +1093,34 @@ def mem_cycle(MS, TS, S, Dd, now):
     if MS.mk[MK_ON]:
         _mesh_cycle(MS, TS, now)
     for core in range(cfg[M_CORES]):
-        if _core_has_work(MS, core):
+        if _core_has_work(MS, core, now):
             _core_memory(MS, TS, S, Dd, core, now)
 
 
 @njit(inline="always")
-def _slice_has_work(MS, sl):
-    """Anything for _slice_cycle to look at: replies waiting, DRAM retries, a request held or
-    delivered by the request fabric."""
+def _slice_has_work(MS, sl, now):
+    """Anything for _slice_cycle to look at: replies due (each reply queue is in due order, so its
+    head tells), DRAM retries, a request held or delivered by the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return (Q.count[cfg[M_Q_L2D] + sl] > 0 or Q.count[cfg[M_Q_L2F] + sl] > 0 or Q.count[cfg[M_Q_RETRY] + sl] > 0
-            or MS.slice_hold[sl] >= 0 or NC.noc_deliverable(MS.req, MS.node[1, sl]))
+    return (_head_due(MS, cfg[M_Q_L2D] + sl, now) or _head_due(MS, cfg[M_Q_L2F] + sl, now)
+            or Q.count[cfg[M_Q_RETRY] + sl] > 0 or MS.slice_hold[sl] >= 0
+            or NC.noc_deliverable(MS.req, MS.node[1, sl]))
 
 
 @njit(inline="always")
-def _core_has_work(MS, core):
+def _head_due(MS, q, now):
+    """The oldest request of delay queue q is due (its aux1 cycle has come)."""
+    return MS.Q.count[q] > 0 and MS.R.aux1[q_peek(MS.Q, q, 0)] <= now
+
+
+@njit(inline="always")
+def _core_has_work(MS, core, now):
     """Anything for _core_memory to look at: replies delivered, L1 hits due, MIO entries, misses
     waiting for the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return (MS.mio_count[core] > 0 or Q.count[cfg[M_Q_L1D] + core] > 0 or Q.count[cfg[M_Q_MISS] + core] > 0
+    return (MS.mio_count[core] > 0 or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
             or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
 
 
