@@ -131,6 +131,44 @@ def test_splits_follow_the_machine():
         split_kv_attention_kernel(caps, 1, 12, 1, 1025, 64, splits=0)
 
 
+def test_block_composer_picks_split_kv_for_decode_and_keeps_the_flops():
+    from archsim.config import capabilities
+    from archsim.workloads.emit.block import emit_block
+    from archsim.workloads.model import load_workload
+
+    m = load_machine("a100")
+    for name, heads in (("gpt2-small", 12), ("llama2-7b", 32)):
+        wl = load_workload(name, {"phase": "decode", "batch": 1, "seq": 1024, "layers": 1})
+        ks = [k for k in emit_block(capabilities(m), wl) if k.op == "attn"]
+        assert [k.name for k in ks] == ["attn.kv_append", "attn.split", "attn.combine"]
+        op = next(o for o in wl.block_ops() if o.name == "attn")
+        split, comb = ks[1], ks[2]
+        assert split.flops == op.flops and split.model_flops == op.model_flops and comb.model_flops == 0
+        assert 0 < comb.flops < op.flops // 10
+        assert split.launch.grid[1:] == (heads, 1) and split.launch.grid[0] * heads >= 108
+        # prefill keeps the whole-row kernel
+        pre = load_workload(name, {"phase": "prefill", "batch": 1, "seq": 1024, "layers": 1})
+        assert [k.name for k in emit_block(capabilities(m), pre) if k.op == "attn"] == ["attn"]
+
+
+def test_functional_decode_block_with_split_kv(capsys, tmp_path):
+    """tiny-gpu with 8 SMs and a 101-row cache: 2 heads cannot fill it, so the block composer
+    splits the cache; the functional run checks attn (and the whole block) against numpy."""
+    import json
+
+    from test_cli import cli
+
+    out = tmp_path / "r.json"
+    code, text, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--phase", "decode", "--seq",
+                          "100", "--set", "cores.per_group=8", "--mode", "functional", "--json", str(out))
+    assert code == 0, text + err
+    doc = json.loads(out.read_text())
+    names = [k["name"] for k in doc["kernels"]]
+    assert "attn.split" in names and "attn.combine" in names and "attn" not in names
+    assert doc["passed"] and doc["block_verification"]["passed"]
+    assert all(k["verification"]["passed"] for k in doc["kernels"])
+
+
 def test_a100_split_kv_decode_is_faster_and_streams_more():
     """GPT-2 small's decode attention shape (12 heads, d 64, 1025 cached keys) on a100: split-KV
     (204 blocks + combine) against the whole-row kernel (12 blocks on 108 SMs)."""
