@@ -111,16 +111,23 @@ def test_programs_are_loops_independent_of_the_sizes():
 
 
 def test_splits_follow_the_machine():
-    """Enough blocks to cover the SMs, every chunk at least one K/V tile; no split when the
+    """The chunk minimises waves x chunk (the critical path in tiles, one block an SM at a time),
+    which beats the whole-row kernel whenever batch*heads blocks leave SMs idle; no split when the
     query blocks already fill the machine, for long queries or a single tile."""
     caps = caps_of("a100")                                     # 108 SMs
-    for heads, kv in ((12, 1025), (32, 1025), (12, 4097), (1, 200), (3, 64 * 40)):
+    cores = caps.cores_total
+
+    def cost(bh, tiles, chunk):
+        return -(-bh * -(-tiles // chunk) // cores) * chunk
+
+    for heads, kv in ((12, 1025), (32, 1025), (12, 4097), (1, 200), (3, 64 * 40), (50, 64 * 9)):
         n, chunk = kv_splits(caps, 1, heads, 1, kv, 64)
         tiles = -(-kv // 64)
-        assert chunk >= 1 and (n - 1) * chunk < tiles <= n * chunk
-        assert heads * n >= min(caps.cores_total, heads * tiles)
-    assert kv_splits(caps, 1, 12, 1, 1025, 64) == (17, 1)
-    assert kv_splits(caps, 1, 32, 1, 1025, 64) == (5, 4)
+        assert n >= 2 and chunk >= 1 and (n - 1) * chunk < tiles <= n * chunk
+        assert cost(heads, tiles, chunk) == min(cost(heads, tiles, c) for c in range(1, tiles + 1)) < tiles
+    assert kv_splits(caps, 1, 12, 1, 1025, 64) == (9, 2)        # GPT-2 small decode: 108 blocks
+    assert kv_splits(caps, 1, 32, 1, 1025, 64) == (3, 6)        # llama2-7b decode: 96 blocks
+    assert kv_splits(caps, 1, 100, 1, 64 * 9, 64) == (1, 9)     # 2 splits: 200 blocks, 2 waves of 5 tiles
     assert kv_splits(caps, 4, 32, 1, 4096, 64)[0] == 1          # 128 blocks >= 108 SMs
     assert split_kv_attention_kernel(caps, 4, 32, 1, 4096, 64) is None
     assert split_kv_attention_kernel(caps, 1, 12, BR + 1, 1025, 64) is None
@@ -145,7 +152,7 @@ def test_block_composer_picks_split_kv_for_decode_and_keeps_the_flops():
         split, comb = ks[1], ks[2]
         assert split.flops == op.flops and split.model_flops == op.model_flops and comb.model_flops == 0
         assert 0 < comb.flops < op.flops // 10
-        assert split.launch.grid[1:] == (heads, 1) and split.launch.grid[0] * heads >= 108
+        assert split.launch.grid[1:] == (heads, 1) and split.launch.grid[0] >= 2
         # prefill keeps the whole-row kernel
         pre = load_workload(name, {"phase": "prefill", "batch": 1, "seq": 1024, "layers": 1})
         assert [k.name for k in emit_block(capabilities(m), pre) if k.op == "attn"] == ["attn"]
@@ -188,7 +195,7 @@ def test_a100_split_kv_decode_is_faster_and_streams_more():
         return r.memory["bytes"]["dram_read"] + r.memory["bytes"]["dram_write"]
 
     split_cycles = sum(r.cycles for r in rs)
-    assert split_cycles < 0.6 * rf.cycles, (split_cycles, rf.cycles)
+    assert split_cycles < 0.5 * rf.cycles, (split_cycles, rf.cycles)
     # the split kernel reads the same K / V bytes at more than twice the rate
     assert dram(rs[0]) / rs[0].cycles > 2 * dram(rf) / rf.cycles
     assert dram(rs[0]) < 1.05 * dram(rf)
