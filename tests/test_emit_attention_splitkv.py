@@ -111,23 +111,25 @@ def test_programs_are_loops_independent_of_the_sizes():
 
 
 def test_splits_follow_the_machine():
-    """The chunk minimises waves x chunk (the critical path in tiles, one block an SM at a time),
-    which beats the whole-row kernel whenever batch*heads blocks leave SMs idle; no split when the
-    query blocks already fill the machine, for long queries or a single tile."""
+    """The chunk minimises waves x (chunk + 1) (the critical path in tiles, one block an SM at a
+    time, a block's start about a tile), which beats the whole-row kernel when batch*heads blocks
+    leave many SMs idle; no split when the query blocks (nearly) fill the machine, for long queries
+    or a single tile."""
     caps = caps_of("a100")                                     # 108 SMs
     cores = caps.cores_total
 
     def cost(bh, tiles, chunk):
-        return -(-bh * -(-tiles // chunk) // cores) * chunk
+        return -(-bh * -(-tiles // chunk) // cores) * (chunk + 1)
 
     for heads, kv in ((12, 1025), (32, 1025), (12, 4097), (1, 200), (3, 64 * 40), (50, 64 * 9)):
         n, chunk = kv_splits(caps, 1, heads, 1, kv, 64)
         tiles = -(-kv // 64)
         assert n >= 2 and chunk >= 1 and (n - 1) * chunk < tiles <= n * chunk
-        assert cost(heads, tiles, chunk) == min(cost(heads, tiles, c) for c in range(1, tiles + 1)) < tiles
+        assert cost(heads, tiles, chunk) == min(cost(heads, tiles, c) for c in range(1, tiles + 1)) < tiles + 1
     assert kv_splits(caps, 1, 12, 1, 1025, 64) == (9, 2)        # GPT-2 small decode: 108 blocks
     assert kv_splits(caps, 1, 32, 1, 1025, 64) == (3, 6)        # llama2-7b decode: 96 blocks
     assert kv_splits(caps, 1, 100, 1, 64 * 9, 64) == (1, 9)     # 2 splits: 200 blocks, 2 waves of 5 tiles
+    assert kv_splits(caps, 8, 12, 1, 1025, 64) == (1, 17)       # gpt2-small decode, batch 8: 96 blocks
     assert kv_splits(caps, 4, 32, 1, 4096, 64)[0] == 1          # 128 blocks >= 108 SMs
     assert split_kv_attention_kernel(caps, 4, 32, 1, 4096, 64) is None
     assert split_kv_attention_kernel(caps, 1, 12, BR + 1, 1025, 64) is None

@@ -63,6 +63,25 @@ time: a score is an fma chain over the half row plus one shfl.bfly with the part
 online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
 converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
 
+Split-KV decode (Flash-Decoding; FlashAttention-2's splitkv kernels), ``split_kv_attention_kernel``:
+a decode step has one query block per (batch, head), too few to fill the SMs, and each would walk
+the whole cache alone. For q_len <= 64 the kv sequence is cut into chunks of ``chunk`` K/V tiles
+(``kv_splits``: the chunk minimising waves x chunk on the target's cores) and two kernels run:
+
+- attn.split, grid (splits, heads, batch): block x runs the flash loop above (the same emitter,
+  tensor-core or FFMA, in split mode) over tiles x*chunk .. x*chunk+chunk-1 only, and writes its
+  rows' O normalised by their own sum, in f32, to Opart [batch, heads, splits, q_len, d] and their
+  log-sum-exp to LSEpart [batch, heads, splits, q_len]. A row that sees no key of its chunk (causal
+  with q_len > 1) keeps m = -inf without NaN (the exponent shift is 0 then) and writes O = 0 and
+  LSE = -inf.
+- attn.combine, a warp per (batch, head, query row): O = sum_s e^(LSE_s - M) O_s / sum_s
+  e^(LSE_s - M), M = max_s LSE_s taken online, 8 splits an iteration; O in the storage dtype and,
+  with with_lse, LSE = M + ln(sum).
+
+Causal decode stays exact: the chunks partition the keys and every row's mask is the whole-row
+kernel's. The split kernel's flops are the whole-row kernel's; the combine's are its elementwise
+math (``combine_flops``), with no model_flops.
+
 Training: with_lse=True adds a buffer parameter LSE (fp32 [batch, heads, q_len], contiguous) where
 the epilogue stores each row's natural log-sum-exp of its scaled, masked scores, ln 2 (c m + log2 l)
 (what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads); the
@@ -1344,10 +1363,11 @@ class AttentionPart:
 def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) -> tuple[int, int]:
     """(splits, chunk): the kv sequence cut into ``splits`` chunks of ``chunk`` K/V tiles (every
     chunk at least one tile). The chunk is the one that minimises the critical path in tiles,
-    waves x chunk = ceil(batch*heads*splits / cores) * chunk with splits = ceil(tiles / chunk)
-    (one block a core (SM) at a time; a short last chunk does not shorten its wave), the largest
-    such chunk on a tie (fewer blocks pay the per-block start, Q and the first tile's latency,
-    fewer times, and the combine reads fewer partials). On the a100 model (108 SMs, 1025 keys in
+    waves x (chunk + 1) = ceil(batch*heads*splits / cores) * (chunk + 1) with splits = ceil(tiles /
+    chunk): one block a core (SM) at a time, a short last chunk does not shorten its wave, and a
+    block's start (Q, the first tile's latency) costs about one tile; the largest such chunk on a
+    tie (the combine reads fewer partials). So a machine nearly filled by batch*heads blocks
+    (gpt2-small decode at batch 8: 96 blocks on 108 SMs) keeps the whole-row kernel. On the a100 model (108 SMs, 1025 keys in
     64-key tiles, with the combine): GPT-2 small decode (12 heads) gets 9 splits of 2 tiles, 108
     blocks (9.1k cycles; 17 splits 10.5k, 6 splits 9.4k); llama2-7b (32 heads) 3 splits of 6 tiles
     (23.0k; 4 splits of 5, 128 blocks, 25.5k; 5 of 4 23.9k). 1 split (the whole-row kernel) when
@@ -1359,11 +1379,11 @@ def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) ->
         return 1, tiles
     best = None
     for chunk in range(tiles, 0, -1):
-        cost = _ceil(bh * _ceil(tiles, chunk), cores) * chunk
+        cost = _ceil(bh * _ceil(tiles, chunk), cores) * (chunk + 1)
         if best is None or cost < best[0]:
             best = (cost, chunk)
     chunk = best[1]
-    return _ceil(tiles, chunk), chunk
+    return _ceil(tiles, chunk), chunk          # (1, tiles) when no split beats the whole row
 
 
 @dataclass(frozen=True)
