@@ -63,6 +63,25 @@ time: a score is an fma chain over the half row plus one shfl.bfly with the part
 online-softmax update (m, l, alpha with ex2) and O += p V by fma; fp16 / bf16 elements are
 converted with cvt on the way. Bc is the first of 64, 32, 16, 8 that fits.
 
+Split-KV decode (Flash-Decoding; FlashAttention-2's splitkv kernels), ``split_kv_attention_kernel``:
+a decode step has one query block per (batch, head), too few to fill the SMs, and each would walk
+the whole cache alone. For q_len <= 64 the kv sequence is cut into chunks of ``chunk`` K/V tiles
+(``kv_splits``: the chunk minimising waves x chunk on the target's cores) and two kernels run:
+
+- attn.split, grid (splits, heads, batch): block x runs the flash loop above (the same emitter,
+  tensor-core or FFMA, in split mode) over tiles x*chunk .. x*chunk+chunk-1 only, and writes its
+  rows' O normalised by their own sum, in f32, to Opart [batch, heads, splits, q_len, d] and their
+  log-sum-exp to LSEpart [batch, heads, splits, q_len]. A row that sees no key of its chunk (causal
+  with q_len > 1) keeps m = -inf without NaN (the exponent shift is 0 then) and writes O = 0 and
+  LSE = -inf.
+- attn.combine, a warp per (batch, head, query row): O = sum_s e^(LSE_s - M) O_s / sum_s
+  e^(LSE_s - M), M = max_s LSE_s taken online, 8 splits an iteration; O in the storage dtype and,
+  with with_lse, LSE = M + ln(sum).
+
+Causal decode stays exact: the chunks partition the keys and every row's mask is the whole-row
+kernel's. The split kernel's flops are the whole-row kernel's; the combine's are its elementwise
+math (``combine_flops``), with no model_flops.
+
 Training: with_lse=True adds a buffer parameter LSE (fp32 [batch, heads, q_len], contiguous) where
 the epilogue stores each row's natural log-sum-exp of its scaled, masked scores, ln 2 (c m + log2 l)
 (what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads); the
@@ -87,7 +106,8 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
 
-__all__ = ["AttentionKernel", "flash_attention_kernel", "attention_reference", "causal_pairs"]
+__all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attention_reference", "causal_pairs",
+           "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
 
 _DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
            "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
@@ -103,6 +123,11 @@ BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
 FFMA_BC_CHOICES = (64, 32, 16, 8)
 PARAMS = ("Q", "K", "V", "O", "q_len", "kv_len", "q_ld", "kv_ld", "o_ld", "q_off", "k_off", "v_off", "o_off")
 LSE_PARAMS = PARAMS + ("LSE",)   # with_lse: the log-sum-exp buffer, f32 [batch, heads, q_len]
+# split-KV: the flash loop over one chunk of `chunk` K/V tiles (grid.x = split), writing an f32
+# partial O [batch, heads, splits, q_len, d] and its log-sum-exp [batch, heads, splits, q_len]
+SPLIT_PARAMS = ("Q", "K", "V", "Opart", "LSEpart", "q_len", "kv_len", "q_ld", "kv_ld", "q_off", "k_off", "v_off",
+                "chunk")
+COMBINE_PARAMS = ("Opart", "LSEpart", "O", "rows", "heads", "q_len", "splits", "o_ld", "o_off")
 LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
 
@@ -116,6 +141,7 @@ class _Cfg:
     qsep: bool          # Q has its own shared-memory region (else it is staged in the K/V stages)
     c: float            # scale * log2(e)
     lse: bool = False   # also write the natural log-sum-exp of each row's scaled scores to LSE
+    split: bool = False  # split-KV: block x of the grid runs K/V tiles x*chunk .. (x+1)*chunk-1 (q_len <= BR)
 
 
 def causal_pairs(q_len: int, kv_len: int) -> int:
@@ -260,6 +286,88 @@ def attention_reference(Q, K, V, dtype: str, batch: int, heads: int, q_len: int,
     return o.transpose(0, 2, 1, 3).reshape(batch * q_len, heads * d)
 
 
+# ----------------------------------------------------------------------------- split-KV pieces
+# Shared by both kernels (tensor-core and FFMA). In split mode the block's grid x index is its split,
+# its query rows start at 0 (q_len <= BR) and it runs K/V tiles j0 = split*chunk .. min(j0 + chunk,
+# n_tiles) - 1 of the block's visible tiles; tile numbers stay absolute, so the mask logic (tiles
+# below n_full need no mask) is the same as the whole-row kernel's.
+def _first_tile(a, i0, split: bool):
+    """i0 = the block's first query row; split: also returns j = split * chunk (else None)."""
+    if not split:
+        a("s2r", i0, "%ctaid.x")
+        a("shl.b64", i0, i0, _log2(BR))
+        return None
+    j = a.reg()
+    a("s2r", j, "%ctaid.x")
+    a("ldparam", i0, "chunk")
+    a("mul.i64", j, j, i0)
+    a("mov.b64", i0, 0)
+    return j
+
+
+def _last_tile(a, ntl, j, t, split: bool):
+    """split: ntl = min(ntl, j0 + chunk), the chunk's end (j holds j0 here)."""
+    if split:
+        a("ldparam", t, "chunk")
+        a("add.i64", t, t, j)
+        a("min.i64", ntl, ntl, t)
+
+
+def _zero_if_empty(a, rl, n: int):
+    """rl .. rl+n-1 hold 1/l; a row that saw no key of its chunk (l = 0, so 1/l = inf) writes a zero
+    partial O instead of NaN (its LSE is -inf, so the combine gives it weight 0)."""
+    pz = a.pred()
+    for r in range(n):
+        a("setp.eq.f32", pz, rl + r, float("inf"))
+        a("mov.f32", rl + r, 0.0, p=pz)
+    a.pfree(pz)
+
+
+def _split_index(a, dst, t):
+    """dst = ((b * heads + head) * splits + split), the (batch, head, split) slot of the workspaces."""
+    a("s2r", dst, "%ctaid.z")
+    a("s2r", t, "%nctaid.y")
+    a("mul.i64", dst, dst, t)
+    a("s2r", t, "%ctaid.y")
+    a("add.i64", dst, dst, t)
+    a("s2r", t, "%nctaid.x")
+    a("mul.i64", dst, dst, t)
+    a("s2r", t, "%ctaid.x")
+    a("add.i64", dst, dst, t)
+
+
+def _split_epilogue_mma(a, c, o, rl, lz, row, ptr, ptrB, x, t1, tid, pm, pB, NO: int):
+    """Rows g and g + 8 (row, pm / pB: row < q_len) of the tensor-core kernel: lane t == 0 of each
+    quad stores the two LSEs, every lane its two columns of each n-tile as f32 pairs."""
+    d = c.d
+    _split_index(a, ptr, t1)
+    a("mad.i64", ptr, ptr, x, row)                        # ((b h s) q_len + row)
+    pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
+    a("and.b64", t1, tid, 3)
+    a("setp.eq.i64", pz, t1, 0)
+    a("and.pred", pA2, pm, pz)
+    a("and.pred", pB2, pB, pz)
+    a("shl.b64", t1, ptr, 2)
+    a("ldparam", ptrB, "LSEpart")
+    a("add.i64", t1, t1, ptrB)
+    a("st.global.b32", Mem(t1, 0), lz, p=pA2)
+    a("st.global.b32", Mem(t1, 32), lz + 1, p=pB2)       # row + 8
+    a.pfree(pz, pA2, pB2)
+    a("and.b64", t1, tid, 3)
+    a("shl.b64", t1, t1, 1)                               # column 2t
+    a("mad.i64", ptr, ptr, d, t1)
+    a("shl.b64", ptr, ptr, 2)
+    a("ldparam", t1, "Opart")
+    a("add.i64", ptr, ptr, t1)
+    a("add.i64", ptrB, ptr, 8 * d * 4)                    # row + 8
+    for nt in range(NO):
+        for r, (pr, pp) in enumerate(((pm, ptr), (pB, ptrB))):
+            acc = o + 4 * nt + 2 * r
+            a("mul.f32", acc, acc, rl + r)
+            a("mul.f32", acc + 1, acc + 1, rl + r)
+            a("st.global.v2.b32", Mem(pp, 32 * nt), acc, p=pr)
+
+
 # ----------------------------------------------------------------------------- the tensor-core kernel
 def _emit_mma(c: _Cfg) -> Program:
     d, Bc = c.d, c.Bc
@@ -277,7 +385,9 @@ def _emit_mma(c: _Cfg) -> Program:
         raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
     mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
     name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, ST0 + 2 * SB)
+    if c.split:
+        name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
 
     # big register blocks first
     o = a.reg(4 * NO)                         # O accumulators: n-tile nt at o + 4nt
@@ -298,8 +408,7 @@ def _emit_mma(c: _Cfg) -> Program:
     bq, hd, i0 = a.reg(), a.reg(), a.reg()
     a("s2r", bq, "%ctaid.z")
     a("s2r", hd, "%ctaid.y")
-    a("s2r", i0, "%ctaid.x")
-    a("shl.b64", i0, i0, _log2(BR))
+    j = _first_tile(a, i0, c.split)
     Lq, Lk = a.reg(), a.reg()
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
@@ -348,7 +457,10 @@ def _emit_mma(c: _Cfg) -> Program:
     a.free(col_base(gv, "V", Lk, "kv_ld", "v_off"))
     klim, rj = a.reg(), a.reg()
     a("sub.i64", klim, Lk, 1)
-    a("mov.b64", rj, r0)
+    if c.split:
+        a("mad.i64", rj, j, Bc, r0)               # first key row of the chunk's first tile (+ r0)
+    else:
+        a("mov.b64", rj, r0)
     a.free(cb)
 
     def kv_copies(stage: Optional[object], guard=None):
@@ -438,6 +550,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("mov.b64", limA, klim)
         a.free(limB)
         limB = limA
+    _last_tile(a, ntl, j, t1, c.split)
     a.free(Lq, Lk, bq, hd, i0, r0, warp)
 
     # ---- softmax state
@@ -446,10 +559,15 @@ def _emit_mma(c: _Cfg) -> Program:
     a("mov.f32", m + 1, float("-inf"))
     a("mov.f32", l, 0.0)
     a("mov.f32", l + 1, 0.0)
-    j, jkey, rs = a.reg(), a.reg(), a.reg()
-    a("mov.b64", j, 0)
+    if c.split:
+        jkey, rs = a.reg(), a.reg()
+    else:
+        j, jkey, rs = a.reg(), a.reg(), a.reg()
+        a("mov.b64", j, 0)
     a("and.b64", jkey, lane, 3)
     a("shl.b64", jkey, jkey, 1)                   # key of this lane's first S column: j*Bc + 2t
+    if c.split:
+        a("mad.i64", jkey, j, Bc, jkey)
     a("mov.b64", rs, ST0)
     a.free(lane)
     pn, pm = a.pred(), a.pred()
@@ -513,6 +631,11 @@ def _emit_mma(c: _Cfg) -> Program:
     for r in range(2):
         a("max.f32", mx + r, mx + r, m + r)               # m_new
         a("mul.f32", nmc + r, mx + r, -c.c)               # -m_new * c
+        if c.split:                                       # a row that has seen no key yet (m_new = -inf):
+            pz = a.pred()                                 # shift by 0, so p = alpha = 0 instead of NaN
+            a("setp.eq.f32", pz, mx + r, float("-inf"))
+            a("mov.f32", nmc + r, 0.0, p=pz)
+            a.pfree(pz)
         a("fma.f32", al + r, m + r, c.c, nmc + r)
         a("ex2.f32", al + r, al + r)                      # alpha = 2^(c (m_old - m_new))
         a("mov.f32", m + r, mx + r)
@@ -569,7 +692,7 @@ def _emit_mma(c: _Cfg) -> Program:
         for r in range(2):
             a("shfl.bfly.b64", t1, l + r, sh)
             a("add.f32", l + r, l + r, t1)
-    if c.lse:                                             # ln(sum e^(scale s)) = ln2 (c m + log2 l)
+    if c.lse or c.split:                                  # ln(sum e^(scale s)) = ln2 (c m + log2 l)
         lz = a.reg(2)
         for r in range(2):
             a("lg2.f32", lz + r, l + r)
@@ -577,9 +700,14 @@ def _emit_mma(c: _Cfg) -> Program:
             a("mul.f32", lz + r, lz + r, LN2)
     for r in range(2):
         a("rcp.f32", l + r, l + r)
+    if c.split:
+        _zero_if_empty(a, l, 2)
     row, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
-    a("s2r", row, "%ctaid.x")
-    a("shl.b64", row, row, _log2(BR))
+    if c.split:
+        a("mov.b64", row, 0)
+    else:
+        a("s2r", row, "%ctaid.x")
+        a("shl.b64", row, row, _log2(BR))
     a("shr.u64", t1, tid, 5)
     a("shl.b64", t1, t1, 4)
     a("add.i64", row, row, t1)
@@ -591,6 +719,10 @@ def _emit_mma(c: _Cfg) -> Program:
     a("setp.lt.i64", pm, row, x)
     a("add.i64", t1, row, 8)
     a("setp.lt.i64", pB, t1, x)
+    if c.split:
+        _split_epilogue_mma(a, c, o, l, lz, row, ptr, ptrB, x, t1, tid, pm, pB, NO)
+        a("exit")
+        return a.build()
     if c.lse:                                             # lane t == 0 of each quad stores rows g, g + 8
         pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
         a("and.b64", t1, tid, 3)
@@ -648,6 +780,7 @@ class _FCfg:
     Bc: int
     c: float
     lse: bool = False
+    split: bool = False  # as _Cfg.split
 
 
 def _emit_ffma(c: _FCfg) -> Program:
@@ -669,7 +802,9 @@ def _emit_ffma(c: _FCfg) -> Program:
     H = d // 2                                # elements a thread holds
     NV = HB // 16                             # 16-byte loads per half row
     name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, 2 * SB)
+    if c.split:
+        name = f"flash_attn_split_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), 2 * SB)
     qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
     buf = [a.reg(4), a.reg(4)]
     for i in range(H):
@@ -678,8 +813,7 @@ def _emit_ffma(c: _FCfg) -> Program:
     a("s2r", tid, "%tid.x")
     a("s2r", bq, "%ctaid.z")
     a("s2r", hd, "%ctaid.y")
-    a("s2r", i0, "%ctaid.x")
-    a("shl.b64", i0, i0, _log2(BR))
+    j0 = _first_tile(a, i0, c.split)
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
     ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
@@ -738,7 +872,10 @@ def _emit_ffma(c: _FCfg) -> Program:
     a("ldparam", kldb, "kv_ld")
     a("shl.b64", kldb, kldb, _log2(es))
     a("sub.i64", klim, Lk, 1)
-    a("mov.b64", rj, r0)
+    if c.split:
+        a("mad.i64", rj, j0, Bc, r0)
+    else:
+        a("mov.b64", rj, r0)
     a.free(cb, r0)
 
     def kv_copies(stage, guard=None):
@@ -781,14 +918,20 @@ def _emit_ffma(c: _FCfg) -> Program:
         a("shr.u64", ntl, ntl, lb)
         a("shr.u64", nfull, Lk, lb)
         a("mov.b64", lim, klim)
+    _last_tile(a, ntl, j0, t1, c.split)
     a.free(i0, Lk)
 
     m, l, al, mx = a.reg(), a.reg(), a.reg(), a.reg()
     a("mov.f32", m, float("-inf"))
     a("mov.f32", l, 0.0)
-    j, rs, kp, key, jc, khalf = (a.reg() for _ in range(6))
-    a("mov.b64", j, 0)
-    a("mov.b64", key, 0)
+    if c.split:
+        j = j0
+        rs, kp, key, jc, khalf = (a.reg() for _ in range(5))
+        a("mul.i64", key, j, Bc)
+    else:
+        j, rs, kp, key, jc, khalf = (a.reg() for _ in range(6))
+        a("mov.b64", j, 0)
+        a("mov.b64", key, 0)
     a("mov.b64", rs, 0)
     a("mul.i64", khalf, half, HB + 16)            # this thread's half of a shared row
     pn, pm, pk = a.pred(), a.pred(), a.pred()
@@ -848,6 +991,12 @@ def _emit_ffma(c: _FCfg) -> Program:
     a("sub.f32", al, m, mx)
     a("ex2.f32", al, al)
     a("mov.f32", m, mx)
+    if c.split:                                   # no key seen yet (m_new = -inf): p = alpha = 0, not NaN
+        pz = a.pred()
+        a("setp.eq.f32", pz, mx, float("-inf"))
+        a("mov.f32", mx, 0.0, p=pz)
+        a("mov.f32", al, 0.0, p=pz)
+        a.pfree(pz)
     for u in range(U):
         a("sub.f32", sv + u, sv + u, mx)
         a("ex2.f32", sv + u, sv + u)
@@ -884,6 +1033,33 @@ def _emit_ffma(c: _FCfg) -> Program:
 
     # ---- epilogue: O / l (both threads of a row hold the full l), stored in the input dtype
     a("setp.lt.i64", pm, qrow, Lq)
+    if c.split:                                   # f32 partial O and its LSE (the pair's thread 0)
+        pz = a.pred()
+        a("setp.eq.i64", pz, half, 0)
+        a("and.pred", pz, pz, pm)
+        a("lg2.f32", al, l)
+        a("add.f32", al, al, m)
+        a("mul.f32", al, al, LN2)
+        _split_index(a, g, t1)
+        a("mad.i64", g, g, Lq, qrow)              # ((b h s) q_len + row)
+        a("shl.b64", t1, g, 2)
+        a("ldparam", t2, "LSEpart")
+        a("add.i64", t1, t1, t2)
+        a("st.global.b32", Mem(t1, 0), al, p=pz)
+        a.pfree(pz)
+        a("rcp.f32", l, l)
+        _zero_if_empty(a, l, 1)
+        a("mul.i64", g, g, d)
+        a("mad.i64", g, half, H, g)
+        a("shl.b64", g, g, 2)
+        a("ldparam", t2, "Opart")
+        a("add.i64", g, g, t2)
+        for e in range(H):
+            a("mul.f32", ov + e, ov + e, l)
+        for e in range(0, H, 4):
+            a("st.global.v4.b32", Mem(g, 4 * e), ov + e, p=pm)
+        a("exit")
+        return a.build()
     if c.lse:                                     # scores are in the log2 domain: ln2 (m + log2 l)
         pz = a.pred()
         a("setp.eq.i64", pz, half, 0)
@@ -916,20 +1092,155 @@ def _emit_ffma(c: _FCfg) -> Program:
     return a.build()
 
 
+# ----------------------------------------------------------------------------- the split-KV combine
+COMBINE_WARPS = 4            # one warp per (batch, head, query row)
+COMBINE_UNROLL = 8           # splits per iteration of the combine's weighted sum
+
+
+def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
+    """O = sum_s w_s O_s / sum_s w_s with w_s = exp(LSE_s - max_s LSE_s), per (batch, head, query
+    row) r = (b*heads + head)*q_len + i: a warp per row, lane L holding columns E*L .. E*L+E-1 (E =
+    d/32) in f32. One loop over the splits, COMBINE_UNROLL an iteration whose loads (each split's
+    LSE, one vector load a lane of its partial O) are all issued before the first is used, with
+    the max taken online (the weights so far rescaled when it grows), splits past the end guarded
+    off with weight 0. The row's LSE is max + ln(sum w)."""
+    E, UC = d // 32, COMBINE_UNROLL
+    es = _ES[dtype]
+    name = f"flash_attn_combine_{dtype}_d{d}{'_lse' if lse else ''}"
+    a = _Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), 0)
+    acc, ob, lv = a.reg(E), a.reg(E * UC), a.reg(UC)
+    tid, lane, r, n, t1, t2, S, sp, pl, po, stl, sto, mx, nm, w, l = (a.reg() for _ in range(16))
+    pm, pe = a.pred(), a.pred()
+    pu = a.pred()
+    a("s2r", tid, "%tid.x")
+    a("and.b64", lane, tid, 31)
+    a("s2r", r, "%ctaid.x")
+    a("shr.u64", t1, tid, 5)
+    a("mad.i64", r, r, COMBINE_WARPS, t1)          # the row of this warp
+    a("ldparam", n, "rows")
+    a("setp.ge.i64", pe, r, n)
+    a("exit", p=pe)
+    a("ldparam", S, "splits")
+    a("ldparam", n, "q_len")
+    a("rem.i64", t1, r, n)                         # i
+    a("div.i64", t2, r, n)                         # b*heads + head
+    a("mul.i64", pl, t2, S)
+    a("mad.i64", pl, pl, n, t1)                    # the slot of split 0: (bh*S*q_len + i)
+    a("shl.b64", stl, n, 2)                        # a split further on: q_len f32 (LSE)
+    a("mul.i64", sto, stl, d)                      # ... q_len*d f32 (O)
+    a("mul.i64", t1, lane, E)                      # this lane's first column
+    a("mad.i64", po, pl, d, t1)
+    a("shl.b64", po, po, 2)
+    a("ldparam", t1, "Opart")
+    a("add.i64", po, po, t1)
+    a("shl.b64", pl, pl, 2)
+    a("ldparam", t1, "LSEpart")
+    a("add.i64", pl, pl, t1)
+    # one pass, online over the splits (COMBINE_UNROLL an iteration): m = the largest LSE so far,
+    # l = sum of 2^(log2e (LSE_s - m)), acc = the same weighted sum of the partials; rescaled by
+    # alpha = 2^(log2e (m_old - m)) when m grows. Split 0 holds key 0, which every row sees, so m
+    # is finite from the first iteration on; a split past the end or a partial that saw no key has
+    # LSE -inf and weight 0.
+    ld = {1: "ld.global.b32", 2: "ld.global.v2.b32", 4: "ld.global.v4.b32"}[E]
+    a("mov.f32", mx, float("-inf"))
+    a("mov.f32", l, 0.0)
+    for e in range(E):
+        a("mov.f32", acc + e, 0.0)
+    for e in range(E * UC):
+        a("mov.f32", ob + e, 0.0)
+    a("mov.b64", sp, 0)
+    a.label("SPLITS")
+    for u in range(UC):
+        a("add.i64", t1, sp, u)
+        a("setp.lt.i64", pu, t1, S)
+        a("mov.f32", lv + u, float("-inf"))
+        a("ld.global.b32", lv + u, Mem(pl, 0), p=pu)
+        a(ld, ob + E * u, Mem(po, 0), p=pu)
+        a("add.i64", pl, pl, stl)
+        a("add.i64", po, po, sto)
+    a("max.f32", t1, mx, lv)
+    for u in range(1, UC):
+        a("max.f32", t1, t1, lv + u)                 # m_new
+    a("mul.f32", nm, t1, -LOG2E)
+    a("fma.f32", w, mx, LOG2E, nm)
+    a("ex2.f32", w, w)                             # alpha (0 on the first iteration: m_old = -inf)
+    a("mov.f32", mx, t1)
+    a("mul.f32", l, l, w)
+    for e in range(E):
+        a("mul.f32", acc + e, acc + e, w)
+    for u in range(UC):
+        a("fma.f32", w, lv + u, LOG2E, nm)
+        a("ex2.f32", w, w)
+        a("add.f32", l, l, w)
+        for e in range(E):
+            a("fma.f32", acc + e, w, ob + E * u + e, acc + e)
+    a("add.i64", sp, sp, UC)
+    a("setp.lt.i64", pe, sp, S)
+    a("bra", "SPLITS", p=pe)
+    # out: O row (b*q_len + i) at head's columns, in the storage dtype
+    if lse:
+        a("lg2.f32", w, l)
+        a("fma.f32", w, w, LN2, mx)
+        a("shl.b64", t1, r, 2)
+        a("ldparam", t2, "LSE")
+        a("add.i64", t1, t1, t2)
+        a("setp.eq.i64", pm, lane, 0)
+        a("st.global.b32", Mem(t1, 0), w, p=pm)
+    a("rcp.f32", l, l)
+    for e in range(E):
+        a("mul.f32", acc + e, acc + e, l)
+    a("ldparam", S, "heads")
+    a("div.i64", t2, r, n)                         # b*heads + head
+    a("rem.i64", t1, r, n)                         # i
+    a("div.i64", sp, t2, S)                        # b
+    a("rem.i64", t2, t2, S)                        # head
+    a("mad.i64", sp, sp, n, t1)                    # O row b*q_len + i
+    a("ldparam", t1, "o_ld")
+    a("mul.i64", sp, sp, t1)
+    a("mad.i64", sp, t2, d, sp)
+    a("mad.i64", sp, lane, E, sp)
+    a("ldparam", t1, "o_off")
+    a("add.i64", sp, sp, t1)
+    a("mul.i64", sp, sp, es)
+    a("ldparam", t1, "O")
+    a("add.i64", sp, sp, t1)
+    if es == 4:
+        st = {1: "st.global.b32", 2: "st.global.v2.b32", 4: "st.global.v4.b32"}[E]
+        a(st, Mem(sp, 0), acc)
+    else:
+        cvt = _CVT[dtype]
+        if E == 1:
+            a(cvt, ob, acc, acc)
+            a("st.global.b16", Mem(sp, 0), ob)
+        else:
+            for e in range(0, E, 2):
+                a(cvt, ob + e // 2, acc + e, acc + e + 1)
+            a("st.global.b32" if E == 2 else "st.global.v2.b32", Mem(sp, 0), ob)
+    a("exit")
+    return a.build()
+
+
+def combine_flops(rows: int, splits: int, d: int) -> int:
+    """The combine's elementwise math per (batch, head, query row): per split a max, an fma and an
+    ex2 for the weight, an add to the sum, and d fma; then d multiplies by 1/sum."""
+    return rows * (splits * (2 * d + 4) + d)
+
+
 # ----------------------------------------------------------------------------- configuration
 def _fits(prog: Program, caps) -> bool:
     return (prog.shared_bytes <= caps.scratchpad_bytes and prog.nregs <= caps.max_regs_per_thread
             and prog.nregs * THREADS <= caps.regs_per_core and WARPS <= caps.warp_slots)
 
 
-def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False) -> tuple[_FCfg, Program]:
+def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
+                 split: bool = False) -> tuple[_FCfg, Program]:
     tried = []
     for Bc in FFMA_BC_CHOICES:
         shared = 4 * Bc * (d * _ES[dtype] + 16)
         if shared > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {shared} B scratchpad")
             continue
-        cfg = _FCfg(dtype, d, causal, Bc, c, lse)
+        cfg = _FCfg(dtype, d, causal, Bc, c, lse, split)
         try:
             prog = _emit_ffma(cfg)
         except _OutOfRegisters as e:
@@ -942,7 +1253,8 @@ def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = F
                      + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
 
-def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False) -> tuple[_Cfg, Program]:
+def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
+            split: bool = False) -> tuple[_Cfg, Program]:
     tried = []
     for Bc in BC_CHOICES:
         for qsep in (True, False):
@@ -952,7 +1264,7 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False)
             if shared > caps.scratchpad_bytes:
                 tried.append(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
                 continue
-            cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse)
+            cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split)
             try:
                 prog = _emit_mma(cfg)
             except _OutOfRegisters as e:
@@ -1032,3 +1344,174 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
                            Bc=cfg.Bc, kind="mma" if use_mma else "ffma", with_lse=bool(with_lse), **lds)
+
+
+# ----------------------------------------------------------------------------- split-KV (flash-decoding)
+@dataclass(frozen=True)
+class AttentionPart:
+    """One kernel of a multi-kernel attention: its name (attn.split / attn.combine), program,
+    launch, the math it executes, its share of the textbook count and the buffers it writes."""
+
+    name: str
+    program: Program
+    launch: Launch
+    flops: int
+    model_flops: int
+    outputs: tuple
+
+
+def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) -> tuple[int, int]:
+    """(splits, chunk): the kv sequence cut into ``splits`` chunks of ``chunk`` K/V tiles (every
+    chunk at least one tile). The chunk is the one that minimises the critical path in tiles,
+    waves x (chunk + 1) = ceil(batch*heads*splits / cores) * (chunk + 1) with splits = ceil(tiles /
+    chunk): one block a core (SM) at a time, a short last chunk does not shorten its wave, and a
+    block's start (Q, the first tile's latency) costs about one tile; the largest such chunk on a
+    tie (the combine reads fewer partials). So a machine nearly filled by batch*heads blocks
+    (gpt2-small decode at batch 8: 96 blocks on 108 SMs) keeps the whole-row kernel. On the a100 model (108 SMs, 1025 keys in
+    64-key tiles, with the combine): GPT-2 small decode (12 heads) gets 9 splits of 2 tiles, 108
+    blocks (9.1k cycles; 17 splits 10.5k, 6 splits 9.4k); llama2-7b (32 heads) 3 splits of 6 tiles
+    (23.0k; 4 splits of 5, 128 blocks, 25.5k; 5 of 4 23.9k). 1 split (the whole-row kernel) when
+    q_len > BR (more than one query block), when batch*heads blocks already cover the cores, or
+    when the sequence is a single tile."""
+    tiles = _ceil(kv_len, Bc)
+    bh, cores = batch * heads, caps.cores_total
+    if q_len > BR or bh >= cores or tiles < 2:
+        return 1, tiles
+    best = None
+    for chunk in range(tiles, 0, -1):
+        cost = _ceil(bh * _ceil(tiles, chunk), cores) * (chunk + 1)
+        if best is None or cost < best[0]:
+            best = (cost, chunk)
+    chunk = best[1]
+    return _ceil(tiles, chunk), chunk          # (1, tiles) when no split beats the whole row
+
+
+@dataclass(frozen=True)
+class SplitAttentionKernel:
+    """Split-KV attention (Flash-Decoding): ``parts`` = (split, combine), run in order. The split
+    kernel is the flash loop of ``flash_attention_kernel`` over one chunk of ``chunk`` K/V tiles
+    per block (grid (splits, heads, batch)), writing an f32 partial O, normalised by its own
+    softmax sum, and that sum's log-sum-exp into the workspaces Opart [batch, heads, splits,
+    q_len, d] and LSEpart [batch, heads, splits, q_len]; the combine kernel (a warp per (batch,
+    head, query row)) weighs the partials by exp(LSE_s - LSE) and writes O in the storage dtype
+    (and LSE with with_lse)."""
+
+    parts: tuple
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    dtype: str
+    causal: bool
+    scale: float
+    q_ld: int
+    kv_ld: int
+    o_ld: int
+    Bc: int
+    splits: int
+    chunk: int               # K/V tiles per split
+    kind: str = "mma"
+    with_lse: bool = False
+
+    host_dtype = AttentionKernel.host_dtype
+    _need = AttentionKernel._need
+    lse_buffer = AttentionKernel.lse_buffer
+    random_inputs = AttentionKernel.random_inputs
+    reference = AttentionKernel.reference
+    output = AttentionKernel.output
+
+    @property
+    def flops(self) -> int:
+        return sum(p.flops for p in self.parts)
+
+    @property
+    def model_flops(self) -> int:
+        return sum(p.model_flops for p in self.parts)
+
+    def part(self, name: str) -> AttentionPart:
+        for p in self.parts:
+            if p.name == name or p.name.endswith("." + name):
+                return p
+        raise KeyError(name)
+
+    def workspaces(self) -> dict:
+        """Scratch buffers the caller allocates (name -> (shape, host dtype)); no contents needed."""
+        B, H, S, Lq = self.batch, self.heads, self.splits, self.q_len
+        return {"Opart": ((B, H, S, Lq, self.head_dim), np.float32), "LSEpart": ((B, H, S, Lq), np.float32)}
+
+    def buffer_bytes(self, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
+        out = AttentionKernel.buffer_bytes(self, q_off, k_off, v_off, o_off)
+        for n, (shape, _) in self.workspaces().items():
+            out[n] = 4 * int(np.prod(shape))
+        return out
+
+    def args(self, Q, K, V, O, Opart, LSEpart, *, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0,
+             LSE=None) -> dict:
+        """Every buffer and scalar of both kernels (``part_args`` picks a part's): Q, K, V, O as
+        ``AttentionKernel.args`` takes them, the two f32 workspaces, and LSE with with_lse."""
+        out = AttentionKernel.args(self, Q, K, V, O, q_off=q_off, k_off=k_off, v_off=v_off, o_off=o_off, LSE=LSE)
+        where = f"split-KV attention b{self.batch} h{self.heads} {self.q_len}x{self.kv_len} d{self.head_dim}"
+        want = self.buffer_bytes()
+        for name, v in (("Opart", Opart), ("LSEpart", LSEpart)):
+            if isinstance(v, np.ndarray) and (v.dtype != np.float32 or not v.flags.c_contiguous):
+                raise InputError(where, f"{name} is a {v.dtype} array", "a C-contiguous float32 array")
+            if int(getattr(v, "nbytes", -1)) < want[name]:
+                raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
+        out.update(Opart=Opart, LSEpart=LSEpart, chunk=self.chunk, splits=self.splits, heads=self.heads,
+                   rows=self.batch * self.heads * self.q_len)
+        return out
+
+    @staticmethod
+    def part_args(part: AttentionPart, args: dict) -> dict:
+        """The arguments of one part, from ``args``."""
+        return {k: args[k] for k in part.program.params}
+
+    def workspace_buffers(self) -> tuple:
+        """Zeroed (Opart, LSEpart) numpy workspaces."""
+        return tuple(np.zeros(shape, dt) for shape, dt in self.workspaces().values())
+
+
+def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                              dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                              q_ld: Optional[int] = None, kv_ld: Optional[int] = None, o_ld: Optional[int] = None,
+                              with_lse: bool = False, splits: Optional[int] = None,
+                              name: str = "attn") -> Optional[SplitAttentionKernel]:
+    """Split-KV attention for a small query block (decode), as ``flash_attention_kernel``'s
+    arguments (the same layouts, mask and dtypes; the same tile rule, so the same Bc). ``splits``
+    None chooses from the target (``kv_splits``: enough blocks to cover the cores, every chunk at
+    least one K/V tile) and returns None when one split would do (the whole-row kernel is the
+    better choice); a number forces (about) that many splits (chunk = ceil(tiles / splits) tiles,
+    for tests). Needs q_len <= 64 (one query block; with splits None a longer q_len returns None)."""
+    where = "split-KV attention"
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
+    if q_len > BR:
+        if splits is None:
+            return None
+        raise InputError(where, f"q_len {q_len}", f"q_len <= {BR} (one query block; longer queries fill the machine)")
+    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+    c = scale * LOG2E
+    cfg, prog = (_choose if use_mma else _choose_ffma)(caps, dt, d, bool(causal), c, False, True)
+    tiles = _ceil(kv_len, cfg.Bc)
+    if splits is None:
+        n, chunk = kv_splits(caps, batch, heads, q_len, kv_len, cfg.Bc)
+        if n <= 1:
+            return None
+    else:
+        if isinstance(splits, bool) or int(splits) != splits or splits < 1:
+            raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
+        chunk = _ceil(tiles, int(splits))
+        n = _ceil(tiles, chunk)
+    check(prog, caps)
+    comb = _emit_combine(dt, d, bool(with_lse))
+    check(comb, caps)
+    rows = batch * heads * q_len
+    pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
+    parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (THREADS, 1, 1)),
+                           4 * d * batch * heads * pairs, 4 * d * batch * heads * q_len * kv_len, ("Opart", "LSEpart")),
+             AttentionPart(f"{name}.combine", comb, Launch((_ceil(rows, COMBINE_WARPS), 1, 1), (32 * COMBINE_WARPS, 1, 1)),
+                           combine_flops(rows, n, d), 0, ("O", "LSE") if with_lse else ("O",)))
+    return SplitAttentionKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,
+                                dtype=dt, causal=bool(causal), scale=scale, Bc=cfg.Bc, splits=n, chunk=chunk,
+                                kind="mma" if use_mma else "ffma", with_lse=bool(with_lse), **lds)

@@ -14,6 +14,9 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
   caches' last row (kvcache_gpu), then the attention kernels read K, V from the caches.
 - attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
   fused qkv tensor [T, 3h] (decode: K, V from the cache [b, kv_len, h]) and writing attn_out.
+  When the query rows fit one block (decode) and batch*heads blocks cannot cover the cores, split-KV
+  instead (attention_gpu.split_kv_attention_kernel, GPU family): ``attn.split`` (the flash loop over
+  one chunk of the cache per block, f32 partial O and LSE into workspaces) and ``attn.combine``.
 - attention, unfused (the s x s matrix goes through memory): ``attn.qk`` S = Q K^T as a batched
   GEMM over (batch, head) into attn_scores [b, n, q, kv]; ``attn.softmax`` P = softmax(S / sqrt(d))
   with the causal mask into attn_probs; ``attn.av`` O = P V, a batched GEMM writing each head's
@@ -111,6 +114,7 @@ class FamilyEmitters:
     kv_append_kernel: object
     ew: object                       # module with the elementwise / row kernels
     gemm_acc_error: object = None    # GemmKernel -> its accumulation's relative error (None: f32, 0)
+    split_attention_kernel: object = None   # split-KV decode attention (None: the family has none)
 
 
 def family_emitters(caps) -> FamilyEmitters:
@@ -118,7 +122,8 @@ def family_emitters(caps) -> FamilyEmitters:
     if caps.family == "gpu":
         from . import attention_gpu, attention_grad_gpu, gemm_gpu, kvcache_gpu
         return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
-                              attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW)
+                              attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW,
+                              split_attention_kernel=attention_gpu.split_kv_attention_kernel)
     if caps.family == "sunway":
         from . import attention_grad_sunway, attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
         return FamilyEmitters(gemm_sunway.gemm_kernel, attention_sunway.flash_attention_kernel,
@@ -234,6 +239,11 @@ def _attention_math(op, ctx) -> list[Kernel]:
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
         lse = "attn_lse" in op.outputs     # train: the backward recomputes P from the log-sum-exp
+        if ctx.E.split_attention_kernel is not None:
+            sk = ctx.E.split_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h,
+                                              kv_ld=kt[2], o_ld=h, with_lse=lse, name=op.name)
+            if sk is not None:
+                return _attention_split(op, ctx, sk, kt, vt, lse)
         k = ctx.E.flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h,
                                    with_lse=lse)
         sl = [ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0])]
@@ -258,6 +268,21 @@ def _attention_math(op, ctx) -> list[Kernel]:
                   (op.outputs[0], 0), lda=kv, ldb=vt[2], ldc=h, batch=(b, n), stride_a=(n * q * kv, q * kv),
                   stride_b=(kv * vt[2], hd), stride_c=(q * h, hd))
     return [qk, smk, av]
+
+
+def _attention_split(op, ctx, sk, kt, vt, lse) -> list[Kernel]:
+    """Split-KV (decode with fewer query blocks than cores): ``attn.split`` runs the flash loop
+    over one chunk of the cache per block into f32 workspaces (``attn.opart``, ``attn.lsepart``),
+    ``attn.combine`` merges the chunks into attn_out. The split kernel carries the op's flops and
+    model_flops; the combine adds its own elementwise flops (the math it executes)."""
+    ws = {w: ctx.slot(f"{op.name}.{w.lower()}", shape=shape, dtype="fp32") for w, (shape, _) in sk.workspaces().items()}
+    extra = {"LSE": ctx.slot("attn_lse", dtype="fp32")} if lse else {}
+    args = sk.args(ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0]), ws["Opart"],
+                   ws["LSEpart"], q_off=0, k_off=kt[1], v_off=vt[1], **extra)
+    split, comb = sk.parts
+    return [_mk(split.name, op, split.program, split.launch, op.flops, op.model_flops, sk.part_args(split, args), ctx,
+                split.outputs),
+            _mk(comb.name, op, comb.program, comb.launch, comb.flops, 0, sk.part_args(comb, args), ctx, comb.outputs)]
 
 
 def _attention_grad(op, ctx) -> list[Kernel]:
