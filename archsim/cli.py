@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--dtype", help="fp16 | bf16 | fp32")
         p.add_argument("--attention", help="fused | unfused")
         p.add_argument("--causal", help="true | false")
+        p.add_argument("--placement", help="cross | private: tensors in the segment interleaved over every memory "
+                                           "controller, or in each core group's own segment (Sunway; GPUs have "
+                                           "only cross)")
         p.add_argument("--mode", choices=("timing", "functional"), default="timing",
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
@@ -312,7 +315,8 @@ def cmd_bench(a) -> int:
 def _load_workload(a):
     from archsim.workloads.model import load_workload
 
-    over = {k: getattr(a, k) for k in ("phase", "batch", "seq", "layers", "dtype", "attention", "causal")}
+    over = {k: getattr(a, k) for k in ("phase", "batch", "seq", "layers", "dtype", "attention", "causal",
+                                       "placement")}
     return load_workload(a.workload, over)
 
 
@@ -413,10 +417,16 @@ def cmd_compare(a) -> int:
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)
-    from archsim.run import emit_block
+    from archsim.run import emit_block, placement_for
 
+    opts.strict_placement = False       # --placement private applies to the machines with private segments
     for m in machines:
         emit_block(m, wl)  # every machine can run the workload, before any simulation starts
+    if wl.scenario.placement == "private":
+        for m in machines:
+            if placement_for(m, wl, strict=False) != "private":
+                print(f"note: {m.name} has no private segments (its memory is interleaved over every channel): "
+                      "it runs with placement cross", file=sys.stderr)
     results = []
     failed = False
     for m in machines:

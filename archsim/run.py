@@ -36,6 +36,9 @@ class RunOptions:
     max_cycles: int = 10**9
     seed: int = 0
     trace: bool = False            # keep per-block dispatch/retire cycles (report.trace)
+    # placement private on a machine without private segments: an error (run), or that machine
+    # runs cross and its result says so (compare, where the option is for the machines that have them)
+    strict_placement: bool = True
 
 
 def emit_block(machine, wl) -> list:
@@ -45,8 +48,30 @@ def emit_block(machine, wl) -> list:
     return emit(capabilities(machine), wl)
 
 
-def workload_record(wl) -> dict:
-    return wl.summary()
+def placement_for(machine, wl, strict: bool = True) -> str:
+    """The placement the workload's tensors get on this machine: the scenario's, except that a
+    machine without private segments (memory interleaved over every channel) has only cross
+    (InputError when ``strict``)."""
+    from archsim.engine.timing import check_placement
+
+    want = wl.scenario.placement
+    if want == "private" and not strict:
+        from archsim.engine.dram import segment_bytes
+
+        if segment_bytes(machine) <= 0:
+            return "cross"
+    check_placement(machine, want)
+    return want
+
+
+def workload_record(wl, placement: str | None = None) -> dict:
+    """The result's workload record; ``placement``: the one applied when it differs from the
+    scenario's (the scenario's then appears as ``placement_requested``)."""
+    rec = wl.summary()
+    if placement is not None and placement != rec["placement"]:
+        rec["placement_requested"] = rec["placement"]
+        rec["placement"] = placement
+    return rec
 
 
 def _distinct(kernels: list) -> list[tuple]:
@@ -61,14 +86,17 @@ def _distinct(kernels: list) -> list[tuple]:
     return [tuple(v) for v in seen.values()]
 
 
-def timing_args(machine, params: dict) -> dict:
-    """An emitted kernel's timing arguments: each tensor slot becomes address space shared by
-    every core (on Sunway: in the cross segment, see timing.shared_buffers)."""
-    from archsim.engine.timing import shared_buffers
+def timing_args(machine, params: dict, placement: str = "cross") -> dict:
+    """An emitted kernel's timing arguments: each tensor slot becomes address space. cross: shared
+    by every core (on Sunway: in the cross segment, see timing.shared_buffers); private: laid out
+    from the usual base, which every core group reaches in its own segment (memory.placed_addr)."""
+    from archsim.engine.timing import Unbacked, shared_buffers
     from archsim.workloads.emit.block import Slot
 
     slots = [p for p, v in params.items() if isinstance(v, Slot)]
-    placed = dict(zip(slots, shared_buffers(machine, [params[p].nbytes for p in slots])))
+    sizes = [params[p].nbytes for p in slots]
+    bufs = [Unbacked(int(n)) for n in sizes] if placement == "private" else shared_buffers(machine, sizes)
+    placed = dict(zip(slots, bufs))
     return {p: placed.get(p, v) for p, v in params.items()}
 
 
@@ -76,6 +104,7 @@ def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
     from archsim.sample import sampled_record
 
     t0 = time.perf_counter()
+    placement = placement_for(machine, wl, opts.strict_placement)
     kernels = emit_block(machine, wl)
     groups = _distinct(kernels)
     layers = wl.model.layers
@@ -84,13 +113,13 @@ def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
     for i, (k, n) in enumerate(groups):
         if progress:
             progress(i, len(groups), k.name)
-        args = timing_args(machine, k.params)
+        args = timing_args(machine, k.params, placement)
         try:
             rec = sampled_record(k.name, k.program, machine, k.launch, args, count=n * layers, flops=k.flops,
                                  model_flops=k.model_flops, waves=opts.waves, max_cycles=opts.max_cycles,
-                                 sample=opts.sample, trace=opts.trace)
+                                 sample=opts.sample, trace=opts.trace, placement=placement)
         except SimulationError as e:
-            done = result_doc(machine, workload_record(wl), recs, time.perf_counter() - t0, complete=False,
+            done = result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0, complete=False,
                               simulated_warp_instructions=simulated)
             e.partial_document = done
             raise
@@ -101,7 +130,7 @@ def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
         recs.append(rec)
     if progress:
         progress(len(groups), len(groups), "")
-    return result_doc(machine, workload_record(wl), recs, time.perf_counter() - t0,
+    return result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0,
                       simulated_warp_instructions=simulated)
 
 
@@ -259,7 +288,8 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
     block["tensors"] = finals
     wall = time.perf_counter() - t0
     doc = {"schema": "archsim.result/1", "complete": True, "mode": "functional",
-           "machine": {"name": machine.name}, "workload": workload_record(wl),
+           "machine": {"name": machine.name},
+           "workload": workload_record(wl, placement_for(machine, wl, opts.strict_placement)),
            "total": {"flops": sum(r["flops"] * r["count"] for r in recs),
                      "model_flops": sum(r["model_flops"] * r["count"] for r in recs),
                      "warp_instructions": sum(r["warp_instructions"] * r["count"] for r in recs)},
@@ -270,9 +300,10 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
 
 def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> dict:
     opts = opts or RunOptions()
+    placement_for(machine, wl, opts.strict_placement)   # a placement the machine lacks: before any run
     if opts.mode == "functional":
         return run_functional_block(machine, wl, opts, progress)
     return run_timing(machine, wl, opts, progress)
 
 
-__all__ = ["RunOptions", "emit_block", "run_workload", "totals"]
+__all__ = ["RunOptions", "emit_block", "placement_for", "run_workload", "totals"]

@@ -95,18 +95,20 @@ def _scale_memory(mem: dict, f: float) -> dict:
 
 
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
-                 max_cycles: int = 10**9, window_cycles: int = 1024, sample: bool = True) -> Sampled:
+                 max_cycles: int = 10**9, window_cycles: int = 1024, sample: bool = True,
+                 placement: str = "cross") -> Sampled:
     """Time a launch, sampling waves when it has more than ``waves + 1`` of them (see the module
-    docstring). ``sample=False`` simulates every block."""
+    docstring). ``sample=False`` simulates every block. ``placement``: see timing.time_kernel."""
     C = concurrency(prog, machine, launch)
     B = launch.blocks
     nwaves = -(-B // C)
     if not sample or waves < 3 or nwaves <= waves + 1:
-        t = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles)
+        t = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
+                           placement=placement)
         return Sampled(t, False, 0.0, nwaves, float(nwaves), t.warp_instructions)
     S = waves
     head = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
-                          blocks=(0, S * C))
+                          blocks=(0, S * C), placement=placement)
     done = np.sort(head.block_done)
     ends = [int(done[i * C - 1]) for i in range(1, S + 1)]
     dur = np.diff(np.array([0] + ends, np.float64))
@@ -130,11 +132,13 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
 
 def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict, *, count: int = 1,
                    flops: int | None = None, model_flops: int | None = None, waves: int = DEFAULT_WAVES,
-                   max_cycles: int = 10**9, sample: bool = True, trace: bool = False) -> dict:
+                   max_cycles: int = 10**9, sample: bool = True, trace: bool = False,
+                   placement: str = "cross") -> dict:
     """One ``kernels`` entry of archsim.result/1 for a launch, sampled when it is big. ``trace``
     adds ``block_trace``: dispatch and retire cycle and core of every simulated block (for
     archsim.report.trace)."""
-    s = time_sampled(prog, machine, launch, args, waves=waves, max_cycles=max_cycles, sample=sample)
+    s = time_sampled(prog, machine, launch, args, waves=waves, max_cycles=max_cycles, sample=sample,
+                     placement=placement)
     rec = kernel_record(name, machine, launch, s.timing, count=count, model_flops=model_flops, flops=flops,
                         sampled=s.sampled, sample_error_est=round(s.error_est, 5))
     rec["waves"] = s.waves_total

@@ -56,9 +56,11 @@ TRK_LOAD, TRK_CP = 0, 1
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
  M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_SLICE_HASH, M_SPH_BITS,
- M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_N) = range(35)
+ M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_PRIV_SEG, M_PER_GROUP, M_N) = range(37)
 # M_Q_L2D: per memory endpoint, the near-reply delay pipeline (L2 hits for SMs of the slice's own
 # half, DRAM replies without an L2); M_Q_L2F: the far-reply one (SMs of the other half)
+# M_PRIV_SEG: private placement (Sunway): the bytes of one private segment; a core of group g that
+# addresses [0, M_PRIV_SEG) reaches the same offset in g's own segment (0: addresses are physical)
 # M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
 # replies are taken off the fabric per group and handed to their core or DMA engine
 # clocks
@@ -120,7 +122,9 @@ def _dummy_cache():
     return CA.make_cache_state(1, 128, 128, 32, 1, 1, 1)
 
 
-def make_mstate(machine, TS) -> MState:
+def make_mstate(machine, TS, private: bool = False) -> MState:
+    """The memory side of a launch. ``private``: each core group's addresses below one segment
+    size are its own private segment (see ``placed_addr``); needs the segments address mapping."""
     from archsim.config import cores_total
 
     cores = cores_total(machine)
@@ -181,6 +185,12 @@ def make_mstate(machine, TS) -> MState:
     cfg[M_SPH_BITS] = max(1, (int(cfg[M_SPH]) - 1).bit_length())
     il_h, il_s = int(cfg[M_IL_HALF]), int(cfg[M_IL_SLICE])
     cfg[M_HALF_GRAN] = il_h // il_s if (l2c is not None and l2c.halves > 1 and il_h % il_s == 0) else 0
+    if private:
+        seg = DR.segment_bytes(machine)
+        if seg <= 0:
+            raise ValueError(f"{machine.name}: private placement needs the segments address mapping")
+        cfg[M_PRIV_SEG] = seg
+    cfg[M_PER_GROUP] = machine.cores.per_group
     nodes = np.full((4, max(cores, nmem)), -1, np.int32)
     grouped = len(fab.req_core) != cores  # Sunway: one fabric node per core group
     core_node = np.arange(cores) // machine.cores.per_group if grouped else np.arange(cores)
@@ -245,6 +255,19 @@ def frontend_capacity(machine) -> int:
 
 
 # ----------------------------------------------------------------------------- helpers
+@njit(cache=True)
+def placed_addr(cfg, core, addr):
+    """The physical address of global address `addr` issued by `core`. Private placement (Sunway,
+    M_PRIV_SEG > 0): each core group runs as its own process whose buffers sit at the same offsets
+    of its own private segment (inputs replicated or sharded per group, the usual one-rank-per-CG
+    layout), so an address below the segment size lands in the issuing group's segment; other
+    addresses (the cross segment) and every address under the cross placement are physical."""
+    seg = cfg[M_PRIV_SEG]
+    if seg > 0 and addr < seg:
+        return addr + (core // cfg[M_PER_GROUP]) * seg
+    return addr
+
+
 @njit(cache=True)
 def _slice_of(MS, addr):
     """The memory-side endpoint of an address: its L2 slice, or without an L2 the controller of
@@ -526,7 +549,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             _pop_mio(MS, core)
             return
     k = e[E_IDX]
-    line = MS.mio_lines[core, i, k]
+    line = placed_addr(cfg, core, MS.mio_lines[core, i, k])
     m = MS.mio_masks[core, i, k]
     sb = cfg[M_SECTOR]
     qm = cfg[M_Q_MISS] + core
@@ -881,6 +904,7 @@ def _dma_engines(MS, TS, now):
                 break
             addr, n = DM.dma_piece(DMs, e, slot)
             d = DMs.desc[e, slot]
+            addr = placed_addr(MS.cfg, d[DM.DD_CORE], addr)
             put = d[DM.DD_PUT] != 0
             r = req_alloc(R, addr, n, KIND_WRITE if put else KIND_READ, d[DM.DD_CORE], TAG_DMA, now)
             if r < 0:

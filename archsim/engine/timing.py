@@ -153,13 +153,39 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
     return regs_per_warp, prog.shared_bytes
 
 
+PLACEMENTS = ("cross", "private")
+
+
+def check_placement(machine, placement: str, end: int | None = None, kernel: str = "") -> bool:
+    """True for the private placement, False for cross; InputError when the machine has no private
+    segments for it, or when the buffers (up to address `end`) do not fit one segment."""
+    from archsim.engine.dram import segment_bytes
+
+    if placement not in PLACEMENTS:
+        raise InputError("placement", repr(placement), "private or cross")
+    if placement == "cross":
+        return False
+    seg = segment_bytes(machine)
+    if seg <= 0:
+        raise InputError("placement", f"private: {machine.name} has no private segments (its memory is "
+                         "interleaved over every channel)", "cross, or a machine with a segments address mapping")
+    if end is not None and end > seg:
+        raise InputError("placement", f"private: the buffers of kernel {kernel} end at {end:#x}, beyond one "
+                         f"private segment of {seg:#x} bytes", "cross, or smaller buffers (batch, seq)")
+    return True
+
+
 def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9,
                 skip: bool = True, window_cycles: int = 1024,
-                blocks: tuple[int, int] | None = None, base: int | None = None) -> MA.KernelTiming:
+                blocks: tuple[int, int] | None = None, base: int | None = None,
+                placement: str = "cross") -> MA.KernelTiming:
     """Time `launch` of `prog`. `blocks` = (first, end) runs only that range of the launch's blocks
     (they keep their grid ids and so their addresses): wave sampling (archsim.sample) uses it.
     `base`: the global address the buffers are laid out from (default GLOBAL_BASE; see _place;
-    on a Sunway ``dram.cross_base(machine)`` puts every buffer in the cross segment)."""
+    on a Sunway ``dram.cross_base(machine)`` puts every buffer in the cross segment).
+    `placement` "private" (machines with private segments): every core group sees the buffers at
+    their laid-out addresses in its own segment (memory.placed_addr), so they must lie below one
+    segment's size; "cross" (default): addresses are physical."""
     from archsim.config.derived import capabilities
 
     check(prog, capabilities(machine))
@@ -170,13 +196,14 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     C = K.make_core_cfg(machine, scratch)
     cores = int(C.v[K.C_CORES])
     placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks, base)
+    private = check_placement(machine, placement, int(S.geom[X.G_GBASE] + S.geom[X.G_VSIZE]), prog.name)
     first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
     if not 0 <= first < end <= launch.blocks:
         raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
                          f"a non-empty range within the launch's {launch.blocks} blocks")
     TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end)
     Dd = D.decode(prog, machine)
-    MS = M.make_mstate(machine, TS)
+    MS = M.make_mstate(machine, TS, private)
     out = np.zeros(5, np.int64)
     TL, tlk = MA.make_timeline(window_cycles)
     MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)

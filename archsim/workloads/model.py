@@ -73,6 +73,11 @@ class Scenario(_Frozen):
     causal: Bool
     dtype: Literal["fp16", "bf16", "fp32"]
     attention: Literal["fused", "unfused"]    # fused (flash) | unfused (scores through DRAM)
+    # where the tensors live on a machine with private memory segments (Sunway): cross = one shared
+    # address space interleaved over every memory controller; private = each core group runs as its
+    # own process with its tensors (weights replicated, activations its share) in its own segment.
+    # Machines whose memory is interleaved over all channels (GPUs) have only cross.
+    placement: Literal["cross", "private"] = "cross"
 
 
 class Workload(_Frozen):
@@ -107,7 +112,8 @@ class Workload(_Frozen):
         """The result JSON's ``workload`` record (CONTRACT: name, phase, batch, seq, layers, ...)."""
         m, sc = self.model, self.scenario
         return {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
-                "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "hidden": m.hidden,
+                "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,
+                "hidden": m.hidden,
                 "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
                 "activation": m.activation, "norm": m.norm}
 
@@ -123,6 +129,7 @@ OVERRIDES = {
     "dtype": (("scenario", "dtype"), "--dtype"),
     "attention": (("scenario", "attention"), "--attention"),
     "causal": (("scenario", "causal"), "--causal"),
+    "placement": (("scenario", "placement"), "--placement"),
 }
 
 
@@ -229,7 +236,7 @@ def validate_workload(data: Any, label: str = "<workload>", overrides: Optional[
 
 def load_workload(name_or_path: str, overrides: Optional[Mapping[str, Any]] = None) -> Workload:
     """Resolve a built-in name or a path, read the YAML, apply command-line scenario overrides
-    (keys: phase, batch, seq, layers, dtype, attention, causal; a ``None`` value means "not
+    (keys: phase, batch, seq, layers, dtype, attention, causal, placement; a ``None`` value means "not
     given"), validate. Every problem is one ``InputError``."""
     path = resolve_workload(name_or_path)
     label = path.name if "/" not in str(name_or_path) and path.parent == data_dir("workloads") else str(name_or_path)
