@@ -62,7 +62,7 @@ def state_arrays(N):
             out[name] = v[:, :M.BT_SLEEP]
         elif name == "clk":
             out[name] = v[:M.C_STAMP]
-        elif name in ("bw", "bc"):
+        elif name in ("bw", "bc", "ls"):
             continue
         else:
             out[name] = v

@@ -135,6 +135,8 @@ class NocState(NamedTuple):
     pfree: np.ndarray        # int32 [P]
     bw: np.ndarray           # int32 [B, lookahead + 1] links a sleeping port's packets want (BT_SLEEP)
     bc: np.ndarray           # int32 [B, lookahead + 1, 2] (buffer, flits) its packets wait credits of
+    ls: np.ndarray           # int32 [2, Lk] step scratch: links of the group wanted (or granted) this
+                             # step; links offered a packet in this offer round
     link_names: np.ndarray   # uint8 [Lk, 40] NUL padded
     node_names: np.ndarray   # uint8 [nodes, 40]
 
@@ -252,26 +254,23 @@ def noc_step(N, now):
     look = N.par[P_LOOK]
     iters = 1 if look == 0 else LOOK_ITERS
     nrel = 0
+    ls = N.ls
     for g in range(N.par[P_GROUPS]):
         if gi[g, G_NPKT] == 0:
             continue
-        o0 = gi[g, G_OUT0]
-        no = gi[g, G_NOUT]
-        for j in range(no):
-            l = N.gout[o0 + j]
-            li[l, LI_WANT] = 0
-            li[l, LI_GOT] = 0
-            lt[l, LT_GAP] = 0
+        # The group's links are visited through two lists rather than all its outputs (a crossbar
+        # has ~100): ls[0] holds the links wanted (LI_WANT or LT_GAP > 0) or granted this step,
+        # whose counters are read and cleared at the end; ls[1] the links offered a packet in the
+        # current round (LI_CAND >= 0), cleared by the grants. Between steps every link has
+        # LI_WANT = LI_GOT = LT_GAP = 0 and LI_CAND = -1.
+        ntl = 0
         i0 = gi[g, G_IN0]
         nin = gi[g, G_NIN]
         for it in range(iters):
             # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
             # its window that can go); later iterations let ports that lost offer another packet
             # to an output still free (their own read port is busy once they sent)
-            for j in range(no):
-                l = N.gout[o0 + j]
-                li[l, LI_CAND] = -1
-                li[l, LI_DIST] = 1 << 30
+            ncl = 0
             offered = False
             for k in range(nin):
                 b = N.gin[i0 + k]
@@ -300,6 +299,9 @@ def noc_step(N, now):
                         if lo > gap_hi:
                             break
                         if gap_hi - lo + 1 > lt[l, LT_GAP]:
+                            if lt[l, LT_GAP] == 0 and li[l, LI_WANT] == 0:
+                                ls[0, ntl] = l
+                                ntl += 1
                             lt[l, LT_GAP] = gap_hi - lo + 1
                 if it == 0 and bt[b, BT_SLEEP] > now:
                     # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
@@ -313,7 +315,11 @@ def noc_step(N, now):
                             break
                     if bt[b, BT_SLEEP] > now:
                         for j in range(bi[b, BI_NWANT]):
-                            li[N.bw[b, j], LI_WANT] += 1
+                            l = N.bw[b, j]
+                            if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
+                                ls[0, ntl] = l
+                                ntl += 1
+                            li[l, LI_WANT] += 1
                         continue
                 stamp = _new_scan(N)
                 nw = 0                        # links wanted (iteration 0), for the port's sleep
@@ -332,6 +338,9 @@ def noc_step(N, now):
                             wake = e
                         break                 # packets arrive in order: the later ones are not here yet
                     if it == 0:
+                        if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
+                            ls[0, ntl] = l
+                            ntl += 1
                         li[l, LI_WANT] += 1
                         N.bw[b, nw] = l
                         nw += 1
@@ -352,6 +361,9 @@ def noc_step(N, now):
                     d = k - li[l, LI_RR] - 1
                     if d < 0:
                         d += nin
+                    if li[l, LI_CAND] < 0:
+                        ls[1, ncl] = l
+                        ncl += 1
                     if d < li[l, LI_DIST]:
                         li[l, LI_DIST] = d
                         li[l, LI_CAND] = k
@@ -362,12 +374,16 @@ def noc_step(N, now):
                     bi[b, BI_NCRED] = nc
             if not offered:
                 break
-            # grants: each output link takes the offer nearest after its last winner
-            for j in range(no):
-                l = N.gout[o0 + j]
+            # grants: each output link takes the offer nearest after its last winner (the grants
+            # of a round touch disjoint links, input ports and buffers: their order is immaterial)
+            for j in range(ncl):
+                l = ls[1, j]
                 k = li[l, LI_CAND]
-                if k < 0:
-                    continue
+                li[l, LI_CAND] = -1
+                li[l, LI_DIST] = 1 << 30
+                if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:   # a later round's offer: not yet listed
+                    ls[0, ntl] = l
+                    ntl += 1
                 li[l, LI_GOT] = 1
                 b = N.gin[i0 + k]
                 p = _take(Q, b, bi[b, BI_OFF])
@@ -404,12 +420,15 @@ def noc_step(N, now):
                     pi[p, PI_LINK] = N.route[bi[tb, BI_GRP], pi[p, PI_DST]]  # the link it wants next
         # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
         # credit, link busy); the skipped cycles before this one count as the gap says
-        for j in range(no):
-            l = N.gout[o0 + j]
+        for j in range(ntl):
+            l = ls[0, j]
             if has_gap:
                 lt[l, LT_BLOCKED] += lt[l, LT_GAP]
             if li[l, LI_WANT] > li[l, LI_GOT]:
                 lt[l, LT_BLOCKED] += 1
+            li[l, LI_WANT] = 0
+            li[l, LI_GOT] = 0
+            lt[l, LT_GAP] = 0
     for i in range(nrel):
         _occ_change(bi, bt, bi[i, BI_REL], -bi[i, BI_RELF], now + 1)
     N.clk[C_LAST] = now
@@ -695,6 +714,8 @@ class _Builder:
         li = np.zeros((Lk, 10), np.int32)
         for l, (grp, d0, d1, dl, w, _) in enumerate(self.links):
             li[l, [LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR]] = grp, d0, d1, dl, w, gi[grp, G_NIN] - 1
+        li[:, LI_CAND] = -1                    # no offer (noc_step restores these after each round)
+        li[:, LI_DIST] = 1 << 30
         ni = np.array([[n["router"], n["grp"], n["src"], n["ej"]] for n in self.nodes], np.int32).reshape(nn, 4)
         par = np.zeros(10, np.int64)
         par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK]] = \
@@ -707,7 +728,7 @@ class _Builder:
             li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
             pi=np.zeros((maxp, 7), np.int32), pt=np.zeros((maxp, 2), np.int64),
             pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
-            bc=np.zeros((B, self.look + 1, 2), np.int32),
+            bc=np.zeros((B, self.look + 1, 2), np.int32), ls=np.zeros((2, max(Lk, 1)), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
             node_names=_name_array([n["name"] for n in self.nodes]))
 
