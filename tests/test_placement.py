@@ -42,6 +42,7 @@ def test_private_placement_keeps_each_group_on_its_own_controller(capsys, tmp_pa
         assert code == 0, text + err
         docs[p] = json.loads(out.read_text())
         assert docs[p]["workload"]["placement"] == p and "placement_requested" not in docs[p]["workload"]
+        assert ("private placement" in text.splitlines()[0]) == (p == "private")
     cross = {k["name"]: k for k in docs["cross"]["kernels"]}
     for k in docs["private"]["kernels"]:
         assert k["bytes"]["dma"] > 0
@@ -92,6 +93,7 @@ def test_a_machine_without_private_segments(capsys, tmp_path):
                           "--layers", "1", "--placement", "private", "--json", str(out))
     assert code == 0, text + err
     assert "tiny-gpu has no private segments" in err and "tiny-sunway" not in err
+    assert "tiny-gpu: cross placement, tiny-sunway: private placement" in text.splitlines()[0]
     res = {r["machine"]["name"]: r["workload"] for r in json.loads(out.read_text())["results"]}
     assert res["tiny-gpu"]["placement"] == "cross" and res["tiny-gpu"]["placement_requested"] == "private"
     assert res["tiny-sunway"]["placement"] == "private" and "placement_requested" not in res["tiny-sunway"]

@@ -44,11 +44,17 @@ def _us(sec: float) -> str:
     return f"{us:,.1f}" if us < 1e5 else f"{us:,.0f}"
 
 
+def _placement(w: dict) -> str:
+    """', private placement' when the tensors sat in each core group's own segment (cross, the
+    default and a GPU's only layout, goes unsaid)."""
+    return ", private placement" if w.get("placement") == "private" else ""
+
+
 def run_table(result: dict) -> str:
     """kernel, count, cycles, time, TFLOP/s, DRAM GB/s, top stall; then the total."""
     w = result["workload"]
     lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']}, "
-             f"{w['attention']} attention) on {result['machine']['name']}",
+             f"{w['attention']} attention{_placement(w)}) on {result['machine']['name']}",
              f"{'kernel':<22} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
              f"{'sampled':>8}  top stall"]
     for k in result["kernels"]:
@@ -77,8 +83,10 @@ def compare_table(results: list[dict]) -> str:
     for r in results:
         m = r["machine"]["name"]
         head += f" | {m + ' time us':>16} {'TFLOP/s':>8} {'peak':>6} {'bound':>8}"
-    lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']})",
-             head]
+    placed = "".join(f", {r['machine']['name']}: {r['workload']['placement']} placement" for r in results
+                     if r["workload"].get("placement_requested") or r["workload"].get("placement") == "private")
+    lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']}"
+             f"{placed})", head]
     for n in names:
         row = f"{n:<22}"
         for r in results:
