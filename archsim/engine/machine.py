@@ -19,6 +19,7 @@ from archsim.engine import core as K
 from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import memory as M
+from archsim.engine import mpe as MP
 from archsim.engine.jit import njit
 from archsim.engine.ref import as_ptr
 
@@ -88,10 +89,12 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     now = np.int64(0)
     TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
+    MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
     nblocks = TS.k[3]
-    # a launch ends when its last block has retired and its stores have reached the L2 (the memory
-    # controller without one): the next kernel would see them there, as at a real kernel boundary
-    while TS.k[1] < nblocks or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
+    # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
+    # its stores have reached the L2 (the memory controller without one): the next kernel would
+    # see them there, as at a real kernel boundary
+    while TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe) or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
         TS.k[K.K_CUR] = -1  # memory events wake sub-cores for this cycle
@@ -99,8 +102,8 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         step_out[0] = 0
         step_out[2] = 0
         for c in range(cores):
-            if TS.core_blocks[c] == 0:
-                continue
+            if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
+                continue  # no block, or (Sunway) not launched yet
             for sb in range(nsub):
                 i = c * nsub + sb
                 if TS.wake[i] > now and not every:
@@ -126,7 +129,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
             elif t_mem < t:
                 t = t_mem
             if t >= K.INF:
-                if TS.k[1] < nblocks:
+                if TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe):
                     _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
                     return
             elif skip and t > nxt:
