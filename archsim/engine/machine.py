@@ -116,7 +116,10 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1
-        if step_out[0] == 0:
+        # the launch may have ended in this cycle without an issue (an MPE's join, stores drained):
+        # the loop stops at now + 1 as it would with skip off, never after a jump
+        ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS))
+        if step_out[0] == 0 and not ended:
             t = K.INF  # the first cycle a scheduler may issue
             for c in range(cores):
                 if TS.core_blocks[c] > 0:

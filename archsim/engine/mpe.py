@@ -165,6 +165,11 @@ def mpe_arrived(MP, TS, core, now):
     if now > gp[GP_LAST_START]:
         gp[GP_LAST_START] = now
     TS.launch_at[core] = now
+    mb = TS.bs_block.shape[0] // TS.core_blocks.shape[0]
+    for b in range(mb):  # its blocks start now (their dispatch at kernel start placed them)
+        blk = TS.bs_block[core * mb + b]
+        if blk >= 0:
+            TS.blk_start[blk] = now
     nsub = MP.cfg[MC_SUBCORES]
     for sb in range(nsub):
         TS.acct[core * nsub + sb] = now  # nothing to account before the launch
