@@ -7,6 +7,11 @@ scheduling"); a memory reply, a barrier, a freed MIO entry or a new block wakes 
 scheduler is due and the memory system has nothing due before some later cycle, the clock jumps
 there (skip-ahead). Sleeping warps keep their stall reasons and are accounted lazily, so results
 are identical with ``skip`` on or off (off: every scheduler every cycle, no jumps; tests check it).
+
+On a Sunway the blocks are placed at cycle 0 as on a GPU, but a CPE issues only from the cycle its
+MPE's launch message reaches it over the CPE mesh, and a launch ends when every MPE has taken its
+CPEs' completions (mpe.py); a launch that ends in a cycle without an issue stops at the next cycle,
+never after a jump.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ from archsim.engine.jit import njit
 FX = np.int64(1) << 16  # fixed point: one core cycle
 INF = np.int64(1) << 62
 
-# cfg fields: [0] groups that launch (0: no MPE model), spawn and join cost per CPE (core cycles,
-# fixed point), launch payload bytes, CPEs per group, cores subcores
+# cfg fields: groups (0: no MPE model), spawn and join cost per CPE (core cycles, fixed point),
+# launch payload bytes, CPEs per group, sub-cores per core
 MC_GROUPS, MC_SPAWN_FX, MC_JOIN_FX, MC_MSG_BYTES, MC_PER_GROUP, MC_SUBCORES, MC_N = range(7)
 # per group
 (GP_NODE, GP_NLAUNCH, GP_SENT, GP_ARRIVED, GP_TAKEN, GP_FREE_FX, GP_JOIN_AT, GP_FIRST_START, GP_LAST_START,
@@ -66,8 +66,6 @@ def make_mpe_state(machine, nsub: int = 1) -> MpeState:
         return MpeState(cfg=cfg, grp=np.zeros((1, GP_N), np.int64), order=np.full((1, 1), -1, np.int32),
                         arrive=np.zeros((1, 1), np.int64), start=np.full(ncores, -1, np.int64))
     G, per = machine.groups, machine.cores.per_group
-    m = machine.mesh
-    ncl = (m.rows // m.cluster_rows) * (m.cols // m.cluster_cols)
     ratio = machine.clock_ghz / mp.clock_ghz   # core cycles per MPE cycle
     cfg[MC_GROUPS] = G
     cfg[MC_SPAWN_FX] = int(round(mp.spawn_cycles_per_cpe * ratio * int(FX)))
@@ -82,7 +80,6 @@ def make_mpe_state(machine, nsub: int = 1) -> MpeState:
     grp[:, GP_FIRST_START] = -1
     grp[:, GP_LAST_START] = -1
     grp[:, GP_LAST_DONE] = -1
-    _ = ncl
     return MpeState(cfg=cfg, grp=grp, order=np.full((G, per), -1, np.int32), arrive=np.zeros((G, per), np.int64),
                     start=np.full(ncores, -1, np.int64))
 
