@@ -700,7 +700,9 @@ def micro_dma(machine, p: dict, out: MicroResult) -> float:
 def rma_kernel(direction: str, ldm_bytes: int) -> str:
     """CPE `src` (block src) moves `reps` transfers of `size` bytes to / from CPE `dst`, waiting
     for each (as a blocking athread RMA), between two %clock reads; every block then meets at
-    bar.grid so that the target stays resident while it is addressed."""
+    bar.grid so that the target stays resident while it is addressed. A first bar.grid starts the
+    timed loop after every block has started (on a Sunway the MPE's launch reaches the CPEs over
+    the mesh at different cycles: its messages stay out of the timed region)."""
     op = "rma.put [r2], [r2], r3, r11" if direction == "put" else "rma.get [r2], [r2], r3, r11"
     return f""".kernel rma_{direction}
 .shared {ldm_bytes}
@@ -709,6 +711,7 @@ def rma_kernel(direction: str, ldm_bytes: int) -> str:
 .param src
 .param dst
 .param reps
+        bar.grid
         s2r r0, %ctaid.x
         ldparam r10, src
         setp.ne.i64 p0, r0, r10

@@ -137,6 +137,8 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
     if "rma" in mem:
         rec["rma"] = dict(mem["rma"])
         rec["bytes"]["rma"] = int(b.get("rma", 0))
+    if "mpe" in mem:  # Sunway: the MPEs' launch and join of the CPEs (engine/mpe.py)
+        rec["mpe"] = dict(mem["mpe"])
     if "mesh" in mem:  # the CPE mesh (RMA and DMA broadcast traffic)
         ms = mem["mesh"]
         rec["mesh"] = {"link_util_mean": round(ms["link_util_mean"], 4), "link_util_max": round(ms["link_util_max"], 4),

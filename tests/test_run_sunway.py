@@ -77,6 +77,10 @@ def test_sunway_timing_uses_dma_and_every_controller(capsys, tmp_path):
         assert all(mc["gbps"] > 0 for mc in k["memory_controllers"]), k["name"]
     gemm = next(k for k in doc["kernels"] if k["name"] == "qkv")
     assert gemm["stalls"] and gemm["tflops"] > 0
+    for k in doc["kernels"]:  # the MPEs' launch and join of the CPEs (engine/mpe.py)
+        mp = k["mpe"]
+        assert mp["cpes_launched"] > 0 and mp["launch_cycles"] > 0 and mp["join_cycles"] > 0, k["name"]
+        assert mp["launch_cycles"] + mp["join_cycles"] < k["cycles"], k["name"]
 
 
 def test_compare_a_gpu_and_a_sunway_machine(capsys, tmp_path):

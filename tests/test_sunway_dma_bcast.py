@@ -125,6 +125,7 @@ BCAST = """.kernel k
         ldparam r3, n
         ldparam r11, tout
         mov.b64 r4, 0
+        bar.grid                        // every CPE launched (the MPE's launch reaches them apart)
         s2r r8, %clock
         dma.get.bcast.MODE [r4], [r1], r3
         dma.wait 0
@@ -224,7 +225,7 @@ def test_a_mode_the_machine_lacks_is_a_load_time_error():
     m = load_machine("tiny-sunway", sets=["dma.broadcast_modes=[row]"])
     with pytest.raises(InputError) as e:
         bcast_run(m, "column")
-    assert e.value.where == "k.s:18" and "dma.get.bcast.column" in str(e.value) and "row" in e.value.allowed
+    assert e.value.where == "k.s:19" and "dma.get.bcast.column" in str(e.value) and "row" in e.value.allowed
     bcast_run(m, "row")  # the mode it has runs
 
 
@@ -235,7 +236,7 @@ def test_participants_that_disagree_stop_with_the_core_and_instruction(sw):
             "n": 8, "quit": -1}
     with pytest.raises(SimulationError) as e:
         time_kernel(prog, sw, launch(16), args)
-    assert e.value.where == "k.s:19" and "core 1" in str(e.value) and "differ from those core 0" in str(e.value)
+    assert e.value.where == "k.s:20" and "core 1" in str(e.value) and "differ from those core 0" in str(e.value)
 
 
 def test_bad_strided_operands_are_faults(sw):

@@ -299,11 +299,25 @@ class Mesh(Frozen):
 
 
 class Mpe(Frozen):
-    """Sunway management core(s): a separate in-order core per group with its own clock and pipes."""
+    """Sunway management core(s): a separate in-order core per group with its own clock and pipes.
+
+    The launch model (archsim/engine/mpe.py): at kernel start the group's MPE (the first one when
+    ``per_group`` > 1) sends each CPE of its group that has work a launch message over the CPE mesh
+    from its port at cluster ``attach_cluster`` (header + ``launch_message_bytes``), one every
+    ``spawn_cycles_per_cpe`` MPE cycles; a CPE starts when its message has arrived. Each CPE sends
+    a completion (a header) back when it has no block left; the MPE takes one every
+    ``join_cycles_per_cpe`` MPE cycles, and the kernel ends when every MPE has taken all of its own.
+    MPE cycles are ``clock_ghz`` cycles (a clock domain of its own)."""
 
     per_group: PosInt
     clock_ghz: PosFloat
     pipes: Annotated[FMap[Text, Pipe], Field(min_length=1)]
+    # the launch / join model; optional with defaults so older files keep loading (choices: see
+    # configs/sw26010pro.yaml)
+    attach_cluster: tuple[NonNegInt, NonNegInt] = (0, 0)  # (cluster row, cluster col) of the mesh router of the MPE's port
+    launch_message_bytes: PosInt = 32                    # launch payload (entry, arguments, CPE id); the mesh header is extra
+    spawn_cycles_per_cpe: PosInt = 8                     # MPE cycles to issue one CPE's launch message
+    join_cycles_per_cpe: PosInt = 4                      # MPE cycles to take one CPE's completion
 
     @model_validator(mode="after")
     def _check(self):
@@ -541,6 +555,17 @@ class Machine(Frozen):
             if getattr(self, blk) is not None and self.mesh is None:
                 raise FieldError(blk, f"a {blk} block needs a mesh block (its engines are per cluster)",
                                  f"add mesh, or {blk}: null", ("mesh",))
+        if self.mpe is not None and self.mesh is not None:
+            if self.rma is None:
+                raise FieldError("mpe", "the MPE launches and joins the CPEs over the CPE mesh, whose links "
+                                 "the rma block describes", "add rma, or mpe: null", ("rma",))
+            m = self.mesh
+            crows, ccols = m.rows // m.cluster_rows, m.cols // m.cluster_cols
+            r, c = self.mpe.attach_cluster
+            if r >= crows or c >= ccols:
+                raise FieldError("mpe.attach_cluster", f"cluster ({r}, {c}) is not in the {crows}x{ccols} "
+                                 "clusters of the mesh", f"row 0..{crows - 1}, col 0..{ccols - 1}",
+                                 ("mesh.rows", "mesh.cols"))
         mc = self.memory_controllers
         if self.dram.channels % mc.count:
             raise FieldError("dram.channels", f"dram.channels {self.dram.channels} is not a multiple of "

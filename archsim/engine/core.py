@@ -64,6 +64,8 @@ class TState(NamedTuple):
     wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
     acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
     mem_wait: np.ndarray     # int8  [cores] a warp found the SM's MIO queue or trackers full
+    launch_at: np.ndarray    # int64 [cores] cycle the core may start issuing (Sunway: its MPE launch
+                             # message arrived, engine/mpe.py; K.INF until then; 0 on a GPU)
     # block slots
     bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
     bs_alive: np.ndarray     # int32 warps not exited
@@ -138,6 +140,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int8),
+        launch_at=np.zeros(cores, np.int64),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
         bs_nwarps=np.zeros(cores * mb, np.int32), core_warps=np.zeros(cores, np.int32),
@@ -491,6 +494,8 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             TS.bs_alive[bs] -= 1
             if TS.bs_alive[bs] == 0:
                 _retire_block(C, TS, S, TS.slot_block[w], now)
+                if TS.core_blocks[core] == 0 and TS.k[0] >= TS.k[3]:
+                    mem_core_done(MS, TS, core, now)  # no block left: a Sunway CPE tells its MPE
     elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
         # memory instructions: the memory system books them and marks results ready later
         if mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
@@ -606,4 +611,4 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
 
 
 # memory.py imports this module; its functions are resolved when numba compiles the callers
-from archsim.engine.memory import mem_can_issue, mem_issue  # noqa: E402
+from archsim.engine.memory import mem_can_issue, mem_core_done, mem_issue  # noqa: E402

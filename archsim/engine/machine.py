@@ -7,6 +7,11 @@ scheduling"); a memory reply, a barrier, a freed MIO entry or a new block wakes 
 scheduler is due and the memory system has nothing due before some later cycle, the clock jumps
 there (skip-ahead). Sleeping warps keep their stall reasons and are accounted lazily, so results
 are identical with ``skip`` on or off (off: every scheduler every cycle, no jumps; tests check it).
+
+On a Sunway the blocks are placed at cycle 0 as on a GPU, but a CPE issues only from the cycle its
+MPE's launch message reaches it over the CPE mesh, and a launch ends when every MPE has taken its
+CPEs' completions (mpe.py); a launch that ends in a cycle without an issue stops at the next cycle,
+never after a jump.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from archsim.engine import core as K
 from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import memory as M
+from archsim.engine import mpe as MP
 from archsim.engine.jit import njit
 from archsim.engine.ref import as_ptr
 
@@ -88,10 +94,12 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     now = np.int64(0)
     TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
+    MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
     nblocks = TS.k[3]
-    # a launch ends when its last block has retired and its stores have reached the L2 (the memory
-    # controller without one): the next kernel would see them there, as at a real kernel boundary
-    while TS.k[1] < nblocks or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
+    # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
+    # its stores have reached the L2 (the memory controller without one): the next kernel would
+    # see them there, as at a real kernel boundary
+    while TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe) or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
         TS.k[K.K_CUR] = -1  # memory events wake sub-cores for this cycle
@@ -99,8 +107,8 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         step_out[0] = 0
         step_out[2] = 0
         for c in range(cores):
-            if TS.core_blocks[c] == 0:
-                continue
+            if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
+                continue  # no block, or (Sunway) not launched yet
             for sb in range(nsub):
                 i = c * nsub + sb
                 if TS.wake[i] > now and not every:
@@ -113,7 +121,10 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1
-        if step_out[0] == 0:
+        # the launch may have ended in this cycle without an issue (an MPE's join, stores drained):
+        # the loop stops at now + 1 as it would with skip off, never after a jump
+        ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS))
+        if step_out[0] == 0 and not ended:
             t = K.INF  # the first cycle a scheduler may issue
             for c in range(cores):
                 if TS.core_blocks[c] > 0:
@@ -126,7 +137,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
             elif t_mem < t:
                 t = t_mem
             if t >= K.INF:
-                if TS.k[1] < nblocks:
+                if TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe):
                     _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
                     return
             elif skip and t > nxt:

@@ -35,6 +35,7 @@ from archsim.engine import decode as D
 from archsim.engine import dma as DM
 from archsim.engine import dram as DR
 from archsim.engine import execute as X
+from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
 from archsim.engine.jit import njit
@@ -76,6 +77,8 @@ TAG_BCAST = -(1 << 28)   # a broadcast piece hop to a cluster port (aux0 = its t
 TAG_RMA_REQ = -(1 << 27)  # an RMA piece to its target CPE (kind WRITE: put data; READ: get request;
                           # aux0 = engine * RCAP + slot, src = engine)
 TAG_RMA_RESP = -(1 << 26)  # its answer back to the engine (get data, put ack)
+TAG_MPE_LAUNCH = -(1 << 25)  # an MPE's launch message to a CPE (addr = the CPE's node, src = group; mpe.py)
+TAG_MPE_DONE = -(1 << 24)    # a CPE's completion to its MPE (a header; src = group)
 # MState.mk: scalars: the CPE mesh's; MK_STORES: core stores not yet accepted by their memory-side
 # endpoint (L2 slice, or the controller's queue without an L2): a launch ends when they are
 MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_N = range(9)
@@ -115,6 +118,7 @@ class MState(NamedTuple):
     rma: RM.RmaState         # RMA engines (none on a GPU)
     mesh: NC.NocState        # the CPE meshes of all core groups (noc.make_cpe_meshes; a stub without one)
     obox: Queues             # per mesh node: packets waiting to enter the mesh (request ids)
+    mpe: MPE.MpeState        # the MPEs' launch and join (inactive on a GPU)
     mk: np.ndarray           # int64 [MK_N]
 
 
@@ -205,20 +209,25 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     dma = DM.make_dma_state(machine, TS.wst if TS is not None else None)
     rma = RM.make_rma_state(machine)
     mk = np.zeros(MK_N, np.int64)
+    mpe = MPE.make_mpe_state(machine, machine.cores.subcores)
+    n_mpe = machine.groups if mpe.cfg[MPE.MC_GROUPS] > 0 else 0
     if machine.rma is not None and machine.mesh is not None:
         mesh = NC.make_cpe_meshes(machine)
         m = machine.mesh
         ncl = (m.rows // m.cluster_rows) * (m.cols // m.cluster_cols)
-        mk[MK_ON], mk[MK_CORES], mk[MK_NODES] = 1, cores, cores + machine.groups * ncl
+        mk[MK_ON], mk[MK_CORES], mk[MK_NODES] = 1, cores, cores + machine.groups * ncl + n_mpe
         mk[MK_NCL], mk[MK_CCOLS], mk[MK_PER_GROUP] = ncl, m.cols // m.cluster_cols, machine.cores.per_group
         # outboxes never refuse (a node must always take what the mesh delivers to it): a CPE answers
         # at most every RMA piece of its group in flight; a cluster port sends its own RMA pieces and
         # up to 4 hops for every broadcast piece of its group in flight
         rma_fly = ncl * machine.rma.engines_per_cluster * machine.rma.max_inflight
         dma_fly = ncl * machine.dma.engines_per_cluster * machine.dma.max_inflight if machine.dma is not None else 0
-        obox = make_queues([rma_fly + 8] * cores + [4 * dma_fly + rma_fly + 8] * (machine.groups * ncl))
+        # (+ a CPE's completion to its MPE; an MPE port holds at most its group's launch messages)
+        obox = make_queues([rma_fly + 9] * cores + [4 * dma_fly + rma_fly + 8] * (machine.groups * ncl)
+                           + [machine.cores.per_group + 8] * n_mpe)
         mesh_reqs = int(rma.cfg[RM.RC_ENGINES]) * machine.rma.max_inflight + \
-            int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight * ncl if machine.dma is not None else 0)
+            int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight * ncl if machine.dma is not None else 0) + \
+            2 * cores * int(n_mpe > 0)  # a launch message and a completion per CPE
     else:
         mesh = NC.make_mesh(1, 1, 8, 1, 1)
         obox = make_queues([1])
@@ -240,7 +249,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
-        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mk=mk)
+        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk)
 
 
 def frontend_capacity(machine) -> int:
@@ -975,7 +984,7 @@ def _mesh_wire_bytes(R, r):
     """Bytes a mesh packet puts on the links: a header, plus data where it carries some."""
     t = R.tag[r]
     if t == TAG_BCAST or (t == TAG_RMA_REQ and R.kind[r] == KIND_WRITE) or \
-            (t == TAG_RMA_RESP and R.kind[r] == KIND_READ):
+            (t == TAG_RMA_RESP and R.kind[r] == KIND_READ) or t == TAG_MPE_LAUNCH:
         return HEADER_BYTES + R.nbytes[r]
     return HEADER_BYTES
 
@@ -995,6 +1004,13 @@ def _mesh_deliver(MS, TS, node, r, now):
         MS.bytes[BY_DMA] += DM.dma_bcast_land(MS.dma, TS, e, slot, cl, R.nbytes[tok], now)
         _bcast_forward(MS, tok, e, slot, cl)
         _bcast_token_done(MS, TS, tok, now)
+    elif t == TAG_MPE_LAUNCH:  # at the CPE: it may start
+        req_free(R, r)
+        MPE.mpe_arrived(MS.mpe, TS, node, now)
+    elif t == TAG_MPE_DONE:    # at the MPE's port
+        g = R.src[r]
+        req_free(R, r)
+        MPE.mpe_done_arrived(MS.mpe, g, now)
     elif t == TAG_RMA_REQ:
         # the target's LDM takes the data (put) or reads it (get) and answers the engine
         R.tag[r] = TAG_RMA_RESP
@@ -1037,6 +1053,39 @@ def _rma_engines(MS, TS, now):
 
 
 @njit(cache=True)
+def _mpe_cycle(MS, TS, now):
+    """One core cycle of every launching MPE: the launch messages its spawn loop has finished go
+    to its port's outbox; it takes the completions that have arrived (mpe.py)."""
+    MP = MS.mpe
+    R = MS.R
+    Q = MS.obox
+    for g in range(MP.cfg[MPE.MC_GROUPS]):
+        node = MP.grp[g, MPE.GP_NODE]
+        while True:
+            c = MPE.mpe_launch_ready(MP, g, now)
+            if c < 0 or Q.count[node] >= Q.cap[node]:
+                break
+            r = req_alloc(R, c, MP.cfg[MPE.MC_MSG_BYTES], KIND_WRITE, g, TAG_MPE_LAUNCH, now)
+            if r < 0:
+                break
+            MPE.mpe_launch_sent(MP, g, now)
+            _obox_push(MS, node, r)
+        MPE.mpe_take(MP, g, now)
+
+
+@njit(cache=True)
+def mem_core_done(MS, TS, core, now):
+    """Core `core` retired its last block (called at issue): on a Sunway its completion goes to its
+    group's MPE over the mesh; nothing on a GPU."""
+    MP = MS.mpe
+    if MP.cfg[MPE.MC_GROUPS] == 0:
+        return
+    g = MPE.mpe_core_done(MP, core, now)
+    r = req_alloc(MS.R, MP.grp[g, MPE.GP_NODE], 0, KIND_WRITE, g, TAG_MPE_DONE, now)
+    _obox_push(MS, core, r)  # the request table holds one completion per CPE (make_mstate)
+
+
+@njit(cache=True)
 def _mesh_cycle(MS, TS, now):
     """One core cycle of the CPE mesh: take what arrived at every node, let the RMA engines send,
     put what waits in the outboxes on the mesh, step it."""
@@ -1053,6 +1102,8 @@ def _mesh_cycle(MS, TS, now):
                 _mesh_deliver(MS, TS, node, r, now)
     if MS.rma.cfg[RM.RC_ENGINES] > 0:
         _rma_engines(MS, TS, now)
+    if MS.mpe.cfg[MPE.MC_GROUPS] > 0:
+        _mpe_cycle(MS, TS, now)
     if MS.mk[MK_QUEUED] > 0:
         for node in range(nn):
             while Q.count[node] > 0:
@@ -1069,6 +1120,10 @@ def _mesh_cycle(MS, TS, now):
 def _mesh_next_event(MS, now):
     """The next core cycle at which the mesh or the RMA engines can change anything (K.INF)."""
     t = RM.rma_next_event(MS.rma, now) if MS.rma.cfg[RM.RC_ENGINES] > 0 else K.INF
+    if MS.mpe.cfg[MPE.MC_GROUPS] > 0:
+        u = MPE.mpe_next_event(MS.mpe, now)
+        if u < t:
+            t = u
     if MS.mk[MK_QUEUED] > 0:
         return now + 1
     N = MS.mesh
@@ -1180,7 +1235,8 @@ def mem_idle(MS):
     for core in range(MS.cfg[M_CORES]):
         if MS.mio_count[core] > 0:
             return False
-    return not DM.dma_busy(MS.dma) and not RM.rma_busy(MS.rma) and MS.mk[MK_QUEUED] == 0 and NC.noc_idle(MS.mesh)
+    return not DM.dma_busy(MS.dma) and not RM.rma_busy(MS.rma) and MS.mk[MK_QUEUED] == 0 and NC.noc_idle(MS.mesh) \
+        and not MPE.mpe_busy(MS.mpe)
 
 
 @njit(cache=True)
@@ -1249,4 +1305,6 @@ def mem_counters(MS, cycles: int) -> dict:
         out["rma"] = RM.rma_counters(MS.rma)
     if MS.mk[MK_ON]:
         out["mesh"] = NC.noc_counters(MS.mesh, max(int(cycles), 1))
+    if MS.mpe.cfg[MPE.MC_GROUPS] > 0:
+        out["mpe"] = MPE.mpe_counters(MS.mpe)
     return out

@@ -922,7 +922,8 @@ def make_cpe_meshes(machine) -> NocState:
     between groups): router g * clusters + k is cluster k of group g (row-major over the
     clusters); node c is CPE c (global core id, at its cluster's router) and node
     cores + g * clusters + k the cluster's engine port (its DMA and RMA engines send and receive
-    there). XY routing inside a group; a destination in another group is unreachable (route -1:
+    there), then, with an ``mpe`` block, node cores + G * clusters + g group g's MPE port at the
+    router of ``mpe.attach_cluster``. XY routing inside a group; a destination in another group is unreachable (route -1:
     the RMA engine never sends there). Parameters from cpe_mesh_params."""
     m = machine.mesh
     if m is None or machine.rma is None:
@@ -949,6 +950,10 @@ def make_cpe_meshes(machine) -> NocState:
         bld.node(f"cpe{c}", g * ncl + cl)
     for r in range(G * ncl):
         bld.node(f"eng.{rnames[r]}", r)
+    if machine.mpe is not None:  # each group's MPE port, at its attach cluster's router (engine/mpe.py)
+        ar, ac = machine.mpe.attach_cluster
+        for g in range(G):
+            bld.node(f"mpe.cg{g}", g * ncl + ar * ccols + ac)
 
     def next_link(r, d):
         if r // ncl != d // ncl:
