@@ -63,11 +63,19 @@ and O columns (OT[.][i]), and the 32 partial softmaxes are merged at the end by 
 then the rescaled sums and O columns). A K and a V block are one strided get each, packed, and
 are transposed (skewed, below) to fp32 K^T, V^T [d][Bc] so that one vector load gives 32 keys'
 element k; Q is broadcast from the LDM. Bc is the largest of 128, 64, 32 that fits; where none
-does (d 128 on a 64 KiB LDM) the row kernel runs instead. The KV length is split over the lanes,
-not over CPEs: merging partial (m, l, O) across CPEs needs atomics (the ISA has none), a workspace
-buffer and a second kernel (the composer's attention op is one kernel over Q, K, V, O), or RMA /
-bar.grid (RMA has no timing model yet; bar.grid needs the whole grid resident). So decode keeps
-batch*heads CPEs busy.
+does (d 128 on a 64 KiB LDM) the row kernel runs instead.
+
+Split-KV decode (``split_kv_attention_kernel``, the GPU family's Flash-Decoding interface and
+kernel object): batch*heads CPEs alone leave most of the chip idle and stream the whole cache
+through a few DMA engines and ring stops, so when batch*heads < cores the cache is cut into
+``splits`` chunks of ``chunk`` blocks (``sunway_kv_splits``: the largest chunk that still gives
+every CPE a block) and two kernels run: ``attn.split``, the decode program above over chunk x of
+the cache (grid (splits, heads, batch)), writing its f32 O normalised by its own sum and the sum's
+log-sum-exp to Opart [batch, heads, splits, 1, d] / LSEpart [batch, heads, splits, 1]; and
+``attn.combine`` (``_emit_combine``, a CPE per (batch, head)): one get of the row's LSEs, one of
+its partials, O = sum_s w_s O_s / sum_s w_s with w_s = e^(LSE_s - max LSE) (lane L holding
+columns E L .. E L + E - 1), one put of O (and LSE with with_lse). The partials stay f32, so the
+combine rounds once, as the whole-row kernel does. At most SPLITS_MAX partials a row (its LDM).
 
 DMA and LDM layout. The rows of one head are kv_ld (q_ld, o_ld) elements apart in memory, so a
 plain dma.get moves one row: 2 Bc descriptors a K/V block, and an engine's FIFO holds 8 until
@@ -82,14 +90,18 @@ x = (i >> 1) & 7, for t = 0..7, so a v2 (8-byte) load of 8 lanes touches 4 banks
 wavefronts for 256 B), while lanes 2j, 2j+1 (same x) store into one 8-B word of a K^T / QT row and
 lanes j, j+16 into two rows of one bank (2 wavefronts a 32-lane store, the minimum for 128 B):
 as few wavefronts per element as the padded rows gave, with no padding and no extra bytes.
-Without the skew a one-CPE sw26010pro decode (1025 keys, d 64) takes 99.9 k cycles, with it 74.8 k.
 
-Where decode time goes now: one CPE's blocks are compute-bound (the transposes, the fp32 score and
-PV fmas at 8 lanes a cycle, ~8.3 k cycles a 128-key block against ~2.2 k of DMA), and a full
-decode grid is bound by the ring: the blocks of a launch fill CPEs 0, 1, ... in order, so
-gpt2-small b8 (96 CPEs) runs in core groups 0 and 1 and every reply of the cross segment (the
-cache interleaved over all 6 controllers) enters those two ring stops (the response link into
-CG 0 ~57% busy, the head-of-line limit of the ring model): ~18.5 B/cycle (~50 GB/s) in all.
+Where decode time goes now. One CPE's blocks are compute-bound: a 128-key d 64 block is ~8.3 k
+cycles of transposes and fp32 score / PV fmas (8 lanes a cycle) against ~2.5 k of DMA (a one-CPE
+decode of 1025 keys on sw26010pro: 235 k cycles with row gets, 103 k with strided gets and an
+unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch fills CPEs 0, 1, ...
+in order, so gpt2-small b8's 96 whole-row CPEs sit in core groups 0 and 1 and every reply of the
+cross segment (the cache interleaved over all 6 controllers) enters those two ring stops (the
+response link into CG 0 ~57% busy, the ring model's head-of-line limit): ~50 GB/s with strided
+gets, no better than the row gets' descriptor limit. Split-KV spreads the stream over 5 core
+groups' engines and stops (gpt2-small b8: 5 splits, 480 CPEs' worth, ~115 GB/s); what is left is
+the cross-segment ring congestion (~125 GB/s modelled for all six groups; config comment) and the
+last wave's imbalance.
 
 ``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
 """
@@ -103,11 +115,12 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import (LN2, LOG2E, LSE_PARAMS, PARAMS, AttentionKernel, causal_pairs,
-                                                  check_attention_args)
+from archsim.workloads.emit.attention_gpu import (COMBINE_PARAMS, LN2, LOG2E, LSE_PARAMS, PARAMS, SPLIT_PARAMS,
+                                                  AttentionKernel, AttentionPart, SplitAttentionKernel, causal_pairs,
+                                                  check_attention_args, combine_flops)
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
 
-__all__ = ["flash_attention_kernel"]
+__all__ = ["flash_attention_kernel", "split_kv_attention_kernel", "sunway_kv_splits"]
 
 BR = 32                        # query rows per CPE: one per lane
 LANES = 32
@@ -130,6 +143,7 @@ class _Cfg:
     c: float            # scale * log2(e)
     lse: bool = False
     nch: int = 1        # chunks of 32 query rows a CPE owns (row kernel)
+    split: bool = False  # decode over one chunk of the cache (grid.x = split) into f32 workspaces
 
 
 def _layout(dtype: str, d: int, Bc: int, nch: int = 1) -> dict:
@@ -719,8 +733,8 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     es, RB, OT, RAW, KT, VT = L["es"], L["RB"], L["OT"], L["RAW"], L["KT"], L["VT"]
     f32 = c.dtype == "fp32"
     KTR = 4 * Bc                                      # bytes of a KT / VT row (one k, all keys)
-    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_lse' if c.lse else ''}"
-    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_split' if c.split else ('_lse' if c.lse else '')}"
+    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
     qa0, bq, hd, t1, t2, rbn, lane = (a.reg() for _ in range(7))
     a("s2r", lane, "%tid.x")
     a("shl.b64", qa0, lane, 2)
@@ -783,11 +797,23 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("ldparam", Lk, "kv_len")
     kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
     a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
-    klim, ntl = a.reg(), a.reg()
-    a("sub.i64", klim, Lk, 1)
-    a("add.i64", ntl, Lk, Bc - 1)
+    klim, ntl, key = a.reg(), a.reg(), a.reg()
+    if c.split:                                       # keys key .. klim: chunk x of chunk*Bc keys
+        a("ldparam", t1, "chunk")
+        a("shl.b64", t1, t1, _log2(Bc))
+        a("s2r", key, "%ctaid.x")
+        a("mul.i64", key, key, t1)
+        a("add.i64", t1, t1, key)
+        a("min.i64", t1, t1, Lk)
+        a("sub.i64", klim, t1, 1)
+    else:
+        a("mov.b64", key, 0)
+        a("sub.i64", klim, Lk, 1)
+    a("sub.i64", ntl, klim, key)
+    a("add.i64", ntl, ntl, Bc)
     a("shr.u64", ntl, ntl, _log2(Bc))
-    a("shl.b64", ntl, ntl, _log2(Bc))                # keys of the blocks run
+    a("shl.b64", ntl, ntl, _log2(Bc))
+    a("add.i64", ntl, ntl, key)                       # the end of the blocks run (keys)
     a.free(Lk, one)
 
     pair = a.reg(2)                                   # a strided get's block size and stride
@@ -809,8 +835,6 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("mad.i64", g, first_key, pair + 1, gv)
         a("dma.get.s", Mem(t2, Bc * RB), Mem(g, 0), cnt, pair)
 
-    key = a.reg()
-    a("mov.b64", key, 0)
     kv_block(key)
     m, l = a.reg(), a.reg()
     a("mov.f32", m, -1e30)                            # finite: a lane whose keys are all masked stays exact
@@ -932,41 +956,179 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("add.f32", l, l, x)
     p0 = a.pred()
     a("setp.eq.i64", p0, lane, 0)
-    if c.lse:
+    of32 = f32 or c.split                             # split: the partial O in f32, normalised by its own sum
+    LSEB = RAW + (4 * d if c.split else RB)           # the staged log-sum-exp, after the staged O row
+    if c.split:                                       # workspace slot (b*heads + head)*splits + split
+        slot = a.reg()
+        a("s2r", t1, "%nctaid.y")
+        a("mad.i64", slot, bq, t1, hd)
+        a("s2r", t1, "%nctaid.x")
+        a("s2r", t2, "%ctaid.x")
+        a("mad.i64", slot, slot, t1, t2)
+    if c.lse or c.split:
         a("lg2.f32", x, l)
         a("add.f32", x, x, M)
         a("mul.f32", x, x, LN2)
-        a("mov.b64", t2, RAW + RB)
+        a("mov.b64", t2, LSEB)
         a("st.shared.b32", Mem(t2, 0), x, p=p0)
-        a("s2r", t1, "%nctaid.y")
-        a("mad.i64", t1, bq, t1, hd)                  # (b*heads + head) * q_len(1)
-        a("shl.b64", t1, t1, 2)
-        a("ldparam", x, "LSE")
+        if c.split:
+            a("shl.b64", t1, slot, 2)
+            a("ldparam", x, "LSEpart")
+        else:
+            a("s2r", t1, "%nctaid.y")
+            a("mad.i64", t1, bq, t1, hd)              # (b*heads + head) * q_len(1)
+            a("shl.b64", t1, t1, 2)
+            a("ldparam", x, "LSE")
         a("add.i64", t1, t1, x)
         a("mov.b64", x, 4)
         a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
     a("rcp.f32", l, l)
     a("mul.f32", sc, sc, l)                           # 2^(m - M) / L
     vals = a.reg(2)
-    for c0 in range(0, d, 1 if f32 else 2):
-        for e in range(1 if f32 else 2):
+    for c0 in range(0, d, 1 if of32 else 2):
+        for e in range(1 if of32 else 2):
             v = vals + e
             a("ld.shared.b32", v, Mem(qa0, OT + 128 * (c0 + e)))
             a("mul.f32", v, v, sc)
             for sh in (1, 2, 4, 8, 16):
                 a("shfl.bfly.b64", x, v, sh)
                 a("add.f32", v, v, x)
-        if f32:
+        if of32:
             a("st.shared.b32", Mem(None, RAW + 4 * c0), vals, p=p0)
         else:
             a(_CVT_OUT[c.dtype], x, vals, vals + 1)
             a("st.shared.b32", Mem(None, RAW + 2 * c0), x, p=p0)
     go = a.reg()
-    one = a.reg()
-    a("mov.b64", one, 1)
-    a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
+    if c.split:
+        a("mul.i64", go, slot, 4 * d)
+        a("ldparam", t1, "Opart")
+        a("add.i64", go, go, t1)
+        a("mov.b64", rbn, 4 * d)
+    else:
+        one = a.reg()
+        a("mov.b64", one, 1)
+        a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
     a("mov.b64", t2, RAW)
     a("dma.put", Mem(go, 0), Mem(t2, 0), rbn)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+
+# ----------------------------------------------------------------------------- split-KV decode: the combine
+SPLITS_MAX = 64                 # partials a combine CPE holds in its LDM (the split rule caps the count)
+
+
+def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
+    """O = sum_s w_s O_s / sum_s w_s, w_s = 2^(log2e (LSE_s - M)), M = max_s LSE_s, for one (batch,
+    head) row a CPE (grid (rows, 1, 1), q_len 1): one get of the row's split LSEs, one of its f32
+    partials (contiguous: Opart [b, heads, splits, 1, d]); lane L holds columns E L .. E L + E - 1
+    (E = d / 32: one vector load per split, no bank conflict); the row's O in the storage dtype by
+    one put, and LSE = M + ln(sum w) with with_lse."""
+    es = _ES[dtype]
+    E = d // LANES
+    LSEA, OPA = 0, 4 * SPLITS_MAX
+    OUT = OPA + 4 * d * SPLITS_MAX
+    name = f"flash_attn_sw_combine_{dtype}_d{d}{'_lse' if lse else ''}"
+    a = _Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), OUT + 4 * d + 64)
+    r, S, t1, t2, n, la, oa, sp, mx, l, w = (a.reg() for _ in range(11))
+    acc, ob = a.reg(E), a.reg(E)
+    pl, p0 = a.pred(), a.pred()
+    a("s2r", r, "%ctaid.x")                          # (b*heads + head), q_len 1
+    a("ldparam", S, "splits")
+    a("mul.i64", t1, r, S)                            # the row's first workspace slot
+    a("shl.b64", t2, t1, 2)
+    a("ldparam", n, "LSEpart")
+    a("add.i64", t2, t2, n)
+    a("shl.b64", n, S, 2)
+    a("mov.b64", la, LSEA)
+    a("dma.get", Mem(la, 0), Mem(t2, 0), n)
+    a("mul.i64", t2, t1, 4 * d)
+    a("ldparam", n, "Opart")
+    a("add.i64", t2, t2, n)
+    a("mul.i64", n, S, 4 * d)
+    a("mov.b64", oa, OPA)
+    a("dma.get", Mem(oa, 0), Mem(t2, 0), n)
+    a("dma.wait", 0)
+    # M = max_s LSE_s (every lane the same: broadcast loads)
+    a("mov.f32", mx, float("-inf"))
+    a("mov.b64", sp, 0)
+    a.label("MAX")
+    a("ld.shared.b32", w, Mem(la, 0))
+    a("max.f32", mx, mx, w)
+    a("add.i64", la, la, 4)
+    a("add.i64", sp, sp, 1)
+    a("setp.lt.i64", pl, sp, S)
+    a("bra", "MAX", p=pl)
+    # l = sum w_s, acc = sum w_s O_s (this lane's E columns)
+    a("s2r", t1, "%tid.x")
+    a("mul.i64", t1, t1, 4 * E)
+    a("add.i64", oa, oa, t1)
+    a("mov.b64", la, LSEA)
+    a("mul.f32", mx, mx, LOG2E)
+    a("mov.f32", l, 0.0)
+    for e in range(E):
+        a("mov.f32", acc + e, 0.0)
+    ld = {1: "ld.shared.b32", 2: "ld.shared.v2.b32", 4: "ld.shared.v4.b32"}[E]
+    a("mov.b64", sp, 0)
+    a.label("SUM")
+    a("ld.shared.b32", w, Mem(la, 0))
+    a(ld, ob, Mem(oa, 0))
+    a("mul.f32", w, w, LOG2E)
+    a("sub.f32", w, w, mx)
+    a("ex2.f32", w, w)
+    a("add.f32", l, l, w)
+    for e in range(E):
+        a("fma.f32", acc + e, w, ob + e, acc + e)
+    a("add.i64", la, la, 4)
+    a("add.i64", oa, oa, 4 * d)
+    a("add.i64", sp, sp, 1)
+    a("setp.lt.i64", pl, sp, S)
+    a("bra", "SUM", p=pl)
+    a("s2r", t1, "%tid.x")
+    a("setp.eq.i64", p0, t1, 0)
+    if lse:                                           # ln(sum e^(LSE_s)) = ln2 (log2 l + log2e M)
+        a("lg2.f32", w, l)
+        a("add.f32", w, w, mx)
+        a("mul.f32", w, w, LN2)
+        a("mov.b64", t2, OUT + 4 * d)
+        a("st.shared.b32", Mem(t2, 0), w, p=p0)
+        a("shl.b64", t1, r, 2)
+        a("ldparam", n, "LSE")
+        a("add.i64", t1, t1, n)
+        a("mov.b64", n, 4)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), n)
+    a("rcp.f32", l, l)
+    for e in range(E):
+        a("mul.f32", acc + e, acc + e, l)
+    a("s2r", t1, "%tid.x")
+    a("mul.i64", t1, t1, es * E)
+    a("add.i64", t1, t1, OUT)                         # this lane's columns of the staged row
+    if es == 4:
+        a({1: "st.shared.b32", 2: "st.shared.v2.b32", 4: "st.shared.v4.b32"}[E], Mem(t1, 0), acc)
+    elif E == 1:
+        a(_CVT_OUT[dtype], ob, acc, acc)
+        a("st.shared.b16", Mem(t1, 0), ob)
+    else:
+        for e in range(0, E, 2):
+            a(_CVT_OUT[dtype], ob + e // 2, acc + e, acc + e + 1)
+        a("st.shared.b32" if E == 2 else "st.shared.v2.b32", Mem(t1, 0), ob)
+    # O row b (q_len 1) at head's columns: ((b*o_ld + head*d) + o_off) es
+    a("ldparam", n, "heads")
+    a("div.i64", t1, r, n)                            # b
+    a("rem.i64", t2, r, n)                            # head
+    a("ldparam", n, "o_ld")
+    a("mul.i64", t1, t1, n)
+    a("mad.i64", t1, t2, d, t1)
+    a("ldparam", n, "o_off")
+    a("add.i64", t1, t1, n)
+    a("shl.b64", t1, t1, _log2(es))
+    a("ldparam", n, "O")
+    a("add.i64", t1, t1, n)
+    a("mov.b64", t2, OUT)
+    a("mov.b64", n, d * es)
+    a("dma.put", Mem(t1, 0), Mem(t2, 0), n)
     a("dma.wait", 0)
     a("exit")
     return a.build()
@@ -995,14 +1157,15 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, nch: in
                      "a smaller head_dim or a larger LDM")
 
 
-def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
+def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool,
+                   split: bool = False) -> tuple[_Cfg, Program]:
     tried = []
     for Bc in DEC_BC_CHOICES:
         need = _dec_layout(dtype, d, Bc)["total"]
         if need > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {need} B LDM")
             continue
-        cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse)
+        cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse, split=split)
         try:
             return cfg, _emit_decode(cfg, caps.max_regs_per_thread)
         except _OutOfRegisters as e:
@@ -1057,3 +1220,75 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
                            Bc=cfg.Bc, kind=kind, with_lse=bool(with_lse), **lds)
+
+
+def sunway_kv_splits(caps, bh: int, tiles: int) -> tuple[int, int]:
+    """(splits, chunk) for bh (batch, head) rows of ``tiles`` K/V blocks: the largest chunk whose
+    splits still give every CPE a block (bh * splits >= cores), one block a split when none does;
+    (1, tiles) when bh already covers the CPEs or the cache is one block. Not attention_gpu's
+    kv_splits (the shortest critical path in tiles): a Sunway decode is bound by the DMA engines
+    and the ring, not by one CPE's math, and a launch fills CPEs 0, 1, ... in order, so the more
+    CPEs (engines, core groups, ring stops) a decode spans the faster it streams. Measured on
+    sw26010pro (attn.split + attn.combine, cycles): gpt2-small b8 (96 rows, 9 blocks) 1 split
+    1.16 M, 3 (kv_splits' choice) 569 k, 5 (this rule) 497 k, 9 504 k; llama2-7b b1 (32 rows, d 128,
+    17 blocks) 1: 2.23 M, 9: 713 k, 17: 632 k; gpt2-small b1 1: 231 k, 9: 138 k."""
+    cores = caps.cores_total
+    if bh >= cores or tiles < 2:
+        return 1, tiles
+    chunk = 1
+    for c in range(tiles, 0, -1):
+        if bh * _ceil(tiles, c) >= cores:
+            chunk = c
+            break
+    return _ceil(tiles, chunk), chunk
+
+
+def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                              dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                              q_ld: Optional[int] = None, kv_ld: Optional[int] = None, o_ld: Optional[int] = None,
+                              with_lse: bool = False, splits: Optional[int] = None,
+                              name: str = "attn") -> Optional[SplitAttentionKernel]:
+    """Split-KV decode (q_len 1) for a Sunway target, attention_gpu.split_kv_attention_kernel's
+    arguments and kernel object: ``attn.split`` is the decode program (lane = key) over chunk x of
+    ``chunk`` K/V blocks per CPE (grid (splits, heads, batch)), writing its f32 O normalised by its
+    own sum and that sum's log-sum-exp into Opart / LSEpart; ``attn.combine`` (a CPE per (batch,
+    head)) weighs them. ``splits`` None: sunway_kv_splits, None when one split would do or the
+    decode program does not fit; a number forces (about) that many; at most SPLITS_MAX splits."""
+    where = "split-KV attention"
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld,
+        "fp16, bf16, fp32", family="sunway")
+    check_sunway_units(where, caps, dt)
+    if q_len != 1:
+        if splits is None:
+            return None
+        raise InputError(where, f"q_len {q_len}", "q_len 1 (decode; longer queries fill the machine)")
+    try:
+        cfg, prog = _choose_decode(caps, dt, d, bool(causal), scale * LOG2E, False, split=True)
+    except InputError:
+        if splits is None:                            # K^T, V^T do not fit: the row kernel runs whole
+            return None
+        raise
+    tiles = _ceil(kv_len, cfg.Bc)
+    if splits is None:
+        n, chunk = sunway_kv_splits(caps, batch * heads, tiles)
+        if n <= 1:
+            return None
+    else:
+        if isinstance(splits, bool) or int(splits) != splits or splits < 1:
+            raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
+        chunk = _ceil(tiles, int(splits))
+    chunk = max(chunk, _ceil(tiles, SPLITS_MAX))      # the combine holds at most SPLITS_MAX partials
+    n = _ceil(tiles, chunk)
+    check(prog, caps)
+    comb = _emit_combine(dt, d, bool(with_lse))
+    check(comb, caps)
+    rows = batch * heads
+    pairs = kv_len                                    # one query: causal or not, it sees every key
+    parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (LANES, 1, 1)),
+                           4 * d * batch * heads * pairs, 4 * d * batch * heads * kv_len, ("Opart", "LSEpart")),
+             AttentionPart(f"{name}.combine", comb, Launch((rows, 1, 1), (LANES, 1, 1)),
+                           combine_flops(rows, n, d), 0, ("O", "LSE") if with_lse else ("O",)))
+    return SplitAttentionKernel(parts=parts, batch=batch, heads=heads, q_len=1, kv_len=kv_len, head_dim=d,
+                                dtype=dt, causal=bool(causal), scale=scale, Bc=cfg.Bc, splits=n, chunk=chunk,
+                                kind="sunway_decode", with_lse=bool(with_lse), **lds)
