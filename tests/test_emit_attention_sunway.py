@@ -179,10 +179,11 @@ def test_program_shape_and_instruction_mix():
     sems = [SEM[opcodes()[int(o)].sem] for o in big.program.op]
     assert any(s == bra and int(big.program.imm[pc]) <= pc for pc, s in enumerate(sems)), "a K/V loop"
     mn = [opcodes()[int(o)].mnemonic for o in big.program.op]
-    assert {"dma.get", "dma.put", "dma.wait", "fma.f32", "ex2.f32", "ld.shared.v4.b32", "cvt.f32.f16",
+    assert {"dma.get.s", "dma.put.s", "dma.wait", "fma.f32", "ex2.f32", "ld.shared.v4.b32", "cvt.f32.f16",
             "cvt.f16x2.f32", "rcp.f32"} <= set(mn)
     assert not any(opcodes()[int(o)].unit in ("tensor", "shfl") for o in big.program.op)
     assert not any(m.startswith(("st.global", "ld.global")) for m in mn)   # every global byte moves by DMA
+    assert "dma.get" not in mn                  # Q, K, V blocks by strided gets, never row by row
     assert big.Bc == 64 and big.program.shared_bytes <= caps.scratchpad_bytes
 
 
@@ -272,18 +273,24 @@ def test_timing_smoke_on_tiny_sunway():
     # K and V blocks of 64 rows: query blocks 0, 1 read block 0; 2, 3 read blocks 0 and 1 -> 6 per head
     kv_reads = 2 * 6 * 64 * 64 * 2 * 2
     assert b["dma"] == nb["Q"] + nb["O"] + kv_reads
+    # O(blocks) descriptors: per CPE one strided get of its Q rows, one per K and per V block, one
+    # strided put of its O rows (8 CPEs: 2 heads x 4 query blocks; 12 K/V blocks)
+    assert (r.memory["dma"]["gets"], r.memory["dma"]["puts"]) == (8 + 2 * 12, 8)
     assert b["l1"] == 0
     stall = r.stall.sum(axis=0)
     share = dict(zip(STALL_NAMES, stall / stall.sum()))
-    assert share["dma_wait"] < 0.05, share
+    # the next K/V block's two strided gets go out when the block before is converted; on tiny-sunway's
+    # slow DRAM they are not always back when the block after is (row gets showed this as pipe_busy)
+    assert share["dma_wait"] < 0.2, share
     assert r.flops >= k.flops
     # the vector pipe is busy most of the time on the CPE with the heaviest query block
     assert r.pipe_busy_cycles[0][0] > 0.6 * r.cycles
 
 
 def test_decode_timing_reads_the_cache_once():
-    """Decode on tiny-sunway's timing model: one CPE per head reads every cached K / V row once
-    (rows of the last block past kv_len are clamped re-reads) and the whole query and O row once."""
+    """Decode on tiny-sunway's timing model: one CPE per head reads every cached K / V row exactly
+    once and the whole query and O row once, by O(blocks) DMA descriptors: one strided get per K or
+    V block (rows of the last block past kv_len are not fetched)."""
     from archsim.engine.timing import Unbacked, time_kernel
 
     m = load_machine("tiny-sunway")
@@ -292,6 +299,11 @@ def test_decode_timing_reads_the_cache_once():
     nb = k.buffer_bytes()
     r = time_kernel(k.program, m, k.launch, k.args(*(Unbacked(nb[n]) for n in "QKVO")))
     assert r.outcome == 0 and r.cycles > 0
-    rows = -(-200 // 64) * 64                       # 4 blocks of 64 rows
-    assert r.memory["bytes"]["dma"] == 2 * (64 * 2) * 2 + 2 * 2 * rows * 64 * 2   # Q, O rows + K, V rows
+    assert r.memory["bytes"]["dma"] == 2 * (64 * 2) * 2 + 2 * 2 * 200 * 64 * 2   # Q, O rows + K, V rows
+    blocks = -(-200 // 64)                          # 4 blocks of 64 rows
+    assert r.memory["dma"]["gets"] == 2 * (1 + 2 * blocks)       # per head: the Q row, a K and a V get a block
+    assert r.memory["dma"]["puts"] == 2
+    # one get per row (2 x 64 a block, 4 blocks, clamped re-reads past kv_len) took 36,209 cycles here
+    # (b0cf29d); two strided gets a block and a bank-spread transpose of the packed rows: ~24,300
+    assert r.cycles < 0.75 * 36209, r.cycles
     assert r.flops >= k.flops

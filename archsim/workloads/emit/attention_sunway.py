@@ -17,20 +17,20 @@ kernel (FlashAttention-2's forward, lane = query row):
 - grid = (ceil(q_len / Br), heads, batch), block (32, 1, 1): one CPE owns Br = 32 (or 64, below)
   query rows of one (batch, head), lane i row i0 + i (and i0 + 32 + i). Block x takes query
   block nqb - 1 - x, so that under a causal mask the heaviest blocks start first when the grid
-  outnumbers the CPEs. Rows past q_len compute a copy of the last row and are never stored.
-- Q: Br row DMAs (one per row: rows are kv_ld / q_ld apart in memory, a DMA moves one contiguous
-  range) into a staging area whose rows are padded by 8 bytes (the lanes' gathers then spread over
-  the LDM banks), then transposed, converted to fp32 and pre-scaled by c = scale * log2(e) into
-  QT [d][32] (lane i's row in column i: one vector load gives every row's element k). The O
-  accumulator OT [d][32] fp32 lives in the LDM too (d fp32 registers a lane would not fit).
-- K and V blocks of Bc key rows are fetched by one DMA per row. fp16 / bf16: the rows land in a raw
-  area; at the start of block j the CPE converts it to fp32 working copies Kf, Vf [Bc][d] (one
-  vector load, two cvt and one 8-byte store per 64 elements, ~2% of the block's vector work), after
-  which the raw area is free and the DMAs of block j+1 go there while block j is computed (double
-  buffering through raw + working copy). fp32: the rows land straight in one of two stages that
-  alternate. The next block's DMAs are spread over the score loop (a K and a V row per iteration
-  or so) rather than issued at once, so the CPE does not stall on a full descriptor queue while it
-  has math to do.
+  outnumbers the CPEs. Rows past q_len compute on whatever their staging rows held (finite
+  values; their mask is the last row's) and are never stored.
+- Q: one strided get (dma.get.s, athread's dma_iget_stride: rows q_ld apart in memory, at most
+  Br, those below q_len) lands the rows packed, 2 d bytes apart, in a staging area; a skewed
+  transpose (below) converts them to fp32, pre-scales by c = scale * log2(e) and stores QT [d][32]
+  (lane i's row in column i: one vector load gives every row's element k). The O accumulator
+  OT [d][32] fp32 lives in the LDM too (d fp32 registers a lane would not fit).
+- K and V blocks of Bc key rows are fetched by one strided get each (rows past kv_len are not
+  fetched: the tail block's last rows keep older, finite values, and the mask drops them). fp16 /
+  bf16: the rows land packed in a raw area; at the start of block j the CPE converts it to fp32
+  working copies Kf, Vf [Bc][d] (one vector load, two cvt and one 8-byte store per 64 elements,
+  ~2% of the block's vector work), after which the raw area is free and the two gets of block j+1
+  go there while block j is computed (double buffering through raw + working copy). fp32: the
+  rows land straight in one of two stages that alternate.
 - Keys are taken U = 16 at a time (a group). Scores s_u = sum_k QT[k][lane] Kf[u][k]: per k a
   vector load of QT and, per key, a broadcast load of Kf (ld.shared.v4: four k at once, every lane
   the same address) and one fma.f32: no shuffles, every row's statistics stay in its own lane.
@@ -40,8 +40,9 @@ kernel (FlashAttention-2's forward, lane = query row):
   last row sees.
 - O += P V: OT is walked in chunks of C columns: C vector loads, O *= alpha, per key a broadcast
   load of four Vf elements and four fma.f32 with p_u, C vector stores.
-- Epilogue: O / l, converted to the storage dtype, transposed back into padded rows in the LDM and
-  written by one DMA put per row (rows < q_len only); LSE (with_lse) as 32 fp32 values by one put.
+- Epilogue: O / l, converted to the storage dtype, transposed back (skewed) into packed rows in
+  the LDM and written by one strided put (dma.put.s, rows < q_len only); LSE (with_lse) as 32 fp32
+  values by one put.
 
 Why fp32 math with fp16 storage: the vector pipe's f16x2 FMA is 4x faster, but scores summed over
 64-128 products and probabilities in fp16 would miss the tolerance the GPU kernels meet (a few
@@ -53,25 +54,54 @@ CPE (ceil(q_len / 64) * heads * batch >= cores) and a Bc >= 32 fits: the K/V tra
 halves (DRAM, not the vector pipe, limits 32-row blocks on a full chip; on tiny-sunway b4 h8 256
 x 256 the 64-row kernel is 20% faster). Bc is the largest of 64, 32, 16, 8 whose LDM footprint fits
 caps.scratchpad_bytes: QT + OT (2 x 128 d bytes a chunk) + the raw area (2 Bc d es, and at least
-the padded staging rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
+the packed Q / O rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
 (U, C) is the first of (16, 16), (16, 8), (8, 8) whose registers fit max_regs_per_thread.
 
 Decode (q_len = 1): a second program (kind "sunway_decode"), lane = key. One CPE per (batch, head);
 lane i takes keys j*Bc + 32u + i (u < Bc/32) of every K/V block, keeps its own running max, sum
 and O columns (OT[.][i]), and the 32 partial softmaxes are merged at the end by shfl.bfly (max,
-then the rescaled sums and O columns). K / V rows land in padded rows and are transposed to fp32
-K^T, V^T [d][Bc] so that one vector load gives 32 keys' element k; Q is broadcast from the LDM.
-Bc is the largest of 128, 64, 32 that fits; where none does (d 128 on a 64 KiB LDM) the row
-kernel runs instead. The KV length is split over the lanes, not over CPEs: merging partial
-(m, l, O) across CPEs needs atomics (the ISA has none), a workspace buffer and a second kernel
-(the composer's attention op is one kernel over Q, K, V, O), or RMA / bar.grid (RMA has no timing
-model yet; bar.grid needs the whole grid resident). So decode keeps batch*heads CPEs busy.
+then the rescaled sums and O columns). A K and a V block are one strided get each, packed, and
+are transposed (skewed, below) to fp32 K^T, V^T [d][Bc] so that one vector load gives 32 keys'
+element k; Q is broadcast from the LDM. Bc is the largest of 128, 64, 32 that fits; where none
+does (d 128 on a 64 KiB LDM) the row kernel runs instead.
 
-DMA granularity: a dma.get moves one contiguous range, and the rows of one head are kv_ld apart,
-so every K / V row is its own 2 d-byte descriptor. An engine's FIFO holds 8 descriptors until
-they complete (~500 cycles on sw26010pro), so one engine moves ~2 B/cycle of such rows: enough
-for the prefill kernel (4 CPEs an engine, 0.5 B/cycle each), the limit of decode. A strided DMA
-(the real athread_get's stride / bsize) would lift it; the ISA has none yet.
+Split-KV decode (``split_kv_attention_kernel``, the GPU family's Flash-Decoding interface and
+kernel object): batch*heads CPEs alone leave most of the chip idle and stream the whole cache
+through a few DMA engines and ring stops, so when batch*heads < cores the cache is cut into
+``splits`` chunks of ``chunk`` blocks (``sunway_kv_splits``: the largest chunk that still gives
+every CPE a block) and two kernels run: ``attn.split``, the decode program above over chunk x of
+the cache (grid (splits, heads, batch)), writing its f32 O normalised by its own sum and the sum's
+log-sum-exp to Opart [batch, heads, splits, 1, d] / LSEpart [batch, heads, splits, 1]; and
+``attn.combine`` (``_emit_combine``, a CPE per (batch, head)): one get of the row's LSEs, one of
+its partials, O = sum_s w_s O_s / sum_s w_s with w_s = e^(LSE_s - max LSE) (lane L holding
+columns E L .. E L + E - 1), one put of O (and LSE with with_lse). The partials stay f32, so the
+combine rounds once, as the whole-row kernel does. At most SPLITS_MAX partials a row (its LDM).
+
+DMA and LDM layout. The rows of one head are kv_ld (q_ld, o_ld) elements apart in memory, so a
+plain dma.get moves one row: 2 Bc descriptors a K/V block, and an engine's FIFO holds 8 until
+they complete (~500 cycles on sw26010pro), ~2 B/cycle an engine: that bounded decode (gpt2-small
+b8: 2,305 descriptors a CPE, 95% of issue cycles stalled on a full FIFO). A strided get moves a
+whole block in one descriptor (count rows of 2 d bytes, kv_ld apart), but it packs the rows: 2 d
+is a multiple of the 64 bytes the 8 LDM banks x 8 B span, so word w of every row sits in bank
+w % 8 and 32 lanes reading one word each of their own rows would hit one bank (32 wavefronts a
+load; the old code padded rows by 8 bytes, which a strided get cannot do). The transposes therefore
+skew the order (_skew_xpose, _skew_untranspose): lane i walks its row's words w = 8 s + (t ^ x),
+x = (i >> 1) & 7, for t = 0..7, so a v2 (8-byte) load of 8 lanes touches 4 banks twice (8
+wavefronts for 256 B), while lanes 2j, 2j+1 (same x) store into one 8-B word of a K^T / QT row and
+lanes j, j+16 into two rows of one bank (2 wavefronts a 32-lane store, the minimum for 128 B):
+as few wavefronts per element as the padded rows gave, with no padding and no extra bytes.
+
+Where decode time goes now. One CPE's blocks are compute-bound: a 128-key d 64 block is ~8.3 k
+cycles of transposes and fp32 score / PV fmas (8 lanes a cycle) against ~2.5 k of DMA (a one-CPE
+decode of 1025 keys on sw26010pro: 235 k cycles with row gets, 103 k with strided gets and an
+unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch fills CPEs 0, 1, ...
+in order, so gpt2-small b8's 96 whole-row CPEs sit in core groups 0 and 1 and every reply of the
+cross segment (the cache interleaved over all 6 controllers) enters those two ring stops (the
+response link into CG 0 ~57% busy, the ring model's head-of-line limit): ~50 GB/s with strided
+gets, no better than the row gets' descriptor limit. Split-KV spreads the stream over 5 core
+groups' engines and stops (gpt2-small b8: 5 splits, 480 CPEs' worth, ~115 GB/s); what is left is
+the cross-segment ring congestion (~125 GB/s modelled for all six groups; config comment) and the
+last wave's imbalance.
 
 ``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
 """
@@ -85,11 +115,12 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import (LN2, LOG2E, LSE_PARAMS, PARAMS, AttentionKernel, causal_pairs,
-                                                  check_attention_args)
+from archsim.workloads.emit.attention_gpu import (COMBINE_PARAMS, LN2, LOG2E, LSE_PARAMS, PARAMS, SPLIT_PARAMS,
+                                                  AttentionKernel, AttentionPart, SplitAttentionKernel, causal_pairs,
+                                                  check_attention_args, combine_flops)
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
 
-__all__ = ["flash_attention_kernel"]
+__all__ = ["flash_attention_kernel", "split_kv_attention_kernel", "sunway_kv_splits"]
 
 BR = 32                        # query rows per CPE: one per lane
 LANES = 32
@@ -112,30 +143,137 @@ class _Cfg:
     c: float            # scale * log2(e)
     lse: bool = False
     nch: int = 1        # chunks of 32 query rows a CPE owns (row kernel)
+    split: bool = False  # decode over one chunk of the cache (grid.x = split) into f32 workspaces
 
 
 def _layout(dtype: str, d: int, Bc: int, nch: int = 1) -> dict:
     """LDM byte offsets: QT, OT ([d][32 nch] fp32 each), ML (m, l of every row: [2][32 nch]), RAW
     (DMA landing area / staging), WK (fp32 working K, V follows)."""
     es = _ES[dtype]
-    RB, RBp = d * es, d * es + 8
+    RB = d * es
     stage = 2 * Bc * RB                               # K rows then V rows
-    raw = max(stage * (2 if dtype == "fp32" else 1), LANES * nch * RBp + 4 * LANES * nch)
+    raw = max(stage * (2 if dtype == "fp32" else 1), LANES * nch * RB + 4 * LANES * nch)   # or Q / O rows, LSE
     raw = _ceil(raw, 16) * 16
     QP = 128 * nch                                    # bytes of a QT / OT row (one k, every row)
     QT, OT, ML = 0, QP * d, 2 * QP * d
     RAW = ML + (2 * QP if nch > 1 else 0)
     WK = RAW + raw
     total = WK + (8 * Bc * d if dtype != "fp32" else 0)
-    return dict(es=es, RB=RB, RBp=RBp, STG=stage, QP=QP, QT=QT, OT=OT, ML=ML, RAW=RAW,
+    return dict(es=es, RB=RB, STG=stage, QP=QP, QT=QT, OT=OT, ML=ML, RAW=RAW,
                 WK=WK if dtype != "fp32" else RAW, total=total)
 
+
+def _skew_xpose(a, dtype: str, RB: int, pitch: int, jobs, lane, qa0, label: str, scale: Optional[float] = None) -> None:
+    """Transpose rows packed RB bytes apart in the LDM (a strided get lands them so) into fp32
+    columns: for each job (src, dst) of immediates, lane i moves row i (at src + i RB) to column i
+    (element k at dst + pitch k + 4 i), converting a 16-bit dtype and multiplying by ``scale``.
+
+    Bank spread: RB is a multiple of 64 B (the 8 banks x 8 B), so every row's word w sits in bank
+    w % 8; 32 lanes reading word w of their own rows would hit one bank. Lane i reads its row's
+    words in the order w = 8 s + (t ^ x_i), x_i = (i >> 1) & 7, t = 0..7 (a loop), s = 0..RB/64-1
+    (unrolled): a v2 load of 8 lanes touches 4 banks, two lanes each (8 wavefronts for the warp's
+    256 B), and lanes 2j, 2j+1 (same x) write one 8-B word of a destination row while lanes j and
+    j+16 write two rows in one bank (2 wavefronts a store, the 128 B minimum): the same wavefronts
+    per element as the 8-B padded rows this replaces (4-B loads, 4 wavefronts each)."""
+    es = _ES[dtype]
+    epw = 8 // es                                     # elements an 8-B word holds
+    nw = RB // 8
+    assert RB % 64 == 0 and pitch % 64 == 0, (RB, pitch)
+    lo_hi = _CVT_IN.get(dtype)
+    G = 2 if lo_hi else 4                             # words a group loads before it converts / stores
+    items = [(so, do, s) for so, do in jobs for s in range(nw // 8)]
+    x, t, p, src, dst = (a.reg() for _ in range(5))
+    xs = a.reg(2 * G)
+    ys = a.reg(8) if lo_hi else None
+    pl = a.pred()
+    a("shr.u64", x, lane, 1)
+    a("and.b64", x, x, 7)
+    a("mov.b64", t, 0)
+    a.label(label)
+    a("xor.b64", p, t, x)
+    a("mul.i64", src, lane, RB)
+    a("mad.i64", src, p, 8, src)                      # this lane's row, word p
+    a("mad.i64", dst, p, pitch * epw, qa0)            # element epw p of this lane's column
+    for g0 in range(0, len(items), G):
+        grp = items[g0:g0 + G]
+        for i, (so, do, s) in enumerate(grp):
+            a("ld.shared.v2.b32", xs + 2 * i, Mem(src, so + 64 * s))
+        outs = []                                     # (register, dst immediate) per element
+        for i, (so, do, s) in enumerate(grp):
+            base = do + pitch * epw * 8 * s
+            if lo_hi:
+                for h in range(2):
+                    r = ys + 4 * i + 2 * h
+                    a(lo_hi[0], r, xs + 2 * i + h)
+                    a(lo_hi[1], r + 1, xs + 2 * i + h)
+                    outs += [(r, base + pitch * 2 * h), (r + 1, base + pitch * (2 * h + 1))]
+            else:
+                outs += [(xs + 2 * i, base), (xs + 2 * i + 1, base + pitch)]
+        for r, off in outs:
+            if scale is not None:
+                a("mul.f32", r, r, scale)
+        for r, off in outs:
+            a("st.shared.b32", Mem(dst, off), r)
+    a("add.i64", t, t, 1)
+    a("setp.lt.i64", pl, t, 8)
+    a("bra", label, p=pl)
+    a.free(x, t, p, src, dst)
+    a.free(xs, k=2 * G)
+    if ys is not None:
+        a.free(ys, k=8)
+    a.pfree(pl)
+
+
+def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, lane, qa0, label: str, scale) -> None:
+    """_skew_xpose's inverse for the epilogue: lane i's fp32 column (element k at src + pitch k +
+    4 i), times the register ``scale``, converted to the storage dtype into row i packed at RB
+    bytes (dst + i RB), in the same skewed word order (same wavefronts)."""
+    es = _ES[dtype]
+    epw = 8 // es
+    nw = RB // 8
+    assert RB % 64 == 0 and pitch % 64 == 0, (RB, pitch)
+    f32 = dtype == "fp32"
+    G = 2
+    x, t, p, ra, ca = (a.reg() for _ in range(5))
+    vs = a.reg(epw * G)                               # fp32 elements of G words
+    ws = a.reg(2 * G)                                 # the words, as two 32-bit halves each
+    pl = a.pred()
+    a("shr.u64", x, lane, 1)
+    a("and.b64", x, x, 7)
+    a("mov.b64", t, 0)
+    a.label(label)
+    a("xor.b64", p, t, x)
+    a("mul.i64", ra, lane, RB)
+    a("mad.i64", ra, p, 8, ra)                        # this lane's row, word p
+    a("mad.i64", ca, p, pitch * epw, qa0)             # element epw p of this lane's column
+    for s0 in range(0, nw // 8, G):
+        grp = list(range(s0, min(s0 + G, nw // 8)))
+        for i, sw in enumerate(grp):
+            for e in range(epw):
+                a("ld.shared.b32", vs + epw * i + e, Mem(ca, src + pitch * (epw * 8 * sw + e)))
+        for i, sw in enumerate(grp):
+            for e in range(epw):
+                a("mul.f32", vs + epw * i + e, vs + epw * i + e, scale)
+        for i, sw in enumerate(grp):
+            if f32:
+                a("st.shared.v2.b32", Mem(ra, dst + 64 * sw), vs + 2 * i)
+            else:
+                for h in range(2):
+                    a(_CVT_OUT[dtype], ws + 2 * i + h, vs + 4 * i + 2 * h, vs + 4 * i + 2 * h + 1)
+                a("st.shared.v2.b32", Mem(ra, dst + 64 * sw), ws + 2 * i)
+    a("add.i64", t, t, 1)
+    a("setp.lt.i64", pl, t, 8)
+    a("bra", label, p=pl)
+    a.free(x, t, p, ra, ca)
+    a.free(vs, k=epw * G)
+    a.free(ws, k=2 * G)
+    a.pfree(pl)
 
 def _emit(c: _Cfg, max_regs: int) -> Program:
     d, Bc, U, C = c.d, c.Bc, c.U, c.C
     nch = c.nch
     L = _layout(c.dtype, d, Bc, nch)
-    es, RB, RBp, STG, OT, RAW = L["es"], L["RB"], L["RBp"], L["STG"], L["OT"], L["RAW"]
+    es, RB, STG, OT, RAW = L["es"], L["RB"], L["STG"], L["OT"], L["RAW"]
     QP, ML, BRr = L["QP"], L["ML"], BR * nch
     f32 = c.dtype == "fp32"
     KV4 = 4 * d                                       # bytes of a working K / V row (fp32)
@@ -157,8 +295,6 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("shl.b64", i0, i0, _log2(BRr))
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
-    rbn = a.reg()
-    a("mov.b64", rbn, RB)                             # bytes a row DMA moves
 
     def base_ptr(dst, buf, rows, ld_name, off_name):
         """dst = buf + es*((bq*rows)*ld + hd*d + off); returns a register with ld*es (bytes a row)."""
@@ -188,41 +324,28 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("bra", label, p=pl)
         a.free(r)
 
-    # ---------------------------------------------------------------- Q: 32 row DMAs, transpose, scale
+    # ---------------------------------------------------------------- Q: one strided get, skewed transpose, scale
     gq = a.reg()
     qldb = base_ptr(gq, "Q", Lq, "q_ld", "q_off")
     qlim = a.reg()
     a("sub.i64", qlim, Lq, 1)
-
-    def q_row(r):
-        a("add.i64", t1, i0, r)
-        a("min.i64", t1, t1, qlim)
-        a("mad.i64", t1, t1, qldb, gq)
-        a("mul.i64", t2, r, RBp)
-        a("dma.get", Mem(t2, RAW), Mem(t1, 0), rbn)
-
-    row_loop("Q_ROWS", BRr, q_row)
+    pair = a.reg(2)                                   # rows i0 .. min(i0 + BRr, q_len) - 1, packed at RB
+    a("mov.b64", pair, RB)
+    a("mov.b64", pair + 1, qldb)
+    a("mad.i64", gq, i0, qldb, gq)
+    a("sub.i64", t1, Lq, i0)
+    a("min.i64", t1, t1, BRr)                         # rows past q_len stay as they were (never stored)
+    a("mov.b64", t2, RAW)
+    a("dma.get.s", Mem(t2, 0), Mem(gq, 0), t1, pair)
     a.free(gq, qldb)
+    a.free(pair, k=2)
     a("dma.wait", 0)
-    stg, x, y, z = a.reg(), a.reg(), a.reg(), a.reg()
-    a("mul.i64", stg, qa0, RBp // 4)                  # lane * RBp: this lane's staged row
-    for ch in range(nch):                             # rows 32 ch + lane
-        so, qo = RAW + 32 * ch * RBp, 128 * ch
-        if f32:
-            for k in range(d):
-                a("ld.shared.b32", x, Mem(stg, so + 4 * k))
-                a("mul.f32", x, x, c.c)
-                a("st.shared.b32", Mem(qa0, qo + QP * k), x)
-        else:
-            lo, hi = _CVT_IN[c.dtype]
-            for k in range(0, d, 2):
-                a("ld.shared.b32", x, Mem(stg, so + 2 * k))
-                a(lo, y, x)
-                a(hi, z, x)
-                a("mul.f32", y, y, c.c)
-                a("mul.f32", z, z, c.c)
-                a("st.shared.b32", Mem(qa0, qo + QP * k), y)
-                a("st.shared.b32", Mem(qa0, qo + QP * (k + 1)), z)
+    lane = a.reg()
+    a("s2r", lane, "%tid.x")
+    _skew_xpose(a, c.dtype, RB, QP, [(RAW + 32 * ch * RB, 128 * ch) for ch in range(nch)], lane, qa0, "QXPOSE",
+                scale=c.c)
+    a.free(lane)
+    x, y = a.reg(), a.reg()
     a("mov.f32", x, 0.0)
     for k in range(d * nch):
         a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
@@ -231,7 +354,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         for ch in range(nch):
             a("st.shared.b32", Mem(qa0, ML + 128 * ch), y)
             a("st.shared.b32", Mem(qa0, ML + QP + 128 * ch), x)
-    a.free(stg, x, y, z)
+    a.free(x, y)
 
     # ---------------------------------------------------------------- K / V sources, block counts, mask limit
     gk, gv = a.reg(), a.reg()
@@ -266,31 +389,42 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("shl.b64", nfull, nfull, lb)
     a.free(Lk, qlim, bq, hd, i0, Lq)                  # the epilogue reads i0 and q_len again
 
-    # block 0: its K and V rows into stage 0 (the raw area)
-    def kv_row(r):
-        a("min.i64", t1, r, klim)
-        a("mul.i64", t2, r, RB)
-        a("add.i64", t2, t2, RAW)
-        a("mad.i64", t1, t1, kldb, gk)
-        a("dma.get", Mem(t2, 0), Mem(t1, 0), rbn)
-        a("min.i64", t1, r, klim)
-        a("mad.i64", t1, t1, kldb, gv)
-        a("dma.get", Mem(t2, Bc * RB), Mem(t1, 0), rbn)
+    # ---------------------------------------------------------------- loop state; block 0 into stage 0 (the raw area)
+    pair = a.reg(2)                                   # a strided get's block size (a row) and stride
+    a("mov.b64", pair, RB)
+    a("mov.b64", pair + 1, kldb)
+    a.free(kldb)
+    cnt = a.reg()
+    pn, pk, pm = a.pred(), a.pred(), a.pred()
 
-    row_loop("KV0_ROWS", Bc, kv_row)
+    def kv_block(first, dst, p=None):
+        """K and V rows first .. first + cnt - 1 (cnt = min(Bc, kv_len - first)) by one strided
+        get each, packed at RB bytes (K at dst, V at dst + Bc RB); rows past cnt keep older
+        values (finite, and masked)."""
+        a("sub.i64", cnt, klim, first)
+        a("add.i64", cnt, cnt, 1)
+        a("min.i64", cnt, cnt, Bc)
+        if not isinstance(dst, int):
+            a("mov.b64", t2, dst)
+            dst = 0
+        else:
+            a("mov.b64", t2, 0)
+        a("mad.i64", t1, first, pair + 1, gk)
+        a("dma.get.s", Mem(t2, dst), Mem(t1, 0), cnt, pair, p=p)
+        a("mad.i64", t1, first, pair + 1, gv)
+        a("dma.get.s", Mem(t2, dst + Bc * RB), Mem(t1, 0), cnt, pair, p=p)
 
-    # ---------------------------------------------------------------- loop state
-    m, l, key, rr, dk = (a.reg() for _ in range(5))
+    m, l, key, rr = (a.reg() for _ in range(4))
     a("mov.f32", m, float("-inf"))
     a("mov.f32", l, 0.0)
     a("mov.b64", key, 0)                              # first key of the current group (block j: j*Bc)
+    kv_block(key, RAW)
     if f32:                                           # the two stages alternate
         wk, dd = a.reg(), a.reg()
         a("mov.b64", wk, L["WK"])                     # working K block (V at + VOFF)
         a("mov.b64", dd, RAW + STG)                   # where the next block's rows land
     else:                                             # fixed: working copies at WK, DMAs into RAW
         wk, dd = L["WK"], RAW
-    pn, pk, pm = a.pred(), a.pred(), a.pred()
 
     a.label("KV_LOOP")
     a("dma.wait", 0)                                  # block j landed
@@ -320,8 +454,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a.free(xs, k=UNR)
         a.free(ys, k=2 * UNR)
     a("add.i64", rr, key, Bc)                         # the next block's first key row
-    a("setp.lt.i64", pn, rr, ntl)                     # a next block exists
-    a("mov.b64", dk, dd)
+    a("setp.lt.i64", pn, rr, ntl)                     # a next block exists: its rows into the free stage
+    kv_block(rr, dd, p=pn)
     a("setp.ge.i64", pk, key, nfull)                  # this block needs the mask
     kp = a.reg()
     a("mov.b64", kp, wk)
@@ -340,8 +474,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("mov.f32", s + u, 0.0)
     # Keys in pairs, their fmas interleaved (two fmas apart on one accumulator cover the FMA
     # latency). A loop body covers two k-quads (q registers A, B); everything else the loop does
-    # (the other half's q loads, the next pair's and next body's K loads, the next block's row
-    # DMAs, the loop counter) is spread between the fmas, so the in-order CPE issues it in the
+    # (the other half's q loads, the next pair's and next body's K loads, the loop counter) is
+    # spread between the fmas, so the in-order CPE issues it in the
     # shadow of the vector pipe instead of in a clump the pipe waits through.
     q, kv = [a.reg(4), a.reg(4)], [a.reg(8), a.reg(8)]
     qa, kp2, it = a.reg(), a.reg(), a.reg()
@@ -352,35 +486,12 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("mov.b64", kp2, kp)
     a("mov.b64", it, 0)
     NB = NIT // 2                                     # loop bodies
-    rows_per_body = max(1, U // NB)
-    pit = a.pred() if NB > U else None
-    pc0 = a.pred() if nch > 1 else None               # the first chunk issues the next block's DMAs
-    pq = a.pred() if (pit is not None or pc0 is not None) else None
-    if pc0 is not None:
-        a("setp.eq.i64", pc0, choff, 0)
-        if pit is None:
-            a("and.pred", pq, pc0, pn)
     for e in range(4):
         a("ld.shared.b32", q[0] + e, Mem(qa, QP * e))
     a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
     a("ld.shared.v4.b32", kv[0] + 4, Mem(kp2, KV4))
     a.label("SCORE")
     fill = []                                         # (mnemonic, operands, kwargs) in order
-    pinc = pit                                        # guards the DMA row counters
-    if pit is not None:
-        fill.append(("setp.lt.i64", (pit, it, U), {}))
-        fill.append(("and.pred", (pq, pit, pn), {}))
-        if pc0 is not None:
-            fill.append(("and.pred", (pq, pq, pc0), {}))
-            fill.append(("and.pred", (pit, pit, pc0), {}))
-    elif pc0 is not None:
-        pinc = pc0
-    for _ in range(rows_per_body):
-        g = pq if pq is not None else pn
-        fill += [("min.i64", (t1, rr, klim), {}), ("mad.i64", (t2, t1, kldb, gk), {}),
-                 ("dma.get", (Mem(dk, 0), Mem(t2, 0), rbn), {"p": g}), ("mad.i64", (t2, t1, kldb, gv), {}),
-                 ("dma.get", (Mem(dk, Bc * RB), Mem(t2, 0), rbn), {"p": g}),
-                 ("add.i64", (rr, rr, 1), {"p": pinc}), ("add.i64", (dk, dk, RB), {"p": pinc})]
     fill += [("add.i64", (it, it, 1), {}), ("setp.lt.i64", (pm, it, NB), {})]
     halves = ([("ld.shared.b32", (q[1] + e, Mem(qa, QP * (4 + e))), {}) for e in range(4)] + fill[:len(fill) // 2],
               [("ld.shared.b32", (q[0] + e, Mem(qa, QP * (8 + e))), {}) for e in range(4)] + fill[len(fill) // 2:])
@@ -410,7 +521,6 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
             a(mn, *ops, **kw)
         if npairs % 2:                                # keep "pair 0 is in kv[0]" for the next k-quad
             raise _OutOfRegisters(f"U = {U}: an odd number of key pairs")
-    a.pfree(*(p_ for p_ in (pit, pq, pc0) if p_ is not None))
     a("add.i64", qa, qa, 8 * QP)
     a("add.i64", kp2, kp2, 32)
     a("bra", "SCORE", p=pm)
@@ -534,10 +644,11 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a.free(wk, dd)
     a("setp.lt.i64", pm, key, ntl)
     a("bra", "KV_LOOP", p=pm)
-    a.free(key, rr, dk, ntl, nfull, lim, gk, gv, kldb, klim)
+    a.free(key, rr, ntl, nfull, lim, gk, gv, klim, cnt)
+    a.free(pair, k=2)
     a.pfree(pn, pk)
 
-    # ---------------------------------------------------------------- epilogue: O / l -> padded rows -> row DMAs
+    # ---------------------------------------------------------------- epilogue: O / l -> packed rows -> one strided put
     nr, i0, Lq = a.reg(), a.reg(), a.reg()
     a("s2r", t1, "%nctaid.x")
     a("s2r", t2, "%ctaid.x")
@@ -547,10 +658,10 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("ldparam", Lq, "q_len")
     a("sub.i64", nr, Lq, i0)
     a("min.i64", nr, nr, BRr)                         # rows of this block below q_len
-    LSEB = RAW + BRr * RBp                            # staged log-sum-exps
-    stg, x, y = a.reg(), a.reg(), a.reg()
-    a("mul.i64", stg, qa0, RBp // 4)
-    for ch in range(nch):                             # rows 32 ch + lane: O / l -> padded rows
+    LSEB = RAW + BRr * RB                             # staged log-sum-exps
+    x, lane = a.reg(), a.reg()
+    a("s2r", lane, "%tid.x")
+    for ch in range(nch):                             # rows 32 ch + lane: O / l -> packed rows
         if nch > 1:
             a("ld.shared.b32", m, Mem(qa0, ML + 128 * ch))
             a("ld.shared.b32", l, Mem(qa0, ML + QP + 128 * ch))
@@ -560,21 +671,8 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
             a("mul.f32", x, x, LN2)
             a("st.shared.b32", Mem(qa0, LSEB + 128 * ch), x)
         a("rcp.f32", l, l)
-        so, qo = RAW + 32 * ch * RBp, OT + 128 * ch
-        if f32:
-            for k in range(d):
-                a("ld.shared.b32", x, Mem(qa0, qo + QP * k))
-                a("mul.f32", x, x, l)
-                a("st.shared.b32", Mem(stg, so + 4 * k), x)
-        else:
-            for k in range(0, d, 2):
-                a("ld.shared.b32", x, Mem(qa0, qo + QP * k))
-                a("ld.shared.b32", y, Mem(qa0, qo + QP * (k + 1)))
-                a("mul.f32", x, x, l)
-                a("mul.f32", y, y, l)
-                a(_CVT_OUT[c.dtype], x, x, y)
-                a("st.shared.b32", Mem(stg, so + 2 * k), x)
-    a.free(stg, y)
+        _skew_untranspose(a, c.dtype, RB, QP, OT + 128 * ch, RAW + 32 * ch * RB, lane, qa0, f"OXPOSE{ch}", l)
+    a.free(lane)
     if c.lse:
         a("s2r", t1, "%nctaid.y")
         a("s2r", t2, "%ctaid.z")
@@ -596,14 +694,13 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("s2r", hd, "%ctaid.y")
     oldb = base_ptr(go, "O", Lq, "o_ld", "o_off")
     a.free(bq, hd)
-    a("mad.i64", go, i0, oldb, go)                    # row i0
-
-    def o_row(r):
-        a("mul.i64", t2, r, RBp)
-        a("dma.put", Mem(go, 0), Mem(t2, RAW), rbn)
-        a("add.i64", go, go, oldb)
-
-    row_loop("O_ROWS", nr, o_row)
+    pair = a.reg(2)
+    a("mov.b64", pair, RB)
+    a("mov.b64", pair + 1, oldb)
+    a.free(oldb)
+    a("mad.i64", go, i0, pair + 1, go)                # row i0
+    a("mov.b64", t2, RAW)
+    a("dma.put.s", Mem(go, 0), Mem(t2, 0), nr, pair)  # rows i0 .. i0 + nr - 1 in one strided put
     a("dma.wait", 0)
     a("exit")
     return a.build()
@@ -615,28 +712,29 @@ DEC_BC_CHOICES = (128, 64, 32)   # keys per block: 32 lanes x U keys a lane
 
 def _dec_layout(dtype: str, d: int, Bc: int) -> dict:
     es = _ES[dtype]
-    RB, RBp = d * es, d * es + 8
+    RB = d * es
     QF, OT = 0, _ceil(4 * d, 128) * 128
-    RAW = OT + 128 * d
-    raw = _ceil(max(2 * Bc * RBp, 2 * RB + 16), 16) * 16
+    RAW = OT + 128 * d                                # K then V rows, packed (strided gets)
+    raw = _ceil(max(2 * Bc * RB, 2 * RB + 16), 64) * 64
     KT = RAW + raw
-    return dict(es=es, RB=RB, RBp=RBp, QF=QF, OT=OT, RAW=RAW, KT=KT, VT=KT + 4 * Bc * d, total=KT + 8 * Bc * d)
+    return dict(es=es, RB=RB, QF=QF, OT=OT, RAW=RAW, KT=KT, VT=KT + 4 * Bc * d, total=KT + 8 * Bc * d)
 
 
 def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     """q_len = 1: lane = key. Lane i takes keys j*Bc + 32u + i (u < U = Bc/32) of every block, with
     its own running max, sum and O column set OT[.][i]; the 32 partial softmaxes are merged by
-    shfl.bfly at the end. K / V rows land by row DMAs in padded rows and are transposed to fp32
-    KT, VT [d][Bc] (key-contiguous: one vector load gives 32 keys' element k)."""
+    shfl.bfly at the end. A K / V block lands by one strided get each, rows packed, and is
+    transposed (skewed: no bank conflicts) to fp32 KT, VT [d][Bc] (key-contiguous: one vector load
+    gives 32 keys' element k)."""
     d, Bc = c.d, c.Bc
     U = Bc // LANES
     C = 8
     L = _dec_layout(c.dtype, d, Bc)
-    es, RB, RBp, OT, RAW, KT, VT = L["es"], L["RB"], L["RBp"], L["OT"], L["RAW"], L["KT"], L["VT"]
+    es, RB, OT, RAW, KT, VT = L["es"], L["RB"], L["OT"], L["RAW"], L["KT"], L["VT"]
     f32 = c.dtype == "fp32"
     KTR = 4 * Bc                                      # bytes of a KT / VT row (one k, all keys)
-    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_lse' if c.lse else ''}"
-    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_split' if c.split else ('_lse' if c.lse else '')}"
+    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
     qa0, bq, hd, t1, t2, rbn, lane = (a.reg() for _ in range(7))
     a("s2r", lane, "%tid.x")
     a("shl.b64", qa0, lane, 2)
@@ -658,16 +756,6 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("add.i64", dst, dst, t1)
         a("shl.b64", ldb, ldb, _log2(es))
         return ldb
-
-    def row_loop(label, count, body):
-        r = a.reg()
-        a("mov.b64", r, 0)
-        a.label(label)
-        body(r)
-        a("add.i64", r, r, 1)
-        a("setp.lt.i64", pl, r, count)
-        a("bra", label, p=pl)
-        a.free(r)
 
     one = a.reg()
     a("mov.b64", one, 1)
@@ -709,27 +797,45 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("ldparam", Lk, "kv_len")
     kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
     a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
-    klim, ntl = a.reg(), a.reg()
-    a("sub.i64", klim, Lk, 1)
-    a("add.i64", ntl, Lk, Bc - 1)
+    klim, ntl, key = a.reg(), a.reg(), a.reg()
+    if c.split:                                       # keys key .. klim: chunk x of chunk*Bc keys
+        a("ldparam", t1, "chunk")
+        a("shl.b64", t1, t1, _log2(Bc))
+        a("s2r", key, "%ctaid.x")
+        a("mul.i64", key, key, t1)
+        a("add.i64", t1, t1, key)
+        a("min.i64", t1, t1, Lk)
+        a("sub.i64", klim, t1, 1)
+    else:
+        a("mov.b64", key, 0)
+        a("sub.i64", klim, Lk, 1)
+    a("sub.i64", ntl, klim, key)
+    a("add.i64", ntl, ntl, Bc)
     a("shr.u64", ntl, ntl, _log2(Bc))
-    a("shl.b64", ntl, ntl, _log2(Bc))                # keys of the blocks run
+    a("shl.b64", ntl, ntl, _log2(Bc))
+    a("add.i64", ntl, ntl, key)                       # the end of the blocks run (keys)
     a.free(Lk, one)
 
-    def kv_rows(first_key):
-        def body(r):
-            a("add.i64", t1, r, first_key)
-            a("min.i64", t1, t1, klim)
-            a("mul.i64", t2, r, RBp)
-            a("mad.i64", g, t1, kldb, gk)
-            a("dma.get", Mem(t2, RAW), Mem(g, 0), rbn)
-            a("mad.i64", g, t1, kldb, gv)
-            a("dma.get", Mem(t2, RAW + Bc * RBp), Mem(g, 0), rbn)
-        return body
+    pair = a.reg(2)                                   # a strided get's block size and stride
+    a("mov.b64", pair, RB)
+    a("mov.b64", pair + 1, kldb)
+    a.free(kldb)
+    cnt = a.reg()
 
-    key = a.reg()
-    a("mov.b64", key, 0)
-    row_loop("KV0_ROWS", Bc, kv_rows(key))
+    def kv_block(first_key):
+        """K and V rows first_key .. first_key + cnt - 1 (cnt = min(Bc, kv_len - first_key)) by one
+        strided get each, packed at RB bytes; rows past cnt keep the previous block's values
+        (finite, and masked)."""
+        a("sub.i64", cnt, klim, first_key)
+        a("add.i64", cnt, cnt, 1)
+        a("min.i64", cnt, cnt, Bc)
+        a("mad.i64", g, first_key, pair + 1, gk)
+        a("mov.b64", t2, RAW)
+        a("dma.get.s", Mem(t2, 0), Mem(g, 0), cnt, pair)
+        a("mad.i64", g, first_key, pair + 1, gv)
+        a("dma.get.s", Mem(t2, Bc * RB), Mem(g, 0), cnt, pair)
+
+    kv_block(key)
     m, l = a.reg(), a.reg()
     a("mov.f32", m, -1e30)                            # finite: a lane whose keys are all masked stays exact
     a("mov.f32", l, 0.0)
@@ -737,39 +843,16 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
 
     a.label("KV_LOOP")
     a("dma.wait", 0)
-    # transpose + convert: lane i takes row 32u + i; KT[k][32u + i]
-    src, dst = a.reg(), a.reg()
-    xs, ys = a.reg(4), a.reg(8)
-    for which, raw0, dst0 in (("K", RAW, KT), ("V", RAW + Bc * RBp, VT)):
-        for u in range(U):
-            a("mul.i64", src, lane, RBp)
-            a("add.i64", src, src, raw0 + 32 * u * RBp)
-            a("add.i64", dst, qa0, dst0 + 128 * u)
-            step = 4 if f32 else 8                    # elements a loop iteration converts
-            for k0 in range(0, d, step):
-                if f32:
-                    for e in range(4):
-                        a("ld.shared.b32", ys + e, Mem(src, 4 * (k0 + e)))
-                    for e in range(4):
-                        a("st.shared.b32", Mem(dst, KTR * (k0 + e)), ys + e)
-                else:
-                    lo, hi = _CVT_IN[c.dtype]
-                    for e in range(4):
-                        a("ld.shared.b32", xs + e, Mem(src, 2 * k0 + 4 * e))
-                    for e in range(4):
-                        a(lo, ys + 2 * e, xs + e)
-                        a(hi, ys + 2 * e + 1, xs + e)
-                    for e in range(8):
-                        a("st.shared.b32", Mem(dst, KTR * (k0 + e)), ys + e)
-    a.free(src, dst)
-    a.free(xs, k=4)
-    a.free(ys, k=8)
+    # transpose + convert: lane i takes rows 32u + i; KT[k][32u + i] (skewed: no bank conflicts)
+    jobs = [(RAW + 32 * u * RB, KT + 128 * u) for u in range(U)]
+    jobs += [(RAW + Bc * RB + 32 * u * RB, VT + 128 * u) for u in range(U)]
+    _skew_xpose(a, c.dtype, RB, KTR, jobs, lane, qa0, "XPOSE")
     # the next block's rows into the raw area, now free
     nk = a.reg()
     a("add.i64", nk, key, Bc)
     a("setp.lt.i64", pn, nk, ntl)
     a("bra", "NO_NEXT", p=pn, neg=True)
-    row_loop("KV_ROWS", Bc, kv_rows(nk))
+    kv_block(nk)
     a.label("NO_NEXT")
     a.free(nk)
 
@@ -856,7 +939,8 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("add.i64", key, key, Bc)
     a("setp.lt.i64", pm, key, ntl)
     a("bra", "KV_LOOP", p=pm)
-    a.free(key, klim, ntl, gk, gv, kldb)
+    a.free(key, klim, ntl, gk, gv, cnt)
+    a.free(pair, k=2)
 
     # ---- merge the 32 lanes: M = max m, sc = 2^(m - M), L = sum l sc, O = sum sc O^T / L
     M, sc, x = a.reg(), a.reg(), a.reg()
@@ -872,41 +956,179 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("add.f32", l, l, x)
     p0 = a.pred()
     a("setp.eq.i64", p0, lane, 0)
-    if c.lse:
+    of32 = f32 or c.split                             # split: the partial O in f32, normalised by its own sum
+    LSEB = RAW + (4 * d if c.split else RB)           # the staged log-sum-exp, after the staged O row
+    if c.split:                                       # workspace slot (b*heads + head)*splits + split
+        slot = a.reg()
+        a("s2r", t1, "%nctaid.y")
+        a("mad.i64", slot, bq, t1, hd)
+        a("s2r", t1, "%nctaid.x")
+        a("s2r", t2, "%ctaid.x")
+        a("mad.i64", slot, slot, t1, t2)
+    if c.lse or c.split:
         a("lg2.f32", x, l)
         a("add.f32", x, x, M)
         a("mul.f32", x, x, LN2)
-        a("mov.b64", t2, RAW + RB)
+        a("mov.b64", t2, LSEB)
         a("st.shared.b32", Mem(t2, 0), x, p=p0)
-        a("s2r", t1, "%nctaid.y")
-        a("mad.i64", t1, bq, t1, hd)                  # (b*heads + head) * q_len(1)
-        a("shl.b64", t1, t1, 2)
-        a("ldparam", x, "LSE")
+        if c.split:
+            a("shl.b64", t1, slot, 2)
+            a("ldparam", x, "LSEpart")
+        else:
+            a("s2r", t1, "%nctaid.y")
+            a("mad.i64", t1, bq, t1, hd)              # (b*heads + head) * q_len(1)
+            a("shl.b64", t1, t1, 2)
+            a("ldparam", x, "LSE")
         a("add.i64", t1, t1, x)
         a("mov.b64", x, 4)
         a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
     a("rcp.f32", l, l)
     a("mul.f32", sc, sc, l)                           # 2^(m - M) / L
     vals = a.reg(2)
-    for c0 in range(0, d, 1 if f32 else 2):
-        for e in range(1 if f32 else 2):
+    for c0 in range(0, d, 1 if of32 else 2):
+        for e in range(1 if of32 else 2):
             v = vals + e
             a("ld.shared.b32", v, Mem(qa0, OT + 128 * (c0 + e)))
             a("mul.f32", v, v, sc)
             for sh in (1, 2, 4, 8, 16):
                 a("shfl.bfly.b64", x, v, sh)
                 a("add.f32", v, v, x)
-        if f32:
+        if of32:
             a("st.shared.b32", Mem(None, RAW + 4 * c0), vals, p=p0)
         else:
             a(_CVT_OUT[c.dtype], x, vals, vals + 1)
             a("st.shared.b32", Mem(None, RAW + 2 * c0), x, p=p0)
     go = a.reg()
-    one = a.reg()
-    a("mov.b64", one, 1)
-    a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
+    if c.split:
+        a("mul.i64", go, slot, 4 * d)
+        a("ldparam", t1, "Opart")
+        a("add.i64", go, go, t1)
+        a("mov.b64", rbn, 4 * d)
+    else:
+        one = a.reg()
+        a("mov.b64", one, 1)
+        a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
     a("mov.b64", t2, RAW)
     a("dma.put", Mem(go, 0), Mem(t2, 0), rbn)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+
+# ----------------------------------------------------------------------------- split-KV decode: the combine
+SPLITS_MAX = 64                 # partials a combine CPE holds in its LDM (the split rule caps the count)
+
+
+def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
+    """O = sum_s w_s O_s / sum_s w_s, w_s = 2^(log2e (LSE_s - M)), M = max_s LSE_s, for one (batch,
+    head) row a CPE (grid (rows, 1, 1), q_len 1): one get of the row's split LSEs, one of its f32
+    partials (contiguous: Opart [b, heads, splits, 1, d]); lane L holds columns E L .. E L + E - 1
+    (E = d / 32: one vector load per split, no bank conflict); the row's O in the storage dtype by
+    one put, and LSE = M + ln(sum w) with with_lse."""
+    es = _ES[dtype]
+    E = d // LANES
+    LSEA, OPA = 0, 4 * SPLITS_MAX
+    OUT = OPA + 4 * d * SPLITS_MAX
+    name = f"flash_attn_sw_combine_{dtype}_d{d}{'_lse' if lse else ''}"
+    a = _Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), OUT + 4 * d + 64)
+    r, S, t1, t2, n, la, oa, sp, mx, l, w = (a.reg() for _ in range(11))
+    acc, ob = a.reg(E), a.reg(E)
+    pl, p0 = a.pred(), a.pred()
+    a("s2r", r, "%ctaid.x")                          # (b*heads + head), q_len 1
+    a("ldparam", S, "splits")
+    a("mul.i64", t1, r, S)                            # the row's first workspace slot
+    a("shl.b64", t2, t1, 2)
+    a("ldparam", n, "LSEpart")
+    a("add.i64", t2, t2, n)
+    a("shl.b64", n, S, 2)
+    a("mov.b64", la, LSEA)
+    a("dma.get", Mem(la, 0), Mem(t2, 0), n)
+    a("mul.i64", t2, t1, 4 * d)
+    a("ldparam", n, "Opart")
+    a("add.i64", t2, t2, n)
+    a("mul.i64", n, S, 4 * d)
+    a("mov.b64", oa, OPA)
+    a("dma.get", Mem(oa, 0), Mem(t2, 0), n)
+    a("dma.wait", 0)
+    # M = max_s LSE_s (every lane the same: broadcast loads)
+    a("mov.f32", mx, float("-inf"))
+    a("mov.b64", sp, 0)
+    a.label("MAX")
+    a("ld.shared.b32", w, Mem(la, 0))
+    a("max.f32", mx, mx, w)
+    a("add.i64", la, la, 4)
+    a("add.i64", sp, sp, 1)
+    a("setp.lt.i64", pl, sp, S)
+    a("bra", "MAX", p=pl)
+    # l = sum w_s, acc = sum w_s O_s (this lane's E columns)
+    a("s2r", t1, "%tid.x")
+    a("mul.i64", t1, t1, 4 * E)
+    a("add.i64", oa, oa, t1)
+    a("mov.b64", la, LSEA)
+    a("mul.f32", mx, mx, LOG2E)
+    a("mov.f32", l, 0.0)
+    for e in range(E):
+        a("mov.f32", acc + e, 0.0)
+    ld = {1: "ld.shared.b32", 2: "ld.shared.v2.b32", 4: "ld.shared.v4.b32"}[E]
+    a("mov.b64", sp, 0)
+    a.label("SUM")
+    a("ld.shared.b32", w, Mem(la, 0))
+    a(ld, ob, Mem(oa, 0))
+    a("mul.f32", w, w, LOG2E)
+    a("sub.f32", w, w, mx)
+    a("ex2.f32", w, w)
+    a("add.f32", l, l, w)
+    for e in range(E):
+        a("fma.f32", acc + e, w, ob + e, acc + e)
+    a("add.i64", la, la, 4)
+    a("add.i64", oa, oa, 4 * d)
+    a("add.i64", sp, sp, 1)
+    a("setp.lt.i64", pl, sp, S)
+    a("bra", "SUM", p=pl)
+    a("s2r", t1, "%tid.x")
+    a("setp.eq.i64", p0, t1, 0)
+    if lse:                                           # ln(sum e^(LSE_s)) = ln2 (log2 l + log2e M)
+        a("lg2.f32", w, l)
+        a("add.f32", w, w, mx)
+        a("mul.f32", w, w, LN2)
+        a("mov.b64", t2, OUT + 4 * d)
+        a("st.shared.b32", Mem(t2, 0), w, p=p0)
+        a("shl.b64", t1, r, 2)
+        a("ldparam", n, "LSE")
+        a("add.i64", t1, t1, n)
+        a("mov.b64", n, 4)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), n)
+    a("rcp.f32", l, l)
+    for e in range(E):
+        a("mul.f32", acc + e, acc + e, l)
+    a("s2r", t1, "%tid.x")
+    a("mul.i64", t1, t1, es * E)
+    a("add.i64", t1, t1, OUT)                         # this lane's columns of the staged row
+    if es == 4:
+        a({1: "st.shared.b32", 2: "st.shared.v2.b32", 4: "st.shared.v4.b32"}[E], Mem(t1, 0), acc)
+    elif E == 1:
+        a(_CVT_OUT[dtype], ob, acc, acc)
+        a("st.shared.b16", Mem(t1, 0), ob)
+    else:
+        for e in range(0, E, 2):
+            a(_CVT_OUT[dtype], ob + e // 2, acc + e, acc + e + 1)
+        a("st.shared.b32" if E == 2 else "st.shared.v2.b32", Mem(t1, 0), ob)
+    # O row b (q_len 1) at head's columns: ((b*o_ld + head*d) + o_off) es
+    a("ldparam", n, "heads")
+    a("div.i64", t1, r, n)                            # b
+    a("rem.i64", t2, r, n)                            # head
+    a("ldparam", n, "o_ld")
+    a("mul.i64", t1, t1, n)
+    a("mad.i64", t1, t2, d, t1)
+    a("ldparam", n, "o_off")
+    a("add.i64", t1, t1, n)
+    a("shl.b64", t1, t1, _log2(es))
+    a("ldparam", n, "O")
+    a("add.i64", t1, t1, n)
+    a("mov.b64", t2, OUT)
+    a("mov.b64", n, d * es)
+    a("dma.put", Mem(t1, 0), Mem(t2, 0), n)
     a("dma.wait", 0)
     a("exit")
     return a.build()
@@ -935,14 +1157,15 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, nch: in
                      "a smaller head_dim or a larger LDM")
 
 
-def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool) -> tuple[_Cfg, Program]:
+def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool,
+                   split: bool = False) -> tuple[_Cfg, Program]:
     tried = []
     for Bc in DEC_BC_CHOICES:
         need = _dec_layout(dtype, d, Bc)["total"]
         if need > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {need} B LDM")
             continue
-        cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse)
+        cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse, split=split)
         try:
             return cfg, _emit_decode(cfg, caps.max_regs_per_thread)
         except _OutOfRegisters as e:
@@ -997,3 +1220,75 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
                            Bc=cfg.Bc, kind=kind, with_lse=bool(with_lse), **lds)
+
+
+def sunway_kv_splits(caps, bh: int, tiles: int) -> tuple[int, int]:
+    """(splits, chunk) for bh (batch, head) rows of ``tiles`` K/V blocks: the largest chunk whose
+    splits still give every CPE a block (bh * splits >= cores), one block a split when none does;
+    (1, tiles) when bh already covers the CPEs or the cache is one block. Not attention_gpu's
+    kv_splits (the shortest critical path in tiles): a Sunway decode is bound by the DMA engines
+    and the ring, not by one CPE's math, and a launch fills CPEs 0, 1, ... in order, so the more
+    CPEs (engines, core groups, ring stops) a decode spans the faster it streams. Measured on
+    sw26010pro (attn.split + attn.combine, cycles): gpt2-small b8 (96 rows, 9 blocks) 1 split
+    1.16 M, 3 (kv_splits' choice) 569 k, 5 (this rule) 497 k, 9 504 k; llama2-7b b1 (32 rows, d 128,
+    17 blocks) 1: 2.23 M, 9: 713 k, 17: 632 k; gpt2-small b1 1: 231 k, 9: 138 k."""
+    cores = caps.cores_total
+    if bh >= cores or tiles < 2:
+        return 1, tiles
+    chunk = 1
+    for c in range(tiles, 0, -1):
+        if bh * _ceil(tiles, c) >= cores:
+            chunk = c
+            break
+    return _ceil(tiles, chunk), chunk
+
+
+def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
+                              dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
+                              q_ld: Optional[int] = None, kv_ld: Optional[int] = None, o_ld: Optional[int] = None,
+                              with_lse: bool = False, splits: Optional[int] = None,
+                              name: str = "attn") -> Optional[SplitAttentionKernel]:
+    """Split-KV decode (q_len 1) for a Sunway target, attention_gpu.split_kv_attention_kernel's
+    arguments and kernel object: ``attn.split`` is the decode program (lane = key) over chunk x of
+    ``chunk`` K/V blocks per CPE (grid (splits, heads, batch)), writing its f32 O normalised by its
+    own sum and that sum's log-sum-exp into Opart / LSEpart; ``attn.combine`` (a CPE per (batch,
+    head)) weighs them. ``splits`` None: sunway_kv_splits, None when one split would do or the
+    decode program does not fit; a number forces (about) that many; at most SPLITS_MAX splits."""
+    where = "split-KV attention"
+    batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
+        where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld,
+        "fp16, bf16, fp32", family="sunway")
+    check_sunway_units(where, caps, dt)
+    if q_len != 1:
+        if splits is None:
+            return None
+        raise InputError(where, f"q_len {q_len}", "q_len 1 (decode; longer queries fill the machine)")
+    try:
+        cfg, prog = _choose_decode(caps, dt, d, bool(causal), scale * LOG2E, False, split=True)
+    except InputError:
+        if splits is None:                            # K^T, V^T do not fit: the row kernel runs whole
+            return None
+        raise
+    tiles = _ceil(kv_len, cfg.Bc)
+    if splits is None:
+        n, chunk = sunway_kv_splits(caps, batch * heads, tiles)
+        if n <= 1:
+            return None
+    else:
+        if isinstance(splits, bool) or int(splits) != splits or splits < 1:
+            raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
+        chunk = _ceil(tiles, int(splits))
+    chunk = max(chunk, _ceil(tiles, SPLITS_MAX))      # the combine holds at most SPLITS_MAX partials
+    n = _ceil(tiles, chunk)
+    check(prog, caps)
+    comb = _emit_combine(dt, d, bool(with_lse))
+    check(comb, caps)
+    rows = batch * heads
+    pairs = kv_len                                    # one query: causal or not, it sees every key
+    parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (LANES, 1, 1)),
+                           4 * d * batch * heads * pairs, 4 * d * batch * heads * kv_len, ("Opart", "LSEpart")),
+             AttentionPart(f"{name}.combine", comb, Launch((rows, 1, 1), (LANES, 1, 1)),
+                           combine_flops(rows, n, d), 0, ("O", "LSE") if with_lse else ("O",)))
+    return SplitAttentionKernel(parts=parts, batch=batch, heads=heads, q_len=1, kv_len=kv_len, head_dim=d,
+                                dtype=dt, causal=bool(causal), scale=scale, Bc=cfg.Bc, splits=n, chunk=chunk,
+                                kind="sunway_decode", with_lse=bool(with_lse), **lds)

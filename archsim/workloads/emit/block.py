@@ -15,8 +15,8 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
 - attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
   fused qkv tensor [T, 3h] (decode: K, V from the cache [b, kv_len, h]) and writing attn_out.
   When the query rows fit one block (decode) and batch*heads blocks cannot cover the cores, split-KV
-  instead (attention_gpu.split_kv_attention_kernel, GPU family): ``attn.split`` (the flash loop over
-  one chunk of the cache per block, f32 partial O and LSE into workspaces) and ``attn.combine``.
+  instead (attention_gpu / attention_sunway.split_kv_attention_kernel): ``attn.split`` (the flash loop
+  over one chunk of the cache per block, f32 partial O and LSE into workspaces) and ``attn.combine``.
 - attention, unfused (the s x s matrix goes through memory): ``attn.qk`` S = Q K^T as a batched
   GEMM over (batch, head) into attn_scores [b, n, q, kv]; ``attn.softmax`` P = softmax(S / sqrt(d))
   with the causal mask into attn_probs; ``attn.av`` O = P V, a batched GEMM writing each head's
@@ -128,7 +128,8 @@ def family_emitters(caps) -> FamilyEmitters:
         from . import attention_grad_sunway, attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
         return FamilyEmitters(gemm_sunway.gemm_kernel, attention_sunway.flash_attention_kernel,
                               attention_grad_sunway.flash_attention_grad_kernel, kvcache_sunway.kv_append_kernel,
-                              elementwise_sunway, gemm_sunway.accumulation_error)
+                              elementwise_sunway, gemm_sunway.accumulation_error,
+                              split_attention_kernel=attention_sunway.split_kv_attention_kernel)
     raise InputError(f"--hw {caps.name}", f"no kernel emitters for the {caps.family} family",
                      "a gpu or sunway machine")
 
