@@ -163,6 +163,33 @@ def _layout(dtype: str, d: int, Bc: int, nch: int = 1) -> dict:
                 WK=WK if dtype != "fp32" else RAW, total=total)
 
 
+def _skew_loop_open(a, lane, RB: int, pitch: int, epw: int, qa0, label: str):
+    """The head of the skewed-transpose loop over t = 0..7 (see _skew_xpose): registers (x, t, p,
+    row, col) with x = (lane >> 1) & 7, p = t ^ x, row = the lane's row word p (lane RB + 8 p),
+    col = element epw p of the lane's column (qa0 + p pitch epw); the label opens the loop body."""
+    x, t, p, row, col = (a.reg() for _ in range(5))
+    a("shr.u64", x, lane, 1)
+    a("and.b64", x, x, 7)
+    a("mov.b64", t, 0)
+    a.label(label)
+    a("xor.b64", p, t, x)
+    a("mul.i64", row, lane, RB)
+    a("mad.i64", row, p, 8, row)                      # this lane's row, word p
+    a("mad.i64", col, p, pitch * epw, qa0)            # element epw p of this lane's column
+    return x, t, p, row, col
+
+
+def _skew_loop_close(a, regs, label: str) -> None:
+    """t += 1, back to the label while t < 8; frees _skew_loop_open's registers."""
+    t = regs[1]
+    pl = a.pred()
+    a("add.i64", t, t, 1)
+    a("setp.lt.i64", pl, t, 8)
+    a("bra", label, p=pl)
+    a.free(*regs)
+    a.pfree(pl)
+
+
 def _skew_xpose(a, dtype: str, RB: int, pitch: int, jobs, lane, qa0, label: str, scale: Optional[float] = None) -> None:
     """Transpose rows packed RB bytes apart in the LDM (a strided get lands them so) into fp32
     columns: for each job (src, dst) of immediates, lane i moves row i (at src + i RB) to column i
@@ -182,18 +209,10 @@ def _skew_xpose(a, dtype: str, RB: int, pitch: int, jobs, lane, qa0, label: str,
     lo_hi = _CVT_IN.get(dtype)
     G = 2 if lo_hi else 4                             # words a group loads before it converts / stores
     items = [(so, do, s) for so, do in jobs for s in range(nw // 8)]
-    x, t, p, src, dst = (a.reg() for _ in range(5))
+    regs = _skew_loop_open(a, lane, RB, pitch, epw, qa0, label)
+    src, dst = regs[3], regs[4]
     xs = a.reg(2 * G)
     ys = a.reg(8) if lo_hi else None
-    pl = a.pred()
-    a("shr.u64", x, lane, 1)
-    a("and.b64", x, x, 7)
-    a("mov.b64", t, 0)
-    a.label(label)
-    a("xor.b64", p, t, x)
-    a("mul.i64", src, lane, RB)
-    a("mad.i64", src, p, 8, src)                      # this lane's row, word p
-    a("mad.i64", dst, p, pitch * epw, qa0)            # element epw p of this lane's column
     for g0 in range(0, len(items), G):
         grp = items[g0:g0 + G]
         for i, (so, do, s) in enumerate(grp):
@@ -214,14 +233,10 @@ def _skew_xpose(a, dtype: str, RB: int, pitch: int, jobs, lane, qa0, label: str,
                 a("mul.f32", r, r, scale)
         for r, off in outs:
             a("st.shared.b32", Mem(dst, off), r)
-    a("add.i64", t, t, 1)
-    a("setp.lt.i64", pl, t, 8)
-    a("bra", label, p=pl)
-    a.free(x, t, p, src, dst)
     a.free(xs, k=2 * G)
     if ys is not None:
         a.free(ys, k=8)
-    a.pfree(pl)
+    _skew_loop_close(a, regs, label)
 
 
 def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, lane, qa0, label: str, scale) -> None:
@@ -234,18 +249,10 @@ def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, la
     assert RB % 64 == 0 and pitch % 64 == 0, (RB, pitch)
     f32 = dtype == "fp32"
     G = 2
-    x, t, p, ra, ca = (a.reg() for _ in range(5))
+    regs = _skew_loop_open(a, lane, RB, pitch, epw, qa0, label)
+    ra, ca = regs[3], regs[4]
     vs = a.reg(epw * G)                               # fp32 elements of G words
     ws = a.reg(2 * G)                                 # the words, as two 32-bit halves each
-    pl = a.pred()
-    a("shr.u64", x, lane, 1)
-    a("and.b64", x, x, 7)
-    a("mov.b64", t, 0)
-    a.label(label)
-    a("xor.b64", p, t, x)
-    a("mul.i64", ra, lane, RB)
-    a("mad.i64", ra, p, 8, ra)                        # this lane's row, word p
-    a("mad.i64", ca, p, pitch * epw, qa0)             # element epw p of this lane's column
     for s0 in range(0, nw // 8, G):
         grp = list(range(s0, min(s0 + G, nw // 8)))
         for i, sw in enumerate(grp):
@@ -261,13 +268,9 @@ def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, la
                 for h in range(2):
                     a(_CVT_OUT[dtype], ws + 2 * i + h, vs + 4 * i + 2 * h, vs + 4 * i + 2 * h + 1)
                 a("st.shared.v2.b32", Mem(ra, dst + 64 * sw), ws + 2 * i)
-    a("add.i64", t, t, 1)
-    a("setp.lt.i64", pl, t, 8)
-    a("bra", label, p=pl)
-    a.free(x, t, p, ra, ca)
     a.free(vs, k=epw * G)
     a.free(ws, k=2 * G)
-    a.pfree(pl)
+    _skew_loop_close(a, regs, label)
 
 def _emit(c: _Cfg, max_regs: int) -> Program:
     d, Bc, U, C = c.d, c.Bc, c.U, c.C
