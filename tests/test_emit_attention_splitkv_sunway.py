@@ -157,5 +157,6 @@ def test_sw26010pro_split_kv_decode_is_faster():
     assert rf.memory["dma"]["bytes_get"] == kv_bytes + 12 * 128
     assert rs[0].memory["dma"]["bytes_get"] == kv_bytes + 9 * 12 * 128    # each split reads the Q row
     assert rs[0].memory["dma"]["gets"] == 9 * 12 * 3                       # Q, one K and one V get a CPE
-    # ~231 k cycles whole, ~134 k + ~3.5 k split (measured)
-    assert sum(r.cycles for r in rs) < 0.7 * rf.cycles, ([r.cycles for r in rs], rf.cycles)
+    # ~160 k cycles whole, ~113 k + ~3 k split (measured; 231 k and 137 k with the 16-flit FIFO
+    # ring stops of before, which held the 12 CPEs' replies at two stops' links)
+    assert sum(r.cycles for r in rs) < 0.8 * rf.cycles, ([r.cycles for r in rs], rf.cycles)

@@ -97,11 +97,12 @@ decode of 1025 keys on sw26010pro: 235 k cycles with row gets, 103 k with stride
 unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch fills CPEs 0, 1, ...
 in order, so gpt2-small b8's 96 whole-row CPEs sit in core groups 0 and 1 and every reply of the
 cross segment (the cache interleaved over all 6 controllers) enters those two ring stops (the
-response link into CG 0 ~57% busy, the ring model's head-of-line limit): ~50 GB/s with strided
+response link into CG 0 ~57% busy, the head-of-line limit of those FIFO stops): ~50 GB/s with strided
 gets, no better than the row gets' descriptor limit. Split-KV spreads the stream over 5 core
 groups' engines and stops (gpt2-small b8: 5 splits, 480 CPEs' worth, ~115 GB/s); what is left is
-the cross-segment ring congestion (~125 GB/s modelled for all six groups; config comment) and the
-last wave's imbalance.
+the cross-segment ring congestion (~205 GB/s modelled for all six groups streaming; config
+comment) and the last wave's imbalance. (Figures measured with the 16-flit FIFO ring stops of the
+time; the ring now has 64-flit buffers that look ahead.)
 
 ``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
 """
