@@ -48,12 +48,11 @@ def test_private_placement_keeps_each_group_on_its_own_controller(capsys, tmp_pa
         assert k["bytes"]["dma"] > 0
         assert _ring_util(k) == 0.0, k["name"]          # no request or reply between core groups
         assert _ring_util(cross[k["name"]]) > 0, k["name"]  # the same kernel in the cross segment does
-    # a launch that fills both groups reads from both controllers, each group from its own
-    ffn1 = next(k for k in docs["private"]["kernels"] if k["name"] == "ffn1")
-    assert all(mc["gbps"] > 0 for mc in ffn1["memory_controllers"])
-    # a launch small enough for group 0 alone meets only group 0's controller
-    norm = next(k for k in docs["private"]["kernels"] if k["name"] == "norm1")
-    assert [mc["gbps"] > 0 for mc in norm["memory_controllers"]] == [True, False]
+    # launches with blocks in both groups (a small norm spreads its blocks too) read from both
+    # controllers, each group from its own (no ring link, above)
+    for name in ("ffn1", "norm1"):
+        k = next(k for k in docs["private"]["kernels"] if k["name"] == name)
+        assert all(mc["gbps"] > 0 for mc in k["memory_controllers"]), name
 
 
 def test_per_group_translation_equals_a_program_that_addresses_each_segment(sw):

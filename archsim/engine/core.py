@@ -66,6 +66,7 @@ class TState(NamedTuple):
     mem_wait: np.ndarray     # int8  [cores] a warp found the SM's MIO queue or trackers full
     launch_at: np.ndarray    # int64 [cores] cycle the core may start issuing (Sunway: its MPE launch
                              # message arrived, engine/mpe.py; K.INF until then; 0 on a GPU)
+    core_order: np.ndarray   # int32 [cores] the order the first dispatch visits cores (dispatch_order)
     # block slots
     bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
     bs_alive: np.ndarray     # int32 warps not exited
@@ -119,9 +120,11 @@ def make_core_cfg(machine, scratch_bytes: int) -> CoreCfg:
 
 
 def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int,
-                first_block: int = 0, end_block: int | None = None) -> TState:
+                first_block: int = 0, end_block: int | None = None, core_order=None) -> TState:
     """Timing state for a launch of `nblocks` blocks of which blocks [first_block, end_block) run
-    (all of them by default; a range serves wave sampling: the blocks keep their grid ids)."""
+    (all of them by default; a range serves wave sampling: the blocks keep their grid ids).
+    ``core_order``: the order in which the first dispatch visits the cores (default 0, 1, ...;
+    see dispatch_order)."""
     v = cfg.v
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
@@ -140,7 +143,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int8),
-        launch_at=np.zeros(cores, np.int64),
+        launch_at=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
+        else np.ascontiguousarray(core_order, np.int32),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
         bs_nwarps=np.zeros(cores * mb, np.int32), core_warps=np.zeros(cores, np.int32),
@@ -313,6 +317,30 @@ def dispatch_block(C, TS, S, core, now):
         S.s8[bs, j] = 0
 
 
+def dispatch_order(machine, spread: bool) -> np.ndarray:
+    """The order in which a launch's first dispatch visits the cores (Launch.spread): 0, 1, ...;
+    spread on a machine of several core groups: group by group in turn, and within a group its
+    clusters in turn (mesh.cluster_rows x cluster_cols CPEs; in mesh order without a mesh), so
+    blocks 0..G-1 go to the first CPE of each group, the next G to the first CPE of each group's
+    second cluster, and so on."""
+    G, P = machine.groups, machine.cores.per_group
+    if not spread or G * P <= 1:
+        return np.arange(G * P, dtype=np.int32)
+    m = machine.mesh
+    if m is not None and m.rows * m.cols == P:
+        ccols = m.cols // m.cluster_cols
+        key = []
+        for k in range(P):
+            row, col = divmod(k, m.cols)
+            cluster = (row // m.cluster_rows) * ccols + col // m.cluster_cols
+            inside = (row % m.cluster_rows) * m.cluster_cols + col % m.cluster_cols
+            key.append((inside, cluster))
+        within = sorted(range(P), key=lambda k: key[k])
+    else:
+        within = list(range(P))
+    return np.array([g * P + c for c in within for g in range(G)], dtype=np.int32)
+
+
 @njit(cache=True)
 def dispatch_all(C, TS, S, now):
     """Fill every core with blocks, round robin over cores, in launch order."""
@@ -320,7 +348,8 @@ def dispatch_all(C, TS, S, now):
     placed = True
     while placed and TS.k[0] < TS.k[3]:
         placed = False
-        for core in range(cores):
+        for j in range(cores):
+            core = TS.core_order[j]
             if TS.k[0] >= TS.k[3]:
                 break
             if _fits(C, TS, core):

@@ -850,11 +850,11 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     cells, full = batch * heads * pairs, batch * heads * q_len * kv_len
     blk = (LANES, 1, 1)
     parts = (
-        GradPart(f"{name}.pre", pre, Launch((q_pad // LANES, heads, batch), blk), 2 * d * batch * heads * q_len, 0,
+        GradPart(f"{name}.pre", pre, Launch((q_pad // LANES, heads, batch), blk, spread=True), 2 * d * batch * heads * q_len, 0,
                  ("D", "NL")),
-        GradPart(f"{name}.dkdv", pkv, Launch((_ceil(kv_len, LANES), heads, batch), blk), cells * (4 * 2 * d + 4),
+        GradPart(f"{name}.dkdv", pkv, Launch((_ceil(kv_len, LANES), heads, batch), blk, spread=True), cells * (4 * 2 * d + 4),
                  3 * 2 * d * full, ("dK", "dV")),
-        GradPart(f"{name}.dq", pq, Launch((_ceil(q_len, LANES), heads, batch), blk), cells * (3 * 2 * d + 4),
+        GradPart(f"{name}.dq", pq, Launch((_ceil(q_len, LANES), heads, batch), blk, spread=True), cells * (3 * 2 * d + 4),
                  2 * d * full, ("dQ",)),
     )
     return AttentionGradKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,

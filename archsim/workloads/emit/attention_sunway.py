@@ -94,9 +94,10 @@ as few wavefronts per element as the padded rows gave, with no padding and no ex
 Where decode time goes now. One CPE's blocks are compute-bound: a 128-key d 64 block is ~8.3 k
 cycles of transposes and fp32 score / PV fmas (8 lanes a cycle) against ~2.5 k of DMA (a one-CPE
 decode of 1025 keys on sw26010pro: 235 k cycles with row gets, 103 k with strided gets and an
-unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch fills CPEs 0, 1, ...
-in order, so gpt2-small b8's 96 whole-row CPEs sit in core groups 0 and 1 and every reply of the
-cross segment (the cache interleaved over all 6 controllers) enters those two ring stops (the
+unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch filled CPEs 0, 1, ...
+in order (before launches were spread, Launch.spread), so gpt2-small b8's 96 whole-row CPEs sat in
+core groups 0 and 1 and every reply of the cross segment (the cache interleaved over all 6
+controllers) entered those two ring stops (the
 response link into CG 0 ~57% busy, the head-of-line limit of those FIFO stops): ~50 GB/s with strided
 gets, no better than the row gets' descriptor limit. Split-KV spreads the stream over 5 core
 groups' engines and stops (gpt2-small b8: 5 splits, 480 CPEs' worth, ~115 GB/s); what is left is
@@ -1217,7 +1218,7 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     if prog is None:
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
-    launch = Launch((_ceil(q_len, BR * cfg.nch), heads, batch), (LANES, 1, 1))
+    launch = Launch((_ceil(q_len, BR * cfg.nch), heads, batch), (LANES, 1, 1), spread=True)
     kind = "sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway"
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
@@ -1231,8 +1232,8 @@ def sunway_kv_splits(caps, bh: int, tiles: int) -> tuple[int, int]:
     splits still give every CPE a block (bh * splits >= cores), one block a split when none does;
     (1, tiles) when bh already covers the CPEs or the cache is one block. Not attention_gpu's
     kv_splits (the shortest critical path in tiles): a Sunway decode is bound by the DMA engines
-    and the ring, not by one CPE's math, and a launch fills CPEs 0, 1, ... in order, so the more
-    CPEs (engines, core groups, ring stops) a decode spans the faster it streams. Measured on
+    and the ring, not by one CPE's math, so the more CPEs (engines, core groups, ring stops) a
+    decode spans the faster it streams. Measured (with in-order dispatch and the 16-flit ring) on
     sw26010pro (attn.split + attn.combine, cycles): gpt2-small b8 (96 rows, 9 blocks) 1 split
     1.16 M, 3 (kv_splits' choice) 569 k, 5 (this rule) 497 k, 9 504 k; llama2-7b b1 (32 rows, d 128,
     17 blocks) 1: 2.23 M, 9: 713 k, 17: 632 k; gpt2-small b1 1: 231 k, 9: 138 k."""
@@ -1289,9 +1290,9 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
     check(comb, caps)
     rows = batch * heads
     pairs = kv_len                                    # one query: causal or not, it sees every key
-    parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (LANES, 1, 1)),
+    parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (LANES, 1, 1), spread=True),
                            4 * d * batch * heads * pairs, 4 * d * batch * heads * kv_len, ("Opart", "LSEpart")),
-             AttentionPart(f"{name}.combine", comb, Launch((rows, 1, 1), (LANES, 1, 1)),
+             AttentionPart(f"{name}.combine", comb, Launch((rows, 1, 1), (LANES, 1, 1), spread=True),
                            combine_flops(rows, n, d), 0, ("O", "LSE") if with_lse else ("O",)))
     return SplitAttentionKernel(parts=parts, batch=batch, heads=heads, q_len=1, kv_len=kv_len, head_dim=d,
                                 dtype=dt, causal=bool(causal), scale=scale, Bc=cfg.Bc, splits=n, chunk=chunk,

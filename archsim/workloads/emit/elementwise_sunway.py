@@ -284,7 +284,7 @@ def _scale_off(e, dst: Reg, src: Reg, frm: int, to: int) -> None:
 
 
 def _grid_launch(caps, needed: int) -> Launch:
-    return Launch((max(1, min(int(needed), caps.cores_total)), 1, 1), (32, 1, 1))
+    return Launch((max(1, min(int(needed), caps.cores_total)), 1, 1), (32, 1, 1), spread=True)
 
 
 def _build(e: _L, caps):

@@ -1123,7 +1123,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         groups = min(caps.cores_total // caps.cores_per_group, _macro_tiles(M, N, cfg.BM, cfg.BN, cfg.mesh, nb * nh))
         launch = Launch((groups * caps.cores_per_group, 1, 1), (caps.warp_width, 1, 1))
     else:
-        launch = Launch((_ceil(N, cfg.BN), _ceil(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1))
+        launch = Launch((_ceil(N, cfg.BN), _ceil(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1), spread=True)
     return SunwayGemmKernel(program=prog, launch=launch, tile=Tile(cfg.BM, cfg.BN, cfg.BK, 1, 2),
                       flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt, out_dtype=out, trans_b=bool(trans_b),
                       kind="vfma", trans_a=bool(trans_a), lda=lda, ldb=ldb, ldc=ldc, batch=(nb, nh), stride_a=sa,

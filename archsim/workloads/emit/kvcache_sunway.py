@@ -89,7 +89,7 @@ def kv_append_kernel(caps, batch: int, kv_len: int, hidden: int, pos: int, dtype
     e.pipeline(c, 1, nch, chunk, gets, lambda cc, b: None, puts)
     e("exit")
     prog = _build(e, caps)
-    return KvAppendKernel(prog, Launch((int(batch), 2, 1), (32, 1, 1)), int(batch), int(kv_len), int(hidden), int(pos),
+    return KvAppendKernel(prog, Launch((int(batch), 2, 1), (32, 1, 1), spread=True), int(batch), int(kv_len), int(hidden), int(pos),
                           dtype)
 
 
