@@ -38,7 +38,7 @@ from archsim.run import RunOptions, run_workload
 
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
-WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal")
+WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
 RUN_OPTIONS = ("mode", "sample", "sample_waves", "max_cycles")
 SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "overlays", "set", "vary", "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
@@ -311,7 +311,7 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
     validated; with ``check_emit`` every distinct (capabilities, workload) is emitted once, so a
     point the kernel emitters refuse is an input error before any run."""
     from archsim.config.derived import capabilities
-    from archsim.run import emit_block
+    from archsim.run import emit_block, placement_for
 
     res = _Resolver(spec)
     keys = list(spec.vary)
@@ -327,6 +327,7 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
                 ek = (capabilities(m), wl)
                 if ek not in emitted:
                     try:
+                        placement_for(m, wl)   # private placement on a machine without segments
                         emit_block(m, wl)
                     except InputError as e:
                         where = "hw" if e.where.startswith("--hw") else (
@@ -408,7 +409,7 @@ def result_row(point: Point, doc: dict) -> dict:
     w = doc.get("workload", {})
     row = {"key": point.key, "hw": point.hw, "machine": doc.get("machine", {}).get("name", point.machine.name),
            "workload": w.get("name", point.workload.name)}
-    for f in ("phase", "batch", "seq", "layers", "dtype", "attention"):
+    for f in ("phase", "batch", "seq", "layers", "dtype", "attention", "placement"):
         row[f] = w.get(f)
     row.update(point.values)
     row["status"] = status_of(doc)

@@ -107,6 +107,22 @@ def test_the_example_spec_is_valid():
     assert all(p.machine.name == "a100" and p.workload.scenario.phase == "decode" for p in points)
 
 
+def test_placement_is_a_sweep_dimension(tmp_path):
+    """workload.placement varies like any scenario field; the Sunway private point keeps its DMA
+    off the ring between core groups, and results.parquet names each point's placement."""
+    import pandas as pd
+
+    spec = spec_file(tmp_path, hw="tiny-sunway", vary={"workload.placement": ["cross", "private"]})
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 0
+    df = pd.read_parquet(out / "results.parquet")
+    assert list(df["placement"]) == list(df["workload.placement"]) == ["cross", "private"]
+    docs = run_docs(out)
+    ring = {row["placement"]: max(ln["util"] for k in docs[row["key"]]["kernels"] for ln in k["fabric"]["links"]
+                                  if " ring cg" in ln["name"]) for _, row in df.iterrows()}
+    assert ring["private"] == 0 < ring["cross"]
+
+
 # ----------------------------------------------------------------------------- the results store
 def test_results_parquet_matches_the_run_jsons(swept):
     import pandas as pd
@@ -254,6 +270,8 @@ BAD = [
     ({"vary": {"workload.seq": [5]}}, "vary.workload.seq: seq is both fixed (top-level seq) and varied"),
     ({"vary": {"workload.frob": [1]}}, "vary.workload.frob: unknown workload field 'frob' (workload.<field>, one of: "),
     ({"batch": 0}, "batch: value 0 out of range (an integer > 0)"),
+    ({"placement": "private"}, "workload: placement: private: tiny-gpu has no private segments"),
+    ({"placement": "shared"}, "placement: "),
     ({"set": {"dram.channels": 3}}, "set.dram.channels: dram.channels 3 is not a multiple of memory_controllers.count"),
     ({"set": {"dram.channel_gbps": 1}, "vary": {"dram.channel_gbps": [1]}},
      "vary.dram.channel_gbps: dram.channel_gbps is both fixed (set) and varied"),
