@@ -317,14 +317,16 @@ def dispatch_block(C, TS, S, core, now):
         S.s8[bs, j] = 0
 
 
-def dispatch_order(machine, spread: bool) -> np.ndarray:
+def dispatch_order(machine, spread: bool, nblocks: int = 0) -> np.ndarray:
     """The order in which a launch's first dispatch visits the cores (Launch.spread): 0, 1, ...;
-    spread on a machine of several core groups: group by group in turn, and within a group its
-    clusters in turn (mesh.cluster_rows x cluster_cols CPEs; in mesh order without a mesh), so
-    blocks 0..G-1 go to the first CPE of each group, the next G to the first CPE of each group's
-    second cluster, and so on."""
+    spread, for a launch of fewer blocks than the machine has cores (one block a core: a larger
+    launch fills every core either way, and its blocks keep their natural places) on a machine
+    of several core groups: group by group in turn, and within a group its clusters in turn
+    (mesh.cluster_rows x cluster_cols CPEs; in mesh order without a mesh), so blocks 0..G-1 go to
+    the first CPE of each group, the next G to the first CPE of each group's second cluster, and
+    so on."""
     G, P = machine.groups, machine.cores.per_group
-    if not spread or G * P <= 1:
+    if not spread or G * P <= 1 or nblocks >= G * P:
         return np.arange(G * P, dtype=np.int32)
     m = machine.mesh
     if m is not None and m.rows * m.cols == P:

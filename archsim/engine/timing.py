@@ -202,7 +202,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
         raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
                          f"a non-empty range within the launch's {launch.blocks} blocks")
     TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end,
-                       K.dispatch_order(machine, launch.spread))
+                       K.dispatch_order(machine, launch.spread, end - first))
     Dd = D.decode(prog, machine)
     MS = M.make_mstate(machine, TS, private)
     out = np.zeros(5, np.int64)

@@ -52,11 +52,12 @@ class ArgSpec:
 @dataclass(frozen=True)
 class Launch:
     """A kernel launch: grid and block dimensions. ``spread`` (machines of several core groups):
-    the blocks that start together are dealt to the core groups in turn, and within a group to
-    its clusters in turn (block 0 to group 0, block 1 to group 1, ...), as a program that splits
-    its independent work over every core group runs; without it the cores fill in order (core
-    group 0 first), which a kernel whose blocks share data by mesh position (the Sunway GEMM's
-    row / column broadcasts) needs. A GPU (one group) runs either the same way."""
+    a launch of fewer blocks than the machine has cores deals them to the core groups in turn,
+    and within a group to its clusters in turn (block 0 to group 0, block 1 to group 1, ...), as
+    a program that splits its independent work over every core group runs; without it the cores
+    fill in order (core group 0 first), which a kernel whose blocks share data by mesh position
+    (the Sunway GEMM's row / column broadcasts) needs. A launch that fills the machine, and any
+    launch on a GPU (one group), runs the same either way."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
