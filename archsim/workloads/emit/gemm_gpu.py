@@ -346,16 +346,18 @@ class _Asm:
         self.b.emit(mnemonic, *ops, pred=p, neg=neg)
 
     def reg(self, k: int = 1) -> Reg:
-        n = len(self.busy)
-        s = 0
-        while s + k <= n:
-            run = next((i for i in range(s, s + k) if self.busy[i]), None)
-            if run is None:
-                for i in range(s, s + k):
-                    self.busy[i] = True
+        """The lowest run of k free registers (first fit), now busy."""
+        busy = self.busy
+        if k <= 0:
+            return Reg(0)         # an empty run (as before: nothing marked busy)
+        run = 0
+        for i, b in enumerate(busy):
+            run = 0 if b else run + 1
+            if run == k:
+                s = i - k + 1
+                busy[s:i + 1] = [True] * k
                 return Reg(s)
-            s = run + 1
-        raise _OutOfRegisters(f"needs more than {n} registers")
+        raise _OutOfRegisters(f"needs more than {len(busy)} registers")
 
     def free(self, *regs, k: int = 1) -> None:
         for r in regs:
