@@ -1360,6 +1360,13 @@ class AttentionPart:
     outputs: tuple
 
 
+def forced_chunk(where: str, splits, tiles: int) -> int:
+    """K/V tiles per split when the caller forces ``splits`` (an integer >= 1; InputError else)."""
+    if isinstance(splits, bool) or int(splits) != splits or splits < 1:
+        raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
+    return _ceil(tiles, int(splits))
+
+
 def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) -> tuple[int, int]:
     """(splits, chunk): the kv sequence cut into ``splits`` chunks of ``chunk`` K/V tiles (every
     chunk at least one tile). The chunk is the one that minimises the critical path in tiles,
@@ -1499,9 +1506,7 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
         if n <= 1:
             return None
     else:
-        if isinstance(splits, bool) or int(splits) != splits or splits < 1:
-            raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
-        chunk = _ceil(tiles, int(splits))
+        chunk = forced_chunk(where, splits, tiles)
         n = _ceil(tiles, chunk)
     check(prog, caps)
     comb = _emit_combine(dt, d, bool(with_lse))

@@ -119,7 +119,7 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.attention_gpu import (COMBINE_PARAMS, LN2, LOG2E, LSE_PARAMS, PARAMS, SPLIT_PARAMS,
                                                   AttentionKernel, AttentionPart, SplitAttentionKernel, causal_pairs,
-                                                  check_attention_args, combine_flops)
+                                                  check_attention_args, combine_flops, forced_chunk)
 from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
 
 __all__ = ["flash_attention_kernel", "split_kv_attention_kernel", "sunway_kv_splits"]
@@ -1280,9 +1280,7 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
         if n <= 1:
             return None
     else:
-        if isinstance(splits, bool) or int(splits) != splits or splits < 1:
-            raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
-        chunk = _ceil(tiles, int(splits))
+        chunk = forced_chunk(where, splits, tiles)
     chunk = max(chunk, _ceil(tiles, SPLITS_MAX))      # the combine holds at most SPLITS_MAX partials
     n = _ceil(tiles, chunk)
     check(prog, caps)
