@@ -100,11 +100,11 @@ def timing_args(machine, params: dict, placement: str = "cross") -> dict:
     return {p: placed.get(p, v) for p, v in params.items()}
 
 
-def run_timing(machine, wl, opts: RunOptions, progress=None) -> dict:
+def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None) -> dict:
+    """``placement``: the one the tensors get on this machine (placement_for)."""
     from archsim.sample import sampled_record
 
     t0 = time.perf_counter()
-    placement = placement_for(machine, wl, opts.strict_placement)
     kernels = emit_block(machine, wl)
     groups = _distinct(kernels)
     layers = wl.model.layers
@@ -197,12 +197,12 @@ def _execute_block(wl, tensors: dict) -> dict:
     return env
 
 
-def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
+def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress=None) -> dict:
     """Every kernel of one block on real values, in op order. After an op's kernels, its outputs
     are checked against archsim.workloads.reference.run_op on the exact values its kernels read;
     at the end the block's outputs against a float64 pass of the whole op graph from the same
     initial tensors (execute_ops) and, in prefill, against reference_block, an independent numpy
-    forward pass."""
+    forward pass. ``placement`` is recorded only: the values do not depend on it."""
     from archsim.engine.functional import run_functional
     from archsim.workloads import reference as R
     from archsim.workloads.emit.gemm_gpu import to_host
@@ -289,7 +289,7 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
     wall = time.perf_counter() - t0
     doc = {"schema": "archsim.result/1", "complete": True, "mode": "functional",
            "machine": {"name": machine.name},
-           "workload": workload_record(wl, placement_for(machine, wl, opts.strict_placement)),
+           "workload": workload_record(wl, placement),
            "total": {"flops": sum(r["flops"] * r["count"] for r in recs),
                      "model_flops": sum(r["model_flops"] * r["count"] for r in recs),
                      "warp_instructions": sum(r["warp_instructions"] * r["count"] for r in recs)},
@@ -300,10 +300,10 @@ def run_functional_block(machine, wl, opts: RunOptions, progress=None) -> dict:
 
 def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> dict:
     opts = opts or RunOptions()
-    placement_for(machine, wl, opts.strict_placement)   # a placement the machine lacks: before any run
+    placement = placement_for(machine, wl, opts.strict_placement)   # a placement the machine lacks: before any run
     if opts.mode == "functional":
-        return run_functional_block(machine, wl, opts, progress)
-    return run_timing(machine, wl, opts, progress)
+        return run_functional_block(machine, wl, opts, placement, progress)
+    return run_timing(machine, wl, opts, placement, progress)
 
 
 __all__ = ["RunOptions", "emit_block", "placement_for", "run_workload", "totals"]
