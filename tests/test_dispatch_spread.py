@@ -19,15 +19,7 @@ from archsim.isa.program import Launch
 from archsim.workloads.emit import elementwise_sunway as EW
 from archsim.workloads.emit.gemm_sunway import gemm_kernel
 
-SPIN = """.kernel k
-.param n
-        ldparam r1, n
-        mov.b64 r2, 0
-LOOP:   add.i64 r2, r2, 1
-        setp.lt.i64 p0, r2, r1
-   @p0  bra LOOP
-        exit
-"""
+from test_sunway_mpe import SPIN   # one warp counting to n
 
 
 @pytest.fixture(scope="module")

@@ -160,22 +160,28 @@ def test_block_composer_picks_split_kv_for_decode_and_keeps_the_flops():
         assert [k.name for k in emit_block(capabilities(m), pre) if k.op == "attn"] == ["attn"]
 
 
-def test_functional_decode_block_with_split_kv(capsys, tmp_path):
-    """tiny-gpu with 8 SMs and a 101-row cache: 2 heads cannot fill it, so the block composer
-    splits the cache; the functional run checks attn (and the whole block) against numpy."""
+def check_functional_split_decode(capsys, tmp_path, *argv):
+    """`archsim run --workload tiny --phase decode --mode functional` with ``argv`` (machine, cache
+    length): the composer split the cache, and attn and the whole block match numpy."""
     import json
 
     from test_cli import cli
 
     out = tmp_path / "r.json"
-    code, text, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--phase", "decode", "--seq",
-                          "100", "--set", "cores.per_group=8", "--mode", "functional", "--json", str(out))
+    code, text, err = cli(capsys, "run", "--workload", "tiny", "--phase", "decode", "--mode", "functional", *argv,
+                          "--json", str(out))
     assert code == 0, text + err
     doc = json.loads(out.read_text())
     names = [k["name"] for k in doc["kernels"]]
     assert "attn.split" in names and "attn.combine" in names and "attn" not in names
     assert doc["passed"] and doc["block_verification"]["passed"]
     assert all(k["verification"]["passed"] for k in doc["kernels"])
+
+
+def test_functional_decode_block_with_split_kv(capsys, tmp_path):
+    """tiny-gpu with 8 SMs and a 101-row cache: 2 heads cannot fill it, so the block composer
+    splits the cache; the functional run checks attn (and the whole block) against numpy."""
+    check_functional_split_decode(capsys, tmp_path, "--hw", "tiny-gpu", "--seq", "100", "--set", "cores.per_group=8")
 
 
 def test_a100_split_kv_decode_is_faster_and_streams_more():

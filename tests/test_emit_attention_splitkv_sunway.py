@@ -120,19 +120,9 @@ def test_block_composer_picks_split_kv_for_sunway_decode():
 def test_functional_decode_block_with_split_kv(capsys, tmp_path):
     """tiny-sunway (32 CPEs), the tiny model's 2 heads and a 301-row cache (3 blocks of 128 keys):
     the composer splits the cache; the functional run checks attn and the whole block."""
-    import json
+    from test_emit_attention_splitkv import check_functional_split_decode
 
-    from test_cli import cli
-
-    out = tmp_path / "r.json"
-    code, text, err = cli(capsys, "run", "--hw", "tiny-sunway", "--workload", "tiny", "--phase", "decode", "--seq",
-                          "300", "--mode", "functional", "--json", str(out))
-    assert code == 0, text + err
-    doc = json.loads(out.read_text())
-    names = [k["name"] for k in doc["kernels"]]
-    assert "attn.split" in names and "attn.combine" in names and "attn" not in names
-    assert doc["passed"] and doc["block_verification"]["passed"]
-    assert all(k["verification"]["passed"] for k in doc["kernels"])
+    check_functional_split_decode(capsys, tmp_path, "--hw", "tiny-sunway", "--seq", "300")
 
 
 def test_sw26010pro_split_kv_decode_is_faster():
