@@ -12,8 +12,8 @@ blocks, as many as the machine holds at once) is timed as
 - T_w, the steady time of a wave, is the mean of waves 2..S, each measured between the
   retirements of the (i-1)*C-th and the i*C-th block (wave 1 is the cold start);
 - the B - S*C blocks left retire at C / T_w blocks a cycle; on a Sunway the MPEs' join of the
-  head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks are dispatched as slots free
-  up, so a last partial wave overlaps the full wave before it; a separately simulated tail would
+  head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
+  are dispatched as slots free up, so a last partial wave overlaps the full wave before it; a separately simulated tail would
   count a second drain (tried: +7% on a 10-wave a100 GEMM, against +5.7% for this rule).
 
 Blocks keep their grid ids (``time_kernel(blocks=...)``), so they touch the addresses they touch

@@ -96,7 +96,7 @@ class Kernel:
         h = hashlib.sha1()
         for a in ARRAYS:
             h.update(np.ascontiguousarray(getattr(self.program, a)).tobytes())
-        h.update(repr((self.program.nregs, self.program.shared_bytes, self.launch.grid, self.launch.block, self.launch.spread,
+        h.update(repr((self.program.nregs, self.program.shared_bytes, self.launch,
                        sorted((k, v.nbytes if isinstance(v, Slot) else int(v)) for k, v in self.params.items())))
                  .encode())
         return h.hexdigest()
