@@ -77,6 +77,7 @@ class TState(NamedTuple):
     core_smem: np.ndarray    # int64 [cores] scratchpad bytes in use
     core_regs: np.ndarray    # int64 [cores] registers in use
     core_blocks: np.ndarray  # int32 [cores]
+    slot_hi: np.ndarray      # int32 [cores] 1 + the highest warp slot ever used (the scheduler's loops stop there)
     # counters
     stall: np.ndarray        # int64 [cores, 9] warp-cycles by reason
     issued: np.ndarray       # int64 [cores] warp-instructions
@@ -149,7 +150,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
         bs_nwarps=np.zeros(cores * mb, np.int32), core_warps=np.zeros(cores, np.int32),
         core_smem=np.zeros(cores, np.int64), core_regs=np.zeros(cores, np.int64),
-        core_blocks=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
+        core_blocks=np.zeros(cores, np.int32), slot_hi=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
         pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), blk_start=np.full(nblocks, -1, np.int64),
         blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k)
@@ -174,7 +175,7 @@ def flush_stalls(TS, i, upto):
     nsub = TS.acct.shape[0] // cores
     slots = TS.wst.shape[0] // cores
     core = i // nsub
-    for s in range(i % nsub, slots, nsub):
+    for s in range(i % nsub, TS.slot_hi[core], nsub):
         w = core * slots + s
         r = TS.reason[w]
         if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
@@ -269,6 +270,8 @@ def dispatch_block(C, TS, S, core, now):
     TS.bs_arrived[bs] = 0
     TS.bs_first[bs] = first
     TS.bs_nwarps[bs] = wpb
+    if first - core * slots + wpb > TS.slot_hi[core]:
+        TS.slot_hi[core] = first - core * slots + wpb
     TS.core_blocks[core] += 1
     TS.core_warps[core] += wpb
     TS.core_regs[core] += wpb * TS.k[5]
@@ -574,13 +577,14 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     gto = v[C_SCHED] == SCHED_GTO
     last = TS.last_warp[core, sub]
     i = core * nsub + sub
+    hi = TS.slot_hi[core]     # slots above it were never used
     flush_stalls(TS, i, now)  # the cycles it slept through
     TS.wake[i] = INF          # events during this cycle (a barrier its issue releases) lower it
     nxt = INF
     # evaluate every resident warp of this sub-core once
     best = -1
     best_key = INF
-    for s in range(sub, slots, nsub):
+    for s in range(sub, hi, nsub):
         w = base + s
         st = TS.wst[w]
         if st == T_EMPTY or st == T_DONE:
@@ -616,7 +620,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         best = -1
         if issued < budget:  # dual issue: the next best among the others
             best_key = INF
-            for s in range(sub, slots, nsub):
+            for s in range(sub, hi, nsub):
                 w2 = base + s
                 if TS.reason[w2] != R_NOT_SELECTED:
                     continue
@@ -628,17 +632,29 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                     best_key = key
                     best = w2
     out[0] += issued
-    if issued:
-        nxt = now + 1
-    if nxt < TS.wake[i]:
-        TS.wake[i] = nxt
     # account this cycle
-    for s in range(sub, slots, nsub):
+    for s in range(sub, hi, nsub):
         w = base + s
         r = TS.reason[w]
         if r >= 0:
             TS.stall[core, r] += 1
     TS.acct[i] = now + 1
+    if issued:
+        # The warps that issued changed: look at them as the next cycle's evaluation would (their
+        # operands, pipes and wait states only change again through events that wake this
+        # sub-core), so that a dependent instruction sleeps until its operand is ready instead of
+        # waking next cycle to find that out. Their reasons cover the cycles slept.
+        if issued > 1 or TS.wst[TS.last_warp[core, sub]] == T_EMPTY:
+            nxt = now + 1
+        else:
+            w = TS.last_warp[core, sub]
+            if TS.wst[w] != T_DONE:
+                t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now + 1)
+                TS.reason[w] = reason
+                if t < nxt:
+                    nxt = t
+    if nxt < TS.wake[i]:
+        TS.wake[i] = nxt
 
 
 # memory.py imports this module; its functions are resolved when numba compiles the callers

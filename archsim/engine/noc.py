@@ -266,6 +266,9 @@ def noc_step(N, now):
         ntl = 0
         i0 = gi[g, G_IN0]
         nin = gi[g, G_NIN]
+        # a group with one output (a node's interface) has every packet want that link: only the
+        # head can go, and the packets behind it would all be skipped as wanting it too
+        glook = look if gi[g, G_NOUT] > 1 else 0
         for it in range(iters):
             # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
             # its window that can go); later iterations let ports that lost offer another packet
@@ -282,7 +285,7 @@ def noc_step(N, now):
                     # only took links and credits, and a port that sent is busy reading out
                     continue
                 bi[b, BI_LOST] = 0
-                nwin = cnt if cnt <= look else look + 1
+                nwin = cnt if cnt <= glook else glook + 1
                 if has_gap and it == 0:
                     # skipped cycles: nothing could move, so every packet of the window that had
                     # arrived wanted its link (as stepping each cycle would have counted it)
@@ -481,12 +484,13 @@ def noc_next_event(N, now):
         if gi[g, G_NPKT] == 0:
             continue
         i0 = gi[g, G_IN0]
+        glook = look if gi[g, G_NOUT] > 1 else 0  # one output: only the head can go (as in noc_step)
         for k in range(gi[g, G_NIN]):
             b = N.gin[i0 + k]
             cnt = Q.count[b]
             if cnt == 0:
                 continue
-            nwin = cnt if cnt <= look else look + 1
+            nwin = cnt if cnt <= glook else glook + 1
             stamp = _new_scan(N)
             for j in range(nwin):
                 p = q_peek(Q, b, j)
