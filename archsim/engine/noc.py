@@ -191,7 +191,8 @@ def _new_scan(N):
 def _window_dup(lt, l, stamp):
     """True when a packet in front of the current one in this scan of a port's window (the scan
     stamped ``stamp``) also goes to link l; marks l as wanted in this scan. O(1): each scan stamps
-    the links its packets want (comparing with every packet in front was O(window) a packet)."""
+    the links its packets want (comparing with every packet in front was O(window) a packet).
+    A window of one packet needs no test (callers skip it)."""
     if lt[l, LT_SEEN] == stamp:
         return True
     lt[l, LT_SEEN] = stamp
@@ -289,11 +290,11 @@ def noc_step(N, now):
                 if has_gap and it == 0:
                     # skipped cycles: nothing could move, so every packet of the window that had
                     # arrived wanted its link (as stepping each cycle would have counted it)
-                    stamp = _new_scan(N)
+                    stamp = _new_scan(N) if nwin > 1 else 0
                     for j in range(nwin):
                         p = q_peek(Q, b, j)
                         l = pi[p, PI_LINK]
-                        if _window_dup(lt, l, stamp):
+                        if nwin > 1 and _window_dup(lt, l, stamp):
                             continue
                         e = pt[p, PT_READY]
                         if bt[b, BT_FREE] > e:
@@ -324,14 +325,14 @@ def noc_step(N, now):
                                 ntl += 1
                             li[l, LI_WANT] += 1
                         continue
-                stamp = _new_scan(N)
+                stamp = _new_scan(N) if nwin > 1 else 0
                 nw = 0                        # links wanted (iteration 0), for the port's sleep
                 nc = 0                        # buffers its packets wait credits of
                 wake = INF                    # the first cycle the scan can find anything else
                 for j in range(nwin):         # the head, then (lookahead) packets for other outputs
                     p = q_peek(Q, b, j)
                     l = pi[p, PI_LINK]
-                    if _window_dup(lt, l, stamp):
+                    if nwin > 1 and _window_dup(lt, l, stamp):
                         continue
                     e = pt[p, PT_READY]
                     if bt[b, BT_FREE] > e:
@@ -491,11 +492,11 @@ def noc_next_event(N, now):
             if cnt == 0:
                 continue
             nwin = cnt if cnt <= glook else glook + 1
-            stamp = _new_scan(N)
+            stamp = _new_scan(N) if nwin > 1 else 0
             for j in range(nwin):
                 p = q_peek(Q, b, j)
                 l = pi[p, PI_LINK]
-                if _window_dup(lt, l, stamp):
+                if nwin > 1 and _window_dup(lt, l, stamp):
                     continue
                 tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
                 o = bi[tb, BI_OCC]
