@@ -342,10 +342,15 @@ def _trk_done(MS, TS, core, t, now):
             MS.lat[2] = lat
         if lat > MS.lat[3]:
             MS.lat[3] = lat
+        K.wake_warp(TS, w, now)  # its scheduler looks again (its stall cycles so far are accounted first)
     else:
         g = MS.trk[core, t, TK_GROUP]
         TS.cp_pending[w, g % K.CP_GROUPS] -= 1
-    K.wake_warp(TS, w, now)  # its scheduler looks again (its stall cycles so far are accounted first)
+        if TS.wst[w] == K.T_CPWAIT or TS.mem_wait[core]:
+            # a finished copy group matters to a warp waiting on its groups (a running warp checks
+            # them when its cp.async.wait issues) and the freed tracker to a warp refused for
+            # want of one: with neither, the scheduler would find what it found before
+            K.wake_warp(TS, w, now)
     n = MS.trk_nfree[core]
     MS.trk_free[core, n] = t
     MS.trk_nfree[core] = n + 1
