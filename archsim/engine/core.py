@@ -63,7 +63,8 @@ class TState(NamedTuple):
     # event-driven scheduling (skip-ahead per sub-core): sub-core i = core * subcores + sub
     wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
     acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
-    mem_wait: np.ndarray     # int8  [cores] a warp found the SM's MIO queue or trackers full
+    mem_wait: np.ndarray     # int64 [cores] bit s: a warp of sub-core s (62: s >= 62) found the SM's MIO
+                             # queue, trackers or DMA / RMA FIFO full (wake_refused)
     launch_at: np.ndarray    # int64 [cores] cycle the core may start issuing (Sunway: its MPE launch
                              # message arrived, engine/mpe.py; K.INF until then; 0 on a GPU)
     core_order: np.ndarray   # int32 [cores] the order the first dispatch visits cores (dispatch_order)
@@ -143,7 +144,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
-        wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int8),
+        wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
         launch_at=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
         else np.ascontiguousarray(core_order, np.int32),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
@@ -203,12 +204,44 @@ def wake_subcore(TS, i, now):
         TS.wake[i] = at
 
 
+@njit(cache=True, inline="always")
+def subcore_of(TS, w):
+    """The sub-core (within its core) that warp slot w belongs to."""
+    cores = TS.core_blocks.shape[0]
+    return (w % (TS.wst.shape[0] // cores)) % (TS.acct.shape[0] // cores)
+
+
 @njit(cache=True)
 def wake_warp(TS, w, now):
     cores = TS.core_blocks.shape[0]
     nsub = TS.acct.shape[0] // cores
     slots = TS.wst.shape[0] // cores
     wake_subcore(TS, (w // slots) * nsub + (w % slots) % nsub, now)
+
+
+@njit(cache=True)
+def wake_refused(TS, core, now):
+    """An entry of the core's memory side (MIO queue, tracker, DMA / RMA FIFO) freed: wake the
+    sub-cores whose warps were refused for want of one (the others' warps did not ask: they find
+    what they found before) and clear the record."""
+    mask = TS.mem_wait[core]
+    TS.mem_wait[core] = 0
+    nsub = TS.acct.shape[0] // TS.core_blocks.shape[0]
+    for sb in range(nsub):
+        if (mask >> min(sb, 62)) & 1:
+            wake_subcore(TS, core * nsub + sb, now)
+
+
+@njit(cache=True)
+def wake_warp_regs(TS, w, now):
+    """A memory reply made registers of warp w ready: its scheduler looks again only when the
+    warp waits on a register (scoreboard) or has not been looked at yet. A warp whose last
+    evaluation found a fixed-latency wait, a busy pipe, a barrier or a wait state, or found it
+    ready, does not read (or write) a register still pending on memory (such a register would
+    have made it a scoreboard stall): its scheduler would find what it found before."""
+    r = TS.reason[w]
+    if r < 0 or r == R_LONG_SB or r == R_SHORT_SB:
+        wake_warp(TS, w, now)
 
 
 @njit(cache=True)
@@ -559,7 +592,7 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
     if u > now:
         return u, R_PIPE_BUSY
     if not mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
-        TS.mem_wait[core] = 1  # the SM's memory side wakes the core when an entry frees
+        TS.mem_wait[core] |= np.int64(1) << min(sub, 62)  # the memory side wakes it when an entry frees
         return INF, R_PIPE_BUSY
     return now, R_ISSUED
 

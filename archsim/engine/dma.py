@@ -336,8 +336,7 @@ def dma_bcast_try(DM, TS, li, now):
         if c < 0:
             break
         if TS.mem_wait[c]:
-            TS.mem_wait[c] = 0
-            K.wake_core(TS, c, now)
+            K.wake_refused(TS, c, now)
     return True
 
 
@@ -526,8 +525,7 @@ def dma_piece_done(DM, TS, e, slot, nbytes, now):
         for i in range(DM.engine_cores.shape[1]):
             c = DM.engine_cores[e, i]
             if c >= 0 and TS.mem_wait[c]:
-                TS.mem_wait[c] = 0
-                K.wake_core(TS, c, now)
+                K.wake_refused(TS, c, now)
 
 
 @njit(cache=True)

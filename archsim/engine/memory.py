@@ -342,14 +342,14 @@ def _trk_done(MS, TS, core, t, now):
             MS.lat[2] = lat
         if lat > MS.lat[3]:
             MS.lat[3] = lat
-        K.wake_warp(TS, w, now)  # its scheduler looks again (its stall cycles so far are accounted first)
+        K.wake_warp_regs(TS, w, now)  # its scheduler looks again if it waits on them
     else:
         g = MS.trk[core, t, TK_GROUP]
         TS.cp_pending[w, g % K.CP_GROUPS] -= 1
-        if TS.wst[w] == K.T_CPWAIT or TS.mem_wait[core]:
+        if TS.wst[w] == K.T_CPWAIT or (TS.mem_wait[core] >> min(K.subcore_of(TS, w), 62)) & 1:
             # a finished copy group matters to a warp waiting on its groups (a running warp checks
-            # them when its cp.async.wait issues) and the freed tracker to a warp refused for
-            # want of one: with neither, the scheduler would find what it found before
+            # them when its cp.async.wait issues) and the freed tracker to a warp of its sub-core
+            # refused for want of one: with neither, its scheduler would find what it found before
             K.wake_warp(TS, w, now)
     n = MS.trk_nfree[core]
     MS.trk_free[core, n] = t
@@ -545,7 +545,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             if cls != D.CLS_ST_SHARED:
                 for j in range(Dd.nwr[pc]):
                     TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
-                K.wake_warp(TS, w, now)  # its scheduler learns the ready cycle
+                K.wake_warp_regs(TS, w, now)  # a warp waiting on them learns the ready cycle
             _pop_mio(MS, core)
         return
     if e[E_STARTED] == 0:
@@ -635,8 +635,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
     if MS.mio_count[core] > 0:
         _data_pipe(MS, TS, S, Dd, core, now)
     if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
-        TS.mem_wait[core] = 0  # a warp refused for a full MIO queue or no tracker may go now
-        K.wake_core(TS, core, now)
+        K.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
     q = cfg[M_Q_MISS] + core
     now_f = MS.clocks[CK_NOW_FAB]
     while Q.count[q] > 0:

@@ -229,8 +229,7 @@ def rma_piece_done(RM, TS, e, slot, nbytes, now):
         for i in range(RM.engine_cores.shape[1]):
             c = RM.engine_cores[e, i]
             if c >= 0 and TS.mem_wait[c]:
-                TS.mem_wait[c] = 0
-                K.wake_core(TS, c, now)
+                K.wake_refused(TS, c, now)
 
 
 @njit(cache=True)
