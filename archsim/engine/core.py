@@ -617,6 +617,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     # evaluate every resident warp of this sub-core once
     best = -1
     best_key = INF
+    nready = 0
     for s in range(sub, hi, nsub):
         w = base + s
         st = TS.wst[w]
@@ -626,7 +627,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now)
         if reason == R_ISSUED:
             TS.reason[w] = R_NOT_SELECTED
-            nxt = now + 1
+            nready += 1
             # policy key: GTO prefers the last issued warp, then the oldest; LRR the next slot after last
             if gto:
                 key = np.int64(-1) if w == last else TS.age[w]
@@ -672,11 +673,13 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         if r >= 0:
             TS.stall[core, r] += 1
     TS.acct[i] = now + 1
-    if issued:
-        # The warps that issued changed: look at them as the next cycle's evaluation would (their
-        # operands, pipes and wait states only change again through events that wake this
-        # sub-core), so that a dependent instruction sleeps until its operand is ready instead of
-        # waking next cycle to find that out. Their reasons cover the cycles slept.
+    if nready > issued:
+        nxt = now + 1  # a ready warp was not selected: it goes next cycle
+    elif issued:
+        # The warp that issued changed: look at it as the next cycle's evaluation would (its
+        # operands, pipes and wait state only change again through events that wake this
+        # sub-core), so that a dependent instruction or a busy pipe sleeps until it is ready
+        # instead of waking next cycle to find that out. Its reason covers the cycles slept.
         if issued > 1 or TS.wst[TS.last_warp[core, sub]] == T_EMPTY:
             nxt = now + 1
         else:
