@@ -159,9 +159,10 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
 
 # ----------------------------------------------------------------------------- event-driven scheduling
 # A sub-core's scheduler runs only from the cycle in TS.wake on: the earliest cycle at which one of
-# its warps may issue, as its last run found it (an operand's ready cycle, a pipe's free cycle, the
-# next cycle after an issue). What its warps wait on beyond that (a memory reply, a barrier, a new
-# block) wakes it: wake_subcore. Its warps keep their stall reasons while it sleeps; the cycles are
+# its warps may issue, as its last run found it (an operand's ready cycle, a pipe's free cycle; for
+# the warp it issued, what the next cycle's evaluation would find). What its warps wait on beyond
+# that wakes it (wake_subcore): a reply to a register a warp waits on, a finished copy group a warp
+# waits on, a freed memory-side entry it was refused, a barrier, a new block. Its warps keep their stall reasons while it sleeps; the cycles are
 # accounted lazily (flush_stalls) when it runs again, before anything changes its warps, at each
 # timeline sample and at the end. With skip off (machine.run_loop) every scheduler runs every
 # cycle: results are identical (tests check it).
