@@ -215,9 +215,7 @@ def subcore_of(TS, w):
 @njit(cache=True)
 def wake_warp(TS, w, now):
     cores = TS.core_blocks.shape[0]
-    nsub = TS.acct.shape[0] // cores
-    slots = TS.wst.shape[0] // cores
-    wake_subcore(TS, (w // slots) * nsub + (w % slots) % nsub, now)
+    wake_subcore(TS, (w // (TS.wst.shape[0] // cores)) * (TS.acct.shape[0] // cores) + subcore_of(TS, w), now)
 
 
 @njit(cache=True)
