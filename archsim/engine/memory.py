@@ -49,7 +49,7 @@ HEADER_BYTES = 8       # request / response packet header on the fabric
 ONE = np.int64(1) << 32  # fixed point: one cycle of a clock domain
 
 # MIO entry fields
-(E_WARP, E_PC, E_CLS, E_MASK, E_BYTES, E_TRK, E_NLINES, E_IDX, E_WAVES, E_STARTED, E_N) = range(11)
+(E_WARP, E_PC, E_CLS, E_MASK, E_BYTES, E_TRK, E_NLINES, E_IDX, E_STARTED, E_N) = range(10)
 # tracker fields
 TK_WARP, TK_DST, TK_NDST, TK_PENDING, TK_KIND, TK_GROUP, TK_T0, TK_N = range(8)
 TRK_LOAD, TRK_CP = 0, 1
@@ -96,11 +96,15 @@ class MState(NamedTuple):
     mio_full: np.ndarray     # int64 [cores, MIO_CAP, 2W]
     mio_head: np.ndarray     # int32 [cores]
     mio_count: np.ndarray    # int32 [cores]
+    mio_next: np.ndarray     # int64 [cores] the first cycle the data pipe takes the MIO head again (a
+                             # scratchpad entry holds it for all its wavefronts: its last one then)
     trk: np.ndarray          # int64 [cores, TRACKERS, TK_N]
     trk_free: np.ndarray     # int32 [cores, TRACKERS]
     trk_nfree: np.ndarray    # int32 [cores]
     slice_busy: np.ndarray   # int64 [slices] fabric cycle the slice's data array is free again
     slice_hold: np.ndarray   # int32 [slices] request taken from the fabric, not accepted yet (-1)
+    slice_full: np.ndarray   # int32 [slices] 1: the held request found no MSHR or way free; only a fill
+                             # of the slice can change that, so it is tried again after one
     L1: CA.CacheState
     L2: CA.CacheState
     req: NC.NocState         # cores -> memory side
@@ -243,9 +247,9 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         mio=np.zeros((cores, MIO_CAP, E_N), np.int64), mio_addr=np.zeros((cores, MIO_CAP, W), np.int64),
         mio_lines=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_masks=np.zeros((cores, MIO_CAP, 2 * W), np.int64),
         mio_full=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_head=np.zeros(cores, np.int32),
-        mio_count=np.zeros(cores, np.int32), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
+        mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
         trk_nfree=np.full(cores, TRACKERS, np.int32), slice_busy=np.zeros(nmem, np.int64),
-        slice_hold=np.full(nmem, -1, np.int32),
+        slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
@@ -437,7 +441,6 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
     e[E_TRK] = -1
     e[E_NLINES] = 0
     e[E_IDX] = 0
-    e[E_WAVES] = 0
     e[E_STARTED] = 0
     W = MS.cfg[M_W]
     for l in range(W):
@@ -537,16 +540,18 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         if e[E_STARTED] == 0:
             waves = CA.shared_bank_conflicts(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_BANKS],
                                              cfg[M_BANK_W])
-            e[E_WAVES] = waves if waves > 0 else 1
             e[E_STARTED] = 1
             MS.bytes[BY_SCRATCH] += CA.popcount(e[E_MASK]) * e[E_BYTES]
-        e[E_WAVES] -= 1
-        if e[E_WAVES] == 0:
-            if cls != D.CLS_ST_SHARED:
-                for j in range(Dd.nwr[pc]):
-                    TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
-                K.wake_warp_regs(TS, w, now)  # a warp waiting on them learns the ready cycle
-            _pop_mio(MS, core)
+            if waves > 1:
+                # one wavefront a cycle, and nothing but this entry uses the pipe meanwhile: the
+                # entry completes with its last wavefront, waves - 1 cycles on (mio_next)
+                MS.mio_next[core] = now + waves - 1
+                return
+        if cls != D.CLS_ST_SHARED:
+            for j in range(Dd.nwr[pc]):
+                TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
+            K.wake_warp_regs(TS, w, now)  # a warp waiting on them learns the ready cycle
+        _pop_mio(MS, core)
         return
     if e[E_STARTED] == 0:
         full = MS.mio_full[core, i]
@@ -632,7 +637,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
-    if MS.mio_count[core] > 0:
+    if MS.mio_count[core] > 0 and MS.mio_next[core] <= now:
         _data_pipe(MS, TS, S, Dd, core, now)
     if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
         K.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
@@ -795,9 +800,12 @@ def _slice_cycle(MS, sl, now):
             MS.mk[MK_STORES] -= 1             # a core's store reached its controller
         MS.slice_hold[sl] = -1
         return
+    if MS.slice_full[sl]:
+        return
     full = R.aux1[r] if is_write else np.int64(0)
     status, newm = CA.cache_access_mask(MS.L2, sl, line, R.aux0[r], full, is_write, r, now)
     if status == CA.RESERVATION_FAIL:
+        MS.slice_full[sl] = 1
         return
     MS.slice_hold[sl] = -1
     if is_write and R.tag[r] == TAG_WRITE:
@@ -840,6 +848,7 @@ def _dram_done(MS, c, now):
         sl = R.tag[rd]
         line = R.addr[rd] & ~(cfg[M_LINE] - 1)
         e = CA.cache_fill(MS.L2, sl, line, R.aux0[rd], now)
+        MS.slice_full[sl] = 0
         req_free(R, rd)
         _writeback(MS, sl, now)
         if e < 0:
@@ -1183,12 +1192,15 @@ def mem_cycle(MS, TS, S, Dd, now):
 @njit(inline="always")
 def _slice_has_work(MS, sl, now):
     """Anything for _slice_cycle to look at: replies due (each reply queue is in due order, so its
-    head tells), DRAM retries, a request held or delivered by the request fabric."""
+    head tells), DRAM retries, a request held or delivered by the request fabric once the data
+    array is free again (until then the slice takes no request), a held request that found the
+    slice full only after a fill."""
     cfg = MS.cfg
     Q = MS.Q
     return (_head_due(MS, cfg[M_Q_L2D] + sl, now) or _head_due(MS, cfg[M_Q_L2F] + sl, now)
-            or Q.count[cfg[M_Q_RETRY] + sl] > 0 or MS.slice_hold[sl] >= 0
-            or NC.noc_deliverable(MS.req, MS.node[1, sl]))
+            or Q.count[cfg[M_Q_RETRY] + sl] > 0
+            or (MS.slice_busy[sl] <= now and (MS.slice_full[sl] == 0 if MS.slice_hold[sl] >= 0
+                                              else NC.noc_deliverable(MS.req, MS.node[1, sl]))))
 
 
 @njit(inline="always")
@@ -1203,7 +1215,7 @@ def _core_has_work(MS, core, now):
     waiting for the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return (MS.mio_count[core] > 0 or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
+    return ((MS.mio_count[core] > 0 and MS.mio_next[core] <= now) or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
             or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
 
 
