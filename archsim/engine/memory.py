@@ -96,6 +96,8 @@ class MState(NamedTuple):
     mio_full: np.ndarray     # int64 [cores, MIO_CAP, 2W]
     mio_head: np.ndarray     # int32 [cores]
     mio_count: np.ndarray    # int32 [cores]
+    l1_full: np.ndarray      # int32 [cores] 1: the MIO head's L1 access found no MSHR or way free; it
+                             # is tried again after the next fill of that L1
     mio_next: np.ndarray     # int64 [cores] the first cycle the data pipe takes the MIO head again (a
                              # scratchpad entry holds it for all its wavefronts: its last one then)
     trk: np.ndarray          # int64 [cores, TRACKERS, TK_N]
@@ -247,7 +249,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         mio=np.zeros((cores, MIO_CAP, E_N), np.int64), mio_addr=np.zeros((cores, MIO_CAP, W), np.int64),
         mio_lines=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_masks=np.zeros((cores, MIO_CAP, 2 * W), np.int64),
         mio_full=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_head=np.zeros(cores, np.int32),
-        mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
+        mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), l1_full=np.zeros(cores, np.int32), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
         trk_nfree=np.full(cores, TRACKERS, np.int32), slice_busy=np.zeros(nmem, np.int64),
         slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
@@ -484,6 +486,7 @@ def _response(MS, TS, core, r, now):
     tag = R.tag[r]
     if tag >= 0:
         e = CA.cache_fill(MS.L1, core, R.addr[r], R.aux0[r], now)
+        MS.l1_full[core] = 0
         req_free(R, r)
         if e >= 0:
             n = CA.mshr_waiters(MS.L1, core, e, MS.waiters)
@@ -577,6 +580,8 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         return  # the miss or return path is backed up: retry next cycle
     t = e[E_TRK]
     if cls == D.CLS_LD_GLOBAL and cfg[M_HAS_L1]:
+        if MS.l1_full[core]:
+            return  # it found no MSHR or way free, and only a fill of this L1 changes that
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, t, now)
         if r < 0:
             return
@@ -587,6 +592,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         status, newm = CA.cache_access_mask(MS.L1, core, line, am, np.int64(0), False, r, now)
         if status == CA.RESERVATION_FAIL:
             req_free(R, r)
+            MS.l1_full[core] = 1
             return
         if status == CA.HIT:
             R.aux1[r] = now + cfg[M_L1_LAT]
@@ -637,7 +643,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
-    if MS.mio_count[core] > 0 and MS.mio_next[core] <= now:
+    if MS.mio_count[core] > 0 and MS.mio_next[core] <= now and MS.l1_full[core] == 0:
         _data_pipe(MS, TS, S, Dd, core, now)
     if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
         K.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
@@ -1211,11 +1217,13 @@ def _head_due(MS, q, now):
 
 @njit(inline="always")
 def _core_has_work(MS, core, now):
-    """Anything for _core_memory to look at: replies delivered, L1 hits due, MIO entries, misses
+    """Anything for _core_memory to look at: replies delivered, L1 hits due, an MIO entry the data
+    pipe can take (not in the middle of its wavefronts, not waiting for an L1 fill), misses
     waiting for the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return ((MS.mio_count[core] > 0 and MS.mio_next[core] <= now) or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
+    return ((MS.mio_count[core] > 0 and MS.mio_next[core] <= now and MS.l1_full[core] == 0)
+            or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
             or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
 
 
