@@ -155,6 +155,25 @@ def test_skip_ahead_changes_nothing_in_the_record(tiny, monkeypatch):
     assert da == db
 
 
+def test_skip_ahead_jumps_over_a_request_in_flight(tiny, monkeypatch):
+    """A pointer chase has one load in flight at a time: the cycles it spends in the fabric's
+    router pipelines, an L2 slice's pipeline or DRAM are jumped over (each has a known cycle),
+    and the record is the same as stepping every cycle."""
+    import archsim.micro as mod
+    from archsim.engine import timing
+
+    p = {"footprint_kib": 64, "loads": 128}
+    a = MI.run_micro("latency", tiny, p)
+    orig = timing.time_kernel
+    monkeypatch.setattr(mod, "time_kernel", lambda *x, **kw: orig(*x, **dict(kw, skip=False)))
+    b = MI.run_micro("latency", tiny, p)
+    da, db = _strip(a.document(tiny)), _strip(b.document(tiny))
+    ka, kb = da["result"]["kernels"][0], db["result"]["kernels"][0]
+    assert ka.pop("skipped_cycles") > 0.8 * ka["cycles"]
+    assert kb.pop("skipped_cycles") == 0
+    assert da == db
+
+
 @pytest.mark.parametrize("name,params,where", [
     ("latency", {}, "micro latency"),
     ("latency", {"footprint_kib": "x"}, "--param footprint_kib"),

@@ -1228,30 +1228,6 @@ def _core_has_work(MS, core, now):
 
 
 @njit(cache=True)
-def _busy_outside_dram(MS):
-    cfg = MS.cfg
-    Q = MS.Q
-    if not NC.noc_idle(MS.req) or not NC.noc_idle(MS.resp):
-        return True  # O(1), and the common case while anything streams: test it before the scans
-    for core in range(cfg[M_CORES]):
-        if MS.mio_count[core] > 0:
-            return True
-    for q in range(2 * cfg[M_CHANNELS], Q.count.shape[0]):
-        if Q.count[q] > 0:
-            return True
-    for c in range(cfg[M_CHANNELS]):
-        if Q.count[cfg[M_CHANNELS] + c] > 0:
-            return True
-    for sl in range(cfg[M_SLICES]):
-        if MS.slice_hold[sl] >= 0:
-            return True
-    for e in range(MS.dma.cfg[DM.DC_ENGINES]):
-        if MS.dma.eng[e, DM.EN_HOLD] >= 0:
-            return True
-    return False
-
-
-@njit(cache=True)
 def mem_idle(MS):
     """No request anywhere in the memory system (DRAM refresh alone does not count)."""
     if MS.R.nfree[0] != MS.R.free.shape[0]:
@@ -1264,26 +1240,100 @@ def mem_idle(MS):
 
 
 @njit(cache=True)
-def mem_next_event(MS, now):
-    """The next core cycle at which the memory system can change anything (K.INF: never)."""
-    if _busy_outside_dram(MS):
-        return now + 1
-    cfg = MS.cfg
-    ck = MS.clocks
-    t_dma = DM.dma_next_event(MS.dma, now) if MS.dma.cfg[DM.DC_ENGINES] > 0 else K.INF
-    if MS.mk[MK_ON]:
-        t_mesh = _mesh_next_event(MS, now)
-        if t_mesh < t_dma:
-            t_dma = t_mesh
-    tm = DR.dram_next_event(MS.Dm, MS.Q, 0, ck[CK_NOW_MEM])
-    if tm >= DR.NEVER:
-        return t_dma
-    # the core cycle in which memory cycle tm is stepped
-    need = (tm - ck[CK_NOW_MEM] + 1) * ONE - ck[CK_MEM_ACC]
-    j = (need + cfg[M_MEM_RATIO] - 1) // cfg[M_MEM_RATIO]
+def _after(t, lo):
+    return t if t > lo else lo
+
+
+@njit(cache=True)
+def _core_cycle_of(ck_now, ck_acc, ratio, t, now):
+    """The core cycle (> now) in which cycle t of a clock domain is stepped, when its next cycle
+    to step is ck_now with accumulator ck_acc and it advances ratio (fixed point) a core cycle."""
+    need = (t - ck_now + 1) * ONE - ck_acc
+    j = (need + ratio - 1) // ratio
     if j < 1:
         j = 1
-    return min(now + j, t_dma)
+    return now + j
+
+
+@njit(cache=True)
+def _fabric_next_event(MS, now):
+    """The first fabric cycle (>= the next one to step) at which the networks, the memory endpoints
+    (slices) or the DRAM front ends and completions can change anything (K.INF: none). Packets a
+    network has delivered count when their receiver can take them: a slice when its data array
+    is free; an SM or a core group's stop at once (-1: in the next core cycle)."""
+    cfg = MS.cfg
+    Q = MS.Q
+    R = MS.R
+    F = MS.clocks[CK_NOW_FAB]
+    C = cfg[M_CHANNELS]
+    t = K.INF
+    for c in range(C):
+        if Q.count[C + c] > 0:
+            return F                                  # DRAM finished requests: _dram_done
+        q = cfg[M_Q_FE] + c
+        if Q.count[q] > 0:
+            t = min(t, _after(MS.fe_t[c, Q.head[q]], F))
+    for sl in range(cfg[M_SLICES]):
+        for q in (cfg[M_Q_L2D] + sl, cfg[M_Q_L2F] + sl):
+            if Q.count[q] > 0:
+                t = min(t, _after(R.aux1[q_peek(Q, q, 0)], F))
+        if Q.count[cfg[M_Q_RETRY] + sl] > 0:
+            return F
+        if MS.slice_hold[sl] >= 0:
+            if MS.slice_full[sl] == 0:
+                t = min(t, _after(MS.slice_busy[sl], F))  # (full: a DRAM fill frees it)
+        elif NC.noc_deliverable(MS.req, MS.node[1, sl]):
+            t = min(t, _after(MS.slice_busy[sl], F))
+    if cfg[M_GROUPED]:
+        for g in range(cfg[M_GROUPS]):
+            if NC.noc_deliverable(MS.resp, MS.gnode[g, 1]):
+                return -1
+    else:
+        for core in range(cfg[M_CORES]):
+            if NC.noc_deliverable(MS.resp, MS.node[3, core]):
+                return -1
+    for N in (MS.req, MS.resp):
+        if not NC.noc_idle(N):
+            t = min(t, NC.noc_next_event(N, N.clk[NC.C_LAST]))
+    return t
+
+
+@njit(cache=True)
+def mem_next_event(MS, now):
+    """The next core cycle (> now) at which the memory system can change anything (K.INF: never):
+    the earliest of the SMs' data pipes, L1 return pipelines and miss queues, the fabric side
+    (_fabric_next_event), the DMA engines, the CPE meshes and DRAM. Stepping straight there gives
+    the same results as stepping every cycle: whatever waits in between (a packet in a router's
+    pipeline, a reply in an L2 slice's, a request in DRAM) has a known cycle."""
+    cfg = MS.cfg
+    ck = MS.clocks
+    Q = MS.Q
+    R = MS.R
+    t = K.INF
+    for core in range(cfg[M_CORES]):
+        if Q.count[cfg[M_Q_MISS] + core] > 0:
+            return now + 1
+        if MS.mio_count[core] > 0 and MS.l1_full[core] == 0:   # (full: an L1 fill frees it)
+            t = min(t, _after(MS.mio_next[core], now + 1))
+        q = cfg[M_Q_L1D] + core
+        if Q.count[q] > 0:
+            t = min(t, _after(R.aux1[q_peek(Q, q, 0)], now + 1))
+    for e in range(MS.dma.cfg[DM.DC_ENGINES]):
+        if MS.dma.eng[e, DM.EN_HOLD] >= 0:
+            return now + 1
+    tf = _fabric_next_event(MS, now)
+    if tf < 0:
+        return now + 1
+    if tf < K.INF:
+        t = min(t, _core_cycle_of(ck[CK_NOW_FAB], ck[CK_FAB_ACC], cfg[M_FAB_RATIO], tf, now))
+    if MS.dma.cfg[DM.DC_ENGINES] > 0:
+        t = min(t, DM.dma_next_event(MS.dma, now))
+    if MS.mk[MK_ON]:
+        t = min(t, _mesh_next_event(MS, now))
+    tm = DR.dram_next_event(MS.Dm, MS.Q, 0, ck[CK_NOW_MEM])
+    if tm < DR.NEVER:
+        t = min(t, _core_cycle_of(ck[CK_NOW_MEM], ck[CK_MEM_ACC], cfg[M_MEM_RATIO], tm, now))
+    return t
 
 
 @njit(cache=True)
