@@ -1309,6 +1309,9 @@ def mem_next_event(MS, now):
     ck = MS.clocks
     Q = MS.Q
     R = MS.R
+    f = ck[CK_NOW_FAB] - 1
+    if MS.req.clk[NC.C_MOVED] == f or MS.resp.clk[NC.C_MOVED] == f or MS.mesh.clk[NC.C_MOVED] == now:
+        return now + 1  # a network moved a packet in its last cycle: it streams, do not look further
     t = K.INF
     for core in range(cfg[M_CORES]):
         if Q.count[cfg[M_Q_MISS] + core] > 0:

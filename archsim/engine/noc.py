@@ -79,7 +79,7 @@ BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port
 # par[] (int64): network parameters
 P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK = range(10)
 # clk[] (int64): mutable scalars
-C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP = range(6)
+C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED = range(7)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
 (BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF, BI_LOST, BI_NWANT,
  BI_NCRED) = range(13)  # bi int32 [B, 13]
@@ -118,7 +118,7 @@ class NocState(NamedTuple):
     of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
     par: np.ndarray          # int64 [10] P_*
-    clk: np.ndarray          # int64 [5] C_*
+    clk: np.ndarray          # int64 [7] C_* (C_MOVED: the last cycle a packet moved)
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
     bt: np.ndarray
@@ -389,6 +389,7 @@ def noc_step(N, now):
                     ls[0, ntl] = l
                     ntl += 1
                 li[l, LI_GOT] = 1
+                N.clk[C_MOVED] = now
                 b = N.gin[i0 + k]
                 p = _take(Q, b, bi[b, BI_OFF])
                 bi[b, BI_LOST] = 0
@@ -725,8 +726,9 @@ class _Builder:
         par = np.zeros(10, np.int64)
         par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK]] = \
             [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look]
-        clk = np.zeros(6, np.int64)
+        clk = np.zeros(7, np.int64)
         clk[C_LAST] = -1
+        clk[C_MOVED] = -1
         clk[C_NFREE] = maxp
         return NocState(
             par=par, clk=clk, Q=Q, bi=bi, bt=bt, gi=gi, gin=gin, gout=gout, route=route,
