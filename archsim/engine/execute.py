@@ -748,8 +748,12 @@ def step(P, T, S, w):
                 status = _scheck(S, addr, nb, l, pc, True)
                 if status != ST_OK:
                     break
-                for i in range(nb):
-                    S.s8[blk, addr + i] = S.g8[goff + i] if goff >= 0 else 0
+                if goff >= 0 and (nb | goff | addr) & 7 == 0:   # whole aligned words (cp.async moves 4, 8, 16 B)
+                    for i in range(nb >> 3):
+                        S.s64[blk, (addr >> 3) + i] = S.g64[(goff >> 3) + i]
+                else:
+                    for i in range(nb):
+                        S.s8[blk, addr + i] = S.g8[goff + i] if goff >= 0 else 0
                 continue
             if space == SPACE_GLOBAL:
                 status, off = _gcheck(S, addr, nb, l, pc)
