@@ -249,7 +249,8 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         mio=np.zeros((cores, MIO_CAP, E_N), np.int64), mio_addr=np.zeros((cores, MIO_CAP, W), np.int64),
         mio_lines=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_masks=np.zeros((cores, MIO_CAP, 2 * W), np.int64),
         mio_full=np.zeros((cores, MIO_CAP, 2 * W), np.int64), mio_head=np.zeros(cores, np.int32),
-        mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), l1_full=np.zeros(cores, np.int32), trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
+        mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), l1_full=np.zeros(cores, np.int32),
+        trk=np.zeros((cores, TRACKERS, TK_N), np.int64), trk_free=trk_free,
         trk_nfree=np.full(cores, TRACKERS, np.int32), slice_busy=np.zeros(nmem, np.int64),
         slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
@@ -1239,8 +1240,9 @@ def mem_idle(MS):
         and not MPE.mpe_busy(MS.mpe)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _after(t, lo):
+    """An event at cycle t, seen from a step that cannot come before lo."""
     return t if t > lo else lo
 
 
