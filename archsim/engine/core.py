@@ -162,10 +162,10 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
 # its warps may issue, as its last run found it (an operand's ready cycle, a pipe's free cycle; for
 # the warp it issued, what the next cycle's evaluation would find). What its warps wait on beyond
 # that wakes it (wake_subcore): a reply to a register a warp waits on, a finished copy group a warp
-# waits on, a freed memory-side entry it was refused, a barrier, a new block. Its warps keep their stall reasons while it sleeps; the cycles are
-# accounted lazily (flush_stalls) when it runs again, before anything changes its warps, at each
-# timeline sample and at the end. With skip off (machine.run_loop) every scheduler runs every
-# cycle: results are identical (tests check it).
+# waits on, a freed memory-side entry it was refused, a barrier, a new block. Its warps keep their
+# stall reasons while it sleeps; the cycles are accounted lazily (flush_stalls) when it runs again,
+# before anything changes its warps, at each timeline sample and at the end. With skip off
+# (machine.run_loop) every scheduler runs every cycle: results are identical (tests check it).
 @njit(cache=True)
 def flush_stalls(TS, i, upto):
     """Account sub-core i's resident warps for cycles [acct, upto) with their last reasons."""

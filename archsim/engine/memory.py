@@ -581,8 +581,6 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         return  # the miss or return path is backed up: retry next cycle
     t = e[E_TRK]
     if cls == D.CLS_LD_GLOBAL and cfg[M_HAS_L1]:
-        if MS.l1_full[core]:
-            return  # it found no MSHR or way free, and only a fill of this L1 changes that
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, t, now)
         if r < 0:
             return
@@ -644,7 +642,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
-    if MS.mio_count[core] > 0 and MS.mio_next[core] <= now and MS.l1_full[core] == 0:
+    if _pipe_takes_head(MS, core, now):
         _data_pipe(MS, TS, S, Dd, core, now)
     if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
         K.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
@@ -1217,14 +1215,21 @@ def _head_due(MS, q, now):
 
 
 @njit(inline="always")
+def _pipe_takes_head(MS, core, now):
+    """The data pipe takes the core's oldest MIO entry this cycle: there is one, it is not in the
+    middle of its wavefronts (mio_next), and it is not a load waiting for an L1 fill (l1_full: it
+    found no MSHR or way free, and only a fill of that L1 changes that)."""
+    return MS.mio_count[core] > 0 and MS.mio_next[core] <= now and MS.l1_full[core] == 0
+
+
+@njit(inline="always")
 def _core_has_work(MS, core, now):
     """Anything for _core_memory to look at: replies delivered, L1 hits due, an MIO entry the data
-    pipe can take (not in the middle of its wavefronts, not waiting for an L1 fill), misses
-    waiting for the request fabric."""
+    pipe takes (_pipe_takes_head), misses waiting for the request fabric."""
     cfg = MS.cfg
     Q = MS.Q
-    return ((MS.mio_count[core] > 0 and MS.mio_next[core] <= now and MS.l1_full[core] == 0)
-            or _head_due(MS, cfg[M_Q_L1D] + core, now) or Q.count[cfg[M_Q_MISS] + core] > 0
+    return (_pipe_takes_head(MS, core, now) or _head_due(MS, cfg[M_Q_L1D] + core, now)
+            or Q.count[cfg[M_Q_MISS] + core] > 0
             or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
 
 
