@@ -135,8 +135,10 @@ class NocState(NamedTuple):
     pfree: np.ndarray        # int32 [P]
     bw: np.ndarray           # int32 [B, lookahead + 1] links a sleeping port's packets want (BT_SLEEP)
     bc: np.ndarray           # int32 [B, lookahead + 1, 2] (buffer, flits) its packets wait credits of
-    ls: np.ndarray           # int32 [2, Lk] step scratch: links of the group wanted (or granted) this
-                             # step; links offered a packet in this offer round
+    ls: np.ndarray           # int32 [3, Lk] step scratch: links of the group wanted (or granted) this
+                             # step; links offered a packet in this offer round; input ports (index
+                             # in the group) that offered in the last round (a router has no more
+                             # input ports than the network has links)
     link_names: np.ndarray   # uint8 [Lk, 40] NUL padded
     node_names: np.ndarray   # uint8 [nodes, 40]
 
@@ -270,13 +272,19 @@ def noc_step(N, now):
         # a group with one output (a node's interface) has every packet want that link: only the
         # head can go, and the packets behind it would all be skipped as wanting it too
         glook = look if gi[g, G_NOUT] > 1 else 0
+        nlost = 0                             # ls[2, :nlost]: the ports that offered in the last round
         for it in range(iters):
             # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
             # its window that can go); later iterations let ports that lost offer another packet
             # to an output still free (their own read port is busy once they sent)
             ncl = 0
             offered = False
-            for k in range(nin):
+            nk = nin if it == 0 else nlost
+            nlost = 0
+            for kk in range(nk):
+                # after the first round only the ports that offered are visited (ascending, as
+                # in the first): the list is rewritten in place, never ahead of the reading
+                k = kk if it == 0 else ls[2, kk]
                 b = N.gin[i0 + k]
                 cnt = Q.count[b]
                 if cnt == 0:
@@ -362,6 +370,8 @@ def noc_step(N, now):
                     bi[b, BI_OFF] = j             # the port offers this packet
                     bi[b, BI_LOST] = 1            # until an output grants it
                     offered = True
+                    ls[2, nlost] = k
+                    nlost += 1
                     d = k - li[l, LI_RR] - 1
                     if d < 0:
                         d += nin
@@ -735,7 +745,7 @@ class _Builder:
             li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
             pi=np.zeros((maxp, 7), np.int32), pt=np.zeros((maxp, 2), np.int64),
             pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
-            bc=np.zeros((B, self.look + 1, 2), np.int32), ls=np.zeros((2, max(Lk, 1)), np.int32),
+            bc=np.zeros((B, self.look + 1, 2), np.int32), ls=np.zeros((3, max(Lk, 1)), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
             node_names=_name_array([n["name"] for n in self.nodes]))
 
