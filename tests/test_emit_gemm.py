@@ -258,7 +258,7 @@ def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, trans_a, mo
     orig_ld = R._Machine.op_ld
 
     def op_ld(self, w, ins, active, top, clock):
-        if ins.opc.space == "shared":
+        if ins.opc.space == "shared" and ins.opc.access_bytes == 4:  # the epilogue's 16-byte reads: below
             seen.append(("ld", 1, [self.addr(w, ins.src[0], ins.imm, l) for l in self.lanes(active)]))
         return orig_ld(self, w, ins, active, top, clock)
 
@@ -275,11 +275,13 @@ def test_fragment_loads_are_bank_conflict_free(dtype, trans_b, tile, trans_a, mo
     np.testing.assert_allclose(ref.output("C"), k.reference(A, B), *TOL["f32"][::-1])
 
 
-@pytest.mark.parametrize("tile,out", [(T128, "f16"), (Tile(64, 32, 32, 4, 2), "bf16")])
-def test_f16_out_is_staged_in_shared_memory_and_stored_16_bytes_a_lane(tile, out, monkeypatch):
-    """f16 / bf16 out of a full block with 16-byte aligned rows: fragments go to a padded shared
-    tile (conflict-free 4-byte writes) and leave as whole rows, 16 bytes a lane (ld.shared.v4 at
-    the minimum 4 wavefronts, st.global.v4): no 16-byte half-sector writes for the L2 to fill."""
+@pytest.mark.parametrize("tile,out", [(T128, "f16"), (Tile(64, 32, 32, 4, 2), "bf16"), (T64, "f32"),
+                                      (Tile(64, 32, 32, 4, 2), "f32")])
+def test_c_is_staged_in_shared_memory_and_stored_16_bytes_a_lane(tile, out, monkeypatch):
+    """A full block with 16-byte aligned rows: fragments go to a padded shared tile
+    (conflict-free 4-byte f16x2 writes, 8-byte f32 writes in two half-warp phases) and leave as
+    whole rows, 16 bytes a lane (ld.shared.v4 at the minimum 4 wavefronts, st.global.v4): no
+    16-byte half-sector writes for the L2 to fill (f16), no warp store split over 8 rows (f32)."""
     from archsim.engine import reference as R
     from archsim.engine.functional import run_functional
 
@@ -288,12 +290,13 @@ def test_f16_out_is_staged_in_shared_memory_and_stored_16_bytes_a_lane(tile, out
     k = gemm_kernel(caps, tile.BM, tile.BN, 2 * tile.BK, dtype, out, tile=tile)
     mn = [opcodes()[int(o)].mnemonic for o in k.program.op]
     assert "st.global.v4.b32" in mn and "ld.shared.v4.b32" in mn
+    write = "st.shared.v2.b32" if out == "f32" else "st.shared.b32"
     seen = []
     orig = {n: getattr(R._Machine, n) for n in ("op_ld", "op_st")}
 
     def hook(name):
         def op(self, w, ins, active, top, clock):
-            if ins.opc.space == "shared" and ins.opc.mnemonic in ("st.shared.b32", "ld.shared.v4.b32"):
+            if ins.opc.space == "shared" and ins.opc.mnemonic in (write, "ld.shared.v4.b32"):
                 seen.append((ins.opc.mnemonic, [self.addr(w, ins.src[0], ins.imm, l) for l in self.lanes(active)]))
             return orig[name](self, w, ins, active, top, clock)
         return op
@@ -303,11 +306,11 @@ def test_f16_out_is_staged_in_shared_memory_and_stored_16_bytes_a_lane(tile, out
     A, B, C = k.random_inputs(5)
     res = run_functional(k.program, k.args(A, B, C), k.launch, engine="reference")
     kinds = {m for m, _ in seen}
-    assert kinds == {"st.shared.b32", "ld.shared.v4.b32"}, kinds
+    assert kinds == {write, "ld.shared.v4.b32"}, kinds
     for m, addrs in seen:
-        nbytes = 16 if m.startswith("ld") else 4
-        # BN = 32: two rows of 4 chunks in each 8-lane phase of a 16-byte read share bank groups
-        # (the padding is chosen for the 4-byte writes, 4x as many); 2 wavefronts instead of 1
-        want = nbytes // 4 * (2 if m.startswith("ld") and tile.BN == 32 else 1)
+        nbytes = 16 if m.startswith("ld") else (8 if out == "f32" else 4)
+        # f16, BN = 32: two rows of 4 chunks in each 8-lane phase of a 16-byte read share bank
+        # groups (the padding is chosen for the 4-byte writes, 4x as many); 2 wavefronts, not 1
+        want = nbytes // 4 * (2 if m.startswith("ld") and tile.BN == 32 and out != "f32" else 1)
         assert _wavefronts(addrs, nbytes) == want, (m, addrs)
     np.testing.assert_allclose(to_float(res.output("C"), out), k.reference(A, B), *TOL[out][::-1])

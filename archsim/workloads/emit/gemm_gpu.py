@@ -1045,20 +1045,22 @@ def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
     a("and.b64", dst, dst, mask)
 
 
-def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: str, RS: int,
-                  tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred) -> None:
+def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: Optional[str],
+                  RS: int, tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred) -> None:
     """The 16-byte store path (see _epilogue) for a full block (pf) whose ldc and C strides are
-    multiples of 8 halves; other blocks fall through. Every block passes the two barriers (the
+    multiples of 16 bytes; other blocks fall through. Every block passes the two barriers (the
     checker, like the hardware, wants them on every path): the shared-memory writes are guarded
-    instead of branched around. Shared rows are padded by 16 bytes, which makes the fragment
-    writes conflict free (8 rows x 4 words on 32 banks); the 16-byte reads are too when a row has
-    8 or more chunks (BN >= 64), and take 2 wavefronts a phase for BN = 32. Leaves tid and ldc as
-    they were."""
+    instead of branched around. f16 / bf16 (``cvt``): 4-byte fragment writes, rows padded by 16
+    bytes (8 rows x 4 words on 32 banks: conflict free). f32 (``cvt`` None): 8-byte writes,
+    which run in half-warp phases of 4 rows x 8 words, rows padded by 32 bytes (conflict free).
+    The 16-byte reads are conflict free when a row has 8 or more chunks (BN >= 64 halves, >= 32
+    floats), and take 2 wavefronts a phase for BN = 32 halves. Leaves tid and ldc as they were."""
     t1, t2, t3, t4, t5 = tmp
+    osz = 4 if cvt is None else 2                      # bytes of a C element
     T = 32 * c.WM * c.WN
-    CPR = c.BN // 8                                    # 16-byte chunks of a C row
+    CPR = c.BN * osz // 16                             # 16-byte chunks of a C row
     RPI = T // CPR                                     # rows the block stores per instruction
-    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 7, t2)
+    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 16 // osz - 1, t2)
     a("setp.eq.i64", p, t1, 0)
     a("and.pred", p, p, pf)                            # full block, 16-byte aligned rows
     a("bar.sync")                                      # every warp is done with the k tiles' stages
@@ -1076,15 +1078,19 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a("and.b64", t3, tid, 3)
     a("shl.b64", t3, t3, 1)
     a("add.i64", t2, t2, t3)
-    a("shl.b64", t2, t2, 1)
+    a("shl.b64", t2, t2, _log2(osz))
     a("add.i64", t1, t1, t2)                           # shared byte offset of the corner
     for q in range(2 * MI):
         mi, h = divmod(q, 2)
         for ni in range(NI):
             src = accr(mi, ni) + 2 * h
-            w = t2 if ni % 2 == 0 else t3
-            a(cvt, w, src, src + 1, p=p)
-            a("st.shared.b32", Mem(t1, (16 * mi + 8 * h) * RS + 16 * ni), w, p=p)
+            at = Mem(t1, (16 * mi + 8 * h) * RS + 8 * osz * ni)
+            if cvt is None:
+                a("st.shared.v2.b32", at, src, p=p)
+            else:
+                w = t2 if ni % 2 == 0 else t3
+                a(cvt, w, src, src + 1, p=p)
+                a("st.shared.b32", at, w, p=p)
     a("bar.sync")
     a("bra", "VEC4", p=p, neg=True)
     # thread: chunk tid % CPR of rows tid / CPR + RPI*i; C tile at m0, n0 of this block's matrix
@@ -1092,21 +1098,21 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a("and.b64", t2, tid, CPR - 1)                     # chunk
     a("s2r", t3, "%ctaid.x")
     a("shl.b64", t3, t3, _log2(c.BN))
-    a("shl.b64", t4, t2, 3)
-    a("add.i64", t4, t4, t3)                           # column n0 + 8*chunk
+    a("shl.b64", t4, t2, _log2(16 // osz))
+    a("add.i64", t4, t4, t3)                           # column n0 + chunk * elements a chunk
     a("s2r", t3, "%ctaid.y")
     a("shl.b64", t3, t3, _log2(c.BM))
     a("add.i64", t3, t3, t1)                           # row m0 + first row
     a("mad.i64", t4, t3, ldc, t4)
     z = _batch_index(a)
-    _batch_ptr(a, t5, "C", "sc_b", "sc_h", 2, z)
+    _batch_ptr(a, t5, "C", "sc_b", "sc_h", osz, z)
     a.free(*z)
-    a("shl.b64", t4, t4, 1)
+    a("shl.b64", t4, t4, _log2(osz))
     a("add.i64", t5, t5, t4)                           # global address of the first chunk
     a("mul.i64", t1, t1, RS)
     a("shl.b64", t2, t2, 4)
     a("add.i64", t1, t1, t2)                           # its shared offset
-    a("mul.i64", t4, ldc, 2 * RPI)                     # RPI rows of C
+    a("mul.i64", t4, ldc, osz * RPI)                   # RPI rows of C
     groups = min(4, MI * NI)                           # the accumulators are free: 4-register buffers
     for i in range(c.BM // RPI):
         buf = acc + 4 * (i % groups)
@@ -1122,17 +1128,19 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
               smem: int) -> None:
     """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
     mma tile. Fast path (whole block inside C, ldc and C's strides even): 8-byte (f32) / 4-byte
-    (f16x2) stores. f16 / bf16 out with ldc and strides multiples of 8: the block's C tile is
-    staged in shared memory (`smem` bytes are free after the main loop) and stored 16 bytes a lane,
-    whole rows a warp, as CUTLASS's epilogue does: the 4-byte stores write 16-byte pieces of
-    32-byte sectors, which the L2 must fetch before it can merge them."""
+    (f16x2) stores. With ldc and strides multiples of 16 bytes, the block's C tile is staged in
+    shared memory (`smem` bytes are free after the main loop) and stored 16 bytes a lane, whole
+    rows a warp, as CUTLASS's epilogue does: the 4-byte f16x2 stores write 16-byte pieces of
+    32-byte sectors, which the L2 must fetch before it can merge them, and the 8-byte f32 stores
+    of a warp touch 8 rows of C, one 32-byte sector each (8 write requests, against 4 whole lines
+    for a 16-byte store)."""
     if c.alpha != 1.0:
         for i in range(MI * NI * 4):
             a("mul.f32", acc + i, acc + i, c.alpha)
     tid, t1, t2 = a.reg(), a.reg(), a.reg()
     Mr, Nr, ptr, row, col, step = a.reg(), a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     ldc = a.reg()
-    t3, t4, t5 = (a.reg(), a.reg(), a.reg()) if c.out != "f32" else (None, None, None)
+    t3, t4, t5 = a.reg(), a.reg(), a.reg()
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
@@ -1173,8 +1181,8 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("add.i64", ptr, ptr, t1)                         # &C[row, col]
     a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
     cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
-    RS = c.BN * 2 + 16                                 # staged row: BN halves + 16 bytes of padding
-    if cvt is not None and c.BM * RS <= smem:
+    RS = c.BN * osz + (16 if osz == 2 else 32)         # staged row: BN elements + padding (_staged_store)
+    if c.BM * RS <= smem:
         _staged_store(a, c, acc, MI, NI, WTM, WTN, accr, cvt, RS, tid, ldc, (t1, t2, t3, t4, t5), pf, pq)
     a("bra", "EDGE", p=pf, neg=True)
     # -- fast path
