@@ -147,9 +147,10 @@ COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_m
 # field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
 B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
 G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
-(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_REFB, S_N) = (0, 1, 2, 3, 4, 5, 9, 10,
-                                                                                            11, 12, 13, 14)  # sub[C, S, :]
-H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_N = range(11)  # shadow[C, QCAP, :]
+(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_REFB, S_OLDEST, S_YOUNGEST,
+ S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15, 16)                      # sub[C, S, :]
+(H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_OLDER, H_YOUNGER,
+ H_N) = range(13)                                                             # shadow[C, QCAP, :]
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
 K_INFN, K_RHEAD, K_NSEEN, K_LASTCOUNT, K_LOGN, K_ERR, K_WAKE, K_ASEQ, K_N = range(9)  # chan[C, :]
 ERR_QUEUE_CAP = 1                                                            # chan[c, K_ERR] bits
@@ -163,7 +164,10 @@ class DramState(NamedTuple):
     time in 1/FP cycles, next refresh due, the last four ACTs for tFAW, per-bank refresh: the
     bank (within the sub-channel) refreshed next); ``shadow`` the decoded
     input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
-    class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival);
+    class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival, age
+    sequence number, and the slots of the next older and next younger seen entry of the same
+    sub-channel: the seen entries whose next burst goes to sub-channel s form a list in age order
+    from ``sub[c, s, S_OLDEST]`` to ``sub[c, s, S_YOUNGEST]`` (-1 ends it));
     ``ret`` the return buffer; ``cnt[c, C_*]`` the counters (names in
     COUNTERS); ``log[c, i, :]`` = (cycle, command, bank or sub-channel, row / request id)."""
 
@@ -302,6 +306,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
     bank[:, :, B_OPEN] = -1
     sub = np.zeros((C, S, S_N), np.int64)
     sub[:, :, S_FAW:S_FAW + 4] = -(1 << 40)
+    sub[:, :, S_OLDEST] = sub[:, :, S_YOUNGEST] = -1  # the age lists are empty
     for c in range(C):
         sub[c, :, S_REF] = refresh_first_due(machine, c, S)
     return DramState(
@@ -534,6 +539,7 @@ def _arrivals(D, Q, R, c, qi, now):
         H[c, sl, H_ARR] = now
         H[c, sl, H_SEQ] = D.chan[c, K_ASEQ]           # age order (queue positions are not)
         D.chan[c, K_ASEQ] += 1
+        _enlist(D, c, p[P_BTAB + 2 * b], sl)
         if D.bank[c, b, B_OPEN] == row:
             D.bank[c, b, B_HITS] += 1
     D.chan[c, K_NSEEN] = n
@@ -630,17 +636,58 @@ def _ref_blocks(D, c, s, b):
 
 
 @_jit
+def _link(D, c, s, o, y):
+    """Make o the next older entry of y in sub-channel s's age list (-1: y is the oldest, o is the
+    youngest)."""
+    if o >= 0:
+        D.shadow[c, o, H_YOUNGER] = y
+    else:
+        D.sub[c, s, S_OLDEST] = y
+    if y >= 0:
+        D.shadow[c, y, H_OLDER] = o
+    else:
+        D.sub[c, s, S_YOUNGEST] = o
+
+
+@_jit
+def _enlist(D, c, s, sl):
+    """Put the entry in slot sl into sub-channel s's age list at its age (H_SEQ): at the young end
+    for an arrival, further in for a request whose next burst moved it from another sub-channel."""
+    H = D.shadow
+    seq = H[c, sl, H_SEQ]
+    o = D.sub[c, s, S_YOUNGEST]
+    y = np.int64(-1)
+    while o >= 0 and H[c, o, H_SEQ] > seq:
+        y = o
+        o = H[c, o, H_OLDER]
+    _link(D, c, s, o, sl)
+    _link(D, c, s, sl, y)
+
+
+@_jit
+def _delist(D, c, sl):
+    """Take the entry in slot sl out of its sub-channel's age list."""
+    H = D.shadow
+    _link(D, c, D.prm[P_BTAB + 2 * H[c, sl, H_BANK]], H[c, sl, H_OLDER], H[c, sl, H_YOUNGER])
+
+
+@_jit
 def _remove(D, Q, c, qi, a):
     """Remove the entry in physical slot ``a`` in O(1): the head entry (and its shadow) moves into
     the hole and the head advances. Seen entries stay in front of unseen ones; their age order
-    lives in H_SEQ, not in their positions."""
+    lives in H_SEQ and the age list, not in their positions (the list follows the moved entry)."""
     cap = Q.cap[qi]
     n = Q.count[qi]
     h = Q.head[qi]
+    H = D.shadow
+    _delist(D, c, a)
     if a != h:
         Q.buf[qi, a] = Q.buf[qi, h]
         for f in range(H_N):
-            D.shadow[c, a, f] = D.shadow[c, h, f]
+            H[c, a, f] = H[c, h, f]
+        s = D.prm[P_BTAB + 2 * H[c, a, H_BANK]]
+        _link(D, c, s, H[c, a, H_OLDER], a)   # its neighbours now find it in slot a
+        _link(D, c, s, a, H[c, a, H_YOUNGER])
     h += 1
     if h >= cap:
         h = 0
@@ -757,6 +804,11 @@ def _issue(D, Q, c, qi, sl, now):
         _remove(D, Q, c, qi, sl)
     else:
         nbk, nrow = _burst_loc(p, H[c, sl, H_ADDR], kk)
+        ns = p[P_BTAB + 2 * nbk]
+        if ns != s:                                  # a misaligned request's next burst: another list
+            _delist(D, c, sl)
+            H[c, sl, H_BANK] = nbk
+            _enlist(D, c, ns, sl)
         H[c, sl, H_BANK] = nbk
         H[c, sl, H_ROW] = nrow
         H[c, sl, H_K] = kk
@@ -808,37 +860,57 @@ def _sched(D, Q, c, qi, now, issue):
                 ev = ready
             if not (issue and ready <= now):
                 U[c, s, S_SEL] = -1
+    elif n > 0 and issue:
+        # FR-FCFS: the oldest ready row hit, else the oldest ready ACT / PRE. Each sub-channel's
+        # entries are visited oldest first (its age list), so its first ready hit is its choice,
+        # and once it has chosen an ACT / PRE only a hit can still win: none can when the
+        # sub-channel's own column timing (tCCD_S, tWTR_S, its data bus) is not ready, and the
+        # scan of that sub-channel ends. A sub-channel that chose nothing skipped nothing, so
+        # the earliest cycle returned when nothing issues is that of a scan of every entry.
+        for s in range(S):
+            refb = np.int64(-1)                      # the bank whose refresh is due (per-bank)
+            if U[c, s, S_REF] <= now:
+                if p[P_REFPB] == 0:
+                    continue                         # all-bank refresh due: no bank serves requests
+                refb = s * p[P_NBS] + U[c, s, S_REFB]
+            bus = U[c, s, S_BUS] // FP
+            col = min(max(U[c, s, S_RD], bus - p[P_TCL]), max(U[c, s, S_WR], bus - p[P_TCWL])) <= now
+            sl = U[c, s, S_OLDEST]
+            while sl >= 0:
+                nxt = H[c, sl, H_YOUNGER]
+                b = H[c, sl, H_BANK]
+                hit = D.bank[c, b, B_OPEN] == H[c, sl, H_ROW]
+                if b == refb or (U[c, s, S_SEL] >= 0 and not hit):
+                    sl = nxt                         # refresh due for its bank; an older ACT / PRE won
+                    continue
+                cmd, ready = _eval(D, c, sl, b)
+                if cmd == CMD_PRE and D.bank[c, b, B_HITS] > 0 and D.bank[c, b, B_STREAK] < p[P_HITCAP]:
+                    sl = nxt                         # keep the row open for its queued hits
+                    continue
+                if ready < ev:
+                    ev = ready
+                if ready <= now:
+                    U[c, s, S_SEL] = sl
+                    U[c, s, S_SELSEQ] = H[c, sl, H_SEQ]
+                    if hit:
+                        U[c, s, S_SELHIT] = 1
+                        break
+                    if not col:
+                        break
+                sl = nxt
     elif n > 0:
-        # FR-FCFS: the oldest ready row hit, else the oldest ready ACT / PRE
+        # FR-FCFS without issuing (dram_next_event): the earliest cycle any entry can go
         for k in range(n):
             sl = _slot(Q, qi, k)
             b = H[c, sl, H_BANK]
             s = p[P_BTAB + 2 * b]
             if U[c, s, S_REF] <= now and _ref_blocks(D, c, s, b):
                 continue                             # refresh due: the sub-channel (bank) serves it first
-            seq = H[c, sl, H_SEQ]
-            hit = D.bank[c, b, B_OPEN] == H[c, sl, H_ROW]
-            if issue and U[c, s, S_SEL] >= 0:
-                # something issues here, so the returned time does not matter: skip what cannot win
-                if U[c, s, S_SELHIT]:
-                    if not hit or seq > U[c, s, S_SELSEQ]:
-                        continue
-                elif not hit and seq > U[c, s, S_SELSEQ]:
-                    continue
             cmd, ready = _eval(D, c, sl, b)
             if cmd == CMD_PRE and D.bank[c, b, B_HITS] > 0 and D.bank[c, b, B_STREAK] < p[P_HITCAP]:
                 continue                             # keep the row open for its queued hits
             if ready < ev:
                 ev = ready
-            if issue and ready <= now:
-                if hit:
-                    if U[c, s, S_SELHIT] == 0 or seq < U[c, s, S_SELSEQ]:
-                        U[c, s, S_SEL] = sl
-                        U[c, s, S_SELSEQ] = seq
-                        U[c, s, S_SELHIT] = 1
-                elif U[c, s, S_SELHIT] == 0 and seq < U[c, s, S_SELSEQ]:
-                    U[c, s, S_SEL] = sl
-                    U[c, s, S_SELSEQ] = seq
     for s in range(S):
         if U[c, s, S_REF] <= now:
             cmd, ready = _ref_eval(D, c, s)
