@@ -302,7 +302,7 @@ def _gcheck(S, addr, nb, lane, pc):
     off = addr - S.geom[G_GBASE]
     if off < 0 or off + nb > S.geom[G_VSIZE]:
         return _fault(S, F_GLOBAL_OOB, lane, addr, nb, pc), off
-    if addr % nb != 0:
+    if addr & (nb - 1):                  # access sizes are powers of two (isa/opcodes.py checks)
         return _fault(S, F_MISALIGNED, lane, addr, nb, pc), off
     if off + nb > S.geom[G_GSIZE]:
         return ST_OK, np.int64(-1)
@@ -313,7 +313,7 @@ def _gcheck(S, addr, nb, lane, pc):
 def _scheck(S, addr, nb, lane, pc, align):
     if addr < 0 or addr + nb > S.geom[G_SHARED]:
         return _fault(S, F_SHARED_OOB, lane, addr, nb, pc)
-    if align and addr % nb != 0:
+    if align and addr & (nb - 1):
         return _fault(S, F_MISALIGNED, lane, addr, nb, pc)
     return ST_OK
 
@@ -748,7 +748,10 @@ def step(P, T, S, w):
                 status = _scheck(S, addr, nb, l, pc, True)
                 if status != ST_OK:
                     break
-                if goff >= 0 and (nb | goff | addr) & 7 == 0:   # whole aligned words (cp.async moves 4, 8, 16 B)
+                if (nb | addr) & 7 == 0 and goff < 0:          # unbacked source (a timing run): zeros
+                    for i in range(nb >> 3):
+                        S.s64[blk, (addr >> 3) + i] = 0
+                elif goff >= 0 and (nb | goff | addr) & 7 == 0:  # whole aligned words (cp.async moves 4, 8, 16 B)
                     for i in range(nb >> 3):
                         S.s64[blk, (addr >> 3) + i] = S.g64[(goff >> 3) + i]
                 else:

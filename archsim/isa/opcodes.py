@@ -123,6 +123,9 @@ def _parse(path) -> tuple[Opcode, ...]:
         for key, names in (("cmp", CMP), ("space", SPACE), ("src_dtype", SDT), ("bcast", BCAST)):
             if r.get(key, "none") not in names:
                 raise _bad(i, f"{mn}: unknown {key} {r.get(key)!r}", ", ".join(names))
+        ab = int(r.get("access_bytes", 0))
+        if ab & (ab - 1):                 # the engine's alignment checks mask with access_bytes - 1
+            raise _bad(i, f"{mn}: access_bytes {ab}", "0 or a power of two")
         ops = tuple(r.get("operands") or ())
         for k in ops:
             if k not in OPERAND_KINDS:
