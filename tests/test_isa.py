@@ -37,6 +37,17 @@ def test_opcode_table_covers_design_set():
     assert mma.unit == "tensor" and mma.flops_per_lane * 32 == 2 * 16 * 8 * 16
 
 
+def test_an_opcode_row_with_an_access_size_that_is_not_a_power_of_two_is_refused(tmp_path):
+    from archsim.isa.opcodes import _parse
+
+    f = tmp_path / "opcodes.yaml"
+    f.write_text("opcodes:\n  - {mnemonic: ld.global.v3.b32, operands: [r3, m], unit: lsu, latency: mem, sem: ld,"
+                 " dtype: b, space: global, access_bytes: 12}\n")
+    with pytest.raises(InputError) as e:
+        _parse(f)
+    assert e.value.line() == ("isa/opcodes.yaml: opcode 0: ld.global.v3.b32: access_bytes 12 (0 or a power of two)")
+
+
 # ----------------------------------------------------------------------------- immediates
 @given(st.floats(width=32, allow_nan=False))
 def test_f32_immediates_round_trip(x):

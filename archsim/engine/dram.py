@@ -99,7 +99,9 @@ bank when the request first needed it (a column command straight away = hit, an 
 requests only just before a step at the cycle they arrive; jump to ``min(dram_next_event(...,
 t + 1), next arrival)`` after stepping cycle t. Results then equal stepping every cycle.
 
-Engine notes (speed): the input queue is scanned once per channel and cycle, but a channel
+Engine notes (speed): each sub-channel's requests are scanned oldest first from an age list
+(kept per sub-channel, in the shadow) and the scan stops at the sub-channel's choice (its first
+ready hit, or its first ready ACT / PRE when its column timing rules every hit out); a channel
 whose last scan issued nothing sleeps until the cycle that scan named, unless a request arrives
 or one retires; a request leaves the queue in O(1) (the head entry fills its slot; ages live in
 the shadow); per-bank row-hit counts are kept incrementally; the return buffer is a ring sorted
@@ -147,8 +149,8 @@ COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_m
 # field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
 B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
 G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
-(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_SELHIT, S_REFB, S_OLDEST, S_YOUNGEST,
- S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15, 16)                      # sub[C, S, :]
+(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_REFB, S_OLDEST, S_YOUNGEST,
+ S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15)                          # sub[C, S, :]
 (H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_OLDER, H_YOUNGER,
  H_N) = range(13)                                                             # shadow[C, QCAP, :]
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
@@ -806,8 +808,7 @@ def _issue(D, Q, c, qi, sl, now):
         nbk, nrow = _burst_loc(p, H[c, sl, H_ADDR], kk)
         ns = p[P_BTAB + 2 * nbk]
         if ns != s:                                  # a misaligned request's next burst: another list
-            _delist(D, c, sl)
-            H[c, sl, H_BANK] = nbk
+            _delist(D, c, sl)                        # (found by its old bank)
             _enlist(D, c, ns, sl)
         H[c, sl, H_BANK] = nbk
         H[c, sl, H_ROW] = nrow
@@ -840,7 +841,6 @@ def _sched(D, Q, c, qi, now, issue):
     for s in range(S):
         U[c, s, S_SEL] = -1
         U[c, s, S_SELSEQ] = NEVER
-        U[c, s, S_SELHIT] = 0
     n = Q.count[qi]
     if n > 0 and not frfcfs:
         # FCFS: only the oldest request of each sub-channel may issue
@@ -891,11 +891,7 @@ def _sched(D, Q, c, qi, now, issue):
                     ev = ready
                 if ready <= now:
                     U[c, s, S_SEL] = sl
-                    U[c, s, S_SELSEQ] = H[c, sl, H_SEQ]
-                    if hit:
-                        U[c, s, S_SELHIT] = 1
-                        break
-                    if not col:
+                    if hit or not col:
                         break
                 sl = nxt
     elif n > 0:
