@@ -81,7 +81,9 @@ TAG_MPE_LAUNCH = -(1 << 25)  # an MPE's launch message to a CPE (addr = the CPE'
 TAG_MPE_DONE = -(1 << 24)    # a CPE's completion to its MPE (a header; src = group)
 # MState.mk: scalars: the CPE mesh's; MK_STORES: core stores not yet accepted by their memory-side
 # endpoint (L2 slice, or the controller's queue without an L2): a launch ends when they are
-MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_N = range(9)
+# MK_CORE_ITEMS: MIO entries, L1 returns and misses queued at the cores, all cores together (when
+# none is and replies come through the core groups, no core's memory side has anything to do)
+MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_CORE_ITEMS, MK_N = range(10)
 
 
 class MState(NamedTuple):
@@ -435,6 +437,7 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
     if i >= MIO_CAP:
         i -= MIO_CAP
     MS.mio_count[core] += 1
+    MS.mk[MK_CORE_ITEMS] += 1
     e = MS.mio[core, i]
     e[E_WARP] = w
     e[E_PC] = pc
@@ -494,12 +497,19 @@ def _response(MS, TS, core, r, now):
             for i in range(n):
                 rr = MS.waiters[i]
                 R.aux1[rr] = now + MS.cfg[M_L1_LAT]
-                q_push(MS.Q, q, rr)
+                _core_push(MS, q, rr)
             CA.mshr_free(MS.L1, core, e)
     else:
         R.tag[r] = -1 - tag
         R.aux1[r] = now + MS.cfg[M_L1_LAT]
-        q_push(MS.Q, q, r)
+        _core_push(MS, q, r)
+
+
+@njit(inline="always")
+def _core_push(MS, q, r):
+    """Push request r on a core's L1-return or miss queue, counted in MK_CORE_ITEMS."""
+    if q_push(MS.Q, q, r):
+        MS.mk[MK_CORE_ITEMS] += 1
 
 
 @njit(cache=True)
@@ -509,6 +519,7 @@ def _pop_mio(MS, core):
         h = 0
     MS.mio_head[core] = h
     MS.mio_count[core] -= 1
+    MS.mk[MK_CORE_ITEMS] -= 1
 
 
 @njit(cache=True)
@@ -595,11 +606,11 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             return
         if status == CA.HIT:
             R.aux1[r] = now + cfg[M_L1_LAT]
-            q_push(MS.Q, ql, r)
+            _core_push(MS, ql, r)
         elif newm != 0:
             r2 = req_alloc(R, line, CA.popcount(newm) * sb, KIND_READ, core, 0, now)
             R.aux0[r2] = newm
-            q_push(MS.Q, qm, r2)
+            _core_push(MS, qm, r2)
     elif cls == D.CLS_ST_GLOBAL:
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
         if r < 0:
@@ -609,13 +620,13 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         R.aux1[r] = MS.mio_full[core, i, k]
         if cfg[M_HAS_L1]:
             CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], True, r, now)
-        q_push(MS.Q, qm, r)
+        _core_push(MS, qm, r)
     else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, -1 - t, now)
         if r < 0:
             return
         R.aux0[r] = m
-        q_push(MS.Q, qm, r)
+        _core_push(MS, qm, r)
     MS.bytes[BY_L1] += CA.popcount(m) * sb
     k += 1
     e[E_IDX] = k
@@ -639,6 +650,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
     q = cfg[M_Q_L1D] + core
     while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
         r = q_pop(Q, q)
+        MS.mk[MK_CORE_ITEMS] -= 1
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
@@ -656,6 +668,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         q_pop(Q, q)
+        MS.mk[MK_CORE_ITEMS] -= 1
 
 
 # ----------------------------------------------------------------------------- the memory side
@@ -1189,6 +1202,8 @@ def mem_cycle(MS, TS, S, Dd, now):
             _dma_engines(MS, TS, now)
     if MS.mk[MK_ON]:
         _mesh_cycle(MS, TS, now)
+    if MS.mk[MK_CORE_ITEMS] == 0 and cfg[M_GROUPED]:
+        return                        # nothing queued at any core, and no reply comes to a core directly
     for core in range(cfg[M_CORES]):
         if _core_has_work(MS, core, now):
             _core_memory(MS, TS, S, Dd, core, now)
