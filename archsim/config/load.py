@@ -74,6 +74,11 @@ class _Loader(yaml.SafeLoader):
     """safe_load that refuses duplicate keys (YAML would silently keep the last one)."""
 
 
+class _FastLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """The same on libyaml's parser (about ten times faster). A file it refuses is parsed again
+    with _Loader, so every error message is the pure-Python parser's, whichever is installed."""
+
+
 def _construct_mapping(loader, node, deep=False):
     loader.flatten_mapping(node)
     seen = {}
@@ -83,10 +88,19 @@ def _construct_mapping(loader, node, deep=False):
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
         seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_text(text: str):
+    """YAML text -> Python data, duplicate keys refused; the errors are yaml's, as _Loader raises them."""
+    try:
+        return yaml.load(text, Loader=_FastLoader)
+    except yaml.YAMLError:
+        return yaml.load(text, Loader=_Loader)   # raises again, with the pure-Python parser's message
 
 
 def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
@@ -99,7 +113,7 @@ def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
     except UnicodeDecodeError as e:
         raise InputError(label, f"not UTF-8 text (byte {e.start})", "a YAML text file") from None
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = load_yaml_text(text)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{label}:{mark.line + 1}" if mark is not None else label

@@ -99,7 +99,11 @@ def _bad(row: int, what: str, allowed: str) -> InputError:
 def _parse(path) -> tuple[Opcode, ...]:
     try:
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+            text = f.read()
+        try:
+            doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))   # libyaml: fast
+        except yaml.YAMLError:
+            doc = yaml.safe_load(text)     # raises again, with the pure-Python parser's message
     except yaml.YAMLError as e:
         raise InputError(str(path), f"not valid YAML: {e}".splitlines()[0], "YAML")
     rows = doc.get("opcodes") if isinstance(doc, dict) else None
