@@ -116,22 +116,24 @@ class Builder:
         slot = 0
         nmem = 0
         width = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4}
+
+        def bad(kind, v):                 # built only when raised (emit runs thousands of times a kernel)
+            return InputError(f"kernel {self.name}", f"{mnemonic}: operand {v!r} does not fit kind {kind}",
+                              f"{mnemonic} {', '.join(op.operands)}")
+
         for kind, v in zip(op.operands, operands):
-            def bad(kind=kind, v=v):      # built only when raised (emit runs thousands of times a kernel)
-                return InputError(f"kernel {self.name}", f"{mnemonic}: operand {v!r} does not fit kind {kind}",
-                                  f"{mnemonic} {', '.join(op.operands)}")
             if kind in ("R", "R2", "R4"):
                 if not isinstance(v, Reg):
-                    raise bad()
+                    raise bad(kind, v)
                 row["dst"] = v.n
                 self._max_reg = max(self._max_reg, v.n + width[kind] - 1)
             elif kind == "P":
                 if not isinstance(v, Pred):
-                    raise bad()
+                    raise bad(kind, v)
                 row["dst"] = v.n
             elif kind in ("r", "r2", "r4"):
                 if not isinstance(v, Reg):
-                    raise bad()
+                    raise bad(kind, v)
                 row[f"src{slot}"] = v.n
                 self._max_reg = max(self._max_reg, v.n + width[kind] - 1)
                 slot += 1
@@ -143,20 +145,20 @@ class Builder:
                     row[f"src{slot}"] = NONE
                     is_float_op = op.dtype in ("f32", "f64", "f16x2", "bf16x2")
                     if isinstance(v, float) and not is_float_op:
-                        raise bad()
+                        raise bad(kind, v)
                     row["imm"] = parse_imm(repr(float(v)) if is_float_op else str(int(v)), op.dtype)
                     row["flags"] |= FLAG_IMM0 << slot
                 else:
-                    raise bad()
+                    raise bad(kind, v)
                 slot += 1
             elif kind == "p":
                 if not isinstance(v, Pred):
-                    raise bad()
+                    raise bad(kind, v)
                 row[f"src{slot}"] = v.n
                 slot += 1
             elif kind == "m":
                 if not isinstance(v, Mem):
-                    raise bad()
+                    raise bad(kind, v)
                 row[f"src{slot}"] = v.base.n if v.base is not None else NONE
                 if v.base is not None:
                     self._max_reg = max(self._max_reg, v.base.n)
@@ -165,12 +167,12 @@ class Builder:
                 slot += 1
             elif kind == "l":
                 if not isinstance(v, str):
-                    raise bad()
+                    raise bad(kind, v)
                 self._fixups.append((len(self._rows), v))
             elif kind == "s":
                 name = v[1:] if isinstance(v, str) and v.startswith("%") else v
                 if name not in SPECIAL:
-                    raise bad()
+                    raise bad(kind, v)
                 row["imm"] = SPECIAL[name]
             elif kind == "k":
                 if v not in self.params:
