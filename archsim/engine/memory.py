@@ -1335,7 +1335,7 @@ def mem_next_event(MS, now):
     if MS.req.clk[NC.C_MOVED] == f or MS.resp.clk[NC.C_MOVED] == f or MS.mesh.clk[NC.C_MOVED] == now:
         return now + 1  # a network moved a packet in its last cycle: it streams, do not look further
     t = K.INF
-    for core in range(cfg[M_CORES]):
+    for core in range(cfg[M_CORES] if MS.mk[MK_CORE_ITEMS] > 0 else 0):  # (none queued: nothing to look at)
         if Q.count[cfg[M_Q_MISS] + core] > 0:
             return now + 1
         if MS.mio_count[core] > 0 and MS.l1_full[core] == 0:   # (full: an L1 fill frees it)
