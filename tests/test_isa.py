@@ -259,6 +259,27 @@ def test_checker_rejects_running_off_the_end():
         "k.s:3: control can run past the last instruction (end the program with an unguarded exit or bra)"
 
 
+
+def test_check_remembers_only_programs_that_passed_and_looks_again_when_one_changes(monkeypatch):
+    import archsim.isa.check as CK
+
+    calls = []
+    real = CK.check_program
+    monkeypatch.setattr(CK, "check_program", lambda p: (calls.append(p.name), real(p)))
+    good = assemble(HEADER + "    mov.b64 r1, 1\n    add.i64 r2, r1, 1\n    exit\n", "k.s")
+    CK._PASSED.clear()
+    check(good)
+    check(good)
+    assert calls == ["k"]                      # the second look was remembered
+    bad = assemble(HEADER + "    mov.b64 r1, 1\n    add.i64 r2, r1, r3\n    exit\n", "k.s")
+    for _ in range(2):                         # a program that failed fails again, with its message
+        with pytest.raises(InputError, match="r3 is read before it is written"):
+            check(bad)
+    assert calls == ["k", "k", "k"]
+    good.src0[1] = 3                           # the accepted program edited in place: checked again
+    with pytest.raises(InputError, match="r3 is read before it is written"):
+        check(good)
+
 def test_checker_target_capabilities():
     from archsim.config.derived import capabilities
     from archsim.config.load import load_machine

@@ -182,8 +182,10 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     mshr[..., M_FREE] = np.arange(E - 1, -1, -1)   # pop order 0, 1, 2 ...
     inst = np.zeros((I, N_I), np.int64)
     inst[:, I_NFREE] = E
+    # an entry's waiters are read only below its M_NWAIT: the array starts as zeros, which the OS
+    # hands out untouched (filling a large L1's with -1 cost milliseconds a launch)
     return CacheState(cfg=cfg, tag=np.full((I, S, W), -1, np.int64), way=way, mshr=mshr,
-                      wait=np.full((I, E, M, 2), -1, np.int64), inst=inst, cnt=np.zeros((I, N_CNT), np.int64),
+                      wait=np.zeros((I, E, M, 2), np.int64), inst=inst, cnt=np.zeros((I, N_CNT), np.int64),
                       evict_addr=np.zeros(I, np.int64), evict_dirty=np.zeros(I, np.int64))
 
 

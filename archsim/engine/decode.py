@@ -80,95 +80,109 @@ def _lanes(pipe, dtype: str) -> float:
     raise KeyError(dtype)
 
 
+def _static(op, machine, where: str) -> tuple:
+    """What decode gives every instruction of opcode ``op`` on ``machine`` whatever its operands:
+    (cls, pipe, ii, lat, src_kind, flops, access, bcast); InputError (naming ``where``, the first
+    instruction that uses it) when the machine cannot run it."""
+    if op.sem in ("ld", "st"):
+        glob = op.space == "global"
+        cls = (CLS_LD_GLOBAL if glob else CLS_LD_SHARED) if op.sem == "ld" else (CLS_ST_GLOBAL if glob else CLS_ST_SHARED)
+    else:
+        cls = _CLS.get(op.sem, CLS_ALU)
+    pipe, ii, lat, src_kind = -1, 1, 1, 0
+    if op.unit == "tensor":
+        t = machine.tensor
+        if t is None:
+            raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor units", "a machine with tensor:")
+        tdt = _TENSOR_DTYPE[op.src_dtype]
+        rate = t.mac_steps_per_cycle.get(tdt)
+        if rate is None:
+            raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} do not run {tdt}",
+                             "dtypes: " + ", ".join(t.mac_steps_per_cycle))
+        m, nn, k = op.shape
+        am, an, ak = t.mac_array
+        steps = math.ceil(m / am) * math.ceil(nn / an) * math.ceil(k / ak)
+        units = max(t.units_per_core // machine.cores.subcores, 1)
+        busy = max(1, math.ceil(steps / (rate * units)))
+        ii, lat, src_kind = busy, busy + t.latency_cycles, SRC_FIXED
+    elif op.unit not in ("dma", "rma"):
+        pipe = _pipe_for(machine, op.unit, where)
+        p = list(machine.pipes.values())[pipe]
+        dt = _PIPE_DTYPE[op.dtype]
+        try:
+            lanes = _lanes(p, dt)
+        except KeyError:
+            raise InputError(where, f"{op.mnemonic}: pipe {list(machine.pipes)[pipe]!r} of {machine.name} has "
+                             f"no rate for dtype {dt}", "dtypes: " + ", ".join(p.lanes_per_cycle))
+        ii = max(1, math.ceil(machine.cores.warp_width / lanes))
+        lat = p.latency_overrides_cycles.get(op.latency, p.latency_cycles) if op.latency != "mem" \
+            else p.latency_cycles
+        src_kind = SRC_SHORT if op.unit == "mufu" else SRC_FIXED
+    if cls in (CLS_LD_SHARED, CLS_LDMATRIX):
+        src_kind = SRC_SHORT
+    elif cls == CLS_LD_GLOBAL:
+        src_kind = SRC_LONG
+    return cls, pipe, ii, lat, src_kind, op.flops_per_lane, op.access_bytes, BCAST[op.bcast]
+
+
+_STATIC_COLS = ("cls", "pipe", "ii", "lat", "src_kind", "flops", "access", "bcast")
+
+
 def decode(prog: Program, machine) -> Decoded:
     ops = opcodes()
     n = len(prog)
-    W = machine.cores.warp_width
     out = {
         "nrd": np.zeros(n, np.int8), "rd": np.full((n, MAX_RD), -1, np.int16),
         "nwr": np.zeros(n, np.int8), "wr": np.full((n, MAX_WR), -1, np.int16),
         "prd": np.full((n, 2), -1, np.int8), "pwr": np.full(n, -1, np.int8),
-        "cls": np.zeros(n, np.int8), "pipe": np.full(n, -1, np.int8), "ii": np.ones(n, np.int32),
-        "lat": np.ones(n, np.int32), "src_kind": np.zeros(n, np.int8), "flops": np.zeros(n, np.int64),
-        "access": np.zeros(n, np.int32), "bcast": np.zeros(n, np.int8),
     }
-    pipes = list(machine.pipes.values())
-    subcores = machine.cores.subcores
+    # the opcode-only columns: one row per distinct opcode, worked out at its first instruction
+    # (so an opcode the machine cannot run is reported there, as a walk in program order would)
+    opcol = prog.op.astype(np.int64)
+    kinds, first, inv = np.unique(opcol, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    table = [None] * len(kinds)
+    for j in order:
+        table[j] = _static(ops[int(kinds[j])], machine, prog.where(int(first[j])))
+    dtypes = {"cls": np.int8, "pipe": np.int8, "ii": np.int32, "lat": np.int32, "src_kind": np.int8,
+              "flops": np.int64, "access": np.int32, "bcast": np.int8}
+    for c, name in enumerate(_STATIC_COLS):
+        col = np.array([row[c] for row in table], dtypes[name]) if n else np.zeros(0, dtypes[name])
+        out[name] = col[inv.reshape(-1)] if n else col
+    # the operand columns: the registers and predicates each instruction reads and writes
+    nrd, rdm, nwr, wrm, prd, pwr = out["nrd"], out["rd"], out["nwr"], out["wr"], out["prd"], out["pwr"]
+    dst = prog.dst.tolist()
+    srcs = [prog.src0.tolist(), prog.src1.tolist(), prog.src2.tolist(), prog.src3.tolist()]
+    flags_l = prog.flags.tolist()
+    pred_l = prog.pred.tolist()
+    op_l = opcol.tolist()
     for pc in range(n):
-        op = ops[int(prog.op[pc])]
-        where = prog.where(pc)
+        op = ops[op_l[pc]]
         rd, wr = [], []
         slot = 0
-        flags = int(prog.flags[pc])
+        flags = flags_l[pc]
         preds = []
         for kind in op.operands:
             if kind in ("R", "R2", "R4"):
-                wr += range(int(prog.dst[pc]), int(prog.dst[pc]) + _RANGE[kind])
+                wr += range(dst[pc], dst[pc] + _RANGE[kind])
             elif kind == "P":
-                out["pwr"][pc] = int(prog.dst[pc])
+                pwr[pc] = dst[pc]
             elif kind in ("r", "r2", "r4", "ri", "m"):
-                r = int(getattr(prog, f"src{slot}")[pc])
+                r = srcs[slot][pc]
                 if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
                     rd += range(r, r + _RANGE[kind])
                 slot += 1
             elif kind == "p":
-                preds.append(int(getattr(prog, f"src{slot}")[pc]))
+                preds.append(srcs[slot][pc])
                 slot += 1
-        if int(prog.pred[pc]) != NONE:
-            preds.insert(0, int(prog.pred[pc]))
-        out["nrd"][pc] = len(rd)
-        out["rd"][pc, :len(rd)] = rd
-        out["nwr"][pc] = len(wr)
-        out["wr"][pc, :len(wr)] = wr
-        out["prd"][pc, :len(preds)] = preds[:2]
-        out["flops"][pc] = op.flops_per_lane
-        out["access"][pc] = op.access_bytes
-        out["bcast"][pc] = BCAST[op.bcast]
-        # issue class
-        if op.sem in ("ld", "st"):
-            glob = op.space == "global"
-            out["cls"][pc] = (CLS_LD_GLOBAL if glob else CLS_LD_SHARED) if op.sem == "ld" else \
-                (CLS_ST_GLOBAL if glob else CLS_ST_SHARED)
-        else:
-            out["cls"][pc] = _CLS.get(op.sem, CLS_ALU)
-        # pipe, occupancy, latency
-        if op.unit == "tensor":
-            t = machine.tensor
-            if t is None:
-                raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor units", "a machine with tensor:")
-            tdt = _TENSOR_DTYPE[op.src_dtype]
-            rate = t.mac_steps_per_cycle.get(tdt)
-            if rate is None:
-                raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} do not run {tdt}",
-                                 "dtypes: " + ", ".join(t.mac_steps_per_cycle))
-            m, nn, k = op.shape
-            am, an, ak = t.mac_array
-            steps = math.ceil(m / am) * math.ceil(nn / an) * math.ceil(k / ak)
-            units = max(t.units_per_core // subcores, 1)
-            busy = max(1, math.ceil(steps / (rate * units)))
-            out["ii"][pc] = busy
-            out["lat"][pc] = busy + t.latency_cycles
-            out["src_kind"][pc] = SRC_FIXED
-        elif op.unit in ("dma", "rma"):
-            out["ii"][pc] = 1
-            out["lat"][pc] = 1
-        else:
-            pi = _pipe_for(machine, op.unit, where)
-            p = pipes[pi]
-            dt = _PIPE_DTYPE[op.dtype]
-            try:
-                lanes = _lanes(p, dt)
-            except KeyError:
-                raise InputError(where, f"{op.mnemonic}: pipe {list(machine.pipes)[pi]!r} of {machine.name} has "
-                                 f"no rate for dtype {dt}", "dtypes: " + ", ".join(p.lanes_per_cycle))
-            out["pipe"][pc] = pi
-            out["ii"][pc] = max(1, math.ceil(W / lanes))
-            lat = p.latency_overrides_cycles.get(op.latency, p.latency_cycles) if op.latency != "mem" \
-                else p.latency_cycles
-            out["lat"][pc] = lat
-            out["src_kind"][pc] = SRC_SHORT if op.unit == "mufu" else SRC_FIXED
-        if out["cls"][pc] in (CLS_LD_SHARED, CLS_LDMATRIX):
-            out["src_kind"][pc] = SRC_SHORT
-        elif out["cls"][pc] == CLS_LD_GLOBAL:
-            out["src_kind"][pc] = SRC_LONG
+        if pred_l[pc] != NONE:
+            preds.insert(0, pred_l[pc])
+        if rd:
+            nrd[pc] = len(rd)
+            rdm[pc, :len(rd)] = rd
+        if wr:
+            nwr[pc] = len(wr)
+            wrm[pc, :len(wr)] = wr
+        if preds:
+            prd[pc, :len(preds)] = preds[:2]
     return Decoded(**out)

@@ -690,31 +690,35 @@ class _Builder:
         R, nn = self.R, len(self.nodes)
         G = len(self.g_in)
         route = np.full((G, nn), -1, np.int32)
+        # a router's link towards node d: its ejection link when d is attached to it, else the next
+        # hop towards d's router (next_link once per pair of routers, not per node)
+        node_r = np.array([nd["router"] for nd in self.nodes], np.int64).reshape(nn)
+        ej = np.array([nd["ej_link"] for nd in self.nodes], np.int64).reshape(nn)
+        used = sorted(set(node_r.tolist()))
+        col = {dr: j for j, dr in enumerate(used)}
+        hop = np.full((R, len(used)), -1, np.int64)
         for r in range(R):
-            for d, nd in enumerate(self.nodes):
-                if nd["router"] == r:
-                    route[r, d] = nd["ej_link"]
-                else:
-                    route[r, d] = next_link(r, nd["router"])
-        for nd in self.nodes:
+            for dr in used:
+                if dr != r:
+                    hop[r, col[dr]] = next_link(r, dr)
+        if nn:
+            cols = np.array([col[x] for x in node_r.tolist()], np.int64)
+            here = node_r[None, :] == np.arange(R)[:, None]
+            route[:R] = np.where(here, ej[None, :], hop[:, cols])
+        recv = np.array([dn["ej"] >= 0 for dn in self.nodes], bool).reshape(nn)
+        for nd in self.nodes:                  # a sending node's interface: its injection link, to any receiver
             if nd["grp"] >= 0:
-                for d, dn in enumerate(self.nodes):
-                    if dn["ej"] >= 0:
-                        route[nd["grp"], d] = nd["inj_link"]
-        # every router-to-ejection route must reach a receiving node
-        for r in range(R):
-            for d, dn in enumerate(self.nodes):
-                if dn["ej"] < 0:
-                    route[r, d] = -1
+                route[nd["grp"], recv] = nd["inj_link"]
+        route[:R, ~recv] = -1                  # every router-to-ejection route must reach a receiving node
         B, Lk = len(self.bufs), len(self.links)
         bi = np.zeros((B, 13), np.int32)
-        for i, (kind, pool, lat, grp) in enumerate(self.bufs):
-            bi[i, [BI_KIND, BI_POOL, BI_LAT, BI_GRP]] = kind, pool, lat, grp
-        for (grp, d0, d1, dl, w, _) in self.links:
-            bi[[d0, d1], BI_RDW] = w           # a buffer reads out at the rate of the link filling it
-        for n in self.nodes:
-            if n["src"] >= 0:
-                bi[n["src"], BI_RDW] = self.links[n["inj_link"]][4]
+        bi[:, [BI_KIND, BI_POOL, BI_LAT, BI_GRP]] = np.array(self.bufs, np.int64).reshape(B, 4)
+        lk = np.array([l[:5] for l in self.links], np.int64).reshape(Lk, 5)   # grp, dst0, dst1, dateline, width
+        # a buffer reads out at the rate of the link filling it (both virtual channels of a link)
+        bi[lk[:, 1:3].ravel(), BI_RDW] = np.repeat(lk[:, 4], 2)
+        srcs = [(n["src"], self.links[n["inj_link"]][4]) for n in self.nodes if n["src"] >= 0]
+        if srcs:
+            bi[[b for b, _ in srcs], BI_RDW] = [w for _, w in srcs]
         bt = np.zeros((B, 4), np.int64)
         Q = make_queues(bi[:, BI_POOL])        # a packet is at least one flit
         maxp = int(bi[:, BI_POOL].sum())
@@ -728,8 +732,8 @@ class _Builder:
         gi[:, G_IN0], gi[:, G_NIN], gin = flat(self.g_in)
         gi[:, G_OUT0], gi[:, G_NOUT], gout = flat(self.g_out)
         li = np.zeros((Lk, 10), np.int32)
-        for l, (grp, d0, d1, dl, w, _) in enumerate(self.links):
-            li[l, [LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR]] = grp, d0, d1, dl, w, gi[grp, G_NIN] - 1
+        li[:, [LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH]] = lk
+        li[:, LI_RR] = gi[lk[:, 0], G_NIN] - 1
         li[:, LI_CAND] = -1                    # no offer (noc_step restores these after each round)
         li[:, LI_DIST] = 1 << 30
         ni = np.array([[n["router"], n["grp"], n["src"], n["ej"]] for n in self.nodes], np.int32).reshape(nn, 4)
