@@ -49,9 +49,12 @@ ports that lost offer again to the outputs still free, for up to ``LOOK_ITERS`` 
 Sleeping ports (speed only; results are the same as scanning every port every cycle): a port
 whose scan offered nothing (every packet of its window not yet arrived, waiting for a busy link
 or waiting for credits) sleeps until the first arrival or link-free time it saw, or until one of
-the buffers it waits credits of has room, or until a packet is pushed into it: until then each
-cycle's scan would want the same links and offer nothing, so a sleeping port only adds its
-remembered wants (and checks the remembered buffers' room, which costs less than the scan).
+the buffers it waits credits of has room: until then each cycle's scan would want the same links
+and offer nothing, so a sleeping port only adds its remembered wants (and checks the remembered
+buffers' room, which costs less than the scan). A credit that wakes it early is looked at through
+the packets that waited for credits alone (the others still wait for the same arrival or busy
+link). A packet pushed into a sleeping port wakes it no later than that packet's arrival, and not
+at all when it lands beyond the port's window.
 
 Counters per link: flits sent (= busy cycles), packets, bytes, blocked cycles (cycles in which at
 least one arrived packet wanted the link and did not get it: lost arbitration, no credit, or link
@@ -134,7 +137,8 @@ class NocState(NamedTuple):
     pt: np.ndarray
     pfree: np.ndarray        # int32 [P]
     bw: np.ndarray           # int32 [B, lookahead + 1] links a sleeping port's packets want (BT_SLEEP)
-    bc: np.ndarray           # int32 [B, lookahead + 1, 2] (buffer, flits) its packets wait credits of
+    bc: np.ndarray           # int32 [B, lookahead + 1, 4] (buffer, flits, window place, index in bw) of
+                             # each packet that waits credits, in window order
     ls: np.ndarray           # int32 [3, Lk] step scratch: links of the group wanted (or granted) this
                              # step; links offered a packet in this offer round; input ports (index
                              # in the group) that offered in the last round (a router has no more
@@ -201,6 +205,40 @@ def _window_dup(lt, l, stamp):
     return False
 
 
+@njit(cache=True, inline="always")
+def _pushed(N, b, g, ready):
+    """A packet that arrives at ``ready`` was pushed into input buffer b of group g: a sleeping
+    port sleeps on when it lies beyond the port's window (nothing a scan looks at changed), and at
+    most until ``ready`` when it lies within (it is the window's last packet: until it arrives a
+    scan either stops at an earlier packet not yet arrived, or stops at it)."""
+    bt = N.bt
+    if bt[b, BT_SLEEP] == 0:
+        return
+    win = N.par[P_LOOK] + 1 if N.gi[g, G_NOUT] > 1 else 1
+    if N.Q.count[b] <= win and ready < bt[b, BT_SLEEP]:
+        bt[b, BT_SLEEP] = ready
+
+
+@njit(cache=True, inline="always")
+def _offer(N, b, j, k, l, nin, ncl):
+    """Input port k (buffer b) of a group of nin offers the j-th packet of its window to link l,
+    which takes the offer nearest after its last winner (round robin); returns the new count of
+    links offered to in this round (ls[1])."""
+    bi, li, ls = N.bi, N.li, N.ls
+    bi[b, BI_OFF] = j             # the port offers this packet
+    bi[b, BI_LOST] = 1            # until an output grants it
+    d = k - li[l, LI_RR] - 1
+    if d < 0:
+        d += nin
+    if li[l, LI_CAND] < 0:
+        ls[1, ncl] = l
+        ncl += 1
+    if d < li[l, LI_DIST]:
+        li[l, LI_DIST] = d
+        li[l, LI_CAND] = k
+    return ncl
+
+
 @njit(cache=True, inline="always")   # inlined into jitted callers: no per-call copy of N
 def noc_inject(N, node, req_id, nbytes, dest_node, now):
     """Offer a packet at node's source queue in cycle ``now`` (call before ``noc_step(now)`` for it
@@ -237,7 +275,7 @@ def noc_inject(N, node, req_id, nbytes, dest_node, now):
         t = now
     _occ_change(bi, N.bt, b, min(f, pool), t)
     q_push(N.Q, b, p)
-    N.bt[b, BT_SLEEP] = 0                     # its window changed: the port scans again
+    _pushed(N, b, g, now)
     N.gi[g, G_NPKT] += 1
     nt[node, NT_INJECTED] += 1
     return True
@@ -319,20 +357,53 @@ def noc_step(N, now):
                     # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
                     # has room now, the scan would find what it found when the port fell asleep:
                     # the same links wanted, nothing to offer
+                    woke = False
                     for j in range(bi[b, BI_NCRED]):
                         tb = N.bc[b, j, 0]
                         o = bi[tb, BI_OCC]
                         if o == 0 or o + N.bc[b, j, 1] <= bi[tb, BI_POOL]:
-                            bt[b, BT_SLEEP] = 0
+                            woke = True
                             break
-                    if bt[b, BT_SLEEP] > now:
-                        for j in range(bi[b, BI_NWANT]):
-                            l = N.bw[b, j]
-                            if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
-                                ls[0, ntl] = l
-                                ntl += 1
-                            li[l, LI_WANT] += 1
-                        continue
+                    # Woken by a credit before its wake cycle, the scan would find the same window:
+                    # the packets not yet arrived are still on their way and the busy links still
+                    # busy (a link's busy time only grows), so only the packets that waited
+                    # credits can go; they are looked at alone, in window order. Wanted links are
+                    # counted up to the packet offered (a scan stops there), all when none is.
+                    wake = bt[b, BT_SLEEP]
+                    nc = 0
+                    upto = bi[b, BI_NWANT]
+                    for x in range(bi[b, BI_NCRED] if woke else 0):
+                        tb = N.bc[b, x, 0]
+                        l = N.bw[b, N.bc[b, x, 3]]
+                        if lt[l, LT_BUSY] > now:
+                            if lt[l, LT_BUSY] < wake:
+                                wake = lt[l, LT_BUSY]
+                            continue
+                        o = bi[tb, BI_OCC]
+                        if o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]:
+                            for c in range(4):
+                                N.bc[b, nc, c] = N.bc[b, x, c]
+                            nc += 1
+                            continue
+                        upto = N.bc[b, x, 3] + 1
+                        ncl = _offer(N, b, N.bc[b, x, 2], k, l, nin, ncl)
+                        offered = True
+                        ls[2, nlost] = k
+                        nlost += 1
+                        break
+                    for j in range(upto):
+                        l = N.bw[b, j]
+                        if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
+                            ls[0, ntl] = l
+                            ntl += 1
+                        li[l, LI_WANT] += 1
+                    if woke:
+                        if bi[b, BI_LOST] or wake <= now + 1:
+                            bt[b, BT_SLEEP] = 0       # it offered, or the full scan is next cycle's
+                        else:
+                            bt[b, BT_SLEEP] = wake    # still nothing to offer: asleep again
+                            bi[b, BI_NCRED] = nc
+                    continue
                 stamp = _new_scan(N) if nwin > 1 else 0
                 nw = 0                        # links wanted (iteration 0), for the port's sleep
                 nc = 0                        # buffers its packets wait credits of
@@ -363,24 +434,17 @@ def noc_step(N, now):
                     tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
                     o = bi[tb, BI_OCC]
                     if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
-                        N.bc[b, nc, 0] = tb
-                        N.bc[b, nc, 1] = pi[p, PI_FLITS]
-                        nc += 1
+                        if it == 0:
+                            N.bc[b, nc, 0] = tb
+                            N.bc[b, nc, 1] = pi[p, PI_FLITS]
+                            N.bc[b, nc, 2] = j
+                            N.bc[b, nc, 3] = nw - 1   # its link's place in bw
+                            nc += 1
                         continue
-                    bi[b, BI_OFF] = j             # the port offers this packet
-                    bi[b, BI_LOST] = 1            # until an output grants it
+                    ncl = _offer(N, b, j, k, l, nin, ncl)
                     offered = True
                     ls[2, nlost] = k
                     nlost += 1
-                    d = k - li[l, LI_RR] - 1
-                    if d < 0:
-                        d += nin
-                    if li[l, LI_CAND] < 0:
-                        ls[1, ncl] = l
-                        ncl += 1
-                    if d < li[l, LI_DIST]:
-                        li[l, LI_DIST] = d
-                        li[l, LI_CAND] = k
                     break
                 if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1:
                     bt[b, BT_SLEEP] = wake    # nothing to offer before `wake` or room in a buffer
@@ -424,15 +488,16 @@ def noc_step(N, now):
                 tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
                 _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
                 q_push(Q, tb, p)
-                bt[tb, BT_SLEEP] = 0
                 if ser > pi[p, PI_SER]:
                     pi[p, PI_SER] = ser
                 if bi[tb, BI_KIND] == BUF_EJ:
                     pt[p, PT_READY] = now + pi[p, PI_SER] - 1
                 else:
                     pt[p, PT_READY] = now + bi[tb, BI_LAT]
-                    gi[bi[tb, BI_GRP], G_NPKT] += 1
-                    pi[p, PI_LINK] = N.route[bi[tb, BI_GRP], pi[p, PI_DST]]  # the link it wants next
+                    g2 = bi[tb, BI_GRP]
+                    gi[g2, G_NPKT] += 1
+                    pi[p, PI_LINK] = N.route[g2, pi[p, PI_DST]]  # the link it wants next
+                    _pushed(N, tb, g2, now + bi[tb, BI_LAT])
         # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
         # credit, link busy); the skipped cycles before this one count as the gap says
         for j in range(ntl):
@@ -749,7 +814,7 @@ class _Builder:
             li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
             pi=np.zeros((maxp, 7), np.int32), pt=np.zeros((maxp, 2), np.int64),
             pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
-            bc=np.zeros((B, self.look + 1, 2), np.int32), ls=np.zeros((3, max(Lk, 1)), np.int32),
+            bc=np.zeros((B, self.look + 1, 4), np.int32), ls=np.zeros((3, max(Lk, 1)), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
             node_names=_name_array([n["name"] for n in self.nodes]))
 
