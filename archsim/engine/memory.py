@@ -1182,9 +1182,11 @@ def mem_cycle(MS, TS, S, Dd, now):
     ck[CK_FAB_ACC] += cfg[M_FAB_RATIO]
     while ck[CK_FAB_ACC] >= ONE:
         nf = ck[CK_NOW_FAB]
-        for c in range(C):
-            _dram_done(MS, c, nf)
-            if cfg[M_FE_LAT] > 0:
+        Q = MS.Q
+        for c in range(C):          # (a call passes the whole state: only channels with something queued)
+            if Q.count[C + c] > 0:
+                _dram_done(MS, c, nf)
+            if cfg[M_FE_LAT] > 0 and Q.count[cfg[M_Q_FE] + c] > 0:
                 _frontend(MS, c, nf)
         for sl in range(cfg[M_SLICES]):
             if _slice_has_work(MS, sl, nf):  # a call passes the whole state: skip idle slices
