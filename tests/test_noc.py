@@ -379,6 +379,57 @@ def test_random_traffic_conserves_packets_and_skips_exactly(topo, n, W, D, L, nb
     assert noc_idle(A) and np.array_equal(da + d2, sa)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(["ring", "mesh", "xbar"]), st.integers(2, 4), st.sampled_from([8, 16]), st.integers(1, 3),
+       st.integers(1, 4), st.integers(1, 64), st.sampled_from([0, 1, 3, 8]), st.sampled_from([0.5, 1, 2]),
+       st.integers(0, 2**31 - 1))
+def test_sleeping_ports_give_exactly_what_scanning_every_port_every_cycle_gives(topo, n, W, D, L, nbytes, look, port,
+                                                                                  seed):
+    # The oracle never lets a port sleep (P_SLEEP 0): it scans every port with packets every cycle.
+    # Receivers that withhold their ejection for random stretches make ports wait for credits
+    # while other packets of their window wait for busy links or are still arriving, so ports
+    # fall asleep, are woken early by credits with several packets of different kinds in their
+    # window, and get packets pushed while asleep. Node ports narrower than a flit keep a link busy
+    # for longer than its packet's credits last.
+    pw = int(W * port)
+    def mk():
+        if topo == "ring":
+            return make_ring(n, W, D, L, True, port_bytes_per_cycle=pw, lookahead=look)
+        if topo == "mesh":
+            return make_mesh(2, n, W, D, L, port_bytes_per_cycle=pw, lookahead=look)
+        return make_crossbar(n, n, W, D, L, lookahead=look)
+    A, B = mk(), mk()
+    B.par[M.P_SLEEP] = 0
+    nn = int(A.par[M.P_NODES])
+    recv = [k for k in range(nn) if A.ni[k, M.NI_EJ] >= 0]
+    send = [k for k in range(nn) if A.ni[k, M.NI_SRC] >= 0]
+    rng = np.random.default_rng(seed)
+    held = np.zeros(nn, bool)
+    rid = 0
+    for now in range(400):
+        for d in recv:
+            if rng.random() < 0.15:
+                held[d] = not held[d]                 # a receiver stops or starts draining
+            while not held[d]:
+                ra, rb = noc_eject(A, d), noc_eject(B, d)
+                assert ra == rb
+                if ra < 0:
+                    break
+        for s in send:
+            if rng.random() < 0.6:
+                d = recv[rng.integers(len(recv))]
+                if d != s or topo == "xbar":
+                    size = int(rng.integers(1, nbytes + 1))
+                    assert noc_inject(A, s, rid, size, d, now) == noc_inject(B, s, rid, size, d, now)
+                    rid += 1
+        noc_step(A, now)
+        noc_step(B, now)
+    assert noc_counters(A, 400) == noc_counters(B, 400)
+    assert A.lt[:, M.LT_BLOCKED].sum() > 0 or rid < 10
+    B.par[M.P_SLEEP] = 1                                                # (the one difference by design)
+    assert_same_state(A, B)
+
+
 # ----------------------------------------------------------------------------- machines
 
 def test_a100_fabric_is_two_crossbars_of_108_sms_and_80_slices():

@@ -80,7 +80,7 @@ TOPO_CODES = {"crossbar": TOPO_CROSSBAR, "ring": TOPO_RING, "mesh": TOPO_MESH}
 BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port | node ejection buffer
 
 # par[] (int64): network parameters
-P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK = range(10)
+P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP = range(11)
 # clk[] (int64): mutable scalars
 C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED = range(7)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
@@ -120,7 +120,7 @@ class NocState(NamedTuple):
     cycle (ejection buffer: tail arrived by the end of it), injection cycle. ``pfree`` is the stack
     of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
-    par: np.ndarray          # int64 [10] P_*
+    par: np.ndarray          # int64 [11] P_* (P_SLEEP 0: ports never sleep, the tests' oracle)
     clk: np.ndarray          # int64 [7] C_* (C_MOVED: the last cycle a packet moved)
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
@@ -369,21 +369,13 @@ def noc_step(N, now):
                     # busy (a link's busy time only grows), so only the packets that waited
                     # credits can go; they are looked at alone, in window order. Wanted links are
                     # counted up to the packet offered (a scan stops there), all when none is.
-                    wake = bt[b, BT_SLEEP]
-                    nc = 0
+                    # The port is awake from then on (next cycle it scans in full).
                     upto = bi[b, BI_NWANT]
                     for x in range(bi[b, BI_NCRED] if woke else 0):
                         tb = N.bc[b, x, 0]
                         l = N.bw[b, N.bc[b, x, 3]]
-                        if lt[l, LT_BUSY] > now:
-                            if lt[l, LT_BUSY] < wake:
-                                wake = lt[l, LT_BUSY]
-                            continue
                         o = bi[tb, BI_OCC]
-                        if o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]:
-                            for c in range(4):
-                                N.bc[b, nc, c] = N.bc[b, x, c]
-                            nc += 1
+                        if lt[l, LT_BUSY] > now or (o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]):
                             continue
                         upto = N.bc[b, x, 3] + 1
                         ncl = _offer(N, b, N.bc[b, x, 2], k, l, nin, ncl)
@@ -398,11 +390,7 @@ def noc_step(N, now):
                             ntl += 1
                         li[l, LI_WANT] += 1
                     if woke:
-                        if bi[b, BI_LOST] or wake <= now + 1:
-                            bt[b, BT_SLEEP] = 0       # it offered, or the full scan is next cycle's
-                        else:
-                            bt[b, BT_SLEEP] = wake    # still nothing to offer: asleep again
-                            bi[b, BI_NCRED] = nc
+                        bt[b, BT_SLEEP] = 0
                     continue
                 stamp = _new_scan(N) if nwin > 1 else 0
                 nw = 0                        # links wanted (iteration 0), for the port's sleep
@@ -446,7 +434,7 @@ def noc_step(N, now):
                     ls[2, nlost] = k
                     nlost += 1
                     break
-                if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1:
+                if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1 and N.par[P_SLEEP]:
                     bt[b, BT_SLEEP] = wake    # nothing to offer before `wake` or room in a buffer
                     bi[b, BI_NWANT] = nw
                     bi[b, BI_NCRED] = nc
@@ -802,9 +790,9 @@ class _Builder:
         li[:, LI_CAND] = -1                    # no offer (noc_step restores these after each round)
         li[:, LI_DIST] = 1 << 30
         ni = np.array([[n["router"], n["grp"], n["src"], n["ej"]] for n in self.nodes], np.int32).reshape(nn, 4)
-        par = np.zeros(10, np.int64)
-        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK]] = \
-            [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look]
+        par = np.zeros(11, np.int64)
+        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP]] = \
+            [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look, 1]
         clk = np.zeros(7, np.int64)
         clk[C_LAST] = -1
         clk[C_MOVED] = -1
