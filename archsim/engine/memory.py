@@ -1183,7 +1183,7 @@ def mem_cycle(MS, TS, S, Dd, now):
     while ck[CK_FAB_ACC] >= ONE:
         nf = ck[CK_NOW_FAB]
         Q = MS.Q
-        for c in range(C):          # (a call passes the whole state: only channels with something queued)
+        for c in range(C):          # only channels with something queued (a call costs more than the test)
             if Q.count[C + c] > 0:
                 _dram_done(MS, c, nf)
             if cfg[M_FE_LAT] > 0 and Q.count[cfg[M_Q_FE] + c] > 0:
