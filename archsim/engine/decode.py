@@ -125,7 +125,8 @@ def _static(op, machine, where: str) -> tuple:
     return cls, pipe, ii, lat, src_kind, op.flops_per_lane, op.access_bytes, BCAST[op.bcast]
 
 
-_STATIC_COLS = ("cls", "pipe", "ii", "lat", "src_kind", "flops", "access", "bcast")
+_STATIC_COLS = (("cls", np.int8), ("pipe", np.int8), ("ii", np.int32), ("lat", np.int32), ("src_kind", np.int8),
+                ("flops", np.int64), ("access", np.int32), ("bcast", np.int8))   # _static's tuple, in order
 
 
 def decode(prog: Program, machine) -> Decoded:
@@ -144,11 +145,8 @@ def decode(prog: Program, machine) -> Decoded:
     table = [None] * len(kinds)
     for j in order:
         table[j] = _static(ops[int(kinds[j])], machine, prog.where(int(first[j])))
-    dtypes = {"cls": np.int8, "pipe": np.int8, "ii": np.int32, "lat": np.int32, "src_kind": np.int8,
-              "flops": np.int64, "access": np.int32, "bcast": np.int8}
-    for c, name in enumerate(_STATIC_COLS):
-        col = np.array([row[c] for row in table], dtypes[name]) if n else np.zeros(0, dtypes[name])
-        out[name] = col[inv.reshape(-1)] if n else col
+    for c, (name, dtype) in enumerate(_STATIC_COLS):
+        out[name] = np.array([row[c] for row in table], dtype)[inv.reshape(-1)]
     # the operand columns: the registers and predicates each instruction reads and writes
     nrd, rdm, nwr, wrm, prd, pwr = out["nrd"], out["rd"], out["nwr"], out["wr"], out["prd"], out["pwr"]
     dst = prog.dst.tolist()

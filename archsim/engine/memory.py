@@ -512,6 +512,13 @@ def _core_push(MS, q, r):
         MS.mk[MK_CORE_ITEMS] += 1
 
 
+@njit(inline="always")
+def _core_pop(MS, q):
+    """Pop the head of a core's L1-return or miss queue, counted in MK_CORE_ITEMS (_core_push's twin)."""
+    MS.mk[MK_CORE_ITEMS] -= 1
+    return q_pop(MS.Q, q)
+
+
 @njit(cache=True)
 def _pop_mio(MS, core):
     h = MS.mio_head[core] + 1
@@ -649,8 +656,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         _response(MS, TS, core, r, now)
     q = cfg[M_Q_L1D] + core
     while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
-        r = q_pop(Q, q)
-        MS.mk[MK_CORE_ITEMS] -= 1
+        r = _core_pop(MS, q)
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
@@ -667,8 +673,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         if not NC.noc_inject(MS.req, MS.node[0, core], r, nbytes, dest, now_f):
             break
         MS.bytes[BY_FABRIC] += nbytes
-        q_pop(Q, q)
-        MS.mk[MK_CORE_ITEMS] -= 1
+        _core_pop(MS, q)
 
 
 # ----------------------------------------------------------------------------- the memory side

@@ -357,25 +357,22 @@ def noc_step(N, now):
                     # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
                     # has room now, the scan would find what it found when the port fell asleep:
                     # the same links wanted, nothing to offer
-                    woke = False
-                    for j in range(bi[b, BI_NCRED]):
-                        tb = N.bc[b, j, 0]
-                        o = bi[tb, BI_OCC]
-                        if o == 0 or o + N.bc[b, j, 1] <= bi[tb, BI_POOL]:
-                            woke = True
-                            break
                     # Woken by a credit before its wake cycle, the scan would find the same window:
                     # the packets not yet arrived are still on their way and the busy links still
                     # busy (a link's busy time only grows), so only the packets that waited
                     # credits can go; they are looked at alone, in window order. Wanted links are
                     # counted up to the packet offered (a scan stops there), all when none is.
                     # The port is awake from then on (next cycle it scans in full).
+                    woke = False
                     upto = bi[b, BI_NWANT]
-                    for x in range(bi[b, BI_NCRED] if woke else 0):
+                    for x in range(bi[b, BI_NCRED]):
                         tb = N.bc[b, x, 0]
-                        l = N.bw[b, N.bc[b, x, 3]]
                         o = bi[tb, BI_OCC]
-                        if lt[l, LT_BUSY] > now or (o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]):
+                        if o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]:
+                            continue
+                        woke = True
+                        l = N.bw[b, N.bc[b, x, 3]]
+                        if lt[l, LT_BUSY] > now:
                             continue
                         upto = N.bc[b, x, 3] + 1
                         ncl = _offer(N, b, N.bc[b, x, 2], k, l, nin, ncl)
