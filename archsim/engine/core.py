@@ -38,6 +38,8 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
                "barrier", "dma_wait", "idle")
 
 SCHED_LRR, SCHED_GTO = 0, 1
+WS_SHIFT = 4             # TState.wsum: spans of 2**WS_SHIFT consecutive sub-cores
+WS_BLOCK = 1 << WS_SHIFT
 K_CUR = 8  # TState.k: the sub-core whose scheduler is running
 CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
 
@@ -62,6 +64,9 @@ class TState(NamedTuple):
     last_warp: np.ndarray    # int32 [cores, subcores] last issued slot (-1)
     # event-driven scheduling (skip-ahead per sub-core): sub-core i = core * subcores + sub
     wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
+    wsum: np.ndarray         # int64 [ceil(cores * subcores / WS_BLOCK)] the earliest wake of the sub-cores
+                             # of a span of WS_BLOCK whose core holds a block (the run loop looks into
+                             # a span only from that cycle on; see wake_span_min)
     acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
     mem_wait: np.ndarray     # int64 [cores] bit s: a warp of sub-core s (62: s >= 62) found the SM's MIO
                              # queue, trackers or DMA / RMA FIFO full (wake_refused)
@@ -144,7 +149,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
-        wake=np.zeros(cores * sub, np.int64), acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
+        wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(-(-cores * sub // WS_BLOCK), np.int64),
+        acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
         launch_at=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
         else np.ascontiguousarray(core_order, np.int32),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
@@ -203,6 +209,8 @@ def wake_subcore(TS, i, now):
         flush_stalls(TS, i, at)
     if at < TS.wake[i]:
         TS.wake[i] = at
+        if at < TS.wsum[i >> WS_SHIFT] and TS.core_blocks[i // (TS.wake.shape[0] // TS.core_blocks.shape[0])] > 0:
+            TS.wsum[i >> WS_SHIFT] = at
 
 
 @njit(cache=True, inline="always")
@@ -690,6 +698,30 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                     nxt = t
     if nxt < TS.wake[i]:
         TS.wake[i] = nxt
+        if nxt < TS.wsum[i >> WS_SHIFT]:
+            TS.wsum[i >> WS_SHIFT] = nxt
+
+
+@njit(cache=True)
+def wake_span_min(TS, j, nsub):
+    """The earliest wake of the sub-cores of span j whose core holds a block (INF: none). The run
+    loop sets TS.wsum[j] to it at launch and after each look into the span. Between two looks a
+    wake only falls, through an event that lowers the span's entry with it (wake_subcore for a
+    core with a block); what raises a wake or changes a core's blocks happens inside the look
+    (a scheduler sets its own wake; a block retires and the next is placed at the issue of its
+    last exit; a Sunway CPE's wake stays INF until its launch message lowers it), so the entry
+    stays exact: a span whose entry lies beyond the cycle holds no
+    scheduler due, and the earliest entry is the earliest wake of all."""
+    n = TS.wake.shape[0]
+    lo = j << WS_SHIFT
+    hi = lo + WS_BLOCK
+    if hi > n:
+        hi = n
+    t = INF
+    for i in range(lo, hi):
+        if TS.wake[i] < t and TS.core_blocks[i // nsub] > 0:
+            t = TS.wake[i]
+    return t
 
 
 # memory.py imports this module; its functions are resolved when numba compiles the callers

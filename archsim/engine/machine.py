@@ -95,6 +95,10 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     TS.k[K.K_CUR] = -1
     K.dispatch_all(C, TS, S, now)
     MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
+    nspan = TS.wsum.shape[0]
+    nsc = TS.wake.shape[0]
+    for j in range(nspan):
+        TS.wsum[j] = K.wake_span_min(TS, j, nsub)
     nblocks = TS.k[3]
     # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
     # its stores have reached the L2 (the memory controller without one): the next kernel would
@@ -106,18 +110,24 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         M.mem_cycle(MS, TS, S, Dd, now)
         step_out[0] = 0
         step_out[2] = 0
-        for c in range(cores):
-            if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
-                continue  # no block, or (Sunway) not launched yet
-            for sb in range(nsub):
-                i = c * nsub + sb
+        # the schedulers in sub-core order, span by span: a span whose earliest wake lies ahead
+        # holds none that is due (K.wake_span_min)
+        for j in range(nspan):
+            if TS.wsum[j] > now and not every:
+                continue
+            hi = (j + 1) << K.WS_SHIFT
+            for i in range(j << K.WS_SHIFT, hi if hi < nsc else nsc):
+                c = i // nsub
+                if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
+                    continue  # no block, or (Sunway) not launched yet
                 if TS.wake[i] > now and not every:
                     continue  # nothing it waits on is due: it sleeps (stalls accounted later)
                 TS.k[K.K_CUR] = i
-                K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, sb, now, step_out)
+                K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
                 if step_out[2]:
                     _stop(TS, out, FAULT, now, step_out[3])
                     return
+            TS.wsum[j] = K.wake_span_min(TS, j, nsub)
         TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1
@@ -126,11 +136,9 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS))
         if step_out[0] == 0 and not ended:
             t = K.INF  # the first cycle a scheduler may issue
-            for c in range(cores):
-                if TS.core_blocks[c] > 0:
-                    for sb in range(nsub):
-                        if TS.wake[c * nsub + sb] < t:
-                            t = TS.wake[c * nsub + sb]
+            for j in range(nspan):
+                if TS.wsum[j] < t:
+                    t = TS.wsum[j]
             t_mem = M.mem_next_event(MS, now)
             if t >= K.INF and M.mem_idle(MS):
                 t = K.INF  # no warp can become ready and no request is in flight: only refresh ticks on
