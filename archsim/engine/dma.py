@@ -68,8 +68,9 @@ BC_NONE, BC_ROW, BC_COLUMN, BC_ARRAY = range(4)
 (DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE, DD_COUNT, DD_BSIZE,
  DD_STRIDE, DD_LINE, DD_NPART, DD_CLMASK, DD_N) = range(17)
 # per-engine scalars: FIFO head and count, offset (from head) of the first descriptor with pieces
-# left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none)
-EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_N = range(7)
+# left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none),
+# the first cycle it may send a piece unless an event comes first (dma_wake: INF waits for one)
+EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_WAKE, EN_N = range(8)
 # counters per engine
 # (DX_BCASTS: broadcasts launched, DX_BC_READ: bytes they read from memory, DX_BC_COPIES: copies landed)
 (DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_BCASTS, DX_BC_READ,
@@ -252,6 +253,7 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
     d[DD_STRIDE] = stride
     d[DD_LINE] = -1
     DM.eng[e, EN_COUNT] += 1
+    DM.eng[e, EN_WAKE] = 0
     TS.bulk_pending[w, 0] += 1
     if put:
         DM.cnt[e, DX_PUTS] += 1
@@ -328,6 +330,7 @@ def dma_bcast_try(DM, TS, li, now):
     d[DD_NPART] = n
     d[DD_CLMASK] = mask
     DM.eng[e, EN_COUNT] += 1
+    DM.eng[e, EN_WAKE] = 0
     DM.cnt[e, DX_BCASTS] += 1
     L[BL_JOINED] = 0
     DM.cfg[DC_OPEN] -= 1
@@ -450,6 +453,26 @@ def dma_ready_piece(DM, e, now):
 
 
 @njit(cache=True)
+def dma_wake(DM, e):
+    """When dma_ready_piece found nothing to send: the first cycle it can find a piece with no
+    event in between (its port frees, its descriptor's start-up ends), INF when only an event
+    can give it one (a new descriptor, a piece back). Those events clear EN_WAKE."""
+    en = DM.eng[e]
+    if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= DM.cfg[DC_INFLIGHT]:
+        return INF
+    slot = en[EN_HEAD] + en[EN_CUR]
+    if slot >= DESC_CAP:
+        slot -= DESC_CAP
+    w = DM.cfg[DC_XFER_INFLIGHT]
+    if w > 0 and DM.desc[e, slot, DD_OUT] >= w:
+        return INF
+    t = (en[EN_PORT_FX] + FX - 1) // FX
+    if DM.desc[e, slot, DD_READY] > t:
+        t = DM.desc[e, slot, DD_READY]
+    return t
+
+
+@njit(cache=True)
 def dma_piece(DM, e, slot):
     """(global address, bytes) of the next piece of descriptor `slot` of engine e: the rest of
     the current block up to the next piece boundary of the global address."""
@@ -493,6 +516,7 @@ def dma_piece_done(DM, TS, e, slot, nbytes, now):
     d = DM.desc[e, slot]
     d[DD_OUT] -= 1
     DM.eng[e, EN_INFLIGHT] -= 1
+    DM.eng[e, EN_WAKE] = 0
     bc = d[DD_LINE] >= 0  # a broadcast: its copies were counted (and completed) as they landed
     if bc:
         DM.cnt[e, DX_BC_READ] += nbytes

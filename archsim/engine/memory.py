@@ -941,11 +941,16 @@ def _dma_engines(MS, TS, now):
         en = DMs.eng[e]
         if en[DM.EN_COUNT] == 0:
             continue
-        if en[DM.EN_HOLD] >= 0 and not _dma_send(MS, e, en[DM.EN_HOLD], now_f):
-            continue
+        if en[DM.EN_HOLD] >= 0:
+            if not _dma_send(MS, e, en[DM.EN_HOLD], now_f):
+                continue
+        elif en[DM.EN_WAKE] > now:
+            continue              # nothing to send before then, or until a piece or descriptor comes (dma_wake)
         while True:
             slot = DM.dma_ready_piece(DMs, e, now)
             if slot < 0:
+                if en[DM.EN_HOLD] < 0:
+                    en[DM.EN_WAKE] = DM.dma_wake(DMs, e)
                 break
             addr, n = DM.dma_piece(DMs, e, slot)
             d = DMs.desc[e, slot]
