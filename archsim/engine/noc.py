@@ -207,16 +207,25 @@ def _window_dup(lt, l, stamp):
 
 @njit(cache=True, inline="always")
 def _pushed(N, b, g, ready):
-    """A packet that arrives at ``ready`` was pushed into input buffer b of group g: a sleeping
-    port sleeps on when it lies beyond the port's window (nothing a scan looks at changed), and at
-    most until ``ready`` when it lies within (it is the window's last packet: until it arrives a
-    scan either stops at an earlier packet not yet arrived, or stops at it)."""
+    """A packet that arrives at ``ready`` was pushed into input buffer b of group g. It can go no
+    earlier than ``e = max(ready, the buffer's read port free)``. Into an empty port: the port
+    sleeps until e with nothing wanted (until then a scan stops at that packet). A sleeping port
+    sleeps on when the packet lies beyond the port's window (nothing a scan looks at changed), and
+    at most until e when it lies within (it is the window's last packet: until e a scan either
+    stops at an earlier packet not yet arrived, or stops at it)."""
     bt = N.bt
+    e = ready if ready > bt[b, BT_FREE] else bt[b, BT_FREE]
+    if N.Q.count[b] == 1:
+        if N.par[P_SLEEP]:
+            bt[b, BT_SLEEP] = e
+            N.bi[b, BI_NWANT] = 0
+            N.bi[b, BI_NCRED] = 0
+        return
     if bt[b, BT_SLEEP] == 0:
         return
     win = N.par[P_LOOK] + 1 if N.gi[g, G_NOUT] > 1 else 1
-    if N.Q.count[b] <= win and ready < bt[b, BT_SLEEP]:
-        bt[b, BT_SLEEP] = ready
+    if N.Q.count[b] <= win and e < bt[b, BT_SLEEP]:
+        bt[b, BT_SLEEP] = e
 
 
 @njit(cache=True, inline="always")
@@ -463,6 +472,12 @@ def noc_step(N, now):
                 nrel += 1
                 rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
                 bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
+                if N.par[P_SLEEP] and bt[b, BT_FREE] > now + 1:
+                    # it reads the packet out until then: a scan stops at its first packet, wants
+                    # nothing and offers nothing, so it sleeps (as the next cycle's scan would)
+                    bt[b, BT_SLEEP] = bt[b, BT_FREE]
+                    bi[b, BI_NWANT] = 0
+                    bi[b, BI_NCRED] = 0
                 lt[l, LT_BUSY] = now + ser
                 lt[l, LT_FLITS] += ser
                 lt[l, LT_PKTS] += 1
