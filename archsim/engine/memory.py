@@ -82,7 +82,10 @@ TAG_MPE_DONE = -(1 << 24)    # a CPE's completion to its MPE (a header; src = gr
 # MState.mk: scalars: the CPE mesh's; MK_STORES: core stores not yet accepted by their memory-side
 # endpoint (L2 slice, or the controller's queue without an L2): a launch ends when they are
 # MK_CORE_ITEMS: MIO entries, L1 returns and misses queued at the cores, all cores together (when
-# none is and replies come through the core groups, no core's memory side has anything to do)
+# none is and replies come through the core groups, no core's memory side has anything to do);
+# MState.citems counts them per span of CI_SPAN cores (the scan looks only into spans that hold some)
+CI_SHIFT = 4
+CI_SPAN = 1 << CI_SHIFT
 MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_CORE_ITEMS, MK_N = range(10)
 
 
@@ -128,6 +131,7 @@ class MState(NamedTuple):
     obox: Queues             # per mesh node: packets waiting to enter the mesh (request ids)
     mpe: MPE.MpeState        # the MPEs' launch and join (inactive on a GPU)
     mk: np.ndarray           # int64 [MK_N]
+    citems: np.ndarray       # int64 [ceil(cores / CI_SPAN)] MK_CORE_ITEMS per span of cores
 
 
 def _dummy_cache():
@@ -258,7 +262,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
-        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk)
+        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(-(-cores // CI_SPAN), np.int64))
 
 
 def frontend_capacity(machine) -> int:
@@ -437,7 +441,7 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
     if i >= MIO_CAP:
         i -= MIO_CAP
     MS.mio_count[core] += 1
-    MS.mk[MK_CORE_ITEMS] += 1
+    _items(MS, core, 1)
     e = MS.mio[core, i]
     e[E_WARP] = w
     e[E_PC] = pc
@@ -497,25 +501,32 @@ def _response(MS, TS, core, r, now):
             for i in range(n):
                 rr = MS.waiters[i]
                 R.aux1[rr] = now + MS.cfg[M_L1_LAT]
-                _core_push(MS, q, rr)
+                _core_push(MS, core, q, rr)
             CA.mshr_free(MS.L1, core, e)
     else:
         R.tag[r] = -1 - tag
         R.aux1[r] = now + MS.cfg[M_L1_LAT]
-        _core_push(MS, q, r)
+        _core_push(MS, core, q, r)
 
 
 @njit(inline="always")
-def _core_push(MS, q, r):
-    """Push request r on a core's L1-return or miss queue, counted in MK_CORE_ITEMS."""
+def _items(MS, core, d):
+    """The items queued at a core's memory side change by d (MK_CORE_ITEMS, citems)."""
+    MS.mk[MK_CORE_ITEMS] += d
+    MS.citems[core >> CI_SHIFT] += d
+
+
+@njit(inline="always")
+def _core_push(MS, core, q, r):
+    """Push request r on the core's L1-return or miss queue q, counted in MK_CORE_ITEMS."""
     if q_push(MS.Q, q, r):
-        MS.mk[MK_CORE_ITEMS] += 1
+        _items(MS, core, 1)
 
 
 @njit(inline="always")
-def _core_pop(MS, q):
-    """Pop the head of a core's L1-return or miss queue, counted in MK_CORE_ITEMS (_core_push's twin)."""
-    MS.mk[MK_CORE_ITEMS] -= 1
+def _core_pop(MS, core, q):
+    """Pop the head of the core's L1-return or miss queue q, counted in MK_CORE_ITEMS (_core_push's twin)."""
+    _items(MS, core, -1)
     return q_pop(MS.Q, q)
 
 
@@ -526,7 +537,7 @@ def _pop_mio(MS, core):
         h = 0
     MS.mio_head[core] = h
     MS.mio_count[core] -= 1
-    MS.mk[MK_CORE_ITEMS] -= 1
+    _items(MS, core, -1)
 
 
 @njit(cache=True)
@@ -613,11 +624,11 @@ def _data_pipe(MS, TS, S, Dd, core, now):
             return
         if status == CA.HIT:
             R.aux1[r] = now + cfg[M_L1_LAT]
-            _core_push(MS, ql, r)
+            _core_push(MS, core, ql, r)
         elif newm != 0:
             r2 = req_alloc(R, line, CA.popcount(newm) * sb, KIND_READ, core, 0, now)
             R.aux0[r2] = newm
-            _core_push(MS, qm, r2)
+            _core_push(MS, core, qm, r2)
     elif cls == D.CLS_ST_GLOBAL:
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
         if r < 0:
@@ -627,13 +638,13 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         R.aux1[r] = MS.mio_full[core, i, k]
         if cfg[M_HAS_L1]:
             CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], True, r, now)
-        _core_push(MS, qm, r)
+        _core_push(MS, core, qm, r)
     else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, -1 - t, now)
         if r < 0:
             return
         R.aux0[r] = m
-        _core_push(MS, qm, r)
+        _core_push(MS, core, qm, r)
     MS.bytes[BY_L1] += CA.popcount(m) * sb
     k += 1
     e[E_IDX] = k
@@ -656,7 +667,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         _response(MS, TS, core, r, now)
     q = cfg[M_Q_L1D] + core
     while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
-        r = _core_pop(MS, q)
+        r = _core_pop(MS, core, q)
         t = R.tag[r]
         req_free(R, r)
         _trk_piece(MS, TS, core, t, now)
@@ -673,7 +684,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
         if not NC.noc_inject(MS.req, MS.node[0, core], r, nbytes, dest, now_f):
             break
         MS.bytes[BY_FABRIC] += nbytes
-        _core_pop(MS, q)
+        _core_pop(MS, core, q)
 
 
 # ----------------------------------------------------------------------------- the memory side
@@ -1214,8 +1225,20 @@ def mem_cycle(MS, TS, S, Dd, now):
             _dma_engines(MS, TS, now)
     if MS.mk[MK_ON]:
         _mesh_cycle(MS, TS, now)
-    if MS.mk[MK_CORE_ITEMS] == 0 and cfg[M_GROUPED]:
-        return                        # nothing queued at any core, and no reply comes to a core directly
+    if cfg[M_GROUPED]:
+        # no reply comes to a core directly: only cores with something queued have work, and
+        # those sit in the spans citems counts
+        if MS.mk[MK_CORE_ITEMS] == 0:
+            return
+        n = cfg[M_CORES]
+        for j in range(MS.citems.shape[0]):
+            if MS.citems[j] == 0:
+                continue
+            hi = (j + 1) << CI_SHIFT
+            for core in range(j << CI_SHIFT, hi if hi < n else n):
+                if _core_has_work(MS, core, now):
+                    _core_memory(MS, TS, S, Dd, core, now)
+        return
     for core in range(cfg[M_CORES]):
         if _core_has_work(MS, core, now):
             _core_memory(MS, TS, S, Dd, core, now)
@@ -1347,14 +1370,19 @@ def mem_next_event(MS, now):
     if MS.req.clk[NC.C_MOVED] == f or MS.resp.clk[NC.C_MOVED] == f or MS.mesh.clk[NC.C_MOVED] == now:
         return now + 1  # a network moved a packet in its last cycle: it streams, do not look further
     t = K.INF
-    for core in range(cfg[M_CORES] if MS.mk[MK_CORE_ITEMS] > 0 else 0):  # (none queued: nothing to look at)
-        if Q.count[cfg[M_Q_MISS] + core] > 0:
-            return now + 1
-        if MS.mio_count[core] > 0 and MS.l1_full[core] == 0:   # (full: an L1 fill frees it)
-            t = min(t, _after(MS.mio_next[core], now + 1))
-        q = cfg[M_Q_L1D] + core
-        if Q.count[q] > 0:
-            t = min(t, _after(R.aux1[q_peek(Q, q, 0)], now + 1))
+    n = cfg[M_CORES]
+    for j in range(MS.citems.shape[0] if MS.mk[MK_CORE_ITEMS] > 0 else 0):  # (only cores with items queued)
+        if MS.citems[j] == 0:
+            continue
+        hi = (j + 1) << CI_SHIFT
+        for core in range(j << CI_SHIFT, hi if hi < n else n):
+            if Q.count[cfg[M_Q_MISS] + core] > 0:
+                return now + 1
+            if MS.mio_count[core] > 0 and MS.l1_full[core] == 0:   # (full: an L1 fill frees it)
+                t = min(t, _after(MS.mio_next[core], now + 1))
+            q = cfg[M_Q_L1D] + core
+            if Q.count[q] > 0:
+                t = min(t, _after(R.aux1[q_peek(Q, q, 0)], now + 1))
     for e in range(MS.dma.cfg[DM.DC_ENGINES]):
         if MS.dma.eng[e, DM.EN_HOLD] >= 0:
             return now + 1
