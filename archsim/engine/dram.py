@@ -547,7 +547,7 @@ def _arrivals(D, Q, R, c, qi, now):
     D.chan[c, K_NSEEN] = n
 
 
-@_jit
+@njit(inline="always")  # called for every entry a scan visits: no call
 def _eval(D, c, sl, b):
     """(command, earliest cycle) for the next command of the request in shadow slot ``sl``."""
     p = D.prm
