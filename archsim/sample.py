@@ -43,17 +43,7 @@ from archsim.stats import kernel_record
 DEFAULT_WAVES = 3
 
 
-def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
-    """How many blocks of this launch one core holds at once (warp slots, registers, scratchpad,
-    block slots); rejects a block that does not fit (InputError)."""
-    regs_per_warp, smem = TI.occupancy_limits(prog, machine, launch)
-    c = machine.cores
-    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
-    scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
-    n = min(c.max_blocks, c.warp_slots // wpb, machine.register_file.regs_per_core // max(wpb * regs_per_warp, 1))
-    if smem > 0:
-        n = min(n, scratch // smem)
-    return max(int(n), 1)
+blocks_per_core = TI.blocks_per_core  # (defined beside the engine's slot count, timing.resident_slots)
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:

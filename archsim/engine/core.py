@@ -110,13 +110,15 @@ class CoreCfg(NamedTuple):
  C_W) = range(10)
 
 
-def make_core_cfg(machine, scratch_bytes: int) -> CoreCfg:
+def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blocks: int | None = None) -> CoreCfg:
+    """``slots`` / ``max_blocks``: the warp and block slots per core the engine keeps (default the
+    machine's; a launch passes what its occupancy can fill, timing.resident_slots)."""
     c = machine.cores
     v = np.zeros(10, np.int64)
     v[C_CORES] = machine.groups * c.per_group
     v[C_SUBCORES] = c.subcores
-    v[C_SLOTS] = c.warp_slots
-    v[C_MAX_BLOCKS] = c.max_blocks
+    v[C_SLOTS] = c.warp_slots if slots is None else slots
+    v[C_MAX_BLOCKS] = c.max_blocks if max_blocks is None else max_blocks
     v[C_REGS_PER_CORE] = machine.register_file.regs_per_core
     v[C_SMEM_BYTES] = scratch_bytes
     v[C_SCHED] = SCHED_GTO if c.scheduler == "gto" else SCHED_LRR

@@ -117,11 +117,12 @@ def buffer_addresses(prog: Program, args: dict, base: int | None = None) -> dict
 
 
 def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int,
-                       base: int | None = None):
-    """Warp slots of every core (filled by block dispatch); timing mode; backed buffers only.
-    Returns ({name: (address, array)} of the backed buffers, state)."""
+                       base: int | None = None, slots: int | None = None):
+    """Warp slots of every core (filled by block dispatch; ``slots`` per core, default the
+    machine's); timing mode; backed buffers only. Returns ({name: (address, array)} of the
+    backed buffers, state)."""
     cores = machine.groups * machine.cores.per_group
-    NW = cores * machine.cores.warp_slots
+    NW = cores * (machine.cores.warp_slots if slots is None else slots)
     params, g, gsize, vsize, placed = _place(prog, args, base)
     zeros = np.zeros(NW, np.int32)
     S = build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
@@ -130,6 +131,31 @@ def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scrat
                         warp_core=zeros, block_smem=np.full(launch.blocks, -1, np.int32), stack_mask0=0)
     S.geom[X.G_GBASE] = GLOBAL_BASE if base is None else int(base)  # global byte 0 of the image
     return placed, S
+
+
+def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
+    """How many blocks of this launch one core holds at once (warp slots, registers, scratchpad,
+    block slots); rejects a block that does not fit (InputError)."""
+    regs_per_warp, smem = occupancy_limits(prog, machine, launch)
+    c = machine.cores
+    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
+    scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
+    n = min(c.max_blocks, c.warp_slots // wpb, machine.register_file.regs_per_core // max(wpb * regs_per_warp, 1))
+    if smem > 0:
+        n = min(n, scratch // smem)
+    return max(int(n), 1)
+
+
+def resident_slots(prog: Program, machine, launch: Launch) -> tuple[int, int]:
+    """(warp slots, block slots) per core that the engine keeps for a launch: as many as its
+    occupancy can ever fill (blocks_per_core). A core's slots above those would never hold a warp,
+    and block dispatch takes the first free ones, so a launch runs exactly as with the machine's
+    whole complement; keeping fewer makes the per-warp state (registers, scoreboard) of the warps
+    that run lie close together instead of spread over every slot of every core."""
+    c = machine.cores
+    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
+    n = blocks_per_core(prog, machine, launch)
+    return min(c.warp_slots, n * wpb), n
 
 
 def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
@@ -193,9 +219,10 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     W = machine.cores.warp_width
     wpb = (launch.threads_per_block + W - 1) // W
     scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
-    C = K.make_core_cfg(machine, scratch)
+    slots, nbs = resident_slots(prog, machine, launch)
+    C = K.make_core_cfg(machine, scratch, slots, nbs)
     cores = int(C.v[K.C_CORES])
-    placed, S = make_timing_fstate(prog, machine, launch, args, cores * machine.cores.max_blocks, base)
+    placed, S = make_timing_fstate(prog, machine, launch, args, cores * nbs, base, slots)
     private = check_placement(machine, placement, int(S.geom[X.G_GBASE] + S.geom[X.G_VSIZE]), prog.name)
     first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
     if not 0 <= first < end <= launch.blocks:
@@ -223,7 +250,6 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     if timing.outcome == MA.DONE:
         return timing
     w = timing.stuck_warp
-    slots = machine.cores.warp_slots
     pc = int(S.stack_pc[w, max(S.sp[w] - 1, 0)]) if w >= 0 else 0
     where = prog.where(pc)
     who = f"core {w // slots} warp slot {w % slots} (block {int(S.warp_block[w])} warp {int(S.warp_wib[w])})" \
