@@ -3,7 +3,9 @@
 A Sunway case counts CPE instructions (a CPE runs one warp). Each case also records its CPU
 seconds (``warp_instructions_per_cpu_second``: the figure to compare on a loaded machine).
 Every case runs once on a tiny config first so that numba's compilation (or cache load) is not
-timed, then once timed. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
+timed, then ``repeat`` times timed; a case's figures are those of its median run (by wall time;
+``wall_seconds_runs`` lists every run), so one run slowed by the rest of the machine does not move
+them. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
 """
 
 from __future__ import annotations
@@ -31,20 +33,27 @@ WARMUP = (("tiny-gpu", "gemm", {"m": 64, "n": 64, "k": 64}), ("tiny-gpu", "bandw
           ("tiny-sunway", "bandwidth", {"footprint_mib": 1}), ("tiny-sunway", "gemm", {"m": 64, "n": 64, "k": 64}))
 
 
-def run_bench(cases=CASES, progress=None) -> dict:
-    for hw, name, params in WARMUP:  # JIT compile / cache load, not timed
+def run_bench(cases=CASES, progress=None, repeat: int = 3, warmup=WARMUP) -> dict:
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
+    for hw, name, params in warmup:  # JIT compile / cache load, not timed
         MI.run_micro(name, load_machine(hw), params)
     out = []
     for case, hw, name, params in cases:
-        m = load_machine(hw)
-        t0, c0 = time.perf_counter(), time.process_time()
-        r = MI.run_micro(name, m, params)
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        runs = []
+        for _ in range(repeat):
+            m = load_machine(hw)
+            t0, c0 = time.perf_counter(), time.process_time()
+            r = MI.run_micro(name, m, params)
+            runs.append((time.perf_counter() - t0, time.process_time() - c0, r))
+        walls = [x[0] for x in runs]
+        wall, cpu, r = sorted(runs, key=lambda x: x[0])[(repeat - 1) // 2]   # the median run
         wi = sum(k["warp_instructions"] for k in r.kernels)
         rec = {"name": case, "machine": hw, "micro": name, "params": r.params, "warp_instructions": wi,
                "simulated_cycles": sum(k["cycles"] for k in r.kernels), "wall_seconds": round(wall, 3),
                "warp_instructions_per_second": round(wi / wall, 1), "cpu_seconds": round(cpu, 3),
-               "warp_instructions_per_cpu_second": round(wi / max(cpu, 1e-9), 1), "value": r.value, "unit": r.unit}
+               "warp_instructions_per_cpu_second": round(wi / max(cpu, 1e-9), 1), "value": r.value, "unit": r.unit,
+               "repeat": repeat, "wall_seconds_runs": [round(w, 3) for w in walls]}
         out.append(rec)
         if progress:
             progress(rec)

@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="where to write the plots (default: beside the result)")
 
     p = sub.add_parser("bench", help="simulator speed: warp-instructions per second on fixed cases")
+    p.add_argument("--repeat", type=int, default=3, metavar="N",
+                   help="timed runs of each case; its figures are its median run's (default 3)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.bench/1 result")
     return parser
 
@@ -302,8 +304,10 @@ def cmd_validate(a) -> int:
 def cmd_bench(a) -> int:
     from archsim.bench import run_bench
 
+    if a.repeat < 1:
+        raise InputError("--repeat", f"{a.repeat} is not a run count", "a positive integer")
     print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
-    res = run_bench(progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
+    res = run_bench(repeat=a.repeat, progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
                                              f"{c['wall_seconds']:>8.2f} {c['warp_instructions_per_second']:>14,.0f}",
                                              flush=True))
     print(f"median: {res['warp_instructions_per_second']:,.0f} warp-instructions/s")
