@@ -1085,7 +1085,7 @@ def _rma_engines(MS, TS, now):
     RMs = MS.rma
     R = MS.R
     Q = MS.obox
-    for e in range(RMs.cfg[RM.RC_ENGINES]):
+    for e in range(RMs.cfg[RM.RC_ENGINES] if RMs.cfg[RM.RC_QUEUED] > 0 else 0):   # (none queued: none sends)
         if RMs.eng[e, RM.EN_COUNT] == 0:
             continue
         node = RMs.engine_node[e]

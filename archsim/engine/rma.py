@@ -41,8 +41,8 @@ RCAP = 8               # choice: transfer descriptors queued per engine (a CPE i
 FX = np.int64(1) << 16  # fixed point: one core cycle of the engine port
 INF = np.int64(1) << 62
 
-# cfg fields
-RC_ENGINES, RC_PIECE, RC_INFLIGHT, RC_START, RC_BPC_FX, RC_N = range(6)
+# cfg fields (RC_QUEUED: descriptors queued at all engines together, kept as they come and go)
+RC_ENGINES, RC_PIECE, RC_INFLIGHT, RC_START, RC_BPC_FX, RC_QUEUED, RC_N = range(7)
 # descriptor fields
 (RD_WARP, RD_CORE, RD_PUT, RD_TARGET, RD_NBYTES, RD_NEXT, RD_OUT, RD_READY, RD_T0, RD_DONE, RD_N) = range(11)
 # per-engine scalars: FIFO head and count, offset of the first descriptor with pieces to send, pieces
@@ -152,6 +152,7 @@ def rma_issue(RM, TS, w, core, put, target, nbytes, now):
     d[RD_T0] = now
     d[RD_DONE] = 0
     RM.eng[e, EN_COUNT] += 1
+    RM.cfg[RC_QUEUED] += 1
     TS.bulk_pending[w, 1] += 1
     RM.cnt[e, RX_PUTS if put else RX_GETS] += 1
 
@@ -223,6 +224,7 @@ def rma_piece_done(RM, TS, e, slot, nbytes, now):
             h = 0
         en[EN_HEAD] = h
         en[EN_COUNT] -= 1
+        RM.cfg[RC_QUEUED] -= 1
         en[EN_CUR] -= 1
         freed = True
     if freed:
@@ -236,7 +238,7 @@ def rma_piece_done(RM, TS, e, slot, nbytes, now):
 def rma_next_event(RM, now):
     """The first cycle after `now` at which an engine may send a piece on its own (INF: none)."""
     t = INF
-    for e in range(RM.cfg[RC_ENGINES]):
+    for e in range(RM.cfg[RC_ENGINES] if RM.cfg[RC_QUEUED] > 0 else 0):
         en = RM.eng[e]
         if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= RM.cfg[RC_INFLIGHT]:
             continue
@@ -256,10 +258,7 @@ def rma_next_event(RM, now):
 
 @njit(cache=True)
 def rma_busy(RM):
-    for e in range(RM.cfg[RC_ENGINES]):
-        if RM.eng[e, EN_COUNT] > 0:
-            return True
-    return False
+    return RM.cfg[RC_QUEUED] > 0
 
 
 def rma_counters(RM) -> dict:
