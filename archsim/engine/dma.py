@@ -71,6 +71,7 @@ BC_NONE, BC_ROW, BC_COLUMN, BC_ARRAY = range(4)
 # left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none),
 # the first cycle it may send a piece unless an event comes first (dma_wake: INF waits for one)
 EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_WAKE, EN_N = range(8)
+ES_SHIFT = 4           # DmaState.espan: spans of 2**ES_SHIFT engines
 # counters per engine
 # (DX_BCASTS: broadcasts launched, DX_BC_READ: bytes they read from memory, DX_BC_COPIES: copies landed)
 (DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_BCASTS, DX_BC_READ,
@@ -99,6 +100,8 @@ class DmaState(NamedTuple):
     dgot: np.ndarray            # int64 [engines, DESC_CAP, per_group] bytes landed in each one's LDM
     dt0: np.ndarray             # int64 [engines, DESC_CAP, per_group] cycle each one issued
     wst: np.ndarray             # int32 [warps] the timing warp states (TState.wst, shared): who has exited
+    espan: np.ndarray           # int64 [ceil(engines / 2**ES_SHIFT)] the first cycle an engine of the span
+                                # with descriptors may send (memory._dma_engines; an event sets it to 0)
 
 
 def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: int = 1, per_group: int = 1) -> DmaState:
@@ -118,7 +121,8 @@ def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: 
                     line_cores=np.full((nl, pg), -1, np.int32), lines=np.zeros((nl, BL_N), np.int64),
                     line_warp=np.full((nl, pg), -1, np.int32), line_t0=np.zeros((nl, pg), np.int64),
                     dpart=np.full((e, DESC_CAP, pg), -1, np.int32), dgot=np.zeros((e, DESC_CAP, pg), np.int64),
-                    dt0=np.zeros((e, DESC_CAP, pg), np.int64), wst=np.zeros(1, np.int32))
+                    dt0=np.zeros((e, DESC_CAP, pg), np.int64), wst=np.zeros(1, np.int32),
+                    espan=np.zeros(-(-e // (1 << ES_SHIFT)), np.int64))
 
 
 def make_dma_state(machine, wst=None) -> DmaState:
@@ -253,7 +257,7 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
     d[DD_STRIDE] = stride
     d[DD_LINE] = -1
     DM.eng[e, EN_COUNT] += 1
-    DM.eng[e, EN_WAKE] = 0
+    _engine_due(DM, e)
     TS.bulk_pending[w, 0] += 1
     if put:
         DM.cnt[e, DX_PUTS] += 1
@@ -330,7 +334,7 @@ def dma_bcast_try(DM, TS, li, now):
     d[DD_NPART] = n
     d[DD_CLMASK] = mask
     DM.eng[e, EN_COUNT] += 1
-    DM.eng[e, EN_WAKE] = 0
+    _engine_due(DM, e)
     DM.cnt[e, DX_BCASTS] += 1
     L[BL_JOINED] = 0
     DM.cfg[DC_OPEN] -= 1
@@ -452,6 +456,13 @@ def dma_ready_piece(DM, e, now):
     return slot
 
 
+@njit(cache=True, inline="always")
+def _engine_due(DM, e):
+    """An event (a descriptor queued, a piece back) may let engine e send: look at it next."""
+    DM.eng[e, EN_WAKE] = 0
+    DM.espan[e >> ES_SHIFT] = 0
+
+
 @njit(cache=True)
 def dma_wake(DM, e):
     """When dma_ready_piece found nothing to send: the first cycle it can find a piece with no
@@ -516,7 +527,7 @@ def dma_piece_done(DM, TS, e, slot, nbytes, now):
     d = DM.desc[e, slot]
     d[DD_OUT] -= 1
     DM.eng[e, EN_INFLIGHT] -= 1
-    DM.eng[e, EN_WAKE] = 0
+    _engine_due(DM, e)
     bc = d[DD_LINE] >= 0  # a broadcast: its copies were counted (and completed) as they landed
     if bc:
         DM.cnt[e, DX_BC_READ] += nbytes

@@ -944,36 +944,48 @@ def _dma_send(MS, e, r, now_f):
 @njit(cache=True)
 def _dma_engines(MS, TS, now):
     """One core cycle of every DMA engine: retry a piece the ring refused, then send the pieces
-    the port, the in-flight limit and the descriptors' start-up allow."""
+    the port, the in-flight limit and the descriptors' start-up allow. Engines are looked at span
+    by span (DmaState.espan: the earliest cycle one of the span may send; a descriptor queued or a
+    piece back sets it to 0)."""
     DMs = MS.dma
     R = MS.R
     now_f = MS.clocks[CK_NOW_FAB]
-    for e in range(DMs.cfg[DM.DC_ENGINES]):
-        en = DMs.eng[e]
-        if en[DM.EN_COUNT] == 0:
+    ne = DMs.cfg[DM.DC_ENGINES]
+    for j in range(DMs.espan.shape[0]):
+        if DMs.espan[j] > now:
             continue
-        if en[DM.EN_HOLD] >= 0:
-            if not _dma_send(MS, e, en[DM.EN_HOLD], now_f):
+        t = K.INF
+        hi = (j + 1) << DM.ES_SHIFT
+        for e in range(j << DM.ES_SHIFT, hi if hi < ne else ne):
+            en = DMs.eng[e]
+            if en[DM.EN_COUNT] == 0:
                 continue
-        elif en[DM.EN_WAKE] > now:
-            continue              # nothing to send before then, or until a piece or descriptor comes (dma_wake)
-        while True:
-            slot = DM.dma_ready_piece(DMs, e, now)
-            if slot < 0:
-                if en[DM.EN_HOLD] < 0:
+            if en[DM.EN_HOLD] >= 0:
+                if not _dma_send(MS, e, en[DM.EN_HOLD], now_f):
+                    t = min(t, now + 1)
+                    continue
+            elif en[DM.EN_WAKE] > now:
+                t = min(t, en[DM.EN_WAKE])
+                continue          # nothing to send before then, or until a piece or descriptor comes (dma_wake)
+            while True:
+                slot = DM.dma_ready_piece(DMs, e, now)
+                if slot < 0:
                     en[DM.EN_WAKE] = DM.dma_wake(DMs, e)
-                break
-            addr, n = DM.dma_piece(DMs, e, slot)
-            d = DMs.desc[e, slot]
-            addr = placed_addr(MS.cfg, d[DM.DD_CORE], addr)
-            put = d[DM.DD_PUT] != 0
-            r = req_alloc(R, addr, n, KIND_WRITE if put else KIND_READ, d[DM.DD_CORE], TAG_DMA, now)
-            if r < 0:
-                break  # the request table is full: try again next cycle
-            R.aux0[r] = e * DM.DESC_CAP + slot
-            DM.dma_piece_sent(DMs, e, slot, n, now)
-            if not _dma_send(MS, e, r, now_f):
-                break
+                    break
+                addr, n = DM.dma_piece(DMs, e, slot)
+                d = DMs.desc[e, slot]
+                addr = placed_addr(MS.cfg, d[DM.DD_CORE], addr)
+                put = d[DM.DD_PUT] != 0
+                r = req_alloc(R, addr, n, KIND_WRITE if put else KIND_READ, d[DM.DD_CORE], TAG_DMA, now)
+                if r < 0:
+                    en[DM.EN_WAKE] = now + 1  # the request table is full: try again next cycle
+                    break
+                R.aux0[r] = e * DM.DESC_CAP + slot
+                DM.dma_piece_sent(DMs, e, slot, n, now)
+                if not _dma_send(MS, e, r, now_f):
+                    break             # held: retried next cycle
+            t = min(t, now + 1 if en[DM.EN_HOLD] >= 0 else en[DM.EN_WAKE])
+        DMs.espan[j] = t
 
 
 # ----------------------------------------------------------------------------- the CPE mesh
