@@ -307,7 +307,8 @@ def cmd_bench(a) -> int:
     if a.repeat < 1:
         raise InputError("--repeat", f"{a.repeat} is not a run count", "a positive integer")
     print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
-    res = run_bench(repeat=a.repeat, progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
+    res = run_bench(repeat=a.repeat,
+                    progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
                                              f"{c['wall_seconds']:>8.2f} {c['warp_instructions_per_second']:>14,.0f}",
                                              flush=True))
     print(f"median: {res['warp_instructions_per_second']:,.0f} warp-instructions/s")

@@ -211,8 +211,9 @@ def wake_subcore(TS, i, now):
         flush_stalls(TS, i, at)
     if at < TS.wake[i]:
         TS.wake[i] = at
-        if at < TS.wsum[i >> WS_SHIFT] and TS.core_blocks[i // (TS.wake.shape[0] // TS.core_blocks.shape[0])] > 0:
-            TS.wsum[i >> WS_SHIFT] = at
+        nsub = TS.wake.shape[0] // TS.core_blocks.shape[0]
+        if at < TS.wsum[i >> WS_SHIFT] and TS.core_blocks[i // nsub] > 0:
+            TS.wsum[i >> WS_SHIFT] = at   # (wake_span_min)
 
 
 @njit(cache=True, inline="always")
@@ -711,9 +712,9 @@ def wake_span_min(TS, j, nsub):
     wake only falls, through an event that lowers the span's entry with it (wake_subcore for a
     core with a block); what raises a wake or changes a core's blocks happens inside the look
     (a scheduler sets its own wake; a block retires and the next is placed at the issue of its
-    last exit; a Sunway CPE's wake stays INF until its launch message lowers it), so the entry
-    stays exact: a span whose entry lies beyond the cycle holds no
-    scheduler due, and the earliest entry is the earliest wake of all."""
+    last exit; a Sunway CPE's wake stays INF until its launch message lowers it). So the entry
+    stays exact: a span whose entry lies beyond the cycle holds no scheduler due, and the
+    earliest entry is the earliest wake of all."""
     n = TS.wake.shape[0]
     lo = j << WS_SHIFT
     hi = lo + WS_BLOCK
