@@ -239,3 +239,20 @@ def test_vector_add_moves_exactly_its_buffers_through_the_hierarchy(tiny):
     assert b["dram_write"] == 0
     lat = r.memory["load_latency"]
     assert lat["count"] > 0 and lat["min"] > tiny.l1.hit_latency_cycles + tiny.l2.hit_latency_cycles
+
+
+def test_the_scoreboard_checks_each_operand_register_once(tiny):
+    from archsim.engine.decode import decode
+
+    prog = assemble(""".kernel k
+    mma.m16n8k16.f32.f16 r10, r1, r5, r10
+    add.i64 r3, r3, r3
+    mma.m16n8k16.f32.f16 r20, r1, r5, r10
+    exit
+""")
+    Dd = decode(prog, tiny)
+    for pc in range(3):
+        rd, wr = list(Dd.rd[pc, :Dd.nrd[pc]]), list(Dd.wr[pc, :Dd.nwr[pc]])
+        assert list(Dd.opd[pc, :Dd.nopd[pc]]) == list(dict.fromkeys(rd + wr))   # sources first, no repeats
+    assert Dd.nopd[0] == 10 and Dd.nrd[0] + Dd.nwr[0] == 14                    # C and D are one set
+    assert Dd.nopd[1] == 1 and Dd.nopd[2] == 14

@@ -430,16 +430,13 @@ def _retire_block(C, TS, S, bs, now):
 # ----------------------------------------------------------------------------- readiness
 @njit(cache=True)
 def operands_ready(TS, Dd, w, pc, now):
-    """(ready cycle, kind of the latest operand) of the instruction at pc for warp w."""
+    """(ready cycle, kind of the latest operand) of the instruction at pc for warp w: its sources
+    and (WAW: a pending write to a destination must land first) its destinations, each register
+    once (Dd.opd; a register seen again could not raise the maximum)."""
     t = np.int64(0)
     kind = 0
-    for i in range(Dd.nrd[pc]):
-        r = Dd.rd[pc, i]
-        if TS.reg_ready[w, r] > t:
-            t = TS.reg_ready[w, r]
-            kind = TS.reg_kind[w, r]
-    for i in range(Dd.nwr[pc]):  # WAW: a pending write to a destination must land first
-        r = Dd.wr[pc, i]
+    for i in range(Dd.nopd[pc]):
+        r = Dd.opd[pc, i]
         if TS.reg_ready[w, r] > t:
             t = TS.reg_ready[w, r]
             kind = TS.reg_kind[w, r]

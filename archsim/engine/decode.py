@@ -40,6 +40,9 @@ class Decoded(NamedTuple):
     rd: np.ndarray        # int16 [n, MAX_RD]
     nwr: np.ndarray       # int8 [n]
     wr: np.ndarray        # int16 [n, MAX_WR]
+    nopd: np.ndarray      # int8 [n]
+    opd: np.ndarray       # int16 [n, MAX_RD + MAX_WR] the distinct registers of rd, then wr (first
+                          # occurrences): what the scoreboard checks (an mma's C and D are one set)
     prd: np.ndarray       # int8 [n, 2] predicates read (-1 none): guard, source
     pwr: np.ndarray       # int8 [n] predicate written (-1 none)
     cls: np.ndarray       # int8 [n] CLS_*
@@ -135,6 +138,7 @@ def decode(prog: Program, machine) -> Decoded:
     out = {
         "nrd": np.zeros(n, np.int8), "rd": np.full((n, MAX_RD), -1, np.int16),
         "nwr": np.zeros(n, np.int8), "wr": np.full((n, MAX_WR), -1, np.int16),
+        "nopd": np.zeros(n, np.int8), "opd": np.full((n, MAX_RD + MAX_WR), -1, np.int16),
         "prd": np.full((n, 2), -1, np.int8), "pwr": np.full(n, -1, np.int8),
     }
     # the opcode-only columns: one row per distinct opcode, worked out at its first instruction
@@ -149,6 +153,7 @@ def decode(prog: Program, machine) -> Decoded:
         out[name] = np.array([row[c] for row in table], dtype)[inv.reshape(-1)]
     # the operand columns: the registers and predicates each instruction reads and writes
     nrd, rdm, nwr, wrm, prd, pwr = out["nrd"], out["rd"], out["nwr"], out["wr"], out["prd"], out["pwr"]
+    nopd, opdm = out["nopd"], out["opd"]
     dst = prog.dst.tolist()
     srcs = [prog.src0.tolist(), prog.src1.tolist(), prog.src2.tolist(), prog.src3.tolist()]
     flags_l = prog.flags.tolist()
@@ -181,6 +186,10 @@ def decode(prog: Program, machine) -> Decoded:
         if wr:
             nwr[pc] = len(wr)
             wrm[pc, :len(wr)] = wr
+        if rd or wr:
+            both = list(dict.fromkeys(rd + wr))
+            nopd[pc] = len(both)
+            opdm[pc, :len(both)] = both
         if preds:
             prd[pc, :len(preds)] = preds[:2]
     return Decoded(**out)
