@@ -25,6 +25,7 @@ from archsim.engine import decode as D
 from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
+from archsim.engine.queues import SPAN_SHIFT, n_spans, span_bounds
 
 INF = np.int64(1) << 62
 
@@ -38,8 +39,6 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
                "barrier", "dma_wait", "idle")
 
 SCHED_LRR, SCHED_GTO = 0, 1
-WS_SHIFT = 4             # TState.wsum: spans of 2**WS_SHIFT consecutive sub-cores
-WS_BLOCK = 1 << WS_SHIFT
 K_CUR = 8  # TState.k: the sub-core whose scheduler is running
 CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
 
@@ -64,9 +63,9 @@ class TState(NamedTuple):
     last_warp: np.ndarray    # int32 [cores, subcores] last issued slot (-1)
     # event-driven scheduling (skip-ahead per sub-core): sub-core i = core * subcores + sub
     wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
-    wsum: np.ndarray         # int64 [ceil(cores * subcores / WS_BLOCK)] the earliest wake of the sub-cores
-                             # of a span of WS_BLOCK whose core holds a block (the run loop looks into
-                             # a span only from that cycle on; see wake_span_min)
+    wsum: np.ndarray         # int64 [n_spans(cores * subcores)] the earliest wake of the sub-cores of a
+                             # span (queues.SPAN) whose core holds a block (the run loop looks into a
+                             # span only from that cycle on; see wake_span_min)
     acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
     mem_wait: np.ndarray     # int64 [cores] bit s: a warp of sub-core s (62: s >= 62) found the SM's MIO
                              # queue, trackers or DMA / RMA FIFO full (wake_refused)
@@ -151,7 +150,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
-        wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(-(-cores * sub // WS_BLOCK), np.int64),
+        wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
         acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
         launch_at=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
         else np.ascontiguousarray(core_order, np.int32),
@@ -212,8 +211,8 @@ def wake_subcore(TS, i, now):
     if at < TS.wake[i]:
         TS.wake[i] = at
         nsub = TS.wake.shape[0] // TS.core_blocks.shape[0]
-        if at < TS.wsum[i >> WS_SHIFT] and TS.core_blocks[i // nsub] > 0:
-            TS.wsum[i >> WS_SHIFT] = at   # (wake_span_min)
+        if at < TS.wsum[i >> SPAN_SHIFT] and TS.core_blocks[i // nsub] > 0:
+            TS.wsum[i >> SPAN_SHIFT] = at   # (wake_span_min)
 
 
 @njit(cache=True, inline="always")
@@ -698,8 +697,8 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                     nxt = t
     if nxt < TS.wake[i]:
         TS.wake[i] = nxt
-        if nxt < TS.wsum[i >> WS_SHIFT]:
-            TS.wsum[i >> WS_SHIFT] = nxt
+        if nxt < TS.wsum[i >> SPAN_SHIFT]:
+            TS.wsum[i >> SPAN_SHIFT] = nxt
 
 
 @njit(cache=True)
@@ -712,11 +711,7 @@ def wake_span_min(TS, j, nsub):
     last exit; a Sunway CPE's wake stays INF until its launch message lowers it). So the entry
     stays exact: a span whose entry lies beyond the cycle holds no scheduler due, and the
     earliest entry is the earliest wake of all."""
-    n = TS.wake.shape[0]
-    lo = j << WS_SHIFT
-    hi = lo + WS_BLOCK
-    if hi > n:
-        hi = n
+    lo, hi = span_bounds(j, TS.wake.shape[0])
     t = INF
     for i in range(lo, hi):
         if TS.wake[i] < t and TS.core_blocks[i // nsub] > 0:

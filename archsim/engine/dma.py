@@ -44,6 +44,7 @@ import numpy as np
 
 from archsim.engine import core as K
 from archsim.engine.jit import njit
+from archsim.engine.queues import SPAN_SHIFT, n_spans
 from archsim.errors import InputError
 
 DESC_CAP = 8           # choice: transfer descriptors queued per engine (a CPE issuing more stalls)
@@ -71,7 +72,6 @@ BC_NONE, BC_ROW, BC_COLUMN, BC_ARRAY = range(4)
 # left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none),
 # the first cycle it may send a piece unless an event comes first (dma_wake: INF waits for one)
 EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_WAKE, EN_N = range(8)
-ES_SHIFT = 4           # DmaState.espan: spans of 2**ES_SHIFT engines
 # counters per engine
 # (DX_BCASTS: broadcasts launched, DX_BC_READ: bytes they read from memory, DX_BC_COPIES: copies landed)
 (DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_BCASTS, DX_BC_READ,
@@ -100,7 +100,7 @@ class DmaState(NamedTuple):
     dgot: np.ndarray            # int64 [engines, DESC_CAP, per_group] bytes landed in each one's LDM
     dt0: np.ndarray             # int64 [engines, DESC_CAP, per_group] cycle each one issued
     wst: np.ndarray             # int32 [warps] the timing warp states (TState.wst, shared): who has exited
-    espan: np.ndarray           # int64 [ceil(engines / 2**ES_SHIFT)] the first cycle an engine of the span
+    espan: np.ndarray           # int64 [n_spans(engines)] the first cycle an engine of the span (queues.SPAN)
                                 # with descriptors may send (memory._dma_engines; an event sets it to 0)
 
 
@@ -122,7 +122,7 @@ def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: 
                     line_warp=np.full((nl, pg), -1, np.int32), line_t0=np.zeros((nl, pg), np.int64),
                     dpart=np.full((e, DESC_CAP, pg), -1, np.int32), dgot=np.zeros((e, DESC_CAP, pg), np.int64),
                     dt0=np.zeros((e, DESC_CAP, pg), np.int64), wst=np.zeros(1, np.int32),
-                    espan=np.zeros(-(-e // (1 << ES_SHIFT)), np.int64))
+                    espan=np.zeros(n_spans(e), np.int64))
 
 
 def make_dma_state(machine, wst=None) -> DmaState:
@@ -460,7 +460,7 @@ def dma_ready_piece(DM, e, now):
 def _engine_due(DM, e):
     """An event (a descriptor queued, a piece back) may let engine e send: look at it next."""
     DM.eng[e, EN_WAKE] = 0
-    DM.espan[e >> ES_SHIFT] = 0
+    DM.espan[e >> SPAN_SHIFT] = 0
 
 
 @njit(cache=True)

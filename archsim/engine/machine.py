@@ -26,6 +26,7 @@ from archsim.engine import execute as X
 from archsim.engine import memory as M
 from archsim.engine import mpe as MP
 from archsim.engine.jit import njit
+from archsim.engine.queues import span_bounds
 from archsim.engine.ref import as_ptr
 
 # run_loop outcomes
@@ -115,8 +116,8 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
         for j in range(nspan):
             if TS.wsum[j] > now and not every:
                 continue
-            hi = (j + 1) << K.WS_SHIFT
-            for i in range(j << K.WS_SHIFT, hi if hi < nsc else nsc):
+            lo, hi = span_bounds(j, nsc)
+            for i in range(lo, hi):
                 c = i // nsub
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet

@@ -39,8 +39,8 @@ from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
 from archsim.engine.jit import njit
-from archsim.engine.queues import (KIND_READ, KIND_WRITE, Queues, Requests, make_queues, make_requests, q_empty,
-                                   q_full, q_peek, q_pop, q_push, req_alloc, req_free)
+from archsim.engine.queues import (KIND_READ, KIND_WRITE, SPAN_SHIFT, Queues, Requests, make_queues, make_requests,
+                                   n_spans, q_empty, q_full, q_peek, q_pop, q_push, req_alloc, req_free, span_bounds)
 
 MIO_CAP = 8            # choice: memory instructions queued per SM between issue and the data pipe
 TRACKERS = 512         # choice: loads / async copies in flight per SM (L1 MSHRs bound the misses)
@@ -83,9 +83,7 @@ TAG_MPE_DONE = -(1 << 24)    # a CPE's completion to its MPE (a header; src = gr
 # endpoint (L2 slice, or the controller's queue without an L2): a launch ends when they are
 # MK_CORE_ITEMS: MIO entries, L1 returns and misses queued at the cores, all cores together (when
 # none is and replies come through the core groups, no core's memory side has anything to do);
-# MState.citems counts them per span of CI_SPAN cores (the scan looks only into spans that hold some)
-CI_SHIFT = 4
-CI_SPAN = 1 << CI_SHIFT
+# MState.citems counts them per span of cores (queues.SPAN: the scan looks only into spans that hold some)
 MK_ON, MK_QUEUED, MK_CORES, MK_NODES, MK_NCL, MK_CCOLS, MK_PER_GROUP, MK_STORES, MK_CORE_ITEMS, MK_N = range(10)
 
 
@@ -131,7 +129,7 @@ class MState(NamedTuple):
     obox: Queues             # per mesh node: packets waiting to enter the mesh (request ids)
     mpe: MPE.MpeState        # the MPEs' launch and join (inactive on a GPU)
     mk: np.ndarray           # int64 [MK_N]
-    citems: np.ndarray       # int64 [ceil(cores / CI_SPAN)] MK_CORE_ITEMS per span of cores
+    citems: np.ndarray       # int64 [n_spans(cores)] MK_CORE_ITEMS per span of cores
 
 
 def _dummy_cache():
@@ -262,7 +260,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
-        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(-(-cores // CI_SPAN), np.int64))
+        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64))
 
 
 def frontend_capacity(machine) -> int:
@@ -513,7 +511,7 @@ def _response(MS, TS, core, r, now):
 def _items(MS, core, d):
     """The items queued at a core's memory side change by d (MK_CORE_ITEMS, citems)."""
     MS.mk[MK_CORE_ITEMS] += d
-    MS.citems[core >> CI_SHIFT] += d
+    MS.citems[core >> SPAN_SHIFT] += d
 
 
 @njit(inline="always")
@@ -955,8 +953,8 @@ def _dma_engines(MS, TS, now):
         if DMs.espan[j] > now:
             continue
         t = K.INF
-        hi = (j + 1) << DM.ES_SHIFT
-        for e in range(j << DM.ES_SHIFT, hi if hi < ne else ne):
+        lo, hi = span_bounds(j, ne)
+        for e in range(lo, hi):
             en = DMs.eng[e]
             if en[DM.EN_COUNT] == 0:
                 continue
@@ -1246,8 +1244,8 @@ def mem_cycle(MS, TS, S, Dd, now):
         for j in range(MS.citems.shape[0]):
             if MS.citems[j] == 0:
                 continue
-            hi = (j + 1) << CI_SHIFT
-            for core in range(j << CI_SHIFT, hi if hi < n else n):
+            lo, hi = span_bounds(j, n)
+            for core in range(lo, hi):
                 if _core_has_work(MS, core, now):
                     _core_memory(MS, TS, S, Dd, core, now)
         return
@@ -1386,8 +1384,8 @@ def mem_next_event(MS, now):
     for j in range(MS.citems.shape[0] if MS.mk[MK_CORE_ITEMS] > 0 else 0):  # (only cores with items queued)
         if MS.citems[j] == 0:
             continue
-        hi = (j + 1) << CI_SHIFT
-        for core in range(j << CI_SHIFT, hi if hi < n else n):
+        lo, hi = span_bounds(j, n)
+        for core in range(lo, hi):
             if Q.count[cfg[M_Q_MISS] + core] > 0:
                 return now + 1
             if MS.mio_count[core] > 0 and MS.l1_full[core] == 0:   # (full: an L1 fill frees it)

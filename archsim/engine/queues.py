@@ -103,6 +103,27 @@ def q_remove(Q, q, k):
     return item
 
 
+# ----------------------------------------------------------------------------- spans
+# A block with many entities (schedulers, cores, DMA engines) that are each looked at only when
+# something is due keeps a summary per span of SPAN consecutive ones (the earliest cycle one of
+# them is due, or a count of their queued items), so a cycle passes the spans with nothing to do.
+SPAN_SHIFT = 4
+SPAN = 1 << SPAN_SHIFT
+
+
+def n_spans(n: int) -> int:
+    """Spans covering n entities."""
+    return -(-int(n) // SPAN)
+
+
+@njit(cache=True, inline="always")
+def span_bounds(j, n):
+    """(first, end) of the entities of span j, of n entities."""
+    lo = j << SPAN_SHIFT
+    hi = lo + SPAN
+    return lo, (hi if hi < n else n)
+
+
 # ----------------------------------------------------------------------------- requests
 KIND_READ, KIND_WRITE, KIND_ATOMIC = 0, 1, 2
 
