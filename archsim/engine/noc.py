@@ -54,7 +54,9 @@ and offer nothing, so a sleeping port only adds its remembered wants (and checks
 buffers' room, which costs less than the scan). A credit that wakes it early is looked at through
 the packets that waited for credits alone (the others still wait for the same arrival or busy
 link). A packet pushed into a sleeping port wakes it no later than that packet's arrival, and not
-at all when it lands beyond the port's window.
+at all when it lands beyond the port's window. Two cases sleep without a scan, wanting nothing
+(_doze): a port whose read port is busy after a send, until it frees, and a port a packet is
+pushed into while empty, until that packet can go (a scan would stop at its first packet).
 
 Counters per link: flits sent (= busy cycles), packets, bytes, blocked cycles (cycles in which at
 least one arrived packet wanted the link and did not get it: lost arbitration, no credit, or link
@@ -206,6 +208,16 @@ def _window_dup(lt, l, stamp):
 
 
 @njit(cache=True, inline="always")
+def _doze(N, b, t):
+    """Port b sleeps until t wanting nothing and waiting for no credit: until then a scan would
+    stop at its first packet (not eligible before t), want nothing and offer nothing."""
+    if N.par[P_SLEEP]:
+        N.bt[b, BT_SLEEP] = t
+        N.bi[b, BI_NWANT] = 0
+        N.bi[b, BI_NCRED] = 0
+
+
+@njit(cache=True, inline="always")
 def _pushed(N, b, g, ready):
     """A packet that arrives at ``ready`` was pushed into input buffer b of group g. It can go no
     earlier than ``e = max(ready, the buffer's read port free)``. Into an empty port: the port
@@ -216,10 +228,7 @@ def _pushed(N, b, g, ready):
     bt = N.bt
     e = ready if ready > bt[b, BT_FREE] else bt[b, BT_FREE]
     if N.Q.count[b] == 1:
-        if N.par[P_SLEEP]:
-            bt[b, BT_SLEEP] = e
-            N.bi[b, BI_NWANT] = 0
-            N.bi[b, BI_NCRED] = 0
+        _doze(N, b, e)
         return
     if bt[b, BT_SLEEP] == 0:
         return
@@ -472,12 +481,8 @@ def noc_step(N, now):
                 nrel += 1
                 rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
                 bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
-                if N.par[P_SLEEP] and bt[b, BT_FREE] > now + 1:
-                    # it reads the packet out until then: a scan stops at its first packet, wants
-                    # nothing and offers nothing, so it sleeps (as the next cycle's scan would)
-                    bt[b, BT_SLEEP] = bt[b, BT_FREE]
-                    bi[b, BI_NWANT] = 0
-                    bi[b, BI_NCRED] = 0
+                if bt[b, BT_FREE] > now + 1:
+                    _doze(N, b, bt[b, BT_FREE])     # it reads the packet out until then
                 lt[l, LT_BUSY] = now + ser
                 lt[l, LT_FLITS] += ser
                 lt[l, LT_PKTS] += 1
