@@ -574,20 +574,9 @@ def dma_next_event(DM, now):
                     DM.eng[DM.core_engine[DM.lines[li, BL_LAST]], EN_COUNT] < DESC_CAP:
                 return now + 1
     for e in range(DM.cfg[DC_ENGINES]):
-        en = DM.eng[e]
-        if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= DM.cfg[DC_INFLIGHT]:
-            continue
-        if en[EN_HOLD] >= 0:
-            return now + 1
-        slot = en[EN_HEAD] + en[EN_CUR]
-        if slot >= DESC_CAP:
-            slot -= DESC_CAP
-        if DM.cfg[DC_XFER_INFLIGHT] > 0 and DM.desc[e, slot, DD_OUT] >= DM.cfg[DC_XFER_INFLIGHT]:
-            continue  # waits for one of its pieces to come back (a memory-system event)
-        u = DM.desc[e, slot, DD_READY]
-        p = (en[EN_PORT_FX] + FX - 1) // FX
-        if p > u:
-            u = p
+        if DM.eng[e, EN_HOLD] >= 0:
+            return now + 1  # a piece the ring refused is offered again next cycle
+        u = dma_wake(DM, e)  # (INF: it waits for a piece back or a descriptor, memory-system events)
         if u < t:
             t = u
     if t <= now:

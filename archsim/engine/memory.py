@@ -1393,9 +1393,6 @@ def mem_next_event(MS, now):
             q = cfg[M_Q_L1D] + core
             if Q.count[q] > 0:
                 t = min(t, _after(R.aux1[q_peek(Q, q, 0)], now + 1))
-    for e in range(MS.dma.cfg[DM.DC_ENGINES]):
-        if MS.dma.eng[e, DM.EN_HOLD] >= 0:
-            return now + 1
     tf = _fabric_next_event(MS, now)
     if tf < 0:
         return now + 1
