@@ -43,12 +43,9 @@ from archsim.stats import kernel_record
 DEFAULT_WAVES = 3
 
 
-blocks_per_core = TI.blocks_per_core  # (defined beside the engine's slot count, timing.resident_slots)
-
-
 def concurrency(prog: Program, machine, launch: Launch) -> int:
     """Blocks the whole machine holds at once: one wave."""
-    return blocks_per_core(prog, machine, launch) * machine.groups * machine.cores.per_group
+    return TI.blocks_per_core(prog, machine, launch) * machine.groups * machine.cores.per_group
 
 
 @dataclasses.dataclass

@@ -36,12 +36,10 @@ _TENSOR_DTYPE = {"f16": "fp16", "bf16": "bf16", "tf32": "tf32", "f64": "fp64"}
 
 
 class Decoded(NamedTuple):
-    nrd: np.ndarray       # int8 [n]
-    rd: np.ndarray        # int16 [n, MAX_RD]
     nwr: np.ndarray       # int8 [n]
-    wr: np.ndarray        # int16 [n, MAX_WR]
+    wr: np.ndarray        # int16 [n, MAX_WR] registers written (in order: results mark them ready)
     nopd: np.ndarray      # int8 [n]
-    opd: np.ndarray       # int16 [n, MAX_RD + MAX_WR] the distinct registers of rd, then wr (first
+    opd: np.ndarray       # int16 [n, MAX_RD + MAX_WR] the distinct registers read, then written (first
                           # occurrences): what the scoreboard checks (an mma's C and D are one set)
     prd: np.ndarray       # int8 [n, 2] predicates read (-1 none): guard, source
     pwr: np.ndarray       # int8 [n] predicate written (-1 none)
@@ -136,7 +134,6 @@ def decode(prog: Program, machine) -> Decoded:
     ops = opcodes()
     n = len(prog)
     out = {
-        "nrd": np.zeros(n, np.int8), "rd": np.full((n, MAX_RD), -1, np.int16),
         "nwr": np.zeros(n, np.int8), "wr": np.full((n, MAX_WR), -1, np.int16),
         "nopd": np.zeros(n, np.int8), "opd": np.full((n, MAX_RD + MAX_WR), -1, np.int16),
         "prd": np.full((n, 2), -1, np.int8), "pwr": np.full(n, -1, np.int8),
@@ -152,7 +149,7 @@ def decode(prog: Program, machine) -> Decoded:
     for c, (name, dtype) in enumerate(_STATIC_COLS):
         out[name] = np.array([row[c] for row in table], dtype)[inv.reshape(-1)]
     # the operand columns: the registers and predicates each instruction reads and writes
-    nrd, rdm, nwr, wrm, prd, pwr = out["nrd"], out["rd"], out["nwr"], out["wr"], out["prd"], out["pwr"]
+    nwr, wrm, prd, pwr = out["nwr"], out["wr"], out["prd"], out["pwr"]
     nopd, opdm = out["nopd"], out["opd"]
     dst = prog.dst.tolist()
     srcs = [prog.src0.tolist(), prog.src1.tolist(), prog.src2.tolist(), prog.src3.tolist()]
@@ -180,9 +177,6 @@ def decode(prog: Program, machine) -> Decoded:
                 slot += 1
         if pred_l[pc] != NONE:
             preds.insert(0, pred_l[pc])
-        if rd:
-            nrd[pc] = len(rd)
-            rdm[pc, :len(rd)] = rd
         if wr:
             nwr[pc] = len(wr)
             wrm[pc, :len(wr)] = wr
