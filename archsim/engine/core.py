@@ -518,7 +518,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
     pc = S.stack_pc[w, top]
     mask = X._active_mask(P, S, w, pc, S.stack_mask[w, top])
     S.icount[w] = now  # %clock reads the core cycle in timing runs
-    st = X.step(P, T, S, w)
+    st = X.step_masked(P, T, S, w, mask)
     if st == X.ST_FAULT:
         return st
     cls = Dd.cls[pc]

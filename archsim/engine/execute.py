@@ -663,6 +663,15 @@ def step(P, T, S, w):
     """Execute warp w's next instruction. Returns ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED or ST_FAULT."""
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
+    return step_masked(P, T, S, w, _active_mask(P, S, w, pc, S.stack_mask[w, top]))
+
+
+@njit(cache=True)
+def step_masked(P, T, S, w, mask):
+    """step, given the lanes that execute: _active_mask of the warp's next instruction (a caller
+    that already has it saves computing it again)."""
+    top = S.sp[w] - 1
+    pc = S.stack_pc[w, top]
     mask0 = S.stack_mask[w, top]
     op = P.op[pc]
     sem = T.sem[op]
@@ -671,7 +680,6 @@ def step(P, T, S, w):
     blk = S.warp_smem[w]  # this warp's scratchpad row
     clock_before = S.icount[w]
     S.icount[w] += 1
-    mask = _active_mask(P, S, w, pc, mask0)
     d = P.dst[pc]
     s0 = P.src0[pc]
     s1 = P.src1[pc]
