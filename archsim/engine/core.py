@@ -49,6 +49,8 @@ class TState(NamedTuple):
     reg_ready: np.ndarray    # int64 [NW, R] cycle the register's value is available
     reg_kind: np.ndarray     # int8  [NW, R] producer kind (decode.SRC_*) of the pending value
     pred_ready: np.ndarray   # int64 [NW, 8]
+    opready: np.ndarray      # int64 [NW, 2] the warp's last operands_ready: (pc, cycle), pc -1 when none
+                             # (see _evaluate)
     wst: np.ndarray          # int32 [NW] T_*
     age: np.ndarray          # int64 [NW] dispatch order (GTO picks the oldest)
     wait_arg: np.ndarray     # int32 [NW] N of the cp.async.wait / dma.wait / rma.wait it waits on
@@ -145,7 +147,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     k[3], k[4], k[5], k[6], k[8] = end, wpb, regs_per_warp, smem_per_block, -1
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
-        pred_ready=np.zeros((NW, 8), np.int64), wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
+        pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 2), -1, np.int64),
+        wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
         wait_arg=np.zeros(NW, np.int32), cp_open=np.zeros(NW, np.int32), cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
@@ -339,6 +342,7 @@ def dispatch_block(C, TS, S, core, now):
             TS.reg_kind[w, r] = 0
         for p in range(8):
             TS.pred_ready[w, p] = now
+        TS.opready[w, 0] = -1
         # functional state of the slot
         S.warp_block[w] = blk
         S.warp_wib[w] = i
@@ -517,6 +521,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
     mask = X._active_mask(P, S, w, pc, S.stack_mask[w, top])
+    TS.opready[w, 0] = -1  # its registers' ready cycles change now (_evaluate)
     S.icount[w] = now  # %clock reads the core cycle in timing runs
     st = X.step_masked(P, T, S, w, mask)
     if st == X.ST_FAULT:
@@ -579,7 +584,13 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
 # ----------------------------------------------------------------------------- scheduling
 @njit(cache=True)
 def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
-    """(ready cycle, stall reason if not ready now) of a resident warp."""
+    """(ready cycle, stall reason if not ready now) of a resident warp.
+
+    Its operands' ready cycle is remembered (TS.opready) until the warp issues: only its own
+    issue raises its registers' and predicates' ready cycles (a reply or a scratchpad read only
+    brings them forward), so a remembered cycle that has come means the operands are ready
+    without reading them again (the second look at an instruction: when it issues, after the
+    look that followed the previous issue)."""
     st = TS.wst[w]
     if st == T_BAR or st == T_GRIDBAR:
         return INF, R_BARRIER
@@ -589,11 +600,14 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
         else:
             return INF, (R_LONG_SB if st == T_CPWAIT else R_DMA_WAIT)
     pc = S.stack_pc[w, S.sp[w] - 1]
-    t, kind = operands_ready(TS, Dd, w, pc, now)
-    if t > now:
-        if t >= INF:
-            return INF, _kind_reason(kind)
-        return t, _kind_reason(kind)
+    if TS.opready[w, 0] != pc or TS.opready[w, 1] > now:
+        t, kind = operands_ready(TS, Dd, w, pc, now)
+        TS.opready[w, 0] = pc
+        TS.opready[w, 1] = t
+        if t > now:
+            if t >= INF:
+                return INF, _kind_reason(kind)
+            return t, _kind_reason(kind)
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY
