@@ -118,11 +118,11 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
                 continue
             lo, hi = span_bounds(j, nsc)
             for i in range(lo, hi):
+                if TS.wake[i] > now and not every:
+                    continue  # nothing it waits on is due: it sleeps (stalls accounted later)
                 c = i // nsub
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet
-                if TS.wake[i] > now and not every:
-                    continue  # nothing it waits on is due: it sleeps (stalls accounted later)
                 TS.k[K.K_CUR] = i
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
                 if step_out[2]:
