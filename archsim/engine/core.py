@@ -40,6 +40,8 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
 
 SCHED_LRR, SCHED_GTO = 0, 1
 K_CUR = 8  # TState.k: the sub-core whose scheduler is running
+K_SUBCORES, K_SLOTS = 9, 10  # TState.k: sub-cores and warp slots per core
+HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
 
 
@@ -96,8 +98,11 @@ class TState(NamedTuple):
     blk_core: np.ndarray     # int32 [blocks] core it ran on
     # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
     # [3] end of the block range (blocks total unless sampling), [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
-    # [8] the sub-core whose scheduler is running (-1: none)
+    # [8] the sub-core whose scheduler is running (-1: none), [9] sub-cores per core, [10] warp slots per core
     k: np.ndarray
+    home: np.ndarray         # int32 [2, max(NW, cores * subcores)]: the sub-core (core * subcores + sub) of
+                             # each warp slot (HOME_SUB), the core of each sub-core (HOME_CORE), so that
+                             # the hot paths look them up instead of dividing
 
 
 class CoreCfg(NamedTuple):
@@ -139,12 +144,17 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
     NW = cores * slots
-    k = np.zeros(9, np.int64)
+    k = np.zeros(11, np.int64)
     end = nblocks if end_block is None else end_block
     if not 0 <= first_block <= end <= nblocks:
         raise ValueError(f"block range [{first_block}, {end}) outside the launch's {nblocks} blocks")
     k[0], k[1] = first_block, first_block
     k[3], k[4], k[5], k[6], k[8] = end, wpb, regs_per_warp, smem_per_block, -1
+    k[K_SUBCORES], k[K_SLOTS] = sub, slots
+    home = np.zeros((2, max(NW, cores * sub)), np.int32)
+    w = np.arange(NW)
+    home[HOME_SUB, :NW] = (w // slots) * sub + (w % slots) % sub
+    home[HOME_CORE, :cores * sub] = np.arange(cores * sub) // sub
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 2), -1, np.int64),
@@ -164,7 +174,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         core_blocks=np.zeros(cores, np.int32), slot_hi=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
         pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), blk_start=np.full(nblocks, -1, np.int64),
-        blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k)
+        blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k, home=home)
 
 
 # ----------------------------------------------------------------------------- event-driven scheduling
@@ -183,11 +193,10 @@ def flush_stalls(TS, i, upto):
     if n <= 0:
         return
     TS.acct[i] = upto
-    cores = TS.core_blocks.shape[0]
-    nsub = TS.acct.shape[0] // cores
-    slots = TS.wst.shape[0] // cores
-    core = i // nsub
-    for s in range(i % nsub, TS.slot_hi[core], nsub):
+    nsub = TS.k[K_SUBCORES]
+    slots = TS.k[K_SLOTS]
+    core = TS.home[HOME_CORE, i]
+    for s in range(i - core * nsub, TS.slot_hi[core], nsub):
         w = core * slots + s
         r = TS.reason[w]
         if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
@@ -213,22 +222,20 @@ def wake_subcore(TS, i, now):
         flush_stalls(TS, i, at)
     if at < TS.wake[i]:
         TS.wake[i] = at
-        nsub = TS.wake.shape[0] // TS.core_blocks.shape[0]
-        if at < TS.wsum[i >> SPAN_SHIFT] and TS.core_blocks[i // nsub] > 0:
+        if at < TS.wsum[i >> SPAN_SHIFT] and TS.core_blocks[TS.home[HOME_CORE, i]] > 0:
             TS.wsum[i >> SPAN_SHIFT] = at   # (wake_span_min)
 
 
 @njit(cache=True, inline="always")
 def subcore_of(TS, w):
     """The sub-core (within its core) that warp slot w belongs to."""
-    cores = TS.core_blocks.shape[0]
-    return (w % (TS.wst.shape[0] // cores)) % (TS.acct.shape[0] // cores)
+    i = TS.home[HOME_SUB, w]
+    return i - TS.home[HOME_CORE, i] * TS.k[K_SUBCORES]
 
 
 @njit(cache=True)
 def wake_warp(TS, w, now):
-    cores = TS.core_blocks.shape[0]
-    wake_subcore(TS, (w // (TS.wst.shape[0] // cores)) * (TS.acct.shape[0] // cores) + subcore_of(TS, w), now)
+    wake_subcore(TS, TS.home[HOME_SUB, w], now)
 
 
 @njit(cache=True)
@@ -716,7 +723,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
 
 
 @njit(cache=True)
-def wake_span_min(TS, j, nsub):
+def wake_span_min(TS, j):
     """The earliest wake of the sub-cores of span j whose core holds a block (INF: none). The run
     loop sets TS.wsum[j] to it at launch and after each look into the span. Between two looks a
     wake only falls, through an event that lowers the span's entry with it (wake_subcore for a
@@ -728,7 +735,7 @@ def wake_span_min(TS, j, nsub):
     lo, hi = span_bounds(j, TS.wake.shape[0])
     t = INF
     for i in range(lo, hi):
-        if TS.wake[i] < t and TS.core_blocks[i // nsub] > 0:
+        if TS.wake[i] < t and TS.core_blocks[TS.home[HOME_CORE, i]] > 0:
             t = TS.wake[i]
     return t
 

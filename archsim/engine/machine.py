@@ -99,7 +99,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
     nspan = TS.wsum.shape[0]
     nsc = TS.wake.shape[0]
     for j in range(nspan):
-        TS.wsum[j] = K.wake_span_min(TS, j, nsub)
+        TS.wsum[j] = K.wake_span_min(TS, j)
     nblocks = TS.k[3]
     # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
     # its stores have reached the L2 (the memory controller without one): the next kernel would
@@ -120,7 +120,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
             for i in range(lo, hi):
                 if TS.wake[i] > now and not every:
                     continue  # nothing it waits on is due: it sleeps (stalls accounted later)
-                c = i // nsub
+                c = TS.home[K.HOME_CORE, i]
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet
                 TS.k[K.K_CUR] = i
@@ -128,7 +128,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
                 if step_out[2]:
                     _stop(TS, out, FAULT, now, step_out[3])
                     return
-            TS.wsum[j] = K.wake_span_min(TS, j, nsub)
+            TS.wsum[j] = K.wake_span_min(TS, j)
         TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1
