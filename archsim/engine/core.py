@@ -717,9 +717,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                 if t < nxt:
                     nxt = t
     if nxt < TS.wake[i]:
-        TS.wake[i] = nxt
-        if nxt < TS.wsum[i >> SPAN_SHIFT]:
-            TS.wsum[i >> SPAN_SHIFT] = nxt
+        TS.wake[i] = nxt  # (the run loop sets its span's TS.wsum after the look: wake_span_min)
 
 
 @njit(cache=True)
