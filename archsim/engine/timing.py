@@ -133,13 +133,19 @@ def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scrat
     return placed, S
 
 
+def scratch_bytes(machine) -> int:
+    """Scratchpad bytes a core's blocks can use: the scratchpad less the part kept as a data cache
+    (a Sunway LDM's ``cache_kib``)."""
+    return machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
+
+
 def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
     """How many blocks of this launch one core holds at once (warp slots, registers, scratchpad,
     block slots); rejects a block that does not fit (InputError)."""
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     c = machine.cores
     wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
-    scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
+    scratch = scratch_bytes(machine)
     n = min(c.max_blocks, c.warp_slots // wpb, machine.register_file.regs_per_core // max(wpb * regs_per_warp, 1))
     if smem > 0:
         n = min(n, scratch // smem)
@@ -164,7 +170,7 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
     wpb = (launch.threads_per_block + W - 1) // W
     regs_per_warp = prog.nregs * W
     c = machine.cores
-    scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
+    scratch = scratch_bytes(machine)
     where = f"kernel {prog.name}"
     if wpb > c.warp_slots:
         raise InputError(where, f"a block of {launch.threads_per_block} threads needs {wpb} warps; a core of "
@@ -218,7 +224,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     W = machine.cores.warp_width
     wpb = (launch.threads_per_block + W - 1) // W
-    scratch = machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
+    scratch = scratch_bytes(machine)
     slots, nbs = resident_slots(prog, machine, launch)
     C = K.make_core_cfg(machine, scratch, slots, nbs)
     cores = int(C.v[K.C_CORES])
