@@ -314,3 +314,31 @@ def test_c_is_staged_in_shared_memory_and_stored_16_bytes_a_lane(tile, out, monk
         want = nbytes // 4 * (2 if m.startswith("ld") and tile.BN == 32 and out != "f32" else 1)
         assert _wavefronts(addrs, nbytes) == want, (m, addrs)
     np.testing.assert_allclose(to_float(res.output("C"), out), k.reference(A, B), *TOL[out][::-1])
+
+
+@pytest.mark.parametrize("raster", [(1, 0), (2, 0), (3, 1), (2, 1), (7, 0)])
+@pytest.mark.parametrize("dtype,tile", [("fp16", T64S2), ("fp32", None)])
+def test_every_block_raster_covers_c_once(raster, dtype, tile):
+    """The grouped block raster (groups of `group` tile rows along M, or along N with raster_n)
+    maps the grid one to one onto C's tiles, a short last group included: 5 x 7 tiles of 64."""
+    from archsim.engine.functional import run_functional
+
+    caps = caps_of("a100")
+    k = dataclasses.replace(gemm_kernel(caps, 300, 420, 40, dtype, "f32", tile=tile), raster=raster)
+    assert k.launch.grid[:2] == (7, 5)
+    A, B, C = k.random_inputs(3)
+    res = run_functional(k.program, k.args(A, B, C), k.launch, warp_width=caps.warp_width,
+                         ncores=caps.cores_total)
+    assert np.allclose(to_float(res.output("C"), "f32"), k.reference(A, B), atol=1e-4, rtol=1e-5)
+
+
+def test_raster_groups_the_dimension_with_fewer_tiles():
+    """A wide GEMM (few M tiles) groups M tiles and sweeps N; a tall one the reverse; the group
+    has about sqrt(blocks in flight) rows, at most the rows there are."""
+    caps = caps_of("a100")
+    wide = gemm_kernel(caps, 2048, 36864, 1024, "fp16", "f32")
+    assert wide.raster == (16, 0)                      # all 16 M tiles: each B panel is read once
+    tall = gemm_kernel(caps, 36864, 2048, 1024, "fp16", "f32")
+    assert tall.raster == (16, 1)
+    square = gemm_kernel(caps, 8192, 8192, 1024, "fp16", "f32")
+    assert square.raster[1] == 0 and 8 <= square.raster[0] <= 20

@@ -57,11 +57,14 @@ class Launch:
     a program that splits its independent work over every core group runs; without it the cores
     fill in order (core group 0 first), which a kernel whose blocks share data by mesh position
     (the Sunway GEMM's row / column broadcasts) needs. A launch that fills the machine, and any
-    launch on a GPU (one group), runs the same either way."""
+    launch on a GPU (one group), runs the same either way. ``period``: blocks (in dispatch order)
+    after which the grid's pattern of data sharing repeats, where it does (a GEMM's raster
+    groups); wave sampling measures whole periods. 0: no such pattern is known."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     spread: bool = False
+    period: int = 0
 
     @property
     def blocks(self) -> int:

@@ -141,7 +141,7 @@ class _Cfg:
     cw_a: int          # bytes per copy of A / B (16, 8, 4 or 2)
     cw_b: int
     kb: int = 64       # bytes of a k-tile row (64: BK = 32 halves; 128: BK = 64 halves)
-    rotate: bool = True  # each block starts its full k tiles at its own offset (see _emit_mma)
+    rotate: bool = False  # each block starts its full k tiles at its own offset (see _emit_mma)
     trans_a: bool = False  # A given k-major ([K, M], row stride lda)
     alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
 
@@ -149,7 +149,7 @@ class _Cfg:
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
 # (the inner batch level) and the element strides of each buffer per batch and per head
 PARAMS = ("A", "B", "C", "M", "N", "K", "lda", "ldb", "ldc", "nh", "nh_magic",
-          "sa_b", "sa_h", "sb_b", "sb_h", "sc_b", "sc_h")
+          "sa_b", "sa_h", "sb_b", "sb_h", "sc_b", "sc_h", "group", "raster_n")
 MAX_BATCH = 65535          # grid.z limit (as CUDA's); it also keeps the magic division exact
 _MAGIC_SHIFT = 40
 
@@ -191,6 +191,7 @@ class GemmKernel:
     stride_b: tuple = (0, 0)
     stride_c: tuple = (0, 0)
     alpha: float = 1.0
+    raster: tuple = (1, 0)  # (group, raster_n): the block raster (kernel parameters; see _tile_origin)
 
     @property
     def a_shape(self) -> tuple[int, int]:
@@ -271,7 +272,8 @@ class GemmKernel:
         return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
                 "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]),
                 "sa_b": self.stride_a[0], "sa_h": self.stride_a[1], "sb_b": self.stride_b[0], "sb_h": self.stride_b[1],
-                "sc_b": self.stride_c[0], "sc_h": self.stride_c[1]}
+                "sc_b": self.stride_c[0], "sc_h": self.stride_c[1], "group": self.raster[0],
+                "raster_n": self.raster[1]}
 
     def random_inputs(self, seed: int = 0) -> tuple:
         """(A, B, C): standard-normal inputs in the kernel's input format, C zeros. Dense kernels get
@@ -462,6 +464,46 @@ def _batch_ptr(a: _Asm, dst: Reg, buf: str, sb: str, sh: str, es: int, z: tuple[
     a("ldparam", dst, buf)
     a("add.i64", dst, dst, t)
     a.free(t)
+
+
+def _tile_origin(a: _Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
+    """m0, n0 = the first row and column of this block's C tile, from its linear index in the
+    grid (x-major, the order blocks are dispatched) in grouped raster order, as CUTLASS's
+    threadblock swizzle and Triton's grouped ordering do: groups of ``group`` tile rows sweep the
+    tile columns, so the blocks that run at once share their A and B panels in L2 (x-major order
+    over a wide grid fetches each B panel once per M tile, a wave apart). Tile rows are M tiles
+    (grid y), or N tiles (grid x) when the parameter ``raster_n`` is 1; both are parameters, so
+    one program serves every shape. Three divisions a block, once."""
+    b, R, Q, t = a.reg(), a.reg(), a.reg(), a.reg()
+    pn = a.pred()
+    a("s2r", b, "%ctaid.y")
+    a("s2r", Q, "%nctaid.x")
+    a("s2r", t, "%ctaid.x")
+    a("mad.i64", b, b, Q, t)                      # linear block index
+    a("s2r", R, "%nctaid.y")
+    a("ldparam", t, "raster_n")
+    a("setp.ne.i64", pn, t, 0)
+    a("mov.b64", t, R)
+    a("selp.b64", R, Q, R, pn)                    # tile rows
+    a("selp.b64", Q, t, Q, pn)                    # tile columns
+    g, row = a.reg(), a.reg()
+    a("ldparam", g, "group")
+    a("mul.i64", t, g, Q)                         # blocks per group
+    a("div.i64", row, b, t)                       # group
+    a("mul.i64", t, row, t)
+    a("sub.i64", b, b, t)                         # index within the group
+    a("mul.i64", row, row, g)                     # the group's first tile row
+    a("sub.i64", R, R, row)
+    a("min.i64", R, R, g)                         # rows in this group (the last may be short)
+    a("rem.i64", t, b, R)
+    a("add.i64", row, row, t)                     # tile row
+    a("div.i64", Q, b, R)                         # tile column
+    a("selp.b64", m0, Q, row, pn)
+    a("selp.b64", n0, row, Q, pn)
+    a("shl.b64", m0, m0, _log2(c.BM))
+    a("shl.b64", n0, n0, _log2(c.BN))
+    a.free(b, R, Q, t, g, row)
+    a.pfree(pn)
 
 
 # ----------------------------------------------------------------------------- tensor-core kernel
@@ -721,10 +763,7 @@ def _emit_mma(c: _Cfg) -> Program:
     tid = a.reg()
     a("s2r", tid, "%tid.x")
     m0, n0 = a.reg(), a.reg()
-    a("s2r", m0, "%ctaid.y")
-    a("shl.b64", m0, m0, _log2(c.BM))
-    a("s2r", n0, "%ctaid.x")
-    a("shl.b64", n0, n0, _log2(c.BN))
+    _tile_origin(a, c, m0, n0)
     Mr, Nr, Kr = a.reg(), a.reg(), a.reg()
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
@@ -1046,9 +1085,10 @@ def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
 
 
 def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: Optional[str],
-                  RS: int, tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred) -> None:
+                  RS: int, tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred, origin: tuple) -> None:
     """The 16-byte store path (see _epilogue) for a full block (pf) whose ldc and C strides are
-    multiples of 16 bytes; other blocks fall through. Every block passes the two barriers (the
+    multiples of 16 bytes; other blocks fall through (``origin``: the registers holding the tile's
+    m0, n0). Every block passes the two barriers (the
     checker, like the hardware, wants them on every path): the shared-memory writes are guarded
     instead of branched around. f16 / bf16 (``cvt``): 4-byte fragment writes, rows padded by 16
     bytes (8 rows x 4 words on 32 banks: conflict free). f32 (``cvt`` None): 8-byte writes,
@@ -1096,13 +1136,9 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     # thread: chunk tid % CPR of rows tid / CPR + RPI*i; C tile at m0, n0 of this block's matrix
     a("shr.u64", t1, tid, _log2(CPR))                  # first row
     a("and.b64", t2, tid, CPR - 1)                     # chunk
-    a("s2r", t3, "%ctaid.x")
-    a("shl.b64", t3, t3, _log2(c.BN))
     a("shl.b64", t4, t2, _log2(16 // osz))
-    a("add.i64", t4, t4, t3)                           # column n0 + chunk * elements a chunk
-    a("s2r", t3, "%ctaid.y")
-    a("shl.b64", t3, t3, _log2(c.BM))
-    a("add.i64", t3, t3, t1)                           # row m0 + first row
+    a("add.i64", t4, t4, origin[1])                    # column n0 + chunk * elements a chunk
+    a("add.i64", t3, origin[0], t1)                    # row m0 + first row
     a("mad.i64", t4, t3, ldc, t4)
     z = _batch_index(a)
     _batch_ptr(a, t5, "C", "sc_b", "sc_h", osz, z)
@@ -1144,14 +1180,12 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
-    a("s2r", t1, "%ctaid.y")
-    a("shl.b64", t1, t1, _log2(c.BM))                  # m0
-    a("s2r", t2, "%ctaid.x")
-    a("shl.b64", t2, t2, _log2(c.BN))                  # n0
+    m0, n0 = a.reg(), a.reg()
+    _tile_origin(a, c, m0, n0)
     pf, pq = a.pred(), a.pred()
-    a("add.i64", row, t1, c.BM)
+    a("add.i64", row, m0, c.BM)
     a("setp.le.i64", pf, row, Mr)
-    a("add.i64", row, t2, c.BN)
+    a("add.i64", row, n0, c.BN)
     a("setp.le.i64", pq, row, Nr)
     a("and.pred", pf, pf, pq)
     _aligned(a, row, ("ldc", "sc_b", "sc_h"), 1, col)
@@ -1161,14 +1195,14 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("shr.u64", row, tid, 5)
     a("shr.u64", row, row, _log2(c.WN))
     a("mul.i64", row, row, WTM)
-    a("add.i64", row, row, t1)
+    a("add.i64", row, row, m0)
     a("and.b64", t1, tid, 31)
     a("shr.u64", t1, t1, 2)
     a("add.i64", row, row, t1)
     a("shr.u64", col, tid, 5)
     a("and.b64", col, col, c.WN - 1)
     a("mul.i64", col, col, WTN)
-    a("add.i64", col, col, t2)
+    a("add.i64", col, col, n0)
     a("and.b64", t1, tid, 3)
     a("shl.b64", t1, t1, 1)
     a("add.i64", col, col, t1)
@@ -1183,7 +1217,7 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
     RS = c.BN * osz + (16 if osz == 2 else 32)         # staged row: BN elements + padding (_staged_store)
     if c.BM * RS <= smem:
-        _staged_store(a, c, acc, MI, NI, WTM, WTN, accr, cvt, RS, tid, ldc, (t1, t2, t3, t4, t5), pf, pq)
+        _staged_store(a, c, acc, MI, NI, WTM, WTN, accr, cvt, RS, tid, ldc, (t1, t2, t3, t4, t5), pf, pq, (m0, n0))
     a("bra", "EDGE", p=pf, neg=True)
     # -- fast path
     cur = t2
@@ -1244,10 +1278,7 @@ def _emit_ffma(c: _Cfg) -> Program:
     ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
     tid, m0, n0, Mr, Nr, Kr, t1, t2 = (a.reg() for _ in range(8))
     a("s2r", tid, "%tid.x")
-    a("s2r", m0, "%ctaid.y")
-    a("shl.b64", m0, m0, _log2(BM))
-    a("s2r", n0, "%ctaid.x")
-    a("shl.b64", n0, n0, _log2(BN))
+    _tile_origin(a, c, m0, n0)
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
     a("ldparam", Kr, "K")
@@ -1397,12 +1428,9 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
     pf, pq = pv, a.pred()
-    a("s2r", row, "%ctaid.y")
-    a("shl.b64", row, row, _log2(BM))
+    _tile_origin(a, c, row, col)
     a("add.i64", t1, row, BM)
     a("setp.le.i64", pf, t1, Mr)
-    a("s2r", col, "%ctaid.x")
-    a("shl.b64", col, col, _log2(BN))
     a("add.i64", t1, col, BN)
     a("setp.le.i64", pq, t1, Nr)
     a("and.pred", pf, pf, pq)
@@ -1468,6 +1496,23 @@ def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
     blocks = _ceil(M, BM) * _ceil(N, BN)
     eff = min(1.0, BM * BN / (BM + BN) / 64.0)
     return _ceil(blocks, max(cores, 1)) * BM * BN / eff
+
+
+def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[int, int]:
+    """(group, raster_n) of _tile_origin. Tile rows are the dimension with fewer tiles (R of
+    them). A wave of W blocks in groups of G rows reads G row panels and W / G column panels,
+    fewest at G = sqrt(W); a group spanning all R rows reads every column panel once and keeps
+    the R row panels for the next wave, so up to R = 2 sqrt(W) (a quarter more panels a wave)
+    the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly."""
+    warps = _ceil(threads, caps.warp_width)
+    per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
+                   caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
+                   caps.scratchpad_bytes // max(prog.shared_bytes, 1))
+    root = math.sqrt(max(per_core, 1) * caps.cores_total)
+    tm, tn = _ceil(M, c.BM), _ceil(N, c.BN)
+    rows = min(tm, tn)
+    group = rows if rows <= 2 * root else _ceil(rows, max(1, round(rows / root)))
+    return group, int(tn < tm)
 
 
 def _fits(prog: Program, caps, threads: int) -> bool:
@@ -1648,7 +1693,12 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
-    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), nb * nh), (threads, 1, 1))
+    raster = _raster(caps, prog, threads, cfg, M, N)
+    rows, cols = sorted((_ceil(M, t.BM), _ceil(N, t.BN)))
+    # several raster groups: the blocks of a group (group x cols) repeat the sharing pattern
+    period = raster[0] * cols if raster[0] < rows else 0
+    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), nb * nh), (threads, 1, 1), period=period)
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
-                      ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f)
+                      ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f,
+                      raster=raster)
