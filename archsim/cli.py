@@ -115,8 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
                                                                 "(default: a few waves, extrapolated)")
-        p.add_argument("--sample-waves", type=int, default=3, metavar="N",
-                       help="waves simulated before a big launch is extrapolated (>= 3)")
+        p.add_argument("--sample-waves", type=int, default=4, metavar="N",
+                       help="waves simulated before a big launch is extrapolated (>= 3; default 4)")
+        p.add_argument("--sample-max-error", default="3%", metavar="E",
+                       help="largest error estimate a sampled launch may have before more of it is simulated "
+                            "(a fraction or a percentage: 0.03, 3%%; default 3%%)")
         p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                        help="stop a launch after N core cycles (exit 3, partial result)")
         p.add_argument("--out", metavar="DIR", help="write result.json and plots (PNG) there")
@@ -326,7 +329,7 @@ def _load_workload(a):
 
 
 def _run_options(a):
-    from archsim.run import RunOptions
+    from archsim.run import RunOptions, parse_error_bound
 
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -335,8 +338,10 @@ def _run_options(a):
                                                                 "waves give the error estimate)")
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
-    return RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves, max_cycles=a.max_cycles,
+    return RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
+                      max_error=parse_error_bound("--sample-max-error", a.sample_max_error), max_cycles=a.max_cycles,
                       trace=a.trace)
+
 
 
 def _progress(label: str):

@@ -131,22 +131,25 @@ def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: Mi
     """Time one launch and keep its record; a run that cannot finish keeps its partial record
     and carries the whole MicroResult up (the CLI writes it with complete: false). ``sample``:
     a launch of many waves is timed from its first waves (archsim.sample)."""
-    from archsim.sample import time_sampled
+    from archsim.sample import DEFAULT_MAX_ERROR, sample_fields, time_sampled
 
     try:
         if sample:
             s = time_sampled(prog, machine, launch, args, max_cycles=out.max_cycles)
-            t, sampled, err, simulated = s.timing, s.sampled, s.error_est, s.simulated_warp_instructions
+            t, sampled, err = s.timing, s.sampled, s.error_est
         else:
             t = time_kernel(prog, machine, launch, args, max_cycles=out.max_cycles)
-            sampled, err, simulated = False, 0.0, t.warp_instructions
+            sampled, err = False, 0.0
     except SimulationError as e:
         if isinstance(e.partial, KernelTiming):
             out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
             e.partial = out
         raise
     rec = stats.kernel_record(name, machine, launch, t, sampled=sampled, sample_error_est=round(err, 5))
-    rec["simulated_warp_instructions"] = simulated
+    if sample:
+        sample_fields(rec, s, DEFAULT_MAX_ERROR)
+    else:
+        rec["simulated_warp_instructions"] = t.warp_instructions
     out.kernels.append(rec)
     return t
 

@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from archsim.config.derived import capabilities
-from archsim.errors import SimulationError
+from archsim.errors import InputError, SimulationError
+from archsim.sample import DEFAULT_MAX_ERROR, DEFAULT_WAVES
 from archsim.stats import result as result_doc
 from archsim.stats import totals
 
-WAVES_DEFAULT = 3
+WAVES_DEFAULT = DEFAULT_WAVES
+MAX_ERROR_DEFAULT = DEFAULT_MAX_ERROR
 
 
 @dataclass
@@ -33,12 +35,25 @@ class RunOptions:
     mode: str = "timing"           # timing | functional
     sample: bool = True            # wave sampling of big launches (--no-sample: every block)
     waves: int = WAVES_DEFAULT     # waves simulated before extrapolating
+    max_error: float = MAX_ERROR_DEFAULT  # a sampled launch's error bound above this simulates more
     max_cycles: int = 10**9
     seed: int = 0
     trace: bool = False            # keep per-block dispatch/retire cycles (report.trace)
     # placement private on a machine without private segments: an error (run), or that machine
     # runs cross and its result says so (compare, where the option is for the machines that have them)
     strict_placement: bool = True
+
+
+def parse_error_bound(where: str, text) -> float:
+    """A relative error bound given as a fraction (0.03) or a percentage ("3%")."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        v = float("nan")
+    if not 0 < v < 1:
+        raise InputError(where, f"{text!r}", "a fraction in (0, 1) or a percentage in (0%, 100%), e.g. 0.03 or 3%")
+    return v
 
 
 def emit_block(machine, wl) -> list:
@@ -116,7 +131,8 @@ def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None) -> 
         args = timing_args(machine, k.params, placement)
         try:
             rec = sampled_record(k.name, k.program, machine, k.launch, args, count=n * layers, flops=k.flops,
-                                 model_flops=k.model_flops, waves=opts.waves, max_cycles=opts.max_cycles,
+                                 model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
+                                 max_cycles=opts.max_cycles,
                                  sample=opts.sample, trace=opts.trace, placement=placement)
         except SimulationError as e:
             done = result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0, complete=False,

@@ -1,29 +1,37 @@
 """Wave sampling: time a big launch from a few simulated waves of thread blocks.
 
 A transformer's GEMMs launch thousands of blocks that all do the same work; once the machine is
-full, blocks retire at a steady rate. A launch of more than ``waves + 1`` waves (a wave is C
-blocks, as many as the machine holds at once) is timed as
+full, blocks retire at a steady rate. A launch of at least 2S waves (a wave is C blocks, as many
+as the machine holds at once; S = ``waves``, 4 by default) is timed from a head of S waves:
 
     cycles = e_S + (B - S*C) * T_w / C
 
-- the first S waves (S = ``waves``; blocks [0, S*C) of the grid) are simulated cycle by cycle;
-  e_S is the cycle the last of them retires, so it holds the cold start (empty caches, idle DRAM)
-  and one final drain, which the whole launch has too;
-- T_w, the steady time of a wave, is the mean of waves 2..S, each measured between the
-  retirements of the (i-1)*C-th and the i*C-th block (wave 1 is the cold start);
+- blocks [0, S*C) of the grid are simulated cycle by cycle; e_S is the cycle the last of them
+  retires, so it holds the cold start (empty caches, idle DRAM) and one final drain, which the
+  whole launch has too;
+- wave i lasts from the retirement of the (i-1)*C-th block to that of the i*C-th. Wave 1 is
+  warm-up (caches fill, DRAM queues reach their working depth); so is each following wave that
+  still differs from the mean of the waves after it by more than ``max_error`` (the state has not
+  settled), as long as three waves remain. T_w is the mean of the steady waves;
 - the B - S*C blocks left retire at C / T_w blocks a cycle; on a Sunway the MPEs' join of the
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
-  are dispatched as slots free up, so a last partial wave overlaps the full wave before it; a separately simulated tail would
-  count a second drain (tried: +7% on a 10-wave a100 GEMM, against +5.7% for this rule).
+  are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
+
+``sample_error_est`` bounds the error from the steady waves themselves: the larger of their
+trend (the mean of the later half against the earlier half) and twice the standard error of their
+mean, over T_w, times the extrapolated share of the cycles. Wave durations vary systematically
+(a GEMM's raster groups share panels in L2 differently wave by wave) as well as by chance, hence
+the trend term. When it is above ``max_error`` (3 % by default,
+``--sample-max-error``), the head doubles and is simulated again; a head that would cover half
+the launch or more gives way to the whole launch (exact, error 0). The record lists every head
+tried (``sample_attempts``) and how the launch was answered (``sample_method``), and counts the
+warp-instructions of every head in what was simulated.
 
 Blocks keep their grid ids (``time_kernel(blocks=...)``), so they touch the addresses they touch
 in the whole launch. Extensive counters (warp-instructions, flops, bytes per level, stall
 warp-cycles, fabric blocked cycles, cache accesses) of the sampled waves are scaled by
 B / (S*C); rates (link utilization, queue depths, row-hit rates) and the timeline are those of
-the sampled waves. ``sample_error_est`` is the relative difference of the last two steady waves'
-durations times the extrapolated share of the cycles (S >= 3). On a 10-wave a100 GEMM
-(4096x4096x256 fp16) the sampled estimate is within 6% of the whole simulation, at a third of
-the cost; warp-instructions are exact when every block runs the same code.
+the sampled waves; warp-instructions are exact when every block runs the same code.
 
 A ``bar.grid`` kernel is never sampled: its whole grid must be resident, so it is one wave.
 """
@@ -40,7 +48,8 @@ from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
 from archsim.stats import kernel_record
 
-DEFAULT_WAVES = 3
+DEFAULT_WAVES = 4          # wave 1 warms up, three steady waves give the rate and its spread
+DEFAULT_MAX_ERROR = 0.03   # a head whose error estimate is above this grows (--sample-max-error)
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:
@@ -57,7 +66,9 @@ class Sampled:
     error_est: float
     waves_total: int
     waves_simulated: float
-    simulated_warp_instructions: int  # what the engine actually ran (the sampled waves when sampled)
+    simulated_warp_instructions: int  # what the engine ran for the answer, every head tried included
+    attempts: list = dataclasses.field(default_factory=list)  # (waves, error estimate) of each head tried
+    warmup_waves: int = 0      # leading waves of the head left out of the steady rate
 
 
 def _scale_memory(mem: dict, f: float) -> dict:
@@ -82,61 +93,123 @@ def _scale_memory(mem: dict, f: float) -> dict:
     return out
 
 
-def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
-                 max_cycles: int = 10**9, window_cycles: int = 1024, sample: bool = True,
-                 placement: str = "cross") -> Sampled:
-    """Time a launch, sampling waves when it has more than ``waves + 1`` of them (see the module
-    docstring). ``sample=False`` simulates every block. ``placement``: see timing.time_kernel."""
-    C = concurrency(prog, machine, launch)
-    B = launch.blocks
-    nwaves = -(-B // C)
-    if not sample or waves < 3 or nwaves <= waves + 1:
-        t = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
-                           placement=placement)
-        return Sampled(t, False, 0.0, nwaves, float(nwaves), t.warp_instructions)
-    S = waves
-    head = TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
-                          blocks=(0, S * C), placement=placement)
+@dataclasses.dataclass
+class _Estimate:
+    cycles: float
+    error: float
+    warmup: int               # waves before the steady ones (the cold start and any settling)
+
+
+def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float) -> _Estimate:
+    """The whole launch's cycles from a head of S waves (see the module docstring). The rate is
+    measured over segments of P blocks (the launch's period; a wave, C blocks, without one) from
+    the end of the warm-up to the head's last wave, which is its drain (no blocks follow it) and
+    stands for the launch's drain. Wave 1 is warm-up; a later leading wave is too while it differs
+    from the mean of the waves after it by more than ``max_error`` and two segments remain."""
     done = np.sort(head.block_done)
-    ends = [int(done[i * C - 1]) for i in range(1, S + 1)]
-    dur = np.diff(np.array([0] + ends, np.float64))
-    steady = dur[1:]
-    T_w = float(steady.mean())
-    rest = B - S * C
+    ends = np.array([0] + [int(done[i * C - 1]) for i in range(1, S + 1)], np.float64)
+    dur = np.diff(ends)
+    seg = P if P > 0 else C
+    w0 = 1
+    while ((S - 2 - w0) * C >= 2 * seg
+           and abs(dur[w0] - dur[w0 + 1:S - 1].mean()) > max_error * dur[w0 + 1:S - 1].mean()):
+        w0 += 1
+    n = ((S - 1 - w0) * C) // seg
+    bounds = np.array([ends[w0]] + [float(done[w0 * C + i * seg - 1]) for i in range(1, n + 1)])
+    steady = np.diff(bounds)
+    per_block = float(steady.sum()) / (n * seg)
     # a Sunway launch ends when the MPEs have joined their CPEs: the head's join (the last block's
     # completion reaching its MPE, engine/mpe.py) follows the whole launch's last block too
     join = head.memory["mpe"]["join_cycles"] if "mpe" in head.memory else 0
-    cycles = ends[-1] + join + rest * T_w / C
-    spread = abs(float(steady[-1] - steady[-2])) / T_w if T_w > 0 else 0.0
-    err = spread * (rest * T_w / C) / cycles if cycles > 0 else 0.0
+    tail = (B - S * C) * per_block
+    cycles = ends[-1] + join + tail
+    mean = float(steady.mean())
+    h = n // 2
+    drift = abs(steady[h:].mean() - steady[:h].mean())       # trend: later segments against earlier ones
+    noise = 2 * steady.std(ddof=1) / np.sqrt(n)               # about a 95 % interval of the mean
+    rate_err = float(max(drift, noise)) / mean if mean > 0 else 0.0
+    return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0)
+
+
+def head_waves(waves: int, C: int, P: int) -> int:
+    """Waves in the first head: ``waves``, and with a period of P blocks enough for the warm-up
+    wave, two whole periods and the drain wave."""
+    return max(waves, 2 + -(-2 * P // C)) if P > 0 else waves
+
+
+def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
+                 max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, window_cycles: int = 1024,
+                 sample: bool = True, placement: str = "cross") -> Sampled:
+    """Time a launch, sampling waves when a head (head_waves) is at most half of it (see the
+    module docstring); while the error estimate is above ``max_error`` the head doubles, and a
+    head that would be more than half the launch gives way to the whole launch. ``sample=False``
+    simulates every block. ``placement``: see timing.time_kernel."""
+    C = concurrency(prog, machine, launch)
+    B = launch.blocks
+    nwaves = -(-B // C)
+
+    def run(blocks=None):
+        return TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
+                              blocks=blocks, placement=placement)
+
+    attempts = []
+    spent = 0                                     # warp-instructions of the heads tried
+    S = head_waves(waves, C, launch.period)
+    if sample and waves >= 3:
+        while 2 * S <= nwaves:
+            head = run((0, S * C))
+            est = _extrapolate(head, C, B, S, launch.period, max_error)
+            attempts.append((S, round(est.error, 5)))
+            spent += int(head.warp_instructions)
+            if est.error <= max_error:
+                return _scaled(head, est, C, B, S, nwaves, attempts, spent)
+            S *= 2
+    t = run()
+    return Sampled(t, False, 0.0, nwaves, float(nwaves), spent + int(t.warp_instructions), attempts=attempts)
+
+
+def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts: list, spent: int) -> Sampled:
+    """The sampled launch's record: the head's counters, the extensive ones scaled to B blocks."""
     f = B / (S * C)
 
     def ext(a):  # an extensive counter of the head, scaled to the whole launch
         return np.rint(a * f).astype(np.int64) if isinstance(a, np.ndarray) else int(round(a * f))
 
     t = dataclasses.replace(
-        head, cycles=int(round(cycles)), timeline_end=head.cycles, warp_instructions=ext(head.warp_instructions),
+        head, cycles=int(round(est.cycles)), timeline_end=head.cycles, warp_instructions=ext(head.warp_instructions),
         skipped_cycles=ext(head.skipped_cycles), stall=ext(head.stall), flops=ext(head.flops),
         pipe_busy_cycles=ext(head.pipe_busy_cycles), memory=_scale_memory(head.memory, f), buffers={})
-    return Sampled(t, True, float(err), nwaves, float(S), int(head.warp_instructions))
+    return Sampled(t, True, float(est.error), nwaves, float(S), spent, attempts=attempts, warmup_waves=est.warmup)
 
 
 def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict, *, count: int = 1,
                    flops: int | None = None, model_flops: int | None = None, waves: int = DEFAULT_WAVES,
-                   max_cycles: int = 10**9, sample: bool = True, trace: bool = False,
-                   placement: str = "cross") -> dict:
+                   max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, sample: bool = True,
+                   trace: bool = False, placement: str = "cross") -> dict:
     """One ``kernels`` entry of archsim.result/1 for a launch, sampled when it is big. ``trace``
     adds ``block_trace``: dispatch and retire cycle and core of every simulated block (for
     archsim.report.trace)."""
-    s = time_sampled(prog, machine, launch, args, waves=waves, max_cycles=max_cycles, sample=sample,
-                     placement=placement)
+    s = time_sampled(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
+                     sample=sample, placement=placement)
     rec = kernel_record(name, machine, launch, s.timing, count=count, model_flops=model_flops, flops=flops,
                         sampled=s.sampled, sample_error_est=round(s.error_est, 5))
-    rec["waves"] = s.waves_total
-    rec["waves_simulated"] = round(s.waves_simulated, 3)
-    rec["simulated_warp_instructions"] = int(s.simulated_warp_instructions)
+    sample_fields(rec, s, max_error)
     if trace:
         t = s.timing
         rec["block_trace"] = {"first_block": int(t.first_block), "start": [int(x) for x in t.block_start],
                               "done": [int(x) for x in t.block_done], "core": [int(x) for x in t.block_core]}
     return rec
+
+
+def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
+    """The sampling fields of a kernel record: waves in the launch and simulated, the warm-up
+    waves left out, every head tried with its error estimate, the threshold, and how the launch
+    was answered (``sample_method``: whole, sampled, or whole after heads above the threshold)."""
+    rec["waves"] = s.waves_total
+    rec["waves_simulated"] = round(s.waves_simulated, 3)
+    rec["simulated_warp_instructions"] = int(s.simulated_warp_instructions)
+    rec["sample_max_error"] = max_error
+    rec["sample_attempts"] = [{"waves": w, "error_est": e} for w, e in s.attempts]
+    if s.sampled:
+        rec["sample_warmup_waves"] = s.warmup_waves
+    rec["sample_method"] = "sampled" if s.sampled else ("whole_after_fallback" if s.attempts else "whole")

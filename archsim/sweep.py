@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from archsim.errors import InputError, SimulationError
-from archsim.run import RunOptions, run_workload
+from archsim.run import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_error_bound, run_workload
 
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
 WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
-RUN_OPTIONS = ("mode", "sample", "sample_waves", "max_cycles")
+RUN_OPTIONS = ("mode", "sample", "sample_waves", "sample_max_error", "max_cycles")
 SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "overlays", "set", "vary", "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
 PARQUET_EVERY_S = 10.0          # choice: results.parquet is rewritten at most this often during a sweep
@@ -134,10 +134,14 @@ def load_spec(path: str) -> Spec:
     if mode not in ("timing", "functional"):
         raise _err(label, "mode", f"unknown value {mode!r}", "one of: timing, functional")
     sample = _typed(label, "sample", data.get("sample", True), bool, "true or false")
-    waves = _typed(label, "sample_waves", data.get("sample_waves", 3), int, "an integer >= 3")
+    waves = _typed(label, "sample_waves", data.get("sample_waves", WAVES_DEFAULT), int, "an integer >= 3")
     if waves < 3:
         raise _err(label, "sample_waves", f"value {waves} out of range",
                    "at least 3 (wave 1 is the cold start; two steady waves give the error estimate)")
+    try:
+        max_error = parse_error_bound("sample_max_error", data.get("sample_max_error", MAX_ERROR_DEFAULT))
+    except InputError as e:
+        raise _err(label, "sample_max_error", e.what, e.allowed) from None
     max_cycles = _typed(label, "max_cycles", data.get("max_cycles", 10**9), int, "a positive integer")
     if max_cycles <= 0:
         raise _err(label, "max_cycles", f"value {max_cycles} out of range", "a positive integer")
@@ -181,7 +185,7 @@ def load_spec(path: str) -> Spec:
 
     return Spec(label=label, hw=[_beside(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
                 workload=_beside(wl, folder, builtin_workloads()), options=options,
-                run=RunOptions(mode=mode, sample=sample, waves=waves, max_cycles=max_cycles),
+                run=RunOptions(mode=mode, sample=sample, waves=waves, max_error=max_error, max_cycles=max_cycles),
                 overlays=[_beside(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
 
@@ -191,8 +195,7 @@ def run_key(machine, workload, opts: RunOptions) -> str:
     """A stable hex key of one run: the resolved machine, the resolved workload and the options
     that change the result (sorted JSON, so neither dict order nor the spec's wording matters)."""
     doc = {"machine": machine.model_dump(mode="json"), "workload": workload.model_dump(mode="json"),
-           "options": {"mode": opts.mode, "sample": opts.sample, "waves": opts.waves,
-                       "max_cycles": opts.max_cycles, "seed": opts.seed}}
+           "options": _options_dict(opts)}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -341,7 +344,8 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
 
 # ----------------------------------------------------------------------------- one run
 def _options_dict(o: RunOptions) -> dict:
-    return {"mode": o.mode, "sample": o.sample, "waves": o.waves, "max_cycles": o.max_cycles, "seed": o.seed}
+    return {"mode": o.mode, "sample": o.sample, "waves": o.waves, "max_error": o.max_error,
+            "max_cycles": o.max_cycles, "seed": o.seed}
 
 
 def execute(task: dict) -> dict:

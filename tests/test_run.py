@@ -130,6 +130,10 @@ def test_compare_two_machines(capsys, tmp_path):
     (["--batch", "0"], "--batch"),
     (["--phase", "serve"], "--phase"),
     (["--sample-waves", "2"], "--sample-waves"),
+    (["--sample-max-error", "0"], "--sample-max-error"),
+    (["--sample-max-error", "150%"], "--sample-max-error"),
+    (["--sample-max-error", "nan"], "--sample-max-error"),
+    (["--sample-max-error", "three"], "--sample-max-error"),
     (["--trace"], "--trace"),
     (["--max-cycles", "0"], "--max-cycles"),
 ])
@@ -137,6 +141,13 @@ def test_bad_run_options_are_one_line(capsys, argv, where):
     code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", *argv)
     assert code == 2
     assert where in one_line_error(err)
+
+
+def test_sample_max_error_takes_a_fraction_or_a_percentage():
+    from archsim.run import parse_error_bound
+
+    assert parse_error_bound("x", "3%") == pytest.approx(0.03) and parse_error_bound("x", "0.05") == 0.05
+    assert parse_error_bound("x", 0.01) == 0.01
 
 
 def test_bad_workload_file_is_one_line(capsys, tmp_path):

@@ -277,6 +277,7 @@ BAD = [
      "vary.dram.channel_gbps: dram.channel_gbps is both fixed (set) and varied"),
     ({"mode": "fast"}, "mode: unknown value 'fast' (one of: timing, functional)"),
     ({"sample_waves": 2}, "sample_waves: value 2 out of range"),
+    ({"sample_max_error": 2}, "sample_max_error: 2 (a fraction in (0, 1)"),
     ({"hw": []}, "hw: empty list"),
     ({"hw": "nope"}, "hw: unknown machine 'nope'"),
     ({"workload": "nope"}, "workload: unknown workload 'nope'"),

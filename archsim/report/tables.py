@@ -50,6 +50,16 @@ def _placement(w: dict) -> str:
     return ", private placement" if w.get("placement") == "private" else ""
 
 
+def sample_cell(k: dict) -> str:
+    """A kernel's sampling in a table: its error estimate when sampled ("!" past the threshold
+    it was held to), "whole*" when heads above the threshold made it simulate the whole launch,
+    "-" when it was simulated whole from the start."""
+    if k.get("sampled"):
+        over = k["sample_error_est"] > k.get("sample_max_error", 1.0)
+        return f"{k['sample_error_est'] * 100:.1f}%" + ("!" if over else "")
+    return "whole*" if k.get("sample_method") == "whole_after_fallback" else "-"
+
+
 def run_table(result: dict) -> str:
     """kernel, count, cycles, time, TFLOP/s, DRAM GB/s, top stall; then the total."""
     w = result["workload"]
@@ -58,7 +68,7 @@ def run_table(result: dict) -> str:
              f"{'kernel':<22} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
              f"{'sampled':>8}  top stall"]
     for k in result["kernels"]:
-        samp = f"{k['sample_error_est'] * 100:.1f}%" if k.get("sampled") else "-"
+        samp = sample_cell(k)
         lines.append(f"{k['name']:<22} {k['count']:>5} {k['cycles']:>11,} {_us(k['seconds']):>11} {k['tflops']:>8.1f} "
                      f"{k['bandwidth_gbps'].get('dram', 0.0):>10.1f} {samp:>8}  {top_stall(k)}")
     t = result["total"]
