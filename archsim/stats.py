@@ -131,6 +131,8 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
         if mem["load_latency"]["count"] else 0.0,
         "skipped_cycles": int(timing.skipped_cycles),
     }
+    if machine.l1 is not None and "carveout" in mem:    # the split of the unified L1 / shared array
+        rec["carveout"] = dict(mem["carveout"])
     if "dma" in mem:
         rec["dma"] = dict(mem["dma"])
         rec["bytes"]["dma"] = int(b.get("dma", 0))

@@ -190,6 +190,10 @@ class Scratchpad(Frozen):
     latency_cycles: PosInt          # unloaded load-to-use
     carved_from_l1: Bool = False    # shared memory takes size_kib of the unified l1 array
     carveouts_kib: Optional[tuple[NonNegInt, ...]] = None   # allowed size_kib values
+    # fixed: every kernel gets size_kib; per_kernel: a kernel gets the smallest allowed carveout
+    # (at most size_kib) that holds the blocks its other limits let a core run, as the CUDA driver
+    # picks it, and the rest of the array is L1 cache
+    carveout: Literal["fixed", "per_kernel"] = "fixed"
     cache_kib: NonNegInt = 0        # LDM part used as a data cache (Sunway)
     cache_options_kib: Optional[tuple[NonNegInt, ...]] = None
     cache_line_bytes: Optional[PosInt] = None
@@ -207,6 +211,9 @@ class Scratchpad(Frozen):
                              "cache_kib: 0 and no cache_options_kib")
         if self.kind == "ldm" and self.carved_from_l1:
             raise FieldError("carved_from_l1", "an LDM is not carved from an L1", "false")
+        if self.carveout == "per_kernel" and not (self.carved_from_l1 and self.carveouts_kib):
+            raise FieldError("carveout", "per_kernel needs shared memory carved from the L1 with carveouts_kib",
+                             "fixed, or carved_from_l1: true and a carveouts_kib list", ("carved_from_l1",))
         if self.cache_options_kib is not None and self.cache_kib not in self.cache_options_kib:
             raise FieldError("cache_kib", f"cache_kib {self.cache_kib} is not an allowed LDM cache size",
                              "one of: " + ", ".join(str(c) for c in self.cache_options_kib), ("cache_options_kib",))

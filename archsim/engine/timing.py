@@ -139,9 +139,33 @@ def scratch_bytes(machine) -> int:
     return machine.scratchpad.size_kib * 1024 - machine.scratchpad.cache_kib * 1024
 
 
+def kernel_machine(prog: Program, machine, launch: Launch):
+    """The machine as this launch sees it. With ``scratchpad.carveout: per_kernel`` the shared
+    memory is the smallest allowed carveout (at most ``size_kib``) that holds as many blocks as
+    the core's warp slots, registers and block slots allow, or as the largest carveout holds; the
+    rest of the unified array is L1 cache (the CUDA driver's choice when a kernel states no
+    preference: occupancy first, then as much L1 as remains). A kernel without shared memory gets
+    the smallest carveout. Otherwise the machine itself."""
+    sp = machine.scratchpad
+    if sp.carveout != "per_kernel":
+        return machine
+    c = machine.cores
+    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
+    n = min(c.max_blocks, c.warp_slots // max(wpb, 1),
+            machine.register_file.regs_per_core // max(wpb * prog.nregs * c.warp_width, 1))
+    allowed = sorted(k for k in sp.carveouts_kib if k <= sp.size_kib)
+    if prog.shared_bytes:
+        n = min(n, allowed[-1] * 1024 // prog.shared_bytes)      # the most the largest carveout holds
+    pick = next((k for k in allowed if k * 1024 >= max(n, 1) * prog.shared_bytes), allowed[-1])
+    if pick == sp.size_kib:
+        return machine
+    return machine.model_copy(update={"scratchpad": sp.model_copy(update={"size_kib": pick})})
+
+
 def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
     """How many blocks of this launch one core holds at once (warp slots, registers, scratchpad,
     block slots); rejects a block that does not fit (InputError)."""
+    machine = kernel_machine(prog, machine, launch)
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     c = machine.cores
     wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
@@ -218,9 +242,10 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     `placement` "private" (machines with private segments): every core group sees the buffers at
     their laid-out addresses in its own segment (memory.placed_addr), so they must lie below one
     segment's size; "cross" (default): addresses are physical."""
-    from archsim.config.derived import capabilities
+    from archsim.config.derived import capabilities, l1_cache_kib
 
     check(prog, capabilities(machine))
+    machine = kernel_machine(prog, machine, launch)
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     W = machine.cores.warp_width
     wpb = (launch.threads_per_block + W - 1) // W
@@ -249,7 +274,8 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     timing = MA.KernelTiming(outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]),
                              skipped_cycles=int(out[4]), stuck_warp=int(out[2]), stall=TS.stall.copy(),
                              flops=int(TS.flops.sum()), pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
-                             memory=M.mem_counters(MS, int(out[1])),
+                             memory=dict(M.mem_counters(MS, int(out[1])), carveout={
+                                 "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
                              timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers,
                              block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
                              block_core=TS.blk_core[first:end].copy(), first_block=first)
