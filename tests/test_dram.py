@@ -540,6 +540,31 @@ def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name, or
         assert dram_map(D, dram_address(D, *args)) == args
 
 
+@pytest.mark.parametrize("order", ["banks_low", "columns_low"])
+def test_row_chunk_keeps_an_interleave_granule_in_one_row(order):
+    """row_chunk_bytes 256: the two lines of each 256-B granule a channel gets share one bank row
+    (consecutive columns), consecutive granules go to other banks, and the map inverts."""
+    m = machine("a100", [f"memory_controllers.address_mapping.bank_order={order}",
+                         "memory_controllers.address_mapping.row_chunk_bytes=256"])
+    D = make_dram_state(m)
+    IL, C = 256, m.dram.channels
+    for g in range(64):
+        a = g * IL * C + 3 * IL                          # granule g of channel 3
+        ch0, b0, r0, c0 = dram_map(D, a)
+        assert dram_map(D, a + 128) == (ch0, b0, r0, c0 + 128) and ch0 == 3 and c0 % 256 == 0
+        assert dram_map(D, a + IL * C)[1] != b0
+    for args in ((C - 1, 5, 77, 320), (0, m.dram.banks - 1, 3, m.dram.row_bytes - 64)):
+        assert dram_map(D, dram_address(D, *args)) == args
+
+
+def test_row_chunk_must_divide_the_row():
+    from archsim.errors import InputError
+
+    for bad in (192, 4096):
+        with pytest.raises(InputError, match="row_chunk_bytes"):
+            machine("a100", [f"memory_controllers.address_mapping.row_chunk_bytes={bad}"])
+
+
 @pytest.mark.parametrize("name", ["tiny-sunway", "sw26010pro"])
 def test_segments_keep_private_addresses_on_their_group_and_spread_the_cross_segment(name):
     m = machine(name)

@@ -393,6 +393,9 @@ class AddressMapping(Frozen):
     # | bank in group | row] (a stream reads a row's columns while rotating over sub-channels and
     # bank groups: more row hits, the same tCCD_S / tRRD_S spacing).
     bank_order: Literal["banks_low", "columns_low"] = "banks_low"
+    # bytes of a channel-local address kept in one bank row below the sub-channel and bank fields
+    # (a power of two dividing dram.row_bytes; dram.py "Address mapping")
+    row_chunk_bytes: PosInt = 128
 
 
 class MemoryControllers(Frozen):
@@ -578,6 +581,11 @@ class Machine(Frozen):
             raise FieldError("dram.channels", f"dram.channels {self.dram.channels} is not a multiple of "
                              f"memory_controllers.count {mc.count}", f"a multiple of {mc.count}",
                              ("memory_controllers.count",))
+        rc = mc.address_mapping.row_chunk_bytes
+        if rc & (rc - 1) or self.dram.row_bytes % rc:
+            raise FieldError("memory_controllers.address_mapping.row_chunk_bytes", f"{rc} is not a power of two "
+                             f"dividing dram.row_bytes {self.dram.row_bytes}",
+                             f"a power of two dividing {self.dram.row_bytes}", ("dram.row_bytes",))
         if mc.address_mapping.kind == "segments" and mc.count % self.groups:
             raise FieldError("memory_controllers.count", f"segments mapping needs the {mc.count} controllers "
                              f"to split evenly over {self.groups} groups", f"a multiple of groups ({self.groups})",

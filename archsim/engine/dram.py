@@ -48,8 +48,10 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
            [ offset within a CH-byte chunk | sub-channel | bank group | bank in group |
              column chunk (row_bytes / CH) | row ]
 
-       with CH = max(burst_bytes, min(128, row_bytes)): a request of up to 128 B that is
-       128-B aligned stays in one row of one bank, while consecutive chunks of a stream go to
+       with CH = max(burst_bytes, min(address_mapping.row_chunk_bytes, row_bytes)) (128 by
+       default): a request of up to CH bytes that is CH-aligned stays in one row of one bank, and
+       so do the lines of one interleave granule when CH is the granule (a warp's 512-B access
+       brings a channel two lines of one open row), while consecutive chunks of a stream go to
        different sub-channels and bank groups (so tCCD_L and tRRD_L do not serialise a stream)
        and each bank still reads its row from column 0 up (a stream of 128-B requests opens
        each row once per row_bytes / 128 requests: 94 % hits on a100). The flat bank field ``fb`` (sub-channel fastest)
@@ -272,7 +274,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         raise ValueError(f"subchannels {S} must divide dram.banks {d.banks} and dram.bank_groups {d.bank_groups}")
     NB, NBS, BGS = d.banks, d.banks // S, d.bank_groups // S
     BPG = NBS // BGS
-    chunk = max(d.burst_bytes, min(128, d.row_bytes))
+    chunk = max(d.burst_bytes, min(mc.address_mapping.row_chunk_bytes, d.row_bytes))
     if d.row_bytes % chunk or chunk % d.burst_bytes:
         raise ValueError(f"dram.row_bytes {d.row_bytes} and burst_bytes {d.burst_bytes} do not fit a {chunk}-B chunk")
     qcap = int(queue_cap) if queue_cap else mc.queue_depth
