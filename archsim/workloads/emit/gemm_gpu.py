@@ -51,12 +51,13 @@ an Ampere CUTLASS-style kernel is:
   bounds predicates. The copy width is the widest of 16 / 8 / 4 bytes that divides a row's byte
   length (cp.async.16 for K, N multiples of 8 halves); rows of an odd number of halves fall back to
   per-element ld.global.u16 + st.shared.b16 (correct, slow: no asynchronous overlap).
-- k rotation: block b takes its full k tiles starting at tile 1 + (b mod (nt-1)) and wraps
-  around (the residue tile stays first). Blocks that run together then read different k columns
-  at any moment; without it every block's A rows, a power-of-two stride apart, hit the same few
-  L2 slices and DRAM channels at once (partition camping; the modelled address interleave has no
-  hash). On a100 this took 1024^3 fp16 from 50.1k to 33.4k cycles. The fp32 sums therefore run
-  in a block-dependent k order (within the usual fp32 error).
+- Block raster (``_tile_origin``): the block's C tile comes from its linear index in grouped
+  order, groups of ``group`` tile rows along the dimension with fewer tiles sweeping the other
+  (CUTLASS's threadblock swizzle, Triton's grouped ordering), so the blocks of a wave share their
+  A and B panels in L2; x-major order over a wide grid fetched each B panel once per M tile.
+  Every block walks k from its first tile, so the blocks sharing a panel read it together (an
+  earlier per-block k rotation against partition camping defeated that sharing; the L2 slice
+  hash keeps the channels even).
 - Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
   converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
   with ldc and C's strides even (checked at run time); otherwise each element is stored under its
@@ -141,7 +142,6 @@ class _Cfg:
     cw_a: int          # bytes per copy of A / B (16, 8, 4 or 2)
     cw_b: int
     kb: int = 64       # bytes of a k-tile row (64: BK = 32 halves; 128: BK = 64 halves)
-    rotate: bool = False  # each block starts its full k tiles at its own offset (see _emit_mma)
     trans_a: bool = False  # A given k-major ([K, M], row stride lda)
     alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
 
@@ -807,37 +807,8 @@ def _emit_mma(c: _Cfg) -> Program:
         bstep = a.reg()
         a("mul.i64", bstep, ld, BK * es)          # B: BK rows further per k tile
     a.free(ld)
-    # k rotation: block b takes the full k tiles 1 .. nt-1 starting from tile 1 + (b mod (nt-1)),
-    # wrapping around. Blocks that start together then read different k columns at any moment,
-    # instead of every block's A rows (a power-of-two stride apart) hitting the same few L2
-    # slices and DRAM channels at once (partition camping).
     # a k tile further: BK elements along a row (A, B^T), or BK rows (A^T, B: a register)
     kstep = {"A": astep if c.trans_a else BK * es, "B": BK * es if c.trans_b else bstep}
-    ti = pw = None
-    wrap = {}
-    if c.rotate:
-        ti, cnt, t1 = a.reg(), a.reg(), a.reg()
-        a("s2r", ti, "%ctaid.y")
-        a("s2r", t1, "%nctaid.x")
-        a("mul.i64", ti, ti, t1)
-        a("s2r", t1, "%ctaid.x")
-        a("add.i64", ti, ti, t1)                  # linear block index
-        a("sub.i64", cnt, nt, 1)
-        a("max.i64", t1, cnt, 1)
-        a("rem.i64", ti, ti, t1)                  # j0 = block mod (nt-1)
-        a.free(t1)
-        for k in ("B", "A"):                      # (nt-1) tiles of each operand
-            if k == "A" and kstep["A"] == kstep["B"]:
-                wrap["A"] = wrap["B"]             # both step BK elements: one register
-            elif k == "A" and isinstance(kstep["A"], int):
-                wrap["A"] = cnt
-                a("mul.i64", cnt, cnt, kstep["A"])
-            else:
-                wrap[k] = a.reg()
-                a("mul.i64", wrap[k], cnt, kstep[k])
-        if wrap["A"] is not cnt:
-            a.free(cnt)
-        pw = a.pred()
     a.free(Nr, Kr, m0, n0)
 
     # ---- fragment addresses within a stage. Moving one k-step (32 bytes of k) to the right flips
@@ -974,17 +945,10 @@ def _emit_mma(c: _Cfg) -> Program:
         return ops
 
     def advance():
-        """Pointers to the next k tile (with rotation: tile nt wraps to tile 1)."""
+        """Pointers to the next k tile."""
         for op in (A, Bop):
             for g in op.gregs:
                 a("add.i64", g, g, kstep[op.name])
-        if c.rotate:
-            a("add.i64", ti, ti, 1)
-            a("setp.eq.i64", pw, ti, nt)
-            for op in (A, Bop):
-                for g in op.gregs:
-                    a("sub.i64", g, g, wrap[op.name], p=pw)
-            a("mov.b64", ti, 1, p=pw)
 
     # ---- prologue: tiles 0 .. S-2 into stages 0 .. S-2
     pm = a.pred()
@@ -997,14 +961,6 @@ def _emit_mma(c: _Cfg) -> Program:
         for op in (A, Bop):
             _emit_copies(a, op, stage, pm if j else None, j == 0, kshift, acc)
         a("cp.async.commit")
-        if j == 0 and c.rotate:                   # jump j0 tiles ahead (ti = j0: "at tile j0")
-            t = a.reg()
-            for op in (A, Bop):
-                if op is A or kstep["B"] != kstep["A"]:
-                    a("mul.i64", t, ti, kstep[op.name])
-                for g in op.gregs:
-                    a("add.i64", g, g, t)
-            a.free(t)
         advance()
         if stage is not None:
             a.free(stage)
@@ -1061,11 +1017,9 @@ def _emit_mma(c: _Cfg) -> Program:
 
     for r in [rs, ws, kt, nt, *fA, *fB, *aA, *bB, *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
         a.free(r)
-    for r in (A.rb, A.cb, Bop.rb, Bop.cb, astep, bstep, ti, *{w.n: w for w in wrap.values()}.values()):
+    for r in (A.rb, A.cb, Bop.rb, Bop.cb, astep, bstep):
         if r is not None:
             a.free(r)
-    if pw is not None:
-        a.pfree(pw)
     a.free(fa[0], fa[1], k=MI * 4)
     a.free(fb[0], fb[1], k=NI * 2)
 
