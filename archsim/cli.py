@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
                                                                 "(default: a few waves, extrapolated)")
-        p.add_argument("--sample-waves", type=int, default=4, metavar="N",
-                       help="waves simulated before a big launch is extrapolated (>= 3; default 4)")
+        p.add_argument("--sample-waves", type=int, default=6, metavar="N",
+                       help="waves simulated before a big launch is extrapolated (>= 3; default 6)")
         p.add_argument("--sample-max-error", default="3%", metavar="E",
                        help="largest error estimate a sampled launch may have before more of it is simulated "
                             "(a fraction or a percentage: 0.03, 3%%; default 3%%)")

@@ -2,7 +2,7 @@
 
 A transformer's GEMMs launch thousands of blocks that all do the same work; once the machine is
 full, blocks retire at a steady rate. A launch of at least 2S waves (a wave is C blocks, as many
-as the machine holds at once; S = ``waves``, 4 by default) is timed from a head of S waves:
+as the machine holds at once; S = ``waves``, 6 by default) is timed from a head of S waves:
 
     cycles = e_S + (B - S*C) * T_w / C
 
@@ -18,14 +18,14 @@ as the machine holds at once; S = ``waves``, 4 by default) is timed from a head 
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
 
 ``sample_error_est`` bounds the error from the steady waves themselves: the larger of their
-trend (the mean of the later half against the earlier half) and twice the standard error of their
-mean, over T_w, times the extrapolated share of the cycles. Wave durations vary systematically
-(a GEMM's raster groups share panels in L2 differently wave by wave) as well as by chance, hence
-the trend term. When it is above ``max_error`` (3 % by default,
-``--sample-max-error``), the head doubles and is simulated again; a head that would cover half
-the launch or more gives way to the whole launch (exact, error 0). The record lists every head
-tried (``sample_attempts``) and how the launch was answered (``sample_method``), and counts the
-warp-instructions of every head in what was simulated.
+trend (the mean of the later half against the earlier half) and twice the standard error of
+their mean, over T_w, times the extrapolated share of the cycles. Wave durations vary
+systematically (a GEMM's raster groups share panels in L2 differently wave by wave) as well as
+by chance, hence the trend term. When it is above ``max_error`` (3 % by default,
+``--sample-max-error``), the head doubles and is simulated again; a head that would cover more
+than two thirds of the launch gives way to the whole launch (exact, error 0). The record lists
+every head tried (``sample_attempts``) and how the launch was answered (``sample_method``), and
+counts the warp-instructions of every head in what was simulated.
 
 Blocks keep their grid ids (``time_kernel(blocks=...)``), so they touch the addresses they touch
 in the whole launch. Extensive counters (warp-instructions, flops, bytes per level, stall
@@ -48,7 +48,7 @@ from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
 from archsim.stats import kernel_record
 
-DEFAULT_WAVES = 4          # wave 1 warms up, three steady waves give the rate and its spread
+DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second), three or more steady waves and the drain
 DEFAULT_MAX_ERROR = 0.03   # a head whose error estimate is above this grows (--sample-max-error)
 
 
@@ -142,8 +142,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
                  sample: bool = True, placement: str = "cross") -> Sampled:
     """Time a launch, sampling waves when a head (head_waves) is at most half of it (see the
     module docstring); while the error estimate is above ``max_error`` the head doubles, and a
-    head that would be more than half the launch gives way to the whole launch. ``sample=False``
-    simulates every block. ``placement``: see timing.time_kernel."""
+    head that would be more than two thirds of the launch gives way to the whole launch.
+    ``sample=False`` simulates every block. ``placement``: see timing.time_kernel."""
     C = concurrency(prog, machine, launch)
     B = launch.blocks
     nwaves = -(-B // C)
@@ -156,7 +156,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     spent = 0                                     # warp-instructions of the heads tried
     S = head_waves(waves, C, launch.period)
     if sample and waves >= 3:
-        while 2 * S <= nwaves:
+        # the first head is at most half the launch, a grown one at most two thirds of it
+        while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
             head = run((0, S * C))
             est = _extrapolate(head, C, B, S, launch.period, max_error)
             attempts.append((S, round(est.error, 5)))
