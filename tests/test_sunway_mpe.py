@@ -208,7 +208,7 @@ def test_a_gpu_kernel_has_no_launch_model():
 def test_sampled_launch_keeps_the_join(sw):
     """Wave sampling adds the head's join once to the extrapolated cycles."""
     prog = assemble(SPIN, "k.s")
-    launch = Launch((32 * 8, 1, 1), (32, 1, 1))
+    launch = Launch((32 * 16, 1, 1), (32, 1, 1))         # 16 waves: a 6-wave head is sampled
     s = time_sampled(prog, sw, launch, {"n": 30})
     assert s.sampled
     whole = time_kernel(prog, sw, launch, {"n": 30})
