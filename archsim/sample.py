@@ -12,7 +12,9 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
 - wave i lasts from the retirement of the (i-1)*C-th block to that of the i*C-th. Wave 1 is
   warm-up (caches fill, DRAM queues reach their working depth); so is each following wave that
   still differs from the mean of the waves after it by more than ``max_error`` (the state has not
-  settled), as long as three waves remain. T_w is the mean of the steady waves;
+  settled), as long as two steady segments remain (a segment is a wave, or the launch's
+  ``period`` of blocks where it has one, e.g. a GEMM's raster group). The head's last wave is its
+  drain and stands for the launch's drain. T_w is the mean time of a wave over the steady segments;
 - the B - S*C blocks left retire at C / T_w blocks a cycle; on a Sunway the MPEs' join of the
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
@@ -124,10 +126,13 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float) -> _Est
     tail = (B - S * C) * per_block
     cycles = ends[-1] + join + tail
     mean = float(steady.mean())
-    h = n // 2
-    drift = abs(steady[h:].mean() - steady[:h].mean())       # trend: later segments against earlier ones
-    noise = 2 * steady.std(ddof=1) / np.sqrt(n)               # about a 95 % interval of the mean
-    rate_err = float(max(drift, noise)) / mean if mean > 0 else 0.0
+    if n < 2:                                                 # one segment bounds nothing
+        rate_err = 1.0
+    else:
+        h = n // 2
+        drift = abs(steady[h:].mean() - steady[:h].mean())    # trend: later segments against earlier ones
+        noise = 2 * steady.std(ddof=1) / np.sqrt(n)           # about a 95 % interval of the mean
+        rate_err = float(max(drift, noise)) / mean if mean > 0 else 0.0
     return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0)
 
 

@@ -99,3 +99,14 @@ def test_small_launches_are_not_sampled(tiny):
     s = time_sampled(g.program, tiny, g.launch, args)
     assert not s.sampled and s.error_est == 0.0 and s.waves_simulated == s.waves_total
     assert np.all(s.timing.block_done >= 0)
+
+
+def test_a_head_too_short_to_bound_its_rate_grows(tiny, recwarn):
+    """--sample-waves 3 without a period leaves one steady wave: no bound (error 1.0 of the
+    extrapolated share, never NaN), so the head grows until it can give one."""
+    from archsim.isa.program import Launch
+
+    g, args = _gemm(tiny, 384, 256, 64, Tile(32, 32, 32, 4, 2))
+    s = time_sampled(g.program, tiny, Launch(g.launch.grid, g.launch.block), args, waves=3)
+    assert s.attempts[0][0] == 3 and 0.5 < s.attempts[0][1] <= 1.0
+    assert all(np.isfinite(e) for _, e in s.attempts) and not recwarn.list
