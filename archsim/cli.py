@@ -343,7 +343,6 @@ def _run_options(a):
                       trace=a.trace)
 
 
-
 def _progress(label: str):
     """A progress bar on a terminal, nothing otherwise (CONTRACT: quiet when not a terminal)."""
     if not sys.stderr.isatty():
