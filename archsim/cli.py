@@ -552,7 +552,35 @@ COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, 
             "plot": cmd_plot}
 
 
+class _ClosedPipeSafe:
+    """Standard output that stops writing, quietly, once its reader has gone (``archsim run ... |
+    head``): the command goes on and still writes its --json / --out files."""
+
+    def __init__(self, inner):
+        self._inner, self._closed = inner, False
+
+    def write(self, text):
+        if not self._closed:
+            try:
+                return self._inner.write(text)
+            except BrokenPipeError:
+                self._closed = True
+        return len(text)
+
+    def flush(self):
+        if not self._closed:
+            try:
+                self._inner.flush()
+            except BrokenPipeError:
+                self._closed = True
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
 def main(argv=None) -> int:
+    if not isinstance(sys.stdout, _ClosedPipeSafe):
+        sys.stdout = _ClosedPipeSafe(sys.stdout)
     try:
         a = build_parser().parse_args(argv)
         return COMMANDS[a.command](a)

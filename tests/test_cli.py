@@ -122,3 +122,21 @@ def test_entry_point_in_a_subprocess():
                        capture_output=True, text=True)
     assert r.returncode == 2
     assert one_line_error(r.stderr).startswith("archsim: error: --set clock_ghz: ")
+
+
+def test_a_closed_pipe_on_stdout_loses_no_result(tmp_path, monkeypatch):
+    """`archsim ... | head`: once the reader has gone, printing stops quietly and the command still
+    writes its JSON (no BrokenPipeError traceback, exit 0)."""
+    import io
+    import sys
+
+    from archsim.cli import main
+
+    class Gone(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    out = tmp_path / "m.json"
+    monkeypatch.setattr(sys, "stdout", Gone())
+    assert main(["show-config", "tiny-gpu", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["schema"] == "archsim.machine/1"
