@@ -473,7 +473,8 @@ def _tile_origin(a: _Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     tile columns, so the blocks that run at once share their A and B panels in L2 (x-major order
     over a wide grid fetches each B panel once per M tile, a wave apart). Tile rows are M tiles
     (grid y), or N tiles (grid x) when the parameter ``raster_n`` is 1; both are parameters, so
-    one program serves every shape. Three divisions a block, once."""
+    one program serves every shape. Three divisions a call; the prologue and the epilogue each
+    call it (keeping m0, n0 live through the main loop would cost two registers there)."""
     b, R, Q, t = a.reg(), a.reg(), a.reg(), a.reg()
     pn = a.pred()
     a("s2r", b, "%ctaid.y")
@@ -1452,21 +1453,24 @@ def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
     return _ceil(blocks, max(cores, 1)) * BM * BN / eff
 
 
-def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[int, int]:
-    """(group, raster_n) of _tile_origin. Tile rows are the dimension with fewer tiles (R of
+def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[tuple[int, int], int]:
+    """((group, raster_n) of _tile_origin, the launch's period). Tile rows are the dimension with
+    fewer tiles (R of
     them). A wave of W blocks in groups of G rows reads G row panels and W / G column panels,
     fewest at G = sqrt(W); a group spanning all R rows reads every column panel once and keeps
     the R row panels for the next wave, so up to R = 2 sqrt(W) (a quarter more panels a wave)
-    the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly."""
+    the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly.
+    With several groups, the blocks of one (group x columns) repeat the sharing pattern: that is
+    the period wave sampling measures over (0 with one group)."""
     warps = _ceil(threads, caps.warp_width)
     per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
                    caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
                    caps.scratchpad_bytes // max(prog.shared_bytes, 1))
     root = math.sqrt(max(per_core, 1) * caps.cores_total)
     tm, tn = _ceil(M, c.BM), _ceil(N, c.BN)
-    rows = min(tm, tn)
+    rows, cols = sorted((tm, tn))
     group = rows if rows <= 2 * root else _ceil(rows, max(1, round(rows / root)))
-    return group, int(tn < tm)
+    return (group, int(tn < tm)), (group * cols if group < rows else 0)
 
 
 def _fits(prog: Program, caps, threads: int) -> bool:
@@ -1647,10 +1651,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
-    raster = _raster(caps, prog, threads, cfg, M, N)
-    rows, cols = sorted((_ceil(M, t.BM), _ceil(N, t.BN)))
-    # several raster groups: the blocks of a group (group x cols) repeat the sharing pattern
-    period = raster[0] * cols if raster[0] < rows else 0
+    raster, period = _raster(caps, prog, threads, cfg, M, N)
     launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), nb * nh), (threads, 1, 1), period=period)
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
