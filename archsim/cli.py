@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_machine_options(p)
     p.add_argument("--reference", metavar="FILE", help="a reference YAML (default: the machine's built-in one)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
+    p.add_argument("--plot", metavar="FILE", default="validate.png",
+                   help="simulated against measured, log-log (default validate.png; 'none' writes no plot)")
+    p.add_argument("--curve", metavar="TEXT", help="run only the curves whose name contains TEXT (no rows)")
 
     for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
                            ("compare", "the same workload on several machines, kernel by kernel")):
@@ -291,16 +295,31 @@ def cmd_micro(a) -> int:
 
 def cmd_validate(a) -> int:
     from archsim.config.load import load_machine
-    from archsim.validate import HEADER, format_row, load_reference, reference_path, validate
+    from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
+                                  plot_validation, reference_path, validate)
 
     machine = load_machine(a.hw, a.overlays, a.sets)
-    load_reference(reference_path(machine, a.reference))  # a bad file fails before anything runs
+    ref = reference_path(machine, a.reference)
+    load_reference(ref)  # a bad file fails before anything runs
+    load_curves(ref, machine.family)
+    if a.plot != "none":
+        _check_writable(a.plot, "--plot")
     print(f"validate {machine.name}: simulated vs published")
-    print(HEADER)
-    res = validate(machine, a.reference, progress=lambda r: print(format_row(r), flush=True))
-    print(f"mean absolute percentage error: {res['mape_pct']:.1f}%  ({res['wall_seconds']:.0f} s)")
+    if a.curve is None:
+        print(HEADER)
+    res = validate(machine, a.reference, progress=lambda r: print(format_row(r), flush=True),
+                   curve_progress=lambda c, p: print(format_point(c, p), flush=True), only=a.curve)
+    if res["curves"]:
+        print("curves:")
+        for c in res["curves"]:
+            print("  " + format_curve(c))
+    print(f"mean absolute percentage error: {res['mape_pct']:.1f}%, worst {res['max_error_pct']:.1f}%  "
+          f"({res['wall_seconds']:.0f} s)")
     if a.json:
         _write_json(a.json, res)
+    if a.plot != "none":
+        plot_validation(res, a.plot)
+        print(f"plot: {a.plot}")
     return 0
 
 
@@ -538,6 +557,16 @@ def cmd_plot(a) -> int:
     for f in files:
         print(f)
     return 0
+
+
+def _check_writable(path: str, flag: str) -> None:
+    """A plot file can be written: its folder exists and is writable, its suffix is a format."""
+    p = Path(path)
+    if p.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise InputError(flag, f"{path}: unknown image format {p.suffix or '(none)'!r}", ".png, .pdf or .svg")
+    folder = p.parent if str(p.parent) else Path(".")
+    if not folder.is_dir() or not os.access(folder, os.W_OK) or p.is_dir():
+        raise InputError(flag, f"cannot write {path}", "a file path in a writable folder")
 
 
 def _write_json(path: str, obj) -> None:

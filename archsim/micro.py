@@ -192,17 +192,16 @@ LOOP:   ld.global.b64 r4, [r4]          // each load needs the one before: pure 
 
 def chase_table(nbytes: int, stride: int, base: int, keep=None, seed: int = 1) -> tuple[np.ndarray, int]:
     """A u64 table over `nbytes` whose elements `stride` apart (those whose address `keep`
-    accepts) form one random cycle of absolute addresses (Sattolo's algorithm). Returns the
+    accepts) form one random cycle of absolute addresses (a random visiting order, closed). Returns the
     table and the offset of the first element of the cycle."""
     n = max(nbytes // stride, 1)
     addr = base + np.arange(n, dtype=np.int64) * stride
     idx = np.flatnonzero(keep(addr)) if keep is not None else np.arange(n)
     rng = np.random.default_rng(seed)
     m = len(idx)
-    order = np.arange(m)
-    for i in range(m - 1, 0, -1):  # Sattolo: a single cycle through every element
-        j = int(rng.integers(0, i))
-        order[i], order[j] = order[j], order[i]
+    perm = rng.permutation(m)        # visiting order; each element points at the next one in it
+    order = np.empty(m, np.int64)
+    order[perm] = np.roll(perm, -1)
     table = np.zeros(n * (stride // 8), np.uint64)
     words = stride // 8
     table[idx * words] = addr[idx[order]].astype(np.uint64)

@@ -1,8 +1,16 @@
-"""`archsim validate`: the machine model against published single-number figures.
+"""`archsim validate`: the machine model against published and measured figures.
 
-configs/reference/<machine>.yaml lists rows (quantity, value, unit, source). Each quantity has a
-probe here: a micro-benchmark kernel run on the timing model (micro.py). The report gives the
-simulated value, the reference, the error in percent, and the mean absolute percentage error.
+configs/reference/<machine>.yaml holds
+- rows (quantity, value, unit, source): single figures, each with a probe here (a micro-benchmark
+  kernel run on the timing model, micro.py);
+- curves: a figure against a swept parameter, as a microbenchmark paper plots it. A curve names
+  its source, the micro-benchmark kernel and its fixed params (the kernel shape the measurement
+  used), the swept param(s) `x`, and (x, y) points; `clock_mhz` (per curve, or a third column per
+  point) is the core clock the measurement ran at, and the model runs at it with the DRAM clock
+  kept (a measured GPU boosts and throttles; the model has no power model).
+
+The report gives the error of every figure, each curve's MAPE and worst point, and the mean
+absolute percentage error over every row and point.
 """
 
 from __future__ import annotations
@@ -162,17 +170,29 @@ def reference_path(machine, given: str | None = None) -> Path:
     return p
 
 
-def load_reference(path: Path) -> list[dict]:
+def _read_doc(path: Path) -> dict:
     where = str(path)
     try:
         doc = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         raise InputError(f"{where}:{mark.line + 1}" if mark else where, "not valid YAML", "a YAML mapping") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise InputError(where, "no `rows:` list", "machine: NAME and rows: [{quantity, value, unit, source}]")
+    if not isinstance(doc, dict) or not (isinstance(doc.get("rows"), list) or isinstance(doc.get("curves"), list)):
+        raise InputError(where, "no `rows:` or `curves:` list",
+                         "machine: NAME, rows: [{quantity, value, unit, source}], curves: [{name, source, kernel, "
+                         "params, x, unit, points}]")
+    extra = set(doc) - {"machine", "rows", "curves"}
+    if extra:
+        raise InputError(where, f"unknown key {sorted(extra)[0]!r}", "machine, rows, curves")
+    return doc
+
+
+def load_reference(path: Path) -> list[dict]:
+    """The rows of a reference file, checked (see load_curves for its curves)."""
+    doc = _read_doc(path)
+    where = str(path)
     rows = []
-    for i, r in enumerate(doc["rows"]):
+    for i, r in enumerate(doc.get("rows") or []):
         w = f"{where}: rows[{i}]"
         if not isinstance(r, dict):
             raise InputError(w, "not a mapping", "quantity, value, unit, source")
@@ -183,7 +203,7 @@ def load_reference(path: Path) -> list[dict]:
         if q not in PROBES:
             raise InputError(f"{w}.quantity", f"{q!r} has no probe", ", ".join(PROBES))
         v = r.get("value")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
+        if not _positive(v):
             raise InputError(f"{w}.value", f"{v!r} is not a positive number", "a number > 0")
         if r.get("unit") != PROBES[q][0]:
             raise InputError(f"{w}.unit", f"{r.get('unit')!r} does not match the probe", PROBES[q][0])
@@ -193,27 +213,258 @@ def load_reference(path: Path) -> list[dict]:
     return rows
 
 
-def validate(machine, reference: str | None = None, progress=None) -> dict:
-    rows = load_reference(reference_path(machine, reference))
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+# the micro-benchmarks a curve may name, by machine family (dma / rma need a Sunway DMA engine and
+# RMA; mma needs tensor units, which a CPE has not)
+CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "gemm", "attention"),
+                 "sunway": ("latency", "bandwidth", "gemm", "attention", "dma", "rma")}
+CURVE_FIELDS = ("name", "source", "kernel", "params", "x", "unit", "clock_mhz", "points", "overrides", "note")
+
+
+def _x_work(x, n: int = 1) -> float:
+    """What must increase along a curve: x, or for a shape the product of its n entries (a
+    number x for n swept params is the shape x, x, ...)."""
+    w = 1.0
+    for v in (x if isinstance(x, list) else [x] * n):
+        w *= float(v)
+    return w
+
+
+def load_curves(path: Path, family: str | None = None) -> list[dict]:
+    """The curves of a reference file, checked: every point's params parse for its kernel, x
+    increases, each curve names its source. ``family``: the machine's, whose kernels it can run."""
+    doc = _read_doc(path)
+    where = str(path)
+    curves, names = [], set()
+    for i, c in enumerate(doc.get("curves") or []):
+        w = f"{where}: curves[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(w, "not a mapping", ", ".join(CURVE_FIELDS))
+        extra = set(c) - set(CURVE_FIELDS)
+        if extra:
+            raise InputError(w, f"unknown field {sorted(extra)[0]!r}", ", ".join(CURVE_FIELDS))
+        name = c.get("name")
+        if not isinstance(name, str) or not name.strip() or name in names:
+            raise InputError(f"{w}.name", f"{name!r} is missing or repeated", "a name unique in the file")
+        names.add(name)
+        w = f"{where}: curve {name}"
+        if not isinstance(c.get("source"), str) or not c["source"].strip():
+            raise InputError(f"{w}.source", "missing", "where the curve was published or how it was measured")
+        k = c.get("kernel")
+        if k not in MI.PARAMS:
+            raise InputError(f"{w}.kernel", f"{k!r} is not a micro-benchmark", ", ".join(MI.PARAMS))
+        if family is not None and k not in CURVE_KERNELS[family]:
+            raise InputError(f"{w}.kernel", f"a {family} machine cannot run micro {k}",
+                             ", ".join(CURVE_KERNELS[family]))
+        if c.get("unit") != MI.UNITS[k]:
+            raise InputError(f"{w}.unit", f"{c.get('unit')!r} is not what micro {k} measures", MI.UNITS[k])
+        params = c.get("params") or {}
+        if not isinstance(params, dict):
+            raise InputError(f"{w}.params", "not a mapping", f"parameters of micro {k}: " + ", ".join(MI.PARAMS[k]))
+        xs = c.get("x")
+        xs = [xs] if isinstance(xs, str) else xs
+        if not isinstance(xs, list) or not xs or any(x not in MI.PARAMS[k] for x in xs):
+            raise InputError(f"{w}.x", f"{c.get('x')!r} is not a parameter of micro {k}",
+                             "one of " + ", ".join(MI.PARAMS[k]) + " (or a list of them)")
+        clock = c.get("clock_mhz")
+        if clock is not None and not _positive(clock):
+            raise InputError(f"{w}.clock_mhz", f"{clock!r} is not a clock", "MHz > 0")
+        overrides = c.get("overrides") or []
+        if not isinstance(overrides, list) or any(
+                not isinstance(o, dict) or set(o) != {"from_x", "params"} or not isinstance(o["params"], dict)
+                for o in overrides):
+            raise InputError(f"{w}.overrides", "not a list of {from_x, params}",
+                             "[{from_x: X, params: {...}}]: params for the points at x >= X")
+        pts = c.get("points")
+        if not isinstance(pts, list) or not pts:
+            raise InputError(f"{w}.points", "missing or empty", "[[x, y], ...] or [[x, y, clock_mhz], ...]")
+        out_pts, last = [], None
+        for j, pt in enumerate(pts):
+            pw = f"{w}.points[{j}]"
+            if not isinstance(pt, list) or len(pt) not in (2, 3):
+                raise InputError(pw, f"{pt!r} is not a point", "[x, y] or [x, y, clock_mhz]")
+            x, y = pt[0], pt[1]
+            xv = x if isinstance(x, list) else [x] * len(xs)
+            if len(xv) != len(xs) or not all(_positive(v) for v in xv):
+                raise InputError(pw, f"x {x!r} does not fit x: {xs}", f"a number > 0, or {len(xs)} numbers > 0")
+            if not _positive(y):
+                raise InputError(pw, f"y {y!r} is not a positive number", "a number > 0")
+            pclock = pt[2] if len(pt) == 3 else clock
+            if pclock is not None and not _positive(pclock):
+                raise InputError(pw, f"clock {pclock!r} is not a clock", "MHz > 0")
+            if last is not None and _x_work(x, len(xs)) <= last:
+                raise InputError(pw, f"x {x!r} does not increase", "points in increasing x (a shape: its product)")
+            last = _x_work(x, len(xs))
+            p = dict(params)
+            for o in overrides:
+                if _x_work(x, len(xs)) >= _x_work(o["from_x"], len(xs)):
+                    p.update(o["params"])
+            p.update(dict(zip(xs, xv)))
+            try:
+                p = MI.parse_params(k, p)
+            except InputError as e:
+                raise InputError(f"{pw} ({e.where})", e.what, e.allowed) from None
+            out_pts.append({"x": x, "reference": float(y), "clock_mhz": pclock, "params": p})
+        curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": MI.UNITS[k],
+                       "points": out_pts})
+    return curves
+
+
+def at_clock(machine, mhz: float | None):
+    """The machine with its core clock at ``mhz`` and its DRAM clock unchanged (the fabric and L2
+    follow the core clock, as the config's ratio says)."""
+    if mhz is None or abs(mhz / 1000.0 - machine.clock_ghz) < 1e-9:
+        return machine
+    ghz = mhz / 1000.0
+    ratios = machine.clock_ratios.model_copy(update={"memory": machine.clock_ratios.memory * machine.clock_ghz / ghz})
+    return machine.model_copy(update={"clock_ghz": ghz, "clock_ratios": ratios})
+
+
+def _err_pct(sim: float, ref: float) -> float:
+    return (sim - ref) / ref * 100.0
+
+
+def run_curve(machine, c: dict, progress=None) -> dict:
+    """Every point of one curve on the model: the curve's kernel with the point's params, at the
+    point's clock."""
+    pts = []
+    for p in c["points"]:
+        m = at_clock(machine, p["clock_mhz"])
+        res = MI.MicroResult(c["kernel"], p["params"], 0.0, c["unit"])
+        sim = float(MI.MICROS[c["kernel"]](m, p["params"], res))
+        pts.append({"x": p["x"], "simulated": round(sim, 4), "reference": p["reference"],
+                    "error_pct": round(_err_pct(sim, p["reference"]), 2), "clock_mhz": p["clock_mhz"]})
+        if progress:
+            progress(c, pts[-1])
+    errs = [abs(x["error_pct"]) for x in pts]
+    return {"name": c["name"], "kernel": c["kernel"], "x": c["x"], "unit": c["unit"], "source": c["source"],
+            "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
+
+
+def validate(machine, reference: str | None = None, progress=None, curve_progress=None,
+             only: str | None = None) -> dict:
+    """Rows and curves of the machine's reference file (or ``reference``) on the model. ``only``:
+    run just the curves whose name contains it (and no rows)."""
+    path = reference_path(machine, reference)
+    rows = load_reference(path)
+    curves = load_curves(path, machine.family)
     fam = FAMILY_PROBES[machine.family]
     for i, r in enumerate(rows):
         if r["quantity"] not in fam:
             raise InputError(f"{reference or machine.name}: rows[{i}].quantity",
                              f"{r['quantity']!r} is not a probe of the {machine.family} family", ", ".join(fam))
+    if only is not None:
+        rows = []
+        curves = [c for c in curves if only in c["name"]]
+        if not curves:
+            raise InputError("--curve", f"no curve of {path.name} matches {only!r}",
+                             ", ".join(c["name"] for c in load_curves(path)))
     out_rows = []
     t0 = time.perf_counter()
     for r in rows:
         unit, probe = PROBES[r["quantity"]]
         res = MI.MicroResult(r["quantity"], {}, 0.0, unit)
         sim = float(probe(machine, res))
-        err = (sim - r["value"]) / r["value"] * 100.0
+        err = _err_pct(sim, r["value"])
         out_rows.append({"quantity": r["quantity"], "simulated": round(sim, 4), "reference": r["value"],
                          "unit": unit, "error_pct": round(err, 2), "source": r["source"]})
         if progress:
             progress(out_rows[-1])
-    mape = sum(abs(x["error_pct"]) for x in out_rows) / len(out_rows) if out_rows else 0.0
-    return {"schema": SCHEMA, "machine": machine.name, "rows": out_rows, "mape_pct": round(mape, 2),
+    out_curves = [run_curve(machine, c, curve_progress) for c in curves]
+    errs = [abs(x["error_pct"]) for x in out_rows] + [abs(p["error_pct"]) for c in out_curves for p in c["points"]]
+    mape = sum(errs) / len(errs) if errs else 0.0
+    return {"schema": SCHEMA, "machine": machine.name, "rows": out_rows, "curves": out_curves,
+            "mape_pct": round(mape, 2), "max_error_pct": round(max(errs), 2) if errs else 0.0,
             "wall_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def format_x(x) -> str:
+    return "x".join(f"{v:g}" for v in x) if isinstance(x, list) else f"{x:g}"
+
+
+def format_point(c: dict, p: dict) -> str:
+    return (f"  {c['name']:<26} {format_x(p['x']):>18} {p['simulated']:>10.4g} {p['reference']:>10.4g} "
+            f"{c['unit']:<8} {p['error_pct']:>+7.1f}%")
+
+
+def format_curve(c: dict) -> str:
+    return f"{c['name']:<28} {len(c['points']):>3} points  MAPE {c['mape_pct']:>5.1f}%  worst {c['max_error_pct']:>5.1f}%"
+
+
+def _x_value(x) -> float:
+    """Where a point sits on its curve's x axis: x, or a shape's product (its work)."""
+    return _x_work(x)
+
+
+def plot_validation(doc: dict, path: str) -> None:
+    """Left: simulated against measured, log-log, one colour per curve (rows in grey), with y = x
+    and the +-25 % band, as Accel-Sim plots correlation. Right: each curve against its x, measured
+    points and the simulated line, so a step that lands in the wrong place shows where."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = doc["curves"]
+    ncols = 1 + (1 if curves else 0) + (1 if len(curves) > 2 else 0)
+    nright = len(curves)
+    rows_right = max(1, -(-nright // max(ncols - 1, 1))) if curves else 1
+    fig = plt.figure(figsize=(6.5 + 4.2 * (ncols - 1), max(6.0, 2.9 * rows_right)))
+    grid = fig.add_gridspec(rows_right, ncols)
+    ax = fig.add_subplot(grid[:, 0])
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lo, hi = float("inf"), 0.0
+    for i, c in enumerate(curves):
+        ref = [p["reference"] for p in c["points"]]
+        sim = [max(p["simulated"], 1e-12) for p in c["points"]]
+        ax.plot(ref, sim, "o-", ms=4, lw=0.8, color=colours[i % len(colours)],
+                label=f"{c['name']} ({c['unit']}, MAPE {c['mape_pct']:.0f}%)")
+        lo, hi = min(lo, *ref, *sim), max(hi, *ref, *sim)
+    if doc["rows"]:
+        ref = [r["reference"] for r in doc["rows"]]
+        sim = [max(r["simulated"], 1e-12) for r in doc["rows"]]
+        ax.plot(ref, sim, "s", color="0.5", ms=5, label="single figures (rows)")
+        for r in doc["rows"]:
+            ax.annotate(r["quantity"], (r["reference"], max(r["simulated"], 1e-12)), fontsize=6, color="0.4",
+                        xytext=(3, -3), textcoords="offset points")
+        lo, hi = min(lo, *ref, *sim), max(hi, *ref, *sim)
+    if hi > 0:
+        lo, hi = lo / 1.5, hi * 1.5
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], color="0.9", zorder=0,
+                        label="within 25 %")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured / published")
+    ax.set_ylabel("simulated")
+    ax.set_title(f"archsim validate {doc['machine']}: MAPE {doc['mape_pct']:.1f}% (worst {doc['max_error_pct']:.0f}%)",
+                 fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    for i, c in enumerate(curves):
+        sub = fig.add_subplot(grid[i // (ncols - 1), 1 + i % (ncols - 1)])
+        xs = [_x_value(p["x"]) for p in c["points"]]
+        colour = colours[i % len(colours)]
+        sub.plot(xs, [p["reference"] for p in c["points"]], "o", ms=4, color=colour, label="measured")
+        sub.plot(xs, [p["simulated"] for p in c["points"]], "-", lw=1.2, color=colour, alpha=0.7,
+                 label="simulated")
+        if max(xs) / min(xs) > 20:
+            sub.set_xscale("log")
+        name = "x".join(c["x"]) if len(c["x"]) > 1 else c["x"][0]
+        sub.set_xlabel(name + (" (product)" if len(c["x"]) > 1 else ""), fontsize=8)
+        sub.set_ylabel(c["unit"], fontsize=8)
+        sub.set_title(f"{c['name']}: MAPE {c['mape_pct']:.0f}%, worst {c['max_error_pct']:.0f}%", fontsize=9)
+        sub.tick_params(labelsize=7)
+        sub.grid(True, which="both", lw=0.3, alpha=0.5)
+        sub.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def format_row(r: dict) -> str:

@@ -230,7 +230,8 @@ def test_cli_validate_with_a_reference_file(capsys, tmp_path):
                    "  - {quantity: ffma_latency, value: 4, unit: cycles, source: tiny-gpu config}\n"
                    "  - {quantity: shared_latency, value: 25, unit: cycles, source: tiny-gpu config}\n")
     f = tmp_path / "v.json"
-    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--json", str(f))
+    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--json", str(f),
+                          "--plot", "none")
     assert code == 0, err
     doc = json.loads(f.read_text())
     assert doc["schema"] == "archsim.validate/1"
@@ -240,7 +241,7 @@ def test_cli_validate_with_a_reference_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("text,where", [
-    ("rows: 3\n", "no `rows:` list"),
+    ("rows: 3\n", "no `rows:` or `curves:` list"),
     ("rows:\n  - {quantity: warp_speed, value: 4, unit: cycles, source: x}\n", "has no probe"),
     ("rows:\n  - {quantity: ffma_latency, value: 4, unit: ns, source: x}\n", "does not match"),
     ("rows:\n  - {quantity: ffma_latency, value: -1, unit: cycles, source: x}\n", "not a positive number"),

@@ -1,0 +1,374 @@
+"""Measure the reference curves of configs/reference/<gpu>.yaml on a real NVIDIA GPU.
+
+Each benchmark is the CUDA twin of the archsim kernel it is compared with (archsim/micro.py), so a
+curve compares the same kernel shape on the model and on the chip:
+
+- chase: one thread follows a random cycle of 8-byte pointers, one per 128-byte line, over a
+  footprint (micro latency: warm-up pass, then timed loads, cycles from clock64).
+- stream: grid-stride 16-byte loads, four independent loads per thread per iteration, blocks of at
+  most 8 warps filling `occupancy` of every SM's warp slots (micro bandwidth); against footprint
+  and against occupancy. Bytes moved over kernel time.
+- shared_chase, ffma_latency: dependent chains timed with clock64.
+- gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
+
+Needs CuPy and PyTorch with a GPU. Writes JSON (one object per benchmark) to the path given, after
+every benchmark, so a run cut short keeps what it measured.
+
+    python scripts/measure_gpu.py OUT.json [--quick] [--only=NAME,...] [--occupancy-mib=MIB,...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+import numpy as np
+
+SRC = r"""
+extern "C" __global__ void chase(unsigned long long start, long long warm, long long loads, long long* out)
+{
+    unsigned long long p = start;
+    for (long long i = 0; i < warm; ++i) asm volatile("ld.global.u64 %0, [%0];" : "+l"(p));
+    long long t0 = clock64();
+    for (long long i = 0; i < loads; ++i) asm volatile("ld.global.u64 %0, [%0];" : "+l"(p));
+    long long t1 = clock64();
+    out[0] = t1 - t0;
+    out[1] = (long long)p;
+}
+
+extern "C" __global__ void stream_read(const float4* __restrict__ b, long long chunks, float* out)
+{
+    long long S = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    float acc = 0.f;
+    for (; i < chunks; i += 4 * S) {
+        float4 v0 = b[i], v1 = b[i + S], v2 = b[i + 2 * S], v3 = b[i + 3 * S];
+        acc += v0.x + v0.y + v0.z + v0.w + v1.x + v1.y + v1.z + v1.w
+             + v2.x + v2.y + v2.z + v2.w + v3.x + v3.y + v3.z + v3.w;
+    }
+    if (acc == 1234.5f) out[0] = acc;
+}
+
+extern "C" __global__ void stream_write(float4* __restrict__ a, long long chunks)
+{
+    long long S = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    for (; i < chunks; i += 4 * S) { a[i] = v; a[i + S] = v; a[i + 2 * S] = v; a[i + 3 * S] = v; }
+}
+
+extern "C" __global__ void stream_copy(float4* __restrict__ a, const float4* __restrict__ b, long long chunks)
+{
+    long long S = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i < chunks; i += 4 * S) {
+        float4 v0 = b[i], v1 = b[i + S], v2 = b[i + 2 * S], v3 = b[i + 3 * S];
+        a[i] = v0; a[i + S] = v1; a[i + 2 * S] = v2; a[i + 3 * S] = v3;
+    }
+}
+
+extern "C" __global__ void empty_kernel(float* out) { if (threadIdx.x == 9999) out[0] = 1.f; }
+
+extern "C" __global__ void shared_chase(long long loads, long long* out)
+{
+    __shared__ unsigned int s[256];
+    unsigned int sb = (unsigned int)__cvta_generic_to_shared(s);
+    for (int i = 0; i < 256; ++i) s[i] = sb + ((i + 1) % 256) * 4;   // absolute shared addresses
+    __syncthreads();
+    unsigned int p = sb;
+    asm volatile("ld.shared.u32 %0, [%0];" : "+r"(p));
+    long long t0 = clock64();
+    for (long long i = 0; i < loads; ++i) asm volatile("ld.shared.u32 %0, [%0];" : "+r"(p));
+    long long t1 = clock64();
+    out[0] = t1 - t0;
+    out[1] = (long long)p;
+}
+
+extern "C" __global__ void ffma_chain(float a, float b, long long n, long long* out, float* sink)
+{
+    float x = a;
+    long long t0 = clock64();
+    for (long long i = 0; i < n; ++i) {
+        x = fmaf(x, b, a); x = fmaf(x, b, a); x = fmaf(x, b, a); x = fmaf(x, b, a);
+        x = fmaf(x, b, a); x = fmaf(x, b, a); x = fmaf(x, b, a); x = fmaf(x, b, a);
+    }
+    long long t1 = clock64();
+    out[0] = t1 - t0;
+    sink[0] = x;
+}
+"""
+
+QUICK = "--quick" in sys.argv
+ONLY = [a.split("=", 1)[1].split(",") for a in sys.argv if a.startswith("--only=")]
+ONLY = ONLY[0] if ONLY else None
+OCC_MIB = [[float(v) for v in a.split("=", 1)[1].split(",")] for a in sys.argv if a.startswith("--occupancy-mib=")]
+OCC_MIB = OCC_MIB[0] if OCC_MIB else [1024.0]
+RESULTS: dict = {"schema": "archsim.measured/1", "benchmarks": {}}
+
+
+def save(path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(RESULTS, f, indent=1)
+
+
+def bench(name: str, path: str):
+    def wrap(fn):
+        if ONLY is not None and name not in ONLY and name not in ("sm_clock", "sm_clock_end"):
+            return fn
+        t0 = time.time()
+        try:
+            RESULTS["benchmarks"][name] = fn()
+        except Exception:  # keep going: one broken benchmark must not lose the others
+            RESULTS["benchmarks"][name] = {"error": traceback.format_exc()}
+            print(traceback.format_exc(), flush=True)
+        RESULTS["benchmarks"].setdefault(name, {})
+        if isinstance(RESULTS["benchmarks"][name], dict):
+            RESULTS["benchmarks"][name]["wall_s"] = round(time.time() - t0, 2)
+        print(f"{name}: {time.time() - t0:.1f} s", flush=True)
+        save(path)
+        return fn
+    return wrap
+
+
+def main(path: str) -> None:
+    import cupy as cp
+    import torch
+
+    mod = cp.RawModule(code=SRC)
+    K = {n: mod.get_function(n) for n in ("chase", "stream_read", "stream_write", "stream_copy", "empty_kernel",
+                                         "shared_chase", "ffma_chain")}
+    dev = cp.cuda.Device(0)
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    sms = props["multiProcessorCount"]
+    warp_slots = props["maxThreadsPerMultiProcessor"] // 32
+    RESULTS["device"] = {"name": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+                         "sms": sms, "l2_bytes": props["l2CacheSize"], "warp_slots": warp_slots,
+                         "clock_khz": props.get("clockRate"), "mem_clock_khz": props.get("memoryClockRate"),
+                         "mem_bus_bits": props.get("memoryBusWidth"), "torch": torch.__version__,
+                         "cupy": cp.__version__, "cc": f"{props['major']}.{props['minor']}"}
+    save(path)
+    out64 = cp.zeros(2, cp.int64)
+    sinkf = cp.zeros(4, cp.float32)
+
+    def sm_clock_mhz() -> float:
+        """The SM clock while busy: clock64 cycles of a spinning FFMA chain over its event time."""
+        n = 1 << 20
+        K["ffma_chain"]((1,), (1,), (np.float32(1.0), np.float32(0.5), np.int64(1000), out64, sinkf))
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record()
+        K["ffma_chain"]((1,), (1,), (np.float32(1.0), np.float32(0.5), np.int64(n), out64, sinkf))
+        e1.record()
+        e1.synchronize()
+        ms = cp.cuda.get_elapsed_time(e0, e1)
+        return float(out64[0].get()) / (ms * 1e-3) / 1e6
+
+    @bench("sm_clock", path)
+    def _():
+        return {"mhz": [round(sm_clock_mhz(), 1) for _ in range(3)]}
+
+    @bench("ffma_latency", path)
+    def _():
+        n = 4096
+        K["ffma_chain"]((1,), (1,), (np.float32(1.0), np.float32(0.5), np.int64(n), out64, sinkf))
+        cp.cuda.runtime.deviceSynchronize()
+        return {"cycles_per_ffma": float(out64[0].get()) / (8 * n)}
+
+    @bench("shared_chase", path)
+    def _():
+        loads = 4096
+        K["shared_chase"]((1,), (1,), (np.int64(loads), out64))
+        cp.cuda.runtime.deviceSynchronize()
+        return {"cycles_per_load": float(out64[0].get()) / loads}
+
+    @bench("chase", path)
+    def _():
+        kib = [16, 32, 64, 96, 128, 160, 192, 224, 256, 384, 512, 1024, 2048, 4096, 8192, 16384, 24576, 32768,
+               40960, 49152, 65536, 98304, 131072, 262144, 524288, 1048576]
+        if QUICK:
+            kib = kib[::4]
+        loads = 4096
+        pts = []
+        for k in kib:
+            nbytes = k * 1024
+            n = nbytes // 128
+            tbl = cp.zeros(nbytes // 8, cp.uint64)
+            base = tbl.data.ptr
+            perm = cp.random.permutation(n).astype(cp.int64)
+            nxt = cp.empty(n, cp.int64)
+            nxt[perm] = cp.roll(perm, -1)
+            tbl[cp.arange(n, dtype=cp.int64) * 16] = (base + nxt * 128).astype(cp.uint64)
+            warm = min(n, 1 << 20)
+            K["chase"]((1,), (1,), (np.uint64(base), np.int64(warm), np.int64(loads), out64))
+            cp.cuda.runtime.deviceSynchronize()
+            pts.append([k, float(out64[0].get()) / loads])
+            print(f"  chase {k} KiB: {pts[-1][1]:.1f}", flush=True)
+            del tbl, perm, nxt
+        return {"x": "footprint_kib", "y": "cycles", "stride_bytes": 128, "loads": loads, "points": pts}
+
+    big = cp.zeros((4 << 30) // 4, cp.float32)       # 4 GiB, reused by every stream
+    big2 = cp.zeros((1 << 30) // 4, cp.float32)
+    flush = cp.zeros((512 << 20) // 4, cp.float32)
+
+    def launch_of(occupancy: float):
+        warps = max(1, int(round(occupancy * warp_slots)))
+        per_block = min(warps, 8)
+        while warps % per_block:
+            per_block -= 1
+        return sms * (warps // per_block), per_block * 32
+
+    def time_stream(kind: str, mib: float, occupancy: float, reps: int, cold: bool):
+        blocks, threads = launch_of(occupancy)
+        per_iter = blocks * threads * 4
+        per_chunk = {"read": 16, "write": 16, "copy": 32}[kind]
+        chunks = max(int(mib * 2**20) // per_chunk // per_iter, 1) * per_iter
+        if kind == "read":
+            args = (big, np.int64(chunks), sinkf)
+        elif kind == "write":
+            args = (big, np.int64(chunks))
+        else:
+            args = (big, big2, np.int64(chunks))
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        if cold:
+            K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
+                                                                   * sms * 8 * 256 * 4), sinkf))
+            e0.record()
+            K["stream_" + kind]((blocks,), (threads,), args)
+            e1.record()
+            e1.synchronize()
+            return chunks * per_chunk / (cp.cuda.get_elapsed_time(e0, e1) * 1e-3) / 1e9, 1
+        K["stream_" + kind]((blocks,), (threads,), args)
+        e0.record()
+        for _ in range(reps):
+            K["stream_" + kind]((blocks,), (threads,), args)
+        e1.record()
+        e1.synchronize()
+        ms = cp.cuda.get_elapsed_time(e0, e1) / reps
+        e0.record()
+        for _ in range(reps):
+            K["empty_kernel"]((blocks,), (threads,), (sinkf,))
+        e1.record()
+        e1.synchronize()
+        ms_empty = cp.cuda.get_elapsed_time(e0, e1) / reps
+        return chunks * per_chunk / (ms * 1e-3) / 1e9, ms_empty / ms
+
+    @bench("stream_footprint", path)
+    def _():
+        mibs = [8, 16, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096]
+        if QUICK:
+            mibs = [64, 1024]
+        pts = []
+        for m in mibs:
+            reps = max(3, min(200, int(2048 // m)))
+            warm, ovh = time_stream("read", m, 1.0, reps, False)
+            cold, _ = time_stream("read", m, 1.0, 1, True)
+            pts.append([m, round(warm, 1), round(cold, 1), round(ovh, 4)])
+            print(f"  stream {m} MiB: warm {warm:.0f} cold {cold:.0f} GB/s", flush=True)
+        return {"x": "footprint_mib", "y": "GB/s", "columns": ["footprint_mib", "back_to_back_gbps",
+                                                                "after_flush_gbps", "empty_launch_share"],
+                "kind": "read", "occupancy": 1.0, "points": pts}
+
+    @bench("stream_occupancy", path)
+    def _():
+        warps = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64]
+        if QUICK:
+            warps = [4, 64]
+        pts = []
+        for w in warps:
+            occ = w / warp_slots
+            row = [w, round(occ, 4)]
+            for mib in OCC_MIB:
+                g, _ = time_stream("read", mib, occ, 5, False)
+                c, _ = time_stream("read", mib, occ, 1, True)
+                row += [round(g, 1), round(c, 1)]
+            pts.append(row)
+            print(f"  stream {w} warps/SM: {row[2:]} GB/s", flush=True)
+        return {"x": "warps_per_sm", "y": "GB/s",
+                "columns": ["warps_per_sm", "occupancy"] + [f"{m:g}_mib_{t}_gbps" for m in OCC_MIB
+                                                            for t in ("back_to_back", "after_flush")],
+                "kind": "read", "footprint_mib": OCC_MIB, "points": pts}
+
+    @bench("stream_kinds", path)
+    def _():
+        return {k: round(time_stream(k, 1024, 1.0, 5, False)[0], 1) for k in ("read", "write", "copy")}
+
+    del big, big2, flush
+    cp.get_default_memory_pool().free_all_blocks()
+
+    def cuda_ms(fn, warm=3, reps=10):
+        for _ in range(warm):
+            fn()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(reps):
+            e0.record()
+            fn()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1))
+        return float(np.median(ts))
+
+    @bench("gemm", path)
+    def _():
+        shapes = [(s, s, s) for s in (512, 1024, 2048, 4096, 8192, 16384)]
+        shapes += [(2048, 36864, 12288), (2048, 12288, 12288), (2048, 49152, 12288), (2048, 12288, 49152),
+                   (2048, 43008, 14336), (2048, 14336, 14336), (2048, 57344, 14336), (2048, 14336, 57344)]
+        if QUICK:
+            shapes = shapes[:3]
+        pts = []
+        for m, n, k in shapes:
+            a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+            b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+            ms = cuda_ms(lambda: torch.matmul(a, b), reps=5 if m * n * k > 2**40 else 10)
+            clk = sm_clock_mhz()
+            pts.append([m, n, k, round(2 * m * n * k / (ms * 1e-3) / 1e12, 1), round(clk)])
+            print(f"  gemm {m}x{n}x{k}: {pts[-1][3]} TFLOP/s at {clk:.0f} MHz", flush=True)
+            del a, b
+        return {"columns": ["m", "n", "k", "tflops", "sm_mhz_after"], "dtype": "fp16", "layout": "A[m,k] @ B[k,n]",
+                "points": pts}
+
+    @bench("attention", path)
+    def _():
+        import torch.nn.functional as F
+        pts = []
+        seqs = [512, 1024, 2048, 4096, 8192, 16384]
+        if QUICK:
+            seqs = seqs[:2]
+        for d in (64, 128):
+            for s in seqs:
+                batch = max(1, 16384 // s)
+                heads = 16
+                q, k, v = (torch.randn(batch, heads, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
+                    ms = cuda_ms(lambda: F.scaled_dot_product_attention(q, k, v))
+                flops = 4 * batch * heads * s * s * d
+                pts.append([d, s, batch, heads, round(flops / (ms * 1e-3) / 1e12, 1)])
+                print(f"  attention d{d} s{s}: {pts[-1][-1]} TFLOP/s", flush=True)
+                del q, k, v
+        return {"columns": ["head_dim", "seq", "batch", "heads", "tflops"], "dtype": "fp16", "causal": False,
+                "backend": "flash (torch sdpa)", "points": pts}
+
+    @bench("gemv", path)
+    def _():
+        pts = []
+        for k, n in [(4096, 4096), (8192, 8192), (12288, 12288), (12288, 36864), (12288, 49152), (49152, 12288)]:
+            x = torch.randn(1, k, device="cuda", dtype=torch.float16)
+            w = torch.randn(k, n, device="cuda", dtype=torch.float16)
+            ms = cuda_ms(lambda: torch.matmul(x, w), reps=20)
+            pts.append([k, n, round(2 * k * n / (ms * 1e-3) / 1e9, 1)])
+            print(f"  gemv {k}x{n}: {pts[-1][-1]} GB/s", flush=True)
+            del x, w
+        return {"columns": ["k", "n", "weight_gbps"], "dtype": "fp16", "layout": "x[1,k] @ W[k,n]", "points": pts}
+
+    @bench("sm_clock_end", path)
+    def _():
+        return {"mhz": [round(sm_clock_mhz(), 1) for _ in range(3)]}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        print(__doc__)
+        sys.exit(2)
+    main(sys.argv[1])
