@@ -50,3 +50,36 @@ def test_the_carveout_holds_as_many_blocks_as_the_other_limits_allow():
 def test_per_kernel_needs_a_carved_l1_with_carveouts():
     with pytest.raises(InputError, match="carveout"):
         load_machine("sw26010pro", sets=["scratchpad.carveout=per_kernel"])
+
+
+def test_the_drivers_reserve_per_block_counts_for_the_carveout_and_occupancy():
+    """scratchpad.reserved_per_block_bytes (1 KB on compute capability 8.x / 9.x): a kernel
+    without shared memory pays it for every block a core can hold, so the carveout is the
+    smallest one holding max_blocks KiB; a block's shared memory plus the reserve must fit."""
+    from archsim.engine.timing import block_shared_bytes, occupancy_limits
+
+    h = load_machine("h100")
+    assert h.scratchpad.carveout == "per_kernel" and h.scratchpad.reserved_per_block_bytes == 1024
+    chase = run_micro("latency", h, {"footprint_kib": 16, "loads": 16})
+    n = h.cores.max_blocks    # one-thread blocks: the block slots are the limit
+    need = n * 1024
+    pick = min(k for k in h.scratchpad.carveouts_kib if k * 1024 >= need)
+    assert chase.kernels[0]["carveout"] == {"shared_kib": pick, "l1_cache_kib": h.l1.size_kib - pick}
+    g = gemm_kernel(capabilities(h), 1024, 1024, 256, "fp16", "f32", tile=Tile(64, 64, 32, 4, 2))
+    assert block_shared_bytes(g.program, h) == g.program.shared_bytes + 1024
+    m = kernel_machine(g.program, h, g.launch)
+    per_block = g.program.shared_bytes + 1024
+    n = blocks_per_core(g.program, h, g.launch)
+    assert m.scratchpad.size_kib * 1024 >= n * per_block
+    assert occupancy_limits(g.program, m, g.launch)[1] == per_block
+    # without the reserve the same kernel holds at least as many blocks
+    free = load_machine("h100", sets=["scratchpad.reserved_per_block_bytes=0"])
+    assert blocks_per_core(g.program, free, g.launch) >= n
+    # a block whose shared memory fits the largest carveout only without the reserve is rejected
+    from archsim.isa.asm import assemble
+    from archsim.isa.program import Launch
+
+    top = max(h.scratchpad.carveouts_kib) * 1024
+    prog = assemble(f".kernel full\n.shared {top - 512}\n        exit\n")
+    with pytest.raises(InputError, match="driver reserves"):
+        blocks_per_core(prog, h, Launch((1, 1, 1), (32, 1, 1)))

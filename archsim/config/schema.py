@@ -194,6 +194,7 @@ class Scratchpad(Frozen):
     # (at most size_kib) that holds the blocks its other limits let a core run, as the CUDA driver
     # picks it, and the rest of the array is L1 cache
     carveout: Literal["fixed", "per_kernel"] = "fixed"
+    reserved_per_block_bytes: NonNegInt = 0     # shared memory the driver keeps per resident block
     cache_kib: NonNegInt = 0        # LDM part used as a data cache (Sunway)
     cache_options_kib: Optional[tuple[NonNegInt, ...]] = None
     cache_line_bytes: Optional[PosInt] = None

@@ -154,9 +154,10 @@ def kernel_machine(prog: Program, machine, launch: Launch):
     n = min(c.max_blocks, c.warp_slots // max(wpb, 1),
             machine.register_file.regs_per_core // max(wpb * prog.nregs * c.warp_width, 1))
     allowed = sorted(k for k in sp.carveouts_kib if k <= sp.size_kib)
-    if prog.shared_bytes:
-        n = min(n, allowed[-1] * 1024 // prog.shared_bytes)      # the most the largest carveout holds
-    pick = next((k for k in allowed if k * 1024 >= max(n, 1) * prog.shared_bytes), allowed[-1])
+    need = block_shared_bytes(prog, machine)
+    if need:
+        n = min(n, allowed[-1] * 1024 // need)      # the most the largest carveout holds
+    pick = next((k for k in allowed if k * 1024 >= max(n, 1) * need), allowed[-1])
     if pick == sp.size_kib:
         return machine
     return machine.model_copy(update={"scratchpad": sp.model_copy(update={"size_kib": pick})})
@@ -188,6 +189,14 @@ def resident_slots(prog: Program, machine, launch: Launch) -> tuple[int, int]:
     return min(c.warp_slots, n * wpb), n
 
 
+def block_shared_bytes(prog: Program, machine) -> int:
+    """Scratchpad one block holds: its own shared memory plus what the driver reserves per
+    resident block (``scratchpad.reserved_per_block_bytes``; 1 KB on compute capability 8.x and
+    9.x), which a kernel without shared memory pays too."""
+    sp = machine.scratchpad
+    return prog.shared_bytes + (sp.reserved_per_block_bytes if sp.kind == "shared" else 0)
+
+
 def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
     """(registers per warp, scratchpad bytes per block); rejects a block that cannot fit a core."""
     W = machine.cores.warp_width
@@ -203,10 +212,13 @@ def occupancy_limits(prog: Program, machine, launch: Launch) -> tuple[int, int]:
         raise InputError(where, f"a block needs {wpb * regs_per_warp} registers ({prog.nregs} per thread); a core "
                          f"of {machine.name} has {machine.register_file.regs_per_core}",
                          "fewer registers per thread or threads per block")
-    if prog.shared_bytes > scratch:
-        raise InputError(where, f"a block needs {prog.shared_bytes} bytes of scratchpad; a core of {machine.name} "
-                         f"has {scratch}", f"at most {scratch} bytes")
-    return regs_per_warp, prog.shared_bytes
+    smem = block_shared_bytes(prog, machine)
+    if smem > scratch:
+        reserve = smem - prog.shared_bytes
+        raise InputError(where, f"a block needs {prog.shared_bytes} bytes of scratchpad"
+                         + (f" (+{reserve} the driver reserves)" if reserve else "")
+                         + f"; a core of {machine.name} has {scratch}", f"at most {scratch - reserve} bytes")
+    return regs_per_warp, smem
 
 
 PLACEMENTS = ("cross", "private")
