@@ -130,3 +130,89 @@ def test_near_reply_does_not_wait_behind_a_far_one():
             if r >= 0:
                 got[core] = r
     assert got == {near_core: r_near, far_core: r_far}
+
+
+# ----------------------------------------------------------------------------- near replicas
+REPL = ["l2.near_replicas=true"]
+
+
+def test_near_replicas_route_reads_to_the_mirror_of_the_home_and_writes_home():
+    from archsim.engine.queues import KIND_WRITE
+
+    m, MS = mstate("tiny-gpu", REPL)
+    sph = m.l2.slices // m.l2.halves
+    rng = np.random.default_rng(3)
+    for a in rng.integers(0, 1 << 30, 400) // 32 * 32:
+        home = ME._slice_of(MS, int(a))
+        for core in range(4):
+            half = core % m.l2.halves
+            r = req_alloc(MS.R, int(a), 32, KIND_READ, core, 0, 0)
+            w = req_alloc(MS.R, int(a), 32, KIND_WRITE, core, 0, 0)
+            want = home if home // sph == half else half * sph + home % sph
+            assert ME._dest_slice(MS, core, r) == want
+            assert ME._dest_slice(MS, core, w) == home
+            assert ME._far(MS, core, ME._dest_slice(MS, core, r)) == 0     # a read is always answered near
+            ME.req_free(MS.R, r)
+            ME.req_free(MS.R, w)
+    # without replicas every request goes home
+    _, M0 = mstate("tiny-gpu")
+    r = req_alloc(M0.R, 8192, 32, KIND_READ, 0, 0, 0)
+    assert ME._dest_slice(M0, 0, r) == ME._slice_of(M0, 8192) and ME._slice_of(M0, 8192) // sph == 1
+
+
+def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing_else_from_dram():
+    from archsim.engine import cache as CA
+
+    m, MS = mstate("tiny-gpu", ["l2.near_replicas=true", "l2.slice_indexing=consecutive"])
+    l2 = m.l2
+    sph = l2.slices // l2.halves
+    line = 8192 * 3                                 # half 1
+    home = ME._slice_of(MS, line)
+    mirror = ME._mirror(MS, home, 0)
+    assert home // sph == 1 and mirror == home % sph
+    CA.cache_fill(MS.L2, home, line, 0b1111, 0)     # the home holds the line
+    q = MS.cfg[ME.M_Q_RFILL] + mirror
+    n0 = MS.Q.count[q]
+    ME._fetch_copy(MS, mirror, home, line, 0b0011, 100)
+    assert MS.Q.count[q] == n0 + 1
+    rd = ME.q_peek(MS.Q, q, n0)
+    assert MS.R.aux1[rd] == 100 + l2.hit_latency_cycles + l2.far_half_extra_cycles
+    assert MS.R.aux0[rd] == 0b0011 and MS.R.tag[rd] == mirror
+    assert MS.R.src[rd] == ME.COPY_HIT
+    # a line the home lacks: after the same crossing, a DRAM read tagged for the mirror's fill
+    other = line + 128
+    ME._fetch_copy(MS, mirror, home, other, 0b0001, 100)
+    assert MS.Q.count[q] == n0 + 2
+    rm = ME.q_peek(MS.Q, q, n0 + 1)
+    assert MS.R.src[rm] == ME.COPY_MISS and MS.R.aux1[rm] == MS.R.aux1[rd]
+    fe = MS.cfg[ME.M_Q_FE]
+    before = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
+    ME._slice_cycle(MS, mirror, int(MS.R.aux1[rd]))      # both due: the copy fills, the miss goes to DRAM
+    after = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
+    assert MS.Q.count[q] == n0 and after == before + 1
+    assert CA.cache_probe(MS.L2, mirror, line) == 0b0011
+    # its fill puts the line in the home too; a write at the home drops the mirror's copy
+    ME._fill_slice(MS, mirror, other, 0b0001, 200)
+    ME._fill_slice(MS, home, other, 0b0001, 200)
+    assert CA.cache_probe(MS.L2, mirror, other) == 0b0001 and CA.cache_probe(MS.L2, home, other) == 0b0001
+    ME._drop_copies(MS, home, other)
+    assert CA.cache_probe(MS.L2, mirror, other) == -1 and CA.cache_probe(MS.L2, home, other) == 0b0001
+
+
+def test_with_near_replicas_a_chase_within_half_the_l2_is_all_near_hits():
+    """tiny-gpu (L2 256 KiB in two halves, L1 16 KiB): a warm chase over 64 KiB. Without replicas
+    the lines homed in the far half cost far_half_extra_cycles more, so the chase over every
+    address sits between the near-only and the far-only ones; with them every line is a near hit
+    after the warm-up pass."""
+    from archsim.micro import run_micro
+
+    p = {"footprint_kib": 64, "loads": 256}
+    off = load_machine("tiny-gpu")
+    on = load_machine("tiny-gpu", sets=REPL)
+    near = run_micro("latency", off, dict(p, half="near")).value
+    far = run_micro("latency", off, dict(p, half="far")).value
+    mixed = run_micro("latency", off, p).value
+    assert far - near == pytest.approx(off.l2.far_half_extra_cycles, abs=3)
+    assert near + 5 < mixed < far - 5
+    assert run_micro("latency", on, p).value == pytest.approx(near, abs=1.5)
+    assert run_micro("latency", on, dict(p, half="far")).value == pytest.approx(near, abs=1.5)

@@ -364,6 +364,11 @@ class L2(Frozen):
     # strides spread over every slice instead of camping on a few). The half is always chosen
     # by interleave_bytes.
     slice_indexing: Literal["consecutive", "hashed"] = "consecutive"
+    # Each half also caches the other half's lines for its own SMs (a read from an SM goes to the
+    # slice of its own half that mirrors the address's home slice; a miss there looks the line up
+    # in its home slice, far_half_extra_cycles away, then in DRAM; a write goes to the home slice
+    # and drops the copies). With false, every line lives in its home slice only.
+    near_replicas: Bool = False
 
     @model_validator(mode="after")
     def _check(self):

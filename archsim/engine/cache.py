@@ -610,6 +610,35 @@ def cache_probe(C, inst, addr):
 
 
 @njit(**_NOREF)
+def cache_touch(C, inst, addr):
+    """A read hit on addr's line that moves no data through this instance's pipeline (the home
+    slice answering for a near copy): its replacement stamp and its counters, as a hit."""
+    s, w = _lookup(C, inst, addr >> C.cfg[CFG_LINE_SHIFT])
+    if w < 0:
+        return
+    C.cnt[inst, CNT_ACCESSES] += 1
+    C.cnt[inst, CNT_HITS] += 1
+    C.cnt[inst, CNT_READS] += 1
+    if C.cfg[CFG_REPL] == REPL_LRU:
+        t = C.inst[inst, I_TICK] + 1
+        C.inst[inst, I_TICK] = t
+        C.way[inst, s, w, WAY_STAMP] = t
+
+
+@njit(**_NOREF)
+def cache_drop(C, inst, addr):
+    """Drop addr's line from instance inst unless a miss is fetching into it (a stale copy after a
+    write elsewhere); clean copies only: dirty data is discarded. Returns whether it dropped one."""
+    s, w = _lookup(C, inst, addr >> C.cfg[CFG_LINE_SHIFT])
+    if w < 0 or C.way[inst, s, w, WAY_MSHR] >= 0:
+        return False
+    C.tag[inst, s, w] = -1
+    C.way[inst, s, w, WAY_VALID] = 0
+    C.way[inst, s, w, WAY_DIRTY] = 0
+    return True
+
+
+@njit(**_NOREF)
 def cache_invalidate(C, inst):
     """Drop every line of instance inst that no miss is fetching into (an L1 at kernel launch);
     dirty data is discarded, so use it on write-through caches. Returns the lines dropped."""

@@ -15,7 +15,10 @@ or, with ``l2.slice_indexing: hashed``, permuted by an XOR fold of the higher ad
 slice's data array moves ``l2.bytes_per_cycle``; hits answer after ``l2.hit_latency_cycles`` (plus
 ``far_half_extra_cycles`` for an SM of the other half: near and far replies wait in separate
 delay pipelines, so a near reply never queues behind a far one), misses go through the slice's
-MSHRs to the DRAM channel of the address. Data comes back over the response crossbar and through the L1
+MSHRs to the DRAM channel of the address. With ``l2.near_replicas`` an SM reads through the slice
+of its own half that mirrors the address's home slice: a miss there takes the line from the home
+slice (``hit_latency_cycles + far_half_extra_cycles`` later) or, when the home lacks it, from DRAM
+into both; a write goes to the home slice and drops the mirrors' copies. Data comes back over the response crossbar and through the L1
 pipeline. Every other cycle of latency comes from these queues, links and banks.
 
 Clock domains: the fabric and L2 step in the fabric clock, DRAM in the memory clock, both as
@@ -42,6 +45,7 @@ from archsim.engine.jit import njit
 from archsim.engine.queues import (KIND_READ, KIND_WRITE, SPAN_SHIFT, Queues, Requests, make_queues, make_requests,
                                    n_spans, q_empty, q_full, q_peek, q_pop, q_push, req_alloc, req_free, span_bounds)
 
+COPY_HIT, COPY_MISS = -2, -3   # src of a near copy's request to its home slice: the home has it / not
 MIO_CAP = 8            # choice: memory instructions queued per SM between issue and the data pipe
 TRACKERS = 512         # choice: loads / async copies in flight per SM (L1 MSHRs bound the misses)
 DELAY_CAP = 512        # fixed-latency return pipelines (L1 hits per SM, L2 responses per slice)
@@ -57,9 +61,11 @@ TRK_LOAD, TRK_CP = 0, 1
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
  M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_SLICE_HASH, M_SPH_BITS,
- M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_PRIV_SEG, M_PER_GROUP, M_N) = range(37)
+ M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_PRIV_SEG, M_PER_GROUP, M_REPL, M_Q_RFILL, M_N) = range(39)
 # M_Q_L2D: per memory endpoint, the near-reply delay pipeline (L2 hits for SMs of the slice's own
 # half, DRAM replies without an L2); M_Q_L2F: the far-reply one (SMs of the other half)
+# M_REPL: l2.near_replicas (reads go to the mirror slice of the SM's own half); M_Q_RFILL: per slice,
+# the copies its home slice sends, due after the home lookup and the crossing (fills in due order)
 # M_PRIV_SEG: private placement (Sunway): the bytes of one private segment; a core of group g that
 # addresses [0, M_PRIV_SEG) reaches the same offset in g's own segment (0: addresses are physical)
 # M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
@@ -159,10 +165,14 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     q_retry = q_l2d + nmem
     q_fe = q_retry + nmem
     q_l2f = q_fe + chans
+    q_rfill = q_l2f + nmem
     fe_lat = machine.memory_controllers.frontend_latency_cycles
     fe_cap = frontend_capacity(machine)
     caps = [qcap] * chans + [DR.dram_queue_capacity(machine) * 4] * chans + [64] * cores + [DELAY_CAP] * cores \
         + [DELAY_CAP] * nmem + [256] * nmem + [fe_cap] * chans + [DELAY_CAP] * nmem
+    # a slice has at most one copy in flight per sector its MSHRs fetch
+    rfill_cap = 4 * machine.l2.mshrs + 64 if (machine.l2 is not None and machine.l2.near_replicas) else 1
+    caps += [rfill_cap] * nmem
     Q = make_queues(caps)
     l1c, l2c = machine.l1, machine.l2
     sc = machine.scratchpad
@@ -195,6 +205,8 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     cfg[M_Q_MISS], cfg[M_Q_L1D], cfg[M_Q_L2D], cfg[M_Q_RETRY] = q_miss, q_l1d, q_l2d, q_retry
     cfg[M_Q_FE], cfg[M_FE_LAT] = q_fe, fe_lat
     cfg[M_Q_L2F] = q_l2f
+    cfg[M_Q_RFILL] = q_rfill
+    cfg[M_REPL] = int(l2c is not None and l2c.near_replicas and l2c.halves > 1)
     cfg[M_SLICE_HASH] = int(l2c is not None and l2c.slice_indexing == "hashed")
     cfg[M_SPH_BITS] = max(1, (int(cfg[M_SPH]) - 1).bit_length())
     il_h, il_s = int(cfg[M_IL_HALF]), int(cfg[M_IL_SLICE])
@@ -244,7 +256,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         mesh_reqs = 0
     trk_free = np.tile(np.arange(TRACKERS - 1, -1, -1, dtype=np.int32), (cores, 1))
     l2_mshrs = l2c.mshrs if l2c else 0
-    nreq = cores * (TRACKERS + 128) + nmem * (2 * l2_mshrs + 2 * 256 + 64) + 4096 + \
+    nreq = cores * (TRACKERS + 128) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * 256 + 64) + 4096 + \
         int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
     lat[2] = 1 << 62
@@ -328,6 +340,26 @@ def hashed_slice(q, sph, bits):
     if sph & (sph - 1) == 0:
         return lo ^ (h & (sph - 1))
     return (lo + h) % sph
+
+
+@njit(cache=True)
+def _mirror(MS, sl, half):
+    """The slice of ``half`` that keeps copies of home slice sl's lines."""
+    sph = MS.cfg[M_SPH]
+    return half * sph + sl % sph
+
+
+@njit(cache=True)
+def _dest_slice(MS, core, r):
+    """Where a core's request goes: the home slice of its address; with near replicas a read goes
+    to the home's mirror in the core's own half."""
+    sl = _slice_of(MS, MS.R.addr[r])
+    cfg = MS.cfg
+    if cfg[M_REPL] and MS.R.kind[r] != KIND_WRITE:
+        half = core % cfg[M_HALVES]
+        if sl // cfg[M_SPH] != half:
+            return _mirror(MS, sl, half)
+    return sl
 
 
 @njit(cache=True)
@@ -678,7 +710,7 @@ def _core_memory(MS, TS, S, Dd, core, now):
     while Q.count[q] > 0:
         r = q_peek(Q, q, 0)
         nbytes = HEADER_BYTES + (R.nbytes[r] if R.kind[r] == KIND_WRITE else 0)
-        dest = MS.node[1, _slice_of(MS, R.addr[r])]
+        dest = MS.node[1, _dest_slice(MS, core, r)]
         if not NC.noc_inject(MS.req, MS.node[0, core], r, nbytes, dest, now_f):
             break
         MS.bytes[BY_FABRIC] += nbytes
@@ -736,6 +768,54 @@ def _to_dram_runs(MS, sl, line, mask, kind, tag, now):
 def _fetch(MS, sl, line, mask, now):
     """DRAM reads for the sectors of a line missing in slice sl; the fill goes back to sl."""
     _to_dram_runs(MS, sl, line, mask, KIND_READ, sl, now)
+
+
+@njit(cache=True)
+def _fetch_copy(MS, sl, home, line, mask, now):
+    """Sectors `mask` of a line missing in slice sl, which mirrors home slice `home`. The request
+    crosses to the home and back (hit_latency_cycles + far_half_extra_cycles, lumped before its
+    answer): the home's copy when it holds every sector, else a DRAM read issued then, whose fill
+    goes to sl and to the home (_dram_done)."""
+    v = CA.cache_probe(MS.L2, home, line)
+    hit = v >= 0 and (mask & ~v) == 0
+    nb = CA.popcount(mask) * MS.cfg[M_SECTOR]
+    rd = req_alloc(MS.R, line, nb, KIND_READ, COPY_HIT if hit else COPY_MISS, sl, now)
+    MS.R.aux0[rd] = mask
+    MS.R.aux1[rd] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
+    q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd)
+    if hit:
+        CA.cache_touch(MS.L2, home, line)
+        MS.bytes[BY_L2] += nb
+
+
+@njit(cache=True)
+def _drop_copies(MS, sl, line):
+    """A write reached home slice sl: the other halves' copies of the line are stale."""
+    cfg = MS.cfg
+    own = sl // cfg[M_SPH]
+    for h in range(cfg[M_HALVES]):
+        if h != own:
+            CA.cache_drop(MS.L2, _mirror(MS, sl, h), line)
+
+
+@njit(cache=True)
+def _fill_slice(MS, sl, line, mask, now):
+    """Sectors `mask` of a line arrive at slice sl (from DRAM, or from its home slice): fill,
+    answer the reads waiting on them, free the MSHR entry when it is done."""
+    R = MS.R
+    e = CA.cache_fill(MS.L2, sl, line, mask, now)
+    MS.slice_full[sl] = 0
+    _writeback(MS, sl, now)
+    if e < 0:
+        return
+    n = CA.mshr_waiters(MS.L2, sl, e, MS.waiters)
+    for i in range(n):
+        rr = MS.waiters[i]
+        if R.kind[rr] == KIND_WRITE:
+            req_free(R, rr)
+        else:
+            _respond_l2(MS, sl, rr, now)
+    CA.mshr_free(MS.L2, sl, e)
 
 
 @njit(cache=True)
@@ -799,6 +879,16 @@ def _slice_cycle(MS, sl, now):
         q_pop(Q, q)
         if cfg[M_HAS_L2] == 0:
             MS.ep_pending[sl] -= 1
+    # copies from the home slice whose lookup and crossing have passed (or the DRAM read the home
+    # sends for a line it lacks)
+    q = cfg[M_Q_RFILL] + sl
+    while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
+        rd = q_pop(Q, q)
+        if R.src[rd] == COPY_HIT:
+            _fill_slice(MS, sl, R.addr[rd], R.aux0[rd], now)
+        else:
+            _fetch(MS, sl, R.addr[rd], R.aux0[rd], now)
+        req_free(R, rd)
     # DRAM requests that found their channel queue full
     q = cfg[M_Q_RETRY] + sl
     while Q.count[q] > 0:
@@ -842,6 +932,8 @@ def _slice_cycle(MS, sl, now):
     MS.slice_hold[sl] = -1
     if is_write and R.tag[r] == TAG_WRITE:
         MS.mk[MK_STORES] -= 1                 # a core's store reached the L2 (the point of coherence)
+    if is_write and cfg[M_REPL]:
+        _drop_copies(MS, sl, line)
     bpc = cfg[M_L2_BPC]
     MS.slice_busy[sl] = now + (R.nbytes[r] + bpc - 1) // bpc
     MS.bytes[BY_L2] += R.nbytes[r]
@@ -852,7 +944,12 @@ def _slice_cycle(MS, sl, now):
         else:
             _respond_l2(MS, sl, r, now)
     elif newm != 0:
-        _fetch(MS, sl, line & ~(cfg[M_LINE] - 1), newm, now)
+        la = line & ~(cfg[M_LINE] - 1)
+        home = _slice_of(MS, la) if cfg[M_REPL] else sl
+        if home != sl:
+            _fetch_copy(MS, sl, home, la, newm, now)
+        else:
+            _fetch(MS, sl, la, newm, now)
 
 
 @njit(cache=True)
@@ -879,20 +976,13 @@ def _dram_done(MS, c, now):
             continue
         sl = R.tag[rd]
         line = R.addr[rd] & ~(cfg[M_LINE] - 1)
-        e = CA.cache_fill(MS.L2, sl, line, R.aux0[rd], now)
-        MS.slice_full[sl] = 0
+        mask = R.aux0[rd]
         req_free(R, rd)
-        _writeback(MS, sl, now)
-        if e < 0:
-            continue
-        n = CA.mshr_waiters(MS.L2, sl, e, MS.waiters)
-        for i in range(n):
-            rr = MS.waiters[i]
-            if R.kind[rr] == KIND_WRITE:
-                req_free(R, rr)
-            else:
-                _respond_l2(MS, sl, rr, now)
-        CA.mshr_free(MS.L2, sl, e)
+        _fill_slice(MS, sl, line, mask, now)
+        if cfg[M_REPL]:
+            home = _slice_of(MS, line)
+            if home != sl:                    # a copy's miss in DRAM: the home keeps the line too
+                _fill_slice(MS, home, line, mask, now)
 
 
 @njit(cache=True)
@@ -1263,7 +1353,7 @@ def _slice_has_work(MS, sl, now):
     cfg = MS.cfg
     Q = MS.Q
     return (_head_due(MS, cfg[M_Q_L2D] + sl, now) or _head_due(MS, cfg[M_Q_L2F] + sl, now)
-            or Q.count[cfg[M_Q_RETRY] + sl] > 0
+            or _head_due(MS, cfg[M_Q_RFILL] + sl, now) or Q.count[cfg[M_Q_RETRY] + sl] > 0
             or (MS.slice_busy[sl] <= now and (MS.slice_full[sl] == 0 if MS.slice_hold[sl] >= 0
                                               else NC.noc_deliverable(MS.req, MS.node[1, sl]))))
 
@@ -1341,7 +1431,7 @@ def _fabric_next_event(MS, now):
         if Q.count[q] > 0:
             t = min(t, _after(MS.fe_t[c, Q.head[q]], F))
     for sl in range(cfg[M_SLICES]):
-        for q in (cfg[M_Q_L2D] + sl, cfg[M_Q_L2F] + sl):
+        for q in (cfg[M_Q_L2D] + sl, cfg[M_Q_L2F] + sl, cfg[M_Q_RFILL] + sl):
             if Q.count[q] > 0:
                 t = min(t, _after(R.aux1[q_peek(Q, q, 0)], F))
         if Q.count[cfg[M_Q_RETRY] + sl] > 0:
