@@ -899,9 +899,10 @@ def l2_bandwidth(machine, out: MicroResult, iters: int = 8) -> float:
     blocks = cores * per_core
     row = threads * 16
     l1 = 0
-    if machine.l1 is not None:  # the cache part of the L1 (the unified array less the shared carveout)
-        sp = machine.scratchpad
-        l1 = (machine.l1.size_kib - (sp.size_kib if sp.carved_from_l1 else 0)) * 1024
+    if machine.l1 is not None:  # the cache part of the L1 (the unified array less the shared carveout;
+        sp = machine.scratchpad     # all of it at most when the carveout follows the kernel)
+        carved = sp.size_kib if sp.carved_from_l1 and sp.carveout == "fixed" else 0
+        l1 = (machine.l1.size_kib - carved) * 1024
     nrows = 4                   # rows per block, a power of two: all rows together are >= 4 L1s
     while nrows * row * blocks < 4 * l1:
         nrows *= 2

@@ -44,7 +44,8 @@ def test_the_carveout_holds_as_many_blocks_as_the_other_limits_allow():
     assert all(k * 1024 < n * small.program.shared_bytes for k in smaller)
     assert blocks_per_core(small.program, per, small.launch) == n
     # the fixed policy leaves the machine as it is
-    assert kernel_machine(small.program, a100, small.launch) is a100
+    fixed = load_machine("a100", sets=["scratchpad.carveout=fixed"])
+    assert kernel_machine(small.program, fixed, small.launch) is fixed
 
 
 def test_per_kernel_needs_a_carved_l1_with_carveouts():
