@@ -254,7 +254,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         if not isinstance(c.get("source"), str) or not c["source"].strip():
             raise InputError(f"{w}.source", "missing", "where the curve was published or how it was measured")
         k = c.get("kernel")
-        if k not in MI.PARAMS:
+        if not isinstance(k, str) or k not in MI.PARAMS:
             raise InputError(f"{w}.kernel", f"{k!r} is not a micro-benchmark", ", ".join(MI.PARAMS))
         if family is not None and k not in CURVE_KERNELS[family]:
             raise InputError(f"{w}.kernel", f"a {family} machine cannot run micro {k}",
@@ -266,7 +266,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
             raise InputError(f"{w}.params", "not a mapping", f"parameters of micro {k}: " + ", ".join(MI.PARAMS[k]))
         xs = c.get("x")
         xs = [xs] if isinstance(xs, str) else xs
-        if not isinstance(xs, list) or not xs or any(x not in MI.PARAMS[k] for x in xs):
+        if not isinstance(xs, list) or not xs or any(not isinstance(x, str) or x not in MI.PARAMS[k] for x in xs):
             raise InputError(f"{w}.x", f"{c.get('x')!r} is not a parameter of micro {k}",
                              "one of " + ", ".join(MI.PARAMS[k]) + " (or a list of them)")
         clock = c.get("clock_mhz")
@@ -275,6 +275,8 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         overrides = c.get("overrides") or []
         if not isinstance(overrides, list) or any(
                 not isinstance(o, dict) or set(o) != {"from_x", "params"} or not isinstance(o["params"], dict)
+                or not (_positive(o["from_x"]) or (isinstance(o["from_x"], list) and len(o["from_x"]) == len(xs)
+                                                   and all(_positive(v) for v in o["from_x"])))
                 for o in overrides):
             raise InputError(f"{w}.overrides", "not a list of {from_x, params}",
                              "[{from_x: X, params: {...}}]: params for the points at x >= X")

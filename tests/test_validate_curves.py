@@ -160,8 +160,15 @@ _doc = st.recursive(_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),
                                                       max_size=5)), max_leaves=12)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(curve=_doc)
+_near = st.fixed_dictionaries(
+    {"name": st.just("c"), "source": st.just("s"), "kernel": st.sampled_from(["latency", "gemm", "dma"]),
+     "x": st.one_of(st.just("footprint_kib"), st.just(["m", "n", "k"]), _doc),
+     "unit": st.sampled_from(["cycles", "TFLOP/s"]), "points": _doc},
+    optional={"params": _doc, "overrides": _doc, "clock_mhz": _leaf})
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(curve=st.one_of(_doc, _near))
 def test_any_curve_document_loads_or_is_an_input_error(tmp_path, curve):
     p = tmp_path / "ref.yaml"
     p.write_text(yaml.safe_dump({"curves": [curve]}))

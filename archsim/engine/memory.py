@@ -18,8 +18,9 @@ delay pipelines, so a near reply never queues behind a far one), misses go throu
 MSHRs to the DRAM channel of the address. With ``l2.near_replicas`` an SM reads through the slice
 of its own half that mirrors the address's home slice: a miss there takes the line from the home
 slice (``hit_latency_cycles + far_half_extra_cycles`` later) or, when the home lacks it, from DRAM
-into both; a write goes to the home slice and drops the mirrors' copies. Data comes back over the response crossbar and through the L1
-pipeline. Every other cycle of latency comes from these queues, links and banks.
+into both; a write goes to the home slice and drops the mirrors' copies. Data comes back over the
+response crossbar and through the L1 pipeline. Every other cycle of latency comes from these
+queues, links and banks.
 
 Clock domains: the fabric and L2 step in the fabric clock, DRAM in the memory clock, both as
 fixed-point phase accumulators against the core clock, so skip-ahead advances them exactly as
@@ -782,7 +783,8 @@ def _fetch_copy(MS, sl, home, line, mask, now):
     rd = req_alloc(MS.R, line, nb, KIND_READ, COPY_HIT if hit else COPY_MISS, sl, now)
     MS.R.aux0[rd] = mask
     MS.R.aux1[rd] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
-    q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd)
+    if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd):   # sized for every sector the MSHRs can fetch
+        raise RuntimeError("near-copy queue full")
     if hit:
         CA.cache_touch(MS.L2, home, line)
         MS.bytes[BY_L2] += nb
