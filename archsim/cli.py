@@ -65,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="functional interpreter: the numba engine or its slow pure-Python twin")
     p.add_argument("--json", metavar="FILE", help="write the result as JSON")
     p.add_argument("--disassemble", action="store_true", help="print the assembled program first")
+    p.add_argument("--timing", action="store_true",
+                   help="time the kernel on the machine's cycle model instead (--json: archsim.result/1)")
+    p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
+                   help="with --timing: stop after N core cycles (exit 3, partial result)")
 
     p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
     p.add_argument("hw", metavar="HW", help="a YAML path or a built-in name")
@@ -201,6 +205,8 @@ def cmd_asm(a) -> int:
                          f"at most {caps.warp_slots * caps.warp_width} threads")
     if a.disassemble:
         print(disassemble(prog))
+    if a.timing:
+        return _asm_timing(a, machine, prog, launch)
     args = default_args(prog)
     before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
     try:
@@ -246,6 +252,45 @@ def cmd_asm(a) -> int:
     if a.json:
         _write_json(a.json, out)
     return 1 if failed else 0
+
+
+def _asm_timing(a, machine, prog, launch) -> int:
+    """`archsim asm FILE --timing`: one launch on the cycle model, as `archsim run` times a kernel;
+    the record is the full archsim.result/1 with one kernel."""
+    import time
+
+    from archsim import stats
+    from archsim.engine.launch import default_args
+    from archsim.engine.machine import KernelTiming
+    from archsim.engine.timing import time_kernel
+
+    if a.max_cycles <= 0:
+        raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
+    if a.engine != "numba":
+        raise InputError("--engine", "the reference engine is functional only", "numba (the default) with --timing")
+    args = default_args(prog, timing=True)
+    workload = {"name": f"asm {prog.name}", "params": {"file": a.file, "grid": list(launch.grid),
+                                                       "block": list(launch.block)}}
+    t0 = time.perf_counter()
+    try:
+        t = time_kernel(prog, machine, launch, args, max_cycles=a.max_cycles)
+    except SimulationError as e:
+        if a.json and isinstance(e.partial, KernelTiming):
+            rec = stats.kernel_record(prog.name, machine, launch, e.partial)
+            _write_json(a.json, dict(stats.result(machine, workload, [rec], time.perf_counter() - t0,
+                                                  complete=False), error=e.line()))
+        raise
+    rec = stats.kernel_record(prog.name, machine, launch, t)
+    doc = stats.result(machine, workload, [rec], time.perf_counter() - t0)
+    stalls = sorted(rec["stalls"].items(), key=lambda kv: -kv[1])[:3]
+    bw = rec["bandwidth_gbps"]
+    print(f"kernel {prog.name} on {machine.name}: grid {launch.grid} block {launch.block}, {rec['cycles']} cycles "
+          f"({rec['seconds'] * 1e6:.2f} us), {rec['warp_instructions']} warp-instructions")
+    print("  stalls: " + ", ".join(f"{k} {v:.0%}" for k, v in stalls)
+          + "; GB/s: " + ", ".join(f"{k} {bw[k]:.1f}" for k in ("l1", "scratch", "l2", "dram") if bw.get(k)))
+    if a.json:
+        _write_json(a.json, doc)
+    return 0
 
 
 def args_for_ref(prog) -> dict:

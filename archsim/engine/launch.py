@@ -82,12 +82,28 @@ def host_array(spec, rng: np.random.Generator) -> np.ndarray:
     return base.astype(dt).reshape(spec.shape)
 
 
-def default_args(prog: Program, seed: int = 0) -> dict:
-    """Arguments from the program's `.arg` directives (what `archsim asm` runs with)."""
+def arg_nbytes(spec) -> int:
+    """Bytes of a `.arg` buffer."""
+    size = 2 if spec.dtype == "bf16" else np.dtype(ARG_DTYPES[spec.dtype]).itemsize
+    return int(np.prod(spec.shape)) * size
+
+
+def default_args(prog: Program, seed: int = 0, timing: bool = False) -> dict:
+    """Arguments from the program's `.arg` directives (what `archsim asm` runs with). An
+    ``unbacked`` buffer is address space only: a timing run gets an Unbacked of its size (its
+    loads read zeros, nothing is allocated); a functional run cannot take one."""
+    from archsim.engine.timing import Unbacked
+
     rng = np.random.default_rng(seed)
     out = {}
     for a in prog.args:
-        out[a.name] = host_array(a, rng) if a.is_buffer else int(a.value)
+        if a.is_buffer and a.init == "unbacked":
+            if not timing:
+                raise InputError(f"kernel {prog.name}: .arg {a.name}", "is unbacked (no values to compute with)",
+                                 "run it with --timing, or give it random, zeros, ones or range")
+            out[a.name] = Unbacked(arg_nbytes(a))
+        else:
+            out[a.name] = host_array(a, rng) if a.is_buffer else int(a.value)
     return out
 
 

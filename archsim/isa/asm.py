@@ -219,7 +219,7 @@ def _directive(words: list[str], meta: dict, src: _Src, lineno: int) -> None:
 
 
 def _parse_arg(rest: list[str], src: _Src, lineno: int) -> ArgSpec:
-    usage = ".arg NAME TYPE[N,..] random|zeros|ones|range, or .arg NAME = INTEGER"
+    usage = ".arg NAME TYPE[N,..] random|zeros|ones|range|unbacked, or .arg NAME = INTEGER"
     if len(rest) == 3 and rest[1] == "=":
         try:
             value = int(rest[2], 0)

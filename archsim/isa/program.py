@@ -26,7 +26,7 @@ _DTYPES = {"op": np.int16, "dst": np.int16, "src0": np.int16, "src1": np.int16, 
 
 ARG_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None, "f64": np.float64, "i32": np.int32,
               "i64": np.int64, "u8": np.uint8}
-ARG_INITS = ("random", "zeros", "ones", "range")
+ARG_INITS = ("random", "zeros", "ones", "range", "unbacked")   # unbacked: address space only (timing runs)
 
 
 @dataclass(frozen=True)
