@@ -442,6 +442,12 @@ def plot_validation(doc: dict, path: str) -> None:
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):        # 1, 2, 5 per decade as plain numbers, unlabelled minor ticks
+        axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("measured / published")
     ax.set_ylabel("simulated")
     ax.set_title(f"archsim validate {doc['machine']}: MAPE {doc['mape_pct']:.1f}% (worst {doc['max_error_pct']:.0f}%)",

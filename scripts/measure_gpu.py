@@ -71,6 +71,27 @@ extern "C" __global__ void stream_copy(float4* __restrict__ a, const float4* __r
 
 extern "C" __global__ void empty_kernel(float* out) { if (threadIdx.x == 9999) out[0] = 1.f; }
 
+// archsim's l2_bandwidth probe (micro.l2_bandwidth): block b owns rows b, b + B, ... (a row is one
+// 16-byte chunk per thread); iteration k reads four rows of block (b + k*P) mod B, so the L1 never
+// holds them. No grid barrier here: many iterations make the warm-up and the skew negligible.
+extern "C" __global__ void l2_stream(const float4* __restrict__ buf, long long iters, int per_core, int nrows,
+                                     float* out)
+{
+    long long B = gridDim.x, T = blockDim.x;
+    long long row = T;                        // float4 per row
+    long long blk = blockIdx.x, r = 0;
+    float acc = 0.f;
+    for (long long k = 0; k < iters; ++k) {
+        blk += per_core;
+        if (blk >= B) blk -= B;
+        const float4* p = buf + (r * B + blk) * row + threadIdx.x;
+        float4 a = p[0], b = p[B * row], c = p[2 * B * row], d = p[3 * B * row];
+        acc += a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w + c.x + c.y + c.z + c.w + d.x + d.y + d.z + d.w;
+        r = (r + 4) & (nrows - 1);
+    }
+    if (acc == 1234.5f) out[0] = acc;
+}
+
 extern "C" __global__ void shared_chase(long long loads, long long* out)
 {
     __shared__ unsigned int s[256];
@@ -138,7 +159,7 @@ def main(path: str) -> None:
 
     mod = cp.RawModule(code=SRC)
     K = {n: mod.get_function(n) for n in ("chase", "stream_read", "stream_write", "stream_copy", "empty_kernel",
-                                         "shared_chase", "ffma_chain")}
+                                         "shared_chase", "ffma_chain", "l2_stream")}
     dev = cp.cuda.Device(0)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
@@ -292,6 +313,31 @@ def main(path: str) -> None:
     @bench("stream_kinds", path)
     def _():
         return {k: round(time_stream(k, 1024, 1.0, 5, False)[0], 1) for k in ("read", "write", "copy")}
+
+    @bench("l2_bandwidth", path)
+    def _():
+        threads = 1024
+        per_core = max(1, min(warp_slots * 32 // threads, 32))
+        blocks = sms * per_core
+        row = threads * 16
+        out = []
+        for nrows in (4, 8, 16):            # 17, 35, 69 MB on 132 SMs: inside the L2, at it, beyond it
+            buf = cp.random.random(nrows * blocks * row // 4, dtype=cp.float32)   # not zeros: no compression
+            iters = 4000 // nrows * 4
+            K["l2_stream"]((blocks,), (threads,), (buf, np.int64(iters), np.int32(per_core), np.int32(nrows), sinkf))
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            K["l2_stream"]((blocks,), (threads,), (buf, np.int64(iters), np.int32(per_core), np.int32(nrows), sinkf))
+            e1.record()
+            e1.synchronize()
+            ms = cp.cuda.get_elapsed_time(e0, e1)
+            clk = sm_clock_mhz()
+            gbps = blocks * iters * 4 * row / (ms * 1e-3) / 1e9
+            out.append({"footprint_mib": round(nrows * blocks * row / 2**20, 2), "gbps": round(gbps, 1),
+                        "sm_mhz_after": round(clk), "bytes_per_clk": round(gbps * 1e3 / clk, 1)})
+            print(f"  l2 {out[-1]}", flush=True)
+            del buf
+        return {"kernel": "archsim micro.l2_bandwidth shape, 1024-thread blocks", "points": out}
 
     del big, big2, flush
     cp.get_default_memory_pool().free_all_blocks()
