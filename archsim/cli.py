@@ -345,8 +345,10 @@ def cmd_validate(a) -> int:
 
     machine = load_machine(a.hw, a.overlays, a.sets)
     ref = reference_path(machine, a.reference)
-    load_reference(ref)  # a bad file fails before anything runs
-    load_curves(ref, machine.family)
+    load_reference(ref)  # a bad file, or a --curve that names none of its curves, fails before anything runs
+    names = [c["name"] for c in load_curves(ref, machine.family)]
+    if a.curve is not None and not any(a.curve in n for n in names):
+        raise InputError("--curve", f"no curve of {ref.name} matches {a.curve!r}", ", ".join(names) or "(none)")
     if a.plot != "none":
         _check_writable(a.plot, "--plot")
     print(f"validate {machine.name}: simulated vs published")

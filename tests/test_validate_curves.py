@@ -137,7 +137,7 @@ def test_repeated_curve_names_unknown_filter_and_bad_plot_path(capsys, tmp_path)
     ref = _ref(tmp_path, [CHASE])
     code, _, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--curve", "nothing",
                         "--plot", "none")
-    assert code == 2 and "--curve" in err and err.count("\n") == 1
+    assert code == 2 and "--curve" in err and err.count("\n") == 1 and _ == ""
     for bad in (str(tmp_path / "v.gif"), str(tmp_path / "no" / "v.png")):
         code, _, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--plot", bad)
         assert code == 2 and err.startswith("archsim: error: --plot") and err.count("\n") == 1
