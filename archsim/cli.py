@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time the kernel on the machine's cycle model instead (--json: archsim.result/1)")
     p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                    help="with --timing: stop after N core cycles (exit 3, partial result)")
+    p.add_argument("--sample", action="store_true",
+                   help="with --timing: time a launch of many waves from a few of them, extrapolated, as "
+                        "`archsim run` does (default: every block)")
 
     p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
     p.add_argument("hw", metavar="HW", help="a YAML path or a built-in name")
@@ -262,7 +265,7 @@ def _asm_timing(a, machine, prog, launch) -> int:
     from archsim import stats
     from archsim.engine.launch import default_args
     from archsim.engine.machine import KernelTiming
-    from archsim.engine.timing import time_kernel
+    from archsim.sample import DEFAULT_MAX_ERROR, sample_fields, time_sampled
 
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -273,19 +276,23 @@ def _asm_timing(a, machine, prog, launch) -> int:
                                                        "block": list(launch.block)}}
     t0 = time.perf_counter()
     try:
-        t = time_kernel(prog, machine, launch, args, max_cycles=a.max_cycles)
+        sm = time_sampled(prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample)
     except SimulationError as e:
         if a.json and isinstance(e.partial, KernelTiming):
             rec = stats.kernel_record(prog.name, machine, launch, e.partial)
             _write_json(a.json, dict(stats.result(machine, workload, [rec], time.perf_counter() - t0,
                                                   complete=False), error=e.line()))
         raise
-    rec = stats.kernel_record(prog.name, machine, launch, t)
+    rec = stats.kernel_record(prog.name, machine, launch, sm.timing, sampled=sm.sampled,
+                              sample_error_est=round(sm.error_est, 5))
+    sample_fields(rec, sm, DEFAULT_MAX_ERROR)
     doc = stats.result(machine, workload, [rec], time.perf_counter() - t0)
     stalls = sorted(rec["stalls"].items(), key=lambda kv: -kv[1])[:3]
     bw = rec["bandwidth_gbps"]
+    how = f", sampled ({rec['waves_simulated']:g} of {rec['waves']} waves, error est {sm.error_est:.1%})" \
+        if sm.sampled else ""
     print(f"kernel {prog.name} on {machine.name}: grid {launch.grid} block {launch.block}, {rec['cycles']} cycles "
-          f"({rec['seconds'] * 1e6:.2f} us), {rec['warp_instructions']} warp-instructions")
+          f"({rec['seconds'] * 1e6:.2f} us), {rec['warp_instructions']} warp-instructions{how}")
     print("  stalls: " + ", ".join(f"{k} {v:.0%}" for k, v in stalls)
           + "; GB/s: " + ", ".join(f"{k} {bw[k]:.1f}" for k in ("l1", "scratch", "l2", "dram") if bw.get(k)))
     if a.json:

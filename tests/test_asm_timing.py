@@ -93,3 +93,20 @@ def test_timing_runs_on_the_sunway_family_too(capsys, tmp_path, hw):
                           "--json", str(js))
     assert code == 0, err
     assert json.loads(js.read_text())["kernels"][0]["cycles"] > 0
+
+
+def test_sample_times_a_many_wave_launch_from_its_head(capsys, tmp_path):
+    """--sample: a launch of many waves is timed from a head of waves and says so in the record;
+    without it every block runs. The cycles differ (extrapolated), the instructions do not."""
+    src = _unbacked_copy(tmp_path, 1 << 17)
+    runs = {}
+    for flag in ((), ("--sample",)):
+        js = tmp_path / f"r{len(flag)}.json"
+        code, out, err = _cli(capsys, "asm", str(src), "--hw", "tiny-gpu", "--timing", "--grid", "1024",
+                              "--block", "128", "--json", str(js), *flag)
+        assert code == 0, err
+        runs[flag] = json.loads(js.read_text())["kernels"][0]
+    whole, sampled = runs[()], runs[("--sample",)]
+    assert whole["sample_method"] == "whole" and whole["sampled"] is False
+    assert sampled["sampled"] is True and sampled["waves_simulated"] < sampled["waves"]
+    assert sampled["warp_instructions"] == whole["warp_instructions"]
