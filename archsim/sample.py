@@ -19,6 +19,10 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
 
+A head whose writes all still sit in the L2 (none written back yet) while the whole launch brings
+more lines into the L2 than it holds has not reached the steady state (later waves pay the
+writebacks of the dirty lines their fills evict): its error is taken as 1 and it grows.
+
 ``sample_error_est`` bounds the error from the steady waves themselves: the larger of their
 trend (the mean of the later half against the earlier half) and twice the standard error of
 their mean, over T_w, times the extrapolated share of the cycles. Wave durations vary
@@ -165,6 +169,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
         while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
             head = run((0, S * C))
             est = _extrapolate(head, C, B, S, launch.period, max_error)
+            if _l2_still_absorbing(head, machine, B / (S * C)):
+                est = dataclasses.replace(est, error=1.0)
             attempts.append((S, round(est.error, 5)))
             spent += int(head.warp_instructions)
             if est.error <= max_error:
@@ -172,6 +178,21 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             S *= 2
     t = run()
     return Sampled(t, False, 0.0, nwaves, float(nwaves), spent + int(t.warp_instructions), attempts=attempts)
+
+
+def _l2_still_absorbing(head, machine, scale: float) -> bool:
+    """The head's writes all still sit in the L2 (none written back yet) while the whole launch
+    brings more lines into the L2 than it holds: later waves will pay the writebacks of the dirty
+    lines their fills evict, which the head never saw, so its rate is not the launch's (error 1:
+    the head grows)."""
+    caches = head.memory.get("l2") if isinstance(head.memory, dict) else None
+    if not caches or machine.l2 is None:
+        return False
+    writes = sum(c["writes"] for c in caches)
+    if writes == 0 or sum(c["writebacks"] for c in caches) > 0:
+        return False
+    lines = writes + sum(c["fills"] for c in caches)
+    return lines * machine.l2.line_bytes * scale > machine.l2.size_kib * 1024
 
 
 def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts: list, spent: int) -> Sampled:
