@@ -265,7 +265,7 @@ def _asm_timing(a, machine, prog, launch) -> int:
     from archsim import stats
     from archsim.engine.launch import default_args
     from archsim.engine.machine import KernelTiming
-    from archsim.sample import DEFAULT_MAX_ERROR, sample_fields, time_sampled
+    from archsim.sample import sampled_record
 
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -276,21 +276,18 @@ def _asm_timing(a, machine, prog, launch) -> int:
                                                        "block": list(launch.block)}}
     t0 = time.perf_counter()
     try:
-        sm = time_sampled(prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample)
+        rec = sampled_record(prog.name, prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample)
     except SimulationError as e:
         if a.json and isinstance(e.partial, KernelTiming):
-            rec = stats.kernel_record(prog.name, machine, launch, e.partial)
-            _write_json(a.json, dict(stats.result(machine, workload, [rec], time.perf_counter() - t0,
+            part = stats.kernel_record(prog.name, machine, launch, e.partial)
+            _write_json(a.json, dict(stats.result(machine, workload, [part], time.perf_counter() - t0,
                                                   complete=False), error=e.line()))
         raise
-    rec = stats.kernel_record(prog.name, machine, launch, sm.timing, sampled=sm.sampled,
-                              sample_error_est=round(sm.error_est, 5))
-    sample_fields(rec, sm, DEFAULT_MAX_ERROR)
     doc = stats.result(machine, workload, [rec], time.perf_counter() - t0)
     stalls = sorted(rec["stalls"].items(), key=lambda kv: -kv[1])[:3]
     bw = rec["bandwidth_gbps"]
-    how = f", sampled ({rec['waves_simulated']:g} of {rec['waves']} waves, error est {sm.error_est:.1%})" \
-        if sm.sampled else ""
+    how = f", sampled ({rec['waves_simulated']:g} of {rec['waves']} waves, error est {rec['sample_error_est']:.1%})" \
+        if rec["sampled"] else ""
     print(f"kernel {prog.name} on {machine.name}: grid {launch.grid} block {launch.block}, {rec['cycles']} cycles "
           f"({rec['seconds'] * 1e6:.2f} us), {rec['warp_instructions']} warp-instructions{how}")
     print("  stalls: " + ", ".join(f"{k} {v:.0%}" for k, v in stalls)
@@ -348,14 +345,14 @@ def cmd_micro(a) -> int:
 def cmd_validate(a) -> int:
     from archsim.config.load import load_machine
     from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
-                                  plot_validation, reference_path, validate)
+                                  pick_curves, plot_validation, reference_path, validate)
 
     machine = load_machine(a.hw, a.overlays, a.sets)
     ref = reference_path(machine, a.reference)
     load_reference(ref)  # a bad file, or a --curve that names none of its curves, fails before anything runs
-    names = [c["name"] for c in load_curves(ref, machine.family)]
-    if a.curve is not None and not any(a.curve in n for n in names):
-        raise InputError("--curve", f"no curve of {ref.name} matches {a.curve!r}", ", ".join(names) or "(none)")
+    curves = load_curves(ref, machine.family)
+    if a.curve is not None:
+        pick_curves(curves, a.curve, ref)
     if a.plot != "none":
         _check_writable(a.plot, "--plot")
     print(f"validate {machine.name}: simulated vs published")

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from archsim.config.derived import capabilities, peak_bandwidth_gbps
+from archsim.config.derived import capabilities, l1_cache_kib, peak_bandwidth_gbps
 from archsim.engine.timing import Unbacked, buffer_addresses, shared_buffers, time_kernel
 from archsim.engine.machine import KernelTiming
 from archsim.errors import InputError, SimulationError
@@ -898,11 +898,9 @@ def l2_bandwidth(machine, out: MicroResult, iters: int = 8) -> float:
     per_core = max(1, min(c.warp_slots // warps, c.max_blocks))
     blocks = cores * per_core
     row = threads * 16
-    l1 = 0
-    if machine.l1 is not None:  # the cache part of the L1 (the unified array less the shared carveout;
-        sp = machine.scratchpad     # all of it at most when the carveout follows the kernel)
-        carved = sp.size_kib if sp.carved_from_l1 and sp.carveout == "fixed" else 0
-        l1 = (machine.l1.size_kib - carved) * 1024
+    # the cache part of the L1; all of the array at most when the carveout follows the kernel
+    per_kernel = machine.l1 is not None and machine.scratchpad.carveout == "per_kernel"
+    l1 = (machine.l1.size_kib if per_kernel else l1_cache_kib(machine)) * 1024
     nrows = 4                   # rows per block, a power of two: all rows together are >= 4 L1s
     while nrows * row * blocks < 4 * l1:
         nrows *= 2

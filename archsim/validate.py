@@ -346,6 +346,15 @@ def run_curve(machine, c: dict, progress=None) -> dict:
             "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
 
 
+def pick_curves(curves: list[dict], only: str, path: Path) -> list[dict]:
+    """The curves whose name contains ``only`` (--curve); none is one input error."""
+    picked = [c for c in curves if only in c["name"]]
+    if not picked:
+        raise InputError("--curve", f"no curve of {path.name} matches {only!r}",
+                         ", ".join(c["name"] for c in curves) or "(none)")
+    return picked
+
+
 def validate(machine, reference: str | None = None, progress=None, curve_progress=None,
              only: str | None = None) -> dict:
     """Rows and curves of the machine's reference file (or ``reference``) on the model. ``only``:
@@ -360,10 +369,7 @@ def validate(machine, reference: str | None = None, progress=None, curve_progres
                              f"{r['quantity']!r} is not a probe of the {machine.family} family", ", ".join(fam))
     if only is not None:
         rows = []
-        curves = [c for c in curves if only in c["name"]]
-        if not curves:
-            raise InputError("--curve", f"no curve of {path.name} matches {only!r}",
-                             ", ".join(c["name"] for c in load_curves(path)))
+        curves = pick_curves(curves, only, path)
     out_rows = []
     t0 = time.perf_counter()
     for r in rows:
@@ -394,11 +400,6 @@ def format_point(c: dict, p: dict) -> str:
 
 def format_curve(c: dict) -> str:
     return f"{c['name']:<28} {len(c['points']):>3} points  MAPE {c['mape_pct']:>5.1f}%  worst {c['max_error_pct']:>5.1f}%"
-
-
-def _x_value(x) -> float:
-    """Where a point sits on its curve's x axis: x, or a shape's product (its work)."""
-    return _x_work(x)
 
 
 def plot_validation(doc: dict, path: str) -> None:
@@ -456,7 +457,7 @@ def plot_validation(doc: dict, path: str) -> None:
     ax.grid(True, which="both", lw=0.3, alpha=0.5)
     for i, c in enumerate(curves):
         sub = fig.add_subplot(grid[i // (ncols - 1), 1 + i % (ncols - 1)])
-        xs = [_x_value(p["x"]) for p in c["points"]]
+        xs = [_x_work(p["x"], len(c["x"])) for p in c["points"]]   # a shape sits at its product
         colour = colours[i % len(colours)]
         sub.plot(xs, [p["reference"] for p in c["points"]], "o", ms=4, color=colour, label="measured")
         sub.plot(xs, [p["simulated"] for p in c["points"]], "-", lw=1.2, color=colour, alpha=0.7,

@@ -149,10 +149,7 @@ def kernel_machine(prog: Program, machine, launch: Launch):
     sp = machine.scratchpad
     if sp.carveout != "per_kernel":
         return machine
-    c = machine.cores
-    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
-    n = min(c.max_blocks, c.warp_slots // max(wpb, 1),
-            machine.register_file.regs_per_core // max(wpb * prog.nregs * c.warp_width, 1))
+    n = _blocks_by_slots_and_registers(prog, machine, launch)
     allowed = sorted(k for k in sp.carveouts_kib if k <= sp.size_kib)
     need = block_shared_bytes(prog, machine)
     if need:
@@ -163,17 +160,22 @@ def kernel_machine(prog: Program, machine, launch: Launch):
     return machine.model_copy(update={"scratchpad": sp.model_copy(update={"size_kib": pick})})
 
 
+def _blocks_by_slots_and_registers(prog: Program, machine, launch: Launch) -> int:
+    """Blocks of this launch one core holds by its block slots, warp slots and registers."""
+    c = machine.cores
+    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
+    return min(c.max_blocks, c.warp_slots // wpb,
+               machine.register_file.regs_per_core // max(wpb * prog.nregs * c.warp_width, 1))
+
+
 def blocks_per_core(prog: Program, machine, launch: Launch) -> int:
     """How many blocks of this launch one core holds at once (warp slots, registers, scratchpad,
     block slots); rejects a block that does not fit (InputError)."""
     machine = kernel_machine(prog, machine, launch)
-    regs_per_warp, smem = occupancy_limits(prog, machine, launch)
-    c = machine.cores
-    wpb = (launch.threads_per_block + c.warp_width - 1) // c.warp_width
-    scratch = scratch_bytes(machine)
-    n = min(c.max_blocks, c.warp_slots // wpb, machine.register_file.regs_per_core // max(wpb * regs_per_warp, 1))
+    _, smem = occupancy_limits(prog, machine, launch)
+    n = _blocks_by_slots_and_registers(prog, machine, launch)
     if smem > 0:
-        n = min(n, scratch // smem)
+        n = min(n, scratch_bytes(machine) // smem)
     return max(int(n), 1)
 
 
