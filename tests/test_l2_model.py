@@ -216,3 +216,17 @@ def test_with_near_replicas_a_chase_within_half_the_l2_is_all_near_hits():
     assert near + 5 < mixed < far - 5
     assert run_micro("latency", on, p).value == pytest.approx(near, abs=1.5)
     assert run_micro("latency", on, dict(p, half="far")).value == pytest.approx(near, abs=1.5)
+
+
+def test_a_slice_with_more_mshrs_than_retry_room_of_old_loses_no_dram_request():
+    """A home slice fetches for its mirrors' misses without the accept gate, so its DRAM retry
+    queue must hold every sector its MSHRs may fetch. tiny-gpu grown to 16 SMs of 32 warps with
+    4096 L2 MSHRs: the retry queue once held 256 entries, lost the requests beyond them and ran
+    into --max-cycles (as a100 with l2.mshrs=1536 did); the stream now reads every byte."""
+    from archsim.micro import run_micro
+
+    m = load_machine("tiny-gpu", sets=REPL + ["cores.per_group=16", "cores.warp_slots=32", "l2.mshrs=4096",
+                                              "l1.mshrs=2048"])
+    res = run_micro("bandwidth", m, {"footprint_mib": 8}, max_cycles=3_000_000)
+    assert res.complete and res.value > 0
+    assert res.kernels[0]["bytes"]["dram_read"] >= 8 * 2**20

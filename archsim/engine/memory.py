@@ -51,6 +51,7 @@ MIO_CAP = 8            # choice: memory instructions queued per SM between issue
 TRACKERS = 512         # choice: loads / async copies in flight per SM (L1 MSHRs bound the misses)
 DELAY_CAP = 512        # fixed-latency return pipelines (L1 hits per SM, L2 responses per slice)
 HEADER_BYTES = 8       # request / response packet header on the fabric
+RETRY_SPARE = 256      # a slice's DRAM retry entries beyond its MSHRs; it takes no new request while RETRY_SPARE - 8 wait
 ONE = np.int64(1) << 32  # fixed point: one cycle of a clock domain
 
 # MIO entry fields
@@ -169,8 +170,11 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     q_rfill = q_l2f + nmem
     fe_lat = machine.memory_controllers.frontend_latency_cycles
     fe_cap = frontend_capacity(machine)
+    # a slice's DRAM retry queue: every sector its MSHRs fetch (the home fetches for its mirrors'
+    # misses come in without the accept gate of _slice_cycle) plus RETRY_SPARE for writebacks
+    retry_cap = (machine.l2.mshrs if machine.l2 is not None else 0) + RETRY_SPARE
     caps = [qcap] * chans + [DR.dram_queue_capacity(machine) * 4] * chans + [64] * cores + [DELAY_CAP] * cores \
-        + [DELAY_CAP] * nmem + [256] * nmem + [fe_cap] * chans + [DELAY_CAP] * nmem
+        + [DELAY_CAP] * nmem + [retry_cap] * nmem + [fe_cap] * chans + [DELAY_CAP] * nmem
     # a slice has at most one copy in flight per sector its MSHRs fetch
     rfill_cap = 4 * machine.l2.mshrs + 64 if (machine.l2 is not None and machine.l2.near_replicas) else 1
     caps += [rfill_cap] * nmem
@@ -905,7 +909,7 @@ def _slice_cycle(MS, sl, now):
     r = MS.slice_hold[sl]
     if r < 0:
         return
-    if Q.count[cfg[M_Q_RETRY] + sl] >= Q.cap[cfg[M_Q_RETRY] + sl] - 8 or Q.count[qn] >= Q.cap[qn] - 8 \
+    if Q.count[cfg[M_Q_RETRY] + sl] >= RETRY_SPARE - 8 or Q.count[qn] >= Q.cap[qn] - 8 \
             or Q.count[qf] >= Q.cap[qf] - 8:
         return
     line = R.addr[r]
