@@ -104,7 +104,7 @@ def test_a100_figures():
     assert bw["dram"] == approx(1555)
     assert bw["l2"] == approx(5120 * 1.41)                     # 5120 B/clk [WP]
     assert l1_cache_kib(m) == 192 - 164
-    assert dram_burst_cycles(m) == approx(0.5)                  # 64 B at 128 B per memory cycle
+    assert dram_burst_cycles(m) == approx(0.25)                 # 32 B at 128 B per memory cycle
 
 
 def test_sw26010pro_figures():

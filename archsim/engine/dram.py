@@ -61,11 +61,18 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
        group) + bank in group.
        ``address_mapping.bank_order: columns_low`` moves the column field below the bank in
        group: ``[ chunk offset | sub-channel | bank group | column chunk | bank in group | row ]``
-       (the XOR hash then mixes the row into the sub-channel / bank-group field only). A stream
+       (the XOR hash then mixes into the sub-channel / bank-group field only). A stream
        still rotates over sub-channels and bank groups from one chunk to the next, but a bank
        reads its open row every S x bank-groups-per-sub-channel chunks instead of every ``banks``
        chunks, so the FR-FCFS queue finds far more row hits (as in Accel-Sim's A100 mapping,
        where the column bits sit right above the bank-group bit).
+       ``address_mapping.bank_hash: fold`` mixes every bit above the hashed field into it instead
+       of the row's low bits: it adds the sum of the field-sized digits of ``q // field`` (q =
+       la // CH), mod the field size (a sum rather than an XOR, so that two consecutive chunks
+       never share a sub-channel and bank group). For each value of the higher bits the field is
+       still permuted, so a bank row keeps its columns in the same span,
+       but concurrent requests that share their low bits (a GPU's warps touch a channel in large
+       power-of-two strides) no longer pile onto a few sub-channels while the others idle.
     A request must not cross an interleave chunk; each of its bursts is mapped on its own, so a
     misaligned request may touch two chunks / rows / banks (two rows' worth of commands).
 
@@ -139,7 +146,7 @@ CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF
 (P_C, P_S, P_NB, P_NBS, P_BGS, P_BPG, P_MODE, P_IL, P_GROUPS, P_CPG, P_CPGC, P_CPC, P_NCTRL, P_SEG,
  P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
  P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
- P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_NPRM) = range(48)
+ P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_FOLD, P_NPRM) = range(49)
 P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
 
 COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
@@ -298,6 +305,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_TCCDS: t.tCCD_S, P_TCCDL: t.tCCD_L, P_TRRDS: t.tRRD_S, P_TRRDL: t.tRRD_L, P_TFAW: t.tFAW,
         P_TWR: t.tWR, P_TWTRS: t.tWTR_S, P_TWTRL: t.tWTR_L, P_TRTP: t.tRTP, P_TRFC: t.tRFC, P_TREFI: t.tREFI,
         P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: HIT_CAP, P_LOGLEN: int(log_len), P_QCAP: qcap,
+        P_FOLD: int(mc.address_mapping.bank_hash == "fold"),
         P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
         P_REFPB: int(d.refresh == "per_bank"), P_TRFCPB: t.tRFCpb or t.tRFC, P_TREFIPB: refresh_interval(machine, S),
     }
@@ -384,13 +392,21 @@ def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 
     bg, bk = divmod(rest, BPG)
     col_hi, off = divmod(column, CH)
     if p[P_COLLOW]:
-        lo = sc + S * bg
-        fbl = (lo ^ (row & (S * BGS - 1))) if p[P_POW2] else (lo - row) % (S * BGS)
-        la = (((row * BPG + bk) * COLS + col_hi) * (S * BGS) + fbl) * CH + off
+        lo, SB = sc + S * bg, S * BGS
+        hi = (row * BPG + bk) * COLS + col_hi
+        if p[P_FOLD]:
+            fbl = (lo - int(_fold(hi, SB))) % SB
+        else:
+            fbl = (lo ^ (row & (SB - 1))) if p[P_POW2] else (lo - row) % SB
+        la = (hi * SB + fbl) * CH + off
     else:
         fbh = sc + S * (bg + BGS * bk)
-        fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
-        la = ((row * COLS + col_hi) * NB + fb) * CH + off
+        hi = row * COLS + col_hi
+        if p[P_FOLD]:
+            fb = (fbh - int(_fold(hi, NB))) % NB
+        else:
+            fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
+        la = (hi * NB + fb) * CH + off
     if p[P_MODE] == 0:
         li, lo = divmod(la, IL)
         return (li * C + channel) * IL + lo
@@ -443,6 +459,16 @@ def _local(p, addr):
 
 
 @_jit
+def _fold(x, m):
+    """The sum of x's base-m digits, mod m (bank_hash: fold)."""
+    h = np.int64(0)
+    while x > 0:
+        h += x % m
+        x //= m
+    return h % m
+
+
+@_jit
 def _bank_row_col(p, la):
     CH = p[P_CHUNK]
     NB = p[P_NB]
@@ -454,11 +480,14 @@ def _bank_row_col(p, la):
         SB = S * p[P_BGS]
         lo = q % SB
         rest = q // SB
+        hi = rest
         col_hi = rest % cols
         rest = rest // cols
         bk = rest % p[P_BPG]
         row = rest // p[P_BPG]
-        if p[P_POW2]:
+        if p[P_FOLD]:
+            lo = (lo + _fold(hi, SB)) % SB
+        elif p[P_POW2]:
             lo = lo ^ (row & (SB - 1))
         else:
             lo = (lo + row) % SB
@@ -468,7 +497,9 @@ def _bank_row_col(p, la):
         rest = q // NB
         col_hi = rest % cols
         row = rest // cols
-        if p[P_POW2]:
+        if p[P_FOLD]:
+            fb = (fb + _fold(rest, NB)) % NB
+        elif p[P_POW2]:
             fb = fb ^ (row & (NB - 1))
         else:
             fb = (fb + row) % NB
