@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from archsim.config.derived import capabilities, l1_cache_kib, peak_bandwidth_gbps
-from archsim.engine.timing import Unbacked, buffer_addresses, shared_buffers, time_kernel
+from archsim.engine.timing import Unbacked, blocks_per_core, buffer_addresses, shared_buffers, time_kernel
 from archsim.engine.machine import KernelTiming
 from archsim.errors import InputError, SimulationError
 from archsim.isa.asm import assemble
@@ -240,7 +240,11 @@ def micro_latency(machine, p: dict, out: MicroResult) -> float:
 
 def _stream_kernel(kind: str, unroll: int = 4) -> str:
     """Grid-stride streaming over 16-byte chunks, `unroll` independent chunks per thread per
-    iteration (so several loads are in flight per warp, as a bandwidth benchmark does)."""
+    iteration (so several loads are in flight per warp, as a bandwidth benchmark does). Each
+    chunk takes 4 registers (8 for triad's two operands) from r16 on: read, write and copy use
+    32 registers a thread, as their CUDA twins (scripts/measure_gpu.py) compile to, so a full
+    machine of 256-thread blocks fits the register file."""
+    step = 8 if kind == "triad" else 4
     lines = [f".kernel stream_{kind}", ".param a", ".param b", ".param c", ".param chunks",
              "        s2r r0, %ctaid.x", "        s2r r1, %ntid.x", "        s2r r2, %tid.x",
              "        mad.i64 r3, r0, r1, r2            // i = global thread index",
@@ -251,8 +255,8 @@ def _stream_kernel(kind: str, unroll: int = 4) -> str:
              "        ldparam r7, a", "        ldparam r8, b", "        ldparam r9, c",
              "        mov.f32 r11, 1.0", "        mov.f32 r12, 0.0"]
     if kind == "write":  # the values stored: defined once
-        lines += [f"        mov.f32 r{16 + 8 * u + j}, 1.0" for u in range(unroll) for j in range(4)]
-    # each step: regs 16 + 8u .. (4 for b, 4 for c)
+        lines += [f"        mov.f32 r{16 + step * u + j}, 1.0" for u in range(unroll) for j in range(4)]
+    # chunk u: regs 16 + step*u .. (4 for b, then triad's 4 for c)
     lines.append("LOOP:   setp.ge.i64 p0, r3, r6")
     lines.append("   @p0  exit")
     for u in range(unroll):
@@ -261,13 +265,13 @@ def _stream_kernel(kind: str, unroll: int = 4) -> str:
             lines.append(f"        mad.i64 r13, r5, {u}, r3")
         if kind in ("read", "copy", "triad"):
             lines.append(f"        add.i64 r14, r8, {off}")
-            lines.append(f"        ld.global.v4.b32 r{16 + 8 * u}, [r14]")
+            lines.append(f"        ld.global.v4.b32 r{16 + step * u}, [r14]")
         if kind == "triad":
             lines.append(f"        add.i64 r14, r9, {off}")
-            lines.append(f"        ld.global.v4.b32 r{20 + 8 * u}, [r14]")
+            lines.append(f"        ld.global.v4.b32 r{20 + step * u}, [r14]")
     for u in range(unroll):
         off = "r3" if u == 0 else "r13"
-        v = 16 + 8 * u
+        v = 16 + step * u
         if u:
             lines.append(f"        mad.i64 r13, r5, {u}, r3")
         if kind == "read":
@@ -289,16 +293,19 @@ def _stream_kernel(kind: str, unroll: int = 4) -> str:
 STREAM_BYTES_PER_CHUNK = {"read": 16, "write": 16, "copy": 32, "triad": 48}
 
 
-def _occupancy_launch(machine, occupancy: float, max_block_warps: int = 8) -> Launch:
-    """Blocks filling `occupancy` of every core's warp slots, spread over all cores."""
+def _occupancy_launch(machine, occupancy: float, prog: Program, max_block_warps: int = 8) -> Launch:
+    """Blocks filling `occupancy` of every core's warp slots, spread over all cores: at most as
+    many per core as it holds at once (registers, block slots), so that a grid-stride kernel runs
+    as one wave instead of leaving a second, partial one for the end."""
     c = machine.cores
     cores = machine.groups * c.per_group
     warps = max(1, int(round(occupancy * c.warp_slots)))
     per_block = min(warps, max_block_warps)
     while warps % per_block:
         per_block -= 1
-    blocks = cores * (warps // per_block)
-    return Launch((blocks, 1, 1), (per_block * c.warp_width, 1, 1))
+    launch = Launch((cores * (warps // per_block), 1, 1), (per_block * c.warp_width, 1, 1))
+    fit = blocks_per_core(prog, machine, launch)
+    return launch if warps // per_block <= fit else Launch((cores * fit, 1, 1), launch.block)
 
 
 def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
@@ -310,13 +317,13 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
     if machine.dma is not None:
         return _sunway_bandwidth(machine, p, out)
     _gpu_only(machine, "bandwidth")
-    launch = _occupancy_launch(machine, p["occupancy"])
+    prog = assemble(_stream_kernel(kind))
+    launch = _occupancy_launch(machine, p["occupancy"], prog)
     threads = launch.blocks * launch.threads_per_block
     # the footprint is the bytes moved; each thread does whole unrolled iterations
     per_iter = threads * 4
     chunks = max(int(p["footprint_mib"] * 2**20) // STREAM_BYTES_PER_CHUNK[kind] // per_iter, 1) * per_iter
     nb = chunks * 16
-    prog = assemble(_stream_kernel(kind))
     args = {"a": Unbacked(nb), "b": Unbacked(nb), "c": Unbacked(nb), "chunks": chunks}
     t = _time(prog, machine, launch, args, f"stream_{kind}", out)
     useful = chunks * STREAM_BYTES_PER_CHUNK[kind]

@@ -86,6 +86,26 @@ def test_gemm_efficiency_grows_with_size_and_decode_gemms_are_memory_bound():
     assert r.value < 0.02 * peak_tflops(a100)["fp16"]
 
 
+def test_stream_grid_is_one_wave_of_what_the_registers_hold():
+    """read, write and copy take 32 registers a thread, as their CUDA twins; a launch asks for at
+    most the blocks a core holds at once, so a grid-stride stream is one wave (a second, partial
+    wave of late blocks would stream alone at the end) and warps_per_core says what ran."""
+    from archsim.isa.asm import assemble
+    from archsim.engine.timing import blocks_per_core
+
+    assert [assemble(MI._stream_kernel(k)).nregs for k in ("read", "write", "copy", "triad")] == [32, 32, 32, 48]
+    # 16 warp slots (two 8-warp blocks wanted per core), registers for 1.5 of read's blocks
+    m = load_machine("tiny-gpu", sets=["cores.warp_slots=16", "register_file.regs_per_core=12288"])
+    cores = m.groups * m.cores.per_group
+    prog = assemble(MI._stream_kernel("read"))
+    launch = MI._occupancy_launch(m, 1.0, prog)
+    assert launch.blocks == cores * blocks_per_core(prog, m, launch) == cores
+    r = MI.run_micro("bandwidth", m, {"footprint_mib": 0.25})
+    assert r.extra["warps_per_core"] == 8 and r.kernels[0]["grid"][0] == cores
+    full = MI.run_micro("bandwidth", load_machine("tiny-gpu", sets=["cores.warp_slots=16"]), {"footprint_mib": 0.25})
+    assert full.extra["warps_per_core"] == 16
+
+
 @pytest.mark.parametrize("kind", ["write", "copy", "triad"])
 def test_bandwidth_kinds_move_their_bytes(tiny, kind):
     # a footprint 4x the L2: every byte read comes from DRAM once; written lines go back to DRAM
