@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
     p.add_argument("--plot", metavar="FILE", default="validate.png",
                    help="simulated against measured, log-log (default validate.png; 'none' writes no plot)")
-    p.add_argument("--curve", metavar="TEXT", help="run only the curves whose name contains TEXT (no rows)")
+    p.add_argument("--curve", metavar="TEXT", action="append",
+                   help="run only the curves whose name contains TEXT (no rows), repeatable")
 
     for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
                            ("compare", "the same workload on several machines, kernel by kernel")):

@@ -346,19 +346,21 @@ def run_curve(machine, c: dict, progress=None) -> dict:
             "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
 
 
-def pick_curves(curves: list[dict], only: str, path: Path) -> list[dict]:
-    """The curves whose name contains ``only`` (--curve); none is one input error."""
-    picked = [c for c in curves if only in c["name"]]
-    if not picked:
-        raise InputError("--curve", f"no curve of {path.name} matches {only!r}",
-                         ", ".join(c["name"] for c in curves) or "(none)")
-    return picked
+def pick_curves(curves: list[dict], only, path: Path) -> list[dict]:
+    """The curves whose name contains ``only`` (--curve; a text or a list of them, each of which
+    must match a curve), in file order; a text that matches none is one input error."""
+    texts = [only] if isinstance(only, str) else list(only)
+    for t in texts:
+        if not any(t in c["name"] for c in curves):
+            raise InputError("--curve", f"no curve of {path.name} matches {t!r}",
+                             ", ".join(c["name"] for c in curves) or "(none)")
+    return [c for c in curves if any(t in c["name"] for t in texts)]
 
 
 def validate(machine, reference: str | None = None, progress=None, curve_progress=None,
              only: str | None = None) -> dict:
     """Rows and curves of the machine's reference file (or ``reference``) on the model. ``only``:
-    run just the curves whose name contains it (and no rows)."""
+    run just the curves whose name contains it, or any text of a list (and no rows)."""
     path = reference_path(machine, reference)
     rows = load_reference(path)
     curves = load_curves(path, machine.family)

@@ -16,7 +16,7 @@ from archsim import micro as MI
 from archsim.config import load_machine
 from archsim.config.derived import memory_clock_ghz
 from archsim.errors import InputError
-from archsim.validate import at_clock, load_curves, load_reference, reference_path, validate
+from archsim.validate import at_clock, load_curves, load_reference, pick_curves, reference_path, validate
 
 CHASE = {"name": "chase", "source": "tiny-gpu test", "kernel": "latency",
          "params": {"stride_bytes": 128, "loads": 64, "warmup": 1}, "x": "footprint_kib", "unit": "cycles",
@@ -176,3 +176,14 @@ def test_any_curve_document_loads_or_is_an_input_error(tmp_path, curve):
         load_curves(p, "gpu")
     except InputError:
         pass
+
+
+def test_curve_filter_repeats_and_each_text_must_match(tmp_path):
+    """--curve may be given several times: the curves matching any text run, in file order; a
+    text that matches none is an input error naming it (one --curve never silently drops another)."""
+    curves = [{"name": "pointer_chase"}, {"name": "stream_vs_footprint"}, {"name": "stream_vs_occupancy"}]
+    path = tmp_path / "m.yaml"
+    assert [c["name"] for c in pick_curves(curves, ["occ", "chase"], path)] == ["pointer_chase", "stream_vs_occupancy"]
+    assert [c["name"] for c in pick_curves(curves, "stream", path)] == ["stream_vs_footprint", "stream_vs_occupancy"]
+    with pytest.raises(InputError, match="'gemm'"):
+        pick_curves(curves, ["chase", "gemm"], path)
