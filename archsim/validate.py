@@ -358,7 +358,7 @@ def pick_curves(curves: list[dict], only, path: Path) -> list[dict]:
 
 
 def validate(machine, reference: str | None = None, progress=None, curve_progress=None,
-             only: str | None = None) -> dict:
+             only: str | list[str] | None = None) -> dict:
     """Rows and curves of the machine's reference file (or ``reference``) on the model. ``only``:
     run just the curves whose name contains it, or any text of a list (and no rows)."""
     path = reference_path(machine, reference)

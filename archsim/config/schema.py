@@ -402,11 +402,12 @@ class AddressMapping(Frozen):
     # bytes of a channel-local address kept in one bank row below the sub-channel and bank fields
     # (a power of two dividing dram.row_bytes; dram.py "Address mapping")
     row_chunk_bytes: PosInt = 128
-    # What the XOR hash mixes into the sub-channel / bank-group field (columns_low) or the flat bank
-    # field (banks_low): row: the row's low bits (permutation-based page interleaving, Zhang et al.,
-    # MICRO 2000); fold: every address bit above the field, folded in field-sized pieces, as real
-    # controllers' bank functions XOR many address bits (DRAMA, Pessl et al., USENIX Security 2016),
-    # so that no power-of-two stride of concurrent requests lands on a few sub-channels.
+    # What the bank hash mixes into the sub-channel / bank-group field (columns_low) or the flat
+    # bank field (banks_low): row: XOR of the row's low bits (permutation-based page interleaving,
+    # Zhang et al., MICRO 2000); fold: the sum of every field-sized digit of the bits above the
+    # field, as real controllers' bank functions combine many address bits (DRAMA, Pessl et al.,
+    # USENIX Security 2016), so that concurrent requests sharing their low bits do not pile onto a
+    # few sub-channels (dram.py "Address mapping").
     bank_hash: Literal["row", "fold"] = "row"
 
 

@@ -70,9 +70,9 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
        of the row's low bits: it adds the sum of the field-sized digits of ``q // field`` (q =
        la // CH), mod the field size (a sum rather than an XOR, so that two consecutive chunks
        never share a sub-channel and bank group). For each value of the higher bits the field is
-       still permuted, so a bank row keeps its columns in the same span,
-       but concurrent requests that share their low bits (a GPU's warps touch a channel in large
-       power-of-two strides) no longer pile onto a few sub-channels while the others idle.
+       still permuted, so a bank row keeps its columns in the same span, but concurrent requests
+       that share their low bits (a long stream's drifting warps each keep their own) no longer
+       pile onto a few sub-channels while the others idle.
     A request must not cross an interleave chunk; each of its bursts is mapped on its own, so a
     misaligned request may touch two chunks / rows / banks (two rows' worth of commands).
 
