@@ -765,8 +765,8 @@ def _to_dram_runs(MS, sl, line, mask, kind, tag, now):
     for j in range(n):
         rd = req_alloc(MS.R, line + first[j] * sb, ln[j] * sb, kind, -1, tag, now)
         MS.R.aux0[rd] = ((np.int64(1) << ln[j]) - 1) << first[j]
-        if not _to_dram(MS, rd):
-            q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd)
+        if not _to_dram(MS, rd) and not q_push(MS.Q, MS.cfg[M_Q_RETRY] + sl, rd):
+            raise RuntimeError("DRAM retry queue full")   # sized for every sector the MSHRs can fetch
 
 
 @njit(cache=True)
