@@ -61,10 +61,13 @@ PARAMS = {
     "latency": {"footprint_kib": (float, None, "a size in KiB > 0"), "stride_bytes": (int, 128, "a multiple of 8"),
                 "warmup": (int, 1, "passes over the chain before timing (0 = cold)"),
                 "loads": (int, 4096, "timed loads > 0"),
-                "half": (str, "all", "all, near or far: only addresses in the chasing SM's near or far L2 half")},
+                "half": (str, "all", "all, near or far: only addresses in the chasing SM's near or far L2 half"),
+                "beside_occupancy": (float, 0.0, "0 (the chase alone) or 0 < x <= 1: other blocks stream reads at "
+                                                 "this occupancy while the chase runs (latency under load)")},
     "bandwidth": {"kind": (str, "read", "read, write, copy or triad"), "occupancy": (float, 1.0, "0 < x <= 1"),
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
-                  "placement": (str, "cross", "private or cross")},
+                  "placement": (str, "cross", "private or cross"),
+                  "unroll": (int, 4, "16-byte loads (or stores) in flight a thread per iteration: 1, 2, 4 or 8")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
@@ -190,6 +193,36 @@ LOOP:   ld.global.b64 r4, [r4]          // each load needs the one before: pure 
 """
 
 
+LOADED_WARM_LOADS = 8   # chase loads left out of the timing while the streams beside it ramp up
+
+
+def _loaded_chase_kernel() -> str:
+    """Latency under load: block 0's thread 0 follows the chase of PCHASE_GLOBAL while every other
+    block runs the read stream of _stream_kernel (4 loads in flight a thread) over `b`, with the
+    block index and grid size taken without block 0 (the CUDA twin: measure_gpu.py loaded_chase)."""
+    chase = PCHASE_GLOBAL.split("\n")
+    body = chase[chase.index("        ldparam r0, table"):chase.index("        exit") + 1]
+    stream = _stream_kernel("read").split("\n")
+    head = [ln for ln in stream if ln.startswith(".param")] + chase[1:6]
+    start = stream.index("        s2r r2, %tid.x") + 1
+    at = body.index("        s2r r8, %clock")
+    body.insert(at + 1, "        st.global.b64 [r3+16], r8          // the chase's end, to check the streams outlast it")
+    lines = [".kernel pchase_loaded"] + head + [
+        "        s2r r20, %ctaid.x",
+        "        setp.ne.i64 p1, r20, 0",
+        "   @p1  bra STREAM",
+        "        s2r r21, %tid.x",
+        "        setp.ne.i64 p1, r21, 0",
+        "   @p1  exit"] + body + [
+        "STREAM: s2r r0, %ctaid.x", "        s2r r1, %ntid.x", "        s2r r2, %tid.x",
+        "        sub.i64 r0, r0, 1                 // streaming blocks are numbered from block 1"]
+    for ln in stream[start:]:
+        lines.append(ln.replace("LOOP", "SLOOP"))
+        if ln.startswith("        s2r r4, %nctaid.x"):
+            lines.append("        sub.i64 r4, r4, 1")
+    return "\n".join(ln for ln in lines if ln) + "\n"
+
+
 def chase_table(nbytes: int, stride: int, base: int, keep=None, seed: int = 1) -> tuple[np.ndarray, int]:
     """A u64 table over `nbytes` whose elements `stride` apart (those whose address `keep`
     accepts) form one random cycle of absolute addresses (a random visiting order, closed). Returns the
@@ -227,14 +260,33 @@ def micro_latency(machine, p: dict, out: MicroResult) -> float:
         near = near_half_of_core(machine, 0)  # block 0 runs on core 0
         keep = (lambda a: l2_half_of(machine, a) == near) if p["half"] == "near" else \
             (lambda a: l2_half_of(machine, a) != near)
+    occ = p["beside_occupancy"]
+    _need(0 <= occ <= 1, "--param beside_occupancy", f"{occ} is out of range", "0 (alone) or 0 < x <= 1")
+    launch = Launch((1, 1, 1), (1, 1, 1))
     probe = {"table": np.zeros(nbytes // 8, np.uint64), "warm": 0, "loads": 0, "start": 0,
              "out": np.zeros(2, np.int64)}
+    if occ > 0:
+        _gpu_only(machine, "latency beside_occupancy")
+        prog = assemble(_loaded_chase_kernel())
+        streams = _occupancy_launch(machine, occ, prog)
+        launch = Launch((streams.blocks + 1, 1, 1), streams.block)
+        threads = streams.blocks * streams.threads_per_block
+        # each stream iteration waits for a DRAM round trip at least as long as one chase load, so
+        # streams of (chase loads + 8) iterations are still running when the chase ends
+        chunks = threads * 4 * (p["warmup"] * (nbytes // p["stride_bytes"]) + LOADED_WARM_LOADS + p["loads"] + 8)
+        probe.update(a=0, c=0, b=Unbacked(chunks * 16), chunks=chunks, out=np.zeros(3, np.int64))
     base = buffer_addresses(prog, probe)["table"]
     table, start = chase_table(nbytes, p["stride_bytes"], base, keep)
     n = int(np.count_nonzero(table))
-    args = dict(probe, table=table, warm=p["warmup"] * n, loads=p["loads"], start=start)
-    t = _time(prog, machine, Launch((1, 1, 1), (1, 1, 1)), args, "pchase", out)
+    warm = p["warmup"] * n + (LOADED_WARM_LOADS if occ > 0 else 0)
+    args = dict(probe, table=table, warm=warm, loads=p["loads"], start=start)
+    t = _time(prog, machine, launch, args, "pchase_loaded" if occ > 0 else "pchase", out)
     out.extra["loads_timed"] = p["loads"]
+    if occ > 0:
+        out.extra["stream_gbps"] = chunks * 16 / stats.seconds(machine, t.cycles) / 1e9
+        out.extra["stream_warps_per_core"] = threads // machine.cores.warp_width // (
+            machine.groups * machine.cores.per_group)
+        out.extra["chase_end_cycle"] = int(t.buffers["out"][2])
     return float(t.buffers["out"][0]) / p["loads"]
 
 
@@ -314,14 +366,16 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
     _need(0 < p["occupancy"] <= 1, "--param occupancy", f"{p['occupancy']} is out of range", "0 < occupancy <= 1")
     _need(p["footprint_mib"] > 0, "--param footprint_mib", f"{p['footprint_mib']} is not a size", "> 0")
     _need(p["placement"] in ("private", "cross"), "--param placement", f"{p['placement']!r}", "private or cross")
+    _need(p["unroll"] in (1, 2, 4, 8), "--param unroll", f"{p['unroll']} is not offered", "1, 2, 4 or 8")
     if machine.dma is not None:
+        _need(p["unroll"] == 4, "--param unroll", "a Sunway stream moves DMA blocks", "leave unroll out")
         return _sunway_bandwidth(machine, p, out)
     _gpu_only(machine, "bandwidth")
-    prog = assemble(_stream_kernel(kind))
+    prog = assemble(_stream_kernel(kind, p["unroll"]))
     launch = _occupancy_launch(machine, p["occupancy"], prog)
     threads = launch.blocks * launch.threads_per_block
     # the footprint is the bytes moved; each thread does whole unrolled iterations
-    per_iter = threads * 4
+    per_iter = threads * p["unroll"]
     chunks = max(int(p["footprint_mib"] * 2**20) // STREAM_BYTES_PER_CHUNK[kind] // per_iter, 1) * per_iter
     nb = chunks * 16
     args = {"a": Unbacked(nb), "b": Unbacked(nb), "c": Unbacked(nb), "chunks": chunks}

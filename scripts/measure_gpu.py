@@ -9,6 +9,9 @@ curve compares the same kernel shape on the model and on the chip:
   most 8 warps filling `occupancy` of every SM's warp slots (micro bandwidth); against footprint
   and against occupancy. Bytes moved over kernel time.
 - shared_chase, ffma_latency: dependent chains timed with clock64.
+- stream_ilp: stream reads with exactly 1, 2, 4 or 8 loads in flight per thread, against occupancy.
+- loaded_latency: a pointer chase beside a stream of rising occupancy (latency under load).
+- launch: empty kernels of rising grid size (launch overhead and block dispatch rate).
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
 
 Needs CuPy and PyTorch with a GPU. Writes JSON (one object per benchmark) to the path given, after
@@ -119,6 +122,91 @@ extern "C" __global__ void ffma_chain(float a, float b, long long n, long long* 
     out[0] = t1 - t0;
     sink[0] = x;
 }
+// Streams with exactly U loads in flight per thread: '#pragma unroll 1' stops the compiler from unrolling the
+// loop further (the plain stream_read above is unrolled 4x by NVVM, so its loads in flight are ptxas's choice).
+#define STREAM_ILP(U) \
+extern "C" __global__ void stream_ilp##U(const float4* __restrict__ b, long long chunks, float* out) \
+{ \
+    long long S = (long long)gridDim.x * blockDim.x; \
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; \
+    float acc = 0.f; \
+    _Pragma("unroll 1") for (; i < chunks; i += U * S) { \
+        float4 v[U]; \
+        _Pragma("unroll") for (int u = 0; u < U; ++u) v[u] = b[i + u * S]; \
+        _Pragma("unroll") for (int u = 0; u < U; ++u) acc += v[u].x + v[u].y + v[u].z + v[u].w; \
+    } \
+    if (acc == 1234.5f) out[0] = acc; \
+}
+STREAM_ILP(1)
+STREAM_ILP(2)
+STREAM_ILP(4)
+STREAM_ILP(8)
+
+// Loaded latency: block 0's thread 0 follows a pointer chase while every other block streams (4 loads in flight
+// per thread, as stream_ilp4) until the chase is done. Latency under load against the bandwidth beside it.
+extern "C" __global__ void loaded_chase(unsigned long long start, long long warm, long long loads, long long* out,
+                                        const float4* __restrict__ b, long long chunks, volatile int* stop,
+                                        unsigned long long* iters, float* sink)
+{
+    if (blockIdx.x == 0) {
+        if (threadIdx.x != 0) return;
+        unsigned long long p = start;
+        for (long long i = 0; i < warm; ++i) asm volatile("ld.global.u64 %0, [%0];" : "+l"(p));
+        unsigned long long g0, g1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+        long long t0 = clock64();
+        for (long long i = 0; i < loads; ++i) asm volatile("ld.global.u64 %0, [%0];" : "+l"(p));
+        long long t1 = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1));
+        out[0] = t1 - t0;
+        out[1] = (long long)p;
+        out[2] = (long long)(g1 - g0);
+        __threadfence();
+        *stop = 1;
+        return;
+    }
+    long long S = (long long)(gridDim.x - 1) * blockDim.x;
+    long long i0 = (long long)(blockIdx.x - 1) * blockDim.x + threadIdx.x, i = i0;
+    unsigned long long n = 0;
+    float acc = 0.f;
+    _Pragma("unroll 1") while (true) {
+        _Pragma("unroll 1") for (int r = 0; r < 8; ++r) {
+            float4 v0 = b[i], v1 = b[i + S], v2 = b[i + 2 * S], v3 = b[i + 3 * S];
+            acc += v0.x + v0.y + v0.z + v0.w + v1.x + v1.y + v1.z + v1.w
+                 + v2.x + v2.y + v2.z + v2.w + v3.x + v3.y + v3.z + v3.w;
+            i += 4 * S;
+            if (i >= chunks) i = i0;
+        }
+        n += 8;
+        if (*stop) break;
+    }
+    atomicAdd(iters, n);
+    if (acc == 1234.5f) sink[0] = acc;
+}
+// Which L2 half each piece of memory lives in, as one SM sees it: after an L2 flush, thread 0 of the block on SM
+// `sm` loads pieces `gran` bytes apart over its own region one at a time, and times each (a DRAM miss through the
+// near half or through the far one). A first load to the same 2 MiB page takes the TLB miss out.
+extern "C" __global__ void half_probe(const char* base, long long region, long long gran, int n, int want_sm,
+                                      long long* out, int* claim)
+{
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if (threadIdx.x != 0 || (int)sm != want_sm || atomicCAS(claim, 0, 1) != 0) return;   // one block of that SM
+    const char* r = base + (long long)want_sm * region;
+    unsigned int w;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(w) : "l"(r + (1536 << 10)));
+    unsigned int acc = w;
+    for (int k = 0; k < n; ++k) {
+        unsigned int v;
+        long long t0 = clock64();
+        asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(r + k * gran + ((acc & 1) << 2)));
+        acc += v;
+        asm volatile("add.u32 %0, %0, %1;" : "+r"(acc) : "r"(v));
+        long long t1 = clock64();
+        out[k] = t1 - t0;
+    }
+    if (acc == 12345u) out[n] = acc;
+}
 """
 
 QUICK = "--quick" in sys.argv
@@ -159,7 +247,9 @@ def main(path: str) -> None:
 
     mod = cp.RawModule(code=SRC)
     K = {n: mod.get_function(n) for n in ("chase", "stream_read", "stream_write", "stream_copy", "empty_kernel",
-                                         "shared_chase", "ffma_chain", "l2_stream")}
+                                         "shared_chase", "ffma_chain", "l2_stream",
+                                         "stream_ilp1", "stream_ilp2", "stream_ilp4", "stream_ilp8", "loaded_chase",
+                                         "half_probe")}
     dev = cp.cuda.Device(0)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
@@ -239,12 +329,15 @@ def main(path: str) -> None:
             per_block -= 1
         return sms * (warps // per_block), per_block * 32
 
-    def time_stream(kind: str, mib: float, occupancy: float, reps: int, cold: bool):
+    def time_stream(kind: str, mib: float, occupancy: float, reps: int, cold: bool, unroll: int = 0):
+        """unroll 0: the stream_<kind> kernel; else stream_ilp<unroll> (reads)."""
         blocks, threads = launch_of(occupancy)
-        per_iter = blocks * threads * 4
+        per_iter = blocks * threads * (unroll or 4)
         per_chunk = {"read": 16, "write": 16, "copy": 32}[kind]
         chunks = max(int(mib * 2**20) // per_chunk // per_iter, 1) * per_iter
-        if kind == "read":
+        if unroll:
+            kind = f"ilp{unroll}"
+        if kind == "read" or unroll:
             args = (big, np.int64(chunks), sinkf)
         elif kind == "write":
             args = (big, np.int64(chunks))
@@ -339,8 +432,129 @@ def main(path: str) -> None:
             del buf
         return {"kernel": "archsim micro.l2_bandwidth shape, 1024-thread blocks", "points": out}
 
+    @bench("stream_ilp_footprint", path)
+    def _():
+        pts = []
+        for mib in (256, 512, 1024, 2048, 4096):
+            runs = [time_stream("read", mib, 1.0, 1, True, unroll=4)[0] for _ in range(3)]
+            pts.append([mib, round(float(np.median(runs)), 1)])
+            print(f"  stream_ilp4 {mib} MiB: {pts[-1][1]} GB/s", flush=True)
+        return {"x": "footprint_mib", "y": "GB/s", "kernel": "stream_ilp4", "occupancy": 1.0, "after_flush": True,
+                "of": "median of 3", "points": pts}
+
+    @bench("stream_ilp", path)
+    def _():
+        pts = []
+        for w in (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64):
+            row = [w]
+            for u in (1, 2, 4, 8):
+                runs = [time_stream("read", 256, w / warp_slots, 1, True, unroll=u)[0] for _ in range(3)]
+                row.append(round(float(np.median(runs)), 1))
+            pts.append(row)
+            print(f"  stream_ilp {w} warps/SM: {row[1:]} GB/s", flush=True)
+        return {"x": "warps_per_sm", "y": "GB/s", "columns": ["warps_per_sm", "ilp1", "ilp2", "ilp4", "ilp8"],
+                "kernel": "stream_ilp<U>: U 16-byte loads per thread per iteration, loop not unrolled further",
+                "footprint_mib": 256, "after_flush": True, "of": "median of 3", "points": pts}
+
+    def loaded(nbytes: int, stream_bytes: int = 1 << 30):
+        """A chase over its own nbytes beside streams of rising occupancy over stream_bytes (not L1-resident)."""
+        n = nbytes // 128
+        tbl = cp.zeros(nbytes // 8, cp.uint64)
+        base = tbl.data.ptr
+        perm = cp.random.permutation(n).astype(cp.int64)
+        nxt = cp.empty(n, cp.int64)
+        nxt[perm] = cp.roll(perm, -1)
+        tbl[cp.arange(n, dtype=cp.int64) * 16] = (base + nxt * 128).astype(cp.uint64)
+        del perm, nxt
+        out4 = cp.zeros(4, cp.int64)
+        stop = cp.zeros(1, cp.int32)
+        iters = cp.zeros(1, cp.uint64)
+        pts = []
+        for w in (0, 1, 2, 4, 8, 16, 32, 48):
+            if w:
+                sblocks, threads = launch_of(w / warp_slots)
+            else:
+                sblocks, threads = 0, 32
+            S = max(sblocks * threads, 1)
+            chunks = max((stream_bytes // 16) // (4 * S), 1) * 4 * S
+            stop.fill(0)
+            iters.fill(0)
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            e0.record()
+            K["loaded_chase"]((1 + sblocks,), (threads,), (np.uint64(base), np.int64(65536), np.int64(4096), out4,
+                                                           big, np.int64(chunks), stop, iters, sinkf))
+            e1.record()
+            e1.synchronize()
+            ms = cp.cuda.get_elapsed_time(e0, e1)
+            gbps = float(iters[0].get()) * 64 / (ms * 1e-3) / 1e9
+            o = out4.get()
+            pts.append([w, round(gbps, 1), round(float(o[0]) / 4096, 1), round(float(o[2]) / 4096, 1)])
+            print(f"  loaded_latency {nbytes >> 20} MiB beside {stream_bytes >> 20} MiB, {w} warps/SM: {pts[-1][1:]}", flush=True)
+        del tbl
+        return {"chase_bytes": nbytes, "stream_bytes": stream_bytes, "columns": ["stream_warps_per_sm", "stream_gbps", "chase_cycles", "chase_ns"],
+                "kernel": "loaded_chase: block 0 thread 0 chases a random cycle over chase_bytes (128-byte stride, 65536 warm-up"
+                          " loads, 4096 timed) while the other blocks stream stream_bytes (4 x 16-byte loads per thread per"
+                          " iteration) until it is done", "points": pts}
+
+
+    @bench("l2_half_map", path)
+    def _():
+        res = {}
+        region = 4 << 20
+        for gran, n in ((32, 512), (128, 1024), (1024, 512)):
+            for want in (0, 1, 2, 3, 66, 67):
+                lat = cp.zeros(n + 1, cp.int64)
+                claim = cp.zeros(1, cp.int32)
+                K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
+                                                                       * sms * 8 * 256 * 4), sinkf))
+                K["half_probe"]((sms * 4,), (32,), (big, np.int64(region), np.int64(gran), np.int32(n),
+                                                    np.int32(want), lat, claim))
+                cp.cuda.runtime.deviceSynchronize()
+                res[f"sm{want}_gran{gran}"] = [int(x) for x in lat.get()[:n]]
+                v = np.array(res[f"sm{want}_gran{gran}"])
+                print(f"  half_probe sm {want} gran {gran}: median {np.median(v):.0f}, "
+                      f"{''.join('F' if x > np.median(v) + 100 else '.' for x in v[:96])}", flush=True)
+        return {"kernel": "half_probe: thread 0 of the block on SM sm times dependent single 4-byte ld.global.cg"
+                          " loads gran bytes apart over its own 4 MiB region after an L2 flush (DRAM misses)",
+                "cycles": res}
+
+    @bench("loaded_latency", path)
+    def _():
+        return loaded(256 << 20)
+
     del big, big2, flush
     cp.get_default_memory_pool().free_all_blocks()
+
+    @bench("launch", path)
+    def _():
+        pts = []
+        for threads in (128, 1024):
+            for g in (1, 132, 264, 528, 1056, 2112, 4224, 8448, 16896, 33792, 67584, 135168):
+                if threads == 1024 and g > 16896:
+                    continue
+                args = (sinkf,)
+                for _ in range(3):
+                    K["empty_kernel"]((g,), (threads,), args)
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                reps = 200
+                e0.record()
+                for _ in range(reps):
+                    K["empty_kernel"]((g,), (threads,), args)
+                e1.record()
+                e1.synchronize()
+                b2b = cp.cuda.get_elapsed_time(e0, e1) / reps * 1e3
+                one = []
+                for _ in range(20):
+                    cp.cuda.runtime.deviceSynchronize()
+                    e0.record()
+                    K["empty_kernel"]((g,), (threads,), args)
+                    e1.record()
+                    e1.synchronize()
+                    one.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+                pts.append([threads, g, round(b2b, 2), round(float(np.median(one)), 2)])
+                print(f"  launch {threads} x {g}: back-to-back {b2b:.2f} us, alone {pts[-1][3]} us", flush=True)
+        return {"columns": ["threads_per_block", "blocks", "back_to_back_us", "alone_us"],
+                "kernel": "empty_kernel (one predicated store), CUDA events", "points": pts}
 
     def cuda_ms(fn, warm=3, reps=10):
         for _ in range(warm):

@@ -106,6 +106,52 @@ def test_stream_grid_is_one_wave_of_what_the_registers_hold():
     assert full.extra["warps_per_core"] == 16
 
 
+def test_stream_unroll_sets_the_loads_in_flight():
+    """unroll N: N independent 16-byte loads a thread before the first use (the CUDA twins
+    stream_ilp<N>). At 1 warp an SM a stream is latency-bound, so more loads in flight give more
+    bandwidth, but less than N times as much (a warp waits for the slowest of its lines); the
+    footprint is moved whatever N is. Bad values are refused in one line."""
+    body = MI._stream_kernel("read", 2).split("LOOP:")[1].split("\n")
+    ops = [ln.split()[0] for ln in body if ln.split() and ln.split()[0] in ("ld.global.v4.b32", "add.f32")]
+    assert ops == ["ld.global.v4.b32"] * 2 + ["add.f32"] * 2
+    a100 = load_machine("a100")
+    bw = {u: MI.run_micro("bandwidth", a100, {"footprint_mib": 8, "occupancy": 1 / 64, "unroll": u})
+          for u in (1, 4)}
+    assert bw[1].value < bw[4].value < 4 * bw[1].value
+    for r in bw.values():   # the footprint, rounded down to whole iterations of every thread
+        k = r.kernels[0]
+        assert k["bytes"]["dram_read"] == pytest.approx(r.value * 1e9 * k["seconds"], rel=0.001)
+        assert 0.95 * (8 << 20) < k["bytes"]["dram_read"] <= 8 << 20
+    for bad in ({"unroll": 3}, {"unroll": 0}):
+        with pytest.raises(InputError, match="unroll"):
+            MI.run_micro("bandwidth", a100, bad)
+    with pytest.raises(InputError, match="unroll"):
+        MI.run_micro("bandwidth", load_machine("tiny-sunway"), {"unroll": 2})
+
+
+def test_latency_beside_a_stream_rises_with_its_occupancy():
+    """beside_occupancy: block 0's thread chases while every other block streams (the CUDA twin
+    loaded_chase). Queues in the fabric, L2 and DRAM make each chase load wait longer the more
+    the streams move, and the streams are still running when the chase ends (so every timed load
+    was under load)."""
+    a100 = load_machine("a100")
+    args = {"footprint_kib": 65536, "warmup": 0, "loads": 24}
+    alone = MI.run_micro("latency", a100, dict(args)).value
+    light = MI.run_micro("latency", a100, dict(args, beside_occupancy=1 / 64))
+    heavy = MI.run_micro("latency", a100, dict(args, beside_occupancy=8 / 64))
+    assert alone * 0.95 < light.value < heavy.value
+    assert heavy.value > 1.2 * alone
+    assert light.extra["stream_gbps"] < heavy.extra["stream_gbps"]
+    for r in (light, heavy):
+        assert r.kernels[0]["cycles"] > r.extra["chase_end_cycle"]
+        assert r.kernels[0]["grid"][0] == 1 + r.extra["stream_warps_per_core"] * 108 // (
+            r.kernels[0]["block"][0] // 32)
+    with pytest.raises(InputError, match="beside_occupancy"):
+        MI.run_micro("latency", a100, dict(args, beside_occupancy=1.5))
+    with pytest.raises(InputError, match="beside_occupancy"):
+        MI.run_micro("latency", load_machine("tiny-sunway"), dict(args, beside_occupancy=0.5))
+
+
 @pytest.mark.parametrize("kind", ["write", "copy", "triad"])
 def test_bandwidth_kinds_move_their_bytes(tiny, kind):
     # a footprint 4x the L2: every byte read comes from DRAM once; written lines go back to DRAM
