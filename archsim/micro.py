@@ -67,7 +67,8 @@ PARAMS = {
     "bandwidth": {"kind": (str, "read", "read, write, copy or triad"), "occupancy": (float, 1.0, "0 < x <= 1"),
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
                   "placement": (str, "cross", "private or cross"),
-                  "unroll": (int, 4, "16-byte loads (or stores) in flight a thread per iteration: 1, 2, 4 or 8")},
+                  "unroll": (int, 4, "16-byte loads (or stores) in flight a thread per iteration: 1, 2, 4 or 8"),
+                  "cores": (int, 0, "0 (every core) or the cores that stream, the others idle (GPU)")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
@@ -369,8 +370,13 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
     _need(p["unroll"] in (1, 2, 4, 8), "--param unroll", f"{p['unroll']} is not offered", "1, 2, 4 or 8")
     if machine.dma is not None:
         _need(p["unroll"] == 4, "--param unroll", "a Sunway stream moves DMA blocks", "leave unroll out")
+        _need(p["cores"] == 0, "--param cores", "a Sunway stream runs on every CPE", "leave cores out")
         return _sunway_bandwidth(machine, p, out)
     _gpu_only(machine, "bandwidth")
+    all_cores = machine.groups * machine.cores.per_group
+    _need(0 <= p["cores"] <= all_cores, "--param cores", f"{p['cores']} is out of range", f"0 .. {all_cores}")
+    if p["cores"]:  # the cores left out would idle: a machine without them streams the same
+        machine = machine.model_copy(update={"cores": machine.cores.model_copy(update={"per_group": p["cores"]})})
     prog = assemble(_stream_kernel(kind, p["unroll"]))
     launch = _occupancy_launch(machine, p["occupancy"], prog)
     threads = launch.blocks * launch.threads_per_block

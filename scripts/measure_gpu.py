@@ -9,9 +9,12 @@ curve compares the same kernel shape on the model and on the chip:
   most 8 warps filling `occupancy` of every SM's warp slots (micro bandwidth); against footprint
   and against occupancy. Bytes moved over kernel time.
 - shared_chase, ffma_latency: dependent chains timed with clock64.
-- stream_ilp: stream reads with exactly 1, 2, 4 or 8 loads in flight per thread, against occupancy.
+- stream_ilp: stream reads with 1, 2 or 4 loads in flight per thread, against occupancy (at 8, ptxas
+  holds the kernel to 32 registers for full occupancy and keeps only 4-5 in flight).
 - loaded_latency: a pointer chase beside a stream of rising occupancy (latency under load).
 - launch: empty kernels of rising grid size (launch overhead and block dispatch rate).
+- one_sm_stream: stream_ilp on one SM alone, 1 to 32 warps (the misses one SM keeps in flight).
+- l2_half_map: which L2 half each 32 B / 128 B / 1 KiB of memory lives in, from DRAM-miss latency.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
 
 Needs CuPy and PyTorch with a GPU. Writes JSON (one object per benchmark) to the path given, after
@@ -122,8 +125,9 @@ extern "C" __global__ void ffma_chain(float a, float b, long long n, long long* 
     out[0] = t1 - t0;
     sink[0] = x;
 }
-// Streams with exactly U loads in flight per thread: '#pragma unroll 1' stops the compiler from unrolling the
-// loop further (the plain stream_read above is unrolled 4x by NVVM, so its loads in flight are ptxas's choice).
+// Streams with U loads in flight per thread: '#pragma unroll 1' stops the compiler from unrolling the loop further
+// (the plain stream_read above is unrolled 4x by NVVM, so its loads in flight are ptxas's choice). At U = 8 ptxas
+// keeps the kernel at 32 registers and issues the second four loads as the first four are summed.
 #define STREAM_ILP(U) \
 extern "C" __global__ void stream_ilp##U(const float4* __restrict__ b, long long chunks, float* out) \
 { \
@@ -207,6 +211,29 @@ extern "C" __global__ void half_probe(const char* base, long long region, long l
     }
     if (acc == 12345u) out[n] = acc;
 }
+// Streams from one SM with several blocks: every block not on SM `want_sm` leaves at once; the blocks on it
+// number themselves (rank) and stream 4 loads in flight a thread, grid-stride over `nranks` blocks. `ranks`
+// counts the blocks that took part (the caller checks it is nranks).
+extern "C" __global__ void sm_stream(const float4* __restrict__ b, long long chunks, int want_sm, int nranks,
+                                     int* ranks, float* sink)
+{
+    __shared__ int rank;
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    if ((int)sm != want_sm) return;
+    if (threadIdx.x == 0) rank = atomicAdd(ranks, 1);
+    __syncthreads();
+    if (rank >= nranks) return;
+    long long S = (long long)nranks * blockDim.x;
+    long long i = (long long)rank * blockDim.x + threadIdx.x;
+    float acc = 0.f;
+    _Pragma("unroll 1") for (; i < chunks; i += 4 * S) {
+        float4 v0 = b[i], v1 = b[i + S], v2 = b[i + 2 * S], v3 = b[i + 3 * S];
+        acc += v0.x + v0.y + v0.z + v0.w + v1.x + v1.y + v1.z + v1.w
+             + v2.x + v2.y + v2.z + v2.w + v3.x + v3.y + v3.z + v3.w;
+    }
+    if (acc == 1234.5f) sink[0] = acc;
+}
 """
 
 QUICK = "--quick" in sys.argv
@@ -249,7 +276,7 @@ def main(path: str) -> None:
     K = {n: mod.get_function(n) for n in ("chase", "stream_read", "stream_write", "stream_copy", "empty_kernel",
                                          "shared_chase", "ffma_chain", "l2_stream",
                                          "stream_ilp1", "stream_ilp2", "stream_ilp4", "stream_ilp8", "loaded_chase",
-                                         "half_probe")}
+                                         "half_probe", "sm_stream")}
     dev = cp.cuda.Device(0)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
@@ -441,6 +468,52 @@ def main(path: str) -> None:
             print(f"  stream_ilp4 {mib} MiB: {pts[-1][1]} GB/s", flush=True)
         return {"x": "footprint_mib", "y": "GB/s", "kernel": "stream_ilp4", "occupancy": 1.0, "after_flush": True,
                 "of": "median of 3", "points": pts}
+
+    @bench("one_sm_stream", path)
+    def _():
+        """One block on one SM (the rest of the chip idle): the bytes one SM keeps in flight."""
+        pts = []
+        for w in (1, 2, 4, 8, 16, 24, 32):
+            row = [w]
+            for u in (1, 4):
+                threads = 32 * w
+                chunks = max((32 << 20) // 16 // (threads * u), 1) * threads * u
+                runs = []
+                for _ in range(3):
+                    K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
+                                                                           * sms * 8 * 256 * 4), sinkf))
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record()
+                    K[f"stream_ilp{u}"]((1,), (threads,), (big, np.int64(chunks), sinkf))
+                    e1.record()
+                    e1.synchronize()
+                    runs.append(chunks * 16 / (cp.cuda.get_elapsed_time(e0, e1) * 1e-3) / 1e9)
+                row.append(round(float(np.median(runs)), 2))
+            pts.append(row)
+            print(f"  one_sm_stream {w} warps: {row[1:]} GB/s", flush=True)
+        multi = []
+        for nblk, threads in ((2, 512), (2, 768), (2, 1024)):
+            chunks = (32 << 20) // 16 // (nblk * threads * 4) * nblk * threads * 4
+            runs = []
+            for _ in range(3):
+                ranks = cp.zeros(1, cp.int32)
+                K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
+                                                                       * sms * 8 * 256 * 4), sinkf))
+                e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                e0.record()
+                K["sm_stream"]((sms * nblk,), (threads,), (big, np.int64(chunks), np.int32(0), np.int32(nblk), ranks,
+                                                           sinkf))
+                e1.record()
+                e1.synchronize()
+                took = int(ranks.get()[0])
+                runs.append(chunks * 16 / (cp.cuda.get_elapsed_time(e0, e1) * 1e-3) / 1e9 if took >= nblk else -took)
+            multi.append([nblk * threads // 32, nblk, round(float(np.median(runs)), 2)])
+            print(f"  one_sm_stream {multi[-1]}", flush=True)
+        return {"columns": ["warps", "ilp1_gbps", "ilp4_gbps"], "kernel": "stream_ilp<U>, one block of 32 x warps"
+                " threads (one SM), 32 MiB after an L2 flush, median of 3", "points": pts,
+                "blocks": {"columns": ["warps", "blocks", "ilp4_gbps"], "kernel": "sm_stream: the blocks that land on"
+                           " SM 0 stream (the others leave), 32 MiB after an L2 flush, median of 3 (a negative value:"
+                           " fewer blocks than asked landed there)", "points": multi}}
 
     @bench("stream_ilp", path)
     def _():
