@@ -356,6 +356,11 @@ def main(path: str) -> None:
             per_block -= 1
         return sms * (warps // per_block), per_block * 32
 
+    def flush_l2():
+        """Read 512 MiB: nothing of what came before stays in the L2."""
+        K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
+                                                               * sms * 8 * 256 * 4), sinkf))
+
     def time_stream(kind: str, mib: float, occupancy: float, reps: int, cold: bool, unroll: int = 0):
         """unroll 0: the stream_<kind> kernel; else stream_ilp<unroll> (reads)."""
         blocks, threads = launch_of(occupancy)
@@ -372,8 +377,7 @@ def main(path: str) -> None:
             args = (big, big2, np.int64(chunks))
         e0, e1 = cp.cuda.Event(), cp.cuda.Event()
         if cold:
-            K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
-                                                                   * sms * 8 * 256 * 4), sinkf))
+            flush_l2()
             e0.record()
             K["stream_" + kind]((blocks,), (threads,), args)
             e1.record()
@@ -480,8 +484,7 @@ def main(path: str) -> None:
                 chunks = max((32 << 20) // 16 // (threads * u), 1) * threads * u
                 runs = []
                 for _ in range(3):
-                    K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
-                                                                           * sms * 8 * 256 * 4), sinkf))
+                    flush_l2()
                     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
                     e0.record()
                     K[f"stream_ilp{u}"]((1,), (threads,), (big, np.int64(chunks), sinkf))
@@ -497,8 +500,7 @@ def main(path: str) -> None:
             runs = []
             for _ in range(3):
                 ranks = cp.zeros(1, cp.int32)
-                K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
-                                                                       * sms * 8 * 256 * 4), sinkf))
+                flush_l2()
                 e0, e1 = cp.cuda.Event(), cp.cuda.Event()
                 e0.record()
                 K["sm_stream"]((sms * nblk,), (threads,), (big, np.int64(chunks), np.int32(0), np.int32(nblk), ranks,
@@ -578,8 +580,7 @@ def main(path: str) -> None:
             for want in (0, 1, 2, 3, 66, 67):
                 lat = cp.zeros(n + 1, cp.int64)
                 claim = cp.zeros(1, cp.int32)
-                K["stream_read"]((sms * 8,), (256,), (flush, np.int64(flush.size // 4 // (sms * 8 * 256 * 4)
-                                                                       * sms * 8 * 256 * 4), sinkf))
+                flush_l2()
                 K["half_probe"]((sms * 4,), (32,), (big, np.int64(region), np.int64(gran), np.int32(n),
                                                     np.int32(want), lat, claim))
                 cp.cuda.runtime.deviceSynchronize()
