@@ -13,6 +13,7 @@ curve compares the same kernel shape on the model and on the chip:
   holds the kernel to 32 registers for full occupancy and keeps only 4-5 in flight).
 - loaded_latency: a pointer chase beside a stream of rising occupancy (latency under load).
 - launch: empty kernels of rising grid size (launch overhead and block dispatch rate).
+- stream_kinds_occupancy: write and copy twins (4 chunks in flight a thread) against occupancy.
 - one_sm_stream: stream_ilp on one SM alone, 1 to 32 warps (the misses one SM keeps in flight).
 - l2_half_map: which L2 half each 32 B / 128 B / 1 KiB of memory lives in, from DRAM-miss latency.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
@@ -234,6 +235,24 @@ extern "C" __global__ void sm_stream(const float4* __restrict__ b, long long chu
     }
     if (acc == 1234.5f) sink[0] = acc;
 }
+// Write and copy twins of micro bandwidth's kernels: 4 chunks a thread per iteration, the loop not unrolled further.
+extern "C" __global__ void stream_write_ilp4(float4* __restrict__ a, long long chunks)
+{
+    long long S = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    float4 v = make_float4(1.f, 1.f, 1.f, 1.f);
+    _Pragma("unroll 1") for (; i < chunks; i += 4 * S) { a[i] = v; a[i + S] = v; a[i + 2 * S] = v; a[i + 3 * S] = v; }
+}
+
+extern "C" __global__ void stream_copy_ilp4(float4* __restrict__ a, const float4* __restrict__ b, long long chunks)
+{
+    long long S = (long long)gridDim.x * blockDim.x;
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    _Pragma("unroll 1") for (; i < chunks; i += 4 * S) {
+        float4 v0 = b[i], v1 = b[i + S], v2 = b[i + 2 * S], v3 = b[i + 3 * S];
+        a[i] = v0; a[i + S] = v1; a[i + 2 * S] = v2; a[i + 3 * S] = v3;
+    }
+}
 """
 
 QUICK = "--quick" in sys.argv
@@ -276,7 +295,7 @@ def main(path: str) -> None:
     K = {n: mod.get_function(n) for n in ("chase", "stream_read", "stream_write", "stream_copy", "empty_kernel",
                                          "shared_chase", "ffma_chain", "l2_stream",
                                          "stream_ilp1", "stream_ilp2", "stream_ilp4", "stream_ilp8", "loaded_chase",
-                                         "half_probe", "sm_stream")}
+                                         "half_probe", "sm_stream", "stream_write_ilp4", "stream_copy_ilp4")}
     dev = cp.cuda.Device(0)
     props = cp.cuda.runtime.getDeviceProperties(0)
     sms = props["multiProcessorCount"]
@@ -537,6 +556,33 @@ def main(path: str) -> None:
                            " fewer blocks than asked landed there)", "points": multi},
                 "from_l2": {"columns": ["warps", "blocks", "ilp4_gbps"], "kernel": "sm_stream over 8 MiB read once"
                             " just before (L2 hits), median of 3", "points": warm}}
+
+    @bench("stream_kinds_occupancy", path)
+    def _():
+        """Write and copy twins (4 chunks in flight a thread) against occupancy, 1 GiB moved after an L2 flush
+        (the L2's dirty lines at the end, ~50 MB, are not waited for: ~5 % of the bytes)."""
+        pts = []
+        for w in (1, 2, 4, 8, 16, 32, 64):
+            blocks, threads = launch_of(w / warp_slots)
+            per_iter = blocks * threads * 4
+            row = [w]
+            for kind, per_chunk in (("write", 16), ("copy", 32)):
+                chunks = (1 << 30) // per_chunk // per_iter * per_iter
+                args = (big, np.int64(chunks)) if kind == "write" else (big, big2, np.int64(chunks))
+                runs = []
+                for _ in range(3):
+                    flush_l2()
+                    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+                    e0.record()
+                    K[f"stream_{kind}_ilp4"]((blocks,), (threads,), args)
+                    e1.record()
+                    e1.synchronize()
+                    runs.append(chunks * per_chunk / (cp.cuda.get_elapsed_time(e0, e1) * 1e-3) / 1e9)
+                row.append(round(float(np.median(runs)), 1))
+            pts.append(row)
+            print(f"  write / copy {w} warps/SM: {row[1:]} GB/s", flush=True)
+        return {"columns": ["warps_per_sm", "write_gbps", "copy_gbps"], "footprint_bytes_moved": 1 << 30,
+                "kernel": "stream_write_ilp4 / stream_copy_ilp4 (copy counts bytes read + written)", "points": pts}
 
     @bench("stream_ilp", path)
     def _():
