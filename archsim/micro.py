@@ -63,7 +63,9 @@ PARAMS = {
                 "loads": (int, 4096, "timed loads > 0"),
                 "half": (str, "all", "all, near or far: only addresses in the chasing SM's near or far L2 half"),
                 "beside_occupancy": (float, 0.0, "0 (the chase alone) or 0 < x <= 1: other blocks stream reads at "
-                                                 "this occupancy while the chase runs (latency under load)")},
+                                                 "this occupancy while the chase runs (latency under load; with "
+                                                 "warmup=0, and the streams last as long as the chase: loads=64 "
+                                                 "is minutes on a full machine, the default 4096 hours)")},
     "bandwidth": {"kind": (str, "read", "read, write, copy or triad"), "occupancy": (float, 1.0, "0 < x <= 1"),
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
                   "placement": (str, "cross", "private or cross"),
@@ -268,18 +270,21 @@ def micro_latency(machine, p: dict, out: MicroResult) -> float:
              "out": np.zeros(2, np.int64)}
     if occ > 0:
         _gpu_only(machine, "latency beside_occupancy")
+        _need(p["warmup"] == 0, "--param warmup", f"{p['warmup']} passes beside streams would need streams as long "
+              "as the passes (the chase's first 8 loads are left out of the timing instead)",
+              "warmup=0 with beside_occupancy")
         prog = assemble(_loaded_chase_kernel())
         streams = _occupancy_launch(machine, occ, prog)
         launch = Launch((streams.blocks + 1, 1, 1), streams.block)
         threads = streams.blocks * streams.threads_per_block
         # each stream iteration waits for a DRAM round trip at least as long as one chase load, so
         # streams of (chase loads + 8) iterations are still running when the chase ends
-        chunks = threads * 4 * (p["warmup"] * (nbytes // p["stride_bytes"]) + LOADED_WARM_LOADS + p["loads"] + 8)
+        chunks = threads * 4 * (LOADED_WARM_LOADS + p["loads"] + 8)
         probe.update(a=0, c=0, b=Unbacked(chunks * 16), chunks=chunks, out=np.zeros(3, np.int64))
     base = buffer_addresses(prog, probe)["table"]
     table, start = chase_table(nbytes, p["stride_bytes"], base, keep)
     n = int(np.count_nonzero(table))
-    warm = p["warmup"] * n + (LOADED_WARM_LOADS if occ > 0 else 0)
+    warm = LOADED_WARM_LOADS if occ > 0 else p["warmup"] * n
     args = dict(probe, table=table, warm=warm, loads=p["loads"], start=start)
     t = _time(prog, machine, launch, args, "pchase_loaded" if occ > 0 else "pchase", out)
     out.extra["loads_timed"] = p["loads"]

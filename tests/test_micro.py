@@ -165,6 +165,8 @@ def test_latency_beside_a_stream_rises_with_its_occupancy():
             r.kernels[0]["block"][0] // 32)
     with pytest.raises(InputError, match="beside_occupancy"):
         MI.run_micro("latency", a100, dict(args, beside_occupancy=1.5))
+    with pytest.raises(InputError, match="warmup"):   # streams as long as a warm-up pass: refused
+        MI.run_micro("latency", a100, dict(args, warmup=1, beside_occupancy=0.5))
     with pytest.raises(InputError, match="beside_occupancy"):
         MI.run_micro("latency", load_machine("tiny-sunway"), dict(args, beside_occupancy=0.5))
 
