@@ -321,6 +321,17 @@ def main(path: str) -> None:
         ms = cp.cuda.get_elapsed_time(e0, e1)
         return float(out64[0].get()) / (ms * 1e-3) / 1e6
 
+    def chase_table(nbytes: int):
+        """(table, its address): one random cycle of 8-byte pointers, one per 128-byte line of nbytes."""
+        n = nbytes // 128
+        tbl = cp.zeros(nbytes // 8, cp.uint64)
+        base = tbl.data.ptr
+        perm = cp.random.permutation(n).astype(cp.int64)
+        nxt = cp.empty(n, cp.int64)
+        nxt[perm] = cp.roll(perm, -1)
+        tbl[cp.arange(n, dtype=cp.int64) * 16] = (base + nxt * 128).astype(cp.uint64)
+        return tbl, base
+
     @bench("sm_clock", path)
     def _():
         return {"mhz": [round(sm_clock_mhz(), 1) for _ in range(3)]}
@@ -350,18 +361,13 @@ def main(path: str) -> None:
         for k in kib:
             nbytes = k * 1024
             n = nbytes // 128
-            tbl = cp.zeros(nbytes // 8, cp.uint64)
-            base = tbl.data.ptr
-            perm = cp.random.permutation(n).astype(cp.int64)
-            nxt = cp.empty(n, cp.int64)
-            nxt[perm] = cp.roll(perm, -1)
-            tbl[cp.arange(n, dtype=cp.int64) * 16] = (base + nxt * 128).astype(cp.uint64)
+            tbl, base = chase_table(nbytes)
             warm = min(n, 1 << 20)
             K["chase"]((1,), (1,), (np.uint64(base), np.int64(warm), np.int64(loads), out64))
             cp.cuda.runtime.deviceSynchronize()
             pts.append([k, float(out64[0].get()) / loads])
             print(f"  chase {k} KiB: {pts[-1][1]:.1f}", flush=True)
-            del tbl, perm, nxt
+            del tbl
         return {"x": "footprint_kib", "y": "cycles", "stride_bytes": 128, "loads": loads, "points": pts}
 
     big = cp.zeros((4 << 30) // 4, cp.float32)       # 4 GiB, reused by every stream
@@ -600,14 +606,7 @@ def main(path: str) -> None:
 
     def loaded(nbytes: int, stream_bytes: int = 1 << 30):
         """A chase over its own nbytes beside streams of rising occupancy over stream_bytes (not L1-resident)."""
-        n = nbytes // 128
-        tbl = cp.zeros(nbytes // 8, cp.uint64)
-        base = tbl.data.ptr
-        perm = cp.random.permutation(n).astype(cp.int64)
-        nxt = cp.empty(n, cp.int64)
-        nxt[perm] = cp.roll(perm, -1)
-        tbl[cp.arange(n, dtype=cp.int64) * 16] = (base + nxt * 128).astype(cp.uint64)
-        del perm, nxt
+        tbl, base = chase_table(nbytes)
         out4 = cp.zeros(4, cp.int64)
         stop = cp.zeros(1, cp.int32)
         iters = cp.zeros(1, cp.uint64)

@@ -381,6 +381,13 @@ def dram_log(D: DramState, channel: int) -> list[tuple[int, str, int, int]]:
     return sorted(((t, CMD_NAMES[cmd], b, a) for t, cmd, b, a in rows), key=lambda r: r[0])
 
 
+def _unmix(p, f, hi, row, m):
+    """Inverse of _mix (Python ints): the field value that _mix takes to f."""
+    if p[P_FOLD]:
+        return (f - int(_fold(hi, m))) % m
+    return f ^ (row & (m - 1)) if p[P_POW2] else (f - row) % m
+
+
 def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 0) -> int:
     """Inverse of ``dram_map``: the byte address of (channel, bank, row, column). On a segments
     machine a channel's rows below ``private_rows(D)`` belong to its group's private segment and
@@ -394,19 +401,11 @@ def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 
     if p[P_COLLOW]:
         lo, SB = sc + S * bg, S * BGS
         hi = (row * BPG + bk) * COLS + col_hi
-        if p[P_FOLD]:
-            fbl = (lo - int(_fold(hi, SB))) % SB
-        else:
-            fbl = (lo ^ (row & (SB - 1))) if p[P_POW2] else (lo - row) % SB
-        la = (hi * SB + fbl) * CH + off
+        la = (hi * SB + _unmix(p, lo, hi, row, SB)) * CH + off
     else:
         fbh = sc + S * (bg + BGS * bk)
         hi = row * COLS + col_hi
-        if p[P_FOLD]:
-            fb = (fbh - int(_fold(hi, NB))) % NB
-        else:
-            fb = fbh ^ (row & (NB - 1)) if p[P_POW2] else (fbh - row) % NB
-        la = (hi * NB + fb) * CH + off
+        la = (hi * NB + _unmix(p, fbh, hi, row, NB)) * CH + off
     if p[P_MODE] == 0:
         li, lo = divmod(la, IL)
         return (li * C + channel) * IL + lo
@@ -469,6 +468,17 @@ def _fold(x, m):
 
 
 @_jit
+def _mix(p, f, hi, row, m):
+    """The bank hash of a field value f in [0, m) (address_mapping.bank_hash): fold adds the
+    digit sum of the bits above the field (hi); row XORs (m a power of two) or adds the row."""
+    if p[P_FOLD]:
+        return (f + _fold(hi, m)) % m
+    if p[P_POW2]:
+        return f ^ (row & (m - 1))
+    return (f + row) % m
+
+
+@_jit
 def _bank_row_col(p, la):
     CH = p[P_CHUNK]
     NB = p[P_NB]
@@ -478,31 +488,17 @@ def _bank_row_col(p, la):
     if p[P_COLLOW]:
         # [sub-channel | bank group | column | bank in group | row]
         SB = S * p[P_BGS]
-        lo = q % SB
         rest = q // SB
-        hi = rest
         col_hi = rest % cols
-        rest = rest // cols
-        bk = rest % p[P_BPG]
-        row = rest // p[P_BPG]
-        if p[P_FOLD]:
-            lo = (lo + _fold(hi, SB)) % SB
-        elif p[P_POW2]:
-            lo = lo ^ (row & (SB - 1))
-        else:
-            lo = (lo + row) % SB
-        fb = lo + SB * bk
+        bk = rest // cols % p[P_BPG]
+        row = rest // cols // p[P_BPG]
+        fb = _mix(p, q % SB, q // SB, row, SB) + SB * bk
     else:
         fb = q % NB
         rest = q // NB
         col_hi = rest % cols
         row = rest // cols
-        if p[P_FOLD]:
-            fb = (fb + _fold(rest, NB)) % NB
-        elif p[P_POW2]:
-            fb = fb ^ (row & (NB - 1))
-        else:
-            fb = (fb + row) % NB
+        fb = _mix(p, fb, rest, row, NB)
     t = fb // S
     bank = (fb % S) * p[P_NBS] + (t % p[P_BGS]) * p[P_BPG] + t // p[P_BGS]
     return bank, row, col_hi * CH + la % CH
