@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from archsim import __version__
-from archsim.config.derived import peak_bandwidth_gbps, peak_tflops
+from archsim.config.derived import fabric_clock_ghz, memory_clock_ghz, peak_bandwidth_gbps, peak_tflops
 from archsim.engine.core import STALL_NAMES
 from archsim.engine.machine import TL_COUNTERS, KernelTiming
 
@@ -19,10 +19,19 @@ BYTE_LEVELS = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric")
 
 
 def machine_record(machine) -> dict:
+    """CONTRACT's machine fields, plus what the plots draw: the peak GB/s of every level (roofline),
+    the fabric and memory clocks (link and channel cycles in the timeline matrices), the fabric's
+    kind, core groups and L2 halves (topology)."""
+    bw = peak_bandwidth_gbps(machine)
     return {"name": machine.name, "family": machine.family, "clock_ghz": machine.clock_ghz,
             "cores": machine.groups * machine.cores.per_group,
             "peak_tflops": {k: round(v, 3) for k, v in peak_tflops(machine).items()},
-            "peak_dram_gbps": round(peak_bandwidth_gbps(machine)["dram"], 3)}
+            "peak_dram_gbps": round(bw["dram"], 3),
+            "peak_gbps": {k: round(v, 3) for k, v in bw.items()},
+            "fabric_clock_ghz": round(fabric_clock_ghz(machine), 6),
+            "memory_clock_ghz": round(memory_clock_ghz(machine), 6),
+            "fabric_kind": machine.fabric.kind, "groups": machine.groups,
+            "l2_halves": machine.l2.halves if machine.l2 is not None else 0}
 
 
 def seconds(machine, cycles: int | float) -> float:
@@ -67,9 +76,10 @@ def _levels(machine) -> tuple[str, ...]:
     return tuple(out)
 
 
-def timeline_record(machine, window: int, rows: np.ndarray, end_cycle: int) -> dict:
-    """Per-window series from cumulative rows: IPC, GB/s per level, stall shares. The last
-    window is usually partial (the end of the run); its rates use its true length."""
+def timeline_record(machine, window: int, rows: np.ndarray, end_cycle: int, layout: dict | None = None) -> dict:
+    """Per-window series from cumulative rows: IPC, GB/s per level, stall shares; with the
+    per-unit layout (unit_timeline.unit_layout) also the per-unit matrices (unit_matrices). The
+    last window is usually partial (the end of the run); its rates use its true length."""
     if rows is None or len(rows) == 0:
         return {"window_cycles": window, "series": {}}
     prev = np.vstack([np.zeros((1, rows.shape[1]), np.int64), rows[:-1]])
@@ -88,7 +98,83 @@ def timeline_record(machine, window: int, rows: np.ndarray, end_cycle: int) -> d
     for n in STALL_NAMES:
         series[f"stall_{n}"] = list(np.round(np.where(warps > 0, d[:, col["stall_" + n]] / np.maximum(warps, 1),
                                                       0.0), 4))
-    return {"window_cycles": int(window), "series": {k: [float(x) for x in v] for k, v in series.items()}}
+    out = {"window_cycles": int(window), "series": {k: [float(x) for x in v] for k, v in series.items()}}
+    if layout:
+        out.update(unit_matrices(machine, window, rows[:, len(TL_COUNTERS):], end_cycle, layout))
+    return out
+
+
+MATRIX_WINDOWS = 64  # choice: at most this many windows per kernel in the per-unit matrices
+
+
+def _sig(a: np.ndarray, digits: int = 4) -> list:
+    """Rows of a 2-D array as lists of floats with `digits` significant digits (NaN -> None)."""
+    a = np.asarray(a, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mag = np.where(np.isfinite(a) & (a != 0), np.floor(np.log10(np.abs(a))), 0.0)
+        scale = 10.0 ** (digits - 1 - mag)
+        r = np.round(a * scale) / scale
+    rows = r.tolist()
+    if np.isnan(a).any():
+        rows = [[None if x != x else x for x in row] for row in rows]
+    return rows
+
+
+def unit_matrices(machine, window: int, rows: np.ndarray, end_cycle: int, layout: dict) -> dict:
+    """Per-window, per-unit matrices ([[per unit] per window]) from the cumulative unit columns of
+    the timeline rows. Windows are merged in powers of two until at most MATRIX_WINDOWS remain
+    (``matrix_window_cycles``; the last one is what is left up to ``matrix_end_cycle``, the end of
+    the simulated part of the launch). Rates use each unit's
+    own clock: link_util = busy / link cycles, channel_queue = mean queued requests; hit rates
+    are None in a window without accesses; l2_mshr_busy is the count at the window's end. CPE-mesh
+    router links appear only when they carried a packet in the kernel, the mesh's CPE and engine
+    ports never; every other unit always does."""
+    n = rows.shape[0]
+    f = 1
+    while -(-n // f) > MATRIX_WINDOWS:
+        f *= 2
+    keep = list(range(f - 1, n - 1, f)) + [n - 1]
+    r = rows[keep].astype(np.float64)
+    d = r - np.vstack([np.zeros((1, r.shape[1])), r[:-1]])
+    ncyc = np.full(len(keep), float(window * f))
+    ncyc[-1] = max(float(end_cycle - (len(keep) - 1) * window * f), 1.0)
+    sec = ncyc / (machine.clock_ghz * 1e9)
+    units, mats = {}, {}
+
+    def block(fam, counter, x=d):
+        L = layout[fam]
+        o = L["counters"][counter]
+        return x[:, o:o + len(L["units"])]
+
+    def rate(num, den):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+    for fam, L in layout.items():
+        units[fam] = list(L["units"])
+        ratio = np.asarray(L["clock_ratio"], np.float64)[None, :]
+        if fam == "links":
+            busy, blocked = block(fam, "busy"), block(fam, "blocked")
+            # CPE-mesh router links (hundreds) only where they carried something in this kernel;
+            # the mesh's CPE and engine ports not at all
+            net = L.get("net", ["fabric"] * len(units[fam]))
+            use = [j for j in range(len(net)) if net[j] == "fabric" or net[j] == "mesh" and (
+                r[-1, L["counters"]["busy"] + j] or r[-1, L["counters"]["blocked"] + j])]
+            units[fam] = [units[fam][j] for j in use]
+            mats["link_util"] = _sig(busy[:, use] / (ncyc[:, None] * ratio[:, use]))
+            mats["link_blocked"] = _sig(blocked[:, use])
+        elif fam == "channels":
+            mats["channel_queue"] = _sig(block(fam, "queue_area") / (ncyc[:, None] * ratio))
+            mats["channel_gbps"] = _sig(block(fam, "bytes") / sec[:, None] / 1e9)
+            mats["channel_row_hit"] = _sig(rate(block(fam, "row_hits"), block(fam, "row_accesses")))
+        elif fam == "l2_slices":
+            mats["l2_accesses"] = _sig(block(fam, "accesses"))
+            mats["l2_hit_rate"] = _sig(rate(block(fam, "hits"), block(fam, "accesses")))
+            mats["l2_mshr_busy"] = _sig(block(fam, "mshr_busy", r))
+        elif fam == "dma_engines":
+            mats["dma_gbps"] = _sig(block(fam, "bytes") / sec[:, None] / 1e9)
+    return {"units": units, "matrix_window_cycles": int(window * f), "matrix_end_cycle": int(end_cycle),
+            "matrices": mats}
 
 
 def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: int = 1,
@@ -125,7 +211,8 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
                               "queue_mean": round(x["queue_mean"], 4), "queue_max": int(x["queue_max"])}
                              for x in fab["links"]]},
         "memory_controllers": mcs,
-        "timeline": timeline_record(machine, window, rows, timing.timeline_end if timing.timeline_end >= 0 else cyc),
+        "timeline": timeline_record(machine, window, rows, timing.timeline_end if timing.timeline_end >= 0 else cyc,
+                                    timing.timeline_units),
         "caches": {lvl: _cache_summary(mem[lvl]) for lvl in ("l1", "l2") if lvl in mem},
         "load_latency_mean_cycles": round(mem["load_latency"]["sum"] / mem["load_latency"]["count"], 2)
         if mem["load_latency"]["count"] else 0.0,

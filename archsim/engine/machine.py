@@ -25,6 +25,7 @@ from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import memory as M
 from archsim.engine import mpe as MP
+from archsim.engine import unit_timeline as UT
 from archsim.engine.jit import njit
 from archsim.engine.queues import span_bounds
 from archsim.engine.ref import as_ptr
@@ -34,7 +35,8 @@ DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 
 # Timeline: cumulative counters sampled at every window boundary (rows), then differenced by the
 # stats layer into per-window rates. When the rows run out, every other row is dropped and the
-# window doubles, so any run fits in a fixed array.
+# window doubles, so any run fits in a fixed array. The machine-wide counters (TL_COUNTERS) come
+# first in a row, then the per-unit ones (unit_timeline: links, channels, slices, DMA engines).
 TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
 TL_COUNTERS = ("warp_instructions",) + TL_BYTES + \
     tuple("stall_" + n for n in K.STALL_NAMES)
@@ -42,14 +44,18 @@ TL_ROWS = 512
 TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
 
 
-def make_timeline(window_cycles: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros((TL_ROWS, len(TL_COUNTERS)), np.int64), np.array([window_cycles, 0, window_cycles], np.int64)
+def make_timeline(MS, window_cycles: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    width = len(TL_COUNTERS) + int(UT.unit_columns(MS))
+    return np.zeros((TL_ROWS, width), np.int64), np.array([window_cycles, 0, window_cycles], np.int64)
 
 
 def timeline_rows(TL, tlk, TS, MS, end_cycle: int) -> tuple[int, np.ndarray]:
     """(window, rows): the sampled rows plus a last one with the totals at the end of the run."""
     n = int(tlk[TLK_ROWS])
-    last = np.concatenate([[TS.issued.sum()], MS.bytes[:len(TL_BYTES)], TS.stall.sum(axis=0)]).astype(np.int64)
+    last = np.zeros(TL.shape[1], np.int64)
+    g = len(TL_COUNTERS)
+    last[:g] = np.concatenate([[TS.issued.sum()], MS.bytes[:len(TL_BYTES)], TS.stall.sum(axis=0)])
+    UT.unit_sample(MS, last, g, np.int64(end_cycle))
     return int(tlk[TLK_WINDOW]), np.vstack([TL[:n], last[None, :]])
 
 
@@ -68,11 +74,12 @@ def _tl_sample(TL, tlk, TS, MS):
     r = tlk[TLK_ROWS]
     K.flush_all(TS, tlk[TLK_NEXT])
     TL[r, 0] = TS.issued.sum()
-    nb = TL.shape[1] - TS.stall.shape[1] - 1  # byte levels (TL_BYTES)
+    nb = len(TL_BYTES)
     for i in range(nb):
         TL[r, 1 + i] = MS.bytes[i]
     for k in range(TS.stall.shape[1]):
         TL[r, 1 + nb + k] = TS.stall[:, k].sum()
+    UT.unit_sample(MS, TL[r], 1 + nb + TS.stall.shape[1], tlk[TLK_NEXT])
     tlk[TLK_ROWS] = r + 1
     tlk[TLK_NEXT] += tlk[TLK_WINDOW]
     return True
@@ -217,3 +224,4 @@ class KernelTiming:
     first_block: int = 0            # grid id of the range's first block
     timeline_end: int = -1          # the cycle the timeline rows end at (-1: `cycles`; a sampled
                                     # launch extrapolates `cycles` past its simulated timeline)
+    timeline_units: dict = None     # unit_timeline.unit_layout: the per-unit columns of the rows

@@ -602,6 +602,46 @@ def noc_next_event(N, now):
 
 
 @njit(cache=True)
+def noc_blocked_until(N, t, row, c0):
+    """row[c0 + l] = link l's blocked cycles through cycle t - 1 (read-only): those counted, plus
+    what the next step will add for the skipped cycles since the last one (noc_step's gap scan:
+    a packet that had arrived wants its link in every skipped cycle from its arrival on), so that
+    a timeline sample inside a skip-ahead jump reads what stepping every cycle would have counted.
+    The per-link maximum over the ports is kept in row while scanning (a link is charged once)."""
+    lt = N.lt
+    L = lt.shape[0]
+    for l in range(L):
+        row[c0 + l] = 0
+    gap_lo = N.clk[C_LAST] + 1
+    gap_hi = t - 1
+    if gap_hi >= gap_lo:
+        Q, bt, gi, pi, pt = N.Q, N.bt, N.gi, N.pi, N.pt
+        look = N.par[P_LOOK]
+        for g in range(N.par[P_GROUPS]):
+            if gi[g, G_NPKT] == 0:
+                continue
+            glook = look if gi[g, G_NOUT] > 1 else 0
+            i0 = gi[g, G_IN0]
+            for k in range(gi[g, G_NIN]):
+                b = N.gin[i0 + k]
+                cnt = Q.count[b]
+                nwin = cnt if cnt <= glook else glook + 1
+                for j in range(nwin):
+                    p = q_peek(Q, b, j)
+                    e = pt[p, PT_READY]
+                    if bt[b, BT_FREE] > e:
+                        e = bt[b, BT_FREE]
+                    lo = e if e > gap_lo else gap_lo
+                    if lo > gap_hi:
+                        break
+                    l = pi[p, PI_LINK]
+                    if gap_hi - lo + 1 > row[c0 + l]:
+                        row[c0 + l] = gap_hi - lo + 1
+    for l in range(L):
+        row[c0 + l] += lt[l, LT_BLOCKED]
+
+
+@njit(cache=True)
 def noc_idle(N):
     """No packet anywhere in the network (source queues and ejection buffers included)."""
     return N.clk[C_NFREE] == N.pfree.shape[0]

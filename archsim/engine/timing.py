@@ -18,6 +18,7 @@ from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import machine as MA
 from archsim.engine import memory as M
+from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
 from archsim.engine.launch import ALIGN, GLOBAL_BASE
 from archsim.errors import InputError, SimulationError
@@ -278,7 +279,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     Dd = D.decode(prog, machine)
     MS = M.make_mstate(machine, TS, private)
     out = np.zeros(5, np.int64)
-    TL, tlk = MA.make_timeline(window_cycles)
+    TL, tlk = MA.make_timeline(MS, window_cycles)
     MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)
     buffers = {}
     for name, (a, v) in placed.items():  # backed buffers as the kernel left them
@@ -291,6 +292,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
                              memory=dict(M.mem_counters(MS, int(out[1])), carveout={
                                  "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
                              timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers,
+                             timeline_units=UT.unit_layout(machine, MS),
                              block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
                              block_core=TS.blk_core[first:end].copy(), first_block=first)
     if timing.outcome == MA.DONE:
