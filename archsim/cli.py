@@ -17,6 +17,7 @@ import numpy as np
 
 from archsim import __version__
 from archsim.errors import ArchsimError, InputError, SimulationError
+from archsim.report import jsonfmt
 
 COMMANDS_HELP = ("asm: assemble, check and run a kernel functionally; show-config: print a resolved machine; "
                  "micro: a micro-benchmark on the timing model; validate: model vs published figures; "
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                    help="stop a launch after N core cycles (exit 3, partial result)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.micro/1 result")
+    p.add_argument("--out", metavar="DIR", help="write micro.json, the plots (PNG) and report.html there")
 
     p = sub.add_parser("validate", help="simulated vs published figures (configs/reference/<machine>.yaml)")
     _add_machine_options(p)
@@ -150,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "sweep's directory")
     p.add_argument("path", metavar="RESULT.json|DIR")
     p.add_argument("--out", metavar="DIR", help="where to write the plots (default: beside the result)")
+    p.add_argument("--kernel", metavar="NAME", help="the kernel topology.png shows (default: the busiest)")
 
     p = sub.add_parser("bench", help="simulator speed: warp-instructions per second on fixed cases")
     p.add_argument("--repeat", type=int, default=3, metavar="N",
@@ -326,12 +329,18 @@ def cmd_micro(a) -> int:
     parse_params(a.name, a.params)  # bad parameters fail before anything runs
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
+    if a.out:
+        _out_dir(a.out)
     try:
         r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles)
     except SimulationError as e:
-        if a.json and e.partial is not None and hasattr(e.partial, "document"):
+        if e.partial is not None and hasattr(e.partial, "document"):
             e.partial.complete = False
-            _write_json(a.json, dict(e.partial.document(machine), error=e.line()))
+            doc = dict(e.partial.document(machine), error=e.line())
+            if a.json:
+                _write_json(a.json, doc)
+            if a.out:
+                _write_plot_files(a.out, doc, "micro.json")
         raise
     k = r.kernels[-1]
     print(f"micro {a.name} on {machine.name} ({', '.join(f'{k2}={v}' for k2, v in r.params.items())}): "
@@ -340,6 +349,8 @@ def cmd_micro(a) -> int:
           f"DRAM {k['bandwidth_gbps'].get('dram', 0):.1f} GB/s; simulated in {r.wall_seconds:.2f} s")
     if a.json:
         _write_json(a.json, r.document(machine))
+    if a.out:
+        _write_plot_files(a.out, r.document(machine), "micro.json")
     return 0
 
 
@@ -400,7 +411,7 @@ def _load_workload(a):
 
 
 def _run_options(a):
-    from archsim.run import RunOptions, parse_error_bound
+    from archsim.runner import RunOptions, parse_error_bound
 
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -440,16 +451,25 @@ def _out_dir(path: str) -> Path:
     return out
 
 
+def _write_plot_files(out_dir: str, doc: dict, name: str, kernel: str | None = None) -> Path:
+    """The document as `name`, its plots and report.html in out_dir; a line on stderr for each plot
+    that could not be drawn."""
+    from archsim.report.plots import write_plots
+
+    out = _out_dir(out_dir)
+    _write_json(str(out / name), doc)
+    _files, missing = write_plots(doc, out, kernel=kernel)
+    for m in missing:
+        print(f"archsim: not drawn: {m}", file=sys.stderr)
+    return out
+
+
 def _write_outputs(a, doc: dict, results: list[dict], name: str) -> None:
     if a.json:
         _write_json(a.json, doc)
     if not a.out:
         return
-    from archsim.report.plots import write_plots
-
-    out = _out_dir(a.out)
-    _write_json(str(out / name), doc)
-    write_plots(doc, out)
+    out = _write_plot_files(a.out, doc, name)
     if a.trace:
         from archsim.report.trace import trace_document
 
@@ -457,7 +477,7 @@ def _write_outputs(a, doc: dict, results: list[dict], name: str) -> None:
 
 
 def _run_one(a, machine, wl, opts, label):
-    from archsim.run import run_workload
+    from archsim.runner import run_workload
 
     update, close = _progress(label)
     try:
@@ -497,7 +517,7 @@ def cmd_compare(a) -> int:
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)
-    from archsim.run import emit_block, placement_for
+    from archsim.runner import compare_document, emit_block, placement_for
 
     opts.strict_placement = False       # --placement private applies to the machines with private segments
     for m in machines:
@@ -516,10 +536,10 @@ def cmd_compare(a) -> int:
             partial = getattr(e, "partial_document", None)
             if partial is not None:
                 results.append(partial)
-                _write_outputs(a, _compare_doc(results, complete=False), results, "compare.json")
+                _write_outputs(a, compare_document(results, complete=False), results, "compare.json")
             raise
         failed |= opts.mode == "functional" and not results[-1]["passed"]
-    doc = _compare_doc(results)
+    doc = compare_document(results)
     if opts.mode == "functional":
         for r in results:
             print(functional_table(r))
@@ -527,12 +547,6 @@ def cmd_compare(a) -> int:
         print(compare_table(results))
     _write_outputs(a, doc, results, "compare.json")
     return 1 if failed else 0
-
-
-def _compare_doc(results: list[dict], complete: bool = True) -> dict:
-    return {"schema": "archsim.compare/1", "complete": complete and all(r.get("complete", True) for r in results),
-            "machines": [r["machine"]["name"] for r in results], "workload": results[0]["workload"],
-            "results": results}
 
 
 def cmd_sweep(a) -> int:
@@ -591,10 +605,10 @@ def cmd_plot(a) -> int:
             print(f)
         return 0
     if path.is_dir():
-        cands = [path / "result.json", path / "compare.json"]
+        cands = [path / "result.json", path / "compare.json", path / "micro.json"]
         path = next((c for c in cands if c.exists()), None)
         if path is None:
-            raise InputError(a.path, "no result.json, compare.json or results.parquet in this directory",
+            raise InputError(a.path, "no result.json, compare.json, micro.json or results.parquet in this directory",
                              "a run's or a sweep's --out directory")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -602,13 +616,32 @@ def cmd_plot(a) -> int:
         raise InputError(str(path), f"cannot read: {e}", "a result JSON file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}", f"not JSON: {e.msg}", "a result JSON file") from None
-    if not isinstance(doc, dict) or doc.get("schema") not in ("archsim.result/1", "archsim.compare/1"):
+    schemas = ("archsim.result/1", "archsim.compare/1", "archsim.micro/1")
+    if not isinstance(doc, dict) or doc.get("schema") not in schemas:
         raise InputError(str(path), f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}",
-                         "archsim.result/1 or archsim.compare/1")
-    files = write_plots(doc, Path(a.out) if a.out else path.parent)
+                         ", ".join(schemas))
+    if a.kernel is not None:
+        _check_kernel(doc, a.kernel, str(path))
+    files, missing = write_plots(doc, _out_dir(a.out) if a.out else path.parent, kernel=a.kernel)
     for f in files:
         print(f)
+    for m in missing:
+        print(f"archsim: not drawn: {m}", file=sys.stderr)
     return 0
+
+
+def _check_kernel(doc: dict, name: str, where: str) -> None:
+    """--kernel names a kernel of the document (of at least one machine in a compare)."""
+    rs = doc.get("results", []) if doc.get("schema") == "archsim.compare/1" else \
+        [doc.get("result") or {}] if doc.get("schema") == "archsim.micro/1" else [doc]
+    names = []
+    for r in rs:
+        for k in (r.get("kernels") or []) if isinstance(r, dict) else []:
+            if isinstance(k, dict) and k.get("name") not in names:
+                names.append(k.get("name"))
+    if name not in names:
+        shown = ", ".join(str(n) for n in names[:20]) + (" ..." if len(names) > 20 else "")
+        raise InputError("--kernel", f"{name!r} is no kernel of {where}", shown or "a result with kernels")
 
 
 def _check_writable(path: str, flag: str) -> None:
@@ -623,7 +656,7 @@ def _check_writable(path: str, flag: str) -> None:
 
 def _write_json(path: str, obj) -> None:
     try:
-        Path(path).write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+        Path(path).write_text(jsonfmt.dumps(obj) + "\n", encoding="utf-8")
     except OSError as e:
         raise InputError("--json", f"cannot write {path}: {e.strerror}", "a writable file path")
 

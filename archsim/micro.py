@@ -675,7 +675,7 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     summed time (per the contract: 4*d per unmasked (query, key) pair plus the softmax, the
     result's ``flops``); ``model_flops`` holds the full seq x seq count. Big launches are timed
     from their first waves (archsim.sample)."""
-    from archsim.run import timing_args
+    from archsim.runner import timing_args
     from archsim.workloads.emit.block import attention_kernels
 
     for k in ("batch", "heads", "seq"):

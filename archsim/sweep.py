@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from archsim.errors import InputError, SimulationError
-from archsim.run import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_error_bound, run_workload
+from archsim.report import jsonfmt
+from archsim.runner import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_error_bound, run_workload
 
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
@@ -314,7 +315,7 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
     validated; with ``check_emit`` every distinct (capabilities, workload) is emitted once, so a
     point the kernel emitters refuse is an input error before any run."""
     from archsim.config.derived import capabilities
-    from archsim.run import emit_block, placement_for
+    from archsim.runner import emit_block, placement_for
 
     res = _Resolver(spec)
     keys = list(spec.vary)
@@ -396,7 +397,7 @@ def finished(doc: dict | None) -> bool:
 # ----------------------------------------------------------------------------- the results store
 def write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(jsonfmt.dumps(obj) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

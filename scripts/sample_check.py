@@ -19,7 +19,7 @@ import time
 
 def main(argv: list[str]) -> int:
     from archsim.config import load_machine
-    from archsim.run import _distinct, emit_block, timing_args
+    from archsim.runner import _distinct, emit_block, timing_args
     from archsim.sample import DEFAULT_MAX_ERROR, DEFAULT_WAVES, concurrency, head_waves, time_sampled
     from archsim.workloads.model import load_workload
 

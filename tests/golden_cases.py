@@ -4,7 +4,7 @@ tests/golden/<config>.json. ``scripts/update_golden.py`` regenerates those files
 test (tests/test_golden.py) fails on any change, so a commit that moves them says why.
 
 A case is (name, kind, arguments): kind "micro" runs ``archsim.micro.run_micro(NAME, machine,
-params)``; kind "run" runs ``archsim.run.run_workload`` on a built-in workload with scenario
+params)``; kind "run" runs ``archsim.runner.run_workload`` on a built-in workload with scenario
 overrides (no sampling, so every block is simulated).
 """
 
@@ -68,7 +68,7 @@ def measure(config: str, case) -> list[dict]:
 
         kernels = run_micro(what, machine, dict(params)).kernels
     else:
-        from archsim.run import RunOptions, run_workload
+        from archsim.runner import RunOptions, run_workload
         from archsim.workloads.model import load_workload
 
         kernels = run_workload(machine, load_workload(what, dict(params)), RunOptions(sample=False))["kernels"]

@@ -70,7 +70,7 @@ def test_timing_run_document(capsys, tmp_path):
     # every op is emitted; identical kernels (res1/res2, norm1/norm2: same shapes) are timed once
     assert {k["op"] for k in ks} | {a for k in ks for a in k.get("also", [])} >= {o.name for o in ops}
     from archsim.config import load_machine
-    from archsim.run import emit_block
+    from archsim.runner import emit_block
 
     emitted = emit_block(load_machine("tiny-gpu"), wl)
     assert len(ks) < len(emitted)  # something was deduplicated
@@ -144,7 +144,7 @@ def test_bad_run_options_are_one_line(capsys, argv, where):
 
 
 def test_sample_max_error_takes_a_fraction_or_a_percentage():
-    from archsim.run import parse_error_bound
+    from archsim.runner import parse_error_bound
 
     assert parse_error_bound("x", "3%") == pytest.approx(0.03) and parse_error_bound("x", "0.05") == 0.05
     assert parse_error_bound("x", 0.01) == 0.01

@@ -1,11 +1,15 @@
-"""Plots of results (PNG). The only module that imports matplotlib (with the Agg backend, so it
-works without a display).
+"""Plots of results (PNG). Matplotlib is imported only through ``_plt`` (the Agg backend, so it
+works without a display), here and in the report modules beside this one.
 
 - ``kernels.png``: per kernel, the time of all its launches, and beside it the stall breakdown of
   its warp-cycles;
 - ``timeline.png``: the kernels' timelines end to end: IPC, DRAM GB/s against the machine's peak,
   and the share of warp-cycles waiting on memory (long scoreboard);
-- ``compare.png`` (several machines): time per kernel, machine beside machine;
+- ``contention.png`` / ``topology.png``: links and channels over time, the fabric of one kernel
+  (report/contention.py); ``roofline.png`` (report/roofline.py);
+- ``compare.png`` (several machines): time per kernel, machine beside machine, each bar with its
+  kernel's bound and share of that peak;
+- ``report.html``: one page with all of them (report/html.py);
 - ``sweep.png`` (a sweep's directory): total time against each varied value, one line per setting
   of the other varied values (and machine).
 """
@@ -47,8 +51,8 @@ def plot_kernels(result: dict, path: Path) -> Path:
     ax2.set_xlim(0, 1)
     ax2.set_xlabel("share of resident warp-cycles")
     ax2.legend(fontsize=7, loc="lower right", ncol=3)
-    w = result["workload"]
-    fig.suptitle(f"{w['name']} {w['phase']} on {result['machine']['name']}")
+    w = result.get("workload", {})
+    fig.suptitle(f"{w.get('name', '')} {w.get('phase', '')} on {result['machine']['name']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -98,30 +102,72 @@ def plot_compare(results: list[dict], path: Path) -> Path:
         by = {k["name"]: k["seconds"] * k["count"] * 1e3 for k in r["kernels"]}
         ax.barh([j + i * h for j in range(len(names))], [by.get(n, 0.0) for n in names], height=h,
                 label=r["machine"]["name"])
+    from archsim.report.roofline import kernel_bound
+
+    for i, r in enumerate(results):  # each bar: the kernel's bound and the share of that peak it reached
+        for j, n in enumerate(names):
+            k = next((k for k in r["kernels"] if k["name"] == n), None)
+            if k is None or k["seconds"] <= 0:
+                continue
+            ax.text(k["seconds"] * k["count"] * 1e3 * 1.05, j + i * h, kernel_bound(k, r), va="center",
+                    fontsize=6.5)
     ax.set_yticks([j + 0.4 - h / 2 for j in range(len(names))], names)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("time of all launches (ms, log scale)")
+    lo, hi = ax.get_xlim()
+    ax.set_xlim(lo, hi * 4)  # room for the bound labels
+    ax.set_xlabel("time of all launches (ms, log scale); beside each bar: its bound and the share of the peak "
+                  "of the resource closest to it (latency: none reaches half)")
     ax.legend()
-    w = results[0]["workload"]
-    ax.set_title(f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']})")
+    w = results[0].get("workload", {})
+    ax.set_title(f"{w.get('name', '')} {w.get('phase', '')} (batch {w.get('batch', '-')}, seq {w.get('seq', '-')})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
 
-def write_plots(doc: dict, out: Path) -> list[Path]:
-    """Plots for a result document (archsim.result/1) or a comparison (archsim.compare/1)."""
+def write_plots(doc: dict, out: Path, kernel: str | None = None) -> tuple[list[Path], list[str]]:
+    """Plots and report.html for a result (archsim.result/1), a comparison (archsim.compare/1) or a
+    micro-benchmark (archsim.micro/1: its result). Returns the files written and one line for
+    each plot that could not be drawn, saying why. ``kernel``: the kernel topology.png shows
+    (default: the busiest)."""
+    from archsim.report.contention import Unavailable, plot_contention, plot_topology
+    from archsim.report.html import write_report
+    from archsim.report.roofline import plot_roofline
+
     out.mkdir(parents=True, exist_ok=True)
+    if doc.get("schema") == "archsim.micro/1":
+        doc = doc.get("result") or {}
     if doc.get("schema") == "archsim.compare/1":
-        files = [plot_compare(doc["results"], out / "compare.png")]
-        for r in doc["results"]:
-            files.append(plot_kernels(r, out / f"kernels-{r['machine']['name']}.png"))
-        return files
-    if doc.get("mode") == "functional":
-        return []
-    return [plot_kernels(doc, out / "kernels.png"), plot_timeline(doc, out / "timeline.png")]
+        results, multi = [r for r in doc.get("results", []) if r.get("mode") != "functional"], True
+    else:
+        results, multi = ([doc] if doc.get("mode") != "functional" else []), False
+    files: list[Path] = []
+    missing: list[str] = []
+    timed = [r for r in results if r.get("kernels")]
+    for r in results:
+        if not r.get("kernels"):
+            missing.append(f"{r.get('machine', {}).get('name', '?')}: no kernel finished, nothing to plot")
+
+    def draw(fn, name, *args, **kw):
+        try:
+            files.append(fn(*args, out / name, **kw))
+        except Unavailable as e:
+            missing.append(f"{name}: {e}")
+
+    if multi and timed:
+        draw(plot_compare, "compare.png", timed)
+    for r in timed:
+        sfx = f"-{r['machine']['name']}" if multi else ""
+        draw(plot_kernels, f"kernels{sfx}.png", r)
+        draw(plot_timeline, f"timeline{sfx}.png", r)
+        draw(plot_contention, f"contention{sfx}.png", r)
+        draw(plot_topology, f"topology{sfx}.png", r, kernel=kernel)
+    if timed:
+        draw(plot_roofline, "roofline.png", timed)
+        files.append(write_report(doc, timed, files, missing, out / "report.html"))
+    return files, missing
 
 
 def _label(v) -> str:

@@ -9,6 +9,34 @@ kernel timelines (IPC, DRAM GB/s). Times are microseconds of simulated time.
 from __future__ import annotations
 
 MAX_BLOCK_EVENTS = 200_000  # per machine; a trace beyond that is too big to open
+MAX_LINK_TRACKS = 32        # per machine: the links with the most busy time get a counter track
+
+
+def _busiest_links(result: dict) -> list[str]:
+    busy: dict[str, float] = {}
+    for k in result["kernels"]:
+        for x in k.get("fabric", {}).get("links", []):
+            busy[x["name"]] = busy.get(x["name"], 0.0) + x["util"] * k["cycles"]
+    return [n for n, v in sorted(busy.items(), key=lambda t: -t[1]) if v > 0][:MAX_LINK_TRACKS]
+
+
+def _unit_counters(k: dict, t0: float, us: float, pid: int, links: set) -> list[dict]:
+    """Counter events from a kernel's per-unit matrices: link utilization, channel queue and GB/s."""
+    tl = k.get("timeline", {})
+    mats, units = tl.get("matrices", {}), tl.get("units", {})
+    win = tl.get("matrix_window_cycles", 0)
+    ev = []
+    for fam, mat, label in (("links", "link_util", "util"), ("channels", "channel_queue", "queue"),
+                            ("channels", "channel_gbps", "GB/s")):
+        names = units.get(fam, [])
+        for j, n in enumerate(names):
+            if fam == "links" and n not in links:
+                continue
+            for w, row in enumerate(mats.get(mat, [])):
+                v = row[j] if j < len(row) else None
+                ev.append({"ph": "C", "pid": pid, "name": f"{n} {label}", "ts": round(t0 + w * win * us, 3),
+                           "args": {label: 0.0 if v is None else v}})
+    return ev
 
 
 def trace_events(result: dict, pid: int = 1) -> list[dict]:
@@ -19,6 +47,7 @@ def trace_events(result: dict, pid: int = 1) -> list[dict]:
     t0 = 0.0
     cores_named = set()
     blocks = 0
+    links = set(_busiest_links(result))
     for k in result["kernels"]:
         dur = k["cycles"] * us
         ev.append({"ph": "X", "pid": pid, "tid": 0, "name": k["name"], "ts": round(t0, 3), "dur": round(dur, 3),
@@ -43,6 +72,7 @@ def trace_events(result: dict, pid: int = 1) -> list[dict]:
         for name in ("ipc", "dram_gbps"):
             for j, v in enumerate(series.get(name, [])):
                 ev.append({"ph": "C", "pid": pid, "name": name, "ts": round(t0 + j * win * us, 3), "args": {name: v}})
+        ev.extend(_unit_counters(k, t0, us, pid, links))
         t0 += dur
     return ev
 

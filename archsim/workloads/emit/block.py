@@ -3,7 +3,7 @@ emitters of the target's machine family (``family_emitters``: the *_gpu modules 
 
 A ``Kernel`` here is an emitted program bound to the block's tensors: its buffer parameters are
 ``Slot``s (a tensor of the block, an element offset into it, and the shape the kernel wants a
-numpy array in), its scalar parameters are numbers. The run layer (archsim.run) gives the slots
+numpy array in), its scalar parameters are numbers. The run layer (archsim.runner) gives the slots
 real numpy arrays in functional mode or address space in timing mode; the emitters never see the
 engine (DESIGN.md's dependency rule).
 

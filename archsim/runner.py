@@ -323,3 +323,10 @@ def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> 
 
 
 __all__ = ["RunOptions", "emit_block", "placement_for", "run_workload", "totals"]
+
+
+def compare_document(results: list[dict], complete: bool = True) -> dict:
+    """The ``archsim.compare/1`` document of several machines' results on one workload."""
+    return {"schema": "archsim.compare/1", "complete": complete and all(r.get("complete", True) for r in results),
+            "machines": [r["machine"]["name"] for r in results], "workload": results[0]["workload"],
+            "results": results}
