@@ -18,7 +18,6 @@ from typing import Any, Mapping, Sequence
 
 from archsim.errors import InputError
 
-SCENARIO_KEYS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
 
 
 def load_machine(hw: str, set: Mapping[str, Any] | Sequence[str] = (), overlays: Sequence[str] = ()):
@@ -34,12 +33,13 @@ def load_machine(hw: str, set: Mapping[str, Any] | Sequence[str] = (), overlays:
 def load_workload(wl: str, **scenario):
     """A workload (built-in name or YAML path) with scenario overrides: phase, batch, seq, layers,
     dtype, attention, causal, placement."""
+    from archsim.workloads.model import OVERRIDES
     from archsim.workloads.model import load_workload as _load
 
-    bad = sorted(set(scenario) - set(SCENARIO_KEYS))
+    bad = sorted(set(scenario) - set(OVERRIDES))
     if bad:
-        raise InputError("load_workload", f"unknown scenario option(s) {', '.join(bad)}", ", ".join(SCENARIO_KEYS))
-    return _load(wl, {k: scenario.get(k) for k in SCENARIO_KEYS})
+        raise InputError("load_workload", f"unknown scenario option(s) {', '.join(bad)}", ", ".join(OVERRIDES))
+    return _load(wl, dict(scenario))
 
 
 class Result:
@@ -101,10 +101,7 @@ class Result:
 
     def report(self, out_dir) -> Path:
         """Every plot and report.html in out_dir; returns the page's path."""
-        from archsim.report.plots import write_plots
-
-        write_plots(self.record, Path(out_dir))
-        return Path(out_dir) / "report.html"
+        return _report(self.record, out_dir)
 
     def __repr__(self) -> str:
         m, w, t = self.record["machine"]["name"], self.record.get("workload", {}), self.total
@@ -128,24 +125,33 @@ class Comparison:
                          ignore_index=True)
 
     def plot_compare(self, path="compare.png") -> Path:
-        from archsim.report.plots import plot_compare
+        from archsim.report.plots import plot_compare, timed_results
 
-        return plot_compare(self.record["results"], Path(path))
+        return plot_compare(timed_results(self.record), Path(path))
 
     def plot_roofline(self, path="roofline.png") -> Path:
+        from archsim.report.plots import timed_results
         from archsim.report.roofline import plot_roofline
 
-        return plot_roofline(self.record["results"], Path(path))
+        return plot_roofline(timed_results(self.record), Path(path))
 
     def report(self, out_dir) -> Path:
-        from archsim.report.plots import write_plots
+        return _report(self.record, out_dir)
 
-        write_plots(self.record, Path(out_dir))
-        return Path(out_dir) / "report.html"
+
+def _report(record: dict, out_dir) -> Path:
+    """write_plots into out_dir; the page's path, or one error saying why there is none."""
+    from archsim.report.plots import write_plots
+
+    files, missing = write_plots(record, Path(out_dir))
+    page = Path(out_dir) / "report.html"
+    if page not in files:
+        raise InputError("report", "; ".join(missing) or "nothing to report", "a timing run with finished kernels")
+    return page
 
 
 def _options(**options):
-    from archsim.runner import RunOptions, parse_error_bound
+    from archsim.runner import RunOptions, check_options, parse_error_bound
 
     known = {f for f in RunOptions.__dataclass_fields__}
     bad = sorted(set(options) - known)
@@ -153,7 +159,7 @@ def _options(**options):
         raise InputError("run", f"unknown option(s) {', '.join(bad)}", ", ".join(sorted(known)))
     if "max_error" in options:
         options["max_error"] = parse_error_bound("max_error", options["max_error"])
-    return RunOptions(**options)
+    return check_options(RunOptions(**options))
 
 
 def run(machine, workload, **options) -> Result:

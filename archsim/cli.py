@@ -411,18 +411,14 @@ def _load_workload(a):
 
 
 def _run_options(a):
-    from archsim.runner import RunOptions, parse_error_bound
+    from archsim.runner import RunOptions, check_options, parse_error_bound
 
-    if a.max_cycles <= 0:
-        raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
-    if a.sample_waves < 3:
-        raise InputError("--sample-waves", f"{a.sample_waves}", "at least 3 (wave 1 is the cold start; two steady "
-                                                                "waves give the error estimate)")
+    opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
+                                    max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
+                                    max_cycles=a.max_cycles, trace=a.trace))
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
-    return RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
-                      max_error=parse_error_bound("--sample-max-error", a.sample_max_error), max_cycles=a.max_cycles,
-                      trace=a.trace)
+    return opts
 
 
 def _progress(label: str):
@@ -601,6 +597,9 @@ def cmd_plot(a) -> int:
             and not (path / "result.json").exists():
         from archsim.report.plots import write_sweep_plots
 
+        if a.kernel is not None:
+            raise InputError("--kernel", "a sweep's directory has no kernel to choose", "a result, compare or micro "
+                                                                                         "JSON, or a run's --out")
         for f in write_sweep_plots(path, Path(a.out) if a.out else path):
             print(f)
         return 0

@@ -56,6 +56,20 @@ def parse_error_bound(where: str, text) -> float:
     return v
 
 
+def check_options(opts: RunOptions) -> RunOptions:
+    """One clear error (named by the command-line option) for options no run can take."""
+    if opts.mode not in ("timing", "functional"):
+        raise InputError("--mode", f"{opts.mode!r}", "timing or functional")
+    if not isinstance(opts.max_cycles, int) or opts.max_cycles <= 0:
+        raise InputError("--max-cycles", f"{opts.max_cycles} is not a cycle count", "a positive integer")
+    if not isinstance(opts.waves, int) or opts.waves < 3:
+        raise InputError("--sample-waves", f"{opts.waves}", "at least 3 (wave 1 is the cold start; two steady waves "
+                                                            "give the error estimate)")
+    if not 0 < opts.max_error < 1:
+        raise InputError("--sample-max-error", f"{opts.max_error!r}", "a fraction in (0, 1)")
+    return opts
+
+
 def emit_block(machine, wl) -> list:
     """The kernels of one decoder block for this machine (InputError if it cannot run them)."""
     from archsim.workloads.emit.block import emit_block as emit
@@ -322,7 +336,8 @@ def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> 
     return run_timing(machine, wl, opts, placement, progress)
 
 
-__all__ = ["RunOptions", "emit_block", "placement_for", "run_workload", "totals"]
+__all__ = ["RunOptions", "check_options", "compare_document", "emit_block", "placement_for", "run_workload",
+           "totals"]
 
 
 def compare_document(results: list[dict], complete: bool = True) -> dict:

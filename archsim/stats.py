@@ -108,16 +108,23 @@ MATRIX_WINDOWS = 64  # choice: at most this many windows per kernel in the per-u
 
 
 def _sig(a: np.ndarray, digits: int = 4) -> list:
-    """Rows of a 2-D array as lists of floats with `digits` significant digits (NaN -> None)."""
+    """Rows of a 2-D array of rates as lists of floats with `digits` significant digits; a value
+    that is not finite (no access in the window) becomes None, so the JSON stays valid."""
     a = np.asarray(a, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        mag = np.where(np.isfinite(a) & (a != 0), np.floor(np.log10(np.abs(a))), 0.0)
+    ok = np.isfinite(a)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mag = np.where(ok & (a != 0), np.floor(np.log10(np.abs(a))), 0.0)
         scale = 10.0 ** (digits - 1 - mag)
         r = np.round(a * scale) / scale
     rows = r.tolist()
-    if np.isnan(a).any():
-        rows = [[None if x != x else x for x in row] for row in rows]
+    if not ok.all():
+        rows = [[x if f else None for x, f in zip(row, frow)] for row, frow in zip(rows, ok.tolist())]
     return rows
+
+
+def _ints(a: np.ndarray) -> list:
+    """Rows of a 2-D array of counts as lists of ints."""
+    return np.rint(np.asarray(a, np.float64)).astype(np.int64).tolist()
 
 
 def unit_matrices(machine, window: int, rows: np.ndarray, end_cycle: int, layout: dict) -> dict:
@@ -125,8 +132,10 @@ def unit_matrices(machine, window: int, rows: np.ndarray, end_cycle: int, layout
     the timeline rows. Windows are merged in powers of two until at most MATRIX_WINDOWS remain
     (``matrix_window_cycles``; the last one is what is left up to ``matrix_end_cycle``, the end of
     the simulated part of the launch). Rates use each unit's
-    own clock: link_util = busy / link cycles, channel_queue = mean queued requests; hit rates
-    are None in a window without accesses; l2_mshr_busy is the count at the window's end. CPE-mesh
+    own clock: link_util = busy / link cycles, channel_queue = mean queued requests; rates have 4
+    significant digits and are None in a window without accesses; counts (link_blocked: cycles
+    of the link's clock, l2_accesses, l2_mshr_busy: the entries in use at the window's end) are
+    integers. CPE-mesh
     router links appear only when they carried a packet in the kernel, the mesh's CPE and engine
     ports never; every other unit always does."""
     n = rows.shape[0]
@@ -162,15 +171,15 @@ def unit_matrices(machine, window: int, rows: np.ndarray, end_cycle: int, layout
                 r[-1, L["counters"]["busy"] + j] or r[-1, L["counters"]["blocked"] + j])]
             units[fam] = [units[fam][j] for j in use]
             mats["link_util"] = _sig(busy[:, use] / (ncyc[:, None] * ratio[:, use]))
-            mats["link_blocked"] = _sig(blocked[:, use])
+            mats["link_blocked"] = _ints(blocked[:, use])
         elif fam == "channels":
             mats["channel_queue"] = _sig(block(fam, "queue_area") / (ncyc[:, None] * ratio))
             mats["channel_gbps"] = _sig(block(fam, "bytes") / sec[:, None] / 1e9)
             mats["channel_row_hit"] = _sig(rate(block(fam, "row_hits"), block(fam, "row_accesses")))
         elif fam == "l2_slices":
-            mats["l2_accesses"] = _sig(block(fam, "accesses"))
+            mats["l2_accesses"] = _ints(block(fam, "accesses"))
             mats["l2_hit_rate"] = _sig(rate(block(fam, "hits"), block(fam, "accesses")))
-            mats["l2_mshr_busy"] = _sig(block(fam, "mshr_busy", r))
+            mats["l2_mshr_busy"] = _ints(block(fam, "mshr_busy", r))
         elif fam == "dma_engines":
             mats["dma_gbps"] = _sig(block(fam, "bytes") / sec[:, None] / 1e9)
     return {"units": units, "matrix_window_cycles": int(window * f), "matrix_end_cycle": int(end_cycle),

@@ -14,7 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import archsim
+from archsim.api import Result
 from archsim.config.load import load_machine
+from archsim.errors import InputError
 from archsim.report import jsonfmt
 from test_cli import cli, one_line_error
 
@@ -216,9 +218,9 @@ def test_python_api(tmp_path):
     assert r.report(tmp_path / "rep").exists()
     c = archsim.compare([m, archsim.load_machine("tiny-sunway")], wl)
     assert set(c.kernels["machine"]) == {"tiny-gpu", "tiny-sunway"}
-    with pytest.raises(archsim.errors.InputError):
+    with pytest.raises(InputError):
         archsim.load_workload("tiny", heads=3)
-    with pytest.raises(archsim.errors.InputError):
+    with pytest.raises(InputError):
         archsim.run(m, wl, speed=2)
 
 
@@ -243,3 +245,65 @@ def test_report_renders_in_a_headless_browser(sunway_runs, tmp_path):
     subprocess.run([b, "--headless", "--disable-gpu", "--no-sandbox", f"--screenshot={shot}",
                     (sunway_runs["cross"] / "report.html").as_uri()], check=True, timeout=120)
     assert shot.stat().st_size > 10000
+
+
+def test_clock_conversion_is_exact_at_any_run_length():
+    """Window boundaries convert to a clock domain's cycles exactly (no int64 overflow, no rounding
+    of the parts), so a sample inside a skip-ahead jump counts the cycles stepping would have."""
+    import random
+
+    from archsim.engine.unit_timeline import cycles_before
+
+    rnd = random.Random(7)
+    for _ in range(3000):
+        t, r = rnd.randrange(0, 1 << 43), rnd.randrange(1, 1 << 34)
+        assert int(cycles_before(np.int64(t), np.int64(r))) == t * r >> 32
+
+
+def test_unit_matrices_are_the_same_with_skip_ahead_on_or_off(monkeypatch):
+    """Sunway: DMA, ring and mesh; the blocked cycles of skipped gaps are counted up to each boundary."""
+    import archsim.micro as MI
+    from archsim.engine import timing
+
+    m = load_machine("tiny-sunway")
+    a = MI.run_micro("bandwidth", m, {"footprint_mib": 0.25})
+    orig = timing.time_kernel
+    monkeypatch.setattr(MI, "time_kernel", lambda *x, **kw: orig(*x, **dict(kw, skip=False)))
+    b = MI.run_micro("bandwidth", m, {"footprint_mib": 0.25})
+    ka, kb = a.kernels[0], b.kernels[0]
+    assert ka["skipped_cycles"] > 0 and kb["skipped_cycles"] == 0
+    assert ka["timeline"]["units"] == kb["timeline"]["units"] and ka["timeline"]["matrices"] == kb["timeline"]["matrices"]
+    assert any(v for row in ka["timeline"]["matrices"]["link_blocked"] for v in row)
+
+
+def test_records_are_valid_json_and_counts_are_integers(sunway_runs):
+    text = (sunway_runs["cross"] / "result.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    r = json.loads(text)
+    k = max(r["kernels"], key=lambda k: k["cycles"])
+    assert all(isinstance(v, int) for row in k["timeline"]["matrices"]["link_blocked"] for v in row)
+
+
+def test_topology_of_a_fabric_it_cannot_draw_says_so(capsys, tmp_path, sunway_runs):
+    r = json.loads((sunway_runs["cross"] / "result.json").read_text())
+    for k in r["kernels"]:
+        for x in k["fabric"]["links"]:
+            x["name"] = x["name"].replace("ring", "bus")
+    f = tmp_path / "other.json"
+    f.write_text(json.dumps(r))
+    code, _, err = cli(capsys, "plot", str(f))
+    assert code == 0 and "not drawn: topology.png" in err and "neither a ring" in err
+    assert (tmp_path / "roofline.png").exists() and "failed" not in err
+
+
+def test_functional_and_empty_results_say_why_nothing_was_drawn(capsys, tmp_path):
+    f = tmp_path / "fn.json"
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", *RUN, "--mode", "functional", "--json", str(f))
+    assert code == 0, err
+    code, _, err = cli(capsys, "plot", str(f), "--out", str(tmp_path / "p"))
+    assert code == 0 and "functional run has no timing" in err
+    r = Result(json.loads(f.read_text()))
+    with pytest.raises(InputError):
+        r.report(tmp_path / "q")
+    with pytest.raises(InputError, match="sample-waves"):
+        archsim.run(archsim.load_machine("tiny-gpu"), archsim.load_workload("tiny"), waves=2)

@@ -224,4 +224,4 @@ class KernelTiming:
     first_block: int = 0            # grid id of the range's first block
     timeline_end: int = -1          # the cycle the timeline rows end at (-1: `cycles`; a sampled
                                     # launch extrapolates `cycles` past its simulated timeline)
-    timeline_units: dict = None     # unit_timeline.unit_layout: the per-unit columns of the rows
+    timeline_units: dict | None = None  # unit_timeline.unit_layout: the per-unit columns of the rows

@@ -607,7 +607,10 @@ def noc_blocked_until(N, t, row, c0):
     what the next step will add for the skipped cycles since the last one (noc_step's gap scan:
     a packet that had arrived wants its link in every skipped cycle from its arrival on), so that
     a timeline sample inside a skip-ahead jump reads what stepping every cycle would have counted.
-    The per-link maximum over the ports is kept in row while scanning (a link is charged once)."""
+    The per-link maximum over the ports is kept in row while scanning (a link is charged once).
+    noc_step skips a later packet of a port's window that wants a link an earlier one wants
+    (_window_dup); the maximum gives the same count, since a buffer's packets become ready in
+    queue order (the earlier one's gap is the longer)."""
     lt = N.lt
     L = lt.shape[0]
     for l in range(L):

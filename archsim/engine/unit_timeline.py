@@ -15,7 +15,7 @@ Families (only those the machine has):
   (queued requests x memory cycles, the lazily added part of a skipped gap included), row hits,
   row accesses (hits + misses + conflicts).
 - ``l2_slices`` (GPU): accesses, hits, MSHR entries in use at the sample (a snapshot).
-- ``dma_engines`` (Sunway): bytes got + put.
+- ``dma_engines`` (Sunway): bytes got + put (a broadcast get's bytes once per copy landed).
 """
 
 from __future__ import annotations
@@ -62,10 +62,11 @@ def _links(N, row, c0, nl, j0, t):
 
 
 @njit(cache=True)
-def _cycles_before(t_core, ratio):
+def cycles_before(t_core, ratio):
     """Cycles a clock domain (ratio: its cycles per core cycle, x ONE = 2^32) has stepped in the core
-    cycles before t_core: t_core x ratio / 2^32, in two parts so that no product overflows."""
-    return ((t_core >> 20) * ratio >> 12) + ((t_core & 0xFFFFF) * ratio >> 32)
+    cycles before t_core: floor(t_core x ratio / 2^32), exactly, without a product that overflows
+    int64 (t_core = hi x 2^20 + lo: floor((hi x ratio + floor(lo x ratio / 2^20)) / 2^12))."""
+    return ((t_core >> 20) * ratio + (((t_core & 0xFFFFF) * ratio) >> 20)) >> 12
 
 
 @njit(cache=True)
@@ -77,7 +78,7 @@ def unit_sample(MS, row, c0, t_core):
     cfg = MS.cfg
     nr, ns = MS.req.lt.shape[0], MS.resp.lt.shape[0]
     nl = nr + ns + (MS.mesh.lt.shape[0] if _has_mesh(MS) else 0)
-    t_fab = _cycles_before(t_core, cfg[M.M_FAB_RATIO])
+    t_fab = cycles_before(t_core, cfg[M.M_FAB_RATIO])
     _links(MS.req, row, c0, nl, 0, t_fab)
     _links(MS.resp, row, c0, nl, nr, t_fab)
     if _has_mesh(MS):
@@ -85,7 +86,7 @@ def unit_sample(MS, row, c0, t_core):
     c = c0 + 2 * nl
     D = MS.Dm
     C = D.cnt.shape[0]
-    t_mem = _cycles_before(t_core, cfg[M.M_MEM_RATIO])
+    t_mem = cycles_before(t_core, cfg[M.M_MEM_RATIO])
     for ch in range(C):
         row[c + ch] = D.cnt[ch, DR.C_BYTES_READ] + D.cnt[ch, DR.C_BYTES_WRITTEN]
         gap = t_mem - D.last_step[0] - 1               # cycles not stepped yet: the queue held still

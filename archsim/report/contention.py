@@ -18,6 +18,7 @@ import numpy as np
 
 MAX_ROWS = 96          # fabric links shown one per row up to this many
 RUNS_PER_KIND = 12     # else: rows per kind of link
+MAX_SLICE_ROWS = 40    # L2 slices shown one per row up to this many, else in runs
 
 
 class Unavailable(Exception):
@@ -142,9 +143,39 @@ def _kernel_labels(ax, starts, ncols, knames, top):
         ax.xaxis.tick_top()
 
 
+def _slices_or_engines(ks: list[dict]):
+    """The last panel: (title, row labels, [rows x columns], colour max, colour label) or None.
+    L2 slices in runs of neighbours (at most MAX_SLICE_ROWS rows), each run's hit rate over its
+    accesses (NaN, drawn blank, where none); or each core group's DMA engines' GB/s together."""
+    if any(k["timeline"]["units"].get("l2_slices") for k in ks):
+        hit, names, _ = stitch(ks, "l2_slices", "l2_hit_rate", fill=np.nan)
+        acc, _, _ = stitch(ks, "l2_slices", "l2_accesses")
+        n = -(-len(names) // MAX_SLICE_ROWS)
+        labels, rows = [], []
+        for j in range(0, len(names), n):
+            a = acc[j:j + n]
+            h = np.nan_to_num(hit[j:j + n]) * a
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rows.append(np.where(a.sum(0) > 0, h.sum(0) / np.maximum(a.sum(0), 1e-30), np.nan))
+            labels.append(names[j] if n == 1 else f"{names[j]}-{names[min(j + n, len(names)) - 1]}")
+        return (f"L2 slice hit rate ({'runs of ' + str(n) + ' slices, ' if n > 1 else ''}blank: no access)",
+                labels, np.vstack(rows), 1.0, "hit rate")
+    if any(k["timeline"]["units"].get("dma_engines") for k in ks):
+        g, names, _ = stitch(ks, "dma_engines", "dma_gbps")
+        groups: dict[str, list[int]] = {}
+        for i, nm in enumerate(names):
+            groups.setdefault(nm.split(".")[0], []).append(i)
+        data = np.vstack([g[idx].sum(0) for idx in groups.values()])
+        return ("DMA engines of each core group (GB/s into and out of the LDMs; each copy of a broadcast get "
+                "counts)", list(groups), data,
+                max(float(np.nanmax(data)) if data.size else 1.0, 1.0), "GB/s")
+    return None
+
+
 def plot_contention(result: dict, path: Path) -> Path:
     """contention.png: link utilization, link blocked share, channel queue depth and channel
-    bandwidth (share of a channel's peak), unit x time, kernel boundaries marked."""
+    bandwidth (share of a channel's peak), then the L2 slices' hit rate (GPU) or the DMA engines'
+    GB/s per core group (Sunway); unit x time, kernel boundaries marked."""
     from archsim.report.plots import _plt
 
     plt = _plt()
@@ -160,8 +191,11 @@ def plot_contention(result: dict, path: Path) -> Path:
     m = result["machine"]
     per_chan = float(m.get("peak_dram_gbps", 0)) / max(len(cnames), 1)
     knames = [k["name"] for k in ks]
+    extra = _slices_or_engines(ks)
     heights = [max(len(lab), 4), max(len(lab), 4), max(len(cnames), 3), max(len(cnames), 3)]
-    fig, axs = plt.subplots(4, 1, figsize=(13, 3.2 + 0.1 * sum(heights)),
+    if extra:
+        heights.append(max(len(extra[1]), 3))
+    fig, axs = plt.subplots(len(heights), 1, figsize=(13, 3.2 + 0.1 * sum(heights)),
                             gridspec_kw={"height_ratios": heights})
     _heat(axs[0], urows, lab, "fabric link utilization (busy share of the link's cycles)", "viridis", 1.0,
           "utilization", starts, knames, plt)
@@ -173,8 +207,11 @@ def plot_contention(result: dict, path: Path) -> Path:
     share = gbps / per_chan if per_chan > 0 else gbps
     _heat(axs[3], share, cnames, f"DRAM channel bandwidth (share of a channel's {per_chan:.1f} GB/s peak)",
           "viridis", 1.0, "share of peak", starts, knames, plt)
-    _kernel_labels(axs[3], starts, ncols, knames, top=False)
-    axs[3].set_xlabel("simulated windows of each kernel, kernel after kernel (kernel widths not to scale; "
+    if extra:
+        title, labels, data, vmax, unit = extra
+        _heat(axs[4], data, labels, title, "viridis", vmax, unit, starts, knames, plt)
+    _kernel_labels(axs[-1], starts, ncols, knames, top=False)
+    axs[-1].set_xlabel("simulated windows of each kernel, kernel after kernel (kernel widths not to scale; "
                       "sampled launches show their simulated waves)", fontsize=8)
     w = result.get("workload", {})
     fig.suptitle(f"memory contention: {w.get('name', '')} {w.get('phase', '')} on {m['name']}", fontsize=11)
@@ -188,9 +225,10 @@ def plot_contention(result: dict, path: Path) -> Path:
 
 def busiest_kernel(result: dict) -> dict:
     """The kernel whose fabric links were busiest: sum of link busy shares x its cycles x count."""
-    ks = _kernels_with_units(result)
-    return max(ks, key=lambda k: sum(x["util"] for x in k.get("fabric", {}).get("links", [])) * k["cycles"]
-               * k.get("count", 1))
+    ks = [k for k in result.get("kernels", []) if k.get("fabric", {}).get("links")]
+    if not ks:
+        raise Unavailable("no kernel has fabric link counters")
+    return max(ks, key=lambda k: sum(x["util"] for x in k["fabric"]["links"]) * k["cycles"] * k.get("count", 1))
 
 
 def _kernel_by_name(result: dict, name: str | None) -> dict:
@@ -236,7 +274,7 @@ def _ring(ax, k, machine, cmap, plt):
     radius = {"req": 1.0, "resp": 1.45}
     for net, r in radius.items():
         pos = [(r * np.cos(a), r * np.sin(a)) for a in ang]
-        for g in range(G):
+        for g in range(G if G > 1 else 0):  # one group: no ring link to draw
             h = (g + 1) % G
             for a, b, off in ((g, h, 0.05), (h, g, -0.05)):
                 u, bl = links.get(f"{net} ring cg{a}->cg{b}", (0.0, 0.0))
@@ -265,16 +303,16 @@ def _crossbar(ax, k, machine, cmap, plt):
     sm = sorted({int(m.group(1)) for n in links for m in [re.match(r"req sm(\d+)->xbar", n)] if m})
     sl = sorted({int(m.group(1)) for n in links for m in [re.match(r"req xbar->l2s(\d+)", n)] if m})
     halves = max(int(machine.get("l2_halves", 1)), 1)
-    groups = max(1, -(-len(sm) // 16))
-    for i in range(0, len(sm), groups):  # SM ports, `groups` SMs a row: their busiest request / reply port
-        run = sm[i:i + groups]
+    per_row = max(1, -(-len(sm) // 16))
+    for i in range(0, len(sm), per_row):  # SM ports, per_row SMs a row: their busiest request / reply port
+        run = sm[i:i + per_row]
         y = 1 - (i / max(len(sm), 1)) * 2
         ur = max(links.get(f"req sm{s}->xbar", (0, 0))[0] for s in run)
         br = max(links.get(f"req sm{s}->xbar", (0, 0))[1] for s in run)
-        us = max(links.get(f"resp xbar->sm{s}", (0, 0))[0] for s in run)
-        bs = max(links.get(f"resp xbar->sm{s}", (0, 0))[1] for s in run)
+        ux = max(links.get(f"resp xbar->sm{s}", (0, 0))[0] for s in run)
+        bx = max(links.get(f"resp xbar->sm{s}", (0, 0))[1] for s in run)
         _link_colour(ax, (-1.6, y), (-0.35, y), ur, br, cmap, width=1.5 + 4 * ur, offset=0.02)
-        _link_colour(ax, (-0.35, y), (-1.6, y), us, bs, cmap, width=1.5 + 4 * us, offset=0.02)
+        _link_colour(ax, (-0.35, y), (-1.6, y), ux, bx, cmap, width=1.5 + 4 * ux, offset=0.02)
         ax.text(-1.65, y, f"sm{run[0]}-{run[-1]}", ha="right", va="center", fontsize=6)
     ax.add_patch(plt.Rectangle((-0.35, -1.1), 0.7, 2.2, color="#eeeeee", ec="k"))
     ax.text(0, 0, "crossbar", ha="center", va="center", rotation=90, fontsize=9)
@@ -285,6 +323,8 @@ def _crossbar(ax, k, machine, cmap, plt):
     for h in range(halves):
         top = 1.0 - h * (2.1 / halves)
         members = sl[h * per_half:(h + 1) * per_half]
+        if not members:
+            continue
         us = [links.get(f"req xbar->l2s{s}", (0.0, 0.0))[0] for s in members]
         mid = top - rows_h * ch / 2
         _link_colour(ax, (0.35, mid), (0.75, mid), float(np.mean(us)) if us else 0.0, 0.0, cmap, width=4, arrow=False)
@@ -317,16 +357,22 @@ def plot_topology(result: dict, path: Path, kernel: str | None = None) -> Path:
     plt = _plt()
     k = _kernel_by_name(result, kernel)
     m = result["machine"]
+    names = [x["name"] for x in k["fabric"]["links"]]
+    ring = any(re.match(r"req ring cg\d+->cg\d+", n) for n in names)
+    xbar = any(re.match(r"req sm\d+->xbar", n) for n in names) and any(re.match(r"req xbar->l2s\d+", n) for n in names)
+    if not (ring or xbar):
+        raise Unavailable(f"{m['name']}'s fabric ({m.get('fabric_kind', '?')}) is neither a ring between core "
+                          "groups nor a crossbar between SMs and L2 slices: only those two are drawn")
     fig, ax = plt.subplots(figsize=(9, 7.5))
     cmap = plt.cm.viridis
-    if m.get("fabric_kind") == "ring":
+    if ring:
         _ring(ax, k, m, cmap, plt)
         where = ("inner hexagon: request ring, outer: reply ring (arrows: direction); port: the busier of a "
                  "group's request and reply port")
     else:
         _crossbar(ax, k, m, cmap, plt)
         where = "left: SM ports (request and reply), right: L2 slice ports in their halves, then the controllers"
-    ax.set_aspect("equal" if m.get("fabric_kind") == "ring" else "auto")
+    ax.set_aspect("equal" if ring else "auto")
     ax.axis("off")
     sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
     cb = plt.colorbar(sm, ax=ax, fraction=0.035, pad=0.02)

@@ -9,6 +9,7 @@ import html
 from pathlib import Path
 
 from archsim.report.roofline import kernel_bound
+from archsim.report.tables import top_stall
 
 CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;font-size:13px;
 margin:.5em 0 1.5em}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}th{background:#f0f0f0}
@@ -42,14 +43,12 @@ def _kernel_table(r: dict) -> str:
             "<th>DRAM GB/s</th><th>bound (share of peak)</th><th>link util max</th><th>top stall</th>"
             "<th>sampled (error)</th></tr>"]
     for k in r.get("kernels", []):
-        st = k.get("stalls", {})
-        top = max((v, n) for n, v in st.items() if n != "issued") if st else (0, "")
         samp = f"yes ({k.get('sample_error_est', 0):.1%})" if k.get("sampled") else "no"
         rows.append(f"<tr><td class=n>{_e(k['name'])}</td><td>{k.get('count', 1)}</td><td>{k['cycles']:,}</td>"
                     f"<td>{k['seconds'] * 1e6:,.1f}</td><td>{k.get('tflops', 0):.2f}</td>"
                     f"<td>{k.get('bandwidth_gbps', {}).get('dram', 0):,.1f}</td><td>{_e(kernel_bound(k, r))}</td>"
                     f"<td>{k.get('fabric', {}).get('link_util_max', 0):.2f}</td>"
-                    f"<td>{_e(top[1])} {top[0]:.0%}</td><td>{samp}</td></tr>")
+                    f"<td>{_e(top_stall(k))}</td><td>{samp}</td></tr>")
     return "<table>" + "".join(rows) + "</table>"
 
 

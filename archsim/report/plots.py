@@ -127,6 +127,14 @@ def plot_compare(results: list[dict], path: Path) -> Path:
     return path
 
 
+def timed_results(doc: dict) -> list[dict]:
+    """The results of a result, compare or micro document that have timed kernels to plot."""
+    if doc.get("schema") == "archsim.micro/1":
+        doc = doc.get("result") or {}
+    rs = doc.get("results", []) if doc.get("schema") == "archsim.compare/1" else [doc]
+    return [r for r in rs if isinstance(r, dict) and r.get("mode") != "functional" and r.get("kernels")]
+
+
 def write_plots(doc: dict, out: Path, kernel: str | None = None) -> tuple[list[Path], list[str]]:
     """Plots and report.html for a result (archsim.result/1), a comparison (archsim.compare/1) or a
     micro-benchmark (archsim.micro/1: its result). Returns the files written and one line for
@@ -139,22 +147,27 @@ def write_plots(doc: dict, out: Path, kernel: str | None = None) -> tuple[list[P
     out.mkdir(parents=True, exist_ok=True)
     if doc.get("schema") == "archsim.micro/1":
         doc = doc.get("result") or {}
-    if doc.get("schema") == "archsim.compare/1":
-        results, multi = [r for r in doc.get("results", []) if r.get("mode") != "functional"], True
-    else:
-        results, multi = ([doc] if doc.get("mode") != "functional" else []), False
+    multi = doc.get("schema") == "archsim.compare/1"
     files: list[Path] = []
     missing: list[str] = []
-    timed = [r for r in results if r.get("kernels")]
-    for r in results:
-        if not r.get("kernels"):
-            missing.append(f"{r.get('machine', {}).get('name', '?')}: no kernel finished, nothing to plot")
+    for r in (doc.get("results", []) if multi else [doc]):
+        if not isinstance(r, dict):
+            missing.append(f"a result that is not a JSON object: {str(r)[:40]}")
+            continue
+        name = (r.get("machine") or {}).get("name", "?")
+        if r.get("mode") == "functional":
+            missing.append(f"{name}: a functional run has no timing to plot")
+        elif not r.get("kernels"):
+            missing.append(f"{name}: no kernel finished, nothing to plot")
+    timed = timed_results(doc)
 
     def draw(fn, name, *args, **kw):
         try:
             files.append(fn(*args, out / name, **kw))
         except Unavailable as e:
             missing.append(f"{name}: {e}")
+        except Exception as e:  # noqa: BLE001 - a plot that fails must not lose the others (nor the run)
+            missing.append(f"{name}: the plot failed ({type(e).__name__}: {e}); please report it")
 
     if multi and timed:
         draw(plot_compare, "compare.png", timed)
@@ -166,7 +179,7 @@ def write_plots(doc: dict, out: Path, kernel: str | None = None) -> tuple[list[P
         draw(plot_topology, f"topology{sfx}.png", r, kernel=kernel)
     if timed:
         draw(plot_roofline, "roofline.png", timed)
-        files.append(write_report(doc, timed, files, missing, out / "report.html"))
+        draw(lambda path: write_report(doc, timed, list(files), missing, path), "report.html")
     return files, missing
 
 
