@@ -643,6 +643,30 @@ def _check_kernel(doc: dict, name: str, where: str) -> None:
         raise InputError("--kernel", f"{name!r} is no kernel of {where}", shown or "a result with kernels")
 
 
+def _check_output_paths(a) -> None:
+    """Every output a command was given can be written, checked before any work is done (a run
+    must not simulate for minutes and then lose its result): --json a file in a writable folder,
+    --out a writable folder or one that can be made."""
+    j = getattr(a, "json", None)
+    if j:
+        p = Path(j)
+        folder = p.parent if str(p.parent) else Path(".")
+        if p.is_dir():
+            raise InputError("--json", f"{j} is a directory", "a file path in a writable folder")
+        if not folder.is_dir() or not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise InputError("--json", f"cannot write {j}", "a file path in a writable folder")
+    o = getattr(a, "out", None)
+    if o:
+        p = Path(o)
+        if p.exists() and not p.is_dir():
+            raise InputError("--out", f"{o} is a file", "a directory (made when missing)")
+        up = p
+        while not up.exists() and up != up.parent:  # the nearest folder that exists must take the new one
+            up = up.parent
+        if not up.is_dir() or not os.access(up, os.W_OK):
+            raise InputError("--out", f"cannot write into {o}", "a writable directory (made when missing)")
+
+
 def _check_writable(path: str, flag: str) -> None:
     """A plot file can be written: its folder exists and is writable, its suffix is a format."""
     p = Path(path)
@@ -696,6 +720,7 @@ def main(argv=None) -> int:
         sys.stdout = _ClosedPipeSafe(sys.stdout)
     try:
         a = build_parser().parse_args(argv)
+        _check_output_paths(a)
         return COMMANDS[a.command](a)
     except SimulationError as e:
         print(f"archsim: error: {e.line()}", file=sys.stderr)

@@ -140,3 +140,22 @@ def test_a_closed_pipe_on_stdout_loses_no_result(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stdout", Gone())
     assert main(["show-config", "tiny-gpu", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["schema"] == "archsim.machine/1"
+
+
+@pytest.mark.parametrize("cmd", [["run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1"],
+                                 ["micro", "latency", "--hw", "tiny-gpu", "--param", "footprint_kib=4"]])
+def test_output_paths_are_checked_before_any_work(capsys, tmp_path, monkeypatch, cmd):
+    import archsim.runner
+    import archsim.micro
+
+    def boom(*a, **k):
+        raise AssertionError("simulated before the output paths were checked")
+
+    monkeypatch.setattr(archsim.runner, "run_workload", boom)
+    monkeypatch.setattr(archsim.micro, "run_micro", boom)
+    f = tmp_path / "file"
+    f.write_text("x")
+    for extra, flag in ((["--json", str(tmp_path)], "--json"), (["--json", str(f / "r.json")], "--json"),
+                        (["--out", str(f)], "--out"), (["--out", str(f / "sub")], "--out")):
+        code, _, err = cli(capsys, *cmd, *extra)
+        assert code == 2 and flag in one_line_error(err), (extra, err)

@@ -307,3 +307,4 @@ def test_functional_and_empty_results_say_why_nothing_was_drawn(capsys, tmp_path
         r.report(tmp_path / "q")
     with pytest.raises(InputError, match="sample-waves"):
         archsim.run(archsim.load_machine("tiny-gpu"), archsim.load_workload("tiny"), waves=2)
+
