@@ -159,3 +159,15 @@ def test_output_paths_are_checked_before_any_work(capsys, tmp_path, monkeypatch,
                         (["--out", str(f)], "--out"), (["--out", str(f / "sub")], "--out")):
         code, _, err = cli(capsys, *cmd, *extra)
         assert code == 2 and flag in one_line_error(err), (extra, err)
+
+
+@pytest.mark.parametrize("cache", ["l1", "l2"])
+def test_fewest_mshrs_finish_and_fewer_are_refused(capsys, cache):
+    """mshrs counts sector misses in flight: a line's sectors (4 on tiny-gpu) is the fewest that can
+    fetch a line, and that many finish the tiny workload; fewer is one line, not a run that waits
+    forever."""
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1",
+                       "--set", f"{cache}.mshrs=4")
+    assert code == 0, err
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--set", f"{cache}.mshrs=3")
+    assert code == 2 and f"{cache}.mshrs" in one_line_error(err) and "at least" in err

@@ -252,7 +252,18 @@ class L1(Frozen):
         if self.line_bytes % self.sector_bytes:
             raise FieldError("sector_bytes", f"sector_bytes {self.sector_bytes} does not divide line_bytes "
                              f"{self.line_bytes}", "a divisor of line_bytes", ("line_bytes",))
+        _check_mshrs(self)
         return self
+
+
+def _check_mshrs(c) -> None:
+    """mshrs counts the sector misses a cache keeps in flight: a miss of a whole line takes one per
+    sector at once, so fewer than a line's sectors could never fetch one (the run would wait forever)."""
+    per_line = c.line_bytes // c.sector_bytes
+    if c.mshrs < per_line:
+        raise FieldError("mshrs", f"mshrs {c.mshrs} is fewer than the {per_line} sectors of one line (mshrs counts "
+                         "the sector misses in flight)", f"at least line_bytes / sector_bytes = {per_line}",
+                         ("line_bytes", "sector_bytes"))
 
 
 class Dma(Frozen):
@@ -378,6 +389,7 @@ class L2(Frozen):
         if self.line_bytes % self.sector_bytes:
             raise FieldError("sector_bytes", f"sector_bytes {self.sector_bytes} does not divide line_bytes "
                              f"{self.line_bytes}", "a divisor of line_bytes", ("line_bytes",))
+        _check_mshrs(self)
         per_slice = self.size_kib * 1024 / self.slices
         if per_slice % (self.line_bytes * self.assoc):
             raise FieldError("size_kib", f"size_kib {self.size_kib} does not split into {self.slices} slices "
