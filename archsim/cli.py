@@ -323,9 +323,10 @@ def cmd_show_config(a) -> int:
 
 def cmd_micro(a) -> int:
     from archsim.config.load import load_machine
-    from archsim.micro import parse_params, run_micro
+    from archsim.micro import check_machine, parse_params, run_micro
 
     machine = load_machine(a.hw, a.overlays, a.sets)
+    check_machine(a.name, machine)  # a benchmark of a block the machine lacks, before its parameters
     parse_params(a.name, a.params)  # bad parameters fail before anything runs
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -357,11 +358,15 @@ def cmd_micro(a) -> int:
 def cmd_validate(a) -> int:
     from archsim.config.load import load_machine
     from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
-                                  pick_curves, plot_validation, reference_path, validate)
+                                  pick_curves, plot_validation, reference_machine, reference_path, validate)
 
     machine = load_machine(a.hw, a.overlays, a.sets)
     ref = reference_path(machine, a.reference)
     load_reference(ref)  # a bad file, or a --curve that names none of its curves, fails before anything runs
+    named = reference_machine(ref)
+    if named is not None and named != machine.name:
+        print(f"note: {ref} holds figures measured on {named}; the machine validated is {machine.name}",
+              file=sys.stderr)
     curves = load_curves(ref, machine.family)
     if a.curve is not None:
         pick_curves(curves, a.curve, ref)

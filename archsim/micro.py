@@ -93,6 +93,14 @@ UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TF
          "dma": "B/cycle", "rma": "cycles"}
 
 
+def check_machine(name: str, machine) -> None:
+    """A benchmark of a block the machine does not have (DMA or RMA on a GPU) is one clear error."""
+    for block, what in (("dma", "DMA engines"), ("rma", "RMA engines")):
+        if name == block and getattr(machine, block, None) is None:
+            raise InputError(f"micro {name}", f"{machine.name} has no {what}",
+                             f"a Sunway machine (its config has a {block}: block)")
+
+
 def parse_params(name: str, given: list[str] | dict) -> dict:
     """KEY=VALUE strings (or a dict) -> typed params with defaults; one clear error otherwise."""
     if name not in PARAMS:
@@ -847,6 +855,7 @@ MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_m
 
 
 def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:
+    check_machine(name, machine)
     p = parse_params(name, params)
     out = MicroResult(name=name, params=p, value=0.0, unit=UNITS[name], max_cycles=int(max_cycles))
     t0 = time.perf_counter()

@@ -172,6 +172,12 @@ def reference_path(machine, given: str | None = None) -> Path:
     return p
 
 
+def reference_machine(path: Path) -> str | None:
+    """The machine a reference file says its figures are for (its ``machine:`` key), if any."""
+    m = _read_doc(path).get("machine")
+    return str(m) if m is not None else None
+
+
 def _read_doc(path: Path) -> dict:
     where = str(path)
     try:
@@ -186,6 +192,8 @@ def _read_doc(path: Path) -> dict:
     extra = set(doc) - {"machine", "rows", "curves"}
     if extra:
         raise InputError(where, f"unknown key {sorted(extra)[0]!r}", "machine, rows, curves")
+    if not doc.get("rows") and not doc.get("curves"):
+        raise InputError(where, "no row and no curve: nothing to validate", "at least one row or curve")
     return doc
 
 

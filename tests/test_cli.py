@@ -171,3 +171,23 @@ def test_fewest_mshrs_finish_and_fewer_are_refused(capsys, cache):
     assert code == 0, err
     code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--set", f"{cache}.mshrs=3")
     assert code == 2 and f"{cache}.mshrs" in one_line_error(err) and "at least" in err
+
+
+def test_messages_name_what_is_wrong(capsys, tmp_path):
+    """issue 20, item 8: a directory or device as --hw, a GPU's DMA benchmark, a reference with
+    nothing in it, a reference measured on another machine."""
+    code, _, err = cli(capsys, "run", "--hw", str(tmp_path), "--workload", "tiny")
+    assert code == 2 and "is a directory" in one_line_error(err)
+    code, _, err = cli(capsys, "run", "--hw", "/dev/null", "--workload", "tiny")
+    assert code == 2 and "not a regular file" in one_line_error(err)
+    for name in ("dma", "rma"):
+        code, _, err = cli(capsys, "micro", name, "--hw", "tiny-gpu")
+        assert code == 2 and f"no {name.upper()} engines" in one_line_error(err)
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("machine: tiny-gpu\nrows: []\n")
+    code, _, err = cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(empty), "--plot", "none")
+    assert code == 2 and "nothing to validate" in one_line_error(err)
+    other = tmp_path / "other.yaml"
+    other.write_text("machine: a100\nrows:\n  - {quantity: ffma_latency, value: 4.0, unit: cycles, source: test}\n")
+    code, out, err = cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(other), "--plot", "none")
+    assert code == 0 and "measured on a100" in err and "ffma_latency" in out

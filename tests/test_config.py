@@ -310,7 +310,7 @@ FREE_FIELDS = {
     "dram.channel_gbps": _floats(0.5, 2000.0),
     "dram.timing.tCL": _ints(1, 100),
     "l1.hit_latency_cycles": _ints(),
-    "l1.mshrs": _ints(),
+    "l1.mshrs": _ints(4),          # at least a line's 4 sectors (the only cross-field check, always met)
     "l2.hit_latency_cycles": _ints(),
     "l2.far_half_extra_cycles": _ints(0, 500),
     "pipes.fma.latency_cycles": _ints(1, 64),

@@ -47,6 +47,10 @@ def _resolve(arg: str, where: str, kind: str, folder: Path, names: list[str]) ->
     if p.is_file():
         return p
     allowed = "a path to a YAML file or one of: " + ", ".join(names)
+    if p.is_dir():
+        raise InputError(where, f"{arg!r} is a directory, not a {kind} file", allowed)
+    if p.exists():  # a FIFO, a device (/dev/null), a socket: nothing a file of settings comes from
+        raise InputError(where, f"{arg!r} is not a regular file", allowed)
     if "/" in arg or arg.endswith((".yaml", ".yml")):
         raise InputError(where, f"{kind} file not found: {arg!r}", allowed)
     raise InputError(where, f"unknown {kind} {arg!r}", allowed)
