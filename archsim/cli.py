@@ -736,6 +736,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("archsim: interrupted", file=sys.stderr)
         return 130
+    except RecursionError:  # an input nested so deep that processing it (past parsing) recursed too far
+        print("archsim: error: input: nested too deeply to process (a YAML file, overlay, --set value or "
+              "spec hundreds of levels deep; flatten it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

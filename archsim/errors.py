@@ -9,6 +9,13 @@ Every bad input (YAML, assembly, workload, command line) becomes one ``InputErro
 from __future__ import annotations
 
 
+QUOTE_CAP = 300  # characters of a message's where / what parts; a huge bad value is not printed whole
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= QUOTE_CAP else f"{text[:QUOTE_CAP - 40]}... ({len(text):,} characters)"
+
+
 class ArchsimError(Exception):
     exit_status = 1
 
@@ -19,8 +26,8 @@ class InputError(ArchsimError):
     exit_status = 2
 
     def __init__(self, where: str, what: str, allowed: str = ""):
-        self.where = str(where)
-        self.what = str(what)
+        self.where = _cap(str(where))
+        self.what = _cap(str(what))
         self.allowed = str(allowed)
         super().__init__(self.line())
 

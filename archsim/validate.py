@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 
 from archsim import micro as MI
+from archsim.config.load import load_yaml_text
 from archsim.errors import InputError
 from archsim.paths import data_dir
 
@@ -181,10 +182,12 @@ def reference_machine(path: Path) -> str | None:
 def _read_doc(path: Path) -> dict:
     where = str(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = load_yaml_text(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        raise InputError(f"{where}:{mark.line + 1}" if mark else where, "not valid YAML", "a YAML mapping") from None
+        problem = getattr(e, "problem", None)
+        raise InputError(f"{where}:{mark.line + 1}" if mark else where,
+                         "not valid YAML" + (f": {problem}" if problem else ""), "a YAML mapping") from None
     if not isinstance(doc, dict) or not (isinstance(doc.get("rows"), list) or isinstance(doc.get("curves"), list)):
         raise InputError(where, "no `rows:` or `curves:` list",
                          "machine: NAME, rows: [{quantity, value, unit, source}], curves: [{name, source, kernel, "

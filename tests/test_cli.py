@@ -191,3 +191,23 @@ def test_messages_name_what_is_wrong(capsys, tmp_path):
     other.write_text("machine: a100\nrows:\n  - {quantity: ffma_latency, value: 4.0, unit: cycles, source: test}\n")
     code, out, err = cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(other), "--plot", "none")
     assert code == 0 and "measured on a100" in err and "ffma_latency" in out
+
+
+def test_deep_nesting_and_huge_values_are_one_short_line(capsys, tmp_path):
+    """issue 20, items 2-3: YAML thousands of levels deep in any input is exit 2 with one line, and a
+    message quotes at most a few hundred characters of a bad value."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 5000 + "]" * 5000 + "\n")
+    for argv in (["run", "--hw", str(deep), "--workload", "tiny"],
+                 ["run", "--hw", "tiny-gpu", "--workload", str(deep)],
+                 ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--overlay", str(deep)],
+                 ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--set", "clock_ghz=" + "[" * 5000 + "]" * 5000],
+                 ["validate", "--hw", "tiny-gpu", "--reference", str(deep), "--plot", "none"]):
+        code, _, err = cli(capsys, *argv)
+        line = one_line_error(err)
+        assert code == 2 and "nested too deeply" in line, argv
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("hw: tiny-gpu\nworkload: tiny\nvary: " + "[" * 300 + "]" * 300 + "\n")
+    code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and len(line) < 600 and "characters)" in line

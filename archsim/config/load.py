@@ -99,12 +99,23 @@ _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _constru
 _FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class NestedTooDeep(yaml.YAMLError):
+    """A document nested deeper than the parser's recursion can follow (a yaml error for callers)."""
+
+    problem = "nested too deeply to read (hundreds of levels)"
+    problem_mark = None
+
+
 def load_yaml_text(text: str):
-    """YAML text -> Python data, duplicate keys refused; the errors are yaml's, as _Loader raises them."""
+    """YAML text -> Python data, duplicate keys refused; the errors are yaml's, as _Loader raises them
+    (a document nested beyond the recursion limit: NestedTooDeep)."""
     try:
-        return yaml.load(text, Loader=_FastLoader)
-    except yaml.YAMLError:
-        return yaml.load(text, Loader=_Loader)   # raises again, with the pure-Python parser's message
+        try:
+            return yaml.load(text, Loader=_FastLoader)
+        except yaml.YAMLError:
+            return yaml.load(text, Loader=_Loader)   # raises again, with the pure-Python parser's message
+    except RecursionError:
+        raise NestedTooDeep(NestedTooDeep.problem) from None
 
 
 def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
@@ -337,10 +348,11 @@ def parse_set(item: str) -> tuple[tuple, Any, str]:
     if not dotted or any(not seg for seg in path):
         raise InputError(f"--set {item}", f"bad config path {dotted!r}", "dotted keys such as l2.size_kib")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = load_yaml_text(raw) if raw.strip() else None
     except yaml.YAMLError as e:
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InputError(f"--set {dotted}", f"cannot parse value {raw!r}: {problem}",
+        shown = raw if len(raw) <= 60 else raw[:50] + f"... ({len(raw):,} characters)"
+        raise InputError(f"--set {dotted}", f"cannot parse value {shown!r}: {problem}",
                          "a YAML scalar or flow value, e.g. 4, 1.5, true, lrr, [4, 4, 4], {f32: 16}") from None
     t = _type_at(path)
     bare = _unwrap(t) if t is not None else None
