@@ -736,6 +736,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("archsim: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as e:  # numpy refused an allocation: sizes the schema accepts but this host cannot hold
+        print(f"archsim: error: host memory: the simulation needs more than this host has ({e}) (smaller "
+              "machine sizes, shapes or footprints)", file=sys.stderr)
+        return 2
     except RecursionError:  # an input nested so deep that processing it (past parsing) recursed too far
         print("archsim: error: input: nested too deeply to process (a YAML file, overlay, --set value or "
               "spec hundreds of levels deep; flatten it)", file=sys.stderr)

@@ -211,3 +211,18 @@ def test_deep_nesting_and_huge_values_are_one_short_line(capsys, tmp_path):
     code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
     line = one_line_error(err)
     assert code == 2 and len(line) < 600 and "characters)" in line
+
+
+def test_sizes_no_host_holds_and_non_finite_numbers_are_one_line(capsys, tmp_path):
+    """issue 20, item 2: a 30-digit count, an infinite rate in YAML, and an L2 of 1 TiB (256 GiB of
+    tag state) are one line each, exit 2, not OverflowError / ZeroDivisionError / MemoryError."""
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny",
+                       "--set", "cores.per_group=99999999999999999999999999")
+    assert code == 2 and "cores.per_group" in one_line_error(err)
+    inf = tmp_path / "inf.yaml"
+    inf.write_text("dram:\n  channel_gbps: .inf\n")
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--overlay", str(inf))
+    assert code == 2 and "finite" in one_line_error(err)
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1",
+                       "--set", "l2.size_kib=1073741824")
+    assert code == 2 and "host memory" in one_line_error(err)

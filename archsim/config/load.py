@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from archsim.errors import InputError
 from archsim.paths import data_dir
 
-from .schema import FieldError, Machine
+from .schema import MAX_INT, FieldError, Machine
 
 # ---- finding files ----------------------------------------------------------------------------
 
@@ -277,7 +277,8 @@ def _describe(t) -> str:
         return "one of: " + ", ".join(map(str, lits))
     bare = _unwrap(t)
     c = _constraints(t)
-    rng = " ".join(f"{op} {c[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if k in c)
+    rng = " ".join(f"{op} {c[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+                   if k in c and not (k == "le" and c[k] == MAX_INT))   # the sanity cap: said where it is hit
     if bare is bool:
         return "true or false"
     if bare is int:
@@ -468,6 +469,8 @@ def _convert(exc: ValidationError, origins: list, base: str) -> InputError:
     elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         what = f"value {val!r} out of range"
         allowed = _describe(_type_at(loc))
+        if typ == "less_than_equal" and ctx.get("le") == MAX_INT:
+            allowed += f", at most {MAX_INT}"
     elif typ in _TYPE_WORDS:
         what = f"expected {_TYPE_WORDS[typ]}, got {val!r}"
         allowed = _describe(_type_at(loc)) or _TYPE_WORDS[typ]

@@ -92,10 +92,13 @@ K = TypeVar("K")
 V = TypeVar("V")
 FMap = Annotated[dict[K, V], AfterValidator(FrozenDict)]
 
-PosInt = Annotated[int, Field(strict=True, gt=0)]
-NonNegInt = Annotated[int, Field(strict=True, ge=0)]
-PosFloat = Annotated[float, Field(strict=True, gt=0)]
-NonNegFloat = Annotated[float, Field(strict=True, ge=0)]
+# choice: counts and sizes stay below 2^53 (exact as floats, far beyond any machine; a 30-digit
+# number would overflow the engine's int64 arrays), and no number is infinite or NaN
+MAX_INT = 2 ** 53
+PosInt = Annotated[int, Field(strict=True, gt=0, le=MAX_INT)]
+NonNegInt = Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]
+PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 Bool = Annotated[bool, Field(strict=True)]
 Text = Annotated[str, Field(strict=True, min_length=1)]
 
