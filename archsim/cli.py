@@ -530,16 +530,24 @@ def cmd_compare(a) -> int:
                       "it runs with placement cross", file=sys.stderr)
     results = []
     failed = False
+    stopped = []  # machines whose run could not finish: their partial results, and the others', are kept
     for m in machines:
         try:
             results.append(_run_one(a, m, wl, opts, f"{wl.name} on {m.name}"))
         except SimulationError as e:
             partial = getattr(e, "partial_document", None)
-            if partial is not None:
-                results.append(partial)
-                _write_outputs(a, compare_document(results, complete=False), results, "compare.json")
-            raise
+            if partial is None:
+                raise
+            results.append(partial)
+            stopped.append((m.name, e))
+            continue
         failed |= opts.mode == "functional" and not results[-1]["passed"]
+    if stopped:
+        _write_outputs(a, compare_document(results, complete=False), results, "compare.json")
+        for name, e in stopped[1:]:
+            print(f"archsim: also stopped: {name}: {e.line()}", file=sys.stderr)
+        name, e = stopped[0]
+        raise SimulationError(f"{name}: {e.where}", e.what)
     doc = compare_document(results)
     if opts.mode == "functional":
         for r in results:

@@ -151,6 +151,10 @@ def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None) -> 
         except SimulationError as e:
             done = result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0, complete=False,
                               simulated_warp_instructions=simulated)
+            # where the run stopped: the kernel, the instruction, and why (the warp and core in `why`)
+            done["error"] = e.line()
+            done["stopped"] = {"kernel": k.name, "kernel_index": i, "kernels_total": len(groups), "where": e.where,
+                               "why": e.what}
             e.partial_document = done
             raise
         rec["op"] = k.op

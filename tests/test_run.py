@@ -165,6 +165,19 @@ def test_max_cycles_stops_with_status_3_and_a_partial_result(capsys, tmp_path):
     assert code == 3 and "max-cycles" in one_line_error(err)
     doc = json.loads(out.read_text())
     assert doc["complete"] is False
+    st = doc["stopped"]  # the partial record says where and why (issue 20, item 7)
+    assert st["kernel"] and "instruction" in st["where"] and "max-cycles" in st["why"] and "core" in st["why"]
+    assert "max-cycles" in doc["error"] and len(doc["kernels"]) == st["kernel_index"]
+
+
+def test_compare_keeps_every_machine_when_one_stops(capsys, tmp_path):
+    out = tmp_path / "c.json"
+    code, _, err = cli(capsys, "compare", "--hw", "tiny-gpu", "--hw", "tiny-sunway", "--workload", "tiny",
+                       "--max-cycles", "3000", "--json", str(out))
+    assert code == 3 and "Traceback" not in err and err.strip().splitlines()[-1].startswith("archsim: error: tiny-gpu")
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and [r["machine"]["name"] for r in doc["results"]] == ["tiny-gpu", "tiny-sunway"]
+    assert all(r["stopped"]["kernel"] for r in doc["results"])
 
 
 def test_compare_needs_two_machines(capsys):
