@@ -19,7 +19,6 @@ from typing import Any, Mapping, Sequence
 from archsim.errors import InputError
 
 
-
 def load_machine(hw: str, set: Mapping[str, Any] | Sequence[str] = (), overlays: Sequence[str] = ()):
     """A machine: a built-in name or YAML path, overlays applied, then ``set`` (a mapping of dotted
     paths to values, or ``PATH=VALUE`` strings as with ``--set``)."""

@@ -330,8 +330,6 @@ def cmd_micro(a) -> int:
     parse_params(a.name, a.params)  # bad parameters fail before anything runs
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
-    if a.out:
-        _out_dir(a.out)
     try:
         r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles)
     except SimulationError as e:
@@ -660,14 +658,8 @@ def _check_output_paths(a) -> None:
     """Every output a command was given can be written, checked before any work is done (a run
     must not simulate for minutes and then lose its result): --json a file in a writable folder,
     --out a writable folder or one that can be made."""
-    j = getattr(a, "json", None)
-    if j:
-        p = Path(j)
-        folder = p.parent if str(p.parent) else Path(".")
-        if p.is_dir():
-            raise InputError("--json", f"{j} is a directory", "a file path in a writable folder")
-        if not folder.is_dir() or not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-            raise InputError("--json", f"cannot write {j}", "a file path in a writable folder")
+    if getattr(a, "json", None):
+        _check_file_path(a.json, "--json")
     o = getattr(a, "out", None)
     if o:
         p = Path(o)
@@ -680,14 +672,23 @@ def _check_output_paths(a) -> None:
             raise InputError("--out", f"cannot write into {o}", "a writable directory (made when missing)")
 
 
+def _check_file_path(path: str, flag: str) -> None:
+    """An output file can be written: not a directory, its folder exists and is writable, and it is
+    writable itself when it exists."""
+    p = Path(path)
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(flag, f"{path} is a directory", "a file path in a writable folder")
+    if not folder.is_dir() or not os.access(folder, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(flag, f"cannot write {path}", "a file path in a writable folder")
+
+
 def _check_writable(path: str, flag: str) -> None:
-    """A plot file can be written: its folder exists and is writable, its suffix is a format."""
+    """A plot file can be written (_check_file_path) and its suffix is an image format."""
     p = Path(path)
     if p.suffix.lower() not in (".png", ".pdf", ".svg"):
         raise InputError(flag, f"{path}: unknown image format {p.suffix or '(none)'!r}", ".png, .pdf or .svg")
-    folder = p.parent if str(p.parent) else Path(".")
-    if not folder.is_dir() or not os.access(folder, os.W_OK) or p.is_dir():
-        raise InputError(flag, f"cannot write {path}", "a file path in a writable folder")
+    _check_file_path(path, flag)
 
 
 def _write_json(path: str, obj) -> None:

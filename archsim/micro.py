@@ -95,10 +95,12 @@ UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TF
 
 def check_machine(name: str, machine) -> None:
     """A benchmark of a block the machine does not have (DMA or RMA on a GPU) is one clear error."""
-    for block, what in (("dma", "DMA engines"), ("rma", "RMA engines")):
-        if name == block and getattr(machine, block, None) is None:
-            raise InputError(f"micro {name}", f"{machine.name} has no {what}",
-                             f"a Sunway machine (its config has a {block}: block)")
+    if name == "dma" and machine.dma is None:
+        raise InputError("micro dma", f"{machine.name} has no DMA engines", "a Sunway machine (its config has a "
+                                                                           "dma: block)")
+    if name == "rma" and (machine.rma is None or machine.mesh is None):
+        raise InputError("micro rma", f"{machine.name} has no RMA engines", "a Sunway machine (its config has "
+                                                                           "rma: and mesh: blocks)")
 
 
 def parse_params(name: str, given: list[str] | dict) -> dict:
@@ -748,7 +750,7 @@ def micro_dma(machine, p: dict, out: MicroResult) -> float:
     from archsim.config.derived import scratch_usable_kib
     from archsim.engine.dma import pieces
 
-    _need(machine.dma is not None, "micro dma", f"{machine.name} has no DMA engines", "a Sunway machine: one with a dma block")
+    check_machine("dma", machine)
     _need(p["direction"] in ("get", "put"), "--param direction", repr(p["direction"]), "get or put")
     ldm = scratch_usable_kib(machine) * 1024
     size, cpes = p["size_bytes"], p["cpes"]
@@ -823,8 +825,7 @@ def micro_rma(machine, p: dict, out: MicroResult) -> float:
     group 0 (the kernel times its own loop with %clock)."""
     from archsim.config.derived import scratch_usable_kib
 
-    _need(machine.rma is not None and machine.mesh is not None, "micro rma", f"{machine.name} has no RMA engines",
-          "a Sunway machine: one with rma and mesh blocks")
+    check_machine("rma", machine)
     _need(p["direction"] in ("get", "put"), "--param direction", repr(p["direction"]), "put or get")
     per_group = machine.cores.per_group
     for k in ("src", "dst"):

@@ -337,6 +337,12 @@ def dram_check(D: DramState) -> None:
                          f"queue_cap {int(D.prm[P_QCAP])}; those channels were not stepped")
 
 
+def channel_names(D: DramState) -> list[str]:
+    """mc<controller> (one channel a controller) or mc<controller>.ch<channel>."""
+    C, cpc = int(D.prm[P_C]), int(D.prm[P_CPC])
+    return [f"mc{c // cpc}" if cpc == 1 else f"mc{c // cpc}.ch{c % cpc}" for c in range(C)]
+
+
 def dram_counters(D: DramState, elapsed_mem_cycles: int | None = None,
                   mem_clock_ghz: float | None = None) -> list[dict]:
     """Per channel a tidy record: CONTRACT.md's ``memory_controllers`` fields (name, queue_mean,
@@ -345,13 +351,12 @@ def dram_counters(D: DramState, elapsed_mem_cycles: int | None = None,
     defaults to the last stepped cycle + 1, the clock to the machine's memory clock."""
     dram_check(D)
     p = D.prm
-    C, S, cpc = int(p[P_C]), int(p[P_S]), int(p[P_CPC])
+    S, cpc = int(p[P_S]), int(p[P_CPC])
     elapsed = int(D.last_step[0]) + 1 if elapsed_mem_cycles is None else int(elapsed_mem_cycles)
     ghz = float(D.clk[0]) if mem_clock_ghz is None else float(mem_clock_ghz)
     out = []
-    for c in range(C):
-        rec = {"name": f"mc{c // cpc}" if cpc == 1 else f"mc{c // cpc}.ch{c % cpc}", "channel": c,
-               "controller": c // cpc}
+    for c, name in enumerate(channel_names(D)):
+        rec = {"name": name, "channel": c, "controller": c // cpc}
         for i, k in enumerate(COUNTERS):
             if k != "data_bus_busy_fp":
                 rec[k] = int(D.cnt[c, i])

@@ -196,6 +196,16 @@ def _new_scan(N):
 
 
 @njit(cache=True, inline="always")
+def _wants_from(bt, pt, b, p, gap_lo):
+    """The first skipped cycle (from gap_lo) in which packet p, in buffer b, wanted its link: once it
+    had arrived and the buffer's read port was free."""
+    e = pt[p, PT_READY]
+    if bt[b, BT_FREE] > e:
+        e = bt[b, BT_FREE]
+    return e if e > gap_lo else gap_lo
+
+
+@njit(cache=True, inline="always")
 def _window_dup(lt, l, stamp):
     """True when a packet in front of the current one in this scan of a port's window (the scan
     stamped ``stamp``) also goes to link l; marks l as wanted in this scan. O(1): each scan stamps
@@ -360,10 +370,7 @@ def noc_step(N, now):
                         l = pi[p, PI_LINK]
                         if nwin > 1 and _window_dup(lt, l, stamp):
                             continue
-                        e = pt[p, PT_READY]
-                        if bt[b, BT_FREE] > e:
-                            e = bt[b, BT_FREE]
-                        lo = e if e > gap_lo else gap_lo
+                        lo = _wants_from(bt, pt, b, p, gap_lo)
                         if lo > gap_hi:
                             break
                         if gap_hi - lo + 1 > lt[l, LT_GAP]:
@@ -631,10 +638,7 @@ def noc_blocked_until(N, t, row, c0):
                 nwin = cnt if cnt <= glook else glook + 1
                 for j in range(nwin):
                     p = q_peek(Q, b, j)
-                    e = pt[p, PT_READY]
-                    if bt[b, BT_FREE] > e:
-                        e = bt[b, BT_FREE]
-                    lo = e if e > gap_lo else gap_lo
+                    lo = _wants_from(bt, pt, b, p, gap_lo)
                     if lo > gap_hi:
                         break
                     l = pi[p, PI_LINK]

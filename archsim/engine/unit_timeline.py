@@ -122,7 +122,7 @@ def unit_layout(machine, MS) -> dict:
         ratio += [1.0] * len(mesh_names)
         net += ["mesh" if n.startswith("mesh ") else "mesh_port" for n in mesh_names]
     fams = [("links", links, ratio)]
-    chans = [r["name"] for r in DR.dram_counters(MS.Dm)]
+    chans = DR.channel_names(MS.Dm)
     fams.append(("channels", chans, [machine.clock_ratios.memory] * len(chans)))
     if MS.cfg[M.M_HAS_L2]:
         nodes = NC.node_names(MS.req)

@@ -83,11 +83,8 @@ def link_rows(names: list[str], values: np.ndarray):
             n = -(-len(members) // RUNS_PER_KIND)
             for j in range(0, len(members), n):
                 run = members[j:j + n]
-                nums = [re.findall(r"\d+", names[i]) for i in (run[0], run[-1])]
-                first = [x for x in nums[0]]
-                last = [x for x in nums[1]]
                 lab = kind
-                for a, b in zip(first, last):
+                for a, b in zip(re.findall(r"\d+", names[run[0]]), re.findall(r"\d+", names[run[-1]])):
                     lab = lab.replace("#", a if a == b else f"{a}-{b}", 1)
                 labels.append(lab)
                 rows.append(np.nanmax(values[run], axis=0))
@@ -119,7 +116,7 @@ def _link_cycles(result: dict, names: list[str], ks: list[dict], starts: list[in
     return r[:, None] * win[None, :]
 
 
-def _heat(ax, data, labels, title, cmap, vmax, cbar_label, starts, knames, plt):
+def _heat(ax, data, labels, title, cmap, vmax, cbar_label, starts, plt):
     im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap=cmap, vmin=0, vmax=vmax)
     ax.set_yticks(range(len(labels)), labels, fontsize=6 if len(labels) > 40 else 7)
     ax.set_title(title, fontsize=9, loc="left")
@@ -198,18 +195,18 @@ def plot_contention(result: dict, path: Path) -> Path:
     fig, axs = plt.subplots(len(heights), 1, figsize=(13, 3.2 + 0.1 * sum(heights)),
                             gridspec_kw={"height_ratios": heights})
     _heat(axs[0], urows, lab, "fabric link utilization (busy share of the link's cycles)", "viridis", 1.0,
-          "utilization", starts, knames, plt)
+          "utilization", starts, plt)
     _kernel_labels(axs[0], starts, ncols, knames, top=True)
     _heat(axs[1], brows, lab, "fabric link blocked (share of the link's cycles a packet waited for room downstream)",
-          "Reds", max(0.05, float(np.nanmax(brows)) if brows.size else 0.05), "blocked share", starts, knames, plt)
+          "Reds", max(0.05, float(np.nanmax(brows)) if brows.size else 0.05), "blocked share", starts, plt)
     _heat(axs[2], q, cnames, "DRAM channel queue (mean requests waiting)", "magma",
-          max(1.0, float(np.nanmax(q)) if q.size else 1.0), "requests", starts, knames, plt)
+          max(1.0, float(np.nanmax(q)) if q.size else 1.0), "requests", starts, plt)
     share = gbps / per_chan if per_chan > 0 else gbps
     _heat(axs[3], share, cnames, f"DRAM channel bandwidth (share of a channel's {per_chan:.1f} GB/s peak)",
-          "viridis", 1.0, "share of peak", starts, knames, plt)
+          "viridis", 1.0, "share of peak", starts, plt)
     if extra:
         title, labels, data, vmax, unit = extra
-        _heat(axs[4], data, labels, title, "viridis", vmax, unit, starts, knames, plt)
+        _heat(axs[4], data, labels, title, "viridis", vmax, unit, starts, plt)
     _kernel_labels(axs[-1], starts, ncols, knames, top=False)
     axs[-1].set_xlabel("simulated windows of each kernel, kernel after kernel (kernel widths not to scale; "
                       "sampled launches show their simulated waves)", fontsize=8)
