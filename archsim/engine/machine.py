@@ -85,28 +85,50 @@ def _tl_sample(TL, tlk, TS, MS):
     return True
 
 
-@njit(nrt=True)  # allocates the scheduler's scratch
-def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out):
+# cycles one call into the jitted loop runs before it returns to Python, which then goes on where
+# it stopped: a Ctrl-C (KeyboardInterrupt) is seen between slices, and the results are the same
+# as one call's (the loop's state lives in the state tuples; test_engine_slices)
+SLICE_CYCLES = 1 << 16
+
+
+def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycles: int | None = None):
     """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
-    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The state
-    tuples travel as StatePtrs (archsim.engine.ref: one word a call) from here on."""
-    _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), as_ptr(MS), TL, tlk, max_cycles,
-         skip, out, np.zeros(4, np.int64))
+    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The loop
+    runs in slices of ``slice_cycles`` (default SLICE_CYCLES) and goes on where each stopped."""
+    step_out = np.zeros(4, np.int64)
+    limit = int(max_cycles)
+    step = max(int(SLICE_CYCLES if slice_cycles is None else slice_cycles), 1)
+    now = 0
+    while True:
+        _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, np.int64(min(limit, now + step)), skip, out, step_out,
+                   np.int64(now))
+        now = int(out[1])
+        if out[0] != CYCLE_LIMIT or now >= limit:
+            return
+
+
+@njit(nrt=True)  # allocates the scheduler's scratch
+def _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, start):
+    """The state tuples travel as StatePtrs (archsim.engine.ref: one word a call) from here on."""
+    _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), as_ptr(MS), TL, tlk, end,
+         skip, out, step_out, start)
 
 
 @njit(cache=True)
-def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out):
+def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start):
+    """The loop from cycle ``start`` (0: the launch begins) until it ends or reaches ``max_cycles``."""
     cores = C.v[K.C_CORES]
     nsub = C.v[K.C_SUBCORES]
     every = not skip  # the reference order: every scheduler every cycle, no jumps
-    now = np.int64(0)
-    TS.k[K.K_CUR] = -1
-    K.dispatch_all(C, TS, S, now)
-    MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
+    now = np.int64(start)
     nspan = TS.wsum.shape[0]
     nsc = TS.wake.shape[0]
-    for j in range(nspan):
-        TS.wsum[j] = K.wake_span_min(TS, j)
+    if start == 0:
+        TS.k[K.K_CUR] = -1
+        K.dispatch_all(C, TS, S, now)
+        MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
+        for j in range(nspan):
+            TS.wsum[j] = K.wake_span_min(TS, j)
     nblocks = TS.k[3]
     # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
     # its stores have reached the L2 (the memory controller without one): the next kernel would
