@@ -1,8 +1,8 @@
 """Control flow of a Program: successors, immediate post-dominators (SIMT reconvergence points,
 as GPGPU-Sim's PDOM stack uses them) and the forward-path barrier count used by the checker.
 
-Instruction-level graphs with Python-int bitsets: kernels are loops, so programs stay a few
-hundred instructions whatever the problem size.
+Instruction-level graphs in lists: memory and time grow about linearly with program length
+(a generated kernel may be unrolled into tens of thousands of instructions).
 """
 
 from __future__ import annotations
@@ -47,40 +47,62 @@ def successors(prog: Program, for_reconvergence: bool = False) -> list[list[int]
 
 
 def postdominators(prog: Program) -> list[int]:
-    """Immediate post-dominator of each instruction (n = the exit node)."""
+    """Immediate post-dominator of each instruction (n = the exit node; also for an instruction
+    from which the exit cannot be reached). The dominator tree of the reversed graph rooted at
+    the exit, by Cooper, Harvey and Kennedy's iteration ("A Simple, Fast Dominance Algorithm",
+    2001): linear memory, a few passes over a kernel's graph."""
     n = len(prog)
     succ = successors(prog, for_reconvergence=True)
     if not _all_reach_exit(succ, n):
         # the only ways out are guarded exits (e.g. `@p exit` inside a loop): keep their exit edges
         succ = successors(prog)
-    full = (1 << (n + 1)) - 1
-    pdom = [full] * n + [1 << n]
+    succ = [[min(t, n) for t in ss] for ss in succ] + [[]]
+    preds: list[list[int]] = [[] for _ in range(n + 1)]     # edges of the reversed graph: t -> i
+    for i in range(n):
+        for t in succ[i]:
+            preds[t].append(i)
+    # postorder of the reversed graph from the exit (iterative depth-first search)
+    order = []
+    seen = [False] * (n + 1)
+    seen[n] = True
+    stack = [(n, iter(preds[n]))]
+    while stack:
+        node, it = stack[-1]
+        for q in it:
+            if not seen[q]:
+                seen[q] = True
+                stack.append((q, iter(preds[q])))
+                break
+        else:
+            stack.pop()
+            order.append(node)
+    number = [-1] * (n + 1)
+    for k, node in enumerate(order):
+        number[node] = k
+    idom = [-1] * (n + 1)
+    idom[n] = n
     changed = True
     while changed:
         changed = False
-        for i in range(n - 1, -1, -1):
-            acc = full
-            for s in succ[i]:
-                acc &= pdom[min(s, n)]
-            new = acc | (1 << i)
-            if new != pdom[i]:
-                pdom[i] = new
+        for node in reversed(order[:-1]):        # reverse postorder, the root (exit) left out
+            new = -1
+            for p in succ[node]:                  # the node's predecessors in the reversed graph
+                if idom[p] < 0:
+                    continue
+                if new < 0:
+                    new = p
+                    continue
+                a, b = p, new
+                while a != b:
+                    while number[a] < number[b]:
+                        a = idom[a]
+                    while number[b] < number[a]:
+                        b = idom[b]
+                new = a
+            if new != idom[node]:
+                idom[node] = new
                 changed = True
-    ipdom = []
-    for i in range(n):
-        strict = pdom[i] & ~(1 << i)
-        # the immediate post-dominator is the strict one whose own set equals the rest
-        best = n
-        m = strict
-        while m:
-            low = m & -m
-            j = low.bit_length() - 1
-            m ^= low
-            if j <= n and pdom[j] == strict:
-                best = j
-                break
-        ipdom.append(best)
-    return ipdom
+    return [d if d >= 0 else n for d in idom[:n]]
 
 
 def _all_reach_exit(succ, n: int) -> bool:
