@@ -106,16 +106,48 @@ class NestedTooDeep(yaml.YAMLError):
     problem_mark = None
 
 
+class ExpandsTooFar(yaml.YAMLError):
+    """A document whose aliases expand it beyond MAX_VALUES values (an "anchor bomb")."""
+
+    problem = "its aliases (*name) expand it to more than 1,000,000 values"
+    problem_mark = None
+
+
+MAX_VALUES = 1_000_000   # values a document may hold with every alias expanded (inputs here hold thousands)
+
+
+def _expanded_values_exceed(data, limit: int) -> bool:
+    """Whether ``data``, with every shared (aliased) node counted each time it is reached, holds
+    more than ``limit`` values; stops counting at the limit."""
+    n = 0
+    stack = [data]
+    while stack:
+        x = stack.pop()
+        n += 1
+        if n > limit:
+            return True
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
 def load_yaml_text(text: str):
     """YAML text -> Python data, duplicate keys refused; the errors are yaml's, as _Loader raises them
-    (a document nested beyond the recursion limit: NestedTooDeep)."""
+    (a document nested beyond the recursion limit: NestedTooDeep; one whose aliases expand it
+    beyond MAX_VALUES values: ExpandsTooFar)."""
     try:
         try:
-            return yaml.load(text, Loader=_FastLoader)
+            data = yaml.load(text, Loader=_FastLoader)
         except yaml.YAMLError:
-            return yaml.load(text, Loader=_Loader)   # raises again, with the pure-Python parser's message
+            data = yaml.load(text, Loader=_Loader)   # raises again, with the pure-Python parser's message
     except RecursionError:
         raise NestedTooDeep(NestedTooDeep.problem) from None
+    if "*" in text and _expanded_values_exceed(data, MAX_VALUES):
+        raise ExpandsTooFar(ExpandsTooFar.problem)
+    return data
 
 
 def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
@@ -135,6 +167,8 @@ def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
         problem = e.problem or e.context or "invalid YAML"
         col = f" at column {mark.column + 1}" if mark is not None else ""
         raise InputError(where, f"YAML syntax error{col}: {problem}", "valid YAML") from None
+    except (NestedTooDeep, ExpandsTooFar) as e:
+        raise InputError(label, e.problem, "a YAML document of ordinary size") from None
     except yaml.YAMLError as e:
         raise InputError(label, f"YAML syntax error: {e}", "valid YAML") from None
     if not isinstance(data, dict):
