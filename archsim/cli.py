@@ -18,6 +18,7 @@ import numpy as np
 from archsim import __version__
 from archsim.errors import ArchsimError, InputError, SimulationError
 from archsim.report import jsonfmt
+from archsim.resources import DEFAULT_MAX_INSTRUCTIONS, check_asm_args
 
 COMMANDS_HELP = ("asm: assemble, check and run a kernel functionally; show-config: print a resolved machine; "
                  "micro: a micro-benchmark on the timing model; validate: model vs published figures; "
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time the kernel on the machine's cycle model instead (--json: archsim.result/1)")
     p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                    help="with --timing: stop after N core cycles (exit 3, partial result)")
+    p.add_argument("--max-instructions", type=int, metavar="N",
+                   help="functional: stop after N warp-instructions (exit 3; default 2e8, the reference "
+                        "engine 1e7)")
     p.add_argument("--sample", action="store_true",
                    help="with --timing: time a launch of many waves from a few of them, extrapolated, as "
                         "`archsim run` does (default: every block)")
@@ -136,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(a fraction or a percentage: 0.03, 3%%; default 3%%)")
         p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                        help="stop a launch after N core cycles (exit 3, partial result)")
+        p.add_argument("--max-instructions", type=int, default=DEFAULT_MAX_INSTRUCTIONS, metavar="N",
+                       help="refuse a job that simulates more than N warp-instructions, estimated from its flops "
+                            "before it starts (default 1e11)")
         p.add_argument("--out", metavar="DIR", help="write result.json and plots (PNG) there")
         p.add_argument("--trace", action="store_true", help="with --out: also trace.json (Perfetto / Chrome trace)")
         p.add_argument("--json", metavar="FILE", help="write the result JSON")
@@ -212,13 +219,16 @@ def cmd_asm(a) -> int:
                          f"at most {caps.warp_slots * caps.warp_width} threads")
     if a.disassemble:
         print(disassemble(prog))
+    if a.max_instructions is not None and a.max_instructions <= 0:
+        raise InputError("--max-instructions", f"{a.max_instructions}", "a positive integer")
+    check_asm_args(machine, prog, a.timing)
     if a.timing:
         return _asm_timing(a, machine, prog, launch)
     args = default_args(prog)
     before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
     try:
         result = run_functional(prog, args, launch, warp_width=caps.warp_width, ncores=caps.cores_total,
-                                engine=a.engine)
+                                engine=a.engine, max_instructions=a.max_instructions)
     except SimulationError as e:
         if a.json:  # the run could not finish: still write what it did, marked incomplete
             partial = e.partial
@@ -418,7 +428,7 @@ def _run_options(a):
 
     opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
-                                    max_cycles=a.max_cycles, trace=a.trace))
+                                    max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions))
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
     return opts
@@ -516,11 +526,11 @@ def cmd_compare(a) -> int:
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)
-    from archsim.runner import compare_document, emit_block, placement_for
+    from archsim.runner import compare_document, placement_for, preflight
 
     opts.strict_placement = False       # --placement private applies to the machines with private segments
     for m in machines:
-        emit_block(m, wl)  # every machine can run the workload, before any simulation starts
+        preflight(m, wl, opts)  # every machine can run the workload, before any simulation starts
     if wl.scenario.placement == "private":
         for m in machines:
             if placement_for(m, wl, strict=False) != "private":
@@ -630,6 +640,7 @@ def cmd_plot(a) -> int:
     if not isinstance(doc, dict) or doc.get("schema") not in schemas:
         raise InputError(str(path), f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}",
                          ", ".join(schemas))
+    _check_plot_document(doc, str(path))
     if a.kernel is not None:
         _check_kernel(doc, a.kernel, str(path))
     files, missing = write_plots(doc, _out_dir(a.out) if a.out else path.parent, kernel=a.kernel)
@@ -638,6 +649,43 @@ def cmd_plot(a) -> int:
     for m in missing:
         print(f"archsim: not drawn: {m}", file=sys.stderr)
     return 0
+
+
+def _check_plot_document(doc: dict, where: str) -> None:
+    """The fields the plots read have their kinds: a machine record with a name, a list of kernels,
+    each (timing) with a name, cycles and seconds and, where given, stall shares; else one line."""
+    allowed = "a record that archsim run, compare or micro wrote"
+    schema = doc.get("schema")
+    if schema == "archsim.compare/1":
+        rs = doc.get("results")
+        if not isinstance(rs, list) or not rs:
+            raise InputError(where, "no 'results' list of machine records", allowed)
+        named = [(f"results[{i}]", r) for i, r in enumerate(rs)]
+    elif schema == "archsim.micro/1":
+        named = [("result", doc.get("result"))]
+    else:
+        named = [("", doc)]
+    number = (int, float)
+    for at, r in named:
+        pre = f"{at}." if at else ""
+        if not isinstance(r, dict):
+            raise InputError(where, f"{at or 'the document'} is not a result record", allowed)
+        if not isinstance(r.get("machine"), dict) or not isinstance(r["machine"].get("name"), str):
+            raise InputError(where, f"{pre}machine: no machine record with a name", allowed)
+        ks = r.get("kernels")
+        if not isinstance(ks, list):
+            raise InputError(where, f"{pre}kernels: not a list of kernel records", allowed)
+        timing = r.get("mode") != "functional"
+        for j, k in enumerate(ks):
+            kat = f"{pre}kernels[{j}]"
+            if not isinstance(k, dict) or not isinstance(k.get("name"), str):
+                raise InputError(where, f"{kat}: not a kernel record with a name", allowed)
+            for f in ("cycles", "seconds") if timing else ():
+                if isinstance(k.get(f), bool) or not isinstance(k.get(f), number):
+                    raise InputError(where, f"{kat}.{f}: {k.get(f)!r} is not a number", allowed)
+            st = k.get("stalls", {})
+            if not isinstance(st, dict) or any(isinstance(v, bool) or not isinstance(v, number) for v in st.values()):
+                raise InputError(where, f"{kat}.stalls: not a mapping of stall names to shares", allowed)
 
 
 def _check_kernel(doc: dict, name: str, where: str) -> None:
@@ -692,8 +740,11 @@ def _check_writable(path: str, flag: str) -> None:
 
 
 def _write_json(path: str, obj) -> None:
+    """Write the document whole or not at all (report.files)."""
+    from archsim.report.files import write_text
+
     try:
-        Path(path).write_text(jsonfmt.dumps(obj) + "\n", encoding="utf-8")
+        write_text(path, jsonfmt.dumps(obj) + "\n")
     except OSError as e:
         raise InputError("--json", f"cannot write {path}: {e.strerror}", "a writable file path")
 

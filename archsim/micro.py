@@ -20,6 +20,7 @@ from archsim.config.derived import capabilities, l1_cache_kib, peak_bandwidth_gb
 from archsim.engine.timing import Unbacked, blocks_per_core, buffer_addresses, shared_buffers, time_kernel
 from archsim.engine.machine import KernelTiming
 from archsim.errors import InputError, SimulationError
+from archsim.resources import check_device
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch, Program
 from archsim import stats
@@ -265,6 +266,7 @@ def micro_latency(machine, p: dict, out: MicroResult) -> float:
     _need(nbytes >= p["stride_bytes"], "--param footprint_kib", "footprint smaller than one stride",
           f">= {p['stride_bytes']} bytes")
     _need(p["half"] in ("all", "near", "far"), "--param half", f"{p['half']!r}", "all, near or far")
+    check_device(machine, nbytes, "the chase table", "--param footprint_kib", "a smaller footprint")
     keep = None
     if p["half"] != "all":
         _gpu_only(machine, "latency half=" + p["half"])

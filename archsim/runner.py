@@ -22,6 +22,7 @@ import numpy as np
 
 from archsim.config.derived import capabilities
 from archsim.errors import InputError, SimulationError
+from archsim.resources import DEFAULT_MAX_INSTRUCTIONS, check_work, check_workload
 from archsim.sample import DEFAULT_MAX_ERROR, DEFAULT_WAVES
 from archsim.stats import result as result_doc
 from archsim.stats import totals
@@ -42,6 +43,8 @@ class RunOptions:
     # placement private on a machine without private segments: an error (run), or that machine
     # runs cross and its result says so (compare, where the option is for the machines that have them)
     strict_placement: bool = True
+    # refuse a job whose simulated warp-instructions are estimated above this (resources.check_work)
+    max_instructions: int = DEFAULT_MAX_INSTRUCTIONS
 
 
 def parse_error_bound(where: str, text) -> float:
@@ -67,6 +70,9 @@ def check_options(opts: RunOptions) -> RunOptions:
                                                             "give the error estimate)")
     if not 0 < opts.max_error < 1:
         raise InputError("--sample-max-error", f"{opts.max_error!r}", "a fraction in (0, 1)")
+    if isinstance(opts.max_instructions, bool) or not isinstance(opts.max_instructions, int) \
+            or opts.max_instructions <= 0:
+        raise InputError("--max-instructions", f"{opts.max_instructions!r}", "a positive integer")
     return opts
 
 
@@ -75,6 +81,20 @@ def emit_block(machine, wl) -> list:
     from archsim.workloads.emit.block import emit_block as emit
 
     return emit(capabilities(machine), wl)
+
+
+def preflight(machine, wl, opts: RunOptions, option: str = "--max-instructions N") -> list:
+    """The block's kernels for this machine, after the checks that refuse a job before it starts:
+    its tensors fit the device (and, functional, the host), its kernels can be emitted, and the
+    warp-instructions it would simulate are estimated within ``opts.max_instructions`` (``option``
+    names what raises it)."""
+    functional = opts.mode == "functional"
+    check_workload(machine, wl, functional)
+    kernels = emit_block(machine, wl)
+    waves = opts.waves if opts.sample and not functional else None
+    check_work(machine.name, [k for k, _ in _distinct(kernels)], capabilities(machine).cores_total, waves,
+               opts.max_instructions, f"workload {wl.name}", option)
+    return kernels
 
 
 def placement_for(machine, wl, strict: bool = True) -> str:
@@ -134,7 +154,7 @@ def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None) -> 
     from archsim.sample import sampled_record
 
     t0 = time.perf_counter()
-    kernels = emit_block(machine, wl)
+    kernels = preflight(machine, wl, opts)
     groups = _distinct(kernels)
     layers = wl.model.layers
     recs = []
@@ -244,7 +264,7 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
 
     t0 = time.perf_counter()
     caps = capabilities(machine)
-    kernels = emit_block(machine, wl)
+    kernels = preflight(machine, wl, opts)
     ops = wl.block_ops()
     shapes = wl.tensor_shapes()
     specs = {}
@@ -340,7 +360,7 @@ def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> 
     return run_timing(machine, wl, opts, placement, progress)
 
 
-__all__ = ["RunOptions", "check_options", "compare_document", "emit_block", "placement_for", "run_workload",
+__all__ = ["RunOptions", "check_options", "compare_document", "emit_block", "placement_for", "preflight", "run_workload",
            "totals"]
 
 

@@ -27,6 +27,7 @@ import copy
 import hashlib
 import itertools
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -35,14 +36,17 @@ from typing import Any, Callable
 
 from archsim.errors import InputError, SimulationError
 from archsim.report import jsonfmt
+from archsim.resources import DEFAULT_MAX_INSTRUCTIONS
 from archsim.runner import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_error_bound, run_workload
 
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
 WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
-RUN_OPTIONS = ("mode", "sample", "sample_waves", "sample_max_error", "max_cycles")
-SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "overlays", "set", "vary", "description")
+RUN_OPTIONS = ("mode", "sample", "sample_waves", "sample_max_error", "max_cycles", "max_instructions")
+SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "max_points", "overlays", "set", "vary",
+             "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
+MAX_POINTS = 10_000             # choice: a larger grid is refused before it is resolved (spec key max_points)
 PARQUET_EVERY_S = 10.0          # choice: results.parquet is rewritten at most this often during a sweep
 
 
@@ -58,6 +62,7 @@ class Spec:
     overlays: list[str] = field(default_factory=list)
     sets: dict = field(default_factory=dict)       # fixed dotted machine path -> value
     vary: dict = field(default_factory=dict)       # dotted path -> list of values, spec order
+    max_points: int = MAX_POINTS          # the largest grid expand() resolves
 
 
 @dataclass
@@ -146,6 +151,13 @@ def load_spec(path: str) -> Spec:
     max_cycles = _typed(label, "max_cycles", data.get("max_cycles", 10**9), int, "a positive integer")
     if max_cycles <= 0:
         raise _err(label, "max_cycles", f"value {max_cycles} out of range", "a positive integer")
+    max_instructions = _typed(label, "max_instructions", data.get("max_instructions", DEFAULT_MAX_INSTRUCTIONS),
+                              int, "a positive integer")
+    if max_instructions <= 0:
+        raise _err(label, "max_instructions", f"value {max_instructions} out of range", "a positive integer")
+    max_points = _typed(label, "max_points", data.get("max_points", MAX_POINTS), int, "a positive integer")
+    if max_points <= 0:
+        raise _err(label, "max_points", f"value {max_points} out of range", "a positive integer")
 
     overlays = data.get("overlays", [])
     if isinstance(overlays, str):
@@ -186,7 +198,8 @@ def load_spec(path: str) -> Spec:
 
     return Spec(label=label, hw=[_beside(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
                 workload=_beside(wl, folder, builtin_workloads()), options=options,
-                run=RunOptions(mode=mode, sample=sample, waves=waves, max_error=max_error, max_cycles=max_cycles),
+                run=RunOptions(mode=mode, sample=sample, waves=waves, max_error=max_error, max_cycles=max_cycles,
+                               max_instructions=max_instructions), max_points=max_points,
                 overlays=[_beside(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
 
@@ -315,10 +328,14 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
     validated; with ``check_emit`` every distinct (capabilities, workload) is emitted once, so a
     point the kernel emitters refuse is an input error before any run."""
     from archsim.config.derived import capabilities
-    from archsim.runner import emit_block, placement_for
+    from archsim.runner import placement_for, preflight
 
-    res = _Resolver(spec)
     keys = list(spec.vary)
+    npoints = len(spec.hw) * math.prod(len(spec.vary[k]) for k in keys)
+    if npoints > spec.max_points:
+        raise _err(spec.label, "vary", f"the grid has {npoints:,} points, more than max_points {spec.max_points:,}",
+                   "fewer values, or max_points: N in the spec to raise the limit")
+    res = _Resolver(spec)
     combos = list(itertools.product(*(spec.vary[k] for k in keys))) if keys else [()]
     points: list[Point] = []
     emitted: set = set()
@@ -328,11 +345,11 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
             m = res.machine(h, hl, values)
             wl = res.workload(values)
             if check_emit:
-                ek = (capabilities(m), wl)
+                ek = (capabilities(m), m.dram.capacity_gib, wl)
                 if ek not in emitted:
                     try:
                         placement_for(m, wl)   # private placement on a machine without segments
-                        emit_block(m, wl)
+                        preflight(m, wl, spec.run, "max_instructions: N in the spec")
                     except InputError as e:
                         where = "hw" if e.where.startswith("--hw") else (
                             "vary point {" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + "}"
@@ -607,7 +624,7 @@ def run_sweep(spec: Spec, out: Path, workers: int = 1, scheduler: str | None = N
     try:
         for key, p in todo.items():
             ex.submit({"key": key, "machine": p.machine.model_dump(mode="json"),
-                       "workload": p.workload.model_dump(mode="json"), "options": _options_dict(spec.run)})
+                       "workload": p.workload.model_dump(mode="json"), "options": dict(_options_dict(spec.run), max_instructions=spec.run.max_instructions)})
         if progress:
             progress(0, len(todo))
         for task, doc in ex.results():

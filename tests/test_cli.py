@@ -226,3 +226,122 @@ def test_sizes_no_host_holds_and_non_finite_numbers_are_one_line(capsys, tmp_pat
     code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1",
                        "--set", "l2.size_kib=1073741824")
     assert code == 2 and "host memory" in one_line_error(err)
+
+
+def test_jobs_beyond_the_device_host_or_work_limit_are_refused_before_they_start(capsys, tmp_path, monkeypatch):
+    """issue 20, item 5: a workload whose tensors do not fit the machine's DRAM, a micro footprint
+    beyond it, .arg buffers beyond it, and a job above --max-instructions are one line naming both
+    sizes (or the estimate and the option), before any kernel is emitted or simulated."""
+    import archsim.engine.timing
+
+    def boom(*a, **k):
+        raise AssertionError("simulated a job that should have been refused")
+
+    monkeypatch.setattr(archsim.engine.timing, "time_kernel", boom)
+    for extra in (["--seq", "10000000"], ["--batch", "100000"], ["--mode", "functional", "--seq", "1000000"]):
+        code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", *extra)
+        line = one_line_error(err)
+        assert code == 2 and "of DRAM tiny-gpu has" in line and "GiB" in line, (extra, line)
+    code, _, err = cli(capsys, "compare", "--hw", "a100", "--hw", "tiny-gpu", "--workload", "gpt2-small",
+                       "--batch", "1000")
+    assert code == 2 and "tiny-gpu" in one_line_error(err)
+    code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--max-instructions", "10")
+    line = one_line_error(err)
+    assert code == 2 and "--max-instructions" in line and "warp-instructions" in line
+    code, _, err = cli(capsys, "micro", "latency", "--hw", "tiny-gpu", "--param", "footprint_kib=4194304")
+    assert code == 2 and "4 GiB, more than the 1 GiB of DRAM" in one_line_error(err)
+    big = tmp_path / "big.s"
+    big.write_text(".kernel big\n.param out\n.launch grid=1 block=32\n.arg out f32[100000000000] unbacked\n"
+                   "        exit\n")
+    for extra in ([], ["--timing"]):
+        code, _, err = cli(capsys, "asm", str(big), "--hw", "tiny-gpu", *extra)
+        assert code == 2 and ".arg" in one_line_error(err), (extra, err)
+
+
+def test_a_functional_loop_stops_at_max_instructions(capsys, tmp_path):
+    loop = tmp_path / "loop.s"
+    loop.write_text(".kernel spin\n.launch grid=1 block=32\nTOP:    bra TOP\n")
+    for engine in ("numba", "reference"):
+        code, _, err = cli(capsys, "asm", str(loop), "--hw", "tiny-gpu", "--engine", engine, "--max-instructions",
+                           "5000")
+        assert code == 3 and "more than 5000 warp-instructions" in err and "--max-instructions" in err, err
+    code, _, err = cli(capsys, "asm", str(loop), "--hw", "tiny-gpu", "--max-instructions", "0")
+    assert code == 2 and "--max-instructions" in one_line_error(err)
+
+
+def test_an_interrupted_run_leaves_no_half_written_output(capsys, tmp_path, monkeypatch):
+    """issue 20: Ctrl-C during the simulation writes nothing; during the plots, result.json is
+    whole (written beside its place and renamed) and no temporary file stays behind."""
+    import archsim.runner
+    import archsim.report.plots
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    out = tmp_path / "o"
+    with monkeypatch.context() as m:
+        m.setattr(archsim.runner, "run_timing", interrupted)
+        code, _, _ = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1", "--out", str(out))
+    assert code == 130 and not (out / "result.json").exists()
+    real = archsim.report.plots.write_plots
+
+    def half(doc, where, kernel=None):
+        real(doc, where, kernel)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(archsim.report.plots, "write_plots", half)
+    code, _, _ = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1", "--out", str(out))
+    assert code == 130
+    assert json.loads((out / "result.json").read_text())["complete"] is True
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_an_interrupt_reaches_python_within_a_long_kernel():
+    """The timing loop returns to Python every SLICE_CYCLES cycles: a KeyboardInterrupt raised by a
+    signal handler stops a kernel that would run for millions of cycles."""
+    import signal
+    import time
+
+    from archsim.config import load_machine
+    from archsim.micro import run_micro
+
+    machine = load_machine("tiny-gpu")
+    run_micro("latency", machine, {"footprint_kib": 4, "loads": 8})      # compiled before the clock starts
+
+    def ctrl_c(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGALRM, ctrl_c)
+    t0 = time.perf_counter()
+    signal.setitimer(signal.ITIMER_REAL, 0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_micro("latency", machine, {"footprint_kib": 4, "loads": 10**9, "warmup": 0})
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.perf_counter() - t0 < 20
+
+
+def test_an_anchor_bomb_is_one_line_at_once(capsys, tmp_path):
+    """issue 20, item 3: aliases that expand a few lines into 10^8 values are refused before any
+    value is checked (the message once printed the whole expanded list)."""
+    rows = ['a0: &a0 ["x","x","x","x","x","x","x","x","x","x"]']
+    rows += [f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 8)]
+    for name, tail in (("hw.yaml", "cores: {per_group: *a7}"), ("wl.yaml", "model: *a7")):
+        (tmp_path / name).write_text("\n".join(rows + [tail]) + "\n")
+    for argv in (["run", "--hw", "tiny-gpu", "--workload", "tiny", "--overlay", str(tmp_path / "hw.yaml")],
+                 ["run", "--hw", "tiny-gpu", "--workload", str(tmp_path / "wl.yaml")],
+                 ["show-config", str(tmp_path / "hw.yaml")]):
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and "more than 1,000,000 values" in one_line_error(err), argv
+
+
+def test_a_control_character_in_yaml_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "ctl.yaml"
+    bad.write_text("name: x\x07y\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("hw: tiny-gpu\nworkload: tiny\n\x01\n")
+    for argv in (["run", "--hw", str(bad), "--workload", "tiny"], ["sweep", str(spec), "--out", str(tmp_path / "o")]):
+        code, _, err = cli(capsys, *argv)
+        assert code == 2 and "#x000" in one_line_error(err), argv

@@ -70,7 +70,8 @@ def test_deadlock_when_a_warp_exits_before_the_barrier():
 
 def test_instruction_limit_stops_endless_loops():
     e = fails(".kernel k\nL:  bra L\n", max_instructions=1000)
-    assert e.line() == "k.s:2: block 0 warp 0 lane 0: more than 1000 warp-instructions: stopped (a loop that never ends?)"
+    assert e.line() == "k.s:2: block 0 warp 0 lane 0: more than 1000 warp-instructions: stopped (a loop that " \
+        "never ends? `asm --max-instructions N` raises the limit)"
 
 
 def test_nested_divergence_reconverges_for_shuffles():

@@ -285,7 +285,8 @@ BAD = [
     # fp32 blocks at head_dim 128 do not fit tiny-sunway's 64 KiB LDM
     ({"hw": "tiny-sunway", "phase": "train", "dtype": "fp32",
       "vary": {"workload.head_dim": [128], "workload.hidden": [256]}},
-     "vary point {workload.head_dim=128, workload.hidden=256}: attention backward on tiny-sunway: head_dim 128 "
+     "vary point {workload.head_dim=128, workload.hidden=256}: workload tiny, op attn.grad (attention_grad): "
+     "attention backward on tiny-sunway: head_dim 128 "
      "fp32 (dK, dV kernel): no block fits the 65536 B LDM of a CPE"),
 ]
 
@@ -307,3 +308,25 @@ def test_bad_command_lines(tmp_path, capsys):
     assert code == 2 and one_line_error(err).startswith("archsim: error: --workers: 0 is not a worker count")
     code, _, err = cli(capsys, "sweep", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "o"))
     assert code == 2 and "sweep spec not found" in one_line_error(err)
+
+
+def test_a_grid_beyond_max_points_is_refused_before_it_is_resolved(tmp_path, capsys, monkeypatch):
+    """issue 20, item 5: a million-point grid took minutes and 2.5 GB resolving, then wrote nothing."""
+    monkeypatch.setattr(S, "_Resolver", lambda *a: pytest.fail("resolved a grid beyond max_points"))
+    spec = spec_file(tmp_path, vary={"dram.channel_gbps": list(range(1, 1001)), "clock_ghz": list(range(1, 1001))})
+    code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    assert code == 2 and "1,000,000 points, more than max_points 10,000" in one_line_error(err)
+    spec = spec_file(tmp_path, "small.yaml", max_points=1, vary={"dram.channel_gbps": [16, 64]})
+    code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    assert code == 2 and "more than max_points 1" in one_line_error(err)
+
+
+def test_a_point_beyond_the_device_or_the_instruction_limit_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(S, "run_workload", lambda *a, **k: pytest.fail("a run started"))
+    spec = spec_file(tmp_path, seq=None, vary={"workload.seq": [5, 10000000]})
+    code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    line = one_line_error(err)
+    assert code == 2 and "workload.seq=10000000" in line and "of DRAM tiny-gpu has" in line
+    spec = spec_file(tmp_path, "b.yaml", max_instructions=10)
+    code, _, err = cli(capsys, "sweep", str(spec), "--out", str(tmp_path / "o"))
+    assert code == 2 and "max_instructions: N in the spec" in one_line_error(err)

@@ -26,7 +26,8 @@ FAULT_TEXT = {
     X.F_STACK: "SIMT reconvergence stack overflow (depth {addr}; divergence nested too deeply)",
     X.F_WARP_WIDTH: "needs a warp width of 32, the target has {addr}",
     X.F_BAD_OP: "opcode {addr} has no functional semantics for its dtype",
-    X.F_LIMIT: "more than {addr} warp-instructions: stopped (a loop that never ends?)",
+    X.F_LIMIT: "more than {addr} warp-instructions: stopped (a loop that never ends? `asm --max-instructions N` "
+               "raises the limit)",
     X.F_RMA_GROUP: "RMA to block {addr}, which runs in another core group (RMA reaches the CPEs of the issuer's "
                    "core group only)",
     X.F_BCAST: "DMA broadcast operands differ from those core {addr} gave for the same line (every participant "
@@ -193,13 +194,21 @@ def _deadlock_text(S, prog: Program, w: int) -> str:
     return f"deadlock: block {b} warp {w - b * wpb} waits at {kind} forever{others}"
 
 
+MAX_INSTRUCTIONS = 200_000_000   # the numba engine's default limit (a loop that never ends stops there)
+
+
 def run_functional(prog: Program, args: dict, launch: Launch | None = None, *, warp_width: int = 32,
-                   ncores: int = 1, engine: str = "numba", max_instructions: int = 200_000_000) -> FunctionalResult:
-    """Run a kernel on real values. ``args``: parameter name -> numpy array (buffer) or int."""
+                   ncores: int = 1, engine: str = "numba", max_instructions: int | None = None) -> FunctionalResult:
+    """Run a kernel on real values. ``args``: parameter name -> numpy array (buffer) or int.
+    ``max_instructions``: stop after that many warp-instructions (default: the engine's own
+    limit, MAX_INSTRUCTIONS; the reference engine's is lower)."""
     if engine == "reference":
         from archsim.engine.reference import run_reference
 
-        return run_reference(prog, args, launch, warp_width=warp_width, ncores=ncores)
+        more = {} if max_instructions is None else {"max_instructions": max_instructions}
+        return run_reference(prog, args, launch, warp_width=warp_width, ncores=ncores, **more)
+    if max_instructions is None:
+        max_instructions = MAX_INSTRUCTIONS
     if engine != "numba":
         raise ValueError(f"unknown engine {engine!r}")
     launch = resolve_launch(prog, launch)

@@ -349,7 +349,8 @@ class _Machine:
         ins = self.code[pc]
         if self.total >= self.max_instructions:
             raise self.error(pc, f"block {w.block} warp {w.widx}: more than {self.max_instructions} "
-                                 f"warp-instructions (raise max_instructions)")
+                                 "warp-instructions: stopped (a loop that never ends? `asm --max-instructions N` "
+                                 "raises the limit; this slow engine's default is low, --engine numba's 2e8)")
         self.total += 1
         clock = w.issued
         w.issued += 1

@@ -22,6 +22,7 @@ from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
 from archsim.engine.launch import ALIGN, GLOBAL_BASE
 from archsim.errors import InputError, SimulationError
+from archsim.resources import check_device
 from archsim.isa.check import check
 from archsim.isa.opcodes import tables
 from archsim.isa.program import Launch, Program
@@ -56,12 +57,13 @@ def shared_buffers(machine, sizes) -> list:
     return out
 
 
-def _place(prog: Program, args: dict, base: int | None = None):
+def _place(prog: Program, args: dict, base: int | None = None, machine=None):
     """Lay buffers out as the functional runs do, from global address ``base`` (default
     GLOBAL_BASE, a multiple of ALIGN): in parameter order, ALIGN-aligned; an ``Unbacked(n, at=A)``
     sits at A instead and the others are laid out around it. Backed buffers (numpy arrays) get
     real bytes: the memory image covers [base, end of the last backed buffer); unbacked ones are
-    address space up to the highest end. Buffers must not overlap."""
+    address space up to the highest end. Buffers must not overlap, and (given ``machine``) must
+    end within its DRAM capacity."""
     base = GLOBAL_BASE if base is None else int(base)
     if base < GLOBAL_BASE or base % ALIGN:
         raise InputError("buffer placement", f"layout base {base:#x}",
@@ -104,6 +106,9 @@ def _place(prog: Program, args: dict, base: int | None = None):
         if a1 < e0:
             raise InputError(f"argument {n1}", f"at {a1:#x} it overlaps buffer {n0} [{a0:#x}, {e0:#x})",
                              "non-overlapping buffers (move its Unbacked(at=...))")
+    if machine is not None:   # before the image is allocated
+        check_device(machine, sum(e - a for a, e, _ in spans), f"the buffers of kernel {prog.name}",
+                     f"kernel {prog.name}", "smaller buffers (sizes, footprint, batch or seq)")
     gsize = backed_end - base
     g = np.zeros((gsize + 15) // 16 * 16 + 16, np.uint8)
     for a, raw in images:
@@ -124,7 +129,7 @@ def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scrat
     backed buffers, state)."""
     cores = machine.groups * machine.cores.per_group
     NW = cores * (machine.cores.warp_slots if slots is None else slots)
-    params, g, gsize, vsize, placed = _place(prog, args, base)
+    params, g, gsize, vsize, placed = _place(prog, args, base, machine)
     zeros = np.zeros(NW, np.int32)
     S = build_fstate(NW=NW, nregs=prog.nregs, W=machine.cores.warp_width, g=g, gsize=gsize, vsize=vsize,
                         smem_rows=scratch_rows, shared=int(prog.shared_bytes), params=params, launch=launch,
