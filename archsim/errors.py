@@ -13,6 +13,9 @@ QUOTE_CAP = 300  # characters of a message's where / what parts; a huge bad valu
 
 
 def _cap(text: str) -> str:
+    """One line (a multi-line library message is joined) of at most about QUOTE_CAP characters."""
+    if "\n" in text or "\r" in text:
+        text = " ".join(text.split())
     return text if len(text) <= QUOTE_CAP else f"{text[:QUOTE_CAP - 40]}... ({len(text):,} characters)"
 
 
@@ -28,7 +31,7 @@ class InputError(ArchsimError):
     def __init__(self, where: str, what: str, allowed: str = ""):
         self.where = _cap(str(where))
         self.what = _cap(str(what))
-        self.allowed = str(allowed)
+        self.allowed = " ".join(str(allowed).split()) if "\n" in str(allowed) else str(allowed)
         super().__init__(self.line())
 
     def line(self) -> str:

@@ -183,6 +183,10 @@ def _read_doc(path: Path) -> dict:
     where = str(path)
     try:
         doc = load_yaml_text(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise InputError(where, f"cannot read file: {e.strerror or e}", "a readable YAML reference file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(where, f"not UTF-8 text (byte {e.start})", "a YAML reference file") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None)

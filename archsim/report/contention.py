@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from archsim.report.files import save_figure
+
 MAX_ROWS = 96          # fabric links shown one per row up to this many
 RUNS_PER_KIND = 12     # else: rows per kind of link
 MAX_SLICE_ROWS = 40    # L2 slices shown one per row up to this many, else in runs
@@ -213,7 +215,7 @@ def plot_contention(result: dict, path: Path) -> Path:
     w = result.get("workload", {})
     fig.suptitle(f"memory contention: {w.get('name', '')} {w.get('phase', '')} on {m['name']}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))  # room for the title
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -381,6 +383,6 @@ def plot_topology(result: dict, path: Path, kernel: str | None = None) -> Path:
              "bright 32 or more)")
     ax.set_title("\n".join(textwrap.wrap(title, 110)), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path

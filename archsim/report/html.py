@@ -8,6 +8,7 @@ import base64
 import html
 from pathlib import Path
 
+from archsim.report.files import write_text
 from archsim.report.roofline import kernel_bound
 from archsim.report.tables import top_stall
 
@@ -84,5 +85,5 @@ def write_report(doc: dict, results: list[dict], images: list[Path], missing: li
         else:
             parts.append(_img(imgs[0][1]))
     parts.append("</body></html>")
-    path.write_text("\n".join(parts), encoding="utf-8")
+    write_text(path, "\n".join(parts))
     return path

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from archsim.report.files import save_figure
+
 STALL_COLORS = {"issued": "#2ca02c", "not_selected": "#98df8a", "wait": "#ffbb78", "long_scoreboard": "#d62728",
                 "short_scoreboard": "#ff9896", "pipe_busy": "#1f77b4", "barrier": "#9467bd", "dma_wait": "#8c564b",
                 "idle": "#c7c7c7"}
@@ -54,7 +56,7 @@ def plot_kernels(result: dict, path: Path) -> Path:
     w = result.get("workload", {})
     fig.suptitle(f"{w.get('name', '')} {w.get('phase', '')} on {result['machine']['name']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -84,7 +86,7 @@ def plot_timeline(result: dict, path: Path) -> Path:
     if len(result["kernels"]) <= 16:
         axs[1].legend(fontsize=7, ncol=4)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -122,7 +124,7 @@ def plot_compare(results: list[dict], path: Path) -> Path:
     w = results[0].get("workload", {})
     ax.set_title(f"{w.get('name', '')} {w.get('phase', '')} (batch {w.get('batch', '-')}, seq {w.get('seq', '-')})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
@@ -220,7 +222,7 @@ def plot_sweep(rows: list[dict], vary: dict, path: Path, title: str = "") -> Pat
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 

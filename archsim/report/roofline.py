@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from archsim.report.files import save_figure
+
 LABELLED = 8  # kernels named on a panel (the ones with the most time); the rest are unnamed points
 
 
@@ -123,6 +125,6 @@ def plot_roofline(results: list[dict], path: Path) -> Path:
     w = results[0].get("workload", {})
     fig.suptitle(f"roofline: {w.get('name', '')} {w.get('phase', '')}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path)
     plt.close(fig)
     return path

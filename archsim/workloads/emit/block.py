@@ -418,7 +418,10 @@ def emit_block(caps, wl) -> list[Kernel]:
         if fn is None:
             raise InputError(f"op {op.name}", f"no emitter for op kind {op.kind!r}",
                              "one of: " + ", ".join(sorted(EMITTERS)))
-        out.extend(fn(op, ctx))
+        try:
+            out.extend(fn(op, ctx))
+        except InputError as e:   # name the workload and op whose shape the kernel refuses
+            raise InputError(f"workload {wl.name}, op {op.name} ({op.kind}): {e.where}", e.what, e.allowed) from None
     return out
 
 
