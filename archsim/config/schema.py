@@ -97,6 +97,11 @@ FMap = Annotated[dict[K, V], AfterValidator(FrozenDict)]
 MAX_INT = 2 ** 53
 PosInt = Annotated[int, Field(strict=True, gt=0, le=MAX_INT)]
 NonNegInt = Annotated[int, Field(strict=True, ge=0, le=MAX_INT)]
+# choice: a latency or cost in cycles stays below 2^31 (a second at 2 GHz, past any pipe or link;
+# the engine keeps latencies in int32 tables)
+MAX_CYCLES = 2 ** 31 - 1
+PosCycles = Annotated[int, Field(strict=True, gt=0, le=MAX_CYCLES)]
+NonNegCycles = Annotated[int, Field(strict=True, ge=0, le=MAX_CYCLES)]
 PosFloat = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 Bool = Annotated[bool, Field(strict=True)]
@@ -164,8 +169,8 @@ class RegisterFile(Frozen):
 class Pipe(Frozen):
     serves: Annotated[tuple[UnitClass, ...], Field(min_length=1)]
     lanes_per_cycle: Annotated[FMap[PipeDtype, PosFloat], Field(min_length=1)]  # per sub-core
-    latency_cycles: PosInt          # issue -> result for a dependent instruction
-    latency_overrides_cycles: FMap[LatencyKey, PosInt] = Field(default_factory=FrozenDict)
+    latency_cycles: PosCycles          # issue -> result for a dependent instruction
+    latency_overrides_cycles: FMap[LatencyKey, PosCycles] = Field(default_factory=FrozenDict)
 
     @model_validator(mode="after")
     def _check(self):
@@ -182,7 +187,7 @@ class Tensor(Frozen):
     units_per_core: PosInt                       # tensor units per core (A100: one per sub-core)
     mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
     mac_steps_per_cycle: Annotated[FMap[TensorDtype, PosFloat], Field(min_length=1)]  # per unit
-    latency_cycles: PosInt                       # pipeline fill/drain after the last step
+    latency_cycles: PosCycles                       # pipeline fill/drain after the last step
 
 
 class Scratchpad(Frozen):
@@ -190,7 +195,7 @@ class Scratchpad(Frozen):
     size_kib: NonNegInt             # shared memory per SM (the carveout) | LDM per CPE
     banks: PosInt
     bank_width_bytes: PosInt        # banks x bank_width_bytes = bytes per cycle per core
-    latency_cycles: PosInt          # unloaded load-to-use
+    latency_cycles: PosCycles          # unloaded load-to-use
     carved_from_l1: Bool = False    # shared memory takes size_kib of the unified l1 array
     carveouts_kib: Optional[tuple[NonNegInt, ...]] = None   # allowed size_kib values
     # fixed: every kernel gets size_kib; per_kernel: a kernel gets the smallest allowed carveout
@@ -245,7 +250,7 @@ class L1(Frozen):
     sector_bytes: PosInt
     assoc: PosInt
     mshrs: PosInt                   # outstanding sector misses per core
-    hit_latency_cycles: PosInt
+    hit_latency_cycles: PosCycles
     bytes_per_cycle: PosInt         # per core
 
     @model_validator(mode="after")
@@ -276,8 +281,8 @@ class Dma(Frozen):
     piece_bytes: PosInt             # requests are split into aligned pieces of this size
     max_inflight: PosInt            # pieces in flight per engine
     max_inflight_per_transfer: Optional[PosInt] = None  # pieces one transfer (descriptor) may have in flight; None: only the engine limit
-    get_startup_cycles: NonNegInt   # engine-side fixed cost of a get (the memory path adds its own)
-    put_startup_cycles: NonNegInt
+    get_startup_cycles: NonNegCycles   # engine-side fixed cost of a get (the memory path adds its own)
+    put_startup_cycles: NonNegCycles
     bytes_per_cycle: PosFloat       # per engine
     broadcast_modes: tuple[Literal["row", "column", "array"], ...] = ()
 
@@ -286,13 +291,13 @@ class Rma(Frozen):
     """Remote LDM access between CPEs of one core group over the mesh."""
 
     engines_per_cluster: PosInt
-    latency_cycles: PosInt          # a small transfer within one cluster (published figure; the model's comes
+    latency_cycles: PosCycles          # a small transfer within one cluster (published figure; the model's comes
                                     # out of startup_cycles + the mesh)
-    hop_cycles: NonNegInt           # added per cluster hop in x or y (published figure)
+    hop_cycles: NonNegCycles           # added per cluster hop in x or y (published figure)
     bytes_per_cycle: PosFloat       # point to point: the engine's port (fixed point, never exceeded)
     # the timing model (archsim/engine/rma.py); optional so older files keep loading
-    startup_cycles: Optional[NonNegInt] = None        # engine-side fixed cost of a transfer (default latency_cycles)
-    router_latency_cycles: Optional[PosInt] = None    # CPE-mesh router traversal (default max(1, hop_cycles // 2):
+    startup_cycles: Optional[NonNegCycles] = None        # engine-side fixed cost of a transfer (default latency_cycles)
+    router_latency_cycles: Optional[PosCycles] = None    # CPE-mesh router traversal (default max(1, hop_cycles // 2):
                                                       # a transfer crosses each router twice, out and back)
     link_bytes_per_cycle: PosInt = 32                 # CPE-mesh link width = flit (choice: not published)
     piece_bytes: PosInt = 128                         # a transfer is split into pieces of at most this size
@@ -338,8 +343,8 @@ class Mpe(Frozen):
     # configs/sw26010pro.yaml)
     attach_cluster: tuple[NonNegInt, NonNegInt] = (0, 0)  # (cluster row, cluster col) of the mesh router of the MPE's port
     launch_message_bytes: PosInt = 32                    # launch payload (entry, arguments, CPE id); the mesh header is extra
-    spawn_cycles_per_cpe: PosInt = 8                     # MPE cycles to issue one CPE's launch message
-    join_cycles_per_cpe: PosInt = 4                      # MPE cycles to take one CPE's completion
+    spawn_cycles_per_cpe: PosCycles = 8                     # MPE cycles to issue one CPE's launch message
+    join_cycles_per_cpe: PosCycles = 4                      # MPE cycles to take one CPE's completion
 
     @model_validator(mode="after")
     def _check(self):
@@ -351,7 +356,7 @@ class Fabric(Frozen):
     kind: Literal["crossbar", "ring", "mesh"]
     link_bytes_per_cycle: PosInt    # per link per direction, fabric clock (= flit size)
     buffer_depth: PosInt            # flits (credits) per input buffer
-    router_latency_cycles: PosInt   # per router / ring stop traversal, fabric clock
+    router_latency_cycles: PosCycles   # per router / ring stop traversal, fabric clock
     bidirectional: Bool = True      # ring: links in both directions
     port_bytes_per_cycle: Optional[PosInt] = None  # ring: a stop's local ports (its core group / controller); None: the links arriving at it (2 x link width when bidirectional)
     # Packets behind a router input port's head that the port may send instead when the head
@@ -369,9 +374,9 @@ class L2(Frozen):
     sector_bytes: PosInt
     assoc: PosInt
     mshrs: PosInt                   # per slice
-    hit_latency_cycles: PosInt      # slice tag + data pipeline (the fabric adds its own)
+    hit_latency_cycles: PosCycles      # slice tag + data pipeline (the fabric adds its own)
     bytes_per_cycle: PosInt         # per slice, fabric clock
-    far_half_extra_cycles: NonNegInt  # added when the data lives in the other half
+    far_half_extra_cycles: NonNegCycles  # added when the data lives in the other half
     # Which slice of its half an address goes to: consecutive (interleave granules round-robin
     # over the half's slices) or hashed (the granule index within each group of slices-per-half
     # granules is permuted by an XOR fold of the higher address bits, so large or power-of-two
@@ -435,7 +440,7 @@ class MemoryControllers(Frozen):
     # Controller front end between the L2 miss queue and the DRAM scheduler queue (request decode,
     # address mapping, PHY): a pipeline of this many fabric cycles that never limits throughput.
     # 0: none.
-    frontend_latency_cycles: NonNegInt = 0
+    frontend_latency_cycles: NonNegCycles = 0
 
 
 class DramTiming(Frozen):

@@ -16,6 +16,7 @@ never after a jump.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,26 +86,36 @@ def _tl_sample(TL, tlk, TS, MS):
     return True
 
 
-# cycles one call into the jitted loop runs before it returns to Python, which then goes on where
-# it stopped: a Ctrl-C (KeyboardInterrupt) is seen between slices, and the results are the same
-# as one call's (the loop's state lives in the state tuples; test_engine_slices)
-SLICE_CYCLES = 1 << 16
+# The jitted loop returns to Python after a slice of cycles, and run_loop goes on where it stopped:
+# a Ctrl-C (KeyboardInterrupt) or an alarm is seen between slices, and the results are the same as
+# one call's whatever the slices (the loop's state lives in the state tuples; test_engine_slices).
+# A slice starts at SLICE_CYCLES and is resized to last about SLICE_SECONDS of wall time (a
+# machine of many cores or a busy memory system makes each cycle dearer).
+SLICE_CYCLES = 1 << 12
+SLICE_SECONDS = 0.25
 
 
 def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycles: int | None = None):
     """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
     [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The loop
-    runs in slices of ``slice_cycles`` (default SLICE_CYCLES) and goes on where each stopped."""
+    runs in slices (``slice_cycles`` fixed, else sized by wall time from SLICE_CYCLES) and goes
+    on where each stopped."""
     step_out = np.zeros(4, np.int64)
     limit = int(max_cycles)
-    step = max(int(SLICE_CYCLES if slice_cycles is None else slice_cycles), 1)
+    fixed = slice_cycles is not None
+    step = max(int(slice_cycles if fixed else SLICE_CYCLES), 1)
     now = 0
     while True:
+        t0 = time.perf_counter()
         _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, np.int64(min(limit, now + step)), skip, out, step_out,
                    np.int64(now))
-        now = int(out[1])
-        if out[0] != CYCLE_LIMIT or now >= limit:
+        if out[0] != CYCLE_LIMIT or int(out[1]) >= limit:
             return
+        ran = int(out[1]) - now
+        now = int(out[1])
+        if not fixed and ran > 0:
+            dt = max(time.perf_counter() - t0, 1e-6)
+            step = int(min(max(ran * SLICE_SECONDS / dt, 1), 4 * step, 1 << 30))
 
 
 @njit(nrt=True)  # allocates the scheduler's scratch
