@@ -800,6 +800,10 @@ def main(argv=None) -> int:
         print(f"archsim: error: host memory: the simulation needs more than this host has ({e}) (smaller "
               "machine sizes, shapes or footprints)", file=sys.stderr)
         return 2
+    except OverflowError as e:  # a number the schema accepts beyond the engine's integer state (clock ratios near 2^53)
+        print(f"archsim: error: machine: a number too large for the simulator's state ({e}) (smaller clock, "
+              "size or latency values)", file=sys.stderr)
+        return 2
     except RecursionError:  # an input nested so deep that processing it (past parsing) recursed too far
         print("archsim: error: input: nested too deeply to process (a YAML file, overlay, --set value or "
               "spec hundreds of levels deep; flatten it)", file=sys.stderr)

@@ -152,7 +152,10 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
         raise ValueError(f"replacement {replacement}: one of REPL_LRU={REPL_LRU}, REPL_FIFO={REPL_FIFO}")
     sets = size_bytes // (line_bytes * assoc)
     if sets >= 1 << 31:
-        raise ValueError(f"{sets} sets: at most 2^31 are supported")
+        from archsim.errors import InputError
+
+        raise InputError("cache size", f"a cache of {size_bytes:,} bytes has {sets:,} sets",
+                         "size_kib / (line_bytes x assoc) below 2^31 sets")
     if mshr_sectors is None:
         mshr_sectors = mshrs * nsect
     if int(mshr_sectors) <= 0:

@@ -26,9 +26,16 @@ class Queues(NamedTuple):
 
 
 def make_queues(caps) -> Queues:
-    caps = np.asarray(caps, np.int32).ravel()
-    if caps.size == 0 or caps.min() <= 0:
-        raise ValueError("queue capacities must be positive")
+    wide = np.asarray(caps, np.int64).ravel()
+    if wide.size == 0 or wide.min() <= 0 or wide.max() >= 1 << 31:
+        from archsim.errors import InputError
+
+        # a capacity the machine's numbers make non-positive or beyond 32 bits (a buffer depth
+        # or latency near 2^31 overflows the int32 sizing before it gets here)
+        raise InputError("machine", "a queue capacity from its buffer depths, latencies or queue depths is "
+                         f"out of range ({int(wide.min()) if wide.size else 0:,} .. {int(wide.max()) if wide.size else 0:,} "
+                         "entries)", "buffer depths, latencies and queue depths that keep every queue below 2^31 entries")
+    caps = wide.astype(np.int32)
     return Queues(buf=np.full((caps.size, int(caps.max())), -1, np.int32), head=np.zeros(caps.size, np.int32),
                   count=np.zeros(caps.size, np.int32), cap=caps.copy())
 
