@@ -28,7 +28,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, Callable
 
 from archsim.errors import InputError, SimulationError
 from archsim.report import jsonfmt
+from archsim.report.files import write_atomic, write_text
 from archsim.resources import DEFAULT_MAX_INSTRUCTIONS
 from archsim.runner import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_error_bound, run_workload
 
@@ -413,9 +413,7 @@ def finished(doc: dict | None) -> bool:
 
 # ----------------------------------------------------------------------------- the results store
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(jsonfmt.dumps(obj) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, jsonfmt.dumps(obj) + "\n")
 
 
 def read_run(path: Path) -> dict | None:
@@ -463,9 +461,8 @@ def _frame(rows: list[dict]):
 
 def write_results(out: Path, rows: list[dict]) -> Path:
     path = out / "results.parquet"
-    tmp = out / f".results.parquet.{os.getpid()}.tmp"
-    _frame(rows).to_parquet(tmp, index=False, engine="pyarrow")
-    os.replace(tmp, path)
+    frame = _frame(rows)
+    write_atomic(path, lambda p: frame.to_parquet(p, index=False, engine="pyarrow"))
     return path
 
 
