@@ -163,7 +163,8 @@ def _options(**options):
 
 def run(machine, workload, **options) -> Result:
     """Simulate one decoder block's kernels (times `layers`) of `workload` on `machine`. Options as
-    archsim.runner.RunOptions: mode, sample, waves, max_error, max_cycles, seed, trace."""
+    archsim.runner.RunOptions: mode, sample, waves, max_error, max_cycles, seed, trace, workers
+    (processes the distinct kernels are timed on; default 1)."""
     from archsim.runner import run_workload
 
     t0 = time.perf_counter()
@@ -174,8 +175,12 @@ def run(machine, workload, **options) -> Result:
 
 def compare(machines: Sequence, workload, **options) -> Comparison:
     """`run` on each machine (a machine without private segments runs a private placement cross)."""
-    from archsim.runner import compare_document, run_workload
+    from archsim.runner import compare_document, run_many
 
     opts = _options(**options)
     opts.strict_placement = False
-    return Comparison(compare_document([run_workload(m, workload, opts) for m in machines]))
+    results = run_many(list(machines), workload, opts)
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
+    return Comparison(compare_document(results))

@@ -51,6 +51,19 @@ def _add_machine_options(p: argparse.ArgumentParser) -> None:
                    help="apply an overlay YAML (path or built-in name), repeatable")
 
 
+def _add_cache_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--cache", metavar="DIR", help="the kernel timing cache (default: $ARCHSIM_CACHE_DIR, else "
+                                                  "~/.cache/archsim/kernels): identical launches are simulated once")
+    g.add_argument("--no-cache", action="store_true", help="simulate every launch, reading and writing no cache")
+
+
+def _add_workers_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", type=int, metavar="N", help="processes the distinct kernels are timed on (default: "
+                                                            "the cores available; 1: this process); results are "
+                                                            "identical")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="archsim", description="archsim: a cycle-level accelerator architecture simulator")
     parser.add_argument("--version", action="version", version=f"archsim {__version__}")
@@ -77,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", action="store_true",
                    help="with --timing: time a launch of many waves from a few of them, extrapolated, as "
                         "`archsim run` does (default: every block)")
+    _add_cache_options(p)
 
     p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
     p.add_argument("hw", metavar="HW", help="a YAML path or a built-in name")
@@ -95,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop a launch after N core cycles (exit 3, partial result)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.micro/1 result")
     p.add_argument("--out", metavar="DIR", help="write micro.json, the plots (PNG) and report.html there")
+    _add_cache_options(p)
+    _add_workers_option(p)
 
     p = sub.add_parser("validate", help="simulated vs published figures (configs/reference/<machine>.yaml)")
     _add_machine_options(p)
@@ -104,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="simulated against measured, log-log (default validate.png; 'none' writes no plot)")
     p.add_argument("--curve", metavar="TEXT", action="append",
                    help="run only the curves whose name contains TEXT (no rows), repeatable")
+    _add_cache_options(p)
 
     for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
                            ("compare", "the same workload on several machines, kernel by kernel")):
@@ -146,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", metavar="DIR", help="write result.json and plots (PNG) there")
         p.add_argument("--trace", action="store_true", help="with --out: also trace.json (Perfetto / Chrome trace)")
         p.add_argument("--json", metavar="FILE", help="write the result JSON")
+        _add_cache_options(p)
+        _add_workers_option(p)
 
     p = sub.add_parser("sweep", help="a grid of runs from a spec (hw, workload, vary: dotted paths -> lists) on a "
                                      "process pool or a Dask cluster; results.parquet and runs/<key>.json")
@@ -154,6 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                                "finished keys there are skipped")
     p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default 1: in this process)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (dask.distributed)")
+    _add_cache_options(p)
+
+    p = sub.add_parser("cache", help="the kernel timing cache: where it is, its size; clear it")
+    p.add_argument("action", choices=("info", "clear"), metavar="info|clear")
+    p.add_argument("--cache", metavar="DIR", help="a cache directory (default: $ARCHSIM_CACHE_DIR, else "
+                                                  "~/.cache/archsim/kernels)")
 
     p = sub.add_parser("plot", help="plots (PNG) of a result.json / compare.json, a run's --out directory or a "
                                     "sweep's directory")
@@ -334,14 +359,16 @@ def cmd_show_config(a) -> int:
 def cmd_micro(a) -> int:
     from archsim.config.load import load_machine
     from archsim.micro import check_machine, parse_params, run_micro
+    from archsim.workers import check_workers
 
+    workers = check_workers(a.workers)
     machine = load_machine(a.hw, a.overlays, a.sets)
     check_machine(a.name, machine)  # a benchmark of a block the machine lacks, before its parameters
     parse_params(a.name, a.params)  # bad parameters fail before anything runs
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
     try:
-        r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles)
+        r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles, workers=workers)
     except SimulationError as e:
         if e.partial is not None and hasattr(e.partial, "document"):
             e.partial.complete = False
@@ -425,10 +452,12 @@ def _load_workload(a):
 
 def _run_options(a):
     from archsim.runner import RunOptions, check_options, parse_error_bound
+    from archsim.workers import check_workers
 
     opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
-                                    max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions))
+                                    max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions,
+                                    workers=check_workers(a.workers)))
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
     return opts
@@ -526,7 +555,7 @@ def cmd_compare(a) -> int:
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)
-    from archsim.runner import compare_document, placement_for, preflight
+    from archsim.runner import compare_document, placement_for, preflight, run_many
 
     opts.strict_placement = False       # --placement private applies to the machines with private segments
     for m in machines:
@@ -539,17 +568,13 @@ def cmd_compare(a) -> int:
     results = []
     failed = False
     stopped = []  # machines whose run could not finish: their partial results, and the others', are kept
-    for m in machines:
-        try:
-            results.append(_run_one(a, m, wl, opts, f"{wl.name} on {m.name}"))
-        except SimulationError as e:
-            partial = getattr(e, "partial_document", None)
-            if partial is None:
-                raise
-            results.append(partial)
-            stopped.append((m.name, e))
+    for m, r in zip(machines, run_many(machines, wl, opts, lambda m: _progress(f"{wl.name} on {m.name}"))):
+        if isinstance(r, SimulationError):
+            results.append(r.partial_document)
+            stopped.append((m.name, r))
             continue
-        failed |= opts.mode == "functional" and not results[-1]["passed"]
+        results.append(r)
+        failed |= opts.mode == "functional" and not r["passed"]
     if stopped:
         _write_outputs(a, compare_document(results, complete=False), results, "compare.json")
         for name, e in stopped[1:]:
@@ -564,6 +589,30 @@ def cmd_compare(a) -> int:
         print(compare_table(results))
     _write_outputs(a, doc, results, "compare.json")
     return 1 if failed else 0
+
+
+def _use_cache(a) -> None:
+    """The kernel timing cache this command and its worker processes use."""
+    from archsim import kernel_cache
+
+    kernel_cache.configure(a.cache, enabled=not a.no_cache)
+    os.environ.update(kernel_cache.worker_env())
+
+
+def cmd_cache(a) -> int:
+    from archsim import kernel_cache
+
+    d = kernel_cache.check_dir(a.cache) if a.cache else kernel_cache.configure(None)
+    if d is None:
+        print(f"the kernel timing cache is off ({kernel_cache.ENV}={os.environ.get(kernel_cache.ENV)})")
+        return 0
+    if a.action == "clear":
+        n = kernel_cache.clear(d)
+        print(f"{d}: removed {n} entries")
+        return 0
+    i = kernel_cache.info(d)
+    print(f"{i['dir']}: {i['entries']} entries, {i['bytes'] / 2**20:.1f} MiB")
+    return 0
 
 
 def cmd_sweep(a) -> int:
@@ -751,7 +800,7 @@ def _write_json(path: str, obj) -> None:
 
 COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, "validate": cmd_validate,
             "bench": cmd_bench, "run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep,
-            "plot": cmd_plot}
+            "plot": cmd_plot, "cache": cmd_cache}
 
 
 class _ClosedPipeSafe:
@@ -786,6 +835,8 @@ def main(argv=None) -> int:
     try:
         a = build_parser().parse_args(argv)
         _check_output_paths(a)
+        if hasattr(a, "no_cache"):
+            _use_cache(a)
         return COMMANDS[a.command](a)
     except SimulationError as e:
         print(f"archsim: error: {e.line()}", file=sys.stderr)

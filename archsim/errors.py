@@ -34,6 +34,9 @@ class InputError(ArchsimError):
         self.allowed = " ".join(str(allowed).split()) if "\n" in str(allowed) else str(allowed)
         super().__init__(self.line())
 
+    def __reduce__(self):  # crosses process boundaries (worker pools) whole
+        return (type(self), (self.where, self.what, self.allowed))
+
     def line(self) -> str:
         text = f"{self.where}: {self.what}"
         if self.allowed:
@@ -51,6 +54,9 @@ class SimulationError(ArchsimError):
         self.what = str(what)
         self.partial = partial
         super().__init__(self.line())
+
+    def __reduce__(self):
+        return (type(self), (self.where, self.what, self.partial))
 
     def line(self) -> str:
         return f"{self.where}: {self.what}"

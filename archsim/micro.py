@@ -39,6 +39,7 @@ class MicroResult:
     extra: dict = field(default_factory=dict)
     max_cycles: int = 10**9
     complete: bool = True
+    pool: object = field(default=None, repr=False)  # workers.Pool the launches are timed on (None: this process)
 
     def document(self, machine) -> dict:
         res = stats.result(machine, {"name": f"micro {self.name}", "params": self.params}, self.kernels,
@@ -148,27 +149,48 @@ def _time(prog: Program, machine, launch: Launch, args: dict, name: str, out: Mi
     """Time one launch and keep its record; a run that cannot finish keeps its partial record
     and carries the whole MicroResult up (the CLI writes it with complete: false). ``sample``:
     a launch of many waves is timed from its first waves (archsim.sample)."""
-    from archsim.sample import DEFAULT_MAX_ERROR, sample_fields, time_sampled
+    return _time_many([(prog, launch, args, name)], machine, out, sample)[0]
 
-    try:
-        if sample:
-            s = time_sampled(prog, machine, launch, args, max_cycles=out.max_cycles)
-            t, sampled, err = s.timing, s.sampled, s.error_est
-        else:
-            t = time_kernel(prog, machine, launch, args, max_cycles=out.max_cycles)
-            sampled, err = False, 0.0
-    except SimulationError as e:
-        if isinstance(e.partial, KernelTiming):
-            out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
-            e.partial = out
-        raise
-    rec = stats.kernel_record(name, machine, launch, t, sampled=sampled, sample_error_est=round(err, 5))
+
+def _measure(prog: Program, machine, launch: Launch, args: dict, sample: bool, max_cycles: int):
+    """The launch's Sampled outcome (``sample``) or KernelTiming; on a worker of out.pool."""
+    from archsim.sample import time_sampled
+
     if sample:
-        sample_fields(rec, s, DEFAULT_MAX_ERROR)
-    else:
-        rec["simulated_warp_instructions"] = t.warp_instructions
-    out.kernels.append(rec)
-    return t
+        return time_sampled(prog, machine, launch, args, max_cycles=max_cycles)
+    return time_kernel(prog, machine, launch, args, max_cycles=max_cycles)
+
+
+def _time_many(launches: list, machine, out: MicroResult, sample: bool = False) -> list:
+    """``_time`` of independent launches ((prog, launch, args, name) each), timed on out.pool's
+    workers at once; records in the order given."""
+    from archsim.sample import DEFAULT_MAX_ERROR, sample_fields
+    from archsim.workers import Pool
+
+    pool = out.pool if out.pool is not None and len(launches) > 1 else Pool(1)
+    futs = [pool.submit(_measure, prog, machine, launch, args, sample, out.max_cycles)
+            for prog, launch, args, _name in launches]
+    times = []
+    for (prog, launch, args, name), fut in zip(launches, futs):
+        try:
+            got = fut.result()
+        except SimulationError as e:
+            if isinstance(e.partial, KernelTiming):
+                out.kernels.append(stats.kernel_record(name, machine, launch, e.partial))
+                e.partial = out
+            raise
+        if sample:
+            t = got.timing
+            rec = stats.kernel_record(name, machine, launch, t, sampled=got.sampled,
+                                      sample_error_est=round(got.error_est, 5))
+            sample_fields(rec, got, DEFAULT_MAX_ERROR)
+        else:
+            t = got
+            rec = stats.kernel_record(name, machine, launch, t, sampled=False, sample_error_est=0.0)
+            rec["simulated_warp_instructions"] = t.warp_instructions
+        out.kernels.append(rec)
+        times.append(t)
+    return times
 
 
 PCHASE_GLOBAL = """.kernel pchase
@@ -695,11 +717,11 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     ks = attention_kernels(capabilities(machine), p["batch"], p["heads"], p["seq"], p["head_dim"], p["dtype"],
                            p["causal"], p["fused"])
     cycles = 0
-    for k in ks:
-        args = timing_args(machine, k.params)
-        t = _time(k.program, machine, k.launch, args, k.name, out, sample=True)
-        out.kernels[-1].update(flops=k.flops, model_flops=k.model_flops,
-                               tflops=round(k.flops / stats.seconds(machine, t.cycles) / 1e12, 4))
+    times = _time_many([(k.program, k.launch, timing_args(machine, k.params), k.name) for k in ks], machine, out,
+                       sample=True)
+    for k, t, rec in zip(ks, times, out.kernels[-len(ks):]):
+        rec.update(flops=k.flops, model_flops=k.model_flops,
+                   tflops=round(k.flops / stats.seconds(machine, t.cycles) / 1e12, 4))
         cycles += t.cycles
     flops = sum(k.flops for k in ks)
     tf = flops / stats.seconds(machine, cycles) / 1e12
@@ -857,14 +879,19 @@ MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_m
           "attention": micro_attention, "dma": micro_dma, "rma": micro_rma}
 
 
-def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9) -> MicroResult:
+def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9, workers: int = 1) -> MicroResult:
+    """``workers``: processes the benchmark's independent launches are timed on (results identical)."""
+    from archsim.workers import Pool
+
     check_machine(name, machine)
     p = parse_params(name, params)
     out = MicroResult(name=name, params=p, value=0.0, unit=UNITS[name], max_cycles=int(max_cycles))
     t0 = time.perf_counter()
     try:
-        out.value = float(MICROS[name](machine, p, out))
+        with Pool(workers) as out.pool:
+            out.value = float(MICROS[name](machine, p, out))
     finally:
+        out.pool = None
         out.wall_seconds = time.perf_counter() - t0
     return out
 

@@ -45,6 +45,7 @@ class RunOptions:
     strict_placement: bool = True
     # refuse a job whose simulated warp-instructions are estimated above this (resources.check_work)
     max_instructions: int = DEFAULT_MAX_INSTRUCTIONS
+    workers: int = 1               # processes the distinct kernels are timed on (results identical)
 
 
 def parse_error_bound(where: str, text) -> float:
@@ -73,6 +74,9 @@ def check_options(opts: RunOptions) -> RunOptions:
     if isinstance(opts.max_instructions, bool) or not isinstance(opts.max_instructions, int) \
             or opts.max_instructions <= 0:
         raise InputError("--max-instructions", f"{opts.max_instructions!r}", "a positive integer")
+    from archsim.workers import check_workers
+
+    check_workers(opts.workers)
     return opts
 
 
@@ -149,43 +153,92 @@ def timing_args(machine, params: dict, placement: str = "cross") -> dict:
     return {p: placed.get(p, v) for p, v in params.items()}
 
 
-def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None) -> dict:
-    """``placement``: the one the tensors get on this machine (placement_for)."""
+def run_timing(machine, wl, opts: RunOptions, placement: str, progress=None, pool=None) -> dict:
+    """``placement``: the one the tensors get on this machine (placement_for). ``pool``: a
+    workers.Pool the distinct kernels are timed on (default: one of ``opts.workers`` processes)."""
+    return start_timing(machine, wl, opts, placement, pool).finish(progress)
+
+
+def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_PendingRun":
+    """Submit the block's distinct kernels to ``pool`` (None: a pool of ``opts.workers``, at most
+    one per kernel, closed by ``finish``); ``.finish()`` gathers the result, so that compare can
+    have every machine's kernels in one pool at once."""
     from archsim.sample import sampled_record
+    from archsim.workers import Pool
 
     t0 = time.perf_counter()
     kernels = preflight(machine, wl, opts)
     groups = _distinct(kernels)
+    own = pool is None
+    if own:
+        pool = Pool(min(opts.workers, len(groups)))
     layers = wl.model.layers
-    recs = []
-    simulated = 0
-    for i, (k, n) in enumerate(groups):
-        if progress:
-            progress(i, len(groups), k.name)
-        args = timing_args(machine, k.params, placement)
+    futures = [pool.submit(sampled_record, k.name, k.program, machine, k.launch, timing_args(machine, k.params, placement),
+                           count=n * layers, flops=k.flops, model_flops=k.model_flops, waves=opts.waves,
+                           max_error=opts.max_error, max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace,
+                           placement=placement)
+               for k, n in groups]
+    return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None)
+
+
+@dataclass
+class _PendingRun:
+    machine: object
+    wl: object
+    placement: str
+    kernels: list
+    groups: list
+    futures: list
+    t0: float
+    workers: int
+    own_pool: object = None          # the pool start_timing made, closed here
+
+    def finish(self, progress=None) -> dict:
+        """The result document, kernels in op order; the first kernel that cannot finish raises
+        SimulationError with the partial document (the kernels before it)."""
         try:
-            rec = sampled_record(k.name, k.program, machine, k.launch, args, count=n * layers, flops=k.flops,
-                                 model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
-                                 max_cycles=opts.max_cycles,
-                                 sample=opts.sample, trace=opts.trace, placement=placement)
-        except SimulationError as e:
-            done = result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0, complete=False,
-                              simulated_warp_instructions=simulated)
-            # where the run stopped: the kernel, the instruction, and why (the warp and core in `why`)
-            done["error"] = e.line()
-            done["stopped"] = {"kernel": k.name, "kernel_index": i, "kernels_total": len(groups), "where": e.where,
-                               "why": e.what}
-            e.partial_document = done
-            raise
-        rec["op"] = k.op
-        if n > 1:
-            rec["also"] = [x.name for x in kernels if x.key() == k.key() and x.name != k.name]
-        simulated += rec["simulated_warp_instructions"]
-        recs.append(rec)
-    if progress:
-        progress(len(groups), len(groups), "")
-    return result_doc(machine, workload_record(wl, placement), recs, time.perf_counter() - t0,
-                      simulated_warp_instructions=simulated)
+            return self._gather(progress)
+        finally:
+            if self.own_pool is not None:
+                self.own_pool.close(cancel=True)
+
+    def _gather(self, progress) -> dict:
+        from archsim import kernel_cache
+
+        before = dict(kernel_cache.stats)
+        recs = []
+
+        def sim():
+            d = {k: kernel_cache.stats[k] - before[k] for k in before}
+            return d.pop("simulated_warp_instructions"), dict(d, workers=self.workers)
+
+        for i, ((k, n), fut) in enumerate(zip(self.groups, self.futures)):
+            if progress:
+                progress(i, len(self.groups), k.name)
+            try:
+                rec = fut.result()
+            except SimulationError as e:
+                simulated, counts = sim()
+                done = result_doc(self.machine, workload_record(self.wl, self.placement), recs,
+                                  time.perf_counter() - self.t0, complete=False, simulated_warp_instructions=simulated)
+                done["sim"]["kernel_cache"] = counts
+                # where the run stopped: the kernel, the instruction, and why (the warp and core in `why`)
+                done["error"] = e.line()
+                done["stopped"] = {"kernel": k.name, "kernel_index": i, "kernels_total": len(self.groups),
+                                   "where": e.where, "why": e.what}
+                e.partial_document = done
+                raise
+            rec["op"] = k.op
+            if n > 1:
+                rec["also"] = [x.name for x in self.kernels if x.key() == k.key() and x.name != k.name]
+            recs.append(rec)
+        if progress:
+            progress(len(self.groups), len(self.groups), "")
+        simulated, counts = sim()
+        doc = result_doc(self.machine, workload_record(self.wl, self.placement), recs, time.perf_counter() - self.t0,
+                         simulated_warp_instructions=simulated)
+        doc["sim"]["kernel_cache"] = counts
+        return doc
 
 
 # tolerances (atol, rtol) of an op's outputs against float64 numpy from the exact inputs the
@@ -352,12 +405,49 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
     return doc
 
 
-def run_workload(machine, wl, opts: RunOptions | None = None, progress=None) -> dict:
+def run_workload(machine, wl, opts: RunOptions | None = None, progress=None, pool=None) -> dict:
+    return start_workload(machine, wl, opts, pool).finish(progress)
+
+
+class _Functional:
+    def __init__(self, *args):
+        self.args = args
+
+    def finish(self, progress=None) -> dict:
+        return run_functional_block(*self.args, progress)
+
+
+def start_workload(machine, wl, opts: RunOptions | None = None, pool=None):
+    """A run whose timed kernels are submitted to ``pool`` (workers.Pool; None: its own of
+    ``opts.workers``); ``.finish(progress)`` returns the document. A functional run runs in
+    ``finish``, in this process."""
     opts = opts or RunOptions()
     placement = placement_for(machine, wl, opts.strict_placement)   # a placement the machine lacks: before any run
     if opts.mode == "functional":
-        return run_functional_block(machine, wl, opts, placement, progress)
-    return run_timing(machine, wl, opts, placement, progress)
+        return _Functional(machine, wl, opts, placement)
+    return start_timing(machine, wl, opts, placement, pool)
+
+
+def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
+    """The workload on each machine, every machine's kernels in one pool of ``opts.workers``; a
+    machine whose run stops gives its SimulationError (with ``partial_document``) in its place.
+    ``progress_for(machine)``: (update, close) of that machine's progress bar."""
+    from archsim.workers import Pool
+
+    out = []
+    with Pool(opts.workers) as pool:
+        pending = [start_workload(m, wl, opts, pool) for m in machines]
+        for m, run in zip(machines, pending):
+            update, close = progress_for(m) if progress_for else (None, lambda: None)
+            try:
+                out.append(run.finish(update))
+            except SimulationError as e:
+                if getattr(e, "partial_document", None) is None:
+                    raise
+                out.append(e)
+            finally:
+                close()
+    return out
 
 
 __all__ = ["RunOptions", "check_options", "compare_document", "emit_block", "placement_for", "preflight", "run_workload",

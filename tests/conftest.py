@@ -7,6 +7,13 @@ settings.register_profile("ci", deadline=None, max_examples=40, suppress_health_
 settings.register_profile("dev", deadline=None, max_examples=25, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("ARCHSIM_HYPOTHESIS", "ci"))
 
+# every test simulates: the kernel timing cache is off unless a test turns it on (tests/test_kernel_cache.py);
+# subprocesses the tests start inherit this
+os.environ["ARCHSIM_CACHE_DIR"] = "off"
+# commands run in one process unless a test asks for workers (tests/test_workers.py): the test run
+# already uses both cores
+os.environ["ARCHSIM_WORKERS"] = "1"
+
 
 @pytest.fixture
 def asm():

@@ -280,7 +280,7 @@ def test_an_interrupted_run_leaves_no_half_written_output(capsys, tmp_path, monk
 
     out = tmp_path / "o"
     with monkeypatch.context() as m:
-        m.setattr(archsim.runner, "run_timing", interrupted)
+        m.setattr(archsim.runner, "start_timing", interrupted)
         code, _, _ = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", "--layers", "1", "--out", str(out))
     assert code == 130 and not (out / "result.json").exists()
     real = archsim.report.plots.write_plots

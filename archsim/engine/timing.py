@@ -262,9 +262,14 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     `placement` "private" (machines with private segments): every core group sees the buffers at
     their laid-out addresses in its own segment (memory.placed_addr), so they must lie below one
     segment's size; "cross" (default): addresses are physical."""
+    from archsim import kernel_cache
     from archsim.config.derived import capabilities, l1_cache_kib
 
     check(prog, capabilities(machine))
+    ckey = kernel_cache.key(prog, machine, launch, args, (max_cycles, skip, window_cycles, blocks, base, placement))
+    cached = kernel_cache.load(ckey)
+    if cached is not None:
+        return cached
     machine = kernel_machine(prog, machine, launch)
     regs_per_warp, smem = occupancy_limits(prog, machine, launch)
     W = machine.cores.warp_width
@@ -300,7 +305,9 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
                              timeline_units=UT.unit_layout(machine, MS),
                              block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
                              block_core=TS.blk_core[first:end].copy(), first_block=first)
+    kernel_cache.stats["simulated_warp_instructions"] += timing.warp_instructions
     if timing.outcome == MA.DONE:
+        kernel_cache.store(ckey, timing)
         return timing
     w = timing.stuck_warp
     pc = int(S.stack_pc[w, max(S.sp[w] - 1, 0)]) if w >= 0 else 0

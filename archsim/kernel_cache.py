@@ -1,0 +1,254 @@
+"""The kernel timing cache: a timed launch (or range of its blocks) is simulated once per machine,
+program, launch, arguments, options and engine source, and read back after that.
+
+An entry is the pickled ``KernelTiming`` of one ``timing.time_kernel`` call, in one file named by
+the SHA-256 of its key:
+
+- the program's instruction arrays, registers and shared memory; the launch;
+- the resolved machine (``config.load.machine_fingerprint``);
+- the arguments in order: an address-space buffer's size and address, a backed buffer's dtype,
+  shape and bytes, a scalar's type and value;
+- the call's options (block range, layout base, placement, skip-ahead, window, max cycles);
+- the timing code: a digest of the ``.py`` files of ``archsim/engine``, ``archsim/isa``,
+  ``archsim/config`` and this module, and the Python, numpy and numba versions, so a change of
+  that code gives new keys and an old entry is never read (the emitters need not be in it: the
+  programs they emit are).
+
+A hit returns what the simulation returned, so no number changes. Writes go to a temporary file
+beside the entry and are renamed into place: concurrent writers (worker processes, sweeps) leave
+one whole entry. An entry that cannot be read (cut short, another format) is a miss and is
+rewritten. A launch that stops (deadlock, fault, ``--max-cycles``) is not cached.
+
+Where: ``--cache DIR`` / ``--no-cache`` on the command line; else ``ARCHSIM_CACHE_DIR`` (``off``
+disables it); else ``$XDG_CACHE_HOME/archsim/kernels`` (``~/.cache/archsim/kernels``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from archsim.errors import InputError
+
+FORMAT = 1                      # bump when an entry's layout changes
+SUFFIX = ".kt"
+MAX_BACKED_BYTES = 64 << 20     # a launch with more backed argument bytes than this is not cached
+ENV = "ARCHSIM_CACHE_DIR"
+
+_dir: Path | None = None        # the cache in use (None: off)
+_configured = False
+# this process's lookups, and the warp-instructions it simulated (every launch not read from the cache)
+stats = {"hits": 0, "misses": 0, "simulated_warp_instructions": 0}
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "archsim" / "kernels"
+
+
+def check_dir(path: str | os.PathLike, option: str = "--cache") -> Path:
+    """The cache directory, created if missing; InputError if it is a file or cannot be written."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise InputError(option, f"{path} is not a directory", "a writable directory path, or --no-cache")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(option, f"cannot create {path}: {e.strerror}", "a writable directory path, or --no-cache") \
+            from None
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise InputError(option, f"{path} is not writable", "a writable directory path, or --no-cache")
+    return p
+
+
+def configure(path: str | os.PathLike | None, enabled: bool = True) -> Path | None:
+    """Use the cache at ``path`` (None: the environment's or the default), or none."""
+    global _dir, _configured
+    _configured = True
+    if not enabled:
+        _dir = None
+        return None
+    if path is None:
+        env = os.environ.get(ENV)
+        if env is not None and env.strip().lower() in ("off", "0", "none", ""):
+            _dir = None
+            return None
+        if env is not None:
+            _dir = check_dir(env, ENV)
+            return _dir
+        _dir = check_dir(default_dir(), "the default cache directory (set --cache DIR or --no-cache)")
+        return _dir
+    _dir = check_dir(path)
+    return _dir
+
+
+@contextlib.contextmanager
+def disabled():
+    """No cache inside the block (the one in use before it afterwards)."""
+    global _dir, _configured
+    saved = (_dir, _configured)
+    _dir, _configured = None, True
+    try:
+        yield
+    finally:
+        _dir, _configured = saved
+
+
+def directory() -> Path | None:
+    """The cache in use: configured, or from the environment on first use (a worker process
+    inherits ``ARCHSIM_CACHE_DIR`` from the command that started it)."""
+    if not _configured:
+        try:
+            configure(None)
+        except InputError:
+            configure(None, enabled=False)
+    return _dir
+
+
+def worker_env() -> dict:
+    """The environment a worker process needs to use this process's cache."""
+    d = directory()
+    return {ENV: str(d) if d is not None else "off"}
+
+
+# the code a launch's timing comes from: the engine, the ISA tables and checks, the machine's
+# resolution and derived figures, and this module (the emitters are not: their programs are in the key)
+TIMING_CODE = ("engine", "isa", "config", "kernel_cache.py")
+
+
+@lru_cache(maxsize=1)
+def source_digest() -> str:
+    """The timing code's .py files and the versions that run it."""
+    import numba
+
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    files = []
+    for part in TIMING_CODE:
+        files += sorted((root / part).rglob("*.py")) if (root / part).is_dir() else [root / part]
+    for f in files:
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    h.update(repr((FORMAT, sys.version_info[:2], np.__version__, numba.__version__)).encode())
+    return h.hexdigest()
+
+
+def _arg_key(h, name: str, v) -> bool:
+    """Feed one argument to the key; False if it cannot be keyed (the call is not cached)."""
+    from archsim.engine.timing import Unbacked
+
+    h.update(name.encode() + b"\0")
+    if isinstance(v, Unbacked):
+        h.update(repr(("U", int(v.nbytes), v.at)).encode())
+    elif isinstance(v, np.ndarray):
+        a = np.ascontiguousarray(v)
+        h.update(repr(("A", a.dtype.str, a.shape)).encode())
+        h.update(a.tobytes())
+    elif isinstance(v, (bool, int, float, np.integer, np.floating)):
+        h.update(repr((type(v).__name__, v.item() if isinstance(v, np.generic) else v)).encode())
+    else:
+        return False
+    return True
+
+
+def key(prog, machine, launch, args: dict, options: tuple) -> str | None:
+    """The entry's name, or None when the call is not cached (no cache, an argument of a kind the
+    key cannot hold, or backed buffers beyond MAX_BACKED_BYTES)."""
+    from archsim.config.load import machine_fingerprint
+    from archsim.isa.program import ARRAYS
+
+    if directory() is None:
+        return None
+    if sum(v.nbytes for v in args.values() if isinstance(v, np.ndarray)) > MAX_BACKED_BYTES:
+        return None
+    h = hashlib.sha256()
+    h.update(source_digest().encode())
+    h.update(machine_fingerprint(machine).encode())
+    for a in ARRAYS:
+        h.update(np.ascontiguousarray(getattr(prog, a)).tobytes())
+    h.update(repr((prog.params, prog.nregs, prog.shared_bytes, launch, options)).encode())
+    for name, v in args.items():
+        if not _arg_key(h, str(name), v):
+            return None
+    return h.hexdigest()
+
+
+def _path(k: str) -> Path:
+    return _dir / k[:2] / (k + SUFFIX)
+
+
+def load(k: str | None):
+    """The cached timing for key k, or None (no entry, or one that cannot be read)."""
+    if k is None or _dir is None:
+        return None
+    try:
+        with open(_path(k), "rb") as f:
+            tag, value = pickle.load(f)
+    except FileNotFoundError:
+        stats["misses"] += 1
+        return None
+    except Exception:  # noqa: BLE001  (cut short, another format: simulate again and rewrite it)
+        stats["misses"] += 1
+        return None
+    if tag != (FORMAT, k):
+        stats["misses"] += 1
+        return None
+    stats["hits"] += 1
+    return value
+
+
+def store(k: str | None, value) -> None:
+    """Write the entry whole (temporary file, then rename); a failed write leaves no entry."""
+    if k is None or _dir is None:
+        return
+    path = _path(k)
+    tmp = None
+    try:
+        path.parent.mkdir(exist_ok=True)
+        data = pickle.dumps(((FORMAT, k), value), protocol=pickle.HIGHEST_PROTOCOL)
+        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as e:
+        print(f"archsim: kernel cache: cannot write {path}: {e.strerror} (the result is unaffected)",
+              file=sys.stderr)
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+
+
+def entries(d: Path) -> list[Path]:
+    return [p for p in d.glob(f"*/*{SUFFIX}") if p.is_file()]
+
+
+def info(d: Path) -> dict:
+    files = entries(d)
+    return {"dir": str(d), "entries": len(files), "bytes": sum(p.stat().st_size for p in files)}
+
+
+def clear(d: Path) -> int:
+    """Remove every entry (and leftover temporary files); the number of entries removed."""
+    n = 0
+    for p in entries(d):
+        p.unlink(missing_ok=True)
+        n += 1
+    for sub in d.iterdir():
+        if sub.is_dir() and len(sub.name) == 2:
+            for t in sub.iterdir():
+                if t.name.startswith("."):
+                    t.unlink(missing_ok=True)
+            try:
+                sub.rmdir()
+            except OSError:
+                pass
+    return n

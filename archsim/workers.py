@@ -1,0 +1,128 @@
+"""Worker processes that time kernels in parallel (``--workers N`` on run, compare and micro).
+
+A launch's timing depends only on its program, machine, launch, arguments and options, never on
+what ran before it in the process, so distinct kernels can be timed on separate processes and
+the records are identical to one process's. Workers are spawned (they inherit no threads or
+numba state of the parent), load the engine from numba's on-disk cache, and use the parent's
+kernel timing cache. With one worker, or one task, everything runs in this process.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import Future
+
+from archsim.errors import InputError
+
+
+ENV = "ARCHSIM_WORKERS"
+
+
+def default_workers() -> int:
+    """``ARCHSIM_WORKERS`` if set, else the cores this process may run on."""
+    env = os.environ.get(ENV)
+    if env is not None:
+        try:
+            return check_workers(int(env), ENV)
+        except ValueError:
+            raise InputError(ENV, f"{env!r} is not a worker count", "a positive integer") from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def check_workers(n, option: str = "--workers") -> int:
+    if n is None:
+        return default_workers()
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(option, f"{n!r} is not a worker count", "a positive integer (1: this process only)")
+    return n
+
+
+def _init(env: dict) -> None:
+    os.environ.update(env)
+    from archsim import kernel_cache
+
+    kernel_cache.configure(None)
+
+
+def _call(fn, args, kwargs):
+    """Run one task in a worker; returns its value and the kernel cache's counts for it."""
+    from archsim import kernel_cache
+
+    before = dict(kernel_cache.stats)
+    value = fn(*args, **kwargs)
+    return value, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
+
+
+class Pool:
+    """``submit(fn, *args, **kwargs)`` -> a Future of ``fn``'s value. ``workers`` > 1 starts that
+    many spawned processes on the first submit; 1 runs each task in this process when its result
+    is asked for (so a task after a failed one never runs)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = int(workers)
+        self._ex = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close(cancel=exc[0] is not None)
+
+    def submit(self, fn, *args, **kwargs) -> Future:
+        from archsim import kernel_cache
+
+        if self.workers <= 1:
+            return _Lazy(fn, args, kwargs)
+        if self._ex is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._ex = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                           initializer=_init, initargs=(kernel_cache.worker_env(),))
+        return _Remote(self._ex.submit(_call, fn, args, kwargs))
+
+    def close(self, cancel: bool = False) -> None:
+        if self._ex is not None:
+            self._ex.shutdown(wait=not cancel, cancel_futures=cancel)
+            self._ex = None
+
+
+class _Lazy:
+    """A task run in this process when its result is first asked for."""
+
+    def __init__(self, fn, args, kwargs):
+        self.task = (fn, args, kwargs)
+        self.done = False
+
+    def result(self):
+        if not self.done:
+            fn, args, kwargs = self.task
+            self.done = True
+            try:
+                self.value, self.error = fn(*args, **kwargs), None
+            except Exception as e:  # noqa: BLE001  (raised again to every caller, as a Future does)
+                self.value, self.error = None, e
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class _Remote:
+    """A task on a worker: its value; the worker's cache counts are added to this process's."""
+
+    def __init__(self, fut: Future):
+        self.fut = fut
+        self.counted = False
+
+    def result(self):
+        from archsim import kernel_cache
+
+        value, counts = self.fut.result()
+        if not self.counted:
+            for k, v in counts.items():
+                kernel_cache.stats[k] = kernel_cache.stats.get(k, 0) + v
+            self.counted = True
+        return value
