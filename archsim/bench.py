@@ -6,6 +6,11 @@ Every case runs once on a tiny config first so that numba's compilation (or cach
 timed, then ``repeat`` times timed; a case's figures are those of its median run (by wall time;
 ``wall_seconds_runs`` lists every run), so one run slowed by the rest of the machine does not move
 them. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
+
+``--jobs``: whole jobs users wait for (a compare, full-size models), each run once in one process
+and once on a pool of workers (archsim.workers), with the kernel timing cache off: wall seconds,
+modelled cycles per wall second and warp-instructions per second of both, beside each other in
+``jobs``. They take minutes to hours; ``--job NAME`` picks some.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ CASES = (
     ("sw26010pro-gemm-fp16-1024", "sw26010pro", "gemm", {"m": 1024, "n": 1024, "k": 1024}),
     # all 384 CPEs stream 48 MiB through their LDMs with DMA (16 blocks of 8 KiB each), cross segment
     ("sw26010pro-stream-read-48MiB", "sw26010pro", "bandwidth", {"kind": "read", "footprint_mib": 48}),
+)
+# name, machines, workload, scenario overrides: the jobs of issue 22's table
+JOBS = (
+    ("compare-gpt2-small", ("a100", "sw26010pro"), "gpt2-small", {}),
+    ("a100-gpt3-175b-prefill", ("a100",), "gpt3-175b", {}),
+    ("a100-bloom-176b-train", ("a100",), "bloom-176b", {}),
+    ("sw26010pro-bloom-176b-train", ("sw26010pro",), "bloom-176b", {}),
 )
 WARMUP = (("tiny-gpu", "gemm", {"m": 64, "n": 64, "k": 64}), ("tiny-gpu", "bandwidth", {"footprint_mib": 1}),
           ("tiny-gpu", "latency", {"footprint_kib": 4, "loads": 64}),
@@ -66,3 +78,54 @@ def _run_bench(cases, progress, repeat: int, warmup) -> dict:
             progress(rec)
     return {"schema": SCHEMA, "cases": out,
             "warp_instructions_per_second": statistics.median(c["warp_instructions_per_second"] for c in out)}
+
+
+def _job_once(machines: list, wl, workers: int) -> dict:
+    from archsim.runner import RunOptions, run_many
+
+    before = kernel_cache.stats["simulated_warp_instructions"]
+    t0 = time.perf_counter()
+    docs = run_many(machines, wl, RunOptions(workers=workers))
+    wall = time.perf_counter() - t0
+    for d in docs:
+        if isinstance(d, Exception):
+            raise d
+    cycles = sum(d["total"]["cycles"] for d in docs)
+    wi = kernel_cache.stats["simulated_warp_instructions"] - before
+    return {"wall_seconds": round(wall, 3), "simulated_cycles": int(cycles),
+            "cycles_per_second": round(cycles / wall, 1), "warp_instructions": wi,
+            "warp_instructions_per_second": round(wi / wall, 1),
+            "totals": [d["total"] for d in docs]}
+
+
+def run_jobs(names=None, workers: int | None = None, progress=None) -> list[dict]:
+    """The JOBS named (all by default), each in one process and on ``workers`` processes (default:
+    the cores available); the totals of both runs must be identical."""
+    from archsim.workers import default_workers
+    from archsim.workloads.model import load_workload
+
+    known = {j[0]: j for j in JOBS}
+    names = list(names or known)
+    bad = [n for n in names if n not in known]
+    if bad:
+        from archsim.errors import InputError
+
+        raise InputError("--job", f"unknown job {bad[0]!r}", "one of: " + ", ".join(known))
+    workers = workers or default_workers()
+    out = []
+    with kernel_cache.disabled():
+        for name in names:
+            _, hws, wl_name, over = known[name]
+            machines = [load_machine(h) for h in hws]
+            wl = load_workload(wl_name, dict(over))
+            one = _job_once(machines, wl, 1)
+            par = _job_once(machines, wl, workers)
+            if one.pop("totals") != par.pop("totals"):
+                raise AssertionError(f"job {name}: {workers} workers gave other totals than one process")
+            rec = {"name": name, "machines": list(hws), "workload": wl_name, "single": one,
+                   "workers": workers, "parallel": par,
+                   "speedup": round(one["wall_seconds"] / par["wall_seconds"], 3) if par["wall_seconds"] else 0.0}
+            out.append(rec)
+            if progress:
+                progress(rec)
+    return out

@@ -190,6 +190,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, metavar="N",
                    help="timed runs of each case; its figures are its median run's (default 3)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.bench/1 result")
+    p.add_argument("--jobs", action="store_true",
+                   help="also whole jobs (a compare, full-size models; minutes to hours), each in one process "
+                        "and on --workers processes")
+    p.add_argument("--job", action="append", metavar="NAME", help="only this job (implies --jobs), repeatable")
+    _add_workers_option(p)
     return parser
 
 
@@ -429,14 +434,34 @@ def cmd_validate(a) -> int:
 def cmd_bench(a) -> int:
     from archsim.bench import run_bench
 
+    from archsim.workers import check_workers
+
     if a.repeat < 1:
         raise InputError("--repeat", f"{a.repeat} is not a run count", "a positive integer")
+    workers = check_workers(a.workers)
+    if a.job:
+        from archsim.bench import JOBS
+
+        known = [j[0] for j in JOBS]
+        for n in a.job:
+            if n not in known:
+                raise InputError("--job", f"unknown job {n!r}", "one of: " + ", ".join(known))
     print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
     res = run_bench(repeat=a.repeat,
                     progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
                                              f"{c['wall_seconds']:>8.2f} {c['warp_instructions_per_second']:>14,.0f}",
                                              flush=True))
     print(f"median: {res['warp_instructions_per_second']:,.0f} warp-instructions/s")
+    if a.jobs or a.job:
+        from archsim.bench import run_jobs
+
+        print(f"{'job':<30} {'1 process s':>12} {'workers':>8} {'s':>8} {'speedup':>8} {'Mcycles/s':>10} "
+              f"{'warp-instr/s':>14}")
+        res["jobs"] = run_jobs(a.job, workers, progress=lambda j: print(
+            f"{j['name']:<30} {j['single']['wall_seconds']:>12.1f} {j['workers']:>8} "
+            f"{j['parallel']['wall_seconds']:>8.1f} {j['speedup']:>8.2f} "
+            f"{j['parallel']['cycles_per_second'] / 1e6:>10.2f} {j['parallel']['warp_instructions_per_second']:>14,.0f}",
+            flush=True))
     if a.json:
         _write_json(a.json, res)
     return 0

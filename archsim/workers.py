@@ -85,9 +85,15 @@ class Pool:
         return _Remote(self._ex.submit(_call, fn, args, kwargs))
 
     def close(self, cancel: bool = False) -> None:
-        if self._ex is not None:
-            self._ex.shutdown(wait=not cancel, cancel_futures=cancel)
-            self._ex = None
+        """Shut the workers down; ``cancel``: drop the tasks not started and stop the running ones
+        (a run that stopped, or an interrupt, does not wait for kernels it will not report)."""
+        if self._ex is None:
+            return
+        if cancel:
+            for proc in list(getattr(self._ex, "_processes", {}).values()):
+                proc.terminate()
+        self._ex.shutdown(wait=True, cancel_futures=cancel)
+        self._ex = None
 
 
 class _Lazy:

@@ -37,3 +37,22 @@ def test_repeat_must_be_positive(capsys):
     assert main(["bench", "--repeat", "0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["archsim: error: --repeat: 0 is not a run count (a positive integer)"]
+
+
+def test_jobs_run_in_one_process_and_on_workers_with_the_same_totals(monkeypatch):
+    import archsim.bench as B
+
+    monkeypatch.setattr(B, "JOBS", (("tiny-compare", ("tiny-gpu", "tiny-sunway"), "tiny", {"layers": 1}),))
+    [j] = B.run_jobs(workers=2)
+    assert j["name"] == "tiny-compare" and j["workers"] == 2
+    for side in ("single", "parallel"):
+        r = j[side]
+        assert r["wall_seconds"] > 0 and r["simulated_cycles"] > 0 and r["warp_instructions"] > 0
+    assert j["single"]["simulated_cycles"] == j["parallel"]["simulated_cycles"]
+    assert j["single"]["warp_instructions"] == j["parallel"]["warp_instructions"]
+
+
+def test_an_unknown_job_is_one_line(capsys):
+    assert main(["bench", "--job", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown job 'nope'" in err and "compare-gpt2-small" in err
