@@ -9,12 +9,14 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
 - blocks [0, S*C) of the grid are simulated cycle by cycle; e_S is the cycle the last of them
   retires, so it holds the cold start (empty caches, idle DRAM) and one final drain, which the
   whole launch has too;
-- wave i lasts from the retirement of the (i-1)*C-th block to that of the i*C-th. Wave 1 is
-  warm-up (caches fill, DRAM queues reach their working depth); so is each following wave that
-  still differs from the mean of the waves after it by more than ``max_error`` (the state has not
-  settled), as long as two steady segments remain (a segment is a wave, or the launch's
-  ``period`` of blocks where it has one, e.g. a GEMM's raster group). The head's last wave is its
-  drain and stands for the launch's drain. T_w is the mean time of a wave over the steady segments;
+- a wave's time is the mean retirement cycle of its C blocks (a GEMM's blocks drift apart wave
+  by wave, so the last block of a wave is a straggler whose time says little about the rate).
+  Wave 1 is warm-up (caches fill, DRAM queues reach their working depth); so is each following
+  wave whose step to the next wave's mean still differs from the mean of the steps after it by
+  more than ``max_error`` (the state has not settled), as long as three steady segments remain (a
+  segment is a wave, or the launch's ``period`` of blocks where it has one, e.g. a GEMM's raster
+  group). T_w is C times the slope between the mean retirement of the first steady segment and
+  that of the last; the head's last wave is its drain, and e_S stands for the launch's drain;
 - the B - S*C blocks left retire at C / T_w blocks a cycle; on a Sunway the MPEs' join of the
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
@@ -23,15 +25,18 @@ A head whose writes all still sit in the L2 (none written back yet) while the wh
 more lines into the L2 than it holds has not reached the steady state (later waves pay the
 writebacks of the dirty lines their fills evict): its error is taken as 1 and it grows.
 
-``sample_error_est`` bounds the error from the steady waves themselves: the larger of their
-trend (the mean of the later half against the earlier half) and twice the standard error of
-their mean, over T_w, times the extrapolated share of the cycles. Wave durations vary
-systematically (a GEMM's raster groups share panels in L2 differently wave by wave) as well as
-by chance, hence the trend term. When it is above ``max_error`` (3 % by default,
-``--sample-max-error``), the head doubles and is simulated again; a head that would cover more
-than two thirds of the launch gives way to the whole launch (exact, error 0). The record lists
-every head tried (``sample_attempts``) and how the launch was answered (``sample_method``), and
-counts the warp-instructions of every head in what was simulated.
+``sample_error_est`` bounds the error from the steady segments themselves: the larger of their
+trend (the mean step between the later half of the segments against the earlier half) and twice
+the standard error of the mean step, over the mean step, plus one DRAM refresh's stall over the
+measured span (a head shorter than a few refresh intervals has not seen its share of them),
+times the extrapolated share of the cycles. Segment times vary systematically (a GEMM's raster
+groups share panels in L2 differently wave by wave) as well as by chance, hence the trend term.
+It cannot see a change of rate that starts after the head (a launch whose L2 hit rate keeps
+rising for ten waves). When it is above ``max_error`` (3 % by default, ``--sample-max-error``),
+the head doubles and is simulated again; a head that would cover more than two thirds of the
+launch gives way to the whole launch (exact, error 0). The record lists every head tried
+(``sample_attempts``) and how the launch was answered (``sample_method``), and counts the
+warp-instructions of every head in what was simulated.
 
 Blocks keep their grid ids (``time_kernel(blocks=...)``), so they touch the addresses they touch
 in the whole launch. Extensive counters (warp-instructions, flops, bytes per level, stall
@@ -54,7 +59,7 @@ from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
 from archsim.stats import kernel_record
 
-DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second), three or more steady waves and the drain
+DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second) and four or more steady waves, the last the drain
 DEFAULT_MAX_ERROR = 0.03   # a head whose error estimate is above this grows (--sample-max-error)
 
 
@@ -106,44 +111,57 @@ class _Estimate:
     warmup: int               # waves before the steady ones (the cold start and any settling)
 
 
-def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float) -> _Estimate:
-    """The whole launch's cycles from a head of S waves (see the module docstring). The rate is
-    measured over segments of P blocks (the launch's period; a wave, C blocks, without one) from
-    the end of the warm-up to the head's last wave, which is its drain (no blocks follow it) and
-    stands for the launch's drain. Wave 1 is warm-up; a later leading wave is too while it differs
-    from the mean of the waves after it by more than ``max_error`` and two segments remain."""
-    done = np.sort(head.block_done)
-    ends = np.array([0] + [int(done[i * C - 1]) for i in range(1, S + 1)], np.float64)
-    dur = np.diff(ends)
+def refresh_stall_cycles(machine) -> float:
+    """Core cycles one DRAM refresh blocks its bank (per_bank) or channel (all_bank): a head that
+    uses the DRAM and whose steady span holds one refresh more or less than its share misjudges
+    the rate by this over the span."""
+    d = machine.dram
+    t = d.timing.tRFCpb if d.refresh == "per_bank" else d.timing.tRFC
+    return float(t) / machine.clock_ratios.memory
+
+
+def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh: float = 0.0) -> _Estimate:
+    """The whole launch's cycles from a head of S waves (see the module docstring). A wave's or a
+    segment's time is the mean retirement cycle of its blocks: the k*C-th retirement alone moves
+    with the spread of a wave's blocks, which grows as they drift apart. The rate is measured
+    between the means of segments of P blocks (the launch's period; a wave, C blocks, without one)
+    from the end of the warm-up to the head's end; the head's last wave is its drain (no blocks
+    follow it) and its last retirement stands for the launch's. Wave 1 is warm-up; a later leading
+    wave is too while its step to the next wave differs from the mean of the steps after it by
+    more than ``max_error`` and three segments remain."""
+    done = np.sort(head.block_done).astype(np.float64)
+    steps = np.diff(done[:S * C].reshape(S, C).mean(axis=1))   # steps[i]: wave i's mean to wave i + 1's
     seg = P if P > 0 else C
     w0 = 1
-    while ((S - 2 - w0) * C >= 2 * seg
-           and abs(dur[w0] - dur[w0 + 1:S - 1].mean()) > max_error * dur[w0 + 1:S - 1].mean()):
+    while ((S - w0 - 1) * C >= 3 * seg
+           and abs(steps[w0] - steps[w0 + 1:].mean()) > max_error * steps[w0 + 1:].mean()):
         w0 += 1
-    n = ((S - 1 - w0) * C) // seg
-    bounds = np.array([ends[w0]] + [float(done[w0 * C + i * seg - 1]) for i in range(1, n + 1)])
-    steady = np.diff(bounds)
-    per_block = float(steady.sum()) / (n * seg)
+    n = ((S - w0) * C) // seg                                # whole segments after the warm-up
+    lo = w0 * C
+    means = done[lo:lo + n * seg].reshape(n, seg).mean(axis=1)
+    per_block = float(means[-1] - means[0]) / ((n - 1) * seg) if n >= 2 else float(steps[-1]) / C
     # a Sunway launch ends when the MPEs have joined their CPEs: the head's join (the last block's
     # completion reaching its MPE, engine/mpe.py) follows the whole launch's last block too
     join = head.memory["mpe"]["join_cycles"] if "mpe" in head.memory else 0
     tail = (B - S * C) * per_block
-    cycles = ends[-1] + join + tail
-    mean = float(steady.mean())
-    if n < 2:                                                 # one segment bounds nothing
+    cycles = float(done[S * C - 1]) + join + tail
+    d = np.diff(means)
+    if len(d) < 2 or per_block <= 0:                          # one step bounds nothing
         rate_err = 1.0
     else:
-        h = n // 2
-        drift = abs(steady[h:].mean() - steady[:h].mean())    # trend: later segments against earlier ones
-        noise = 2 * steady.std(ddof=1) / np.sqrt(n)           # about a 95 % interval of the mean
-        rate_err = float(max(drift, noise)) / mean if mean > 0 else 0.0
+        h = len(d) // 2
+        drift = abs(d[h:].mean() - d[:h].mean())              # trend: later steps against earlier ones
+        noise = 2 * d.std(ddof=1) / np.sqrt(len(d))           # about a 95 % interval of the mean
+        # plus one DRAM refresh's stall over the measured span: refreshes come every tREFI, which
+        # a short head may not have spanned (a small stream's waves last a fraction of it)
+        rate_err = float(max(drift, noise)) / float(d.mean()) + refresh / float(means[-1] - means[0])
     return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0)
 
 
 def head_waves(waves: int, C: int, P: int) -> int:
     """Waves in the first head: ``waves``, and with a period of P blocks enough for the warm-up
-    wave, two whole periods and the drain wave."""
-    return max(waves, 2 + -(-2 * P // C)) if P > 0 else waves
+    wave and three whole periods (two steps between their means)."""
+    return max(waves, 1 + -(-3 * P // C)) if P > 0 else waves
 
 
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
@@ -168,7 +186,9 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
         # the first head is at most half the launch, a grown one at most two thirds of it
         while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
             head = run((0, S * C))
-            est = _extrapolate(head, C, B, S, launch.period, max_error)
+            b = head.memory["bytes"]
+            refresh = refresh_stall_cycles(machine) if b["dram_read"] + b["dram_write"] > 0 else 0.0
+            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh)
             if _l2_still_absorbing(head, machine, B / (S * C)):
                 est = dataclasses.replace(est, error=1.0)
             attempts.append((S, round(est.error, 5)))

@@ -56,8 +56,8 @@ def test_bad_block_range_is_one_input_error(tiny):
 @pytest.mark.parametrize("shape", [(768, 512, 64), (512, 512, 512)])
 def test_sampled_gemm_lands_within_the_threshold_of_the_whole_simulation(tiny, shape):
     """GEMMs of many waves whose raster groups repeat (Launch.period): the head covers the
-    warm-up, two whole periods and the drain, and the sampled cycles land within the 3 %
-    threshold of simulating every block, at under a third of the cost."""
+    warm-up wave and three whole periods, and the sampled cycles land within the 3 % threshold
+    of simulating every block, at under 40 % of the cost."""
     g, args = _gemm(tiny, *shape, Tile(32, 32, 32, 4, 2))
     C = concurrency(g.program, tiny, g.launch)
     assert g.launch.blocks >= 16 * C and g.launch.period > 0
@@ -65,7 +65,7 @@ def test_sampled_gemm_lands_within_the_threshold_of_the_whole_simulation(tiny, s
     w = time_sampled(g.program, tiny, g.launch, args, sample=False)
     assert s.sampled and not w.sampled and w.attempts == []
     assert s.attempts == [(head_waves(DEFAULT_WAVES, C, g.launch.period), round(s.error_est, 5))]
-    assert s.simulated_warp_instructions < w.simulated_warp_instructions / 3
+    assert s.simulated_warp_instructions < 0.4 * w.simulated_warp_instructions
     assert s.timing.warp_instructions == pytest.approx(w.timing.warp_instructions, rel=1e-3)
     assert 0.0 <= s.error_est <= DEFAULT_MAX_ERROR
     assert s.timing.cycles == pytest.approx(w.timing.cycles, rel=DEFAULT_MAX_ERROR)
@@ -110,3 +110,23 @@ def test_a_head_too_short_to_bound_its_rate_grows(tiny, recwarn):
     s = time_sampled(g.program, tiny, Launch(g.launch.grid, g.launch.block), args, waves=3)
     assert s.attempts[0][0] == 3 and 0.5 < s.attempts[0][1] <= 1.0
     assert all(np.isfinite(e) for _, e in s.attempts) and not recwarn.list
+
+
+def test_the_rate_is_read_from_whole_waves_not_from_their_last_block():
+    """Synthetic heads: waves of C blocks centred T cycles apart whose blocks straggle more and more
+    (exponential delays, as blocks of long waves drift apart). The waves' mean retirements recover
+    T, so the extrapolation is T per wave within its error estimate; the k*C-th retirement alone,
+    the last straggler, was off by 2-11 % on these heads."""
+    from types import SimpleNamespace
+
+    from archsim.sample import _extrapolate
+
+    C, S, T, B = 108, 6, 200_000, 43 * 108
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        done = np.concatenate([(i + 1) * T + (rng.exponential(0.1 * T, C) - 0.1 * T) * min(i, 3) / 3
+                               for i in range(S)])
+        est = _extrapolate(SimpleNamespace(block_done=done.astype(np.int64), memory={}), C, B, S, 0,
+                           DEFAULT_MAX_ERROR)
+        expect = done.max() + (B - S * C) * T / C
+        assert abs(est.cycles / expect - 1) <= est.error + 0.001 and est.error < 0.025, seed
