@@ -433,7 +433,6 @@ def cmd_validate(a) -> int:
 
 def cmd_bench(a) -> int:
     from archsim.bench import run_bench
-
     from archsim.workers import check_workers
 
     if a.repeat < 1:
@@ -621,7 +620,6 @@ def _use_cache(a) -> None:
     from archsim import kernel_cache
 
     kernel_cache.configure(a.cache, enabled=not a.no_cache)
-    os.environ.update(kernel_cache.worker_env())
 
 
 def cmd_cache(a) -> int:

@@ -486,13 +486,17 @@ class _Local:
 
 class _Pool:
     """A concurrent.futures process pool (spawned workers: they do not inherit the parent's
-    threads or numba state)."""
+    threads or numba state; they use the parent's kernel timing cache)."""
 
     def __init__(self, workers: int):
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        from archsim import kernel_cache
+        from archsim.workers import worker_init
+
+        self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=worker_init, initargs=(kernel_cache.worker_env(),))
         self.futs = {}
 
     def submit(self, task):

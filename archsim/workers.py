@@ -40,7 +40,8 @@ def check_workers(n, option: str = "--workers") -> int:
     return n
 
 
-def _init(env: dict) -> None:
+def worker_init(env: dict) -> None:
+    """A spawned worker's start: the parent's kernel timing cache (``kernel_cache.worker_env``)."""
     os.environ.update(env)
     from archsim import kernel_cache
 
@@ -81,7 +82,7 @@ class Pool:
             from concurrent.futures import ProcessPoolExecutor
 
             self._ex = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=_init, initargs=(kernel_cache.worker_env(),))
+                                           initializer=worker_init, initargs=(kernel_cache.worker_env(),))
         return _Remote(self._ex.submit(_call, fn, args, kwargs))
 
     def close(self, cancel: bool = False) -> None:

@@ -21,3 +21,14 @@ def asm():
     from archsim.isa.asm import assemble
 
     return lambda text, name="k.s": assemble(text, name)
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_cache_after_a_test():
+    """A test that turned the kernel timing cache on (cli --cache, kernel_cache.configure) leaves
+    it off for the tests after it in the same process."""
+    yield
+    from archsim import kernel_cache
+
+    kernel_cache.configure(None, enabled=False)
+    os.environ["ARCHSIM_CACHE_DIR"] = "off"

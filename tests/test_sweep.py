@@ -190,10 +190,14 @@ def test_a_rerun_skips_finished_keys(swept, tmp_path, monkeypatch, capsys):
 
 
 def test_two_workers_give_the_same_results_as_one(swept, tmp_path):
+    """... and the spawned workers use the kernel timing cache given to the sweep."""
+    from archsim import kernel_cache
+
     spec, one = swept
     out = tmp_path / "out"
-    assert main(["sweep", str(spec), "--out", str(out), "--workers", "2"]) == 0
+    assert main(["sweep", str(spec), "--out", str(out), "--workers", "2", "--cache", str(tmp_path / "kc")]) == 0
     assert run_docs(out) == run_docs(one)
+    assert len(kernel_cache.entries(tmp_path / "kc")) > 0
 
 
 def test_dask_scheduler_gives_the_same_results(swept, tmp_path):
