@@ -10,7 +10,7 @@ the SHA-256 of its key:
   shape and bytes, a scalar's type and value;
 - the call's options (block range, layout base, placement, skip-ahead, window, max cycles);
 - the timing code: a digest of the ``.py`` files of ``archsim/engine``, ``archsim/isa``,
-  ``archsim/config`` and this module, and the Python, numpy and numba versions, so a change of
+  ``archsim/config`` and this module, of ``isa/opcodes.yaml``, and the Python, numpy and numba versions, so a change of
   that code gives new keys and an old entry is never read (the emitters need not be in it: the
   programs they emit are).
 
@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import re
 import sys
 import tempfile
 from functools import lru_cache
@@ -42,6 +43,9 @@ FORMAT = 1                      # bump when an entry's layout changes
 SUFFIX = ".kt"
 MAX_BACKED_BYTES = 64 << 20     # a launch with more backed argument bytes than this is not cached
 ENV = "ARCHSIM_CACHE_DIR"
+TMP_PREFIX = ".archsim-"
+_ENTRY = re.compile(r"[0-9a-f]{64}\.kt")
+_SUBDIR = re.compile(r"[0-9a-f]{2}")
 
 _dir: Path | None = None        # the cache in use (None: off)
 _configured = False
@@ -84,7 +88,11 @@ def configure(path: str | os.PathLike | None, enabled: bool = True) -> Path | No
         if env is not None:
             _dir = check_dir(env, ENV)
             return _dir
-        _dir = check_dir(default_dir(), "the default cache directory (set --cache DIR or --no-cache)")
+        try:
+            _dir = check_dir(default_dir(), "the default cache directory")
+        except InputError as e:     # a read-only home: run without a cache rather than refuse the job
+            print(f"archsim: note: no kernel timing cache ({e}; --cache DIR names another)", file=sys.stderr)
+            _dir = None
         return _dir
     _dir = check_dir(path)
     return _dir
@@ -137,6 +145,10 @@ def source_digest() -> str:
     for f in files:
         h.update(str(f.relative_to(root)).encode())
         h.update(f.read_bytes())
+    from archsim.paths import data_dir
+
+    h.update(b"isa/opcodes.yaml\0")                 # the opcode table (latencies, units, flops) is data
+    h.update((data_dir("isa") / "opcodes.yaml").read_bytes())
     h.update(repr((FORMAT, sys.version_info[:2], np.__version__, numba.__version__)).encode())
     return h.hexdigest()
 
@@ -213,42 +225,60 @@ def store(k: str | None, value) -> None:
     tmp = None
     try:
         path.parent.mkdir(exist_ok=True)
-        data = pickle.dumps(((FORMAT, k), value), protocol=pickle.HIGHEST_PROTOCOL)
-        fd, tmp = tempfile.mkstemp(prefix=".", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, 0o666 & ~_umask())       # as a plain file would be (mkstemp makes it private)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            pickle.dump(((FORMAT, k), value), f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
         tmp = None
-    except OSError as e:
-        print(f"archsim: kernel cache: cannot write {path}: {e.strerror} (the result is unaffected)",
-              file=sys.stderr)
+    except Exception as e:  # noqa: BLE001  (a full disk, a value pickle cannot hold: no entry, same result)
+        print(f"archsim: kernel cache: cannot write {path}: {getattr(e, 'strerror', None) or e} "
+              "(the result is unaffected)", file=sys.stderr)
     finally:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def entries(d: Path) -> list[Path]:
-    return [p for p in d.glob(f"*/*{SUFFIX}") if p.is_file()]
+    """The cache's entry files (two-hex-digit folders, 64-hex-digit names): nothing else in ``d``."""
+    d = Path(d)
+    if not d.is_dir():
+        return []
+    return [p for sub in d.iterdir() if sub.is_dir() and _SUBDIR.fullmatch(sub.name)
+            for p in sub.iterdir() if _ENTRY.fullmatch(p.name) and p.is_file()]
 
 
 def info(d: Path) -> dict:
+    total = 0
     files = entries(d)
-    return {"dir": str(d), "entries": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    for p in files:
+        try:
+            total += p.stat().st_size
+        except OSError:         # removed meanwhile
+            pass
+    return {"dir": str(d), "entries": len(files), "bytes": total}
 
 
 def clear(d: Path) -> int:
-    """Remove every entry (and leftover temporary files); the number of entries removed."""
+    """Remove every entry and leftover temporary file of the cache (nothing else); the number of
+    entries removed."""
     n = 0
     for p in entries(d):
         p.unlink(missing_ok=True)
         n += 1
-    for sub in d.iterdir():
-        if sub.is_dir() and len(sub.name) == 2:
+    for sub in Path(d).iterdir():
+        if sub.is_dir() and _SUBDIR.fullmatch(sub.name):
             for t in sub.iterdir():
-                if t.name.startswith("."):
+                if t.name.startswith(TMP_PREFIX) and t.name.endswith(".tmp"):
                     t.unlink(missing_ok=True)
             try:
-                sub.rmdir()
+                sub.rmdir()             # only when nothing else is left in it
             except OSError:
                 pass
     return n

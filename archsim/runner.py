@@ -173,12 +173,26 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
     if own:
         pool = Pool(min(opts.workers, len(groups)))
     layers = wl.model.layers
-    futures = [pool.submit(sampled_record, k.name, k.program, machine, k.launch, timing_args(machine, k.params, placement),
-                           count=n * layers, flops=k.flops, model_flops=k.model_flops, waves=opts.waves,
-                           max_error=opts.max_error, max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace,
-                           placement=placement)
+    futures = [pool.defer(_cost(machine, k, opts), sampled_record, k.name, k.program, machine, k.launch,
+                          timing_args(machine, k.params, placement), count=n * layers, flops=k.flops,
+                          model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
+                          max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace, placement=placement)
                for k, n in groups]
-    return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None)
+    return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None,
+                       time.perf_counter() - t0)
+
+
+def _cost(machine, k, opts: RunOptions) -> float:
+    """A guess at a kernel's simulation time, to start the longest first on a pool: the core-cycles
+    its flops take at the machine's peak, in the share of the grid sampling simulates at least."""
+    from archsim.config.derived import peak_tflops
+    from archsim.resources import least_instructions
+
+    caps = capabilities(machine)
+    peak = max(peak_tflops(machine).values(), default=0.0)
+    per_core_cycle = peak * 1e12 / (machine.clock_ghz * 1e9 * caps.cores_total) if peak > 0 else 1.0
+    waves = opts.waves if opts.sample else None
+    return least_instructions([k], caps.cores_total, waves) * 4096 / per_core_cycle
 
 
 @dataclass
@@ -192,6 +206,7 @@ class _PendingRun:
     t0: float
     workers: int
     own_pool: object = None          # the pool start_timing made, closed here
+    setup_seconds: float = 0.0       # start_timing's own time (emission, checks)
 
     def finish(self, progress=None) -> dict:
         """The result document, kernels in op order; the first kernel that cannot finish raises
@@ -205,6 +220,8 @@ class _PendingRun:
     def _gather(self, progress) -> dict:
         from archsim import kernel_cache
 
+        if self.workers <= 1:   # the kernels run now, in this process: this machine's time only (compare)
+            self.t0 = time.perf_counter() - self.setup_seconds
         before = dict(kernel_cache.stats)
         recs = []
 
@@ -437,6 +454,7 @@ def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
     out = []
     with Pool(opts.workers) as pool:
         pending = [start_workload(m, wl, opts, pool) for m in machines]
+        pool.flush()                  # every machine's kernels queued, the costliest first
         for m, run in zip(machines, pending):
             update, close = progress_for(m) if progress_for else (None, lambda: None)
             try:
@@ -447,6 +465,7 @@ def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
                 out.append(e)
             finally:
                 close()
+        pool.close(cancel=True)       # every result is in: stop what a stopped machine left running
     return out
 
 

@@ -133,7 +133,7 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh
     steps = np.diff(done[:S * C].reshape(S, C).mean(axis=1))   # steps[i]: wave i's mean to wave i + 1's
     seg = P if P > 0 else C
     w0 = 1
-    while ((S - w0 - 1) * C >= 3 * seg
+    while ((S - w0 - 1) * C >= 3 * seg and S - 2 - w0 >= 2
            and abs(steps[w0] - steps[w0 + 1:].mean()) > max_error * steps[w0 + 1:].mean()):
         w0 += 1
     n = ((S - w0) * C) // seg                                # whole segments after the warm-up

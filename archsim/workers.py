@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 
-from archsim.errors import InputError
+from archsim.errors import InputError, SimulationError
 
 
 ENV = "ARCHSIM_WORKERS"
@@ -45,7 +46,10 @@ def worker_init(env: dict) -> None:
     os.environ.update(env)
     from archsim import kernel_cache
 
-    kernel_cache.configure(None)
+    try:
+        kernel_cache.configure(None)
+    except InputError:          # the parent's cache went away: this worker simulates without one
+        kernel_cache.configure(None, enabled=False)
 
 
 def _call(fn, args, kwargs):
@@ -53,8 +57,11 @@ def _call(fn, args, kwargs):
     from archsim import kernel_cache
 
     before = dict(kernel_cache.stats)
-    value = fn(*args, **kwargs)
-    return value, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
+    try:
+        value, error = fn(*args, **kwargs), None
+    except Exception as e:  # noqa: BLE001  (raised again in the parent, after its counts are added)
+        value, error = None, e
+    return value, error, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
 
 
 class Pool:
@@ -65,6 +72,7 @@ class Pool:
     def __init__(self, workers: int = 1):
         self.workers = int(workers)
         self._ex = None
+        self._deferred = []            # (cost, order, _Deferred) not submitted yet
 
     def __enter__(self):
         return self
@@ -85,16 +93,37 @@ class Pool:
                                            initializer=worker_init, initargs=(kernel_cache.worker_env(),))
         return _Remote(self._ex.submit(_call, fn, args, kwargs))
 
+    def defer(self, cost: float, fn, *args, **kwargs):
+        """Like submit, but held back until ``flush`` (or the first result asked for), which
+        submits the held tasks costliest first: with tasks of very unequal length (a Sunway GEMM
+        against an A100 layernorm) the longest start at once instead of last, and the pool ends
+        sooner. Results are unaffected."""
+        if self.workers <= 1:
+            return _Lazy(fn, args, kwargs)
+        d = _Deferred(self, fn, args, kwargs)
+        self._deferred.append((-float(cost), len(self._deferred), d))
+        return d
+
+    def flush(self) -> None:
+        held, self._deferred = sorted(self._deferred, key=lambda x: x[:2]), []
+        for _, _, d in held:
+            d.fut = self.submit(d.fn, *d.args, **d.kwargs)
+
     def close(self, cancel: bool = False) -> None:
         """Shut the workers down; ``cancel``: drop the tasks not started and stop the running ones
         (a run that stopped, or an interrupt, does not wait for kernels it will not report)."""
         if self._ex is None:
             return
-        if cancel:
-            for proc in list(getattr(self._ex, "_processes", {}).values()):
-                proc.terminate()
-        self._ex.shutdown(wait=True, cancel_futures=cancel)
-        self._ex = None
+        ex, self._ex = self._ex, None
+        if not cancel:
+            ex.shutdown(wait=True)
+            return
+        procs = list((getattr(ex, "_processes", None) or {}).values())
+        ex.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.join(5)
 
 
 class _Lazy:
@@ -117,6 +146,19 @@ class _Lazy:
         return self.value
 
 
+class _Deferred:
+    """A task held by Pool.defer until the pool's flush."""
+
+    def __init__(self, pool: Pool, fn, args, kwargs):
+        self.pool, self.fn, self.args, self.kwargs = pool, fn, args, kwargs
+        self.fut = None
+
+    def result(self):
+        if self.fut is None:
+            self.pool.flush()
+        return self.fut.result()
+
+
 class _Remote:
     """A task on a worker: its value; the worker's cache counts are added to this process's."""
 
@@ -127,9 +169,15 @@ class _Remote:
     def result(self):
         from archsim import kernel_cache
 
-        value, counts = self.fut.result()
+        try:
+            value, error, counts = self.fut.result()
+        except BrokenProcessPool:
+            raise SimulationError("worker process", "a worker process died (killed for memory, or crashed) "
+                                  "before its kernel finished; run with --workers 1 to see the kernel") from None
         if not self.counted:
             for k, v in counts.items():
                 kernel_cache.stats[k] = kernel_cache.stats.get(k, 0) + v
             self.counted = True
+        if error is not None:
+            raise error
         return value

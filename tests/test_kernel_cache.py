@@ -191,3 +191,41 @@ def test_the_environment_turns_it_off_and_bench_never_uses_it(tmp_path, monkeypa
     run_bench(cases=[("c", "tiny-gpu", "latency", {"footprint_kib": 4})], repeat=1, warmup=[])
     assert kernel_cache.entries(tmp_path / "env") == []
     kernel_cache.configure(None, enabled=False)
+
+
+def test_the_opcode_table_is_in_the_key(tmp_path, monkeypatch):
+    """Latencies and units live in isa/opcodes.yaml, not in the programs: another table is another key."""
+    import archsim.paths
+    from archsim.paths import data_dir
+
+    real = kernel_cache.source_digest.__wrapped__()
+    isa = tmp_path / "isa"
+    isa.mkdir()
+    text = (data_dir("isa") / "opcodes.yaml").read_text()
+    (isa / "opcodes.yaml").write_text(text + "\n# another table\n")
+    monkeypatch.setattr(archsim.paths, "data_dir", lambda kind: tmp_path / kind)
+    assert kernel_cache.source_digest.__wrapped__() != real
+
+
+def test_clear_removes_only_the_caches_files(cache, asm):
+    m = load_machine("tiny-gpu")
+    prog, launch, args = _stream(asm)
+    time_kernel(prog, m, launch, args)
+    [entry] = kernel_cache.entries(cache)
+    (entry.parent / ".archsim-123.tmp").write_text("left by a killed worker")
+    others = [cache / "notes.kt", cache / "app" / "Main.kt", cache / "js" / ".eslintrc", entry.parent / "keep.txt"]
+    for o in others:
+        o.parent.mkdir(exist_ok=True)
+        o.write_text("not ours")
+    assert kernel_cache.clear(cache) == 1
+    assert kernel_cache.entries(cache) == [] and all(o.exists() for o in others)
+    assert [p.name for p in entry.parent.iterdir()] == ["keep.txt"]
+
+
+def test_an_unwritable_default_location_runs_without_a_cache(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.delenv(kernel_cache.ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "file"))
+    assert kernel_cache.configure(None) is None
+    assert "no kernel timing cache" in capsys.readouterr().err
+    assert main(["micro", "latency", "--hw", "tiny-gpu", "--param", "footprint_kib=4"]) == 0

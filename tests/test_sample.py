@@ -130,3 +130,14 @@ def test_the_rate_is_read_from_whole_waves_not_from_their_last_block():
                            DEFAULT_MAX_ERROR)
         expect = done.max() + (B - S * C) * T / C
         assert abs(est.cycles / expect - 1) <= est.error + 0.001 and est.error < 0.025, seed
+
+
+def test_a_short_head_with_a_small_period_leaves_enough_steady_waves(recwarn):
+    """The warm-up may not eat the steps the rate is read from (no mean of an empty slice)."""
+    from types import SimpleNamespace
+
+    from archsim.sample import _extrapolate
+
+    done = np.array([100, 101, 102, 103, 104, 105, 106, 107, 108]).repeat(3) + np.arange(27) % 3 * 40
+    est = _extrapolate(SimpleNamespace(block_done=done, memory={}), 9, 90, 3, 2, DEFAULT_MAX_ERROR)
+    assert np.isfinite(est.cycles) and np.isfinite(est.error) and not recwarn.list
