@@ -90,7 +90,7 @@ def configure(path: str | os.PathLike | None, enabled: bool = True) -> Path | No
             return _dir
         try:
             _dir = check_dir(default_dir(), "the default cache directory")
-        except InputError as e:     # a read-only home: run without a cache rather than refuse the job
+        except (InputError, RuntimeError) as e:   # a read-only or unknown home: run without a cache
             print(f"archsim: note: no kernel timing cache ({e}; --cache DIR names another)", file=sys.stderr)
             _dir = None
         return _dir
@@ -111,8 +111,8 @@ def disabled():
 
 
 def directory() -> Path | None:
-    """The cache in use: configured, or from the environment on first use (a worker process
-    inherits ``ARCHSIM_CACHE_DIR`` from the command that started it)."""
+    """The cache in use: configured, or from the environment on first use (a worker process gets
+    ``ARCHSIM_CACHE_DIR`` from the pool that started it, workers.worker_init)."""
     if not _configured:
         try:
             configure(None)
