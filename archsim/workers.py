@@ -53,7 +53,8 @@ def worker_init(env: dict) -> None:
 
 
 def _call(fn, args, kwargs):
-    """Run one task in a worker; returns its value and the kernel cache's counts for it."""
+    """Run one task in a worker: (its value, the exception it raised or None, the kernel cache's
+    counts for it), so that the parent counts a failed task's simulation too."""
     from archsim import kernel_cache
 
     before = dict(kernel_cache.stats)
