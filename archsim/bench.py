@@ -98,6 +98,17 @@ def _job_once(machines: list, wl, workers: int) -> dict:
             "totals": [d["total"] for d in docs]}
 
 
+def check_jobs(names) -> list[str]:
+    """The job names, each one of JOBS (InputError naming the first that is not)."""
+    from archsim.errors import InputError
+
+    known = [j[0] for j in JOBS]
+    for n in names:
+        if n not in known:
+            raise InputError("--job", f"unknown job {n!r}", "one of: " + ", ".join(known))
+    return list(names)
+
+
 def run_jobs(names=None, workers: int | None = None, progress=None) -> list[dict]:
     """The JOBS named (all by default), each in one process and on ``workers`` processes (default:
     the cores available); the totals of both runs must be identical."""
@@ -105,12 +116,7 @@ def run_jobs(names=None, workers: int | None = None, progress=None) -> list[dict
     from archsim.workloads.model import load_workload
 
     known = {j[0]: j for j in JOBS}
-    names = list(names or known)
-    bad = [n for n in names if n not in known]
-    if bad:
-        from archsim.errors import InputError
-
-        raise InputError("--job", f"unknown job {bad[0]!r}", "one of: " + ", ".join(known))
+    names = check_jobs(names or known)
     workers = workers or default_workers()
     out = []
     with kernel_cache.disabled():

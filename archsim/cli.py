@@ -439,12 +439,9 @@ def cmd_bench(a) -> int:
         raise InputError("--repeat", f"{a.repeat} is not a run count", "a positive integer")
     workers = check_workers(a.workers)
     if a.job:
-        from archsim.bench import JOBS
+        from archsim.bench import check_jobs
 
-        known = [j[0] for j in JOBS]
-        for n in a.job:
-            if n not in known:
-                raise InputError("--job", f"unknown job {n!r}", "one of: " + ", ".join(known))
+        check_jobs(a.job)         # before the cases run
     print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
     res = run_bench(repeat=a.repeat,
                     progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "

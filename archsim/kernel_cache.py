@@ -44,7 +44,7 @@ SUFFIX = ".kt"
 MAX_BACKED_BYTES = 64 << 20     # a launch with more backed argument bytes than this is not cached
 ENV = "ARCHSIM_CACHE_DIR"
 TMP_PREFIX = ".archsim-"
-_ENTRY = re.compile(r"[0-9a-f]{64}\.kt")
+_ENTRY = re.compile(r"[0-9a-f]{64}" + re.escape(SUFFIX))
 _SUBDIR = re.compile(r"[0-9a-f]{2}")
 
 _dir: Path | None = None        # the cache in use (None: off)
@@ -175,7 +175,6 @@ def key(prog, machine, launch, args: dict, options: tuple) -> str | None:
     """The entry's name, or None when the call is not cached (no cache, an argument of a kind the
     key cannot hold, or backed buffers beyond MAX_BACKED_BYTES)."""
     from archsim.config.load import machine_fingerprint
-    from archsim.isa.program import ARRAYS
 
     if directory() is None:
         return None
@@ -184,9 +183,8 @@ def key(prog, machine, launch, args: dict, options: tuple) -> str | None:
     h = hashlib.sha256()
     h.update(source_digest().encode())
     h.update(machine_fingerprint(machine).encode())
-    for a in ARRAYS:
-        h.update(np.ascontiguousarray(getattr(prog, a)).tobytes())
-    h.update(repr((prog.params, prog.nregs, prog.shared_bytes, launch, options)).encode())
+    h.update(prog.content_digest())
+    h.update(repr((launch, options)).encode())
     for name, v in args.items():
         if not _arg_key(h, str(name), v):
             return None
@@ -204,12 +202,8 @@ def load(k: str | None):
     try:
         with open(_path(k), "rb") as f:
             tag, value = pickle.load(f)
-    except FileNotFoundError:
-        stats["misses"] += 1
-        return None
-    except Exception:  # noqa: BLE001  (cut short, another format: simulate again and rewrite it)
-        stats["misses"] += 1
-        return None
+    except Exception:  # noqa: BLE001  (none yet, cut short, another format: simulate again and rewrite it)
+        tag = None
     if tag != (FORMAT, k):
         stats["misses"] += 1
         return None

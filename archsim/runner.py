@@ -186,13 +186,14 @@ def _cost(machine, k, opts: RunOptions) -> float:
     """A guess at a kernel's simulation time, to start the longest first on a pool: the core-cycles
     its flops take at the machine's peak, in the share of the grid sampling simulates at least."""
     from archsim.config.derived import peak_tflops
-    from archsim.resources import least_instructions
+    from archsim.resources import MAX_FLOPS_PER_INSTRUCTION, least_instructions
 
     caps = capabilities(machine)
     peak = max(peak_tflops(machine).values(), default=0.0)
     per_core_cycle = peak * 1e12 / (machine.clock_ghz * 1e9 * caps.cores_total) if peak > 0 else 1.0
     waves = opts.waves if opts.sample else None
-    return least_instructions([k], caps.cores_total, waves) * 4096 / per_core_cycle
+    flops = least_instructions([k], caps.cores_total, waves) * MAX_FLOPS_PER_INSTRUCTION
+    return flops / per_core_cycle
 
 
 @dataclass
@@ -452,7 +453,8 @@ def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
     from archsim.workers import Pool
 
     out = []
-    with Pool(opts.workers) as pool:
+    pool = Pool(opts.workers)
+    try:
         pending = [start_workload(m, wl, opts, pool) for m in machines]
         pool.flush()                  # every machine's kernels queued, the costliest first
         for m, run in zip(machines, pending):
@@ -465,7 +467,8 @@ def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
                 out.append(e)
             finally:
                 close()
-        pool.close(cancel=True)       # every result is in: stop what a stopped machine left running
+    finally:
+        pool.close(cancel=True)       # every result is in (or none will be): stop what is left running
     return out
 
 

@@ -489,14 +489,9 @@ class _Pool:
     threads or numba state; they use the parent's kernel timing cache)."""
 
     def __init__(self, workers: int):
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from archsim.workers import spawn_executor
 
-        from archsim import kernel_cache
-        from archsim.workers import worker_init
-
-        self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                      initializer=worker_init, initargs=(kernel_cache.worker_env(),))
+        self.ex = spawn_executor(workers)
         self.futs = {}
 
     def submit(self, task):

@@ -52,6 +52,18 @@ def worker_init(env: dict) -> None:
         kernel_cache.configure(None, enabled=False)
 
 
+def spawn_executor(workers: int):
+    """A process pool of spawned workers (they inherit no threads or numba state of the parent)
+    that use this process's kernel timing cache."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from archsim import kernel_cache
+
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=worker_init, initargs=(kernel_cache.worker_env(),))
+
+
 def _call(fn, args, kwargs):
     """Run one task in a worker: (its value, the exception it raised or None, the kernel cache's
     counts for it), so that the parent counts a failed task's simulation too."""
@@ -82,16 +94,10 @@ class Pool:
         self.close(cancel=exc[0] is not None)
 
     def submit(self, fn, *args, **kwargs) -> Future:
-        from archsim import kernel_cache
-
         if self.workers <= 1:
             return _Lazy(fn, args, kwargs)
         if self._ex is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            self._ex = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                           initializer=worker_init, initargs=(kernel_cache.worker_env(),))
+            self._ex = spawn_executor(self.workers)
         return _Remote(self._ex.submit(_call, fn, args, kwargs))
 
     def defer(self, cost: float, fn, *args, **kwargs):

@@ -116,6 +116,17 @@ class Program:
             return f"{self.source}:{int(self.line[pc])}"
         return f"{self.source}: instruction {pc}"
 
+    def content_digest(self) -> bytes:
+        """SHA-256 of what the program does (instruction arrays, parameters, registers, shared
+        bytes), not of its name or source lines: identical code, identical digest."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for a in ARRAYS:
+            h.update(np.ascontiguousarray(getattr(self, a)).tobytes())
+        h.update(repr((self.params, self.nregs, self.shared_bytes)).encode())
+        return h.digest()
+
     def arrays(self):
         """The instruction arrays as the engine's NamedTuple."""
         from archsim.engine.state import ProgArrays

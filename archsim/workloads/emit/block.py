@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from archsim.errors import InputError
-from archsim.isa.program import ARRAYS, Launch, Program
+from archsim.isa.program import Launch, Program
 
 from . import elementwise_gpu as EW
 from .gemm_gpu import to_float, to_host
@@ -93,12 +93,9 @@ class Kernel:
     def key(self) -> str:
         """Identity for memoization: the same program, launch and arguments (sizes and scalars)
         time the same on the same machine."""
-        h = hashlib.sha1()
-        for a in ARRAYS:
-            h.update(np.ascontiguousarray(getattr(self.program, a)).tobytes())
-        h.update(repr((self.program.nregs, self.program.shared_bytes, self.launch,
-                       sorted((k, v.nbytes if isinstance(v, Slot) else int(v)) for k, v in self.params.items())))
-                 .encode())
+        h = hashlib.sha1(self.program.content_digest())
+        h.update(repr((self.launch, sorted((k, v.nbytes if isinstance(v, Slot) else int(v))
+                                           for k, v in self.params.items()))).encode())
         return h.hexdigest()
 
 
