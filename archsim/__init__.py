@@ -4,7 +4,7 @@ The Python API (archsim.api, loaded on first use): ``load_machine``, ``load_work
 ``compare``; see the README.
 """
 
-__version__ = "0.1.0"
+from archsim.version import __version__  # noqa: F401
 
 _API = ("load_machine", "load_workload", "run", "compare", "Result", "Comparison")
 

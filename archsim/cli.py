@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from archsim import __version__
+from archsim.version import __version__
 from archsim.errors import ArchsimError, InputError, SimulationError
 from archsim.report import jsonfmt
 from archsim.resources import DEFAULT_MAX_INSTRUCTIONS, check_asm_args
@@ -398,7 +398,7 @@ def cmd_micro(a) -> int:
 def cmd_validate(a) -> int:
     from archsim.config.load import load_machine
     from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
-                                  pick_curves, plot_validation, reference_machine, reference_path, validate)
+                                  pick_curves, reference_machine, reference_path, validate)
 
     machine = load_machine(a.hw, a.overlays, a.sets)
     ref = reference_path(machine, a.reference)
@@ -426,6 +426,8 @@ def cmd_validate(a) -> int:
     if a.json:
         _write_json(a.json, res)
     if a.plot != "none":
+        from archsim.report.validation import plot_validation
+
         plot_validation(res, a.plot)
         print(f"plot: {a.plot}")
     return 0

@@ -155,7 +155,7 @@ def source_digest() -> str:
 
 def _arg_key(h, name: str, v) -> bool:
     """Feed one argument to the key; False if it cannot be keyed (the call is not cached)."""
-    from archsim.engine.timing import Unbacked
+    from archsim.engine.launch import Unbacked
 
     h.update(name.encode() + b"\0")
     if isinstance(v, Unbacked):

@@ -292,7 +292,7 @@ def micro_latency(machine, p: dict, out: MicroResult) -> float:
     keep = None
     if p["half"] != "all":
         _gpu_only(machine, "latency half=" + p["half"])
-        from archsim.engine.memory import l2_half_of, near_half_of_core
+        from archsim.engine.mem_state import l2_half_of, near_half_of_core
 
         near = near_half_of_core(machine, 0)  # block 0 runs on core 0
         keep = (lambda a: l2_half_of(machine, a) == near) if p["half"] == "near" else \

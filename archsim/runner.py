@@ -143,7 +143,8 @@ def timing_args(machine, params: dict, placement: str = "cross") -> dict:
     """An emitted kernel's timing arguments: each tensor slot becomes address space. cross: shared
     by every core (on Sunway: in the cross segment, see timing.shared_buffers); private: laid out
     from the usual base, which every core group reaches in its own segment (memory.placed_addr)."""
-    from archsim.engine.timing import Unbacked, shared_buffers
+    from archsim.engine.launch import Unbacked
+    from archsim.engine.timing import shared_buffers
     from archsim.workloads.emit.block import Slot
 
     slots = [p for p, v in params.items() if isinstance(v, Slot)]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from archsim import __version__
+from archsim.version import __version__
 from archsim.config.derived import fabric_clock_ghz, memory_clock_ghz, peak_bandwidth_gbps, peak_tflops
-from archsim.engine.core import STALL_NAMES
+from archsim.engine.warps import STALL_NAMES
 from archsim.engine.machine import TL_COUNTERS, KernelTiming
 
 SCHEMA = "archsim.result/1"

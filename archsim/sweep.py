@@ -273,8 +273,9 @@ class _Resolver:
         return e
 
     def machine(self, hw: str, hw_label: str, point: dict):
-        from archsim.config.load import (_check_set_path, _is_model, _type_at, _unwrap, apply_set, parse_set,
-                                         validate_machine)
+        from archsim.config import schema_errors as SE
+        from archsim.config.load import apply_set, check_set_path, parse_set, validate_machine
+        from archsim.config.schema import Machine
 
         data, origins, base = self.machines[hw]
         origins = list(origins)
@@ -284,11 +285,11 @@ class _Resolver:
             for dotted, value in items:
                 src = f"vary.{dotted}" if dotted in self.spec.vary else f"set.{dotted}"
                 path, val, dotted = parse_set(f"{dotted}={json.dumps(value)}")
-                _check_set_path(path, dotted, data)
+                check_set_path(path, dotted, data)
                 cur = data                          # the machine must have the block the path is in
                 for i, seg in enumerate(path[:-1]):
                     cur = cur.get(seg) if isinstance(cur, dict) else None
-                    if not isinstance(cur, dict) and _is_model(_unwrap(_type_at(path[:i + 1]))):
+                    if not isinstance(cur, dict) and SE.is_model(SE.unwrap(SE.type_at(Machine, path[:i + 1]))):
                         block = ".".join(path[:i + 1])
                         raise _err(self.spec.label, src, f"{data.get('name', hw_label)} has no {block} block",
                                    "paths of blocks the machine has; an overlay can add a block")
@@ -391,7 +392,7 @@ def execute(task: dict) -> dict:
 
 
 def _failed_doc(m, wl, t0: float) -> dict:
-    from archsim import __version__
+    from archsim.version import __version__
 
     return {"schema": "archsim.result/1", "complete": False, "status": "error",
             "machine": {"name": m.name, "family": m.family, "clock_ghz": m.clock_ghz},

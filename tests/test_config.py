@@ -170,7 +170,8 @@ def _variant(tmp_path, mutate, base="tiny-gpu") -> str:
     return str(p)
 
 
-CORE_KEYS = "kind, per_group, warp_width, warp_slots, max_blocks, subcores, scheduler, issue_per_cycle"
+CORE_KEYS = ("kind, per_group, warp_width, warp_slots, max_blocks, subcores, scheduler, issue_per_cycle, "
+             "mio_queue_entries, load_trackers, miss_queue_entries")
 
 
 def test_unknown_key(tmp_path):

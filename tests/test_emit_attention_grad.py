@@ -103,7 +103,7 @@ def _tolerance(g, Q, K, V, O, dO, ref, offs):
     E = np.abs(ds) + p * np.abs(do * o).sum(-1, keepdims=True)
     u = U[g.dtype]
     mag = (g.scale * E @ np.abs(k), g.scale * np.swapaxes(E, -1, -2) @ np.abs(q), np.swapaxes(p, -1, -2) @ np.abs(do))
-    from archsim.workloads.emit.attention_grad_gpu import _merge
+    from archsim.workloads.emit.attention_grad_gpu import merge_heads as _merge
     return tuple(2 * u * (np.abs(r) + _merge(m)) + 1e-5 for r, m in zip(ref, mag))
 
 

@@ -261,7 +261,7 @@ def test_timing_smoke_on_tiny_sunway():
     """A small causal prefill on tiny-sunway's timing model: the kernel completes, every global
     byte moves by DMA (Q, O once; K, V once per query block that sees them; no s x s matrix), and
     the CPEs spend their time on the vector pipe, not waiting for DMA."""
-    from archsim.engine.core import STALL_NAMES
+    from archsim.engine.warps import STALL_NAMES
     from archsim.engine.timing import Unbacked, time_kernel
 
     m = load_machine("tiny-sunway")

@@ -1,14 +1,14 @@
-"""L2 slices of the GPU memory system (archsim.engine.memory): which slice owns an address
+"""L2 slices of the GPU memory system (archsim.engine.l2_side, mem_state): which slice owns an address
 (consecutive or hashed slice indexing) and the near / far reply pipelines of a slice."""
 
 import numpy as np
 import pytest
 
 from archsim.config import load_machine
-from archsim.engine import core  # noqa: F401  (core imports memory: load it first)
-from archsim.engine import memory as ME
+from archsim.engine import l2_side as L2
+from archsim.engine import mem_state as ST
 from archsim.engine import noc as NC
-from archsim.engine.queues import KIND_READ, req_alloc
+from archsim.engine.queues import KIND_READ, q_peek, req_alloc, req_free
 
 _ms = {}
 
@@ -17,12 +17,12 @@ def mstate(name, sets=()):
     key = (name, tuple(sets))
     if key not in _ms:
         m = load_machine(name, sets=list(sets))
-        _ms[key] = (m, ME.make_mstate(m, None))
+        _ms[key] = (m, ST.make_mstate(m, None))
     return _ms[key]
 
 
 def slices(MS, addrs):
-    return np.array([ME._slice_of(MS, int(a)) for a in addrs])
+    return np.array([ST.slice_of(MS, int(a)) for a in addrs])
 
 
 def half_granule(m, a):
@@ -68,7 +68,7 @@ def test_hashed_indexing_is_a_permutation_of_each_group_of_granules(name):
     sph = m.l2.slices // m.l2.halves
     il = m.memory_controllers.address_mapping.interleave_bytes
     for g in (0, 1, 7, 12345, 1 << 20):
-        within = [ME.hashed_slice(g * sph + k, sph, max(1, (sph - 1).bit_length())) for k in range(sph)]
+        within = [ST.hashed_slice(g * sph + k, sph, max(1, (sph - 1).bit_length())) for k in range(sph)]
         assert sorted(within) == list(range(sph))                 # a sequential stream stays balanced
     # a sequential stream over a few MB loads every slice equally
     s = slices(MS, np.arange(0, 4 * m.l2.interleave_bytes * m.l2.halves * sph, il))
@@ -105,16 +105,16 @@ def test_near_reply_does_not_wait_behind_a_far_one():
     l2 = m.l2
     sl = 0                                                        # half 0: core 0 is near, core 1 far
     near_core, far_core = 0, 1
-    assert ME._far(MS, near_core, sl) == 0 and ME._far(MS, far_core, sl) == 1
+    assert ST.is_far(MS, near_core, sl) == 0 and ST.is_far(MS, far_core, sl) == 1
     lat, far_x = l2.hit_latency_cycles, l2.far_half_extra_cycles
     r_far = req_alloc(MS.R, 0, 32, KIND_READ, far_core, 0, 0)
     r_near = req_alloc(MS.R, 128, 32, KIND_READ, near_core, 0, 1)
-    ME._respond_l2(MS, sl, r_far, 0)                               # the far one is answered first
-    ME._respond_l2(MS, sl, r_near, 1)
+    L2.respond_l2(MS, sl, r_far, 0)                               # the far one is answered first
+    L2.respond_l2(MS, sl, r_near, 1)
     left = {}
     for now in range(0, 200):
         before = _injected(MS, sl)
-        ME._slice_cycle(MS, sl, now)
+        L2.slice_cycle(MS, sl, now)
         NC.noc_step(MS.resp, now)
         for _ in range(_injected(MS, sl) - before):
             left[len(left)] = now
@@ -143,21 +143,21 @@ def test_near_replicas_route_reads_to_the_mirror_of_the_home_and_writes_home():
     sph = m.l2.slices // m.l2.halves
     rng = np.random.default_rng(3)
     for a in rng.integers(0, 1 << 30, 400) // 32 * 32:
-        home = ME._slice_of(MS, int(a))
+        home = ST.slice_of(MS, int(a))
         for core in range(4):
             half = core % m.l2.halves
             r = req_alloc(MS.R, int(a), 32, KIND_READ, core, 0, 0)
             w = req_alloc(MS.R, int(a), 32, KIND_WRITE, core, 0, 0)
             want = home if home // sph == half else half * sph + home % sph
-            assert ME._dest_slice(MS, core, r) == want
-            assert ME._dest_slice(MS, core, w) == home
-            assert ME._far(MS, core, ME._dest_slice(MS, core, r)) == 0     # a read is always answered near
-            ME.req_free(MS.R, r)
-            ME.req_free(MS.R, w)
+            assert ST.dest_slice(MS, core, r) == want
+            assert ST.dest_slice(MS, core, w) == home
+            assert ST.is_far(MS, core, ST.dest_slice(MS, core, r)) == 0     # a read is always answered near
+            req_free(MS.R, r)
+            req_free(MS.R, w)
     # without replicas every request goes home
     _, M0 = mstate("tiny-gpu")
     r = req_alloc(M0.R, 8192, 32, KIND_READ, 0, 0, 0)
-    assert ME._dest_slice(M0, 0, r) == ME._slice_of(M0, 8192) and ME._slice_of(M0, 8192) // sph == 1
+    assert ST.dest_slice(M0, 0, r) == ST.slice_of(M0, 8192) and ST.slice_of(M0, 8192) // sph == 1
 
 
 def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing_else_from_dram():
@@ -167,35 +167,35 @@ def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing_else_from_
     l2 = m.l2
     sph = l2.slices // l2.halves
     line = 8192 * 3                                 # half 1
-    home = ME._slice_of(MS, line)
-    mirror = ME._mirror(MS, home, 0)
+    home = ST.slice_of(MS, line)
+    mirror = ST.mirror_slice(MS, home, 0)
     assert home // sph == 1 and mirror == home % sph
     CA.cache_fill(MS.L2, home, line, 0b1111, 0)     # the home holds the line
-    q = MS.cfg[ME.M_Q_RFILL] + mirror
+    q = MS.cfg[ST.M_Q_RFILL] + mirror
     n0 = MS.Q.count[q]
-    ME._fetch_copy(MS, mirror, home, line, 0b0011, 100)
+    L2.fetch_copy(MS, mirror, home, line, 0b0011, 100)
     assert MS.Q.count[q] == n0 + 1
-    rd = ME.q_peek(MS.Q, q, n0)
+    rd = q_peek(MS.Q, q, n0)
     assert MS.R.aux1[rd] == 100 + l2.hit_latency_cycles + l2.far_half_extra_cycles
     assert MS.R.aux0[rd] == 0b0011 and MS.R.tag[rd] == mirror
-    assert MS.R.src[rd] == ME.COPY_HIT
+    assert MS.R.src[rd] == ST.COPY_HIT
     # a line the home lacks: after the same crossing, a DRAM read tagged for the mirror's fill
     other = line + 128
-    ME._fetch_copy(MS, mirror, home, other, 0b0001, 100)
+    L2.fetch_copy(MS, mirror, home, other, 0b0001, 100)
     assert MS.Q.count[q] == n0 + 2
-    rm = ME.q_peek(MS.Q, q, n0 + 1)
-    assert MS.R.src[rm] == ME.COPY_MISS and MS.R.aux1[rm] == MS.R.aux1[rd]
-    fe = MS.cfg[ME.M_Q_FE]
+    rm = q_peek(MS.Q, q, n0 + 1)
+    assert MS.R.src[rm] == ST.COPY_MISS and MS.R.aux1[rm] == MS.R.aux1[rd]
+    fe = MS.cfg[ST.M_Q_FE]
     before = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
-    ME._slice_cycle(MS, mirror, int(MS.R.aux1[rd]))      # both due: the copy fills, the miss goes to DRAM
+    L2.slice_cycle(MS, mirror, int(MS.R.aux1[rd]))      # both due: the copy fills, the miss goes to DRAM
     after = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
     assert MS.Q.count[q] == n0 and after == before + 1
     assert CA.cache_probe(MS.L2, mirror, line) == 0b0011
     # its fill puts the line in the home too; a write at the home drops the mirror's copy
-    ME._fill_slice(MS, mirror, other, 0b0001, 200)
-    ME._fill_slice(MS, home, other, 0b0001, 200)
+    L2.fill_slice(MS, mirror, other, 0b0001, 200)
+    L2.fill_slice(MS, home, other, 0b0001, 200)
     assert CA.cache_probe(MS.L2, mirror, other) == 0b0001 and CA.cache_probe(MS.L2, home, other) == 0b0001
-    ME._drop_copies(MS, home, other)
+    L2.drop_copies(MS, home, other)
     assert CA.cache_probe(MS.L2, mirror, other) == -1 and CA.cache_probe(MS.L2, home, other) == 0b0001
 
 

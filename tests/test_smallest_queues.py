@@ -14,9 +14,13 @@ from archsim.workloads.model import load_workload
 
 CAPACITIES = {
     "tiny-gpu": ["l1.mshrs", "l2.mshrs", "fabric.buffer_depth", "fabric.lookahead_packets",
-                 "memory_controllers.queue_depth"],
+                 "memory_controllers.queue_depth", "cores.mio_queue_entries", "cores.load_trackers",
+                 "cores.miss_queue_entries", "l1.max_merge", "l2.max_merge", "l2.retry_spare_entries",
+                 "memory_controllers.row_hit_cap"],
     "tiny-sunway": ["dma.max_inflight", "dma.max_inflight_per_transfer", "rma.max_inflight", "rma.buffer_depth",
-                    "fabric.buffer_depth", "fabric.lookahead_packets", "memory_controllers.queue_depth"],
+                    "fabric.buffer_depth", "fabric.lookahead_packets", "memory_controllers.queue_depth",
+                    "dma.descriptors_per_engine", "rma.descriptors_per_engine", "cores.mio_queue_entries",
+                    "cores.miss_queue_entries"],
 }
 
 

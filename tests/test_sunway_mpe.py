@@ -19,7 +19,7 @@ from archsim.isa.asm import assemble
 from archsim.isa.program import Launch
 from archsim.sample import time_sampled
 
-HEADER = 8  # memory.HEADER_BYTES: every mesh packet's header
+HEADER = 8  # fabric.header_bytes (default): every mesh packet's header
 
 EXIT = """.kernel k
         exit

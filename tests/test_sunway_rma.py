@@ -22,7 +22,7 @@ from archsim.errors import InputError, SimulationError
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch
 
-HEADER = 8  # memory.HEADER_BYTES
+HEADER = 8  # fabric.header_bytes (default)
 
 
 @pytest.fixture(scope="module")

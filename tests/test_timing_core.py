@@ -263,14 +263,15 @@ def test_warp_slots_and_sub_cores_know_their_home(tiny):
     (slots go round the sub-cores of their core) and the core of each sub-core, also for a slot
     count that is no multiple of the sub-cores."""
     from archsim.engine import core as K
+    from archsim.engine import warps as WS
 
     C = K.make_core_cfg(tiny, 1024, slots=6, max_blocks=2)
     TS = K.make_tstate(C, nregs=8, nblocks=4, wpb=3, regs_per_warp=8 * 32, smem_per_block=0)
     cores, sub = int(C.v[K.C_CORES]), int(C.v[K.C_SUBCORES])
     for w in range(cores * 6):
         core, slot = divmod(w, 6)
-        assert TS.home[K.HOME_SUB, w] == core * sub + slot % sub
-        assert K.subcore_of(TS, w) == slot % sub
+        assert TS.home[WS.HOME_SUB, w] == core * sub + slot % sub
+        assert WS.subcore_of(TS, w) == slot % sub
     for i in range(cores * sub):
-        assert TS.home[K.HOME_CORE, i] == i // sub
-    assert (TS.k[K.K_SUBCORES], TS.k[K.K_SLOTS]) == (sub, 6)
+        assert TS.home[WS.HOME_CORE, i] == i // sub
+    assert (TS.k[WS.K_SUBCORES], TS.k[WS.K_SLOTS]) == (sub, 6)

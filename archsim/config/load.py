@@ -13,7 +13,6 @@ import copy
 import hashlib
 import json
 import re
-import types
 import typing
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -24,7 +23,8 @@ from pydantic import BaseModel, ValidationError
 from archsim.errors import InputError
 from archsim.paths import data_dir
 
-from .schema import MAX_INT, FieldError, Machine
+from .schema import Machine
+from . import schema_errors as SE
 
 # ---- finding files ----------------------------------------------------------------------------
 
@@ -38,7 +38,9 @@ def builtin_overlays() -> list[str]:
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
 
 
-def _resolve(arg: str, where: str, kind: str, folder: Path, names: list[str]) -> Path:
+def resolve_file(arg: str, where: str, kind: str, folder: Path, names: list[str]) -> Path:
+    """A file named by ``arg``: a path, or one of the built-in ``names`` (stems of YAML files in
+    ``folder``); otherwise one InputError naming ``where`` and what is allowed."""
     arg = str(arg)
     stem = arg[:-5] if arg.endswith(".yaml") else arg
     if "/" not in arg and stem in names:
@@ -58,12 +60,12 @@ def _resolve(arg: str, where: str, kind: str, folder: Path, names: list[str]) ->
 
 def resolve_hw(hw: str) -> Path:
     """A machine file: a path to a YAML file, or a built-in name found in configs/."""
-    return _resolve(hw, "--hw", "machine", data_dir("configs"), builtin_machines())
+    return resolve_file(hw, "--hw", "machine", data_dir("configs"), builtin_machines())
 
 
 def resolve_overlay(overlay: str) -> Path:
     """An overlay file: a path, or a built-in name found in configs/overlays/ (e.g. l2-off)."""
-    return _resolve(overlay, "--overlay", "overlay", data_dir("configs") / "overlays", builtin_overlays())
+    return resolve_file(overlay, "--overlay", "overlay", data_dir("configs") / "overlays", builtin_overlays())
 
 
 def _label(arg: str, path: Path) -> str:
@@ -205,155 +207,6 @@ def _leaf_paths(d: dict, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-# ---- walking the schema -----------------------------------------------------------------------
-
-def _unwrap(t):
-    """Strip Annotated and Optional: the type a value at this place is validated against."""
-    while True:
-        origin = typing.get_origin(t)
-        if origin is typing.Annotated:
-            t = typing.get_args(t)[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(t) if a is not type(None)]
-            if len(args) != 1:
-                return t
-            t = args[0]
-        else:
-            return t
-
-
-def _is_model(t) -> bool:
-    return isinstance(t, type) and issubclass(t, BaseModel)
-
-
-def _literal_values(t) -> tuple | None:
-    t = _unwrap(t)
-    return typing.get_args(t) if typing.get_origin(t) is typing.Literal else None
-
-
-def _child(t, seg):
-    """The type one level down from ``t`` at key/index ``seg`` (None when unknown)."""
-    t = _unwrap(t)
-    if _is_model(t):
-        f = t.model_fields.get(seg)
-        return None if f is None else _field_type(f)
-    origin = typing.get_origin(t)
-    if origin is dict:
-        return typing.get_args(t)[1]
-    if origin is tuple:
-        args = typing.get_args(t)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return args[0]
-        if isinstance(seg, int) and 0 <= seg < len(args):
-            return args[seg]
-    return None
-
-
-def _field_type(f):
-    """A pydantic FieldInfo's annotation with its metadata put back (for constraint texts)."""
-    if f.metadata:
-        return typing.Annotated[(f.annotation, *f.metadata)]
-    return f.annotation
-
-
-def _type_at(path: Sequence) -> Any:
-    t = Machine
-    for seg in path:
-        t = _child(t, seg)
-        if t is None:
-            return None
-    return t
-
-
-def _dotted(path: Sequence) -> str:
-    out = ""
-    for seg in path:
-        if isinstance(seg, int):
-            out += f"[{seg}]"
-        else:
-            out += ("." if out else "") + str(seg)
-    return out
-
-
-def _constraints(t) -> dict:
-    """gt/ge/lt/le/min_length gathered from Annotated metadata along the way to the bare type."""
-    out = {}
-    while True:
-        origin = typing.get_origin(t)
-        if origin is typing.Annotated:
-            args = typing.get_args(t)
-            for m in args[1:]:
-                for attr in ("gt", "ge", "lt", "le", "min_length"):
-                    v = getattr(m, attr, None)
-                    if v is not None:
-                        out.setdefault(attr, v)
-                for sub in getattr(m, "metadata", ()) or ():
-                    for attr in ("gt", "ge", "lt", "le", "min_length"):
-                        v = getattr(sub, attr, None)
-                        if v is not None:
-                            out.setdefault(attr, v)
-            t = args[0]
-        elif origin in (Union, types.UnionType):
-            args = [a for a in typing.get_args(t) if a is not type(None)]
-            if len(args) != 1:
-                return out
-            t = args[0]
-        else:
-            return out
-
-
-def _describe(t) -> str:
-    """'an integer > 0', 'a number >= 0', 'one of: lrr, gto', 'a mapping' ... for a type."""
-    if t is None:
-        return ""
-    lits = _literal_values(t)
-    if lits is not None:
-        return "one of: " + ", ".join(map(str, lits))
-    bare = _unwrap(t)
-    c = _constraints(t)
-    rng = " ".join(f"{op} {c[k]}" for k, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
-                   if k in c and not (k == "le" and c[k] == MAX_INT))   # the sanity cap: said where it is hit
-    if bare is bool:
-        return "true or false"
-    if bare is int:
-        return "an integer" + (f" {rng}" if rng else "")
-    if bare is float:
-        return "a number" + (f" {rng}" if rng else "")
-    if bare is str:
-        return "a non-empty string" if c.get("min_length") else "a string"
-    if _is_model(bare):
-        return "a mapping with keys: " + ", ".join(bare.model_fields)
-    origin = typing.get_origin(bare)
-    if origin is dict:
-        k, v = typing.get_args(bare)
-        keys = _literal_values(k)
-        return "a mapping" + (f" of {', '.join(keys)}" if keys else "") + (f" to {_describe(v)}" if _describe(v) else "")
-    if origin is tuple:
-        args = typing.get_args(bare)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a list of {_describe(args[0])}".replace("a list of one of:", "a list, each one of:")
-        return f"a list of {len(args)} items, each {_describe(args[0])}"
-    return ""
-
-
-def _known_keys(t, data: Any = None) -> list[str]:
-    """Keys allowed one level below type ``t`` (model fields, Literal dict keys or existing keys)."""
-    t = _unwrap(t)
-    if _is_model(t):
-        return list(t.model_fields)
-    if typing.get_origin(t) is dict:
-        keys = _literal_values(typing.get_args(t)[0])
-        if keys is not None:
-            return list(keys)
-        return list(data) if isinstance(data, dict) else []
-    return []
-
-
-def _required_keys(t) -> list[str]:
-    t = _unwrap(t)
-    return [k for k, f in t.model_fields.items() if f.is_required()] if _is_model(t) else []
-
-
 def get_value(m: Machine, dotted: str) -> Any:
     """The value at a dotted config path of a resolved Machine (``get_value(m, "dram.channels")``)."""
     cur: Any = m
@@ -389,8 +242,8 @@ def parse_set(item: str) -> tuple[tuple, Any, str]:
         shown = raw if len(raw) <= 60 else raw[:50] + f"... ({len(raw):,} characters)"
         raise InputError(f"--set {dotted}", f"cannot parse value {shown!r}: {problem}",
                          "a YAML scalar or flow value, e.g. 4, 1.5, true, lrr, [4, 4, 4], {f32: 16}") from None
-    t = _type_at(path)
-    bare = _unwrap(t) if t is not None else None
+    t = SE.type_at(Machine, path)
+    bare = SE.unwrap(t) if t is not None else None
     if bare is str and value is not None and not isinstance(value, str) and not isinstance(value, (dict, list)):
         value = raw.strip()                                  # name=123 means the string "123"
     elif bare in (float, int) and isinstance(value, str) and _FLOAT_RE.match(value.strip()):
@@ -400,22 +253,23 @@ def parse_set(item: str) -> tuple[tuple, Any, str]:
     return path, value, dotted
 
 
-def _check_set_path(path: tuple, dotted: str, data: dict) -> None:
+def check_set_path(path: tuple, option: str, data: dict) -> None:
+    """A ``--set`` path names a schema field: every key on the way is known, no value is used as a block."""
     t: Any = Machine
     cur: Any = data
     for i, seg in enumerate(path):
-        here = _dotted(path[:i]) or "the top level"
-        bare = _unwrap(t)
-        if _is_model(bare) or typing.get_origin(bare) is dict:
-            keys = _known_keys(bare, cur)
+        here = SE.dotted(path[:i]) or "the top level"
+        bare = SE.unwrap(t)
+        if SE.is_model(bare) or typing.get_origin(bare) is dict:
+            keys = SE.known_keys(bare, cur)
             if seg not in keys:
-                raise InputError(f"--set {dotted}", f"unknown key {seg!r} in {here}",
+                raise InputError(f"--set {option}", f"unknown key {seg!r} in {here}",
                                  "known keys: " + (", ".join(keys) if keys else "none"))
-            t = _child(bare, seg)
+            t = SE.child(bare, seg)
             cur = cur.get(seg) if isinstance(cur, dict) else None
         else:
-            raise InputError(f"--set {dotted}", f"{_dotted(path[:i])} is a value, not a block",
-                             f"set {_dotted(path[:i])} itself")
+            raise InputError(f"--set {option}", f"{SE.dotted(path[:i])} is a value, not a block",
+                             f"set {SE.dotted(path[:i])} itself")
 
 
 def apply_set(data: dict, path: tuple, value: Any) -> dict:
@@ -447,86 +301,17 @@ def _origin(paths: Sequence[tuple], origins: list[tuple[tuple, str]], base: str)
     return base, paths[0]
 
 
-_TYPE_WORDS = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
-    "bool_parsing": "true or false", "string_type": "a string", "dict_type": "a mapping",
-    "model_type": "a mapping", "model_attributes_type": "a mapping", "tuple_type": "a list",
-    "list_type": "a list", "finite_number": "a finite number",
-}
-
-
 def _convert(exc: ValidationError, origins: list, base: str) -> InputError:
-    err = exc.errors(include_url=False)[0]
-    loc = tuple(err["loc"])
-    typ = err["type"]
-    ctx = err.get("ctx") or {}
-    val = err.get("input")
-    what, allowed, paths, is_field_error = None, "", [loc], False
-
-    if typ == "value_error" and isinstance(ctx.get("error"), FieldError):
-        fe = ctx["error"]
-
-        base_loc = loc
-
-        def _abs(p):
-            return base_loc + tuple(int(s) if s.isdigit() else s for s in re.split(r"\.|\[|\]\.?", p) if s)
-        loc = _abs(fe.path)
-        paths = [loc] + [_abs(r) for r in fe.related]
-        what, allowed, is_field_error = fe.what, fe.allowed, True
-        if base_loc and what.startswith(fe.path + " "):       # name the field by its full path
-            what = _dotted(loc) + what[len(fe.path):]
-    elif loc and loc[-1] == "[key]":
-        loc = loc[:-1]
-        key = loc[-1]
-        keys = _known_keys(_type_at(loc[:-1]))
-        what, allowed = f"unknown key {key!r}", "known keys: " + ", ".join(keys)
-    elif typ == "extra_forbidden":
-        parent = _type_at(loc[:-1])
-        what = f"unknown key {loc[-1]!r}"
-        allowed = "known keys: " + ", ".join(_known_keys(parent))
-    elif typ == "missing" and loc and isinstance(loc[-1], int):
-        loc = loc[:-1]
-        what = f"too few items in {_dotted(loc)}"
-        allowed = _describe(_type_at(loc))
-    elif typ == "missing":
-        paths = [loc, loc[:-1]] if len(loc) > 1 else [loc]   # a --set that created the block via a sibling
-        t = _type_at(loc)
-        kind = "block" if t is not None and _is_model(_unwrap(t)) else "key"
-        what = f"missing required {kind} {loc[-1]!r}"
-        here = f"in {_dotted(loc[:-1])}" if len(loc) > 1 else "at the top level"
-        allowed = f"required {here}: " + ", ".join(_required_keys(_type_at(loc[:-1])))
-    elif typ in ("literal_error", "enum"):
-        what = f"unknown value {val!r}"
-        exp = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        allowed = "one of: " + ", ".join(exp) if exp else _describe(_type_at(loc))
-    elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        what = f"value {val!r} out of range"
-        allowed = _describe(_type_at(loc))
-        if typ == "less_than_equal" and ctx.get("le") == MAX_INT:
-            allowed += f", at most {MAX_INT}"
-    elif typ in _TYPE_WORDS:
-        what = f"expected {_TYPE_WORDS[typ]}, got {val!r}"
-        allowed = _describe(_type_at(loc)) or _TYPE_WORDS[typ]
-    elif typ == "too_short":
-        what = f"{val!r} is empty" if not val else f"{val!r} is too short"
-        allowed = f"at least {ctx.get('min_length', 1)} item(s)"
-    elif typ == "too_long" or typ == "tuple_too_long":
-        what = f"{val!r} is too long"
-        allowed = _describe(_type_at(loc))
-    else:
-        what = f"{err['msg']}, got {val!r}"
-        allowed = _describe(_type_at(loc))
-
+    loc, paths, what, allowed, is_field_error = SE.explain(exc, Machine)
     label, blamed = _origin(paths, origins, base)
     if is_field_error:
         loc = blamed                  # name the related field the user actually changed
-    dotted = _dotted(loc)
+    field = SE.dotted(loc)
     if label.startswith("--set "):
-        if not is_field_error and dotted and dotted != label[len("--set "):]:
-            what = f"{dotted}: {what}"
+        if not is_field_error and field and field != label[len("--set "):]:
+            what = f"{field}: {what}"
         return InputError(label, what, allowed)
-    return InputError(f"{label}: {dotted}" if dotted else label, what, allowed)
+    return InputError(f"{label}: {field}" if field else label, what, allowed)
 
 
 def validate_machine(data: dict, label: str = "<config>", origins: Sequence = ()) -> Machine:
@@ -553,7 +338,7 @@ def load_machine_dict(hw: str, overlays: Sequence[str] = (), sets: Sequence[str]
         origins.extend((p, olabel) for p in _leaf_paths(odata))
     for item in sets:
         spath, value, dotted = parse_set(item)
-        _check_set_path(spath, dotted, data)
+        check_set_path(spath, dotted, data)
         data = apply_set(data, spath, value)
         origins.append((spath, f"--set {dotted}"))
     return data, origins, base_label
@@ -572,7 +357,7 @@ def machine_fingerprint(m: Machine) -> str:
 
 
 __all__ = [
-    "apply_set", "builtin_machines", "builtin_overlays", "deep_merge", "get_value", "load_machine",
-    "load_machine_dict", "machine_fingerprint", "parse_set", "read_yaml", "resolve_hw", "resolve_overlay",
+    "apply_set", "builtin_machines", "check_set_path", "builtin_overlays", "deep_merge", "get_value", "load_machine",
+    "load_machine_dict", "machine_fingerprint", "parse_set", "read_yaml", "resolve_file", "resolve_hw", "resolve_overlay",
     "validate_machine",
 ]

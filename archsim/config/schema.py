@@ -144,6 +144,11 @@ class Cores(Frozen):
     subcores: PosInt                # schedulers per core, each owning warp_slots/subcores warps
     scheduler: Literal["lrr", "gto"]  # loose round robin | greedy-then-oldest
     issue_per_cycle: PosInt         # warp-instructions issued per cycle per sub-core
+    # The core's memory side (choices: not published; today's values as defaults)
+    mio_queue_entries: PosInt = 8       # memory instructions queued between issue and the data pipe
+    load_trackers: PosInt = 512         # loads / async copies in flight per core (L1 MSHRs bound the misses)
+    # requests waiting to enter the fabric per core (the data pipe keeps two entries spare)
+    miss_queue_entries: Annotated[int, Field(strict=True, ge=3, le=MAX_INT)] = 64
 
     @model_validator(mode="after")
     def _check(self):
@@ -197,7 +202,7 @@ class Scratchpad(Frozen):
     bank_width_bytes: PosInt        # banks x bank_width_bytes = bytes per cycle per core
     latency_cycles: PosCycles          # unloaded load-to-use
     carved_from_l1: Bool = False    # shared memory takes size_kib of the unified l1 array
-    carveouts_kib: Optional[tuple[NonNegInt, ...]] = None   # allowed size_kib values
+    carveouts_kib: Optional[Annotated[tuple[NonNegInt, ...], Field(min_length=1)]] = None   # allowed size_kib values
     # fixed: every kernel gets size_kib; per_kernel: a kernel gets the smallest allowed carveout
     # (at most size_kib) that holds the blocks its other limits let a core run, as the CUDA driver
     # picks it, and the rest of the array is L1 cache
@@ -252,6 +257,10 @@ class L1(Frozen):
     mshrs: PosInt                   # outstanding sector misses per core
     hit_latency_cycles: PosCycles
     bytes_per_cycle: PosInt         # per core
+    # Write-through without write-allocate, as Accel-Sim's "L:T:m:L:L" L1 (the engine's L1 keeps no
+    # dirty lines); the victim policy and the requests one MSHR entry takes are settings
+    replacement: Literal["lru", "fifo"] = "lru"
+    max_merge: PosInt = 8           # Accel-Sim's tested Volta config (SM7_QV100) "A:512:8"
 
     @model_validator(mode="after")
     def _check(self):
@@ -285,6 +294,7 @@ class Dma(Frozen):
     put_startup_cycles: NonNegCycles
     bytes_per_cycle: PosFloat       # per engine
     broadcast_modes: tuple[Literal["row", "column", "array"], ...] = ()
+    descriptors_per_engine: PosInt = 8   # transfers queued per engine; a CPE issuing more stalls (choice)
 
 
 class Rma(Frozen):
@@ -304,6 +314,7 @@ class Rma(Frozen):
     max_inflight: PosInt = 16                         # pieces in flight per engine
     buffer_depth: Optional[PosInt] = None             # CPE-mesh buffers, flits (default: two whole pieces,
                                                       # so a stream never waits for a buffer to drain)
+    descriptors_per_engine: PosInt = 8                # transfers queued per engine; a CPE issuing more stalls (choice)
 
 
 class Mesh(Frozen):
@@ -363,6 +374,8 @@ class Fabric(Frozen):
     # waits for a busy or full output (head-of-line blocking relief, a virtual-output-queue-like
     # input port). 0: a FIFO port. Packets for one output never pass each other.
     lookahead_packets: NonNegInt = 0
+    lookahead_rounds: PosInt = 3    # offer / grant rounds per cycle when ports look ahead (choice)
+    header_bytes: PosInt = 8        # request / response packet header, on every fabric and mesh link (choice)
 
 
 class L2(Frozen):
@@ -388,6 +401,13 @@ class L2(Frozen):
     # in its home slice, far_half_extra_cycles away, then in DRAM; a write goes to the home slice
     # and drops the copies). With false, every line lives in its home slice only.
     near_replicas: Bool = False
+    # Write-back, write-allocate at sector granularity, as Accel-Sim's "L:B:m:L:P" L2; the victim
+    # policy and the requests one MSHR entry takes are settings
+    replacement: Literal["lru", "fifo"] = "lru"
+    max_merge: PosInt = 4           # Accel-Sim's tested Volta config (SM7_QV100) "A:192:4"
+    # A slice's DRAM retry queue holds every sector its MSHRs fetch plus this many writebacks; the
+    # slice takes no new request while all but 8 of them wait (choice)
+    retry_spare_entries: Annotated[int, Field(strict=True, ge=16, le=MAX_INT)] = 256
 
     @model_validator(mode="after")
     def _check(self):
@@ -441,6 +461,7 @@ class MemoryControllers(Frozen):
     # address mapping, PHY): a pipeline of this many fabric cycles that never limits throughput.
     # 0: none.
     frontend_latency_cycles: NonNegCycles = 0
+    row_hit_cap: PosInt = 16        # FR-FCFS: row hits served before a waiting conflict may close the row (choice)
 
 
 class DramTiming(Frozen):

@@ -192,30 +192,29 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
                       evict_addr=np.zeros(I, np.int64), evict_dirty=np.zeros(I, np.int64))
 
 
-# L1: "A:512:8" and L2: "A:192:4" MSHR merge limits of Accel-Sim's tested Volta config (SM7_QV100).
-L1_MAX_MERGE = 8
 # the LDM cache keeps 32-B sectors internally so that a store writes through only the bytes' sectors;
-# a load miss fills the whole line (memory.py M_FILL_LINE)
+# a load miss fills the whole line (mem_state.M_FILL_LINE)
 LDM_CACHE_SECTOR = 32
-L2_MAX_MERGE = 4
+LDM_CACHE_MAX_MERGE = 8   # requests waiting on one LDM-cache MSHR entry (as the GPU L1's default)
+REPLACEMENT = {"lru": REPL_LRU, "fifo": REPL_FIFO}   # l1 / l2 .replacement
 
 
-def make_l1_state(machine, *, max_merge=L1_MAX_MERGE, replacement=REPL_LRU, set_hash=False):
+def make_l1_state(machine, *, set_hash=False):
     """One L1 per core: capacity l1.size_kib minus the shared-memory carveout when carved_from_l1;
-    write-through, no write-allocate, LRU, linear set index (Accel-Sim's "L:T:m:L:L"). The config's
-    l1.mshrs (outstanding sector misses) bounds both entries and sectors in flight. None when the
-    machine has no L1 or the carveout leaves no cache."""
+    write-through, no write-allocate, l1.replacement (default LRU), linear set index
+    (Accel-Sim's "L:T:m:L:L"). The config's l1.mshrs (outstanding sector misses) bounds both entries
+    and sectors in flight. None when the machine has no L1 or the carveout leaves no cache."""
     from archsim.config import cores_total, l1_cache_kib
 
     l1 = machine.l1
     sp = machine.scratchpad
     if l1 is None and sp.kind == "ldm" and sp.cache_kib > 0:
         # the LDM cache of a CPE (Sunway): scratchpad.cache_kib of the LDM, whole lines of
-        # cache_line_bytes filled on a miss (memory.py asks for every sector of the line), stores
+        # cache_line_bytes filled on a miss (core_side.py asks for every sector of the line), stores
         # written through without allocating, as the GPU L1 (the write policy is not in our sources)
         return make_cache_state(cores_total(machine), sp.cache_kib * 1024, sp.cache_line_bytes, LDM_CACHE_SECTOR,
-                                sp.cache_assoc, sp.cache_mshrs, max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE,
-                                replacement, set_hash=set_hash,
+                                sp.cache_assoc, sp.cache_mshrs, LDM_CACHE_MAX_MERGE, WRITE_THROUGH,
+                                NO_WRITE_ALLOCATE, REPL_LRU, set_hash=set_hash,
                                 mshr_sectors=sp.cache_mshrs * (sp.cache_line_bytes // LDM_CACHE_SECTOR))
     if l1 is None:
         return None
@@ -228,21 +227,22 @@ def make_l1_state(machine, *, max_merge=L1_MAX_MERGE, replacement=REPL_LRU, set_
                          f"{machine.scratchpad.size_kib} = {kib} KiB is not a whole number of {l1.assoc}-way sets "
                          f"of {l1.line_bytes}-B lines (allowed: a multiple of {l1.line_bytes * l1.assoc} B)")
     return make_cache_state(cores_total(machine), size, l1.line_bytes, l1.sector_bytes, l1.assoc, l1.mshrs,
-                            max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE, replacement, set_hash=set_hash,
-                            mshr_sectors=l1.mshrs)
+                            l1.max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE, REPLACEMENT[l1.replacement],
+                            set_hash=set_hash, mshr_sectors=l1.mshrs)
 
 
-def make_l2_state(machine, *, max_merge=L2_MAX_MERGE, replacement=REPL_LRU, set_hash=True):
+def make_l2_state(machine, *, set_hash=True):
     """One cache per L2 slice (l2.size_kib / l2.slices each); write-back, write-allocate at sector
-    granularity, LRU, hashed set index (Accel-Sim's "L:B:m:L:P"; the hash also keeps a slice's sets
-    evenly used when addresses are interleaved over slices). l2.mshrs per slice bounds both entries
-    and sectors in flight. None when the machine has no L2."""
+    granularity, l2.replacement (default LRU), hashed set index (Accel-Sim's "L:B:m:L:P"; the hash
+    also keeps a slice's sets evenly used when addresses are interleaved over slices). l2.mshrs per
+    slice bounds both entries and sectors in flight. None when the machine has no L2."""
     l2 = machine.l2
     if l2 is None:
         return None
     size = l2.size_kib * 1024 // l2.slices
-    return make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, max_merge,
-                            WRITE_BACK, WRITE_ALLOCATE, replacement, set_hash=set_hash, mshr_sectors=l2.mshrs)
+    return make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, l2.max_merge,
+                            WRITE_BACK, WRITE_ALLOCATE, REPLACEMENT[l2.replacement], set_hash=set_hash,
+                            mshr_sectors=l2.mshrs)
 
 
 # ----------------------------------------------------------------------------- helpers

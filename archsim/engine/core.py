@@ -25,84 +25,15 @@ from archsim.engine import decode as D
 from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
-from archsim.engine.queues import SPAN_SHIFT, n_spans, span_bounds
-
-INF = np.int64(1) << 62
-
-# warp states (timing)
-T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT = range(8)
-
-# stall reasons, in CONTRACT.md order
-(R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
- R_IDLE) = range(9)
-STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
-               "barrier", "dma_wait", "idle")
+from archsim.engine.core_side import mem_can_issue, mem_issue
+from archsim.engine.queues import n_spans
+from archsim.engine.sunway_side import mem_core_done
+from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_SLOTS, K_SUBCORES, R_BARRIER,
+                                  R_DMA_WAIT, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
+                                  R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
+                                  T_RUN, TState, flush_stalls, wake_core)
 
 SCHED_LRR, SCHED_GTO = 0, 1
-K_CUR = 8  # TState.k: the sub-core whose scheduler is running
-K_SUBCORES, K_SLOTS = 9, 10  # TState.k: sub-cores and warp slots per core
-HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
-CP_GROUPS = 8  # cp.async commit groups tracked per warp (ring)
-
-
-class TState(NamedTuple):
-    """Timing state of every warp slot and core (struct of arrays)."""
-
-    reg_ready: np.ndarray    # int64 [NW, R] cycle the register's value is available
-    reg_kind: np.ndarray     # int8  [NW, R] producer kind (decode.SRC_*) of the pending value
-    pred_ready: np.ndarray   # int64 [NW, 8]
-    opready: np.ndarray      # int64 [NW, 2] the warp's last operands_ready: (pc, cycle), pc -1 when none
-                             # (see _evaluate)
-    wst: np.ndarray          # int32 [NW] T_*
-    age: np.ndarray          # int64 [NW] dispatch order (GTO picks the oldest)
-    wait_arg: np.ndarray     # int32 [NW] N of the cp.async.wait / dma.wait / rma.wait it waits on
-    cp_open: np.ndarray      # int32 [NW] number of the open cp.async group
-    cp_oldest: np.ndarray    # int32 [NW] oldest group that may still have copies in flight
-    cp_pending: np.ndarray   # int32 [NW, CP_GROUPS] copies in flight per group (ring by group number)
-    bulk_pending: np.ndarray  # int32 [NW, 2] DMA and RMA transfers in flight
-    slot_block: np.ndarray   # int32 [NW] block slot (core * max_blocks + b) the warp belongs to
-    reason: np.ndarray       # int8  [NW] the warp's stall reason this cycle (R_*; -1 not resident)
-    pipe_free: np.ndarray    # int64 [cores, subcores, pipes]
-    tensor_free: np.ndarray  # int64 [cores, subcores]
-    last_warp: np.ndarray    # int32 [cores, subcores] last issued slot (-1)
-    # event-driven scheduling (skip-ahead per sub-core): sub-core i = core * subcores + sub
-    wake: np.ndarray         # int64 [cores * subcores] first cycle its scheduler may issue again
-    wsum: np.ndarray         # int64 [n_spans(cores * subcores)] the earliest wake of the sub-cores of a
-                             # span (queues.SPAN) whose core holds a block (the run loop looks into a
-                             # span only from that cycle on; see wake_span_min)
-    acct: np.ndarray         # int64 [cores * subcores] stall cycles are accounted up to here (excl.)
-    mem_wait: np.ndarray     # int64 [cores] bit s: a warp of sub-core s (62: s >= 62) found the SM's MIO
-                             # queue, trackers or DMA / RMA FIFO full (wake_refused)
-    launch_at: np.ndarray    # int64 [cores] cycle the core may start issuing (Sunway: its MPE launch
-                             # message arrived, engine/mpe.py; K.INF until then; 0 on a GPU)
-    core_order: np.ndarray   # int32 [cores] the order the first dispatch visits cores (dispatch_order)
-    # block slots
-    bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
-    bs_alive: np.ndarray     # int32 warps not exited
-    bs_arrived: np.ndarray   # int32 warps waiting at bar.sync
-    bs_first: np.ndarray     # int32 first warp slot of the block (its warps are consecutive)
-    bs_nwarps: np.ndarray    # int32
-    core_warps: np.ndarray   # int32 [cores] warp slots in use
-    core_smem: np.ndarray    # int64 [cores] scratchpad bytes in use
-    core_regs: np.ndarray    # int64 [cores] registers in use
-    core_blocks: np.ndarray  # int32 [cores]
-    slot_hi: np.ndarray      # int32 [cores] 1 + the highest warp slot ever used (the scheduler's loops stop there)
-    # counters
-    stall: np.ndarray        # int64 [cores, 9] warp-cycles by reason
-    issued: np.ndarray       # int64 [cores] warp-instructions
-    flops: np.ndarray        # int64 [cores]
-    pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
-    # per launch block (for wave sampling and traces; -1 until it happens)
-    blk_start: np.ndarray    # int64 [blocks] cycle the block was dispatched
-    blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
-    blk_core: np.ndarray     # int32 [blocks] core it ran on
-    # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
-    # [3] end of the block range (blocks total unless sampling), [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
-    # [8] the sub-core whose scheduler is running (-1: none), [9] sub-cores per core, [10] warp slots per core
-    k: np.ndarray
-    home: np.ndarray         # int32 [2, max(NW, cores * subcores)]: the sub-core (core * subcores + sub) of
-                             # each warp slot (HOME_SUB), the core of each sub-core (HOME_CORE), so that
-                             # the hot paths look them up instead of dividing
 
 
 class CoreCfg(NamedTuple):
@@ -113,14 +44,14 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W) = range(10)
+ C_W, C_N) = range(11)
 
 
 def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blocks: int | None = None) -> CoreCfg:
     """``slots`` / ``max_blocks``: the warp and block slots per core the engine keeps (default the
     machine's; a launch passes what its occupancy can fill, timing.resident_slots)."""
     c = machine.cores
-    v = np.zeros(10, np.int64)
+    v = np.zeros(C_N, np.int64)
     v[C_CORES] = machine.groups * c.per_group
     v[C_SUBCORES] = c.subcores
     v[C_SLOTS] = c.warp_slots if slots is None else slots
@@ -175,99 +106,6 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
         pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), blk_start=np.full(nblocks, -1, np.int64),
         blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k, home=home)
-
-
-# ----------------------------------------------------------------------------- event-driven scheduling
-# A sub-core's scheduler runs only from the cycle in TS.wake on: the earliest cycle at which one of
-# its warps may issue, as its last run found it (an operand's ready cycle, a pipe's free cycle; for
-# the warp it issued, what the next cycle's evaluation would find). What its warps wait on beyond
-# that wakes it (wake_subcore): a reply to a register a warp waits on, a finished copy group a warp
-# waits on, a freed memory-side entry it was refused, a barrier, a new block. Its warps keep their
-# stall reasons while it sleeps; the cycles are accounted lazily (flush_stalls) when it runs again,
-# before anything changes its warps, at each timeline sample and at the end. With skip off
-# (machine.run_loop) every scheduler runs every cycle: results are identical (tests check it).
-@njit(cache=True)
-def flush_stalls(TS, i, upto):
-    """Account sub-core i's resident warps for cycles [acct, upto) with their last reasons."""
-    n = upto - TS.acct[i]
-    if n <= 0:
-        return
-    TS.acct[i] = upto
-    nsub = TS.k[K_SUBCORES]
-    slots = TS.k[K_SLOTS]
-    core = TS.home[HOME_CORE, i]
-    for s in range(i - core * nsub, TS.slot_hi[core], nsub):
-        w = core * slots + s
-        r = TS.reason[w]
-        if r >= 0 and TS.wst[w] != T_EMPTY and TS.wst[w] != T_DONE:
-            TS.stall[core, r] += n
-
-
-@njit(cache=True)
-def flush_all(TS, upto):
-    for i in range(TS.acct.shape[0]):
-        flush_stalls(TS, i, upto)
-
-
-@njit(cache=True)
-def wake_subcore(TS, i, now):
-    """Something sub-core i's warps wait on changed during cycle `now`: its scheduler looks again
-    at the first cycle of its own that has not run yet (this one if it comes later in the cycle's
-    order, else the next)."""
-    cur = TS.k[K_CUR]
-    if i == cur:
-        at = now + 1  # the running scheduler accounts this cycle itself
-    else:
-        at = now + 1 if i < cur else now
-        flush_stalls(TS, i, at)
-    if at < TS.wake[i]:
-        TS.wake[i] = at
-        if at < TS.wsum[i >> SPAN_SHIFT] and TS.core_blocks[TS.home[HOME_CORE, i]] > 0:
-            TS.wsum[i >> SPAN_SHIFT] = at   # (wake_span_min)
-
-
-@njit(cache=True, inline="always")
-def subcore_of(TS, w):
-    """The sub-core (within its core) that warp slot w belongs to."""
-    i = TS.home[HOME_SUB, w]
-    return i - TS.home[HOME_CORE, i] * TS.k[K_SUBCORES]
-
-
-@njit(cache=True)
-def wake_warp(TS, w, now):
-    wake_subcore(TS, TS.home[HOME_SUB, w], now)
-
-
-@njit(cache=True)
-def wake_refused(TS, core, now):
-    """An entry of the core's memory side (MIO queue, tracker, DMA / RMA FIFO) freed: wake the
-    sub-cores whose warps were refused for want of one (the others' warps did not ask: they find
-    what they found before) and clear the record."""
-    mask = TS.mem_wait[core]
-    TS.mem_wait[core] = 0
-    nsub = TS.acct.shape[0] // TS.core_blocks.shape[0]
-    for sb in range(nsub):
-        if (mask >> min(sb, 62)) & 1:
-            wake_subcore(TS, core * nsub + sb, now)
-
-
-@njit(cache=True)
-def wake_warp_regs(TS, w, now):
-    """A memory reply made registers of warp w ready: its scheduler looks again only when the
-    warp waits on a register (scoreboard) or has not been looked at yet. A warp whose last
-    evaluation found a fixed-latency wait, a busy pipe, a barrier or a wait state, or found it
-    ready, does not read (or write) a register still pending on memory (such a register would
-    have made it a scoreboard stall): its scheduler would find what it found before."""
-    r = TS.reason[w]
-    if r < 0 or r == R_LONG_SB or r == R_SHORT_SB:
-        wake_warp(TS, w, now)
-
-
-@njit(cache=True)
-def wake_core(TS, core, now):
-    nsub = TS.acct.shape[0] // TS.core_blocks.shape[0]
-    for sb in range(nsub):
-        wake_subcore(TS, core * nsub + sb, now)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -628,7 +466,7 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
 def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     """One scheduler cycle of sub-core `sub` of `core` (TS.k[K_CUR] names it while it runs).
     out[0] += instructions issued; out[2] = 1 and out[3] = warp on a fault. Leaves TS.wake set
-    to the first cycle one of its warps may issue (K.INF: only an event can wake it)."""
+    to the first cycle one of its warps may issue (INF: only an event can wake it)."""
     v = C.v
     slots = v[C_SLOTS]
     nsub = v[C_SUBCORES]
@@ -720,23 +558,3 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         TS.wake[i] = nxt  # (the run loop sets its span's TS.wsum after the look: wake_span_min)
 
 
-@njit(cache=True)
-def wake_span_min(TS, j):
-    """The earliest wake of the sub-cores of span j whose core holds a block (INF: none). The run
-    loop sets TS.wsum[j] to it at launch and after each look into the span. Between two looks a
-    wake only falls, through an event that lowers the span's entry with it (wake_subcore for a
-    core with a block); what raises a wake or changes a core's blocks happens inside the look
-    (a scheduler sets its own wake; a block retires and the next is placed at the issue of its
-    last exit; a Sunway CPE's wake stays INF until its launch message lowers it). So the entry
-    stays exact: a span whose entry lies beyond the cycle holds no scheduler due, and the
-    earliest entry is the earliest wake of all."""
-    lo, hi = span_bounds(j, TS.wake.shape[0])
-    t = INF
-    for i in range(lo, hi):
-        if TS.wake[i] < t and TS.core_blocks[TS.home[HOME_CORE, i]] > 0:
-            t = TS.wake[i]
-    return t
-
-
-# memory.py imports this module; its functions are resolved when numba compiles the callers
-from archsim.engine.memory import mem_can_issue, mem_core_done, mem_issue  # noqa: E402

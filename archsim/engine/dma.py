@@ -4,9 +4,9 @@ Design note (core cycles throughout)
 - One engine per cluster of CPEs (``dma.engines_per_cluster`` per 2x2 cluster; the CPE at
   position k inside its cluster uses engine k % engines_per_cluster). A core group's engines
   share the group's stop on the ring: their requests enter the request ring at the group's node
-  and their replies leave the response ring there (memory.py does that wiring).
+  and their replies leave the response ring there (sunway_side.py does that wiring).
 - ``dma.get`` / ``dma.put`` become, at issue, a transfer descriptor in the engine's FIFO
-  (``DESC_CAP`` entries; a full FIFO stalls the issuing CPE, counted as pipe_busy, and wakes it
+  (``dma.descriptors_per_engine`` entries; a full FIFO stalls the issuing CPE, counted as pipe_busy, and wakes it
   when an entry frees). The global range is split into pieces at ``dma.piece_bytes`` boundaries
   of the global address, so an unaligned start or length costs an extra, partial piece.
 - Start-up: a descriptor may send its first piece ``dma.get_startup_cycles`` (put:
@@ -33,7 +33,7 @@ Design note (core cycles throughout)
   LDM accesses, the descriptor's trip from the CPE to the engine (inside the start-up constant).
 
 State is struct of arrays (``DmaState``); the step functions are free @njit functions that
-memory.py calls in its tick (it owns the request table and the ring).
+sunway_side.py calls in its tick (the memory state owns the request table and the ring).
 """
 
 from __future__ import annotations
@@ -42,13 +42,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from archsim.engine import core as K
+from archsim.engine import bulk as BK
+from archsim.engine import warps as WS
+from archsim.engine.bulk import EN_COUNT, EN_CUR, EN_HEAD, EN_INFLIGHT, EN_PORT_FX, FX
 from archsim.engine.jit import njit
 from archsim.engine.queues import SPAN_SHIFT, n_spans
 from archsim.errors import InputError
 
-DESC_CAP = 8           # choice: transfer descriptors queued per engine (a CPE issuing more stalls)
-FX = np.int64(1) << 16  # fixed point: one core cycle of the engine port
 INF = np.int64(1) << 62
 
 # cfg fields (DC_OPEN: broadcast lines open now; DC_SLOTS: warp slots per core; DC_NCL / DC_CCOLS:
@@ -66,12 +66,11 @@ BC_NONE, BC_ROW, BC_COLUMN, BC_ARRAY = range(4)
 # one is a single block of DD_NBYTES; DD_NEXT counts bytes sent in packed order)
 # (a broadcast: DD_LINE its line, DD_NPART participants in dpart, DD_CLMASK the clusters they sit in,
 # DD_WARP -1: each participant completes on its own when its copy has landed)
-(DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE, DD_COUNT, DD_BSIZE,
- DD_STRIDE, DD_LINE, DD_NPART, DD_CLMASK, DD_N) = range(17)
-# per-engine scalars: FIFO head and count, offset (from head) of the first descriptor with pieces
-# left to send, pieces in flight, port free (fixed point), request refused by the ring (-1 none),
-# the first cycle it may send a piece unless an event comes first (dma_wake: INF waits for one)
-EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_WAKE, EN_N = range(8)
+(DD_WARP, DD_CORE, DD_PUT, DD_GADDR, DD_NBYTES, DD_NEXT, DD_OUT, DD_READY, DD_T0, DD_DONE) = range(BK.D_N)
+DD_COUNT, DD_BSIZE, DD_STRIDE, DD_LINE, DD_NPART, DD_CLMASK, DD_N = range(BK.D_N, BK.D_N + 7)
+# per-engine scalars after bulk.EN_*: the request refused by the ring (-1 none), the first cycle it
+# may send a piece unless an event comes first (dma_wake: INF waits for one)
+EN_HOLD, EN_WAKE, EN_N = range(BK.EN_N, BK.EN_N + 3)
 # counters per engine
 # (DX_BCASTS: broadcasts launched, DX_BC_READ: bytes they read from memory, DX_BC_COPIES: copies landed)
 (DX_GETS, DX_PUTS, DX_BYTES_GET, DX_BYTES_PUT, DX_PIECES, DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX, DX_BCASTS, DX_BC_READ,
@@ -80,7 +79,7 @@ EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_HOLD, EN_WAKE, EN_N = ran
 
 class DmaState(NamedTuple):
     cfg: np.ndarray           # int64 [DC_N]
-    desc: np.ndarray          # int64 [engines, DESC_CAP, DD_N] descriptor FIFOs
+    desc: np.ndarray          # int64 [engines, dma.descriptors_per_engine, DD_N] descriptor FIFOs
     eng: np.ndarray           # int64 [engines, EN_N]
     core_engine: np.ndarray   # int32 [cores] engine serving each core (-1: none)
     core_group: np.ndarray    # int32 [cores] core group of each core
@@ -96,15 +95,16 @@ class DmaState(NamedTuple):
     lines: np.ndarray           # int64 [lines, BL_N]
     line_warp: np.ndarray       # int32 [lines, per_group] warp of each joined member (-1: not joined)
     line_t0: np.ndarray         # int64 [lines, per_group] cycle each member issued
-    dpart: np.ndarray           # int32 [engines, DESC_CAP, per_group] participant warps of a broadcast
-    dgot: np.ndarray            # int64 [engines, DESC_CAP, per_group] bytes landed in each one's LDM
-    dt0: np.ndarray             # int64 [engines, DESC_CAP, per_group] cycle each one issued
+    dpart: np.ndarray           # int32 [engines, dma.descriptors_per_engine, per_group] participant warps of a broadcast
+    dgot: np.ndarray            # int64 [engines, dma.descriptors_per_engine, per_group] bytes landed in each one's LDM
+    dt0: np.ndarray             # int64 [engines, dma.descriptors_per_engine, per_group] cycle each one issued
     wst: np.ndarray             # int32 [warps] the timing warp states (TState.wst, shared): who has exited
     espan: np.ndarray           # int64 [n_spans(engines)] the first cycle an engine of the span (queues.SPAN)
-                                # with descriptors may send (memory._dma_engines; an event sets it to 0)
+                                # with descriptors may send (sunway_side.dma_engines_cycle; an event sets it to 0)
 
 
-def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: int = 1, per_group: int = 1) -> DmaState:
+def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: int = 1, per_group: int = 1,
+           descs: int = 8) -> DmaState:
     e = max(engines, 1)
     eng = np.zeros((e, EN_N), np.int64)
     eng[:, EN_HOLD] = -1
@@ -113,15 +113,15 @@ def _state(ncores: int, engines: int, per_engine: int, cfg: np.ndarray, nlines: 
     nc = max(ncores, 1)
     pg = max(per_group, 1)
     nl = max(nlines, 1)
-    return DmaState(cfg=cfg, desc=np.zeros((e, DESC_CAP, DD_N), np.int64), eng=eng,
+    return DmaState(cfg=cfg, desc=np.zeros((e, descs, DD_N), np.int64), eng=eng,
                     core_engine=np.full(nc, -1, np.int32), core_group=np.zeros(nc, np.int32),
                     engine_group=np.zeros(e, np.int32), engine_cores=np.full((e, max(per_engine, 1)), -1, np.int32),
                     cnt=cnt, engine_cluster=np.zeros(e, np.int32), core_cluster=np.zeros(nc, np.int32),
                     core_line=np.full((nc, 4), -1, np.int32), core_lidx=np.zeros((nc, 4), np.int32),
                     line_cores=np.full((nl, pg), -1, np.int32), lines=np.zeros((nl, BL_N), np.int64),
                     line_warp=np.full((nl, pg), -1, np.int32), line_t0=np.zeros((nl, pg), np.int64),
-                    dpart=np.full((e, DESC_CAP, pg), -1, np.int32), dgot=np.zeros((e, DESC_CAP, pg), np.int64),
-                    dt0=np.zeros((e, DESC_CAP, pg), np.int64), wst=np.zeros(1, np.int32),
+                    dpart=np.full((e, descs, pg), -1, np.int32), dgot=np.zeros((e, descs, pg), np.int64),
+                    dt0=np.zeros((e, descs, pg), np.int64), wst=np.zeros(1, np.int32),
                     espan=np.zeros(n_spans(e), np.int64))
 
 
@@ -175,7 +175,8 @@ def _make_dma_state(machine) -> DmaState:
     cfg[DC_NCL] = clusters
     cfg[DC_CCOLS] = m.cols // m.cluster_cols
     cfg[DC_CORES] = ncores
-    D = _state(ncores, engines, per_engine, cfg, machine.groups * lines_per_group, cpg)
+    D = _state(ncores, engines, per_engine, cfg, machine.groups * lines_per_group, cpg,
+               machine.dma.descriptors_per_engine)
     fill = np.zeros(engines, np.int32)
     lfill = np.zeros(machine.groups * lines_per_group, np.int32)
     ccols = m.cols // m.cluster_cols
@@ -217,7 +218,7 @@ def dma_can_issue(DM, core, mode=0):
     """Has the engine of `core` room for one more descriptor (and, for a broadcast of `mode`, has
     the core no unlaunched broadcast of that mode)?"""
     e = DM.core_engine[core]
-    if e < 0 or DM.eng[e, EN_COUNT] >= DESC_CAP:
+    if e < 0 or DM.eng[e, EN_COUNT] >= DM.desc.shape[1]:
         return False
     if mode > 0:
         li = DM.core_line[core, mode]
@@ -237,7 +238,7 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
         bsize = nbytes
         stride = nbytes
     e = DM.core_engine[core]
-    cap = DESC_CAP
+    cap = DM.desc.shape[1]
     slot = DM.eng[e, EN_HEAD] + DM.eng[e, EN_COUNT]
     if slot >= cap:
         slot -= cap
@@ -271,7 +272,7 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
 # counts the transfer); when every member that runs a block of the launch and has not exited
 # has joined, one descriptor is queued at the engine of the last one to join: memory is read
 # once, and each piece is carried over the CPE mesh from that engine's cluster to every cluster
-# with participants (memory.py: an XY tree of engine-to-engine hops); a participant completes
+# with participants (sunway_side.py: an XY tree of engine-to-engine hops); a participant completes
 # when all its bytes have landed in its cluster.
 @njit(cache=True)
 def _line_ready(DM, li):
@@ -284,7 +285,7 @@ def _line_ready(DM, li):
         if DM.line_warp[li, k] >= 0:
             continue
         st = DM.wst[c * slots]
-        if st != K.T_EMPTY and st != K.T_DONE:
+        if st != WS.T_EMPTY and st != WS.T_DONE:
             return False
     return True
 
@@ -296,11 +297,11 @@ def dma_bcast_try(DM, TS, li, now):
     if L[BL_JOINED] == 0 or not _line_ready(DM, li):
         return False
     e = DM.core_engine[L[BL_LAST]]
-    if DM.eng[e, EN_COUNT] >= DESC_CAP:
+    if DM.eng[e, EN_COUNT] >= DM.desc.shape[1]:
         return False
     slot = DM.eng[e, EN_HEAD] + DM.eng[e, EN_COUNT]
-    if slot >= DESC_CAP:
-        slot -= DESC_CAP
+    if slot >= DM.desc.shape[1]:
+        slot -= DM.desc.shape[1]
     d = DM.desc[e, slot]
     d[DD_WARP] = -1
     d[DD_CORE] = L[BL_LAST]
@@ -343,7 +344,7 @@ def dma_bcast_try(DM, TS, li, now):
         if c < 0:
             break
         if TS.mem_wait[c]:
-            K.wake_refused(TS, c, now)
+            WS.wake_refused(TS, c, now)
     return True
 
 
@@ -406,7 +407,7 @@ def dma_bcast_land(DM, TS, e, slot, cluster, nbytes, now):
         if DM.dgot[e, slot, k] >= d[DD_NBYTES]:
             DM.cnt[e, DX_BC_COPIES] += 1
             TS.bulk_pending[wk, 0] -= 1
-            K.wake_warp(TS, wk, now)
+            WS.wake_warp(TS, wk, now)
             lat = now - DM.dt0[e, slot, k]
             DM.cnt[e, DX_LAT_SUM] += lat
             if lat < DM.cnt[e, DX_LAT_MIN]:
@@ -446,8 +447,8 @@ def dma_ready_piece(DM, e, now):
     if en[EN_PORT_FX] > now * FX:
         return -1
     slot = en[EN_HEAD] + en[EN_CUR]
-    if slot >= DESC_CAP:
-        slot -= DESC_CAP
+    if slot >= DM.desc.shape[1]:
+        slot -= DM.desc.shape[1]
     if DM.desc[e, slot, DD_READY] > now:
         return -1
     w = DM.cfg[DC_XFER_INFLIGHT]
@@ -472,8 +473,8 @@ def dma_wake(DM, e):
     if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= DM.cfg[DC_INFLIGHT]:
         return INF
     slot = en[EN_HEAD] + en[EN_CUR]
-    if slot >= DESC_CAP:
-        slot -= DESC_CAP
+    if slot >= DM.desc.shape[1]:
+        slot -= DM.desc.shape[1]
     w = DM.cfg[DC_XFER_INFLIGHT]
     if w > 0 and DM.desc[e, slot, DD_OUT] >= w:
         return INF
@@ -503,21 +504,8 @@ def dma_piece(DM, e, slot):
 @njit(cache=True)
 def dma_piece_sent(DM, e, slot, nbytes, now):
     """The engine sent nbytes of descriptor `slot`: hold the port, count it in flight."""
-    d = DM.desc[e, slot]
-    d[DD_NEXT] += nbytes
-    d[DD_OUT] += 1
-    en = DM.eng[e]
-    en[EN_INFLIGHT] += 1
-    # a piece that waited only for the port starts when the port freed (a fraction of a cycle ago):
-    # back-to-back pieces meet a fractional rate exactly; after an idle cycle it starts now
-    t = en[EN_PORT_FX]
-    if t <= (now - 1) * FX:
-        t = now * FX
-    bpc = DM.cfg[DC_BPC_FX]
-    en[EN_PORT_FX] = t + (nbytes * FX * FX + bpc - 1) // bpc
+    BK.piece_sent(DM.eng[e], DM.desc[e, slot], nbytes, now, DM.cfg[DC_BPC_FX])
     DM.cnt[e, DX_PIECES] += 1
-    if d[DD_NEXT] >= d[DD_NBYTES]:
-        en[EN_CUR] += 1
 
 
 @njit(cache=True)
@@ -539,39 +527,20 @@ def dma_piece_done(DM, TS, e, slot, nbytes, now):
         w = d[DD_WARP]
         d[DD_WARP] = -1
         TS.bulk_pending[w, 0] -= 1
-        K.wake_warp(TS, w, now)
-        lat = now - d[DD_T0]
-        DM.cnt[e, DX_LAT_SUM] += lat
-        if lat < DM.cnt[e, DX_LAT_MIN]:
-            DM.cnt[e, DX_LAT_MIN] = lat
-        if lat > DM.cnt[e, DX_LAT_MAX]:
-            DM.cnt[e, DX_LAT_MAX] = lat
-    en = DM.eng[e]
-    freed = False
-    while en[EN_COUNT] > 0 and en[EN_CUR] > 0 and DM.desc[e, en[EN_HEAD], DD_DONE] == 1:
-        h = en[EN_HEAD] + 1
-        if h >= DESC_CAP:
-            h = 0
-        en[EN_HEAD] = h
-        en[EN_COUNT] -= 1
-        en[EN_CUR] -= 1
-        freed = True
-    if freed:  # a CPE refused for a full FIFO may issue now
-        for i in range(DM.engine_cores.shape[1]):
-            c = DM.engine_cores[e, i]
-            if c >= 0 and TS.mem_wait[c]:
-                K.wake_refused(TS, c, now)
+        WS.wake_warp(TS, w, now)
+        BK.count_latency(DM.cnt[e], now - d[DD_T0], DX_LAT_SUM, DX_LAT_MIN, DX_LAT_MAX)
+    BK.retire_done(DM.eng[e], DM.desc[e], DM.engine_cores[e], TS, now)
 
 
 @njit(cache=True)
 def dma_next_event(DM, now):
-    """The first cycle after `now` at which an engine may send a piece on its own (K.INF: none;
+    """The first cycle after `now` at which an engine may send a piece on its own (WS.INF: none;
     engines waiting for replies are woken by the memory system's own events)."""
     t = INF
     if DM.cfg[DC_OPEN] > 0:  # a line that became complete (a member exited) launches next cycle
         for li in range(DM.lines.shape[0]):
             if DM.lines[li, BL_JOINED] > 0 and _line_ready(DM, li) and \
-                    DM.eng[DM.core_engine[DM.lines[li, BL_LAST]], EN_COUNT] < DESC_CAP:
+                    DM.eng[DM.core_engine[DM.lines[li, BL_LAST]], EN_COUNT] < DM.desc.shape[1]:
                 return now + 1
     for e in range(DM.cfg[DC_ENGINES]):
         if DM.eng[e, EN_HOLD] >= 0:

@@ -132,7 +132,6 @@ from archsim.engine.queues import KIND_WRITE
 FP = 1 << 16                 # fixed-point units per memory cycle (data-bus time)
 TOL = FP // 100              # an end this close past a cycle boundary counts as on it
 NEVER = np.int64(1 << 62)
-HIT_CAP = 16                 # FR-FCFS row-hit cap before a conflicting PRE may close the row
 
 # jit.py's defaults: no reference counting (NRT's atomic increments of every array of D, Q and R
 # around each call cost more than the work of a step) and numpy's error model.
@@ -304,7 +303,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_TCL: t.tCL, P_TCWL: t.tCWL, P_TRCD: t.tRCD, P_TRP: t.tRP, P_TRAS: t.tRAS, P_TRC: t.tRC,
         P_TCCDS: t.tCCD_S, P_TCCDL: t.tCCD_L, P_TRRDS: t.tRRD_S, P_TRRDL: t.tRRD_L, P_TFAW: t.tFAW,
         P_TWR: t.tWR, P_TWTRS: t.tWTR_S, P_TWTRL: t.tWTR_L, P_TRTP: t.tRTP, P_TRFC: t.tRFC, P_TREFI: t.tREFI,
-        P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: HIT_CAP, P_LOGLEN: int(log_len), P_QCAP: qcap,
+        P_BFP: bfp, P_BINT: bint, P_RETCAP: retcap, P_HITCAP: mc.row_hit_cap, P_LOGLEN: int(log_len), P_QCAP: qcap,
         P_FOLD: int(mc.address_mapping.bank_hash == "fold"),
         P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
         P_REFPB: int(d.refresh == "per_bank"), P_TRFCPB: t.tRFCpb or t.tRFC, P_TREFIPB: refresh_interval(machine, S),

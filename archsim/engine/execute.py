@@ -18,34 +18,29 @@ from archsim.engine.numerics import (bf16_to_f64, f32_bits_to_f64, f64_to_bf16, 
                                      half_to_f64)
 from archsim.isa import opcodes as _opc
 
-# ---- semantic codes: a literal copy, checked against the opcode module at import so that a
-# reordering there cannot leave a stale numba cache here (numba keys its cache on this file).
-_SEM_ORDER = (
-    "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
-    "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
-    "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
-    "ex2", "lg2", "rcp", "rsqrt", "sqrt", "tanh", "cvt",
-    "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
-    "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
-    "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
-)
+# ---- the opcode module's codes, bound to names (the engine's numba cache is keyed by a digest of
+# the opcode module as well as the engine's own files: engine/jit.py)
+_S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
 (S_NOP, S_BRA, S_EXIT, S_BAR, S_BARGRID, S_S2R, S_LDPARAM, S_MOV, S_SELP,
  S_ADD, S_SUB, S_MUL, S_MIN, S_MAX, S_FMA, S_DIV, S_REM, S_AND, S_OR, S_XOR, S_NOT, S_SHL, S_SHR, S_SRA,
  S_SETP, S_PAND, S_POR, S_PXOR, S_PNOT, S_VOTE_ANY, S_VOTE_ALL, S_NEG, S_ABS,
  S_EX2, S_LG2, S_RCP, S_RSQRT, S_SQRT, S_TANH, S_CVT,
  S_SHFL_BFLY, S_SHFL_DOWN, S_SHFL_UP, S_SHFL_IDX,
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
- S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT) = range(len(_SEM_ORDER))
-_DT_ORDER = ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred")
-DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = range(7)
-_SDT_ORDER = ("none", "f16", "f16h", "bf16", "bf16h", "f32", "i64", "f64", "tf32")
-SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = range(9)
-_CMP_ORDER = ("none", "eq", "ne", "lt", "le", "gt", "ge")
-C_NONE, C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE = range(7)
-SPACE_GLOBAL, SPACE_SHARED = 1, 2
-if (_SEM_ORDER != _opc.SEM_NAMES or _DT_ORDER != _opc.DTYPE_NAMES or _SDT_ORDER != _opc.SRC_DTYPE_NAMES
-        or _CMP_ORDER != _opc.CMP_NAMES):
-    raise ImportError("archsim.engine.execute: code tables differ from archsim.isa.opcodes; update both")
+ S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT) = (_S[n] for n in (
+    "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
+    "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
+    "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
+    "ex2", "lg2", "rcp", "rsqrt", "sqrt", "tanh", "cvt",
+    "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
+    "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
+    "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait"))
+DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
+    _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
+SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
+    _SDT[n] for n in ("none", "f16", "f16h", "bf16", "bf16h", "f32", "i64", "f64", "tf32"))
+C_NONE, C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE = (_CMP[n] for n in ("none", "eq", "ne", "lt", "le", "gt", "ge"))
+SPACE_GLOBAL, SPACE_SHARED = _opc.SPACE_GLOBAL, _opc.SPACE_SHARED
 
 (SP_TIDX, SP_TIDY, SP_TIDZ, SP_NTIDX, SP_NTIDY, SP_NTIDZ, SP_CTAX, SP_CTAY, SP_CTAZ,
  SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE) = range(18)

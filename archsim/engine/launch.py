@@ -82,6 +82,18 @@ def host_array(spec, rng: np.random.Generator) -> np.ndarray:
     return base.astype(dt).reshape(spec.shape)
 
 
+@dataclass(frozen=True)
+class Unbacked:
+    """A buffer argument that exists only as address space in a timing run. ``at``: the global
+    address it starts at (a multiple of ALIGN, at or above the layout base); None lays it out in
+    parameter order after the buffers before it. A Sunway buffer is placed in a memory segment
+    this way: ``Unbacked(n, at=archsim.engine.dram.cross_base(machine))`` puts it in the cross
+    segment, ``segment_base(machine, g)`` (at least GLOBAL_BASE) in core group g's own."""
+
+    nbytes: int
+    at: int | None = None
+
+
 def arg_nbytes(spec) -> int:
     """Bytes of a `.arg` buffer."""
     size = 2 if spec.dtype == "bf16" else np.dtype(ARG_DTYPES[spec.dtype]).itemsize
@@ -92,8 +104,6 @@ def default_args(prog: Program, seed: int = 0, timing: bool = False) -> dict:
     """Arguments from the program's `.arg` directives (what `archsim asm` runs with). An
     ``unbacked`` buffer is address space only: a timing run gets an Unbacked of its size (its
     loads read zeros, nothing is allocated); a functional run cannot take one."""
-    from archsim.engine.timing import Unbacked
-
     rng = np.random.default_rng(seed)
     out = {}
     for a in prog.args:

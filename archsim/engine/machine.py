@@ -22,14 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from archsim.engine import core as K
-from archsim.engine import decode as D
-from archsim.engine import execute as X
+from archsim.engine import mem_state as MST
 from archsim.engine import memory as M
 from archsim.engine import mpe as MP
 from archsim.engine import unit_timeline as UT
 from archsim.engine.jit import njit
 from archsim.engine.queues import span_bounds
 from archsim.engine.ref import as_ptr
+from archsim.engine import warps as WS
 
 # run_loop outcomes
 DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
@@ -40,7 +40,7 @@ DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 # first in a row, then the per-unit ones (unit_timeline: links, channels, slices, DMA engines).
 TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
 TL_COUNTERS = ("warp_instructions",) + TL_BYTES + \
-    tuple("stall_" + n for n in K.STALL_NAMES)
+    tuple("stall_" + n for n in WS.STALL_NAMES)
 TL_ROWS = 512
 TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
 
@@ -73,7 +73,7 @@ def _tl_sample(TL, tlk, TS, MS):
         tlk[TLK_NEXT] = (half + 1) * tlk[TLK_WINDOW]
         return False  # the boundary moved: the caller checks again
     r = tlk[TLK_ROWS]
-    K.flush_all(TS, tlk[TLK_NEXT])
+    WS.flush_all(TS, tlk[TLK_NEXT])
     TL[r, 0] = TS.issued.sum()
     nb = len(TL_BYTES)
     for i in range(nb):
@@ -135,24 +135,24 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
     nspan = TS.wsum.shape[0]
     nsc = TS.wake.shape[0]
     if start == 0:
-        TS.k[K.K_CUR] = -1
+        TS.k[WS.K_CUR] = -1
         K.dispatch_all(C, TS, S, now)
         MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
         for j in range(nspan):
-            TS.wsum[j] = K.wake_span_min(TS, j)
+            TS.wsum[j] = WS.wake_span_min(TS, j)
     nblocks = TS.k[3]
     # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
     # its stores have reached the L2 (the memory controller without one): the next kernel would
     # see them there, as at a real kernel boundary
-    while TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe) or (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS)):
+    while TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe) or (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS)):
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
-        TS.k[K.K_CUR] = -1  # memory events wake sub-cores for this cycle
+        TS.k[WS.K_CUR] = -1  # memory events wake sub-cores for this cycle
         M.mem_cycle(MS, TS, S, Dd, now)
         step_out[0] = 0
         step_out[2] = 0
         # the schedulers in sub-core order, span by span: a span whose earliest wake lies ahead
-        # holds none that is due (K.wake_span_min)
+        # holds none that is due (WS.wake_span_min)
         for j in range(nspan):
             if TS.wsum[j] > now and not every:
                 continue
@@ -160,32 +160,32 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
             for i in range(lo, hi):
                 if TS.wake[i] > now and not every:
                     continue  # nothing it waits on is due: it sleeps (stalls accounted later)
-                c = TS.home[K.HOME_CORE, i]
+                c = TS.home[WS.HOME_CORE, i]
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet
-                TS.k[K.K_CUR] = i
+                TS.k[WS.K_CUR] = i
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
                 if step_out[2]:
                     _stop(TS, out, FAULT, now, step_out[3])
                     return
-            TS.wsum[j] = K.wake_span_min(TS, j)
-        TS.k[K.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
+            TS.wsum[j] = WS.wake_span_min(TS, j)
+        TS.k[WS.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1
         # the launch may have ended in this cycle without an issue (an MPE's join, stores drained):
         # the loop stops at now + 1 as it would with skip off, never after a jump
-        ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[M.MK_STORES] > 0 and not M.mem_idle(MS))
+        ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS))
         if step_out[0] == 0 and not ended:
-            t = K.INF  # the first cycle a scheduler may issue
+            t = WS.INF  # the first cycle a scheduler may issue
             for j in range(nspan):
                 if TS.wsum[j] < t:
                     t = TS.wsum[j]
             t_mem = M.mem_next_event(MS, now)
-            if t >= K.INF and M.mem_idle(MS):
-                t = K.INF  # no warp can become ready and no request is in flight: only refresh ticks on
+            if t >= WS.INF and M.mem_idle(MS):
+                t = WS.INF  # no warp can become ready and no request is in flight: only refresh ticks on
             elif t_mem < t:
                 t = t_mem
-            if t >= K.INF:
+            if t >= WS.INF:
                 if TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe):
                     _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
                     return
@@ -204,7 +204,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
 
 @njit(cache=True)
 def _stop(TS, out, outcome, now, warp):
-    K.flush_all(TS, now)
+    WS.flush_all(TS, now)
     out[0] = outcome
     out[1] = now
     out[2] = warp
@@ -217,21 +217,21 @@ def _grid_barrier(TS, now):
         return
     alive = 0
     for w in range(TS.wst.shape[0]):
-        if TS.wst[w] != K.T_EMPTY and TS.wst[w] != K.T_DONE:
+        if TS.wst[w] != WS.T_EMPTY and TS.wst[w] != WS.T_DONE:
             alive += 1
     if TS.k[7] == alive and TS.k[0] >= TS.k[3]:
         TS.k[7] = 0
         for c in range(TS.core_blocks.shape[0]):
-            K.wake_core(TS, c, now)
+            WS.wake_core(TS, c, now)
         for w in range(TS.wst.shape[0]):
-            if TS.wst[w] == K.T_GRIDBAR:
-                TS.wst[w] = K.T_RUN
+            if TS.wst[w] == WS.T_GRIDBAR:
+                TS.wst[w] = WS.T_RUN
 
 
 @njit(cache=True)
 def _first_stuck(TS):
     for w in range(TS.wst.shape[0]):
-        if TS.wst[w] != K.T_EMPTY and TS.wst[w] != K.T_DONE:
+        if TS.wst[w] != WS.T_EMPTY and TS.wst[w] != WS.T_DONE:
             return w
     return -1
 

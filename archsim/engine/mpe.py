@@ -13,7 +13,7 @@ Design note (core cycles throughout; the MPE's own clock enters as a ratio)
   CPE's node. The CPE's first block may issue from the cycle its message is ejected
   (``TS.launch_at``); until then its warps are resident but not scheduled and count no stall
   cycles. Unloaded: the CPE k-th in the MPE's order, d cluster hops from the attach router, starts
-  at ceil((k + 1) x spawn x clock_ghz / mpe.clock_ghz) + (d + 1) x L + ceil((8 + bytes) / W).
+  at ceil((k + 1) x spawn x clock_ghz / mpe.clock_ghz) + (d + 1) x L + ceil((fabric.header_bytes + bytes) / W).
 - Later blocks of a CPE (a launch larger than the machine) start when its previous one retires,
   as before: the CPE's thread runs on. When a CPE has no block left it sends a completion (a
   header) to its MPE over the mesh. The MPE takes completions in arrival order, each
@@ -23,8 +23,8 @@ Design note (core cycles throughout; the MPE's own clock enters as a ratio)
 - Choices: one message per CPE (no broadcast of the launch); a core group with no block at kernel
   start takes no part; a CPE without a block is not launched (its thread would exit at once).
 
-State is struct of arrays (``MpeState``); memory.py owns the mesh, its outboxes and the request
-table, and calls the step functions here (``_mpe_cycle``, ``_mesh_deliver``).
+State is struct of arrays (``MpeState``); the memory state (mem_state.py) holds the mesh,
+its outboxes and the request table, and sunway_side.py calls the step functions here.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from archsim.engine import core as K
+from archsim.engine import warps as WS
 from archsim.engine.jit import njit
 
 FX = np.int64(1) << 16  # fixed point: one core cycle
@@ -119,9 +119,9 @@ def mpe_start(MP, TS, now):
             if TS.core_blocks[c] > 0:
                 MP.order[g, n] = c
                 n += 1
-                TS.launch_at[c] = K.INF
+                TS.launch_at[c] = WS.INF
                 for sb in range(nsub):
-                    TS.wake[c * nsub + sb] = K.INF
+                    TS.wake[c * nsub + sb] = WS.INF
                     TS.acct[c * nsub + sb] = now
         MP.grp[g, GP_NLAUNCH] = n
         MP.grp[g, GP_FREE_FX] = now * FX
@@ -170,8 +170,8 @@ def mpe_arrived(MP, TS, core, now):
     nsub = MP.cfg[MC_SUBCORES]
     for sb in range(nsub):
         TS.acct[core * nsub + sb] = now  # nothing to account before the launch
-        TS.wake[core * nsub + sb] = K.INF
-    K.wake_core(TS, core, now)
+        TS.wake[core * nsub + sb] = WS.INF
+    WS.wake_core(TS, core, now)
 
 
 @njit(cache=True)

@@ -43,7 +43,7 @@ input-queued router. With ``lookahead`` K a port looks at its first K + 1 packet
 oldest one that can go (arrived, output link free, credits), skipping packets whose output an
 older packet in that window already wants (packets for one output never pass each other). A port
 still starts at most one packet at a time; each output arbitrates among the offers as above, and
-ports that lost offer again to the outputs still free, for up to ``LOOK_ITERS`` rounds per cycle
+ports that lost offer again to the outputs still free, for up to ``fabric.lookahead_rounds`` rounds per cycle
 (an iterative matching, as iSLIP-style crossbar allocators do).
 
 Sleeping ports (speed only; results are the same as scanning every port every cycle): a port
@@ -82,7 +82,7 @@ TOPO_CODES = {"crossbar": TOPO_CROSSBAR, "ring": TOPO_RING, "mesh": TOPO_MESH}
 BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port | node ejection buffer
 
 # par[] (int64): network parameters
-P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP = range(11)
+P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP, P_ROUNDS = range(12)
 # clk[] (int64): mutable scalars
 C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED = range(7)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
@@ -98,8 +98,9 @@ PI_REQ, PI_BYTES, PI_FLITS, PI_DST, PI_VC, PI_SER, PI_LINK = range(7)      # pi 
 PT_READY, PT_TINJ = range(2)                                               # pt int64 [P, 2]
 
 INF = np.int64(1) << np.int64(62)
-LOOK_ITERS = 3   # offer / grant rounds per step when ports look ahead (one round: a port that lost
-                 # arbitration idles although another output could take one of its packets)
+LOOKAHEAD_ROUNDS = 3   # offer / grant rounds per step when ports look ahead (fabric.lookahead_rounds; one
+                       # round: a port that lost arbitration idles although another output could take one
+                       # of its packets)
 _NAME_LEN = 40
 
 
@@ -122,7 +123,7 @@ class NocState(NamedTuple):
     cycle (ejection buffer: tail arrived by the end of it), injection cycle. ``pfree`` is the stack
     of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
-    par: np.ndarray          # int64 [11] P_* (P_SLEEP 0: ports never sleep, the tests' oracle)
+    par: np.ndarray          # int64 [12] P_* (P_SLEEP 0: ports never sleep, the tests' oracle)
     clk: np.ndarray          # int64 [7] C_* (C_MOVED: the last cycle a packet moved)
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
@@ -309,6 +310,116 @@ def noc_inject(N, node, req_id, nbytes, dest_node, now):
     return True
 
 
+@njit(cache=True, inline="always")
+def _gap_wants(N, b, nwin, gap_lo, gap_hi, ntl):
+    """Port b over the skipped cycles [gap_lo, gap_hi]: nothing could move, so every packet of its
+    window that had arrived wanted its link (as stepping each cycle would have counted it).
+    Returns the new length of the wanted-links list ls[0]."""
+    Q, lt, li, ls = N.Q, N.lt, N.li, N.ls
+    stamp = _new_scan(N) if nwin > 1 else 0
+    for j in range(nwin):
+        p = q_peek(Q, b, j)
+        l = N.pi[p, PI_LINK]
+        if nwin > 1 and _window_dup(lt, l, stamp):
+            continue
+        lo = _wants_from(N.bt, N.pt, b, p, gap_lo)
+        if lo > gap_hi:
+            break
+        if gap_hi - lo + 1 > lt[l, LT_GAP]:
+            if lt[l, LT_GAP] == 0 and li[l, LI_WANT] == 0:
+                ls[0, ntl] = l
+                ntl += 1
+            lt[l, LT_GAP] = gap_hi - lo + 1
+    return ntl
+
+
+@njit(cache=True, inline="always")
+def _sleeper_offer(N, b, k, nin, ncl, ntl, now):
+    """An asleep port b (input k of its group) in a step's first round: only its packets that
+    waited credits can go, looked at alone in window order (see noc_step). Counts the links it
+    wants and offers the first packet that has room and a free link. Returns (offers, wanted
+    links, whether it offered)."""
+    bi, lt, li, ls = N.bi, N.lt, N.li, N.ls
+    woke = False
+    sent = False
+    upto = bi[b, BI_NWANT]
+    for x in range(bi[b, BI_NCRED]):
+        tb = N.bc[b, x, 0]
+        o = bi[tb, BI_OCC]
+        if o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]:
+            continue
+        woke = True
+        l = N.bw[b, N.bc[b, x, 3]]
+        if lt[l, LT_BUSY] > now:
+            continue
+        upto = N.bc[b, x, 3] + 1
+        ncl = _offer(N, b, N.bc[b, x, 2], k, l, nin, ncl)
+        sent = True
+        break
+    for j in range(upto):
+        l = N.bw[b, j]
+        if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
+            ls[0, ntl] = l
+            ntl += 1
+        li[l, LI_WANT] += 1
+    if woke:
+        N.bt[b, BT_SLEEP] = 0
+    return ncl, ntl, sent
+
+
+@njit(cache=True, inline="always")
+def _grant(N, g, l, i0, nrel, ntl, now):
+    """Output link l of group g takes its offer: the packet leaves its input port's buffer, holds
+    the link for its serialization and lands in the buffer downstream. Returns (credits to return
+    at the end of the step, wanted-links list length)."""
+    Q, bi, bt, gi, li, lt, pi, pt, ls = N.Q, N.bi, N.bt, N.gi, N.li, N.lt, N.pi, N.pt, N.ls
+    k = li[l, LI_CAND]
+    li[l, LI_CAND] = -1
+    li[l, LI_DIST] = 1 << 30
+    if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:   # a later round's offer: not yet listed
+        ls[0, ntl] = l
+        ntl += 1
+    li[l, LI_GOT] = 1
+    N.clk[C_MOVED] = now
+    b = N.gin[i0 + k]
+    p = _take(Q, b, bi[b, BI_OFF])
+    bi[b, BI_LOST] = 0
+    gi[g, G_NPKT] -= 1
+    f = pi[p, PI_FLITS]
+    w = li[l, LI_WIDTH]
+    ser = (pi[p, PI_BYTES] + w - 1) // w
+    if ser < 1:
+        ser = 1
+    bi[nrel, BI_REL] = b          # credits come back at the end of the step
+    bi[nrel, BI_RELF] = min(f, bi[b, BI_POOL])
+    nrel += 1
+    rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
+    bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
+    if bt[b, BT_FREE] > now + 1:
+        _doze(N, b, bt[b, BT_FREE])     # it reads the packet out until then
+    lt[l, LT_BUSY] = now + ser
+    lt[l, LT_FLITS] += ser
+    lt[l, LT_PKTS] += 1
+    lt[l, LT_BYTES] += pi[p, PI_BYTES]
+    li[l, LI_RR] = k
+    if li[l, LI_DATELINE]:
+        pi[p, PI_VC] = 1
+    tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
+    _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
+    q_push(Q, tb, p)
+    if ser > pi[p, PI_SER]:
+        pi[p, PI_SER] = ser
+    if bi[tb, BI_KIND] == BUF_EJ:
+        pt[p, PT_READY] = now + pi[p, PI_SER] - 1
+    else:
+        pt[p, PT_READY] = now + bi[tb, BI_LAT]
+        g2 = bi[tb, BI_GRP]
+        gi[g2, G_NPKT] += 1
+        pi[p, PI_LINK] = N.route[g2, pi[p, PI_DST]]  # the link it wants next
+        _pushed(N, tb, g2, now + bi[tb, BI_LAT])
+    return nrel, ntl
+
+
 @njit(cache=True)
 def noc_step(N, now):
     """Advance the network through fabric cycle ``now`` (> the previous step's cycle; cycles in
@@ -321,7 +432,7 @@ def noc_step(N, now):
     has_gap = gap_hi >= gap_lo
     Q, bi, bt, gi, li, lt, pi, pt = N.Q, N.bi, N.bt, N.gi, N.li, N.lt, N.pi, N.pt
     look = N.par[P_LOOK]
-    iters = 1 if look == 0 else LOOK_ITERS
+    iters = 1 if look == 0 else N.par[P_ROUNDS]
     nrel = 0
     ls = N.ls
     for g in range(N.par[P_GROUPS]):
@@ -362,22 +473,7 @@ def noc_step(N, now):
                 bi[b, BI_LOST] = 0
                 nwin = cnt if cnt <= glook else glook + 1
                 if has_gap and it == 0:
-                    # skipped cycles: nothing could move, so every packet of the window that had
-                    # arrived wanted its link (as stepping each cycle would have counted it)
-                    stamp = _new_scan(N) if nwin > 1 else 0
-                    for j in range(nwin):
-                        p = q_peek(Q, b, j)
-                        l = pi[p, PI_LINK]
-                        if nwin > 1 and _window_dup(lt, l, stamp):
-                            continue
-                        lo = _wants_from(bt, pt, b, p, gap_lo)
-                        if lo > gap_hi:
-                            break
-                        if gap_hi - lo + 1 > lt[l, LT_GAP]:
-                            if lt[l, LT_GAP] == 0 and li[l, LI_WANT] == 0:
-                                ls[0, ntl] = l
-                                ntl += 1
-                            lt[l, LT_GAP] = gap_hi - lo + 1
+                    ntl = _gap_wants(N, b, nwin, gap_lo, gap_hi, ntl)
                 if it == 0 and bt[b, BT_SLEEP] > now:
                     # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
                     # has room now, the scan would find what it found when the port fell asleep:
@@ -388,31 +484,11 @@ def noc_step(N, now):
                     # credits can go; they are looked at alone, in window order. Wanted links are
                     # counted up to the packet offered (a scan stops there), all when none is.
                     # The port is awake from then on (next cycle it scans in full).
-                    woke = False
-                    upto = bi[b, BI_NWANT]
-                    for x in range(bi[b, BI_NCRED]):
-                        tb = N.bc[b, x, 0]
-                        o = bi[tb, BI_OCC]
-                        if o != 0 and o + N.bc[b, x, 1] > bi[tb, BI_POOL]:
-                            continue
-                        woke = True
-                        l = N.bw[b, N.bc[b, x, 3]]
-                        if lt[l, LT_BUSY] > now:
-                            continue
-                        upto = N.bc[b, x, 3] + 1
-                        ncl = _offer(N, b, N.bc[b, x, 2], k, l, nin, ncl)
+                    ncl, ntl, sent = _sleeper_offer(N, b, k, nin, ncl, ntl, now)
+                    if sent:
                         offered = True
                         ls[2, nlost] = k
                         nlost += 1
-                        break
-                    for j in range(upto):
-                        l = N.bw[b, j]
-                        if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
-                            ls[0, ntl] = l
-                            ntl += 1
-                        li[l, LI_WANT] += 1
-                    if woke:
-                        bt[b, BT_SLEEP] = 0
                     continue
                 stamp = _new_scan(N) if nwin > 1 else 0
                 nw = 0                        # links wanted (iteration 0), for the port's sleep
@@ -465,51 +541,7 @@ def noc_step(N, now):
             # grants: each output link takes the offer nearest after its last winner (the grants
             # of a round touch disjoint links, input ports and buffers: their order is immaterial)
             for j in range(ncl):
-                l = ls[1, j]
-                k = li[l, LI_CAND]
-                li[l, LI_CAND] = -1
-                li[l, LI_DIST] = 1 << 30
-                if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:   # a later round's offer: not yet listed
-                    ls[0, ntl] = l
-                    ntl += 1
-                li[l, LI_GOT] = 1
-                N.clk[C_MOVED] = now
-                b = N.gin[i0 + k]
-                p = _take(Q, b, bi[b, BI_OFF])
-                bi[b, BI_LOST] = 0
-                gi[g, G_NPKT] -= 1
-                f = pi[p, PI_FLITS]
-                w = li[l, LI_WIDTH]
-                ser = (pi[p, PI_BYTES] + w - 1) // w
-                if ser < 1:
-                    ser = 1
-                bi[nrel, BI_REL] = b          # credits come back at the end of the step
-                bi[nrel, BI_RELF] = min(f, bi[b, BI_POOL])
-                nrel += 1
-                rw = bi[b, BI_RDW]              # the buffer is read at the rate of the link filling it
-                bt[b, BT_FREE] = now + max((pi[p, PI_BYTES] + rw - 1) // rw, 1)
-                if bt[b, BT_FREE] > now + 1:
-                    _doze(N, b, bt[b, BT_FREE])     # it reads the packet out until then
-                lt[l, LT_BUSY] = now + ser
-                lt[l, LT_FLITS] += ser
-                lt[l, LT_PKTS] += 1
-                lt[l, LT_BYTES] += pi[p, PI_BYTES]
-                li[l, LI_RR] = k
-                if li[l, LI_DATELINE]:
-                    pi[p, PI_VC] = 1
-                tb = li[l, LI_DST1] if pi[p, PI_VC] else li[l, LI_DST0]
-                _occ_change(bi, bt, tb, min(f, bi[tb, BI_POOL]), now + 1)
-                q_push(Q, tb, p)
-                if ser > pi[p, PI_SER]:
-                    pi[p, PI_SER] = ser
-                if bi[tb, BI_KIND] == BUF_EJ:
-                    pt[p, PT_READY] = now + pi[p, PI_SER] - 1
-                else:
-                    pt[p, PT_READY] = now + bi[tb, BI_LAT]
-                    g2 = bi[tb, BI_GRP]
-                    gi[g2, G_NPKT] += 1
-                    pi[p, PI_LINK] = N.route[g2, pi[p, PI_DST]]  # the link it wants next
-                    _pushed(N, tb, g2, now + bi[tb, BI_LAT])
+                nrel, ntl = _grant(N, g, ls[1, j], i0, nrel, ntl, now)
         # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
         # credit, link busy); the skipped cycles before this one count as the gap says
         for j in range(ntl):
@@ -854,9 +886,9 @@ class _Builder:
         li[:, LI_CAND] = -1                    # no offer (noc_step restores these after each round)
         li[:, LI_DIST] = 1 << 30
         ni = np.array([[n["router"], n["grp"], n["src"], n["ej"]] for n in self.nodes], np.int32).reshape(nn, 4)
-        par = np.zeros(11, np.int64)
-        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP]] = \
-            [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look, 1]
+        par = np.zeros(12, np.int64)
+        par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP,
+             P_ROUNDS]] = [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look, 1, LOOKAHEAD_ROUNDS]
         clk = np.zeros(7, np.int64)
         clk[C_LAST] = -1
         clk[C_MOVED] = -1
@@ -1005,6 +1037,7 @@ def make_fabric(machine) -> FabricNets:
     if fb.kind == "crossbar":
         req = make_crossbar(nc, nm, W, D, L, core_names, mem_names, lookahead=K)
         resp = make_crossbar(nm, nc, W, D, L, mem_names, core_names, lookahead=K)
+        req.par[P_ROUNDS] = resp.par[P_ROUNDS] = fb.lookahead_rounds
         ar = np.arange
         return FabricNets("crossbar", req, resp, tuple(core_names), tuple(mem_names),
                           ar(nc, dtype=np.int32), ar(nc, nc + nm, dtype=np.int32),
@@ -1026,7 +1059,9 @@ def make_fabric(machine) -> FabricNets:
         def mk():
             return make_mesh(rows, cols, W, D, L, node_stop, names, lookahead=K)
     ids_c, ids_m = np.arange(nc, dtype=np.int32), np.arange(nc, nc + nm, dtype=np.int32)
-    return FabricNets(fb.kind, mk(), mk(), tuple(core_names), tuple(mem_names), ids_c, ids_m, ids_m, ids_c)
+    req, resp = mk(), mk()
+    req.par[P_ROUNDS] = resp.par[P_ROUNDS] = fb.lookahead_rounds
+    return FabricNets(fb.kind, req, resp, tuple(core_names), tuple(mem_names), ids_c, ids_m, ids_m, ids_c)
 
 
 def cpe_mesh_params(machine) -> tuple[int, int, int]:
@@ -1038,7 +1073,8 @@ def cpe_mesh_params(machine) -> tuple[int, int, int]:
     rma = machine.rma
     W = int(rma.link_bytes_per_cycle)
     L = rma.router_latency_cycles if rma.router_latency_cycles is not None else max(1, rma.hop_cycles // 2)
-    D = rma.buffer_depth if rma.buffer_depth is not None else 2 * -(-(rma.piece_bytes + 8) // W)
+    piece = rma.piece_bytes + machine.fabric.header_bytes
+    D = rma.buffer_depth if rma.buffer_depth is not None else 2 * -(-piece // W)
     return W, int(L), int(D)
 
 

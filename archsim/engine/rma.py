@@ -7,7 +7,7 @@ Design note (core cycles throughout)
   cluster, every CPE a node of its cluster's router, links ``rma.link_bytes_per_cycle`` wide,
   ``rma.router_latency_cycles`` per router). Memory.py steps the mesh in the core clock.
 - ``rma.put [remote], [local], n, blk`` / ``rma.get [local], [remote], n, blk`` become, at issue,
-  a descriptor in the engine's FIFO (``RCAP`` entries; a full FIFO stalls the CPE, counted as
+  a descriptor in the engine's FIFO (``rma.descriptors_per_engine`` entries; a full FIFO stalls the CPE, counted as
   pipe_busy). The target is the CPE that runs launch block ``blk``; it must be in the issuer's
   core group (the mesh joins only those): another group is a status-3 fault at issue.
 - Start-up: a descriptor may send its first piece ``rma.startup_cycles`` after issue (descriptor
@@ -23,8 +23,8 @@ Design note (core cycles throughout)
   (``TS.bulk_pending[w, 1]``) drops and a warp in ``rma.wait`` wakes.
 - Not modelled: the LDM port contention between RMA, DMA and the CPE's own accesses.
 
-State is struct of arrays (``RmaState``); memory.py owns the mesh, its outboxes and the request
-table, and calls the step functions here.
+State is struct of arrays (``RmaState``); the memory state (mem_state.py) holds the mesh,
+its outboxes and the request table, and sunway_side.py calls the step functions here.
 """
 
 from __future__ import annotations
@@ -33,28 +33,27 @@ from typing import NamedTuple
 
 import numpy as np
 
-from archsim.engine import core as K
+from archsim.engine import bulk as BK
+from archsim.engine import warps as WS
+from archsim.engine.bulk import EN_COUNT, EN_CUR, EN_HEAD, EN_INFLIGHT, EN_N, EN_PORT_FX, FX
 from archsim.engine.jit import njit
 from archsim.errors import InputError
 
-RCAP = 8               # choice: transfer descriptors queued per engine (a CPE issuing more stalls)
-FX = np.int64(1) << 16  # fixed point: one core cycle of the engine port
 INF = np.int64(1) << 62
 
 # cfg fields (RC_QUEUED: descriptors queued at all engines together, kept as they come and go)
 RC_ENGINES, RC_PIECE, RC_INFLIGHT, RC_START, RC_BPC_FX, RC_QUEUED, RC_N = range(7)
 # descriptor fields
-(RD_WARP, RD_CORE, RD_PUT, RD_TARGET, RD_NBYTES, RD_NEXT, RD_OUT, RD_READY, RD_T0, RD_DONE, RD_N) = range(11)
-# per-engine scalars: FIFO head and count, offset of the first descriptor with pieces to send, pieces
-# in flight, port free (fixed point)
-EN_HEAD, EN_COUNT, EN_CUR, EN_INFLIGHT, EN_PORT_FX, EN_N = range(6)
+(RD_WARP, RD_CORE, RD_PUT, RD_TARGET, RD_NBYTES, RD_NEXT, RD_OUT, RD_READY, RD_T0, RD_DONE) = range(BK.D_N)
+RD_N = BK.D_N
+# per-engine scalars: bulk.EN_*
 # counters per engine
 (RX_GETS, RX_PUTS, RX_BYTES_GET, RX_BYTES_PUT, RX_PIECES, RX_LAT_SUM, RX_LAT_MIN, RX_LAT_MAX, RX_N) = range(9)
 
 
 class RmaState(NamedTuple):
     cfg: np.ndarray           # int64 [RC_N]
-    desc: np.ndarray          # int64 [engines, RCAP, RD_N]
+    desc: np.ndarray          # int64 [engines, rma.descriptors_per_engine, RD_N]
     eng: np.ndarray           # int64 [engines, EN_N]
     core_engine: np.ndarray   # int32 [cores] engine serving each core (-1: none)
     core_group: np.ndarray    # int32 [cores]
@@ -74,7 +73,7 @@ def make_rma_state(machine) -> RmaState:
     def empty():
         cnt = np.zeros((1, RX_N), np.int64)
         cnt[:, RX_LAT_MIN] = INF
-        return RmaState(cfg=cfg, desc=np.zeros((1, RCAP, RD_N), np.int64), eng=np.zeros((1, EN_N), np.int64),
+        return RmaState(cfg=cfg, desc=np.zeros((1, 1, RD_N), np.int64), eng=np.zeros((1, EN_N), np.int64),
                         core_engine=np.full(ncores, -1, np.int32), core_group=np.zeros(ncores, np.int32),
                         engine_node=np.zeros(1, np.int32), engine_cores=np.full((1, 1), -1, np.int32), cnt=cnt)
 
@@ -98,7 +97,8 @@ def make_rma_state(machine) -> RmaState:
     cfg[RC_BPC_FX] = int(round(r.bytes_per_cycle * int(FX)))
     cnt = np.zeros((engines, RX_N), np.int64)
     cnt[:, RX_LAT_MIN] = INF
-    S = RmaState(cfg=cfg, desc=np.zeros((engines, RCAP, RD_N), np.int64), eng=np.zeros((engines, EN_N), np.int64),
+    S = RmaState(cfg=cfg, desc=np.zeros((engines, r.descriptors_per_engine, RD_N), np.int64),
+                 eng=np.zeros((engines, EN_N), np.int64),
                  core_engine=np.full(ncores, -1, np.int32), core_group=np.zeros(ncores, np.int32),
                  engine_node=np.zeros(engines, np.int32),
                  engine_cores=np.full((engines, (csz + epc - 1) // epc), -1, np.int32), cnt=cnt)
@@ -127,7 +127,7 @@ def rma_pieces(nbytes: int, piece_bytes: int) -> int:
 @njit(cache=True)
 def rma_can_issue(RM, core):
     e = RM.core_engine[core]
-    return e >= 0 and RM.eng[e, EN_COUNT] < RCAP
+    return e >= 0 and RM.eng[e, EN_COUNT] < RM.desc.shape[1]
 
 
 @njit(cache=True)
@@ -138,8 +138,8 @@ def rma_issue(RM, TS, w, core, put, target, nbytes, now):
         return
     e = RM.core_engine[core]
     slot = RM.eng[e, EN_HEAD] + RM.eng[e, EN_COUNT]
-    if slot >= RCAP:
-        slot -= RCAP
+    if slot >= RM.desc.shape[1]:
+        slot -= RM.desc.shape[1]
     d = RM.desc[e, slot]
     d[RD_WARP] = w
     d[RD_CORE] = core
@@ -165,8 +165,8 @@ def rma_ready_piece(RM, e, now):
     if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= RM.cfg[RC_INFLIGHT] or en[EN_PORT_FX] > now * FX:
         return -1
     slot = en[EN_HEAD] + en[EN_CUR]
-    if slot >= RCAP:
-        slot -= RCAP
+    if slot >= RM.desc.shape[1]:
+        slot -= RM.desc.shape[1]
     if RM.desc[e, slot, RD_READY] > now:
         return -1
     return slot
@@ -181,21 +181,8 @@ def rma_piece_bytes(RM, e, slot):
 
 @njit(cache=True)
 def rma_piece_sent(RM, e, slot, nbytes, now):
-    d = RM.desc[e, slot]
-    d[RD_NEXT] += nbytes
-    d[RD_OUT] += 1
-    en = RM.eng[e]
-    en[EN_INFLIGHT] += 1
-    # a piece that waited only for the port starts when the port freed (a fraction of a cycle ago):
-    # back-to-back pieces meet a fractional rate exactly; after an idle cycle it starts now
-    t = en[EN_PORT_FX]
-    if t <= (now - 1) * FX:
-        t = now * FX
-    bpc = RM.cfg[RC_BPC_FX]
-    en[EN_PORT_FX] = t + (nbytes * FX * FX + bpc - 1) // bpc
+    BK.piece_sent(RM.eng[e], RM.desc[e, slot], nbytes, now, RM.cfg[RC_BPC_FX])
     RM.cnt[e, RX_PIECES] += 1
-    if d[RD_NEXT] >= d[RD_NBYTES]:
-        en[EN_CUR] += 1
 
 
 @njit(cache=True)
@@ -209,29 +196,9 @@ def rma_piece_done(RM, TS, e, slot, nbytes, now):
         d[RD_DONE] = 1
         w = d[RD_WARP]
         TS.bulk_pending[w, 1] -= 1
-        K.wake_warp(TS, w, now)
-        lat = now - d[RD_T0]
-        RM.cnt[e, RX_LAT_SUM] += lat
-        if lat < RM.cnt[e, RX_LAT_MIN]:
-            RM.cnt[e, RX_LAT_MIN] = lat
-        if lat > RM.cnt[e, RX_LAT_MAX]:
-            RM.cnt[e, RX_LAT_MAX] = lat
-    en = RM.eng[e]
-    freed = False
-    while en[EN_COUNT] > 0 and en[EN_CUR] > 0 and RM.desc[e, en[EN_HEAD], RD_DONE] == 1:
-        h = en[EN_HEAD] + 1
-        if h >= RCAP:
-            h = 0
-        en[EN_HEAD] = h
-        en[EN_COUNT] -= 1
-        RM.cfg[RC_QUEUED] -= 1
-        en[EN_CUR] -= 1
-        freed = True
-    if freed:
-        for i in range(RM.engine_cores.shape[1]):
-            c = RM.engine_cores[e, i]
-            if c >= 0 and TS.mem_wait[c]:
-                K.wake_refused(TS, c, now)
+        WS.wake_warp(TS, w, now)
+        BK.count_latency(RM.cnt[e], now - d[RD_T0], RX_LAT_SUM, RX_LAT_MIN, RX_LAT_MAX)
+    RM.cfg[RC_QUEUED] -= BK.retire_done(RM.eng[e], RM.desc[e], RM.engine_cores[e], TS, now)
 
 
 @njit(cache=True)
@@ -243,8 +210,8 @@ def rma_next_event(RM, now):
         if en[EN_CUR] >= en[EN_COUNT] or en[EN_INFLIGHT] >= RM.cfg[RC_INFLIGHT]:
             continue
         slot = en[EN_HEAD] + en[EN_CUR]
-        if slot >= RCAP:
-            slot -= RCAP
+        if slot >= RM.desc.shape[1]:
+            slot -= RM.desc.shape[1]
         u = RM.desc[e, slot, RD_READY]
         p = (en[EN_PORT_FX] + FX - 1) // FX
         if p > u:

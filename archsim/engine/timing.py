@@ -9,35 +9,23 @@ there give 0 and writes are dropped, so a large timing run allocates no tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from archsim.engine import core as K
 from archsim.engine import decode as D
 from archsim.engine import execute as X
 from archsim.engine import machine as MA
+from archsim.engine import mem_state as MST
 from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
-from archsim.engine.launch import ALIGN, GLOBAL_BASE
+from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
+from archsim.engine.warps import T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.check import check
 from archsim.isa.opcodes import tables
 from archsim.isa.program import Launch, Program
-
-
-@dataclass(frozen=True)
-class Unbacked:
-    """A buffer argument that exists only as address space in a timing run. ``at``: the global
-    address it starts at (a multiple of ALIGN, at or above the layout base); None lays it out in
-    parameter order after the buffers before it. A Sunway buffer is placed in a memory segment
-    this way: ``Unbacked(n, at=archsim.engine.dram.cross_base(machine))`` puts it in the cross
-    segment, ``segment_base(machine, g)`` (at least GLOBAL_BASE) in core group g's own."""
-
-    nbytes: int
-    at: int | None = None
 
 
 def shared_buffers(machine, sizes) -> list:
@@ -287,7 +275,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end,
                        K.dispatch_order(machine, launch.spread, end - first))
     Dd = D.decode(prog, machine)
-    MS = M.make_mstate(machine, TS, private)
+    MS = MST.make_mstate(machine, TS, private)
     out = np.zeros(5, np.int64)
     TL, tlk = MA.make_timeline(MS, window_cycles)
     MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)
@@ -320,8 +308,8 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
         code, lane, addr, nbytes = (int(v) for v in S.fault[:4])
         text = FAULT_TEXT[code].format(addr=addr, bytes=nbytes, shared=prog.shared_bytes, blocks=launch.blocks)
         raise SimulationError(prog.where(int(S.fault[4])), f"{who} lane {lane}: {text}", partial=timing)
-    state = {K.T_BAR: "waits at bar.sync", K.T_GRIDBAR: "waits at bar.grid", K.T_CPWAIT: "waits at cp.async.wait",
-             K.T_DMAWAIT: "waits at dma.wait", K.T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
+    state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CPWAIT: "waits at cp.async.wait",
+             T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
         if w >= 0 else ""
     if timing.outcome == MA.DEADLOCK:
         raise SimulationError(where, f"deadlock at cycle {timing.cycles}: {who} {state} and nothing can wake it",

@@ -20,12 +20,10 @@ Families (only those the machine has):
 
 from __future__ import annotations
 
-import numpy as np
-
 from archsim.engine import cache as CA
 from archsim.engine import dma as DM
 from archsim.engine import dram as DR
-from archsim.engine import memory as M
+from archsim.engine import mem_state as MST
 from archsim.engine import noc as NC
 from archsim.engine.jit import njit
 
@@ -38,7 +36,7 @@ FAMILY_COUNTERS = {"links": ("busy", "blocked"),
 
 @njit(cache=True)
 def _has_mesh(MS):
-    return MS.mk[M.MK_ON] != 0
+    return MS.mk[MST.MK_ON] != 0
 
 
 @njit(cache=True)
@@ -48,7 +46,7 @@ def unit_columns(MS):
     if _has_mesh(MS):
         nl += MS.mesh.lt.shape[0]
     n = 2 * nl + 4 * MS.Dm.cnt.shape[0]
-    if MS.cfg[M.M_HAS_L2]:
+    if MS.cfg[MST.M_HAS_L2]:
         n += 3 * MS.L2.cnt.shape[0]
     return n + MS.dma.cfg[DM.DC_ENGINES]
 
@@ -78,7 +76,7 @@ def unit_sample(MS, row, c0, t_core):
     cfg = MS.cfg
     nr, ns = MS.req.lt.shape[0], MS.resp.lt.shape[0]
     nl = nr + ns + (MS.mesh.lt.shape[0] if _has_mesh(MS) else 0)
-    t_fab = cycles_before(t_core, cfg[M.M_FAB_RATIO])
+    t_fab = cycles_before(t_core, cfg[MST.M_FAB_RATIO])
     _links(MS.req, row, c0, nl, 0, t_fab)
     _links(MS.resp, row, c0, nl, nr, t_fab)
     if _has_mesh(MS):
@@ -86,7 +84,7 @@ def unit_sample(MS, row, c0, t_core):
     c = c0 + 2 * nl
     D = MS.Dm
     C = D.cnt.shape[0]
-    t_mem = cycles_before(t_core, cfg[M.M_MEM_RATIO])
+    t_mem = cycles_before(t_core, cfg[MST.M_MEM_RATIO])
     for ch in range(C):
         row[c + ch] = D.cnt[ch, DR.C_BYTES_READ] + D.cnt[ch, DR.C_BYTES_WRITTEN]
         gap = t_mem - D.last_step[0] - 1               # cycles not stepped yet: the queue held still
@@ -94,7 +92,7 @@ def unit_sample(MS, row, c0, t_core):
         row[c + 2 * C + ch] = D.cnt[ch, DR.C_ROW_HITS]
         row[c + 3 * C + ch] = D.cnt[ch, DR.C_ROW_HITS] + D.cnt[ch, DR.C_ROW_MISSES] + D.cnt[ch, DR.C_ROW_CONFLICTS]
     c += 4 * C
-    if cfg[M.M_HAS_L2]:
+    if cfg[MST.M_HAS_L2]:
         L2 = MS.L2
         n = L2.cnt.shape[0]
         E = L2.mshr.shape[1]
@@ -112,7 +110,7 @@ def unit_layout(machine, MS) -> dict:
     "clock_ratio": the unit's clock over the core clock (one per unit)}, in unit_sample's order;
     links also have "net": fabric, mesh (a CPE-mesh router link) or mesh_port (a CPE's or DMA
     engine's port on the mesh)."""
-    mesh = bool(MS.mk[M.MK_ON])
+    mesh = bool(MS.mk[MST.MK_ON])
     links = ["req " + n for n in NC.link_names(MS.req)] + ["resp " + n for n in NC.link_names(MS.resp)]
     ratio = [machine.clock_ratios.fabric] * len(links)
     net = ["fabric"] * len(links)
@@ -124,7 +122,7 @@ def unit_layout(machine, MS) -> dict:
     fams = [("links", links, ratio)]
     chans = DR.channel_names(MS.Dm)
     fams.append(("channels", chans, [machine.clock_ratios.memory] * len(chans)))
-    if MS.cfg[M.M_HAS_L2]:
+    if MS.cfg[MST.M_HAS_L2]:
         nodes = NC.node_names(MS.req)
         slices = [nodes[int(MS.node[1, s])] for s in range(MS.L2.cnt.shape[0])]
         fams.append(("l2_slices", slices, [1.0] * len(slices)))

@@ -266,12 +266,10 @@ def _pred(text: str, src: _Src, lineno: int) -> int:
     return n
 
 
-def assemble(text: str, source: str = "<asm>") -> Program:
-    """Assembly text -> Program (with reconvergence points computed)."""
-    src = _Src(source)
-    meta = {"name": None, "params": [], "nregs": None, "shared": 0, "launch": None, "args": []}
-    table = by_mnemonic()
-    pending = []  # (lineno, guard, mnemonic, operand texts)
+def _first_pass(text: str, src, meta: dict, table) -> tuple[list, dict, dict]:
+    """Directives into ``meta``; labels -> the index of the instruction after them; instructions as
+    (line, guard, mnemonic, operand texts), their operands not yet read."""
+    pending = []
     labels: dict[str, int] = {}
     label_lines: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), start=1):
@@ -309,6 +307,114 @@ def assemble(text: str, source: str = "<asm>") -> Program:
             raise src.err(lineno, f"unknown opcode {mn!r}" + (f"; {hint}" if hint else ""),
                           "see isa/opcodes.yaml")
         pending.append((lineno, guard, mn, _split_operands(parts[1] if len(parts) > 1 else "")))
+    return pending, labels, label_lines
+
+
+def _mem_operand(text: str, mn: str, src, lineno: int) -> tuple[int, int]:
+    """``[rN]``, ``[rN+imm]``, ``[rN-imm]`` or ``[imm]`` -> (base register or NONE, offset)."""
+    m = _MEM_RE.match(text)
+    if not m:
+        raise src.err(lineno, f"{mn}: bad memory operand {text!r}", "[rN], [rN+imm], [rN-imm] or [imm]")
+    if m.group(1):
+        r = _reg(m.group(1), src, lineno)
+        off_text = (m.group(2) or "+") + (m.group(3) or "0")
+    else:
+        r = NONE
+        off_text = m.group(4)
+    try:
+        off = parse_imm(off_text.replace("+", "", 1) if off_text.startswith("+") else off_text, "i64")
+    except ValueError:
+        if r == NONE:
+            raise src.err(lineno, f"{mn}: bad memory operand {text!r}", "[rN], [rN+imm], [rN-imm] or [imm]")
+        raise src.err(lineno, f"{mn}: bad offset in {text!r}", "an integer or 0x hex offset")
+    return r, off
+
+
+def _encode(op, lineno: int, guard, mn: str, opnds: list, src, labels: dict, params: dict,
+            meta: dict) -> tuple[dict, int]:
+    """One instruction's row of the Program arrays, and the highest register it names (-1: none)."""
+    if len(opnds) != len(op.operands):
+        sig = ", ".join(op.operands) or "no operands"
+        raise src.err(lineno, f"{mn} takes {len(op.operands)} operand(s), got {len(opnds)}", f"{mn} {sig}")
+    row = {"op": op.code, "line": lineno, "pred": NONE, "flags": 0}
+    if guard is not None:
+        row["pred"] = guard[0]
+        if guard[1]:
+            row["flags"] |= FLAG_PRED_NEG
+    max_reg = -1
+    slot = 0
+    nmem = 0
+    for kind, text in zip(op.operands, opnds):
+        if kind in ("R", "R2", "R4"):
+            row["dst"] = _reg(text, src, lineno, _RANGE[kind])
+            max_reg = max(max_reg, row["dst"] + _RANGE[kind] - 1)
+        elif kind == "P":
+            row["dst"] = _pred(text, src, lineno)
+        elif kind in ("r", "r2", "r4"):
+            r = _reg(text, src, lineno, _RANGE[kind])
+            row[f"src{slot}"] = r
+            max_reg = max(max_reg, r + _RANGE[kind] - 1)
+            slot += 1
+        elif kind == "ri":
+            if _REG_RE.match(text):
+                r = _reg(text, src, lineno)
+                row[f"src{slot}"] = r
+                max_reg = max(max_reg, r)
+            elif _PRED_RE.match(text) or text.startswith("%"):
+                raise src.err(lineno, f"{mn}: operand {text!r} must be a register or an immediate",
+                              f"{mn} {', '.join(op.operands)}")
+            else:
+                try:
+                    row["imm"] = parse_imm(text, op.dtype)
+                except ValueError as e:
+                    raise src.err(lineno, f"{mn}: bad immediate {text!r}: {e}",
+                                  "integer, 0x hex, or float literal" if op.dtype in _FLOAT_DTYPES
+                                  else "a 64-bit integer or 0x hex")
+                row[f"src{slot}"] = NONE
+                row["flags"] |= FLAG_IMM0 << slot
+            slot += 1
+        elif kind == "p":
+            row[f"src{slot}"] = _pred(text, src, lineno)
+            slot += 1
+        elif kind == "m":
+            r, off = _mem_operand(text, mn, src, lineno)
+            if r != NONE:
+                max_reg = max(max_reg, r)
+            row[f"src{slot}"] = r
+            row["imm" if nmem == 0 else "imm2"] = off
+            nmem += 1
+            slot += 1
+        elif kind == "l":
+            if text not in labels:
+                hint = _closest(text, labels)
+                raise src.err(lineno, f"{mn}: unknown label {text!r}" + (f"; {hint}" if hint else ""),
+                              "a label defined in this file")
+            row["imm"] = labels[text]
+        elif kind == "s":
+            name = text[1:] if text.startswith("%") else None
+            if name not in SPECIAL:
+                raise src.err(lineno, f"{mn}: unknown special register {text!r}",
+                              " ".join("%" + s for s in SPECIAL_NAMES))
+            row["imm"] = SPECIAL[name]
+        elif kind == "k":
+            if text not in params:
+                raise src.err(lineno, f"{mn}: unknown parameter {text!r}",
+                              "parameters: " + (", ".join(meta["params"]) or "none declared (.param NAME)"))
+            row["imm"] = params[text]
+        elif kind == "i":
+            try:
+                row["imm"] = parse_imm(text, "i64")
+            except ValueError:
+                raise src.err(lineno, f"{mn}: bad immediate {text!r}", "an integer")
+    return row, max_reg
+
+
+def assemble(text: str, source: str = "<asm>") -> Program:
+    """Assembly text -> Program (with reconvergence points computed)."""
+    src = _Src(source)
+    meta = {"name": None, "params": [], "nregs": None, "shared": 0, "launch": None, "args": []}
+    table = by_mnemonic()
+    pending, labels, label_lines = _first_pass(text, src, meta, table)
     if meta["name"] is None:
         raise src.err(1, "missing .kernel directive", ".kernel NAME before the first instruction")
     for name, pc in labels.items():
@@ -319,95 +425,9 @@ def assemble(text: str, source: str = "<asm>") -> Program:
     rows = []
     max_reg = -1
     for lineno, guard, mn, opnds in pending:
-        op = table[mn]
-        if len(opnds) != len(op.operands):
-            sig = ", ".join(op.operands) or "no operands"
-            raise src.err(lineno, f"{mn} takes {len(op.operands)} operand(s), got {len(opnds)}",
-                          f"{mn} {sig}")
-        row = {"op": op.code, "line": lineno, "pred": NONE, "flags": 0}
-        if guard is not None:
-            row["pred"] = guard[0]
-            if guard[1]:
-                row["flags"] |= FLAG_PRED_NEG
-        slot = 0
-        nmem = 0
-        for kind, text in zip(op.operands, opnds):
-            if kind in ("R", "R2", "R4"):
-                row["dst"] = _reg(text, src, lineno, _RANGE[kind])
-                max_reg = max(max_reg, row["dst"] + _RANGE[kind] - 1)
-            elif kind == "P":
-                row["dst"] = _pred(text, src, lineno)
-            elif kind in ("r", "r2", "r4"):
-                r = _reg(text, src, lineno, _RANGE[kind])
-                row[f"src{slot}"] = r
-                max_reg = max(max_reg, r + _RANGE[kind] - 1)
-                slot += 1
-            elif kind == "ri":
-                if _REG_RE.match(text):
-                    r = _reg(text, src, lineno)
-                    row[f"src{slot}"] = r
-                    max_reg = max(max_reg, r)
-                elif _PRED_RE.match(text) or text.startswith("%"):
-                    raise src.err(lineno, f"{mn}: operand {text!r} must be a register or an immediate",
-                                  f"{mn} {', '.join(op.operands)}")
-                else:
-                    try:
-                        row["imm"] = parse_imm(text, op.dtype)
-                    except ValueError as e:
-                        raise src.err(lineno, f"{mn}: bad immediate {text!r}: {e}",
-                                      "integer, 0x hex, or float literal" if op.dtype in _FLOAT_DTYPES
-                                      else "a 64-bit integer or 0x hex")
-                    row[f"src{slot}"] = NONE
-                    row["flags"] |= FLAG_IMM0 << slot
-                slot += 1
-            elif kind == "p":
-                row[f"src{slot}"] = _pred(text, src, lineno)
-                slot += 1
-            elif kind == "m":
-                m = _MEM_RE.match(text)
-                if not m:
-                    raise src.err(lineno, f"{mn}: bad memory operand {text!r}", "[rN], [rN+imm], [rN-imm] or [imm]")
-                if m.group(1):
-                    r = _reg(m.group(1), src, lineno)
-                    max_reg = max(max_reg, r)
-                    off_text = (m.group(2) or "+") + (m.group(3) or "0")
-                else:
-                    r = NONE
-                    off_text = m.group(4)
-                try:
-                    off = parse_imm(off_text.replace("+", "", 1) if off_text.startswith("+") else off_text, "i64")
-                except ValueError:
-                    if r == NONE:
-                        raise src.err(lineno, f"{mn}: bad memory operand {text!r}",
-                                      "[rN], [rN+imm], [rN-imm] or [imm]")
-                    raise src.err(lineno, f"{mn}: bad offset in {text!r}", "an integer or 0x hex offset")
-                row[f"src{slot}"] = r
-                row["imm" if nmem == 0 else "imm2"] = off
-                nmem += 1
-                slot += 1
-            elif kind == "l":
-                if text not in labels:
-                    hint = _closest(text, labels)
-                    raise src.err(lineno, f"{mn}: unknown label {text!r}" + (f"; {hint}" if hint else ""),
-                                  "a label defined in this file")
-                row["imm"] = labels[text]
-            elif kind == "s":
-                name = text[1:] if text.startswith("%") else None
-                if name not in SPECIAL:
-                    raise src.err(lineno, f"{mn}: unknown special register {text!r}",
-                                  " ".join("%" + s for s in SPECIAL_NAMES))
-                row["imm"] = SPECIAL[name]
-            elif kind == "k":
-                if text not in params:
-                    raise src.err(lineno, f"{mn}: unknown parameter {text!r}",
-                                  "parameters: " + (", ".join(meta["params"]) or "none declared (.param NAME)"))
-                row["imm"] = params[text]
-            elif kind == "i":
-                try:
-                    row["imm"] = parse_imm(text, "i64")
-                except ValueError:
-                    raise src.err(lineno, f"{mn}: bad immediate {text!r}", "an integer")
+        row, top = _encode(table[mn], lineno, guard, mn, opnds, src, labels, params, meta)
         rows.append(row)
+        max_reg = max(max_reg, top)
     nregs = meta["nregs"]
     if nregs is None:
         nregs = max(1, max_reg + 1)

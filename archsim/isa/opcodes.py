@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -154,6 +155,29 @@ def by_mnemonic() -> dict[str, Opcode]:
     return {o.mnemonic: o for o in opcodes()}
 
 
+class OpTables(NamedTuple):
+    """Per-opcode lookup arrays (from isa/opcodes.yaml); numba passes it to the engine's @njit functions, indexed by Program.op."""
+
+    sem: np.ndarray
+    dtype: np.ndarray
+    unit: np.ndarray
+    cmp: np.ndarray
+    space: np.ndarray
+    access_bytes: np.ndarray
+    signed: np.ndarray
+    src_dtype: np.ndarray
+    nregs_dst: np.ndarray
+    nregs_src: np.ndarray
+    matrices: np.ndarray
+    trans: np.ndarray
+    flops_per_lane: np.ndarray
+    shape_m: np.ndarray
+    shape_n: np.ndarray
+    shape_k: np.ndarray
+    strided: np.ndarray       # dma.get.s / dma.put.s
+    bcast: np.ndarray         # DMA broadcast mode (archsim.isa.opcodes.BCAST_*)
+
+
 @lru_cache(maxsize=None)
 def tables():
     """Numpy lookup arrays indexed by opcode number, for the engine."""
@@ -161,8 +185,6 @@ def tables():
 
     def arr(f, dtype=np.int32):
         return np.array([f(o) for o in ops], dtype=dtype)
-
-    from archsim.engine.state import OpTables  # NamedTuple of arrays (engine-side type)
 
     return OpTables(
         sem=arr(lambda o: SEM[o.sem]),

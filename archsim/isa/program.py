@@ -12,6 +12,7 @@ reconvergence point (its immediate post-dominator; -1 = the warp's exit).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -27,6 +28,22 @@ _DTYPES = {"op": np.int16, "dst": np.int16, "src0": np.int16, "src1": np.int16, 
 ARG_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None, "f64": np.float64, "i32": np.int32,
               "i64": np.int64, "u8": np.uint8}
 ARG_INITS = ("random", "zeros", "ones", "range", "unbacked")   # unbacked: address space only (timing runs)
+
+
+class ProgArrays(NamedTuple):
+    """One program's instruction arrays as the engine's @njit functions take them (Program.arrays)."""
+
+    op: np.ndarray
+    dst: np.ndarray
+    src0: np.ndarray
+    src1: np.ndarray
+    src2: np.ndarray
+    src3: np.ndarray
+    imm: np.ndarray
+    imm2: np.ndarray
+    pred: np.ndarray
+    flags: np.ndarray
+    reconv: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -129,8 +146,6 @@ class Program:
 
     def arrays(self):
         """The instruction arrays as the engine's NamedTuple."""
-        from archsim.engine.state import ProgArrays
-
         return ProgArrays(*(getattr(self, a) for a in ARRAYS))
 
     @staticmethod

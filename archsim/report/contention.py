@@ -1,6 +1,6 @@
 """Where and when memory contends: heatmaps over time (``contention.png``) and the fabric drawn as
 its topology (``topology.png``), from the per-unit timeline matrices of a result
-(stats.unit_matrices). Matplotlib comes from plots._plt (Agg backend).
+(stats.unit_matrices). Matplotlib comes from files.pyplot (Agg backend).
 
 Rows of the heatmaps: every fabric link when there are at most MAX_ROWS of them, else the links of
 each kind (``req sm#->xbar``, ...) in runs of neighbours, each run shown by its busiest member; the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from archsim.report.files import save_figure
+from archsim.report.files import pyplot, save_figure
 
 MAX_ROWS = 96          # fabric links shown one per row up to this many
 RUNS_PER_KIND = 12     # else: rows per kind of link
@@ -175,9 +175,7 @@ def plot_contention(result: dict, path: Path) -> Path:
     """contention.png: link utilization, link blocked share, channel queue depth and channel
     bandwidth (share of a channel's peak), then the L2 slices' hit rate (GPU) or the DMA engines'
     GB/s per core group (Sunway); unit x time, kernel boundaries marked."""
-    from archsim.report.plots import _plt
-
-    plt = _plt()
+    plt = pyplot()
     ks = _kernels_with_units(result)
     util, lnames, starts = stitch(ks, "links", "link_util")
     blocked, _, _ = stitch(ks, "links", "link_blocked")
@@ -351,9 +349,7 @@ def plot_topology(result: dict, path: Path, kernel: str | None = None) -> Path:
     """topology.png: the fabric of one kernel (default the busiest), links coloured by utilization
     (width grows with it), a red cross where packets waited (size: blocked share), controllers by
     their mean queue."""
-    from archsim.report.plots import _plt
-
-    plt = _plt()
+    plt = pyplot()
     k = _kernel_by_name(result, kernel)
     m = result["machine"]
     names = [x["name"] for x in k["fabric"]["links"]]

@@ -27,6 +27,17 @@ def write_text(path, text: str) -> None:
     write_atomic(path, lambda p: p.write_text(text, encoding="utf-8"))
 
 
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (works without a display); the report modules import
+    matplotlib only through this."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, path) -> None:
     """A matplotlib figure as a PNG."""
     write_atomic(path, lambda p: fig.savefig(p, dpi=110, format="png"))

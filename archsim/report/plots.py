@@ -1,4 +1,4 @@
-"""Plots of results (PNG). Matplotlib is imported only through ``_plt`` (the Agg backend, so it
+"""Plots of results (PNG). Matplotlib is imported only through ``files.pyplot`` (the Agg backend, so it
 works without a display), here and in the report modules beside this one.
 
 - ``kernels.png``: per kernel, the time of all its launches, and beside it the stall breakdown of
@@ -19,24 +19,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from archsim.report.files import save_figure
+from archsim.report.files import pyplot, save_figure
 
 STALL_COLORS = {"issued": "#2ca02c", "not_selected": "#98df8a", "wait": "#ffbb78", "long_scoreboard": "#d62728",
                 "short_scoreboard": "#ff9896", "pipe_busy": "#1f77b4", "barrier": "#9467bd", "dma_wait": "#8c564b",
                 "idle": "#c7c7c7"}
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_kernels(result: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     ks = result["kernels"]
     names = [k["name"] for k in ks]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 0.4 * len(ks) + 1.8), sharey=True)
@@ -62,7 +53,7 @@ def plot_kernels(result: dict, path: Path) -> Path:
 
 
 def plot_timeline(result: dict, path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     ghz = float(result["machine"]["clock_ghz"])
     fig, axs = plt.subplots(3, 1, figsize=(11, 7), sharex=True)
     t0 = 0.0
@@ -92,7 +83,7 @@ def plot_timeline(result: dict, path: Path) -> Path:
 
 
 def plot_compare(results: list[dict], path: Path) -> Path:
-    plt = _plt()
+    plt = pyplot()
     names = []
     for r in results:
         for k in r["kernels"]:
@@ -194,7 +185,7 @@ def plot_sweep(rows: list[dict], vary: dict, path: Path, title: str = "") -> Pat
     the other keys and the machine. Values are placed in spec order (numbers on a linear axis,
     anything else as categories). ``rows``: finished runs, each with ``hw``, ``values`` and
     ``seconds``. With nothing varied, a bar per machine."""
-    plt = _plt()
+    plt = pyplot()
     keys = list(vary)
     if not keys:
         fig, ax = plt.subplots(figsize=(6, 3.5))

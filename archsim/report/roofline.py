@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from archsim.report.files import save_figure
+from archsim.report.files import pyplot, save_figure
 
 LABELLED = 8  # kernels named on a panel (the ones with the most time); the rest are unnamed points
 
@@ -115,9 +115,7 @@ def _panel(ax, r: dict, xl, yl):
 
 def plot_roofline(results: list[dict], path: Path) -> Path:
     """One panel per machine on the same axes."""
-    from archsim.report.plots import _plt
-
-    plt = _plt()
+    plt = pyplot()
     xl, yl = _limits(results)
     fig, axs = plt.subplots(1, len(results), figsize=(7.5 * len(results), 5.2), squeeze=False)
     for ax, r in zip(axs[0], results):

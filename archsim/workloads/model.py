@@ -18,8 +18,8 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from archsim.config.load import (_TYPE_WORDS, _child, _describe, _dotted, _is_model, _known_keys, _required_keys,
-                                 _resolve, _unwrap, read_yaml)
+from archsim.config import schema_errors as SE
+from archsim.config.load import read_yaml, resolve_file
 from archsim.config.schema import FieldError
 from archsim.errors import InputError
 from archsim.paths import data_dir
@@ -140,57 +140,19 @@ def builtin_workloads() -> list[str]:
 
 def resolve_workload(arg: str) -> Path:
     """A workload file: a path to a YAML file, or a built-in name found in workloads/."""
-    return _resolve(arg, "--workload", "workload", data_dir("workloads"), builtin_workloads())
-
-
-def _type_at(path) -> Any:
-    t = Workload
-    for seg in path:
-        t = _child(t, seg)
-        if t is None:
-            return None
-    return t
+    return resolve_file(arg, "--workload", "workload", data_dir("workloads"), builtin_workloads())
 
 
 def _convert(exc: ValidationError, label: str, origins: Mapping[tuple, str]) -> InputError:
-    """A pydantic error -> one InputError (the first error; the config loader's wording)."""
-    err = exc.errors(include_url=False)[0]
-    loc = tuple(err["loc"])
-    typ = err["type"]
-    ctx = err.get("ctx") or {}
-    val = err.get("input")
-    paths = [loc]
-    if typ == "value_error" and isinstance(ctx.get("error"), FieldError):
-        fe = ctx["error"]
-        loc = loc + (fe.path,)
-        paths = [loc] + [loc[:-1] + (r,) for r in fe.related]
-        what, allowed = fe.what, fe.allowed
-    elif typ == "extra_forbidden":
-        what, allowed = f"unknown key {loc[-1]!r}", "known keys: " + ", ".join(_known_keys(_type_at(loc[:-1])))
-    elif typ == "missing":
-        t = _type_at(loc)
-        kind = "block" if t is not None and _is_model(_unwrap(t)) else "key"
-        here = f"in {_dotted(loc[:-1])}" if len(loc) > 1 else "at the top level"
-        what = f"missing required {kind} {loc[-1]!r}"
-        allowed = f"required {here}: " + ", ".join(_required_keys(_type_at(loc[:-1])))
-    elif typ in ("literal_error", "enum"):
-        what, allowed = f"unknown value {val!r}", _describe(_type_at(loc))
-    elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        what, allowed = f"value {val!r} out of range", _describe(_type_at(loc))
-    elif typ in _TYPE_WORDS:
-        what = f"expected {_TYPE_WORDS[typ]}, got {val!r}"
-        allowed = _describe(_type_at(loc)) or _TYPE_WORDS[typ]
-    elif typ in ("too_short", "string_too_short"):
-        what, allowed = f"{val!r} is empty", _describe(_type_at(loc))
-    else:
-        what, allowed = f"{err['msg']}, got {val!r}", _describe(_type_at(loc))
+    """A pydantic error -> one InputError (the first error, in the config loader's words)."""
+    loc, paths, what, allowed, _ = SE.explain(exc, Workload)
     for p in paths:                                  # a value from the command line: name the option
         if p in origins:
-            field = _dotted(p)
-            if not what.startswith(field.split(".")[-1]):
+            field = SE.dotted(p)
+            if not what.startswith((field, field.split(".")[-1])):
                 what = f"{field}: {what}"
             return InputError(origins[p], what, allowed)
-    return InputError(f"{label}: {_dotted(loc)}" if loc else label, what, allowed)
+    return InputError(f"{label}: {SE.dotted(loc)}" if loc else label, what, allowed)
 
 
 def _apply_overrides(data: dict, overrides: Optional[Mapping[str, Any]]) -> tuple[dict, dict]:
@@ -207,7 +169,7 @@ def _apply_overrides(data: dict, overrides: Optional[Mapping[str, Any]]) -> tupl
         if value is None:                            # the option was not given
             continue
         path, flag = OVERRIDES[key]
-        if isinstance(value, str) and _unwrap(_type_at(path)) in (int, bool):
+        if isinstance(value, str) and SE.unwrap(SE.type_at(Workload, path)) in (int, bool):
             try:                                     # "4", "true" from a command line
                 parsed = yaml.safe_load(value)
             except yaml.YAMLError:

@@ -21,6 +21,8 @@
   lane per query row); row and flat kernels streaming rows or chunks through the LDM.
 - ``block``: a block's op graph -> the kernels above (the target family's emitters), bound to the
   block's tensors.
+- ``common``: what the emitters share: the assembler with a register pool (``Asm``), integer and
+  address helpers, argument checks and the dtype tables.
 """
 
 from .attention_gpu import AttentionKernel, attention_reference, flash_attention_kernel

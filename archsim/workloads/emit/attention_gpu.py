@@ -84,8 +84,7 @@ math (``combine_flops``), with no model_flops.
 
 Training: with_lse=True adds a buffer parameter LSE (fp32 [batch, heads, q_len], contiguous) where
 the epilogue stores each row's natural log-sum-exp of its scaled, masked scores, ln 2 (c m + log2 l)
-(what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads); the
-with_lse=False program is the same as before.
+(what reference.ref_attention(..., return_lse=True) gives and attention_grad_gpu reads).
 
 ``flops`` counts the math of the unmasked (query, key) pairs: 4*d per pair (2d for a score, 2d
 for its share of P V), all q_len*kv_len pairs when not causal, the exact visible count when
@@ -104,17 +103,13 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
+from archsim.workloads.emit.common import (CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, Asm,
+                                          OutOfRegisters, ceil_div, log2, swizzle_offset)
+from archsim.workloads.emit.gemm_gpu import to_float, to_host
 
 __all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attention_reference", "causal_pairs",
            "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
 
-_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
-_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}
-_CVT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 HEAD_DIMS = (32, 64, 128)
 BR = 64                      # query rows per block
 WARPS = 4                    # 16 query rows each
@@ -177,7 +172,7 @@ class AttentionKernel:
     @property
     def host_dtype(self):
         """numpy dtype of every buffer (bf16: uint16 bit patterns)."""
-        return _HOST[self.dtype]
+        return HOST_DTYPE[self.dtype]
 
     def _need(self, rows: int, ld: int, off: int) -> int:
         """Elements a buffer must hold: the last row's last element + 1."""
@@ -185,7 +180,7 @@ class AttentionKernel:
 
     def buffer_bytes(self, q_off: int = 0, k_off: int = 0, v_off: int = 0, o_off: int = 0) -> dict:
         """Bytes each buffer must hold (for ``Unbacked(nbytes)`` in timing runs)."""
-        B, Lq, Lk, es = self.batch, self.q_len, self.kv_len, _ES[self.dtype]
+        B, Lq, Lk, es = self.batch, self.q_len, self.kv_len, ELEM_BYTES[self.dtype]
         out = {"Q": es * self._need(B * Lq, self.q_ld, q_off), "K": es * self._need(B * Lk, self.kv_ld, k_off),
                "V": es * self._need(B * Lk, self.kv_ld, v_off), "O": es * self._need(B * Lq, self.o_ld, o_off)}
         if self.with_lse:
@@ -267,7 +262,7 @@ def attention_reference(Q, K, V, dtype: str, batch: int, heads: int, q_len: int,
                         causal: bool, scale: float, q_ld: int, kv_ld: int, q_off: int = 0, k_off: int = 0,
                         v_off: int = 0) -> np.ndarray:
     """float64 softmax(scale Q K^T + mask) V from the buffers' exact values -> [batch*q_len, heads*d]."""
-    dtype = _DTYPES[dtype]
+    dtype = DTYPE_ALIASES[dtype]
 
     def gather(X, rows, ld, off):
         flat = to_float(np.asarray(X).ravel(), dtype)
@@ -295,7 +290,7 @@ def _first_tile(a, i0, split: bool):
     """i0 = the block's first query row; split: also returns j = split * chunk (else None)."""
     if not split:
         a("s2r", i0, "%ctaid.x")
-        a("shl.b64", i0, i0, _log2(BR))
+        a("shl.b64", i0, i0, log2(BR))
         return None
     j = a.reg()
     a("s2r", j, "%ctaid.x")
@@ -382,12 +377,12 @@ def _emit_mma(c: _Cfg) -> Program:
     CPR = RB // 16                            # 16-byte chunks a row
     RS = THREADS // CPR                       # rows between one thread's copies
     if Bc % RS:
-        raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
-    mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
+        raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
     name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
     if c.split:
         name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
+    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
 
     # big register blocks first
     o = a.reg(4 * NO)                         # O accumulators: n-tile nt at o + 4nt
@@ -413,11 +408,11 @@ def _emit_mma(c: _Cfg) -> Program:
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
     r0, cb, soff = a.reg(), a.reg(), a.reg()
-    a("shr.u64", r0, tid, _log2(CPR))         # this thread's first row of a tile
+    a("shr.u64", r0, tid, log2(CPR))          # this thread's first row of a tile
     a("and.b64", cb, tid, CPR - 1)
     a("shl.b64", cb, cb, 4)                   # its column byte
     a("mov.b64", soff, cb)
-    _swz(a, soff, r0, soff, lay, RB, 0)       # shared offset of (r0, cb) in a tile
+    swizzle_offset(a, soff, r0, soff, lay, RB, 0)  # shared offset of (r0, cb) in a tile
 
     def col_base(dst, buf, rows, ld_name, off_name):
         """dst = buf + 2*((bq*rows)*ld + hd*d + off) + cb; returns the row pitch register (2*ld bytes)."""
@@ -491,7 +486,7 @@ def _emit_mma(c: _Cfg) -> Program:
     a("and.b64", t1, lane, 15)
     a("shr.u64", t2, lane, 4)
     a("shl.b64", t2, t2, 4)
-    _swz(a, vx0, t1, t2, lay, RB, 0)
+    swizzle_offset(a, vx0, t1, t2, lay, RB, 0)
     a("and.b64", t1, lane, 7)
     a("shr.u64", t2, lane, 4)
     a("shl.b64", t2, t2, 3)
@@ -499,7 +494,7 @@ def _emit_mma(c: _Cfg) -> Program:
     a("shr.u64", t2, lane, 3)
     a("and.b64", t2, t2, 1)
     a("shl.b64", t2, t2, 4)
-    _swz(a, kx0, t1, t2, lay, RB, 0)
+    swizzle_offset(a, kx0, t1, t2, lay, RB, 0)
 
     def q_to_registers():
         a("mul.i64", t1, warp, 16 * RB)
@@ -524,7 +519,7 @@ def _emit_mma(c: _Cfg) -> Program:
     # ---- tile counts and mask limits (uniform per block). Key j is visible to row i iff j <= lim(i):
     # lim = kv_len - 1, or i + kv_len - q_len when causal.
     ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg()
-    lb = _log2(Bc)
+    lb = log2(Bc)
     if c.causal:
         diff = t2
         a("sub.i64", diff, Lk, Lq)
@@ -707,7 +702,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("mov.b64", row, 0)
     else:
         a("s2r", row, "%ctaid.x")
-        a("shl.b64", row, row, _log2(BR))
+        a("shl.b64", row, row, log2(BR))
     a("shr.u64", t1, tid, 5)
     a("shl.b64", t1, t1, 4)
     a("add.i64", row, row, t1)
@@ -798,13 +793,13 @@ def _emit_ffma(c: _FCfg) -> Program:
     CPR = d * es // 16
     RS = THREADS // CPR
     if RS > Bc or Bc % RS:
-        raise _OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+        raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
     H = d // 2                                # elements a thread holds
     NV = HB // 16                             # 16-byte loads per half row
     name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
     if c.split:
         name = f"flash_attn_split_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), 2 * SB)
+    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), 2 * SB)
     qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
     buf = [a.reg(4), a.reg(4)]
     for i in range(H):
@@ -836,7 +831,7 @@ def _emit_ffma(c: _FCfg) -> Program:
         a("add.i64", dst, dst, t2)
         if half is not None:
             a("mad.i64", dst, half, H, dst)
-        a("shl.b64", dst, dst, _log2(es))
+        a("shl.b64", dst, dst, log2(es))
         a("ldparam", t2, buf_name)
         a("add.i64", dst, dst, t2)
 
@@ -856,10 +851,10 @@ def _emit_ffma(c: _FCfg) -> Program:
 
     # ---- copy geometry: chunk q = tid + 128 i -> row q / CPR, chunk q % CPR (+16 bytes in the second half)
     r0, cb, soff, gk, gv, kldb, klim, rj = (a.reg() for _ in range(8))
-    a("shr.u64", r0, tid, _log2(CPR))
+    a("shr.u64", r0, tid, log2(CPR))
     a("and.b64", cb, tid, CPR - 1)
     a("mul.i64", soff, r0, RBp)
-    a("shr.u64", t1, cb, _log2(CPR // 2))
+    a("shr.u64", t1, cb, log2(CPR // 2))
     a("shl.b64", t1, t1, 4)
     a("add.i64", soff, soff, t1)
     a("shl.b64", cb, cb, 4)
@@ -870,7 +865,7 @@ def _emit_ffma(c: _FCfg) -> Program:
     row_ptr(gv, "V", Lk, t1, "kv_ld", "v_off", None)
     a("add.i64", gv, gv, cb)
     a("ldparam", kldb, "kv_ld")
-    a("shl.b64", kldb, kldb, _log2(es))
+    a("shl.b64", kldb, kldb, log2(es))
     a("sub.i64", klim, Lk, 1)
     if c.split:
         a("mad.i64", rj, j0, Bc, r0)
@@ -900,7 +895,7 @@ def _emit_ffma(c: _FCfg) -> Program:
 
     # ---- tile counts (as the tensor-core kernel) and this row's last visible key
     ntl, nfull, lim = a.reg(), a.reg(), a.reg()
-    lb = _log2(Bc)
+    lb = log2(Bc)
     if c.causal:
         a("sub.i64", t2, Lk, Lq)                  # diff
         a("add.i64", t1, i0, BR - 1)
@@ -1082,7 +1077,7 @@ def _emit_ffma(c: _FCfg) -> Program:
             a("mul.f32", ov + e, ov + e, l)
             a("st.global.b32", Mem(g, 4 * e), ov + e, p=pm)
     else:
-        cvt = _CVT[c.dtype]
+        cvt = CVT_OUT[c.dtype]
         for e in range(0, H, 2):
             a("mul.f32", ov + e, ov + e, l)
             a("mul.f32", ov + e + 1, ov + e + 1, l)
@@ -1105,9 +1100,9 @@ def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
     the max taken online (the weights so far rescaled when it grows), splits past the end guarded
     off with weight 0. The row's LSE is max + ln(sum w)."""
     E, UC = d // 32, COMBINE_UNROLL
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     name = f"flash_attn_combine_{dtype}_d{d}{'_lse' if lse else ''}"
-    a = _Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), 0)
+    a = Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), 0)
     acc, ob, lv = a.reg(E), a.reg(E * UC), a.reg(UC)
     tid, lane, r, n, t1, t2, S, sp, pl, po, stl, sto, mx, nm, w, l = (a.reg() for _ in range(16))
     pm, pe = a.pred(), a.pred()
@@ -1208,7 +1203,7 @@ def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
         st = {1: "st.global.b32", 2: "st.global.v2.b32", 4: "st.global.v4.b32"}[E]
         a(st, Mem(sp, 0), acc)
     else:
-        cvt = _CVT[dtype]
+        cvt = CVT_OUT[dtype]
         if E == 1:
             a(cvt, ob, acc, acc)
             a("st.global.b16", Mem(sp, 0), ob)
@@ -1236,14 +1231,14 @@ def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = F
                  split: bool = False) -> tuple[_FCfg, Program]:
     tried = []
     for Bc in FFMA_BC_CHOICES:
-        shared = 4 * Bc * (d * _ES[dtype] + 16)
+        shared = 4 * Bc * (d * ELEM_BYTES[dtype] + 16)
         if shared > caps.scratchpad_bytes:
             tried.append(f"Bc {Bc}: {shared} B scratchpad")
             continue
         cfg = _FCfg(dtype, d, causal, Bc, c, lse, split)
         try:
             prog = _emit_ffma(cfg)
-        except _OutOfRegisters as e:
+        except OutOfRegisters as e:
             tried.append(f"Bc {Bc}: {e}")
             continue
         if _fits(prog, caps):
@@ -1267,7 +1262,7 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
             cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split)
             try:
                 prog = _emit_mma(cfg)
-            except _OutOfRegisters as e:
+            except OutOfRegisters as e:
                 tried.append(f"Bc {Bc}: {e}")
                 continue
             if _fits(prog, caps):
@@ -1291,9 +1286,9 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
     if head_dim not in HEAD_DIMS:
         raise InputError(where, f"head_dim = {head_dim!r}", ", ".join(map(str, HEAD_DIMS)))
     d = int(head_dim)
-    if dtype not in _DTYPES:
+    if dtype not in DTYPE_ALIASES:
         raise InputError(where, f"dtype {dtype!r}", dtypes_allowed)
-    dt = _DTYPES[dtype]
+    dt = DTYPE_ALIASES[dtype]
     if caps.family != family:
         who = "GPU" if family == "gpu" else family.capitalize()
         raise InputError(f"{where} on {caps.name}", f"the {who} attention emitter targets the {family} family, "
@@ -1328,17 +1323,17 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim.
     with_lse: the program takes one more buffer, LSE (float32 [batch, heads, q_len], contiguous),
     and writes there each query row's natural log-sum-exp of its scaled, masked scores (what the
-    fused backward recomputes P from); the with_lse=False program is unchanged."""
+    fused backward recomputes P from)."""
     where = "attention"
     batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
-    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+    use_mma = dt in MMA_OP and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     if use_mma:
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     else:
         cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
-    launch = Launch((_ceil(q_len, BR), heads, batch), (THREADS, 1, 1))
+    launch = Launch((ceil_div(q_len, BR), heads, batch), (THREADS, 1, 1))
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
@@ -1364,7 +1359,7 @@ def forced_chunk(where: str, splits, tiles: int) -> int:
     """K/V tiles per split when the caller forces ``splits`` (an integer >= 1; InputError else)."""
     if isinstance(splits, bool) or int(splits) != splits or splits < 1:
         raise InputError(where, f"splits = {splits!r}", "an integer >= 1")
-    return _ceil(tiles, int(splits))
+    return ceil_div(tiles, int(splits))
 
 
 def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) -> tuple[int, int]:
@@ -1374,23 +1369,22 @@ def kv_splits(caps, batch: int, heads: int, q_len: int, kv_len: int, Bc: int) ->
     chunk): one block a core (SM) at a time, a short last chunk does not shorten its wave, and a
     block's start (Q, the first tile's latency) costs about one tile; the largest such chunk on a
     tie (the combine reads fewer partials). So a machine nearly filled by batch*heads blocks
-    (gpt2-small decode at batch 8: 96 blocks on 108 SMs) keeps the whole-row kernel. On the a100 model (108 SMs, 1025 keys in
-    64-key tiles, with the combine): GPT-2 small decode (12 heads) gets 9 splits of 2 tiles, 108
-    blocks (9.1k cycles; 17 splits 10.5k, 6 splits 9.4k); llama2-7b (32 heads) 3 splits of 6 tiles
-    (23.0k; 4 splits of 5, 128 blocks, 25.5k; 5 of 4 23.9k). 1 split (the whole-row kernel) when
-    q_len > BR (more than one query block), when batch*heads blocks already cover the cores, or
-    when the sequence is a single tile."""
-    tiles = _ceil(kv_len, Bc)
+    (gpt2-small decode at batch 8: 96 blocks on 108 SMs) keeps the whole-row kernel; on a100 (1025
+    keys in 64-key tiles) GPT-2 small decode (12 heads) gets 9 splits of 2 tiles, 108 blocks, and
+    llama2-7b (32 heads) 3 splits of 6 tiles. 1 split (the whole-row kernel) when q_len > BR (more
+    than one query block), when batch*heads blocks already cover the cores, or when the sequence
+    is a single tile."""
+    tiles = ceil_div(kv_len, Bc)
     bh, cores = batch * heads, caps.cores_total
     if q_len > BR or bh >= cores or tiles < 2:
         return 1, tiles
     best = None
     for chunk in range(tiles, 0, -1):
-        cost = _ceil(bh * _ceil(tiles, chunk), cores) * (chunk + 1)
+        cost = ceil_div(bh * ceil_div(tiles, chunk), cores) * (chunk + 1)
         if best is None or cost < best[0]:
             best = (cost, chunk)
     chunk = best[1]
-    return _ceil(tiles, chunk), chunk          # (1, tiles) when no split beats the whole row
+    return ceil_div(tiles, chunk), chunk       # (1, tiles) when no split beats the whole row
 
 
 @dataclass(frozen=True)
@@ -1497,17 +1491,17 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
         if splits is None:
             return None
         raise InputError(where, f"q_len {q_len}", f"q_len <= {BR} (one query block; longer queries fill the machine)")
-    use_mma = dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+    use_mma = dt in MMA_OP and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     c = scale * LOG2E
     cfg, prog = (_choose if use_mma else _choose_ffma)(caps, dt, d, bool(causal), c, False, True)
-    tiles = _ceil(kv_len, cfg.Bc)
+    tiles = ceil_div(kv_len, cfg.Bc)
     if splits is None:
         n, chunk = kv_splits(caps, batch, heads, q_len, kv_len, cfg.Bc)
         if n <= 1:
             return None
     else:
         chunk = forced_chunk(where, splits, tiles)
-        n = _ceil(tiles, chunk)
+        n = ceil_div(tiles, chunk)
     check(prog, caps)
     comb = _emit_combine(dt, d, bool(with_lse))
     check(comb, caps)
@@ -1515,7 +1509,8 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     parts = (AttentionPart(f"{name}.split", prog, Launch((n, heads, batch), (THREADS, 1, 1)),
                            4 * d * batch * heads * pairs, 4 * d * batch * heads * q_len * kv_len, ("Opart", "LSEpart")),
-             AttentionPart(f"{name}.combine", comb, Launch((_ceil(rows, COMBINE_WARPS), 1, 1), (32 * COMBINE_WARPS, 1, 1)),
+             AttentionPart(f"{name}.combine", comb,
+                           Launch((ceil_div(rows, COMBINE_WARPS), 1, 1), (32 * COMBINE_WARPS, 1, 1)),
                            combine_flops(rows, n, d), 0, ("O", "LSE") if with_lse else ("O",)))
     return SplitAttentionKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,
                                 dtype=dt, causal=bool(causal), scale=scale, Bc=cfg.Bc, splits=n, chunk=chunk,

@@ -40,7 +40,7 @@ Q (q_ld, dq_off), dK and dV like K (kv_ld, dk_off, dv_off). LSE is fp32 [batch, 
 contiguous (the forward's with_lse output, natural log). The op graph's fused QKV buffer [T, 3h]
 and its gradient d_qkv [T, 3h] are read and written in place with q_ld = kv_ld = 3h and offsets
 0, h, 2h (``qkv_buffers``). fp16 / bf16 only (tensor units); fp32 and targets whose tensor units
-lack the dtype are an InputError (no FFMA backward yet).
+lack the dtype are an InputError (there is no FFMA backward).
 
 Tile rule: warps 4 then 2; tiles 64, 32, 16; the first whose shared memory and registers fit.
 
@@ -61,14 +61,13 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import _ES, _HOST, LOG2E, causal_pairs, check_attention_args
-from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters, _swz, to_float, to_host
+from archsim.workloads.emit.attention_gpu import LOG2E, causal_pairs, check_attention_args
+from archsim.workloads.emit.common import (CVT_IN, CVT_OUT, ELEM_BYTES, HOST_DTYPE, MMA_OP, Asm, OutOfRegisters,
+                                          ceil_div, log2, swizzle_offset)
+from archsim.workloads.emit.gemm_gpu import to_float, to_host
 
 __all__ = ["AttentionGradKernel", "GradPart", "flash_attention_grad_kernel", "attention_grad_reference"]
 
-_MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}
-_CVT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
-_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
 Q_PAD = 64                    # rows of the D / NL workspaces: q_len rounded up to a multiple of this
 PRE_THREADS = 128
 WARP_CHOICES = (4, 2)         # warps a block (16 rows of the block's own dimension each)
@@ -84,7 +83,7 @@ DQ_PARAMS = ("Q", "K", "V", "dO", "D", "NL", "dQ") + SCALARS
 class _Ctx:
     """Registers every kernel of the backward sets up: thread, lane, warp, block coordinates."""
 
-    def __init__(self, a: _Asm):
+    def __init__(self, a: Asm):
         self.a = a
         self.tid, self.lane, self.warp = a.reg(), a.reg(), a.reg()
         self.bq, self.hd, self.blk = a.reg(), a.reg(), a.reg()
@@ -96,7 +95,7 @@ class _Ctx:
         a("s2r", self.blk, "%ctaid.x")
 
 
-def _row_ptr(a: _Asm, dst, buf: str, bq, rows, row, ld_name: str, off_name: str, hd, d: int, colb=None):
+def _row_ptr(a: Asm, dst, buf: str, bq, rows, row, ld_name: str, off_name: str, hd, d: int, colb=None):
     """dst = buf + 2*((bq*rows + row)*ld + hd*d + off) + colb (bytes)."""
     t = a.reg()
     a("mul.i64", t, bq, rows)
@@ -114,7 +113,7 @@ def _row_ptr(a: _Asm, dst, buf: str, bq, rows, row, ld_name: str, off_name: str,
     a.free(t)
 
 
-def _load_a_frags(a: _Asm, dst, KQ: int, ptrA, ptrB):
+def _load_a_frags(a: Asm, dst, KQ: int, ptrA, ptrB):
     """mma A fragments of a 16 x 16*KQ row-major operand straight from global memory: ptrA / ptrB
     point at element (g, 2t) / (g + 8, 2t) of the operand (rows g, g + 8 of this lane)."""
     for ks in range(KQ):
@@ -132,7 +131,7 @@ def _pipelined(a, steps, load, compute):
         compute(st, i % 2)
 
 
-def _c_to_a(a: _Asm, cvt: str, s, n_ksteps: int):
+def _c_to_a(a: Asm, cvt: str, s, n_ksteps: int):
     """C fragments of 16 x 8 tiles 2kk, 2kk+1 -> f16x2 / bf16x2 A fragment of k-step kk at s + 8kk."""
     for kk in range(n_ksteps):
         b = s + 8 * kk
@@ -142,7 +141,7 @@ def _c_to_a(a: _Asm, cvt: str, s, n_ksteps: int):
         a(cvt, b + 3, b + 6, b + 7)
 
 
-def _frag_bases(a: _Asm, lane, lay: str, RB: int):
+def _frag_bases(a: Asm, lane, lay: str, RB: int):
     """Shared offsets (without the stage) of the two ldmatrix forms: V form (row L%16, chunk L/16:
     x4.trans of a k-major operand) and K form (row (L%8) + 8(L/16), chunk (L/8)%2: x4 of an
     n-major operand, the "B^T" form)."""
@@ -150,7 +149,7 @@ def _frag_bases(a: _Asm, lane, lay: str, RB: int):
     a("and.b64", t1, lane, 15)
     a("shr.u64", t2, lane, 4)
     a("shl.b64", t2, t2, 4)
-    _swz(a, vx0, t1, t2, lay, RB, 0)
+    swizzle_offset(a, vx0, t1, t2, lay, RB, 0)
     a("and.b64", t1, lane, 7)
     a("shr.u64", t2, lane, 4)
     a("shl.b64", t2, t2, 3)
@@ -158,7 +157,7 @@ def _frag_bases(a: _Asm, lane, lay: str, RB: int):
     a("shr.u64", t2, lane, 3)
     a("and.b64", t2, t2, 1)
     a("shl.b64", t2, t2, 4)
-    _swz(a, kx0, t1, t2, lay, RB, 0)
+    swizzle_offset(a, kx0, t1, t2, lay, RB, 0)
     a.free(t1, t2)
     return vx0, kx0
 
@@ -167,7 +166,7 @@ class _TileStream:
     """Two operands (X then Y) of T rows each, double-buffered through two shared-memory stages
     by cp.async.16; source rows clamped to lim."""
 
-    def __init__(self, a: _Asm, cx: _Ctx, d: int, T: int, threads: int, lay: str, rows_reg, lim,
+    def __init__(self, a: Asm, cx: _Ctx, d: int, T: int, threads: int, lay: str, rows_reg, lim,
                  x: tuple, y: tuple):
         self.a, self.T = a, T
         RB = 2 * d
@@ -175,14 +174,14 @@ class _TileStream:
         CPR = RB // 16
         self.RS = threads // CPR
         if self.RS > T or T % self.RS:
-            raise _OutOfRegisters(f"a {T}-row tile of {CPR} chunks a row does not split over {threads} threads")
+            raise OutOfRegisters(f"a {T}-row tile of {CPR} chunks a row does not split over {threads} threads")
         r0, cb = a.reg(), a.reg()
-        a("shr.u64", r0, cx.tid, _log2(CPR))
+        a("shr.u64", r0, cx.tid, log2(CPR))
         a("and.b64", cb, cx.tid, CPR - 1)
         a("shl.b64", cb, cb, 4)
         self.soff = a.reg()
         a("mov.b64", self.soff, cb)
-        _swz(a, self.soff, r0, self.soff, lay, RB, 0)
+        swizzle_offset(a, self.soff, r0, self.soff, lay, RB, 0)
         zero = a.reg()
         a("mov.b64", zero, 0)
         self.g, self.ld = [], []
@@ -226,7 +225,7 @@ class _TileStream:
             a.free(sb)
 
 
-def _store_rows(a: _Asm, cx: _Ctx, acc, NO: int, d: int, cvt: str, row0, rows_len, buf: str, ld_name: str,
+def _store_rows(a: Asm, cx: _Ctx, acc, NO: int, d: int, cvt: str, row0, rows_len, buf: str, ld_name: str,
                 off_name: str, scale: Optional[float]):
     """Store a warp's 16 x d fp32 C-fragment accumulators (rows row0 + g, row0 + g + 8) to buf in
     the storage dtype (times scale), each row under row < rows_len."""
@@ -255,7 +254,7 @@ def _store_rows(a: _Asm, cx: _Ctx, acc, NO: int, d: int, cvt: str, row0, rows_le
     a.pfree(pm, pB)
 
 
-def _ws_ptr(a: _Asm, cx: _Ctx, dst, name: str, row):
+def _ws_ptr(a: Asm, cx: _Ctx, dst, name: str, row):
     """dst = name + 4*((bq*heads + hd)*q_pad + row) (a D / NL workspace element)."""
     t = a.reg()
     a("s2r", t, "%nctaid.y")
@@ -270,11 +269,11 @@ def _ws_ptr(a: _Asm, cx: _Ctx, dst, name: str, row):
 
 # ----------------------------------------------------------------------------- attn.grad.pre
 def _emit_pre(dtype: str, d: int) -> Program:
-    a = _Asm(f"flash_attn_bwd_pre_{dtype}_d{d}", PRE_PARAMS, 0)
+    a = Asm(f"flash_attn_bwd_pre_{dtype}_d{d}", PRE_PARAMS, 0)
     cx = _Ctx(a)
     row, Lq, po, pd, acc, nl, t = (a.reg() for _ in range(7))
     xo, xd = a.reg(4), a.reg(4)
-    a("shl.b64", row, cx.blk, _log2(PRE_THREADS))
+    a("shl.b64", row, cx.blk, log2(PRE_THREADS))
     a("add.i64", row, row, cx.tid)
     pv, pq = a.pred(), a.pred()
     a("ldparam", t, "q_pad")
@@ -285,7 +284,7 @@ def _emit_pre(dtype: str, d: int) -> Program:
     a("min.i64", t, t, row)                                  # loads from a clamped row
     _row_ptr(a, po, "O", cx.bq, Lq, t, "o_ld", "o_off", cx.hd, d)
     _row_ptr(a, pd, "dO", cx.bq, Lq, t, "o_ld", "do_off", cx.hd, d)
-    lo, hi = _CVT_IN[dtype]
+    lo, hi = CVT_IN[dtype]
     a("mov.f32", acc, 0.0)
     for ch in range(d // 8):
         a("ld.global.v4.b32", xo, Mem(po, 16 * ch))
@@ -337,11 +336,11 @@ def _emit_dkdv(c: _Cfg) -> Program:
     TB = Br * RB
     SB = 2 * TB                                   # a stage: Q tile then dO tile
     KQ, NS, NO, KP, NP = d // 16, Br // 8, d // 8, Br // 16, d // 16
-    mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
+    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
     kvs = c.kv_smem
     KVB = 2 * SB                                  # kv_smem: K rows then V rows of the block
-    a = _Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_kvs' if kvs else ''}{'_causal' if c.causal else ''}",
-             DKDV_PARAMS, 2 * SB + (2 * Bk * RB if kvs else 0))
+    a = Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_kvs' if kvs else ''}{'_causal' if c.causal else ''}",
+            DKDV_PARAMS, 2 * SB + (2 * Bk * RB if kvs else 0))
     dk, dv = a.reg(4 * NO), a.reg(4 * NO)         # accumulators: n-tile nt at +4nt
     if kvs:                                       # shared offsets of the K / V regions; A fragments per k-step
         kq, vq = KVB, KVB + Bk * RB
@@ -361,7 +360,7 @@ def _emit_dkdv(c: _Cfg) -> Program:
     Lq, Lk, j0, kA, t1, t2 = (a.reg() for _ in range(6))
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
-    a("shl.b64", j0, cx.blk, _log2(Bk))
+    a("shl.b64", j0, cx.blk, log2(Bk))
     a("shl.b64", kA, cx.warp, 4)
     a("add.i64", kA, kA, j0)
     a("shr.u64", t1, cx.lane, 2)
@@ -394,16 +393,16 @@ def _emit_dkdv(c: _Cfg) -> Program:
     qlim, it, nq, nmask = a.reg(), a.reg(), a.reg(), a.reg()
     a("sub.i64", qlim, Lq, 1)
     a("add.i64", nq, Lq, Br - 1)
-    a("shr.u64", nq, nq, _log2(Br))
+    a("shr.u64", nq, nq, log2(Br))
     if c.causal:
         diff = t1
         a("sub.i64", diff, Lk, Lq)
         a("sub.i64", it, j0, diff)
         a("max.i64", it, it, 0)
-        a("shr.u64", it, it, _log2(Br))
+        a("shr.u64", it, it, log2(Br))
         a("add.i64", nmask, j0, Bk - 1 + Br - 1)
         a("sub.i64", nmask, nmask, diff)
-        a("shr.s64", nmask, nmask, _log2(Br))
+        a("shr.s64", nmask, nmask, log2(Br))
         a("sub.i64", kA, kA, diff)                # lim(row g): the first query row g sees
     else:
         a("mov.b64", it, 0)
@@ -412,7 +411,7 @@ def _emit_dkdv(c: _Cfg) -> Program:
 
     st = _TileStream(a, cx, d, Br, threads, lay, Lq, qlim, ("Q", "q_ld", "q_off"), ("dO", "o_ld", "do_off"))
     i0 = a.reg()
-    a("shl.b64", i0, it, _log2(Br))
+    a("shl.b64", i0, it, log2(Br))
     st.start(i0)
     st.copies(0)
     # NL / D pointers of this lane's first column (query i0 + 2t)
@@ -523,7 +522,7 @@ def _emit_dkdv(c: _Cfg) -> Program:
 
     # ---- epilogue: dK * scale and dV in the storage dtype, rows j0 + 16w + g (+8) < kv_len
     row0, Lk2 = a.reg(), a.reg()
-    a("shl.b64", row0, cx.blk, _log2(Bk))
+    a("shl.b64", row0, cx.blk, log2(Bk))
     a("shl.b64", t1, cx.warp, 4)
     a("add.i64", row0, row0, t1)
     a("ldparam", Lk2, "kv_len")
@@ -542,8 +541,8 @@ def _emit_dq(c: _Cfg) -> Program:
     TB = Bc * RB
     SB = 2 * TB                                   # a stage: K tile then V tile
     KQ, NS, NO, KP, NP = d // 16, Bc // 8, d // 8, Bc // 16, d // 16
-    mma, cvt = _MMA[c.dtype], _CVT[c.dtype]
-    a = _Asm(f"flash_attn_bwd_dq_{c.dtype}_d{d}_w{W}_bc{Bc}{'_causal' if c.causal else ''}", DQ_PARAMS, 2 * SB)
+    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
+    a = Asm(f"flash_attn_bwd_dq_{c.dtype}_d{d}_w{W}_bc{Bc}{'_causal' if c.causal else ''}", DQ_PARAMS, 2 * SB)
     dq = a.reg(4 * NO)
     qf, of = a.reg(4 * KQ), a.reg(4 * KQ)         # Q / dO A fragments of the warp's 16 query rows
     s, dp = a.reg(4 * NS), a.reg(4 * NS)          # S -> P, dP -> dS (16 queries x Bc keys)
@@ -558,7 +557,7 @@ def _emit_dq(c: _Cfg) -> Program:
     Lq, Lk, i0, qA, t1, t2 = (a.reg() for _ in range(6))
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
-    a("shl.b64", i0, cx.blk, _log2(Bq))
+    a("shl.b64", i0, cx.blk, log2(Bq))
     a("shl.b64", qA, cx.warp, 4)
     a("add.i64", qA, qA, i0)
     a("shr.u64", t1, cx.lane, 2)
@@ -587,7 +586,7 @@ def _emit_dq(c: _Cfg) -> Program:
     # tiles n_full.. need the mask (diagonal and kv tail). Key j visible to row i iff j <= lim(i).
     klim, ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     a("sub.i64", klim, Lk, 1)
-    lb = _log2(Bc)
+    lb = log2(Bc)
     if c.causal:
         diff = t2
         a("sub.i64", diff, Lk, Lq)
@@ -690,7 +689,7 @@ def _emit_dq(c: _Cfg) -> Program:
     a("bra", "KV_LOOP", p=pm)
 
     row0 = a.reg()
-    a("shl.b64", row0, cx.blk, _log2(Bq))
+    a("shl.b64", row0, cx.blk, log2(Bq))
     a("shl.b64", t1, cx.warp, 4)
     a("add.i64", row0, row0, t1)
     _store_rows(a, cx, dq, NO, d, cvt, row0, Lq, "dQ", "q_ld", "dq_off", c.scale)
@@ -718,7 +717,7 @@ def _choose(caps, emit, what: str, dtype: str, d: int, causal: bool, c: float, s
                 cfg = _Cfg(dtype, d, causal, W, T, c, scale, kvs)
                 try:
                     prog = emit(cfg)
-                except _OutOfRegisters as e:
+                except OutOfRegisters as e:
                     tried.append(f"{tag}: {e}")
                     continue
                 if _fits(prog, caps, 32 * W):
@@ -776,7 +775,7 @@ class AttentionGradKernel:
 
     @property
     def host_dtype(self):
-        return _HOST[self.dtype]
+        return HOST_DTYPE[self.dtype]
 
     def part(self, name: str) -> GradPart:
         for p in self.parts:
@@ -794,7 +793,7 @@ class AttentionGradKernel:
                                                "dv_off")}
         B, Lq, Lk = self.batch, self.q_len, self.kv_len
         ws = 4 * B * self.heads * self.q_pad
-        es = _ES[self.dtype]                        # fp32 storage: the Sunway backward
+        es = ELEM_BYTES[self.dtype]                 # fp32 storage: the Sunway backward
         return {"Q": es * self._need(B * Lq, self.q_ld, o["q_off"]), "K": es * self._need(B * Lk, self.kv_ld, o["k_off"]),
                 "V": es * self._need(B * Lk, self.kv_ld, o["v_off"]), "O": es * self._need(B * Lq, self.o_ld, o["o_off"]),
                 "dO": es * self._need(B * Lq, self.o_ld, o["do_off"]), "LSE": 4 * B * self.heads * Lq,
@@ -874,7 +873,7 @@ class AttentionGradKernel:
         v = self._heads(V, self.kv_len, self.kv_ld, offs[2])
         o, lse = _attention_lse(q, k, v, self.causal, self.scale)
         O = np.zeros((B * self.q_len, self.o_ld), np.float32)
-        O[:, :hd] = _merge(o)
+        O[:, :hd] = merge_heads(o)
         return Q, K, V, to_host(O, self.dtype), dO, np.ascontiguousarray(lse, np.float32)
 
     def _heads(self, X, rows: int, ld: int, off: int = 0) -> np.ndarray:
@@ -890,16 +889,17 @@ class AttentionGradKernel:
         k = self._heads(K, self.kv_len, self.kv_ld, offs.get("k_off", 0))
         v = self._heads(V, self.kv_len, self.kv_ld, offs.get("v_off", 0))
         do = self._heads(dO, self.q_len, self.o_ld, offs.get("do_off", 0))
-        return tuple(_merge(x) for x in attention_grad_reference(q, k, v, do, self.causal, self.scale))
+        return tuple(merge_heads(x) for x in attention_grad_reference(q, k, v, do, self.causal, self.scale))
 
     def outputs(self, dQ, dK, dV, **offs) -> tuple:
         """The written parts of dQ, dK, dV as float64 [batch*rows, heads*d]."""
-        return (_merge(self._heads(dQ, self.q_len, self.q_ld, offs.get("dq_off", 0))),
-                _merge(self._heads(dK, self.kv_len, self.kv_ld, offs.get("dk_off", 0))),
-                _merge(self._heads(dV, self.kv_len, self.kv_ld, offs.get("dv_off", 0))))
+        return (merge_heads(self._heads(dQ, self.q_len, self.q_ld, offs.get("dq_off", 0))),
+                merge_heads(self._heads(dK, self.kv_len, self.kv_ld, offs.get("dk_off", 0))),
+                merge_heads(self._heads(dV, self.kv_len, self.kv_ld, offs.get("dv_off", 0))))
 
 
-def _merge(x) -> np.ndarray:
+def merge_heads(x) -> np.ndarray:
+    """[batch, heads, rows, d] -> [batch*rows, heads*d] (each row's heads side by side)."""
     b, n, L, d = x.shape
     return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(b * L, n * d)
 
@@ -926,14 +926,14 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     where = "attention backward"
     batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16")
-    if dt not in _MMA:
+    if dt not in MMA_OP:
         raise InputError(where, f"dtype {dt}: the fused backward runs on tensor units only (no FFMA variant)",
                          "fp16, bf16")
     if not (dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32):
         raise InputError(f"attention backward on {caps.name}", f"no {dt} tensor units (the fused backward has no "
                          "FFMA variant)", "a target with fp16 / bf16 mma")
     c = scale * LOG2E
-    q_pad = _ceil(q_len, Q_PAD) * Q_PAD
+    q_pad = ceil_div(q_len, Q_PAD) * Q_PAD
     pre = _emit_pre(dt, d)
     ckv, pkv = _choose(caps, _emit_dkdv, "dK, dV kernel", dt, d, bool(causal), c, scale, kv_smem=(False, True))
     cq, pq = _choose(caps, _emit_dq, "dQ kernel", dt, d, bool(causal), c, scale)
@@ -942,11 +942,11 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     cells, full = batch * heads * pairs, batch * heads * q_len * kv_len
     parts = (
-        GradPart(f"{name}.pre", pre, Launch((_ceil(q_pad, PRE_THREADS), heads, batch), (PRE_THREADS, 1, 1)),
+        GradPart(f"{name}.pre", pre, Launch((ceil_div(q_pad, PRE_THREADS), heads, batch), (PRE_THREADS, 1, 1)),
                  2 * d * batch * heads * q_len, 0, ("D", "NL")),
-        GradPart(f"{name}.dkdv", pkv, Launch((_ceil(kv_len, 16 * ckv.warps), heads, batch), (32 * ckv.warps, 1, 1)),
+        GradPart(f"{name}.dkdv", pkv, Launch((ceil_div(kv_len, 16 * ckv.warps), heads, batch), (32 * ckv.warps, 1, 1)),
                  cells * (4 * 2 * d + 4), 3 * 2 * d * full, ("dK", "dV")),
-        GradPart(f"{name}.dq", pq, Launch((_ceil(q_len, 16 * cq.warps), heads, batch), (32 * cq.warps, 1, 1)),
+        GradPart(f"{name}.dq", pq, Launch((ceil_div(q_len, 16 * cq.warps), heads, batch), (32 * cq.warps, 1, 1)),
                  cells * (3 * 2 * d + 4), 2 * d * full, ("dQ",)),
     )
     return AttentionGradKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,

@@ -69,8 +69,8 @@ from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.attention_gpu import LOG2E, causal_pairs, check_attention_args
 from archsim.workloads.emit.attention_grad_gpu import (DKDV_PARAMS, DQ_PARAMS, PRE_PARAMS, AttentionGradKernel,
                                                        GradPart)
-from archsim.workloads.emit.attention_sunway import _CVT_IN, _CVT_OUT, _ES, LANES, check_sunway_units
-from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
+from archsim.workloads.emit.attention_sunway import LANES, check_sunway_units
+from archsim.workloads.emit.common import CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2
 
 __all__ = ["flash_attention_grad_kernel"]
 
@@ -96,8 +96,8 @@ class _Cpe:
     """Registers and small routines every kernel of the backward uses: lane, 4*lane, block
     coordinates, a loop predicate; row pointers, workspace pointers, row DMAs, conversions."""
 
-    def __init__(self, a: _Asm, dtype: str, d: int):
-        self.a, self.dtype, self.d, self.es = a, dtype, d, _ES[dtype]
+    def __init__(self, a: Asm, dtype: str, d: int):
+        self.a, self.dtype, self.d, self.es = a, dtype, d, ELEM_BYTES[dtype]
         self.RB = d * self.es
         self.RBp = self.RB + 8
         self.lane, self.la4 = a.reg(), a.reg()
@@ -123,10 +123,10 @@ class _Cpe:
         a("mad.i64", dst, hd, self.d, dst)
         a("ldparam", t1, off_name)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", dst, dst, _log2(self.es))
+        a("shl.b64", dst, dst, log2(self.es))
         a("ldparam", t1, buf)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", ldb, ldb, _log2(self.es))
+        a("shl.b64", ldb, ldb, log2(self.es))
         a.free(bq, hd)
         return ldb
 
@@ -209,7 +209,7 @@ class _Cpe:
             self.loop(label, nelem // 256, body)
             a.free(xs, k=8)
         else:                                         # 2 elements a lane a load, 4 loads at a time
-            lo, hi = _CVT_IN[self.dtype]
+            lo, hi = CVT_IN[self.dtype]
             xs, ys = a.reg(4), a.reg(8)
             a("add.i64", s, self.la4, src)
             a("shl.b64", t, self.la4, 1)
@@ -238,7 +238,7 @@ class _Cpe:
             a("ld.shared.v2.b32", dst, Mem(rp, off))
             a("ld.shared.v2.b32", dst + 2, Mem(rp, off + 8))
         else:
-            lo, hi = _CVT_IN[self.dtype]
+            lo, hi = CVT_IN[self.dtype]
             a("ld.shared.v2.b32", dst + 2, Mem(rp, off))
             a(lo, dst, dst + 2)
             a(hi, dst + 1, dst + 2)
@@ -279,8 +279,8 @@ class _Cpe:
                 a("st.shared.v2.b32", Mem(dst, 0), x)
                 a("st.shared.v2.b32", Mem(dst, 8), x + 2)
             else:
-                a(_CVT_OUT[self.dtype], x, x, x + 1)
-                a(_CVT_OUT[self.dtype], x + 1, x + 2, x + 3)
+                a(CVT_OUT[self.dtype], x, x, x + 1)
+                a(CVT_OUT[self.dtype], x + 1, x + 2, x + 3)
                 a("st.shared.v2.b32", Mem(dst, 0), x)
             a("add.i64", src, src, 512)
             a("add.i64", dst, dst, 4 * self.es)
@@ -289,7 +289,7 @@ class _Cpe:
         a.free(x, k=4)
 
 
-def _pipe(a: _Asm, steps, load, compute):
+def _pipe(a: Asm, steps, load, compute):
     """Software pipeline over steps with two operand buffers: load i+1 before computing i."""
     load(steps[0], 0)
     for i, st in enumerate(steps):
@@ -298,7 +298,7 @@ def _pipe(a: _Asm, steps, load, compute):
         compute(st, i % 2)
 
 
-def _dual_dots(a: _Asm, k: "_Cpe", U: int, d: int, u0, lane_rows, first: int, pitch: int, rows: int):
+def _dual_dots(a: Asm, k: "_Cpe", U: int, d: int, u0, lane_rows, first: int, pitch: int, rows: int):
     """The two score chains of both gradient kernels, in new registers (s, dp) of U each:
     s_u = X_lane . Y_u and dp_u = Z_lane . W_u for u < U, where the lane's X and Z rows are the
     lane's padded LDM rows at lane_rows = (X offset, Z offset), and Y_u, W_u the fp32 working rows
@@ -339,7 +339,7 @@ def _dual_dots(a: _Asm, k: "_Cpe", U: int, d: int, u0, lane_rows, first: int, pi
 
 # ----------------------------------------------------------------------------- attn.grad.pre
 def _pre_layout(dtype: str, d: int) -> dict:
-    RBp = d * _ES[dtype] + 8
+    RBp = d * ELEM_BYTES[dtype] + 8
     OR, DOR = 0, LANES * RBp
     LSEB = 2 * LANES * RBp
     return dict(OR=OR, DOR=DOR, LSEB=LSEB, OUT=LSEB + 128, total=LSEB + 128 + 256)
@@ -347,12 +347,12 @@ def _pre_layout(dtype: str, d: int) -> dict:
 
 def _emit_pre(dtype: str, d: int, max_regs: int) -> Program:
     L = _pre_layout(dtype, d)
-    a = _Asm(f"flash_attn_bwd_sw_pre_{dtype}_d{d}", PRE_PARAMS, L["total"], limit=max_regs)
+    a = Asm(f"flash_attn_bwd_sw_pre_{dtype}_d{d}", PRE_PARAMS, L["total"], limit=max_regs)
     k = _Cpe(a, dtype, d)
     t1, t2 = k.t1, k.t2
     i0, Lq, qlim, g = a.reg(), a.reg(), a.reg(), a.reg()
     a("s2r", i0, "%ctaid.x")
-    a("shl.b64", i0, i0, _log2(LANES))
+    a("shl.b64", i0, i0, log2(LANES))
     a("ldparam", Lq, "q_len")
     a("sub.i64", qlim, Lq, 1)
     for buf, off, lds in (("O", "o_off", L["OR"]), ("dO", "do_off", L["DOR"])):
@@ -409,14 +409,14 @@ def _emit_pre(dtype: str, d: int, max_regs: int) -> Program:
 
 # ----------------------------------------------------------------------------- attn.grad.dkdv
 def _dkdv_layout(dtype: str, d: int, Br: int) -> dict:
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     RB, RBp = d * es, d * es + 8
     KR, VR = 0, LANES * RBp
-    DKT = _ceil(2 * LANES * RBp, 16) * 16
+    DKT = ceil_div(2 * LANES * RBp, 16) * 16
     DVT = DKT + 128 * d
     QF = DVT + 128 * d
     DOF = QF + 4 * Br * d
-    NLD = _ceil(DOF + 4 * Br * d, 512) * 512         # two stages of [NL Br][D Br] (toggled by xor 8 Br)
+    NLD = ceil_div(DOF + 4 * Br * d, 512) * 512      # two stages of [NL Br][D Br] (toggled by xor 8 Br)
     RAW = NLD + 2 * 8 * Br                           # Q rows then dO rows (storage dtype)
     return dict(KR=KR, VR=VR, DKT=DKT, DVT=DVT, QF=QF, DOF=DOF, NLD=NLD, RAW=RAW, total=RAW + 2 * Br * RB)
 
@@ -424,15 +424,15 @@ def _dkdv_layout(dtype: str, d: int, Br: int) -> dict:
 def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     d, Br, U = c.d, c.T, c.U
     L = _dkdv_layout(c.dtype, d, Br)
-    a = _Asm(f"flash_attn_bwd_sw_dkdv_{c.dtype}_d{d}_br{Br}_u{U}{'_causal' if c.causal else ''}", DKDV_PARAMS,
-             L["total"], limit=max_regs)
+    a = Asm(f"flash_attn_bwd_sw_dkdv_{c.dtype}_d{d}_br{Br}_u{U}{'_causal' if c.causal else ''}", DKDV_PARAMS,
+            L["total"], limit=max_regs)
     k = _Cpe(a, c.dtype, d)
     t1, t2 = k.t1, k.t2
     RB = k.RB
     QR4 = 4 * d                                       # bytes of a working Q / dO row (fp32)
     j0, g = a.reg(), a.reg()
     a("s2r", j0, "%ctaid.x")
-    a("shl.b64", j0, j0, _log2(LANES))
+    a("shl.b64", j0, j0, log2(LANES))
 
     # ---- K, V rows of the CPE's keys (clamped to kv_len - 1) into padded rows; dK^T, dV^T = 0
     klim = a.reg()
@@ -452,16 +452,16 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     Lq = a.reg()
     a("ldparam", Lq, "q_len")
     a("add.i64", nq, Lq, Br - 1)
-    a("shr.u64", nq, nq, _log2(Br))
+    a("shr.u64", nq, nq, log2(Br))
     if c.causal:
         a("ldparam", t1, "kv_len")
         a("sub.i64", t1, t1, Lq)                      # diff
         a("sub.i64", it, j0, t1)
         a("max.i64", it, it, 0)
-        a("shr.u64", it, it, _log2(Br))
+        a("shr.u64", it, it, log2(Br))
         a("add.i64", nmask, j0, LANES - 1 + Br - 1)
         a("sub.i64", nmask, nmask, t1)
-        a("shr.s64", nmask, nmask, _log2(Br))
+        a("shr.s64", nmask, nmask, log2(Br))
         a("add.i64", lim, j0, k.lane)
         a("sub.i64", lim, lim, t1)
     else:
@@ -474,7 +474,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
         """Query block blk's Q, dO rows (below q_len) into RAW, its NL, D into the stage at
         register stage."""
         i0, cnt = a.reg(), a.reg()
-        a("shl.b64", i0, blk, _log2(Br))
+        a("shl.b64", i0, blk, log2(Br))
         a("ldparam", cnt, "q_len")
         a("sub.i64", cnt, cnt, i0)
         a("min.i64", cnt, cnt, Br)
@@ -514,7 +514,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     a.label("GROUP")
     # skip a group no lane sees: past q_len (padding rows), or (causal) wholly before the first
     # query the CPE's first key sees (j0 - diff)
-    a("shl.b64", t1, it, _log2(Br))
+    a("shl.b64", t1, it, log2(Br))
     a("add.i64", t1, t1, u0)                          # the group's first query
     a("ldparam", t2, "q_len")
     a("setp.ge.i64", k.pl, t1, t2)
@@ -531,7 +531,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     if c.causal:
         a("bra", "UNMASKED", p=pk, neg=True)
         pe = a.pred()
-        a("shl.b64", t1, it, _log2(Br))
+        a("shl.b64", t1, it, log2(Br))
         a("add.i64", t1, t1, u0)
         a("sub.i64", t1, lim, t1)
         for u in range(U):
@@ -601,7 +601,7 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     k.cols_to_row("DV_ROW", L["DVT"], L["VR"], None)
     j0, nr = a.reg(), a.reg()
     a("s2r", j0, "%ctaid.x")
-    a("shl.b64", j0, j0, _log2(LANES))
+    a("shl.b64", j0, j0, log2(LANES))
     a("ldparam", nr, "kv_len")
     a("sub.i64", nr, nr, j0)
     a("min.i64", nr, nr, LANES)
@@ -616,11 +616,11 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
 
 # ----------------------------------------------------------------------------- attn.grad.dq
 def _dq_layout(dtype: str, d: int, Bc: int) -> dict:
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     RB, RBp = d * es, d * es + 8
     QR, DOR = 0, LANES * RBp
     NLD = 2 * LANES * RBp                             # NL [32] then D [32] of the CPE's rows
-    DQT = _ceil(NLD + 256, 16) * 16
+    DQT = ceil_div(NLD + 256, 16) * 16
     KF = DQT + 128 * d
     VF = KF + 4 * Bc * d
     RAW = VF + 4 * Bc * d                             # K rows then V rows (storage dtype)
@@ -630,19 +630,19 @@ def _dq_layout(dtype: str, d: int, Bc: int) -> dict:
 def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     d, Bc, U = c.d, c.T, c.U
     L = _dq_layout(c.dtype, d, Bc)
-    a = _Asm(f"flash_attn_bwd_sw_dq_{c.dtype}_d{d}_bc{Bc}_u{U}{'_causal' if c.causal else ''}", DQ_PARAMS,
-             L["total"], limit=max_regs)
+    a = Asm(f"flash_attn_bwd_sw_dq_{c.dtype}_d{d}_bc{Bc}_u{U}{'_causal' if c.causal else ''}", DQ_PARAMS,
+            L["total"], limit=max_regs)
     k = _Cpe(a, c.dtype, d)
     t1, t2 = k.t1, k.t2
     RB = k.RB
     KR4 = 4 * d
-    lb = _log2(Bc)
+    lb = log2(Bc)
     i0, g, qlim = a.reg(), a.reg(), a.reg()
     a("s2r", t1, "%nctaid.x")
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
-    a("shl.b64", i0, i0, _log2(LANES))
+    a("shl.b64", i0, i0, log2(LANES))
     a("ldparam", qlim, "q_len")
     a("sub.i64", qlim, qlim, 1)
     for buf, ld, off, lds in (("Q", "q_ld", "q_off", L["QR"]), ("dO", "o_ld", "do_off", L["DOR"])):
@@ -791,7 +791,7 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)
-    a("shl.b64", i0, i0, _log2(LANES))
+    a("shl.b64", i0, i0, log2(LANES))
     a("ldparam", nr, "q_len")
     a("sub.i64", nr, nr, i0)
     a("min.i64", nr, nr, LANES)
@@ -816,7 +816,7 @@ def _choose(caps, emit, layout, choices, what: str, dtype: str, d: int, causal: 
             cfg = _Cfg(dtype, d, causal, T, U, c, scale)
             try:
                 return cfg, emit(cfg, caps.max_regs_per_thread)
-            except _OutOfRegisters as e:
+            except OutOfRegisters as e:
                 tried.append(f"{T} rows, groups of {U}: {e}")
     raise InputError(f"attention backward on {caps.name}", f"head_dim {d} {dtype} ({what}): no block fits the "
                      f"{caps.scratchpad_bytes} B LDM of a CPE (" + "; ".join(dict.fromkeys(tried)) + ")",
@@ -836,7 +836,7 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
         "fp16, bf16, fp32", family="sunway")
     check_sunway_units(where, caps, dt)
     c = scale * LOG2E
-    q_pad = _ceil(q_len, Q_PAD) * Q_PAD
+    q_pad = ceil_div(q_len, Q_PAD) * Q_PAD
     if _pre_layout(dt, d)["total"] > caps.scratchpad_bytes:
         raise InputError(f"{where} on {caps.name}", f"head_dim {d} {dt} (pre kernel): "
                          f"{_pre_layout(dt, d)['total']} B do not fit the {caps.scratchpad_bytes} B LDM of a CPE",
@@ -852,10 +852,10 @@ def flash_attention_grad_kernel(caps, batch: int, heads: int, q_len: int, kv_len
     parts = (
         GradPart(f"{name}.pre", pre, Launch((q_pad // LANES, heads, batch), blk, spread=True), 2 * d * batch * heads * q_len, 0,
                  ("D", "NL")),
-        GradPart(f"{name}.dkdv", pkv, Launch((_ceil(kv_len, LANES), heads, batch), blk, spread=True), cells * (4 * 2 * d + 4),
-                 3 * 2 * d * full, ("dK", "dV")),
-        GradPart(f"{name}.dq", pq, Launch((_ceil(q_len, LANES), heads, batch), blk, spread=True), cells * (3 * 2 * d + 4),
-                 2 * d * full, ("dQ",)),
+        GradPart(f"{name}.dkdv", pkv, Launch((ceil_div(kv_len, LANES), heads, batch), blk, spread=True),
+                 cells * (4 * 2 * d + 4), 3 * 2 * d * full, ("dK", "dV")),
+        GradPart(f"{name}.dq", pq, Launch((ceil_div(q_len, LANES), heads, batch), blk, spread=True),
+                 cells * (3 * 2 * d + 4), 2 * d * full, ("dQ",)),
     )
     return AttentionGradKernel(parts=parts, batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, head_dim=d,
                                dtype=dt, causal=bool(causal), scale=scale, q_pad=q_pad,

@@ -51,10 +51,10 @@ units of fp16 rounding on O); fp32 keeps the kernel's error at the output's own 
 Block sizes: Br = 32 rows (the vector width), or 64 (two chunks of 32 rows that take every K/V
 group in turn, their m and l kept in the LDM) when the grid at 64 rows a CPE still covers every
 CPE (ceil(q_len / 64) * heads * batch >= cores) and a Bc >= 32 fits: the K/V traffic per flop
-halves (DRAM, not the vector pipe, limits 32-row blocks on a full chip; on tiny-sunway b4 h8 256
-x 256 the 64-row kernel is 20% faster). Bc is the largest of 64, 32, 16, 8 whose LDM footprint fits
-caps.scratchpad_bytes: QT + OT (2 x 128 d bytes a chunk) + the raw area (2 Bc d es, and at least
-the packed Q / O rows) + the fp32 working copies (8 Bc d; fp32 has two raw stages instead).
+halves (DRAM, not the vector pipe, limits 32-row blocks on a full chip). Bc is the largest of 64,
+32, 16, 8 whose LDM footprint fits caps.scratchpad_bytes: QT + OT (2 x 128 d bytes a chunk) + the
+raw area (2 Bc d es, and at least the packed Q / O rows) + the fp32 working copies (8 Bc d; fp32
+has two raw stages instead).
 (U, C) is the first of (16, 16), (16, 8), (8, 8) whose registers fit max_regs_per_thread.
 
 Decode (q_len = 1): a second program (kind "sunway_decode"), lane = key. One CPE per (batch, head);
@@ -79,31 +79,20 @@ combine rounds once, as the whole-row kernel does. At most SPLITS_MAX partials a
 
 DMA and LDM layout. The rows of one head are kv_ld (q_ld, o_ld) elements apart in memory, so a
 plain dma.get moves one row: 2 Bc descriptors a K/V block, and an engine's FIFO holds 8 until
-they complete (~500 cycles on sw26010pro), ~2 B/cycle an engine: that bounded decode (gpt2-small
-b8: 2,305 descriptors a CPE, 95% of issue cycles stalled on a full FIFO). A strided get moves a
-whole block in one descriptor (count rows of 2 d bytes, kv_ld apart), but it packs the rows: 2 d
-is a multiple of the 64 bytes the 8 LDM banks x 8 B span, so word w of every row sits in bank
-w % 8 and 32 lanes reading one word each of their own rows would hit one bank (32 wavefronts a
-load; the old code padded rows by 8 bytes, which a strided get cannot do). The transposes therefore
-skew the order (_skew_xpose, _skew_untranspose): lane i walks its row's words w = 8 s + (t ^ x),
+they complete (~500 cycles on sw26010pro), ~2 B/cycle an engine. A strided get moves a whole
+block in one descriptor (count rows of 2 d bytes, kv_ld apart), but it packs the rows: 2 d is a
+multiple of the 64 bytes the 8 LDM banks x 8 B span, so word w of every row sits in bank w % 8
+and 32 lanes reading one word each of their own rows would hit one bank (32 wavefronts a load; a
+strided get cannot pad the rows). The transposes therefore skew the order (_skew_xpose,
+_skew_untranspose): lane i walks its row's words w = 8 s + (t ^ x),
 x = (i >> 1) & 7, for t = 0..7, so a v2 (8-byte) load of 8 lanes touches 4 banks twice (8
 wavefronts for 256 B), while lanes 2j, 2j+1 (same x) store into one 8-B word of a K^T / QT row and
 lanes j, j+16 into two rows of one bank (2 wavefronts a 32-lane store, the minimum for 128 B):
-as few wavefronts per element as the padded rows gave, with no padding and no extra bytes.
+as few wavefronts per element as rows padded by 8 bytes, with no padding and no extra bytes.
 
-Where decode time goes now. One CPE's blocks are compute-bound: a 128-key d 64 block is ~8.3 k
-cycles of transposes and fp32 score / PV fmas (8 lanes a cycle) against ~2.5 k of DMA (a one-CPE
-decode of 1025 keys on sw26010pro: 235 k cycles with row gets, 103 k with strided gets and an
-unskewed transpose, 77 k skewed). A full decode is bound by streaming: a launch filled CPEs 0, 1, ...
-in order (before launches were spread, Launch.spread), so gpt2-small b8's 96 whole-row CPEs sat in
-core groups 0 and 1 and every reply of the cross segment (the cache interleaved over all 6
-controllers) entered those two ring stops (the
-response link into CG 0 ~57% busy, the head-of-line limit of those FIFO stops): ~50 GB/s with strided
-gets, no better than the row gets' descriptor limit. Split-KV spreads the stream over 5 core
-groups' engines and stops (gpt2-small b8: 5 splits, 480 CPEs' worth, ~115 GB/s); what is left is
-the cross-segment ring congestion (~205 GB/s modelled for all six groups streaming; config
-comment) and the last wave's imbalance. (Figures measured with the 16-flit FIFO ring stops of the
-time; the ring now has 64-flit buffers that look ahead.)
+Where decode time goes: one CPE's blocks are compute-bound (the transposes and the fp32 score / PV
+fmas, 8 lanes a cycle, outweigh the block's DMA); a whole decode is bound by streaming the cache,
+which split-KV spreads over more core groups' DMA engines and ring stops.
 
 ``flops`` and ``model_flops`` count as attention_gpu does (4 d per visible / per (query, key) pair).
 """
@@ -120,7 +109,7 @@ from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.attention_gpu import (COMBINE_PARAMS, LN2, LOG2E, LSE_PARAMS, PARAMS, SPLIT_PARAMS,
                                                   AttentionKernel, AttentionPart, SplitAttentionKernel, causal_pairs,
                                                   check_attention_args, combine_flops, forced_chunk)
-from archsim.workloads.emit.gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
+from archsim.workloads.emit.common import CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2
 
 __all__ = ["flash_attention_kernel", "split_kv_attention_kernel", "sunway_kv_splits"]
 
@@ -128,9 +117,6 @@ BR = 32                        # query rows per CPE: one per lane
 LANES = 32
 BC_CHOICES = (64, 32, 16, 8)   # key rows per K/V block, largest first
 UC_CHOICES = ((16, 16), (16, 8), (8, 8))   # (keys per group, O columns per chunk)
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
-_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 NEEDED_UNITS = ("fp32", "mufu", "dma")
 
 
@@ -151,11 +137,11 @@ class _Cfg:
 def _layout(dtype: str, d: int, Bc: int, nch: int = 1) -> dict:
     """LDM byte offsets: QT, OT ([d][32 nch] fp32 each), ML (m, l of every row: [2][32 nch]), RAW
     (DMA landing area / staging), WK (fp32 working K, V follows)."""
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     RB = d * es
     stage = 2 * Bc * RB                               # K rows then V rows
     raw = max(stage * (2 if dtype == "fp32" else 1), LANES * nch * RB + 4 * LANES * nch)   # or Q / O rows, LSE
-    raw = _ceil(raw, 16) * 16
+    raw = ceil_div(raw, 16) * 16
     QP = 128 * nch                                    # bytes of a QT / OT row (one k, every row)
     QT, OT, ML = 0, QP * d, 2 * QP * d
     RAW = ML + (2 * QP if nch > 1 else 0)
@@ -203,12 +189,12 @@ def _skew_xpose(a, dtype: str, RB: int, pitch: int, jobs, lane, qa0, label: str,
     (unrolled): a v2 load of 8 lanes touches 4 banks, two lanes each (8 wavefronts for the warp's
     256 B), and lanes 2j, 2j+1 (same x) write one 8-B word of a destination row while lanes j and
     j+16 write two rows in one bank (2 wavefronts a store, the 128 B minimum): the same wavefronts
-    per element as the 8-B padded rows this replaces (4-B loads, 4 wavefronts each)."""
-    es = _ES[dtype]
+    per element as 8-B padded rows (4-B loads, 4 wavefronts each)."""
+    es = ELEM_BYTES[dtype]
     epw = 8 // es                                     # elements an 8-B word holds
     nw = RB // 8
     assert RB % 64 == 0 and pitch % 64 == 0, (RB, pitch)
-    lo_hi = _CVT_IN.get(dtype)
+    lo_hi = CVT_IN.get(dtype)
     G = 2 if lo_hi else 4                             # words a group loads before it converts / stores
     items = [(so, do, s) for so, do in jobs for s in range(nw // 8)]
     regs = _skew_loop_open(a, lane, RB, pitch, epw, qa0, label)
@@ -245,7 +231,7 @@ def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, la
     """_skew_xpose's inverse for the epilogue: lane i's fp32 column (element k at src + pitch k +
     4 i), times the register ``scale``, converted to the storage dtype into row i packed at RB
     bytes (dst + i RB), in the same skewed word order (same wavefronts)."""
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     epw = 8 // es
     nw = RB // 8
     assert RB % 64 == 0 and pitch % 64 == 0, (RB, pitch)
@@ -268,7 +254,7 @@ def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, la
                 a("st.shared.v2.b32", Mem(ra, dst + 64 * sw), vs + 2 * i)
             else:
                 for h in range(2):
-                    a(_CVT_OUT[dtype], ws + 2 * i + h, vs + 4 * i + 2 * h, vs + 4 * i + 2 * h + 1)
+                    a(CVT_OUT[dtype], ws + 2 * i + h, vs + 4 * i + 2 * h, vs + 4 * i + 2 * h + 1)
                 a("st.shared.v2.b32", Mem(ra, dst + 64 * sw), ws + 2 * i)
     a.free(vs, k=epw * G)
     a.free(ws, k=2 * G)
@@ -285,7 +271,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     VOFF = Bc * KV4                                   # working V block after the working K block
     NIT = d // 4                                      # score-loop iterations (4 k each)
     name = f"flash_attn_sw_{c.dtype}_d{d}_br{BRr}_bc{Bc}_u{U}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    a = _Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+    a = Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
 
     # ---------------------------------------------------------------- coordinates
     qa0, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
@@ -297,7 +283,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
-    a("shl.b64", i0, i0, _log2(BRr))
+    a("shl.b64", i0, i0, log2(BRr))
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
 
@@ -310,10 +296,10 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("mad.i64", dst, hd, d, dst)
         a("ldparam", t1, off_name)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", dst, dst, _log2(es))
+        a("shl.b64", dst, dst, log2(es))
         a("ldparam", t1, buf)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", ldb, ldb, _log2(es))
+        a("shl.b64", ldb, ldb, log2(es))
         return ldb
 
     pl = a.pred()
@@ -368,7 +354,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     klim = a.reg()
     a("sub.i64", klim, Lk, 1)
     ntl, nfull, lim = a.reg(), a.reg(), a.reg()
-    lb = _log2(Bc)
+    lb = log2(Bc)
     a("s2r", lim, "%tid.x")
     a("add.i64", lim, lim, i0)
     a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
@@ -434,7 +420,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a.label("KV_LOOP")
     a("dma.wait", 0)                                  # block j landed
     if not f32:                                       # raw -> fp32 working copies (K then V, contiguous)
-        lo, hi = _CVT_IN[c.dtype]
+        lo, hi = CVT_IN[c.dtype]
         n_it = 2 * Bc * d // 64
         UNR = 4
         src, dst = a.reg(), a.reg()
@@ -525,7 +511,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         for mn, ops, kw in todo:
             a(mn, *ops, **kw)
         if npairs % 2:                                # keep "pair 0 is in kv[0]" for the next k-quad
-            raise _OutOfRegisters(f"U = {U}: an odd number of key pairs")
+            raise OutOfRegisters(f"U = {U}: an odd number of key pairs")
     a("add.i64", qa, qa, 8 * QP)
     a("add.i64", kp2, kp2, 32)
     a("bra", "SCORE", p=pm)
@@ -659,7 +645,7 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)
-    a("shl.b64", i0, i0, _log2(BRr))
+    a("shl.b64", i0, i0, log2(BRr))
     a("ldparam", Lq, "q_len")
     a("sub.i64", nr, Lq, i0)
     a("min.i64", nr, nr, BRr)                         # rows of this block below q_len
@@ -716,11 +702,11 @@ DEC_BC_CHOICES = (128, 64, 32)   # keys per block: 32 lanes x U keys a lane
 
 
 def _dec_layout(dtype: str, d: int, Bc: int) -> dict:
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     RB = d * es
-    QF, OT = 0, _ceil(4 * d, 128) * 128
+    QF, OT = 0, ceil_div(4 * d, 128) * 128
     RAW = OT + 128 * d                                # K then V rows, packed (strided gets)
-    raw = _ceil(max(2 * Bc * RB, 2 * RB + 16), 64) * 64
+    raw = ceil_div(max(2 * Bc * RB, 2 * RB + 16), 64) * 64
     KT = RAW + raw
     return dict(es=es, RB=RB, QF=QF, OT=OT, RAW=RAW, KT=KT, VT=KT + 4 * Bc * d, total=KT + 8 * Bc * d)
 
@@ -739,7 +725,7 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     f32 = c.dtype == "fp32"
     KTR = 4 * Bc                                      # bytes of a KT / VT row (one k, all keys)
     name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_split' if c.split else ('_lse' if c.lse else '')}"
-    a = _Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
+    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
     qa0, bq, hd, t1, t2, rbn, lane = (a.reg() for _ in range(7))
     a("s2r", lane, "%tid.x")
     a("shl.b64", qa0, lane, 2)
@@ -756,10 +742,10 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("mad.i64", dst, hd, d, dst)
         a("ldparam", t1, off_name)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", dst, dst, _log2(es))
+        a("shl.b64", dst, dst, log2(es))
         a("ldparam", t1, buf)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", ldb, ldb, _log2(es))
+        a("shl.b64", ldb, ldb, log2(es))
         return ldb
 
     one = a.reg()
@@ -778,7 +764,7 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
             a("mul.f32", x, x, c.c)
             a("st.shared.b32", Mem(qa0, 4 * k0), x)
     else:
-        lo, hi = _CVT_IN[c.dtype]
+        lo, hi = CVT_IN[c.dtype]
         for k0 in range(0, d, 2 * LANES):
             part = d - k0 < 2 * LANES                 # d 32: lanes 0 .. 15 hold the 32 elements
             if part:
@@ -805,7 +791,7 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     klim, ntl, key = a.reg(), a.reg(), a.reg()
     if c.split:                                       # keys key .. klim: chunk x of chunk*Bc keys
         a("ldparam", t1, "chunk")
-        a("shl.b64", t1, t1, _log2(Bc))
+        a("shl.b64", t1, t1, log2(Bc))
         a("s2r", key, "%ctaid.x")
         a("mul.i64", key, key, t1)
         a("add.i64", t1, t1, key)
@@ -816,8 +802,8 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         a("sub.i64", klim, Lk, 1)
     a("sub.i64", ntl, klim, key)
     a("add.i64", ntl, ntl, Bc)
-    a("shr.u64", ntl, ntl, _log2(Bc))
-    a("shl.b64", ntl, ntl, _log2(Bc))
+    a("shr.u64", ntl, ntl, log2(Bc))
+    a("shl.b64", ntl, ntl, log2(Bc))
     a("add.i64", ntl, ntl, key)                       # the end of the blocks run (keys)
     a.free(Lk, one)
 
@@ -1001,7 +987,7 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         if of32:
             a("st.shared.b32", Mem(None, RAW + 4 * c0), vals, p=p0)
         else:
-            a(_CVT_OUT[c.dtype], x, vals, vals + 1)
+            a(CVT_OUT[c.dtype], x, vals, vals + 1)
             a("st.shared.b32", Mem(None, RAW + 2 * c0), x, p=p0)
     go = a.reg()
     if c.split:
@@ -1031,12 +1017,12 @@ def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
     partials (contiguous: Opart [b, heads, splits, 1, d]); lane L holds columns E L .. E L + E - 1
     (E = d / 32: one vector load per split, no bank conflict); the row's O in the storage dtype by
     one put, and LSE = M + ln(sum w) with with_lse."""
-    es = _ES[dtype]
+    es = ELEM_BYTES[dtype]
     E = d // LANES
     LSEA, OPA = 0, 4 * SPLITS_MAX
     OUT = OPA + 4 * d * SPLITS_MAX
     name = f"flash_attn_sw_combine_{dtype}_d{d}{'_lse' if lse else ''}"
-    a = _Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), OUT + 4 * d + 64)
+    a = Asm(name, COMBINE_PARAMS + (("LSE",) if lse else ()), OUT + 4 * d + 64)
     r, S, t1, t2, n, la, oa, sp, mx, l, w = (a.reg() for _ in range(11))
     acc, ob = a.reg(E), a.reg(E)
     pl, p0 = a.pred(), a.pred()
@@ -1113,11 +1099,11 @@ def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
     if es == 4:
         a({1: "st.shared.b32", 2: "st.shared.v2.b32", 4: "st.shared.v4.b32"}[E], Mem(t1, 0), acc)
     elif E == 1:
-        a(_CVT_OUT[dtype], ob, acc, acc)
+        a(CVT_OUT[dtype], ob, acc, acc)
         a("st.shared.b16", Mem(t1, 0), ob)
     else:
         for e in range(0, E, 2):
-            a(_CVT_OUT[dtype], ob + e // 2, acc + e, acc + e + 1)
+            a(CVT_OUT[dtype], ob + e // 2, acc + e, acc + e + 1)
         a("st.shared.b32" if E == 2 else "st.shared.v2.b32", Mem(t1, 0), ob)
     # O row b (q_len 1) at head's columns: ((b*o_ld + head*d) + o_off) es
     a("ldparam", n, "heads")
@@ -1128,7 +1114,7 @@ def _emit_combine(dtype: str, d: int, lse: bool) -> Program:
     a("mad.i64", t1, t2, d, t1)
     a("ldparam", n, "o_off")
     a("add.i64", t1, t1, n)
-    a("shl.b64", t1, t1, _log2(es))
+    a("shl.b64", t1, t1, log2(es))
     a("ldparam", n, "O")
     a("add.i64", t1, t1, n)
     a("mov.b64", t2, OUT)
@@ -1153,7 +1139,7 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, nch: in
             cfg = _Cfg(dtype, d, causal, Bc, U, C, c, lse, nch)
             try:
                 prog = _emit(cfg, caps.max_regs_per_thread)
-            except _OutOfRegisters as e:
+            except OutOfRegisters as e:
                 tried.append(f"Bc {Bc} U {U} C {C}: {e}")
                 continue
             return cfg, prog
@@ -1173,7 +1159,7 @@ def _choose_decode(caps, dtype: str, d: int, causal: bool, c: float, lse: bool,
         cfg = _Cfg(dtype, d, causal, Bc, Bc // LANES, 8, c, lse, split=split)
         try:
             return cfg, _emit_decode(cfg, caps.max_regs_per_thread)
-        except _OutOfRegisters as e:
+        except OutOfRegisters as e:
             tried.append(f"Bc {Bc}: {e}")
     raise InputError(f"attention (decode) on {caps.name}", f"head_dim {d} {dtype}: no K/V block fits a CPE ("
                      + "; ".join(dict.fromkeys(tried)) + f"; LDM {caps.scratchpad_bytes} B)",
@@ -1208,7 +1194,7 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
             cfg, prog = _choose_decode(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
         except InputError:                            # its fp32 K^T, V^T do not fit: the row kernel does
             pass
-    if prog is None and _ceil(q_len, 2 * BR) * heads * batch >= caps.cores_total:
+    if prog is None and ceil_div(q_len, 2 * BR) * heads * batch >= caps.cores_total:
         try:                                          # every CPE still busy with 64 rows: half the K/V traffic
             cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse), nch=2)
             if cfg.Bc < 32:                           # not at the price of small K/V blocks
@@ -1218,7 +1204,7 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
     if prog is None:
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
     check(prog, caps)
-    launch = Launch((_ceil(q_len, BR * cfg.nch), heads, batch), (LANES, 1, 1), spread=True)
+    launch = Launch((ceil_div(q_len, BR * cfg.nch), heads, batch), (LANES, 1, 1), spread=True)
     kind = "sunway_decode" if prog.name.startswith("flash_attn_sw_decode") else "sunway"
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
@@ -1233,19 +1219,16 @@ def sunway_kv_splits(caps, bh: int, tiles: int) -> tuple[int, int]:
     (1, tiles) when bh already covers the CPEs or the cache is one block. Not attention_gpu's
     kv_splits (the shortest critical path in tiles): a Sunway decode is bound by the DMA engines
     and the ring, not by one CPE's math, so the more CPEs (engines, core groups, ring stops) a
-    decode spans the faster it streams. Measured (with in-order dispatch and the 16-flit ring) on
-    sw26010pro (attn.split + attn.combine, cycles): gpt2-small b8 (96 rows, 9 blocks) 1 split
-    1.16 M, 3 (kv_splits' choice) 569 k, 5 (this rule) 497 k, 9 504 k; llama2-7b b1 (32 rows, d 128,
-    17 blocks) 1: 2.23 M, 9: 713 k, 17: 632 k; gpt2-small b1 1: 231 k, 9: 138 k."""
+    decode spans the faster it streams."""
     cores = caps.cores_total
     if bh >= cores or tiles < 2:
         return 1, tiles
     chunk = 1
     for c in range(tiles, 0, -1):
-        if bh * _ceil(tiles, c) >= cores:
+        if bh * ceil_div(tiles, c) >= cores:
             chunk = c
             break
-    return _ceil(tiles, chunk), chunk
+    return ceil_div(tiles, chunk), chunk
 
 
 def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
@@ -1274,15 +1257,15 @@ def split_kv_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: 
         if splits is None:                            # K^T, V^T do not fit: the row kernel runs whole
             return None
         raise
-    tiles = _ceil(kv_len, cfg.Bc)
+    tiles = ceil_div(kv_len, cfg.Bc)
     if splits is None:
         n, chunk = sunway_kv_splits(caps, batch * heads, tiles)
         if n <= 1:
             return None
     else:
         chunk = forced_chunk(where, splits, tiles)
-    chunk = max(chunk, _ceil(tiles, SPLITS_MAX))      # the combine holds at most SPLITS_MAX partials
-    n = _ceil(tiles, chunk)
+    chunk = max(chunk, ceil_div(tiles, SPLITS_MAX))   # the combine holds at most SPLITS_MAX partials
+    n = ceil_div(tiles, chunk)
     check(prog, caps)
     comb = _emit_combine(dt, d, bool(with_lse))
     check(comb, caps)

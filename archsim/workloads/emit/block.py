@@ -48,11 +48,12 @@ from archsim.errors import InputError
 from archsim.isa.program import Launch, Program
 
 from . import elementwise_gpu as EW
+from .common import ELEM_BYTES, OUT_BYTES
 from .gemm_gpu import to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
 _OUT = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4, "f32": 4, "f16": 2}
+_ES = {**ELEM_BYTES, **OUT_BYTES}   # bytes of an element, by storage or GEMM output dtype name
 
 
 @dataclass(frozen=True)

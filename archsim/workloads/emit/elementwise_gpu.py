@@ -55,7 +55,7 @@ How the kernels are written (the way a CUDA programmer writes them):
   meet in shared memory and warp 0 writes dgamma (and dbeta) in the storage dtype. When the
   column tiles cannot fill the machine the rows are split into chunks as well: f32 partials go to
   a workspace ``ws`` [chunks, nout*cols] (a ``scratch`` buffer of the chain) and a third kernel
-  adds the chunks (a100, 2048 x 768 fp16: 96 blocks and ~12k cycles instead of 3 blocks, ~195k).
+  adds the chunks.
 
 Tolerances the tests hold them to are stated in tests/test_emit_elementwise.py.
 """
@@ -74,18 +74,13 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-from .gemm_gpu import _Asm, _ceil, _log2, to_float, to_host
+from .common import CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm, ceil_div, log2
+from .gemm_gpu import to_float, to_host
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
            "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
            "swiglu_kernel", "swiglu_grad_kernel", "add_kernel"]
 
-_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
-_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
-_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 _LD = {4: "ld.global.b32", 8: "ld.global.v2.b32", 16: "ld.global.v4.b32"}
 _ST = {2: "st.global.b16", 4: "st.global.b32", 8: "st.global.v2.b32", 16: "st.global.v4.b32"}
 
@@ -121,11 +116,11 @@ class Buf:
 
     @property
     def host_dtype(self):
-        return np.dtype(_HOST[self.dtype])
+        return np.dtype(HOST_DTYPE[self.dtype])
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * _ES[self.dtype]
+        return int(np.prod(self.shape)) * ELEM_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -245,9 +240,9 @@ class KernelChain:
 
 # ----------------------------------------------------------------------------- validation
 def _dtype(op: str, dtype) -> str:
-    if not isinstance(dtype, str) or dtype.lower() not in _DTYPES:
+    if not isinstance(dtype, str) or dtype.lower() not in DTYPE_ALIASES:
         raise InputError(op, f"unknown dtype {dtype!r}", "fp16, bf16, fp32")
-    return _DTYPES[dtype.lower()]
+    return DTYPE_ALIASES[dtype.lower()]
 
 
 def _pos(op: str, **sizes) -> None:
@@ -282,7 +277,7 @@ def _vec_bytes(row_bytes: int, es: int) -> int:
 
 def _grid(caps, prog: Program, threads: int, needed: int) -> int:
     """Blocks to launch: what the work needs, capped at what the machine holds at once."""
-    warps = _ceil(threads, 32)
+    warps = ceil_div(threads, 32)
     per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
                    caps.regs_per_core // max(prog.nregs * warps * 32, 1))
     if prog.shared_bytes:
@@ -294,12 +289,12 @@ def _grid(caps, prog: Program, threads: int, needed: int) -> int:
 
 
 # ----------------------------------------------------------------------------- emission helpers
-class _E:
-    """Emission context: an _Asm with f32 load/store of the storage dtype and team reductions."""
+class ElementwiseAsm:
+    """Emission context: an Asm with f32 load/store of the storage dtype and team reductions."""
 
     def __init__(self, name: str, params, dt: str, VB: int, team: str = "warp", BT: int = 128, red_vals: int = 0,
                  shared: int = 0):
-        self.dt, self.es, self.VB = dt, _ES[dt], VB
+        self.dt, self.es, self.VB = dt, ELEM_BYTES[dt], VB
         self.V = VB // self.es
         self.team, self.BT = team, BT
         self.T = 32 if team == "warp" else BT
@@ -307,7 +302,7 @@ class _E:
         self.red_base = shared
         if team == "block" and red_vals:
             shared += 2 * red_vals * 128
-        self.a = _Asm(name, params, shared)
+        self.a = Asm(name, params, shared)
         self.nloop = 0
         self.nred = 0
         self._const = {}
@@ -343,7 +338,7 @@ class _E:
         if self.dt == "fp32":
             a(_LD[nb], v, Mem(addr, 0), p=p)
             return v
-        lo, hi = _CVT_IN[self.dt]
+        lo, hi = CVT_IN[self.dt]
         if n == 1:
             a("ld.global.u16", v, Mem(addr, 0), p=p)
             a(lo, v, v)
@@ -363,7 +358,7 @@ class _E:
         if self.dt == "fp32":
             a(_ST[nb], Mem(addr, 0), v)
             return
-        cvt = _CVT_OUT[self.dt]
+        cvt = CVT_OUT[self.dt]
         if n == 1:
             pk = a.reg()
             a(cvt, pk, v, v)
@@ -412,11 +407,11 @@ class _E:
             a("shl.b64", self.woff, t, 2)
         a.free(t)
         self.j0v = a.reg()
-        a("shl.b64", self.j0v, tt, _log2(self.VB))
+        a("shl.b64", self.j0v, tt, log2(self.VB))
         self.j0s = None
         if self.V > 1:
             self.j0s = a.reg()
-            a("shl.b64", self.j0s, tt, _log2(self.es))
+            a("shl.b64", self.j0s, tt, log2(self.es))
         self.tt = tt
         return tt, row, step
 
@@ -515,10 +510,11 @@ def _choose_team(caps, rows: int, cols: int, V: int, team: Optional[str]) -> tup
         raise InputError("row kernel", f"team {team!r}", "warp, block or None (the rule)")
     if team == "warp":
         return "warp", 128
-    return "block", (128 if _ceil(cols, V) <= 512 else 256)
+    return "block", (128 if ceil_div(cols, V) <= 512 else 256)
 
 
-def _finish(op: str, caps, e: _E, threads: int, needed: int, flops: int, buffers, scalars, team: str, gen, ref):
+def _finish(op: str, caps, e: ElementwiseAsm, threads: int, needed: int, flops: int, buffers, scalars, team: str,
+            gen, ref):
     prog = e.build()
     check(prog, caps)
     grid = _grid(caps, prog, threads, needed)
@@ -579,7 +575,7 @@ def _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset,
     return dt, scale, int(ld), int(q_len), int(q_offset)
 
 
-def _mask_setup(e: _E, row: Reg, causal: bool, cols_b: Reg) -> Reg:
+def kept_end(e: ElementwiseAsm, row: Reg, causal: bool, cols_b: Reg) -> Reg:
     """The byte end of the row's kept columns: causal: clamp(row mod q_len + q_off + 1, 0, cols) * es."""
     if not causal:
         return cols_b
@@ -591,7 +587,7 @@ def _mask_setup(e: _E, row: Reg, causal: bool, cols_b: Reg) -> Reg:
     e("add.i64", ce, ce, t)
     e("add.i64", ce, ce, 1)
     e("max.i64", ce, ce, 0)
-    e("shl.b64", ce, ce, _log2(e.es))
+    e("shl.b64", ce, ce, log2(e.es))
     e("min.i64", ce, ce, cols_b)
     e.free(t)
     return ce
@@ -609,18 +605,18 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
     team: force "warp" or "block" rows (default: the rule in ``_choose_team``)."""
     op = "softmax"
     dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     VB = _vec_bytes(ld * es, es)
     tm, BT = _choose_team(caps, rows, cols, VB // es, team)
     params = ("x", "y", "rows", "cols", "ld", "q_len", "q_off", "scale")
-    e = _E(f"softmax_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=2)
+    e = ElementwiseAsm(f"softmax_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=2)
     tt, row, step = e.team_setup()
     rows_r, cols_b, ldb, X, Y = e.reg(), e.reg(), e.reg(), e.reg(), e.reg()
     e("ldparam", rows_r, "rows")
     e("ldparam", cols_b, "cols")
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     e("ldparam", ldb, "ld")
-    e("shl.b64", ldb, ldb, _log2(es))
+    e("shl.b64", ldb, ldb, log2(es))
     e("ldparam", X, "x")
     e("ldparam", Y, "y")
     c = e.fparam("scale")
@@ -632,7 +628,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
         e("add.i64", px, X, ro)
         e("add.i64", py, Y, ro)
         e.free(ro)
-        ce = _mask_setup(e, row, causal, cols_b)
+        ce = kept_end(e, row, causal, cols_b)
         m, s = e.reg(), e.reg()
         e("mov.f32", m, -F32_MAX)                     # not -inf: m - M is never -inf - -inf
         e("mov.f32", s, 0.0)
@@ -723,7 +719,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
 
     scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
                ("scale", _f32_bits(scale)))
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers, scalars, tm, gen, ref)
 
 
@@ -735,18 +731,18 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
     q_offset / ld conventions as ``softmax_kernel``). Masked entries get dx = 0 and are not read."""
     op = "softmax_grad"
     dt, scale, ld, q_len, q_off = _softmax_common(op, caps, rows, cols, dtype, scale, causal, q_len, q_offset, ld)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     VB = _vec_bytes(ld * es, es)
     tm, BT = _choose_team(caps, rows, cols, VB // es, team)
     params = ("p", "dp", "dx", "rows", "cols", "ld", "q_len", "q_off", "scale")
-    e = _E(f"softmax_grad_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=1)
+    e = ElementwiseAsm(f"softmax_grad_{dt}_{tm}_v{VB}{'_causal' if causal else ''}", params, dt, VB, tm, BT, red_vals=1)
     tt, row, step = e.team_setup()
     rows_r, cols_b, ldb, P, DP, DX = (e.reg() for _ in range(6))
     e("ldparam", rows_r, "rows")
     e("ldparam", cols_b, "cols")
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     e("ldparam", ldb, "ld")
-    e("shl.b64", ldb, ldb, _log2(es))
+    e("shl.b64", ldb, ldb, log2(es))
     e("ldparam", P, "p")
     e("ldparam", DP, "dp")
     e("ldparam", DX, "dx")
@@ -757,7 +753,7 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
         e("mul.i64", ro, row, ldb)
         pp, pd, px = e.addr(P, ro), e.addr(DP, ro), e.addr(DX, ro)
         e.free(ro)
-        ce = _mask_setup(e, row, causal, cols_b)
+        ce = kept_end(e, row, causal, cols_b)
         acc = e.reg()
         e("mov.f32", acc, 0.0)
 
@@ -826,7 +822,7 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
 
     scalars = (("rows", rows), ("cols", cols), ("ld", ld), ("q_len", q_len), ("q_off", q_off),
                ("scale", _f32_bits(scale)))
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * _kept(rows, cols, causal, q_len, q_off), buffers,
                    scalars, tm, gen, ref)
 
@@ -840,13 +836,13 @@ def _norm_setup(op, caps, rows, cols, dtype, eps, team):
         eps = _finite(op, "eps", eps)
         if eps < 0:
             raise InputError(op, f"eps = {eps}", "eps >= 0")
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     VB = _vec_bytes(cols * es, es)
     tm, BT = _choose_team(caps, rows, cols, VB // es, team)
     return dt, es, VB, tm, BT
 
 
-def _row_ptrs(e: _E, row: Reg, rowb: Reg, bases: list) -> list:
+def _row_ptrs(e: ElementwiseAsm, row: Reg, rowb: Reg, bases: list) -> list:
     """Pointers to the row `row` of each [rows, cols] buffer: base + row * rowb."""
     ro = e.reg()
     e("mul.i64", ro, row, rowb)
@@ -872,7 +868,7 @@ def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float
     op = "layernorm"
     dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
     params = ("x", "gamma", "beta", "y", "mean", "rstd", "rows", "cols", "eps")
-    e = _E(f"layernorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    e = ElementwiseAsm(f"layernorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
     tt, row, step = e.team_setup()
     rows_r, cols_b, X, G, B, Y, MEAN, RSTD = (e.reg() for _ in range(8))
     invn, eps_r = e.reg(), e.fparam("eps")
@@ -880,7 +876,7 @@ def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float
     e("ldparam", cols_b, "cols")
     e("cvt.f32.i64", invn, cols_b)
     e("rcp.f32", invn, invn)
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     for r, n in ((X, "x"), (G, "gamma"), (B, "beta"), (Y, "y"), (MEAN, "mean"), (RSTD, "rstd")):
         e("ldparam", r, n)
     p0 = e.a.pred()
@@ -956,7 +952,7 @@ def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float
         return {"y": (x - mu[:, None]) * r[:, None] * v["gamma"] + v["beta"], "mean": mu, "rstd": r}
 
     scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
                    _norm_gen(rows, cols, dt, True), ref)
 
@@ -968,7 +964,7 @@ def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float =
     op = "rmsnorm"
     dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
     params = ("x", "gamma", "y", "rstd", "rows", "cols", "eps")
-    e = _E(f"rmsnorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
+    e = ElementwiseAsm(f"rmsnorm_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=1)
     tt, row, step = e.team_setup()
     rows_r, cols_b, X, G, Y, RSTD = (e.reg() for _ in range(6))
     invn, eps_r = e.reg(), e.fparam("eps")
@@ -976,7 +972,7 @@ def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float =
     e("ldparam", cols_b, "cols")
     e("cvt.f32.i64", invn, cols_b)
     e("rcp.f32", invn, invn)
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     for r, n in ((X, "x"), (G, "gamma"), (Y, "y"), (RSTD, "rstd")):
         e("ldparam", r, n)
     p0 = e.a.pred()
@@ -1031,7 +1027,7 @@ def rmsnorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float =
         return {"y": x * r[:, None] * v["gamma"], "rstd": r}
 
     scalars = (("rows", rows), ("cols", cols), ("eps", _f32_bits(eps)))
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
                    _norm_gen(rows, cols, dt, False), ref)
 
@@ -1041,7 +1037,7 @@ def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> Elementwi
     """Kernel 1 of a norm's backward: dx per row from x, dy, gamma and the saved statistics."""
     op = "layernorm_grad" if ln else "rmsnorm_grad"
     params = ("x", "dy", "gamma") + (("mean",) if ln else ()) + ("rstd", "dx", "rows", "cols")
-    e = _E(f"{op}_dx_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=2 if ln else 1)
+    e = ElementwiseAsm(f"{op}_dx_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT, red_vals=2 if ln else 1)
     tt, row, step = e.team_setup()
     rows_r, cols_b, X, DY, G, RSTD, DX, invn = (e.reg() for _ in range(8))
     MEAN = e.reg() if ln else None
@@ -1049,7 +1045,7 @@ def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> Elementwi
     e("ldparam", cols_b, "cols")
     e("cvt.f32.i64", invn, cols_b)
     e("rcp.f32", invn, invn)
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     for r, n in ((X, "x"), (DY, "dy"), (G, "gamma"), (RSTD, "rstd"), (DX, "dx")) + (((MEAN, "mean"),) if ln else ()):
         e("ldparam", r, n)
 
@@ -1134,7 +1130,7 @@ def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> Elementwi
     buffers = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt), Buf("gamma", (cols,), dt)) + \
         ((Buf("mean", (rows,), "fp32"),) if ln else ()) + (Buf("rstd", (rows,), "fp32"), Buf("dx", (rows, cols), dt, True))
     scalars = (("rows", rows), ("cols", cols))
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * cols, buffers, scalars, tm,
                    None, None)
 
@@ -1157,15 +1153,15 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
         RY //= 2
     plane = RY * TW * 4                            # bytes of one output's partials
-    ntiles = _ceil(cols, TW)
-    nchunk = max(1, min(_ceil(2 * caps.cores_total, ntiles), rows // (4 * RY)))   # >= 4 rows a warp
-    rpc = _ceil(rows, nchunk)
-    nchunk = _ceil(rows, rpc)
+    ntiles = ceil_div(cols, TW)
+    nchunk = max(1, min(ceil_div(2 * caps.cores_total, ntiles), rows // (4 * RY)))  # >= 4 rows a warp
+    rpc = ceil_div(rows, nchunk)
+    nchunk = ceil_div(rows, rpc)
     partial = nchunk > 1
     outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
     params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd",) + outs + ("rows", "cols", "rpc", "chunks")
-    e = _E(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}{'_partial' if partial else ''}", params, dt,
-           VB, "column", 32 * RY, shared=nout * plane)
+    e = ElementwiseAsm(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}{'_partial' if partial else ''}",
+                       params, dt, VB, "column", 32 * RY, shared=nout * plane)
     a = e.a
     lane, warp, u, step, rows_r, cols_b = (e.reg() for _ in range(6))
     e("s2r", lane, "%laneid")
@@ -1174,10 +1170,10 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     e("s2r", step, "%nctaid.x")
     e("ldparam", rows_r, "rows")
     e("ldparam", cols_b, "cols")
-    e("shl.b64", cols_b, cols_b, _log2(es))
+    e("shl.b64", cols_b, cols_b, log2(es))
     ntile, nunit, rpc_r = e.reg(), e.reg(), e.reg()
     e("add.i64", ntile, cols_b, 32 * VB - 1)
-    e("shr.u64", ntile, ntile, _log2(32 * VB))
+    e("shr.u64", ntile, ntile, log2(32 * VB))
     e("ldparam", nunit, "chunks")
     e("mul.i64", nunit, nunit, ntile)
     e("ldparam", rpc_r, "rpc")
@@ -1190,9 +1186,9 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     soff = e.reg()                                 # this thread's partial slot: (warp*TW + lane*V)*4
     e("mul.i64", soff, warp, TW * 4)
     t = e.reg()
-    e("shl.b64", t, lane, _log2(V * 4))
+    e("shl.b64", t, lane, log2(V * 4))
     e("add.i64", soff, soff, t)
-    e("shl.b64", t, lane, _log2(VB))
+    e("shl.b64", t, lane, log2(VB))
     lane_b = t                                     # lane's column byte within a tile
     pT, pv, pw, pr = a.pred(), a.pred(), a.pred(), a.pred()
     e("setp.eq.i64", pw, warp, 0)
@@ -1219,7 +1215,7 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     c, chunk, rend = e.reg(), e.reg(), e.reg()
     e("rem.i64", c, u, ntile)
     e("div.i64", chunk, u, ntile)
-    e("shl.b64", c, c, _log2(32 * VB))
+    e("shl.b64", c, c, log2(32 * VB))
     e("add.i64", c, c, lane_b)                     # this thread's first column byte
     e("setp.lt.i64", pv, c, cols_b)
     e("mul.i64", rend, chunk, rpc_r)               # the chunk's first row
@@ -1282,7 +1278,7 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
         e("ldparam", t2, "cols")
         e("mul.i64", wsa, chunk, nout)
         e("mul.i64", wsa, wsa, t2)
-        e("shr.u64", t2, c, _log2(es))
+        e("shr.u64", t2, c, log2(es))
         e("add.i64", wsa, wsa, t2)
         e("shl.b64", wsa, wsa, 2)
         e("add.i64", wsa, wsa, DG)
@@ -1336,10 +1332,10 @@ def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> Elem
     stride) sums column i over the chunks and stores it, in the storage dtype, to dgamma[i] or
     dbeta[i - cols]."""
     nout = len(finals)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     U = 4
-    e = _E(f"grad_params_sum_{dt}_{nout}", ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks"), dt, es,
-           "thread", FLAT_THREADS)
+    e = ElementwiseAsm(f"grad_params_sum_{dt}_{nout}", ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks"),
+                       dt, es, "thread", FLAT_THREADS)
     a = e.a
     i, t, stride, tot, nch, rowb, WS = (e.reg() for _ in range(7))
     e("s2r", i, "%ctaid.x")
@@ -1389,12 +1385,12 @@ def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> Elem
     e("add.i64", ch, ch, 1)
     e("bra", "CHUNK")
     a.label("CHUNK_END")
-    e("shl.b64", ptr, i, _log2(es))
+    e("shl.b64", ptr, i, log2(es))
     e("add.i64", ptr, ptr, outs[0])                # dgamma + i
     if nout == 2:                                  # i >= cols: dbeta + (i - cols)
         e("setp.ge.i64", pc, i, colsr)
         e("sub.i64", ch, i, colsr)
-        e("shl.b64", ch, ch, _log2(es))
+        e("shl.b64", ch, ch, log2(es))
         e("add.i64", ch, ch, outs[1])
         e("selp.b64", ptr, ch, ptr, pc)
     e.store(ptr, acc, 1)
@@ -1405,7 +1401,7 @@ def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> Elem
     a.label("DONE")
     e("exit")
     ws = Buf("ws", (nchunk, nout * cols), "fp32", False, scratch=True)
-    return _finish("colsum_chunks", caps, e, FLAT_THREADS, _ceil(nout * cols, FLAT_THREADS), nout * cols * nchunk,
+    return _finish("colsum_chunks", caps, e, FLAT_THREADS, ceil_div(nout * cols, FLAT_THREADS), nout * cols * nchunk,
                    (ws,) + finals, (("cols", cols), ("chunks", nchunk)), "thread", None, None)
 
 
@@ -1468,25 +1464,25 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     dt = _dtype(op, dtype)
     _pos(op, n=n)
     _target(op, caps)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     VB = 16
-    e = _E(f"{op}_{dt}", ins + outs + ("n",), dt, VB, "thread", FLAT_THREADS)
+    e = ElementwiseAsm(f"{op}_{dt}", ins + outs + ("n",), dt, VB, "thread", FLAT_THREADS)
     gid, t, stride = e.reg(), e.reg(), e.reg()
     e("s2r", gid, "%ctaid.x")
     e("s2r", t, "%ntid.x")
     e("s2r", stride, "%nctaid.x")
     e("mul.i64", stride, stride, t)
-    e("shl.b64", stride, stride, _log2(VB))       # bytes between a thread's vectors
+    e("shl.b64", stride, stride, log2(VB))        # bytes between a thread's vectors
     e("mul.i64", gid, gid, t)
     e("s2r", t, "%tid.x")
     e("add.i64", gid, gid, t)
     e.free(t)
     e.j0v, e.j0s = e.reg(), e.reg()
-    e("shl.b64", e.j0v, gid, _log2(VB))
-    e("shl.b64", e.j0s, gid, _log2(es))
+    e("shl.b64", e.j0v, gid, log2(VB))
+    e("shl.b64", e.j0s, gid, log2(es))
     nb = e.reg()
     e("ldparam", nb, "n")
-    e("shl.b64", nb, nb, _log2(es))
+    e("shl.b64", nb, nb, log2(es))
     base = {}
     for name in ins + outs:
         base[name] = e.reg()
@@ -1512,11 +1508,11 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     e.loop(nb, body, step_b=stride)
     e("exit")
     buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
-    return _finish(op, caps, e, FLAT_THREADS, _ceil(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
+    return _finish(op, caps, e, FLAT_THREADS, ceil_div(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
                    (("n", n),), "thread", gen, ref)
 
 
-def _gelu_f(e: _E, x: Reg, k: int, t: Reg) -> None:
+def gelu_tanh(e: ElementwiseAsm, x: Reg, k: int, t: Reg) -> None:
     """t[i] = tanh(K (x + A x^3)) for k values (t, x: first registers)."""
     one = e.const(1.0)
     for i in range(k):
@@ -1537,7 +1533,7 @@ def gelu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     def math_fn(e, v, k):
         x = v["x"]
         t = e.reg(k)
-        _gelu_f(e, x, k, t)
+        gelu_tanh(e, x, k, t)
         for i in range(k):
             e("mul.f32", x + i, x + i, 0.5)
             e("fma.f32", x + i, x + i, t + i, x + i)     # h + h t
@@ -1561,7 +1557,7 @@ def gelu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
         x, dy = v["x"], v["dy"]
         one, half = e.const(1.0), e.const(0.5)
         t, s = e.reg(k), e.reg()
-        _gelu_f(e, x, k, t)
+        gelu_tanh(e, x, k, t)
         for i in range(k):
             e("neg.f32", s, t + i)
             e("fma.f32", s, s, t + i, one)                # 1 - t^2
@@ -1641,7 +1637,7 @@ def relu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
 
 
 # ----------------------------------------------------------------------------- SwiGLU
-def _sigmoid(e: _E, g: Reg, s: Reg) -> None:
+def sigmoid(e: ElementwiseAsm, g: Reg, s: Reg) -> None:
     """s = sigmoid(g) = 0.5 tanh(g / 2) + 0.5."""
     e("mul.f32", s, g, 0.5)
     e("tanh.f32", s, s)
@@ -1652,17 +1648,17 @@ def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> Elem
     dt = _dtype(op, dtype)
     _pos(op, rows=rows, ffn=ffn)
     _target(op, caps)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     VB = _vec_bytes(ffn * es, es)
     tm, BT = _choose_team(caps, rows, ffn, VB // es, team)
     params = ("x", "dy", "dx", "rows", "ffn") if grad else ("x", "y", "rows", "ffn")
-    e = _E(f"{op}_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT)
+    e = ElementwiseAsm(f"{op}_{dt}_{tm}_v{VB}", params, dt, VB, tm, BT)
     tt, row, step = e.team_setup()
     rows_r, fb, X, Y = e.reg(), e.reg(), e.reg(), e.reg()
     DX = e.reg() if grad else None
     e("ldparam", rows_r, "rows")
     e("ldparam", fb, "ffn")
-    e("shl.b64", fb, fb, _log2(es))                # bytes of one half-row
+    e("shl.b64", fb, fb, log2(es))                 # bytes of one half-row
     e("ldparam", X, "x")
     e("ldparam", Y, "dy" if grad else "y")
     if grad:
@@ -1692,7 +1688,7 @@ def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> Elem
             s = e.reg()
             if not grad:
                 for i in range(n):
-                    _sigmoid(e, g + i, s)
+                    sigmoid(e, g + i, s)
                     e("mul.f32", g + i, g + i, s)
                     e("mul.f32", g + i, g + i, u + i)      # silu(gate) * up
                 e("add.i64", ad, po, j)
@@ -1702,7 +1698,7 @@ def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> Elem
                 d = e.load(ad, n)
                 w = e.reg()
                 for i in range(n):
-                    _sigmoid(e, g + i, s)
+                    sigmoid(e, g + i, s)
                     e("mul.f32", w, g + i, s)               # silu
                     e("mul.f32", u + i, u + i, d + i)       # dy * up
                     e("mul.f32", d + i, d + i, w)           # d up = dy * silu
@@ -1745,7 +1741,7 @@ def _swiglu(op: str, caps, rows: int, ffn: int, dtype, team, grad: bool) -> Elem
         dsilu = sig * (1.0 + g * (1.0 - sig))
         return {"dx": np.concatenate([dy * u * dsilu, dy * g * sig], axis=1)}
 
-    teams = _ceil(rows, 4) if tm == "warp" else rows
+    teams = ceil_div(rows, 4) if tm == "warp" else rows
     return _finish(op, caps, e, BT, teams, FLOPS_PER_ELEM[op] * rows * ffn, buffers, (("rows", rows), ("ffn", ffn)),
                    tm, gen, ref)
 

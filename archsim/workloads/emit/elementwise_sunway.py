@@ -32,13 +32,12 @@ How the kernels are written (the way athread code is):
   buffer (a power of two, at most ``FLAT_CHUNK_MAX``, sized to give every CPE about 3 chunks).
 - Row kernels (softmax, norms, their gradients, SwiGLU), team ``rows`` (GPU name: ``warp``): a chunk
   is RB whole rows, one DMA per buffer (rows are contiguous in memory; a [cols] parameter such as
-  gamma is fetched once per CPE and stays in its LDM: every CPE gets its own copy, as the ISA has
-  no broadcast DMA yet). Each row is then processed in the LDM with the
-  GPU kernels' lane layout: lane l takes vectors l, l+32, ... (16 bytes when the row stride allows,
-  else 8 / 4 / 2), then one element of the tail; reductions are a butterfly of shfl.bfly (the
-  vector's lane permutes), no barrier. RB = ceil(rows per CPE / 4) (about 4 chunks a CPE, for the
-  pipeline), capped by what fits the LDM. Rows written with a stride (softmax with ld > cols) are
-  put row by row so the columns past cols stay untouched.
+  gamma is fetched once per CPE and stays in its LDM: every CPE gets its own copy). Each row is
+  then processed in the LDM with the GPU kernels' lane layout: lane l takes vectors l, l+32, ...
+  (16 bytes when the row stride allows, else 8 / 4 / 2), then one element of the tail; reductions
+  are a butterfly of shfl.bfly (the vector's lane permutes), no barrier. RB = ceil(rows per CPE /
+  4) (about 4 chunks a CPE, for the pipeline), capped by what fits the LDM. Rows written with a
+  stride (softmax with ld > cols) are put row by row so the columns past cols stay untouched.
 - Team ``chunks`` (GPU name: ``block``), taken when one row of every buffer (double buffered) does
   not fit the LDM: each CPE takes whole rows (grid stride) and every pass over a row streams it
   through the LDM in column chunks of CWB bytes (a power of two, about a quarter row), double
@@ -79,15 +78,12 @@ from archsim.isa.program import Launch
 
 from . import elementwise_gpu as EW
 from .elementwise_gpu import F32_MAX, FLOPS_PER_ELEM, LOG2E, Buf, ElementwiseKernel, KernelChain
-from .gemm_gpu import _Asm, _ceil, _log2, _OutOfRegisters
+from .common import CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2, pow2_ceil, pow2_floor
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
            "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
            "relu_kernel", "relu_grad_kernel", "swiglu_kernel", "swiglu_grad_kernel", "add_kernel", "FLOPS_PER_ELEM"]
 
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}
-_CVT_OUT = {"fp16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 _LDS = {4: "ld.shared.b32", 8: "ld.shared.v2.b32", 16: "ld.shared.v4.b32"}
 _STS = {4: "st.shared.b32", 8: "st.shared.v2.b32", 16: "st.shared.v4.b32"}
 
@@ -99,14 +95,6 @@ ALIGN = 64                   # LDM buffers start on 64-byte boundaries (one LDM 
 
 def _al(x: int) -> int:
     return -(-x // ALIGN) * ALIGN
-
-
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(int(x), 1).bit_length() - 1)
-
-
-def _pow2_ceil(x: int) -> int:
-    return 1 << max(int(x) - 1, 0).bit_length()
 
 
 # ----------------------------------------------------------------------------- target and contract
@@ -141,13 +129,13 @@ def _vec_bytes(*byte_sizes: int, es: int) -> int:
 
 
 # ----------------------------------------------------------------------------- emission context
-class _L(EW._E):
+class LdmAsm(EW.ElementwiseAsm):
     """The GPU emission context with loads and stores in the LDM, a 32-lane warp team, the target's
     register limit, and the double-buffered DMA pipeline."""
 
     def __init__(self, name: str, params, dt: str, VB: int, shared: int, caps):
         super().__init__(name, params, dt, VB, "warp", 32)
-        self.a = _Asm(name, params, shared, limit=caps.max_regs_per_thread)
+        self.a = Asm(name, params, shared, limit=caps.max_regs_per_thread)
         self.npipe = 0
         self.nlab = 0
 
@@ -173,7 +161,7 @@ class _L(EW._E):
         if self.dt == "fp32":
             self.words(_LDS, v, addr, off, n, p)
             return v
-        lo, hi = _CVT_IN[self.dt]
+        lo, hi = CVT_IN[self.dt]
         if n == 1:
             a("ld.shared.u16", v, Mem(addr, off), p=p)
             a(lo, v, v)
@@ -192,7 +180,7 @@ class _L(EW._E):
         if self.dt == "fp32":
             self.words(_STS, v, addr, off, n, store=True)
             return
-        cvt = _CVT_OUT[self.dt]
+        cvt = CVT_OUT[self.dt]
         if n == 1:
             pk = a.reg()
             a(cvt, pk, v, v)
@@ -214,11 +202,11 @@ class _L(EW._E):
         self.p0 = a.pred()
         a("setp.eq.i64", self.p0, t, 0)
         self.j0v = a.reg()
-        a("shl.b64", self.j0v, t, _log2(self.VB))
+        a("shl.b64", self.j0v, t, log2(self.VB))
         self.j0s = None
         if self.V > 1:
             self.j0s = a.reg()
-            a("shl.b64", self.j0s, t, _log2(self.es))
+            a("shl.b64", self.j0s, t, log2(self.es))
         a.free(t)
 
     def imm(self, v: int) -> Reg:
@@ -276,9 +264,9 @@ def _scale_off(e, dst: Reg, src: Reg, frm: int, to: int) -> None:
     """dst = src * to / frm for power-of-two element sizes: a byte offset in an array of frm-byte
     elements -> the same element's offset in an array of to-byte elements (e.g. 2 -> 4: into f32)."""
     if to > frm:
-        e("shl.b64", dst, src, _log2(to // frm))
+        e("shl.b64", dst, src, log2(to // frm))
     elif to < frm:
-        e("shr.u64", dst, src, _log2(frm // to))
+        e("shr.u64", dst, src, log2(frm // to))
     else:
         e("mov.b64", dst, src)
 
@@ -287,7 +275,8 @@ def _grid_launch(caps, needed: int) -> Launch:
     return Launch((max(1, min(int(needed), caps.cores_total)), 1, 1), (32, 1, 1), spread=True)
 
 
-def _build(e: _L, caps):
+def build_checked(e: LdmAsm, caps):
+    """e's program, checked against the target (archsim.isa.check)."""
     prog = e.build()
     check(prog, caps)
     return prog
@@ -299,7 +288,7 @@ def _try_vb(make: Callable, vbs) -> tuple:
     for vb in vbs:
         try:
             return make(vb)
-        except _OutOfRegisters as ex:
+        except OutOfRegisters as ex:
             last = ex
     raise InputError("elementwise kernel", f"needs more registers than the target allows ({last})",
                      "a target with more registers per thread")
@@ -315,33 +304,33 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     op = spec.op
     _target(op, caps)
     dt = spec.dtype
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     n = int(dict(spec.scalars)["n"])
     ins = [b.name for b in spec.inputs]
     outs = [b.name for b in spec.outputs]
     nbuf = len(ins) + len(outs)
     nb = n * es
     G = caps.cores_total
-    cap = min(FLAT_CHUNK_MAX, _pow2_floor(caps.scratchpad_bytes // (2 * nbuf)))
-    CHB = max(min(512, cap), min(cap, _pow2_ceil(_ceil(nb, 3 * G))))
+    cap = min(FLAT_CHUNK_MAX, pow2_floor(caps.scratchpad_bytes // (2 * nbuf)))
+    CHB = max(min(512, cap), min(cap, pow2_ceil(ceil_div(nb, 3 * G))))
     setb = nbuf * CHB
     VB = 16
-    e = _L(f"{op}_{dt}_sw_c{CHB}", tuple(b.name for b in spec.buffers) + ("n",), dt, VB, 2 * setb, caps)
+    e = LdmAsm(f"{op}_{dt}_sw_c{CHB}", tuple(b.name for b in spec.buffers) + ("n",), dt, VB, 2 * setb, caps)
     e.lanes()
     k, step, nbr, kend = e.reg(), e.reg(), e.reg(), e.reg()
     e("s2r", k, "%ctaid.x")
     e("s2r", step, "%nctaid.x")
     e("ldparam", nbr, "n")
-    e("shl.b64", nbr, nbr, _log2(es))
+    e("shl.b64", nbr, nbr, log2(es))
     e("add.i64", kend, nbr, CHB - 1)
-    e("shr.u64", kend, kend, _log2(CHB))
+    e("shr.u64", kend, kend, log2(CHB))
     e.const(1.0)
     e.const(0.5)
     off_of = {name: i * CHB for i, name in enumerate(ins + outs)}
 
     def span(kk):
         off, ln = e.reg(), e.reg()
-        e("shl.b64", off, kk, _log2(CHB))
+        e("shl.b64", off, kk, log2(CHB))
         e("sub.i64", ln, nbr, off)
         e("min.i64", ln, ln, CHB)
         return off, ln
@@ -386,14 +375,14 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     e.pipeline(k, step, kend, setb, lambda kk, b: dmas(kk, b, ins, False), body, lambda kk, b: dmas(kk, b, outs, True))
     e("dma.wait", 0)
     e("exit")
-    prog = _build(e, caps)
-    return _kernel(spec, prog, _grid_launch(caps, _ceil(nb, CHB)), "flat", VB)
+    prog = build_checked(e, caps)
+    return _kernel(spec, prog, _grid_launch(caps, ceil_div(nb, CHB)), "flat", VB)
 
 
 def _m_gelu(e, v, k):
     x = v["x"]
     t = e.reg(k)
-    EW._gelu_f(e, x, k, t)
+    EW.gelu_tanh(e, x, k, t)
     for i in range(k):
         e("mul.f32", x + i, x + i, 0.5)
         e("fma.f32", x + i, x + i, t + i, x + i)
@@ -405,7 +394,7 @@ def _m_gelu_grad(e, v, k):
     x, dy = v["x"], v["dy"]
     one, half = e.const(1.0), e.const(0.5)
     t, s = e.reg(k), e.reg()
-    EW._gelu_f(e, x, k, t)
+    EW.gelu_tanh(e, x, k, t)
     for i in range(k):
         e("neg.f32", s, t + i)
         e("fma.f32", s, s, t + i, one)
@@ -500,7 +489,7 @@ class _Rows:
     """Driver of a row kernel. code(D) emits the work of one row (D.row) with D.sweep(...) for each
     pass over it; D.p[name] are the LDM pointers of the streams (inside a sweep's elem)."""
 
-    def __init__(self, e: _L, spec: _RowSpec, team: str, geo: dict):
+    def __init__(self, e: LdmAsm, spec: _RowSpec, team: str, geo: dict):
         self.e, self.spec, self.team, self.geo = e, spec, team, geo
         self.ce = None
 
@@ -557,13 +546,13 @@ class _Rows:
         e("mov.b64", c, 0)
         if kept and self.ce is not None:
             e("add.i64", nch, self.ce, CWB - 1)
-            e("shr.u64", nch, nch, _log2(CWB))
+            e("shr.u64", nch, nch, log2(CWB))
         else:
-            e("mov.b64", nch, _ceil(WB, CWB))
+            e("mov.b64", nch, ceil_div(WB, CWB))
 
         def span(cc):
             off, ln = e.reg(), e.reg()
-            e("shl.b64", off, cc, _log2(CWB))
+            e("shl.b64", off, cc, log2(CWB))
             e("sub.i64", ln, self.wb_r, off)
             e("min.i64", ln, ln, CWB)
             return off, ln
@@ -782,8 +771,8 @@ def _row_geometry(caps, spec: _RowSpec, rows: int, es: int, team: Optional[str],
         raise InputError(f"{op} on {caps.name}", f"team 'rows' needs one row of every buffer, double buffered, in "
                          f"the LDM: {fixed + 2 * rows_set(1)} bytes > {L}", "team None or 'chunks' (column chunks)")
     if team == "rows" or (team is None and fits):
-        rpc = _ceil(rows, caps.cores_total)
-        rb = max(1, _ceil(rpc, CHUNKS_PER_CPE))
+        rpc = ceil_div(rows, caps.cores_total)
+        rb = max(1, ceil_div(rpc, CHUNKS_PER_CPE))
         while rb > 1 and fixed + 2 * rows_set(rb) > L:
             rb -= 1
         off, pos = {}, 0
@@ -802,10 +791,10 @@ def _row_geometry(caps, spec: _RowSpec, rows: int, es: int, team: Optional[str],
         setb = pos - base
         # the set offset is added to a register: sets are [base, base+setb) and [base+setb, base+2 setb)
         return "rows", dict(rb=rb, wb=wb, tiles_in=tiles_in, tiles_out=tiles_out, off=off, setb=setb,
-                            shared=base + 2 * setb, scratch=off["_scratch"], blocks=_ceil(rows, rb))
+                            shared=base + 2 * setb, scratch=off["_scratch"], blocks=ceil_div(rows, rb))
     names = [s.name for s in spec.ins + spec.outs + spec.vecs]
-    cap = _pow2_floor(L // (2 * len(names)))
-    cwb = max(64, min(cap, _pow2_ceil(_ceil(wb, 4))))
+    cap = pow2_floor(L // (2 * len(names)))
+    cwb = max(64, min(cap, pow2_ceil(ceil_div(wb, 4))))
     if cwb > cap:
         raise InputError(f"{op} on {caps.name}", f"{len(names)} double-buffered column chunks of 64 bytes do not "
                          f"fit the LDM of {L} bytes", "a target with a larger LDM")
@@ -818,15 +807,15 @@ def _row_kernel(spec_k: ElementwiseKernel, caps, rs: _RowSpec, team, vb_sizes: t
                 setup: Callable, tag: str = "") -> ElementwiseKernel:
     op = spec_k.op
     dt = spec_k.dtype
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     rows = int(dict(spec_k.scalars)["rows"])
     tm, geo = _row_geometry(caps, rs, rows, es, _team(team), op)
     params = tuple(b.name for b in spec_k.buffers) + tuple(n for n, _ in spec_k.scalars)
 
     def make(vb):
-        e = _L(f"{op}_{dt}_sw_{tm}_v{vb}{tag}", params, dt, vb, geo["shared"], caps)
+        e = LdmAsm(f"{op}_{dt}_sw_{tm}_v{vb}{tag}", params, dt, vb, geo["shared"], caps)
         _Rows(e, rs, tm, geo).emit(code, setup)
-        return _build(e, caps), vb
+        return build_checked(e, caps), vb
 
     vb0 = _vec_bytes(*vb_sizes, es=es)
     prog, vb = _try_vb(make, [v for v in (16, 8, 4, 2) if es <= v <= vb0 and (v == vb0 or v >= es)])
@@ -868,7 +857,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
 
     def code(D):
         e, c = D.e, st["c"]
-        D.set_kept(EW._mask_setup(e, D.row, causal, st["cols_b"]) if causal else None)
+        D.set_kept(EW.kept_end(e, D.row, causal, st["cols_b"]) if causal else None)
         m = e.reg()
         e("mov.f32", m, -F32_MAX)
 
@@ -936,7 +925,7 @@ def softmax_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float
         if causal:
             e.free(D.ce)
 
-    return _row_kernel(sk, caps, rs, team, (ld * _ES[sk.dtype],), code, setup, "_causal" if causal else "")
+    return _row_kernel(sk, caps, rs, team, (ld * ELEM_BYTES[sk.dtype],), code, setup, "_causal" if causal else "")
 
 
 def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: float = 1.0, causal: bool = False,
@@ -954,7 +943,7 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
 
     def code(D):
         e, c = D.e, st["c"]
-        D.set_kept(EW._mask_setup(e, D.row, causal, D.wb_r) if causal else None)
+        D.set_kept(EW.kept_end(e, D.row, causal, D.wb_r) if causal else None)
         acc = e.reg()
         e("mov.f32", acc, 0.0)
 
@@ -994,7 +983,7 @@ def softmax_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", scale: 
         if causal:
             e.free(D.ce)
 
-    return _row_kernel(sk, caps, rs, team, (ld * _ES[sk.dtype],), code, setup, "_causal" if causal else "")
+    return _row_kernel(sk, caps, rs, team, (ld * ELEM_BYTES[sk.dtype],), code, setup, "_causal" if causal else "")
 
 
 # ----------------------------------------------------------------------------- layernorm / rmsnorm
@@ -1079,7 +1068,7 @@ def _norm_fwd(sk: ElementwiseKernel, caps, rows: int, cols: int, team, ln: bool)
         if ln:
             e.free(mean)
 
-    return _row_kernel(sk, caps, rs, team, (cols * _ES[sk.dtype],), code, setup)
+    return _row_kernel(sk, caps, rs, team, (cols * ELEM_BYTES[sk.dtype],), code, setup)
 
 
 def layernorm_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
@@ -1174,7 +1163,7 @@ def _norm_dx(sk: ElementwiseKernel, caps, rows: int, cols: int, team, ln: bool) 
         if ln:
             e.free(mean)
 
-    return _row_kernel(sk, caps, rs, team, (cols * _ES[sk.dtype],), code, setup)
+    return _row_kernel(sk, caps, rs, team, (cols * ELEM_BYTES[sk.dtype],), code, setup)
 
 
 WS_ROWS = 8                  # choice: workspace rows a step of the workspace sum fetches (DMAs in flight)
@@ -1192,14 +1181,14 @@ def _colsum_geometry(caps, rows: int, cols: int, es: int, nout: int) -> dict:
 
     cw = cols
     if need(cw, 1) > L:
-        cw = _pow2_floor(cols)
+        cw = pow2_floor(cols)
         while cw > 1 and need(cw, 1) > L:
             cw //= 2
-    ncc = _ceil(cols, cw)
-    Q = max(1, min(_ceil(G, ncc), rows // COLSUM_MIN_ROWS))
-    rq = _ceil(rows, Q)
-    Q = _ceil(rows, rq)
-    rb = max(1, _ceil(rq, CHUNKS_PER_CPE))
+    ncc = ceil_div(cols, cw)
+    Q = max(1, min(ceil_div(G, ncc), rows // COLSUM_MIN_ROWS))
+    rq = ceil_div(rows, Q)
+    Q = ceil_div(rows, rq)
+    rb = max(1, ceil_div(rq, CHUNKS_PER_CPE))
     while rb > 1 and need(cw, rb) > L:
         rb -= 1
     return dict(cw=cw, ncc=ncc, Q=Q, rq=rq, rb=rb)
@@ -1211,7 +1200,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
     streams tiles of rb rows through the LDM; for each column vector of the chunk the tile's rows
     are summed in registers and added to f32 partial sums in the LDM; at the end the unit stores
     its partial sums (Q = 1: dgamma / dbeta in the storage dtype; else ws[q] in f32)."""
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     nout = 2 if ln else 1
     geo = _colsum_geometry(caps, rows, cols, es, nout)
     cw, ncc, Q, rq, rb = geo["cw"], geo["ncc"], geo["Q"], geo["rq"], geo["rb"]
@@ -1247,8 +1236,8 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
     params = tuple(b.name for b in bufs) + ("rows", "cols")
 
     def make(vb):
-        e = _L(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_sw_v{vb}{'_partial' if partial else ''}", params,
-               dt, vb, shared, caps)
+        e = LdmAsm(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_sw_v{vb}{'_partial' if partial else ''}",
+                   params, dt, vb, shared, caps)
         e.lanes()
         a = e.a
         u, ustep, nunit, rows_r = e.reg(), e.reg(), e.reg(), e.reg()
@@ -1429,7 +1418,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
         e("bra", top)
         a.label(done)
         e("exit")
-        return _build(e, caps), vb
+        return build_checked(e, caps), vb
 
     prog, vb = _try_vb(make, [v for v in (16, 8, 4) if v >= es and (cwb % v == 0 or ncc == 1 and cols * es % v == 0)]
                        + [es])
@@ -1446,15 +1435,15 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
     o, column chunk c); a unit streams the chunk of the ws rows through the LDM, WS_ROWS rows a
     step (one DMA a row, the steps double buffered), adds them to f32 sums in the LDM, converts and
     puts the chunk."""
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     nout = len(finals)
     G = caps.cores_total
     L = caps.scratchpad_bytes
-    cw = max(32, _pow2_ceil(_ceil(nout * cols, G)))    # f32 columns of a chunk
-    cw = min(cw, _pow2_floor(cols))
+    cw = max(32, pow2_ceil(ceil_div(nout * cols, G)))  # f32 columns of a chunk
+    cw = min(cw, pow2_floor(cols))
     while cw > 32 and cw * 4 + cw * es + 2 * cw * 4 + 3 * ALIGN > L:
         cw //= 2
-    ncc = _ceil(cols, cw)
+    ncc = ceil_div(cols, cw)
     R = min(WS_ROWS, Q)
     while R > 1 and _al(cw * 4) + _al(cw * es) + 2 * R * _al(cw * 4) > L:
         R //= 2
@@ -1465,7 +1454,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
     params = ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks")
 
     def make(vb):
-        e = _L(f"grad_params_sum_{dt}_{nout}_sw_v{vb}", params, dt, vb, shared, caps)
+        e = LdmAsm(f"grad_params_sum_{dt}_{nout}_sw_v{vb}", params, dt, vb, shared, caps)
         e.lanes()
         a = e.a
         u, ustep, pu = e.reg(), e.reg(), a.pred()
@@ -1576,7 +1565,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         if dt == "fp32":
             e("st.shared.b32", Mem(ad, off_out), v)
         else:
-            e(_CVT_OUT[dt], v, v, v)
+            e(CVT_OUT[dt], v, v, v)
             e("st.shared.b16", Mem(ad, off_out), v)
         e("add.i64", jj, jj, 128)
         e("bra", lab)
@@ -1606,7 +1595,7 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
         e("bra", top)
         a.label(done)
         e("exit")
-        return _build(e, caps), vb
+        return build_checked(e, caps), vb
 
     prog, vb = make(4)
     ws = Buf("ws", (Q, nout * cols), "fp32", False, scratch=True)
@@ -1663,7 +1652,7 @@ def _swiglu(sk: ElementwiseKernel, caps, rows: int, ffn: int, team, grad: bool) 
             s = e.reg()
             if not grad:
                 for i in range(n):
-                    EW._sigmoid(e, g + i, s)
+                    EW.sigmoid(e, g + i, s)
                     e("mul.f32", g + i, g + i, s)
                     e("mul.f32", g + i, g + i, u + i)
                 e("add.i64", ad, D.p["y"], j)
@@ -1673,7 +1662,7 @@ def _swiglu(sk: ElementwiseKernel, caps, rows: int, ffn: int, team, grad: bool) 
                 d = e.load(ad, n)
                 w = e.reg()
                 for i in range(n):
-                    EW._sigmoid(e, g + i, s)
+                    EW.sigmoid(e, g + i, s)
                     e("mul.f32", w, g + i, s)
                     e("mul.f32", u + i, u + i, d + i)
                     e("mul.f32", d + i, d + i, w)
@@ -1692,7 +1681,7 @@ def _swiglu(sk: ElementwiseKernel, caps, rows: int, ffn: int, team, grad: bool) 
 
         D.sweep(("g", "u") + (("dy",) if grad else ()), ("dg", "du") if grad else ("y",), elem)
 
-    es = _ES[sk.dtype]
+    es = ELEM_BYTES[sk.dtype]
     return _row_kernel(sk, caps, rs, team, (ffn * es,), code, setup)
 
 

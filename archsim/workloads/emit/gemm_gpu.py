@@ -54,10 +54,10 @@ an Ampere CUTLASS-style kernel is:
 - Block raster (``_tile_origin``): the block's C tile comes from its linear index in grouped
   order, groups of ``group`` tile rows along the dimension with fewer tiles sweeping the other
   (CUTLASS's threadblock swizzle, Triton's grouped ordering), so the blocks of a wave share their
-  A and B panels in L2; x-major order over a wide grid fetched each B panel once per M tile.
-  Every block walks k from its first tile, so the blocks sharing a panel read it together (an
-  earlier per-block k rotation against partition camping defeated that sharing; the L2 slice
-  hash keeps the channels even).
+  A and B panels in L2 (x-major order over a wide grid fetches each B panel once per M tile).
+  Every block walks k from its first tile, so the blocks sharing a panel read it together (a
+  per-block k rotation against partition camping would defeat that sharing; the L2 slice hash
+  keeps the channels even).
 - Epilogue: f32 out with st.global.v2.b32 (8 bytes: two adjacent columns), f16 / bf16 out
   converted with cvt.{f16x2,bf16x2}.f32 and stored 4 bytes at a time, for blocks fully inside C
   with ldc and C's strides even (checked at run time); otherwise each element is stored under its
@@ -98,21 +98,21 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from archsim.errors import InputError
-from archsim.isa.builder import Builder, Mem, Pred, Reg
+from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
+from archsim.workloads.emit.common import (CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, OUT_BYTES,
+                                          OUT_DTYPE_ALIASES, Asm, OutOfRegisters, ceil_div, check_int, check_pair,
+                                          log2, one_to_one, swizzle_offset)
 
 __all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "PARAMS", "MAX_BATCH"]
 
-_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-           "tf32": "tf32", "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
-_OUTS = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "half": "f16",
-         "float16": "f16", "bf16": "bf16", "bfloat16": "bf16"}
-_ELEM_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp32": 4}
-_OUT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
-_MMA = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16", "tf32": "mma.m16n8k8.f32.tf32"}
-_HOST = {"fp16": np.float16, "bf16": np.uint16, "tf32": np.float32, "fp32": np.float32,
-         "f32": np.float32, "f16": np.float16}
+# the storage dtypes' tables and tf32 (fp32 buffers the tensor units read with 10 mantissa bits);
+# _HOST also takes the output dtypes
+_DTYPES = {**DTYPE_ALIASES, "tf32": "tf32"}
+_ELEM_BYTES = {**ELEM_BYTES, "tf32": 4}
+_MMA = {**MMA_OP, "tf32": "mma.m16n8k8.f32.tf32"}
+_HOST = {**HOST_DTYPE, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
 
 # (BM, BN, warps along M, warps along N) of the tensor-core kernel, largest first
 MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
@@ -245,7 +245,7 @@ class GemmKernel:
 
     def buffer_bytes(self) -> dict:
         """Bytes of each buffer (for ``Unbacked(nbytes)`` in timing runs)."""
-        es, os_ = _ELEM_BYTES[self.dtype], _OUT_BYTES[self.out_dtype]
+        es, os_ = _ELEM_BYTES[self.dtype], OUT_BYTES[self.out_dtype]
         return {"A": self.extent("A") * es, "B": self.extent("B") * es, "C": self.extent("C") * os_}
 
     def args(self, A, B, C) -> dict:
@@ -322,7 +322,7 @@ def to_host(x: np.ndarray, dtype: str) -> np.ndarray:
 
 def to_float(x: np.ndarray, dtype: str) -> np.ndarray:
     """A buffer in the format of ``dtype`` (bf16 bits, f16, f32) -> float64 values."""
-    dtype = _OUTS.get(dtype, _DTYPES.get(dtype))
+    dtype = OUT_DTYPE_ALIASES.get(dtype, _DTYPES.get(dtype))
     if dtype == "bf16":
         return (np.asarray(x, np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return np.asarray(x).astype(np.float64)
@@ -336,68 +336,6 @@ def gemm_reference(A, B, dtype: str, trans_b: bool = False, trans_a: bool = Fals
 
 
 # ----------------------------------------------------------------------------- emission helpers
-class _Asm:
-    """A Builder with a register / predicate pool (registers are freed and reused)."""
-
-    def __init__(self, name: str, params, shared: int, limit: int = 255):
-        self.b = Builder(name, params=params, shared_bytes=shared)
-        self.busy = [False] * limit
-        self.pbusy = [False] * 8
-
-    def __call__(self, mnemonic: str, *ops, p: Optional[Pred] = None, neg: bool = False) -> None:
-        self.b.emit(mnemonic, *ops, pred=p, neg=neg)
-
-    def reg(self, k: int = 1) -> Reg:
-        """The lowest run of k free registers (first fit), now busy."""
-        busy = self.busy
-        if k <= 0:
-            return Reg(0)         # an empty run (as before: nothing marked busy)
-        run = 0
-        for i, b in enumerate(busy):
-            run = 0 if b else run + 1
-            if run == k:
-                s = i - k + 1
-                busy[s:i + 1] = [True] * k
-                return Reg(s)
-        raise _OutOfRegisters(f"needs more than {len(busy)} registers")
-
-    def free(self, *regs, k: int = 1) -> None:
-        for r in regs:
-            for i in range(r.n, r.n + k):
-                assert self.busy[i], f"r{i} freed twice"
-                self.busy[i] = False
-
-    def pred(self) -> Pred:
-        for i, b in enumerate(self.pbusy):
-            if not b:
-                self.pbusy[i] = True
-                return Pred(i)
-        raise _OutOfRegisters("needs more than 8 predicates")
-
-    def pfree(self, *ps) -> None:
-        for p in ps:
-            self.pbusy[p.n] = False
-
-    def label(self, name: str) -> None:
-        self.b.label(name)
-
-    def build(self) -> Program:
-        return self.b.build()
-
-
-class _OutOfRegisters(Exception):
-    pass
-
-
-def _log2(x: int) -> int:
-    assert x > 0 and x & (x - 1) == 0, x
-    return x.bit_length() - 1
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _copy_width(row_bytes: int, es: int) -> int:
     """The widest copy (16, 8, 4 bytes; 2 = per element) that keeps every row's copies aligned."""
     for cw in (16, 8, 4, 2):
@@ -410,32 +348,7 @@ def _zero_store(cw: int) -> str:
     return {16: "st.shared.v4.b32", 8: "st.shared.v2.b32", 4: "st.shared.b32", 2: "st.shared.b16"}[cw]
 
 
-def _swz(a: _Asm, dst: Reg, row: Reg, cb: Reg, lay: str, RB: int, off: int) -> None:
-    """dst = off + row*RB + (cb ^ (f(row) << 4)): the byte offset of column byte cb of row `row`
-    in a swizzled (or padded) shared-memory tile. dst may be row or cb."""
-    t = a.reg()
-    if lay == "sw64":        # 64-byte rows: chunk c at c ^ ((row/2) % 4)
-        a("shr.u64", t, row, 1)
-        a("and.b64", t, t, 3)
-        a("shl.b64", t, t, 4)
-        a("xor.b64", t, t, cb)
-    elif lay == "sw128":     # rows of 128 bytes or more: chunk c at c ^ (row % 8)
-        a("and.b64", t, row, 7)
-        a("shl.b64", t, t, 4)
-        a("xor.b64", t, t, cb)
-    else:                    # padded rows, no swizzle
-        a("mov.b64", t, cb)
-    if RB & (RB - 1) == 0:
-        a("shl.b64", dst, row, _log2(RB))
-    else:
-        a("mul.i64", dst, row, RB)
-    a("add.i64", dst, dst, t)
-    if off:
-        a("add.i64", dst, dst, off)
-    a.free(t)
-
-
-def _batch_index(a: _Asm) -> tuple[Reg, Reg]:
+def batch_index(a: Asm) -> tuple[Reg, Reg]:
     """(z // nh, z % nh) of this block (z = %ctaid.z) in two new registers: the batch and the head.
     A multiply by the host's magic number and a shift instead of a division (40 cycles on the
     modelled integer pipe; see nh_magic)."""
@@ -451,22 +364,22 @@ def _batch_index(a: _Asm) -> tuple[Reg, Reg]:
     return zb, zh
 
 
-def _batch_ptr(a: _Asm, dst: Reg, buf: str, sb: str, sh: str, es: int, z: tuple[Reg, Reg]) -> None:
+def batch_ptr(a: Asm, dst: Reg, buf: str, sb: str, sh: str, es: int, z: tuple[Reg, Reg]) -> None:
     """dst = buf + (zb*sb + zh*sh) * es: the start of this block's matrix in buffer `buf`
-    (z = (zb, zh) from _batch_index; sb, sh are kernel parameters, so one program serves every
+    (z = (zb, zh) from batch_index; sb, sh are kernel parameters, so one program serves every
     batch)."""
     t = a.reg()
     a("ldparam", t, sb)
     a("mul.i64", t, z[0], t)
     a("ldparam", dst, sh)
     a("mad.i64", t, z[1], dst, t)
-    a("shl.b64", t, t, _log2(es))
+    a("shl.b64", t, t, log2(es))
     a("ldparam", dst, buf)
     a("add.i64", dst, dst, t)
     a.free(t)
 
 
-def _tile_origin(a: _Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
+def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     """m0, n0 = the first row and column of this block's C tile, from its linear index in the
     grid (x-major, the order blocks are dispatched) in grouped raster order, as CUTLASS's
     threadblock swizzle and Triton's grouped ordering do: groups of ``group`` tile rows sweep the
@@ -501,8 +414,8 @@ def _tile_origin(a: _Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     a("div.i64", Q, b, R)                         # tile column
     a("selp.b64", m0, Q, row, pn)
     a("selp.b64", n0, row, Q, pn)
-    a("shl.b64", m0, m0, _log2(c.BM))
-    a("shl.b64", n0, n0, _log2(c.BN))
+    a("shl.b64", m0, m0, log2(c.BM))
+    a("shl.b64", n0, n0, log2(c.BN))
     a.free(b, R, Q, t, g, row)
     a.pfree(pn)
 
@@ -519,7 +432,7 @@ class _Operand:
         self.gregs = []
 
 
-def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg, ld: Reg, kshift: Reg,
+def _plan_copies(a: Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg, ld: Reg, kshift: Reg,
                  ptr: Reg) -> None:
     """Allocate and compute the per-thread shared offsets and global pointers of op's copies.
 
@@ -531,11 +444,11 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
     CPR = op.payload // cw
     total = op.rows * CPR
     if total % T:
-        raise _OutOfRegisters(f"{op.name} tile of {total} copies does not split over {T} threads")
+        raise OutOfRegisters(f"{op.name} tile of {total} copies does not split over {T} threads")
     n = total // T
     if T % CPR == 0:
         rb = a.reg()
-        a("shr.u64", rb, tid, _log2(CPR))
+        a("shr.u64", rb, tid, log2(CPR))
         cbase = a.reg()
         a("and.b64", cbase, tid, CPR - 1)
         items = [((T // CPR) * i, 0) for i in range(n)]
@@ -546,7 +459,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
         a("mov.b64", cbase, tid)
         items = [(i // m, T * (i % m) * cw) for i in range(n)]
     cb = cbase
-    a("shl.b64", cb, cbase, _log2(cw))            # column byte of the thread's chunk
+    a("shl.b64", cb, cbase, log2(cw))             # column byte of the thread's chunk
     swizzled = op.lay != "pad"
     sreg = {}
     greg = {}
@@ -559,7 +472,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
             else:
                 a("add.i64", r, rb, skey[0])
             a("add.i64", c, cb, skey[1])
-            _swz(a, r, r, c, op.lay, op.RB, op.off)
+            swizzle_offset(a, r, r, c, op.lay, op.RB, op.off)
             a.free(c)
             sreg[skey] = r
         simm = (dr - skey[0]) * op.RB + (dcb - skey[1])
@@ -576,7 +489,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
                 a("min.i64", g, g, lim)                 # clamp to the last row
                 a("mul.i64", g, g, ld)
                 a("add.i64", g, g, kshift)
-                a("shl.b64", g, g, _log2(es))
+                a("shl.b64", g, g, log2(es))
                 a("add.i64", g, g, ptr)
                 a("add.i64", g, g, cb)
                 greg[gkey] = g
@@ -586,7 +499,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
             if gkey not in greg:
                 g, t = a.reg(), a.reg()
                 a("add.i64", t, cb, dcb)
-                a("shr.u64", t, t, _log2(es))
+                a("shr.u64", t, t, log2(es))
                 a("add.i64", t, t, rowbase)             # n0 + column
                 a("min.i64", t, t, lim)                 # clamp the chunk to N - cw/es
                 if rb is None:
@@ -596,7 +509,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
                     if dr:
                         a("add.i64", g, g, dr)
                 a("mad.i64", g, g, ld, t)
-                a("shl.b64", g, g, _log2(es))
+                a("shl.b64", g, g, log2(es))
                 a("add.i64", g, g, ptr)
                 a.free(t)
                 greg[gkey] = g
@@ -607,7 +520,7 @@ def _plan_copies(a: _Asm, op: _Operand, T: int, tid: Reg, rowbase: Reg, lim: Reg
     op.rb, op.cb = rb, cb   # kept for the tile-0 validity test
 
 
-def _emit_copies(a: _Asm, op: _Operand, stage: Optional[Reg], guard: Optional[Pred], tile0: bool,
+def _emit_copies(a: Asm, op: _Operand, stage: Optional[Reg], guard: Optional[Pred], tile0: bool,
                  kshift: Optional[Reg], zero: Reg) -> None:
     """Copy one k tile of op into the stage at byte offset `stage` (None: 0).
     tile0: the residue tile (k from kshift <= 0): chunks at k < 0 are zero-filled instead."""
@@ -629,7 +542,7 @@ def _emit_copies(a: _Asm, op: _Operand, stage: Optional[Reg], guard: Optional[Pr
             return
         t = a.reg()
         if op.kind in ("A", "Bt"):
-            a("shr.u64", t, op.cb, _log2(op.es))
+            a("shr.u64", t, op.cb, log2(op.es))
             a("add.i64", t, t, kshift)
             a("setp.ge.i64", pv, t, -(dcb // op.es))
         else:
@@ -673,7 +586,7 @@ def _emit_copies(a: _Asm, op: _Operand, stage: Optional[Reg], guard: Optional[Pr
             a.free(t)
 
 
-def _copy_ops(a: _Asm, op: _Operand, base: dict, guard: Optional[Pred]) -> list:
+def _copy_ops(a: Asm, op: _Operand, base: dict, guard: Optional[Pred]) -> list:
     """The steady-state copies of one k tile of op as a list of emitters (one per instruction
     group), so that the main loop can spread them between its mma. `base`: sreg -> register holding
     stage + sreg."""
@@ -696,7 +609,7 @@ def _copy_ops(a: _Asm, op: _Operand, base: dict, guard: Optional[Pred]) -> list:
     return [per_element]
 
 
-def _interleave(a: _Asm, mmas: list, others: list) -> None:
+def _interleave(a: Asm, mmas: list, others: list) -> None:
     """Emit the mma with the other instructions spread evenly between them (front-loaded), as
     CUTLASS's warp-level software pipeline does: an in-order warp then never holds a run of memory
     instructions in front of its tensor work."""
@@ -718,7 +631,7 @@ def _emit_mma(c: _Cfg) -> Program:
     WTM, WTN = c.BM // c.WM, c.BN // c.WN
     MI, NI = WTM // 16, WTN // 8
     if MI < 1 or NI < 2 or NI % 2:
-        raise _OutOfRegisters("warp tile too small")
+        raise OutOfRegisters("warp tile too small")
     KB = c.kb                         # bytes of a k tile row: 64 or 128
     BK = KB // es                     # elements per k tile
     NSTEP = KB // 32                  # mma k-steps per k tile (32 bytes of k each)
@@ -733,7 +646,7 @@ def _emit_mma(c: _Cfg) -> Program:
     else:                # tf32 A^T: scalar reads from padded rows, like tf32 B
         a_rows, a_payload = BK, c.BM * 4
         a_RB, a_lay = a_payload + 32, "pad"
-    A_BYTES = _ceil(a_rows * a_RB, 128) * 128
+    A_BYTES = ceil_div(a_rows * a_RB, 128) * 128
     if c.trans_b:
         b_rows, b_payload, b_RB, b_lay = c.BN, KB, KB, lay_k
     elif es == 2:
@@ -743,11 +656,11 @@ def _emit_mma(c: _Cfg) -> Program:
         b_rows, b_payload = BK, c.BN * 4
         b_RB, b_lay = b_payload + 32, "pad"
     B_OFF = A_BYTES
-    SB = _ceil(A_BYTES + b_rows * b_RB, 128) * 128
-    osz = _OUT_BYTES[c.out]
+    SB = ceil_div(A_BYTES + b_rows * b_RB, 128) * 128
+    osz = OUT_BYTES[c.out]
     name = (f"gemm_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}"
             f"_{c.BM}x{c.BN}x{BK}_s{S}")
-    a = _Asm(name, PARAMS, S * SB)
+    a = Asm(name, PARAMS, S * SB)
 
     # big register blocks first: accumulators, two fragment buffers
     acc = a.reg(MI * NI * 4)
@@ -771,15 +684,15 @@ def _emit_mma(c: _Cfg) -> Program:
     a("ldparam", Kr, "K")
     nt = a.reg()
     a("add.i64", nt, Kr, BK - 1)
-    a("shr.u64", nt, nt, _log2(BK))               # k tiles
+    a("shr.u64", nt, nt, log2(BK))                # k tiles
     kshift = a.reg()
-    a("shl.b64", kshift, nt, _log2(BK))
+    a("shl.b64", kshift, nt, log2(BK))
     a("sub.i64", kshift, Kr, kshift)              # K - nt*BK <= 0: first k of tile 0
     lim, ld = a.reg(), a.reg()
     pA, pB = a.reg(), a.reg()                     # this block's matrices
-    z = _batch_index(a)
-    _batch_ptr(a, pA, "A", "sa_b", "sa_h", es, z)
-    _batch_ptr(a, pB, "B", "sb_b", "sb_h", es, z)
+    z = batch_index(a)
+    batch_ptr(a, pA, "A", "sa_b", "sa_h", es, z)
+    batch_ptr(a, pB, "B", "sb_b", "sb_h", es, z)
     a.free(*z)
     a("ldparam", ld, "lda")
     if c.trans_a:
@@ -817,7 +730,7 @@ def _emit_mma(c: _Cfg) -> Program:
     lane, warp, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
     a("and.b64", lane, tid, 31)
     a("shr.u64", warp, tid, 5)
-    a("shr.u64", t1, warp, _log2(c.WN))
+    a("shr.u64", t1, warp, log2(c.WN))
     a("mul.i64", t1, t1, WTM)                     # first row (A^T: column) of the warp tile
     if not c.trans_a:
         # A: lane L points at row wm*WTM + L%16, logical chunk L/16 (+2s for k-step s)
@@ -826,7 +739,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("add.i64", t1, t1, t2)
         a("shr.u64", t2, lane, 4)
         a("shl.b64", t2, t2, 4)
-        _swz(a, aA[0], t1, t2, lay_k, KB, 0)
+        swizzle_offset(a, aA[0], t1, t2, lay_k, KB, 0)
         for s_ in range(1, NSTEP):
             a("xor.b64", aA[s_], aA[0], 32 * s_)
     elif es == 2:
@@ -846,7 +759,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("shl.b64", t3, t3, 3)
         a("add.i64", t1, t1, t3)
         a.free(t3)
-        _swz(a, aA[0], t1, t2, a_lay, a_RB, 0)
+        swizzle_offset(a, aA[0], t1, t2, a_lay, a_RB, 0)
         for mi in range(1, MI):
             a("xor.b64", aA[mi], aA[0], 32 * mi)
     else:
@@ -871,7 +784,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("shr.u64", t2, lane, 3)
         a("and.b64", t2, t2, 1)
         a("shl.b64", t2, t2, 4)
-        _swz(a, bB[0], t1, t2, lay_k, KB, B_OFF)
+        swizzle_offset(a, bB[0], t1, t2, lay_k, KB, B_OFF)
         for s_ in range(1, NSTEP):
             a("xor.b64", bB[s_], bB[0], 32 * s_)
     elif es == 2:
@@ -883,7 +796,7 @@ def _emit_mma(c: _Cfg) -> Program:
         a("shl.b64", t2, t2, 4)
         a("add.i64", t2, t2, t1)
         a("and.b64", t1, lane, 15)
-        _swz(a, bB[0], t1, t2, b_lay, b_RB, B_OFF)
+        swizzle_offset(a, bB[0], t1, t2, b_lay, b_RB, B_OFF)
         for j in range(1, NI // 2):
             a("xor.b64", bB[j], bB[0], 32 * j)
     else:
@@ -1029,7 +942,7 @@ def _emit_mma(c: _Cfg) -> Program:
     return a.build()
 
 
-def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
+def _aligned(a: Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
     """dst = (params...) & mask: zero when every named parameter (ldc, C's strides) is a multiple
     of mask + 1, so that vector stores of mask + 1 elements stay aligned in every row and matrix."""
     a("ldparam", dst, params[0])
@@ -1039,7 +952,7 @@ def _aligned(a: _Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
     a("and.b64", dst, dst, mask)
 
 
-def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: Optional[str],
+def _staged_store(a: Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: Optional[str],
                   RS: int, tid: Reg, ldc: Reg, tmp: tuple, pf: Pred, p: Pred, origin: tuple) -> None:
     """The 16-byte store path (see _epilogue) for a full block (pf) whose ldc and C strides are
     multiples of 16 bytes; other blocks fall through (``origin``: the registers holding the tile's
@@ -1061,7 +974,7 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a("bar.sync")                                      # every warp is done with the k tiles' stages
     # the thread's fragment corner in the tile: row wm*WTM + lane/4, column wn*WTN + 2*(lane%4)
     a("shr.u64", t1, tid, 5)
-    a("shr.u64", t1, t1, _log2(c.WN))
+    a("shr.u64", t1, t1, log2(c.WN))
     a("mul.i64", t1, t1, WTM)
     a("and.b64", t2, tid, 31)
     a("shr.u64", t2, t2, 2)
@@ -1073,7 +986,7 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a("and.b64", t3, tid, 3)
     a("shl.b64", t3, t3, 1)
     a("add.i64", t2, t2, t3)
-    a("shl.b64", t2, t2, _log2(osz))
+    a("shl.b64", t2, t2, log2(osz))
     a("add.i64", t1, t1, t2)                           # shared byte offset of the corner
     for q in range(2 * MI):
         mi, h = divmod(q, 2)
@@ -1089,16 +1002,16 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a("bar.sync")
     a("bra", "VEC4", p=p, neg=True)
     # thread: chunk tid % CPR of rows tid / CPR + RPI*i; C tile at m0, n0 of this block's matrix
-    a("shr.u64", t1, tid, _log2(CPR))                  # first row
+    a("shr.u64", t1, tid, log2(CPR))                   # first row
     a("and.b64", t2, tid, CPR - 1)                     # chunk
-    a("shl.b64", t4, t2, _log2(16 // osz))
+    a("shl.b64", t4, t2, log2(16 // osz))
     a("add.i64", t4, t4, origin[1])                    # column n0 + chunk * elements a chunk
     a("add.i64", t3, origin[0], t1)                    # row m0 + first row
     a("mad.i64", t4, t3, ldc, t4)
-    z = _batch_index(a)
-    _batch_ptr(a, t5, "C", "sc_b", "sc_h", osz, z)
+    z = batch_index(a)
+    batch_ptr(a, t5, "C", "sc_b", "sc_h", osz, z)
     a.free(*z)
-    a("shl.b64", t4, t4, _log2(osz))
+    a("shl.b64", t4, t4, log2(osz))
     a("add.i64", t5, t5, t4)                           # global address of the first chunk
     a("mul.i64", t1, t1, RS)
     a("shl.b64", t2, t2, 4)
@@ -1115,7 +1028,7 @@ def _staged_store(a: _Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: i
     a.label("VEC4")
 
 
-def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr,
+def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr,
               smem: int) -> None:
     """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
     mma tile. Fast path (whole block inside C, ldc and C's strides even): 8-byte (f32) / 4-byte
@@ -1148,7 +1061,7 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("and.pred", pf, pf, pq)                # full block; ldc and C's strides even (2-column stores)
     # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
     a("shr.u64", row, tid, 5)
-    a("shr.u64", row, row, _log2(c.WN))
+    a("shr.u64", row, row, log2(c.WN))
     a("mul.i64", row, row, WTM)
     a("add.i64", row, row, m0)
     a("and.b64", t1, tid, 31)
@@ -1161,15 +1074,15 @@ def _epilogue(a: _Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, 
     a("and.b64", t1, tid, 3)
     a("shl.b64", t1, t1, 1)
     a("add.i64", col, col, t1)
-    z = _batch_index(a)
-    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    z = batch_index(a)
+    batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
     a.free(*z)
     a("ldparam", ldc, "ldc")
     a("mad.i64", t1, row, ldc, col)
-    a("shl.b64", t1, t1, _log2(osz))
+    a("shl.b64", t1, t1, log2(osz))
     a("add.i64", ptr, ptr, t1)                         # &C[row, col]
     a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
-    cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
+    cvt = CVT_PACK.get(c.out)
     RS = c.BN * osz + (16 if osz == 2 else 32)         # staged row: BN elements + padding (_staged_store)
     if c.BM * RS <= smem:
         _staged_store(a, c, acc, MI, NI, WTM, WTN, accr, cvt, RS, tid, ldc, (t1, t2, t3, t4, t5), pf, pq, (m0, n0))
@@ -1220,11 +1133,11 @@ def _emit_ffma(c: _Cfg) -> Program:
     """64 x 64 x 16 block tile, 16 x 16 threads of 4 x 4 outputs, f32 math."""
     BM, BN, BK, warps = FFMA_TILE
     es = _ELEM_BYTES[c.dtype]
-    osz = _OUT_BYTES[c.out]
+    osz = OUT_BYTES[c.out]
     RBs = (BM + 4) * 4                     # shared row: 64 f32 + 16 bytes of padding
     B_OFF = BK * RBs
     name = f"gemm_ffma_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
-    a = _Asm(name, PARAMS, 2 * BK * RBs)
+    a = Asm(name, PARAMS, 2 * BK * RBs)
     acc = a.reg(16)
     ra, rb = a.reg(4), a.reg(4)
     av, bv = a.reg(4), a.reg(4)
@@ -1242,14 +1155,14 @@ def _emit_ffma(c: _Cfg) -> Program:
         """A / B^T tile (64 rows x 16 k, k along the row in global memory): thread loads row
         tid/4, k 4*(tid%4) .. +4, stored transposed (Xs[k][row]). Returns the plan."""
         p, kl, s = a.reg(), a.reg(), a.reg()
-        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
+        batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 2)                   # row in tile
         a("and.b64", t2, tid, 3)
         a("shl.b64", t2, t2, 2)                    # kc
         a("sub.i64", kl, Kr, t2)                   # k left at this thread's first element
         a("mul.i64", s, t2, RBs)
         a("add.i64", s, s, off)
-        a("shl.b64", t2, t2, _log2(es))
+        a("shl.b64", t2, t2, log2(es))
         a("add.i64", p, p, t2)                     # + kc
         a("shl.b64", t2, t1, 2)
         a("add.i64", s, s, t2)                     # Xs[kc][row]
@@ -1258,7 +1171,7 @@ def _emit_ffma(c: _Cfg) -> Program:
         a("min.i64", t1, t1, t2)                   # clamp the row
         a("ldparam", t2, f"ld{buf.lower()}")
         a("mul.i64", t1, t1, t2)
-        a("shl.b64", t1, t1, _log2(es))
+        a("shl.b64", t1, t1, log2(es))
         a("add.i64", p, p, t1)
         return {"kind": "row", "ptrs": [p], "kl": kl, "s": s, "step": BK * es}
 
@@ -1267,7 +1180,7 @@ def _emit_ffma(c: _Cfg) -> Program:
         columns 4*(tid%16) .. +4 (each clamped), stored as they are (Xs[k][col])."""
         kl, s, p = a.reg(), a.reg(), a.reg()
         ptrs = [a.reg() for _ in range(4)]
-        _batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
+        batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
         a("shr.u64", t1, tid, 4)                   # k-row
         a("and.b64", t2, tid, 15)
         a("shl.b64", t2, t2, 2)                    # column in tile
@@ -1287,12 +1200,12 @@ def _emit_ffma(c: _Cfg) -> Program:
         a("mul.i64", t1, t1, t2)                   # krow*ld
         for e in range(4):
             a("add.i64", ptrs[e], ptrs[e], t1)
-            a("shl.b64", ptrs[e], ptrs[e], _log2(es))
+            a("shl.b64", ptrs[e], ptrs[e], log2(es))
             a("add.i64", ptrs[e], ptrs[e], p)
         a("mul.i64", p, t2, BK * es)               # BK rows further per k tile
         return {"kind": "kmaj", "ptrs": ptrs, "kl": kl, "s": s, "step": p}
 
-    z = _batch_index(a)
+    z = batch_index(a)
     opA = kmajor_tile("A", m0, Mr, 0) if c.trans_a else row_tile("A", m0, Mr, 0)
     opB = row_tile("B", n0, Nr, B_OFF) if c.trans_b else kmajor_tile("B", n0, Nr, B_OFF)
     a.free(*z)
@@ -1305,7 +1218,7 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("add.i64", rB, rB, B_OFF)
     nt, kt = a.reg(), a.reg()
     a("add.i64", nt, Kr, BK - 1)
-    a("shr.u64", nt, nt, _log2(BK))
+    a("shr.u64", nt, nt, log2(BK))
     a("mov.b64", kt, 0)
     a.free(m0, n0, Mr, Nr, Kr, t1, t2, tid)
     pv = a.pred()
@@ -1398,15 +1311,15 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("and.b64", t1, tid, 15)
     a("shl.b64", t1, t1, 2)
     a("add.i64", col, col, t1)
-    z = _batch_index(a)
-    _batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    z = batch_index(a)
+    batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
     a.free(*z)
     a("ldparam", t2, "ldc")
     a("mad.i64", t1, row, t2, col)
-    a("shl.b64", t1, t1, _log2(osz))
+    a("shl.b64", t1, t1, log2(osz))
     a("add.i64", ptr, ptr, t1)
-    a("shl.b64", t2, t2, _log2(osz))                     # one row of C
-    cvt = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}.get(c.out)
+    a("shl.b64", t2, t2, log2(osz))                      # one row of C
+    cvt = CVT_PACK.get(c.out)
     a("bra", "EDGE", p=pf, neg=True)
     pk = a.reg(2)
     for i in range(4):
@@ -1442,15 +1355,15 @@ def _emit_ffma(c: _Cfg) -> Program:
 # ----------------------------------------------------------------------------- tile choice
 def _stage_bytes(dtype: str, trans_b: bool, BM: int, BN: int, kb: int = 64, trans_a: bool = False) -> int:
     es = _ELEM_BYTES[dtype]
-    a = BM * kb if (not trans_a or es == 2) else _ceil((kb // es) * (BM * 4 + 32), 128) * 128
+    a = BM * kb if (not trans_a or es == 2) else ceil_div((kb // es) * (BM * 4 + 32), 128) * 128
     b = BN * kb if (trans_b or es == 2) else (kb // es) * (BN * 4 + 32)
-    return _ceil(a + b, 128) * 128
+    return ceil_div(a + b, 128) * 128
 
 
 def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
-    blocks = _ceil(M, BM) * _ceil(N, BN)
+    blocks = ceil_div(M, BM) * ceil_div(N, BN)
     eff = min(1.0, BM * BN / (BM + BN) / 64.0)
-    return _ceil(blocks, max(cores, 1)) * BM * BN / eff
+    return ceil_div(blocks, max(cores, 1)) * BM * BN / eff
 
 
 def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[tuple[int, int], int]:
@@ -1462,20 +1375,20 @@ def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple
     the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly.
     With several groups, the blocks of one (group x columns) repeat the sharing pattern: that is
     the period wave sampling measures over (0 with one group)."""
-    warps = _ceil(threads, caps.warp_width)
+    warps = ceil_div(threads, caps.warp_width)
     per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
                    caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
                    caps.scratchpad_bytes // max(prog.shared_bytes, 1))
     root = math.sqrt(max(per_core, 1) * caps.cores_total)
-    tm, tn = _ceil(M, c.BM), _ceil(N, c.BN)
+    tm, tn = ceil_div(M, c.BM), ceil_div(N, c.BN)
     rows, cols = sorted((tm, tn))
-    group = rows if rows <= 2 * root else _ceil(rows, max(1, round(rows / root)))
+    group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
     return (group, int(tn < tm)), (group * cols if group < rows else 0)
 
 
 def _fits(prog: Program, caps, threads: int) -> bool:
     W = caps.warp_width
-    warps = _ceil(threads, W)
+    warps = ceil_div(threads, W)
     return (prog.shared_bytes <= caps.scratchpad_bytes and prog.nregs <= caps.max_regs_per_thread
             and prog.nregs * warps * W <= caps.regs_per_core and warps <= caps.warp_slots)
 
@@ -1483,9 +1396,9 @@ def _fits(prog: Program, caps, threads: int) -> bool:
 def _normalize(dtype: str, out_dtype: str) -> tuple[str, str]:
     if dtype not in _DTYPES:
         raise InputError("gemm", f"unknown dtype {dtype!r}", "fp16, bf16, tf32, fp32")
-    if out_dtype not in _OUTS:
+    if out_dtype not in OUT_DTYPE_ALIASES:
         raise InputError("gemm", f"unknown out_dtype {out_dtype!r}", "f32, f16, bf16")
-    dt, out = _DTYPES[dtype], _OUTS[out_dtype]
+    dt, out = _DTYPES[dtype], OUT_DTYPE_ALIASES[out_dtype]
     if out != "f32" and not (dt == "fp16" and out == "f16" or dt == "bf16" and out == "bf16"):
         raise InputError("gemm", f"out_dtype {out_dtype!r} with dtype {dtype!r}",
                          "f32, or the input dtype for fp16 / bf16")
@@ -1532,37 +1445,13 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb, trans_a=trans_a, alpha=alpha)
         try:
             prog = _emit_mma(cfg)
-        except _OutOfRegisters as e:
+        except OutOfRegisters as e:
             tried.append(f"{BM}x{BN}: {e}")
             continue
         if _fits(prog, caps, 32 * WM * WN):
             return cfg, prog
         tried.append(f"{BM}x{BN}: {prog.nregs} registers")
     raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
-
-
-def _int(where: str, what: str, v, lo: int, allowed: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
-        raise InputError(where, f"{what} = {v!r}", allowed)
-    return int(v)
-
-
-def _pair(where: str, what: str, v, lo: int, allowed: str) -> tuple[int, int]:
-    if not isinstance(v, (tuple, list)) or len(v) != 2:
-        raise InputError(where, f"{what} = {v!r}", f"a pair (per batch, per head) of {allowed}")
-    return (_int(where, f"{what}[0]", v[0], lo, allowed), _int(where, f"{what}[1]", v[1], lo, allowed))
-
-
-def _one_to_one(dims) -> bool:
-    """Whether offsets sum(i_d * stride_d), 0 <= i_d < count_d, are all different: sorted by stride,
-    each stride must step past everything the smaller ones reach (a sufficient test; it accepts
-    every nesting of rows, column slices, heads and batches, whatever the order)."""
-    reach = 0                                     # the largest offset the smaller dimensions reach
-    for stride, count in sorted((s, n) for s, n in dims if n > 1):
-        if stride <= reach:
-            return False
-        reach += stride * (count - 1)
-    return True
 
 
 # ----------------------------------------------------------------------------- API
@@ -1588,7 +1477,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     (s*3h, d), batch (b, n), C = S[b, n, s, s] (stride_c (n*s*s, s*s)); pass A = qkv.reshape(-1)
     and B = qkv.reshape(-1)[h:]."""
     where = "gemm"
-    M, N, K = (_int(where, n, v, 0, "an integer") for n, v in (("M", M), ("N", N), ("K", K)))
+    M, N, K = (check_int(where, n, v, 0, "an integer") for n, v in (("M", M), ("N", N), ("K", K)))
     if min(M, N, K) < 1:
         raise InputError("gemm", f"shape {M}x{N}x{K}", "M, N, K >= 1")
     if caps.family != "gpu":
@@ -1598,16 +1487,16 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     es = _ELEM_BYTES[dt]
     a_cols = M if trans_a else K
     b_cols = K if trans_b else N
-    lda = a_cols if lda is None else _int(where, "lda", lda, a_cols, f"lda >= {a_cols} (a row of A as stored)")
-    ldb = b_cols if ldb is None else _int(where, "ldb", ldb, b_cols, f"ldb >= {b_cols} (a row of B as stored)")
-    ldc = N if ldc is None else _int(where, "ldc", ldc, N, f"ldc >= {N} (a row of C)")
-    nb, nh = _pair(where, "batch", batch, 1, "integers >= 1")
+    lda = a_cols if lda is None else check_int(where, "lda", lda, a_cols, f"lda >= {a_cols} (a row of A as stored)")
+    ldb = b_cols if ldb is None else check_int(where, "ldb", ldb, b_cols, f"ldb >= {b_cols} (a row of B as stored)")
+    ldc = N if ldc is None else check_int(where, "ldc", ldc, N, f"ldc >= {N} (a row of C)")
+    nb, nh = check_pair(where, "batch", batch, 1, "integers >= 1")
     if nb * nh > MAX_BATCH:
         raise InputError(where, f"batch {(nb, nh)}: {nb * nh} GEMMs", f"nb*nh <= {MAX_BATCH} (grid.z)")
-    sa = _pair(where, "stride_a", stride_a, 0, "integers >= 0")
-    sb = _pair(where, "stride_b", stride_b, 0, "integers >= 0")
-    sc = _pair(where, "stride_c", stride_c, 0, "integers >= 0")
-    if not _one_to_one(((1, N), (ldc, M), (sc[0], nb), (sc[1], nh))):
+    sa = check_pair(where, "stride_a", stride_a, 0, "integers >= 0")
+    sb = check_pair(where, "stride_b", stride_b, 0, "integers >= 0")
+    sc = check_pair(where, "stride_c", stride_c, 0, "integers >= 0")
+    if not one_to_one(((1, N), (ldc, M), (sc[0], nb), (sc[1], nh))):
         raise InputError(where, f"C layout ldc={ldc}, stride_c={sc} with batch {(nb, nh)} and {M}x{N} matrices "
                          "writes some elements of C more than once",
                          "strides that, sorted, each step past the span of the smaller ones")
@@ -1636,7 +1525,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                    trans_a=bool(trans_a), alpha=alpha_f)
         try:
             prog = _emit_mma(cfg)
-        except _OutOfRegisters as e:
+        except OutOfRegisters as e:
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN}: {e}", "a smaller tile") from None
         if not _fits(prog, caps, 32 * tile.warps):
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
@@ -1652,7 +1541,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
     raster, period = _raster(caps, prog, threads, cfg, M, N)
-    launch = Launch((_ceil(N, t.BN), _ceil(M, t.BM), nb * nh), (threads, 1, 1), period=period)
+    launch = Launch((ceil_div(N, t.BN), ceil_div(M, t.BM), nb * nh), (threads, 1, 1), period=period)
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
                       ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f,

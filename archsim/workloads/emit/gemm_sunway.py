@@ -84,11 +84,11 @@ run one or two rows ahead of their FMAs (an in-order core stalls on the first op
 ready), and the next k-iteration's B vectors (and A row 0) load during the last row's FMAs, each
 into a register its FMA has just read; the DMA slot, pointer steps and loop count take one
 instruction after each FMA (an f16x2 FMA holds the vector pipe two cycles, the CPE issues one
-instruction a cycle), so an (8, 4) k-pair costs ~95 cycles against its 64 FMA cycles (116 with
-those as blocks; sw26010pro, one CPE). A panel of odd length (the K residue) gets a zero A and B element at k = kn, so its
-last pair adds 0 * 0. The modelled integer pipe charges every integer op a full 32-lane issue
-(2 cycles), which is why the layout avoids per-row integer work (a k-per-instruction layout
-needs a ``mul.i64`` to duplicate every A element: int-bound).
+instruction a cycle), so they fill the FMAs' second vector cycles. A panel of odd length (the K
+residue) gets a zero A and B element at k = kn, so its last pair adds 0 * 0. The modelled integer
+pipe charges every integer op a full 32-lane issue (2 cycles), which is why the layout avoids
+per-row integer work (a k-per-instruction layout needs a ``mul.i64`` to duplicate every A
+element: int-bound).
 
 Accumulation (the swDNN / swBLAS-style mixed-precision choice): fp16 / bf16 products are summed
 in the vector registers in the input format (``fma.f16x2`` / ``fma.bf16x2``, one rounding per
@@ -136,8 +136,8 @@ register tile whose k-iteration is bound by instruction issue or LDM loads rathe
 f16x2 / f32 FMA of 32 lanes per 2 / 4 cycles): a choice, since capabilities carry no rates; the
 rule only ranks tiles, the timing engine measures them. The bandwidth term assumes the buffers
 are spread over the controllers (the cross segment); with every buffer in one core group's
-private segment (the engine's placement today) all traffic meets at one controller and the
-total bytes alone decide, which favours bigger tiles than this rule picks.
+private segment all traffic meets at one controller and the total bytes alone decide, which
+favours bigger tiles than this rule picks.
 """
 
 from __future__ import annotations
@@ -153,8 +153,9 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
 from .gemm_gpu import PARAMS as _GEMM_PARAMS
-from .gemm_gpu import (MAX_BATCH, GemmKernel, Tile, _Asm, _batch_index, _batch_ptr, _ceil, _int,
-                       _log2, _one_to_one, _OutOfRegisters, _pair)
+from .common import (CVT_IN, CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, OUT_BYTES, OUT_DTYPE_ALIASES, Asm, OutOfRegisters,
+                     ceil_div, check_int, check_pair, log2, one_to_one)
+from .gemm_gpu import MAX_BATCH, GemmKernel, Tile, batch_index, batch_ptr
 
 __all__ = ["gemm_kernel", "choose_tile", "SunwayCfg", "SunwayGemmKernel", "ACC_BITS", "PARAMS", "bcast_layout"]
 
@@ -172,17 +173,8 @@ class SunwayGemmKernel(GemmKernel):
         d["nz"] = self.batch[0] * self.batch[1]
         return d
 
-_DTYPES = {"fp16": "fp16", "f16": "fp16", "half": "fp16", "float16": "fp16", "bf16": "bf16", "bfloat16": "bf16",
-           "fp32": "fp32", "f32": "fp32", "float32": "fp32"}
-_OUTS = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16": "f16", "half": "f16",
-         "float16": "f16", "bf16": "bf16", "bfloat16": "bf16"}
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_OS = {"f32": 4, "f16": 2, "bf16": 2}
 _UNIT = {"fp16": "fp16", "bf16": "fp16", "fp32": "fp32"}       # ISA unit class of the dtype's FMA
 _FMA = {"fp16": "fma.f16x2", "bf16": "fma.bf16x2", "fp32": "fma.f32"}
-_CVT_LO = {"fp16": "cvt.f32.f16", "bf16": "cvt.f32.bf16"}
-_CVT_HI = {"fp16": "cvt.f32.f16h", "bf16": "cvt.f32.bf16h"}
-_PACK = {"f16": "cvt.f16x2.f32", "bf16": "cvt.bf16x2.f32"}
 _BCAST = {"A": ".bcast.row", "B": ".bcast.column"}   # broadcast layout: A shared along mesh rows, B along columns
 # LDM slots of the broadcast layout (8 bytes each, after the two stages)
 SLOT_TIX, SLOT_M0, SLOT_N0, SLOT_ZB, SLOT_ZH = 0, 8, 16, 24, 32
@@ -227,7 +219,7 @@ class SunwayCfg:
 
     @property
     def es(self) -> int:
-        return _ES[self.dtype]
+        return ELEM_BYTES[self.dtype]
 
     @property
     def half(self) -> bool:
@@ -270,11 +262,11 @@ class SunwayCfg:
 
     @property
     def a_panel(self) -> int:
-        return _ceil(self.a_rows * self.pa, 128) * 128
+        return ceil_div(self.a_rows * self.pa, 128) * 128
 
     @property
     def stage(self) -> int:
-        return _ceil(self.a_panel + self.b_rows * self.pb, 128) * 128
+        return ceil_div(self.a_panel + self.b_rows * self.pb, 128) * 128
 
     @property
     def slot(self) -> int:
@@ -300,7 +292,7 @@ class _Queue:
     mesh row / column, same panel), so they issue the same sequence of gets with the same
     operands, as the rendezvous requires."""
 
-    def __init__(self, a: _Asm, c: "SunwayCfg", p, gA, gB, mv, nv, p0, lbl):
+    def __init__(self, a: Asm, c: "SunwayCfg", p, gA, gB, mv, nv, p0, lbl):
         self.a, self.c, self.p, self.p0, self.lbl = a, c, p, p0, lbl
         self.strided = c.strided
         self.bcast = c.bcast
@@ -324,23 +316,23 @@ class _Queue:
         a("and.b64", self.dst, k0, 1)
         a("mul.i64", self.dst, self.dst, c.stage)
         a("add.i64", self.dst, self.dst, c.cs_bytes + (0 if op == "A" else c.a_panel))
-        a("shl.b64", k0, k0, _log2(c.BK))
+        a("shl.b64", k0, k0, log2(c.BK))
         a("ldparam", kn, "K")
         a("sub.i64", kn, kn, k0)
         a("min.i64", kn, kn, c.BK)                        # k-steps of that panel
         a("ldparam", self.ss, "lda" if op == "A" else "ldb")
-        a("shl.b64", self.ss, self.ss, _log2(es))         # bytes between rows in memory
+        a("shl.b64", self.ss, self.ss, log2(es))          # bytes between rows in memory
         if kmajor:                                        # rows k0 .. k0+kn-1, ext elements each
             a("mul.i64", self.src, k0, self.ss)
             a("mov.b64", self.cnt, kn)
-            a("shl.b64", self.len, ext, _log2(es))
+            a("shl.b64", self.len, ext, log2(es))
             if self.bcast:                                # a tile outside C (ext = 0): nothing to fetch
                 a("setp.eq.i64", self.p0, ext, 0)
                 a("mov.b64", self.cnt, 0, p=self.p0)
         else:                                             # ext rows, k0 .. k0+kn-1 of each
-            a("shl.b64", self.src, k0, _log2(es))
+            a("shl.b64", self.src, k0, log2(es))
             a("mov.b64", self.cnt, ext)
-            a("shl.b64", self.len, kn, _log2(es))
+            a("shl.b64", self.len, kn, log2(es))
         a("add.i64", self.src, self.src, g)
         pitch = c.pa if op == "A" else c.pb
         a("mov.b64", self.ds, pitch)
@@ -428,12 +420,12 @@ def _pace(c: "SunwayCfg") -> int:
     return pace
 
 
-def _divmod_const(a: _Asm, q, r, x, d: int) -> None:
+def _divmod_const(a: Asm, q, r, x, d: int) -> None:
     """q = x // d, r = x % d for x >= 0 and a compile-time d (shift / and when d is a power of two);
     q or r may be None, neither may be x."""
     if d & (d - 1) == 0:
         if q is not None:
-            a("shr.u64", q, x, _log2(d))
+            a("shr.u64", q, x, log2(d))
         if r is not None:
             a("and.b64", r, x, d - 1)
     else:
@@ -443,7 +435,7 @@ def _divmod_const(a: _Asm, q, r, x, d: int) -> None:
             a("rem.i64", r, x, d)
 
 
-def _macro_tile(a: _Asm, c: SunwayCfg, p0, done: str):
+def _macro_tile(a: Asm, c: SunwayCfg, p0, done: str):
     """Broadcast layout: decode the core group's current macro tile (LDM slot TIX) into this
     CPE's (m0, n0, zb, zh), stored in the slots; jump to `done` when the group has no tile left.
     Macro tiles run z-major, then m, then n: tile t of the (nz = nb*nh) GEMMs of tm x tn macro
@@ -488,7 +480,7 @@ def _macro_tile(a: _Asm, c: SunwayCfg, p0, done: str):
     a.free(tix, tm, tn, tpg, w, z)
 
 
-def _coords(a: _Asm, c: SunwayCfg):
+def _coords(a: Asm, c: SunwayCfg):
     """(m0, n0, (zb, zh)) of this CPE's C tile in new registers: from the slots (broadcast layout)
     or from the block's grid position (one tile a block)."""
     m0, n0 = a.reg(), a.reg()
@@ -503,14 +495,14 @@ def _coords(a: _Asm, c: SunwayCfg):
     a("mul.i64", m0, m0, c.BM)
     a("s2r", n0, "%ctaid.x")
     a("mul.i64", n0, n0, c.BN)
-    return m0, n0, _batch_index(a)
+    return m0, n0, batch_index(a)
 
 
 def _emit(c: SunwayCfg, max_regs: int) -> Program:
-    es, os_ = c.es, _OS[c.out]
+    es, os_ = c.es, OUT_BYTES[c.out]
     name = (f"sw_gemm_{c.dtype}_{c.out}_{'t' if c.trans_a else 'n'}{'t' if c.trans_b else 'n'}_{c.BM}x{c.BN}"
             + ("_bcast" if c.bcast else ""))
-    a = _Asm(name, PARAMS, c.ldm_bytes, limit=max_regs)
+    a = Asm(name, PARAMS, c.ldm_bytes, limit=max_regs)
     labels = iter(range(10**6))
 
     def lbl(s: str) -> str:
@@ -541,23 +533,23 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     if c.bcast:
         a("max.i64", mv, mv, 0)
         a("max.i64", nv, nv, 0)
-    _batch_ptr(a, gA, "A", "sa_b", "sa_h", es, z)
-    _batch_ptr(a, gB, "B", "sb_b", "sb_h", es, z)
+    batch_ptr(a, gA, "A", "sa_b", "sa_h", es, z)
+    batch_ptr(a, gB, "B", "sb_b", "sb_h", es, z)
     a.free(*z)
     w = a.reg()
     if c.trans_a:                                        # A^T [K, M]: the tile's m0 columns
-        a("shl.b64", w, t, _log2(es))
+        a("shl.b64", w, t, log2(es))
     else:                                                # A [M, K]: rows from m0
         a("ldparam", w, "lda")
         a("mul.i64", w, w, t)
-        a("shl.b64", w, w, _log2(es))
+        a("shl.b64", w, w, log2(es))
     a("add.i64", gA, gA, w)
     if c.trans_b:                                        # B^T [N, K]: rows from n0
         a("ldparam", w, "ldb")
         a("mul.i64", w, w, u)
-        a("shl.b64", w, w, _log2(es))
+        a("shl.b64", w, w, log2(es))
     else:                                                # B [K, N]: columns from n0
-        a("shl.b64", w, u, _log2(es))
+        a("shl.b64", w, u, log2(es))
     a("add.i64", gB, gB, w)
     a.free(t, u, w)
 
@@ -604,7 +596,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a.label("PANEL")
     a("dma.wait", 0)                                     # panel p is in the LDM
     a("add.i64", sb, p, 1)
-    a("shl.b64", sb, sb, _log2(c.BK))
+    a("shl.b64", sb, sb, log2(c.BK))
     a("ldparam", kn, "K")
     a("mov.b64", q.cnt, 0)
     a("mov.b64", q.ph, 0)
@@ -617,7 +609,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("mul.i64", sb, sb, c.stage)
     a("add.i64", sb, sb, c.cs_bytes)                     # this panel's stage
     t = a.reg()
-    a("shl.b64", t, p, _log2(c.BK))
+    a("shl.b64", t, p, log2(c.BK))
     a("ldparam", kn, "K")
     a("sub.i64", kn, kn, t)
     a("min.i64", kn, kn, c.BK)                           # k-steps of this panel
@@ -629,7 +621,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     q.drain(p0, lbl)
     a("add.i64", p, p, 1)
     t = a.reg()
-    a("shl.b64", sb, p, _log2(c.BK))
+    a("shl.b64", sb, p, log2(c.BK))
     a("ldparam", t, "K")
     a("setp.lt.i64", p0, sb, t)
     a.free(t)
@@ -641,16 +633,16 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     idle_skip("NEXT")
     gC, lane, row, ldc, ln = (a.reg() for _ in range(5))
     t, u, z = _coords(a, c)
-    _batch_ptr(a, gC, "C", "sc_b", "sc_h", os_, z)
+    batch_ptr(a, gC, "C", "sc_b", "sc_h", os_, z)
     a.free(*z)
     a("ldparam", ldc, "ldc")
     a("mul.i64", t, t, ldc)
     a("add.i64", t, t, u)
     a.free(u)
-    a("shl.b64", t, t, _log2(os_))
+    a("shl.b64", t, t, log2(os_))
     a("add.i64", gC, gC, t)                              # C[m0, n0]
-    a("shl.b64", ldc, ldc, _log2(os_))
-    a("shl.b64", ln, nv, _log2(os_))
+    a("shl.b64", ldc, ldc, log2(os_))
+    a("shl.b64", ln, nv, log2(os_))
     a("s2r", lane, "%laneid")
     a("mov.b64", row, 0)
     rb = c.BN * 4
@@ -661,12 +653,12 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
         a("add.i64", t, t, row)                          # this row's f32 pairs at 8*lane
         a("shl.b64", t2, lane, 2)
         a("add.i64", t2, t2, row)                        # its packed pairs at 4*lane
-        for j in range(_ceil(c.BN, 64)):                 # (fp32 in: BN may end in half a vector)
+        for j in range(ceil_div(c.BN, 64)):              # (fp32 in: BN may end in half a vector)
             a("ld.shared.v2.b32", x, Mem(t, 256 * j))
             if c.alpha != 1.0:
                 a("mul.f32", x, x, c.alpha)
                 a("mul.f32", x + 1, x + 1, c.alpha)
-            a(_PACK[c.out], x, x, x + 1)
+            a(CVT_PACK[c.out], x, x, x + 1)
             # columns 64j+2l, 64j+2l+1 go to byte 128j+4l of the row: below every f32 pair
             # not yet read (256j' for j' > j), so the conversion runs in place
             a("st.shared.b32", Mem(t2, 128 * j), x)
@@ -702,7 +694,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     return a.build()
 
 
-def _pad_odd(a: _Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
+def _pad_odd(a: Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
     """A panel of odd kn k-steps (the K residue) is read in k-pairs: its element kn of A and of B
     (past what the DMA fetched) is set to zero so the last pair's odd half adds 0 * 0."""
     skip = lbl("NOPAD")
@@ -733,10 +725,10 @@ def _pad_odd(a: _Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
 
 
 class _Recorder:
-    """Stands in for an _Asm: records instructions (to be emitted later, spread between FMAs);
+    """Stands in for an Asm: records instructions (to be emitted later, spread between FMAs);
     registers and predicates still come from the real pool."""
 
-    def __init__(self, a: _Asm):
+    def __init__(self, a: Asm):
         self.a, self.out = a, []
 
     def __call__(self, *args, **kw) -> None:
@@ -749,7 +741,7 @@ class _Recorder:
         self.a.pfree(*ps)
 
 
-def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
+def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
     """C tile (f32, LDM) += op(A panel) @ op(B panel) over kn k-steps, register tile by register
     tile (only those holding valid rows / columns); one queued get every _pace(c) iterations.
 
@@ -911,9 +903,10 @@ def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) ->
         for n, (i, j) in grp:
             a("ld.shared.b32", cv[n], Mem(cp, i * rb + j * 128))
         if half:
+            lo, hi = CVT_IN[c.dtype]
             for n, (i, j) in grp:
-                a(_CVT_LO[c.dtype], hv[n], acc + i * RV + j)
-                a(_CVT_HI[c.dtype], hv[n] + 1, acc + i * RV + j)
+                a(lo, hv[n], acc + i * RV + j)
+                a(hi, hv[n] + 1, acc + i * RV + j)
             for n, (i, j) in grp:
                 a("add.f32", cv[n], cv[n], hv[n])
             for n, (i, j) in grp:
@@ -940,11 +933,11 @@ def _compute_panel(a: _Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) ->
 
 # ----------------------------------------------------------------------------- tile choice
 def _normalize(caps, dtype, out_dtype) -> tuple[str, str]:
-    if dtype not in _DTYPES:
+    if dtype not in DTYPE_ALIASES:
         raise InputError("gemm dtype", f"{dtype!r} is not a dtype the Sunway GEMM runs", "fp16, bf16, fp32")
-    if out_dtype not in _OUTS:
+    if out_dtype not in OUT_DTYPE_ALIASES:
         raise InputError("gemm out_dtype", f"unknown out_dtype {out_dtype!r}", "f32, f16, bf16")
-    dt, out = _DTYPES[dtype], _OUTS[out_dtype]
+    dt, out = DTYPE_ALIASES[dtype], OUT_DTYPE_ALIASES[out_dtype]
     unit = _UNIT[dt]
     if unit not in caps.units:
         raise InputError(f"gemm dtype on {caps.name}", f"{dt} needs the {unit} vector unit, which the machine lacks",
@@ -968,8 +961,8 @@ def _reg_tile_factor(RM: int, RV: int, es: int) -> float:
 
 def _cost(M, N, K, BM, BN, es, cores, nbatch, f=1.0) -> float:
     bm, bn = min(BM, M), min(BN, N)
-    tiles = _ceil(M, BM) * _ceil(N, BN) * nbatch
-    waves = _ceil(tiles, max(cores, 1))
+    tiles = ceil_div(M, BM) * ceil_div(N, BN) * nbatch
+    waves = ceil_div(tiles, max(cores, 1))
     mem = tiles * (bm + bn) * K * es / (_BW_CPE * min(tiles, cores))
     comp = waves * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
     return max(mem, comp) + waves * _T0
@@ -988,7 +981,7 @@ def bcast_layout(caps) -> Optional[tuple[int, int]]:
 
 
 def _macro_tiles(M, N, BM, BN, mesh, nbatch) -> int:
-    return _ceil(M, mesh[0] * BM) * _ceil(N, mesh[1] * BN) * nbatch
+    return ceil_div(M, mesh[0] * BM) * ceil_div(N, mesh[1] * BN) * nbatch
 
 
 def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, f=1.0) -> float:
@@ -996,7 +989,7 @@ def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, f=1.0) -> float:
     rows and B columns once (row / column broadcast); groups take macro tiles in rounds."""
     R, Cc = mesh
     bm, bn = min(BM, M), min(BN, N)
-    rounds = _ceil(_macro_tiles(M, N, BM, BN, mesh, nbatch), groups)
+    rounds = ceil_div(_macro_tiles(M, N, BM, BN, mesh, nbatch), groups)
     mem = rounds * (min(R * BM, M) + min(Cc * BN, N)) * K * es / (_BW_CPE * R * Cc)
     comp = rounds * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
     return max(mem, comp) + rounds * _T0
@@ -1005,7 +998,7 @@ def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, f=1.0) -> float:
 def _build(caps, cfg: SunwayCfg) -> Program:
     try:
         return _emit(cfg, caps.max_regs_per_thread)
-    except _OutOfRegisters as e:
+    except OutOfRegisters as e:
         raise InputError(f"gemm tile on {caps.name}", f"tile {cfg.BM}x{cfg.BN}: {e}",
                          f"at most {caps.max_regs_per_thread} registers a thread") from None
 
@@ -1014,7 +1007,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                 *, trans_a: bool = False, alpha: float = 1.0, nbatch: int = 1) -> tuple[SunwayCfg, Program]:
     """The configuration the tile rule picks (module docstring) and its program."""
     dt, out = _normalize(caps, dtype, out_dtype)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     RM0, RV0 = _register_tile(dt, N)
     vw = 32
     mesh = bcast_layout(caps)
@@ -1065,7 +1058,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     tile's rows), BN (of its columns), BK (k-steps per panel, a power of two); warps must be 1 and
     stages 2 (double buffering)."""
     where = "gemm"
-    M, N, K = (_int(where, n, v, 0, "an integer") for n, v in (("M", M), ("N", N), ("K", K)))
+    M, N, K = (check_int(where, n, v, 0, "an integer") for n, v in (("M", M), ("N", N), ("K", K)))
     for n, v in (("M", M), ("N", N), ("K", K)):
         if v < 1:
             raise InputError(f"gemm {n}", f"shape {M}x{N}x{K}: {n} = {v}", "M, N, K >= 1")
@@ -1073,19 +1066,21 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         raise InputError(f"gemm on {caps.name}", f"the Sunway GEMM emitter targets the sunway family with DMA, "
                          f"not {caps.family}", "a sunway-family machine")
     dt, out = _normalize(caps, dtype, out_dtype)
-    es = _ES[dt]
+    es = ELEM_BYTES[dt]
     a_cols = M if trans_a else K
     b_cols = K if trans_b else N
-    lda = a_cols if lda is None else _int("gemm lda", "lda", lda, a_cols, f"lda >= {a_cols} (a row of A as stored)")
-    ldb = b_cols if ldb is None else _int("gemm ldb", "ldb", ldb, b_cols, f"ldb >= {b_cols} (a row of B as stored)")
-    ldc = N if ldc is None else _int("gemm ldc", "ldc", ldc, N, f"ldc >= {N} (a row of C)")
-    nb, nh = _pair("gemm batch", "batch", batch, 1, "integers >= 1")
+    lda = a_cols if lda is None else check_int("gemm lda", "lda", lda, a_cols,
+                                               f"lda >= {a_cols} (a row of A as stored)")
+    ldb = b_cols if ldb is None else check_int("gemm ldb", "ldb", ldb, b_cols,
+                                               f"ldb >= {b_cols} (a row of B as stored)")
+    ldc = N if ldc is None else check_int("gemm ldc", "ldc", ldc, N, f"ldc >= {N} (a row of C)")
+    nb, nh = check_pair("gemm batch", "batch", batch, 1, "integers >= 1")
     if nb * nh > MAX_BATCH:
         raise InputError("gemm batch", f"batch {(nb, nh)}: {nb * nh} GEMMs", f"nb*nh <= {MAX_BATCH} (grid.z)")
-    sa = _pair("gemm stride_a", "stride_a", stride_a, 0, "integers >= 0")
-    sb = _pair("gemm stride_b", "stride_b", stride_b, 0, "integers >= 0")
-    sc = _pair("gemm stride_c", "stride_c", stride_c, 0, "integers >= 0")
-    if not _one_to_one(((1, N), (ldc, M), (sc[0], nb), (sc[1], nh))):
+    sa = check_pair("gemm stride_a", "stride_a", stride_a, 0, "integers >= 0")
+    sb = check_pair("gemm stride_b", "stride_b", stride_b, 0, "integers >= 0")
+    sc = check_pair("gemm stride_c", "stride_c", stride_c, 0, "integers >= 0")
+    if not one_to_one(((1, N), (ldc, M), (sc[0], nb), (sc[1], nh))):
         raise InputError("gemm stride_c", f"C layout ldc={ldc}, stride_c={sc} with batch {(nb, nh)} and {M}x{N} "
                          "matrices writes some elements of C more than once",
                          "strides that, sorted, each step past the span of the smaller ones")
@@ -1123,7 +1118,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         groups = min(caps.cores_total // caps.cores_per_group, _macro_tiles(M, N, cfg.BM, cfg.BN, cfg.mesh, nb * nh))
         launch = Launch((groups * caps.cores_per_group, 1, 1), (caps.warp_width, 1, 1))
     else:
-        launch = Launch((_ceil(N, cfg.BN), _ceil(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1), spread=True)
+        launch = Launch((ceil_div(N, cfg.BN), ceil_div(M, cfg.BM), nb * nh), (caps.warp_width, 1, 1), spread=True)
     return SunwayGemmKernel(program=prog, launch=launch, tile=Tile(cfg.BM, cfg.BN, cfg.BK, 1, 2),
                       flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt, out_dtype=out, trans_b=bool(trans_b),
                       kind="vfma", trans_a=bool(trans_a), lda=lda, ldb=ldb, ldc=ldc, batch=(nb, nh), stride_a=sa,

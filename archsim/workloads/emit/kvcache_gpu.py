@@ -19,9 +19,9 @@ from archsim.isa.asm import assemble
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
+from .common import ELEM_BYTES
+
 THREADS = 128
-_ES = {"fp16": 2, "bf16": 2, "fp32": 4}
-_HOST = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}
 _MOVE = {16: ("ld.global.v4.b32", "st.global.v4.b32"), 8: ("ld.global.v2.b32", "st.global.v2.b32"),
          4: ("ld.global.b32", "st.global.b32"), 2: ("ld.global.u16", "st.global.b16")}
 
@@ -82,7 +82,7 @@ class KvAppendKernel:
     dtype: str
 
     def buffer_bytes(self) -> dict:
-        es = _ES[self.dtype]
+        es = ELEM_BYTES[self.dtype]
         return {"qkv": self.batch * 3 * self.hidden * es, "k_cache": self.batch * self.kv_len * self.hidden * es,
                 "v_cache": self.batch * self.kv_len * self.hidden * es}
 
@@ -91,7 +91,7 @@ class KvAppendKernel:
         for name, v in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)):
             if int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError("kv_append", f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
-        es = _ES[self.dtype]
+        es = ELEM_BYTES[self.dtype]
         return {"qkv": qkv, "k_cache": k_cache, "v_cache": v_cache, "row_bytes": self.hidden * es,
                 "seq_bytes": self.kv_len * self.hidden * es, "pos_bytes": self.pos * self.hidden * es}
 
@@ -113,9 +113,9 @@ def kv_append_kernel(caps, batch: int, kv_len: int, hidden: int, pos: int, dtype
             raise InputError("kv_append", f"{n} = {v!r}", "an integer >= 1")
     if not 0 <= pos < kv_len:
         raise InputError("kv_append", f"pos = {pos}", f"a cache row 0 .. {kv_len - 1}")
-    if dtype not in _ES:
-        raise InputError("kv_append", f"dtype {dtype!r}", ", ".join(_ES))
-    row = hidden * _ES[dtype]
+    if dtype not in ELEM_BYTES:
+        raise InputError("kv_append", f"dtype {dtype!r}", ", ".join(ELEM_BYTES))
+    row = hidden * ELEM_BYTES[dtype]
     width = next(w for w in (16, 8, 4, 2) if row % w == 0)
     prog = assemble(_program(width))
     check(prog, caps)

@@ -19,8 +19,9 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.program import Launch
 
-from .elementwise_sunway import _L, _build, _log2, _pow2_floor
-from .kvcache_gpu import _ES, KvAppendKernel
+from .common import ELEM_BYTES, log2, pow2_floor
+from .elementwise_sunway import LdmAsm, build_checked
+from .kvcache_gpu import KvAppendKernel
 
 CHUNK_MAX = 16384             # choice: bytes per DMA (a 16 KiB transfer runs at one CPE's streaming rate)
 
@@ -32,14 +33,14 @@ def kv_append_kernel(caps, batch: int, kv_len: int, hidden: int, pos: int, dtype
             raise InputError("kv_append", f"{n} = {v!r}", "an integer >= 1")
     if not 0 <= pos < kv_len:
         raise InputError("kv_append", f"pos = {pos}", f"a cache row 0 .. {kv_len - 1}")
-    if dtype not in _ES:
-        raise InputError("kv_append", f"dtype {dtype!r}", ", ".join(_ES))
+    if dtype not in ELEM_BYTES:
+        raise InputError("kv_append", f"dtype {dtype!r}", ", ".join(ELEM_BYTES))
     if caps.family != "sunway" or not caps.has_dma:
         raise InputError(f"kv_append on {caps.name}", f"the Sunway KV append needs a sunway-family target with DMA, "
                          f"not {caps.family}", "a sunway-family machine (kvcache_gpu for a GPU)")
-    chunk = min(CHUNK_MAX, _pow2_floor(caps.scratchpad_bytes // 2))
-    e = _L(f"kv_append_sw_c{chunk}", ("qkv", "k_cache", "v_cache", "row_bytes", "seq_bytes", "pos_bytes"), "fp16", 2,
-           2 * chunk, caps)
+    chunk = min(CHUNK_MAX, pow2_floor(caps.scratchpad_bytes // 2))
+    e = LdmAsm(f"kv_append_sw_c{chunk}", ("qkv", "k_cache", "v_cache", "row_bytes", "seq_bytes", "pos_bytes"), "fp16",
+               2, 2 * chunk, caps)
     seq, kv, src, dst, rowb, t, p = e.reg(), e.reg(), e.reg(), e.reg(), e.reg(), e.reg(), e.a.pred()
     e("s2r", seq, "%ctaid.x")
     e("s2r", kv, "%ctaid.y")                  # 0: K, 1: V
@@ -65,11 +66,11 @@ def kv_append_kernel(caps, batch: int, kv_len: int, hidden: int, pos: int, dtype
     c, nch = e.reg(), e.reg()
     e("mov.b64", c, 0)
     e("add.i64", nch, rowb, chunk - 1)
-    e("shr.u64", nch, nch, _log2(chunk))
+    e("shr.u64", nch, nch, log2(chunk))
 
     def span(cc):
         off, ln = e.reg(), e.reg()
-        e("shl.b64", off, cc, _log2(chunk))
+        e("shl.b64", off, cc, log2(chunk))
         e("sub.i64", ln, rowb, off)
         e("min.i64", ln, ln, chunk)
         return off, ln
@@ -88,7 +89,7 @@ def kv_append_kernel(caps, batch: int, kv_len: int, hidden: int, pos: int, dtype
 
     e.pipeline(c, 1, nch, chunk, gets, lambda cc, b: None, puts)
     e("exit")
-    prog = _build(e, caps)
+    prog = build_checked(e, caps)
     return KvAppendKernel(prog, Launch((int(batch), 2, 1), (32, 1, 1), spread=True), int(batch), int(kv_len), int(hidden), int(pos),
                           dtype)
 
