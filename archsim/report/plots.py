@@ -43,7 +43,8 @@ def plot_kernels(result: dict, path: Path) -> Path:
         left = [a + b for a, b in zip(left, vals)]
     ax2.set_xlim(0, 1)
     ax2.set_xlabel("share of resident warp-cycles")
-    ax2.legend(fontsize=7, loc="lower right", ncol=3)
+    # below the bars, so that it never hides one
+    ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=5, frameon=False)
     w = result.get("workload", {})
     fig.suptitle(f"{w.get('name', '')} {w.get('phase', '')} on {result['machine']['name']}")
     fig.tight_layout()
