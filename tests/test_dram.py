@@ -729,3 +729,35 @@ def test_an_oversized_input_queue_is_refused_with_a_clear_error():
     assert q_peek(Q, 0, 0) == 0 and Q.count[0] == 1              # untouched
     with pytest.raises(ValueError, match="queue_cap"):
         dram_counters(D)
+
+
+# every standard the schema names, on a machine of that kind (a config's own, or a tiny one set to it)
+STANDARDS = [("hbm2", "tiny-gpu", ()), ("hbm2e", "tiny-gpu", ("dram.kind=hbm2e",)), ("hbm3", "h100", ()),
+             ("ddr4", "tiny-sunway", ()), ("ddr5", "tiny-sunway", ("dram.kind=ddr5",))]
+
+
+def test_every_standard_of_the_schema_has_a_rule_table():
+    import typing
+
+    from archsim.config.schema import Dram
+    from archsim.engine.dram_rules import RULES
+
+    kinds = typing.get_args(Dram.model_fields["kind"].annotation)
+    assert set(kinds) == set(RULES) == {k for k, _, _ in STANDARDS}
+
+
+@pytest.mark.parametrize("kind, name, sets", STANDARDS, ids=[s[0] for s in STANDARDS])
+def test_every_standard_obeys_its_rules_in_the_command_log(kind, name, sets):
+    """The command-log checker (an independent statement of the rules) over a random trace of
+    reads and writes, row hits, misses and conflicts and refreshes, on each standard's table."""
+    m = machine(name, sets)
+    assert m.dram.kind == kind
+    r = Run(m, log_len=4096)
+    assert r.D.rules.shape[0] > 0
+    random_trace(r, seed=11, span=3 * tm(m).tREFI // 2)
+    end = r.run()
+    r.run(until=end + 2 * tm(m).tREFI)
+    assert len(r.done) == len(r.ids)
+    for ch in range(r.C):
+        if dram_log(r.D, ch):
+            check_timing(m, r.D, ch)

@@ -126,6 +126,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from archsim.engine import dram_rules as DRR
 from archsim.engine.jit import njit
 from archsim.engine.queues import KIND_WRITE
 
@@ -192,6 +193,8 @@ class DramState(NamedTuple):
     last_step: np.ndarray      # [1] cycle of the last step
     cnt: np.ndarray            # [C, 16] counters
     log: np.ndarray            # [C, L, 4] command log ring (log_len=0: off)
+    rules: np.ndarray          # [R, 4] the standard's timing rules (dram_rules.compile_rules), by command
+    rule_at: np.ndarray        # [CMD_* + 2] the first rule of each command code
 
 
 # ---------------------------------------------------------------------------- Python side
@@ -320,12 +323,16 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
     sub[:, :, S_OLDEST] = sub[:, :, S_YOUNGEST] = -1  # the age lists are empty
     for c in range(C):
         sub[c, :, S_REF] = refresh_first_due(machine, c, S)
+    fields = {(sc, cmd): f for sc, names in (("bank", (B_ACT, B_PRE, B_RD, B_WR)), ("group", (G_ACT, -1, G_RD, G_WR)),
+                                             ("sub", (S_ACT, -1, S_RD, S_WR)))
+              for cmd, f in zip(DRR.COMMANDS, names) if f >= 0}
+    rules, rule_at = DRR.compile_rules(d.kind, t, bint, {n: c for c, n in CMD_NAMES.items()}, fields)
     return DramState(
         prm=prm, clk=np.array([memory_clock_ghz(machine)], np.float64), bank=bank,
         bgrp=np.zeros((C, S * BGS, G_N), np.int64), sub=sub, shadow=np.zeros((C, qcap, H_N), np.int64),
         ret=np.zeros((C, retcap, F_N), np.int64), chan=np.zeros((C, K_N), np.int64),
         last_step=np.full(1, -1, np.int64), cnt=np.zeros((C, len(COUNTERS)), np.int64),
-        log=np.zeros((C, max(1, int(log_len)), 4), np.int64))
+        log=np.zeros((C, max(1, int(log_len)), 4), np.int64), rules=rules, rule_at=rule_at)
 
 
 def dram_check(D: DramState) -> None:
@@ -580,6 +587,26 @@ def _arrivals(D, Q, R, c, qi, now):
     D.chan[c, K_NSEEN] = n
 
 
+@njit(inline="always")
+def _apply_rules(D, c, b, g, s, cmd, now):
+    """Command ``cmd`` issued at ``now`` on bank b (bank group g, sub-channel s): each of the
+    standard's rules for it pushes the earliest cycle of a later command at the bank, its group or
+    its sub-channel."""
+    R = D.rules
+    for i in range(D.rule_at[cmd], D.rule_at[cmd + 1]):
+        t = now + R[i, 3]
+        f = R[i, 2]
+        sc = R[i, 1]
+        if sc == 0:
+            if t > D.bank[c, b, f]:
+                D.bank[c, b, f] = t
+        elif sc == 1:
+            if t > D.bgrp[c, g, f]:
+                D.bgrp[c, g, f] = t
+        elif t > D.sub[c, s, f]:
+            D.sub[c, s, f] = t
+
+
 @njit(inline="always")  # called for every entry a scan visits: no call
 def _eval(D, c, sl, b):
     """(command, earliest cycle) for the next command of the request in shadow slot ``sl``."""
@@ -751,13 +778,8 @@ def _issue(D, Q, c, qi, sl, now):
             if H[c, sj, H_BANK] == b and H[c, sj, H_ROW] == row:
                 hits += 1
         D.bank[c, b, B_HITS] = hits
-        D.bank[c, b, B_RD] = max(D.bank[c, b, B_RD], now + p[P_TRCD])
-        D.bank[c, b, B_WR] = max(D.bank[c, b, B_WR], now + p[P_TRCD])
-        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + p[P_TRAS])
-        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRC])
+        _apply_rules(D, c, b, g, s, CMD_ACT, now)
         D.bank[c, b, B_STREAK] = 0
-        D.bgrp[c, g, G_ACT] = max(D.bgrp[c, g, G_ACT], now + p[P_TRRDL])
-        D.sub[c, s, S_ACT] = max(D.sub[c, s, S_ACT], now + p[P_TRRDS])
         i = D.sub[c, s, S_FAWI]
         D.sub[c, s, S_FAW + i] = now
         D.sub[c, s, S_FAWI] = (i + 1) & 3
@@ -769,7 +791,7 @@ def _issue(D, Q, c, qi, sl, now):
     if cmd == CMD_PRE:
         D.bank[c, b, B_OPEN] = -1
         D.bank[c, b, B_HITS] = 0
-        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], now + p[P_TRP])
+        _apply_rules(D, c, b, g, s, CMD_PRE, now)
         D.cnt[c, C_PRECHARGES] += 1
         if first:
             H[c, sl, H_CLS] = 3                      # a conflict
@@ -787,23 +809,8 @@ def _issue(D, Q, c, qi, sl, now):
             D.cnt[c, C_ROW_MISSES] += 1
         else:
             D.cnt[c, C_ROW_CONFLICTS] += 1
-    bint = p[P_BINT]
-    tccds = p[P_TCCDS]
-    tccdl = p[P_TCCDL]
-    if wr:
-        lat = p[P_TCWL]
-        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + lat + bint + p[P_TWR])
-        D.bgrp[c, g, G_WR] = max(D.bgrp[c, g, G_WR], now + tccdl)
-        D.bgrp[c, g, G_RD] = max(D.bgrp[c, g, G_RD], now + tccdl, now + lat + bint + p[P_TWTRL])
-        D.sub[c, s, S_WR] = max(D.sub[c, s, S_WR], now + tccds)
-        D.sub[c, s, S_RD] = max(D.sub[c, s, S_RD], now + tccds, now + lat + bint + p[P_TWTRS])
-    else:
-        lat = p[P_TCL]
-        D.bank[c, b, B_PRE] = max(D.bank[c, b, B_PRE], now + p[P_TRTP])
-        D.bgrp[c, g, G_RD] = max(D.bgrp[c, g, G_RD], now + tccdl)
-        D.bgrp[c, g, G_WR] = max(D.bgrp[c, g, G_WR], now + tccdl)
-        D.sub[c, s, S_RD] = max(D.sub[c, s, S_RD], now + tccds)
-        D.sub[c, s, S_WR] = max(D.sub[c, s, S_WR], now + tccds)
+    _apply_rules(D, c, b, g, s, cmd, now)
+    lat = p[P_TCWL] if wr else p[P_TCL]
     bfp = p[P_BFP]
     end = max(D.sub[c, s, S_BUS], (now + lat) * FP) + bfp
     D.sub[c, s, S_BUS] = end
@@ -852,7 +859,7 @@ def _issue(D, Q, c, qi, sl, now):
         tp = max(D.bank[c, b, B_PRE], now + 1)
         D.bank[c, b, B_OPEN] = -1
         D.bank[c, b, B_HITS] = 0
-        D.bank[c, b, B_ACT] = max(D.bank[c, b, B_ACT], tp + p[P_TRP])
+        _apply_rules(D, c, b, g, s, CMD_PRE, tp)
         D.cnt[c, C_PRECHARGES] += 1
         _log(D, c, tp, np.int64(CMD_PRE), b, np.int64(-2))
     return removed
