@@ -363,125 +363,45 @@ def _split_epilogue_mma(a, c, o, rl, lz, row, ptr, ptrB, x, t1, tid, pm, pB, NO:
             a("st.global.v2.b32", Mem(pp, 32 * nt), acc, p=pr)
 
 
-# ----------------------------------------------------------------------------- the tensor-core kernel
-def _emit_mma(c: _Cfg) -> Program:
-    d, Bc = c.d, c.Bc
-    RB = 2 * d                                # bytes of a Q / K / V row in shared memory
-    lay = "sw64" if RB == 64 else "sw128"
-    Q_BYTES, KV_BYTES = BR * RB, Bc * RB
-    SB = 2 * KV_BYTES                         # one stage: K tile then V tile
-    ST0 = Q_BYTES if c.qsep else 0            # first stage (Q always at 0)
-    SWAP = ST0 ^ (ST0 + SB)                   # rs ^ SWAP: the other stage
-    assert c.qsep or Q_BYTES <= 2 * SB
-    NS, KQ, NO, KP, NP = Bc // 8, d // 16, d // 8, Bc // 16, d // 16
-    CPR = RB // 16                            # 16-byte chunks a row
-    RS = THREADS // CPR                       # rows between one thread's copies
-    if Bc % RS:
-        raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
-    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
-    name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    if c.split:
-        name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
-
-    # big register blocks first
-    o = a.reg(4 * NO)                         # O accumulators: n-tile nt at o + 4nt
-    q = a.reg(4 * KQ)                         # Q A-fragments: k-step ks at q + 4ks
-    s = a.reg(4 * NS)                         # S tiles (then P fragments: k-step kk at s + 8kk)
-    kf = [a.reg(4), a.reg(4)]                 # K / V B-fragments (two n-tiles), double buffered
-    zero = a.reg(4)
-    for i in range(4 * NO):
-        a("mov.f32", o + i, 0.0)
-    for i in range(4):
-        a("mov.f32", zero + i, 0.0)
-
-    # ---- block coordinates and copy geometry
-    tid, lane, warp = a.reg(), a.reg(), a.reg()
-    a("s2r", tid, "%tid.x")
-    a("and.b64", lane, tid, 31)
-    a("shr.u64", warp, tid, 5)
-    bq, hd, i0 = a.reg(), a.reg(), a.reg()
-    a("s2r", bq, "%ctaid.z")
-    a("s2r", hd, "%ctaid.y")
-    j = _first_tile(a, i0, c.split)
-    Lq, Lk = a.reg(), a.reg()
-    a("ldparam", Lq, "q_len")
-    a("ldparam", Lk, "kv_len")
-    r0, cb, soff = a.reg(), a.reg(), a.reg()
-    a("shr.u64", r0, tid, log2(CPR))          # this thread's first row of a tile
-    a("and.b64", cb, tid, CPR - 1)
-    a("shl.b64", cb, cb, 4)                   # its column byte
-    a("mov.b64", soff, cb)
-    swizzle_offset(a, soff, r0, soff, lay, RB, 0)  # shared offset of (r0, cb) in a tile
-
-    def col_base(dst, buf, rows, ld_name, off_name):
-        """dst = buf + 2*((bq*rows)*ld + hd*d + off) + cb; returns the row pitch register (2*ld bytes)."""
-        ldb, t = a.reg(), a.reg()
-        a("ldparam", ldb, ld_name)
-        a("mul.i64", t, bq, rows)
-        a("mul.i64", t, t, ldb)
-        a("mad.i64", t, hd, d, t)
-        a("ldparam", dst, off_name)
-        a("add.i64", t, t, dst)
-        a("shl.b64", t, t, 1)
-        a("ldparam", dst, buf)
-        a("add.i64", dst, dst, t)
-        a("add.i64", dst, dst, cb)
-        a("shl.b64", ldb, ldb, 1)
-        a.free(t)
-        return ldb
-
-    # ---- Q: rows i0 + r0 + RS*i (clamped to q_len - 1) into the Q region at 0
-    gq = a.reg()
-    qldb = col_base(gq, "Q", Lq, "q_ld", "q_off")
-    qlim, t = a.reg(), a.reg()
-    a("sub.i64", qlim, Lq, 1)
-    for i in range(BR // RS):
-        a("add.i64", t, r0, i0)
-        if i:
-            a("add.i64", t, t, RS * i)
-        a("min.i64", t, t, qlim)
-        a("mad.i64", t, t, qldb, gq)
-        a("cp.async.16", Mem(soff, RS * i * RB), Mem(t, 0))
-    a("cp.async.commit")
-    a.free(gq, qldb, qlim, t)
-
-    # ---- K / V copy state: key row rj (+ RS*i) of the next tile to copy, clamped to kv_len - 1
-    gk, gv = a.reg(), a.reg()
-    kldb = col_base(gk, "K", Lk, "kv_ld", "k_off")
-    a.free(col_base(gv, "V", Lk, "kv_ld", "v_off"))
-    klim, rj = a.reg(), a.reg()
-    a("sub.i64", klim, Lk, 1)
-    if c.split:
-        a("mad.i64", rj, j, Bc, r0)               # first key row of the chunk's first tile (+ r0)
+# ----------------------------------------------------------------------------- shared steps
+# (of both kernels here, and of attention_grad_gpu's dq and dkdv kernels)
+def kv_tile_counts(a, ntl, nfull, i0, Lq, Lk, rows: int, Bc: int, causal: bool, t, diff) -> None:
+    """Emit ntl, the K/V tiles the block visits, and nfull, the tiles all its rows see whole (no mask)."""
+    # the block: `rows` query rows from i0; tiles of Bc keys. Causal: diff = kv_len - q_len is left in
+    # `diff`; t: scratch
+    lb = log2(Bc)
+    if causal:
+        a("sub.i64", diff, Lk, Lq)
+        a("add.i64", t, i0, rows - 1)
+        a("sub.i64", ntl, Lq, 1)
+        a("min.i64", t, t, ntl)                   # the block's last real row
+        a("add.i64", ntl, t, diff)
+        a("add.i64", ntl, ntl, Bc)
+        a("shr.u64", ntl, ntl, lb)                # tiles up to the one holding its last visible key
+        a("add.i64", nfull, i0, diff)
+        a("add.i64", nfull, nfull, 1)
+        a("shr.u64", nfull, nfull, lb)            # tiles every row sees whole
     else:
-        a("mov.b64", rj, r0)
-    a.free(cb)
+        a("add.i64", ntl, Lk, Bc - 1)
+        a("shr.u64", ntl, ntl, lb)
+        a("shr.u64", nfull, Lk, lb)
 
-    def kv_copies(stage: Optional[object], guard=None):
-        """Copies of the K and V tile whose first key row is rj - r0, into the stage at `stage`
-        (a register, or an int offset); rj moves on to the next tile."""
-        if isinstance(stage, int):
-            sb, imm = soff, stage
-        else:
-            sb, imm = a.reg(), 0
-            a("add.i64", sb, stage, soff)
-        t, gk_, gv_ = a.reg(), a.reg(), a.reg()
-        for i in range(Bc // RS):
-            a("add.i64", t, rj, RS * i)
-            a("min.i64", t, t, klim)
-            a("mad.i64", gk_, t, kldb, gk)
-            a("mad.i64", gv_, t, kldb, gv)
-            a("cp.async.16", Mem(sb, imm + RS * i * RB), Mem(gk_, 0), p=guard)
-            a("cp.async.16", Mem(sb, imm + KV_BYTES + RS * i * RB), Mem(gv_, 0), p=guard)
-        a("cp.async.commit")
-        a("add.i64", rj, rj, Bc)
-        a.free(t, gk_, gv_)
-        if sb is not soff:
-            a.free(sb)
 
-    # ---- fragment bases (without the stage). A / V form: row L%16, chunk L/16; K form: row
-    # (L%8) + 8(L/16), chunk (L/8)%2. A k-step (32 bytes) to the right is xor 32 on the offset.
+def pipelined(steps, load, compute) -> None:
+    """Software pipeline over `steps` with two register buffers: the load of step i+1 is emitted
+    before the compute of step i."""
+    load(steps[0], 0)
+    for i, st in enumerate(steps):
+        if i + 1 < len(steps):
+            load(steps[i + 1], (i + 1) % 2)
+        compute(st, i % 2)
+
+
+def ldmatrix_bases(a: Asm, lane, lay: str, RB: int):
+    """Emit this lane's offsets of the two ldmatrix forms within a tile (without the stage)."""
+    # V form (row L%16, chunk L/16): x4.trans of a k-major operand, x4 of an A operand; K form (row
+    # (L%8) + 8(L/16), chunk (L/8)%2): x4 of an n-major operand, the "B^T" form. A k-step (32 bytes)
+    # to the right is xor 32 on the offset.
     vx0, kx0, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
     a("and.b64", t1, lane, 15)
     a("shr.u64", t2, lane, 4)
@@ -495,61 +415,222 @@ def _emit_mma(c: _Cfg) -> Program:
     a("and.b64", t2, t2, 1)
     a("shl.b64", t2, t2, 4)
     swizzle_offset(a, kx0, t1, t2, lay, RB, 0)
+    a.free(t1, t2)
+    return vx0, kx0
 
-    def q_to_registers():
-        a("mul.i64", t1, warp, 16 * RB)
-        a("add.i64", t1, t1, vx0)                 # row 16w + L%16 keeps the swizzle of row L%16
-        for ks in range(KQ):
-            if ks:
-                a("xor.b64", t2, t1, 32 * ks)
-            a("ldmatrix.x4", q + 4 * ks, Mem(t1 if ks == 0 else t2, 0))
 
-    if c.qsep:
-        kv_copies(ST0)                            # tile 0 flies while Q lands
+def c_to_a(a: Asm, cvt: str, s, n_ksteps: int) -> None:
+    """C fragments of 16 x 8 tiles 2kk, 2kk+1 -> f16x2 / bf16x2 A fragment of k-step kk at s + 8kk."""
+    for kk in range(n_ksteps):
+        b = s + 8 * kk
+        a(cvt, b, b, b + 1)
+        a(cvt, b + 1, b + 2, b + 3)
+        a(cvt, b + 2, b + 4, b + 5)
+        a(cvt, b + 3, b + 6, b + 7)
+
+
+# ----------------------------------------------------------------------------- the tensor-core kernel
+class _MmaCtx:
+    """The tensor-core attention kernel being emitted: its geometry (from _Cfg), its Asm, and the
+    registers that more than one step of the kernel uses."""
+
+    def __init__(self, c: _Cfg):
+        self.c = c
+        self.d, self.Bc = d, Bc = c.d, c.Bc
+        self.RB = RB = 2 * d                      # bytes of a Q / K / V row in shared memory
+        self.lay = "sw64" if RB == 64 else "sw128"
+        Q_BYTES, self.KV_BYTES = BR * RB, Bc * RB
+        self.SB = SB = 2 * self.KV_BYTES          # one stage: K tile then V tile
+        self.ST0 = ST0 = Q_BYTES if c.qsep else 0  # first stage (Q always at 0)
+        self.SWAP = ST0 ^ (ST0 + SB)              # rs ^ SWAP: the other stage
+        assert c.qsep or Q_BYTES <= 2 * SB
+        self.NS, self.KQ, self.NO, self.KP, self.NP = Bc // 8, d // 16, d // 8, Bc // 16, d // 16
+        self.CPR = CPR = RB // 16                 # 16-byte chunks a row
+        self.RS = THREADS // CPR                  # rows between one thread's copies
+        if Bc % self.RS:
+            raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+        self.mma, self.cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
+        name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+        if c.split:
+            name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+        self.a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
+        # the registers are attributes set by the steps that allocate them
+
+
+def _mma_registers(ctx: _MmaCtx) -> None:
+    """Allocate the big register blocks first (O, Q and K / V fragments, S, a zero tile); zero O."""
+    a, NO = ctx.a, ctx.NO
+    ctx.o = o = a.reg(4 * NO)                     # O accumulators: n-tile nt at o + 4nt
+    ctx.q = a.reg(4 * ctx.KQ)                     # Q A-fragments: k-step ks at q + 4ks
+    ctx.s = a.reg(4 * ctx.NS)                     # S tiles (then P fragments: k-step kk at s + 8kk)
+    ctx.kf = [a.reg(4), a.reg(4)]                 # K / V B-fragments (two n-tiles), double buffered
+    ctx.zero = zero = a.reg(4)
+    for i in range(4 * NO):
+        a("mov.f32", o + i, 0.0)
+    for i in range(4):
+        a("mov.f32", zero + i, 0.0)
+
+
+def _mma_block(ctx: _MmaCtx) -> None:
+    """Emit the block coordinates, the shapes, and this thread's copy row r0, column byte cb, offset soff."""
+    a, CPR = ctx.a, ctx.CPR
+    ctx.tid, ctx.lane, ctx.warp = tid, lane, warp = a.reg(), a.reg(), a.reg()
+    a("s2r", tid, "%tid.x")
+    a("and.b64", lane, tid, 31)
+    a("shr.u64", warp, tid, 5)
+    ctx.bq, ctx.hd, ctx.i0 = bq, hd, i0 = a.reg(), a.reg(), a.reg()
+    a("s2r", bq, "%ctaid.z")
+    a("s2r", hd, "%ctaid.y")
+    ctx.j = _first_tile(a, i0, ctx.c.split)
+    ctx.Lq, ctx.Lk = Lq, Lk = a.reg(), a.reg()
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    ctx.r0, ctx.cb, ctx.soff = r0, cb, soff = a.reg(), a.reg(), a.reg()
+    a("shr.u64", r0, tid, log2(CPR))              # this thread's first row of a tile
+    a("and.b64", cb, tid, CPR - 1)
+    a("shl.b64", cb, cb, 4)                       # its column byte
+    a("mov.b64", soff, cb)
+    swizzle_offset(a, soff, r0, soff, ctx.lay, ctx.RB, 0)  # shared offset of (r0, cb) in a tile
+
+
+def _mma_col_base(ctx: _MmaCtx, dst, buf: str, rows, ld_name: str, off_name: str):
+    """dst = buf + 2*((bq*rows)*ld + hd*d + off) + cb; returns the row pitch register (2*ld bytes)."""
+    a = ctx.a
+    ldb, t = a.reg(), a.reg()
+    a("ldparam", ldb, ld_name)
+    a("mul.i64", t, ctx.bq, rows)
+    a("mul.i64", t, t, ldb)
+    a("mad.i64", t, ctx.hd, ctx.d, t)
+    a("ldparam", dst, off_name)
+    a("add.i64", t, t, dst)
+    a("shl.b64", t, t, 1)
+    a("ldparam", dst, buf)
+    a("add.i64", dst, dst, t)
+    a("add.i64", dst, dst, ctx.cb)
+    a("shl.b64", ldb, ldb, 1)
+    a.free(t)
+    return ldb
+
+
+def _mma_copy_q(ctx: _MmaCtx) -> None:
+    """Copy Q rows i0 + r0 + RS*i (clamped to q_len - 1) into the Q region at 0."""
+    a, RS = ctx.a, ctx.RS
+    gq = a.reg()
+    qldb = _mma_col_base(ctx, gq, "Q", ctx.Lq, "q_ld", "q_off")
+    qlim, t = a.reg(), a.reg()
+    a("sub.i64", qlim, ctx.Lq, 1)
+    for i in range(BR // RS):
+        a("add.i64", t, ctx.r0, ctx.i0)
+        if i:
+            a("add.i64", t, t, RS * i)
+        a("min.i64", t, t, qlim)
+        a("mad.i64", t, t, qldb, gq)
+        a("cp.async.16", Mem(ctx.soff, RS * i * ctx.RB), Mem(t, 0))
+    a("cp.async.commit")
+    a.free(gq, qldb, qlim, t)
+
+
+def _mma_kv_stream(ctx: _MmaCtx) -> None:
+    """Emit the K / V copy state: column bases, row pitch, rj (the next tile's first key row + r0)."""
+    a = ctx.a
+    ctx.gk, ctx.gv = a.reg(), a.reg()
+    ctx.kldb = _mma_col_base(ctx, ctx.gk, "K", ctx.Lk, "kv_ld", "k_off")
+    a.free(_mma_col_base(ctx, ctx.gv, "V", ctx.Lk, "kv_ld", "v_off"))
+    ctx.klim, ctx.rj = klim, rj = a.reg(), a.reg()
+    a("sub.i64", klim, ctx.Lk, 1)
+    if ctx.c.split:
+        a("mad.i64", rj, ctx.j, ctx.Bc, ctx.r0)   # first key row of the chunk's first tile (+ r0)
+    else:
+        a("mov.b64", rj, ctx.r0)
+    a.free(ctx.cb)
+
+
+def _mma_kv_copies(ctx: _MmaCtx, stage, guard=None) -> None:
+    """Emit the copies of the next K and V tile into the stage at `stage`; rj moves on to the next tile."""
+    # stage: a register, or an int offset
+    a, RS, RB, soff, rj = ctx.a, ctx.RS, ctx.RB, ctx.soff, ctx.rj
+    if isinstance(stage, int):
+        sb, imm = soff, stage
+    else:
+        sb, imm = a.reg(), 0
+        a("add.i64", sb, stage, soff)
+    t, gk_, gv_ = a.reg(), a.reg(), a.reg()
+    for i in range(ctx.Bc // RS):
+        a("add.i64", t, rj, RS * i)
+        a("min.i64", t, t, ctx.klim)
+        a("mad.i64", gk_, t, ctx.kldb, ctx.gk)
+        a("mad.i64", gv_, t, ctx.kldb, ctx.gv)
+        a("cp.async.16", Mem(sb, imm + RS * i * RB), Mem(gk_, 0), p=guard)
+        a("cp.async.16", Mem(sb, imm + ctx.KV_BYTES + RS * i * RB), Mem(gv_, 0), p=guard)
+    a("cp.async.commit")
+    a("add.i64", rj, rj, ctx.Bc)
+    a.free(t, gk_, gv_)
+    if sb is not soff:
+        a.free(sb)
+
+
+def _mma_frag_bases(ctx: _MmaCtx) -> None:
+    """Emit the ldmatrix bases (without the stage); allocate the scratch registers t1, t2."""
+    a = ctx.a
+    ctx.vx0, ctx.kx0 = ldmatrix_bases(a, ctx.lane, ctx.lay, ctx.RB)
+    ctx.t1, ctx.t2 = a.reg(), a.reg()
+
+
+def _mma_q_to_registers(ctx: _MmaCtx) -> None:
+    """The warp's 16 Q rows from shared memory into its A fragments."""
+    a, t1, t2 = ctx.a, ctx.t1, ctx.t2
+    a("mul.i64", t1, ctx.warp, 16 * ctx.RB)
+    a("add.i64", t1, t1, ctx.vx0)                 # row 16w + L%16 keeps the swizzle of row L%16
+    for ks in range(ctx.KQ):
+        if ks:
+            a("xor.b64", t2, t1, 32 * ks)
+        a("ldmatrix.x4", ctx.q + 4 * ks, Mem(t1 if ks == 0 else t2, 0))
+
+
+def _mma_start(ctx: _MmaCtx) -> None:
+    """Emit Q into registers and the start of K/V tile 0 (in flight with Q when Q has its own region)."""
+    a = ctx.a
+    if ctx.c.qsep:
+        _mma_kv_copies(ctx, ctx.ST0)              # tile 0 flies while Q lands
         a("cp.async.wait", 1)
         a("bar.sync")
-        q_to_registers()
+        _mma_q_to_registers(ctx)
     else:
         a("cp.async.wait", 0)
         a("bar.sync")
-        q_to_registers()
+        _mma_q_to_registers(ctx)
         a("bar.sync")                             # every warp has its Q before tile 0 overwrites it
-        kv_copies(ST0)
+        _mma_kv_copies(ctx, ctx.ST0)
 
-    # ---- tile counts and mask limits (uniform per block). Key j is visible to row i iff j <= lim(i):
-    # lim = kv_len - 1, or i + kv_len - q_len when causal.
+
+def _mma_tile_limits(ctx: _MmaCtx) -> None:
+    """Emit the tile counts and the mask limits limA, limB of rows g, g + 8 (uniform per block)."""
+    # key j is visible to row i iff j <= lim(i): lim = kv_len - 1, or i + kv_len - q_len when causal
+    a, c, t1, t2 = ctx.a, ctx.c, ctx.t1, ctx.t2
     ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg()
-    lb = log2(Bc)
+    ctx.ntl, ctx.nfull = ntl, nfull
+    kv_tile_counts(a, ntl, nfull, ctx.i0, ctx.Lq, ctx.Lk, BR, ctx.Bc, c.causal, t1, t2)
     if c.causal:
         diff = t2
-        a("sub.i64", diff, Lk, Lq)
-        a("add.i64", t1, i0, BR - 1)
-        a("sub.i64", ntl, Lq, 1)
-        a("min.i64", t1, t1, ntl)                 # the block's last real row
-        a("add.i64", ntl, t1, diff)
-        a("add.i64", ntl, ntl, Bc)
-        a("shr.u64", ntl, ntl, lb)                # tiles up to the one holding its last visible key
-        a("add.i64", nfull, i0, diff)
-        a("add.i64", nfull, nfull, 1)
-        a("shr.u64", nfull, nfull, lb)            # tiles every row sees whole
-        a("shl.b64", t1, warp, 4)
-        a("add.i64", limA, t1, i0)
-        a("shr.u64", t1, lane, 2)
+        a("shl.b64", t1, ctx.warp, 4)
+        a("add.i64", limA, t1, ctx.i0)
+        a("shr.u64", t1, ctx.lane, 2)
         a("add.i64", limA, limA, t1)              # row g of this lane
         a("add.i64", limA, limA, diff)
         a("add.i64", limB, limA, 8)               # row g + 8
     else:
-        a("add.i64", ntl, Lk, Bc - 1)
-        a("shr.u64", ntl, ntl, lb)
-        a("shr.u64", nfull, Lk, lb)
-        a("mov.b64", limA, klim)
+        a("mov.b64", limA, ctx.klim)
         a.free(limB)
         limB = limA
-    _last_tile(a, ntl, j, t1, c.split)
-    a.free(Lq, Lk, bq, hd, i0, r0, warp)
+    ctx.limA, ctx.limB = limA, limB
+    _last_tile(a, ntl, ctx.j, t1, c.split)
+    a.free(ctx.Lq, ctx.Lk, ctx.bq, ctx.hd, ctx.i0, ctx.r0, ctx.warp)
 
-    # ---- softmax state
-    m, l = a.reg(2), a.reg(2)                     # row max (scaled by nothing), partial row sums
+
+def _mma_loop_state(ctx: _MmaCtx) -> None:
+    """Emit the softmax state (m, l), the tile counter j, the lane's first key column jkey, stage rs."""
+    a, c = ctx.a, ctx.c
+    ctx.m, ctx.l = m, l = a.reg(2), a.reg(2)      # row max (scaled by nothing), partial row sums
     a("mov.f32", m, float("-inf"))
     a("mov.f32", m + 1, float("-inf"))
     a("mov.f32", l, 0.0)
@@ -557,62 +638,58 @@ def _emit_mma(c: _Cfg) -> Program:
     if c.split:
         jkey, rs = a.reg(), a.reg()
     else:
-        j, jkey, rs = a.reg(), a.reg(), a.reg()
-        a("mov.b64", j, 0)
-    a("and.b64", jkey, lane, 3)
+        ctx.j, jkey, rs = a.reg(), a.reg(), a.reg()
+        a("mov.b64", ctx.j, 0)
+    a("and.b64", jkey, ctx.lane, 3)
     a("shl.b64", jkey, jkey, 1)                   # key of this lane's first S column: j*Bc + 2t
     if c.split:
-        a("mad.i64", jkey, j, Bc, jkey)
-    a("mov.b64", rs, ST0)
-    a.free(lane)
-    pn, pm = a.pred(), a.pred()
+        a("mad.i64", jkey, ctx.j, ctx.Bc, jkey)
+    a("mov.b64", rs, ctx.ST0)
+    a.free(ctx.lane)
+    ctx.jkey, ctx.rs = jkey, rs
+    ctx.pn, ctx.pm = a.pred(), a.pred()
 
-    def pipelined(steps, load, compute):
-        load(steps[0], 0)
-        for i, st in enumerate(steps):
-            if i + 1 < len(steps):
-                load(steps[i + 1], (i + 1) % 2)
-            compute(st, i % 2)
 
-    a.label("KV_LOOP")
-    a("cp.async.wait", 0)                         # tile j landed (this thread's copies) ...
-    a("bar.sync")                                 # ... everyone's; the stage of tile j-1 is free
-    a("add.i64", t1, j, 1)
-    a("setp.lt.i64", pn, t1, ntl)
-    a("xor.b64", t1, rs, SWAP)
-    kv_copies(t1, pn)                             # tile j+1 into the other stage
+def _mma_scores(ctx: _MmaCtx) -> None:
+    """S = Q K^T: k-step ks outer, key pairs jp inner (one address per k-step)."""
+    a, t2, kf, s = ctx.a, ctx.t2, ctx.kf, ctx.s
 
-    # S = Q K^T: k-step ks outer, key pairs jp inner (one address per k-step)
     def k_load(st, buf):
         ks, jp = st
         if jp == 0:
-            a("xor.b64", t2, kx0, 32 * ks)
-            a("add.i64", t2, t2, rs)
-        a("ldmatrix.x4", kf[buf], Mem(t2, 16 * jp * RB))
+            a("xor.b64", t2, ctx.kx0, 32 * ks)
+            a("add.i64", t2, t2, ctx.rs)
+        a("ldmatrix.x4", kf[buf], Mem(t2, 16 * jp * ctx.RB))
 
     def s_mma(st, buf):
         ks, jp = st
         for h in range(2):
             acc = s + 4 * (2 * jp + h)
-            a(mma, acc, q + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else acc)
+            a(ctx.mma, acc, ctx.q + 4 * ks, kf[buf] + 2 * h, ctx.zero if ks == 0 else acc)
 
-    pipelined([(ks, jp) for ks in range(KQ) for jp in range(NS // 2)], k_load, s_mma)
+    pipelined([(ks, jp) for ks in range(ctx.KQ) for jp in range(ctx.NS // 2)], k_load, s_mma)
 
-    # mask (diagonal and tail tiles only): score (row, jkey + 8nt + e%2) -> -inf past lim(row)
-    a("setp.lt.i64", pm, j, nfull)
-    a("bra", "UNMASKED", p=pm)
+
+def _mma_mask(ctx: _MmaCtx) -> None:
+    """Mask (diagonal and tail tiles only): score (row, jkey + 8nt + e%2) -> -inf past lim(row)."""
+    a, c, t1, t2 = ctx.a, ctx.c, ctx.t1, ctx.t2
+    a("setp.lt.i64", ctx.pm, ctx.j, ctx.nfull)
+    a("bra", "UNMASKED", p=ctx.pm)
     pe = a.pred()
-    a("sub.i64", t1, limA, jkey)
+    a("sub.i64", t1, ctx.limA, ctx.jkey)
     if c.causal:
-        a("sub.i64", t2, limB, jkey)
-    for nt in range(NS):
+        a("sub.i64", t2, ctx.limB, ctx.jkey)
+    for nt in range(ctx.NS):
         for e in range(4):
             a("setp.lt.i64", pe, t2 if (c.causal and e >= 2) else t1, 8 * nt + (e & 1))
-            a("mov.f32", s + 4 * nt + e, float("-inf"), p=pe)
+            a("mov.f32", ctx.s + 4 * nt + e, float("-inf"), p=pe)
     a.pfree(pe)
     a.label("UNMASKED")
 
-    # online softmax, rows g (e = 0, 1) and g + 8 (e = 2, 3)
+
+def _mma_online_softmax(ctx: _MmaCtx) -> None:
+    """Emit the online softmax of rows g, g + 8 (e = 0, 1 and 2, 3), then P as A fragments."""
+    a, c, s, m, l, o, t1, NS = ctx.a, ctx.c, ctx.s, ctx.m, ctx.l, ctx.o, ctx.t1, ctx.NS
     mx, nmc, al = a.reg(2), a.reg(2), a.reg(2)
     for r in range(2):
         a("max.f32", mx + r, s + 2 * r, s + 2 * r + 1)
@@ -645,58 +722,86 @@ def _emit_mma(c: _Cfg) -> Program:
             a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r)
             a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r + 1)
         a("fma.f32", l + r, l + r, al + r, mx + r)
-    for nt in range(NO):
+    for nt in range(ctx.NO):
         for e in range(4):
             a("mul.f32", o + 4 * nt + e, o + 4 * nt + e, al + (e >> 1))
     a.free(mx, nmc, al, k=2)
-    for kk in range(KP):                                  # P k-step kk -> s + 8kk .. +3
-        b = s + 8 * kk
-        a(cvt, b, b, b + 1)
-        a(cvt, b + 1, b + 2, b + 3)
-        a(cvt, b + 2, b + 4, b + 5)
-        a(cvt, b + 3, b + 6, b + 7)
+    c_to_a(a, ctx.cvt, s, ctx.KP)                         # P k-step kk -> s + 8kk .. +3
 
-    # O += P V: n-tile pair np outer (one address each), key k-step kk inner
+
+def _mma_pv(ctx: _MmaCtx) -> None:
+    """O += P V: n-tile pair np outer (one address each), key k-step kk inner."""
+    a, t2, kf, o = ctx.a, ctx.t2, ctx.kf, ctx.o
+
     def v_load(st, buf):
         np_, kk = st
         if kk == 0:
-            a("xor.b64", t2, vx0, 32 * np_)
-            a("add.i64", t2, t2, rs)
-        a("ldmatrix.x4.trans", kf[buf], Mem(t2, KV_BYTES + 16 * kk * RB))
+            a("xor.b64", t2, ctx.vx0, 32 * np_)
+            a("add.i64", t2, t2, ctx.rs)
+        a("ldmatrix.x4.trans", kf[buf], Mem(t2, ctx.KV_BYTES + 16 * kk * ctx.RB))
 
     def pv_mma(st, buf):
         np_, kk = st
         for h in range(2):
             acc = o + 4 * (2 * np_ + h)
-            a(mma, acc, s + 8 * kk, kf[buf] + 2 * h, acc)
+            a(ctx.mma, acc, ctx.s + 8 * kk, kf[buf] + 2 * h, acc)
 
-    pipelined([(np_, kk) for np_ in range(NP) for kk in range(KP)], v_load, pv_mma)
+    pipelined([(np_, kk) for np_ in range(ctx.NP) for kk in range(ctx.KP)], v_load, pv_mma)
 
-    a("xor.b64", rs, rs, SWAP)
-    a("add.i64", jkey, jkey, Bc)
+
+def _mma_kv_loop(ctx: _MmaCtx) -> None:
+    """Emit the loop over K/V tiles (KV_LOOP): next tile's copies, scores, mask, softmax, O += P V."""
+    a, t1, j, pm = ctx.a, ctx.t1, ctx.j, ctx.pm
+    a.label("KV_LOOP")
+    a("cp.async.wait", 0)                         # tile j landed (this thread's copies) ...
+    a("bar.sync")                                 # ... everyone's; the stage of tile j-1 is free
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", ctx.pn, t1, ctx.ntl)
+    a("xor.b64", t1, ctx.rs, ctx.SWAP)
+    _mma_kv_copies(ctx, t1, ctx.pn)               # tile j+1 into the other stage
+    _mma_scores(ctx)
+    _mma_mask(ctx)
+    _mma_online_softmax(ctx)
+    _mma_pv(ctx)
+    a("xor.b64", ctx.rs, ctx.rs, ctx.SWAP)
+    a("add.i64", ctx.jkey, ctx.jkey, ctx.Bc)
     a("add.i64", j, j, 1)
-    a("setp.lt.i64", pm, j, ntl)
+    a("setp.lt.i64", pm, j, ctx.ntl)
     a("bra", "KV_LOOP", p=pm)
 
-    # ---- epilogue: O / l, rows g and g + 8 of each 16 x 8 tile, 2 columns a lane
-    a.free(j, jkey, rs, ntl, nfull, klim, rj, gk, kldb, vx0, kx0, soff)
-    if limB is not limA:
-        a.free(limB)
-    a.free(limA)
+
+def _mma_row_sums(ctx: _MmaCtx):
+    """Emit l summed over the quad and inverted; return the rows' natural LSE registers (lse, split)."""
+    # the loop's registers are free from here on
+    a, c, l, t1 = ctx.a, ctx.c, ctx.l, ctx.t1
+    a.free(ctx.j, ctx.jkey, ctx.rs, ctx.ntl, ctx.nfull, ctx.klim, ctx.rj, ctx.gk, ctx.kldb, ctx.vx0, ctx.kx0,
+           ctx.soff)
+    if ctx.limB is not ctx.limA:
+        a.free(ctx.limB)
+    a.free(ctx.limA)
     for sh in (1, 2):
         for r in range(2):
             a("shfl.bfly.b64", t1, l + r, sh)
             a("add.f32", l + r, l + r, t1)
+    lz = None
     if c.lse or c.split:                                  # ln(sum e^(scale s)) = ln2 (c m + log2 l)
         lz = a.reg(2)
         for r in range(2):
             a("lg2.f32", lz + r, l + r)
-            a("fma.f32", lz + r, m + r, c.c, lz + r)
+            a("fma.f32", lz + r, ctx.m + r, c.c, lz + r)
             a("mul.f32", lz + r, lz + r, LN2)
     for r in range(2):
         a("rcp.f32", l + r, l + r)
     if c.split:
         _zero_if_empty(a, l, 2)
+    return lz
+
+
+def _mma_epilogue(ctx: _MmaCtx) -> None:
+    """Emit O / l of rows g, g + 8 in the input dtype (split: f32 partials) and, with lse, the LSE."""
+    # each lane: 2 columns of each 16 x 8 tile
+    a, c, tid, t1, pm = ctx.a, ctx.c, ctx.tid, ctx.t1, ctx.pm
+    lz = _mma_row_sums(ctx)
     row, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     if c.split:
         a("mov.b64", row, 0)
@@ -715,9 +820,9 @@ def _emit_mma(c: _Cfg) -> Program:
     a("add.i64", t1, row, 8)
     a("setp.lt.i64", pB, t1, x)
     if c.split:
-        _split_epilogue_mma(a, c, o, l, lz, row, ptr, ptrB, x, t1, tid, pm, pB, NO)
+        _split_epilogue_mma(a, c, ctx.o, ctx.l, lz, row, ptr, ptrB, x, t1, tid, pm, pB, ctx.NO)
         a("exit")
-        return a.build()
+        return
     if c.lse:                                             # lane t == 0 of each quad stores rows g, g + 8
         pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
         a("and.b64", t1, tid, 3)
@@ -741,7 +846,7 @@ def _emit_mma(c: _Cfg) -> Program:
     a("ldparam", ldb, "o_ld")
     a("mul.i64", row, row, ldb)
     a("s2r", t1, "%ctaid.y")
-    a("mad.i64", row, t1, d, row)
+    a("mad.i64", row, t1, ctx.d, row)
     a("ldparam", t1, "o_off")
     a("add.i64", row, row, t1)
     a("and.b64", t1, tid, 3)
@@ -752,15 +857,30 @@ def _emit_mma(c: _Cfg) -> Program:
     a("add.i64", ptr, ptr, row)
     a("shl.b64", ldb, ldb, 4)                             # 8 rows of O
     a("add.i64", ptrB, ptr, ldb)
-    for nt in range(NO):
+    for nt in range(ctx.NO):
         for r, (pr, pp) in enumerate(((pm, ptr), (pB, ptrB))):
-            acc = o + 4 * nt + 2 * r
-            a("mul.f32", acc, acc, l + r)
-            a("mul.f32", acc + 1, acc + 1, l + r)
-            a(cvt, x, acc, acc + 1)
+            acc = ctx.o + 4 * nt + 2 * r
+            a("mul.f32", acc, acc, ctx.l + r)
+            a("mul.f32", acc + 1, acc + 1, ctx.l + r)
+            a(ctx.cvt, x, acc, acc + 1)
             a("st.global.b32", Mem(pp, 16 * nt), x, p=pr)
     a("exit")
-    return a.build()
+
+
+def _emit_mma(c: _Cfg) -> Program:
+    """The tensor-core kernel (see the module docstring)."""
+    ctx = _MmaCtx(c)
+    _mma_registers(ctx)
+    _mma_block(ctx)
+    _mma_copy_q(ctx)
+    _mma_kv_stream(ctx)
+    _mma_frag_bases(ctx)
+    _mma_start(ctx)
+    _mma_tile_limits(ctx)
+    _mma_loop_state(ctx)
+    _mma_kv_loop(ctx)
+    _mma_epilogue(ctx)
+    return ctx.a.build()
 
 
 # ----------------------------------------------------------------------------- the FFMA kernel
@@ -778,181 +898,178 @@ class _FCfg:
     split: bool = False  # as _Cfg.split
 
 
-def _emit_ffma(c: _FCfg) -> Program:
-    """The same algorithm on the vector pipes: a pair of threads per query row, each holding half
-    of the (pre-scaled) Q row and half of the O row in f32 registers; K/V tiles staged raw by
-    cp.async into two shared-memory stages (rows padded by 16 bytes between the halves, so the
-    two halves of a warp read different banks; the 16 lanes of a half read one address, a
-    broadcast); keys taken U = 8 at a time: scores by fma over the half row plus one shfl.bfly,
-    then the online-softmax update and O += p V by fma."""
-    d, Bc, es = c.d, c.Bc, (4 if c.dtype == "fp32" else 2)
-    HB = d // 2 * es                          # bytes of a half row
-    RBp = 2 * HB + 16                         # padded shared row
-    KV_BYTES = Bc * RBp
-    SB = 2 * KV_BYTES
-    CPR = d * es // 16
-    RS = THREADS // CPR
-    if RS > Bc or Bc % RS:
-        raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
-    H = d // 2                                # elements a thread holds
-    NV = HB // 16                             # 16-byte loads per half row
-    name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    if c.split:
-        name = f"flash_attn_split_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
-    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), 2 * SB)
-    qv, ov, sv = a.reg(H), a.reg(H), a.reg(U)
-    buf = [a.reg(4), a.reg(4)]
+class _FfmaCtx:
+    """The FFMA attention kernel being emitted: its geometry (from _FCfg), its Asm, and the
+    registers that more than one step of the kernel uses."""
+
+    def __init__(self, c: _FCfg):
+        self.c = c
+        self.d, self.Bc, self.es = d, Bc, es = c.d, c.Bc, (4 if c.dtype == "fp32" else 2)
+        self.HB = HB = d // 2 * es                # bytes of a half row
+        self.RBp = RBp = 2 * HB + 16              # padded shared row
+        self.KV_BYTES = Bc * RBp
+        self.SB = SB = 2 * self.KV_BYTES
+        self.CPR = CPR = d * es // 16
+        self.RS = THREADS // CPR
+        if self.RS > Bc or Bc % self.RS:
+            raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
+        self.H = d // 2                           # elements a thread holds
+        self.NV = HB // 16                        # 16-byte loads per half row
+        name = f"flash_attn_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+        if c.split:
+            name = f"flash_attn_split_ffma_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
+        self.a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), 2 * SB)
+        # the registers are attributes set by the steps that allocate them
+
+
+def _ffma_block(ctx: _FfmaCtx) -> None:
+    """Allocate the Q, O and score registers (O zeroed) and load buffers; emit block coordinates, shapes."""
+    a, H = ctx.a, ctx.H
+    ctx.qv, ctx.ov, ctx.sv = a.reg(H), a.reg(H), a.reg(U)
+    ctx.buf = [a.reg(4), a.reg(4)]
     for i in range(H):
-        a("mov.f32", ov + i, 0.0)
+        a("mov.f32", ctx.ov + i, 0.0)
     tid, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
+    ctx.tid, ctx.bq, ctx.hd, ctx.i0, ctx.Lq, ctx.Lk, ctx.t1, ctx.t2 = tid, bq, hd, i0, Lq, Lk, t1, t2
     a("s2r", tid, "%tid.x")
     a("s2r", bq, "%ctaid.z")
     a("s2r", hd, "%ctaid.y")
-    j0 = _first_tile(a, i0, c.split)
+    ctx.j0 = _first_tile(a, i0, ctx.c.split)
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
-    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
 
-    def to_f32(dst, src, high=False):
-        if c.dtype == "fp16":
-            a("cvt.f32.f16h" if high else "cvt.f32.f16", dst, src)
-        elif c.dtype == "bf16":
-            a("cvt.f32.bf16h" if high else "cvt.f32.bf16", dst, src)
-        elif dst != src:
-            a("mov.b64", dst, src)
 
-    def row_ptr(dst, buf_name, rows, row, ld_name, off_name, half):
-        """dst = buf + es*((bq*rows + row)*ld + hd*d + off + half*d/2)."""
-        a("mad.i64", dst, bq, rows, row)
-        a("ldparam", t2, ld_name)
-        a("mul.i64", dst, dst, t2)
-        a("mad.i64", dst, hd, d, dst)
-        a("ldparam", t2, off_name)
-        a("add.i64", dst, dst, t2)
-        if half is not None:
-            a("mad.i64", dst, half, H, dst)
-        a("shl.b64", dst, dst, log2(es))
-        a("ldparam", t2, buf_name)
-        a("add.i64", dst, dst, t2)
+def _ffma_to_f32(ctx: _FfmaCtx, dst, src, high: bool = False) -> None:
+    """Emit dst = src as f32 (high: the upper half of an f16x2 / bf16x2 pair)."""
+    a, dtype = ctx.a, ctx.c.dtype
+    if dtype == "fp16":
+        a("cvt.f32.f16h" if high else "cvt.f32.f16", dst, src)
+    elif dtype == "bf16":
+        a("cvt.f32.bf16h" if high else "cvt.f32.bf16", dst, src)
+    elif dst != src:
+        a("mov.b64", dst, src)
 
-    # ---- this thread's half Q row (row clamped), scaled by c = scale*log2(e), in f32
-    qrow, half, g = a.reg(), a.reg(), a.reg()
-    a("shr.u64", qrow, tid, 1)
-    a("add.i64", qrow, qrow, i0)                  # unclamped query row
-    a("and.b64", half, tid, 1)
-    a("sub.i64", t1, Lq, 1)
+
+def _ffma_row_ptr(ctx: _FfmaCtx, dst, buf_name: str, rows, row, ld_name: str, off_name: str, half) -> None:
+    """dst = buf + es*((bq*rows + row)*ld + hd*d + off + half*d/2)."""
+    a, t2 = ctx.a, ctx.t2
+    a("mad.i64", dst, ctx.bq, rows, row)
+    a("ldparam", t2, ld_name)
+    a("mul.i64", dst, dst, t2)
+    a("mad.i64", dst, ctx.hd, ctx.d, dst)
+    a("ldparam", t2, off_name)
+    a("add.i64", dst, dst, t2)
+    if half is not None:
+        a("mad.i64", dst, half, ctx.H, dst)
+    a("shl.b64", dst, dst, log2(ctx.es))
+    a("ldparam", t2, buf_name)
+    a("add.i64", dst, dst, t2)
+
+
+def _ffma_load_q(ctx: _FfmaCtx) -> None:
+    """This thread's half Q row (row clamped), scaled by c = scale*log2(e), in f32."""
+    a, es, t1, qv = ctx.a, ctx.es, ctx.t1, ctx.qv
+    ctx.qrow, ctx.half, ctx.g = qrow, half, g = a.reg(), a.reg(), a.reg()
+    a("shr.u64", qrow, ctx.tid, 1)
+    a("add.i64", qrow, qrow, ctx.i0)              # unclamped query row
+    a("and.b64", half, ctx.tid, 1)
+    a("sub.i64", t1, ctx.Lq, 1)
     a("min.i64", t1, t1, qrow)
-    row_ptr(g, "Q", Lq, t1, "q_ld", "q_off", half)
-    for e in range(H):
+    _ffma_row_ptr(ctx, g, "Q", ctx.Lq, t1, "q_ld", "q_off", half)
+    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+    for e in range(ctx.H):
         a(ld, qv + e, Mem(g, e * es))
-    for e in range(H):
-        to_f32(qv + e, qv + e)
-        a("mul.f32", qv + e, qv + e, c.c)
+    for e in range(ctx.H):
+        _ffma_to_f32(ctx, qv + e, qv + e)
+        a("mul.f32", qv + e, qv + e, ctx.c.c)
 
-    # ---- copy geometry: chunk q = tid + 128 i -> row q / CPR, chunk q % CPR (+16 bytes in the second half)
+
+def _ffma_kv_stream(ctx: _FfmaCtx) -> None:
+    """Emit the copy geometry: this thread's shared offset, K and V pointers, row pitch and rj."""
+    # chunk q = tid + 128 i -> row q / CPR, chunk q % CPR (+16 bytes in the second half)
+    a, CPR, t1 = ctx.a, ctx.CPR, ctx.t1
     r0, cb, soff, gk, gv, kldb, klim, rj = (a.reg() for _ in range(8))
-    a("shr.u64", r0, tid, log2(CPR))
-    a("and.b64", cb, tid, CPR - 1)
-    a("mul.i64", soff, r0, RBp)
+    a("shr.u64", r0, ctx.tid, log2(CPR))
+    a("and.b64", cb, ctx.tid, CPR - 1)
+    a("mul.i64", soff, r0, ctx.RBp)
     a("shr.u64", t1, cb, log2(CPR // 2))
     a("shl.b64", t1, t1, 4)
     a("add.i64", soff, soff, t1)
     a("shl.b64", cb, cb, 4)
     a("add.i64", soff, soff, cb)
     a("mov.b64", t1, 0)
-    row_ptr(gk, "K", Lk, t1, "kv_ld", "k_off", None)
+    _ffma_row_ptr(ctx, gk, "K", ctx.Lk, t1, "kv_ld", "k_off", None)
     a("add.i64", gk, gk, cb)
-    row_ptr(gv, "V", Lk, t1, "kv_ld", "v_off", None)
+    _ffma_row_ptr(ctx, gv, "V", ctx.Lk, t1, "kv_ld", "v_off", None)
     a("add.i64", gv, gv, cb)
     a("ldparam", kldb, "kv_ld")
-    a("shl.b64", kldb, kldb, log2(es))
-    a("sub.i64", klim, Lk, 1)
-    if c.split:
-        a("mad.i64", rj, j0, Bc, r0)
+    a("shl.b64", kldb, kldb, log2(ctx.es))
+    a("sub.i64", klim, ctx.Lk, 1)
+    if ctx.c.split:
+        a("mad.i64", rj, ctx.j0, ctx.Bc, r0)
     else:
         a("mov.b64", rj, r0)
     a.free(cb, r0)
+    ctx.soff, ctx.gk, ctx.gv, ctx.kldb, ctx.klim, ctx.rj = soff, gk, gv, kldb, klim, rj
 
-    def kv_copies(stage, guard=None):
-        sb = a.reg()
-        if isinstance(stage, int):
-            a("add.i64", sb, soff, stage)
-        else:
-            a("add.i64", sb, stage, soff)
-        gk_, gv_ = a.reg(), a.reg()
-        for i in range(Bc // RS):
-            a("add.i64", t1, rj, RS * i)
-            a("min.i64", t1, t1, klim)
-            a("mad.i64", gk_, t1, kldb, gk)
-            a("mad.i64", gv_, t1, kldb, gv)
-            a("cp.async.16", Mem(sb, RS * i * RBp), Mem(gk_, 0), p=guard)
-            a("cp.async.16", Mem(sb, KV_BYTES + RS * i * RBp), Mem(gv_, 0), p=guard)
-        a("cp.async.commit")
-        a("add.i64", rj, rj, Bc)
-        a.free(sb, gk_, gv_)
 
-    kv_copies(0)
-
-    # ---- tile counts (as the tensor-core kernel) and this row's last visible key
-    ntl, nfull, lim = a.reg(), a.reg(), a.reg()
-    lb = log2(Bc)
-    if c.causal:
-        a("sub.i64", t2, Lk, Lq)                  # diff
-        a("add.i64", t1, i0, BR - 1)
-        a("sub.i64", ntl, Lq, 1)
-        a("min.i64", t1, t1, ntl)
-        a("add.i64", ntl, t1, t2)
-        a("add.i64", ntl, ntl, Bc)
-        a("shr.u64", ntl, ntl, lb)
-        a("add.i64", nfull, i0, t2)
-        a("add.i64", nfull, nfull, 1)
-        a("shr.u64", nfull, nfull, lb)
-        a("add.i64", lim, qrow, t2)
+def _ffma_kv_copies(ctx: _FfmaCtx, stage, guard=None) -> None:
+    """Emit the copies of the next K and V tile into the stage at `stage`; rj moves on to the next tile."""
+    a, t1, RS, RBp, rj = ctx.a, ctx.t1, ctx.RS, ctx.RBp, ctx.rj
+    sb = a.reg()
+    if isinstance(stage, int):
+        a("add.i64", sb, ctx.soff, stage)
     else:
-        a("add.i64", ntl, Lk, Bc - 1)
-        a("shr.u64", ntl, ntl, lb)
-        a("shr.u64", nfull, Lk, lb)
-        a("mov.b64", lim, klim)
-    _last_tile(a, ntl, j0, t1, c.split)
-    a.free(i0, Lk)
+        a("add.i64", sb, stage, ctx.soff)
+    gk_, gv_ = a.reg(), a.reg()
+    for i in range(ctx.Bc // RS):
+        a("add.i64", t1, rj, RS * i)
+        a("min.i64", t1, t1, ctx.klim)
+        a("mad.i64", gk_, t1, ctx.kldb, ctx.gk)
+        a("mad.i64", gv_, t1, ctx.kldb, ctx.gv)
+        a("cp.async.16", Mem(sb, RS * i * RBp), Mem(gk_, 0), p=guard)
+        a("cp.async.16", Mem(sb, ctx.KV_BYTES + RS * i * RBp), Mem(gv_, 0), p=guard)
+    a("cp.async.commit")
+    a("add.i64", rj, rj, ctx.Bc)
+    a.free(sb, gk_, gv_)
 
-    m, l, al, mx = a.reg(), a.reg(), a.reg(), a.reg()
+
+def _ffma_loop_state(ctx: _FfmaCtx) -> None:
+    """Emit the tile counts, this row's last visible key (lim) and the loop state (m, l, j, key, rs)."""
+    a, c, t1, t2 = ctx.a, ctx.c, ctx.t1, ctx.t2
+    ctx.ntl, ctx.nfull, ctx.lim = ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+    kv_tile_counts(a, ntl, nfull, ctx.i0, ctx.Lq, ctx.Lk, BR, ctx.Bc, c.causal, t1, t2)
+    if c.causal:
+        a("add.i64", lim, ctx.qrow, t2)           # t2: kv_len - q_len
+    else:
+        a("mov.b64", lim, ctx.klim)
+    _last_tile(a, ntl, ctx.j0, t1, c.split)
+    a.free(ctx.i0, ctx.Lk)
+    m, l, ctx.al, ctx.mx = a.reg(), a.reg(), a.reg(), a.reg()
+    ctx.m, ctx.l = m, l
     a("mov.f32", m, float("-inf"))
     a("mov.f32", l, 0.0)
     if c.split:
-        j = j0
+        j = ctx.j0
         rs, kp, key, jc, khalf = (a.reg() for _ in range(5))
-        a("mul.i64", key, j, Bc)
+        a("mul.i64", key, j, ctx.Bc)
     else:
         j, rs, kp, key, jc, khalf = (a.reg() for _ in range(6))
         a("mov.b64", j, 0)
         a("mov.b64", key, 0)
     a("mov.b64", rs, 0)
-    a("mul.i64", khalf, half, HB + 16)            # this thread's half of a shared row
-    pn, pm, pk = a.pred(), a.pred(), a.pred()
+    a("mul.i64", khalf, ctx.half, ctx.HB + 16)    # this thread's half of a shared row
+    ctx.j, ctx.rs, ctx.kp, ctx.key, ctx.jc, ctx.khalf = j, rs, kp, key, jc, khalf
+    ctx.pn, ctx.pm, ctx.pk = a.pred(), a.pred(), a.pred()
 
-    def pipelined(n, load, compute):
-        load(0, 0)
-        for i in range(n):
-            if i + 1 < n:
-                load(i + 1, (i + 1) % 2)
-            compute(i, i % 2)
 
-    a.label("KV_LOOP")
-    a("cp.async.wait", 0)
-    a("bar.sync")
-    a("add.i64", t1, j, 1)
-    a("setp.lt.i64", pn, t1, ntl)
-    a("xor.b64", t2, rs, SB)
-    kv_copies(t2, pn)
-    a("setp.ge.i64", pk, j, nfull)                # this tile needs the mask
-    a("add.i64", kp, rs, khalf)
-    a("mov.b64", jc, 0)
-    a.label("CHUNK")
-    # scores of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
+def _ffma_scores(ctx: _FfmaCtx) -> None:
+    """Emit the scores of keys key .. key+U-1: fma over the half row, plus the partner's half."""
+    # log2 domain: Q is pre-scaled
+    a, es, buf, kp, qv, sv, t1 = ctx.a, ctx.es, ctx.buf, ctx.kp, ctx.qv, ctx.sv, ctx.t1
     for u in range(U):
         def load(i, b, u=u):
-            a("ld.shared.v4.b32", buf[b], Mem(kp, u * RBp + 16 * i))
+            a("ld.shared.v4.b32", buf[b], Mem(kp, u * ctx.RBp + 16 * i))
 
         def comp(i, b, u=u):
             per = 4 if es == 4 else 8
@@ -963,16 +1080,21 @@ def _emit_ffma(c: _FCfg) -> Program:
                     v = src
                 else:
                     v = t1
-                    to_f32(t1, src, high=bool(e & 1))
+                    _ffma_to_f32(ctx, t1, src, high=bool(e & 1))
                 if i == 0 and e == 0:
                     a("mul.f32", sv + u, x, v)
                 else:
                     a("fma.f32", sv + u, x, v, sv + u)
-        pipelined(NV, load, comp)
+        pipelined(range(ctx.NV), load, comp)
         a("shfl.bfly.b64", t1, sv + u, 1)
         a("add.f32", sv + u, sv + u, t1)          # + the partner's half
-    a("bra", "UNMASKED", p=pk, neg=True)
-    a("sub.i64", t1, lim, key)
+
+
+def _ffma_online_softmax(ctx: _FfmaCtx) -> None:
+    """Emit the mask (tiles that need it) and the online-softmax update of the U scores."""
+    a, c, sv, m, l, al, mx, t1 = ctx.a, ctx.c, ctx.sv, ctx.m, ctx.l, ctx.al, ctx.mx, ctx.t1
+    a("bra", "UNMASKED", p=ctx.pk, neg=True)
+    a("sub.i64", t1, ctx.lim, ctx.key)
     pe = a.pred()
     for u in range(U):
         a("setp.lt.i64", pe, t1, u)
@@ -999,11 +1121,16 @@ def _emit_ffma(c: _FCfg) -> Program:
     for u in range(2, U):
         a("add.f32", mx, mx, sv + u)
     a("fma.f32", l, l, al, mx)
-    for e in range(H):
-        a("mul.f32", ov + e, ov + e, al)
+    for e in range(ctx.H):
+        a("mul.f32", ctx.ov + e, ctx.ov + e, al)
+
+
+def _ffma_pv(ctx: _FfmaCtx) -> None:
+    """O += p V over the U keys of the step, a half row of V each."""
+    a, es, buf, kp, sv, ov, t1 = ctx.a, ctx.es, ctx.buf, ctx.kp, ctx.sv, ctx.ov, ctx.t1
     for u in range(U):
         def vload(i, b, u=u):
-            a("ld.shared.v4.b32", buf[b], Mem(kp, KV_BYTES + u * RBp + 16 * i))
+            a("ld.shared.v4.b32", buf[b], Mem(kp, ctx.KV_BYTES + u * ctx.RBp + 16 * i))
 
         def vcomp(i, b, u=u):
             per = 4 if es == 4 else 8
@@ -1013,78 +1140,125 @@ def _emit_ffma(c: _FCfg) -> Program:
                     v = buf[b] + e
                 else:
                     v = t1
-                    to_f32(t1, buf[b] + e // 2, high=bool(e & 1))
+                    _ffma_to_f32(ctx, t1, buf[b] + e // 2, high=bool(e & 1))
                 a("fma.f32", x, sv + u, v, x)
-        pipelined(NV, vload, vcomp)
-    a("add.i64", kp, kp, U * RBp)
+        pipelined(range(ctx.NV), vload, vcomp)
+
+
+def _ffma_kv_loop(ctx: _FfmaCtx) -> None:
+    """Emit the loop over K/V tiles (KV_LOOP), U keys a step (CHUNK): scores, softmax, O += p V."""
+    a, t1, t2, j, rs, kp, key, jc, pm = ctx.a, ctx.t1, ctx.t2, ctx.j, ctx.rs, ctx.kp, ctx.key, ctx.jc, ctx.pm
+    a.label("KV_LOOP")
+    a("cp.async.wait", 0)
+    a("bar.sync")
+    a("add.i64", t1, j, 1)
+    a("setp.lt.i64", ctx.pn, t1, ctx.ntl)
+    a("xor.b64", t2, rs, ctx.SB)
+    _ffma_kv_copies(ctx, t2, ctx.pn)
+    a("setp.ge.i64", ctx.pk, j, ctx.nfull)        # this tile needs the mask
+    a("add.i64", kp, rs, ctx.khalf)
+    a("mov.b64", jc, 0)
+    a.label("CHUNK")
+    _ffma_scores(ctx)
+    _ffma_online_softmax(ctx)
+    _ffma_pv(ctx)
+    a("add.i64", kp, kp, U * ctx.RBp)
     a("add.i64", key, key, U)
     a("add.i64", jc, jc, 1)
-    a("setp.lt.i64", pm, jc, Bc // U)
+    a("setp.lt.i64", pm, jc, ctx.Bc // U)
     a("bra", "CHUNK", p=pm)
-    a("xor.b64", rs, rs, SB)
+    a("xor.b64", rs, rs, ctx.SB)
     a("add.i64", j, j, 1)
-    a("setp.lt.i64", pm, j, ntl)
+    a("setp.lt.i64", pm, j, ctx.ntl)
     a("bra", "KV_LOOP", p=pm)
 
-    # ---- epilogue: O / l (both threads of a row hold the full l), stored in the input dtype
-    a("setp.lt.i64", pm, qrow, Lq)
-    if c.split:                                   # f32 partial O and its LSE (the pair's thread 0)
-        pz = a.pred()
-        a("setp.eq.i64", pz, half, 0)
-        a("and.pred", pz, pz, pm)
-        a("lg2.f32", al, l)
-        a("add.f32", al, al, m)
-        a("mul.f32", al, al, LN2)
-        _split_index(a, g, t1)
-        a("mad.i64", g, g, Lq, qrow)              # ((b h s) q_len + row)
-        a("shl.b64", t1, g, 2)
-        a("ldparam", t2, "LSEpart")
-        a("add.i64", t1, t1, t2)
-        a("st.global.b32", Mem(t1, 0), al, p=pz)
-        a.pfree(pz)
-        a("rcp.f32", l, l)
-        _zero_if_empty(a, l, 1)
-        a("mul.i64", g, g, d)
-        a("mad.i64", g, half, H, g)
-        a("shl.b64", g, g, 2)
-        a("ldparam", t2, "Opart")
-        a("add.i64", g, g, t2)
-        for e in range(H):
-            a("mul.f32", ov + e, ov + e, l)
-        for e in range(0, H, 4):
-            a("st.global.v4.b32", Mem(g, 4 * e), ov + e, p=pm)
-        a("exit")
-        return a.build()
-    if c.lse:                                     # scores are in the log2 domain: ln2 (m + log2 l)
-        pz = a.pred()
-        a("setp.eq.i64", pz, half, 0)
-        a("and.pred", pz, pz, pm)
-        a("lg2.f32", al, l)
-        a("add.f32", al, al, m)
-        a("mul.f32", al, al, LN2)
+
+def _ffma_lse(ctx: _FfmaCtx):
+    """Emit al = the row's natural LSE; returns pz, a new predicate: this thread stores it."""
+    a, al = ctx.a, ctx.al
+    pz = a.pred()                                 # thread 0 of the pair, row < q_len
+    a("setp.eq.i64", pz, ctx.half, 0)
+    a("and.pred", pz, pz, ctx.pm)
+    a("lg2.f32", al, ctx.l)                       # scores are in the log2 domain: ln2 (m + log2 l)
+    a("add.f32", al, al, ctx.m)
+    a("mul.f32", al, al, LN2)
+    return pz
+
+
+def _ffma_split_epilogue(ctx: _FfmaCtx) -> None:
+    """Emit the split-KV epilogue: f32 partial O / l and its LSE (the pair's thread 0) to the workspaces."""
+    a, l, al, g, t1, t2, half, pm = ctx.a, ctx.l, ctx.al, ctx.g, ctx.t1, ctx.t2, ctx.half, ctx.pm
+    pz = _ffma_lse(ctx)
+    _split_index(a, g, t1)
+    a("mad.i64", g, g, ctx.Lq, ctx.qrow)          # ((b h s) q_len + row)
+    a("shl.b64", t1, g, 2)
+    a("ldparam", t2, "LSEpart")
+    a("add.i64", t1, t1, t2)
+    a("st.global.b32", Mem(t1, 0), al, p=pz)
+    a.pfree(pz)
+    a("rcp.f32", l, l)
+    _zero_if_empty(a, l, 1)
+    a("mul.i64", g, g, ctx.d)
+    a("mad.i64", g, half, ctx.H, g)
+    a("shl.b64", g, g, 2)
+    a("ldparam", t2, "Opart")
+    a("add.i64", g, g, t2)
+    for e in range(ctx.H):
+        a("mul.f32", ctx.ov + e, ctx.ov + e, l)
+    for e in range(0, ctx.H, 4):
+        a("st.global.v4.b32", Mem(g, 4 * e), ctx.ov + e, p=pm)
+    a("exit")
+
+
+def _ffma_epilogue(ctx: _FfmaCtx) -> None:
+    """Emit O / l in the input dtype and, with lse, the row's LSE (both threads of a row hold the full l)."""
+    a, c, l, al, t1, t2, ov, pm = ctx.a, ctx.c, ctx.l, ctx.al, ctx.t1, ctx.t2, ctx.ov, ctx.pm
+    a("setp.lt.i64", pm, ctx.qrow, ctx.Lq)
+    if c.split:
+        _ffma_split_epilogue(ctx)
+        return
+    if c.lse:
+        pz = _ffma_lse(ctx)
         a("s2r", t1, "%nctaid.y")
-        a("mad.i64", t1, bq, t1, hd)              # b*heads + head
-        a("mad.i64", t1, t1, Lq, qrow)
+        a("mad.i64", t1, ctx.bq, t1, ctx.hd)      # b*heads + head
+        a("mad.i64", t1, t1, ctx.Lq, ctx.qrow)
         a("shl.b64", t1, t1, 2)
         a("ldparam", t2, "LSE")
         a("add.i64", t1, t1, t2)
         a("st.global.b32", Mem(t1, 0), al, p=pz)
         a.pfree(pz)
     a("rcp.f32", l, l)
-    row_ptr(g, "O", Lq, qrow, "o_ld", "o_off", half)
-    if es == 4:
-        for e in range(H):
+    _ffma_row_ptr(ctx, ctx.g, "O", ctx.Lq, ctx.qrow, "o_ld", "o_off", ctx.half)
+    if ctx.es == 4:
+        for e in range(ctx.H):
             a("mul.f32", ov + e, ov + e, l)
-            a("st.global.b32", Mem(g, 4 * e), ov + e, p=pm)
+            a("st.global.b32", Mem(ctx.g, 4 * e), ov + e, p=pm)
     else:
         cvt = CVT_OUT[c.dtype]
-        for e in range(0, H, 2):
+        for e in range(0, ctx.H, 2):
             a("mul.f32", ov + e, ov + e, l)
             a("mul.f32", ov + e + 1, ov + e + 1, l)
             a(cvt, t1, ov + e, ov + e + 1)
-            a("st.global.b32", Mem(g, 2 * e), t1, p=pm)
+            a("st.global.b32", Mem(ctx.g, 2 * e), t1, p=pm)
     a("exit")
-    return a.build()
+
+
+def _emit_ffma(c: _FCfg) -> Program:
+    """The same algorithm on the vector pipes: a pair of threads per query row, each holding half
+    of the (pre-scaled) Q row and half of the O row in f32 registers; K/V tiles staged raw by
+    cp.async into two shared-memory stages (rows padded by 16 bytes between the halves, so the
+    two halves of a warp read different banks; the 16 lanes of a half read one address, a
+    broadcast); keys taken U = 8 at a time: scores by fma over the half row plus one shfl.bfly,
+    then the online-softmax update and O += p V by fma."""
+    ctx = _FfmaCtx(c)
+    _ffma_block(ctx)
+    _ffma_load_q(ctx)
+    _ffma_kv_stream(ctx)
+    _ffma_kv_copies(ctx, 0)
+    _ffma_loop_state(ctx)
+    _ffma_kv_loop(ctx)
+    _ffma_epilogue(ctx)
+    return ctx.a.build()
 
 
 # ----------------------------------------------------------------------------- the split-KV combine

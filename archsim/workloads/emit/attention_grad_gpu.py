@@ -61,7 +61,8 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.attention_gpu import LOG2E, causal_pairs, check_attention_args
+from archsim.workloads.emit.attention_gpu import (LOG2E, c_to_a, causal_pairs, check_attention_args, kv_tile_counts,
+                                                  ldmatrix_bases, pipelined)
 from archsim.workloads.emit.common import (CVT_IN, CVT_OUT, ELEM_BYTES, HOST_DTYPE, MMA_OP, Asm, OutOfRegisters,
                                           ceil_div, log2, swizzle_offset)
 from archsim.workloads.emit.gemm_gpu import to_float, to_host
@@ -121,45 +122,6 @@ def _load_a_frags(a: Asm, dst, KQ: int, ptrA, ptrB):
         a("ld.global.b32", dst + 4 * ks + 1, Mem(ptrB, 32 * ks))
         a("ld.global.b32", dst + 4 * ks + 2, Mem(ptrA, 32 * ks + 16))
         a("ld.global.b32", dst + 4 * ks + 3, Mem(ptrB, 32 * ks + 16))
-
-
-def _pipelined(a, steps, load, compute):
-    load(steps[0], 0)
-    for i, st in enumerate(steps):
-        if i + 1 < len(steps):
-            load(steps[i + 1], (i + 1) % 2)
-        compute(st, i % 2)
-
-
-def _c_to_a(a: Asm, cvt: str, s, n_ksteps: int):
-    """C fragments of 16 x 8 tiles 2kk, 2kk+1 -> f16x2 / bf16x2 A fragment of k-step kk at s + 8kk."""
-    for kk in range(n_ksteps):
-        b = s + 8 * kk
-        a(cvt, b, b, b + 1)
-        a(cvt, b + 1, b + 2, b + 3)
-        a(cvt, b + 2, b + 4, b + 5)
-        a(cvt, b + 3, b + 6, b + 7)
-
-
-def _frag_bases(a: Asm, lane, lay: str, RB: int):
-    """Shared offsets (without the stage) of the two ldmatrix forms: V form (row L%16, chunk L/16:
-    x4.trans of a k-major operand) and K form (row (L%8) + 8(L/16), chunk (L/8)%2: x4 of an
-    n-major operand, the "B^T" form)."""
-    vx0, kx0, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
-    a("and.b64", t1, lane, 15)
-    a("shr.u64", t2, lane, 4)
-    a("shl.b64", t2, t2, 4)
-    swizzle_offset(a, vx0, t1, t2, lay, RB, 0)
-    a("and.b64", t1, lane, 7)
-    a("shr.u64", t2, lane, 4)
-    a("shl.b64", t2, t2, 3)
-    a("add.i64", t1, t1, t2)
-    a("shr.u64", t2, lane, 3)
-    a("and.b64", t2, t2, 1)
-    a("shl.b64", t2, t2, 4)
-    swizzle_offset(a, kx0, t1, t2, lay, RB, 0)
-    a.free(t1, t2)
-    return vx0, kx0
 
 
 class _TileStream:
@@ -315,7 +277,7 @@ def _emit_pre(dtype: str, d: int) -> Program:
     return a.build()
 
 
-# ----------------------------------------------------------------------------- attn.grad.dkdv
+# ----------------------------------------------------------------------------- dkdv and dq: shared steps
 @dataclass(frozen=True)
 class _Cfg:
     dtype: str
@@ -328,69 +290,157 @@ class _Cfg:
     kv_smem: bool = False   # dkdv: K / V of the block staged in shared memory, A fragments by ldmatrix per use
 
 
-def _emit_dkdv(c: _Cfg) -> Program:
-    d, Br, W = c.d, c.T, c.warps
-    threads, Bk = 32 * W, 16 * W
-    RB = 2 * d
-    lay = "sw64" if RB == 64 else "sw128"
-    TB = Br * RB
-    SB = 2 * TB                                   # a stage: Q tile then dO tile
-    KQ, NS, NO, KP, NP = d // 16, Br // 8, d // 8, Br // 16, d // 16
-    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
-    kvs = c.kv_smem
-    KVB = 2 * SB                                  # kv_smem: K rows then V rows of the block
-    a = Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_kvs' if kvs else ''}{'_causal' if c.causal else ''}",
-            DKDV_PARAMS, 2 * SB + (2 * Bk * RB if kvs else 0))
-    dk, dv = a.reg(4 * NO), a.reg(4 * NO)         # accumulators: n-tile nt at +4nt
+class _GradCtx:
+    """A dkdv / dq kernel being emitted: the tile geometry (from _Cfg: `T` rows of the streamed
+    dimension a tile, 16 rows of the block's own dimension a warp), its Asm, and the registers
+    that more than one step of the kernel uses. kvs: K / V in shared memory (dkdv's kv_smem)."""
+
+    def __init__(self, c: _Cfg, kvs: bool):
+        self.c = c
+        self.d, self.T, self.W = d, T, W = c.d, c.T, c.warps
+        self.threads, self.Bown = 32 * W, 16 * W  # threads; rows of the block's own dimension
+        self.RB = RB = 2 * d
+        self.lay = "sw64" if RB == 64 else "sw128"
+        self.TB = T * RB
+        self.SB = 2 * self.TB                     # a stage: the two streamed tiles
+        self.KQ, self.NS, self.NO, self.KP, self.NP = d // 16, T // 8, d // 8, T // 16, d // 16
+        self.mma, self.cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
+        self.kvs = kvs
+        # the registers are attributes set by the steps that allocate them
+
+
+def _block_rows(ctx: _GradCtx) -> None:
+    """Emit the block coordinates, the shapes, the block's first row and this lane's row g (scratch t1, t2)."""
+    a = ctx.a
+    ctx.cx = cx = _Ctx(a)
+    Lq, Lk, first, lane_row, t1, t2 = (a.reg() for _ in range(6))
+    a("ldparam", Lq, "q_len")
+    a("ldparam", Lk, "kv_len")
+    a("shl.b64", first, cx.blk, log2(ctx.Bown))
+    a("shl.b64", lane_row, cx.warp, 4)
+    a("add.i64", lane_row, lane_row, first)
+    a("shr.u64", t1, cx.lane, 2)
+    a("add.i64", lane_row, lane_row, t1)          # this lane's row g (unclamped)
+    ctx.Lq, ctx.Lk, ctx.first, ctx.lane_row, ctx.t1, ctx.t2 = Lq, Lk, first, lane_row, t1, t2
+
+
+def _frags_from_rows(ctx: _GradCtx, rows, lim, srcs: tuple, pA, pB) -> None:
+    """Emit A fragments of the warp's 16 rows (clamped to lim) of each source, straight from global memory."""
+    # srcs: (buffer, ld, offset, destination); rows lane_row and lane_row + 8
+    a, cx, t1, t2 = ctx.a, ctx.cx, ctx.t1, ctx.t2
+    a("and.b64", t2, cx.lane, 3)
+    a("shl.b64", t2, t2, 2)                       # column byte 4t (elements 2t, 2t+1)
+    for buf, ld, off, dst in srcs:
+        a("min.i64", t1, ctx.lane_row, lim)
+        _row_ptr(a, pA, buf, cx.bq, rows, t1, ld, off, cx.hd, ctx.d, t2)
+        a("add.i64", t1, ctx.lane_row, 8)
+        a("min.i64", t1, t1, lim)
+        _row_ptr(a, pB, buf, cx.bq, rows, t1, ld, off, cx.hd, ctx.d, t2)
+        _load_a_frags(a, dst, ctx.KQ, pA, pB)
+
+
+def _stream_next(ctx: _GradCtx, label: str, tile, ntiles) -> None:
+    """Emit the head of the loop over streamed tiles: wait for this tile, copy the next into the other stage."""
+    a, t1 = ctx.a, ctx.t1
+    a.label(label)
+    a("cp.async.wait", 0)                         # this tile landed (this thread's copies) ...
+    a("bar.sync")                                 # ... everyone's; the stage of the previous tile is free
+    a("add.i64", t1, tile, 1)
+    a("setp.lt.i64", ctx.pn, t1, ntiles)
+    a("xor.b64", t1, ctx.rs, ctx.SB)
+    ctx.st.copies(t1, ctx.pn)
+
+
+def _product(ctx: _GradCtx, acc, afr, part: int) -> None:
+    """Emit acc (16 x T) = A (16 x d) times the part's tile rows transposed."""
+    # A: fragments in registers at afr, or (kv_smem) read per k-step from the shared region at afr
+    a, t1, kf, kvs = ctx.a, ctx.t1, ctx.kf, ctx.kvs
+
+    def load(stp, buf):
+        ks, jp = stp
+        if jp == 0:
+            if kvs:
+                a("xor.b64", ctx.ta, ctx.abase, 32 * ks)
+                a("ldmatrix.x4", ctx.af[ks % 2], Mem(ctx.ta, afr))
+            a("xor.b64", t1, ctx.kx0, 32 * ks)
+            a("add.i64", t1, t1, ctx.rs)
+        a("ldmatrix.x4", kf[buf], Mem(t1, part * ctx.TB + 16 * jp * ctx.RB))
+
+    def comp(stp, buf):
+        ks, jp = stp
+        for h in range(2):
+            x = acc + 4 * (2 * jp + h)
+            a(ctx.mma, x, ctx.af[ks % 2] if kvs else afr + 4 * ks, kf[buf] + 2 * h, ctx.zero if ks == 0 else x)
+    pipelined([(ks, jp) for ks in range(ctx.KQ) for jp in range(ctx.NS // 2)], load, comp)
+
+
+def _accumulate(ctx: _GradCtx, acc, afr, part: int) -> None:
+    """Emit acc (16 x d) += A (16 x T, fragments at afr + 8kk) times the part's tile (T x d)."""
+    a, t1, kf = ctx.a, ctx.t1, ctx.kf
+
+    def load(stp, buf):
+        np_, kk = stp
+        if kk == 0:
+            a("xor.b64", t1, ctx.vx0, 32 * np_)
+            a("add.i64", t1, t1, ctx.rs)
+        a("ldmatrix.x4.trans", kf[buf], Mem(t1, part * ctx.TB + 16 * kk * ctx.RB))
+
+    def comp(stp, buf):
+        np_, kk = stp
+        for h in range(2):
+            x = acc + 4 * (2 * np_ + h)
+            a(ctx.mma, x, afr + 8 * kk, kf[buf] + 2 * h, x)
+    pipelined([(np_, kk) for np_ in range(ctx.NP) for kk in range(ctx.KP)], load, comp)
+
+
+# ----------------------------------------------------------------------------- attn.grad.dkdv
+def _dkdv_registers(ctx: _GradCtx) -> None:
+    """Create the Asm; allocate the big register blocks first (dK, dV, K / V, S^T, dP^T); zero dK, dV."""
+    c, d, Br, W, Bk, RB, NO, NS, KQ = ctx.c, ctx.d, ctx.T, ctx.W, ctx.Bown, ctx.RB, ctx.NO, ctx.NS, ctx.KQ
+    kvs = ctx.kvs
+    ctx.KVB = KVB = 2 * ctx.SB                    # kv_smem: K rows then V rows of the block
+    ctx.a = a = Asm(f"flash_attn_bwd_dkdv_{c.dtype}_d{d}_w{W}_br{Br}{'_kvs' if kvs else ''}"
+                    f"{'_causal' if c.causal else ''}", DKDV_PARAMS, 2 * ctx.SB + (2 * Bk * RB if kvs else 0))
+    ctx.dk, ctx.dv = dk, dv = a.reg(4 * NO), a.reg(4 * NO)   # accumulators: n-tile nt at +4nt
     if kvs:                                       # shared offsets of the K / V regions; A fragments per k-step
-        kq, vq = KVB, KVB + Bk * RB
-        af = [a.reg(4), a.reg(4)]
+        ctx.kq, ctx.vq = KVB, KVB + Bk * RB
+        ctx.af = [a.reg(4), a.reg(4)]
     else:
-        kq, vq = a.reg(4 * KQ), a.reg(4 * KQ)     # K / V A fragments of the warp's 16 keys
-    s, dp = a.reg(4 * NS), a.reg(4 * NS)          # S^T -> P^T, dP^T -> dS^T (16 keys x Br queries)
-    lv = a.reg(2 * NS)                            # NL, then D, of this lane's query columns
-    kf = [a.reg(4), a.reg(4)]
-    zero = a.reg(4)
+        ctx.kq, ctx.vq = a.reg(4 * KQ), a.reg(4 * KQ)   # K / V A fragments of the warp's 16 keys
+    ctx.s, ctx.dp = a.reg(4 * NS), a.reg(4 * NS)  # S^T -> P^T, dP^T -> dS^T (16 keys x Br queries)
+    ctx.lv = a.reg(2 * NS)                        # NL, then D, of this lane's query columns
+    ctx.kf = [a.reg(4), a.reg(4)]
+    ctx.zero = zero = a.reg(4)
     for i in range(4 * NO):
         a("mov.f32", dk + i, 0.0)
         a("mov.f32", dv + i, 0.0)
     for i in range(4):
         a("mov.f32", zero + i, 0.0)
-    cx = _Ctx(a)
-    Lq, Lk, j0, kA, t1, t2 = (a.reg() for _ in range(6))
-    a("ldparam", Lq, "q_len")
-    a("ldparam", Lk, "kv_len")
-    a("shl.b64", j0, cx.blk, log2(Bk))
-    a("shl.b64", kA, cx.warp, 4)
-    a("add.i64", kA, kA, j0)
-    a("shr.u64", t1, cx.lane, 2)
-    a("add.i64", kA, kA, t1)                      # this lane's key row g (unclamped)
 
-    # ---- K and V of the block's keys, rows clamped to kv_len - 1: fragments of the warp's keys
-    # straight into registers, or (kv_smem) the block's rows into shared memory by cp.async
+
+def _dkdv_load_kv(ctx: _GradCtx) -> None:
+    """Emit K and V of the block's keys (rows clamped): into registers, or (kv_smem) into shared memory."""
+    a, cx, Lk = ctx.a, ctx.cx, ctx.Lk
     klim = a.reg()
     a("sub.i64", klim, Lk, 1)
-    if kvs:
-        kst = _TileStream(a, cx, d, Bk, threads, lay, Lk, klim, ("K", "kv_ld", "k_off"), ("V", "kv_ld", "v_off"))
-        kst.start(j0)
-        kst.copies(KVB)
+    if ctx.kvs:
+        kst = _TileStream(a, cx, ctx.d, ctx.Bown, ctx.threads, ctx.lay, Lk, klim, ("K", "kv_ld", "k_off"),
+                          ("V", "kv_ld", "v_off"))
+        kst.start(ctx.first)
+        kst.copies(ctx.KVB)
         kst.release()
     else:
         pA, pB = a.reg(), a.reg()
-        a("and.b64", t2, cx.lane, 3)
-        a("shl.b64", t2, t2, 2)                   # column byte 4t (elements 2t, 2t+1)
-        for buf, off, dst in (("K", "k_off", kq), ("V", "v_off", vq)):
-            a("min.i64", t1, kA, klim)
-            _row_ptr(a, pA, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
-            a("add.i64", t1, kA, 8)
-            a("min.i64", t1, t1, klim)
-            _row_ptr(a, pB, buf, cx.bq, Lk, t1, "kv_ld", off, cx.hd, d, t2)
-            _load_a_frags(a, dst, KQ, pA, pB)
+        _frags_from_rows(ctx, Lk, klim, (("K", "kv_ld", "k_off", ctx.kq), ("V", "kv_ld", "v_off", ctx.vq)), pA, pB)
         a.free(pA, pB)
 
-    # ---- query tiles: causal blocks start at the first tile that sees key j0; tiles before nmask
-    # have some (key, query) pair hidden and run the mask. Key row k sees query i iff i >= k - diff.
-    qlim, it, nq, nmask = a.reg(), a.reg(), a.reg(), a.reg()
+
+def _dkdv_query_tiles(ctx: _GradCtx) -> None:
+    """Emit the query tile range (it .. nq) and nmask, the tiles that run the causal mask."""
+    # causal blocks start at the first tile that sees key j0; tiles before nmask have some (key, query)
+    # pair hidden. Key row k sees query i iff i >= k - diff: lane_row becomes lim(row g).
+    a, c, Br, t1, Lq, Lk, j0, kA = ctx.a, ctx.c, ctx.T, ctx.t1, ctx.Lq, ctx.Lk, ctx.first, ctx.lane_row
+    ctx.qlim, ctx.it, ctx.nq, ctx.nmask = qlim, it, nq, nmask = a.reg(), a.reg(), a.reg(), a.reg()
     a("sub.i64", qlim, Lq, 1)
     a("add.i64", nq, Lq, Br - 1)
     a("shr.u64", nq, nq, log2(Br))
@@ -400,7 +450,7 @@ def _emit_dkdv(c: _Cfg) -> Program:
         a("sub.i64", it, j0, diff)
         a("max.i64", it, it, 0)
         a("shr.u64", it, it, log2(Br))
-        a("add.i64", nmask, j0, Bk - 1 + Br - 1)
+        a("add.i64", nmask, j0, ctx.Bown - 1 + Br - 1)
         a("sub.i64", nmask, nmask, diff)
         a("shr.s64", nmask, nmask, log2(Br))
         a("sub.i64", kA, kA, diff)                # lim(row g): the first query row g sees
@@ -409,171 +459,141 @@ def _emit_dkdv(c: _Cfg) -> Program:
         a("mov.b64", nmask, 0)
     a.free(Lk, j0)
 
-    st = _TileStream(a, cx, d, Br, threads, lay, Lq, qlim, ("Q", "q_ld", "q_off"), ("dO", "o_ld", "do_off"))
+
+def _dkdv_stream_start(ctx: _GradCtx) -> None:
+    """Emit the Q / dO stream's first copies, the NL / D pointers, the fragment bases and stage rs."""
+    a, cx, t2, RB = ctx.a, ctx.cx, ctx.t2, ctx.RB
+    ctx.st = st = _TileStream(a, cx, ctx.d, ctx.T, ctx.threads, ctx.lay, ctx.Lq, ctx.qlim, ("Q", "q_ld", "q_off"),
+                              ("dO", "o_ld", "do_off"))
     i0 = a.reg()
-    a("shl.b64", i0, it, log2(Br))
+    a("shl.b64", i0, ctx.it, log2(ctx.T))
     st.start(i0)
     st.copies(0)
     # NL / D pointers of this lane's first column (query i0 + 2t)
-    pl, pdd = a.reg(), a.reg()
+    ctx.pl, ctx.pdd = pl, pdd = a.reg(), a.reg()
     a("and.b64", t2, cx.lane, 3)
     a("shl.b64", t2, t2, 1)
     a("add.i64", t2, t2, i0)
     _ws_ptr(a, cx, pl, "NL", t2)
     _ws_ptr(a, cx, pdd, "D", t2)
-    qcol = t2                                     # i0 + 2t, kept in t2 through the loop
-    vx0, kx0 = _frag_bases(a, cx.lane, lay, RB)
-    if kvs:
-        abase, ta = a.reg(), a.reg()
+    ctx.qcol = t2                                 # i0 + 2t, kept in t2 through the loop
+    ctx.vx0, ctx.kx0 = ldmatrix_bases(a, cx.lane, ctx.lay, RB)
+    if ctx.kvs:
+        abase, ctx.ta = a.reg(), a.reg()
+        ctx.abase = abase
         a("mul.i64", abase, cx.warp, 16 * RB)
-        a("add.i64", abase, abase, vx0)           # row 16w + L%16 keeps the swizzle of row L%16
-    rs = a.reg()
-    a("mov.b64", rs, 0)
-    pn, pm = a.pred(), a.pred()
-    SWAP = SB
+        a("add.i64", abase, abase, ctx.vx0)       # row 16w + L%16 keeps the swizzle of row L%16
+    ctx.rs = a.reg()
+    a("mov.b64", ctx.rs, 0)
+    ctx.pn, ctx.pm = a.pred(), a.pred()
 
-    a.label("Q_LOOP")
-    a("cp.async.wait", 0)
-    a("bar.sync")
-    a("add.i64", t1, it, 1)
-    a("setp.lt.i64", pn, t1, nq)
-    a("xor.b64", t1, rs, SWAP)
-    st.copies(t1, pn)
+
+def _dkdv_mask(ctx: _GradCtx) -> None:
+    """Causal: S^T -> -inf where the query is hidden from the key (query tiles before nmask)."""
+    a, s, NS = ctx.a, ctx.s, ctx.NS
+    a("setp.ge.i64", ctx.pm, ctx.it, ctx.nmask)
+    a("bra", "UNMASKED", p=ctx.pm)
+    pe, lim = a.pred(), a.reg()
+    for r in range(2):                            # rows g (e = 0, 1) and g + 8 (e = 2, 3)
+        a("sub.i64", lim, ctx.lane_row, ctx.qcol)
+        if r:
+            a("add.i64", lim, lim, 8)
+        for nt in range(NS):
+            for e in (2 * r, 2 * r + 1):          # hidden iff i0 + 2t + 8nt + (e & 1) < lim
+                a("setp.gt.i64", pe, lim, 8 * nt + (e & 1))
+                a("mov.f32", s + 4 * nt + e, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.free(lim)
+    a.label("UNMASKED")
+
+
+def _dkdv_q_loop(ctx: _GradCtx) -> None:
+    """Emit the loop over query tiles (Q_LOOP): S^T, P^T, dP^T, dS^T, dV += P^T dO, dK += dS^T Q."""
+    a, c, s, dp, lv, NS, KP, Br = ctx.a, ctx.c, ctx.s, ctx.dp, ctx.lv, ctx.NS, ctx.KP, ctx.T
+    it, rs, pm = ctx.it, ctx.rs, ctx.pm
+    _stream_next(ctx, "Q_LOOP", it, ctx.nq)
     for nt in range(NS):
-        a("ld.global.v2.b32", lv + 2 * nt, Mem(pl, 32 * nt))
-
-    def product(acc, afr, part):
-        """acc (16 x Br) = A (16 x d: registers, or kv_smem: the shared region at afr) times the
-        part's tile rows transposed."""
-        def load(stp, buf):
-            ks, jp = stp
-            if jp == 0:
-                if kvs:
-                    a("xor.b64", ta, abase, 32 * ks)
-                    a("ldmatrix.x4", af[ks % 2], Mem(ta, afr))
-                a("xor.b64", t1, kx0, 32 * ks)
-                a("add.i64", t1, t1, rs)
-            a("ldmatrix.x4", kf[buf], Mem(t1, part * TB + 16 * jp * RB))
-
-        def comp(stp, buf):
-            ks, jp = stp
-            for h in range(2):
-                x = acc + 4 * (2 * jp + h)
-                a(mma, x, af[ks % 2] if kvs else afr + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else x)
-        _pipelined(a, [(ks, jp) for ks in range(KQ) for jp in range(NS // 2)], load, comp)
-
-    def accumulate(acc, afr, part):
-        """acc (16 x d) += A (16 x Br, fragments at afr + 8kk) times the part's tile (Br x d)."""
-        def load(stp, buf):
-            np_, kk = stp
-            if kk == 0:
-                a("xor.b64", t1, vx0, 32 * np_)
-                a("add.i64", t1, t1, rs)
-            a("ldmatrix.x4.trans", kf[buf], Mem(t1, part * TB + 16 * kk * RB))
-
-        def comp(stp, buf):
-            np_, kk = stp
-            for h in range(2):
-                x = acc + 4 * (2 * np_ + h)
-                a(mma, x, afr + 8 * kk, kf[buf] + 2 * h, x)
-        _pipelined(a, [(np_, kk) for np_ in range(NP) for kk in range(KP)], load, comp)
-
-    product(s, kq, 0)                             # S^T = K Q^T
+        a("ld.global.v2.b32", lv + 2 * nt, Mem(ctx.pl, 32 * nt))
+    _product(ctx, s, ctx.kq, 0)                   # S^T = K Q^T
     if c.causal:
-        a("setp.ge.i64", pm, it, nmask)
-        a("bra", "UNMASKED", p=pm)
-        pe, lim = a.pred(), a.reg()
-        for r in range(2):                        # rows g (e = 0, 1) and g + 8 (e = 2, 3)
-            a("sub.i64", lim, kA, qcol)
-            if r:
-                a("add.i64", lim, lim, 8)
-            for nt in range(NS):
-                for e in (2 * r, 2 * r + 1):      # hidden iff i0 + 2t + 8nt + (e & 1) < lim
-                    a("setp.gt.i64", pe, lim, 8 * nt + (e & 1))
-                    a("mov.f32", s + 4 * nt + e, float("-inf"), p=pe)
-        a.pfree(pe)
-        a.free(lim)
-        a.label("UNMASKED")
+        _dkdv_mask(ctx)
     for nt in range(NS):                          # P^T = 2^(c S^T - LSE log2 e)
         for e in range(4):
             x = s + 4 * nt + e
             a("fma.f32", x, x, c.c, lv + 2 * nt + (e & 1))
             a("ex2.f32", x, x)
-    product(dp, vq, 1)                            # dP^T = V dO^T
+    _product(ctx, dp, ctx.vq, 1)                  # dP^T = V dO^T
     for nt in range(NS):
-        a("ld.global.v2.b32", lv + 2 * nt, Mem(pdd, 32 * nt))
+        a("ld.global.v2.b32", lv + 2 * nt, Mem(ctx.pdd, 32 * nt))
     for nt in range(NS):                          # dS^T = P^T (dP^T - D)
         for e in range(4):
             x = dp + 4 * nt + e
             a("sub.f32", x, x, lv + 2 * nt + (e & 1))
             a("mul.f32", x, x, s + 4 * nt + e)
-    _c_to_a(a, cvt, s, KP)
-    accumulate(dv, s, 1)                          # dV += P^T dO
-    _c_to_a(a, cvt, dp, KP)
-    accumulate(dk, dp, 0)                         # dK += dS^T Q
+    c_to_a(a, ctx.cvt, s, KP)
+    _accumulate(ctx, ctx.dv, s, 1)                # dV += P^T dO
+    c_to_a(a, ctx.cvt, dp, KP)
+    _accumulate(ctx, ctx.dk, dp, 0)               # dK += dS^T Q
 
-    a("xor.b64", rs, rs, SWAP)
-    a("add.i64", qcol, qcol, Br)
-    a("add.i64", pl, pl, 4 * Br)
-    a("add.i64", pdd, pdd, 4 * Br)
+    a("xor.b64", rs, rs, ctx.SB)
+    a("add.i64", ctx.qcol, ctx.qcol, Br)
+    a("add.i64", ctx.pl, ctx.pl, 4 * Br)
+    a("add.i64", ctx.pdd, ctx.pdd, 4 * Br)
     a("add.i64", it, it, 1)
-    a("setp.lt.i64", pm, it, nq)
+    a("setp.lt.i64", pm, it, ctx.nq)
     a("bra", "Q_LOOP", p=pm)
 
-    # ---- epilogue: dK * scale and dV in the storage dtype, rows j0 + 16w + g (+8) < kv_len
+
+def _dkdv_epilogue(ctx: _GradCtx) -> None:
+    """dK * scale and dV in the storage dtype, rows j0 + 16w + g (+8) < kv_len."""
+    a, cx, t1 = ctx.a, ctx.cx, ctx.t1
     row0, Lk2 = a.reg(), a.reg()
-    a("shl.b64", row0, cx.blk, log2(Bk))
+    a("shl.b64", row0, cx.blk, log2(ctx.Bown))
     a("shl.b64", t1, cx.warp, 4)
     a("add.i64", row0, row0, t1)
     a("ldparam", Lk2, "kv_len")
-    _store_rows(a, cx, dk, NO, d, cvt, row0, Lk2, "dK", "kv_ld", "dk_off", c.scale)
-    _store_rows(a, cx, dv, NO, d, cvt, row0, Lk2, "dV", "kv_ld", "dv_off", None)
+    _store_rows(a, cx, ctx.dk, ctx.NO, ctx.d, ctx.cvt, row0, Lk2, "dK", "kv_ld", "dk_off", ctx.c.scale)
+    _store_rows(a, cx, ctx.dv, ctx.NO, ctx.d, ctx.cvt, row0, Lk2, "dV", "kv_ld", "dv_off", None)
     a("exit")
-    return a.build()
+
+
+def _emit_dkdv(c: _Cfg) -> Program:
+    """dK and dV of a block of 16*warps keys, streaming the query tiles (Q, dO) past them."""
+    ctx = _GradCtx(c, c.kv_smem)
+    _dkdv_registers(ctx)
+    _block_rows(ctx)
+    _dkdv_load_kv(ctx)
+    _dkdv_query_tiles(ctx)
+    _dkdv_stream_start(ctx)
+    _dkdv_q_loop(ctx)
+    _dkdv_epilogue(ctx)
+    return ctx.a.build()
 
 
 # ----------------------------------------------------------------------------- attn.grad.dq
-def _emit_dq(c: _Cfg) -> Program:
-    d, Bc, W = c.d, c.T, c.warps
-    threads, Bq = 32 * W, 16 * W
-    RB = 2 * d
-    lay = "sw64" if RB == 64 else "sw128"
-    TB = Bc * RB
-    SB = 2 * TB                                   # a stage: K tile then V tile
-    KQ, NS, NO, KP, NP = d // 16, Bc // 8, d // 8, Bc // 16, d // 16
-    mma, cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
-    a = Asm(f"flash_attn_bwd_dq_{c.dtype}_d{d}_w{W}_bc{Bc}{'_causal' if c.causal else ''}", DQ_PARAMS, 2 * SB)
-    dq = a.reg(4 * NO)
-    qf, of = a.reg(4 * KQ), a.reg(4 * KQ)         # Q / dO A fragments of the warp's 16 query rows
-    s, dp = a.reg(4 * NS), a.reg(4 * NS)          # S -> P, dP -> dS (16 queries x Bc keys)
-    kf = [a.reg(4), a.reg(4)]
-    zero = a.reg(4)
-    rv = a.reg(4)                                 # NL rows g, g + 8; D rows g, g + 8
+def _dq_registers(ctx: _GradCtx) -> None:
+    """Create the Asm; allocate the big register blocks first (dQ, Q / dO, S, dP, NL / D); zero dQ."""
+    c, d, Bc, W, NO, NS, KQ = ctx.c, ctx.d, ctx.T, ctx.W, ctx.NO, ctx.NS, ctx.KQ
+    ctx.a = a = Asm(f"flash_attn_bwd_dq_{c.dtype}_d{d}_w{W}_bc{Bc}{'_causal' if c.causal else ''}", DQ_PARAMS,
+                    2 * ctx.SB)
+    ctx.dq = dq = a.reg(4 * NO)
+    ctx.qf, ctx.of = a.reg(4 * KQ), a.reg(4 * KQ)   # Q / dO A fragments of the warp's 16 query rows
+    ctx.s, ctx.dp = a.reg(4 * NS), a.reg(4 * NS)  # S -> P, dP -> dS (16 queries x Bc keys)
+    ctx.kf = [a.reg(4), a.reg(4)]
+    ctx.zero = zero = a.reg(4)
+    ctx.rv = a.reg(4)                             # NL rows g, g + 8; D rows g, g + 8
     for i in range(4 * NO):
         a("mov.f32", dq + i, 0.0)
     for i in range(4):
         a("mov.f32", zero + i, 0.0)
-    cx = _Ctx(a)
-    Lq, Lk, i0, qA, t1, t2 = (a.reg() for _ in range(6))
-    a("ldparam", Lq, "q_len")
-    a("ldparam", Lk, "kv_len")
-    a("shl.b64", i0, cx.blk, log2(Bq))
-    a("shl.b64", qA, cx.warp, 4)
-    a("add.i64", qA, qA, i0)
-    a("shr.u64", t1, cx.lane, 2)
-    a("add.i64", qA, qA, t1)                      # this lane's query row g (unclamped)
 
+
+def _dq_load_rows(ctx: _GradCtx) -> None:
+    """Q and dO fragments of the warp's 16 query rows (clamped to q_len - 1) and their NL and D."""
+    a, cx, rv, qA = ctx.a, ctx.cx, ctx.rv, ctx.lane_row
     qlim, pA, pB = a.reg(), a.reg(), a.reg()
-    a("sub.i64", qlim, Lq, 1)
-    a("and.b64", t2, cx.lane, 3)
-    a("shl.b64", t2, t2, 2)
-    for buf, ld, off, dst in (("Q", "q_ld", "q_off", qf), ("dO", "o_ld", "do_off", of)):
-        a("min.i64", t1, qA, qlim)
-        _row_ptr(a, pA, buf, cx.bq, Lq, t1, ld, off, cx.hd, d, t2)
-        a("add.i64", t1, qA, 8)
-        a("min.i64", t1, t1, qlim)
-        _row_ptr(a, pB, buf, cx.bq, Lq, t1, ld, off, cx.hd, d, t2)
-        _load_a_frags(a, dst, KQ, pA, pB)
+    a("sub.i64", qlim, ctx.Lq, 1)
+    _frags_from_rows(ctx, ctx.Lq, qlim, (("Q", "q_ld", "q_off", ctx.qf), ("dO", "o_ld", "do_off", ctx.of)), pA, pB)
     _ws_ptr(a, cx, pA, "NL", qA)                  # padded workspaces: rows < q_pad always
     a("ld.global.b32", rv, Mem(pA, 0))
     a("ld.global.b32", rv + 1, Mem(pA, 32))
@@ -582,73 +602,53 @@ def _emit_dq(c: _Cfg) -> Program:
     a("ld.global.b32", rv + 3, Mem(pA, 32))
     a.free(pA, pB, qlim)
 
-    # ---- key tiles (as the forward): causal blocks stop at the last tile their last row sees;
-    # tiles n_full.. need the mask (diagonal and kv tail). Key j visible to row i iff j <= lim(i).
-    klim, ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+
+def _dq_key_tiles(ctx: _GradCtx) -> None:
+    """Emit the key tile counts and the mask limits limA, limB of rows g, g + 8 (as the forward)."""
+    # causal blocks stop at the last tile their last row sees; tiles nfull.. need the mask (diagonal and
+    # kv tail). Key j visible to row i iff j <= lim(i).
+    a, c, t2, Lk = ctx.a, ctx.c, ctx.t2, ctx.Lk
+    klim, ntl, nfull, limA, limB = (a.reg() for _ in range(5))
+    ctx.klim, ctx.ntl, ctx.nfull, ctx.limA, ctx.limB = klim, ntl, nfull, limA, limB
     a("sub.i64", klim, Lk, 1)
-    lb = log2(Bc)
+    kv_tile_counts(a, ntl, nfull, ctx.first, ctx.Lq, Lk, ctx.Bown, ctx.T, c.causal, ctx.t1, t2)
     if c.causal:
         diff = t2
-        a("sub.i64", diff, Lk, Lq)
-        a("add.i64", t1, i0, Bq - 1)
-        a("sub.i64", ntl, Lq, 1)
-        a("min.i64", t1, t1, ntl)
-        a("add.i64", ntl, t1, diff)
-        a("add.i64", ntl, ntl, Bc)
-        a("shr.u64", ntl, ntl, lb)
-        a("add.i64", nfull, i0, diff)
-        a("add.i64", nfull, nfull, 1)
-        a("shr.u64", nfull, nfull, lb)
-        a("add.i64", limA, qA, diff)
+        a("add.i64", limA, ctx.lane_row, diff)
         a("add.i64", limB, limA, 8)
     else:
-        a("add.i64", ntl, Lk, Bc - 1)
-        a("shr.u64", ntl, ntl, lb)
-        a("shr.u64", nfull, Lk, lb)
         a("mov.b64", limA, klim)
         a("mov.b64", limB, klim)
-    a.free(qA, i0)
+    a.free(ctx.lane_row, ctx.first)
 
-    st = _TileStream(a, cx, d, Bc, threads, lay, Lk, klim, ("K", "kv_ld", "k_off"), ("V", "kv_ld", "v_off"))
-    j, jkey, rs = a.reg(), a.reg(), a.reg()
+
+def _dq_stream_start(ctx: _GradCtx) -> None:
+    """Emit the K / V stream's first copies, the lane's first key column jkey, fragment bases, stage rs."""
+    a, cx = ctx.a, ctx.cx
+    ctx.st = st = _TileStream(a, cx, ctx.d, ctx.T, ctx.threads, ctx.lay, ctx.Lk, ctx.klim, ("K", "kv_ld", "k_off"),
+                              ("V", "kv_ld", "v_off"))
+    ctx.j, ctx.jkey, ctx.rs = j, jkey, rs = a.reg(), a.reg(), a.reg()
     a("mov.b64", j, 0)
     st.start(j)
     st.copies(0)
     a("and.b64", jkey, cx.lane, 3)
     a("shl.b64", jkey, jkey, 1)                   # key of this lane's first S column: j*Bc + 2t
-    vx0, kx0 = _frag_bases(a, cx.lane, lay, RB)
+    ctx.vx0, ctx.kx0 = ldmatrix_bases(a, cx.lane, ctx.lay, ctx.RB)
     a("mov.b64", rs, 0)
-    pn, pm = a.pred(), a.pred()
+    ctx.pn, ctx.pm = a.pred(), a.pred()
 
-    a.label("KV_LOOP")
-    a("cp.async.wait", 0)
-    a("bar.sync")
-    a("add.i64", t1, j, 1)
-    a("setp.lt.i64", pn, t1, ntl)
-    a("xor.b64", t1, rs, SB)
-    st.copies(t1, pn)
 
-    def product(acc, afr, part):
-        def load(stp, buf):
-            ks, jp = stp
-            if jp == 0:
-                a("xor.b64", t1, kx0, 32 * ks)
-                a("add.i64", t1, t1, rs)
-            a("ldmatrix.x4", kf[buf], Mem(t1, part * TB + 16 * jp * RB))
-
-        def comp(stp, buf):
-            ks, jp = stp
-            for h in range(2):
-                x = acc + 4 * (2 * jp + h)
-                a(mma, x, afr + 4 * ks, kf[buf] + 2 * h, zero if ks == 0 else x)
-        _pipelined(a, [(ks, jp) for ks in range(KQ) for jp in range(NS // 2)], load, comp)
-
-    product(s, qf, 0)                             # S = Q K^T
-    a("setp.lt.i64", pm, j, nfull)
+def _dq_kv_loop(ctx: _GradCtx) -> None:
+    """Emit the loop over key tiles (KV_LOOP): S (masked from nfull on), P, dP, dS, dQ += dS K."""
+    a, c, t1, t2, s, dp, rv, NS, pm = ctx.a, ctx.c, ctx.t1, ctx.t2, ctx.s, ctx.dp, ctx.rv, ctx.NS, ctx.pm
+    j, jkey, rs = ctx.j, ctx.jkey, ctx.rs
+    _stream_next(ctx, "KV_LOOP", j, ctx.ntl)
+    _product(ctx, s, ctx.qf, 0)                   # S = Q K^T
+    a("setp.lt.i64", pm, j, ctx.nfull)
     a("bra", "UNMASKED", p=pm)
     pe = a.pred()
-    a("sub.i64", t1, limA, jkey)
-    a("sub.i64", t2, limB, jkey)
+    a("sub.i64", t1, ctx.limA, jkey)
+    a("sub.i64", t2, ctx.limB, jkey)
     for nt in range(NS):
         for e in range(4):
             a("setp.lt.i64", pe, t2 if e >= 2 else t1, 8 * nt + (e & 1))
@@ -660,41 +660,44 @@ def _emit_dq(c: _Cfg) -> Program:
             x = s + 4 * nt + e
             a("fma.f32", x, x, c.c, rv + (e >> 1))
             a("ex2.f32", x, x)
-    product(dp, of, 1)                            # dP = dO V^T
+    _product(ctx, dp, ctx.of, 1)                  # dP = dO V^T
     for nt in range(NS):                          # dS = P (dP - D)
         for e in range(4):
             x = dp + 4 * nt + e
             a("sub.f32", x, x, rv + 2 + (e >> 1))
             a("mul.f32", x, x, s + 4 * nt + e)
-    _c_to_a(a, cvt, dp, KP)
+    c_to_a(a, ctx.cvt, dp, ctx.KP)
+    _accumulate(ctx, ctx.dq, dp, 0)               # dQ += dS K (K tile rows are the k dimension)
 
-    def load(stp, buf):                           # dQ += dS K (K tile rows are the k dimension)
-        np_, kk = stp
-        if kk == 0:
-            a("xor.b64", t1, vx0, 32 * np_)
-            a("add.i64", t1, t1, rs)
-        a("ldmatrix.x4.trans", kf[buf], Mem(t1, 16 * kk * RB))
-
-    def comp(stp, buf):
-        np_, kk = stp
-        for h in range(2):
-            x = dq + 4 * (2 * np_ + h)
-            a(mma, x, dp + 8 * kk, kf[buf] + 2 * h, x)
-    _pipelined(a, [(np_, kk) for np_ in range(NP) for kk in range(KP)], load, comp)
-
-    a("xor.b64", rs, rs, SB)
-    a("add.i64", jkey, jkey, Bc)
+    a("xor.b64", rs, rs, ctx.SB)
+    a("add.i64", jkey, jkey, ctx.T)
     a("add.i64", j, j, 1)
-    a("setp.lt.i64", pm, j, ntl)
+    a("setp.lt.i64", pm, j, ctx.ntl)
     a("bra", "KV_LOOP", p=pm)
 
+
+def _dq_epilogue(ctx: _GradCtx) -> None:
+    """dQ * scale in the storage dtype, rows i0 + 16w + g (+8) < q_len."""
+    a, cx, t1 = ctx.a, ctx.cx, ctx.t1
     row0 = a.reg()
-    a("shl.b64", row0, cx.blk, log2(Bq))
+    a("shl.b64", row0, cx.blk, log2(ctx.Bown))
     a("shl.b64", t1, cx.warp, 4)
     a("add.i64", row0, row0, t1)
-    _store_rows(a, cx, dq, NO, d, cvt, row0, Lq, "dQ", "q_ld", "dq_off", c.scale)
+    _store_rows(a, cx, ctx.dq, ctx.NO, ctx.d, ctx.cvt, row0, ctx.Lq, "dQ", "q_ld", "dq_off", ctx.c.scale)
     a("exit")
-    return a.build()
+
+
+def _emit_dq(c: _Cfg) -> Program:
+    """dQ of a block of 16*warps query rows, streaming the key tiles (K, V) past them."""
+    ctx = _GradCtx(c, False)
+    _dq_registers(ctx)
+    _block_rows(ctx)
+    _dq_load_rows(ctx)
+    _dq_key_tiles(ctx)
+    _dq_stream_start(ctx)
+    _dq_kv_loop(ctx)
+    _dq_epilogue(ctx)
+    return ctx.a.build()
 
 
 # ----------------------------------------------------------------------------- configuration

@@ -337,6 +337,50 @@ def _dual_dots(a: Asm, k: "_Cpe", U: int, d: int, u0, lane_rows, first: int, pit
     return s, dp
 
 
+class _Grad(_Cpe):
+    """The steps of a gradient kernel (dkdv, dq): _Cpe's registers and routines, the configuration
+    c and the LDM layout L, and the registers the steps share (g, the loop state), each set by
+    the step that allocates it."""
+
+    def __init__(self, a: Asm, c: _Cfg, L: dict):
+        super().__init__(a, c.dtype, c.d)
+        self.c, self.L = c, L
+
+
+def _mask_group(k: _Grad, s, hidden: str, first) -> None:
+    """Emits the causal mask of a group (blocks with pk only): s_u = -inf where (lim - the group's
+    first query / key, which first() emits into t1) ``hidden`` u."""
+    a, t1 = k.a, k.t1
+    a("bra", "UNMASKED", p=k.pk, neg=True)
+    pe = a.pred()
+    first()
+    a("sub.i64", t1, k.lim, t1)
+    for u in range(k.c.U):
+        a(hidden, pe, t1, u)
+        a("mov.f32", s + u, float("-inf"), p=pe)
+    a.pfree(pe)
+    a.label("UNMASKED")
+
+
+def _next_group(k: _Grad) -> None:
+    """Emits the SKIP label and the step to the block's next group of U rows (u0 += U, T rows)."""
+    a = k.a
+    a.label("SKIP")
+    a("add.i64", k.u0, k.u0, k.c.U)
+    a("setp.lt.i64", k.pl, k.u0, k.c.T)
+    a("bra", "GROUP", p=k.pl)
+
+
+def _query_block(k: _Grad, i0) -> None:
+    """Emits i0 = the CPE's first query row: block nqb - 1 - x (heavy causal blocks first)."""
+    a, t1, t2 = k.a, k.t1, k.t2
+    a("s2r", t1, "%nctaid.x")
+    a("s2r", t2, "%ctaid.x")
+    a("sub.i64", i0, t1, t2)
+    a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
+    a("shl.b64", i0, i0, log2(LANES))
+
+
 # ----------------------------------------------------------------------------- attn.grad.pre
 def _pre_layout(dtype: str, d: int) -> dict:
     RBp = d * ELEM_BYTES[dtype] + 8
@@ -422,33 +466,66 @@ def _dkdv_layout(dtype: str, d: int, Br: int) -> dict:
 
 
 def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
+    """dK, dV of 32 keys a CPE (one a lane) over the query blocks that see them."""
     d, Br, U = c.d, c.T, c.U
     L = _dkdv_layout(c.dtype, d, Br)
     a = Asm(f"flash_attn_bwd_sw_dkdv_{c.dtype}_d{d}_br{Br}_u{U}{'_causal' if c.causal else ''}", DKDV_PARAMS,
             L["total"], limit=max_regs)
-    k = _Cpe(a, c.dtype, d)
-    t1, t2 = k.t1, k.t2
-    RB = k.RB
-    QR4 = 4 * d                                       # bytes of a working Q / dO row (fp32)
-    j0, g = a.reg(), a.reg()
+    k = _Grad(a, c, L)
+    j0 = _dkdv_keys(k)
+    _dkdv_query_range(k, j0)
+    _dkdv_block_dmas(k, k.it, k.nld)
+    k.pn, k.pk = a.pred(), a.pred()
+    k.u0 = a.reg()
+    _dkdv_block_head(k)
+    a.label("GROUP")
+    _dkdv_skip(k)
+    # ---- s_u = K_lane . Q_u, dp_u = V_lane . dO_u
+    s, dp = _dual_dots(a, k, U, d, k.u0, (L["KR"], L["VR"]), L["QF"], 4 * d, Br)
+    if c.causal:                                      # query i0 + u0 + u hidden iff i0 + u0 + u < lim
+        _mask_group(k, s, "setp.gt.i64", lambda: _dkdv_group_query(k))
+    _dkdv_probs(k, s, dp)
+    _dkdv_accumulate(k, s, dp)
+    _next_group(k)
+    a("xor.b64", k.nld, k.nld, 8 * Br)
+    a("add.i64", k.it, k.it, 1)
+    a("setp.lt.i64", k.pl, k.it, k.nq)
+    a("bra", "Q_LOOP", p=k.pl)
+    a.free(k.it, k.nq, k.nmask, k.lim, k.nld, k.u0)
+    a.pfree(k.pn, k.pk)
+    _dkdv_store(k)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+def _dkdv_keys(k: _Grad):
+    """Emits the CPE's first key j0 (returned), the K, V rows of its keys (clamped to kv_len - 1)
+    into padded rows, and dK^T, dV^T = 0; allocates g, the global pointer the steps share."""
+    a, L = k.a, k.L
+    j0, k.g = a.reg(), a.reg()
     a("s2r", j0, "%ctaid.x")
     a("shl.b64", j0, j0, log2(LANES))
-
-    # ---- K, V rows of the CPE's keys (clamped to kv_len - 1) into padded rows; dK^T, dV^T = 0
     klim = a.reg()
     a("ldparam", klim, "kv_len")
     a("sub.i64", klim, klim, 1)
     for buf, off, lds in (("K", "k_off", L["KR"]), ("V", "v_off", L["VR"])):
-        ldb = k.base(g, buf, "kv_len", "kv_ld", off)
-        k.rows(f"{buf}_ROWS", False, g, ldb, j0, klim, LANES, lds)
+        ldb = k.base(k.g, buf, "kv_len", "kv_ld", off)
+        k.rows(f"{buf}_ROWS", False, k.g, ldb, j0, klim, LANES, lds)
         a.free(ldb)
     a.free(klim)
     k.zero_cols("ZERO_DK", L["DKT"])
     k.zero_cols("ZERO_DV", L["DVT"])
+    return j0
 
-    # ---- query blocks: it from the first that sees key j0 (causal) to nq; blocks before nmask
-    # hold a hidden (query, key) pair. Key row j sees query i iff i >= j - diff = lim.
+
+def _dkdv_query_range(k: _Grad, j0) -> None:
+    """Emits the query blocks: it from the first that sees key j0 (causal) to nq; blocks before
+    nmask hold a hidden (query, key) pair. Key row j sees query i iff i >= j - diff = lim. nld:
+    the NL / D stage. Frees j0."""
+    a, c, t1, Br = k.a, k.c, k.t1, k.c.T
     it, nq, nmask, lim, nld = (a.reg() for _ in range(5))
+    k.it, k.nq, k.nmask, k.lim, k.nld = it, nq, nmask, lim, nld
     Lq = a.reg()
     a("ldparam", Lq, "q_len")
     a("add.i64", nq, Lq, Br - 1)
@@ -468,96 +545,100 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
         a("mov.b64", it, 0)
         a("mov.b64", nmask, 0)
     a.free(Lq, j0)
-    a("mov.b64", nld, L["NLD"])
+    a("mov.b64", nld, k.L["NLD"])
 
-    def block_dmas(blk, stage):
-        """Query block blk's Q, dO rows (below q_len) into RAW, its NL, D into the stage at
-        register stage."""
-        i0, cnt = a.reg(), a.reg()
-        a("shl.b64", i0, blk, log2(Br))
-        a("ldparam", cnt, "q_len")
-        a("sub.i64", cnt, cnt, i0)
-        a("min.i64", cnt, cnt, Br)
-        for w, (buf, off) in enumerate((("Q", "q_off"), ("dO", "do_off"))):
-            ldb = k.base(g, buf, "q_len", "q_ld" if buf == "Q" else "o_ld", off)
-            a("mad.i64", g, i0, ldb, g)
-            k.strided_get(L["RAW"] + w * Br * RB, g, ldb, cnt)
-            a.free(ldb)
-        a("mov.b64", cnt, 4 * Br)
-        for w, name in enumerate(("NL", "D")):
-            k.ws(g, name, i0)
-            a("add.i64", t2, stage, 4 * Br * w)
-            a("dma.get", Mem(t2, 0), Mem(g, 0), cnt)
-        a.free(i0, cnt)
 
-    block_dmas(it, nld)
-    pn, pk = a.pred(), a.pred()
-    u0 = a.reg()
+def _dkdv_block_dmas(k: _Grad, blk, stage) -> None:
+    """Query block blk's Q, dO rows (below q_len) into RAW, its NL, D into the stage at
+    register stage."""
+    a, Br, g = k.a, k.c.T, k.g
+    i0, cnt = a.reg(), a.reg()
+    a("shl.b64", i0, blk, log2(Br))
+    a("ldparam", cnt, "q_len")
+    a("sub.i64", cnt, cnt, i0)
+    a("min.i64", cnt, cnt, Br)
+    for w, (buf, off) in enumerate((("Q", "q_off"), ("dO", "do_off"))):
+        ldb = k.base(g, buf, "q_len", "q_ld" if buf == "Q" else "o_ld", off)
+        a("mad.i64", g, i0, ldb, g)
+        k.strided_get(k.L["RAW"] + w * Br * k.RB, g, ldb, cnt)
+        a.free(ldb)
+    a("mov.b64", cnt, 4 * Br)
+    for w, name in enumerate(("NL", "D")):
+        k.ws(g, name, i0)
+        a("add.i64", k.t2, stage, 4 * Br * w)
+        a("dma.get", Mem(k.t2, 0), Mem(g, 0), cnt)
+    a.free(i0, cnt)
 
+
+def _dkdv_block_head(k: _Grad) -> None:
+    """Emits the head of the query-block loop: wait for block it, its Q, dO rows to fp32, block
+    it+1's gets (into RAW and the other NL / D stage), pk = the block needs the mask, u0 = 0."""
+    a, c, L, t1, t2, Br = k.a, k.c, k.L, k.t1, k.t2, k.c.T
     a.label("Q_LOOP")
     a("dma.wait", 0)
-    k.convert("CONVERT", L["RAW"], L["QF"], 2 * Br * d)
-    a("add.i64", t1, it, 1)
-    a("setp.lt.i64", pn, t1, nq)
-    a("bra", "NO_NEXT", p=pn, neg=True)
-    a("xor.b64", t2, nld, 8 * Br)                     # the other NL / D stage
+    k.convert("CONVERT", L["RAW"], L["QF"], 2 * Br * c.d)
+    a("add.i64", t1, k.it, 1)
+    a("setp.lt.i64", k.pn, t1, k.nq)
+    a("bra", "NO_NEXT", p=k.pn, neg=True)
+    a("xor.b64", t2, k.nld, 8 * Br)                   # the other NL / D stage
     nxt, stg = a.reg(), a.reg()
     a("mov.b64", nxt, t1)
     a("mov.b64", stg, t2)
-    block_dmas(nxt, stg)
+    _dkdv_block_dmas(k, nxt, stg)
     a.free(nxt, stg)
     a.label("NO_NEXT")
     if c.causal:
-        a("setp.lt.i64", pk, it, nmask)               # this block needs the mask
-    a("mov.b64", u0, 0)
+        a("setp.lt.i64", k.pk, k.it, k.nmask)         # this block needs the mask
+    a("mov.b64", k.u0, 0)
 
-    a.label("GROUP")
-    # skip a group no lane sees: past q_len (padding rows), or (causal) wholly before the first
-    # query the CPE's first key sees (j0 - diff)
-    a("shl.b64", t1, it, log2(Br))
-    a("add.i64", t1, t1, u0)                          # the group's first query
+
+def _dkdv_group_query(k: _Grad) -> None:
+    """Emits t1 = the group's first query (it * Br + u0)."""
+    k.a("shl.b64", k.t1, k.it, log2(k.c.T))
+    k.a("add.i64", k.t1, k.t1, k.u0)
+
+
+def _dkdv_skip(k: _Grad) -> None:
+    """Emits the skip of a group no lane sees: past q_len (padding rows), or (causal) wholly before
+    the first query the CPE's first key sees (j0 - diff)."""
+    a, t1, t2 = k.a, k.t1, k.t2
+    _dkdv_group_query(k)
     a("ldparam", t2, "q_len")
     a("setp.ge.i64", k.pl, t1, t2)
     a("bra", "SKIP", p=k.pl)
-    if c.causal:
-        a("add.i64", t1, t1, U - 1)                   # its last query
-        a("sub.i64", t2, lim, k.lane)                 # j0 - diff (lim of lane 0)
+    if k.c.causal:
+        a("add.i64", t1, t1, k.c.U - 1)               # its last query
+        a("sub.i64", t2, k.lim, k.lane)               # j0 - diff (lim of lane 0)
         a("setp.lt.i64", k.pl, t1, t2)
         a("bra", "SKIP", p=k.pl)
-    # ---- s_u = K_lane . Q_u, dp_u = V_lane . dO_u
-    s, dp = _dual_dots(a, k, U, d, u0, (L["KR"], L["VR"]), L["QF"], QR4, Br)
 
-    # ---- mask: query i0 + u0 + u hidden from this lane's key iff i0 + u0 + u < lim
-    if c.causal:
-        a("bra", "UNMASKED", p=pk, neg=True)
-        pe = a.pred()
-        a("shl.b64", t1, it, log2(Br))
-        a("add.i64", t1, t1, u0)
-        a("sub.i64", t1, lim, t1)
-        for u in range(U):
-            a("setp.gt.i64", pe, t1, u)
-            a("mov.f32", s + u, float("-inf"), p=pe)
-        a.pfree(pe)
-        a.label("UNMASKED")
-    # ---- p_u = ex2(c s_u + NL_u), ds_u = p_u (dp_u - D_u): NL_u, D_u by broadcast loads
+
+def _dkdv_probs(k: _Grad, s, dp) -> None:
+    """Emits p_u = ex2(c s_u + NL_u), ds_u = p_u (dp_u - D_u) in place: NL_u, D_u by broadcast
+    loads from the NL / D stage."""
+    a, t1, Br = k.a, k.t1, k.c.T
     x = a.reg()
-    a("shl.b64", t1, u0, 2)
-    a("add.i64", t1, t1, nld)
-    for u in range(U):
+    a("shl.b64", t1, k.u0, 2)
+    a("add.i64", t1, t1, k.nld)
+    for u in range(k.c.U):
         a("ld.shared.b32", x, Mem(t1, 4 * u))
-        a("fma.f32", s + u, s + u, c.c, x)
+        a("fma.f32", s + u, s + u, k.c.c, x)
         a("ex2.f32", s + u, s + u)
         a("ld.shared.b32", x, Mem(t1, 4 * Br + 4 * u))
         a("sub.f32", dp + u, dp + u, x)
         a("mul.f32", dp + u, dp + u, s + u)
     a.free(x)
 
-    # ---- dV^T[k] += p_u dO_u[k], dK^T[k] += ds_u Q_u[k]
+
+def _dkdv_accumulate(k: _Grad, s, dp) -> None:
+    """Emits dV^T[k] += p_u dO_u[k], dK^T[k] += ds_u Q_u[k] over the group; frees s and dp."""
+    a, d, L, Br, U = k.a, k.c.d, k.L, k.c.T, k.c.U
+    QR4 = 4 * d                                       # bytes of a working Q / dO row (fp32)
     dv, dk = a.reg(4), a.reg(4)
     buf = [a.reg(4), a.reg(4)]
     ap, qp = a.reg(), a.reg()
     a("add.i64", ap, k.la4, L["DKT"])                 # dK^T column of the lane (dV^T at + 128 d)
-    a("mul.i64", qp, u0, QR4)
+    a("mul.i64", qp, k.u0, QR4)
     a("add.i64", qp, qp, L["QF"])
 
     def ld_a(st, b):
@@ -585,19 +666,11 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     a.free(ap, qp)
     a.free(s, dp, k=U)
 
-    a.label("SKIP")
-    a("add.i64", u0, u0, U)
-    a("setp.lt.i64", k.pl, u0, Br)
-    a("bra", "GROUP", p=k.pl)
-    a("xor.b64", nld, nld, 8 * Br)
-    a("add.i64", it, it, 1)
-    a("setp.lt.i64", k.pl, it, nq)
-    a("bra", "Q_LOOP", p=k.pl)
-    a.free(it, nq, nmask, lim, nld, u0)
-    a.pfree(pn, pk)
 
-    # ---- epilogue: dK * scale, dV -> the padded K / V rows -> one put a row (rows < kv_len)
-    k.cols_to_row("DK_ROW", L["DKT"], L["KR"], c.scale)
+def _dkdv_store(k: _Grad) -> None:
+    """Emits the epilogue: dK * scale, dV -> the padded K / V rows -> one put a row (rows < kv_len)."""
+    a, L = k.a, k.L
+    k.cols_to_row("DK_ROW", L["DKT"], L["KR"], k.c.scale)
     k.cols_to_row("DV_ROW", L["DVT"], L["VR"], None)
     j0, nr = a.reg(), a.reg()
     a("s2r", j0, "%ctaid.x")
@@ -606,12 +679,9 @@ def _emit_dkdv(c: _Cfg, max_regs: int) -> Program:
     a("sub.i64", nr, nr, j0)
     a("min.i64", nr, nr, LANES)
     for buf_, off, lds in (("dK", "dk_off", L["KR"]), ("dV", "dv_off", L["VR"])):
-        ldb = k.base(g, buf_, "kv_len", "kv_ld", off)
-        k.rows(f"{buf_}_PUT", True, g, ldb, j0, None, nr, lds)
+        ldb = k.base(k.g, buf_, "kv_len", "kv_ld", off)
+        k.rows(f"{buf_}_PUT", True, k.g, ldb, j0, None, nr, lds)
         a.free(ldb)
-    a("dma.wait", 0)
-    a("exit")
-    return a.build()
 
 
 # ----------------------------------------------------------------------------- attn.grad.dq
@@ -628,37 +698,83 @@ def _dq_layout(dtype: str, d: int, Bc: int) -> dict:
 
 
 def _emit_dq(c: _Cfg, max_regs: int) -> Program:
+    """dQ of 32 query rows a CPE (one a lane) over the key blocks they see."""
     d, Bc, U = c.d, c.T, c.U
     L = _dq_layout(c.dtype, d, Bc)
     a = Asm(f"flash_attn_bwd_sw_dq_{c.dtype}_d{d}_bc{Bc}_u{U}{'_causal' if c.causal else ''}", DQ_PARAMS,
             L["total"], limit=max_regs)
-    k = _Cpe(a, c.dtype, d)
-    t1, t2 = k.t1, k.t2
-    RB = k.RB
-    KR4 = 4 * d
-    lb = log2(Bc)
-    i0, g, qlim = a.reg(), a.reg(), a.reg()
-    a("s2r", t1, "%nctaid.x")
-    a("s2r", t2, "%ctaid.x")
-    a("sub.i64", i0, t1, t2)
-    a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
-    a("shl.b64", i0, i0, log2(LANES))
+    k = _Grad(a, c, L)
+    t1 = k.t1
+    _dq_key_range(k, *_dq_rows(k))
+    k.key = a.reg()
+    a("mov.b64", k.key, 0)
+    _dq_block_dmas(k, k.key)
+    a("dma.wait", 0)
+    k.nl, k.dd = a.reg(), a.reg()
+    a("ld.shared.b32", k.nl, Mem(k.la4, L["NLD"]))
+    a("ld.shared.b32", k.dd, Mem(k.la4, L["NLD"] + 128))
+    k.pn, k.pk = a.pred(), a.pred()
+    k.u0 = a.reg()
+    _dq_block_head(k)
+    a.label("GROUP")
+    _dq_group_key(k)                                  # skip a group no lane sees (keys past glim)
+    a("setp.gt.i64", k.pl, t1, k.glim)
+    a("bra", "SKIP", p=k.pl)
+    # ---- s_u = Q_lane . K_u, dp_u = dO_lane . V_u; key + u0 + u hidden iff key + u0 + u > lim
+    s, dp = _dual_dots(a, k, U, d, k.u0, (L["QR"], L["DOR"]), L["KF"], 4 * d, Bc)
+    _mask_group(k, s, "setp.lt.i64", lambda: _dq_group_key(k))
+    for u in range(U):                                # p_u = ex2(c s_u + NL), ds_u = p_u (dp_u - D)
+        a("fma.f32", s + u, s + u, c.c, k.nl)
+        a("ex2.f32", s + u, s + u)
+        a("sub.f32", dp + u, dp + u, k.dd)
+        a("mul.f32", dp + u, dp + u, s + u)
+    a.free(s, k=U)
+    _dq_accumulate(k, dp)
+    _next_group(k)
+    a("add.i64", k.key, k.key, Bc)
+    a("setp.lt.i64", k.pl, k.key, k.ntl)
+    a("bra", "KV_LOOP", p=k.pl)
+    a.free(k.key, k.ntl, k.nfull, k.lim, k.glim, k.nl, k.dd, k.u0)
+    a.pfree(k.pn, k.pk)
+    _dq_store(k)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+def _dq_group_key(k: _Grad) -> None:
+    """Emits t1 = the group's first key (key + u0)."""
+    k.a("add.i64", k.t1, k.key, k.u0)
+
+
+def _dq_rows(k: _Grad) -> tuple:
+    """Emits the CPE's first row i0, the Q, dO rows of its rows (clamped to q_len - 1) into padded
+    rows, their NL, D, and dQ^T = 0; allocates g; returns (i0, qlim = q_len - 1)."""
+    a, L, t1, t2 = k.a, k.L, k.t1, k.t2
+    i0, k.g, qlim = a.reg(), a.reg(), a.reg()
+    _query_block(k, i0)
     a("ldparam", qlim, "q_len")
     a("sub.i64", qlim, qlim, 1)
     for buf, ld, off, lds in (("Q", "q_ld", "q_off", L["QR"]), ("dO", "o_ld", "do_off", L["DOR"])):
-        ldb = k.base(g, buf, "q_len", ld, off)
-        k.rows(f"{buf}_ROWS", False, g, ldb, i0, qlim, LANES, lds)
+        ldb = k.base(k.g, buf, "q_len", ld, off)
+        k.rows(f"{buf}_ROWS", False, k.g, ldb, i0, qlim, LANES, lds)
         a.free(ldb)
     a("mov.b64", t2, 128)
     for w, name in enumerate(("NL", "D")):            # q_pad is a multiple of 32: always in the workspace
-        k.ws(g, name, i0)
+        k.ws(k.g, name, i0)
         a("mov.b64", t1, L["NLD"] + 128 * w)
-        a("dma.get", Mem(t1, 0), Mem(g, 0), t2)
+        a("dma.get", Mem(t1, 0), Mem(k.g, 0), t2)
     k.zero_cols("ZERO_DQ", L["DQT"])
+    return i0, qlim
 
-    # ---- key blocks: causal CPEs stop at the last block their last row sees (ntl, in keys);
-    # blocks from nfull on need the mask. Key j visible to this lane's row iff j <= lim.
-    ntl, nfull, lim, Lk, glim = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+
+def _dq_key_range(k: _Grad, i0, qlim) -> None:
+    """Emits the key blocks: causal CPEs stop at the last block their last row sees (ntl, in keys);
+    blocks from nfull on need the mask; key j is visible to this lane's row iff j <= lim; glim:
+    the last key the CPE's last row sees. Frees i0 and qlim."""
+    a, c, t1, t2, Bc = k.a, k.c, k.t1, k.t2, k.c.T
+    lb = log2(Bc)
+    k.ntl, k.nfull, k.lim, Lk, k.glim = ntl, nfull, lim, Lk, glim = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     a("ldparam", Lk, "kv_len")
     a("add.i64", lim, i0, k.lane)
     a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
@@ -684,73 +800,50 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a("shl.b64", nfull, nfull, lb)
     a.free(i0, qlim, Lk)
 
-    def block_dmas(key):
-        """K / V rows key .. (below kv_len) into RAW."""
-        cnt = a.reg()
-        a("ldparam", cnt, "kv_len")
-        a("sub.i64", cnt, cnt, key)
-        a("min.i64", cnt, cnt, Bc)
-        for w, (buf, off) in enumerate((("K", "k_off"), ("V", "v_off"))):
-            ldb = k.base(g, buf, "kv_len", "kv_ld", off)
-            a("mad.i64", g, key, ldb, g)
-            k.strided_get(L["RAW"] + w * Bc * RB, g, ldb, cnt)
-            a.free(ldb)
-        a.free(cnt)
 
-    key = a.reg()
-    a("mov.b64", key, 0)
-    block_dmas(key)
-    a("dma.wait", 0)
-    nl, dd = a.reg(), a.reg()
-    a("ld.shared.b32", nl, Mem(k.la4, L["NLD"]))
-    a("ld.shared.b32", dd, Mem(k.la4, L["NLD"] + 128))
-    pn, pk = a.pred(), a.pred()
-    u0 = a.reg()
+def _dq_block_dmas(k: _Grad, key) -> None:
+    """K / V rows key .. (below kv_len) into RAW."""
+    a, Bc, g = k.a, k.c.T, k.g
+    cnt = a.reg()
+    a("ldparam", cnt, "kv_len")
+    a("sub.i64", cnt, cnt, key)
+    a("min.i64", cnt, cnt, Bc)
+    for w, (buf, off) in enumerate((("K", "k_off"), ("V", "v_off"))):
+        ldb = k.base(g, buf, "kv_len", "kv_ld", off)
+        a("mad.i64", g, key, ldb, g)
+        k.strided_get(k.L["RAW"] + w * Bc * k.RB, g, ldb, cnt)
+        a.free(ldb)
+    a.free(cnt)
 
+
+def _dq_block_head(k: _Grad) -> None:
+    """Emits the head of the key-block loop: wait for the block at key, its K, V rows to fp32, the
+    next block's gets into RAW, pk = the block needs the mask, u0 = 0."""
+    a, L, t1, Bc = k.a, k.L, k.t1, k.c.T
     a.label("KV_LOOP")
     a("dma.wait", 0)
-    k.convert("CONVERT", L["RAW"], L["KF"], 2 * Bc * d)
-    a("add.i64", t1, key, Bc)
-    a("setp.lt.i64", pn, t1, ntl)
-    a("bra", "NO_NEXT", p=pn, neg=True)
+    k.convert("CONVERT", L["RAW"], L["KF"], 2 * Bc * k.c.d)
+    a("add.i64", t1, k.key, Bc)
+    a("setp.lt.i64", k.pn, t1, k.ntl)
+    a("bra", "NO_NEXT", p=k.pn, neg=True)
     nxt = a.reg()
     a("mov.b64", nxt, t1)
-    block_dmas(nxt)
+    _dq_block_dmas(k, nxt)
     a.free(nxt)
     a.label("NO_NEXT")
-    a("setp.ge.i64", pk, key, nfull)                  # this block needs the mask
-    a("mov.b64", u0, 0)
+    a("setp.ge.i64", k.pk, k.key, k.nfull)            # this block needs the mask
+    a("mov.b64", k.u0, 0)
 
-    a.label("GROUP")
-    a("add.i64", t1, key, u0)                         # skip a group no lane sees (keys past glim)
-    a("setp.gt.i64", k.pl, t1, glim)
-    a("bra", "SKIP", p=k.pl)
-    # ---- s_u = Q_lane . K_u, dp_u = dO_lane . V_u
-    s, dp = _dual_dots(a, k, U, d, u0, (L["QR"], L["DOR"]), L["KF"], KR4, Bc)
 
-    # ---- mask: key + u0 + u hidden iff key + u0 + u > lim
-    a("bra", "UNMASKED", p=pk, neg=True)
-    pe = a.pred()
-    a("add.i64", t1, key, u0)
-    a("sub.i64", t1, lim, t1)
-    for u in range(U):
-        a("setp.lt.i64", pe, t1, u)
-        a("mov.f32", s + u, float("-inf"), p=pe)
-    a.pfree(pe)
-    a.label("UNMASKED")
-    for u in range(U):                                # p_u = ex2(c s_u + NL), ds_u = p_u (dp_u - D)
-        a("fma.f32", s + u, s + u, c.c, nl)
-        a("ex2.f32", s + u, s + u)
-        a("sub.f32", dp + u, dp + u, dd)
-        a("mul.f32", dp + u, dp + u, s + u)
-    a.free(s, k=U)
-
-    # ---- dQ^T[k] += ds_u K_u[k]
+def _dq_accumulate(k: _Grad, dp) -> None:
+    """Emits dQ^T[k] += ds_u K_u[k] over the group; frees dp."""
+    a, d, L, U = k.a, k.c.d, k.L, k.c.U
+    KR4 = 4 * d                                       # bytes of a working K row (fp32)
     dq = a.reg(4)
     buf = [a.reg(4), a.reg(4)]
     ap, kp = a.reg(), a.reg()
     a("add.i64", ap, k.la4, L["DQT"])
-    a("mul.i64", kp, u0, KR4)
+    a("mul.i64", kp, k.u0, KR4)
     a("add.i64", kp, kp, L["KF"])
     ksteps = list(range(U))
 
@@ -774,32 +867,18 @@ def _emit_dq(c: _Cfg, max_regs: int) -> Program:
     a.free(ap, kp)
     a.free(dp, k=U)
 
-    a.label("SKIP")
-    a("add.i64", u0, u0, U)
-    a("setp.lt.i64", k.pl, u0, Bc)
-    a("bra", "GROUP", p=k.pl)
-    a("add.i64", key, key, Bc)
-    a("setp.lt.i64", k.pl, key, ntl)
-    a("bra", "KV_LOOP", p=k.pl)
-    a.free(key, ntl, nfull, lim, glim, nl, dd, u0)
-    a.pfree(pn, pk)
 
-    # ---- epilogue: dQ * scale -> the padded Q rows -> one put a row (rows < q_len)
-    k.cols_to_row("DQ_ROW", L["DQT"], L["QR"], c.scale)
+def _dq_store(k: _Grad) -> None:
+    """Emits the epilogue: dQ * scale -> the padded Q rows -> one put a row (rows < q_len)."""
+    a, L = k.a, k.L
+    k.cols_to_row("DQ_ROW", L["DQT"], L["QR"], k.c.scale)
     i0, nr = a.reg(), a.reg()
-    a("s2r", t1, "%nctaid.x")
-    a("s2r", t2, "%ctaid.x")
-    a("sub.i64", i0, t1, t2)
-    a("sub.i64", i0, i0, 1)
-    a("shl.b64", i0, i0, log2(LANES))
+    _query_block(k, i0)
     a("ldparam", nr, "q_len")
     a("sub.i64", nr, nr, i0)
     a("min.i64", nr, nr, LANES)
-    ldb = k.base(g, "dQ", "q_len", "q_ld", "dq_off")
-    k.rows("DQ_PUT", True, g, ldb, i0, None, nr, L["QR"])
-    a("dma.wait", 0)
-    a("exit")
-    return a.build()
+    ldb = k.base(k.g, "dQ", "q_len", "q_ld", "dq_off")
+    k.rows("DQ_PUT", True, k.g, ldb, i0, None, nr, L["QR"])
 
 
 # ----------------------------------------------------------------------------- configuration

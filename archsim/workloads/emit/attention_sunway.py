@@ -260,71 +260,114 @@ def _skew_untranspose(a, dtype: str, RB: int, pitch: int, src: int, dst: int, la
     a.free(ws, k=2 * G)
     _skew_loop_close(a, regs, label)
 
-def _emit(c: _Cfg, max_regs: int) -> Program:
-    d, Bc, U, C = c.d, c.Bc, c.U, c.C
-    nch = c.nch
-    L = _layout(c.dtype, d, Bc, nch)
-    es, RB, STG, OT, RAW = L["es"], L["RB"], L["STG"], L["OT"], L["RAW"]
-    QP, ML, BRr = L["QP"], L["ML"], BR * nch
-    f32 = c.dtype == "fp32"
-    KV4 = 4 * d                                       # bytes of a working K / V row (fp32)
-    VOFF = Bc * KV4                                   # working V block after the working K block
-    NIT = d // 4                                      # score-loop iterations (4 k each)
-    name = f"flash_attn_sw_{c.dtype}_d{d}_br{BRr}_bc{Bc}_u{U}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
-    a = Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+class _Steps:
+    """What the steps of one attention program share: the configuration c, the assembler a, and
+    the registers that live across steps, each set by the step that allocates it (qa0 = 4 * lane,
+    the block's batch bq and head hd, the scratch registers t1, t2, the loop predicate pl, the K /
+    V sources and the loop state)."""
 
-    # ---------------------------------------------------------------- coordinates
-    qa0, bq, hd, i0, Lq, Lk, t1, t2 = (a.reg() for _ in range(8))
-    a("s2r", qa0, "%tid.x")
-    a("shl.b64", qa0, qa0, 2)                         # 4 * lane: this lane's column of QT / OT
-    a("s2r", bq, "%ctaid.z")
-    a("s2r", hd, "%ctaid.y")
-    a("s2r", t1, "%nctaid.x")
-    a("s2r", t2, "%ctaid.x")
-    a("sub.i64", i0, t1, t2)
-    a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
-    a("shl.b64", i0, i0, log2(BRr))
-    a("ldparam", Lq, "q_len")
-    a("ldparam", Lk, "kv_len")
-
-    def base_ptr(dst, buf, rows, ld_name, off_name):
+    def base_ptr(self, dst, buf, rows, ld_name, off_name):
         """dst = buf + es*((bq*rows)*ld + hd*d + off); returns a register with ld*es (bytes a row)."""
+        a, t1 = self.a, self.t1
         ldb = a.reg()
         a("ldparam", ldb, ld_name)
-        a("mul.i64", dst, bq, rows)
+        a("mul.i64", dst, self.bq, rows)
         a("mul.i64", dst, dst, ldb)
-        a("mad.i64", dst, hd, d, dst)
+        a("mad.i64", dst, self.hd, self.c.d, dst)
         a("ldparam", t1, off_name)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", dst, dst, log2(es))
+        a("shl.b64", dst, dst, log2(self.es))
         a("ldparam", t1, buf)
         a("add.i64", dst, dst, t1)
-        a("shl.b64", ldb, ldb, log2(es))
+        a("shl.b64", ldb, ldb, log2(self.es))
         return ldb
 
-    pl = a.pred()
 
-    def row_loop(label, count, body):
+class _Fwd(_Steps):
+    """The row kernel's steps: its configuration, LDM layout and assembler (registers: _Steps)."""
+
+    def __init__(self, c: _Cfg, max_regs: int):
+        self.c = c
+        d, Bc = c.d, c.Bc
+        self.L = L = _layout(c.dtype, d, Bc, c.nch)
+        self.es, self.RB, self.STG, self.OT, self.RAW = L["es"], L["RB"], L["STG"], L["OT"], L["RAW"]
+        self.QP, self.ML, self.BRr = L["QP"], L["ML"], BR * c.nch
+        self.f32 = c.dtype == "fp32"
+        self.KV4 = 4 * d                              # bytes of a working K / V row (fp32)
+        self.VOFF = Bc * self.KV4                     # working V block after the working K block
+        name = (f"flash_attn_sw_{c.dtype}_d{d}_br{self.BRr}_bc{Bc}_u{c.U}{'_causal' if c.causal else ''}"
+                f"{'_lse' if c.lse else ''}")
+        self.a = Asm(name, LSE_PARAMS if c.lse else PARAMS, L["total"], limit=max_regs)
+
+    def row_loop(self, label, count, body):
         """for r in 0 .. count-1 (count: register or int >= 1): body(r)."""
+        a = self.a
         r = a.reg()
         a("mov.b64", r, 0)
         a.label(label)
         body(r)
         a("add.i64", r, r, 1)
-        a("setp.lt.i64", pl, r, count)
-        a("bra", label, p=pl)
+        a("setp.lt.i64", self.pl, r, count)
+        a("bra", label, p=self.pl)
         a.free(r)
 
-    # ---------------------------------------------------------------- Q: one strided get, skewed transpose, scale
+
+def _emit(c: _Cfg, max_regs: int) -> Program:
+    """The row kernel: 32 query rows a lane each (BR * nch a CPE) against every K / V block."""
+    x = _Fwd(c, max_regs)
+    a = x.a
+    _fwd_coords(x)
+    _fwd_load_q(x)
+    _fwd_kv_bounds(x)
+    _fwd_loop_state(x)
+    a.label("KV_LOOP")
+    a("dma.wait", 0)                                  # block j landed
+    if not x.f32:
+        _fwd_convert(x)
+    _fwd_next_block(x)
+    a.label("GROUP")
+    _fwd_group(x)
+    _fwd_loop_close(x)
+    _fwd_epilogue(x)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
+
+
+def _fwd_coords(x: _Fwd) -> None:
+    """Emits the block's coordinates: qa0 (this lane's column of QT / OT), bq, hd, its first row i0
+    (heavy causal blocks first), q_len and kv_len, with t1, t2 and pl."""
+    a = x.a
+    x.qa0, x.bq, x.hd, x.i0, x.Lq, x.Lk, x.t1, x.t2 = (a.reg() for _ in range(8))
+    qa0, i0, t1, t2 = x.qa0, x.i0, x.t1, x.t2
+    a("s2r", qa0, "%tid.x")
+    a("shl.b64", qa0, qa0, 2)                         # 4 * lane: this lane's column of QT / OT
+    a("s2r", x.bq, "%ctaid.z")
+    a("s2r", x.hd, "%ctaid.y")
+    a("s2r", t1, "%nctaid.x")
+    a("s2r", t2, "%ctaid.x")
+    a("sub.i64", i0, t1, t2)
+    a("sub.i64", i0, i0, 1)                           # query block nqb - 1 - x: heavy causal blocks first
+    a("shl.b64", i0, i0, log2(x.BRr))
+    a("ldparam", x.Lq, "q_len")
+    a("ldparam", x.Lk, "kv_len")
+    x.pl = a.pred()
+
+
+def _fwd_load_q(x: _Fwd) -> None:
+    """Emits Q's rows by one strided get, their skewed transpose into QT (scaled by c), OT = 0 and,
+    with several chunks, every chunk's m = -inf, l = 0; sets qlim = q_len - 1."""
+    a, c, RB, RAW, BRr = x.a, x.c, x.RB, x.RAW, x.BRr
+    qa0, t1, t2 = x.qa0, x.t1, x.t2
     gq = a.reg()
-    qldb = base_ptr(gq, "Q", Lq, "q_ld", "q_off")
-    qlim = a.reg()
-    a("sub.i64", qlim, Lq, 1)
+    qldb = x.base_ptr(gq, "Q", x.Lq, "q_ld", "q_off")
+    x.qlim = a.reg()
+    a("sub.i64", x.qlim, x.Lq, 1)
     pair = a.reg(2)                                   # rows i0 .. min(i0 + BRr, q_len) - 1, packed at RB
     a("mov.b64", pair, RB)
     a("mov.b64", pair + 1, qldb)
-    a("mad.i64", gq, i0, qldb, gq)
-    a("sub.i64", t1, Lq, i0)
+    a("mad.i64", gq, x.i0, qldb, gq)
+    a("sub.i64", t1, x.Lq, x.i0)
     a("min.i64", t1, t1, BRr)                         # rows past q_len stay as they were (never stored)
     a("mov.b64", t2, RAW)
     a("dma.get.s", Mem(t2, 0), Mem(gq, 0), t1, pair)
@@ -333,35 +376,41 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a("dma.wait", 0)
     lane = a.reg()
     a("s2r", lane, "%tid.x")
-    _skew_xpose(a, c.dtype, RB, QP, [(RAW + 32 * ch * RB, 128 * ch) for ch in range(nch)], lane, qa0, "QXPOSE",
+    _skew_xpose(a, c.dtype, RB, x.QP, [(RAW + 32 * ch * RB, 128 * ch) for ch in range(c.nch)], lane, qa0, "QXPOSE",
                 scale=c.c)
     a.free(lane)
-    x, y = a.reg(), a.reg()
-    a("mov.f32", x, 0.0)
-    for k in range(d * nch):
-        a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
-    if nch > 1:                                       # m = -inf, l = 0 of every chunk's rows
+    z, y = a.reg(), a.reg()
+    a("mov.f32", z, 0.0)
+    for k in range(c.d * c.nch):
+        a("st.shared.b32", Mem(qa0, x.OT + 128 * k), z)
+    if c.nch > 1:                                     # m = -inf, l = 0 of every chunk's rows
         a("mov.f32", y, float("-inf"))
-        for ch in range(nch):
-            a("st.shared.b32", Mem(qa0, ML + 128 * ch), y)
-            a("st.shared.b32", Mem(qa0, ML + QP + 128 * ch), x)
-    a.free(x, y)
+        for ch in range(c.nch):
+            a("st.shared.b32", Mem(qa0, x.ML + 128 * ch), y)
+            a("st.shared.b32", Mem(qa0, x.ML + x.QP + 128 * ch), z)
+    a.free(z, y)
 
-    # ---------------------------------------------------------------- K / V sources, block counts, mask limit
-    gk, gv = a.reg(), a.reg()
-    kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
-    a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
-    klim = a.reg()
-    a("sub.i64", klim, Lk, 1)
-    ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+
+def _fwd_kv_bounds(x: _Fwd) -> None:
+    """Emits the K / V sources gk, gv with the strided gets' (row bytes, stride) pair, klim =
+    kv_len - 1, the block counts ntl (blocks to run) and nfull (those seen whole), both in keys,
+    and lim, the last key this lane's row sees; frees the coordinates."""
+    a, c, Bc, t1, t2 = x.a, x.c, x.c.Bc, x.t1, x.t2
+    x.gk, x.gv = a.reg(), a.reg()
+    kldb = x.base_ptr(x.gk, "K", x.Lk, "kv_ld", "k_off")
+    a.free(x.base_ptr(x.gv, "V", x.Lk, "kv_ld", "v_off"))
+    x.klim = klim = a.reg()
+    a("sub.i64", klim, x.Lk, 1)
+    x.ntl, x.nfull, x.lim = ntl, nfull, lim = a.reg(), a.reg(), a.reg()
+    i0, Lq, Lk = x.i0, x.Lq, x.Lk
     lb = log2(Bc)
     a("s2r", lim, "%tid.x")
     a("add.i64", lim, lim, i0)
-    a("min.i64", lim, lim, qlim)                      # this lane's row, clamped
+    a("min.i64", lim, lim, x.qlim)                    # this lane's row, clamped
     if c.causal:
         a("sub.i64", t2, Lk, Lq)                      # diff: row i sees keys 0 .. i + diff
-        a("add.i64", t1, i0, BRr - 1)
-        a("min.i64", t1, t1, qlim)                    # the block's last real row
+        a("add.i64", t1, i0, x.BRr - 1)
+        a("min.i64", t1, t1, x.qlim)                  # the block's last real row
         a("add.i64", ntl, t1, t2)
         a("add.i64", ntl, ntl, Bc)
         a("shr.u64", ntl, ntl, lb)                    # blocks up to the one holding its last visible key
@@ -378,89 +427,125 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("mov.b64", lim, klim)
         a("shl.b64", ntl, ntl, lb)                    # both in keys from here on
         a("shl.b64", nfull, nfull, lb)
-    a.free(Lk, qlim, bq, hd, i0, Lq)                  # the epilogue reads i0 and q_len again
-
-    # ---------------------------------------------------------------- loop state; block 0 into stage 0 (the raw area)
-    pair = a.reg(2)                                   # a strided get's block size (a row) and stride
-    a("mov.b64", pair, RB)
+    a.free(Lk, x.qlim, x.bq, x.hd, i0, Lq)            # the epilogue reads i0 and q_len again
+    x.pair = pair = a.reg(2)                          # a strided get's block size (a row) and stride
+    a("mov.b64", pair, x.RB)
     a("mov.b64", pair + 1, kldb)
     a.free(kldb)
-    cnt = a.reg()
-    pn, pk, pm = a.pred(), a.pred(), a.pred()
 
-    def kv_block(first, dst, p=None):
-        """K and V rows first .. first + cnt - 1 (cnt = min(Bc, kv_len - first)) by one strided
-        get each, packed at RB bytes (K at dst, V at dst + Bc RB); rows past cnt keep older
-        values (finite, and masked)."""
-        a("sub.i64", cnt, klim, first)
-        a("add.i64", cnt, cnt, 1)
-        a("min.i64", cnt, cnt, Bc)
-        if not isinstance(dst, int):
-            a("mov.b64", t2, dst)
-            dst = 0
-        else:
-            a("mov.b64", t2, 0)
-        a("mad.i64", t1, first, pair + 1, gk)
-        a("dma.get.s", Mem(t2, dst), Mem(t1, 0), cnt, pair, p=p)
-        a("mad.i64", t1, first, pair + 1, gv)
-        a("dma.get.s", Mem(t2, dst + Bc * RB), Mem(t1, 0), cnt, pair, p=p)
 
-    m, l, key, rr = (a.reg() for _ in range(4))
-    a("mov.f32", m, float("-inf"))
-    a("mov.f32", l, 0.0)
-    a("mov.b64", key, 0)                              # first key of the current group (block j: j*Bc)
-    kv_block(key, RAW)
-    if f32:                                           # the two stages alternate
-        wk, dd = a.reg(), a.reg()
-        a("mov.b64", wk, L["WK"])                     # working K block (V at + VOFF)
-        a("mov.b64", dd, RAW + STG)                   # where the next block's rows land
+def _fwd_kv_block(x: _Fwd, first, dst, p=None) -> None:
+    """K and V rows first .. first + cnt - 1 (cnt = min(Bc, kv_len - first)) by one strided
+    get each, packed at RB bytes (K at dst, V at dst + Bc RB); rows past cnt keep older
+    values (finite, and masked)."""
+    a, cnt, t1, t2 = x.a, x.cnt, x.t1, x.t2
+    a("sub.i64", cnt, x.klim, first)
+    a("add.i64", cnt, cnt, 1)
+    a("min.i64", cnt, cnt, x.c.Bc)
+    if not isinstance(dst, int):
+        a("mov.b64", t2, dst)
+        dst = 0
+    else:
+        a("mov.b64", t2, 0)
+    a("mad.i64", t1, first, x.pair + 1, x.gk)
+    a("dma.get.s", Mem(t2, dst), Mem(t1, 0), cnt, x.pair, p=p)
+    a("mad.i64", t1, first, x.pair + 1, x.gv)
+    a("dma.get.s", Mem(t2, dst + x.c.Bc * x.RB), Mem(t1, 0), cnt, x.pair, p=p)
+
+
+def _fwd_loop_state(x: _Fwd) -> None:
+    """Emits the loop state (m = -inf, l = 0, key = 0) and block 0's gets into stage 0 (the raw
+    area); wk / dd: the working K block and where the next block lands (registers that swap for
+    fp32, immediates otherwise)."""
+    a = x.a
+    x.cnt = a.reg()
+    x.pn, x.pk, x.pm = a.pred(), a.pred(), a.pred()
+    x.m, x.l, x.key, x.rr = (a.reg() for _ in range(4))
+    a("mov.f32", x.m, float("-inf"))
+    a("mov.f32", x.l, 0.0)
+    a("mov.b64", x.key, 0)                            # first key of the current group (block j: j*Bc)
+    _fwd_kv_block(x, x.key, x.RAW)
+    if x.f32:                                         # the two stages alternate
+        x.wk, x.dd = a.reg(), a.reg()
+        a("mov.b64", x.wk, x.L["WK"])                 # working K block (V at + VOFF)
+        a("mov.b64", x.dd, x.RAW + x.STG)             # where the next block's rows land
     else:                                             # fixed: working copies at WK, DMAs into RAW
-        wk, dd = L["WK"], RAW
+        x.wk, x.dd = x.L["WK"], x.RAW
 
-    a.label("KV_LOOP")
-    a("dma.wait", 0)                                  # block j landed
-    if not f32:                                       # raw -> fp32 working copies (K then V, contiguous)
-        lo, hi = CVT_IN[c.dtype]
-        n_it = 2 * Bc * d // 64
-        UNR = 4
-        src, dst = a.reg(), a.reg()
-        xs, ys = a.reg(UNR), a.reg(2 * UNR)
-        a("add.i64", src, qa0, RAW)
-        a("shl.b64", dst, qa0, 1)
-        a("add.i64", dst, dst, L["WK"])
 
-        def conv(r):
-            for e in range(UNR):
-                a("ld.shared.b32", xs + e, Mem(src, 128 * e))
-            for e in range(UNR):
-                a(lo, ys + 2 * e, xs + e)
-                a(hi, ys + 2 * e + 1, xs + e)
-            for e in range(UNR):
-                a("st.shared.v2.b32", Mem(dst, 256 * e), ys + 2 * e)
-            a("add.i64", src, src, 128 * UNR)
-            a("add.i64", dst, dst, 256 * UNR)
+def _fwd_convert(x: _Fwd) -> None:
+    """Emits the conversion of the landed block: raw 16-bit rows -> fp32 working copies (K then
+    V, contiguous)."""
+    a, c = x.a, x.c
+    lo, hi = CVT_IN[c.dtype]
+    n_it = 2 * c.Bc * c.d // 64
+    UNR = 4
+    src, dst = a.reg(), a.reg()
+    xs, ys = a.reg(UNR), a.reg(2 * UNR)
+    a("add.i64", src, x.qa0, x.RAW)
+    a("shl.b64", dst, x.qa0, 1)
+    a("add.i64", dst, dst, x.L["WK"])
 
-        row_loop("CONVERT", n_it // UNR, conv)
-        a.free(src, dst)
-        a.free(xs, k=UNR)
-        a.free(ys, k=2 * UNR)
-    a("add.i64", rr, key, Bc)                         # the next block's first key row
-    a("setp.lt.i64", pn, rr, ntl)                     # a next block exists: its rows into the free stage
-    kv_block(rr, dd, p=pn)
-    a("setp.ge.i64", pk, key, nfull)                  # this block needs the mask
-    kp = a.reg()
-    a("mov.b64", kp, wk)
+    def conv(r):
+        for e in range(UNR):
+            a("ld.shared.b32", xs + e, Mem(src, 128 * e))
+        for e in range(UNR):
+            a(lo, ys + 2 * e, xs + e)
+            a(hi, ys + 2 * e + 1, xs + e)
+        for e in range(UNR):
+            a("st.shared.v2.b32", Mem(dst, 256 * e), ys + 2 * e)
+        a("add.i64", src, src, 128 * UNR)
+        a("add.i64", dst, dst, 256 * UNR)
 
-    a.label("GROUP")
+    x.row_loop("CONVERT", n_it // UNR, conv)
+    a.free(src, dst)
+    a.free(xs, k=UNR)
+    a.free(ys, k=2 * UNR)
+
+
+def _fwd_next_block(x: _Fwd) -> None:
+    """Emits the next block's gets into the free stage (if there is one), pk = this block needs the
+    mask, and kp = the working K block's first group."""
+    a = x.a
+    a("add.i64", x.rr, x.key, x.c.Bc)                 # the next block's first key row
+    a("setp.lt.i64", x.pn, x.rr, x.ntl)               # a next block exists: its rows into the free stage
+    _fwd_kv_block(x, x.rr, x.dd, p=x.pn)
+    a("setp.ge.i64", x.pk, x.key, x.nfull)            # this block needs the mask
+    x.kp = a.reg()
+    a("mov.b64", x.kp, x.wk)
+
+
+def _fwd_group(x: _Fwd) -> None:
+    """Emits one group of U keys against every chunk of rows: scores, mask, online softmax, O += P V
+    (m and l of a chunk from / to the LDM when the CPE owns several)."""
+    a, c, t1 = x.a, x.c, x.t1
+    nch = c.nch
+    x.choff = None
     if nch > 1:                                       # every chunk of 32 rows takes this group of keys
-        choff = a.reg()                               # 128 * chunk
+        x.choff = choff = a.reg()                     # 128 * chunk
         a("mov.b64", choff, 0)
         a.label("CHUNKS")
-        a("add.i64", t1, qa0, choff)
-        a("ld.shared.b32", m, Mem(t1, ML))
-        a("ld.shared.b32", l, Mem(t1, ML + QP))
-    # ---- scores s_u of keys key .. key+U-1 (log2 domain: Q is pre-scaled)
-    s = a.reg(U)
+        a("add.i64", t1, x.qa0, choff)
+        a("ld.shared.b32", x.m, Mem(t1, x.ML))
+        a("ld.shared.b32", x.l, Mem(t1, x.ML + x.QP))
+    _fwd_scores(x)
+    _fwd_mask(x)
+    _fwd_softmax(x)
+    _fwd_pv(x)
+    if nch > 1:
+        a("add.i64", t1, x.qa0, x.choff)
+        a("st.shared.b32", Mem(t1, x.ML), x.m)
+        a("st.shared.b32", Mem(t1, x.ML + x.QP), x.l)
+        a("add.i64", x.choff, x.choff, 128)
+        a("setp.lt.i64", x.pm, x.choff, x.QP)
+        a("bra", "CHUNKS", p=x.pm)
+        a.free(x.choff)
+
+
+def _fwd_scores(x: _Fwd) -> None:
+    """Emits the scores s_u (new registers) of keys key .. key+U-1 (log2 domain: Q is pre-scaled)."""
+    a, c, U, KV4, QP, pm = x.a, x.c, x.c.U, x.KV4, x.QP, x.pm
+    x.s = s = a.reg(U)
     for u in range(U):
         a("mov.f32", s + u, 0.0)
     # Keys in pairs, their fmas interleaved (two fmas apart on one accumulator cover the FMA
@@ -470,13 +555,13 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     # shadow of the vector pipe instead of in a clump the pipe waits through.
     q, kv = [a.reg(4), a.reg(4)], [a.reg(8), a.reg(8)]
     qa, kp2, it = a.reg(), a.reg(), a.reg()
-    if nch > 1:
-        a("add.i64", qa, qa0, choff)
+    if c.nch > 1:
+        a("add.i64", qa, x.qa0, x.choff)
     else:
-        a("mov.b64", qa, qa0)
-    a("mov.b64", kp2, kp)
+        a("mov.b64", qa, x.qa0)
+    a("mov.b64", kp2, x.kp)
     a("mov.b64", it, 0)
-    NB = NIT // 2                                     # loop bodies
+    NB = c.d // 4 // 2                                # loop bodies (4 k a score-loop iteration)
     for e in range(4):
         a("ld.shared.b32", q[0] + e, Mem(qa, QP * e))
     a("ld.shared.v4.b32", kv[0], Mem(kp2, 0))
@@ -519,150 +604,168 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
     a.free(q[0], q[1], k=4)
     a.free(kv[0], kv[1], k=8)
 
-    # ---- mask: key + u visible to this lane's row iff key + u <= lim
-    a("bra", "UNMASKED", p=pk, neg=True)
+
+def _fwd_mask(x: _Fwd) -> None:
+    """Emits the mask (blocks with pk only): key + u visible to this lane's row iff key + u <= lim."""
+    a, c, t1 = x.a, x.c, x.t1
+    a("bra", "UNMASKED", p=x.pk, neg=True)
     pe = a.pred()
-    if nch > 1 and c.causal:                          # this chunk's rows: lim + 32 chunk, at most kv_len - 1
-        a("shr.u64", t1, choff, 2)
-        a("add.i64", t1, t1, lim)
-        a("min.i64", t1, t1, klim)
-        a("sub.i64", t1, t1, key)
+    if c.nch > 1 and c.causal:                        # this chunk's rows: lim + 32 chunk, at most kv_len - 1
+        a("shr.u64", t1, x.choff, 2)
+        a("add.i64", t1, t1, x.lim)
+        a("min.i64", t1, t1, x.klim)
+        a("sub.i64", t1, t1, x.key)
     else:
-        a("sub.i64", t1, lim, key)
-    for u in range(U):
+        a("sub.i64", t1, x.lim, x.key)
+    for u in range(c.U):
         a("setp.lt.i64", pe, t1, u)
-        a("mov.f32", s + u, float("-inf"), p=pe)
+        a("mov.f32", x.s + u, float("-inf"), p=pe)
     a.pfree(pe)
     a.label("UNMASKED")
 
-    # ---- online softmax (every row in its own lane); max by a tree over temporaries
-    def tree(op, first, n, out):
-        tmp = a.reg(n // 2)
-        for i in range(n // 2):
-            a(op, tmp + i, first + 2 * i, first + 2 * i + 1)
-        w = n // 2
-        while w > 1:
-            for i in range(w // 2):
-                a(op, tmp + i, tmp + 2 * i, tmp + 2 * i + 1)
-            w //= 2
-        a(op, out, out, tmp)
-        a.free(tmp, k=n // 2)
 
-    mx, al = a.reg(), a.reg()
+def _tree(a: Asm, op: str, first, n: int, out) -> None:
+    """out = op(out, op over registers first .. first+n-1), n a power of two, by a tree over
+    temporaries."""
+    tmp = a.reg(n // 2)
+    for i in range(n // 2):
+        a(op, tmp + i, first + 2 * i, first + 2 * i + 1)
+    w = n // 2
+    while w > 1:
+        for i in range(w // 2):
+            a(op, tmp + i, tmp + 2 * i, tmp + 2 * i + 1)
+        w //= 2
+    a(op, out, out, tmp)
+    a.free(tmp, k=n // 2)
+
+
+def _fwd_softmax(x: _Fwd) -> None:
+    """Emits the online softmax's new max (every row in its own lane): m_new, al = 2^(m_old -
+    m_new), s_u -= m_new, and p of the first two keys."""
+    a, s, m = x.a, x.s, x.m
+    mx = a.reg()
+    x.al = al = a.reg()
     a("mov.f32", mx, m)
-    tree("max.f32", s, U, mx)                         # m_new
+    _tree(a, "max.f32", s, x.c.U, mx)                 # m_new
     a("sub.f32", al, m, mx)
     a("ex2.f32", al, al)                              # alpha = 2^(m_old - m_new)
     a("mov.f32", m, mx)
-    for u in range(U):
+    for u in range(x.c.U):
         a("sub.f32", s + u, s + u, mx)
     a("ex2.f32", s, s)
     a("ex2.f32", s + 1, s + 1)
     a.free(mx)
 
-    # ---- O += P V, C columns of OT at a time. The first chunk is emitted apart: p_(u+2) = ex2(..)
-    # issues just before the fmas of p_u (its result lands while they run), so the slow mufu pipe
-    # works while the vector pipe does.
+
+def _fwd_pv(x: _Fwd) -> None:
+    """Emits O += P V, C columns of OT at a time, and l = alpha l + sum p. The first chunk is
+    emitted apart: p_(u+2) = ex2(..) issues just before the fmas of p_u (its result lands while
+    they run), so the slow mufu pipe works while the vector pipe does."""
+    a, c, U, C = x.a, x.c, x.c.U, x.c.C
     oa, vp = a.reg(), a.reg()
-    a("add.i64", oa, qa0, OT)
-    if nch > 1:
-        a("add.i64", oa, oa, choff)
-    a("add.i64", vp, kp, VOFF)
-
-    def chunk(first: bool):
-        o, vb = a.reg(C), [a.reg(4), a.reg(4)]
-        for e in range(4):                            # loads run 4 ahead of the rescaling muls
-            a("ld.shared.b32", o + e, Mem(oa, QP * e))
-        for e in range(C):
-            a("mul.f32", o + e, o + e, al)
-            if e + 4 < C:
-                a("ld.shared.b32", o + e + 4, Mem(oa, QP * (e + 4)))
-        steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
-        a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
-        for i, (u, e4) in enumerate(steps):
-            if first and e4 == 0 and u + 2 < U:
-                a("ex2.f32", s + u + 2, s + u + 2)    # p = 2^(s - m_new), two keys ahead
-            if i + 1 < len(steps):
-                u2, f2 = steps[i + 1]
-                a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
-            for e in range(4):
-                a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
-                if u == U - 1 and e4 > 0:             # the last key: store the previous 4 columns
-                    a("st.shared.b32", Mem(oa, QP * (4 * (e4 - 1) + e)), o + 4 * (e4 - 1) + e)
-        for e in range(C - 4, C):
-            a("st.shared.b32", Mem(oa, QP * e), o + e)
-        a("add.i64", oa, oa, QP * C)
-        a("add.i64", vp, vp, 4 * C)
-        a.free(o, k=C)
-        a.free(vb[0], vb[1], k=4)
-
-    chunk(True)
+    a("add.i64", oa, x.qa0, x.OT)
+    if c.nch > 1:
+        a("add.i64", oa, oa, x.choff)
+    a("add.i64", vp, x.kp, x.VOFF)
+    _fwd_pv_chunk(x, oa, vp, True)
     sm = a.reg()                                      # l = alpha l + sum p
     a("mov.f32", sm, 0.0)
-    tree("add.f32", s, U, sm)
-    a("fma.f32", l, l, al, sm)
+    _tree(a, "add.f32", x.s, U, sm)
+    a("fma.f32", x.l, x.l, x.al, sm)
     a.free(sm)
-    if d // C > 1:
+    if c.d // C > 1:
         cc = a.reg()
         a("mov.b64", cc, 1)
         a.label("PV")
-        chunk(False)
+        _fwd_pv_chunk(x, oa, vp, False)
         a("add.i64", cc, cc, 1)
-        a("setp.lt.i64", pm, cc, d // C)
-        a("bra", "PV", p=pm)
+        a("setp.lt.i64", x.pm, cc, c.d // C)
+        a("bra", "PV", p=x.pm)
         a.free(cc)
-    a.free(oa, vp, al)
-    a.free(s, k=U)
-    if nch > 1:
-        a("add.i64", t1, qa0, choff)
-        a("st.shared.b32", Mem(t1, ML), m)
-        a("st.shared.b32", Mem(t1, ML + QP), l)
-        a("add.i64", choff, choff, 128)
-        a("setp.lt.i64", pm, choff, QP)
-        a("bra", "CHUNKS", p=pm)
-        a.free(choff)
+    a.free(oa, vp, x.al)
+    a.free(x.s, k=U)
 
-    a("add.i64", kp, kp, U * KV4)
-    a("add.i64", key, key, U)
-    a("sub.i64", t1, kp, wk)                          # groups done in this block (wk: register or immediate)
-    a("setp.lt.i64", pm, t1, Bc * KV4)
+
+def _fwd_pv_chunk(x: _Fwd, oa, vp, first: bool) -> None:
+    """Emits C columns of O (at oa, V at vp): rescaled by alpha, += p_u V_u, stored; steps oa, vp."""
+    a, U, C, QP, KV4, s, al = x.a, x.c.U, x.c.C, x.QP, x.KV4, x.s, x.al
+    o, vb = a.reg(C), [a.reg(4), a.reg(4)]
+    for e in range(4):                                # loads run 4 ahead of the rescaling muls
+        a("ld.shared.b32", o + e, Mem(oa, QP * e))
+    for e in range(C):
+        a("mul.f32", o + e, o + e, al)
+        if e + 4 < C:
+            a("ld.shared.b32", o + e + 4, Mem(oa, QP * (e + 4)))
+    steps = [(u, e4) for u in range(U) for e4 in range(C // 4)]
+    a("ld.shared.v4.b32", vb[0], Mem(vp, 0))
+    for i, (u, e4) in enumerate(steps):
+        if first and e4 == 0 and u + 2 < U:
+            a("ex2.f32", s + u + 2, s + u + 2)        # p = 2^(s - m_new), two keys ahead
+        if i + 1 < len(steps):
+            u2, f2 = steps[i + 1]
+            a("ld.shared.v4.b32", vb[(i + 1) % 2], Mem(vp, u2 * KV4 + 16 * f2))
+        for e in range(4):
+            a("fma.f32", o + 4 * e4 + e, s + u, vb[i % 2] + e, o + 4 * e4 + e)
+            if u == U - 1 and e4 > 0:                 # the last key: store the previous 4 columns
+                a("st.shared.b32", Mem(oa, QP * (4 * (e4 - 1) + e)), o + 4 * (e4 - 1) + e)
+    for e in range(C - 4, C):
+        a("st.shared.b32", Mem(oa, QP * e), o + e)
+    a("add.i64", oa, oa, QP * C)
+    a("add.i64", vp, vp, 4 * C)
+    a.free(o, k=C)
+    a.free(vb[0], vb[1], k=4)
+
+
+def _fwd_loop_close(x: _Fwd) -> None:
+    """Emits the ends of the group loop (the next U keys of the block) and of the block loop (fp32:
+    the stages swap); frees the loop state."""
+    a, t1, pm, wk = x.a, x.t1, x.pm, x.wk
+    a("add.i64", x.kp, x.kp, x.c.U * x.KV4)
+    a("add.i64", x.key, x.key, x.c.U)
+    a("sub.i64", t1, x.kp, wk)                        # groups done in this block (wk: register or immediate)
+    a("setp.lt.i64", pm, t1, x.c.Bc * x.KV4)
     a("bra", "GROUP", p=pm)
-    a.free(kp)
-    if f32:                                           # the stages swap
+    a.free(x.kp)
+    if x.f32:                                         # the stages swap
         a("mov.b64", t1, wk)
-        a("mov.b64", wk, dd)
-        a("mov.b64", dd, t1)
-        a.free(wk, dd)
-    a("setp.lt.i64", pm, key, ntl)
+        a("mov.b64", wk, x.dd)
+        a("mov.b64", x.dd, t1)
+        a.free(wk, x.dd)
+    a("setp.lt.i64", pm, x.key, x.ntl)
     a("bra", "KV_LOOP", p=pm)
-    a.free(key, rr, ntl, nfull, lim, gk, gv, klim, cnt)
-    a.free(pair, k=2)
-    a.pfree(pn, pk)
+    a.free(x.key, x.rr, x.ntl, x.nfull, x.lim, x.gk, x.gv, x.klim, x.cnt)
+    a.free(x.pair, k=2)
+    a.pfree(x.pn, x.pk)
 
-    # ---------------------------------------------------------------- epilogue: O / l -> packed rows -> one strided put
+
+def _fwd_epilogue(x: _Fwd) -> None:
+    """Emits the epilogue: O / l -> packed rows (and the log-sum-exps, with lse) -> one strided put
+    of the rows below q_len."""
+    a, c, t1, t2, qa0, RAW = x.a, x.c, x.t1, x.t2, x.qa0, x.RAW
     nr, i0, Lq = a.reg(), a.reg(), a.reg()
     a("s2r", t1, "%nctaid.x")
     a("s2r", t2, "%ctaid.x")
     a("sub.i64", i0, t1, t2)
     a("sub.i64", i0, i0, 1)
-    a("shl.b64", i0, i0, log2(BRr))
+    a("shl.b64", i0, i0, log2(x.BRr))
     a("ldparam", Lq, "q_len")
     a("sub.i64", nr, Lq, i0)
-    a("min.i64", nr, nr, BRr)                         # rows of this block below q_len
-    LSEB = RAW + BRr * RB                             # staged log-sum-exps
-    x, lane = a.reg(), a.reg()
+    a("min.i64", nr, nr, x.BRr)                       # rows of this block below q_len
+    LSEB = RAW + x.BRr * x.RB                         # staged log-sum-exps
+    v, lane = a.reg(), a.reg()
     a("s2r", lane, "%tid.x")
-    for ch in range(nch):                             # rows 32 ch + lane: O / l -> packed rows
-        if nch > 1:
-            a("ld.shared.b32", m, Mem(qa0, ML + 128 * ch))
-            a("ld.shared.b32", l, Mem(qa0, ML + QP + 128 * ch))
+    for ch in range(c.nch):                           # rows 32 ch + lane: O / l -> packed rows
+        if c.nch > 1:
+            a("ld.shared.b32", x.m, Mem(qa0, x.ML + 128 * ch))
+            a("ld.shared.b32", x.l, Mem(qa0, x.ML + x.QP + 128 * ch))
         if c.lse:                                     # ln(sum e^(scale s)) = ln2 (m + log2 l)
-            a("lg2.f32", x, l)
-            a("add.f32", x, x, m)
-            a("mul.f32", x, x, LN2)
-            a("st.shared.b32", Mem(qa0, LSEB + 128 * ch), x)
-        a("rcp.f32", l, l)
-        _skew_untranspose(a, c.dtype, RB, QP, OT + 128 * ch, RAW + 32 * ch * RB, lane, qa0, f"OXPOSE{ch}", l)
+            a("lg2.f32", v, x.l)
+            a("add.f32", v, v, x.m)
+            a("mul.f32", v, v, LN2)
+            a("st.shared.b32", Mem(qa0, LSEB + 128 * ch), v)
+        a("rcp.f32", x.l, x.l)
+        _skew_untranspose(a, c.dtype, x.RB, x.QP, x.OT + 128 * ch, RAW + 32 * ch * x.RB, lane, qa0, f"OXPOSE{ch}",
+                          x.l)
     a.free(lane)
     if c.lse:
         a("s2r", t1, "%nctaid.y")
@@ -674,27 +777,25 @@ def _emit(c: _Cfg, max_regs: int) -> Program:
         a("shl.b64", t1, t1, 2)
         a("ldparam", t2, "LSE")
         a("add.i64", t1, t1, t2)
-        a("shl.b64", x, nr, 2)
+        a("shl.b64", v, nr, 2)
         a("mov.b64", t2, LSEB)
-        a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
-    a.free(x)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), v)
+    a.free(v)
     # O rows: bq, hd again from the special registers (their registers were freed)
     go = a.reg()
-    bq, hd = a.reg(), a.reg()
-    a("s2r", bq, "%ctaid.z")
-    a("s2r", hd, "%ctaid.y")
-    oldb = base_ptr(go, "O", Lq, "o_ld", "o_off")
-    a.free(bq, hd)
+    x.bq, x.hd = a.reg(), a.reg()
+    a("s2r", x.bq, "%ctaid.z")
+    a("s2r", x.hd, "%ctaid.y")
+    oldb = x.base_ptr(go, "O", Lq, "o_ld", "o_off")
+    a.free(x.bq, x.hd)
     pair = a.reg(2)
-    a("mov.b64", pair, RB)
+    a("mov.b64", pair, x.RB)
     a("mov.b64", pair + 1, oldb)
     a.free(oldb)
     a("mad.i64", go, i0, pair + 1, go)                # row i0
     a("mov.b64", t2, RAW)
     a("dma.put.s", Mem(go, 0), Mem(t2, 0), nr, pair)  # rows i0 .. i0 + nr - 1 in one strided put
-    a("dma.wait", 0)
-    a("exit")
-    return a.build()
+
 
 
 # ----------------------------------------------------------------------------- decode (q_len = 1)
@@ -711,84 +812,108 @@ def _dec_layout(dtype: str, d: int, Bc: int) -> dict:
     return dict(es=es, RB=RB, QF=QF, OT=OT, RAW=RAW, KT=KT, VT=KT + 4 * Bc * d, total=KT + 8 * Bc * d)
 
 
+class _Dec(_Steps):
+    """The decode kernel's steps: its configuration, LDM layout and assembler (registers: _Steps)."""
+
+    def __init__(self, c: _Cfg, max_regs: int):
+        self.c = c
+        self.U = c.Bc // LANES
+        self.C = 8
+        self.L = L = _dec_layout(c.dtype, c.d, c.Bc)
+        self.es, self.RB, self.OT, self.RAW, self.KT, self.VT = L["es"], L["RB"], L["OT"], L["RAW"], L["KT"], L["VT"]
+        self.f32 = c.dtype == "fp32"
+        self.KTR = 4 * c.Bc                           # bytes of a KT / VT row (one k, all keys)
+        name = f"flash_attn_sw_decode_{c.dtype}_d{c.d}_bc{c.Bc}{'_split' if c.split else ('_lse' if c.lse else '')}"
+        self.a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
+
+
 def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     """q_len = 1: lane = key. Lane i takes keys j*Bc + 32u + i (u < U = Bc/32) of every block, with
     its own running max, sum and O column set OT[.][i]; the 32 partial softmaxes are merged by
     shfl.bfly at the end. A K / V block lands by one strided get each, rows packed, and is
     transposed (skewed: no bank conflicts) to fp32 KT, VT [d][Bc] (key-contiguous: one vector load
     gives 32 keys' element k)."""
-    d, Bc = c.d, c.Bc
-    U = Bc // LANES
-    C = 8
-    L = _dec_layout(c.dtype, d, Bc)
-    es, RB, OT, RAW, KT, VT = L["es"], L["RB"], L["OT"], L["RAW"], L["KT"], L["VT"]
-    f32 = c.dtype == "fp32"
-    KTR = 4 * Bc                                      # bytes of a KT / VT row (one k, all keys)
-    name = f"flash_attn_sw_decode_{c.dtype}_d{d}_bc{Bc}{'_split' if c.split else ('_lse' if c.lse else '')}"
-    a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), L["total"], limit=max_regs)
-    qa0, bq, hd, t1, t2, rbn, lane = (a.reg() for _ in range(7))
-    a("s2r", lane, "%tid.x")
-    a("shl.b64", qa0, lane, 2)
-    a("s2r", bq, "%ctaid.z")
-    a("s2r", hd, "%ctaid.y")
-    a("mov.b64", rbn, RB)
-    pl = a.pred()
-
-    def base_ptr(dst, buf, rows, ld_name, off_name):
-        ldb = a.reg()
-        a("ldparam", ldb, ld_name)
-        a("mul.i64", dst, bq, rows)
-        a("mul.i64", dst, dst, ldb)
-        a("mad.i64", dst, hd, d, dst)
-        a("ldparam", t1, off_name)
-        a("add.i64", dst, dst, t1)
-        a("shl.b64", dst, dst, log2(es))
-        a("ldparam", t1, buf)
-        a("add.i64", dst, dst, t1)
-        a("shl.b64", ldb, ldb, log2(es))
-        return ldb
-
-    one = a.reg()
-    a("mov.b64", one, 1)
-    # ---- Q row -> QF (fp32, scaled by c): lanes take element pairs
-    g = a.reg()
-    a.free(base_ptr(g, "Q", one, "q_ld", "q_off"))
-    a("mov.b64", t2, RAW)
-    a("dma.get", Mem(t2, 0), Mem(g, 0), rbn)
+    x = _Dec(c, max_regs)
+    a = x.a
+    x.qa0, x.bq, x.hd, x.t1, x.t2, x.rbn, x.lane = (a.reg() for _ in range(7))
+    a("s2r", x.lane, "%tid.x")
+    a("shl.b64", x.qa0, x.lane, 2)
+    a("s2r", x.bq, "%ctaid.z")
+    a("s2r", x.hd, "%ctaid.y")
+    a("mov.b64", x.rbn, x.RB)
+    x.pl = a.pred()
+    _dec_load_q(x)
+    _dec_kv_range(x)
+    _dec_kv_block(x, x.key)
+    x.m, x.l = a.reg(), a.reg()
+    a("mov.f32", x.m, -1e30)                          # finite: a lane whose keys are all masked stays exact
+    a("mov.f32", x.l, 0.0)
+    x.pm, x.pn, x.pk = a.pred(), a.pred(), a.pred()
+    _dec_block_head(x)
+    _dec_scores(x)
+    al = _dec_softmax(x)
+    _dec_pv(x, al)
+    a("add.i64", x.key, x.key, c.Bc)
+    a("setp.lt.i64", x.pm, x.key, x.ntl)
+    a("bra", "KV_LOOP", p=x.pm)
+    a.free(x.key, x.klim, x.ntl, x.gk, x.gv, x.cnt)
+    a.free(x.pair, k=2)
+    _dec_epilogue(x)
     a("dma.wait", 0)
-    x, y, z = a.reg(), a.reg(), a.reg()
+    a("exit")
+    return a.build()
+
+
+def _dec_load_q(x: _Dec) -> None:
+    """Emits the Q row's get and its conversion to QF (fp32, scaled by c; lanes take element
+    pairs), and OT = 0."""
+    a, c, d, qa0, t1, t2, RAW = x.a, x.c, x.c.d, x.qa0, x.t1, x.t2, x.RAW
+    x.one = a.reg()
+    a("mov.b64", x.one, 1)
+    x.g = g = a.reg()
+    a.free(x.base_ptr(g, "Q", x.one, "q_ld", "q_off"))
+    a("mov.b64", t2, RAW)
+    a("dma.get", Mem(t2, 0), Mem(g, 0), x.rbn)
+    a("dma.wait", 0)
+    v, y, z = a.reg(), a.reg(), a.reg()
     pq = a.pred()
-    if f32:
+    if x.f32:
         for k0 in range(0, d, LANES):
-            a("ld.shared.b32", x, Mem(qa0, RAW + 4 * k0))
-            a("mul.f32", x, x, c.c)
-            a("st.shared.b32", Mem(qa0, 4 * k0), x)
+            a("ld.shared.b32", v, Mem(qa0, RAW + 4 * k0))
+            a("mul.f32", v, v, c.c)
+            a("st.shared.b32", Mem(qa0, 4 * k0), v)
     else:
         lo, hi = CVT_IN[c.dtype]
         for k0 in range(0, d, 2 * LANES):
             part = d - k0 < 2 * LANES                 # d 32: lanes 0 .. 15 hold the 32 elements
             if part:
-                a("setp.lt.i64", pq, lane, (d - k0) // 2)
-            a("ld.shared.b32", x, Mem(qa0, RAW + 2 * k0))
-            a(lo, y, x)
-            a(hi, z, x)
+                a("setp.lt.i64", pq, x.lane, (d - k0) // 2)
+            a("ld.shared.b32", v, Mem(qa0, RAW + 2 * k0))
+            a(lo, y, v)
+            a(hi, z, v)
             a("mul.f32", y, y, c.c)
             a("mul.f32", z, z, c.c)
             a("shl.b64", t1, qa0, 1)
             a("st.shared.v2.b32", Mem(t1, 4 * k0), y, p=pq if part else None)
-    a("mov.f32", x, 0.0)
+    a("mov.f32", v, 0.0)
     for k in range(d):
-        a("st.shared.b32", Mem(qa0, OT + 128 * k), x)
-    a.free(x, y, z)
+        a("st.shared.b32", Mem(qa0, x.OT + 128 * k), v)
+    a.free(v, y, z)
     a.pfree(pq)
 
-    # ---- K / V rows
-    gk, gv = a.reg(), a.reg()
+
+def _dec_kv_range(x: _Dec) -> None:
+    """Emits the K / V sources gk, gv with the strided gets' (row bytes, stride) pair, and the keys
+    the CPE runs: key (its first) .. klim (its last), ntl (the end of its blocks, in keys); split:
+    chunk x of chunk*Bc keys."""
+    a, c, t1 = x.a, x.c, x.t1
+    Bc = c.Bc
+    x.gk, x.gv = a.reg(), a.reg()
     Lk = a.reg()
     a("ldparam", Lk, "kv_len")
-    kldb = base_ptr(gk, "K", Lk, "kv_ld", "k_off")
-    a.free(base_ptr(gv, "V", Lk, "kv_ld", "v_off"))
-    klim, ntl, key = a.reg(), a.reg(), a.reg()
+    kldb = x.base_ptr(x.gk, "K", Lk, "kv_ld", "k_off")
+    a.free(x.base_ptr(x.gv, "V", Lk, "kv_ld", "v_off"))
+    x.klim, x.ntl, x.key = klim, ntl, key = a.reg(), a.reg(), a.reg()
     if c.split:                                       # keys key .. klim: chunk x of chunk*Bc keys
         a("ldparam", t1, "chunk")
         a("shl.b64", t1, t1, log2(Bc))
@@ -805,55 +930,59 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("shr.u64", ntl, ntl, log2(Bc))
     a("shl.b64", ntl, ntl, log2(Bc))
     a("add.i64", ntl, ntl, key)                       # the end of the blocks run (keys)
-    a.free(Lk, one)
-
-    pair = a.reg(2)                                   # a strided get's block size and stride
-    a("mov.b64", pair, RB)
+    a.free(Lk, x.one)
+    x.pair = pair = a.reg(2)                          # a strided get's block size and stride
+    a("mov.b64", pair, x.RB)
     a("mov.b64", pair + 1, kldb)
     a.free(kldb)
-    cnt = a.reg()
+    x.cnt = a.reg()
 
-    def kv_block(first_key):
-        """K and V rows first_key .. first_key + cnt - 1 (cnt = min(Bc, kv_len - first_key)) by one
-        strided get each, packed at RB bytes; rows past cnt keep the previous block's values
-        (finite, and masked)."""
-        a("sub.i64", cnt, klim, first_key)
-        a("add.i64", cnt, cnt, 1)
-        a("min.i64", cnt, cnt, Bc)
-        a("mad.i64", g, first_key, pair + 1, gk)
-        a("mov.b64", t2, RAW)
-        a("dma.get.s", Mem(t2, 0), Mem(g, 0), cnt, pair)
-        a("mad.i64", g, first_key, pair + 1, gv)
-        a("dma.get.s", Mem(t2, Bc * RB), Mem(g, 0), cnt, pair)
 
-    kv_block(key)
-    m, l = a.reg(), a.reg()
-    a("mov.f32", m, -1e30)                            # finite: a lane whose keys are all masked stays exact
-    a("mov.f32", l, 0.0)
-    pm, pn, pk = a.pred(), a.pred(), a.pred()
+def _dec_kv_block(x: _Dec, first_key) -> None:
+    """K and V rows first_key .. first_key + cnt - 1 (cnt = min(Bc, kv_len - first_key)) by one
+    strided get each, packed at RB bytes; rows past cnt keep the previous block's values
+    (finite, and masked)."""
+    a, cnt, g, pair, t2 = x.a, x.cnt, x.g, x.pair, x.t2
+    a("sub.i64", cnt, x.klim, first_key)
+    a("add.i64", cnt, cnt, 1)
+    a("min.i64", cnt, cnt, x.c.Bc)
+    a("mad.i64", g, first_key, pair + 1, x.gk)
+    a("mov.b64", t2, x.RAW)
+    a("dma.get.s", Mem(t2, 0), Mem(g, 0), cnt, pair)
+    a("mad.i64", g, first_key, pair + 1, x.gv)
+    a("dma.get.s", Mem(t2, x.c.Bc * x.RB), Mem(g, 0), cnt, pair)
 
+
+def _dec_block_head(x: _Dec) -> None:
+    """Emits the head of the block loop: wait for block j, transpose it to KT / VT, then the next
+    block's gets into the raw area, now free."""
+    a, U, RB, RAW = x.a, x.U, x.RB, x.RAW
     a.label("KV_LOOP")
     a("dma.wait", 0)
     # transpose + convert: lane i takes rows 32u + i; KT[k][32u + i] (skewed: no bank conflicts)
-    jobs = [(RAW + 32 * u * RB, KT + 128 * u) for u in range(U)]
-    jobs += [(RAW + Bc * RB + 32 * u * RB, VT + 128 * u) for u in range(U)]
-    _skew_xpose(a, c.dtype, RB, KTR, jobs, lane, qa0, "XPOSE")
+    jobs = [(RAW + 32 * u * RB, x.KT + 128 * u) for u in range(U)]
+    jobs += [(RAW + x.c.Bc * RB + 32 * u * RB, x.VT + 128 * u) for u in range(U)]
+    _skew_xpose(a, x.c.dtype, RB, x.KTR, jobs, x.lane, x.qa0, "XPOSE")
     # the next block's rows into the raw area, now free
     nk = a.reg()
-    a("add.i64", nk, key, Bc)
-    a("setp.lt.i64", pn, nk, ntl)
-    a("bra", "NO_NEXT", p=pn, neg=True)
-    kv_block(nk)
+    a("add.i64", nk, x.key, x.c.Bc)
+    a("setp.lt.i64", x.pn, nk, x.ntl)
+    a("bra", "NO_NEXT", p=x.pn, neg=True)
+    _dec_kv_block(x, nk)
     a.label("NO_NEXT")
     a.free(nk)
 
-    # ---- scores s_u = sum_k QF[k] KT[k][32u + lane]: two accumulators a key (even / odd k)
-    s = a.reg(2 * U)
+
+def _dec_scores(x: _Dec) -> None:
+    """Emits the scores s_u = sum_k QF[k] KT[k][32u + lane] (two accumulators a key: even / odd k),
+    then the mask of keys past kv_len (the last block only)."""
+    a, U, KTR, t1, pk = x.a, x.U, x.KTR, x.t1, x.pk
+    x.s = s = a.reg(2 * U)
     for i in range(2 * U):
         a("mov.f32", s + i, 0.0)
     qv, kx = a.reg(4), a.reg(4 * U)
     kk, qq, it = a.reg(), a.reg(), a.reg()
-    a("add.i64", kk, qa0, KT)
+    a("add.i64", kk, x.qa0, x.KT)
     a("mov.b64", qq, 0)
     a("mov.b64", it, 0)
     a.label("SCORE")
@@ -868,24 +997,29 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("add.i64", kk, kk, 4 * KTR)
     a("add.i64", qq, qq, 16)
     a("add.i64", it, it, 1)
-    a("setp.lt.i64", pm, it, d // 4)
-    a("bra", "SCORE", p=pm)
+    a("setp.lt.i64", x.pm, it, x.c.d // 4)
+    a("bra", "SCORE", p=x.pm)
     a.free(qv, k=4)
     a.free(kx, k=4 * U)
     a.free(kk, qq, it)
     for u in range(U):
         a("add.f32", s + u, s + u, s + U + u)
     # mask keys past kv_len (the last block only)
-    a("add.i64", t1, key, Bc)
-    a("setp.le.i64", pk, t1, klim)
+    a("add.i64", t1, x.key, x.c.Bc)
+    a("setp.le.i64", pk, t1, x.klim)
     a("bra", "UNMASKED", p=pk)
-    a("sub.i64", t1, klim, key)
-    a("sub.i64", t1, t1, lane)                        # key + 32u + lane visible iff 32u <= t1
+    a("sub.i64", t1, x.klim, x.key)
+    a("sub.i64", t1, t1, x.lane)                      # key + 32u + lane visible iff 32u <= t1
     for u in range(U):
         a("setp.lt.i64", pk, t1, 32 * u)
         a("mov.f32", s + u, float("-inf"), p=pk)
     a.label("UNMASKED")
-    # ---- online softmax per lane
+
+
+def _dec_softmax(x: _Dec):
+    """Emits the lane's online softmax over its U keys (m, l updated, s_u = p_u); returns the
+    register alpha = 2^(m_old - m_new)."""
+    a, U, s, m = x.a, x.U, x.s, x.m
     mx, al = a.reg(), a.reg()
     a("mov.f32", mx, m)
     for u in range(U):
@@ -899,13 +1033,19 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
     a("mov.f32", mx, 0.0)
     for u in range(U):
         a("add.f32", mx, mx, s + u)
-    a("fma.f32", l, l, al, mx)
+    a("fma.f32", x.l, x.l, al, mx)
     a.free(mx)
-    # ---- O^T[c][lane] += p_u VT[c][32u + lane]
+    return al
+
+
+def _dec_pv(x: _Dec, al) -> None:
+    """Emits O^T[c][lane] = al O^T[c][lane] + sum_u p_u VT[c][32u + lane], C columns at a time;
+    frees al and the scores."""
+    a, U, C, KTR = x.a, x.U, x.C, x.KTR
     o, vx = a.reg(C), a.reg(C)
     oa, vp, cc = a.reg(), a.reg(), a.reg()
-    a("add.i64", oa, qa0, OT)
-    a("add.i64", vp, qa0, VT)
+    a("add.i64", oa, x.qa0, x.OT)
+    a("add.i64", vp, x.qa0, x.VT)
     a("mov.b64", cc, 0)
     a.label("PV")
     for e in range(C):
@@ -916,94 +1056,100 @@ def _emit_decode(c: _Cfg, max_regs: int) -> Program:
         for e in range(C):
             a("ld.shared.b32", vx + e, Mem(vp, KTR * e + 128 * u))
         for e in range(C):
-            a("fma.f32", o + e, s + u, vx + e, o + e)
+            a("fma.f32", o + e, x.s + u, vx + e, o + e)
     for e in range(C):
         a("st.shared.b32", Mem(oa, 128 * e), o + e)
     a("add.i64", oa, oa, 128 * C)
     a("add.i64", vp, vp, KTR * C)
     a("add.i64", cc, cc, 1)
-    a("setp.lt.i64", pm, cc, d // C)
-    a("bra", "PV", p=pm)
+    a("setp.lt.i64", x.pm, cc, x.c.d // C)
+    a("bra", "PV", p=x.pm)
     a.free(oa, vp, cc, al)
     a.free(o, vx, k=C)
-    a.free(s, k=2 * U)
-    a("add.i64", key, key, Bc)
-    a("setp.lt.i64", pm, key, ntl)
-    a("bra", "KV_LOOP", p=pm)
-    a.free(key, klim, ntl, gk, gv, cnt)
-    a.free(pair, k=2)
+    a.free(x.s, k=2 * U)
 
-    # ---- merge the 32 lanes: M = max m, sc = 2^(m - M), L = sum l sc, O = sum sc O^T / L
-    M, sc, x = a.reg(), a.reg(), a.reg()
-    a("mov.f32", M, m)
+
+def _dec_epilogue(x: _Dec) -> None:
+    """Emits the merge of the 32 lanes: M = max m, sc = 2^(m - M), L = sum l sc, O = sum sc O^T / L;
+    lane 0 stages the O row (and the log-sum-exp) and puts them (split: the f32 partial O and its
+    log-sum-exp into the workspaces)."""
+    a, c, d, t1, t2, l, RAW = x.a, x.c, x.c.d, x.t1, x.t2, x.l, x.RAW
+    M, sc, v = a.reg(), a.reg(), a.reg()
+    a("mov.f32", M, x.m)
     for sh in (1, 2, 4, 8, 16):
-        a("shfl.bfly.b64", x, M, sh)
-        a("max.f32", M, M, x)
-    a("sub.f32", sc, m, M)
+        a("shfl.bfly.b64", v, M, sh)
+        a("max.f32", M, M, v)
+    a("sub.f32", sc, x.m, M)
     a("ex2.f32", sc, sc)
     a("mul.f32", l, l, sc)
     for sh in (1, 2, 4, 8, 16):
-        a("shfl.bfly.b64", x, l, sh)
-        a("add.f32", l, l, x)
+        a("shfl.bfly.b64", v, l, sh)
+        a("add.f32", l, l, v)
     p0 = a.pred()
-    a("setp.eq.i64", p0, lane, 0)
-    of32 = f32 or c.split                             # split: the partial O in f32, normalised by its own sum
-    LSEB = RAW + (4 * d if c.split else RB)           # the staged log-sum-exp, after the staged O row
-    if c.split:                                       # workspace slot (b*heads + head)*splits + split
-        slot = a.reg()
-        a("s2r", t1, "%nctaid.y")
-        a("mad.i64", slot, bq, t1, hd)
-        a("s2r", t1, "%nctaid.x")
-        a("s2r", t2, "%ctaid.x")
-        a("mad.i64", slot, slot, t1, t2)
-    if c.lse or c.split:
-        a("lg2.f32", x, l)
-        a("add.f32", x, x, M)
-        a("mul.f32", x, x, LN2)
-        a("mov.b64", t2, LSEB)
-        a("st.shared.b32", Mem(t2, 0), x, p=p0)
-        if c.split:
-            a("shl.b64", t1, slot, 2)
-            a("ldparam", x, "LSEpart")
-        else:
-            a("s2r", t1, "%nctaid.y")
-            a("mad.i64", t1, bq, t1, hd)              # (b*heads + head) * q_len(1)
-            a("shl.b64", t1, t1, 2)
-            a("ldparam", x, "LSE")
-        a("add.i64", t1, t1, x)
-        a("mov.b64", x, 4)
-        a("dma.put", Mem(t1, 0), Mem(t2, 0), x)
+    a("setp.eq.i64", p0, x.lane, 0)
+    of32 = x.f32 or c.split                           # split: the partial O in f32, normalised by its own sum
+    slot = _dec_put_lse(x, M, v, p0)
     a("rcp.f32", l, l)
     a("mul.f32", sc, sc, l)                           # 2^(m - M) / L
     vals = a.reg(2)
     for c0 in range(0, d, 1 if of32 else 2):
         for e in range(1 if of32 else 2):
-            v = vals + e
-            a("ld.shared.b32", v, Mem(qa0, OT + 128 * (c0 + e)))
-            a("mul.f32", v, v, sc)
+            r = vals + e
+            a("ld.shared.b32", r, Mem(x.qa0, x.OT + 128 * (c0 + e)))
+            a("mul.f32", r, r, sc)
             for sh in (1, 2, 4, 8, 16):
-                a("shfl.bfly.b64", x, v, sh)
-                a("add.f32", v, v, x)
+                a("shfl.bfly.b64", v, r, sh)
+                a("add.f32", r, r, v)
         if of32:
             a("st.shared.b32", Mem(None, RAW + 4 * c0), vals, p=p0)
         else:
-            a(CVT_OUT[c.dtype], x, vals, vals + 1)
-            a("st.shared.b32", Mem(None, RAW + 2 * c0), x, p=p0)
+            a(CVT_OUT[c.dtype], v, vals, vals + 1)
+            a("st.shared.b32", Mem(None, RAW + 2 * c0), v, p=p0)
     go = a.reg()
     if c.split:
         a("mul.i64", go, slot, 4 * d)
         a("ldparam", t1, "Opart")
         a("add.i64", go, go, t1)
-        a("mov.b64", rbn, 4 * d)
+        a("mov.b64", x.rbn, 4 * d)
     else:
         one = a.reg()
         a("mov.b64", one, 1)
-        a.free(base_ptr(go, "O", one, "o_ld", "o_off"))
+        a.free(x.base_ptr(go, "O", one, "o_ld", "o_off"))
     a("mov.b64", t2, RAW)
-    a("dma.put", Mem(go, 0), Mem(t2, 0), rbn)
-    a("dma.wait", 0)
-    a("exit")
-    return a.build()
+    a("dma.put", Mem(go, 0), Mem(t2, 0), x.rbn)
+
+
+def _dec_put_lse(x: _Dec, M, v, p0):
+    """Emits (lse or split) the log-sum-exp ln2 (M + log2 L), staged by lane 0 after the O row, and
+    its put into LSE (split: LSEpart); returns the split's workspace slot register, else None."""
+    a, c, t1, t2 = x.a, x.c, x.t1, x.t2
+    LSEB = x.RAW + (4 * c.d if c.split else x.RB)     # the staged log-sum-exp, after the staged O row
+    slot = None
+    if c.split:                                       # workspace slot (b*heads + head)*splits + split
+        slot = a.reg()
+        a("s2r", t1, "%nctaid.y")
+        a("mad.i64", slot, x.bq, t1, x.hd)
+        a("s2r", t1, "%nctaid.x")
+        a("s2r", t2, "%ctaid.x")
+        a("mad.i64", slot, slot, t1, t2)
+    if c.lse or c.split:
+        a("lg2.f32", v, x.l)
+        a("add.f32", v, v, M)
+        a("mul.f32", v, v, LN2)
+        a("mov.b64", t2, LSEB)
+        a("st.shared.b32", Mem(t2, 0), v, p=p0)
+        if c.split:
+            a("shl.b64", t1, slot, 2)
+            a("ldparam", v, "LSEpart")
+        else:
+            a("s2r", t1, "%nctaid.y")
+            a("mad.i64", t1, x.bq, t1, x.hd)          # (b*heads + head) * q_len(1)
+            a("shl.b64", t1, t1, 2)
+            a("ldparam", v, "LSE")
+        a("add.i64", t1, t1, v)
+        a("mov.b64", v, 4)
+        a("dma.put", Mem(t1, 0), Mem(t2, 0), v)
+    return slot
 
 
 

@@ -1135,34 +1135,53 @@ def _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln: bool) -> Elementwi
                    None, None)
 
 
-def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel:
-    """Kernel 2 of a norm's backward: dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), no
-    atomics. A block of RY warps owns a tile of 32*V columns (lane l: V adjacent columns, one
-    vector load a row); warp w sums rows w, w+RY, ... in registers; the RY partials of each
-    column meet in shared memory and warp 0 adds them and stores. Tiles go round with a grid
-    stride. When the tiles alone cannot fill the machine (a100, 768 columns of fp16: 3 tiles), the
-    rows are split into chunks too: the block of (tile, chunk) writes its f32 partial sums to a
-    workspace ws [chunks, nout*cols] and a third kernel (``_ws_sum_kernel``) adds the chunks up.
-    Returns the kernels (one or two)."""
-    op = "colsum_ln" if ln else "colsum_rms"
-    VB = _vec_bytes(cols * es, es)
-    V = VB // es
-    TW = 32 * V                                   # columns of a tile
-    nout = 2 if ln else 1
-    RY = min(COLSUM_WARPS, caps.warp_slots)
-    while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
-        RY //= 2
-    plane = RY * TW * 4                            # bytes of one output's partials
-    ntiles = ceil_div(cols, TW)
-    nchunk = max(1, min(ceil_div(2 * caps.cores_total, ntiles), rows // (4 * RY)))  # >= 4 rows a warp
-    rpc = ceil_div(rows, nchunk)
-    nchunk = ceil_div(rows, rpc)
-    partial = nchunk > 1
-    outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
-    params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd",) + outs + ("rows", "cols", "rpc", "chunks")
-    e = ElementwiseAsm(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}{'_partial' if partial else ''}",
-                       params, dt, VB, "column", 32 * RY, shared=nout * plane)
-    a = e.a
+def _vec_f32(a: Asm, op: str, v: Reg, addr: Reg, off: int, V: int) -> None:
+    """Emit the move of V f32 registers at v to (st.shared / st.global) or from (ld.shared) addr + off."""
+    # pieces of 4, 2 and 1 words
+    piece = {4: "v4.b32", 2: "v2.b32", 1: "b32"}
+    i = 0
+    while i < V:
+        w = min(4, V - i)
+        mn = f"{op}.{piece[w]}"
+        if op.startswith("ld"):
+            a(mn, v + i, Mem(addr, off + 4 * i))
+        else:
+            a(mn, Mem(addr, off + 4 * i), v + i)
+        i += w
+
+
+class _ColsumCtx:
+    """A column-sum kernel being emitted (see _norm_colsum_kernel): its plan (tile width, warps,
+    row chunks), its ElementwiseAsm, and the registers that more than one step uses."""
+
+    def __init__(self, caps, rows: int, cols: int, dt: str, es: int, ln: bool):
+        self.ln, self.es = ln, es
+        VB = _vec_bytes(cols * es, es)
+        self.V = V = VB // es
+        self.TW = TW = 32 * V                     # columns of a tile
+        self.nout = nout = 2 if ln else 1
+        RY = min(COLSUM_WARPS, caps.warp_slots)
+        while RY > 1 and nout * RY * TW * 4 > caps.scratchpad_bytes:
+            RY //= 2
+        self.RY = RY
+        self.plane = RY * TW * 4                  # bytes of one output's partials
+        self.ntiles = ntiles = ceil_div(cols, TW)
+        nchunk = max(1, min(ceil_div(2 * caps.cores_total, ntiles), rows // (4 * RY)))  # >= 4 rows a warp
+        self.rpc = rpc = ceil_div(rows, nchunk)
+        self.nchunk = ceil_div(rows, rpc)
+        self.partial = partial = self.nchunk > 1
+        self.outs = outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
+        params = ("x", "dy") + (("mean",) if ln else ()) + ("rstd",) + outs + ("rows", "cols", "rpc", "chunks")
+        self.e = ElementwiseAsm(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_v{VB}"
+                                f"{'_partial' if partial else ''}", params, dt, VB, "column", 32 * RY,
+                                shared=nout * self.plane)
+        self.a = self.e.a
+        # the registers are attributes set by the steps that allocate them
+
+
+def _colsum_prologue(ctx: _ColsumCtx) -> None:
+    """Emit the work-unit loop's setup: units, shapes, pointers, this thread's partial slot and column."""
+    e, a, ln, V, TW = ctx.e, ctx.a, ctx.ln, ctx.V, ctx.TW
     lane, warp, u, step, rows_r, cols_b = (e.reg() for _ in range(6))
     e("s2r", lane, "%laneid")
     e("s2r", warp, "%warpid")
@@ -1170,17 +1189,17 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     e("s2r", step, "%nctaid.x")
     e("ldparam", rows_r, "rows")
     e("ldparam", cols_b, "cols")
-    e("shl.b64", cols_b, cols_b, log2(es))
+    e("shl.b64", cols_b, cols_b, log2(ctx.es))
     ntile, nunit, rpc_r = e.reg(), e.reg(), e.reg()
-    e("add.i64", ntile, cols_b, 32 * VB - 1)
-    e("shr.u64", ntile, ntile, log2(32 * VB))
+    e("add.i64", ntile, cols_b, 32 * e.VB - 1)
+    e("shr.u64", ntile, ntile, log2(32 * e.VB))
     e("ldparam", nunit, "chunks")
     e("mul.i64", nunit, nunit, ntile)
     e("ldparam", rpc_r, "rpc")
     X, DY, RSTD, DG = e.reg(), e.reg(), e.reg(), e.reg()
     MEAN = e.reg() if ln else None
-    DB = e.reg() if ln and not partial else None
-    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, outs[0])) + (((MEAN, "mean"),) if ln else ()) + \
+    DB = e.reg() if ln and not ctx.partial else None
+    for r, n in ((X, "x"), (DY, "dy"), (RSTD, "rstd"), (DG, ctx.outs[0])) + (((MEAN, "mean"),) if ln else ()) + \
             (((DB, "dbeta"),) if DB is not None else ()):
         e("ldparam", r, n)
     soff = e.reg()                                 # this thread's partial slot: (warp*TW + lane*V)*4
@@ -1188,63 +1207,63 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     t = e.reg()
     e("shl.b64", t, lane, log2(V * 4))
     e("add.i64", soff, soff, t)
-    e("shl.b64", t, lane, log2(VB))
+    e("shl.b64", t, lane, log2(e.VB))
     lane_b = t                                     # lane's column byte within a tile
     pT, pv, pw, pr = a.pred(), a.pred(), a.pred(), a.pred()
     e("setp.eq.i64", pw, warp, 0)
     rstep = e.reg()
-    e("mul.i64", rstep, cols_b, RY)                # bytes of RY rows
+    e("mul.i64", rstep, cols_b, ctx.RY)            # bytes of RY rows
+    ctx.warp, ctx.u, ctx.step, ctx.rows_r, ctx.cols_b = warp, u, step, rows_r, cols_b
+    ctx.ntile, ctx.nunit, ctx.rpc_r = ntile, nunit, rpc_r
+    ctx.X, ctx.DY, ctx.RSTD, ctx.DG, ctx.MEAN, ctx.DB = X, DY, RSTD, DG, MEAN, DB
+    ctx.soff, ctx.lane_b, ctx.pT, ctx.pv, ctx.pw, ctx.pr, ctx.rstep = soff, lane_b, pT, pv, pw, pr, rstep
 
-    def vec_st(addr: Reg, off: int, v: Reg) -> None:
-        i = 0
-        while i < V:
-            w = min(4, V - i)
-            a({4: "st.shared.v4.b32", 2: "st.shared.v2.b32", 1: "st.shared.b32"}[w], Mem(addr, off + 4 * i), v + i)
-            i += w
 
-    def vec_ld(v: Reg, addr: Reg, off: int) -> None:
-        i = 0
-        while i < V:
-            w = min(4, V - i)
-            a({4: "ld.shared.v4.b32", 2: "ld.shared.v2.b32", 1: "ld.shared.b32"}[w], v + i, Mem(addr, off + 4 * i))
-            i += w
-
+def _colsum_unit(ctx: _ColsumCtx) -> None:
+    """Emit the start of a work unit: its columns (c, pv), its chunk's rows (r0, rend), zeroed sums."""
+    e, a, V = ctx.e, ctx.a, ctx.V
     a.label("TILE")
-    e("setp.ge.i64", pT, u, nunit)
-    e("bra", "DONE", p=pT)
+    e("setp.ge.i64", ctx.pT, ctx.u, ctx.nunit)
+    e("bra", "DONE", p=ctx.pT)
     c, chunk, rend = e.reg(), e.reg(), e.reg()
-    e("rem.i64", c, u, ntile)
-    e("div.i64", chunk, u, ntile)
-    e("shl.b64", c, c, log2(32 * VB))
-    e("add.i64", c, c, lane_b)                     # this thread's first column byte
-    e("setp.lt.i64", pv, c, cols_b)
-    e("mul.i64", rend, chunk, rpc_r)               # the chunk's first row
+    e("rem.i64", c, ctx.u, ctx.ntile)
+    e("div.i64", chunk, ctx.u, ctx.ntile)
+    e("shl.b64", c, c, log2(32 * e.VB))
+    e("add.i64", c, c, ctx.lane_b)                 # this thread's first column byte
+    e("setp.lt.i64", ctx.pv, c, ctx.cols_b)
+    e("mul.i64", rend, chunk, ctx.rpc_r)           # the chunk's first row
     r0 = e.reg()
-    e("add.i64", r0, rend, warp)
-    e("add.i64", rend, rend, rpc_r)
-    e("min.i64", rend, rend, rows_r)               # ... and its end
-    accs = [e.reg(V) for _ in range(nout)]
-    for acc in accs:
+    e("add.i64", r0, rend, ctx.warp)
+    e("add.i64", rend, rend, ctx.rpc_r)
+    e("min.i64", rend, rend, ctx.rows_r)           # ... and its end
+    ctx.accs = [e.reg(V) for _ in range(ctx.nout)]
+    for acc in ctx.accs:
         for i in range(V):
             e("mov.f32", acc + i, 0.0)
-    e("bra", "SUMS_END", p=pv, neg=True)
+    ctx.c, ctx.chunk, ctx.rend, ctx.r0 = c, chunk, rend, r0
+
+
+def _colsum_rows(ctx: _ColsumCtx) -> None:
+    """Emit the warp's row loop: dgamma += dy * xhat (and dbeta += dy), V columns a lane, in registers."""
+    e, a, ln, V, accs = ctx.e, ctx.a, ctx.ln, ctx.V, ctx.accs
+    e("bra", "SUMS_END", p=ctx.pv, neg=True)
     r, px, pd, ps = e.reg(), e.reg(), e.reg(), e.reg()
-    e("mov.b64", r, r0)
-    e("mul.i64", px, r0, cols_b)
-    e("add.i64", px, px, c)
-    e("add.i64", pd, px, DY)
-    e("add.i64", px, px, X)
-    e("shl.b64", ps, r0, 2)                        # byte offset of row r's statistics
+    e("mov.b64", r, ctx.r0)
+    e("mul.i64", px, ctx.r0, ctx.cols_b)
+    e("add.i64", px, px, ctx.c)
+    e("add.i64", pd, px, ctx.DY)
+    e("add.i64", px, px, ctx.X)
+    e("shl.b64", ps, ctx.r0, 2)                    # byte offset of row r's statistics
     a.label("ROWS")
-    e("setp.ge.i64", pr, r, rend)
-    e("bra", "SUMS_END", p=pr)
+    e("setp.ge.i64", ctx.pr, r, ctx.rend)
+    e("bra", "SUMS_END", p=ctx.pr)
     x = e.load(px, V)
     d = e.load(pd, V)
     rs, mu = e.reg(), (e.reg() if ln else None)
-    e("add.i64", rs, RSTD, ps)
+    e("add.i64", rs, ctx.RSTD, ps)
     e("ld.global.b32", rs, Mem(rs, 0))
     if ln:
-        e("add.i64", mu, MEAN, ps)
+        e("add.i64", mu, ctx.MEAN, ps)
         e("ld.global.b32", mu, Mem(mu, 0))
     for i in range(V):
         if ln:
@@ -1258,34 +1277,40 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
     e.free(rs)
     if ln:
         e.free(mu)
-    e("add.i64", r, r, RY)
-    e("add.i64", px, px, rstep)
-    e("add.i64", pd, pd, rstep)
-    e("add.i64", ps, ps, 4 * RY)
+    e("add.i64", r, r, ctx.RY)
+    e("add.i64", px, px, ctx.rstep)
+    e("add.i64", pd, pd, ctx.rstep)
+    e("add.i64", ps, ps, 4 * ctx.RY)
     e("bra", "ROWS")
     a.label("SUMS_END")
     e.free(r, px, pd, ps)
+
+
+def _colsum_combine(ctx: _ColsumCtx) -> None:
+    """Emit the meeting of the RY warps' partials in shared memory; warp 0 adds them up and stores."""
+    # to dgamma (dbeta) in the storage dtype, or as f32 to the chunk's row of the workspace
+    e, a, V, accs, partial = ctx.e, ctx.a, ctx.V, ctx.accs, ctx.partial
     for k, acc in enumerate(accs):
-        vec_st(soff, k * plane, acc)
+        _vec_f32(a, "st.shared", acc, ctx.soff, k * ctx.plane, V)
     e("bar.sync")
     pw0 = a.pred()
-    e("and.pred", pw0, pw, pv)
+    e("and.pred", pw0, ctx.pw, ctx.pv)
     e("bra", "OUT_END", p=pw0, neg=True)
     part = e.reg(V)
     wsa = None
     if partial:        # ws [chunk, k*cols + col] in f32: byte (chunk*nout*cols + col)*4 + k*cols*4
         wsa, t2 = e.reg(), e.reg()
         e("ldparam", t2, "cols")
-        e("mul.i64", wsa, chunk, nout)
+        e("mul.i64", wsa, ctx.chunk, ctx.nout)
         e("mul.i64", wsa, wsa, t2)
-        e("shr.u64", t2, c, log2(es))
+        e("shr.u64", t2, ctx.c, log2(ctx.es))
         e("add.i64", wsa, wsa, t2)
         e("shl.b64", wsa, wsa, 2)
-        e("add.i64", wsa, wsa, DG)
+        e("add.i64", wsa, wsa, ctx.DG)
         e.free(t2)
     for k, acc in enumerate(accs):
-        for w in range(1, RY):
-            vec_ld(part, soff, k * plane + w * TW * 4)
+        for w in range(1, ctx.RY):
+            _vec_f32(a, "ld.shared", part, ctx.soff, k * ctx.plane + w * ctx.TW * 4, V)
             for i in range(V):
                 e("add.f32", acc + i, acc + i, part + i)
         if partial:
@@ -1295,13 +1320,9 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
                 e("shl.b64", t2, t2, 2)
                 e("add.i64", wsa, wsa, t2)
                 e.free(t2)
-            i = 0
-            while i < V:
-                w = min(4, V - i)
-                a({4: "st.global.v4.b32", 2: "st.global.v2.b32", 1: "st.global.b32"}[w], Mem(wsa, 4 * i), acc + i)
-                i += w
+            _vec_f32(a, "st.global", acc, wsa, 0, V)
         else:
-            ad = e.addr(DG if k == 0 else DB, c)
+            ad = e.addr(ctx.DG if k == 0 else ctx.DB, ctx.c)
             e.store(ad, acc, V)
             e.free(ad)
     e.free(part, k=V)
@@ -1309,21 +1330,40 @@ def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel
         e.free(wsa)
     a.label("OUT_END")
     a.pfree(pw0)
+
+
+def _norm_colsum_kernel(caps, rows, cols, dt, es, ln: bool) -> ElementwiseKernel:
+    """Kernel 2 of a norm's backward: dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), no
+    atomics. A block of RY warps owns a tile of 32*V columns (lane l: V adjacent columns, one
+    vector load a row); warp w sums rows w, w+RY, ... in registers; the RY partials of each
+    column meet in shared memory and warp 0 adds them and stores. Tiles go round with a grid
+    stride. When the tiles alone cannot fill the machine (a100, 768 columns of fp16: 3 tiles), the
+    rows are split into chunks too: the block of (tile, chunk) writes its f32 partial sums to a
+    workspace ws [chunks, nout*cols] and a third kernel (``_ws_sum_kernel``) adds the chunks up.
+    Returns the kernels (one or two)."""
+    op = "colsum_ln" if ln else "colsum_rms"
+    ctx = _ColsumCtx(caps, rows, cols, dt, es, ln)
+    e, a = ctx.e, ctx.a
+    _colsum_prologue(ctx)
+    _colsum_unit(ctx)
+    _colsum_rows(ctx)
+    _colsum_combine(ctx)
     e("bar.sync")                                  # partials read before the next tile writes
-    e.free(c, chunk, rend, r0)
-    e("add.i64", u, u, step)
+    e.free(ctx.c, ctx.chunk, ctx.rend, ctx.r0)
+    e("add.i64", ctx.u, ctx.u, ctx.step)
     e("bra", "TILE")
     a.label("DONE")
     e("exit")
-    for acc in accs:
-        e.free(acc, k=V)
+    for acc in ctx.accs:
+        e.free(acc, k=ctx.V)
     ins = (Buf("x", (rows, cols), dt), Buf("dy", (rows, cols), dt)) + ((Buf("mean", (rows,), "fp32"),) if ln else ()) \
         + (Buf("rstd", (rows,), "fp32"),)
     finals = (Buf("dgamma", (cols,), dt, True),) + ((Buf("dbeta", (cols,), dt, True),) if ln else ())
-    ws = Buf("ws", (nchunk, nout * cols), "fp32", True, scratch=True)
-    k1 = _finish(op, caps, e, 32 * RY, ntiles * nchunk, FLOPS_PER_ELEM[op] * rows * cols,
-                 ins + ((ws,) if partial else finals), (("rows", rows), ("cols", cols), ("rpc", rpc), ("chunks", nchunk)),
-                 "column", None, None)
+    nchunk, partial = ctx.nchunk, ctx.partial
+    ws = Buf("ws", (nchunk, ctx.nout * cols), "fp32", True, scratch=True)
+    k1 = _finish(op, caps, e, 32 * ctx.RY, ctx.ntiles * nchunk, FLOPS_PER_ELEM[op] * rows * cols,
+                 ins + ((ws,) if partial else finals),
+                 (("rows", rows), ("cols", cols), ("rpc", ctx.rpc), ("chunks", nchunk)), "column", None, None)
     return (k1, _ws_sum_kernel(caps, cols, nchunk, dt, finals)) if partial else (k1,)
 
 

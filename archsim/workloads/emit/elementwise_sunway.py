@@ -1194,6 +1194,85 @@ def _colsum_geometry(caps, rows: int, cols: int, es: int, nout: int) -> dict:
     return dict(cw=cw, ncc=ncc, Q=Q, rq=rq, rb=rb)
 
 
+def _units_open(e: LdmAsm, u: Reg, count) -> tuple:
+    """Emits the head of a grid-stride loop over units (u from %ctaid.x): to done once u >= count;
+    returns (top, done), the loop's labels."""
+    a = e.a
+    top, done = e.label(), e.label()
+    pu = a.pred()
+    a.label(top)
+    e("setp.ge.i64", pu, u, count)
+    e("bra", done, p=pu)
+    return top, done
+
+
+def _units_close(e: LdmAsm, u: Reg, ustep: Reg, top: str, done: str) -> None:
+    """Emits the end of the loop over units (u += ustep, back to top), its done label and the exit."""
+    e("add.i64", u, u, ustep)
+    e("bra", top)
+    e.a.label(done)
+    e("exit")
+
+
+def _zero_sums(e: LdmAsm, lane_off: Reg, frm: int, offs, cw: int) -> None:
+    """Emits the zeroing of f32 partial sums of cw columns at each LDM offset of offs, lane l
+    taking columns l, l+32, ... (lane_off: the lane's offset in an array of frm-byte elements)."""
+    a = e.a
+    j, z, pz = e.reg(), e.reg(), a.pred()
+    e("mov.b64", z, 0)
+    _scale_off(e, j, lane_off, frm, 4)                # lane * 4
+    zl = e.label()
+    a.label(zl)
+    for o in offs:
+        e("st.shared.b32", Mem(j, o), z)
+    e("add.i64", j, j, 128)
+    e("setp.lt.i64", pz, j, cw * 4)
+    e("bra", zl, p=pz)
+    e.free(j, z)
+    a.pfree(pz)
+
+
+@dataclasses.dataclass(frozen=True)
+class _ColsumPlan:
+    """What the column-sum program's steps read: the target, dtype and width, the geometry of
+    _colsum_geometry (cw, ncc, Q, rq, rb), the LDM offsets (off: acc<o>, out<o>, x, dy and the
+    statistics of set 0; setb: the bytes of a set), the parameters and the outputs."""
+    caps: object
+    dt: str
+    ln: bool
+    cols: int
+    cw: int
+    ncc: int
+    Q: int
+    rq: int
+    rb: int
+    off: dict
+    setb: int
+    shared: int
+    params: tuple
+    outs: tuple
+
+    @property
+    def es(self) -> int:
+        return ELEM_BYTES[self.dt]
+
+    @property
+    def nout(self) -> int:
+        return 2 if self.ln else 1
+
+    @property
+    def cwb(self) -> int:
+        return self.cw * self.es
+
+    @property
+    def partial(self) -> bool:
+        return self.Q > 1
+
+    @property
+    def stats(self) -> tuple:
+        return ("mean", "rstd") if self.ln else ("rstd",)
+
+
 def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
     """dgamma = sum_rows dy * xhat (and dbeta = sum_rows dy), xhat from x and the saved statistics.
     Unit u = (row range q = u / ncc, column chunk c = u % ncc), grid stride over units. A unit
@@ -1203,7 +1282,7 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
     es = ELEM_BYTES[dt]
     nout = 2 if ln else 1
     geo = _colsum_geometry(caps, rows, cols, es, nout)
-    cw, ncc, Q, rq, rb = geo["cw"], geo["ncc"], geo["Q"], geo["rq"], geo["rb"]
+    Q, ncc, cwb = geo["Q"], geo["ncc"], geo["cw"] * es
     partial = Q > 1
     op = "colsum_ln" if ln else "colsum_rms"
     outs = ("ws",) if partial else ("dgamma",) + (("dbeta",) if ln else ())
@@ -1213,9 +1292,23 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
     ws = Buf("ws", (Q, nout * cols), "fp32", True, scratch=True)
     bufs = bufs + ((ws,) if partial else finals)
     scalars = (("rows", rows), ("cols", cols))
-    stats = ("mean", "rstd") if ln else ("rstd",)
+    off, setb, shared = _colsum_ldm(geo["cw"], geo["rb"], es, nout, ("mean", "rstd") if ln else ("rstd",))
+    params = tuple(b.name for b in bufs) + ("rows", "cols")
+    p = _ColsumPlan(caps, dt, ln, cols, **geo, off=off, setb=setb, shared=shared, params=params, outs=outs)
+    prog, vb = _try_vb(lambda vb: _colsum_program(p, vb),
+                       [v for v in (16, 8, 4) if v >= es and (cwb % v == 0 or ncc == 1 and cols * es % v == 0)] + [es])
+    k1 = ElementwiseKernel(op=op, program=prog, launch=_grid_launch(caps, Q * ncc),
+                           flops=FLOPS_PER_ELEM[op] * rows * cols,
+                           dtype=dt, buffers=bufs, scalars=scalars, team="column", vector_bytes=vb)
+    if not partial:
+        return (k1,)
+    return (k1, _ws_sum_kernel(caps, cols, Q, dt, finals))
+
+
+def _colsum_ldm(cw: int, rb: int, es: int, nout: int, stats: tuple) -> tuple:
+    """The column sum's LDM: acc[nout] (f32), out staging[nout] (storage dtype), then 2 sets of x,
+    dy, stats tiles; returns (offsets, bytes of a set, bytes in all)."""
     cwb = cw * es
-    # LDM: acc[nout] (f32), out staging[nout] (storage dtype), then 2 sets of x, dy, stats tiles
     off = {}
     pos = 0
     for o in range(nout):
@@ -1232,202 +1325,232 @@ def _colsum_kernel(caps, rows: int, cols: int, dt: str, ln: bool) -> tuple:
         off[name] = pos
         pos += _al(rb * 4)
     setb = pos - base
-    shared = base + 2 * setb
-    params = tuple(b.name for b in bufs) + ("rows", "cols")
+    return off, setb, base + 2 * setb
 
-    def make(vb):
-        e = LdmAsm(f"{'layernorm' if ln else 'rmsnorm'}_grad_params_{dt}_sw_v{vb}{'_partial' if partial else ''}",
-                   params, dt, vb, shared, caps)
-        e.lanes()
-        a = e.a
-        u, ustep, nunit, rows_r = e.reg(), e.reg(), e.reg(), e.reg()
-        e("s2r", u, "%ctaid.x")
-        e("s2r", ustep, "%nctaid.x")
-        e("mov.b64", nunit, Q * ncc)
-        e("ldparam", rows_r, "rows")
-        top, done = e.label(), e.label()
-        pu = a.pred()
-        a.label(top)
-        e("setp.ge.i64", pu, u, nunit)
-        e("bra", done, p=pu)
-        c0, clen, r0, rend = e.reg(), e.reg(), e.reg(), e.reg()
-        e("rem.i64", c0, u, ncc)
-        e("mul.i64", c0, c0, cwb)                     # the chunk's first column byte
-        e("mov.b64", clen, cols * es)
-        e("sub.i64", clen, clen, c0)
-        e("min.i64", clen, clen, cwb)
-        e("div.i64", r0, u, ncc)
-        e("mul.i64", r0, r0, rq)                      # the unit's rows [r0, rend)
-        e("add.i64", rend, r0, rq)
-        e("min.i64", rend, rend, rows_r)
-        # zero the f32 partial sums
-        j, pz = e.reg(), a.pred()
-        zl = e.label()
-        z = e.reg()
-        e("mov.b64", z, 0)
-        _scale_off(e, j, e.j0s if e.j0s is not None else e.j0v, es, 4)           # lane * 4
-        a.label(zl)
+
+def _colsum_program(p: _ColsumPlan, vb: int) -> tuple:
+    """(the column-sum program with vb-byte vectors, vb): a grid-stride loop over units, each
+    zeroing its f32 sums, streaming its tiles (double buffered) and storing its sums."""
+    e = LdmAsm(f"{'layernorm' if p.ln else 'rmsnorm'}_grad_params_{p.dt}_sw_v{vb}{'_partial' if p.partial else ''}",
+               p.params, p.dt, vb, p.shared, p.caps)
+    e.lanes()
+    u, ustep, nunit, rows_r = e.reg(), e.reg(), e.reg(), e.reg()
+    e("s2r", u, "%ctaid.x")
+    e("s2r", ustep, "%nctaid.x")
+    e("mov.b64", nunit, p.Q * p.ncc)
+    e("ldparam", rows_r, "rows")
+    top, done = _units_open(e, u, nunit)
+    span = c0, clen, r0, rend = e.reg(), e.reg(), e.reg(), e.reg()
+    e("rem.i64", c0, u, p.ncc)
+    e("mul.i64", c0, c0, p.cwb)                       # the chunk's first column byte
+    e("mov.b64", clen, p.cols * p.es)
+    e("sub.i64", clen, clen, c0)
+    e("min.i64", clen, clen, p.cwb)
+    e("div.i64", r0, u, p.ncc)
+    e("mul.i64", r0, r0, p.rq)                        # the unit's rows [r0, rend)
+    e("add.i64", rend, r0, p.rq)
+    e("min.i64", rend, rend, rows_r)
+    _zero_sums(e, e.j0s if e.j0s is not None else e.j0v, p.es, [p.off[f"acc{o}"] for o in range(p.nout)], p.cw)
+    # tiles: k = 0 .. ntiles-1 of rb rows from r0
+    k, kend = e.reg(), e.reg()
+    e("mov.b64", k, 0)
+    e("sub.i64", kend, rend, r0)
+    e("add.i64", kend, kend, p.rb - 1)
+    e("div.i64", kend, kend, p.rb)
+    e.pipeline(k, 1, kend, p.setb, lambda kk, boff: _colsum_gets(e, p, span, kk, boff),
+               lambda kk, boff: _colsum_body(e, p, span, kk, boff), lambda kk, b: None)
+    e.free(k, kend)
+    _colsum_store(e, p, u, c0, clen)
+    e("dma.wait", 0)                                  # the partial sums are reused by the next unit
+    e.free(c0, clen, r0, rend)
+    _units_close(e, u, ustep, top, done)
+    return build_checked(e, p.caps), vb
+
+
+def _colsum_tile(e: LdmAsm, p: _ColsumPlan, span: tuple, kk: Reg) -> tuple:
+    """Emits tile kk's first row t0 and its rows nr (new registers, returned)."""
+    r0, rend = span[2], span[3]
+    t0, nr = e.reg(), e.reg()
+    e("mul.i64", t0, kk, p.rb)
+    e("add.i64", t0, t0, r0)
+    e("sub.i64", nr, rend, t0)
+    e("min.i64", nr, nr, p.rb)
+    return t0, nr
+
+
+def _colsum_gets(e: LdmAsm, p: _ColsumPlan, span: tuple, kk: Reg, boff: Reg) -> None:
+    """Emits the gets of tile kk into LDM set boff: the x, dy rows of the unit's chunk (one DMA a
+    tile when the chunk is the whole row, else one a row) and the rows' statistics."""
+    a, es, cwb = e.a, p.es, p.cwb
+    c0, clen = span[0], span[1]
+    t0, nr = _colsum_tile(e, p, span, kk)
+    ga, la, ln_ = e.reg(), e.reg(), e.reg()
+    for name in ("x", "dy"):
+        e("ldparam", ga, name)
+        e("mul.i64", ln_, t0, p.cols * es)
+        e("add.i64", ga, ga, ln_)
+        e("add.i64", ga, ga, c0)
+        e("add.i64", la, boff, p.off[name])
+        if p.ncc == 1:
+            e("mul.i64", ln_, nr, cwb)
+            e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+        else:                                         # one row segment at a time
+            i, pr = e.reg(), a.pred()
+            lab = e.label()
+            e("mov.b64", i, 0)
+            a.label(lab)
+            e("dma.get", Mem(la, 0), Mem(ga, 0), clen)
+            e("add.i64", ga, ga, p.cols * es)
+            e("add.i64", la, la, cwb)
+            e("add.i64", i, i, 1)
+            e("setp.lt.i64", pr, i, nr)
+            e("bra", lab, p=pr)
+            e.free(i)
+            a.pfree(pr)
+    for name in p.stats:
+        e("ldparam", ga, name)
+        e("shl.b64", ln_, t0, 2)
+        e("add.i64", ga, ga, ln_)
+        e("add.i64", la, boff, p.off[name])
+        e("shl.b64", ln_, nr, 2)
+        e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+    e.free(t0, nr, ga, la, ln_)
+
+
+def _colsum_body(e: LdmAsm, p: _ColsumPlan, span: tuple, kk: Reg, boff: Reg) -> None:
+    """Emits tile kk's sums: every column vector of the chunk (_colsum_col)."""
+    t0, nr = _colsum_tile(e, p, span, kk)
+    e.free(t0)
+    e.loop(span[1], lambda jj, n: _colsum_col(e, p, boff, nr, jj, n))
+    e.free(nr)
+
+
+def _colsum_col(e: LdmAsm, p: _ColsumPlan, boff: Reg, nr: Reg, jj: Reg, n: int) -> None:
+    """Emits the sums of column vector jj (n elements) over the tile's nr rows in LDM set boff,
+    added to the f32 partial sums: dy * (x - mean) * rstd (and dy)."""
+    a, es, ln, nout, off = e.a, p.es, p.ln, p.nout, p.off
+    accs = []
+    sj = e.reg()                                      # f32 offset of the vector: j * 4 / es
+    _scale_off(e, sj, jj, es, 4)
+    for o in range(nout):
+        r = e.a.reg(n)
+        e.words(_LDS, r, sj, off[f"acc{o}"], n)
+        accs.append(r)
+    rr, px, ps, pr = e.reg(), e.reg(), e.reg(), a.pred()
+    e("mov.b64", rr, 0)
+    e("add.i64", px, boff, jj)
+    e("mov.b64", ps, boff)
+    lab = e.label()
+    a.label(lab)
+    x = e.load(px, n, off=off["x"])
+    d = e.load(px, n, off=off["dy"])
+    rs_ = e.reg()
+    e("ld.shared.b32", rs_, Mem(ps, off["rstd"]))
+    mu = None
+    if ln:
+        mu = e.reg()
+        e("ld.shared.b32", mu, Mem(ps, off["mean"]))
+    for i in range(n):
+        if ln:
+            e("sub.f32", x + i, x + i, mu)
+        e("mul.f32", x + i, x + i, rs_)
+        e("fma.f32", accs[0] + i, d + i, x + i, accs[0] + i)
+        if ln:
+            e("add.f32", accs[1] + i, accs[1] + i, d + i)
+    e.free(x, k=n)
+    e.free(d, k=n)
+    e.free(rs_)
+    if ln:
+        e.free(mu)
+    e("add.i64", px, px, p.cwb)
+    e("add.i64", ps, ps, 4)
+    e("add.i64", rr, rr, 1)
+    e("setp.lt.i64", pr, rr, nr)
+    e("bra", lab, p=pr)
+    for o in range(nout):
+        e.words(_STS, accs[o], sj, off[f"acc{o}"], n, store=True)
+        e.free(accs[o], k=n)
+    e.free(sj, rr, px, ps)
+    a.pfree(pr)
+
+
+def _colsum_store(e: LdmAsm, p: _ColsumPlan, u: Reg, c0: Reg, clen: Reg) -> None:
+    """Emits the puts of the unit's sums: Q > 1, the f32 sums into ws[q, o*cols + column]; else
+    converted to the storage dtype into dgamma (dbeta)."""
+    es, nout, cols, off = p.es, p.nout, p.cols, p.off
+    ga, la = e.reg(), e.reg()
+    if p.partial:                                     # ws[q, o*cols + column] in f32
+        q = e.reg()
+        e("div.i64", q, u, p.ncc)
+        e("mul.i64", q, q, nout * cols * 4)
+        _scale_off(e, la, clen, es, 4)   # f32 bytes
         for o in range(nout):
-            e("st.shared.b32", Mem(j, off[f"acc{o}"]), z)
-        e("add.i64", j, j, 128)
-        e("setp.lt.i64", pz, j, cw * 4)
-        e("bra", zl, p=pz)
-        e.free(j, z)
-        a.pfree(pz)
-        # tiles: k = 0 .. ntiles-1 of rb rows from r0
-        k, kend = e.reg(), e.reg()
-        e("mov.b64", k, 0)
-        e("sub.i64", kend, rend, r0)
-        e("add.i64", kend, kend, rb - 1)
-        e("div.i64", kend, kend, rb)
-
-        def tile(kk):
-            t0, nr = e.reg(), e.reg()
-            e("mul.i64", t0, kk, rb)
-            e("add.i64", t0, t0, r0)
-            e("sub.i64", nr, rend, t0)
-            e("min.i64", nr, nr, rb)
-            return t0, nr
-
-        def gets(kk, boff):
-            t0, nr = tile(kk)
-            ga, la, ln_ = e.reg(), e.reg(), e.reg()
-            for name in ("x", "dy"):
-                e("ldparam", ga, name)
-                e("mul.i64", ln_, t0, cols * es)
-                e("add.i64", ga, ga, ln_)
-                e("add.i64", ga, ga, c0)
-                e("add.i64", la, boff, off[name])
-                if ncc == 1:
-                    e("mul.i64", ln_, nr, cwb)
-                    e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
-                else:                                  # one row segment at a time
-                    i, p = e.reg(), a.pred()
-                    lab = e.label()
-                    e("mov.b64", i, 0)
-                    a.label(lab)
-                    e("dma.get", Mem(la, 0), Mem(ga, 0), clen)
-                    e("add.i64", ga, ga, cols * es)
-                    e("add.i64", la, la, cwb)
-                    e("add.i64", i, i, 1)
-                    e("setp.lt.i64", p, i, nr)
-                    e("bra", lab, p=p)
-                    e.free(i)
-                    a.pfree(p)
-            for name in stats:
-                e("ldparam", ga, name)
-                e("shl.b64", ln_, t0, 2)
-                e("add.i64", ga, ga, ln_)
-                e("add.i64", la, boff, off[name])
-                e("shl.b64", ln_, nr, 2)
-                e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
-            e.free(t0, nr, ga, la, ln_)
-
-        def body(kk, boff):
-            t0, nr = tile(kk)
-            e.free(t0)
-
-            def col(jj, n):
-                accs = []
-                sj = e.reg()                            # f32 offset of the vector: j * 4 / es
-                _scale_off(e, sj, jj, es, 4)
-                for o in range(nout):
-                    r = e.a.reg(n)
-                    e.words(_LDS, r, sj, off[f"acc{o}"], n)
-                    accs.append(r)
-                rr, px, ps, p = e.reg(), e.reg(), e.reg(), a.pred()
-                e("mov.b64", rr, 0)
-                e("add.i64", px, boff, jj)
-                e("mov.b64", ps, boff)
-                lab = e.label()
-                a.label(lab)
-                x = e.load(px, n, off=off["x"])
-                d = e.load(px, n, off=off["dy"])
-                rs_ = e.reg()
-                e("ld.shared.b32", rs_, Mem(ps, off["rstd"]))
-                mu = None
-                if ln:
-                    mu = e.reg()
-                    e("ld.shared.b32", mu, Mem(ps, off["mean"]))
-                for i in range(n):
-                    if ln:
-                        e("sub.f32", x + i, x + i, mu)
-                    e("mul.f32", x + i, x + i, rs_)
-                    e("fma.f32", accs[0] + i, d + i, x + i, accs[0] + i)
-                    if ln:
-                        e("add.f32", accs[1] + i, accs[1] + i, d + i)
-                e.free(x, k=n)
-                e.free(d, k=n)
-                e.free(rs_)
-                if ln:
-                    e.free(mu)
-                e("add.i64", px, px, cwb)
-                e("add.i64", ps, ps, 4)
-                e("add.i64", rr, rr, 1)
-                e("setp.lt.i64", p, rr, nr)
-                e("bra", lab, p=p)
-                for o in range(nout):
-                    e.words(_STS, accs[o], sj, off[f"acc{o}"], n, store=True)
-                    e.free(accs[o], k=n)
-                e.free(sj, rr, px, ps)
-                a.pfree(p)
-
-            e.loop(clen, col)
-            e.free(nr)
-
-        e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
-        e.free(k, kend)
-        # store the unit's sums
-        ga, la = e.reg(), e.reg()
-        if partial:                                   # ws[q, o*cols + column] in f32
-            q = e.reg()
-            e("div.i64", q, u, ncc)
-            e("mul.i64", q, q, nout * cols * 4)
-            _scale_off(e, la, clen, es, 4)   # f32 bytes
+            e("ldparam", ga, "ws")
+            e("add.i64", ga, ga, q)
+            t = e.reg()
+            _scale_off(e, t, c0, es, 4)
+            e("add.i64", ga, ga, t)
+            e("mov.b64", t, off[f"acc{o}"])
+            e("dma.put", Mem(ga, o * cols * 4), Mem(t, 0), la)
+            e.free(t)
+        e.free(q)
+    else:                                             # convert to the storage dtype, then put
+        def conv(jj, n):
+            sj = e.reg()
+            _scale_off(e, sj, jj, es, 4)
             for o in range(nout):
-                e("ldparam", ga, "ws")
-                e("add.i64", ga, ga, q)
-                t = e.reg()
-                _scale_off(e, t, c0, es, 4)
-                e("add.i64", ga, ga, t)
-                e("mov.b64", t, off[f"acc{o}"])
-                e("dma.put", Mem(ga, o * cols * 4), Mem(t, 0), la)
-                e.free(t)
-            e.free(q)
-        else:                                         # convert to the storage dtype, then put
-            def conv(jj, n):
-                sj = e.reg()
-                _scale_off(e, sj, jj, es, 4)
-                for o in range(nout):
-                    r = e.a.reg(n)
-                    e.words(_LDS, r, sj, off[f"acc{o}"], n)
-                    e.store(jj, r, n, off=off[f"out{o}"])
-                    e.free(r, k=n)
-                e.free(sj)
+                r = e.a.reg(n)
+                e.words(_LDS, r, sj, off[f"acc{o}"], n)
+                e.store(jj, r, n, off=off[f"out{o}"])
+                e.free(r, k=n)
+            e.free(sj)
 
-            e.loop(clen, conv)
-            for o, name in enumerate(outs):
-                e("ldparam", ga, name)
-                e("add.i64", ga, ga, c0)
-                e("mov.b64", la, off[f"out{o}"])
-                e("dma.put", Mem(ga, 0), Mem(la, 0), clen)
-        e.free(ga, la)
-        e("dma.wait", 0)                              # the partial sums are reused by the next unit
-        e.free(c0, clen, r0, rend)
-        e("add.i64", u, u, ustep)
-        e("bra", top)
-        a.label(done)
-        e("exit")
-        return build_checked(e, caps), vb
+        e.loop(clen, conv)
+        for o, name in enumerate(p.outs):
+            e("ldparam", ga, name)
+            e("add.i64", ga, ga, c0)
+            e("mov.b64", la, off[f"out{o}"])
+            e("dma.put", Mem(ga, 0), Mem(la, 0), clen)
+    e.free(ga, la)
 
-    prog, vb = _try_vb(make, [v for v in (16, 8, 4) if v >= es and (cwb % v == 0 or ncc == 1 and cols * es % v == 0)]
-                       + [es])
-    k1 = ElementwiseKernel(op=op, program=prog, launch=_grid_launch(caps, Q * ncc),
-                           flops=FLOPS_PER_ELEM[op] * rows * cols,
-                           dtype=dt, buffers=bufs, scalars=scalars, team="column", vector_bytes=vb)
-    if not partial:
-        return (k1,)
-    return (k1, _ws_sum_kernel(caps, cols, Q, dt, finals))
+
+@dataclasses.dataclass(frozen=True)
+class _WsPlan:
+    """What the workspace sum's steps read: the target, dtype and width, the outputs (finals), and
+    the geometry: chunks of cw f32 columns (ncc of them), R ws rows a step; LDM: the f32 sums at 0,
+    the output staging at off_out, two sets of R row chunks (rowl bytes each) from base."""
+    caps: object
+    dt: str
+    cols: int
+    finals: tuple
+    cw: int
+    ncc: int
+    R: int
+
+    @property
+    def es(self) -> int:
+        return ELEM_BYTES[self.dt]
+
+    @property
+    def nout(self) -> int:
+        return len(self.finals)
+
+    @property
+    def off_out(self) -> int:
+        return _al(self.cw * 4)
+
+    @property
+    def base(self) -> int:
+        return _al(self.cw * 4) + _al(self.cw * self.es)
+
+    @property
+    def rowl(self) -> int:
+        """LDM bytes of one ws row's chunk."""
+        return _al(self.cw * 4)
+
+    @property
+    def setb(self) -> int:
+        return self.R * self.rowl
 
 
 def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> ElementwiseKernel:
@@ -1447,161 +1570,170 @@ def _ws_sum_kernel(caps, cols: int, Q: int, dt: str, finals: tuple) -> Elementwi
     R = min(WS_ROWS, Q)
     while R > 1 and _al(cw * 4) + _al(cw * es) + 2 * R * _al(cw * 4) > L:
         R //= 2
-    off_acc, off_out, base = 0, _al(cw * 4), _al(cw * 4) + _al(cw * es)
-    rowl = _al(cw * 4)                                 # LDM bytes of one ws row's chunk
-    setb = R * rowl
-    shared = base + 2 * setb
-    params = ("ws",) + tuple(b.name for b in finals) + ("cols", "chunks")
-
-    def make(vb):
-        e = LdmAsm(f"grad_params_sum_{dt}_{nout}_sw_v{vb}", params, dt, vb, shared, caps)
-        e.lanes()
-        a = e.a
-        u, ustep, pu = e.reg(), e.reg(), a.pred()
-        e("s2r", u, "%ctaid.x")
-        e("s2r", ustep, "%nctaid.x")
-        top, done = e.label(), e.label()
-        a.label(top)
-        e("setp.ge.i64", pu, u, nout * ncc)
-        e("bra", done, p=pu)
-        o, c0, clen = e.reg(), e.reg(), e.reg()
-        e("div.i64", o, u, ncc)
-        e("rem.i64", c0, u, ncc)
-        e("mul.i64", c0, c0, cw)                      # first column of the chunk
-        e("mov.b64", clen, cols)
-        e("sub.i64", clen, clen, c0)
-        e("min.i64", clen, clen, cw)                  # columns
-        j, z, pz = e.reg(), e.reg(), a.pred()
-        e("mov.b64", z, 0)
-        _scale_off(e, j, e.j0v, vb, 4)   # lane * 4
-        zl = e.label()
-        a.label(zl)
-        e("st.shared.b32", Mem(j, off_acc), z)
-        e("add.i64", j, j, 128)
-        e("setp.lt.i64", pz, j, cw * 4)
-        e("bra", zl, p=pz)
-        e.free(j, z)
-        a.pfree(pz)
-        k, kend, nq_all = e.reg(), e.reg(), e.reg()
-        e("mov.b64", k, 0)
-        e("ldparam", nq_all, "chunks")
-        e("add.i64", kend, nq_all, R - 1)
-        e("div.i64", kend, kend, R)                   # steps of R ws rows
-
-        def rows_of(kk):
-            q0, nq = e.reg(), e.reg()
-            e("mul.i64", q0, kk, R)
-            e("sub.i64", nq, nq_all, q0)
-            e("min.i64", nq, nq, R)
-            return q0, nq
-
-        def gets(kk, boff):
-            q0, nq = rows_of(kk)
-            ga, la, ln_, i, p = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
-            e("ldparam", ga, "ws")
-            e("mul.i64", ln_, q0, nout * cols * 4)
-            e("add.i64", ga, ga, ln_)
-            e("mul.i64", ln_, o, cols * 4)
-            e("add.i64", ga, ga, ln_)
-            e("shl.b64", ln_, c0, 2)
-            e("add.i64", ga, ga, ln_)
-            e("add.i64", la, boff, base)
-            e("shl.b64", ln_, clen, 2)
-            e("mov.b64", i, 0)
-            lab = e.label()
-            a.label(lab)
-            e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
-            e("add.i64", ga, ga, nout * cols * 4)
-            e("add.i64", la, la, rowl)
-            e("add.i64", i, i, 1)
-            e("setp.lt.i64", p, i, nq)
-            e("bra", lab, p=p)
-            e.free(q0, nq, ga, la, ln_, i)
-            a.pfree(p)
-
-        def body(kk, boff):
-            q0, nq = rows_of(kk)
-            e.free(q0)
-            nb, jj, pj = e.reg(), e.reg(), a.pred()
-            e("shl.b64", nb, clen, 2)
-            lab, end = e.label(), e.label()
-            _scale_off(e, jj, e.j0v, vb, 4)
-            a.label(lab)                               # lane l: f32 columns l, l+32, ...
-            e("setp.ge.i64", pj, jj, nb)
-            e("bra", end, p=pj)
-            v, w, ad, i, pi = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
-            e("add.i64", ad, jj, boff)
-            e("ld.shared.b32", w, Mem(jj, off_acc))
-            e("mov.b64", i, 0)
-            rl = e.label()
-            a.label(rl)                                # the step's rows, in order
-            e("ld.shared.b32", v, Mem(ad, base))
-            e("add.f32", w, w, v)
-            e("add.i64", ad, ad, rowl)
-            e("add.i64", i, i, 1)
-            e("setp.lt.i64", pi, i, nq)
-            e("bra", rl, p=pi)
-            e("st.shared.b32", Mem(jj, off_acc), w)
-            e.free(v, w, ad, i)
-            a.pfree(pi)
-            e("add.i64", jj, jj, 128)
-            e("bra", lab)
-            a.label(end)
-            e.free(nb, jj, nq)
-            a.pfree(pj)
-
-        e.pipeline(k, 1, kend, setb, gets, body, lambda kk, b: None)
-        e.free(k, kend, nq_all)
-        jj, v, ad, pj = e.reg(), e.reg(), e.reg(), a.pred()
-        _scale_off(e, jj, e.j0v, vb, 4)
-        nb = e.reg()
-        e("shl.b64", nb, clen, 2)
-        lab, end = e.label(), e.label()
-        a.label(lab)
-        e("setp.ge.i64", pj, jj, nb)
-        e("bra", end, p=pj)
-        e("ld.shared.b32", v, Mem(jj, off_acc))
-        _scale_off(e, ad, jj, 4, es)
-        if dt == "fp32":
-            e("st.shared.b32", Mem(ad, off_out), v)
-        else:
-            e(CVT_OUT[dt], v, v, v)
-            e("st.shared.b16", Mem(ad, off_out), v)
-        e("add.i64", jj, jj, 128)
-        e("bra", lab)
-        a.label(end)
-        e.free(jj, v, nb)
-        a.pfree(pj)
-        ga = e.reg()
-        for i, b in enumerate(finals):                 # the output o names: branch-free select
-            t = e.reg()
-            e("ldparam", t, b.name)
-            if i == 0:
-                e("mov.b64", ga, t)
-            else:
-                p = a.pred()
-                e("setp.eq.i64", p, o, i)
-                e("selp.b64", ga, t, ga, p)
-                a.pfree(p)
-            e.free(t)
-        e("mul.i64", ad, c0, es)
-        e("add.i64", ga, ga, ad)
-        e("mov.b64", ad, off_out)
-        e("mul.i64", clen, clen, es)
-        e("dma.put", Mem(ga, 0), Mem(ad, 0), clen)
-        e("dma.wait", 0)
-        e.free(ga, ad, o, c0, clen)
-        e("add.i64", u, u, ustep)
-        e("bra", top)
-        a.label(done)
-        e("exit")
-        return build_checked(e, caps), vb
-
-    prog, vb = make(4)
+    prog, vb = _ws_sum_program(_WsPlan(caps, dt, cols, finals, cw, ncc, R), 4)
     ws = Buf("ws", (Q, nout * cols), "fp32", False, scratch=True)
     return ElementwiseKernel(op="colsum_chunks", program=prog, launch=_grid_launch(caps, nout * ncc),
                              flops=FLOPS_PER_ELEM["colsum_chunks"] * nout * cols * Q, dtype=dt, buffers=(ws,) + finals,
                              scalars=(("cols", cols), ("chunks", Q)), team="column", vector_bytes=4)
+
+
+def _ws_sum_program(p: _WsPlan, vb: int) -> tuple:
+    """(the workspace-sum program with vb-byte vectors, vb): a grid-stride loop over units (o, c),
+    each zeroing its f32 sums, streaming its ws rows (double buffered), converting and putting."""
+    shared = p.base + 2 * p.setb
+    params = ("ws",) + tuple(b.name for b in p.finals) + ("cols", "chunks")
+    e = LdmAsm(f"grad_params_sum_{p.dt}_{p.nout}_sw_v{vb}", params, p.dt, vb, shared, p.caps)
+    e.lanes()
+    u, ustep = e.reg(), e.reg()
+    e("s2r", u, "%ctaid.x")
+    e("s2r", ustep, "%nctaid.x")
+    top, done = _units_open(e, u, p.nout * p.ncc)
+    o, c0, clen = e.reg(), e.reg(), e.reg()
+    e("div.i64", o, u, p.ncc)
+    e("rem.i64", c0, u, p.ncc)
+    e("mul.i64", c0, c0, p.cw)                        # first column of the chunk
+    e("mov.b64", clen, p.cols)
+    e("sub.i64", clen, clen, c0)
+    e("min.i64", clen, clen, p.cw)                    # columns
+    _zero_sums(e, e.j0v, vb, (0,), p.cw)
+    k, kend, nq_all = e.reg(), e.reg(), e.reg()
+    e("mov.b64", k, 0)
+    e("ldparam", nq_all, "chunks")
+    e("add.i64", kend, nq_all, p.R - 1)
+    e("div.i64", kend, kend, p.R)                     # steps of R ws rows
+    span = (o, c0, clen, nq_all)
+    e.pipeline(k, 1, kend, p.setb, lambda kk, boff: _ws_gets(e, p, span, kk, boff),
+               lambda kk, boff: _ws_body(e, p, span, kk, boff, vb), lambda kk, b: None)
+    e.free(k, kend, nq_all)
+    ad = _ws_convert(e, p, clen, vb)
+    _ws_put(e, p, o, c0, clen, ad)
+    e.free(o, c0, clen)
+    _units_close(e, u, ustep, top, done)
+    return build_checked(e, p.caps), vb
+
+
+def _ws_rows(e: LdmAsm, p: _WsPlan, nq_all: Reg, kk: Reg) -> tuple:
+    """Emits step kk's first ws row q0 and its rows nq (new registers, returned)."""
+    q0, nq = e.reg(), e.reg()
+    e("mul.i64", q0, kk, p.R)
+    e("sub.i64", nq, nq_all, q0)
+    e("min.i64", nq, nq, p.R)
+    return q0, nq
+
+
+def _ws_gets(e: LdmAsm, p: _WsPlan, span: tuple, kk: Reg, boff: Reg) -> None:
+    """Emits the gets of step kk into LDM set boff: the unit's chunk of each of its ws rows."""
+    a, nout, cols = e.a, p.nout, p.cols
+    o, c0, clen, nq_all = span
+    q0, nq = _ws_rows(e, p, nq_all, kk)
+    ga, la, ln_, i, pr = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
+    e("ldparam", ga, "ws")
+    e("mul.i64", ln_, q0, nout * cols * 4)
+    e("add.i64", ga, ga, ln_)
+    e("mul.i64", ln_, o, cols * 4)
+    e("add.i64", ga, ga, ln_)
+    e("shl.b64", ln_, c0, 2)
+    e("add.i64", ga, ga, ln_)
+    e("add.i64", la, boff, p.base)
+    e("shl.b64", ln_, clen, 2)
+    e("mov.b64", i, 0)
+    lab = e.label()
+    a.label(lab)
+    e("dma.get", Mem(la, 0), Mem(ga, 0), ln_)
+    e("add.i64", ga, ga, nout * cols * 4)
+    e("add.i64", la, la, p.rowl)
+    e("add.i64", i, i, 1)
+    e("setp.lt.i64", pr, i, nq)
+    e("bra", lab, p=pr)
+    e.free(q0, nq, ga, la, ln_, i)
+    a.pfree(pr)
+
+
+def _ws_body(e: LdmAsm, p: _WsPlan, span: tuple, kk: Reg, boff: Reg, vb: int) -> None:
+    """Emits step kk's sums: the step's rows of the chunk in LDM set boff added, in order, to the
+    f32 sums (lane l: f32 columns l, l+32, ...)."""
+    a, clen, nq_all = e.a, span[2], span[3]
+    q0, nq = _ws_rows(e, p, nq_all, kk)
+    e.free(q0)
+    nb, jj, pj = e.reg(), e.reg(), a.pred()
+    e("shl.b64", nb, clen, 2)
+    lab, end = e.label(), e.label()
+    _scale_off(e, jj, e.j0v, vb, 4)
+    a.label(lab)                                      # lane l: f32 columns l, l+32, ...
+    e("setp.ge.i64", pj, jj, nb)
+    e("bra", end, p=pj)
+    v, w, ad, i, pi = e.reg(), e.reg(), e.reg(), e.reg(), a.pred()
+    e("add.i64", ad, jj, boff)
+    e("ld.shared.b32", w, Mem(jj, 0))
+    e("mov.b64", i, 0)
+    rl = e.label()
+    a.label(rl)                                       # the step's rows, in order
+    e("ld.shared.b32", v, Mem(ad, p.base))
+    e("add.f32", w, w, v)
+    e("add.i64", ad, ad, p.rowl)
+    e("add.i64", i, i, 1)
+    e("setp.lt.i64", pi, i, nq)
+    e("bra", rl, p=pi)
+    e("st.shared.b32", Mem(jj, 0), w)
+    e.free(v, w, ad, i)
+    a.pfree(pi)
+    e("add.i64", jj, jj, 128)
+    e("bra", lab)
+    a.label(end)
+    e.free(nb, jj, nq)
+    a.pfree(pj)
+
+
+def _ws_convert(e: LdmAsm, p: _WsPlan, clen: Reg, vb: int) -> Reg:
+    """Emits the conversion of the chunk's f32 sums to the storage dtype at off_out; returns a
+    register (free for the put) that held the element offsets."""
+    a, es = e.a, p.es
+    jj, v, ad, pj = e.reg(), e.reg(), e.reg(), a.pred()
+    _scale_off(e, jj, e.j0v, vb, 4)
+    nb = e.reg()
+    e("shl.b64", nb, clen, 2)
+    lab, end = e.label(), e.label()
+    a.label(lab)
+    e("setp.ge.i64", pj, jj, nb)
+    e("bra", end, p=pj)
+    e("ld.shared.b32", v, Mem(jj, 0))
+    _scale_off(e, ad, jj, 4, es)
+    if p.dt == "fp32":
+        e("st.shared.b32", Mem(ad, p.off_out), v)
+    else:
+        e(CVT_OUT[p.dt], v, v, v)
+        e("st.shared.b16", Mem(ad, p.off_out), v)
+    e("add.i64", jj, jj, 128)
+    e("bra", lab)
+    a.label(end)
+    e.free(jj, v, nb)
+    a.pfree(pj)
+    return ad
+
+
+def _ws_put(e: LdmAsm, p: _WsPlan, o: Reg, c0: Reg, clen: Reg, ad: Reg) -> None:
+    """Emits the put of the converted chunk into output o (its base by a branch-free select) and
+    the wait for it; frees ad."""
+    a, es = e.a, p.es
+    ga = e.reg()
+    for i, b in enumerate(p.finals):                  # the output o names: branch-free select
+        t = e.reg()
+        e("ldparam", t, b.name)
+        if i == 0:
+            e("mov.b64", ga, t)
+        else:
+            pr = a.pred()
+            e("setp.eq.i64", pr, o, i)
+            e("selp.b64", ga, t, ga, pr)
+            a.pfree(pr)
+        e.free(t)
+    e("mul.i64", ad, c0, es)
+    e("add.i64", ga, ga, ad)
+    e("mov.b64", ad, p.off_out)
+    e("mul.i64", clen, clen, es)
+    e("dma.put", Mem(ga, 0), Mem(ad, 0), clen)
+    e("dma.wait", 0)
+    e.free(ga, ad)
 
 
 def _norm_grad(op: str, caps, rows: int, cols: int, dtype, eps, team, ln: bool) -> KernelChain:

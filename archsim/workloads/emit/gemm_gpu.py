@@ -625,56 +625,68 @@ def _interleave(a: Asm, mmas: list, others: list) -> None:
         j += 1
 
 
-def _emit_mma(c: _Cfg) -> Program:
-    es = _ELEM_BYTES[c.dtype]
-    T = 32 * c.WM * c.WN
-    WTM, WTN = c.BM // c.WM, c.BN // c.WN
-    MI, NI = WTM // 16, WTN // 8
-    if MI < 1 or NI < 2 or NI % 2:
-        raise OutOfRegisters("warp tile too small")
-    KB = c.kb                         # bytes of a k tile row: 64 or 128
-    BK = KB // es                     # elements per k tile
-    NSTEP = KB // 32                  # mma k-steps per k tile (32 bytes of k each)
-    lay_k = "sw64" if KB == 64 else "sw128"
-    S = c.stages
-    mma = _MMA[c.dtype]
-    if not c.trans_a:
-        a_rows, a_payload, a_RB, a_lay = c.BM, KB, KB, lay_k
-    elif es == 2:        # A^T (rows k, BM columns of m), read with ldmatrix.trans like B
-        a_rows, a_payload = BK, c.BM * 2
-        a_RB, a_lay = a_payload, ("sw128" if a_payload >= 128 else "sw64")
-    else:                # tf32 A^T: scalar reads from padded rows, like tf32 B
-        a_rows, a_payload = BK, c.BM * 4
-        a_RB, a_lay = a_payload + 32, "pad"
-    A_BYTES = ceil_div(a_rows * a_RB, 128) * 128
-    if c.trans_b:
-        b_rows, b_payload, b_RB, b_lay = c.BN, KB, KB, lay_k
-    elif es == 2:
-        b_rows, b_payload = BK, c.BN * 2
-        b_RB, b_lay = b_payload, ("sw128" if b_payload >= 128 else "sw64")
-    else:
-        b_rows, b_payload = BK, c.BN * 4
-        b_RB, b_lay = b_payload + 32, "pad"
-    B_OFF = A_BYTES
-    SB = ceil_div(A_BYTES + b_rows * b_RB, 128) * 128
-    osz = OUT_BYTES[c.out]
-    name = (f"gemm_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}"
-            f"_{c.BM}x{c.BN}x{BK}_s{S}")
-    a = Asm(name, PARAMS, S * SB)
+def _stage_rows(k_along_row: bool, cols: int, KB: int, es: int) -> tuple[int, int, int, str]:
+    """(rows, payload bytes, row pitch, layout) of one operand's tile in a shared-memory stage."""
+    # rows of KB bytes of k (A, B^T); else k-major rows of `cols` elements (A^T, B), swizzled for 16-bit
+    # elements (read with ldmatrix.trans) or padded by 32 bytes for tf32 (read with scalar loads)
+    if k_along_row:
+        return cols, KB, KB, "sw64" if KB == 64 else "sw128"
+    BK = KB // es
+    if es == 2:
+        payload = cols * 2
+        return BK, payload, payload, ("sw128" if payload >= 128 else "sw64")
+    payload = cols * 4
+    return BK, payload, payload + 32, "pad"
 
-    # big register blocks first: accumulators, two fragment buffers
-    acc = a.reg(MI * NI * 4)
-    fa = [a.reg(MI * 4), a.reg(MI * 4)]
-    fb = [a.reg(NI * 2), a.reg(NI * 2)]
 
-    def accr(mi, ni):
-        return acc + 4 * (mi * NI + ni)
+class _MmaCtx:
+    """The tensor-core GEMM being emitted: its geometry (from _Cfg), its Asm, and the registers,
+    copy plans and fragment bases that more than one step of the kernel uses."""
 
+    def __init__(self, c: _Cfg):
+        self.c = c
+        self.es = es = _ELEM_BYTES[c.dtype]
+        self.T = 32 * c.WM * c.WN
+        self.WTM, self.WTN = c.BM // c.WM, c.BN // c.WN
+        self.MI, self.NI = MI, NI = self.WTM // 16, self.WTN // 8
+        if MI < 1 or NI < 2 or NI % 2:
+            raise OutOfRegisters("warp tile too small")
+        self.KB = KB = c.kb                       # bytes of a k tile row: 64 or 128
+        self.BK = BK = KB // es                   # elements per k tile
+        self.NSTEP = KB // 32                     # mma k-steps per k tile (32 bytes of k each)
+        self.lay_k = "sw64" if KB == 64 else "sw128"
+        self.S = S = c.stages
+        self.mma = _MMA[c.dtype]
+        self.a_rows, self.a_payload, self.a_RB, self.a_lay = _stage_rows(not c.trans_a, c.BM, KB, es)
+        self.b_rows, self.b_payload, self.b_RB, self.b_lay = _stage_rows(c.trans_b, c.BN, KB, es)
+        self.B_OFF = A_BYTES = ceil_div(self.a_rows * self.a_RB, 128) * 128
+        self.SB = ceil_div(A_BYTES + self.b_rows * self.b_RB, 128) * 128
+        self.osz = OUT_BYTES[c.out]
+        name = (f"gemm_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}"
+                f"_{c.BM}x{c.BN}x{BK}_s{S}")
+        self.a = Asm(name, PARAMS, S * self.SB)
+        # the registers (acc, fa, fb, tid, nt, kshift, aA, bB, rs, ws, kt, fA, fB, pm) and the copy plans
+        # (A, Bop) are set by the steps that allocate them
+
+    def accr(self, mi: int, ni: int) -> Reg:
+        """The 4 accumulators of mma tile (mi, ni) of the warp tile."""
+        return self.acc + 4 * (mi * self.NI + ni)
+
+
+def _mma_accumulators(ctx: _MmaCtx) -> None:
+    """Allocate the accumulators and the two fragment buffers first (big blocks); zero the accumulators."""
+    a, MI, NI = ctx.a, ctx.MI, ctx.NI
+    ctx.acc = a.reg(MI * NI * 4)
+    ctx.fa = [a.reg(MI * 4), a.reg(MI * 4)]
+    ctx.fb = [a.reg(NI * 2), a.reg(NI * 2)]
     for i in range(MI * NI * 4):
-        a("mov.f32", acc + i, 0.0)
+        a("mov.f32", ctx.acc + i, 0.0)
 
-    # ---- block, shape, k tiles
-    tid = a.reg()
+
+def _mma_operands(ctx: _MmaCtx) -> None:
+    """Emit the block's shape and k-tile count (nt, kshift) and the copy plans of A and B with their k steps."""
+    a, c, es, BK, KB, lay_k = ctx.a, ctx.c, ctx.es, ctx.BK, ctx.KB, ctx.lay_k
+    ctx.tid = tid = a.reg()
     a("s2r", tid, "%tid.x")
     m0, n0 = a.reg(), a.reg()
     _tile_origin(a, c, m0, n0)
@@ -682,10 +694,10 @@ def _emit_mma(c: _Cfg) -> Program:
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
     a("ldparam", Kr, "K")
-    nt = a.reg()
+    ctx.nt = nt = a.reg()
     a("add.i64", nt, Kr, BK - 1)
     a("shr.u64", nt, nt, log2(BK))                # k tiles
-    kshift = a.reg()
+    ctx.kshift = kshift = a.reg()
     a("shl.b64", kshift, nt, log2(BK))
     a("sub.i64", kshift, Kr, kshift)              # K - nt*BK <= 0: first k of tile 0
     lim, ld = a.reg(), a.reg()
@@ -696,58 +708,58 @@ def _emit_mma(c: _Cfg) -> Program:
     a.free(*z)
     a("ldparam", ld, "lda")
     if c.trans_a:
-        A = _Operand("A", "At", a_rows, a_payload, a_RB, a_lay, c.cw_a, 0, es)
+        A = _Operand("A", "At", ctx.a_rows, ctx.a_payload, ctx.a_RB, ctx.a_lay, c.cw_a, 0, es)
         a("sub.i64", lim, Mr, c.cw_a // es)       # the last chunk start that stays inside a row
     else:
         A = _Operand("A", "A", c.BM, KB, KB, lay_k, c.cw_a, 0, es)
         a("sub.i64", lim, Mr, 1)
-    _plan_copies(a, A, T, tid, m0, lim, ld, kshift, pA)
+    _plan_copies(a, A, ctx.T, tid, m0, lim, ld, kshift, pA)
     a.free(pA)
-    astep = None
+    ctx.astep = None
     if c.trans_a:
-        astep = a.reg()
-        a("mul.i64", astep, ld, BK * es)          # A^T: BK rows further per k tile
+        ctx.astep = a.reg()
+        a("mul.i64", ctx.astep, ld, BK * es)      # A^T: BK rows further per k tile
     a("ldparam", ld, "ldb")
     if c.trans_b:
-        Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, B_OFF, es)
+        Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, ctx.B_OFF, es)
         a("sub.i64", lim, Nr, 1)
     else:
-        Bop = _Operand("B", "Bn", b_rows, b_payload, b_RB, b_lay, c.cw_b, B_OFF, es)
+        Bop = _Operand("B", "Bn", ctx.b_rows, ctx.b_payload, ctx.b_RB, ctx.b_lay, c.cw_b, ctx.B_OFF, es)
         a("sub.i64", lim, Nr, c.cw_b // es)       # the last chunk start that stays inside a row
-    _plan_copies(a, Bop, T, tid, n0, lim, ld, kshift, pB)
+    _plan_copies(a, Bop, ctx.T, tid, n0, lim, ld, kshift, pB)
     a.free(pB, lim, Mr)
-    bstep = None
+    ctx.bstep = None
     if not c.trans_b:
-        bstep = a.reg()
-        a("mul.i64", bstep, ld, BK * es)          # B: BK rows further per k tile
+        ctx.bstep = a.reg()
+        a("mul.i64", ctx.bstep, ld, BK * es)      # B: BK rows further per k tile
     a.free(ld)
     # a k tile further: BK elements along a row (A, B^T), or BK rows (A^T, B: a register)
-    kstep = {"A": astep if c.trans_a else BK * es, "B": BK * es if c.trans_b else bstep}
+    ctx.kstep = {"A": ctx.astep if c.trans_a else BK * es, "B": BK * es if c.trans_b else ctx.bstep}
     a.free(Nr, Kr, m0, n0)
+    ctx.A, ctx.Bop = A, Bop
 
-    # ---- fragment addresses within a stage. Moving one k-step (32 bytes of k) to the right flips
-    # logical chunk bits 1.. of a swizzled row, i.e. xor 32*s on the address.
-    lane, warp, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
-    a("and.b64", lane, tid, 31)
-    a("shr.u64", warp, tid, 5)
+
+def _mma_a_frag_bases(ctx: _MmaCtx, lane: Reg, warp: Reg, t1: Reg, t2: Reg) -> None:
+    """Emit ctx.aA, the offsets within a stage that the A fragment loads start from."""
+    a, c, es = ctx.a, ctx.c, ctx.es
     a("shr.u64", t1, warp, log2(c.WN))
-    a("mul.i64", t1, t1, WTM)                     # first row (A^T: column) of the warp tile
+    a("mul.i64", t1, t1, ctx.WTM)                 # first row (A^T: column) of the warp tile
     if not c.trans_a:
         # A: lane L points at row wm*WTM + L%16, logical chunk L/16 (+2s for k-step s)
-        aA = [a.reg() for _ in range(NSTEP)]
+        aA = [a.reg() for _ in range(ctx.NSTEP)]
         a("and.b64", t2, lane, 15)
         a("add.i64", t1, t1, t2)
         a("shr.u64", t2, lane, 4)
         a("shl.b64", t2, t2, 4)
-        swizzle_offset(a, aA[0], t1, t2, lay_k, KB, 0)
-        for s_ in range(1, NSTEP):
+        swizzle_offset(a, aA[0], t1, t2, ctx.lay_k, ctx.KB, 0)
+        for s_ in range(1, ctx.NSTEP):
             a("xor.b64", aA[s_], aA[0], 32 * s_)
     elif es == 2:
         # A^T (rows k): ldmatrix.trans, lane L points at k-row (L%8) + 8*(L/16), chunk (warp's
         # first) + (L/8)%2: matrices (m 0-7, k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15,
         # k 8-15) transposed are the A fragment's registers 0-3. m16 tile mi: chunk + 2mi = xor
         # 32mi; k-step s: 16s rows further (immediate)
-        aA = [a.reg() for _ in range(MI)]
+        aA = [a.reg() for _ in range(ctx.MI)]
         a("shl.b64", t1, t1, 1)                   # column bytes
         a("shr.u64", t2, lane, 3)
         a("and.b64", t2, t2, 1)
@@ -759,8 +771,8 @@ def _emit_mma(c: _Cfg) -> Program:
         a("shl.b64", t3, t3, 3)
         a("add.i64", t1, t1, t3)
         a.free(t3)
-        swizzle_offset(a, aA[0], t1, t2, a_lay, a_RB, 0)
-        for mi in range(1, MI):
+        swizzle_offset(a, aA[0], t1, t2, ctx.a_lay, ctx.a_RB, 0)
+        for mi in range(1, ctx.MI):
             a("xor.b64", aA[mi], aA[0], 32 * mi)
     else:
         # tf32 A^T (rows k, padded): lane (g, t) reads k-row t (+4), column g (+8) of each m16 tile
@@ -769,13 +781,19 @@ def _emit_mma(c: _Cfg) -> Program:
         a("add.i64", t1, t1, t2)
         a("shl.b64", t1, t1, 2)
         a("and.b64", t2, lane, 3)
-        a("mul.i64", t2, t2, a_RB)
+        a("mul.i64", t2, t2, ctx.a_RB)
         a("add.i64", aA[0], t1, t2)
+    ctx.aA = aA
+
+
+def _mma_b_frag_bases(ctx: _MmaCtx, lane: Reg, warp: Reg, t1: Reg, t2: Reg) -> None:
+    """Emit ctx.bB, the offsets within a stage that the B fragment loads start from."""
+    a, c, es, B_OFF = ctx.a, ctx.c, ctx.es, ctx.B_OFF
     a("and.b64", t1, warp, c.WN - 1)              # wn
-    a("mul.i64", t1, t1, WTN)                     # first column of the warp tile
+    a("mul.i64", t1, t1, ctx.WTN)                 # first column of the warp tile
     if c.trans_b:
         # B^T (rows n, KB bytes of k): lane L points at n-row (L%8) + 8*(L/16), chunk (L/8)%2 (+2s)
-        bB = [a.reg() for _ in range(NSTEP)]
+        bB = [a.reg() for _ in range(ctx.NSTEP)]
         a("and.b64", t2, lane, 7)
         a("add.i64", t1, t1, t2)
         a("shr.u64", t2, lane, 4)
@@ -784,20 +802,20 @@ def _emit_mma(c: _Cfg) -> Program:
         a("shr.u64", t2, lane, 3)
         a("and.b64", t2, t2, 1)
         a("shl.b64", t2, t2, 4)
-        swizzle_offset(a, bB[0], t1, t2, lay_k, KB, B_OFF)
-        for s_ in range(1, NSTEP):
+        swizzle_offset(a, bB[0], t1, t2, ctx.lay_k, ctx.KB, B_OFF)
+        for s_ in range(1, ctx.NSTEP):
             a("xor.b64", bB[s_], bB[0], 32 * s_)
     elif es == 2:
         # B (rows k): ldmatrix.trans, lane L points at k-row L%16, chunk (warp's first) + L/16;
         # n8-tile pair j: chunk + 2j = xor 32j; k-step s: 16s rows further (immediate)
-        bB = [a.reg() for _ in range(NI // 2)]
+        bB = [a.reg() for _ in range(ctx.NI // 2)]
         a("shl.b64", t1, t1, 1)                   # column bytes
         a("shr.u64", t2, lane, 4)
         a("shl.b64", t2, t2, 4)
         a("add.i64", t2, t2, t1)
         a("and.b64", t1, lane, 15)
-        swizzle_offset(a, bB[0], t1, t2, b_lay, b_RB, B_OFF)
-        for j in range(1, NI // 2):
+        swizzle_offset(a, bB[0], t1, t2, ctx.b_lay, ctx.b_RB, B_OFF)
+        for j in range(1, ctx.NI // 2):
             a("xor.b64", bB[j], bB[0], 32 * j)
     else:
         # tf32 B (rows k, padded): lane (g, t) reads k-row t (+4), column g of each n8 tile
@@ -806,104 +824,133 @@ def _emit_mma(c: _Cfg) -> Program:
         a("add.i64", t1, t1, t2)
         a("shl.b64", t1, t1, 2)
         a("and.b64", t2, lane, 3)
-        a("mul.i64", t2, t2, b_RB)
+        a("mul.i64", t2, t2, ctx.b_RB)
         a("add.i64", bB[0], t1, t2)
         a("add.i64", bB[0], bB[0], B_OFF)
-    a.free(lane, warp, t1, t2, tid)
+    ctx.bB = bB
 
-    rs, ws, kt = a.reg(), a.reg(), a.reg()
-    fA = [a.reg() for _ in aA]                    # this tile's fragment bases
-    fB = [a.reg() for _ in bB]
 
-    def frag_bases(stage):
-        for i, r in enumerate(aA):
-            a("add.i64", fA[i], stage, r)
-        for i, r in enumerate(bB):
-            a("add.i64", fB[i], stage, r)
+def _mma_frag_addresses(ctx: _MmaCtx) -> None:
+    """Emit the fragment offsets within a stage; allocate the loop's stage, k-tile and base registers."""
+    # moving one k-step (32 bytes of k) to the right flips logical chunk bits 1.. of a swizzled row,
+    # i.e. xor 32*s on the address
+    a = ctx.a
+    lane, warp, t1, t2 = a.reg(), a.reg(), a.reg(), a.reg()
+    a("and.b64", lane, ctx.tid, 31)
+    a("shr.u64", warp, ctx.tid, 5)
+    _mma_a_frag_bases(ctx, lane, warp, t1, t2)
+    _mma_b_frag_bases(ctx, lane, warp, t1, t2)
+    a.free(lane, warp, t1, t2, ctx.tid)
+    ctx.rs, ctx.ws, ctx.kt = a.reg(), a.reg(), a.reg()
+    ctx.fA = [a.reg() for _ in ctx.aA]            # this tile's fragment bases
+    ctx.fB = [a.reg() for _ in ctx.bB]
 
-    def frag_ops(s, buf):
-        """Emitters of the fragment loads of k-step s into buffer buf, in the order the mma use them."""
-        ops = []
-        if not c.trans_a:
-            A_ = [lambda mi=mi: a("ldmatrix.x4", fa[buf] + 4 * mi, Mem(fA[s], mi * 16 * KB)) for mi in range(MI)]
-        elif es == 2:
-            A_ = [lambda mi=mi: a("ldmatrix.x4.trans", fa[buf] + 4 * mi, Mem(fA[mi], s * 16 * a_RB))
-                  for mi in range(MI)]
-        else:   # registers 0-3: (g, t), (g+8, t), (g, t+4), (g+8, t+4) as (m, k); rows are k
-            A_ = [lambda mi=mi: [a("ld.shared.b32", fa[buf] + 4 * mi + j,
-                                   Mem(fA[0], (8 * s + 4 * (j // 2)) * a_RB + 4 * (16 * mi + 8 * (j % 2))))
-                                 for j in range(4)]
-                  for mi in range(MI)]
-        if c.trans_b:
-            B_ = [lambda j=j: a("ldmatrix.x4", fb[buf] + 4 * j, Mem(fB[s], j * 16 * KB)) for j in range(NI // 2)]
-        elif es == 2:
-            B_ = [lambda j=j: a("ldmatrix.x4.trans", fb[buf] + 4 * j, Mem(fB[j], s * 16 * b_RB))
-                  for j in range(NI // 2)]
-        else:
-            B_ = [lambda ni=ni, h=h: a("ld.shared.b32", fb[buf] + 2 * ni + h,
-                                       Mem(fB[0], (8 * s + 4 * h) * b_RB + 32 * ni))
-                  for ni in range(NI) for h in range(2)]
-        # A fragment 0 and the B fragments first (the first row of mma needs all of them)
-        ops.append(A_[0])
-        ops.extend(B_)
-        ops.extend(A_[1:])
-        return ops
 
-    def mma_ops(buf):
-        ops = []
-        for mi in range(MI):
-            order = range(NI) if mi % 2 == 0 else range(NI - 1, -1, -1)
-            for ni in order:
-                ops.append(lambda mi=mi, ni=ni: a(mma, accr(mi, ni), fa[buf] + 4 * mi, fb[buf] + 2 * ni,
-                                                  accr(mi, ni)))
-        return ops
+def _mma_stage_frag_bases(ctx: _MmaCtx, stage: Reg) -> None:
+    """Emit fA, fB = the fragment bases in the stage at byte offset `stage`."""
+    for i, r in enumerate(ctx.aA):
+        ctx.a("add.i64", ctx.fA[i], stage, r)
+    for i, r in enumerate(ctx.bB):
+        ctx.a("add.i64", ctx.fB[i], stage, r)
 
-    def advance():
-        """Pointers to the next k tile."""
-        for op in (A, Bop):
-            for g in op.gregs:
-                a("add.i64", g, g, kstep[op.name])
 
-    # ---- prologue: tiles 0 .. S-2 into stages 0 .. S-2
-    pm = a.pred()
+def _mma_frag_ops(ctx: _MmaCtx, s: int, buf: int) -> list:
+    """Emitters of the fragment loads of k-step s into buffer buf, in the order the mma use them."""
+    a, c, es, KB, MI, NI = ctx.a, ctx.c, ctx.es, ctx.KB, ctx.MI, ctx.NI
+    fa, fb, fA, fB, a_RB, b_RB = ctx.fa, ctx.fb, ctx.fA, ctx.fB, ctx.a_RB, ctx.b_RB
+    ops = []
+    if not c.trans_a:
+        A_ = [lambda mi=mi: a("ldmatrix.x4", fa[buf] + 4 * mi, Mem(fA[s], mi * 16 * KB)) for mi in range(MI)]
+    elif es == 2:
+        A_ = [lambda mi=mi: a("ldmatrix.x4.trans", fa[buf] + 4 * mi, Mem(fA[mi], s * 16 * a_RB))
+              for mi in range(MI)]
+    else:   # registers 0-3: (g, t), (g+8, t), (g, t+4), (g+8, t+4) as (m, k); rows are k
+        A_ = [lambda mi=mi: [a("ld.shared.b32", fa[buf] + 4 * mi + j,
+                               Mem(fA[0], (8 * s + 4 * (j // 2)) * a_RB + 4 * (16 * mi + 8 * (j % 2))))
+                             for j in range(4)]
+              for mi in range(MI)]
+    if c.trans_b:
+        B_ = [lambda j=j: a("ldmatrix.x4", fb[buf] + 4 * j, Mem(fB[s], j * 16 * KB)) for j in range(NI // 2)]
+    elif es == 2:
+        B_ = [lambda j=j: a("ldmatrix.x4.trans", fb[buf] + 4 * j, Mem(fB[j], s * 16 * b_RB))
+              for j in range(NI // 2)]
+    else:
+        B_ = [lambda ni=ni, h=h: a("ld.shared.b32", fb[buf] + 2 * ni + h,
+                                   Mem(fB[0], (8 * s + 4 * h) * b_RB + 32 * ni))
+              for ni in range(NI) for h in range(2)]
+    # A fragment 0 and the B fragments first (the first row of mma needs all of them)
+    ops.append(A_[0])
+    ops.extend(B_)
+    ops.extend(A_[1:])
+    return ops
+
+
+def _mma_ops(ctx: _MmaCtx, buf: int) -> list:
+    """Emitters of one k-step's mma on fragment buffer buf, snaking along the warp tile's rows."""
+    a, MI, NI, fa, fb = ctx.a, ctx.MI, ctx.NI, ctx.fa, ctx.fb
+    ops = []
+    for mi in range(MI):
+        order = range(NI) if mi % 2 == 0 else range(NI - 1, -1, -1)
+        for ni in order:
+            ops.append(lambda mi=mi, ni=ni: a(ctx.mma, ctx.accr(mi, ni), fa[buf] + 4 * mi, fb[buf] + 2 * ni,
+                                              ctx.accr(mi, ni)))
+    return ops
+
+
+def _mma_advance(ctx: _MmaCtx) -> None:
+    """Emit the steps of A's and B's copy pointers to the next k tile."""
+    for op in (ctx.A, ctx.Bop):
+        for g in op.gregs:
+            ctx.a("add.i64", g, g, ctx.kstep[op.name])
+
+
+def _mma_pipeline_prologue(ctx: _MmaCtx) -> None:
+    """Emit the copies of tiles 0 .. S-2 into stages 0 .. S-2, then tile 0's first fragments."""
+    # tile 0 is the K residue: its chunks at k < 0 are zero-filled (_emit_copies)
+    a, S, SB = ctx.a, ctx.S, ctx.SB
+    ctx.pm = pm = a.pred()
     for j in range(S - 1):
         stage = None
         if j:
             stage = a.reg()
             a("mov.b64", stage, j * SB)
-            a("setp.gt.i64", pm, nt, j)           # tile j exists
-        for op in (A, Bop):
-            _emit_copies(a, op, stage, pm if j else None, j == 0, kshift, acc)
+            a("setp.gt.i64", pm, ctx.nt, j)       # tile j exists
+        for op in (ctx.A, ctx.Bop):
+            _emit_copies(a, op, stage, pm if j else None, j == 0, ctx.kshift, ctx.acc)
         a("cp.async.commit")
-        advance()
+        _mma_advance(ctx)
         if stage is not None:
             a.free(stage)
-    a.free(kshift)
-    a("mov.b64", rs, 0)
-    a("mov.b64", ws, (S - 1) * SB)
-    a("mov.b64", kt, 0)
+    a.free(ctx.kshift)
+    a("mov.b64", ctx.rs, 0)
+    a("mov.b64", ctx.ws, (S - 1) * SB)
+    a("mov.b64", ctx.kt, 0)
     a("cp.async.wait", S - 2)
     a("bar.sync")
-    frag_bases(rs)
-    for f in frag_ops(0, 0):
+    _mma_stage_frag_bases(ctx, ctx.rs)
+    for f in _mma_frag_ops(ctx, 0, 0):
         f()
 
-    # ---- main loop: one k tile per iteration. k-step s runs its mma with the loads of k-step s+1
-    # spread between them; the copies of tile kt+S-1 are spread over the k-steps before the barrier,
-    # which sits before the last k-step (CUTLASS's multistage order): after it, the first fragments
-    # of tile kt+1 are loaded while the last k-step's mma run.
+
+def _mma_main_loop(ctx: _MmaCtx) -> None:
+    """Emit the main loop (KLOOP), one k tile per iteration."""
+    # k-step s runs its mma with the loads of k-step s+1 spread between them; the copies of tile kt+S-1
+    # are spread over the k-steps before the barrier, which sits before the last k-step (CUTLASS's
+    # multistage order): after it, the first fragments of tile kt+1 are loaded while the last k-step's
+    # mma run.
+    a, S, SB, NSTEP, pm, rs, ws, kt = ctx.a, ctx.S, ctx.SB, ctx.NSTEP, ctx.pm, ctx.rs, ctx.ws, ctx.kt
     a.label("KLOOP")
     t = a.reg()
     a("add.i64", t, kt, S - 1)
-    a("setp.lt.i64", pm, t, nt)                   # tile kt+S-1 exists?
+    a("setp.lt.i64", pm, t, ctx.nt)               # tile kt+S-1 exists?
     a.free(t)
     base = {}
-    for op in (A, Bop):
+    for op in (ctx.A, ctx.Bop):
         for sr in op.sregs:
             r = a.reg()
             a("add.i64", r, ws, sr)               # where this tile's copies go
             base[sr.n] = r
-    copies = _copy_ops(a, A, base, pm) + _copy_ops(a, Bop, base, pm)
+    copies = _copy_ops(a, ctx.A, base, pm) + _copy_ops(a, ctx.Bop, base, pm)
     pre = NSTEP - 1                               # k-steps before the barrier
     share = [copies[i * len(copies) // pre:(i + 1) * len(copies) // pre] for i in range(pre)]
     for s_ in range(NSTEP):
@@ -915,31 +962,45 @@ def _emit_mma(c: _Cfg) -> Program:
             a("add.i64", rs, rs, SB)
             a("setp.ge.i64", pm, rs, S * SB)
             a("mov.b64", rs, 0, p=pm)
-            frag_bases(rs)
-            others = frag_ops(0, 1 - buf)         # k-step 0 of tile kt+1
+            _mma_stage_frag_bases(ctx, rs)
+            others = _mma_frag_ops(ctx, 0, 1 - buf)  # k-step 0 of tile kt+1
         else:
-            others = frag_ops(s_ + 1, 1 - buf) + share[s_]
-        _interleave(a, mma_ops(buf), others)
+            others = _mma_frag_ops(ctx, s_ + 1, 1 - buf) + share[s_]
+        _interleave(a, _mma_ops(ctx, buf), others)
         if s_ == NSTEP - 2:
             a("cp.async.commit")
-            advance()
+            _mma_advance(ctx)
             for r in base.values():
                 a.free(r)
     a("add.i64", kt, kt, 1)
-    a("setp.lt.i64", pm, kt, nt)
+    a("setp.lt.i64", pm, kt, ctx.nt)
     a("bra", "KLOOP", p=pm)
 
-    for r in [rs, ws, kt, nt, *fA, *fB, *aA, *bB, *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
+
+def _mma_release(ctx: _MmaCtx) -> None:
+    """Free the main loop's registers (all but the accumulators) for the epilogue."""
+    a, A, Bop = ctx.a, ctx.A, ctx.Bop
+    for r in [ctx.rs, ctx.ws, ctx.kt, ctx.nt, *ctx.fA, *ctx.fB, *ctx.aA, *ctx.bB,
+              *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
         a.free(r)
-    for r in (A.rb, A.cb, Bop.rb, Bop.cb, astep, bstep):
+    for r in (A.rb, A.cb, Bop.rb, Bop.cb, ctx.astep, ctx.bstep):
         if r is not None:
             a.free(r)
-    a.free(fa[0], fa[1], k=MI * 4)
-    a.free(fb[0], fb[1], k=NI * 2)
+    a.free(ctx.fa[0], ctx.fa[1], k=ctx.MI * 4)
+    a.free(ctx.fb[0], ctx.fb[1], k=ctx.NI * 2)
 
-    # ---- epilogue
-    _epilogue(a, c, pm, acc, MI, NI, WTM, WTN, osz, accr, S * SB)
-    return a.build()
+
+def _emit_mma(c: _Cfg) -> Program:
+    """The tensor-core kernel (see the module docstring)."""
+    ctx = _MmaCtx(c)
+    _mma_accumulators(ctx)
+    _mma_operands(ctx)
+    _mma_frag_addresses(ctx)
+    _mma_pipeline_prologue(ctx)
+    _mma_main_loop(ctx)
+    _mma_release(ctx)
+    _epilogue(ctx.a, c, ctx.pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, ctx.S * ctx.SB)
+    return ctx.a.build()
 
 
 def _aligned(a: Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
@@ -950,6 +1011,31 @@ def _aligned(a: Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
         a("ldparam", tmp, name)
         a("or.b64", dst, dst, tmp)
     a("and.b64", dst, dst, mask)
+
+
+def _full_block(a: Asm, pf: Pred, pq: Pred, origin: tuple, size: tuple, shape: tuple, mask: int, t: Reg,
+                t2: Reg) -> None:
+    """Emit pf = this block's C tile lies inside C and ldc, C's strides are multiples of mask + 1."""
+    # origin: m0, n0; size: BM, BN; shape: the registers holding M, N; pq, t, t2: scratch
+    a("add.i64", t, origin[0], size[0])
+    a("setp.le.i64", pf, t, shape[0])
+    a("add.i64", t, origin[1], size[1])
+    a("setp.le.i64", pq, t, shape[1])
+    a("and.pred", pf, pf, pq)
+    _aligned(a, t, ("ldc", "sc_b", "sc_h"), mask, t2)
+    a("setp.eq.i64", pq, t, 0)
+    a("and.pred", pf, pf, pq)
+
+
+def _c_ptr(a: Asm, ptr: Reg, row: Reg, col: Reg, ldc: Reg, t: Reg, osz: int) -> None:
+    """Emit ptr = &C[row, col] in this block's matrix, leaving ldc (elements) in `ldc` (t: scratch)."""
+    z = batch_index(a)
+    batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
+    a.free(*z)
+    a("ldparam", ldc, "ldc")
+    a("mad.i64", t, row, ldc, col)
+    a("shl.b64", t, t, log2(osz))
+    a("add.i64", ptr, ptr, t)
 
 
 def _staged_store(a: Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, accr, cvt: Optional[str],
@@ -1051,14 +1137,8 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     m0, n0 = a.reg(), a.reg()
     _tile_origin(a, c, m0, n0)
     pf, pq = a.pred(), a.pred()
-    a("add.i64", row, m0, c.BM)
-    a("setp.le.i64", pf, row, Mr)
-    a("add.i64", row, n0, c.BN)
-    a("setp.le.i64", pq, row, Nr)
-    a("and.pred", pf, pf, pq)
-    _aligned(a, row, ("ldc", "sc_b", "sc_h"), 1, col)
-    a("setp.eq.i64", pq, row, 0)
-    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides even (2-column stores)
+    # full block; ldc and C's strides even (2-column stores)
+    _full_block(a, pf, pq, (m0, n0), (c.BM, c.BN), (Mr, Nr), 1, row, col)
     # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
     a("shr.u64", row, tid, 5)
     a("shr.u64", row, row, log2(c.WN))
@@ -1074,13 +1154,7 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     a("and.b64", t1, tid, 3)
     a("shl.b64", t1, t1, 1)
     a("add.i64", col, col, t1)
-    z = batch_index(a)
-    batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
-    a.free(*z)
-    a("ldparam", ldc, "ldc")
-    a("mad.i64", t1, row, ldc, col)
-    a("shl.b64", t1, t1, log2(osz))
-    a("add.i64", ptr, ptr, t1)                         # &C[row, col]
+    _c_ptr(a, ptr, row, col, ldc, t1, osz)
     a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
     cvt = CVT_PACK.get(c.out)
     RS = c.BN * osz + (16 if osz == 2 else 32)         # staged row: BN elements + padding (_staged_store)
@@ -1129,130 +1203,164 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
 
 
 # ----------------------------------------------------------------------------- FFMA fallback
-def _emit_ffma(c: _Cfg) -> Program:
-    """64 x 64 x 16 block tile, 16 x 16 threads of 4 x 4 outputs, f32 math."""
-    BM, BN, BK, warps = FFMA_TILE
-    es = _ELEM_BYTES[c.dtype]
-    osz = OUT_BYTES[c.out]
-    RBs = (BM + 4) * 4                     # shared row: 64 f32 + 16 bytes of padding
-    B_OFF = BK * RBs
-    name = f"gemm_ffma_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
-    a = Asm(name, PARAMS, 2 * BK * RBs)
-    acc = a.reg(16)
-    ra, rb = a.reg(4), a.reg(4)
-    av, bv = a.reg(4), a.reg(4)
+class _FfmaCtx:
+    """The FFMA GEMM being emitted: its tile geometry, its Asm, and the registers and operand
+    plans that more than one step of the kernel uses."""
+
+    def __init__(self, c: _Cfg):
+        self.c = c
+        BM, BN, BK, _ = FFMA_TILE
+        self.BM, self.BN, self.BK = BM, BN, BK
+        self.es = _ELEM_BYTES[c.dtype]
+        self.osz = OUT_BYTES[c.out]
+        self.RBs = RBs = (BM + 4) * 4             # shared row: 64 f32 + 16 bytes of padding
+        self.B_OFF = BK * RBs
+        name = f"gemm_ffma_{c.dtype}_{c.out}{'_ta' if c.trans_a else ''}{'_tb' if c.trans_b else ''}_{BM}x{BN}x{BK}"
+        self.a = Asm(name, PARAMS, 2 * BK * RBs)
+        # the registers (acc, ra, rb, av, bv, tid, Kr, t1, t2, rA, rB, nt, kt, pv) and the operand plans
+        # (opA, opB) are set by the steps that allocate them
+
+
+def _ffma_row_tile(ctx: _FfmaCtx, buf: str, base_row: Reg, lim: Reg, off: int) -> dict:
+    """Emit the plan of an A / B^T tile (64 rows x 16 k, k along the rows in global memory)."""
+    # thread: row tid/4, k 4*(tid%4) .. +4, stored transposed (Xs[k][row])
+    a, es, RBs, tid, t1, t2 = ctx.a, ctx.es, ctx.RBs, ctx.tid, ctx.t1, ctx.t2
+    p, kl, s = a.reg(), a.reg(), a.reg()
+    batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, ctx.z)
+    a("shr.u64", t1, tid, 2)                   # row in tile
+    a("and.b64", t2, tid, 3)
+    a("shl.b64", t2, t2, 2)                    # kc
+    a("sub.i64", kl, ctx.Kr, t2)               # k left at this thread's first element
+    a("mul.i64", s, t2, RBs)
+    a("add.i64", s, s, off)
+    a("shl.b64", t2, t2, log2(es))
+    a("add.i64", p, p, t2)                     # + kc
+    a("shl.b64", t2, t1, 2)
+    a("add.i64", s, s, t2)                     # Xs[kc][row]
+    a("add.i64", t1, t1, base_row)
+    a("sub.i64", t2, lim, 1)
+    a("min.i64", t1, t1, t2)                   # clamp the row
+    a("ldparam", t2, f"ld{buf.lower()}")
+    a("mul.i64", t1, t1, t2)
+    a("shl.b64", t1, t1, log2(es))
+    a("add.i64", p, p, t1)
+    return {"kind": "row", "ptrs": [p], "kl": kl, "s": s, "step": ctx.BK * es}
+
+
+def _ffma_kmajor_tile(ctx: _FfmaCtx, buf: str, base_col: Reg, lim: Reg, off: int) -> dict:
+    """Emit the plan of a B / A^T tile (16 k x 64 columns, rows k in global memory)."""
+    # thread: k-row tid/16, columns 4*(tid%16) .. +4 (each clamped), stored as they are (Xs[k][col])
+    a, es, tid, t1, t2 = ctx.a, ctx.es, ctx.tid, ctx.t1, ctx.t2
+    kl, s, p = a.reg(), a.reg(), a.reg()
+    ptrs = [a.reg() for _ in range(4)]
+    batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, ctx.z)
+    a("shr.u64", t1, tid, 4)                   # k-row
+    a("and.b64", t2, tid, 15)
+    a("shl.b64", t2, t2, 2)                    # column in tile
+    a("sub.i64", kl, ctx.Kr, t1)
+    a("mul.i64", s, t1, ctx.RBs)
+    a("shl.b64", ptrs[0], t2, 2)
+    a("add.i64", s, s, ptrs[0])
+    a("add.i64", s, s, off)                    # Xs[krow][col]
+    for e in range(4):
+        a("add.i64", ptrs[e], t2, base_col)
+        if e:
+            a("add.i64", ptrs[e], ptrs[e], e)
+    a("sub.i64", t2, lim, 1)
+    for e in range(4):
+        a("min.i64", ptrs[e], ptrs[e], t2)     # clamp the column
+    a("ldparam", t2, f"ld{buf.lower()}")
+    a("mul.i64", t1, t1, t2)                   # krow*ld
+    for e in range(4):
+        a("add.i64", ptrs[e], ptrs[e], t1)
+        a("shl.b64", ptrs[e], ptrs[e], log2(es))
+        a("add.i64", ptrs[e], ptrs[e], p)
+    a("mul.i64", p, t2, ctx.BK * es)           # BK rows further per k tile
+    return {"kind": "kmaj", "ptrs": ptrs, "kl": kl, "s": s, "step": p}
+
+
+def _ffma_prologue(ctx: _FfmaCtx) -> None:
+    """Emit the zeroed accumulators, the A and B plans, the inner loop's read offsets and the k tiles."""
+    a, c, BK = ctx.a, ctx.c, ctx.BK
+    ctx.acc = a.reg(16)
+    ctx.ra, ctx.rb = a.reg(4), a.reg(4)
+    ctx.av, ctx.bv = a.reg(4), a.reg(4)
     for i in range(16):
-        a("mov.f32", acc + i, 0.0)
-    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+        a("mov.f32", ctx.acc + i, 0.0)
     tid, m0, n0, Mr, Nr, Kr, t1, t2 = (a.reg() for _ in range(8))
+    ctx.tid, ctx.Kr, ctx.t1, ctx.t2 = tid, Kr, t1, t2
     a("s2r", tid, "%tid.x")
     _tile_origin(a, c, m0, n0)
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
     a("ldparam", Kr, "K")
-
-    def row_tile(buf, base_row, lim, off):
-        """A / B^T tile (64 rows x 16 k, k along the row in global memory): thread loads row
-        tid/4, k 4*(tid%4) .. +4, stored transposed (Xs[k][row]). Returns the plan."""
-        p, kl, s = a.reg(), a.reg(), a.reg()
-        batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
-        a("shr.u64", t1, tid, 2)                   # row in tile
-        a("and.b64", t2, tid, 3)
-        a("shl.b64", t2, t2, 2)                    # kc
-        a("sub.i64", kl, Kr, t2)                   # k left at this thread's first element
-        a("mul.i64", s, t2, RBs)
-        a("add.i64", s, s, off)
-        a("shl.b64", t2, t2, log2(es))
-        a("add.i64", p, p, t2)                     # + kc
-        a("shl.b64", t2, t1, 2)
-        a("add.i64", s, s, t2)                     # Xs[kc][row]
-        a("add.i64", t1, t1, base_row)
-        a("sub.i64", t2, lim, 1)
-        a("min.i64", t1, t1, t2)                   # clamp the row
-        a("ldparam", t2, f"ld{buf.lower()}")
-        a("mul.i64", t1, t1, t2)
-        a("shl.b64", t1, t1, log2(es))
-        a("add.i64", p, p, t1)
-        return {"kind": "row", "ptrs": [p], "kl": kl, "s": s, "step": BK * es}
-
-    def kmajor_tile(buf, base_col, lim, off):
-        """B / A^T tile (16 k x 64 columns, rows k in global memory): thread loads k-row tid/16,
-        columns 4*(tid%16) .. +4 (each clamped), stored as they are (Xs[k][col])."""
-        kl, s, p = a.reg(), a.reg(), a.reg()
-        ptrs = [a.reg() for _ in range(4)]
-        batch_ptr(a, p, buf, f"s{buf.lower()}_b", f"s{buf.lower()}_h", es, z)
-        a("shr.u64", t1, tid, 4)                   # k-row
-        a("and.b64", t2, tid, 15)
-        a("shl.b64", t2, t2, 2)                    # column in tile
-        a("sub.i64", kl, Kr, t1)
-        a("mul.i64", s, t1, RBs)
-        a("shl.b64", ptrs[0], t2, 2)
-        a("add.i64", s, s, ptrs[0])
-        a("add.i64", s, s, off)                    # Xs[krow][col]
-        for e in range(4):
-            a("add.i64", ptrs[e], t2, base_col)
-            if e:
-                a("add.i64", ptrs[e], ptrs[e], e)
-        a("sub.i64", t2, lim, 1)
-        for e in range(4):
-            a("min.i64", ptrs[e], ptrs[e], t2)     # clamp the column
-        a("ldparam", t2, f"ld{buf.lower()}")
-        a("mul.i64", t1, t1, t2)                   # krow*ld
-        for e in range(4):
-            a("add.i64", ptrs[e], ptrs[e], t1)
-            a("shl.b64", ptrs[e], ptrs[e], log2(es))
-            a("add.i64", ptrs[e], ptrs[e], p)
-        a("mul.i64", p, t2, BK * es)               # BK rows further per k tile
-        return {"kind": "kmaj", "ptrs": ptrs, "kl": kl, "s": s, "step": p}
-
-    z = batch_index(a)
-    opA = kmajor_tile("A", m0, Mr, 0) if c.trans_a else row_tile("A", m0, Mr, 0)
-    opB = row_tile("B", n0, Nr, B_OFF) if c.trans_b else kmajor_tile("B", n0, Nr, B_OFF)
+    ctx.z = z = batch_index(a)
+    if c.trans_a:
+        ctx.opA = _ffma_kmajor_tile(ctx, "A", m0, Mr, 0)
+    else:
+        ctx.opA = _ffma_row_tile(ctx, "A", m0, Mr, 0)
+    if c.trans_b:
+        ctx.opB = _ffma_row_tile(ctx, "B", n0, Nr, ctx.B_OFF)
+    else:
+        ctx.opB = _ffma_kmajor_tile(ctx, "B", n0, Nr, ctx.B_OFF)
     a.free(*z)
     # where the inner loop reads: As[k][4ty], Bs[k][4tx]
-    rA, rB = a.reg(), a.reg()
+    ctx.rA, ctx.rB = rA, rB = a.reg(), a.reg()
     a("shr.u64", rA, tid, 4)
     a("shl.b64", rA, rA, 4)
     a("and.b64", rB, tid, 15)
     a("shl.b64", rB, rB, 4)
-    a("add.i64", rB, rB, B_OFF)
-    nt, kt = a.reg(), a.reg()
+    a("add.i64", rB, rB, ctx.B_OFF)
+    ctx.nt, ctx.kt = nt, kt = a.reg(), a.reg()
     a("add.i64", nt, Kr, BK - 1)
     a("shr.u64", nt, nt, log2(BK))
     a("mov.b64", kt, 0)
     a.free(m0, n0, Mr, Nr, Kr, t1, t2, tid)
-    pv = a.pred()
+    ctx.pv = a.pred()
 
-    def load_tile():
-        for op, r in ((opA, ra), (opB, rb)):
-            if op["kind"] == "row":
-                for e in range(4):
-                    a("mov.b64", r + e, 0)
-                    a("setp.gt.i64", pv, op["kl"], e)
-                    a(ld, r + e, Mem(op["ptrs"][0], e * es), p=pv)
-            else:
-                a("setp.gt.i64", pv, op["kl"], 0)
-                for e in range(4):
-                    a("mov.b64", r + e, 0)
-                    a(ld, r + e, Mem(op["ptrs"][e], 0), p=pv)
 
-    def advance():
-        for op in (opA, opB):
-            a("sub.i64", op["kl"], op["kl"], BK)
-            for p in op["ptrs"]:
-                a("add.i64", p, p, op["step"])
+def _ffma_load_tile(ctx: _FfmaCtx) -> None:
+    """Load the next k tile of A and B into registers ra, rb (zero past K)."""
+    a, es, pv = ctx.a, ctx.es, ctx.pv
+    ld = {2: "ld.global.u16", 4: "ld.global.b32"}[es]
+    for op, r in ((ctx.opA, ctx.ra), (ctx.opB, ctx.rb)):
+        if op["kind"] == "row":
+            for e in range(4):
+                a("mov.b64", r + e, 0)
+                a("setp.gt.i64", pv, op["kl"], e)
+                a(ld, r + e, Mem(op["ptrs"][0], e * es), p=pv)
+        else:
+            a("setp.gt.i64", pv, op["kl"], 0)
+            for e in range(4):
+                a("mov.b64", r + e, 0)
+                a(ld, r + e, Mem(op["ptrs"][e], 0), p=pv)
 
-    def to_f32(r):
-        if c.dtype == "fp16":
-            a("cvt.f32.f16", r, r)
-        elif c.dtype == "bf16":
-            a("shl.b64", r, r, 16)
 
-    load_tile()
+def _ffma_advance(ctx: _FfmaCtx) -> None:
+    """Pointers and k left to the next k tile."""
+    for op in (ctx.opA, ctx.opB):
+        ctx.a("sub.i64", op["kl"], op["kl"], ctx.BK)
+        for p in op["ptrs"]:
+            ctx.a("add.i64", p, p, op["step"])
+
+
+def _ffma_to_f32(ctx: _FfmaCtx, r: Reg) -> None:
+    """Widen a loaded fp16 / bf16 element to f32 in place (fp32, tf32: nothing)."""
+    if ctx.c.dtype == "fp16":
+        ctx.a("cvt.f32.f16", r, r)
+    elif ctx.c.dtype == "bf16":
+        ctx.a("shl.b64", r, r, 16)
+
+
+def _ffma_main_loop(ctx: _FfmaCtx) -> None:
+    """Emit the k loop: store a tile, prefetch the next into registers, multiply; then free its registers."""
+    a, BK, RBs, acc, ra, rb, av, bv, pv = ctx.a, ctx.BK, ctx.RBs, ctx.acc, ctx.ra, ctx.rb, ctx.av, ctx.bv, ctx.pv
+    opA, opB = ctx.opA, ctx.opB
+    _ffma_load_tile(ctx)
     a.label("KLOOP")
     for e in range(4):
-        to_f32(ra + e)
-        to_f32(rb + e)
+        _ffma_to_f32(ctx, ra + e)
+        _ffma_to_f32(ctx, rb + e)
     for op, r in ((opA, ra), (opB, rb)):
         if op["kind"] == "row":
             for e in range(4):
@@ -1260,11 +1368,11 @@ def _emit_ffma(c: _Cfg) -> Program:
         else:
             a("st.shared.v4.b32", Mem(op["s"], 0), r)
     a("bar.sync")
-    advance()
-    load_tile()                                          # next tile, while this one is multiplied
+    _ffma_advance(ctx)
+    _ffma_load_tile(ctx)                                 # next tile, while this one is multiplied
     ka, kb = a.reg(), a.reg()
-    a("mov.b64", ka, rA)
-    a("mov.b64", kb, rB)
+    a("mov.b64", ka, ctx.rA)
+    a("mov.b64", kb, ctx.rB)
     a.label("INNER")
     for k in range(4):
         a("ld.shared.v4.b32", av, Mem(ka, k * RBs))
@@ -1277,17 +1385,22 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("setp.lt.i64", pv, ka, BK * RBs)
     a("bra", "INNER", p=pv)
     a("bar.sync")
-    a("add.i64", kt, kt, 1)
-    a("setp.lt.i64", pv, kt, nt)
+    a("add.i64", ctx.kt, ctx.kt, 1)
+    a("setp.lt.i64", pv, ctx.kt, ctx.nt)
     a("bra", "KLOOP", p=pv)
     for op in (opA, opB):
         a.free(op["kl"], op["s"], *op["ptrs"])
         if op["kind"] == "kmaj":
             a.free(op["step"])
-    a.free(rA, rB, nt, kt, ka, kb)
+    a.free(ctx.rA, ctx.rB, ctx.nt, ctx.kt, ka, kb)
     a.free(ra, rb, av, bv, k=4)
 
-    # ---- epilogue: rows m0 + 4ty + i, columns n0 + 4tx + j
+
+def _ffma_epilogue(ctx: _FfmaCtx) -> None:
+    """Emit the stores of the thread's 4 x 4 outputs (times alpha), rows m0 + 4ty + i, columns n0 + 4tx + j."""
+    # rows of 4 for a full block with ldc and C's strides multiples of 4; else each element under
+    # (row < M) and (col < N)
+    a, c, acc, osz = ctx.a, ctx.c, ctx.acc, ctx.osz
     if c.alpha != 1.0:
         for i in range(16):
             a("mul.f32", acc + i, acc + i, c.alpha)
@@ -1295,29 +1408,16 @@ def _emit_ffma(c: _Cfg) -> Program:
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
-    pf, pq = pv, a.pred()
+    pf, pq = ctx.pv, a.pred()
     _tile_origin(a, c, row, col)
-    a("add.i64", t1, row, BM)
-    a("setp.le.i64", pf, t1, Mr)
-    a("add.i64", t1, col, BN)
-    a("setp.le.i64", pq, t1, Nr)
-    a("and.pred", pf, pf, pq)
-    _aligned(a, t1, ("ldc", "sc_b", "sc_h"), 3, t2)
-    a("setp.eq.i64", pq, t1, 0)
-    a("and.pred", pf, pf, pq)                # full block; ldc and C's strides multiples of 4
+    _full_block(a, pf, pq, (row, col), (ctx.BM, ctx.BN), (Mr, Nr), 3, t1, t2)
     a("shr.u64", t1, tid, 4)
     a("shl.b64", t1, t1, 2)
     a("add.i64", row, row, t1)
     a("and.b64", t1, tid, 15)
     a("shl.b64", t1, t1, 2)
     a("add.i64", col, col, t1)
-    z = batch_index(a)
-    batch_ptr(a, ptr, "C", "sc_b", "sc_h", osz, z)
-    a.free(*z)
-    a("ldparam", t2, "ldc")
-    a("mad.i64", t1, row, t2, col)
-    a("shl.b64", t1, t1, log2(osz))
-    a("add.i64", ptr, ptr, t1)
+    _c_ptr(a, ptr, row, col, t2, t1, osz)
     a("shl.b64", t2, t2, log2(osz))                      # one row of C
     cvt = CVT_PACK.get(c.out)
     a("bra", "EDGE", p=pf, neg=True)
@@ -1349,7 +1449,15 @@ def _emit_ffma(c: _Cfg) -> Program:
         if i < 3:
             a("add.i64", ptr, ptr, t2)
     a("exit")
-    return a.build()
+
+
+def _emit_ffma(c: _Cfg) -> Program:
+    """64 x 64 x 16 block tile, 16 x 16 threads of 4 x 4 outputs, f32 math."""
+    ctx = _FfmaCtx(c)
+    _ffma_prologue(ctx)
+    _ffma_main_loop(ctx)
+    _ffma_epilogue(ctx)
+    return ctx.a.build()
 
 
 # ----------------------------------------------------------------------------- tile choice

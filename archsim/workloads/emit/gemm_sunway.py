@@ -498,31 +498,78 @@ def _coords(a: Asm, c: SunwayCfg):
     return m0, n0, batch_index(a)
 
 
+class _Gemm:
+    """What the steps of one GEMM program share: the assembler, the configuration, the predicate p0,
+    the label maker, and the tile's operand origins (gA, gB) and valid extents (mv, nv)."""
+
+    def __init__(self, a: Asm, c: SunwayCfg):
+        self.a, self.c = a, c
+        self.labels = iter(range(10**6))
+        self.p0 = a.pred()
+        self.gA = self.gB = self.mv = self.nv = None
+
+    def lbl(self, s: str) -> str:
+        """A new label: s and a running number."""
+        return f"{s}_{next(self.labels)}"
+
+    def idle_skip(self, target: str) -> None:
+        """Broadcast layout: a CPE whose tile holds no element of C (mv * nv = 0) still takes part
+        in its lines' gets but computes and stores nothing."""
+        if self.c.bcast:
+            a = self.a
+            w = a.reg()
+            a("mul.i64", w, self.mv, self.nv)
+            a("setp.eq.i64", self.p0, w, 0)
+            a("bra", target, p=self.p0)
+            a.free(w)
+
+
 def _emit(c: SunwayCfg, max_regs: int) -> Program:
-    es, os_ = c.es, OUT_BYTES[c.out]
+    """The program of configuration c: per tile (per macro tile in the broadcast layout) the
+    operand origins, the first panel's gets, the panel loop and the stores."""
     name = (f"sw_gemm_{c.dtype}_{c.out}_{'t' if c.trans_a else 'n'}{'t' if c.trans_b else 'n'}_{c.BM}x{c.BN}"
             + ("_bcast" if c.bcast else ""))
-    a = Asm(name, PARAMS, c.ldm_bytes, limit=max_regs)
-    labels = iter(range(10**6))
-
-    def lbl(s: str) -> str:
-        return f"{s}_{next(labels)}"
-
-    p0 = a.pred()
+    g = _Gemm(Asm(name, PARAMS, c.ldm_bytes, limit=max_regs), c)
+    a = g.a
     if c.bcast:
-        # persistent blocks: block b is CPE b; core group g takes macro tiles g, g + G, ... (G = the
-        # groups launched), its 64 CPEs all the same tile, so a mesh row / column line's members
-        # always work on the same A rows / B columns
-        t = a.reg()
-        a("s2r", t, "%ctaid.x")
-        _divmod_const(a, t, None, t, c.mesh[0] * c.mesh[1])
-        a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
-        a.free(t)
-        a.label("TILE")
-        _macro_tile(a, c, p0, "DONE")
+        _first_macro_tile(g)
+    _tile_origins(g)
+    p, q = _first_panel(g)
+    _panel_loop(g, p, q)
+    g.idle_skip("NEXT")
+    _store_tile(g)
+    a.label("NEXT")
+    a.free(g.mv, g.nv)
+    if c.bcast:
+        _next_macro_tile(g)
+    a("dma.wait", 0)
+    a("exit")
+    return a.build()
 
-    # ---- tile coordinates, valid extents (0 for a broadcast-layout tile outside C) and operand origins
+
+def _first_macro_tile(g: _Gemm) -> None:
+    """Emits the broadcast layout's start: the core group's first macro tile into slot TIX, the
+    TILE loop head, and the tile's decoding (to DONE when the group has none left)."""
+    a, c = g.a, g.c
+    # persistent blocks: block b is CPE b; core group g takes macro tiles g, g + G, ... (G = the
+    # groups launched), its 64 CPEs all the same tile, so a mesh row / column line's members
+    # always work on the same A rows / B columns
+    t = a.reg()
+    a("s2r", t, "%ctaid.x")
+    _divmod_const(a, t, None, t, c.mesh[0] * c.mesh[1])
+    a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
+    a.free(t)
+    a.label("TILE")
+    _macro_tile(a, c, g.p0, "DONE")
+
+
+def _tile_origins(g: _Gemm) -> None:
+    """Emits the tile's valid extents mv, nv (0 for a broadcast-layout tile outside C) and its
+    operands' origins gA, gB, in new registers kept on g."""
+    a, c = g.a, g.c
+    es = c.es
     gA, gB, mv, nv = (a.reg() for _ in range(4))
+    g.gA, g.gB, g.mv, g.nv = gA, gB, mv, nv
     t, u, z = _coords(a, c)
     a("ldparam", mv, "M")
     a("sub.i64", mv, mv, t)
@@ -553,26 +600,20 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("add.i64", gB, gB, w)
     a.free(t, u, w)
 
-    def idle_skip(target: str) -> None:
-        """Broadcast layout: a CPE whose tile holds no element of C (mv * nv = 0) still takes part
-        in its lines' gets but computes and stores nothing."""
-        if c.bcast:
-            w = a.reg()
-            a("mul.i64", w, mv, nv)
-            a("setp.eq.i64", p0, w, 0)
-            a("bra", target, p=p0)
-            a.free(w)
 
-    # ---- prologue: panel 0's gets (p = -1: the queue fetches panel p+1), then zero the C tile
+def _first_panel(g: _Gemm) -> tuple:
+    """Emits the prologue: panel 0's gets (p = -1: the queue fetches panel p+1), then the C tile
+    zeroed; returns (p, the queue)."""
+    a, c = g.a, g.c
     p = a.reg()
-    q = _Queue(a, c, p, gA, gB, mv, nv, p0, lbl)
+    q = _Queue(a, c, p, g.gA, g.gB, g.mv, g.nv, g.p0, g.lbl)
     a("mov.b64", p, -1)
     q.setup("A")
-    q.drain(p0, lbl)
+    q.drain(g.p0, g.lbl)
     a("mov.b64", p, 0)
     if c.bcast:
         a("dma.wait", 0)                                 # the previous tile's puts have read the C tile
-    idle_skip("ZDONE")
+    g.idle_skip("ZDONE")
     zr = a.reg(4)
     for i in range(4):
         a("mov.b64", zr + i, 0)
@@ -584,14 +625,18 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     for i in range(unroll):
         a("st.shared.v4.b32", Mem(zp, 512 * i), zr)
     a("add.i64", zp, zp, 512 * unroll)
-    a("setp.lt.i64", p0, zp, c.cs_bytes)
-    a("bra", "ZERO", p=p0)
+    a("setp.lt.i64", g.p0, zp, c.cs_bytes)
+    a("bra", "ZERO", p=g.p0)
     a.free(zp)
     a.free(zr, k=4)
     a.label("ZDONE")
+    return p, q
 
-    # ---- panel loop: wait for panel p, queue panel p+1 (issued a row at a time between the
-    # FMAs of panel p, the rest after it), compute panel p
+
+def _panel_loop(g: _Gemm, p, q: _Queue) -> None:
+    """Emits the panel loop: wait for panel p, queue panel p+1 (issued a row at a time between the
+    FMAs of panel p, the rest after it), compute panel p; frees p, the queue and gA, gB."""
+    a, c, p0 = g.a, g.c, g.p0
     sb, kn = a.reg(), a.reg()
     a.label("PANEL")
     a("dma.wait", 0)                                     # panel p is in the LDM
@@ -604,7 +649,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("bra", "COMPUTE", p=p0, neg=True)
     q.setup("A")                                         # panel p+1 into the other stage
     a.label("COMPUTE")
-    idle_skip("CDONE")
+    g.idle_skip("CDONE")
     a("and.b64", sb, p, 1)
     a("mul.i64", sb, sb, c.stage)
     a("add.i64", sb, sb, c.cs_bytes)                     # this panel's stage
@@ -615,10 +660,10 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("min.i64", kn, kn, c.BK)                           # k-steps of this panel
     a.free(t)
     if c.half:
-        _pad_odd(a, c, sb, kn, p0, lbl)
-    _compute_panel(a, c, sb, kn, mv, nv, p0, lbl, q)
+        _pad_odd(a, c, sb, kn, p0, g.lbl)
+    _compute_panel(a, c, sb, kn, g.mv, g.nv, p0, g.lbl, q)
     a.label("CDONE")
-    q.drain(p0, lbl)
+    q.drain(p0, g.lbl)
     a("add.i64", p, p, 1)
     t = a.reg()
     a("shl.b64", sb, p, log2(c.BK))
@@ -626,11 +671,15 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("setp.lt.i64", p0, sb, t)
     a.free(t)
     a("bra", "PANEL", p=p0)
-    a.free(sb, kn, p, gA, gB, q.src, q.dst, q.cnt, q.len, q.ss, q.ds, q.ph)
+    a.free(sb, kn, p, g.gA, g.gB, q.src, q.dst, q.cnt, q.len, q.ss, q.ds, q.ph)
     q.free()
 
-    # ---- epilogue: alpha, conversion in place, one put per row
-    idle_skip("NEXT")
+
+def _store_tile(g: _Gemm) -> None:
+    """Emits the epilogue of a tile: alpha and the conversion to the output dtype in place in the
+    f32 tile, then one put a row of C (mv rows of nv elements)."""
+    a, c = g.a, g.c
+    os_ = OUT_BYTES[c.out]
     gC, lane, row, ldc, ln = (a.reg() for _ in range(5))
     t, u, z = _coords(a, c)
     batch_ptr(a, gC, "C", "sc_b", "sc_h", os_, z)
@@ -642,7 +691,7 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("shl.b64", t, t, log2(os_))
     a("add.i64", gC, gC, t)                              # C[m0, n0]
     a("shl.b64", ldc, ldc, log2(os_))
-    a("shl.b64", ln, nv, log2(os_))
+    a("shl.b64", ln, g.nv, log2(os_))
     a("s2r", lane, "%laneid")
     a("mov.b64", row, 0)
     rb = c.BN * 4
@@ -672,26 +721,26 @@ def _emit(c: SunwayCfg, max_regs: int) -> Program:
     a("dma.put", Mem(gC, 0), Mem(row, 0), ln)
     a("add.i64", gC, gC, ldc)
     a("add.i64", row, row, rb)
-    a("sub.i64", mv, mv, 1)
-    a("setp.gt.i64", p0, mv, 0)
-    a("bra", "OUT", p=p0)
+    a("sub.i64", g.mv, g.mv, 1)
+    a("setp.gt.i64", g.p0, g.mv, 0)
+    a("bra", "OUT", p=g.p0)
     a.free(gC, lane, row, ldc, ln, t, t2)
     a.free(x, k=2)
-    a.label("NEXT")
-    a.free(mv, nv)
-    if c.bcast:                                          # the group's next macro tile
-        t, u = a.reg(), a.reg()
-        a("ld.shared.b64", t, Mem(None, c.slot + SLOT_TIX))
-        a("s2r", u, "%nctaid.x")
-        _divmod_const(a, u, None, u, c.mesh[0] * c.mesh[1])
-        a("add.i64", t, t, u)
-        a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
-        a.free(t, u)
-        a("bra", "TILE")
-        a.label("DONE")
-    a("dma.wait", 0)
-    a("exit")
-    return a.build()
+
+
+def _next_macro_tile(g: _Gemm) -> None:
+    """Emits the broadcast layout's step to the group's next macro tile (slot TIX += the groups
+    launched), back to TILE, and the DONE label."""
+    a, c = g.a, g.c
+    t, u = a.reg(), a.reg()
+    a("ld.shared.b64", t, Mem(None, c.slot + SLOT_TIX))
+    a("s2r", u, "%nctaid.x")
+    _divmod_const(a, u, None, u, c.mesh[0] * c.mesh[1])
+    a("add.i64", t, t, u)
+    a("st.shared.b64", Mem(None, c.slot + SLOT_TIX), t)
+    a.free(t, u)
+    a("bra", "TILE")
+    a.label("DONE")
 
 
 def _pad_odd(a: Asm, c: SunwayCfg, sb, kn, p0, lbl) -> None:
@@ -741,6 +790,64 @@ class _Recorder:
         self.a.pfree(*ps)
 
 
+class _Operands:
+    """The k loop's operand registers and their loads from the panel: RV vectors of B at bptr and
+    A rows at aptr (av, two or three rows in flight). A pair (k, k+1) from two panel rows is two
+    ld.shared.u16 joined by a mad (A^T's, B's); adjacent in a row (A's, B^T's) or an f32, one
+    ld.shared.b32."""
+
+    def __init__(self, a: Asm, c: SunwayCfg, aptr, bptr):
+        es, half = c.es, c.half
+        self.a, self.aptr, self.bptr, self.RV = a, aptr, bptr, c.RV
+        self.a_pair_rows = half and c.trans_a            # A^T: k and k+1 are rows of the panel
+        self.b_pair_rows = half and not c.trans_b        # B: likewise
+        self.bv = a.reg(c.RV)
+        self.bt = [a.reg() for _ in range(2)] if self.b_pair_rows else []
+        na = 2 if (self.a_pair_rows or self.b_pair_rows) else 3
+        self.av = [a.reg() for _ in range(min(na, c.RM))]
+        self.at = [a.reg() for _ in range(min(na, c.RM))] if self.a_pair_rows else []
+        self.ahead = len(self.av) - 1                    # rows an A load runs ahead of its FMAs
+        self.a_row = es if c.trans_a else c.pa           # bytes between A rows (m) in the panel
+        self.a_k = c.pa if c.trans_a else es             # bytes between k-steps
+        self.b_col = c.pb if c.trans_b else es           # bytes between B columns (n)
+        self.b_k = es if c.trans_b else c.pb
+
+    def load_a(self, i, pred=None) -> None:
+        """Emits the load of A row i (of the register tile) into its av register."""
+        a, av, at = self.a, self.av, self.at
+        r = av[i % len(av)]
+        if self.a_pair_rows:
+            a("ld.shared.u16", r, Mem(self.aptr, i * self.a_row), p=pred)
+            a("ld.shared.u16", at[i % len(at)], Mem(self.aptr, i * self.a_row + self.a_k), p=pred)
+        else:
+            a("ld.shared.b32", r, Mem(self.aptr, i * self.a_row), p=pred)   # every lane the same address: a broadcast
+
+    def join_a(self, i, pred=None) -> None:
+        """Emits the mad joining A row i's two halves (A^T only)."""
+        if self.a_pair_rows:
+            r = self.av[i % len(self.av)]
+            self.a("mad.i64", r, self.at[i % len(self.at)], 0x10000, r, p=pred)
+
+    def load_b(self, j, pred=None) -> None:
+        """Emits the load of vector j of B at bptr into bv + j."""
+        a, bv = self.a, self.bv
+        if self.b_pair_rows:
+            a("ld.shared.u16", bv + j, Mem(self.bptr, j * 32 * self.b_col), p=pred)
+            a("ld.shared.u16", self.bt[j % 2], Mem(self.bptr, j * 32 * self.b_col + self.b_k), p=pred)
+        else:
+            a("ld.shared.b32", bv + j, Mem(self.bptr, j * 32 * self.b_col), p=pred)
+
+    def join_b(self, j, pred=None) -> None:
+        """Emits the mad joining vector j of B's two halves (B, not B^T)."""
+        if self.b_pair_rows:
+            self.a("mad.i64", self.bv + j, self.bt[j % 2], 0x10000, self.bv + j, p=pred)
+
+    def free(self) -> None:
+        """Frees the operand registers."""
+        self.a.free(*self.av, *self.at, *self.bt)
+        self.a.free(self.bv, k=self.RV)
+
+
 def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> None:
     """C tile (f32, LDM) += op(A panel) @ op(B panel) over kn k-steps, register tile by register
     tile (only those holding valid rows / columns); one queued get every _pace(c) iterations.
@@ -748,9 +855,7 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
     f16 / bf16 (c.half): an iteration is a k-pair; lane l of vector j of row i accumulates
     (A[i,k] B[k,n], A[i,k+1] B[k+1,n]) for n = sj + 32j + l in its two halves. fp32: an iteration
     is one k-step, lane l holds column sj + 32j + l."""
-    es, RM, RV, half = c.es, c.RM, c.RV, c.half
-    kstep = 2 if half else 1                             # k-steps an iteration
-    pace = _pace(c)
+    RM, RV = c.RM, c.RV
     pq, pk = a.pred(), a.pred()
     si, sj = a.reg(), a.reg()                            # element offsets of the register tile
     a("mov.b64", si, 0)
@@ -764,6 +869,27 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
     acc = a.reg(RM * RV)
     for r in range(RM * RV):
         a("mov.b64", acc + r, 0)
+    _k_loop(a, c, sb, kn, si, sj, acc, (p0, pq, pk), lbl, q)
+    _flush_tile(a, c, si, sj, acc)
+    a.free(acc, k=RM * RV)
+    a("add.i64", sj, sj, c.RN)
+    a("setp.lt.i64", p0, sj, nv)
+    a("bra", top_j, p=p0)
+    a("add.i64", si, si, RM)
+    a("setp.lt.i64", p0, si, mv)
+    a("bra", top_i, p=p0)
+    a.free(si, sj)
+    a.pfree(pq, pk)
+
+
+def _k_loop(a: Asm, c: SunwayCfg, sb, kn, si, sj, acc, preds, lbl, q: _Queue) -> None:
+    """Emits the k loop of the register tile at (si, sj): acc += its A rows x B vectors over the
+    panel's kn k-steps, loads running ahead of their FMAs; preds = (p0, pq, pk): the loop, rows
+    queued, this iteration's get."""
+    es, RM, RV, half = c.es, c.RM, c.RV, c.half
+    p0 = preds[0]
+    kstep = 2 if half else 1                             # k-steps an iteration
+    pace = _pace(c)
     aptr, bptr, kc = (a.reg() for _ in range(3))
     t = a.reg() if pace > 1 else None
     # A: element (row si, k 0) of the panel
@@ -778,62 +904,42 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
     a("add.i64", kc, kn, kstep - 1)
     if half:
         a("shr.u64", kc, kc, 1)                          # iterations (k-pairs)
-    # operand loads: a pair from two rows of the panel is two ld.shared.u16 joined by a mad
-    a_pair_rows = half and c.trans_a                     # A^T: k and k+1 are rows of the panel
-    b_pair_rows = half and not c.trans_b                 # B: likewise
-    bv = a.reg(RV)
-    bt = [a.reg() for _ in range(2)] if b_pair_rows else []
-    na = 2 if (a_pair_rows or b_pair_rows) else 3
-    av = [a.reg() for _ in range(min(na, RM))]
-    at = [a.reg() for _ in range(min(na, RM))] if a_pair_rows else []
-    ahead = len(av) - 1                                  # rows an A load runs ahead of its FMAs
-    a_row = es if c.trans_a else c.pa                    # bytes between A rows (m) in the panel
-    a_k = c.pa if c.trans_a else es                      # bytes between k-steps
-    b_col = c.pb if c.trans_b else es                    # bytes between B columns (n)
-    b_k = es if c.trans_b else c.pb
-    wide = "ld.shared.b32"                               # a pair (k, k+1) adjacent / an f32
-
-    def load_a(i, pred=None):
-        r = av[i % len(av)]
-        if a_pair_rows:
-            a("ld.shared.u16", r, Mem(aptr, i * a_row), p=pred)
-            a("ld.shared.u16", at[i % len(at)], Mem(aptr, i * a_row + a_k), p=pred)
-        else:
-            a(wide, r, Mem(aptr, i * a_row), p=pred)     # every lane the same address: a broadcast
-
-    def join_a(i, pred=None):
-        if a_pair_rows:
-            r = av[i % len(av)]
-            a("mad.i64", r, at[i % len(at)], 0x10000, r, p=pred)
-
-    def load_b(j, pred=None):                            # vector j of B at bptr
-        if b_pair_rows:
-            a("ld.shared.u16", bv + j, Mem(bptr, j * 32 * b_col), p=pred)
-            a("ld.shared.u16", bt[j % 2], Mem(bptr, j * 32 * b_col + b_k), p=pred)
-        else:
-            a(wide, bv + j, Mem(bptr, j * 32 * b_col), p=pred)
-
-    def join_b(j, pred=None):
-        if b_pair_rows:
-            a("mad.i64", bv + j, bt[j % 2], 0x10000, bv + j, p=pred)
-
+    o = _Operands(a, c, aptr, bptr)
     # B of the first k-iteration; each iteration loads the next one's B during its last row's FMAs
     for j in range(RV):
-        load_b(j)
+        o.load_b(j)
         if j >= 1:
-            join_b(j - 1)
-    join_b(RV - 1)
+            o.join_b(j - 1)
+    o.join_b(RV - 1)
     # A row 0 likewise when its registers are free during the last row (row RM-1 uses others)
-    pre_a = ahead >= 1 and (RM - 1) % len(av) != 0 and (not at or (RM - 1) % len(at) != 0)
+    pre_a = o.ahead >= 1 and (RM - 1) % len(o.av) != 0 and (not o.at or (RM - 1) % len(o.at) != 0)
     if pre_a:
-        load_a(0)
-        join_a(0)
+        o.load_a(0)
+        o.join_a(0)
     loop = lbl("K")
     a.label(loop)
-    for i in range(1 if pre_a else 0, min(ahead, RM)):
-        load_a(i)
+    for i in range(1 if pre_a else 0, min(o.ahead, RM)):
+        o.load_a(i)
     if not pre_a:
-        join_a(0)
+        o.join_a(0)
+    fill = _loop_slots(a, q, t, kc, bptr, preds, pace, kstep * o.b_k)
+    _k_iteration(a, c, o, acc, fill, ("add.i64", aptr, aptr, kstep * o.a_k), p0)
+    if pre_a:
+        o.load_a(0, p0)
+    o.join_b(RV - 1, p0)
+    if pre_a:
+        o.join_a(0, p0)
+    a("bra", loop, p=p0)
+    o.free()
+    a.free(aptr, bptr, kc)
+    if t is not None:
+        a.free(t)
+
+
+def _loop_slots(a: Asm, q: _Queue, t, kc, bptr, preds, pace: int, b_step: int) -> list:
+    """The k loop's integer work, recorded (not emitted) as (args, kwargs): every pace-th
+    iteration one queued get, then the B pointer step and the loop count."""
+    p0, pq, pk = preds
     # the DMA slot (one queued get), the pointer steps and the loop count go one instruction into
     # each FMA's second vector cycle (the in-order CPE issues one instruction a cycle; an f16x2
     # FMA holds the vector pipe two), not as a block of integer ops between the FMAs
@@ -846,17 +952,24 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
     q.issue(pk if pace > 1 else pq)
     q.a = a
     rec("setp.gt.i64", pq, q.cnt, 0)
-    rec("add.i64", bptr, bptr, kstep * b_k)
+    rec("add.i64", bptr, bptr, b_step)
     rec("sub.i64", kc, kc, 1)
     rec("setp.gt.i64", p0, kc, 0)                         # another iteration follows
-    fill = rec.out
+    return rec.out
+
+
+def _k_iteration(a: Asm, c: SunwayCfg, o: _Operands, acc, fill: list, a_step: tuple, p0) -> None:
+    """Emits the FMAs of one k-iteration, row by row, with the next rows' A loads ahead of them,
+    the recorded fill (and the A pointer step a_step, once the last A row is loaded) one
+    instruction after an FMA, and the next iteration's B loads during the last row's FMAs."""
+    RM, RV = c.RM, c.RV
     for i in range(RM):
-        if i + ahead < RM:
-            load_a(i + ahead)
-            if i + ahead == RM - 1:                      # the last A row of this iteration is loaded
-                fill.append((("add.i64", aptr, aptr, kstep * a_k), {}))
+        if i + o.ahead < RM:
+            o.load_a(i + o.ahead)
+            if i + o.ahead == RM - 1:                    # the last A row of this iteration is loaded
+                fill.append((a_step, {}))
         if i + 1 < RM:
-            join_a(i + 1)
+            o.join_a(i + 1)
         last = i == RM - 1
         if last:                                         # everything before the next B loads
             while fill:
@@ -864,27 +977,20 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
                 a(*args, **kw)
         for j in range(RV):
             r = acc + i * RV + j
-            a(_FMA[c.dtype], r, av[i % len(av)], bv + j, r)
+            a(_FMA[c.dtype], r, o.av[i % len(o.av)], o.bv + j, r)
             if last:                                     # bv + j is free: the next iteration's B
-                load_b(j, p0)
+                o.load_b(j, p0)
                 if j >= 1:
-                    join_b(j - 1, p0)
+                    o.join_b(j - 1, p0)
             elif fill:
                 args, kw = fill.pop(0)
                 a(*args, **kw)
-    if pre_a:
-        load_a(0, p0)
-    join_b(RV - 1, p0)
-    if pre_a:
-        join_a(0, p0)
-    a("bra", loop, p=p0)
-    a.free(*av, *at, *bt)
-    a.free(bv, k=RV)
-    a.free(aptr, bptr, kc)
-    if t is not None:
-        a.free(t)
 
-    # ---- flush the register tile into the f32 tile: lane l of (i, j) is C[si+i, sj+32j+l]
+
+def _flush_tile(a: Asm, c: SunwayCfg, si, sj, acc) -> None:
+    """Emits the flush of the register tile into the f32 tile: lane l of (i, j) is
+    C[si+i, sj+32j+l] (16-bit accumulators: both halves converted and added)."""
+    RM, RV, half = c.RM, c.RV, c.half
     cp = a.reg()
     a("s2r", cp, "%laneid")
     a("add.i64", cp, cp, sj)
@@ -920,15 +1026,6 @@ def _compute_panel(a: Asm, c: SunwayCfg, sb, kn, mv, nv, p0, lbl, q: _Queue) -> 
     for h in hv:
         a.free(h, k=2)
     a.free(cp)
-    a.free(acc, k=RM * RV)
-    a("add.i64", sj, sj, c.RN)
-    a("setp.lt.i64", p0, sj, nv)
-    a("bra", top_j, p=p0)
-    a("add.i64", si, si, RM)
-    a("setp.lt.i64", p0, si, mv)
-    a("bra", top_i, p=p0)
-    a.free(si, sj)
-    a.pfree(pq, pk)
 
 
 # ----------------------------------------------------------------------------- tile choice
