@@ -142,7 +142,7 @@ def _distinct(kernels: list) -> list[tuple]:
 def timing_args(machine, params: dict, placement: str = "cross") -> dict:
     """An emitted kernel's timing arguments: each tensor slot becomes address space. cross: shared
     by every core (on Sunway: in the cross segment, see timing.shared_buffers); private: laid out
-    from the usual base, which every core group reaches in its own segment (memory.placed_addr)."""
+    from the usual base, which every core group reaches in its own segment (mem_state.placed_addr)."""
     from archsim.engine.launch import Unbacked
     from archsim.engine.timing import shared_buffers
     from archsim.workloads.emit.block import Slot

@@ -141,6 +141,42 @@ def test_no_private_name_imported_across_modules(graph):
     assert not bad, "\n".join(bad)
 
 
+def _module_aliases(mod: str, path: Path, mods: dict) -> dict[str, str]:
+    """Local name -> the archsim module it is bound to by an import in ``mod``."""
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in mods and a.asname:
+                    out[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            for a in node.names:
+                if f"{target}.{a.name}" in mods:
+                    out[a.asname or a.name] = f"{target}.{a.name}"
+    return out
+
+
+def test_no_private_name_used_through_a_module_alias(graph):
+    """``X._name`` where X names another archsim module: a private reached without an import."""
+    mods, _ = graph
+    bad = []
+    for mod, path in mods.items():
+        aliases = _module_aliases(mod, path, mods)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
+                    and aliases[node.value.id] != mod and node.attr.startswith("_") \
+                    and not node.attr.startswith("__"):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{node.lineno}: {node.value.id}.{node.attr} "
+                           f"({aliases[node.value.id]})")
+    assert not bad, "\n".join(bad)
+
+
 def test_matplotlib_only_in_report(graph):
     mods, imports = graph
     bad = [a for a, b, _, _ in imports if b.split(".")[0] == "matplotlib" and _layer(a) != "report"]

@@ -393,3 +393,15 @@ def test_split_heads_layout():
     s = split_heads(t, b, n)
     assert s.shape == (b, n, L, d)
     assert s[1, 1, 2, 3] == t[1 * L + 2, 1 * d + 3]     # sequence 1, head 1, token 2, dim 3
+
+
+def test_a_models_own_check_names_its_field_once():
+    """A model check's message (FieldError) keeps its own wording under the file and dotted field."""
+    from archsim.paths import data_dir
+    from archsim.workloads.model import validate_workload
+
+    d = yaml.safe_load((data_dir("workloads") / "gpt2-small.yaml").read_text())
+    d["model"]["hidden"] = 65
+    with pytest.raises(InputError) as e:
+        validate_workload(d, "w.yaml")
+    assert str(e.value) == "w.yaml: model.hidden: hidden 65 != heads 12 x head_dim 64 = 768 (hidden = heads x head_dim)"

@@ -181,8 +181,10 @@ class Explained(NamedTuple):
     is_field_error: bool  # raised by a model's own check (schema.FieldError), not by a field's type
 
 
-def explain(exc: ValidationError, root) -> Explained:
-    """The first error of a pydantic validation of model ``root``, in words."""
+def explain(exc: ValidationError, root, full_path: bool = True) -> Explained:
+    """The first error of a pydantic validation of model ``root``, in words. ``full_path``: a
+    model's own check that names its field (``FieldError``) names it by its dotted path from
+    ``root`` (the machine loader's wording) rather than as the check wrote it."""
     err = exc.errors(include_url=False)[0]
     loc = tuple(err["loc"])
     typ = err["type"]
@@ -200,7 +202,7 @@ def explain(exc: ValidationError, root) -> Explained:
         loc = below(fe.path)
         paths = [loc] + [below(r) for r in fe.related]
         what, allowed, is_field_error = fe.what, fe.allowed, True
-        if base_loc and what.startswith(fe.path + " "):       # name the field by its full path
+        if full_path and base_loc and what.startswith(fe.path + " "):   # name the field by its full path
             what = dotted(loc) + what[len(fe.path):]
     elif loc and loc[-1] == "[key]":
         loc = loc[:-1]

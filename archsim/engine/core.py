@@ -365,7 +365,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
     """Issue warp w's next instruction at cycle `now`. Returns an execute.ST_* status."""
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
-    mask = X._active_mask(P, S, w, pc, S.stack_mask[w, top])
+    mask = X.active_mask(P, S, w, pc, S.stack_mask[w, top])
     TS.opready[w, 0] = -1  # its registers' ready cycles change now (_evaluate)
     S.icount[w] = now  # %clock reads the core cycle in timing runs
     st = X.step_masked(P, T, S, w, mask)

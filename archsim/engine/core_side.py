@@ -68,7 +68,7 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
             first = DM.dma_bcast_join(MS.dma, TS, w, core, mode, S.addr[w, 1], S.addr[w, 2], S.addr[w, 3],
                                       S.addr[w, 4], S.addr[w, 5], S.addr[w, 0], now)
             if first >= 0:
-                X._fault(S, X.F_BCAST, _lowest_lane(mask), first, S.addr[w, 2], pc)
+                X.fault(S, X.F_BCAST, _lowest_lane(mask), first, S.addr[w, 2], pc)
                 return 1
             return 0
         DM.dma_issue(MS.dma, TS, w, core, put, S.addr[w, 0] if put else S.addr[w, 1], S.addr[w, 2], now,
@@ -80,7 +80,7 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
         target = TS.blk_core[blk]
         n = S.addr[w, 2]
         if MS.rma.core_group[target] != MS.rma.core_group[core]:
-            X._fault(S, X.F_RMA_GROUP, S.addr[w, 4], blk, n, pc)
+            X.fault(S, X.F_RMA_GROUP, S.addr[w, 4], blk, n, pc)
             return 1
         RM.rma_issue(MS.rma, TS, w, core, cls == D.CLS_RMA_PUT, target, n, now)
         return 0

@@ -109,7 +109,7 @@ class FState(NamedTuple):
 
 # ----------------------------------------------------------------------------- helpers
 @njit(cache=True)
-def _fault(S, code, lane, addr, nbytes, pc):
+def fault(S, code, lane, addr, nbytes, pc):
     S.fault[0] = code
     S.fault[1] = lane
     S.fault[2] = addr
@@ -273,7 +273,7 @@ def _mufu(sem, x):
 
 
 @njit(cache=True)
-def _active_mask(P, S, w, pc, mask):
+def active_mask(P, S, w, pc, mask):
     """Stack-top mask narrowed by the instruction's guard predicate."""
     p = P.pred[pc]
     if p < 0:
@@ -296,9 +296,9 @@ def _gcheck(S, addr, nb, lane, pc):
     with ST_OK means a timing run's unbacked memory: reads give 0, writes are dropped."""
     off = addr - S.geom[G_GBASE]
     if off < 0 or off + nb > S.geom[G_VSIZE]:
-        return _fault(S, F_GLOBAL_OOB, lane, addr, nb, pc), off
+        return fault(S, F_GLOBAL_OOB, lane, addr, nb, pc), off
     if addr & (nb - 1):                  # access sizes are powers of two (isa/opcodes.py checks)
-        return _fault(S, F_MISALIGNED, lane, addr, nb, pc), off
+        return fault(S, F_MISALIGNED, lane, addr, nb, pc), off
     if off + nb > S.geom[G_GSIZE]:
         return ST_OK, np.int64(-1)
     return ST_OK, off
@@ -307,9 +307,9 @@ def _gcheck(S, addr, nb, lane, pc):
 @njit(inline="always")  # per lane: a call costs more than the work
 def _scheck(S, addr, nb, lane, pc, align):
     if addr < 0 or addr + nb > S.geom[G_SHARED]:
-        return _fault(S, F_SHARED_OOB, lane, addr, nb, pc)
+        return fault(S, F_SHARED_OOB, lane, addr, nb, pc)
     if align and addr & (nb - 1):
-        return _fault(S, F_MISALIGNED, lane, addr, nb, pc)
+        return fault(S, F_MISALIGNED, lane, addr, nb, pc)
     return ST_OK
 
 
@@ -416,7 +416,7 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
         bsize = S.regs[w, P.src3[pc], lane]
         stride = S.regs[w, P.src3[pc] + 1, lane]
         if count < 0 or bsize < 0:
-            return _fault(S, F_SHARED_OOB, lane, a0, count if count < 0 else bsize, pc)
+            return fault(S, F_SHARED_OOB, lane, a0, count if count < 0 else bsize, pc)
         n = count * bsize
     S.addr[w, 0] = a0
     S.addr[w, 1] = a1
@@ -427,12 +427,12 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
         S.addr[w, 5] = stride
         S.addr[w, 6] = T.bcast[op]
     if n < 0:
-        return _fault(S, F_SHARED_OOB, lane, a0, n, pc)
+        return fault(S, F_SHARED_OOB, lane, a0, n, pc)
     if sem == S_DMA_GET or sem == S_DMA_PUT:
         sh = a0 if sem == S_DMA_GET else a1
         gl = a1 if sem == S_DMA_GET else a0
         if sh < 0 or sh + n > S.geom[G_SHARED]:
-            return _fault(S, F_SHARED_OOB, lane, sh, n, pc)
+            return fault(S, F_SHARED_OOB, lane, sh, n, pc)
         if n == 0:
             return ST_OK
         # the global span the blocks cover (stride may be negative or smaller than bsize)
@@ -445,7 +445,7 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
             hi = last + bsize
         goff = lo - S.geom[G_GBASE]
         if goff < 0 or hi - S.geom[G_GBASE] > S.geom[G_VSIZE]:
-            return _fault(S, F_GLOBAL_OOB, lane, lo if goff < 0 else gl, hi - lo, pc)
+            return fault(S, F_GLOBAL_OOB, lane, lo if goff < 0 else gl, hi - lo, pc)
         if hi - S.geom[G_GBASE] > S.geom[G_GSIZE]:
             return ST_OK  # a timing run's unbacked memory
         g0 = gl - S.geom[G_GBASE]
@@ -461,7 +461,7 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
         return ST_OK
     core = S.regs[w, P.src3[pc], lane]
     if core < 0 or core >= S.geom[G_NBLK] or S.block_smem[core] < 0:
-        return _fault(S, F_RMA_CORE, lane, core, n, pc)
+        return fault(S, F_RMA_CORE, lane, core, n, pc)
     if W >= 8:
         S.addr[w, 3] = core  # the target block (the timing model finds its CPE)
         S.addr[w, 4] = lane
@@ -469,9 +469,9 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
     remote = a0 if sem == S_RMA_PUT else a1
     local = a1 if sem == S_RMA_PUT else a0
     if remote < 0 or remote + n > S.geom[G_SHARED]:
-        return _fault(S, F_SHARED_OOB, lane, remote, n, pc)
+        return fault(S, F_SHARED_OOB, lane, remote, n, pc)
     if local < 0 or local + n > S.geom[G_SHARED]:
-        return _fault(S, F_SHARED_OOB, lane, local, n, pc)
+        return fault(S, F_SHARED_OOB, lane, local, n, pc)
     if sem == S_RMA_PUT:
         for i in range(n):
             S.s8[core, remote + i] = S.s8[blk, local + i]
@@ -486,7 +486,7 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
 def _mma(S, P, T, w, pc, op, mask):
     W = S.geom[G_W]
     if W != 32:
-        return _fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+        return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
     A = S.mat[0]
     B = S.mat[1]
     C = S.mat[2]
@@ -560,7 +560,7 @@ def _mma(S, P, T, w, pc, op, mask):
 def _ldmatrix(S, P, T, w, pc, op, mask, blk):
     W = S.geom[G_W]
     if W != 32:
-        return _fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+        return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
     nm = T.matrices[op]
     trans = T.trans[op]
     d = P.dst[pc]
@@ -572,9 +572,9 @@ def _ldmatrix(S, P, T, w, pc, op, mask, blk):
             addr = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
             S.addr[w, lane] = addr
             if addr < 0 or addr + 16 > S.geom[G_SHARED]:
-                return _fault(S, F_SHARED_OOB, lane, addr, 16, pc)
+                return fault(S, F_SHARED_OOB, lane, addr, 16, pc)
             if addr % 16 != 0:
-                return _fault(S, F_MISALIGNED, lane, addr, 16, pc)
+                return fault(S, F_MISALIGNED, lane, addr, 16, pc)
             if not values:
                 continue
             for c in range(8):
@@ -636,14 +636,14 @@ def _branch(S, P, w, pc, top, mask, taken):
     # paths that go straight to the reconvergence point are not pushed
     if pc + 1 != rpc:
         if sp >= D:
-            return _fault(S, F_STACK, 0, sp, 0, pc)
+            return fault(S, F_STACK, 0, sp, 0, pc)
         S.stack_pc[w, sp] = pc + 1
         S.stack_rpc[w, sp] = rpc
         S.stack_mask[w, sp] = nottaken
         sp += 1
     if target != rpc:
         if sp >= D:
-            return _fault(S, F_STACK, 0, sp, 0, pc)
+            return fault(S, F_STACK, 0, sp, 0, pc)
         S.stack_pc[w, sp] = target
         S.stack_rpc[w, sp] = rpc
         S.stack_mask[w, sp] = taken
@@ -658,12 +658,12 @@ def step(P, T, S, w):
     """Execute warp w's next instruction. Returns ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED or ST_FAULT."""
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
-    return step_masked(P, T, S, w, _active_mask(P, S, w, pc, S.stack_mask[w, top]))
+    return step_masked(P, T, S, w, active_mask(P, S, w, pc, S.stack_mask[w, top]))
 
 
 @njit(cache=True)
 def step_masked(P, T, S, w, mask):
-    """step, given the lanes that execute: _active_mask of the warp's next instruction (a caller
+    """step, given the lanes that execute: active_mask of the warp's next instruction (a caller
     that already has it saves computing it again)."""
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
@@ -1067,7 +1067,7 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
                 rc = S.regs[w, s2, l] if sem == S_FMA else np.int64(0)
                 S.regs[w, d, l] = _half2_op(S, sem, dt, ra, rb, rc)
         else:
-            return _fault(S, F_BAD_OP, l, op, 0, pc)
+            return fault(S, F_BAD_OP, l, op, 0, pc)
     return ST_OK
 
 

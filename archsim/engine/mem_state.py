@@ -238,7 +238,9 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     trackers, mio_cap = machine.cores.load_trackers, machine.cores.mio_queue_entries
     trk_free = np.tile(np.arange(trackers - 1, -1, -1, dtype=np.int32), (cores, 1))
     l2_mshrs = l2c.mshrs if l2c else 0
-    nreq = cores * (trackers + 128) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * 256 + 64) + 4096 + \
+    # requests in flight at once, bounded by the queues and engines that hold them (with room to spare)
+    miss_q = machine.cores.miss_queue_entries
+    nreq = cores * (trackers + 2 * miss_q) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * spare + 64) + 4096 + \
         int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
     lat[2] = 1 << 62

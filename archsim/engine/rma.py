@@ -5,7 +5,7 @@ Design note (core cycles throughout)
   position k inside its cluster uses engine k % engines_per_cluster). The engines of a cluster
   send and receive at the cluster's port on the CPE mesh (noc.make_cpe_meshes: a router per
   cluster, every CPE a node of its cluster's router, links ``rma.link_bytes_per_cycle`` wide,
-  ``rma.router_latency_cycles`` per router). Memory.py steps the mesh in the core clock.
+  ``rma.router_latency_cycles`` per router). sunway_side.py steps the mesh in the core clock.
 - ``rma.put [remote], [local], n, blk`` / ``rma.get [local], [remote], n, blk`` become, at issue,
   a descriptor in the engine's FIFO (``rma.descriptors_per_engine`` entries; a full FIFO stalls the CPE, counted as
   pipe_busy). The target is the CPE that runs launch block ``blk``; it must be in the issuer's

@@ -248,7 +248,7 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     `base`: the global address the buffers are laid out from (default GLOBAL_BASE; see _place;
     on a Sunway ``dram.cross_base(machine)`` puts every buffer in the cross segment).
     `placement` "private" (machines with private segments): every core group sees the buffers at
-    their laid-out addresses in its own segment (memory.placed_addr), so they must lie below one
+    their laid-out addresses in its own segment (mem_state.placed_addr), so they must lie below one
     segment's size; "cross" (default): addresses are physical."""
     from archsim import kernel_cache
     from archsim.config.derived import capabilities, l1_cache_kib

@@ -145,7 +145,7 @@ def resolve_workload(arg: str) -> Path:
 
 def _convert(exc: ValidationError, label: str, origins: Mapping[tuple, str]) -> InputError:
     """A pydantic error -> one InputError (the first error, in the config loader's words)."""
-    loc, paths, what, allowed, _ = SE.explain(exc, Workload)
+    loc, paths, what, allowed, _ = SE.explain(exc, Workload, full_path=False)
     for p in paths:                                  # a value from the command line: name the option
         if p in origins:
             field = SE.dotted(p)

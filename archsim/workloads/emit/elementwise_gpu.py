@@ -136,8 +136,8 @@ class ElementwiseKernel:
     scalars: tuple               # (param, value) of the integer parameters (f32 ones as bit patterns)
     team: str                    # warp | block (row kernels), thread (flat), column (column sums)
     vector_bytes: int            # bytes per lane per load of the main loop
-    _gen: Callable = field(compare=False, repr=False, default=None)
-    _ref: Callable = field(compare=False, repr=False, default=None)
+    draw_inputs: Callable = field(compare=False, repr=False, default=None)   # rng -> input arrays by name
+    ref_outputs: Callable = field(compare=False, repr=False, default=None)   # float64 inputs -> outputs
 
     @property
     def inputs(self) -> tuple:
@@ -184,7 +184,7 @@ class ElementwiseKernel:
     def random_inputs(self, seed: int = 0) -> dict:
         """Every buffer by name: inputs drawn for the op (in the storage format), outputs zeros."""
         rng = np.random.default_rng(seed)
-        ins = self._gen(rng)
+        ins = self.draw_inputs(rng)
         out = {}
         for b in self.buffers:
             out[b.name] = ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype)
@@ -193,7 +193,7 @@ class ElementwiseKernel:
     def reference(self, **bufs) -> dict:
         """The outputs in float64, computed from the exact values of the input buffers."""
         vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.inputs}
-        return self._ref(vals)
+        return self.ref_outputs(vals)
 
 
 @dataclass(frozen=True)
@@ -203,8 +203,8 @@ class KernelChain:
     op: str
     kernels: tuple
     dtype: str
-    _gen: Callable = field(compare=False, repr=False, default=None)
-    _ref: Callable = field(compare=False, repr=False, default=None)
+    draw_inputs: Callable = field(compare=False, repr=False, default=None)   # rng -> input arrays by name
+    ref_outputs: Callable = field(compare=False, repr=False, default=None)   # float64 inputs -> outputs
 
     @property
     def buffers(self) -> tuple:
@@ -230,12 +230,12 @@ class KernelChain:
 
     def random_inputs(self, seed: int = 0) -> dict:
         rng = np.random.default_rng(seed)
-        ins = self._gen(rng)
+        ins = self.draw_inputs(rng)
         return {b.name: ins[b.name] if b.name in ins else np.zeros(b.shape, b.host_dtype) for b in self.buffers}
 
     def reference(self, **bufs) -> dict:
         vals = {b.name: to_float(bufs[b.name], b.dtype) for b in self.buffers if not b.out}
-        return self._ref(vals)
+        return self.ref_outputs(vals)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -520,7 +520,7 @@ def _finish(op: str, caps, e: ElementwiseAsm, threads: int, needed: int, flops: 
     grid = _grid(caps, prog, threads, needed)
     return ElementwiseKernel(op=op, program=prog, launch=Launch((grid, 1, 1), (threads, 1, 1)), flops=int(flops),
                              dtype=e.dt, buffers=tuple(buffers), scalars=tuple(scalars), team=team,
-                             vector_bytes=e.VB, _gen=gen, _ref=ref)
+                             vector_bytes=e.VB, draw_inputs=gen, ref_outputs=ref)
 
 
 def _normal(rng, shape, dt, scale=1.0, shift=0.0):
@@ -1472,7 +1472,7 @@ def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
         dx = r * gdy - x * r ** 3 * (gdy * x).mean(axis=1, keepdims=True)
         return {"dx": dx, "dgamma": (dy * x * r).sum(axis=0)}
 
-    return KernelChain(op=op, kernels=(k1,) + ksum, dtype=dt, _gen=gen, _ref=ref)
+    return KernelChain(op=op, kernels=(k1,) + ksum, dtype=dt, draw_inputs=gen, ref_outputs=ref)
 
 
 def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,

@@ -1742,7 +1742,7 @@ def _norm_grad(op: str, caps, rows: int, cols: int, dtype, eps, team, ln: bool) 
     sc = fn(_spec(caps), rows, cols, dtype, eps)
     k1 = _norm_dx(sc.kernels[0], caps, rows, cols, team, ln)
     return KernelChain(op=op, kernels=(k1,) + _colsum_kernel(caps, rows, cols, sc.dtype, ln), dtype=sc.dtype,
-                       _gen=sc._gen, _ref=sc._ref)
+                       draw_inputs=sc.draw_inputs, ref_outputs=sc.ref_outputs)
 
 
 def layernorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: float = 1e-5, *,
