@@ -461,3 +461,16 @@ def test_broadcast_lines_on_the_8x8_mesh_of_sw26010pro(M, N, K, dtype, out, ta, 
     assert t.outcome == 0
     tm, tn = -(-M // (8 * k.tile.BM)), -(-N // (8 * k.tile.BN))
     assert t.memory["bytes"]["dram_read"] == batch[0] * batch[1] * (tn * M * K + tm * N * K) * 2
+
+
+@pytest.mark.parametrize("shape", [(512, 512, 512), (2048, 2048, 1024)])
+def test_tile_rule_balances_the_targets_own_dram_rate(shape):
+    """The tile rule reads the target's DRAM bytes per CPE-cycle from its capabilities: starved of
+    bandwidth it picks a tile that reads no more DRAM bytes per flop, and on tiny-sunway a
+    different tile than at its own rate."""
+    caps = capabilities(load_machine("tiny-sunway"))
+    assert caps.dram_bytes_per_cycle == pytest.approx(51.2 / 2.0 / 32)
+    own, _ = SW.choose_tile(caps, *shape)
+    starved, _ = SW.choose_tile(dataclasses.replace(caps, dram_bytes_per_cycle=caps.dram_bytes_per_cycle / 16), *shape)
+    per_flop = lambda c: (c.BM + c.BN) / (c.BM * c.BN)  # noqa: E731
+    assert per_flop(starved) < per_flop(own)

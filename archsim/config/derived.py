@@ -174,6 +174,10 @@ class Capabilities:
     mesh_rows: int = 0
     mesh_cols: int = 0
     cores_per_group: int = 0
+    # rates a tile rule balances, per core and core cycle: the DRAM's peak bandwidth over every
+    # core, and the vector pipes' FLOP per cycle of each dtype ((dtype, rate), ...)
+    dram_bytes_per_cycle: float = 0.0
+    vector_flops_per_cycle: tuple = ()
 
 
 def capabilities(m: Machine) -> Capabilities:
@@ -207,6 +211,9 @@ def capabilities(m: Machine) -> Capabilities:
         mesh_rows=m.mesh.rows if m.mesh is not None else 0,
         mesh_cols=m.mesh.cols if m.mesh is not None else 0,
         cores_per_group=m.cores.per_group,
+        dram_bytes_per_cycle=peak_bandwidth_gbps(m)["dram"] / m.clock_ghz / cores_total(m),
+        vector_flops_per_cycle=tuple((dt, _vector_rate(m.pipes, m.cores.subcores, dt)) for dt in VECTOR_DTYPES
+                                     if _vector_rate(m.pipes, m.cores.subcores, dt) > 0),
     )
 
 

@@ -131,10 +131,11 @@ them (blocks fill the core groups one after the other, and a core group's DMA is
 controller and ring stop, so a launch of few tiles gets a share of the machine's bandwidth), or
 the busiest CPE's FMA time, whichever is longer; f = ``_reg_tile_factor`` (>= 1) charges a
 register tile whose k-iteration is bound by instruction issue or LDM loads rather than its FMAs
-(16 x 1: 1.22, 8 x 4 and 16 x 2: 1). BW = 0.356 B/cycle per CPE and F = 64 (16-bit) /
-16 (f32) flops per cycle are sw26010pro's balance (307.2 GB/s over 384 CPEs at 2.25 GHz; one
-f16x2 / f32 FMA of 32 lanes per 2 / 4 cycles): a choice, since capabilities carry no rates; the
-rule only ranks tiles, the timing engine measures them. The bandwidth term assumes the buffers
+(16 x 1: 1.22, 8 x 4 and 16 x 2: 1). BW (``caps.dram_bytes_per_cycle``: the DRAM's peak over
+every CPE) and F (``caps.vector_flops_per_cycle`` of the dtype) are the target's own balance:
+0.356 B/cycle and 64 (16-bit) / 16 (f32) flops per cycle on sw26010pro (307.2 GB/s over 384 CPEs
+at 2.25 GHz), 0.8 B/cycle on tiny-sunway. The rule only ranks tiles; the timing engine measures
+them. The bandwidth term assumes the buffers
 are spread over the controllers (the cross segment); with every buffer in one core group's
 private segment all traffic meets at one controller and the total bytes alone decide, which
 favours bigger tiles than this rule picks.
@@ -195,9 +196,8 @@ def accumulation_error(g) -> float:
 
 ACC_REGS = 32          # choice: accumulator registers of the register tile (half the 64 a CPE thread has)
 BM_MAX, BN_MAX = 256, 512
-# tile-rule balance (see the module docstring): sw26010pro, per CPE and core cycle
-_BW_CPE = 307.2 / 2.25 / 384        # DRAM bytes per cycle per CPE
-_FLOPS_CPE = {2: 64.0, 4: 16.0}     # vector FMA flops per cycle (16-bit pairs / f32)
+# tile-rule balance (see the module docstring): the target's DRAM bytes and vector FLOP per CPE and
+# cycle come from its capabilities (dram_bytes_per_cycle, vector_flops_per_cycle)
 _T0 = 2000.0                        # choice: per-tile fixed cycles (DMA start-up, C zeroing, puts)
 
 
@@ -1056,12 +1056,13 @@ def _reg_tile_factor(RM: int, RV: int, es: int) -> float:
     return max(vec, RM * RV + RM + RV + 6, 2 * (RM + RV)) / vec
 
 
-def _cost(M, N, K, BM, BN, es, cores, nbatch, f=1.0) -> float:
+def _cost(M, N, K, BM, BN, es, cores, nbatch, bw, flops, f=1.0) -> float:
+    """One tile a block: ``bw`` DRAM bytes and ``flops`` vector FLOP per CPE and cycle."""
     bm, bn = min(BM, M), min(BN, N)
     tiles = ceil_div(M, BM) * ceil_div(N, BN) * nbatch
     waves = ceil_div(tiles, max(cores, 1))
-    mem = tiles * (bm + bn) * K * es / (_BW_CPE * min(tiles, cores))
-    comp = waves * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
+    mem = tiles * (bm + bn) * K * es / (bw * min(tiles, cores))
+    comp = waves * 2.0 * bm * bn * K / flops * f
     return max(mem, comp) + waves * _T0
 
 
@@ -1081,14 +1082,14 @@ def _macro_tiles(M, N, BM, BN, mesh, nbatch) -> int:
     return ceil_div(M, mesh[0] * BM) * ceil_div(N, mesh[1] * BN) * nbatch
 
 
-def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, f=1.0) -> float:
+def _cost_bcast(M, N, K, BM, BN, es, mesh, groups, nbatch, bw, flops, f=1.0) -> float:
     """The broadcast layout: a core group computes a (R*BM) x (Cc*BN) macro tile, reading its A
     rows and B columns once (row / column broadcast); groups take macro tiles in rounds."""
     R, Cc = mesh
     bm, bn = min(BM, M), min(BN, N)
     rounds = ceil_div(_macro_tiles(M, N, BM, BN, mesh, nbatch), groups)
-    mem = rounds * (min(R * BM, M) + min(Cc * BN, N)) * K * es / (_BW_CPE * R * Cc)
-    comp = rounds * 2.0 * bm * bn * K / _FLOPS_CPE[es] * f
+    mem = rounds * (min(R * BM, M) + min(Cc * BN, N)) * K * es / (bw * R * Cc)
+    comp = rounds * 2.0 * bm * bn * K / flops * f
     return max(mem, comp) + rounds * _T0
 
 
@@ -1109,6 +1110,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     vw = 32
     mesh = bcast_layout(caps)
     groups = caps.cores_total // caps.cores_per_group if mesh else 0
+    bw, flops = caps.dram_bytes_per_cycle, dict(caps.vector_flops_per_cycle)[dt]
     best = None
     for RV in (4, 2, 1):
         if RV > RV0:
@@ -1127,8 +1129,8 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                         if cfg.ldm_bytes > caps.scratchpad_bytes:
                             continue
                         f = _reg_tile_factor(RM, RV, es)
-                        cost = (_cost_bcast(M, N, K, BM, BN, es, lay, groups, nbatch, f) if lay else
-                                _cost(M, N, K, BM, BN, es, caps.cores_total, nbatch, f))
+                        cost = (_cost_bcast(M, N, K, BM, BN, es, lay, groups, nbatch, bw, flops, f) if lay
+                                else _cost(M, N, K, BM, BN, es, caps.cores_total, nbatch, bw, flops, f))
                         key = (cost, lay is None, -BM * BN, -BK, -RV, abs(BM - BN))
                         if best is None or key < best[0]:
                             best = (key, cfg)
