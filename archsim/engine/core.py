@@ -28,7 +28,8 @@ from archsim.engine.jit import njit
 from archsim.engine.core_side import mem_can_issue, mem_issue
 from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
-from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_SLOTS, K_SUBCORES, R_BARRIER,
+from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
+                                  K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, R_BARRIER,
                                   R_DMA_WAIT, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
                                   R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
                                   T_RUN, TState, flush_stalls, wake_core)
@@ -75,12 +76,12 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
     NW = cores * slots
-    k = np.zeros(11, np.int64)
+    k = np.zeros(K_N, np.int64)
     end = nblocks if end_block is None else end_block
     if not 0 <= first_block <= end <= nblocks:
         raise ValueError(f"block range [{first_block}, {end}) outside the launch's {nblocks} blocks")
-    k[0], k[1] = first_block, first_block
-    k[3], k[4], k[5], k[6], k[8] = end, wpb, regs_per_warp, smem_per_block, -1
+    k[K_NEXT], k[K_FINISHED] = first_block, first_block
+    k[K_END], k[K_WPB], k[K_REGS], k[K_SMEM], k[K_CUR] = end, wpb, regs_per_warp, smem_per_block, -1
     k[K_SUBCORES], k[K_SLOTS] = sub, slots
     home = np.zeros((2, max(NW, cores * sub)), np.int32)
     w = np.arange(NW)
@@ -112,14 +113,14 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
 @njit(cache=True)
 def _fits(C, TS, core):
     v = C.v
-    wpb = TS.k[4]
+    wpb = TS.k[K_WPB]
     if TS.core_blocks[core] >= v[C_MAX_BLOCKS]:
         return False
     if TS.core_warps[core] + wpb > v[C_SLOTS]:
         return False
-    if TS.core_regs[core] + wpb * TS.k[5] > v[C_REGS_PER_CORE]:
+    if TS.core_regs[core] + wpb * TS.k[K_REGS] > v[C_REGS_PER_CORE]:
         return False
-    if TS.core_smem[core] + TS.k[6] > v[C_SMEM_BYTES]:
+    if TS.core_smem[core] + TS.k[K_SMEM] > v[C_SMEM_BYTES]:
         return False
     return True
 
@@ -131,10 +132,10 @@ def dispatch_block(C, TS, S, core, now):
     v = C.v
     slots = v[C_SLOTS]
     mb = v[C_MAX_BLOCKS]
-    wpb = TS.k[4]
-    blk = TS.k[0]
+    wpb = TS.k[K_WPB]
+    blk = TS.k[K_NEXT]
     wake_core(TS, core, now)  # before its warps change
-    TS.k[0] += 1
+    TS.k[K_NEXT] += 1
     # a free block slot
     bs = -1
     for b in range(mb):
@@ -164,8 +165,8 @@ def dispatch_block(C, TS, S, core, now):
         TS.slot_hi[core] = first - core * slots + wpb
     TS.core_blocks[core] += 1
     TS.core_warps[core] += wpb
-    TS.core_regs[core] += wpb * TS.k[5]
-    TS.core_smem[core] += TS.k[6]
+    TS.core_regs[core] += wpb * TS.k[K_REGS]
+    TS.core_smem[core] += TS.k[K_SMEM]
     S.block_smem[blk] = bs
     W = S.geom[X.G_W]
     tpb = S.geom[X.G_TPB]
@@ -173,8 +174,8 @@ def dispatch_block(C, TS, S, core, now):
         w = first + i
         TS.wst[w] = T_RUN
         TS.reason[w] = -1
-        TS.age[w] = TS.k[2]
-        TS.k[2] += 1
+        TS.age[w] = TS.k[K_AGE]
+        TS.k[K_AGE] += 1
         TS.slot_block[w] = bs
         TS.cp_open[w] = 0
         TS.cp_oldest[w] = 0
@@ -242,11 +243,11 @@ def dispatch_all(C, TS, S, now):
     """Fill every core with blocks, round robin over cores, in launch order."""
     cores = C.v[C_CORES]
     placed = True
-    while placed and TS.k[0] < TS.k[3]:
+    while placed and TS.k[K_NEXT] < TS.k[K_END]:
         placed = False
         for j in range(cores):
             core = TS.core_order[j]
-            if TS.k[0] >= TS.k[3]:
+            if TS.k[K_NEXT] >= TS.k[K_END]:
                 break
             if _fits(C, TS, core):
                 dispatch_block(C, TS, S, core, now)
@@ -267,11 +268,11 @@ def _retire_block(C, TS, S, bs, now):
     TS.bs_block[bs] = -1
     TS.core_blocks[core] -= 1
     TS.core_warps[core] -= TS.bs_nwarps[bs]
-    TS.core_regs[core] -= TS.bs_nwarps[bs] * TS.k[5]
-    TS.core_smem[core] -= TS.k[6]
-    TS.k[1] += 1
+    TS.core_regs[core] -= TS.bs_nwarps[bs] * TS.k[K_REGS]
+    TS.core_smem[core] -= TS.k[K_SMEM]
+    TS.k[K_FINISHED] += 1
     # the core takes the next block of the launch
-    if TS.k[0] < TS.k[3] and _fits(C, TS, core):
+    if TS.k[K_NEXT] < TS.k[K_END] and _fits(C, TS, core):
         dispatch_block(C, TS, S, core, now)
 
 
@@ -409,7 +410,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
     elif cls == D.CLS_BARGRID:
         if st == X.ST_GRIDBAR:
             TS.wst[w] = T_GRIDBAR
-            TS.k[7] += 1
+            TS.k[K_GRIDBAR] += 1
     elif cls == D.CLS_EXIT:
         if st == X.ST_EXITED:
             bs = TS.slot_block[w]
@@ -417,7 +418,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             TS.bs_alive[bs] -= 1
             if TS.bs_alive[bs] == 0:
                 _retire_block(C, TS, S, TS.slot_block[w], now)
-                if TS.core_blocks[core] == 0 and TS.k[0] >= TS.k[3]:
+                if TS.core_blocks[core] == 0 and TS.k[K_NEXT] >= TS.k[K_END]:
                     mem_core_done(MS, TS, core, now)  # no block left: a Sunway CPE tells its MPE
     elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
         # memory instructions: the memory system books them and marks results ready later

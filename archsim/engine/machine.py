@@ -140,11 +140,12 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
         MP.mpe_start(MS.mpe, TS, now)  # Sunway: the CPEs wait for their MPE's launch messages
         for j in range(nspan):
             TS.wsum[j] = WS.wake_span_min(TS, j)
-    nblocks = TS.k[3]
+    nblocks = TS.k[WS.K_END]
     # a launch ends when its last block has retired, every MPE (Sunway) has joined its CPEs, and
     # its stores have reached the L2 (the memory controller without one): the next kernel would
     # see them there, as at a real kernel boundary
-    while TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe) or (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS)):
+    while TS.k[WS.K_FINISHED] < nblocks or not MP.mpe_joined(MS.mpe) or \
+            (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS)):
         while now >= tlk[TLK_NEXT]:
             _tl_sample(TL, tlk, TS, MS)
         TS.k[WS.K_CUR] = -1  # memory events wake sub-cores for this cycle
@@ -174,7 +175,8 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
         nxt = now + 1
         # the launch may have ended in this cycle without an issue (an MPE's join, stores drained):
         # the loop stops at now + 1 as it would with skip off, never after a jump
-        ended = TS.k[1] >= nblocks and MP.mpe_joined(MS.mpe) and not (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS))
+        ended = TS.k[WS.K_FINISHED] >= nblocks and MP.mpe_joined(MS.mpe) and \
+            not (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS))
         if step_out[0] == 0 and not ended:
             t = WS.INF  # the first cycle a scheduler may issue
             for j in range(nspan):
@@ -186,7 +188,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
             elif t_mem < t:
                 t = t_mem
             if t >= WS.INF:
-                if TS.k[1] < nblocks or not MP.mpe_joined(MS.mpe):
+                if TS.k[WS.K_FINISHED] < nblocks or not MP.mpe_joined(MS.mpe):
                     _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
                     return
             elif skip and t > nxt:
@@ -213,14 +215,14 @@ def _stop(TS, out, outcome, now, warp):
 
 @njit(cache=True)
 def _grid_barrier(TS, now):
-    if TS.k[7] == 0:
+    if TS.k[WS.K_GRIDBAR] == 0:
         return
     alive = 0
     for w in range(TS.wst.shape[0]):
         if TS.wst[w] != WS.T_EMPTY and TS.wst[w] != WS.T_DONE:
             alive += 1
-    if TS.k[7] == alive and TS.k[0] >= TS.k[3]:
-        TS.k[7] = 0
+    if TS.k[WS.K_GRIDBAR] == alive and TS.k[WS.K_NEXT] >= TS.k[WS.K_END]:
+        TS.k[WS.K_GRIDBAR] = 0
         for c in range(TS.core_blocks.shape[0]):
             WS.wake_core(TS, c, now)
         for w in range(TS.wst.shape[0]):

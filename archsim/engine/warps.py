@@ -24,8 +24,11 @@ T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT = range
 STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
                "barrier", "dma_wait", "idle")
 
-K_CUR = 8  # TState.k: the sub-core whose scheduler is running
-K_SUBCORES, K_SLOTS = 9, 10  # TState.k: sub-cores and warp slots per core
+# TState.k: the next block to dispatch, blocks finished, the age counter, the end of the block range
+# (blocks total unless sampling), warps per block, registers per warp, shared bytes per block, grid
+# barrier arrivals, the sub-core whose scheduler is running (-1: none), sub-cores per core, warp
+# slots per core
+K_NEXT, K_FINISHED, K_AGE, K_END, K_WPB, K_REGS, K_SMEM, K_GRIDBAR, K_CUR, K_SUBCORES, K_SLOTS, K_N = range(12)
 HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 # cp.async commit groups a warp's bookkeeping ring tracks: the groups a warp has committed and not
 # waited for must not exceed it (a GEMM pipeline keeps at most stages - 1). Not a machine figure:
@@ -84,10 +87,7 @@ class TState(NamedTuple):
     blk_start: np.ndarray    # int64 [blocks] cycle the block was dispatched
     blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
     blk_core: np.ndarray     # int32 [blocks] core it ran on
-    # kernel-wide scalars: [0] next block to dispatch, [1] blocks finished, [2] age counter,
-    # [3] end of the block range (blocks total unless sampling), [4] warps per block, [5] regs per warp, [6] smem per block, [7] grid barrier arrivals,
-    # [8] the sub-core whose scheduler is running (-1: none), [9] sub-cores per core, [10] warp slots per core
-    k: np.ndarray
+    k: np.ndarray            # int64 [K_N] kernel-wide scalars (K_*)
     home: np.ndarray         # int32 [2, max(NW, cores * subcores)]: the sub-core (core * subcores + sub) of
                              # each warp slot (HOME_SUB), the core of each sub-core (HOME_CORE), so that
                              # the hot paths look them up instead of dividing
