@@ -129,3 +129,49 @@ def test_a_head_whose_writes_still_fit_the_l2_is_not_the_launch(capsys, tmp_path
     s = out[("--sample",)]
     assert s["sample_attempts"][0]["error_est"] == 1.0
     assert s["sample_method"] == "whole_after_fallback" and s["cycles"] == out[()]["cycles"]
+
+
+CP_GROUPS_KERNEL = """
+.kernel too_many_groups
+.param src
+.shared 512
+.launch grid=1 block=32
+.arg src f32[32768] zeros
+        s2r     r0, %tid.x
+        shl.b64 r1, r0, 4
+        ldparam r2, src
+        add.i64 r2, r2, r1
+        mov.b64 r3, r1
+        mov.b64 r4, 0
+LOOP:   cp.async.16 [r3], [r2]
+        cp.async.commit
+        add.i64 r2, r2, 512
+        add.i64 r4, r4, 1
+        setp.lt.i64 p0, r4, {groups}
+   @p0  bra LOOP
+        cp.async.wait 0
+        bar.sync
+        exit
+"""
+
+
+@pytest.mark.parametrize("groups, ok", [(7, True), (64, False)])
+def test_more_cp_async_groups_in_flight_than_the_ring_holds_is_a_clear_error(groups, ok):
+    """A warp keeps 8 cp.async groups in its ring: committing more while an old one still has
+    copies in flight (64 groups, each a 512-byte copy from DRAM, back to back) stops the run with
+    one line instead of merging the groups' counts; 7 groups run."""
+    from archsim.config import load_machine
+    from archsim.engine.launch import default_args
+    from archsim.engine.timing import time_kernel
+    from archsim.errors import SimulationError
+    from archsim.isa.asm import assemble
+    from archsim.isa.program import Launch
+
+    prog = assemble(CP_GROUPS_KERNEL.format(groups=groups))
+    args = default_args(prog, timing=True)
+    run = lambda: time_kernel(prog, load_machine("tiny-gpu"), Launch((1, 1, 1), (32, 1, 1)), args)  # noqa: E731
+    if ok:
+        assert run().cycles > 0
+    else:
+        with pytest.raises(SimulationError, match=r"opens group \d+ while group \d+ still has copies in flight"):
+            run()

@@ -395,7 +395,11 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             TS.pred_ready[w, p] = now + lat
     elif cls == D.CLS_CPCOMMIT:
         TS.cp_open[w] += 1
-        TS.cp_pending[w, TS.cp_open[w] % CP_GROUPS] = 0
+        g = TS.cp_open[w]
+        if TS.cp_pending[w, g % CP_GROUPS] > 0:   # the ring's slot still counts an older group's copies
+            X.fault(S, X.F_CP_GROUPS, 0, g, g - CP_GROUPS, pc)
+            return X.ST_FAULT
+        TS.cp_pending[w, g % CP_GROUPS] = 0
     elif cls == D.CLS_CPWAIT or cls == D.CLS_DMAWAIT or cls == D.CLS_RMAWAIT:
         TS.wait_arg[w] = np.int32(P.imm[pc])
         TS.wst[w] = T_CPWAIT if cls == D.CLS_CPWAIT else (T_DMAWAIT if cls == D.CLS_DMAWAIT else T_RMAWAIT)

@@ -52,9 +52,10 @@ ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_FAULT = 0, 1, 2, 3, -1
 # warp states
 W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
 # fault codes (S.fault[0])
-# (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue)
+# (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue; F_CP_GROUPS: timing
+# runs only, raised by the core at cp.async.commit)
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
- F_BCAST) = range(11)
+ F_BCAST, F_CP_GROUPS) = range(12)
 
 # S.geom layout
 G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE = \

@@ -32,6 +32,8 @@ FAULT_TEXT = {
                    "core group only)",
     X.F_BCAST: "DMA broadcast operands differ from those core {addr} gave for the same line (every participant "
                "issues the same get)",
+    X.F_CP_GROUPS: "cp.async.commit opens group {addr} while group {bytes} still has copies in flight: the timing "
+                   "model tracks 8 groups a warp (wait with cp.async.wait before committing more)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
