@@ -42,12 +42,25 @@ def _type_checking_lines(tree) -> set[int]:
     return out
 
 
+def _package(mod: str, path: Path) -> str:
+    """The package a module's relative imports start from."""
+    return mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+
+
+def _from_target(package: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` names, relative levels resolved against ``package``."""
+    if not node.level:
+        return node.module
+    base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
 def _imports(mods: dict[str, Path]):
     """(importer, imported module, imported name or None, line) for every import in archsim/."""
     for mod, path in mods.items():
         tree = ast.parse(path.read_text())
         skip = _type_checking_lines(tree)
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        package = _package(mod, path)
         for node in ast.walk(tree):
             if getattr(node, "lineno", None) in skip:
                 continue
@@ -55,11 +68,7 @@ def _imports(mods: dict[str, Path]):
                 for a in node.names:
                     yield mod, a.name, None, node.lineno
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module
+                target = _from_target(package, node)
                 for a in node.names:
                     if f"{target}.{a.name}" in mods:
                         yield mod, f"{target}.{a.name}", None, node.lineno
@@ -141,21 +150,16 @@ def test_no_private_name_imported_across_modules(graph):
     assert not bad, "\n".join(bad)
 
 
-def _module_aliases(mod: str, path: Path, mods: dict) -> dict[str, str]:
-    """Local name -> the archsim module it is bound to by an import in ``mod``."""
-    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+def _module_aliases(tree, package: str, mods: dict) -> dict[str, str]:
+    """Local name -> the archsim module it is bound to by an import in the module ``tree``."""
     out = {}
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
                 if a.name in mods and a.asname:
                     out[a.asname] = a.name
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[:len(package.split(".")) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module
+            target = _from_target(package, node)
             for a in node.names:
                 if f"{target}.{a.name}" in mods:
                     out[a.asname or a.name] = f"{target}.{a.name}"
@@ -167,8 +171,9 @@ def test_no_private_name_used_through_a_module_alias(graph):
     mods, _ = graph
     bad = []
     for mod, path in mods.items():
-        aliases = _module_aliases(mod, path, mods)
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        aliases = _module_aliases(tree, _package(mod, path), mods)
+        for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases \
                     and aliases[node.value.id] != mod and node.attr.startswith("_") \
                     and not node.attr.startswith("__"):

@@ -190,6 +190,7 @@ def capabilities(m: Machine) -> Capabilities:
         units.add("dma")
     if m.rma is not None:
         units.add("rma")
+    rates = {dt: _vector_rate(m.pipes, m.cores.subcores, dt) for dt in VECTOR_DTYPES}
     return Capabilities(
         name=m.name,
         family=m.family,
@@ -212,8 +213,7 @@ def capabilities(m: Machine) -> Capabilities:
         mesh_cols=m.mesh.cols if m.mesh is not None else 0,
         cores_per_group=m.cores.per_group,
         dram_bytes_per_cycle=peak_bandwidth_gbps(m)["dram"] / m.clock_ghz / cores_total(m),
-        vector_flops_per_cycle=tuple((dt, _vector_rate(m.pipes, m.cores.subcores, dt)) for dt in VECTOR_DTYPES
-                                     if _vector_rate(m.pipes, m.cores.subcores, dt) > 0),
+        vector_flops_per_cycle=tuple((dt, f) for dt, f in rates.items() if f > 0),
     )
 
 

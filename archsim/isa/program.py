@@ -30,20 +30,8 @@ ARG_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": None, "f64": np.floa
 ARG_INITS = ("random", "zeros", "ones", "range", "unbacked")   # unbacked: address space only (timing runs)
 
 
-class ProgArrays(NamedTuple):
-    """One program's instruction arrays as the engine's @njit functions take them (Program.arrays)."""
-
-    op: np.ndarray
-    dst: np.ndarray
-    src0: np.ndarray
-    src1: np.ndarray
-    src2: np.ndarray
-    src3: np.ndarray
-    imm: np.ndarray
-    imm2: np.ndarray
-    pred: np.ndarray
-    flags: np.ndarray
-    reconv: np.ndarray
+# One program's instruction arrays (ARRAYS) as the engine's @njit functions take them (Program.arrays).
+ProgArrays = NamedTuple("ProgArrays", [(a, np.ndarray) for a in ARRAYS])
 
 
 @dataclass(frozen=True)
