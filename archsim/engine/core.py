@@ -67,11 +67,11 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
 
 
 def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int,
-                first_block: int = 0, end_block: int | None = None, core_order=None) -> TState:
+                first_block: int = 0, end_block: int | None = None, core_order=None, npc: int = 1) -> TState:
     """Timing state for a launch of `nblocks` blocks of which blocks [first_block, end_block) run
     (all of them by default; a range serves wave sampling: the blocks keep their grid ids).
     ``core_order``: the order in which the first dispatch visits the cores (default 0, 1, ...;
-    see dispatch_order)."""
+    see dispatch_order). ``npc``: the program's length (issues are counted per pc)."""
     v = cfg.v
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
@@ -105,7 +105,8 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         core_smem=np.zeros(cores, np.int64), core_regs=np.zeros(cores, np.int64),
         core_blocks=np.zeros(cores, np.int32), slot_hi=np.zeros(cores, np.int32), stall=np.zeros((cores, 9), np.int64),
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
-        pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), blk_start=np.full(nblocks, -1, np.int64),
+        pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), pc_issued=np.zeros(max(npc, 1), np.int64),
+        blk_issued=np.zeros(nblocks, np.int64), blk_start=np.full(nblocks, -1, np.int64),
         blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k, home=home)
 
 
@@ -374,6 +375,8 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
         return st
     cls = Dd.cls[pc]
     TS.issued[core] += 1
+    TS.pc_issued[pc] += 1
+    TS.blk_issued[S.warp_block[w]] += 1
     TS.flops[core] += Dd.flops[pc] * popcount(mask)
     ii = Dd.ii[pc]
     if cls == D.CLS_TENSOR:

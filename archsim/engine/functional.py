@@ -101,14 +101,17 @@ def mem_base() -> int:
 
 
 @njit(cache=True)
-def run_loop(P, T, S, max_instructions, out):
-    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total.
-    The state tuples travel as StatePtrs (archsim.engine.ref) from here on."""
-    _run(as_ptr(P), as_ptr(T), as_ptr(S), max_instructions, out)
+def run_loop(P, T, S, max_instructions, out, weight, counts, visits):
+    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total
+    (instructions executed; the limit applies to it). ``counts[w]`` adds ``weight[pc]`` for every
+    instruction warp w executes (the instruction counter runs a compressed program whose
+    instructions stand for runs of the original's: engine/counts.py), and ``visits[pc]`` one. The
+    state tuples travel as StatePtrs (archsim.engine.ref) from here on."""
+    _run(as_ptr(P), as_ptr(T), as_ptr(S), max_instructions, out, weight, counts, visits)
 
 
 @njit(cache=True)
-def _run(P, T, S, max_instructions, out):
+def _run(P, T, S, max_instructions, out, weight, counts, visits):
     NW = S.wstate.shape[0]
     wpb = S.geom[X.G_WPB]
     nblk = S.geom[X.G_NBLK]
@@ -123,6 +126,8 @@ def _run(P, T, S, max_instructions, out):
                 pc = S.stack_pc[w, S.sp[w] - 1]
                 st = X.step(P, T, S, w)
                 total += 1
+                counts[w] += weight[pc]
+                visits[pc] += 1
                 if st == X.ST_OK:
                     if total >= max_instructions:
                         out[0] = LIMIT
@@ -217,7 +222,8 @@ def run_functional(prog: Program, args: dict, launch: Launch | None = None, *, w
     mem, params, _ = build_memory(prog, args)
     S = make_state(prog, launch, mem, params, warp_width, ncores)
     out = np.zeros(4, np.int64)
-    run_loop(prog.arrays(), tables(), S, np.int64(max_instructions), out)
+    run_loop(prog.arrays(), tables(), S, np.int64(max_instructions), out, np.ones(max(len(prog), 1), np.int64),
+             np.zeros(S.wstate.shape[0], np.int64), np.zeros(max(len(prog), 1), np.int64))
     mem.data[:] = S.g8[: len(mem.data)]
     result = FunctionalResult(memory=mem, regs=S.regs, preds=S.preds.astype(bool),
                               warp_instructions=int(out[3]), launch=launch)

@@ -95,16 +95,18 @@ SLICE_CYCLES = 1 << 12
 SLICE_SECONDS = 0.25
 
 
-def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycles: int | None = None):
+def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycles: int | None = None,
+             start: int = 0):
     """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
     [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The loop
     runs in slices (``slice_cycles`` fixed, else sized by wall time from SLICE_CYCLES) and goes
-    on where each stopped."""
+    on where each stopped. ``start``: the cycle a launch stopped at ``max_cycles`` (CYCLE_LIMIT)
+    goes on from (interval sampling looks at the launch between such stops); 0 starts it."""
     step_out = np.zeros(4, np.int64)
     limit = int(max_cycles)
     fixed = slice_cycles is not None
     step = max(int(slice_cycles if fixed else SLICE_CYCLES), 1)
-    now = 0
+    now = int(start)
     while True:
         t0 = time.perf_counter()
         _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, np.int64(min(limit, now + step)), skip, out, step_out,

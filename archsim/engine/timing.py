@@ -110,6 +110,11 @@ def buffer_addresses(prog: Program, args: dict, base: int | None = None) -> dict
     return {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
 
 
+def param_values(prog: Program, args: dict, base: int | None = None) -> np.ndarray:
+    """The kernel's parameter vector as a timing run sees it: buffer addresses and scalars."""
+    return _place(prog, args, base)[0]
+
+
 def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int,
                        base: int | None = None, slots: int | None = None):
     """Warp slots of every core (filled by block dispatch; ``slots`` per core, default the
@@ -251,68 +256,125 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     their laid-out addresses in its own segment (mem_state.placed_addr), so they must lie below one
     segment's size; "cross" (default): addresses are physical."""
     from archsim import kernel_cache
-    from archsim.config.derived import capabilities, l1_cache_kib
 
-    check(prog, capabilities(machine))
     ckey = kernel_cache.key(prog, machine, launch, args, (max_cycles, skip, window_cycles, blocks, base, placement))
     cached = kernel_cache.load(ckey)
     if cached is not None:
         return cached
-    machine = kernel_machine(prog, machine, launch)
-    regs_per_warp, smem = occupancy_limits(prog, machine, launch)
-    W = machine.cores.warp_width
-    wpb = (launch.threads_per_block + W - 1) // W
-    scratch = scratch_bytes(machine)
-    slots, nbs = resident_slots(prog, machine, launch)
-    C = K.make_core_cfg(machine, scratch, slots, nbs)
-    cores = int(C.v[K.C_CORES])
-    placed, S = make_timing_fstate(prog, machine, launch, args, cores * nbs, base, slots)
-    private = check_placement(machine, placement, int(S.geom[X.G_GBASE] + S.geom[X.G_VSIZE]), prog.name)
-    first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
-    if not 0 <= first < end <= launch.blocks:
-        raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
-                         f"a non-empty range within the launch's {launch.blocks} blocks")
-    TS = K.make_tstate(C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end,
-                       K.dispatch_order(machine, launch.spread, end - first))
-    Dd = D.decode(prog, machine)
-    MS = MST.make_mstate(machine, TS, private)
-    out = np.zeros(5, np.int64)
-    TL, tlk = MA.make_timeline(MS, window_cycles)
-    MA.run_loop(C, TS, S, prog.arrays(), tables(), Dd, MS, TL, tlk, np.int64(max_cycles), skip, out)
-    buffers = {}
-    for name, (a, v) in placed.items():  # backed buffers as the kernel left them
-        o = a - int(S.geom[X.G_GBASE])
-        raw = S.g8[o:o + v.nbytes].copy()
-        buffers[name] = raw.view(v.dtype).reshape(v.shape)
-    timing = MA.KernelTiming(outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]),
-                             skipped_cycles=int(out[4]), stuck_warp=int(out[2]), stall=TS.stall.copy(),
-                             flops=int(TS.flops.sum()), pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
-                             memory=dict(M.mem_counters(MS, int(out[1])), carveout={
-                                 "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
-                             timeline=MA.timeline_rows(TL, tlk, TS, MS, int(out[1])), buffers=buffers,
-                             timeline_units=UT.unit_layout(machine, MS),
-                             block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
-                             block_core=TS.blk_core[first:end].copy(), first_block=first)
-    kernel_cache.stats["simulated_warp_instructions"] += timing.warp_instructions
-    if timing.outcome == MA.DONE:
-        kernel_cache.store(ckey, timing)
-        return timing
-    w = timing.stuck_warp
-    pc = int(S.stack_pc[w, max(S.sp[w] - 1, 0)]) if w >= 0 else 0
-    where = prog.where(pc)
-    who = f"core {w // slots} warp slot {w % slots} (block {int(S.warp_block[w])} warp {int(S.warp_wib[w])})" \
-        if w >= 0 else "no warp"
-    if timing.outcome == MA.FAULT:
-        from archsim.engine.functional import FAULT_TEXT
+    run = start_kernel(prog, machine, launch, args, window_cycles=window_cycles, blocks=blocks, base=base,
+                       placement=placement, skip=skip)
+    run.advance(max_cycles)
+    timing = run.finish(max_cycles)
+    kernel_cache.store(ckey, timing)
+    return timing
 
-        code, lane, addr, nbytes = (int(v) for v in S.fault[:4])
-        text = FAULT_TEXT[code].format(addr=addr, bytes=nbytes, shared=prog.shared_bytes, blocks=launch.blocks)
-        raise SimulationError(prog.where(int(S.fault[4])), f"{who} lane {lane}: {text}", partial=timing)
-    state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CPWAIT: "waits at cp.async.wait",
-             T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
-        if w >= 0 else ""
-    if timing.outcome == MA.DEADLOCK:
-        raise SimulationError(where, f"deadlock at cycle {timing.cycles}: {who} {state} and nothing can wake it",
+
+class KernelRun:
+    """A launch being timed: its engine state, run up to a cycle at a time (``advance``), its
+    counters readable at any stop (``counters``). time_kernel runs one to the end; interval
+    sampling (archsim.interval) looks at it between stops."""
+
+    def __init__(self, prog: Program, machine, launch: Launch, args: dict, window_cycles: int,
+                 blocks: tuple[int, int] | None, base: int | None, placement: str, skip: bool):
+        from archsim.config.derived import capabilities
+
+        check(prog, capabilities(machine))
+        self.prog, self.launch, self.skip = prog, launch, bool(skip)
+        machine = self.machine = kernel_machine(prog, machine, launch)
+        regs_per_warp, smem = occupancy_limits(prog, machine, launch)
+        W = machine.cores.warp_width
+        wpb = (launch.threads_per_block + W - 1) // W
+        scratch = scratch_bytes(machine)
+        self.slots, nbs = resident_slots(prog, machine, launch)
+        self.C = K.make_core_cfg(machine, scratch, self.slots, nbs)
+        cores = int(self.C.v[K.C_CORES])
+        self.placed, self.S = make_timing_fstate(prog, machine, launch, args, cores * nbs, base, self.slots)
+        S = self.S
+        private = check_placement(machine, placement, int(S.geom[X.G_GBASE] + S.geom[X.G_VSIZE]), prog.name)
+        first, end = (0, launch.blocks) if blocks is None else (int(blocks[0]), int(blocks[1]))
+        if not 0 <= first < end <= launch.blocks:
+            raise InputError(f"kernel {prog.name}", f"block range [{first}, {end})",
+                             f"a non-empty range within the launch's {launch.blocks} blocks")
+        self.first, self.end = first, end
+        self.TS = K.make_tstate(self.C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end,
+                                K.dispatch_order(machine, launch.spread, end - first), npc=len(prog))
+        self.Dd = D.decode(prog, machine)
+        self.MS = MST.make_mstate(machine, self.TS, private)
+        self.out = np.zeros(5, np.int64)
+        self.TL, self.tlk = MA.make_timeline(self.MS, window_cycles)
+        self.simulated = 0          # warp-instructions counted into kernel_cache.stats so far
+
+    @property
+    def now(self) -> int:
+        return int(self.out[1])
+
+    @property
+    def done(self) -> bool:
+        return self.now > 0 and int(self.out[0]) != MA.CYCLE_LIMIT
+
+    def advance(self, until: int) -> int:
+        """Run on until the launch ends or reaches cycle ``until``; returns the outcome."""
+        from archsim import kernel_cache
+
+        MA.run_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
+                    np.int64(until), self.skip, self.out, start=self.now)
+        issued = int(self.out[3])
+        kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
+        self.simulated = issued
+        return int(self.out[0])
+
+    def counters(self) -> MA.KernelTiming:
+        """The counters at the cycle the run stands at (the outcome and cycle of the last advance)."""
+        from archsim.config.derived import l1_cache_kib
+
+        TS, S, out, machine = self.TS, self.S, self.out, self.machine
+        buffers = {}
+        for name, (a, v) in self.placed.items():  # backed buffers as the kernel left them
+            o = a - int(S.geom[X.G_GBASE])
+            raw = S.g8[o:o + v.nbytes].copy()
+            buffers[name] = raw.view(v.dtype).reshape(v.shape)
+        first, end = self.first, self.end
+        return MA.KernelTiming(
+            outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]), skipped_cycles=int(out[4]),
+            stuck_warp=int(out[2]), stall=TS.stall.copy(), flops=int(TS.flops.sum()),
+            pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
+            memory=dict(M.mem_counters(self.MS, int(out[1])), carveout={
+                "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
+            timeline=MA.timeline_rows(self.TL, self.tlk, TS, self.MS, int(out[1])), buffers=buffers,
+            timeline_units=UT.unit_layout(machine, self.MS),
+            block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
+            block_core=TS.blk_core[first:end].copy(), first_block=first)
+
+    def finish(self, max_cycles: int) -> MA.KernelTiming:
+        """The counters of a launch run to its end; SimulationError (with them) if it did not end."""
+        timing = self.counters()
+        if timing.outcome == MA.DONE:
+            return timing
+        prog, S, TS, slots = self.prog, self.S, self.TS, self.slots
+        w = timing.stuck_warp
+        pc = int(S.stack_pc[w, max(S.sp[w] - 1, 0)]) if w >= 0 else 0
+        where = prog.where(pc)
+        who = f"core {w // slots} warp slot {w % slots} (block {int(S.warp_block[w])} warp {int(S.warp_wib[w])})" \
+            if w >= 0 else "no warp"
+        if timing.outcome == MA.FAULT:
+            from archsim.engine.functional import FAULT_TEXT
+
+            code, lane, addr, nbytes = (int(v) for v in S.fault[:4])
+            text = FAULT_TEXT[code].format(addr=addr, bytes=nbytes, shared=prog.shared_bytes,
+                                           blocks=self.launch.blocks)
+            raise SimulationError(prog.where(int(S.fault[4])), f"{who} lane {lane}: {text}", partial=timing)
+        state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CPWAIT: "waits at cp.async.wait",
+                 T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
+            if w >= 0 else ""
+        if timing.outcome == MA.DEADLOCK:
+            raise SimulationError(where, f"deadlock at cycle {timing.cycles}: {who} {state} and nothing can wake it",
+                                  partial=timing)
+        raise SimulationError(where, f"stopped at --max-cycles {max_cycles}: {who} was at this instruction",
                               partial=timing)
-    raise SimulationError(where, f"stopped at --max-cycles {max_cycles}: {who} was at this instruction",
-                          partial=timing)
+
+
+def start_kernel(prog: Program, machine, launch: Launch, args: dict, *, window_cycles: int = 1024,
+                 blocks: tuple[int, int] | None = None, base: int | None = None, placement: str = "cross",
+                 skip: bool = True) -> KernelRun:
+    """A KernelRun at cycle 0 (arguments as time_kernel's)."""
+    return KernelRun(prog, machine, launch, args, window_cycles, blocks, base, placement, skip)

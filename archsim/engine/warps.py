@@ -83,6 +83,8 @@ class TState(NamedTuple):
     issued: np.ndarray       # int64 [cores] warp-instructions
     flops: np.ndarray        # int64 [cores]
     pipe_busy_cycles: np.ndarray  # int64 [cores, pipes + 1] (last: tensor)
+    pc_issued: np.ndarray    # int64 [program length] warp-instructions issued at each pc (interval sampling)
+    blk_issued: np.ndarray   # int64 [blocks] warp-instructions each block issued (interval sampling)
     # per launch block (for wave sampling and traces; -1 until it happens)
     blk_start: np.ndarray    # int64 [blocks] cycle the block was dispatched
     blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
