@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", action="store_true",
                    help="with --timing: time a launch of many waves from a few of them, extrapolated, as "
                         "`archsim run` does (default: every block)")
+    p.add_argument("--sample-interval", action="store_true",
+                   help="with --timing --sample: a launch of one wave is extrapolated from an interval of it when "
+                        "its work is steady (default: simulated whole)")
     _add_cache_options(p)
 
     p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
@@ -150,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
                                                                 "(default: a few waves, extrapolated)")
+        p.add_argument("--sample-interval", action="store_true",
+                       help="extrapolate a long one-wave launch from an interval of it when its work is steady, "
+                            "within --sample-max-error (default: one-wave launches are simulated whole)")
         p.add_argument("--sample-waves", type=int, default=6, metavar="N",
                        help="waves simulated before a big launch is extrapolated (>= 3; default 6)")
         p.add_argument("--sample-max-error", default="3%", metavar="E",
@@ -315,12 +321,16 @@ def _asm_timing(a, machine, prog, launch) -> int:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
     if a.engine != "numba":
         raise InputError("--engine", "the reference engine is functional only", "numba (the default) with --timing")
+    if a.sample_interval and not a.sample:
+        raise InputError("--sample-interval", "interval sampling without --sample",
+                         "--timing --sample --sample-interval")
     args = default_args(prog, timing=True)
     workload = {"name": f"asm {prog.name}", "params": {"file": a.file, "grid": list(launch.grid),
                                                        "block": list(launch.block)}}
     t0 = time.perf_counter()
     try:
-        rec = sampled_record(prog.name, prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample)
+        rec = sampled_record(prog.name, prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample,
+                             interval=a.sample_interval)
     except SimulationError as e:
         if a.json and isinstance(e.partial, KernelTiming):
             part = stats.kernel_record(prog.name, machine, launch, e.partial)
@@ -332,6 +342,10 @@ def _asm_timing(a, machine, prog, launch) -> int:
     bw = rec["bandwidth_gbps"]
     how = f", sampled ({rec['waves_simulated']:g} of {rec['waves']} waves, error est {rec['sample_error_est']:.1%})" \
         if rec["sampled"] else ""
+    if rec.get("sample_method") == "interval":
+        iv = rec["sample_interval"]
+        how = f", interval-sampled ({iv['instructions_simulated'] / iv['instructions_total']:.0%} of its " \
+              f"warp-instructions, error est {rec['sample_error_est']:.1%})"
     print(f"kernel {prog.name} on {machine.name}: grid {launch.grid} block {launch.block}, {rec['cycles']} cycles "
           f"({rec['seconds'] * 1e6:.2f} us), {rec['warp_instructions']} warp-instructions{how}")
     print("  stalls: " + ", ".join(f"{k} {v:.0%}" for k, v in stalls)
@@ -477,7 +491,8 @@ def _run_options(a):
     from archsim.runner import RunOptions, check_options, parse_error_bound
     from archsim.workers import check_workers
 
-    opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, waves=a.sample_waves,
+    opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, interval=a.sample_interval,
+                                    waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
                                     max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions,
                                     workers=check_workers(a.workers)))

@@ -128,8 +128,9 @@ def worker_env() -> dict:
 
 
 # the code a launch's timing comes from: the engine, the ISA tables and checks, the machine's
-# resolution and derived figures, and this module (the emitters are not: their programs are in the key)
-TIMING_CODE = ("engine", "isa", "config", "kernel_cache.py")
+# resolution and derived figures, interval sampling (its answers are cached) and this module (the
+# emitters are not: their programs are in the key)
+TIMING_CODE = ("engine", "isa", "config", "kernel_cache.py", "interval.py")
 
 
 @lru_cache(maxsize=1)

@@ -36,6 +36,7 @@ class RunOptions:
     mode: str = "timing"           # timing | functional
     sample: bool = True            # wave sampling of big launches (--no-sample: every block)
     waves: int = WAVES_DEFAULT     # waves simulated before extrapolating
+    interval: bool = False         # one-wave launches sampled inside their blocks (archsim.interval)
     max_error: float = MAX_ERROR_DEFAULT  # a sampled launch's error bound above this simulates more
     max_cycles: int = 10**9
     seed: int = 0
@@ -71,6 +72,9 @@ def check_options(opts: RunOptions) -> RunOptions:
                                                             "give the error estimate)")
     if not 0 < opts.max_error < 1:
         raise InputError("--sample-max-error", f"{opts.max_error!r}", "a fraction in (0, 1)")
+    if opts.interval and not opts.sample:
+        raise InputError("--sample-interval", "interval sampling with sampling off (--no-sample)",
+                         "one of --sample-interval, --no-sample")
     if isinstance(opts.max_instructions, bool) or not isinstance(opts.max_instructions, int) \
             or opts.max_instructions <= 0:
         raise InputError("--max-instructions", f"{opts.max_instructions!r}", "a positive integer")
@@ -177,7 +181,8 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
     futures = [pool.defer(_cost(machine, k, opts), sampled_record, k.name, k.program, machine, k.launch,
                           timing_args(machine, k.params, placement), count=n * layers, flops=k.flops,
                           model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
-                          max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace, placement=placement)
+                          max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace, placement=placement,
+                          interval=opts.interval)
                for k, n in groups]
     return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None,
                        time.perf_counter() - t0)

@@ -49,7 +49,6 @@ A ``bar.grid`` kernel is never sampled: its whole grid must be resident, so it i
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 
 import numpy as np
@@ -57,6 +56,7 @@ import numpy as np
 from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
+from archsim import stats
 from archsim.stats import kernel_record
 
 DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second) and four or more steady waves, the last the drain
@@ -80,28 +80,12 @@ class Sampled:
     simulated_warp_instructions: int  # what the engine ran for the answer, every head tried included
     attempts: list = dataclasses.field(default_factory=list)  # (waves, error estimate) of each head tried
     warmup_waves: int = 0      # leading waves of the head left out of the steady rate
+    interval: dict | None = None  # interval sampling's account (archsim.interval), when it was tried
 
 
 def _scale_memory(mem: dict, f: float) -> dict:
     """Memory counters of the sampled waves with the extensive ones scaled by f."""
-    out = copy.deepcopy(mem)
-
-    def scale(d, key):
-        d[key] = int(round(d[key] * f))
-
-    for k in mem["bytes"]:
-        scale(out["bytes"], k)
-    for k in ("sum", "count"):
-        scale(out["load_latency"], k)
-    scale(out["fabric"], "blocked_cycles")
-    for ln in out["fabric"]["links"]:
-        scale(ln, "blocked_cycles")
-    for lvl in ("l1", "l2"):
-        for rec in out.get(lvl, ()):
-            for k in ("accesses", "hits"):
-                if k in rec:
-                    scale(rec, k)
-    return out
+    return stats.extensive_memory_fields(mem, lambda d, key, path: int(round(d[key] * f)))
 
 
 @dataclasses.dataclass
@@ -166,14 +150,19 @@ def head_waves(waves: int, C: int, P: int) -> int:
 
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
                  max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, window_cycles: int = 1024,
-                 sample: bool = True, placement: str = "cross") -> Sampled:
+                 sample: bool = True, placement: str = "cross", interval: bool = False) -> Sampled:
     """Time a launch, sampling waves when a head (head_waves) is at most half of it (see the
     module docstring); while the error estimate is above ``max_error`` the head doubles, and a
-    head that would be more than two thirds of the launch gives way to the whole launch.
+    head that would be more than two thirds of the launch gives way to the whole launch. A launch
+    of one wave is sampled inside its blocks (archsim.interval) when ``interval``.
     ``sample=False`` simulates every block. ``placement``: see timing.time_kernel."""
     C = concurrency(prog, machine, launch)
     B = launch.blocks
     nwaves = -(-B // C)
+    if sample and interval and nwaves == 1:
+        got = _time_interval(prog, machine, launch, args, max_error, max_cycles, window_cycles, placement)
+        if got is not None:
+            return got
 
     def run(blocks=None):
         return TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
@@ -198,6 +187,28 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             S *= 2
     t = run()
     return Sampled(t, False, 0.0, nwaves, float(nwaves), spent + int(t.warp_instructions), attempts=attempts)
+
+
+def _time_interval(prog: Program, machine, launch: Launch, args: dict, max_error: float, max_cycles: int,
+                   window_cycles: int, placement: str) -> Sampled | None:
+    """A one-wave launch timed by interval sampling; None when that does not apply to it. The
+    kernel cache holds the answer under the launch and the sampling options."""
+    from archsim import kernel_cache
+    from archsim.interval import time_interval
+
+    ckey = kernel_cache.key(prog, machine, launch, args, ("interval", max_error, max_cycles, window_cycles,
+                                                          placement))
+    got = kernel_cache.load(ckey)
+    if got is None:
+        got = time_interval(prog, machine, launch, args, max_error=max_error, max_cycles=max_cycles,
+                            window_cycles=window_cycles, placement=placement,
+                            refresh=refresh_stall_cycles(machine))
+        if got is None:
+            return None
+        kernel_cache.store(ckey, got)
+    done = got.info["instructions_simulated"] / max(got.info["instructions_total"], 1)
+    return Sampled(got.timing, got.sampled, got.error_est, 1, round(done, 4) if got.sampled else 1.0,
+                   got.info["instructions_simulated"], interval=got.info)
 
 
 def _l2_still_absorbing(head, machine, scale: float) -> bool:
@@ -232,12 +243,12 @@ def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts:
 def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict, *, count: int = 1,
                    flops: int | None = None, model_flops: int | None = None, waves: int = DEFAULT_WAVES,
                    max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, sample: bool = True,
-                   trace: bool = False, placement: str = "cross") -> dict:
+                   trace: bool = False, placement: str = "cross", interval: bool = False) -> dict:
     """One ``kernels`` entry of archsim.result/1 for a launch, sampled when it is big. ``trace``
     adds ``block_trace``: dispatch and retire cycle and core of every simulated block (for
     archsim.report.trace)."""
     s = time_sampled(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
-                     sample=sample, placement=placement)
+                     sample=sample, placement=placement, interval=interval)
     rec = kernel_record(name, machine, launch, s.timing, count=count, model_flops=model_flops, flops=flops,
                         sampled=s.sampled, sample_error_est=round(s.error_est, 5))
     sample_fields(rec, s, max_error)
@@ -259,4 +270,9 @@ def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
     rec["sample_attempts"] = [{"waves": w, "error_est": e} for w, e in s.attempts]
     if s.sampled:
         rec["sample_warmup_waves"] = s.warmup_waves
+    if s.interval is not None:
+        rec["sample_interval"] = s.interval
+        rec["sample_method"] = "interval" if s.sampled else (
+            "whole_after_fallback" if s.interval["stops"] else "whole")
+        return
     rec["sample_method"] = "sampled" if s.sampled else ("whole_after_fallback" if s.attempts else "whole")

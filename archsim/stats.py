@@ -7,6 +7,8 @@ stall shares = warp-cycles of each reason / all resident warp-cycles.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from archsim.version import __version__
@@ -275,3 +277,27 @@ def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *,
             "sim": {"wall_seconds": round(wall_seconds, 4),
                     "warp_instructions_per_second": round(sim_wi / wall_seconds, 1) if wall_seconds > 0 else 0.0,
                     "archsim_version": __version__}}
+
+
+def extensive_memory_fields(mem: dict, value) -> dict:
+    """A copy of a launch's memory counters whose extensive fields (bytes per level, load latency
+    sums and counts, fabric blocked cycles, cache accesses and hits) are ``value(d, key, path)``:
+    ``d[key]`` the field, ``path`` the keys and list indices from the root to it."""
+    out = copy.deepcopy(mem)
+
+    def put(d, key, path):
+        d[key] = value(d, key, path + (key,))
+
+    for k in mem["bytes"]:
+        put(out["bytes"], k, ("bytes",))
+    for k in ("sum", "count"):
+        put(out["load_latency"], k, ("load_latency",))
+    put(out["fabric"], "blocked_cycles", ("fabric",))
+    for i, ln in enumerate(out["fabric"]["links"]):
+        put(ln, "blocked_cycles", ("fabric", "links", i))
+    for lvl in ("l1", "l2"):
+        for i, rec in enumerate(out.get(lvl, ())):
+            for k in ("accesses", "hits"):
+                if k in rec:
+                    put(rec, k, (lvl, i))
+    return out

@@ -42,7 +42,8 @@ from archsim.runner import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_e
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
 WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
-RUN_OPTIONS = ("mode", "sample", "sample_waves", "sample_max_error", "max_cycles", "max_instructions")
+RUN_OPTIONS = ("mode", "sample", "sample_interval", "sample_waves", "sample_max_error", "max_cycles",
+               "max_instructions")
 SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "max_points", "overlays", "set", "vary",
              "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
@@ -140,6 +141,9 @@ def load_spec(path: str) -> Spec:
     if mode not in ("timing", "functional"):
         raise _err(label, "mode", f"unknown value {mode!r}", "one of: timing, functional")
     sample = _typed(label, "sample", data.get("sample", True), bool, "true or false")
+    interval = _typed(label, "sample_interval", data.get("sample_interval", False), bool, "true or false")
+    if interval and not sample:
+        raise _err(label, "sample_interval", "true with sample: false", "sample: true, or sample_interval: false")
     waves = _typed(label, "sample_waves", data.get("sample_waves", WAVES_DEFAULT), int, "an integer >= 3")
     if waves < 3:
         raise _err(label, "sample_waves", f"value {waves} out of range",
@@ -198,7 +202,8 @@ def load_spec(path: str) -> Spec:
 
     return Spec(label=label, hw=[_beside(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
                 workload=_beside(wl, folder, builtin_workloads()), options=options,
-                run=RunOptions(mode=mode, sample=sample, waves=waves, max_error=max_error, max_cycles=max_cycles,
+                run=RunOptions(mode=mode, sample=sample, interval=interval, waves=waves, max_error=max_error,
+                               max_cycles=max_cycles,
                                max_instructions=max_instructions), max_points=max_points,
                 overlays=[_beside(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
