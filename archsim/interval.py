@@ -43,11 +43,11 @@ import dataclasses
 
 import numpy as np
 
-from archsim import stats
 from archsim.engine import machine as MA
 from archsim.engine import timing as TI
 from archsim.engine.counts import control_slice, count_launch
 from archsim.isa.program import Launch, Program
+from archsim.stats import extensive_memory_fields
 
 STOP_CYCLES = 16384            # D: the first stop is at 4D, the first answer at 8D (a launch of fewer
                                # than 12D cycles ends before two thirds of it could be extrapolated)
@@ -79,7 +79,7 @@ def _extend(a, b, g: float):
 
 def _extend_memory(a: dict, b: dict, g: float) -> dict:
     """The memory counters at the end, extensive ones extended at the interval's rate."""
-    return stats.extensive_memory_fields(b, lambda d, key, path: _extend(_get(a, path), d[key], g))
+    return extensive_memory_fields(b, lambda d, key, path: _extend(_get(a, path), d[key], g))
 
 
 def _get(d, path):

@@ -56,8 +56,7 @@ import numpy as np
 from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
-from archsim import stats
-from archsim.stats import kernel_record
+from archsim.stats import extensive_memory_fields, kernel_record
 
 DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second) and four or more steady waves, the last the drain
 DEFAULT_MAX_ERROR = 0.03   # a head whose error estimate is above this grows (--sample-max-error)
@@ -85,7 +84,7 @@ class Sampled:
 
 def _scale_memory(mem: dict, f: float) -> dict:
     """Memory counters of the sampled waves with the extensive ones scaled by f."""
-    return stats.extensive_memory_fields(mem, lambda d, key, path: int(round(d[key] * f)))
+    return extensive_memory_fields(mem, lambda d, key, path: int(round(d[key] * f)))
 
 
 @dataclasses.dataclass

@@ -241,8 +241,9 @@ def count_launch(prog: Program, launch: Launch, params: np.ndarray, warp_width: 
         per_warp = np.zeros(nb * wpb, np.int64)
         run_loop(P, T, S, np.int64(MAX_STEPS - steps), out, weight, per_warp, visits)
         if int(out[0]) != DONE:
+            at = int(start[min(max(int(out[2]), 0), len(start) - 1)])   # the folded pc's first original pc
             return None, "the instruction counter did not finish (a fault, a deadlock or over " \
-                         f"{MAX_STEPS} steps at {prog.where(int(out[2]))})"
+                         f"{MAX_STEPS} steps at {prog.where(at)})"
         steps += int(out[3])
         counts[blocks] = per_warp.reshape(nb, wpb).sum(axis=1)
     if len(run_blocks) == 1 and len(run_blocks[0]) == 1 and B > 1:
