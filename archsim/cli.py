@@ -258,6 +258,9 @@ def cmd_asm(a) -> int:
     if a.max_instructions is not None and a.max_instructions <= 0:
         raise InputError("--max-instructions", f"{a.max_instructions}", "a positive integer")
     check_asm_args(machine, prog, a.timing)
+    if a.sample_interval and not a.timing:
+        raise InputError("--sample-interval", "interval sampling of a functional run",
+                         "--timing --sample --sample-interval")
     if a.timing:
         return _asm_timing(a, machine, prog, launch)
     args = default_args(prog)

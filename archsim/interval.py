@@ -147,10 +147,15 @@ def time_interval(prog: Program, machine, launch: Launch, args: dict, *, max_err
                   refresh: float = 0.0, stop_cycles: int = STOP_CYCLES) -> IntervalResult | None:
     """Time a one-wave launch by interval sampling (module docstring; ``stop_cycles`` is D); None
     when its control flow cannot be counted, and the caller simulates it whole."""
-    params = TI.param_values(prog, args)
-    counts, _ = count_launch(prog, launch, params, machine.cores.warp_width)
-    if counts is None and control_slice(prog, placed=True)[0] is None:
+    placed = control_slice(prog)[0] is None      # countable only once the blocks are on their cores
+    if placed and control_slice(prog, placed=True)[0] is None:
         return None
+    params = TI.param_values(prog, args)
+    counts = None
+    if not placed:
+        counts, _ = count_launch(prog, launch, params, machine.cores.warp_width)
+        if counts is None:
+            return None
     memory = _memory_pcs(prog)
     run = TI.start_kernel(prog, machine, launch, args, window_cycles=window_cycles, placement=placement)
     run.advance(1)                   # every block placed on its core (one wave): %coreid is known
@@ -189,7 +194,7 @@ def time_interval(prog: Program, machine, launch: Launch, args: dict, *, max_err
             info = {"instructions_total": total, "instructions_simulated": int(b.warp_instructions),
                     "interval_cycles": [int(t_a), int(t)], "stops": tried}
             return IntervalResult(timing, True, float(err), info)
-    if not run.done:
+    if not run.done and run.now < max_cycles:
         run.advance(max_cycles)
     timing = run.finish(max_cycles)
     info = {"instructions_total": total, "instructions_simulated": int(timing.warp_instructions), "stops": tried}
@@ -200,6 +205,8 @@ def _answer(a, b, issued_a, issued, pcs_a, pcs, t_a: int, t: int, counts, memory
     """(cycles, error estimate, extension factor) of the launch from the interval [t_a, t] between
     the counters a and b, and the blocks' and pcs' warp-instructions issued at both ends (module
     docstring); error 1 when the interval cannot answer."""
+    if t <= t_a:
+        return 0.0, 1.0, 0.0
     left = counts.per_block - issued
     busy = left > 0
     ipc = float((issued - issued_a).sum()) / (t - t_a)      # the machine's issue rate over the interval

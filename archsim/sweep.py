@@ -368,8 +368,11 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
 
 # ----------------------------------------------------------------------------- one run
 def _options_dict(o: RunOptions) -> dict:
-    return {"mode": o.mode, "sample": o.sample, "waves": o.waves, "max_error": o.max_error,
-            "max_cycles": o.max_cycles, "seed": o.seed}
+    d = {"mode": o.mode, "sample": o.sample, "waves": o.waves, "max_error": o.max_error,
+         "max_cycles": o.max_cycles, "seed": o.seed}
+    if o.interval:          # only when on: the run keys of sweeps without it stay as they were
+        d["interval"] = True
+    return d
 
 
 def execute(task: dict) -> dict:

@@ -128,3 +128,35 @@ LOOP:   add.i64 r2, r2, 1
     assert np.array_equal(counts.per_block, run.TS.blk_issued)
     clock, why = control_slice(assemble(src.replace("%coreid", "%clock")), placed=True)[:2]
     assert clock is None and "s2r" in why
+
+
+def test_every_store_to_a_slot_the_slice_reads_is_kept():
+    # the store's path exits before the load: another warp's load still sees it (slots are the block's)
+    prog = assemble(_HEAD + """
+        s2r r0, %tid.x
+        setp.lt.i64 p1, r0, 32
+   @p1  bra L
+        mov.b64 r1, 5
+        st.shared.b64 [8], r1
+        exit
+L:      ld.shared.b64 r2, [8]
+        mov.b64 r3, 0
+LOOP:   add.i64 r3, r3, 1
+        setp.lt.i64 p0, r3, r2
+   @p0  bra LOOP
+        exit
+""")
+    keep, why, _, shared = control_slice(prog)
+    assert keep is not None, why
+    assert keep[3] and keep[4] and shared == 16       # the mov and the store to slot [8]
+    copied = assemble(_HEAD + ".shared 64\n        ldparam r5, x\n        mov.b64 r6, 16\n"
+                      "        dma.get [0], [r5], r6\n" + """
+        ld.shared.b64 r2, [8]
+        mov.b64 r3, 0
+LOOP:   add.i64 r3, r3, 1
+        setp.lt.i64 p0, r3, r2
+   @p0  bra LOOP
+        exit
+""")
+    keep, why, _, _ = control_slice(copied)
+    assert keep is None and "bulk copy" in why

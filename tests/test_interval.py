@@ -110,3 +110,22 @@ def test_a_run_with_interval_sampling_names_it_in_its_records(tmp_path):
     doc = json.loads(out.read_text())
     assert all(k["sample_method"] in ("whole", "whole_after_fallback", "interval", "sampled")
                for k in doc["kernels"])
+
+
+def test_a_launch_that_faults_at_once_is_one_line(tmp_path, capsys):
+    src = tmp_path / "f.s"
+    text = SPIN.format(tail="").replace("ldparam r0, n", "ldparam r0, n\n        ld.global.b64 r9, [r0]")
+    src.write_text(text.replace(".launch", ".arg n = 20000\n.arg x f32[16] unbacked\n.launch"))
+    assert main(["asm", str(src), "--hw", "tiny-gpu", "--timing", "--sample", "--sample-interval", "--no-cache"]) == 3
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "outside global memory" in err[0]
+    assert main(["asm", str(src), "--hw", "tiny-gpu", "--sample-interval"]) == 2
+
+
+def test_a_sweep_passes_interval_sampling_to_its_runs():
+    from archsim.runner import RunOptions
+    from archsim.sweep import _options_dict
+
+    assert _options_dict(RunOptions(interval=True))["interval"] is True
+    assert "interval" not in _options_dict(RunOptions())      # the keys of sweeps without it are unchanged
+    assert RunOptions(**_options_dict(RunOptions(interval=True))).interval

@@ -266,7 +266,7 @@ def test_warp_slots_and_sub_cores_know_their_home(tiny):
     from archsim.engine import warps as WS
 
     C = K.make_core_cfg(tiny, 1024, slots=6, max_blocks=2)
-    TS = K.make_tstate(C, nregs=8, nblocks=4, wpb=3, regs_per_warp=8 * 32, smem_per_block=0)
+    TS = K.make_tstate(C, nregs=8, nblocks=4, wpb=3, regs_per_warp=8 * 32, smem_per_block=0, npc=1)
     cores, sub = int(C.v[K.C_CORES]), int(C.v[K.C_SUBCORES])
     for w in range(cores * 6):
         core, slot = divmod(w, 6)

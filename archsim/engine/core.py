@@ -67,7 +67,7 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
 
 
 def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int,
-                first_block: int = 0, end_block: int | None = None, core_order=None, npc: int = 1) -> TState:
+                first_block: int = 0, end_block: int | None = None, core_order=None, *, npc: int) -> TState:
     """Timing state for a launch of `nblocks` blocks of which blocks [first_block, end_block) run
     (all of them by default; a range serves wave sampling: the blocks keep their grid ids).
     ``core_order``: the order in which the first dispatch visits the cores (default 0, 1, ...;

@@ -56,6 +56,12 @@ def _slot_words(prog: Program, pc: int, op: O.Opcode):
     return range(addr // 8, (addr + op.access_bytes - 1) // 8 + 1)
 
 
+def _bulk_writes_slots(prog: Program, pc: int, op: O.Opcode) -> bool:
+    """A copy (cp.async, DMA, RMA) that writes the scratchpad at a constant address: its size is
+    a register's, so it may cover a slot (copies through a register address are taken not to)."""
+    return op.sem in ("cpasync", "dma_get", "rma_get", "rma_put") and prog.src0[pc] == NONE
+
+
 def _operands(prog: Program, pc: int, op: O.Opcode, word_bit: dict) -> tuple[int, int, int]:
     """(defined, killed, read) of one instruction as bit sets: register r is bit r, predicate p
     bit PRED_BIT + p, a scratchpad slot word its bit in ``word_bit``; its guard is read. A
@@ -120,20 +126,37 @@ def control_slice(prog: Program, placed: bool = False) -> tuple[np.ndarray | Non
         succ.append(tuple(s for s in _successors(prog, pc, sems[pc]) if 0 <= s < n))
     keep = np.array([s in CONTROL for s in sems], bool)
     live = [0] * n          # values some later control instruction may read, live into pc
-    changed = True
-    while changed:
-        changed = False
-        for pc in range(n - 1, -1, -1):
-            out = 0
-            for s in succ[pc]:
-                out |= live[s]
-            if not keep[pc] and dst[pc] & out:
+    slots = ~((1 << SLOT_BIT) - 1)
+    grew = True
+    while grew:
+        grew = False
+        changed = True
+        while changed:
+            changed = False
+            for pc in range(n - 1, -1, -1):
+                out = 0
+                for s in succ[pc]:
+                    out |= live[s]
+                if not keep[pc] and dst[pc] & out:
+                    keep[pc] = True
+                    changed = True
+                new = (out & ~kill[pc]) | (src[pc] if keep[pc] else 0)
+                if new != live[pc]:
+                    live[pc] = new
+                    changed = True
+        # a slot is the block's, not the thread's: another warp's store to a slot the slice reads
+        # reaches it whatever the path, so every store to such a slot is kept
+        read = 0
+        for pc in np.flatnonzero(keep):
+            read |= src[pc] & slots
+        for pc in range(n):
+            if not keep[pc] and dst[pc] & read:
                 keep[pc] = True
-                changed = True
-            new = (out & ~kill[pc]) | (src[pc] if keep[pc] else 0)
-            if new != live[pc]:
-                live[pc] = new
-                changed = True
+                live[pc] |= src[pc]
+                grew = True
+    if read and any(_bulk_writes_slots(prog, pc, ops[int(prog.op[pc])]) for pc in range(n)):
+        return None, "control flow depends on a scratchpad slot that a bulk copy at a constant address may write", \
+            False, 0
     per_block = False
     shared = 0
     for pc in np.flatnonzero(keep):

@@ -114,7 +114,7 @@ def run_loop(P, T, S, max_instructions, out, weight, counts, visits):
 def _run(P, T, S, max_instructions, out, weight, counts, visits):
     NW = S.wstate.shape[0]
     wpb = S.geom[X.G_WPB]
-    nblk = S.geom[X.G_NBLK]
+    nblk = NW // wpb  # the blocks this state holds (the instruction counter runs a launch in chunks)
     total = np.int64(0)
     while True:
         ran = False

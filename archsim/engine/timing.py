@@ -303,6 +303,7 @@ class KernelRun:
         self.out = np.zeros(5, np.int64)
         self.TL, self.tlk = MA.make_timeline(self.MS, window_cycles)
         self.simulated = 0          # warp-instructions counted into kernel_cache.stats so far
+        self.started = False
 
     @property
     def now(self) -> int:
@@ -310,12 +311,17 @@ class KernelRun:
 
     @property
     def done(self) -> bool:
-        return self.now > 0 and int(self.out[0]) != MA.CYCLE_LIMIT
+        """The launch ended (done, a fault or a deadlock); it can only go on after a cycle limit."""
+        return self.started and int(self.out[0]) != MA.CYCLE_LIMIT
 
     def advance(self, until: int) -> int:
-        """Run on until the launch ends or reaches cycle ``until``; returns the outcome."""
+        """Run on until the launch ends or reaches cycle ``until``; returns the outcome. A launch
+        that has ended stays as it is."""
         from archsim import kernel_cache
 
+        if self.done:
+            return int(self.out[0])
+        self.started = True
         MA.run_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
                     np.int64(until), self.skip, self.out, start=self.now)
         issued = int(self.out[3])
