@@ -46,16 +46,21 @@ _HEAD = """.kernel k
 """
 
 
+def _count_to(bound: str, counter: str) -> str:
+    """A loop that counts ``counter`` from 0 up to the value in ``bound``, then exits."""
+    return f"""        mov.b64 {counter}, 0
+LOOP:   add.i64 {counter}, {counter}, 1
+        setp.lt.i64 p0, {counter}, {bound}
+   @p0  bra LOOP
+        exit
+"""
+
+
 def test_a_loop_bound_loaded_from_memory_is_not_countable():
     prog = assemble(_HEAD + """
         ldparam r0, x
         ld.global.b64 r1, [r0]
-        mov.b64 r2, 0
-LOOP:   add.i64 r2, r2, 1
-        setp.lt.i64 p0, r2, r1
-   @p0  bra LOOP
-        exit
-""")
+""" + _count_to("r1", "r2"))
     keep, why, _, _ = control_slice(prog)
     assert keep is None and why == "control flow depends on ld.global.b64 at <asm>:7"
 
@@ -109,12 +114,7 @@ DONE:   exit
 def test_coreid_is_counted_once_blocks_are_placed_and_clock_never():
     src = _HEAD + """
         s2r r0, %coreid
-        mov.b64 r2, 0
-LOOP:   add.i64 r2, r2, 1
-        setp.lt.i64 p0, r2, r0
-   @p0  bra LOOP
-        exit
-"""
+""" + _count_to("r0", "r2")
     prog = assemble(src)
     machine = load_machine("tiny-gpu")
     launch = Launch((4, 1, 1), (64, 1, 1))
@@ -140,23 +140,11 @@ def test_every_store_to_a_slot_the_slice_reads_is_kept():
         st.shared.b64 [8], r1
         exit
 L:      ld.shared.b64 r2, [8]
-        mov.b64 r3, 0
-LOOP:   add.i64 r3, r3, 1
-        setp.lt.i64 p0, r3, r2
-   @p0  bra LOOP
-        exit
-""")
+""" + _count_to("r2", "r3"))
     keep, why, _, shared = control_slice(prog)
     assert keep is not None, why
     assert keep[3] and keep[4] and shared == 16       # the mov and the store to slot [8]
     copied = assemble(_HEAD + ".shared 64\n        ldparam r5, x\n        mov.b64 r6, 16\n"
-                      "        dma.get [0], [r5], r6\n" + """
-        ld.shared.b64 r2, [8]
-        mov.b64 r3, 0
-LOOP:   add.i64 r3, r3, 1
-        setp.lt.i64 p0, r3, r2
-   @p0  bra LOOP
-        exit
-""")
+                      "        dma.get [0], [r5], r6\n        ld.shared.b64 r2, [8]\n" + _count_to("r2", "r3"))
     keep, why, _, _ = control_slice(copied)
     assert keep is None and "bulk copy" in why

@@ -45,13 +45,12 @@ def shared_buffers(machine, sizes) -> list:
     return out
 
 
-def _place(prog: Program, args: dict, base: int | None = None, machine=None):
+def _layout(prog: Program, args: dict, base: int | None = None):
     """Lay buffers out as the functional runs do, from global address ``base`` (default
     GLOBAL_BASE, a multiple of ALIGN): in parameter order, ALIGN-aligned; an ``Unbacked(n, at=A)``
-    sits at A instead and the others are laid out around it. Backed buffers (numpy arrays) get
-    real bytes: the memory image covers [base, end of the last backed buffer); unbacked ones are
-    address space up to the highest end. Buffers must not overlap, and (given ``machine``) must
-    end within its DRAM capacity."""
+    sits at A instead and the others are laid out around it; buffers must not overlap. Returns
+    (parameter vector, spans, backed buffers {name: (address, array)}, byte images, base, end of
+    the last backed buffer, highest end); no memory image is built."""
     base = GLOBAL_BASE if base is None else int(base)
     if base < GLOBAL_BASE or base % ALIGN:
         raise InputError("buffer placement", f"layout base {base:#x}",
@@ -94,6 +93,14 @@ def _place(prog: Program, args: dict, base: int | None = None, machine=None):
         if a1 < e0:
             raise InputError(f"argument {n1}", f"at {a1:#x} it overlaps buffer {n0} [{a0:#x}, {e0:#x})",
                              "non-overlapping buffers (move its Unbacked(at=...))")
+    return params, spans, placed, images, base, backed_end, top
+
+
+def _place(prog: Program, args: dict, base: int | None = None, machine=None):
+    """The layout (_layout) and the memory image: backed buffers (numpy arrays) get real bytes,
+    the image covering [base, end of the last backed buffer); unbacked ones are address space up
+    to the highest end. Given ``machine``, the buffers must end within its DRAM capacity."""
+    params, spans, placed, images, base, backed_end, top = _layout(prog, args, base)
     if machine is not None:   # before the image is allocated
         check_device(machine, sum(e - a for a, e, _ in spans), f"the buffers of kernel {prog.name}",
                      f"kernel {prog.name}", "smaller buffers (sizes, footprint, batch or seq)")
@@ -106,13 +113,13 @@ def _place(prog: Program, args: dict, base: int | None = None, machine=None):
 
 def buffer_addresses(prog: Program, args: dict, base: int | None = None) -> dict[str, int]:
     """The global address each buffer argument gets (a pointer-chase table holds addresses)."""
-    params = _place(prog, args, base)[0]
+    params = _layout(prog, args, base)[0]
     return {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
 
 
 def param_values(prog: Program, args: dict, base: int | None = None) -> np.ndarray:
     """The kernel's parameter vector as a timing run sees it: buffer addresses and scalars."""
-    return _place(prog, args, base)[0]
+    return _layout(prog, args, base)[0]
 
 
 def make_timing_fstate(prog: Program, machine, launch: Launch, args: dict, scratch_rows: int,
