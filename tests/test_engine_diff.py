@@ -173,3 +173,21 @@ def test_numba_engine_matches_reference_on_random_programs(prog):
                                      f"reference {int(slow.regs[w, r, lane]):#x}\n{disassemble(prog)}")
     for r in (14, 15):
         assert np.array_equal(fast.regs[:, r, :], slow.regs[:, r, :])
+
+
+def test_integer_division_truncates_at_int64_min():
+    """div/rem truncate toward zero at the edge of the range (abs(INT64_MIN) overflows in 64 bits)."""
+    b = Builder("divedge", params=())
+    r = b.regs(8)
+    b.mov_b64(r + 0, -(2 ** 63))
+    for k, d in enumerate((2, 3, -3)):
+        b.emit("div.i64", r + 1 + 2 * k, r + 0, d)
+        b.emit("rem.i64", r + 2 + 2 * k, r + 0, d)
+    b.emit("div.i64", r + 7, r + 0, -7)
+    b.exit()
+    prog = b.build()
+    launch = Launch((1, 1, 1), (32, 1, 1))
+    want = [-(2 ** 62), 0, -3074457345618258602, -2, 3074457345618258602, -2, 1317624576693539401]
+    for engine in ("numba", "reference"):
+        got = run_functional(prog, {}, launch, engine=engine).regs[0, 1:8, 0].tolist()
+        assert got == want, engine

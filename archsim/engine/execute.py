@@ -846,9 +846,9 @@ def _int_op(sem, a, b, c):
             return np.int64(-1) if sem == S_DIV else a
         if b == -1:
             return -a if sem == S_DIV else np.int64(0)
-        q = abs(a) // abs(b)
-        if (a < 0) != (b < 0):
-            q = -q
+        q = a // b  # floor; truncate toward zero without abs(), which overflows at INT64_MIN
+        if q < 0 and q * b != a:
+            q += 1
         return q if sem == S_DIV else a - q * b
     if sem == S_AND:
         return a & b
