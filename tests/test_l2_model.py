@@ -230,3 +230,29 @@ def test_a_slice_with_more_mshrs_than_retry_room_of_old_loses_no_dram_request():
     res = run_micro("bandwidth", m, {"footprint_mib": 8}, max_cycles=3_000_000)
     assert res.complete and res.value > 0
     assert res.kernels[0]["bytes"]["dram_read"] >= 8 * 2**20
+
+
+@pytest.mark.parametrize("name,indexing", [("a100", "hashed"), ("h100", "hashed"), ("tiny-gpu", "consecutive"),
+                                           ("tiny-gpu", "hashed")])
+def test_a_contiguous_footprint_fills_every_set_of_every_slice_evenly(name, indexing):
+    """A slice indexes its sets by its own line numbers: a footprint of one half's capacity, read by
+    one SM (every line in its half's copies), puts exactly assoc lines in every set of every slice
+    of the half, so a chase below the half's capacity never misses (with the global line number some
+    sets held twice assoc lines at 80 % load)."""
+    from archsim.engine import cache as CA
+
+    m, MS = mstate(name, [f"l2.slice_indexing={indexing}"])
+    l2 = m.l2
+    sph = l2.slices // l2.halves
+    sets = int(MS.L2.cfg[CA.CFG_SETS])
+
+    def load(base, nbytes):
+        lines = np.arange(base, base + nbytes, l2.line_bytes)
+        mirror = slices(MS, lines) % sph
+        st = np.array([CA.set_index(MS.L2.cfg, int(a) // l2.line_bytes) for a in lines])
+        return np.bincount(mirror * sets + st, minlength=sph * sets)
+
+    half = l2.size_kib * 1024 // l2.halves
+    whole = load(0, half)
+    assert whole.min() == whole.max() == l2.assoc
+    assert load(3 << 30, half * 15 // 16).max() <= l2.assoc     # anywhere, below capacity: no set overflows

@@ -65,7 +65,11 @@ REPL_LRU, REPL_FIFO = 0, 1
 CFG_SETS, CFG_ASSOC, CFG_LINE_BYTES, CFG_LINE_SHIFT, CFG_SECTOR_BYTES, CFG_NSECT = 0, 1, 2, 3, 4, 5
 CFG_WRITE, CFG_ALLOC, CFG_REPL, CFG_HASH, CFG_SETS_POW2, CFG_SET_BITS = 6, 7, 8, 9, 10, 11
 CFG_MSHRS, CFG_MAX_MERGE, CFG_MSHR_SECTORS, CFG_SECTOR_SHIFT = 12, 13, 14, 15
-N_CFG = 16
+# how an L2 slice numbers its own lines (slice_local_line): lines per slice granule, slices per half
+# (0: the set index reads the global line number), lines per half-interleave chunk (0: no halves
+# interleave), halves
+CFG_SQ_LPG, CFG_SQ_SPH, CFG_SQ_HALF_LINES, CFG_SQ_HALVES = 16, 17, 18, 19
+N_CFG = 20
 # way columns: C.way[inst, set, way, WAY_*]
 WAY_VALID, WAY_DIRTY, WAY_STAMP, WAY_MSHR = 0, 1, 2, 3
 N_WAY = 4
@@ -240,9 +244,23 @@ def make_l2_state(machine, *, set_hash=True):
     if l2 is None:
         return None
     size = l2.size_kib * 1024 // l2.slices
-    return make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, l2.max_merge,
-                            WRITE_BACK, WRITE_ALLOCATE, REPLACEMENT[l2.replacement], set_hash=set_hash,
-                            mshr_sectors=l2.mshrs)
+    C = make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, l2.max_merge,
+                         WRITE_BACK, WRITE_ALLOCATE, REPLACEMENT[l2.replacement], set_hash=set_hash,
+                         mshr_sectors=l2.mshrs)
+    # a slice indexes its sets by its own line numbers (the address with the slice-select bits
+    # taken out, as mem_state.slice_of interleaves granules over the slices of a half), so that a
+    # contiguous footprint fills every set of every slice evenly, as a hardware slice indexing by
+    # the address bits above its select bits does
+    granule = machine.memory_controllers.address_mapping.interleave_bytes
+    if granule >= l2.line_bytes and granule % l2.line_bytes == 0:
+        sph = l2.slices // l2.halves
+        chunk = l2.interleave_bytes
+        C.cfg[CFG_SQ_LPG] = granule // l2.line_bytes
+        C.cfg[CFG_SQ_SPH] = sph
+        C.cfg[CFG_SQ_HALVES] = l2.halves
+        if l2.halves > 1 and chunk % granule == 0:
+            C.cfg[CFG_SQ_HALF_LINES] = chunk // l2.line_bytes
+    return C
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -312,13 +330,33 @@ def _set_of(line, sets, pow2, hashed, bits):
 
 
 @njit(**_NOREF)
+def slice_local_line(cfg, line):
+    """An L2 slice's own number for a global line number: the slice's granules numbered
+    consecutively (the half's granules, then every sph-th of them), the line's place in its granule
+    below. Each group of sph consecutive granules of a half covers each slice once (mem_state.
+    slice_of, hashed or not), so granule q of the half is the slice's granule q // sph. Without
+    CFG_SQ_SPH the global line number."""
+    sph = cfg[CFG_SQ_SPH]
+    if sph == 0:
+        return line
+    lpg = cfg[CFG_SQ_LPG]
+    hl = cfg[CFG_SQ_HALF_LINES]
+    if hl > 0:
+        q = line // (hl * cfg[CFG_SQ_HALVES]) * (hl // lpg) + (line % hl) // lpg
+    else:
+        q = line // lpg
+    return (q // sph) * lpg + line % lpg
+
+
+@njit(**_NOREF)
 def set_index(cfg, line):
-    """Set of a line number: line % sets, or with CFG_HASH a multiplicative hash of the higher bits
-    (line // sets) XORed (power-of-two sets) or added (other set counts) to it. Either way the
-    ``sets`` consecutive lines of one aligned group fill every set once (sweeps keep the whole
-    capacity), while strided streams (slice or channel interleaving, large power-of-two strides)
-    spread over the sets."""
-    return _set_of(line, cfg[CFG_SETS], cfg[CFG_SETS_POW2] != 0, cfg[CFG_HASH] != 0, cfg[CFG_SET_BITS])
+    """Set of a line number (an L2 slice's own number, slice_local_line): line % sets, or with
+    CFG_HASH a multiplicative hash of the higher bits (line // sets) XORed (power-of-two sets) or
+    added (other set counts) to it. Either way the ``sets`` consecutive lines of one aligned group
+    fill every set once (sweeps keep the whole capacity), while strided streams (large power-of-two
+    strides) spread over the sets."""
+    return _set_of(slice_local_line(cfg, line), cfg[CFG_SETS], cfg[CFG_SETS_POW2] != 0, cfg[CFG_HASH] != 0,
+                   cfg[CFG_SET_BITS])
 
 
 # ----------------------------------------------------------------------------- access / fill
