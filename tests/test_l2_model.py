@@ -233,26 +233,27 @@ def test_a_slice_with_more_mshrs_than_retry_room_of_old_loses_no_dram_request():
 
 
 @pytest.mark.parametrize("name,indexing", [("a100", "hashed"), ("h100", "hashed"), ("tiny-gpu", "consecutive"),
-                                           ("tiny-gpu", "hashed")])
+                                           ("tiny-gpu", "hashed"), ("a100", "consecutive")])
 def test_a_contiguous_footprint_fills_every_set_of_every_slice_evenly(name, indexing):
-    """A slice indexes its sets by its own line numbers: a footprint of one half's capacity, read by
-    one SM (every line in its half's copies), puts exactly assoc lines in every set of every slice
-    of the half, so a chase below the half's capacity never misses (with the global line number some
-    sets held twice assoc lines at 80 % load)."""
+    """A slice indexes its sets by its own line numbers: a footprint of what one SM can keep (half the
+    L2 with near replicas, every line in its half's copies; else all of it) puts exactly assoc lines
+    in every set of every slice, and below that no set overflows wherever the footprint starts (with
+    the global line number some sets held twice assoc lines at 80 % load)."""
     from archsim.engine import cache as CA
 
     m, MS = mstate(name, [f"l2.slice_indexing={indexing}"])
     l2 = m.l2
     sph = l2.slices // l2.halves
     sets = int(MS.L2.cfg[CA.CFG_SETS])
+    where = sph if l2.near_replicas else l2.slices
 
     def load(base, nbytes):
         lines = np.arange(base, base + nbytes, l2.line_bytes)
-        mirror = slices(MS, lines) % sph
+        sl = slices(MS, lines) % where
         st = np.array([CA.set_index(MS.L2.cfg, int(a) // l2.line_bytes) for a in lines])
-        return np.bincount(mirror * sets + st, minlength=sph * sets)
+        return np.bincount(sl * sets + st, minlength=where * sets)
 
-    half = l2.size_kib * 1024 // l2.halves
-    whole = load(0, half)
+    size = l2.size_kib * 1024 // (l2.halves if l2.near_replicas else 1)
+    whole = load(0, size)
     assert whole.min() == whole.max() == l2.assoc
-    assert load(3 << 30, half * 15 // 16).max() <= l2.assoc     # anywhere, below capacity: no set overflows
+    assert load(0x123456000, size * 15 // 16).max() <= l2.assoc

@@ -258,7 +258,11 @@ def make_l2_state(machine, *, set_hash=True):
         C.cfg[CFG_SQ_LPG] = granule // l2.line_bytes
         C.cfg[CFG_SQ_SPH] = sph
         C.cfg[CFG_SQ_HALVES] = l2.halves
-        if l2.halves > 1 and chunk % granule == 0:
+        # slice_of numbers granules within their half when the chunk is whole granules; with
+        # consecutive indexing that agrees with its global granule number modulo sph only when a
+        # chunk holds a multiple of sph granules (else the global number is the slice's)
+        if l2.halves > 1 and chunk % granule == 0 and (
+                l2.slice_indexing == "hashed" or (chunk // granule) % sph == 0):
             C.cfg[CFG_SQ_HALF_LINES] = chunk // l2.line_bytes
     return C
 
@@ -333,9 +337,9 @@ def _set_of(line, sets, pow2, hashed, bits):
 def slice_local_line(cfg, line):
     """An L2 slice's own number for a global line number: the slice's granules numbered
     consecutively (the half's granules, then every sph-th of them), the line's place in its granule
-    below. Each group of sph consecutive granules of a half covers each slice once (mem_state.
-    slice_of, hashed or not), so granule q of the half is the slice's granule q // sph. Without
-    CFG_SQ_SPH the global line number."""
+    below. Each group of sph consecutive granules covers each slice once (mem_state.slice_of), so
+    granule q is the slice's granule q // sph, q numbered within the half (CFG_SQ_HALF_LINES) or
+    globally as slice_of numbers it. Without CFG_SQ_SPH the global line number."""
     sph = cfg[CFG_SQ_SPH]
     if sph == 0:
         return line
