@@ -147,20 +147,23 @@ def time_interval(prog: Program, machine, launch: Launch, args: dict, *, max_err
                   refresh: float = 0.0, stop_cycles: int = STOP_CYCLES) -> IntervalResult | None:
     """Time a one-wave launch by interval sampling (module docstring; ``stop_cycles`` is D); None
     when its control flow cannot be counted, and the caller simulates it whole."""
-    placed = control_slice(prog)[0] is None      # countable only once the blocks are on their cores
-    if placed and control_slice(prog, placed=True)[0] is None:
-        return None
+    cslice = control_slice(prog)
+    placed = cslice[0] is None                   # countable only once the blocks are on their cores
+    if placed:
+        cslice = control_slice(prog, placed=True)
+        if cslice[0] is None:
+            return None
     params = TI.param_values(prog, args)
     counts = None
     if not placed:
-        counts, _ = count_launch(prog, launch, params, machine.cores.warp_width)
+        counts, _ = count_launch(prog, launch, params, machine.cores.warp_width, cslice=cslice)
         if counts is None:
             return None
     memory = _memory_pcs(prog)
     run = TI.start_kernel(prog, machine, launch, args, window_cycles=window_cycles, placement=placement)
     run.advance(1)                   # every block placed on its core (one wave): %coreid is known
     if counts is None:
-        counts, _ = count_launch(prog, launch, params, machine.cores.warp_width, run.TS.blk_core)
+        counts, _ = count_launch(prog, launch, params, machine.cores.warp_width, run.TS.blk_core, cslice=cslice)
         if counts is None:
             return None
     total = int(counts.per_block.sum())

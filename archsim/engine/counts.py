@@ -225,11 +225,12 @@ class Counts:
 
 
 def count_launch(prog: Program, launch: Launch, params: np.ndarray, warp_width: int,
-                 block_core: np.ndarray | None = None) -> tuple[Counts | None, str]:
+                 block_core: np.ndarray | None = None, cslice: tuple | None = None) -> tuple[Counts | None, str]:
     """(the launch's counts, ""), or (None, why it cannot be counted). ``params``: the parameter
     vector a timing run sees (timing.param_values); ``block_core``: the core each block runs on
-    (%coreid), when the launch has placed them all."""
-    keep, why, per_block, shared = control_slice(prog, block_core is not None)
+    (%coreid), when the launch has placed them all; ``cslice``: control_slice(prog, placed=
+    block_core is not None) when the caller has it."""
+    keep, why, per_block, shared = cslice if cslice is not None else control_slice(prog, block_core is not None)
     if keep is None:
         return None, why
     fprog, weight, start = fold(prog, keep, shared)
