@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from archsim.config import dram_burst_cycles, load_machine
 from archsim.engine.dram import (B_HITS, B_OPEN, H_BANK, H_OLDER, H_ROW, H_SEQ, H_YOUNGER, K_NSEEN, P_BFP, P_BINT,
-                                 P_BTAB, P_S, S_OLDEST, S_YOUNGEST, cross_base, dram_address,
+                                 P_BTAB, P_S, S_OLDEST, S_YOUNGEST, channel_address, cross_base, dram_address,
                                  dram_counters, dram_log, dram_map, dram_next_event, dram_queue_capacity, dram_step,
                                  make_dram_state, private_rows, refresh_first_due, refresh_interval, segment_base,
                                  segment_bytes)
@@ -303,10 +303,8 @@ def stream(m, n, *, random_rows=False, kind=KIND_READ, size=128, seed=0):
         for b, row in zip(rng.integers(0, m.dram.banks, n), rng.integers(0, 1 << 14, n)):
             r.add(0, dram_address(r.D, 0, int(b), int(row), 0), size, kind)
     else:
-        IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
         for i in range(n):
-            la = i * size
-            r.add(0, (la // IL * C) * IL + la % IL, size, kind)     # channel 0's own sequence
+            r.add(0, channel_address(r.D, 0, i * size), size, kind)   # channel 0's own sequence
     end = r.run()
     return r, end
 
@@ -499,7 +497,7 @@ def test_a_full_output_queue_blocks_and_loses_nothing():
     r = Run(m, out_cap=1)
     n = 120
     for i in range(n):
-        r.add(0, i * 64)
+        r.add(0, channel_address(r.D, i % r.C, i // r.C * 64))    # both channels
     r.run(until=400, pop=False)
     rec = r.counters()
     assert sum(x["blocked_cycles"] for x in rec) > 300
@@ -516,7 +514,8 @@ def test_a_full_output_queue_blocks_and_loses_nothing():
 @pytest.mark.parametrize("order", ["banks_low", "columns_low"])
 @pytest.mark.parametrize("name", ["tiny-gpu", "a100"])
 def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name, order, bank_hash):
-    m = machine(name, [f"memory_controllers.address_mapping.bank_order={order}",
+    m = machine(name, ["memory_controllers.address_mapping.kind=interleave",
+                       f"memory_controllers.address_mapping.bank_order={order}",
                        f"memory_controllers.address_mapping.bank_hash={bank_hash}"])
     D = make_dram_state(m)
     IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
@@ -530,6 +529,8 @@ def test_interleave_spreads_chunks_over_channels_and_streams_over_banks(name, or
     span = 2 * m.dram.banks * m.dram.row_bytes          # two rows of every bank
     locs = [dram_map(D, (la // IL * C) * IL + la % IL) for la in range(0, span, 128)]
     assert all(loc[0] == 0 for loc in locs)
+    assert [channel_address(D, 0, la) for la in range(0, span, 128)] == [(la // IL * C) * IL + la % IL
+                                                                       for la in range(0, span, 128)]
     same = sum((prev[1] // nbs, prev[1] // bpg) == (cur[1] // nbs, cur[1] // bpg) for prev, cur in zip(locs, locs[1:]))
     field = m.dram.bank_groups if order == "columns_low" else m.dram.banks   # the hashed field's size
     # row: never twice in a row; fold: only where a carry ripples through digits of the hash
@@ -564,10 +565,9 @@ def test_fold_keeps_a_gpu_streams_requests_spread_over_pseudo_channels(bank_hash
     and the channel, kept full, moves 0.76 of its peak; fold spreads them evenly and it moves 0.96."""
     local = np.load(STREAM_CH0)["local"].astype(np.int64)
     m = machine("a100", [f"memory_controllers.address_mapping.bank_hash={bank_hash}"] + NO_REFRESH)
-    IL, C = m.memory_controllers.address_mapping.interleave_bytes, m.dram.channels
     r = Run(m)
     for la in local:
-        r.add(0, int((la // IL * C) * IL + la % IL), 128)
+        r.add(0, channel_address(r.D, 0, int(la)), 128)
     S = int(r.D.prm[P_S])
     count = np.bincount([dram_map(r.D, r.R.addr[i])[1] // (m.dram.banks // S) for i in r.ids], minlength=S)
     end = r.run(skip=True)
@@ -582,7 +582,8 @@ def test_fold_keeps_a_gpu_streams_requests_spread_over_pseudo_channels(bank_hash
 def test_row_chunk_keeps_an_interleave_granule_in_one_row(order):
     """row_chunk_bytes 256: the two lines of each 256-B granule a channel gets share one bank row
     (consecutive columns), consecutive granules go to other banks, and the map inverts."""
-    m = machine("a100", [f"memory_controllers.address_mapping.bank_order={order}",
+    m = machine("a100", ["memory_controllers.address_mapping.kind=interleave",
+                         f"memory_controllers.address_mapping.bank_order={order}",
                          "memory_controllers.address_mapping.row_chunk_bytes=256"])
     D = make_dram_state(m)
     IL, C = 256, m.dram.channels
@@ -601,6 +602,47 @@ def test_row_chunk_must_divide_the_row():
     for bad in (192, 4096):
         with pytest.raises(InputError, match="row_chunk_bytes"):
             machine("a100", [f"memory_controllers.address_mapping.row_chunk_bytes={bad}"])
+
+
+@pytest.mark.parametrize("name", ["a100", "h100", "tiny-gpu"])
+def test_partitions_send_each_slice_to_its_own_channel(name):
+    """partitions: an address's channel is its home L2 slice's (a channel serves slices / channels
+    of its half, in order); the map is one-to-one and inverts, channel_address walks a channel's
+    own addresses, and a contiguous footprint of whole slice groups spreads evenly over channels."""
+    from archsim.engine import mem_state as ST
+
+    m = machine(name)
+    assert m.memory_controllers.address_mapping.kind == "partitions"
+    D = make_dram_state(m)
+    MS = ST.make_mstate(m, None)
+    C, l2 = m.dram.channels, m.l2
+    sph = l2.slices // l2.halves
+    spc = sph // (C // l2.halves)                       # slices a channel
+    span = 2 * l2.interleave_bytes * l2.halves * sph    # whole groups of sph granules in every half
+    rng = np.random.default_rng(3)
+    seen = {}
+    for a in np.concatenate([np.arange(0, span, 64), rng.integers(0, 1 << 36, 2000) // 32 * 32]):
+        loc = tuple(int(x) for x in dram_map(D, int(a)))
+        assert loc[0] == ST.slice_of(MS, int(a)) // spc  # half * sph + s -> half * (sph / spc) + s // spc
+        assert seen.setdefault(loc, int(a)) == int(a)
+        assert dram_address(D, *loc) == int(a)
+    counts = np.bincount([dram_map(D, a)[0] for a in range(0, span, 64)], minlength=C)
+    assert counts.min() == counts.max()
+    for c in (0, C - 1):
+        assert all(dram_map(D, channel_address(D, c, la))[0] == c for la in range(0, 1 << 16, 256))
+
+
+def test_partitions_need_an_l2_whose_slices_split_over_the_channels():
+    from archsim.errors import InputError
+
+    for name, sets, what in [("tiny-gpu", ["dram.channels=6"], "split evenly over its 6 / 2 channels"),
+                             ("a100", ["l2.slice_indexing=consecutive"], "a multiple of the 40 slices a half")]:
+        with pytest.raises(InputError, match=what):
+            machine(name, sets)
+    # without an L2 the controllers are the endpoints: addresses interleave over them
+    D = make_dram_state(machine("a100", ["l2=null"]))
+    IL = 256
+    assert [dram_map(D, i * IL)[0] for i in range(20)] == [i % 10 for i in range(20)]
 
 
 @pytest.mark.parametrize("name", ["tiny-sunway", "sw26010pro"])

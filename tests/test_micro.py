@@ -132,12 +132,13 @@ def test_stream_unroll_sets_the_loads_in_flight():
 def test_stream_on_some_cores_moves_what_those_cores_ask(tiny):
     """cores N: only N cores stream (the others idle). On tiny-gpu (2 SMs) each SM's stream is
     bound by the misses its L1 keeps in flight, far below the DRAM, so one SM moves about half of
-    what both move, and never more than its L1 fills a cycle."""
+    what both move (a little less: its sequential stream reaches one channel an 8-KB half chunk
+    at a time, where two SMs keep both busy), and never more than its L1 fills a cycle."""
     one = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25, "cores": 1})
     every = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25})
     cores = tiny.groups * tiny.cores.per_group
     assert cores == 2 and one.kernels[0]["grid"][0] * cores == every.kernels[0]["grid"][0]
-    assert 1.6 * one.value < every.value <= 2.05 * one.value
+    assert 1.6 * one.value < every.value <= 2.1 * one.value
     assert one.value <= tiny.l1.bytes_per_cycle * tiny.clock_ghz
     for bad in (-1, tiny.groups * tiny.cores.per_group + 1):
         with pytest.raises(InputError, match="cores"):

@@ -428,10 +428,13 @@ class L2(Frozen):
 
 class AddressMapping(Frozen):
     """interleave: addresses spread over all channels in interleave_bytes chunks.
+    partitions (GPUs): each channel serves the L2 slices of its memory partition (the half's
+    slices in order, slices / channels of them a channel), so an address's channel is its home
+    slice's; interleave_bytes is the slice granule. Without an L2, as interleave.
     segments (Sunway): each core group owns a private segment on its own controller, plus a cross
     segment interleaved over all controllers in interleave_bytes chunks."""
 
-    kind: Literal["interleave", "segments"]
+    kind: Literal["interleave", "partitions", "segments"]
     interleave_bytes: PosInt
     # Order of the bank and column fields in a channel-local address, low bits first (dram.py):
     # banks_low: [chunk | sub-channel | bank group | bank in group | column | row] (a stream visits
@@ -640,11 +643,33 @@ class Machine(Frozen):
             raise FieldError("memory_controllers.address_mapping.row_chunk_bytes", f"{rc} is not a power of two "
                              f"dividing dram.row_bytes {self.dram.row_bytes}",
                              f"a power of two dividing {self.dram.row_bytes}", ("dram.row_bytes",))
+        if mc.address_mapping.kind == "partitions":
+            self._check_partitions()
         if mc.address_mapping.kind == "segments" and mc.count % self.groups:
             raise FieldError("memory_controllers.count", f"segments mapping needs the {mc.count} controllers "
                              f"to split evenly over {self.groups} groups", f"a multiple of groups ({self.groups})",
                              ("groups", "memory_controllers.address_mapping.kind"))
         return self
+
+    def _check_partitions(self) -> None:
+        """The partitions mapping: every half's slices split evenly over that half's channels, and
+        the slice map numbers a half's granules as slice_map.half_granule does."""
+        where = "memory_controllers.address_mapping.kind"
+        l2, ch = self.l2, self.dram.channels
+        if l2 is None:
+            return                          # no slices: the controllers are the endpoints (interleave)
+        sph = l2.slices // l2.halves
+        if ch % l2.halves or sph % (ch // l2.halves):
+            raise FieldError(where, f"partitions needs each half's {sph} L2 slices split evenly over its "
+                             f"{ch} / {l2.halves} channels", "dram.channels a multiple of l2.halves dividing "
+                             "the slices", ("dram.channels", "l2.slices", "l2.halves"))
+        il = self.memory_controllers.address_mapping.interleave_bytes
+        if l2.halves > 1 and (l2.interleave_bytes % il or (
+                l2.slice_indexing != "hashed" and (l2.interleave_bytes // il) % sph)):
+            raise FieldError(where, f"partitions needs l2.interleave_bytes {l2.interleave_bytes} to hold a whole "
+                             f"number of {il}-B granules (with consecutive slices, a multiple of the {sph} "
+                             "slices a half)", "interleave, or l2.interleave_bytes a multiple of that",
+                             ("l2.interleave_bytes", "memory_controllers.address_mapping.interleave_bytes"))
 
 
 __all__ = [

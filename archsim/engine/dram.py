@@ -6,8 +6,9 @@ every channel of the machine. The caller owns the queues (``archsim.engine.queue
 ``q_out_base + c``. ``dram_step`` advances every channel by one memory-clock cycle;
 ``dram_next_event`` says when the next step can change anything (skip-ahead). Python helpers:
 ``make_dram_state``, ``dram_counters`` (per-channel records), ``dram_map`` / ``dram_address``
-(address <-> channel, bank, row, column), ``segment_base`` / ``cross_base`` (Sunway buffer
-placement), ``dram_queue_capacity``, ``refresh_first_due``, ``dram_log`` (command log, tests).
+(address <-> channel, bank, row, column), ``channel_address`` (a channel's own address ->
+address), ``segment_base`` / ``cross_base`` (Sunway buffer placement), ``dram_queue_capacity``,
+``refresh_first_due``, ``dram_log`` (command log, tests).
 
 Sub-channels
     A configured channel is one queue, one set of counters and ``dram.banks`` banks. Its data
@@ -35,6 +36,13 @@ Address mapping (``dram_map``; all divisions, so counts need not be powers of tw
     1. address -> (channel, channel-local address ``la``):
        * ``interleave``: chunk ``i = addr // IL`` (IL = interleave_bytes); channel ``i % C``;
          ``la = (i // C) * IL + addr % IL``.
+       * ``partitions`` (GPUs): a channel serves the L2 slices of its memory partition, so the
+         channel is the home slice's (``slice_map``: the address's half h and granule q within
+         the half, IL the slice granule; slice s of the half's sph). The half's C/halves channels
+         take sph / (C/halves) slices each, in order: channel ``h * C/halves + s // spc``,
+         ``la = ((q // sph) * spc + s % spc) * IL + addr % IL`` (spc slices a channel). A slice's
+         misses and write-backs all reach one controller, as in NVIDIA's frame-buffer
+         partitions and GPGPU-Sim's memory partitions. Without an L2: ``interleave``.
        * ``segments`` (Sunway): ``SEG = capacity_gib GiB / groups`` (rounded down to a multiple
          of IL x channels per group). Group g's private segment ``[g*SEG, (g+1)*SEG)`` is
          interleaved in IL chunks over the channels of g's own controller(s) only (controllers
@@ -127,6 +135,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.engine import dram_rules as DRR
+from archsim.engine import slice_map as SM
 from archsim.engine.jit import njit
 from archsim.engine.queues import KIND_WRITE
 
@@ -146,7 +155,8 @@ CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF
 (P_C, P_S, P_NB, P_NBS, P_BGS, P_BPG, P_MODE, P_IL, P_GROUPS, P_CPG, P_CPGC, P_CPC, P_NCTRL, P_SEG,
  P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
  P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
- P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_FOLD, P_NPRM) = range(49)
+ P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_FOLD, P_ILH, P_HALVES,
+ P_SPH, P_SPHB, P_HG, P_SHASH, P_NPRM) = range(55)
 P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
 
 COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
@@ -165,6 +175,7 @@ G_ACT, G_RD, G_WR, G_N = range(4)                                            # b
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
 K_INFN, K_RHEAD, K_NSEEN, K_LASTCOUNT, K_LOGN, K_ERR, K_WAKE, K_ASEQ, K_N = range(9)  # chan[C, :]
 ERR_QUEUE_CAP = 1                                                            # chan[c, K_ERR] bits
+MODE_INTERLEAVE, MODE_SEGMENTS, MODE_PARTITIONS = 0, 1, 2                    # prm[P_MODE]: address_mapping.kind
 
 
 class DramState(NamedTuple):
@@ -294,11 +305,15 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
     retcap = S * (max(t.tCL, t.tCWL) + bint + 3)
     groups = machine.groups
     segments = mc.address_mapping.kind == "segments"
+    mode = {"interleave": MODE_INTERLEAVE, "segments": MODE_SEGMENTS, "partitions": MODE_PARTITIONS}[
+        mc.address_mapping.kind]
+    if mode == MODE_PARTITIONS and machine.l2 is None:
+        mode = MODE_INTERLEAVE               # no slices: the controllers are the endpoints
     cpc = C // mc.count
 
     prm = np.zeros(P_NPRM + 2 * NB, np.int64)
     vals = {
-        P_C: C, P_S: S, P_NB: NB, P_NBS: NBS, P_BGS: BGS, P_BPG: BPG, P_MODE: int(segments),
+        P_C: C, P_S: S, P_NB: NB, P_NBS: NBS, P_BGS: BGS, P_BPG: BPG, P_MODE: mode,
         P_IL: mc.address_mapping.interleave_bytes, P_GROUPS: groups, P_CPG: C // groups if segments else C,
         P_CPGC: mc.count // groups if segments else mc.count, P_CPC: cpc, P_NCTRL: mc.count,
         P_SEG: _segment_bytes(machine), P_CHUNK: chunk, P_COLS: d.row_bytes // chunk, P_BB: d.burst_bytes,
@@ -311,6 +326,13 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
         P_REFPB: int(d.refresh == "per_bank"), P_TRFCPB: t.tRFCpb or t.tRFC, P_TREFIPB: refresh_interval(machine, S),
     }
+    if mode == MODE_PARTITIONS:              # the L2's slice map (slice_map.py), which picks the channel
+        l2c = machine.l2
+        sph = l2c.slices // l2c.halves
+        il = mc.address_mapping.interleave_bytes
+        vals.update({P_ILH: l2c.interleave_bytes, P_HALVES: l2c.halves, P_SPH: sph,
+                     P_SPHB: max(1, (sph - 1).bit_length()), P_SHASH: int(l2c.slice_indexing == "hashed"),
+                     P_HG: l2c.interleave_bytes // il if l2c.halves > 1 else 0})
     for k, v in vals.items():
         prm[k] = v
     for b in range(NB):
@@ -405,7 +427,7 @@ def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 
     the rows from there on to the cross segment."""
     p = [int(x) for x in D.prm]
     S, NB, NBS, BGS, BPG = p[P_S], p[P_NB], p[P_NBS], p[P_BGS], p[P_BPG]
-    CH, COLS, IL, C = p[P_CHUNK], p[P_COLS], p[P_IL], p[P_C]
+    CH, COLS = p[P_CHUNK], p[P_COLS]
     sc, rest = divmod(bank, NBS)
     bg, bk = divmod(rest, BPG)
     col_hi, off = divmod(column, CH)
@@ -417,9 +439,29 @@ def dram_address(D: DramState, channel: int, bank: int, row: int, column: int = 
         fbh = sc + S * (bg + BGS * bk)
         hi = row * COLS + col_hi
         la = (hi * NB + _unmix(p, fbh, hi, row, NB)) * CH + off
-    if p[P_MODE] == 0:
+    return channel_address(D, channel, la)
+
+
+def channel_address(D: DramState, channel: int, la: int) -> int:
+    """The byte address of channel-local address ``la`` of a channel (the inverse of step 1 of
+    the mapping): ``la = 0, 1, 2, ...`` walks the channel's own bytes in its order."""
+    p = [int(x) for x in D.prm]
+    IL, C = p[P_IL], p[P_C]
+    if p[P_MODE] == MODE_INTERLEAVE:
         li, lo = divmod(la, IL)
         return (li * C + channel) * IL + lo
+    if p[P_MODE] == MODE_PARTITIONS:
+        HV, sph = p[P_HALVES], p[P_SPH]
+        cph = C // HV
+        spc = sph // cph
+        k, lo = divmod(la, IL)
+        x, s = divmod(k, spc)
+        half, j = divmod(channel, cph)
+        q = x * sph + SM.unhash_slice(j * spc + s, x, sph, p[P_SPHB], p[P_SHASH])
+        if p[P_HG] == 0:
+            return q * IL + lo
+        chunk, within = divmod(q, p[P_HG])
+        return (chunk * HV + half) * p[P_ILH] + within * IL + lo
     SEG, G, CPG, CPGC, CPC, NCTRL = p[P_SEG], p[P_GROUPS], p[P_CPG], p[P_CPGC], p[P_CPC], p[P_NCTRL]
     if la < SEG // CPG:
         g = channel // CPG
@@ -436,7 +478,7 @@ def private_rows(D: DramState) -> int:
     """Rows per bank of a channel that hold its group's private segment (segments mapping; the
     cross segment's rows follow). 0 on an interleaved machine."""
     p = D.prm
-    if p[P_MODE] == 0:
+    if p[P_MODE] != MODE_SEGMENTS:
         return 0
     return int(p[P_SEG] // p[P_CPG] // (p[P_CHUNK] * p[P_NB] * p[P_COLS]))
 
@@ -448,9 +490,16 @@ def _local(p, addr):
     """address -> (channel, channel-local address)."""
     IL = p[P_IL]
     C = p[P_C]
-    if p[P_MODE] == 0:
+    if p[P_MODE] == MODE_INTERLEAVE:
         i = addr // IL
         return i % C, (i // C) * IL + addr % IL
+    if p[P_MODE] == MODE_PARTITIONS:
+        half, q = SM.half_granule(addr, p[P_ILH], p[P_HALVES], p[P_HG], IL)
+        sph = p[P_SPH]
+        sl = SM.slice_in_half(q, sph, p[P_SPHB], p[P_SHASH])
+        cph = C // p[P_HALVES]
+        spc = sph // cph
+        return half * cph + sl // spc, ((q // sph) * spc + sl % spc) * IL + addr % IL
     SEG = p[P_SEG]
     G = p[P_GROUPS]
     cpg = p[P_CPG]

@@ -17,6 +17,7 @@ from archsim.engine import dram as DR
 from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
+from archsim.engine import slice_map as SM
 from archsim.engine import warps as WS
 from archsim.engine.jit import njit
 from archsim.engine.queues import KIND_WRITE, Queues, Requests, make_queues, make_requests, n_spans
@@ -292,38 +293,14 @@ def slice_of(MS, addr):
     if cfg[M_HAS_L2] == 0:
         c, _, _, _ = DR.dram_map(MS.Dm, addr)
         return c // (cfg[M_CHANNELS] // cfg[M_SLICES])
-    half = (addr // cfg[M_IL_HALF]) % cfg[M_HALVES]
     sph = cfg[M_SPH]
     if cfg[M_SLICE_HASH] == 0:
-        return half * sph + (addr // cfg[M_IL_SLICE]) % sph
-    # hashed: number the half's own granules consecutively (the granules of a half-interleave
-    # chunk, then those of the half's next chunk), then permute each group of sph of them
-    g = cfg[M_HALF_GRAN]
-    if g > 0:
-        ilh = cfg[M_IL_HALF]
-        q = addr // (ilh * cfg[M_HALVES]) * g + (addr % ilh) // cfg[M_IL_SLICE]
-    else:
-        q = addr // cfg[M_IL_SLICE]
-    return half * sph + hashed_slice(q, sph, cfg[M_SPH_BITS])
+        return (addr // cfg[M_IL_HALF]) % cfg[M_HALVES] * sph + (addr // cfg[M_IL_SLICE]) % sph
+    half, q = SM.half_granule(addr, cfg[M_IL_HALF], cfg[M_HALVES], cfg[M_HALF_GRAN], cfg[M_IL_SLICE])
+    return half * sph + SM.hashed_slice(q, sph, cfg[M_SPH_BITS])
 
 
-@njit(cache=True)
-def hashed_slice(q, sph, bits):
-    """Slice within a half of interleave granule q (l2.slice_indexing: hashed): q's position in
-    its group of sph consecutive granules, XORed (sph a power of two) or added modulo sph (other
-    sph) with the XOR fold of the group number in `bits`-bit pieces. Each group of sph granules
-    still covers every slice once (sequential streams stay balanced), and granules sph apart,
-    or any power-of-two stride, land on different slices."""
-    lo = q % sph
-    x = q // sph
-    mask = (np.int64(1) << bits) - 1
-    h = np.int64(0)
-    while x > 0:
-        h ^= x & mask
-        x >>= bits
-    if sph & (sph - 1) == 0:
-        return lo ^ (h & (sph - 1))
-    return (lo + h) % sph
+hashed_slice = SM.hashed_slice
 
 
 @njit(cache=True)
