@@ -329,10 +329,8 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
     if mode == MODE_PARTITIONS:              # the L2's slice map (slice_map.py), which picks the channel
         l2c = machine.l2
         sph = l2c.slices // l2c.halves
-        il = mc.address_mapping.interleave_bytes
-        vals.update({P_ILH: l2c.interleave_bytes, P_HALVES: l2c.halves, P_SPH: sph,
-                     P_SPHB: max(1, (sph - 1).bit_length()), P_SHASH: int(l2c.slice_indexing == "hashed"),
-                     P_HG: l2c.interleave_bytes // il if l2c.halves > 1 else 0})
+        vals.update({P_ILH: l2c.interleave_bytes, P_HALVES: l2c.halves, P_SPH: sph, P_SPHB: SM.fold_bits(sph),
+                     P_SHASH: int(l2c.slice_indexing == "hashed"), P_HG: SM.half_granules(machine)})
     for k, v in vals.items():
         prm[k] = v
     for b in range(NB):

@@ -190,9 +190,8 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     cfg[M_Q_RFILL] = q_rfill
     cfg[M_REPL] = int(l2c is not None and l2c.near_replicas and l2c.halves > 1)
     cfg[M_SLICE_HASH] = int(l2c is not None and l2c.slice_indexing == "hashed")
-    cfg[M_SPH_BITS] = max(1, (int(cfg[M_SPH]) - 1).bit_length())
-    il_h, il_s = int(cfg[M_IL_HALF]), int(cfg[M_IL_SLICE])
-    cfg[M_HALF_GRAN] = il_h // il_s if (l2c is not None and l2c.halves > 1 and il_h % il_s == 0) else 0
+    cfg[M_SPH_BITS] = SM.fold_bits(int(cfg[M_SPH]))
+    cfg[M_HALF_GRAN] = SM.half_granules(machine)
     if private:
         seg = DR.segment_bytes(machine)
         if seg <= 0:

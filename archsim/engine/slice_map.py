@@ -15,6 +15,21 @@ import numpy as np
 from archsim.engine.jit import njit
 
 
+def fold_bits(sph: int) -> int:
+    """The piece width of hashed_slice's fold for sph slices a half."""
+    return max(1, (sph - 1).bit_length())
+
+
+def half_granules(machine) -> int:
+    """half_granule's half_gran: the slice granules in one l2.interleave_bytes chunk, or 0 (no L2,
+    one half, or a chunk that is not whole granules: granules numbered globally)."""
+    l2 = machine.l2
+    il = machine.memory_controllers.address_mapping.interleave_bytes
+    if l2 is None or l2.halves <= 1 or l2.interleave_bytes % il:
+        return 0
+    return l2.interleave_bytes // il
+
+
 @njit(cache=True)
 def half_granule(addr, il_half, halves, half_gran, il):
     """(half, q): the L2 half of ``addr`` and its granule number within the half (half_gran =
