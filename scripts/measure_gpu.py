@@ -16,6 +16,10 @@ curve compares the same kernel shape on the model and on the chip:
 - stream_kinds_occupancy: write and copy twins (4 chunks in flight a thread) against occupancy.
 - one_sm_stream: stream_ilp on one SM alone, 1 to 32 warps (the misses one SM keeps in flight).
 - l2_half_map: which L2 half each 32 B / 128 B / 1 KiB of memory lives in, from DRAM-miss latency.
+- mma_rate: mma.sync m16n8k16 (f16 in, f32 accumulators) a warp issues back to back, against warps an SM and
+  independent accumulator chains a warp (the tensor pipe's rate and latency as mma.sync sees them).
+- gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
+  cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
 
 Needs CuPy and PyTorch with a GPU. Writes JSON (one object per benchmark) to the path given, after
@@ -27,6 +31,7 @@ every benchmark, so a run cut short keeps what it measured.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 import traceback
@@ -253,6 +258,310 @@ extern "C" __global__ void stream_copy_ilp4(float4* __restrict__ a, const float4
         a[i] = v0; a[i + S] = v1; a[i + 2 * S] = v2; a[i + 3 * S] = v3;
     }
 }
+"""
+
+GEMM_TWIN_SRC = r"""
+// The twin of archsim's tensor-core GEMM (archsim/workloads/emit/gemm_gpu.py): C[M,N] (f32) = A[M,K] @ B[K,N]
+// (fp16, row-major). Block tile 128 x 128, k tile 64 halves (128-byte rows), 4 warps in a 2 x 2 grid of 64 x 64
+// warp tiles, a 4-stage cp.async.cg pipeline with one bar.sync per k tile, shared rows of 16-byte chunks XOR-
+// swizzled (chunk c of row r at c ^ (r % 8)), A fragments by ldmatrix.x4, B (k-major) by ldmatrix.x4.trans,
+// mma.sync.m16n8k16 f32 accumulators, blocks in grouped raster order (group, raster_n as archsim's _raster).
+// M, N multiples of 128 and K of 64.
+#define TW_BM 128
+#define TW_BN 128
+#define TW_BK 64
+#ifndef TW_S
+#define TW_S 4
+#endif
+#define TW_STAGE_BYTES 32768
+
+__device__ __forceinline__ void tw_cp16(unsigned dst, const void* src)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src));
+}
+
+// one 16-byte copy of tile kt's chunk q (0..2047: A's 1024, then B's 1024) into the stage at sbase
+__device__ __forceinline__ void tw_copy(unsigned sbase, const unsigned short* A, const unsigned short* B,
+                                        int m0, int n0, int kt, int N, int K, int q)
+{
+    if (q < 1024) {
+        int r = q >> 3, c = q & 7;
+        tw_cp16(sbase + r * 128 + ((c ^ (r & 7)) << 4), A + (size_t)(m0 + r) * K + (size_t)kt * TW_BK + c * 8);
+    } else {
+        q -= 1024;
+        int r = q >> 4, c = q & 15;
+        tw_cp16(sbase + 16384 + r * 256 + ((c ^ (r & 7)) << 4), B + (size_t)(kt * TW_BK + r) * N + n0 + c * 8);
+    }
+}
+
+// the A and B fragments of k-step ks of the stage at sA (B's half 16 KiB above)
+__device__ __forceinline__ void tw_frags(unsigned sA, int ks, int lane, int wm, int wn, unsigned (&a)[4][4],
+                                         unsigned (&bf)[8][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi) {
+        int r = wm * 64 + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a[mi][0]), "=r"(a[mi][1]), "=r"(a[mi][2]), "=r"(a[mi][3])
+                     : "r"(sA + r * 128 + ((c ^ (r & 7)) << 4)));
+    }
+#pragma unroll
+    for (int nj = 0; nj < 4; ++nj) {
+        int r = ks * 16 + (lane & 15), c = wn * 8 + nj * 2 + (lane >> 4);
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(bf[2 * nj][0]), "=r"(bf[2 * nj][1]), "=r"(bf[2 * nj + 1][0]), "=r"(bf[2 * nj + 1][1])
+                     : "r"(sA + 16384 + r * 256 + ((c ^ (r & 7)) << 4)));
+    }
+}
+
+__device__ __forceinline__ void tw_mma(float (&acc)[4][8][4], const unsigned (&a)[4][4], const unsigned (&bf)[8][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni)
+            asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                "{%0,%1,%2,%3};"
+                : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
+                : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]), "r"(bf[ni][0]), "r"(bf[ni][1]));
+}
+
+// CUTLASS's multistage order, as the emitter: fragments double buffered in registers (k-step s runs its mma
+// beside the ldmatrix of k-step s+1); tile kt+S-1's copies spread over k-steps 0-2 and committed after k-step
+// 2; the barrier before k-step 3, after which tile kt+1's first fragments load beside k-step 3's mma.
+extern "C" __global__ void __launch_bounds__(128) gemm_twin(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, float* __restrict__ C, int M, int N, int K, int group, int raster_n)
+{
+    extern __shared__ __align__(128) unsigned char tw_smem[];
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(tw_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    // grouped raster: groups of `group` tile rows sweep the tile columns
+    long long Q = gridDim.x, R = gridDim.y;
+    long long b = (long long)blockIdx.y * Q + blockIdx.x;
+    long long rows = raster_n ? Q : R, cols = raster_n ? R : Q;
+    long long per = (long long)group * cols, g = b / per;
+    b -= g * per;
+    long long row0 = g * group, nr = rows - row0 < group ? rows - row0 : group;
+    long long trow = row0 + b % nr, tcol = b / nr;
+    const int m0 = (int)(raster_n ? tcol : trow) * TW_BM, n0 = (int)(raster_n ? trow : tcol) * TW_BN;
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    const int KT = K / TW_BK;
+#pragma unroll
+    for (int s = 0; s < TW_S - 1; ++s) {
+        if (s < KT)
+#pragma unroll
+            for (int i = 0; i < 16; ++i) tw_copy(sm0 + s * TW_STAGE_BYTES, A, B, m0, n0, s, N, K, tid + i * 128);
+        asm volatile("cp.async.commit_group;");
+    }
+    asm volatile("cp.async.wait_group %0;" :: "n"(TW_S - 2));
+    __syncthreads();
+    unsigned fa[2][4][4], fb[2][8][2];
+    int rs = 0, ws = TW_S - 1;
+    tw_frags(sm0, 0, lane, wm, wn, fa[0], fb[0]);
+    for (int kt = 0; kt < KT; ++kt) {
+        const bool more = kt + TW_S - 1 < KT;
+        const unsigned wbase = sm0 + ws * TW_STAGE_BYTES;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            if (ks == 3) {
+                asm volatile("cp.async.wait_group %0;" :: "n"(TW_S - 2));
+                __syncthreads();
+                ws = rs;
+                rs = rs + 1 == TW_S ? 0 : rs + 1;
+                tw_frags(sm0 + rs * TW_STAGE_BYTES, 0, lane, wm, wn, fa[0], fb[0]);
+            } else {
+                tw_frags(sm0 + rs * TW_STAGE_BYTES, ks + 1, lane, wm, wn, fa[(ks + 1) & 1], fb[(ks + 1) & 1]);
+                if (more)
+#pragma unroll
+                    for (int i = ks * 16 / 3; i < (ks + 1) * 16 / 3; ++i)
+                        tw_copy(wbase, A, B, m0, n0, kt + TW_S - 1, N, K, tid + i * 128);
+                if (ks == 2) asm volatile("cp.async.commit_group;");
+            }
+            tw_mma(acc, fa[ks & 1], fb[ks & 1]);
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni) {
+            int r = m0 + wm * 64 + mi * 16 + (lane >> 2), c = n0 + wn * 64 + ni * 8 + (lane & 3) * 2;
+            *(float2*)(C + (size_t)r * N + c) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+            *(float2*)(C + (size_t)(r + 8) * N + c) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+        }
+}
+
+__device__ __forceinline__ void tw_load(unsigned sbase, const unsigned short* A, const unsigned short* B,
+                                        int m0, int n0, int kt, int N, int K, int tid)
+{
+#pragma unroll
+    for (int i = 0; i < 16; ++i) tw_copy(sbase, A, B, m0, n0, kt, N, K, tid + i * 128);
+}
+
+// The same kernel with each k-step's fragments loaded right before its mma and the tile's copies at the top of
+// the iteration (load, then compute): the instruction order is left to nvcc and ptxas.
+extern "C" __global__ void __launch_bounds__(128) gemm_twin_simple(const unsigned short* __restrict__ A,
+    const unsigned short* __restrict__ B, float* __restrict__ C, int M, int N, int K, int group, int raster_n)
+{
+    extern __shared__ __align__(128) unsigned char tw_smem[];
+    const unsigned sm0 = (unsigned)__cvta_generic_to_shared(tw_smem);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
+    // grouped raster: groups of `group` tile rows sweep the tile columns
+    long long Q = gridDim.x, R = gridDim.y;
+    long long b = (long long)blockIdx.y * Q + blockIdx.x;
+    long long rows = raster_n ? Q : R, cols = raster_n ? R : Q;
+    long long per = (long long)group * cols, g = b / per;
+    b -= g * per;
+    long long row0 = g * group, nr = rows - row0 < group ? rows - row0 : group;
+    long long trow = row0 + b % nr, tcol = b / nr;
+    const int m0 = (int)(raster_n ? tcol : trow) * TW_BM, n0 = (int)(raster_n ? trow : tcol) * TW_BN;
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.f;
+
+    const int KT = K / TW_BK;
+#pragma unroll
+    for (int s = 0; s < TW_S - 1; ++s) {
+        if (s < KT) tw_load(sm0 + s * TW_STAGE_BYTES, A, B, m0, n0, s, N, K, tid);
+        asm volatile("cp.async.commit_group;");
+    }
+    for (int kt = 0; kt < KT; ++kt) {
+        asm volatile("cp.async.wait_group %0;" :: "n"(TW_S - 2));
+        __syncthreads();
+        int nt = kt + TW_S - 1;
+        if (nt < KT) tw_load(sm0 + (nt % TW_S) * TW_STAGE_BYTES, A, B, m0, n0, nt, N, K, tid);
+        asm volatile("cp.async.commit_group;");
+        const unsigned sA = sm0 + (kt % TW_S) * TW_STAGE_BYTES, sB = sA + 16384;
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+            unsigned a[4][4], bf[8][2];
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi) {
+                int r = wm * 64 + mi * 16 + (lane & 15), c = ks * 2 + (lane >> 4);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(a[mi][0]), "=r"(a[mi][1]), "=r"(a[mi][2]), "=r"(a[mi][3])
+                             : "r"(sA + r * 128 + ((c ^ (r & 7)) << 4)));
+            }
+#pragma unroll
+            for (int nj = 0; nj < 4; ++nj) {
+                int r = ks * 16 + (lane & 15), c = wn * 8 + nj * 2 + (lane >> 4);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                             : "=r"(bf[2 * nj][0]), "=r"(bf[2 * nj][1]), "=r"(bf[2 * nj + 1][0]), "=r"(bf[2 * nj + 1][1])
+                             : "r"(sB + r * 256 + ((c ^ (r & 7)) << 4)));
+            }
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 8; ++ni)
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                                 "{%8,%9}, {%0,%1,%2,%3};"
+                                 : "+f"(acc[mi][ni][0]), "+f"(acc[mi][ni][1]), "+f"(acc[mi][ni][2]), "+f"(acc[mi][ni][3])
+                                 : "r"(a[mi][0]), "r"(a[mi][1]), "r"(a[mi][2]), "r"(a[mi][3]),
+                                   "r"(bf[ni][0]), "r"(bf[ni][1]));
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+#pragma unroll
+    for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 8; ++ni) {
+            int r = m0 + wm * 64 + mi * 16 + (lane >> 2), c = n0 + wn * 64 + ni * 8 + (lane & 3) * 2;
+            *(float2*)(C + (size_t)r * N + c) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+            *(float2*)(C + (size_t)(r + 8) * N + c) = make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+        }
+}
+"""
+
+MMA_RATE_SRC = r"""
+// mma.sync issue rate: each warp runs `iters` rounds of CH independent m16n8k16 f16 -> f32 mma (CH accumulator
+// chains); one block an SM; thread 0 times the block with clock64 between two barriers.
+template <int CH>
+__device__ __forceinline__ void mma_rounds(long long iters, float* sink, long long* cycles)
+{
+    unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3c003c00u, b1 = a0 | 0x3c00u;
+    float acc[CH][4];
+#pragma unroll
+    for (int c = 0; c < CH; ++c) acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.f;
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int c = 0; c < CH; ++c)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                         "{%0,%1,%2,%3};"
+                         : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    __syncthreads();
+    long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < CH; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (s == 1234.5f) sink[0] = s;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+// the same for bf16 (m16n8k16) and tf32 (m16n8k8: 1024 FMA an instruction), 8 chains
+extern "C" __global__ void mma_rate_bf16(long long iters, float* sink, long long* cycles)
+{
+    unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3f803f80u, b1 = a0 | 0x3f80u;
+    float acc[8][4] = {};
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                         "{%0,%1,%2,%3};"
+                         : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    __syncthreads();
+    long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (s == 1234.5f) sink[0] = s;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+extern "C" __global__ void mma_rate_tf32(long long iters, float* sink, long long* cycles)
+{
+    unsigned a0 = threadIdx.x | 0x3f800000u, a1 = a0 + 3u, a2 = a0 + 5u, a3 = a0 + 7u, b0 = a0 + 9u, b1 = a0 + 11u;
+    float acc[8][4] = {};
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                         "{%0,%1,%2,%3};"
+                         : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+    __syncthreads();
+    long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (s == 1234.5f) sink[0] = s;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+extern "C" __global__ void mma_rate1(long long iters, float* sink, long long* cycles) { mma_rounds<1>(iters, sink, cycles); }
+extern "C" __global__ void mma_rate2(long long iters, float* sink, long long* cycles) { mma_rounds<2>(iters, sink, cycles); }
+extern "C" __global__ void mma_rate4(long long iters, float* sink, long long* cycles) { mma_rounds<4>(iters, sink, cycles); }
+extern "C" __global__ void mma_rate8(long long iters, float* sink, long long* cycles) { mma_rounds<8>(iters, sink, cycles); }
 """
 
 QUICK = "--quick" in sys.argv
@@ -709,6 +1018,102 @@ def main(path: str) -> None:
             e1.synchronize()
             ts.append(e0.elapsed_time(e1))
         return float(np.median(ts))
+
+    @bench("mma_rate", path)
+    def _():
+        mod = cp.RawModule(code=MMA_RATE_SRC, options=("--std=c++17",))
+        cyc = cp.zeros(sms, cp.int64)
+        iters = 4096
+        pts = []
+        for chains in (1, 2, 4, 8):
+            fn = mod.get_function(f"mma_rate{chains}")
+            for warps in (1, 2, 4, 8, 16, 32):
+                fn((sms,), (32 * warps,), (np.int64(64), sinkf, cyc))
+                fn((sms,), (32 * warps,), (np.int64(iters), sinkf, cyc))
+                c = float(np.median(cyc.get()))
+                fma = warps * iters * chains * 2048 / c
+                pts.append([chains, warps, round(c), round(fma, 1)])
+                print(f"  mma_rate chains {chains} warps {warps}: {fma:.0f} FMA/clk/SM", flush=True)
+        other = []
+        for name, fma_each in (("bf16", 2048), ("tf32", 1024)):
+            fn = mod.get_function(f"mma_rate_{name}")
+            for warps in (1, 4, 8, 16):
+                fn((sms,), (32 * warps,), (np.int64(64), sinkf, cyc))
+                fn((sms,), (32 * warps,), (np.int64(iters), sinkf, cyc))
+                c = float(np.median(cyc.get()))
+                other.append([name, 8, warps, round(c), round(warps * iters * 8 * fma_each / c, 1)])
+                print(f"  mma_rate {name} chains 8 warps {warps}: {other[-1][-1]:.0f} FMA/clk/SM", flush=True)
+        return {"columns": ["chains_per_warp", "warps_per_sm", "cycles", "fma_per_clk_per_sm"],
+                "kernel": "mma.sync.m16n8k16.f32.f16.f16.f32, one block an SM", "iters": iters, "points": pts,
+                "other_dtypes": {"columns": ["dtype", "chains_per_warp", "warps_per_sm", "cycles", "fma_per_clk_per_sm"],
+                                 "kernels": "mma.sync.m16n8k16 bf16 / m16n8k8 tf32, f32 accumulators",
+                                 "points": other}}
+
+    def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
+        """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""
+        root = math.sqrt(cores)
+        rows, cols = sorted((tm, tn))
+        group = rows if rows <= 2 * root else -(-rows // max(1, round(rows / root)))
+        return group, int(tn < tm)
+
+    @bench("gemm_twin", path)
+    def _():
+        kern = cp.RawKernel(GEMM_TWIN_SRC, "gemm_twin")
+        kern.max_dynamic_shared_size_bytes = 131072
+
+        kern_simple = cp.RawKernel(GEMM_TWIN_SRC, "gemm_twin_simple")
+        kern_simple.max_dynamic_shared_size_bytes = 131072
+        kern3 = cp.RawKernel(GEMM_TWIN_SRC, "gemm_twin", options=("-DTW_S=3",))
+        kern3.max_dynamic_shared_size_bytes = 98304
+
+        def launch(a, b, c, m, n, k, fn=kern, smem=131072, per_sm=1):
+            group, raster_n = twin_raster(m // 128, n // 128, per_sm * sms)
+            fn((n // 128, m // 128), (128,), (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int32(group),
+                                             np.int32(raster_n)), shared_mem=smem)
+
+        m, n, k = 256, 384, 192
+        a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.standard_normal((k, n), dtype=cp.float32).astype(cp.float16)
+        c = cp.zeros((m, n), cp.float32)
+        launch(a, b, c, m, n, k)
+        c3, cs = cp.zeros((m, n), cp.float32), cp.zeros((m, n), cp.float32)
+        launch(a, b, c3, m, n, k, kern3, 98304, 2)
+        launch(a, b, cs, m, n, k, kern_simple)
+        ref = a.astype(cp.float32) @ b.astype(cp.float32)
+        err = max(float(cp.abs(out - ref).max() / cp.abs(ref).max()) for out in (c, c3, cs))
+        print(f"  gemm_twin {m}x{n}x{k}: max error / max |C| = {err:.2e}", flush=True)
+        if not err < 1e-3:
+            raise RuntimeError(f"gemm_twin is wrong: relative error {err}")
+        shapes = [(1024, 2304, 768), (1024, 768, 3072), (1024, 3072, 768), (1024, 1024, 1024), (2048, 2048, 2048),
+                  (4096, 4096, 4096), (2048, 12288, 12288), (8192, 8192, 8192)]
+        if QUICK:
+            shapes = shapes[:2]
+        pts = []
+        for m, n, k in shapes:
+            a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(cp.float16)
+            b = cp.random.standard_normal((k, n), dtype=cp.float32).astype(cp.float16)
+            c = cp.zeros((m, n), cp.float32)
+            ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
+            flops = 2 * m * n * k
+            inner = max(1, int(2e9 * 1000 / flops))   # back-to-back launches, about 2 ms at 1 PFLOP/s
+            ms_twin = cuda_ms(lambda: [launch(a, b, c, m, n, k) for _ in range(inner)], reps=5) / inner
+            clk_twin = sm_clock_mhz()
+            ms_cublas = cuda_ms(lambda: [torch.matmul(ta, tb) for _ in range(inner)], reps=5) / inner
+            clk_cublas = sm_clock_mhz()
+            ms_simple = cuda_ms(lambda: [launch(a, b, c, m, n, k, kern_simple) for _ in range(inner)], reps=5) / inner
+            ms_s3 = cuda_ms(lambda: [launch(a, b, c, m, n, k, kern3, 98304, 2) for _ in range(inner)], reps=5) / inner
+            pts.append([m, n, k, round(flops / (ms_twin * 1e-3) / 1e12, 1), round(clk_twin),
+                        round(flops / (ms_cublas * 1e-3) / 1e12, 1), round(clk_cublas),
+                        round(flops / (ms_s3 * 1e-3) / 1e12, 1), round(flops / (ms_simple * 1e-3) / 1e12, 1)])
+            print(f"  gemm_twin {m}x{n}x{k}: twin {pts[-1][3]} TFLOP/s at {clk_twin:.0f} MHz, cuBLAS {pts[-1][5]} at "
+                  f"{clk_cublas:.0f} MHz, twin with 3 stages (2 blocks an SM) {pts[-1][7]}, "
+                  f"simple twin {pts[-1][8]}", flush=True)
+            del a, b, c, ta, tb
+        return {"columns": ["m", "n", "k", "twin_tflops", "twin_sm_mhz_after", "cublas_tflops", "cublas_sm_mhz_after",
+                            "twin_3_stages_tflops", "twin_simple_tflops"],
+                "dtype": "fp16 in, f32 out (twin), fp16 out (cuBLAS)", "layout": "A[m,k] @ B[k,n]",
+                "kernel": "gemm_twin: archsim's mma.sync GEMM (128x128x64, 4 stages, 4 warps, grouped raster)",
+                "max_rel_error": err, "points": pts}
 
     @bench("gemm", path)
     def _():

@@ -219,6 +219,19 @@ def test_overlay_blamed_for_its_value(tmp_path):
         "(at most 8 KiB)")
 
 
+def test_mma_sync_rate_refusals():
+    assert error_line("h100", sets=["tensor.mma_sync_steps_per_cycle.fp16=9"]) == (
+        "--set tensor.mma_sync_steps_per_cycle.fp16: 9.0 exceeds mac_steps_per_cycle.fp16 8.0 "
+        "(at most 8.0, the unit's own rate)")
+    assert error_line("a100", sets=["tensor.mma_sync_steps_per_cycle.fp8=1"]) == (
+        "--set tensor.mma_sync_steps_per_cycle.fp8: fp8 has no mac_steps_per_cycle rate "
+        "(dtypes of mac_steps_per_cycle: fp16, bf16, tf32, fp64, int8)")
+    # lowering the peak below h100's mma.sync rate blames the value the user changed
+    assert error_line("h100", sets=["tensor.mac_steps_per_cycle.fp16=4"]) == (
+        "--set tensor.mac_steps_per_cycle.fp16: 5.3333 exceeds mac_steps_per_cycle.fp16 4.0 "
+        "(at most 4.0, the unit's own rate)")
+
+
 def test_cross_field_checks(tmp_path):
     assert error_line(sets=["scratchpad.size_kib=12"]) == (
         "--set scratchpad.size_kib: scratchpad.size_kib 12 is not an allowed carveout (one of: 0, 8, 16, 24)")

@@ -100,6 +100,26 @@ def test_mma_occupies_the_tensor_units_for_its_mac_steps(tiny):
     assert independent == pytest.approx(6 * busy, abs=1.0)
 
 
+def test_h100_mma_sync_runs_at_its_measured_rate_not_the_peak():
+    # measured on an H100 SXM5 (configs/reference/measured/h100-sxm5-gemm-twin.json, mma_rate): a sub-core
+    # issues one mma.sync every 6 cycles (m16n8k16 f16 and bf16, m16n8k8 tf32), and a dependent chain takes
+    # 24 cycles an instruction; the derived peak stays the units' own (wgmma's) 989 TFLOP/s
+    from archsim.config import peak_tflops
+    h100 = load_machine("h100")
+    setup = "    mov.b64 r24, 0\n    mov.b64 r25, 0"      # the fourth chain's r22..r25
+    for op in ("mma.m16n8k16.f32.f16", "mma.m16n8k16.f32.bf16"):
+        # four chains cover the latency (24 / 6), as on the chip; two leave it half exposed
+        independent = longer(h100, lambda i: f"{op} r{10 + 4 * (i % 4)}, r1, r5, r{10 + 4 * (i % 4)}", 8, setup=setup)
+        two = longer(h100, lambda i: f"{op} r{10 + 4 * (i % 2)}, r1, r5, r{10 + 4 * (i % 2)}", 8)
+        dependent = longer(h100, lambda i: f"{op} r10, r1, r5, r10", 8)
+        assert independent == pytest.approx(8 * 6, abs=1.0)
+        assert two == pytest.approx(8 * 12, abs=1.0)
+        assert dependent == pytest.approx(8 * 24, abs=1.0)
+    tf32 = longer(h100, lambda i: f"mma.m16n8k8.f32.tf32 r{10 + 4 * (i % 4)}, r1, r5, r{10 + 4 * (i % 4)}", 8, setup=setup)
+    assert tf32 == pytest.approx(8 * 6, abs=1.0)
+    assert round(peak_tflops(h100)["fp16"]) == 989
+
+
 def test_shared_memory_load_latency_and_bank_conflicts(tiny):
     lat = tiny.scratchpad.latency_cycles
     # a dependent chain: each load's address comes from the previous load (the value is 0)

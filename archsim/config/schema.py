@@ -193,6 +193,23 @@ class Tensor(Frozen):
     mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
     mac_steps_per_cycle: Annotated[FMap[TensorDtype, PosFloat], Field(min_length=1)]  # per unit
     latency_cycles: PosCycles                       # pipeline fill/drain after the last step
+    # per unit, the rate of the ISA's warp-level mma where it is below the unit's own (the peak): Hopper's
+    # units reach theirs only from warpgroup wgmma, which the ISA does not have; dtypes left out run at
+    # mac_steps_per_cycle
+    mma_sync_steps_per_cycle: FMap[TensorDtype, PosFloat] = Field(default_factory=FrozenDict)
+
+    @model_validator(mode="after")
+    def _check(self):
+        for dt, rate in self.mma_sync_steps_per_cycle.items():
+            peak = self.mac_steps_per_cycle.get(dt)
+            if peak is None:
+                raise FieldError(f"mma_sync_steps_per_cycle.{dt}", f"{dt} has no mac_steps_per_cycle rate",
+                                 "dtypes of mac_steps_per_cycle: " + ", ".join(self.mac_steps_per_cycle),
+                                 ("mac_steps_per_cycle",))
+            if rate > peak:
+                raise FieldError(f"mma_sync_steps_per_cycle.{dt}", f"{rate} exceeds mac_steps_per_cycle.{dt} {peak}",
+                                 f"at most {peak}, the unit's own rate", ("mac_steps_per_cycle",))
+        return self
 
 
 class Scratchpad(Frozen):

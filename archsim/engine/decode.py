@@ -96,7 +96,7 @@ def _static(op, machine, where: str) -> tuple:
         if t is None:
             raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor units", "a machine with tensor:")
         tdt = _TENSOR_DTYPE[op.src_dtype]
-        rate = t.mac_steps_per_cycle.get(tdt)
+        rate = t.mma_sync_steps_per_cycle.get(tdt, t.mac_steps_per_cycle.get(tdt))
         if rate is None:
             raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} do not run {tdt}",
                              "dtypes: " + ", ".join(t.mac_steps_per_cycle))
@@ -104,7 +104,7 @@ def _static(op, machine, where: str) -> tuple:
         am, an, ak = t.mac_array
         steps = math.ceil(m / am) * math.ceil(nn / an) * math.ceil(k / ak)
         units = max(t.units_per_core // machine.cores.subcores, 1)
-        busy = max(1, math.ceil(steps / (rate * units)))
+        busy = max(1, math.ceil(steps / (rate * units) - 1e-3))   # a rate such as 16/3 given as 5.3333
         ii, lat, src_kind = busy, busy + t.latency_cycles, SRC_FIXED
     elif op.unit not in ("dma", "rma"):
         pipe = _pipe_for(machine, op.unit, where)
