@@ -18,6 +18,8 @@ curve compares the same kernel shape on the model and on the chip:
 - l2_half_map: which L2 half each 32 B / 128 B / 1 KiB of memory lives in, from DRAM-miss latency.
 - mma_rate: mma.sync m16n8k16 (f16 in, f32 accumulators) a warp issues back to back, against warps an SM and
   independent accumulator chains a warp (the tensor pipe's rate and latency as mma.sync sees them).
+- mma_mix: mma.sync with FFMA or ldmatrix.x4 beside it in the same warp (what else a sub-core issues in the
+  shadow of its mma), 1 and 2 warps a sub-core.
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
   cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
@@ -258,6 +260,60 @@ extern "C" __global__ void stream_copy_ilp4(float4* __restrict__ a, const float4
         a[i] = v0; a[i + S] = v1; a[i + 2 * S] = v2; a[i + 3 * S] = v3;
     }
 }
+"""
+
+MMA_MIX_SRC = r"""
+// What else a warp issues beside its mma.sync: each iteration runs 4 independent m16n8k16 mma (one a chain),
+// NF independent FFMA after each mma, and NL ldmatrix.x4 (conflict-free, from shared memory, into registers not
+// read until the end) spread over the 4; the loop is unrolled twice so an ldmatrix's registers are rewritten 8
+// mma later. One block an SM, thread 0 times it with clock64.
+template <int NF, int NL>
+__device__ __forceinline__ void mix_half(float (&acc)[4][4], float (&f)[8], unsigned (&l)[4][4], unsigned a0,
+                                         unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1,
+                                         unsigned saddr, float x, float y)
+{
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#pragma unroll
+        for (int j = 0; j < NF; ++j)
+            asm volatile("fma.rn.f32 %0, %0, %1, %2;" : "+f"(f[(c * NF + j) & 7]) : "f"(x), "f"(y));
+        if (c < NL)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(l[c][0]), "=r"(l[c][1]), "=r"(l[c][2]), "=r"(l[c][3]) : "r"(saddr + c * 512));
+    }
+}
+
+template <int NF, int NL>
+__device__ __forceinline__ void mix(long long iters, float* sink, long long* cycles)
+{
+    __shared__ __align__(128) unsigned char buf[4096];
+    for (int i = threadIdx.x; i < 1024; i += blockDim.x) ((unsigned*)buf)[i] = i;
+    unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3c003c00u, b1 = a0 | 0x3c00u;
+    unsigned saddr = (unsigned)__cvta_generic_to_shared(buf) + (threadIdx.x & 31) * 16;
+    float acc[4][4] = {}, f[8] = {}, x = 1.0f + threadIdx.x * 1e-7f, y = 1e-7f;
+    unsigned l0[4][4] = {}, l1[4][4] = {};
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+        mix_half<NF, NL>(acc, f, l0, a0, a1, a2, a3, b0, b1, saddr, x, y);
+        mix_half<NF, NL>(acc, f, l1, a0, a1, a2, a3, b0, b1, saddr + 2048, x, y);
+    }
+    __syncthreads();
+    long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3] + (float)(l0[c][0] ^ l1[c][3]);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s += f[j];
+    if (s == 1234.5f) sink[0] = s;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+#define MIX(NF, NL) extern "C" __global__ void mix_f##NF##_l##NL(long long it, float* s, long long* c) { mix<NF, NL>(it, s, c); }
+MIX(0, 0) MIX(1, 0) MIX(2, 0) MIX(4, 0) MIX(8, 0) MIX(0, 1) MIX(0, 2) MIX(0, 4) MIX(2, 1)
 """
 
 GEMM_TWIN_SRC = r"""
@@ -1048,6 +1104,27 @@ def main(path: str) -> None:
                 "other_dtypes": {"columns": ["dtype", "chains_per_warp", "warps_per_sm", "cycles", "fma_per_clk_per_sm"],
                                  "kernels": "mma.sync.m16n8k16 bf16 / m16n8k8 tf32, f32 accumulators",
                                  "points": other}}
+
+    @bench("mma_mix", path)
+    def _():
+        mod = cp.RawModule(code=MMA_MIX_SRC, options=("--std=c++17",))
+        cyc = cp.zeros(sms, cp.int64)
+        iters = 2048
+        pts = []
+        for nf, nl in ((0, 0), (1, 0), (2, 0), (4, 0), (8, 0), (0, 1), (0, 2), (0, 4), (2, 1)):
+            fn = mod.get_function(f"mix_f{nf}_l{nl}")
+            for warps in (4, 8):
+                fn((sms,), (32 * warps,), (np.int64(16), sinkf, cyc))
+                fn((sms,), (32 * warps,), (np.int64(iters), sinkf, cyc))
+                c = float(np.median(cyc.get()))
+                per = c / (iters * 8 * warps // 4)
+                pts.append([nf, nl, warps, round(c), round(per, 3)])
+                print(f"  mma_mix ffma/mma {nf} ldmatrix/4 mma {nl} warps {warps}: {per:.2f} cycles an mma a sub-core",
+                      flush=True)
+        return {"columns": ["ffma_per_mma", "ldmatrix_x4_per_4_mma", "warps_per_sm", "cycles",
+                            "cycles_per_mma_per_subcore"],
+                "kernel": "mix_f*_l*: 4 independent mma.sync m16n8k16 chains a warp, FFMA / ldmatrix.x4 between",
+                "iters": iters, "points": pts}
 
     def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
         """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""

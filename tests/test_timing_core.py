@@ -118,6 +118,29 @@ def test_h100_mma_sync_runs_at_its_measured_rate_not_the_peak():
     tf32 = longer(h100, lambda i: f"mma.m16n8k8.f32.tf32 r{10 + 4 * (i % 4)}, r1, r5, r{10 + 4 * (i % 4)}", 8, setup=setup)
     assert tf32 == pytest.approx(8 * 6, abs=1.0)
     assert round(peak_tflops(h100)["fp16"]) == 989
+    # an ldmatrix.x4 beside every mma hides in its shadow, as on the chip (6.2 cycles an mma, mma_mix)
+    setup += "\n    s2r r120, %laneid\n    mul.i64 r120, r120, 16"
+    beside = longer(h100, lambda i: f"mma.m16n8k16.f32.f16 r{10 + 4 * (i % 4)}, r1, r5, r{10 + 4 * (i % 4)}\n    "
+                    f"ldmatrix.x4 r{70 + 4 * (i % 8)}, [r120+{(i % 4) * 512}]", 8, setup=setup, shared=4096)
+    assert beside == pytest.approx(8 * 6, abs=1.0)
+
+
+@pytest.mark.parametrize("ffma, cycles", [(2, 6), (4, 8), (8, 12)])
+def test_h100_mma_operand_reads_hold_the_arithmetic_pipes(ffma, cycles):
+    # an mma's operand reads keep its sub-core's arithmetic pipes for tensor.operand_hold_cycles (4): n
+    # independent FFMA after each of 4 mma chains cost max(6, 4 + n) cycles an mma; the chip, 2 warps a
+    # sub-core: 6.8, 7.8, 12.2 (configs/reference/measured/h100-sxm5-mma-mix.json)
+    h100 = load_machine("h100")
+    setup = "    mov.b64 r24, 0\n    mov.b64 r25, 0\n" + "\n".join(f"    mov.f32 r{r}, 1.0" for r in range(50, 70))
+
+    def unit(i):
+        fmas = "".join(f"\n    fma.f32 r{61 + (i * ffma + j) % 8}, r{61 + (i * ffma + j) % 8}, r50, r50"
+                       for j in range(ffma))
+        return f"mma.m16n8k16.f32.f16 r{10 + 4 * (i % 4)}, r1, r5, r{10 + 4 * (i % 4)}" + fmas
+    assert longer(h100, unit, 8, setup=setup) == pytest.approx(8 * cycles, abs=1.0)
+    # without the hold the FFMA hide in the mma's 6 cycles until they need more issue slots than it leaves
+    free = load_machine("h100", sets=["tensor.operand_hold_cycles=1"])
+    assert longer(free, unit, 8, setup=setup) == pytest.approx(8 * max(6, 1 + ffma), abs=1.0)
 
 
 def test_shared_memory_load_latency_and_bank_conflicts(tiny):

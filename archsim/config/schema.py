@@ -197,6 +197,10 @@ class Tensor(Frozen):
     # units reach theirs only from warpgroup wgmma, which the ISA does not have; dtypes left out run at
     # mac_steps_per_cycle
     mma_sync_steps_per_cycle: FMap[TensorDtype, PosFloat] = Field(default_factory=FrozenDict)
+    # cycles from an mma's issue during which its sub-core's arithmetic pipes (those serving none of lsu,
+    # shfl, ctrl, sync) take no other instruction: the mma's A, B and C operands hold the register-file
+    # reads (1: only its own issue cycle)
+    operand_hold_cycles: PosCycles = 1
 
     @model_validator(mode="after")
     def _check(self):

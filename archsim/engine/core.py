@@ -45,7 +45,9 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W, C_N) = range(11)
+ C_W, C_MMA_HOLD, C_HOLD_PIPES, C_N) = range(13)
+# pipes serving any of these unit classes do not wait out an mma's operand reads (C_HOLD_PIPES)
+_UNHELD_UNITS = ("lsu", "shfl", "ctrl", "sync")
 
 
 def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blocks: int | None = None) -> CoreCfg:
@@ -63,6 +65,9 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
     v[C_ISSUE] = c.issue_per_cycle
     v[C_NPIPES] = len(machine.pipes)
     v[C_W] = c.warp_width
+    v[C_MMA_HOLD] = machine.tensor.operand_hold_cycles if machine.tensor is not None else 1
+    v[C_HOLD_PIPES] = sum(1 << i for i, p in enumerate(machine.pipes.values())
+                          if not any(u in _UNHELD_UNITS for u in p.serves))
     return CoreCfg(v)
 
 
@@ -382,6 +387,12 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
     if cls == D.CLS_TENSOR:
         TS.tensor_free[core, sub] = now + ii
         TS.pipe_busy_cycles[core, TS.pipe_busy_cycles.shape[1] - 1] += ii
+        hold = C.v[C_MMA_HOLD]
+        if hold > 1:  # its operand reads keep the sub-core's arithmetic pipes from issuing
+            held = C.v[C_HOLD_PIPES]
+            for p in range(C.v[C_NPIPES]):
+                if (held >> p) & 1 and TS.pipe_free[core, sub, p] < now + hold:
+                    TS.pipe_free[core, sub, p] = now + hold
     elif Dd.pipe[pc] >= 0:
         TS.pipe_free[core, sub, Dd.pipe[pc]] = now + ii
         TS.pipe_busy_cycles[core, Dd.pipe[pc]] += ii
