@@ -20,6 +20,8 @@ curve compares the same kernel shape on the model and on the chip:
   independent accumulator chains a warp (the tensor pipe's rate and latency as mma.sync sees them).
 - mma_mix: mma.sync with FFMA or ldmatrix.x4 beside it in the same warp (what else a sub-core issues in the
   shadow of its mma), 1 and 2 warps a sub-core.
+- smem_mix: cp.async fills into shared memory (from L1 with .ca, from L2 with .cg) beside ldmatrix.x4
+  reads, alone and together: whether fills take the shared-memory array's cycles.
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
   cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
@@ -314,6 +316,67 @@ __device__ __forceinline__ void mix(long long iters, float* sink, long long* cyc
 }
 #define MIX(NF, NL) extern "C" __global__ void mix_f##NF##_l##NL(long long it, float* s, long long* c) { mix<NF, NL>(it, s, c); }
 MIX(0, 0) MIX(1, 0) MIX(2, 0) MIX(4, 0) MIX(8, 0) MIX(0, 1) MIX(0, 2) MIX(0, 4) MIX(2, 1)
+"""
+
+SMEM_MIX_SRC = r"""
+// Shared-memory traffic of cp.async fills beside ldmatrix: each warp runs `iters` rounds of NC cp.async
+// (16 B a lane, 512 B a warp) from global memory into a ring of shared memory and NL ldmatrix.x4 (512 B a warp)
+// from another region; a commit group a round, at most 6 in flight. CA: cp.async.ca from a 16 KiB window of
+// the block's own (L1-resident after the first round); else .cg from a 4 MiB window (L2-resident). One block
+// an SM; thread 0 times it with clock64.
+template <int NC, int NL, bool CA>
+__device__ __forceinline__ void smem_mix(const float4* __restrict__ src, long long iters, unsigned* sink,
+                                         long long* cycles)
+{
+    extern __shared__ __align__(128) unsigned char sm[];
+    const unsigned base = (unsigned)__cvta_generic_to_shared(sm);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const unsigned ring = base + 8192, ring_bytes = 32768;
+    const long long window = CA ? 1024 : 262144;          // float4 chunks: 16 KiB or 4 MiB
+    const float4* s = src + (CA ? (long long)blockIdx.x * 1024 : 0);
+    unsigned acc = 0;
+    long long off = (long long)warp * 32 + lane;
+    unsigned wpos = (unsigned)(warp * 512 + lane * 16);
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const float4* g = s + (off % window);
+            unsigned d = ring + (wpos % ring_bytes);
+            if (CA)
+                asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(d), "l"(g));
+            else
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(d), "l"(g));
+            off += nw * 32;
+            wpos += nw * 512;
+        }
+        asm volatile("cp.async.commit_group;");
+        unsigned l[NL > 0 ? NL : 1][4];
+#pragma unroll
+        for (int c = 0; c < NL; ++c)
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(l[c][0]), "=r"(l[c][1]), "=r"(l[c][2]), "=r"(l[c][3])
+                         : "r"(base + ((c * 4 + warp) & 15) * 512 + lane * 16));
+#pragma unroll
+        for (int c = 0; c < NL; ++c) acc ^= l[c][0] ^ l[c][1] ^ l[c][2] ^ l[c][3];
+        asm volatile("cp.async.wait_group 6;");
+    }
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+    long long t1 = clock64();
+    if (acc == 0x12345678u) sink[0] = acc;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+#define SMIX(NC, NL, CA, NAME) extern "C" __global__ void NAME(const float4* s, long long it, unsigned* k, long long* c) \
+    { smem_mix<NC, NL, CA>(s, it, k, c); }
+SMIX(0, 4, false, smix_l4)
+SMIX(4, 0, true, smix_ca4)
+SMIX(4, 0, false, smix_cg4)
+SMIX(4, 4, true, smix_ca4_l4)
+SMIX(4, 4, false, smix_cg4_l4)
+SMIX(2, 4, true, smix_ca2_l4)
+SMIX(1, 4, false, smix_cg1_l4)
 """
 
 GEMM_TWIN_SRC = r"""
@@ -1125,6 +1188,29 @@ def main(path: str) -> None:
                             "cycles_per_mma_per_subcore"],
                 "kernel": "mix_f*_l*: 4 independent mma.sync m16n8k16 chains a warp, FFMA / ldmatrix.x4 between",
                 "iters": iters, "points": pts}
+
+    @bench("smem_mix", path)
+    def _():
+        mod = cp.RawModule(code=SMEM_MIX_SRC, options=("--std=c++17",))
+        cyc = cp.zeros(sms, cp.int64)
+        src = cp.zeros(max(sms * 1024, 262144) * 4, cp.float32)
+        sink = cp.zeros(4, cp.uint32)
+        iters = 2048
+        pts = []
+        for name, nc, nl in (("smix_l4", 0, 4), ("smix_ca4", 4, 0), ("smix_cg4", 4, 0), ("smix_ca4_l4", 4, 4),
+                             ("smix_cg4_l4", 4, 4), ("smix_ca2_l4", 2, 4), ("smix_cg1_l4", 1, 4)):
+            fn = mod.get_function(name)
+            for warps in (8, 16):
+                fn((sms,), (32 * warps,), (src, np.int64(64), sink, cyc), shared_mem=40960)
+                fn((sms,), (32 * warps,), (src, np.int64(iters), sink, cyc), shared_mem=40960)
+                c = float(np.median(cyc.get()))
+                cp_b, ld_b = warps * iters * nc * 512 / c, warps * iters * nl * 512 / c
+                pts.append([name, warps, round(c), round(cp_b, 1), round(ld_b, 1)])
+                print(f"  smem_mix {name} warps {warps}: cp.async {cp_b:.1f} + ldmatrix {ld_b:.1f} = "
+                      f"{cp_b + ld_b:.1f} B/clk/SM", flush=True)
+        return {"columns": ["kernel", "warps_per_sm", "cycles", "cp_async_bytes_per_clk", "ldmatrix_bytes_per_clk"],
+                "kernel": "smem_mix: NC cp.async (.ca from a 16 KiB L1-resident window / .cg from 4 MiB in L2) and "
+                          "NL ldmatrix.x4 a round, one block an SM", "iters": iters, "points": pts}
 
     def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
         """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""
