@@ -175,3 +175,39 @@ def test_more_cp_async_groups_in_flight_than_the_ring_holds_is_a_clear_error(gro
     else:
         with pytest.raises(SimulationError, match=r"opens group \d+ while group \d+ still has copies in flight"):
             run()
+
+
+CP_WAIT_ORDER_KERNEL = """
+.kernel wait_order
+.param src
+.shared 512
+.launch grid=1 block=32
+.arg src f32[32768] zeros
+        s2r     r0, %tid.x
+        shl.b64 r1, r0, 4
+        ldparam r2, src
+        add.i64 r2, r2, r1
+        cp.async.16 [r1], [r2]
+        cp.async.commit
+        cp.async.commit
+        cp.async.wait {n}
+        exit
+"""
+
+
+def test_cp_async_wait_n_waits_for_every_group_but_the_newest_n():
+    """PTX cp.async.wait_group: group 0 (a copy from DRAM) is still in flight when the empty group 1
+    is done, and `wait 1` must wait for it as `wait 0` does; `wait 2` goes on at once."""
+    from archsim.config import load_machine
+    from archsim.engine.launch import default_args
+    from archsim.engine.timing import time_kernel
+    from archsim.isa.asm import assemble
+    from archsim.isa.program import Launch
+
+    def cycles(n):
+        prog = assemble(CP_WAIT_ORDER_KERNEL.format(n=n))
+        return time_kernel(prog, load_machine("tiny-gpu"), Launch((1, 1, 1), (32, 1, 1)),
+                           default_args(prog, timing=True)).cycles
+    c0, c1, c2 = cycles(0), cycles(1), cycles(2)
+    assert c1 == c0
+    assert c2 < c0 - 100   # the copy's DRAM round trip is hundreds of cycles

@@ -332,14 +332,12 @@ def waiting_done(TS, w):
     """Is a warp in a wait state (cp.async.wait, dma.wait, rma.wait) free to go on?"""
     st = TS.wst[w]
     if st == T_CPWAIT:
-        # committed groups (numbers cp_oldest .. cp_open-1) that still have copies in flight
+        # PTX cp.async.wait_group: every committed group but the newest wait_arg is complete (groups
+        # complete out of order; a newer one done does not excuse an older one). cp_oldest: the
+        # oldest committed group that may still have copies in flight
         while TS.cp_oldest[w] < TS.cp_open[w] and TS.cp_pending[w, TS.cp_oldest[w] % CP_GROUPS] == 0:
             TS.cp_oldest[w] += 1
-        n = 0
-        for g in range(TS.cp_oldest[w], TS.cp_open[w]):
-            if TS.cp_pending[w, g % CP_GROUPS] > 0:
-                n += 1
-        return n <= TS.wait_arg[w]
+        return TS.cp_oldest[w] >= TS.cp_open[w] - TS.wait_arg[w]
     if st == T_DMAWAIT:
         return TS.bulk_pending[w, 0] <= TS.wait_arg[w]
     if st == T_RMAWAIT:
