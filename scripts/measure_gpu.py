@@ -20,6 +20,8 @@ curve compares the same kernel shape on the model and on the chip:
   independent accumulator chains a warp (the tensor pipe's rate and latency as mma.sync sees them).
 - mma_mix: mma.sync with FFMA or ldmatrix.x4 beside it in the same warp (what else a sub-core issues in the
   shadow of its mma), 1 and 2 warps a sub-core.
+- mma_mix2: mma.sync with a bar.sync or cp.async (L2-resident source) every 8 mma, 4 warps a block (one a
+  sub-core): the GEMM main loop's other costs, one at a time.
 - smem_mix: cp.async fills into shared memory (from L1 with .ca, from L2 with .cg) beside ldmatrix.x4
   reads, alone and together: whether fills take the shared-memory array's cycles.
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
@@ -316,6 +318,58 @@ __device__ __forceinline__ void mix(long long iters, float* sink, long long* cyc
 }
 #define MIX(NF, NL) extern "C" __global__ void mix_f##NF##_l##NL(long long it, float* s, long long* c) { mix<NF, NL>(it, s, c); }
 MIX(0, 0) MIX(1, 0) MIX(2, 0) MIX(4, 0) MIX(8, 0) MIX(0, 1) MIX(0, 2) MIX(0, 4) MIX(2, 1)
+"""
+
+MMA_MIX2_SRC = r"""
+// mma.sync with a barrier or cp.async beside it: each round a warp runs 8 mma (4 independent chains, twice),
+// then BAR bar.sync and NC cp.async.cg 16-B copies from an L2-resident 4 MiB window into shared memory (a
+// commit group a round, at most 6 in flight). One block an SM; thread 0 times it with clock64.
+template <int BAR, int NC>
+__device__ __forceinline__ void mix2(const float4* __restrict__ src, long long iters, float* sink, long long* cycles)
+{
+    __shared__ __align__(128) unsigned char ring[16384];
+    const unsigned rbase = (unsigned)__cvta_generic_to_shared(ring);
+    unsigned a0 = threadIdx.x, a1 = a0 * 3u, a2 = a0 * 5u, a3 = a0 * 7u, b0 = a0 ^ 0x3c003c00u, b1 = a0 | 0x3c00u;
+    float acc[4][4] = {};
+    long long off = threadIdx.x;
+    unsigned wpos = threadIdx.x * 16;
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#pragma unroll
+        for (int b = 0; b < BAR; ++b) __syncthreads();
+        if (NC > 0) {
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                             :: "r"(rbase + (wpos & 16383)), "l"(src + (off & 262143)));
+                off += blockDim.x;
+                wpos += blockDim.x * 16;
+            }
+            asm volatile("cp.async.commit_group;");
+            asm volatile("cp.async.wait_group 6;");
+        }
+    }
+    asm volatile("cp.async.wait_group 0;");
+    __syncthreads();
+    long long t1 = clock64();
+    float s = 0.f;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) s += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    if (s == 1234.5f) sink[0] = s;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
+#define MIX2(BAR, NC) extern "C" __global__ void mix2_b##BAR##_c##NC(const float4* s, long long it, float* k, long long* c) \
+    { mix2<BAR, NC>(s, it, k, c); }
+MIX2(0, 0) MIX2(1, 0) MIX2(0, 1) MIX2(0, 2) MIX2(1, 1)
 """
 
 SMEM_MIX_SRC = r"""
@@ -1188,6 +1242,28 @@ def main(path: str) -> None:
                             "cycles_per_mma_per_subcore"],
                 "kernel": "mix_f*_l*: 4 independent mma.sync m16n8k16 chains a warp, FFMA / ldmatrix.x4 between",
                 "iters": iters, "points": pts}
+
+    @bench("mma_mix2", path)
+    def _():
+        mod = cp.RawModule(code=MMA_MIX2_SRC, options=("--std=c++17",))
+        cyc = cp.zeros(sms, cp.int64)
+        src = cp.zeros(262144 * 4, cp.float32)
+        iters = 2048
+        pts = []
+        for bar, nc in ((0, 0), (1, 0), (0, 1), (0, 2), (1, 1)):
+            fn = mod.get_function(f"mix2_b{bar}_c{nc}")
+            for warps in (4, 8):
+                fn((sms,), (32 * warps,), (src, np.int64(16), sinkf, cyc))
+                fn((sms,), (32 * warps,), (src, np.int64(iters), sinkf, cyc))
+                c = float(np.median(cyc.get()))
+                per = c / (iters * 8 * warps // 4)
+                pts.append([bar, nc, warps, round(c), round(per, 3)])
+                print(f"  mma_mix2 bar.sync {bar} cp.async {nc} a round of 8 mma, warps {warps}: {per:.2f} cycles an "
+                      f"mma a sub-core", flush=True)
+        return {"columns": ["bar_sync_per_8_mma", "cp_async_per_8_mma", "warps_per_sm", "cycles",
+                            "cycles_per_mma_per_subcore"],
+                "kernel": "mix2_b*_c*: 8 mma.sync (4 chains) a round, then bar.sync / cp.async.cg 16 B + commit + "
+                          "wait_group 6", "iters": iters, "points": pts}
 
     @bench("smem_mix", path)
     def _():
