@@ -131,8 +131,8 @@ def test_a_head_whose_writes_still_fit_the_l2_is_not_the_launch(capsys, tmp_path
     assert s["sample_method"] == "whole_after_fallback" and s["cycles"] == out[()]["cycles"]
 
 
-CP_GROUPS_KERNEL = """
-.kernel too_many_groups
+# one warp on tiny-gpu whose lane l copies 16 bytes of `src` (r2, from DRAM) to scratchpad byte 16 l (r1)
+CP_ONE_WARP = """
 .param src
 .shared 512
 .launch grid=1 block=32
@@ -141,6 +141,9 @@ CP_GROUPS_KERNEL = """
         shl.b64 r1, r0, 4
         ldparam r2, src
         add.i64 r2, r2, r1
+"""
+
+CP_GROUPS_KERNEL = ".kernel too_many_groups" + CP_ONE_WARP + """
         mov.b64 r3, r1
         mov.b64 r4, 0
 LOOP:   cp.async.16 [r3], [r2]
@@ -155,38 +158,34 @@ LOOP:   cp.async.16 [r3], [r2]
 """
 
 
+def _time_one_warp(text: str):
+    """time_kernel of a CP_ONE_WARP kernel on tiny-gpu, its buffers as the timing CLI fills them."""
+    from archsim.config import load_machine
+    from archsim.engine.launch import default_args
+    from archsim.engine.timing import time_kernel
+    from archsim.isa.asm import assemble
+    from archsim.isa.program import Launch
+
+    prog = assemble(text)
+    return time_kernel(prog, load_machine("tiny-gpu"), Launch((1, 1, 1), (32, 1, 1)), default_args(prog, timing=True))
+
+
 @pytest.mark.parametrize("groups, ok", [(7, True), (64, False)])
 def test_more_cp_async_groups_in_flight_than_the_ring_holds_is_a_clear_error(groups, ok):
     """A warp keeps 8 cp.async groups in its ring: committing more while an old one still has
     copies in flight (64 groups, each a 512-byte copy from DRAM, back to back) stops the run with
     one line instead of merging the groups' counts; 7 groups run."""
-    from archsim.config import load_machine
-    from archsim.engine.launch import default_args
-    from archsim.engine.timing import time_kernel
     from archsim.errors import SimulationError
-    from archsim.isa.asm import assemble
-    from archsim.isa.program import Launch
 
-    prog = assemble(CP_GROUPS_KERNEL.format(groups=groups))
-    args = default_args(prog, timing=True)
-    run = lambda: time_kernel(prog, load_machine("tiny-gpu"), Launch((1, 1, 1), (32, 1, 1)), args)  # noqa: E731
+    text = CP_GROUPS_KERNEL.format(groups=groups)
     if ok:
-        assert run().cycles > 0
+        assert _time_one_warp(text).cycles > 0
     else:
         with pytest.raises(SimulationError, match=r"opens group \d+ while group \d+ still has copies in flight"):
-            run()
+            _time_one_warp(text)
 
 
-CP_WAIT_ORDER_KERNEL = """
-.kernel wait_order
-.param src
-.shared 512
-.launch grid=1 block=32
-.arg src f32[32768] zeros
-        s2r     r0, %tid.x
-        shl.b64 r1, r0, 4
-        ldparam r2, src
-        add.i64 r2, r2, r1
+CP_WAIT_ORDER_KERNEL = ".kernel wait_order" + CP_ONE_WARP + """
         cp.async.16 [r1], [r2]
         cp.async.commit
         cp.async.commit
@@ -198,16 +197,9 @@ CP_WAIT_ORDER_KERNEL = """
 def test_cp_async_wait_n_waits_for_every_group_but_the_newest_n():
     """PTX cp.async.wait_group: group 0 (a copy from DRAM) is still in flight when the empty group 1
     is done, and `wait 1` must wait for it as `wait 0` does; `wait 2` goes on at once."""
-    from archsim.config import load_machine
-    from archsim.engine.launch import default_args
-    from archsim.engine.timing import time_kernel
-    from archsim.isa.asm import assemble
-    from archsim.isa.program import Launch
 
     def cycles(n):
-        prog = assemble(CP_WAIT_ORDER_KERNEL.format(n=n))
-        return time_kernel(prog, load_machine("tiny-gpu"), Launch((1, 1, 1), (32, 1, 1)),
-                           default_args(prog, timing=True)).cycles
+        return _time_one_warp(CP_WAIT_ORDER_KERNEL.format(n=n)).cycles
     c0, c1, c2 = cycles(0), cycles(1), cycles(2)
     assert c1 == c0
     assert c2 < c0 - 100   # the copy's DRAM round trip is hundreds of cycles
