@@ -90,9 +90,14 @@ PARAMS = {
             "size_bytes": (int, 8, "bytes per transfer, 1 .. the LDM"),
             "direction": (str, "put", "put or get"),
             "reps": (int, 16, "transfers, each waited for, >= 1")},
+    "asm": {"file": (str, None, "a .s path or a name in isa/validation; {n} in it is replaced by n"),
+            "n": (int, 1, "an integer >= 0 put in place of {n} in file"),
+            "iters": (int, 64, "the kernel's .arg iters for the first run (the second runs 2 x iters), >= 1"),
+            "per_iter": (float, 1.0, "units of work one loop iteration does (the value is cycles per unit), > 0"),
+            "threads": (int, 0, "threads per block (0: the file's .launch)")},
 }
 UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
-         "dma": "B/cycle", "rma": "cycles"}
+         "dma": "B/cycle", "rma": "cycles", "asm": "cycles"}
 
 
 def check_machine(name: str, machine) -> None:
@@ -875,8 +880,69 @@ def micro_rma(machine, p: dict, out: MicroResult) -> float:
     return per
 
 
+def asm_path(name: str):
+    """A .s file: the path given, else isa/validation/NAME.s; one clear error otherwise."""
+    from pathlib import Path
+
+    from archsim.paths import data_dir
+
+    path = Path(name)
+    if path.is_file():
+        return path
+    builtin = data_dir("isa") / "validation" / f"{name.removesuffix('.s')}.s"
+    if path.name == name and builtin.is_file():
+        return builtin
+    known = sorted(q.stem for q in (data_dir("isa") / "validation").glob("*.s"))
+    raise InputError("--param file", f"{name!r}: no such .s file or built-in validation kernel",
+                     "a .s path or one of: " + ", ".join(known))
+
+
+def micro_asm(machine, p: dict, out: MicroResult) -> float:
+    """The steady-state cost of one iteration of an ISA kernel's loop, by the slope method of
+    micro-benchmarks: the kernel (its .launch, its .arg data) runs with its scalar ``.arg iters`` at
+    i and at 2i, and the difference of the two runs' cycles over i x per_iter is what a unit of the
+    loop's work costs once the caches are warm and every pipeline is full: the launch, the first
+    (cold) pass over the kernel's data and the drain cancel. This is how validate times the ISA
+    twins of chip micro-benchmarks (isa/validation/*.s), which time their loop with clock64 over
+    data the host left in the L2."""
+    from archsim.engine.launch import default_args, resolve_launch
+    from archsim.isa.asm import assemble_file
+    from archsim.isa.check import check
+    from archsim.resources import check_asm_args
+
+    _need(p["n"] >= 0, "--param n", f"{p['n']}", "an integer >= 0")
+    _need(p["iters"] >= 1, "--param iters", f"{p['iters']}", "an integer >= 1")
+    _need(p["per_iter"] > 0, "--param per_iter", f"{p['per_iter']}", "a number > 0")
+    path = asm_path(p["file"].replace("{n}", str(p["n"])))
+    prog = assemble_file(path)
+    caps = capabilities(machine)
+    check(prog, caps)
+    spec = {a.name: a for a in prog.args}
+    _need("iters" in spec and not spec["iters"].is_buffer, str(path), "the kernel has no scalar .arg iters",
+          ".param iters and .arg iters = N: the loop count micro asm sets")
+    launch = resolve_launch(prog, None)
+    if p["threads"]:
+        launch = Launch(launch.grid, (p["threads"], 1, 1))
+    tpb = launch.threads_per_block
+    _need(0 < tpb <= caps.warp_slots * caps.warp_width, "--param threads", f"{tpb} threads per block",
+          f"1 .. {caps.warp_slots * caps.warp_width} (what one core of {caps.name} holds)")
+    check_asm_args(machine, prog, True)
+    args = default_args(prog, timing=True)
+    runs = []
+    for it in (p["iters"], 2 * p["iters"]):
+        a = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+        a["iters"] = it
+        runs.append((prog, launch, a, f"{prog.name}_iters{it}"))
+    t1, t2 = _time_many(runs, machine, out)
+    _need(t2.cycles > t1.cycles, str(path), f"{t1.cycles} cycles at iters {p['iters']} and {t2.cycles} at "
+          f"{2 * p['iters']}: the time does not grow with iters", "a kernel whose loop runs .arg iters times")
+    out.extra["cycles"] = [int(t1.cycles), int(t2.cycles)]
+    out.extra["file"] = str(path)
+    return (t2.cycles - t1.cycles) / (p["iters"] * p["per_iter"])
+
+
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm,
-          "attention": micro_attention, "dma": micro_dma, "rma": micro_rma}
+          "attention": micro_attention, "dma": micro_dma, "rma": micro_rma, "asm": micro_asm}
 
 
 def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10**9, workers: int = 1) -> MicroResult:

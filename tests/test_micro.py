@@ -378,3 +378,76 @@ def test_gemm_micro_is_the_emitted_tiled_kernel_and_rejects_bad_params(tiny):
     assert e.value.where == "--param dtype"
 
 
+
+
+# ----------------------------------------------------------------------------- micro asm (slope of an ISA kernel)
+CHAIN_S = """.kernel chain
+.param iters
+.launch grid=1 block=32
+.arg iters = 8
+        mov.f32 r1, 1.0
+        mov.f32 r2, 1.0
+        ldparam r41, iters
+        mov.b64 r40, 0
+LOOP:
+""" + "        fma.f32 r1, r1, r2, r2\n" * 16 + """        add.i64 r40, r40, 1
+        setp.lt.i64 p0, r40, r41
+   @p0  bra LOOP
+        exit
+"""
+
+
+def test_micro_asm_slope_is_the_loop_body_cost(tiny, tmp_path):
+    # formula oracle: 16 dependent FFMA an iteration cost 16 x the pipe latency; the loop's own
+    # add/setp/bra run beside the chain but for a branch bubble, and the launch and drain cancel
+    f = tmp_path / "chain.s"
+    f.write_text(CHAIN_S)
+    lat = tiny.pipes["fma"].latency_cycles
+    r = MI.run_micro("asm", tiny, {"file": str(f), "iters": 8})
+    assert 16 * lat <= r.value <= 16 * lat + 8
+    assert r.unit == "cycles" and len(r.kernels) == 2
+    c1, c2 = r.extra["cycles"]
+    assert r.value == (c2 - c1) / 8
+    per = MI.run_micro("asm", tiny, {"file": str(f), "iters": 8, "per_iter": 16})
+    assert per.value == pytest.approx(r.value / 16)
+
+
+def test_micro_asm_finds_builtin_validation_kernels_by_name_and_n(tmp_path):
+    from archsim.config.derived import capabilities
+    from archsim.isa.asm import assemble_file
+    from archsim.isa.check import check
+    from archsim.paths import data_dir
+
+    files = sorted((data_dir("isa") / "validation").glob("*.s"))
+    assert files
+    caps = capabilities(load_machine("h100"))
+    for f in files:
+        prog = assemble_file(f)
+        check(prog, caps)
+        assert "iters" in {a.name for a in prog.args if not a.is_buffer}, f.name
+    assert MI.asm_path("mma_mix_f{n}".replace("{n}", "4")).name == "mma_mix_f4.s"
+
+
+@pytest.mark.parametrize("params,where,what", [
+    ({"file": "no_such_kernel"}, "--param file", "no such .s file"),
+    ({"file": "mma_mix_f{n}", "n": 3}, "--param file", "no such .s file"),
+    ({"file": "mma_mix_f1", "iters": 0}, "--param iters", "0"),
+    ({"file": "mma_mix_f1", "per_iter": 0}, "--param per_iter", "0"),
+    ({"file": "mma_mix_f1", "threads": 100000}, "--param threads", "threads per block"),
+])
+def test_micro_asm_bad_params_are_one_clear_error(tiny, params, where, what):
+    with pytest.raises(InputError) as e:
+        MI.run_micro("asm", tiny, params)
+    assert e.value.where == where and what in e.value.what
+
+
+def test_micro_asm_needs_a_loop_on_iters(tiny, tmp_path):
+    f = tmp_path / "noiters.s"
+    f.write_text(".kernel k\n.launch grid=1 block=32\n        exit\n")
+    with pytest.raises(InputError, match="no scalar .arg iters"):
+        MI.run_micro("asm", tiny, {"file": str(f)})
+    g = tmp_path / "flat.s"     # reads iters but does not loop on it
+    g.write_text(".kernel k\n.param iters\n.launch grid=1 block=32\n.arg iters = 4\n        ldparam r1, iters\n"
+                 "        exit\n")
+    with pytest.raises(InputError, match="does not grow with iters"):
+        MI.run_micro("asm", tiny, {"file": str(g)})
