@@ -324,6 +324,8 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
             p.update(dict(zip(xs, xv)))
             try:
                 p = MI.parse_params(k, p)
+                if k == "asm":     # the kernel file must be there before anything runs
+                    MI.asm_path(p["file"].replace("{n}", str(p["n"])))
             except InputError as e:
                 raise InputError(f"{pw} ({e.where})", e.what, e.allowed) from None
             out_pts.append({"x": x, "reference": float(y), "clock_mhz": pclock, "params": p})

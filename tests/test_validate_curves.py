@@ -123,6 +123,8 @@ def _bad(**change):
     (_bad(clock_mhz=0), "is not a clock"),
     (_bad(overrides=[{"from": 3}]), "overrides"),
     (_bad(colour="red"), "unknown field 'colour'"),
+    (_bad(kernel="asm", unit="cycles", x="n", params={"file": "mma_mix_f{n}"}, points=[[3, 7.0]]),
+     "(--param file): 'mma_mix_f3': no such .s file"),
 ])
 def test_a_bad_curve_is_one_line_exit_2(capsys, tmp_path, curve, what):
     ref = _ref(tmp_path, [curve])
