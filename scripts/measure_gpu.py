@@ -24,6 +24,8 @@ curve compares the same kernel shape on the model and on the chip:
   sub-core): the GEMM main loop's other costs, one at a time.
 - smem_mix: cp.async fills into shared memory (from L1 with .ca, from L2 with .cg) beside ldmatrix.x4
   reads, alone and together: whether fills take the shared-memory array's cycles.
+- l2_share: L2-resident reads by groups of 1 to all SMs sharing one window, in step or spread over it (whether
+  the L2 serves a line many SMs read at once faster than distinct lines, as smem_mix and mma_mix2 suggest).
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
   cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
@@ -431,6 +433,36 @@ SMIX(4, 4, true, smix_ca4_l4)
 SMIX(4, 4, false, smix_cg4_l4)
 SMIX(2, 4, true, smix_ca2_l4)
 SMIX(1, 4, false, smix_cg1_l4)
+"""
+
+L2_SHARE_SRC = r"""
+// How the L2 serves lines that several SMs read: one block an SM, blocks in groups of `group` consecutive
+// ones read the same L2-resident window of window16 16-byte chunks (a power of two), 4 ld.global.cg of 16 B
+// a thread in flight an iteration. stagger 0: a group's blocks walk the window in step (the same lines at
+// the same time); 1: each starts window/group further on (the same lines, at other times). Thread 0 times
+// its block with clock64.
+extern "C" __global__ void l2_share(const uint4* __restrict__ buf, long long window16, int group, int stagger,
+                                    long long iters, unsigned* sink, long long* cycles)
+{
+    const long long base = (long long)(blockIdx.x / group) * window16;
+    const long long mask = window16 - 1;
+    long long pos = threadIdx.x + (stagger ? (long long)(blockIdx.x % group) * (window16 / group) : 0);
+    unsigned acc = 0;
+    __syncthreads();
+    long long t0 = clock64();
+    for (long long i = 0; i < iters; ++i) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) v[u] = __ldcg(buf + base + ((pos + u * blockDim.x) & mask));
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        pos += 4 * blockDim.x;
+    }
+    __syncthreads();
+    long long t1 = clock64();
+    if (acc == 0x12345678u) sink[0] = acc;
+    if (threadIdx.x == 0) cycles[blockIdx.x] = t1 - t0;
+}
 """
 
 GEMM_TWIN_SRC = r"""
@@ -1248,6 +1280,32 @@ def main(path: str) -> None:
         return {"columns": ["kernel", "warps_per_sm", "cycles", "cp_async_bytes_per_clk", "ldmatrix_bytes_per_clk"],
                 "kernel": "smem_mix: NC cp.async (.ca from a 16 KiB L1-resident window / .cg from 4 MiB in L2) and "
                           "NL ldmatrix.x4 a round, one block an SM", "iters": iters, "points": pts}
+
+    @bench("l2_share", path)
+    def _():
+        kern = cp.RawKernel(L2_SHARE_SRC, "l2_share")
+        cyc = cp.zeros(sms, cp.int64)
+        sink = cp.zeros(4, cp.uint32)
+        window = 1 << 13                          # 16-byte chunks: 128 KiB a window
+        buf = cp.zeros(sms * window * 4, cp.float32)
+        iters = 1024
+        pts = []
+        for group in (1, 2, 4, 8, 33, sms):
+            for stagger in (0, 1):
+                for warps in (8, 16):
+                    args = (buf, np.int64(window), np.int32(group), np.int32(stagger))
+                    kern((sms,), (32 * warps,), args + (np.int64(64), sink, cyc))     # the windows into the L2
+                    kern((sms,), (32 * warps,), args + (np.int64(iters), sink, cyc))
+                    c = float(np.median(cyc.get()))
+                    per_sm = warps * 32 * 64 * iters / c
+                    pts.append([group, stagger, warps, round(c), round(per_sm, 1), round(per_sm * sms)])
+                    print(f"  l2_share group {group} stagger {stagger} warps {warps}: {per_sm:.1f} B/clk/SM, "
+                          f"{per_sm * sms:.0f} B/clk", flush=True)
+        return {"columns": ["sms_per_window", "stagger", "warps_per_sm", "cycles", "bytes_per_clk_per_sm",
+                            "bytes_per_clk"],
+                "kernel": "l2_share: one block an SM, groups of SMs read one 128 KiB L2-resident window each, in "
+                          "step (stagger 0) or spread over it (1); 4 ld.global.cg of 16 B a thread in flight",
+                "iters": iters, "points": pts}
 
     def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
         """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""
