@@ -25,7 +25,8 @@ curve compares the same kernel shape on the model and on the chip:
 - smem_mix: cp.async fills into shared memory (from L1 with .ca, from L2 with .cg) beside ldmatrix.x4
   reads, alone and together: whether fills take the shared-memory array's cycles.
 - l2_share: L2-resident reads by groups of 1 to all SMs sharing one window, in step or spread over it (whether
-  the L2 serves a line many SMs read at once faster than distinct lines, as smem_mix and mma_mix2 suggest).
+  the L2 serves a line many SMs read at once faster than distinct lines, as smem_mix and mma_mix2 suggest); and
+  cold, in step, after the windows were pushed out of the L2 (how it takes many SMs missing on one line).
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
   cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
@@ -1301,11 +1302,35 @@ def main(path: str) -> None:
                     pts.append([group, stagger, warps, round(c), round(per_sm, 1), round(per_sm * sms)])
                     print(f"  l2_share group {group} stagger {stagger} warps {warps}: {per_sm:.1f} B/clk/SM, "
                           f"{per_sm * sms:.0f} B/clk", flush=True)
+        # cold: 1 MiB windows read once, in step, after 256 MiB of other reads pushed them out of the L2:
+        # how the L2 takes many SMs missing on the same line at once (its MSHR merging)
+        cold = []
+        big_window = 1 << 16
+        cbuf = cp.zeros(sms * big_window * 4, cp.float32)
+        scrub = cp.ones((256 << 20) // 4, cp.float32)
+        for group in (1, 2, 4, 8, 33, sms):
+            for warps in (8, 16):
+                its = big_window // (4 * 32 * warps)
+                args = (cbuf, np.int64(big_window), np.int32(group), np.int32(0))
+                kern((sms,), (32 * warps,), args + (np.int64(1), sink, cyc))
+                float(scrub.sum())
+                kern((sms,), (32 * warps,), args + (np.int64(its), sink, cyc))
+                c = float(np.median(cyc.get()))
+                per_sm = warps * 32 * 64 * its / c
+                cold.append([group, warps, round(c), round(per_sm, 1), round(per_sm * sms)])
+                print(f"  l2_share cold group {group} warps {warps}: {per_sm:.1f} B/clk/SM, {per_sm * sms:.0f} B/clk",
+                      flush=True)
+        del cbuf, scrub
         return {"columns": ["sms_per_window", "stagger", "warps_per_sm", "cycles", "bytes_per_clk_per_sm",
                             "bytes_per_clk"],
                 "kernel": "l2_share: one block an SM, groups of SMs read one 128 KiB L2-resident window each, in "
                           "step (stagger 0) or spread over it (1); 4 ld.global.cg of 16 B a thread in flight",
-                "iters": iters, "points": pts}
+                "iters": iters, "points": pts,
+                "cold": {"columns": ["sms_per_window", "warps_per_sm", "cycles", "bytes_per_clk_per_sm",
+                                     "bytes_per_clk"],
+                         "kernel": "the same, 1 MiB windows read once in step after 256 MiB of other reads (every "
+                                   "first read of a line misses, with the rest of its group right behind)",
+                         "points": cold}}
 
     def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
         """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""
