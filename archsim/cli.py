@@ -207,15 +207,15 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- commands
 def _load_kernel(name: str):
     from archsim.isa.asm import assemble_file
-    from archsim.paths import data_dir
+    from archsim.paths import isa_kernel, isa_kernel_names
 
     path = Path(name)
     if not path.exists() and not name.endswith(".s"):
-        builtin = data_dir("isa") / "examples" / f"{name}.s"
-        if builtin.exists():
+        builtin = isa_kernel("examples", name)
+        if builtin is not None:
             return assemble_file(builtin), name
-        known = sorted(p.stem for p in (data_dir("isa") / "examples").glob("*.s"))
-        raise InputError(name, "no such file or built-in example", "a .s path or one of: " + ", ".join(known))
+        raise InputError(name, "no such file or built-in example",
+                         "a .s path or one of: " + ", ".join(isa_kernel_names("examples")))
     return assemble_file(path), None
 
 

@@ -884,17 +884,16 @@ def asm_path(name: str):
     """A .s file: the path given, else isa/validation/NAME.s; one clear error otherwise."""
     from pathlib import Path
 
-    from archsim.paths import data_dir
+    from archsim.paths import isa_kernel, isa_kernel_names
 
     path = Path(name)
     if path.is_file():
         return path
-    builtin = data_dir("isa") / "validation" / f"{name.removesuffix('.s')}.s"
-    if path.name == name and builtin.is_file():
+    builtin = isa_kernel("validation", name.removesuffix(".s")) if path.name == name else None
+    if builtin is not None:
         return builtin
-    known = sorted(q.stem for q in (data_dir("isa") / "validation").glob("*.s"))
     raise InputError("--param file", f"{name!r}: no such .s file or built-in validation kernel",
-                     "a .s path or one of: " + ", ".join(known))
+                     "a .s path or one of: " + ", ".join(isa_kernel_names("validation")))
 
 
 def micro_asm(machine, p: dict, out: MicroResult) -> float:

@@ -24,3 +24,14 @@ def data_dir(kind: str) -> Path:
     if checkout.is_dir():
         return checkout
     raise FileNotFoundError(f"archsim data directory {kind!r} not found beside {here}")
+
+
+def isa_kernel(folder: str, name: str) -> Path | None:
+    """isa/<folder>/NAME.s (a built-in kernel by its bare name), or None when there is none."""
+    path = data_dir("isa") / folder / f"{name}.s"
+    return path if path.is_file() else None
+
+
+def isa_kernel_names(folder: str) -> list[str]:
+    """The built-in kernels of isa/<folder>, for an error line's list of what is allowed."""
+    return sorted(p.stem for p in (data_dir("isa") / folder).glob("*.s"))
