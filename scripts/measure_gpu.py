@@ -1290,18 +1290,26 @@ def main(path: str) -> None:
         window = 1 << 13                          # 16-byte chunks: 128 KiB a window
         buf = cp.zeros(sms * window * 4, cp.float32)
         iters = 1024
+
+        def timed(args, warps, its, before):
+            """[cycles, B/clk/SM, B/clk] of one launch of `its` iterations, after before() (the
+            median over the blocks' own clock64 times)."""
+            kern((sms,), (32 * warps,), args + (np.int64(1 if before else 64), sink, cyc))
+            if before:
+                before()
+            kern((sms,), (32 * warps,), args + (np.int64(its), sink, cyc))
+            c = float(np.median(cyc.get()))
+            per_sm = warps * 32 * 64 * its / c
+            return [round(c), round(per_sm, 1), round(per_sm * sms)]
+
         pts = []
         for group in (1, 2, 4, 8, 33, sms):
             for stagger in (0, 1):
-                for warps in (8, 16):
+                for warps in (8, 16):       # the 64-iteration launch first brings the windows into the L2
                     args = (buf, np.int64(window), np.int32(group), np.int32(stagger))
-                    kern((sms,), (32 * warps,), args + (np.int64(64), sink, cyc))     # the windows into the L2
-                    kern((sms,), (32 * warps,), args + (np.int64(iters), sink, cyc))
-                    c = float(np.median(cyc.get()))
-                    per_sm = warps * 32 * 64 * iters / c
-                    pts.append([group, stagger, warps, round(c), round(per_sm, 1), round(per_sm * sms)])
-                    print(f"  l2_share group {group} stagger {stagger} warps {warps}: {per_sm:.1f} B/clk/SM, "
-                          f"{per_sm * sms:.0f} B/clk", flush=True)
+                    pts.append([group, stagger, warps] + timed(args, warps, iters, None))
+                    print(f"  l2_share group {group} stagger {stagger} warps {warps}: {pts[-1][-2]} B/clk/SM, "
+                          f"{pts[-1][-1]} B/clk", flush=True)
         # cold: 1 MiB windows read once, in step, after 256 MiB of other reads pushed them out of the L2:
         # how the L2 takes many SMs missing on the same line at once (its MSHR merging)
         cold = []
@@ -1310,15 +1318,10 @@ def main(path: str) -> None:
         scrub = cp.ones((256 << 20) // 4, cp.float32)
         for group in (1, 2, 4, 8, 33, sms):
             for warps in (8, 16):
-                its = big_window // (4 * 32 * warps)
                 args = (cbuf, np.int64(big_window), np.int32(group), np.int32(0))
-                kern((sms,), (32 * warps,), args + (np.int64(1), sink, cyc))
-                float(scrub.sum())
-                kern((sms,), (32 * warps,), args + (np.int64(its), sink, cyc))
-                c = float(np.median(cyc.get()))
-                per_sm = warps * 32 * 64 * its / c
-                cold.append([group, warps, round(c), round(per_sm, 1), round(per_sm * sms)])
-                print(f"  l2_share cold group {group} warps {warps}: {per_sm:.1f} B/clk/SM, {per_sm * sms:.0f} B/clk",
+                cold.append([group, warps] + timed(args, warps, big_window // (4 * 32 * warps),
+                                                   lambda: float(scrub.sum())))
+                print(f"  l2_share cold group {group} warps {warps}: {cold[-1][-2]} B/clk/SM, {cold[-1][-1]} B/clk",
                       flush=True)
         del cbuf, scrub
         return {"columns": ["sms_per_window", "stagger", "warps_per_sm", "cycles", "bytes_per_clk_per_sm",
