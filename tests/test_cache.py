@@ -244,6 +244,36 @@ def test_mshr_exhaustion_fails_counts_and_changes_nothing():
     assert acc(C, 0x0100, req=3)[0] == MISS                  # the retry succeeds
 
 
+def test_a_sharer_waits_in_slots_of_its_own_beyond_max_merge():
+    """cache_access_sharer (an L2 mirror slice asking the home slice for a line) waits in the
+    entry's sharer slots: it neither takes nor is refused by the max_merge slots of the cores'
+    requests, and a partial fill keeps the count of sharers right."""
+    C = small(mshrs=4, max_merge=2, sharer_slots=1)
+
+    def share(addr, mask, req):
+        s, m = K.cache_access_sharer(C, 0, addr, mask, req, 0)
+        return int(s), int(m)
+
+    assert acc(C, 0x0000, req=1) == (MISS, 0b0001)
+    assert acc(C, 0x0004, req=2) == (MERGED, 0)
+    assert acc(C, 0x0008, req=3) == (RESERVATION_FAIL, 0)      # the cores' slots are full
+    assert share(0x0000, 0b0011, 4) == (MERGED, 0b0010)       # the sharer's slot is free
+    assert share(0x0000, 0b0001, 5) == (RESERVATION_FAIL, 0)   # and now taken
+    assert fill_all(C, 0x0000, 0b0011) == [1, 2, 4]
+    # a sharer opens the entry: the cores still have both their slots
+    assert share(0x1000, 0b0011, 6) == (MISS, 0b0011)
+    assert acc(C, 0x1000, req=7) == (MERGED, 0)
+    assert acc(C, 0x1004, req=8) == (MERGED, 0)
+    assert acc(C, 0x1008, req=9) == (RESERVATION_FAIL, 0)
+    e = cache_fill(C, 0, 0x1000, 0b0001, 0)
+    out = np.zeros(8, np.int32)
+    assert mshr_waiters(C, 0, e, out) == 2 and list(out[:2]) == [7, 8]
+    assert share(0x1000, 0b0010, 10) == (RESERVATION_FAIL, 0)  # the sharer still waits for sector 1
+    assert acc(C, 0x1020, req=11) == (MERGED, 0)
+    assert fill_all(C, 0x1000, 0b0010) == [6, 11]
+    assert C.mshr[0, :, K.M_NSHR].sum() == 0
+
+
 def test_sector_budget_limits_sectors_in_flight():
     C = small(mshrs=8, mshr_sectors=5)
     assert acc(C, 0x0000, LINE, req=1) == (MISS, 0b1111)
@@ -265,7 +295,8 @@ def test_reserved_ways_are_never_victims():
 
 op_st = st.one_of(st.tuples(st.just("acc"), st.integers(0, 23), st.sampled_from([4, 32, 128]),
                             st.integers(0, 31), st.booleans()),
-                  st.tuples(st.just("fill"), st.integers(0, 99), st.integers(1, 15)))
+                  st.tuples(st.just("fill"), st.integers(0, 99), st.integers(1, 15)),
+                  st.tuples(st.just("share"), st.integers(0, 23), st.integers(1, 15)))
 
 
 @given(st.lists(op_st, max_size=150), st.sampled_from([WRITE_BACK, WRITE_THROUGH]))
@@ -273,7 +304,7 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
     """Accesses and (partial) fills in any order: in-flight lines stay put, every waiting request is
     released exactly once, the sector budget balances, the counters partition the accesses."""
     alloc = WRITE_ALLOCATE if wp == WRITE_BACK else NO_WRITE_ALLOCATE
-    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc)
+    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc, sharer_slots=1)
     waiting, released, req = set(), [], 0
     out = np.zeros(8, np.int32)
     for op in ops:
@@ -282,6 +313,11 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
             addr = line * LINE + (slot * nbytes) % LINE
             req += 1
             s, m = acc(C, addr, nbytes, write, req)
+            if s in (MISS, MERGED):
+                waiting.add(req)
+        elif op[0] == "share":
+            req += 1
+            s, m = K.cache_access_sharer(C, 0, op[1] * LINE, op[2], req, 0)
             if s in (MISS, MERGED):
                 waiting.add(req)
         else:
@@ -299,6 +335,9 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
             if C.mshr_line[0, e] >= 0:
                 s, w = C.mshr_set[0, e], C.mshr_way[0, e]
                 assert C.tag[0, s, w] == C.mshr_line[0, e] and C.reserved[0, s, w] == e
+                k = C.mshr_nwait[0, e]
+                nshr = int(C.wait[0, e, :k, K.W_SHR].sum())
+                assert nshr == C.mshr[0, e, K.M_NSHR] <= 1 and k - nshr <= 3
         assert C.mshr_sectors[0] == sum(bin(int(p)).count("1") for p, ln in zip(C.mshr_pending[0], C.mshr_line[0])
                                         if ln >= 0)
     assert len(released) == len(set(released)) and set(released) <= waiting

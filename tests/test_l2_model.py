@@ -163,43 +163,84 @@ def test_near_replicas_route_reads_to_the_mirror_of_the_home_and_writes_home():
     assert ST.dest_slice(M0, 0, r) == ST.slice_of(M0, 8192) and ST.slice_of(M0, 8192) // sph == 1
 
 
-def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing_else_from_dram():
+def dram_reads(MS, m):
+    """The requests waiting at the DRAM channels and their front ends."""
+    fe = MS.cfg[ST.M_Q_FE]
+    return [q_peek(MS.Q, q, i) for c in range(m.dram.channels) for q in (c, fe + c) for i in range(MS.Q.count[q])]
+
+
+def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing():
     from archsim.engine import cache as CA
 
-    m, MS = mstate("tiny-gpu", ["l2.near_replicas=true", "l2.slice_indexing=consecutive"])
+    m = load_machine("tiny-gpu", sets=["l2.near_replicas=true", "l2.slice_indexing=consecutive"])
+    MS = ST.make_mstate(m, None)
     l2 = m.l2
     sph = l2.slices // l2.halves
+    cross = l2.hit_latency_cycles + l2.far_half_extra_cycles
     line = 8192 * 3                                 # half 1
     home = ST.slice_of(MS, line)
     mirror = ST.mirror_slice(MS, home, 0)
     assert home // sph == 1 and mirror == home % sph
     CA.cache_fill(MS.L2, home, line, 0b1111, 0)     # the home holds the line
     q = MS.cfg[ST.M_Q_RFILL] + mirror
-    n0 = MS.Q.count[q]
     L2.fetch_copy(MS, mirror, home, line, 0b0011, 100)
-    assert MS.Q.count[q] == n0 + 1
-    rd = q_peek(MS.Q, q, n0)
-    assert MS.R.aux1[rd] == 100 + l2.hit_latency_cycles + l2.far_half_extra_cycles
-    assert MS.R.aux0[rd] == 0b0011 and MS.R.tag[rd] == mirror
-    assert MS.R.src[rd] == ST.COPY_HIT
-    # a line the home lacks: after the same crossing, a DRAM read tagged for the mirror's fill
+    assert MS.Q.count[q] == 1
+    rd = q_peek(MS.Q, q, 0)
+    assert MS.R.aux1[rd] == 100 + cross
+    assert MS.R.aux0[rd] == 0b0011 and MS.R.tag[rd] == mirror and MS.R.src[rd] == ST.COPY_HIT
+    L2.slice_cycle(MS, mirror, 100 + cross)
+    assert MS.Q.count[q] == 0 and CA.cache_probe(MS.L2, mirror, line) == 0b0011
+    # a line the home lacks: the copy waits in the home's MSHR entry, whose one DRAM read is the
+    # home's; the home's fill forwards the sectors to the mirror after the crossing
     other = line + 128
     L2.fetch_copy(MS, mirror, home, other, 0b0001, 100)
-    assert MS.Q.count[q] == n0 + 2
-    rm = q_peek(MS.Q, q, n0 + 1)
-    assert MS.R.src[rm] == ST.COPY_MISS and MS.R.aux1[rm] == MS.R.aux1[rd]
-    fe = MS.cfg[ST.M_Q_FE]
-    before = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
-    L2.slice_cycle(MS, mirror, int(MS.R.aux1[rd]))      # both due: the copy fills, the miss goes to DRAM
-    after = sum(int(MS.Q.count[c]) + int(MS.Q.count[fe + c]) for c in range(m.dram.channels))
-    assert MS.Q.count[q] == n0 and after == before + 1
-    assert CA.cache_probe(MS.L2, mirror, line) == 0b0011
-    # its fill puts the line in the home too; a write at the home drops the mirror's copy
-    L2.fill_slice(MS, mirror, other, 0b0001, 200)
+    assert MS.Q.count[q] == 0
+    (rm,) = dram_reads(MS, m)
+    assert MS.R.tag[rm] == home and MS.R.aux0[rm] == 0b0001
     L2.fill_slice(MS, home, other, 0b0001, 200)
-    assert CA.cache_probe(MS.L2, mirror, other) == 0b0001 and CA.cache_probe(MS.L2, home, other) == 0b0001
+    assert MS.Q.count[q] == 1 and CA.cache_probe(MS.L2, home, other) == 0b0001
+    fw = q_peek(MS.Q, q, 0)
+    assert MS.R.src[fw] == ST.COPY_HIT and MS.R.aux1[fw] == 200 + cross
+    L2.slice_cycle(MS, mirror, 200 + cross - 1)
+    assert CA.cache_probe(MS.L2, mirror, other) == -1   # not yet across
+    L2.slice_cycle(MS, mirror, 200 + cross)
+    assert CA.cache_probe(MS.L2, mirror, other) == 0b0001
+    # a write at the home drops the mirror's copy
     L2.drop_copies(MS, home, other)
     assert CA.cache_probe(MS.L2, mirror, other) == -1 and CA.cache_probe(MS.L2, home, other) == 0b0001
+
+
+def test_both_halves_missing_on_a_line_read_it_from_dram_once():
+    """The home slice is the point of coherence: a copy's miss joins the home's own miss of the
+    line, and the home's own read joins a copy's, in sharer slots beyond max_merge; a copy the
+    home cannot take (its sharer slot is busy) reads DRAM itself after the crossing."""
+    from archsim.engine import cache as CA
+
+    m = load_machine("tiny-gpu", sets=["l2.near_replicas=true", "l2.slice_indexing=consecutive"])
+    MS = ST.make_mstate(m, None)
+    line = 8192 * 3
+    home = ST.slice_of(MS, line)
+    mirror = ST.mirror_slice(MS, home, 0)
+    q = MS.cfg[ST.M_Q_RFILL] + mirror
+    # the home's cores miss first, max_merge of them: the copy still joins
+    own = [req_alloc(MS.R, line, 32, KIND_READ, 1, 0, 0) for _ in range(m.l2.max_merge)]
+    st0, newm = CA.cache_access_mask(MS.L2, home, line, 0b0001, 0, False, own[0], 10)
+    assert st0 == CA.MISS
+    L2._fetch(MS, home, line, newm, 10)
+    for r in own[1:]:
+        assert CA.cache_access_mask(MS.L2, home, line, 0b0001, 0, False, r, 10)[0] == CA.MERGED
+    L2.fetch_copy(MS, mirror, home, line, 0b0001, 20)
+    assert len(dram_reads(MS, m)) == 1 and MS.Q.count[q] == 0
+    # a second copy of the line finds the sharer slot taken: the old way, its own read later
+    L2.fetch_copy(MS, mirror, home, line, 0b0001, 30)
+    assert MS.Q.count[q] == 1 and MS.R.src[q_peek(MS.Q, q, 0)] == ST.COPY_MISS
+    # the copy misses first: the home's own read joins it
+    two = next(a for a in range(line + 128, line + (1 << 20), 128) if ST.slice_of(MS, a) == home)
+    L2.fetch_copy(MS, mirror, home, two, 0b0011, 40)
+    n = len(dram_reads(MS, m))
+    r = req_alloc(MS.R, two, 32, KIND_READ, 1, 0, 0)
+    assert CA.cache_access_mask(MS.L2, home, two, 0b0010, 0, False, r, 50) == (CA.MERGED, 0)
+    assert len(dram_reads(MS, m)) == n
 
 
 def test_with_near_replicas_a_chase_within_half_the_l2_is_all_near_hits():
@@ -261,3 +302,13 @@ def test_a_contiguous_footprint_fills_every_set_of_every_slice_evenly(name, inde
     whole = load(0, size)
     assert whole.min() == whole.max() == l2.assoc
     assert load(0x123456000, size * 15 // 16).max() <= l2.assoc
+
+
+def test_the_waiter_scratch_holds_the_longest_waiter_list():
+    """mshr_waiters writes up to an entry's whole waiter list into MS.waiters: a max_merge above
+    its old fixed 64 entries (or an L2 with sharer slots) must not run past it."""
+    for sets in (["l1.max_merge=100"], ["l2.max_merge=100", "l2.near_replicas=true"]):
+        m, MS = mstate("tiny-gpu", sets)
+        assert MS.waiters.size >= max(MS.L1.wait.shape[2], MS.L2.wait.shape[2]) >= 100
+    m, MS = mstate("tiny-gpu", ["l2.near_replicas=true"])
+    assert MS.L2.wait.shape[2] == m.l2.max_merge + m.l2.halves - 1

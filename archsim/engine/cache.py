@@ -69,15 +69,18 @@ CFG_MSHRS, CFG_MAX_MERGE, CFG_MSHR_SECTORS, CFG_SECTOR_SHIFT = 12, 13, 14, 15
 # (0: the set index reads the global line number), lines per half-interleave chunk (0: no halves
 # interleave), halves
 CFG_SQ_LPG, CFG_SQ_SPH, CFG_SQ_HALF_LINES, CFG_SQ_HALVES = 16, 17, 18, 19
-N_CFG = 20
+CFG_SHARERS = 20   # an entry's waiter slots beyond max_merge that only cache_access_sharer takes
+N_CFG = 21
 # way columns: C.way[inst, set, way, WAY_*]
 WAY_VALID, WAY_DIRTY, WAY_STAMP, WAY_MSHR = 0, 1, 2, 3
 N_WAY = 4
-# MSHR columns: C.mshr[inst, entry, M_*]; M_FREE is the free-entry stack (slots 0..nfree-1)
-M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE = 0, 1, 2, 3, 4, 5, 6, 7
-N_M = 8
-# waiter columns: C.wait[inst, entry, k, W_*]
-W_REQ, W_NEED = 0, 1
+# MSHR columns: C.mshr[inst, entry, M_*]; M_FREE is the free-entry stack (slots 0..nfree-1);
+# M_NSHR counts the entry's waiters that are sharers (cache_access_sharer)
+M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE, M_NSHR = 0, 1, 2, 3, 4, 5, 6, 7, 8
+N_M = 9
+# waiter columns: C.wait[inst, entry, k, W_*]; W_SHR is 1 for a sharer
+W_REQ, W_NEED, W_SHR = 0, 1, 2
+N_W = 3
 # per-instance columns: C.inst[inst, I_*]
 I_TICK, I_NFREE, I_SECTORS = 0, 1, 2
 N_I = 3
@@ -128,11 +131,11 @@ def _pow2(x: int) -> bool:
 
 def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, mshrs, max_merge,
                      write_policy=WRITE_BACK, alloc_policy=WRITE_ALLOCATE, replacement=REPL_LRU, *,
-                     set_hash=False, mshr_sectors=None) -> CacheState:
+                     set_hash=False, mshr_sectors=None, sharer_slots=0) -> CacheState:
     """``n_instances`` caches of ``size_bytes`` each. ``mshrs`` entries (lines in flight) per instance,
-    each with up to ``max_merge`` waiters; ``mshr_sectors`` caps the sectors in flight (default: no cap
-    beyond mshrs x sectors per line). ``set_hash`` hashes higher line-address bits into the set index
-    (see set_index)."""
+    each with up to ``max_merge`` waiters and ``sharer_slots`` more that only cache_access_sharer
+    takes; ``mshr_sectors`` caps the sectors in flight (default: no cap beyond mshrs x sectors per
+    line). ``set_hash`` hashes higher line-address bits into the set index (see set_index)."""
     n_instances, size_bytes, line_bytes, sector_bytes = int(n_instances), int(size_bytes), int(line_bytes), int(sector_bytes)
     assoc, mshrs, max_merge = int(assoc), int(mshrs), int(max_merge)
     if n_instances <= 0:
@@ -147,6 +150,8 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
         raise ValueError(f"size_bytes {size_bytes} is not a whole number of {assoc}-way sets of {line_bytes}-B lines")
     if mshrs <= 0 or max_merge <= 0:
         raise ValueError(f"mshrs {mshrs} and max_merge {max_merge} must be positive")
+    if int(sharer_slots) < 0:
+        raise ValueError(f"sharer_slots {sharer_slots} must not be negative")
     if write_policy not in (WRITE_THROUGH, WRITE_BACK):
         raise ValueError(f"write_policy {write_policy}: one of WRITE_THROUGH={WRITE_THROUGH}, WRITE_BACK={WRITE_BACK}")
     if alloc_policy not in (NO_WRITE_ALLOCATE, WRITE_ALLOCATE):
@@ -180,8 +185,9 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     cfg[CFG_SET_BITS] = max(1, (sets - 1).bit_length())
     cfg[CFG_MSHRS] = mshrs
     cfg[CFG_MAX_MERGE] = max_merge
+    cfg[CFG_SHARERS] = int(sharer_slots)
     cfg[CFG_MSHR_SECTORS] = int(mshr_sectors)
-    I, S, W, E, M = n_instances, sets, assoc, mshrs, max_merge
+    I, S, W, E, M = n_instances, sets, assoc, mshrs, max_merge + int(sharer_slots)
     way = np.zeros((I, S, W, N_WAY), np.int64)
     way[..., WAY_MSHR] = -1
     mshr = np.zeros((I, E, N_M), np.int64)
@@ -192,7 +198,7 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     # an entry's waiters are read only below its M_NWAIT: the array starts as zeros, which the OS
     # hands out untouched (filling a large L1's with -1 cost milliseconds a launch)
     return CacheState(cfg=cfg, tag=np.full((I, S, W), -1, np.int64), way=way, mshr=mshr,
-                      wait=np.zeros((I, E, M, 2), np.int64), inst=inst, cnt=np.zeros((I, N_CNT), np.int64),
+                      wait=np.zeros((I, E, M, N_W), np.int64), inst=inst, cnt=np.zeros((I, N_CNT), np.int64),
                       evict_addr=np.zeros(I, np.int64), evict_dirty=np.zeros(I, np.int64))
 
 
@@ -246,7 +252,7 @@ def make_l2_state(machine, *, set_hash=True):
     size = l2.size_kib * 1024 // l2.slices
     C = make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, l2.max_merge,
                          WRITE_BACK, WRITE_ALLOCATE, REPLACEMENT[l2.replacement], set_hash=set_hash,
-                         mshr_sectors=l2.mshrs)
+                         mshr_sectors=l2.mshrs, sharer_slots=l2.halves - 1 if l2.near_replicas else 0)
     # a slice indexes its sets by its own line numbers (the address with the slice-select bits
     # taken out, as mem_state.slice_of interleaves granules over the slices of a half), so that a
     # contiguous footprint fills every set of every slice evenly, as a hardware slice indexing by
@@ -385,6 +391,18 @@ def cache_access_mask(C, inst, line_addr, mask, full_mask, is_write, req_id, now
     return _access(C, inst, line_addr, mask, full_mask, is_write, req_id, now)
 
 
+@njit(**_NOREF)
+def cache_access_sharer(C, inst, line_addr, mask, req_id, now):
+    """A read of sectors ``mask`` for another cache that keeps a copy of the line (an L2 half's
+    mirror slice asking the home slice): as cache_access_mask, but its wait on an entry in flight
+    may take the entry's sharer slots beyond max_merge, as a directory marks a sharer in a bit of
+    its own rather than in a slot the cores' requests need."""
+    C.evict_dirty[inst] = 0
+    line = line_addr >> C.cfg[CFG_LINE_SHIFT]
+    s, w = _lookup(C, inst, line)
+    return _access_slow(C, inst, line, s, w, mask, np.int64(0), False, req_id, now, True)
+
+
 @njit(**_NOREF_INLINE)
 def _lookup(C, inst, line):
     """(set, way) of a line number in instance inst; way -1 when the line is not present."""
@@ -415,7 +433,7 @@ def _access(C, inst, line_addr, mask, full_mask, is_write, req_id, now):
         if is_write and cfg[CFG_WRITE] == WRITE_BACK:
             C.way[inst, s, w, WAY_DIRTY] |= mask
     else:
-        status, ret = _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now)
+        status, ret = _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, False)
     return status, ret
 
 
@@ -462,8 +480,9 @@ def _install(C, inst, s, w, line):
 
 
 @njit(**_NOREF)
-def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now):
-    """cache_access_mask past the tag lookup (line in set s, way w or -1), for all but plain hits."""
+def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sharer):
+    """cache_access_mask past the tag lookup (line in set s, way w or -1), for all but plain hits.
+    An entry in flight takes max_merge waiters besides its sharers, and cfg[CFG_SHARERS] sharers."""
     cfg = C.cfg
     write_alloc = is_write and cfg[CFG_ALLOC] == WRITE_ALLOCATE
     full = full_mask & mask if is_write else np.int64(0)
@@ -492,7 +511,8 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now):
                 new = need & ~C.mshr[inst, e, M_MASK]
                 status = MERGED
                 kind = CNT_SECTOR_MISSES if new != 0 else CNT_MERGES
-                if C.mshr[inst, e, M_NWAIT] >= cfg[CFG_MAX_MERGE]:
+                nshr = C.mshr[inst, e, M_NSHR]
+                if (nshr >= cfg[CFG_SHARERS]) if sharer else (C.mshr[inst, e, M_NWAIT] - nshr >= cfg[CFG_MAX_MERGE]):
                     status = RESERVATION_FAIL
             else:
                 new = need
@@ -554,11 +574,15 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now):
                     C.mshr[inst, e, M_WAY] = w
                     C.mshr[inst, e, M_T] = now
                     C.mshr[inst, e, M_NWAIT] = 0
+                    C.mshr[inst, e, M_NSHR] = 0
                     C.way[inst, s, w, WAY_MSHR] = e
                 k = C.mshr[inst, e, M_NWAIT]
                 C.wait[inst, e, k, W_REQ] = req_id
                 C.wait[inst, e, k, W_NEED] = need
+                C.wait[inst, e, k, W_SHR] = 1 if sharer else 0
                 C.mshr[inst, e, M_NWAIT] = k + 1
+                if sharer:
+                    C.mshr[inst, e, M_NSHR] += 1
                 if new != 0:
                     C.mshr[inst, e, M_MASK] |= new
                     C.mshr[inst, e, M_PEND] |= new
@@ -616,9 +640,11 @@ def mshr_waiters(C, inst, e, out):
         if (need & ~v) == 0:
             out[n] = r
             n += 1
+            C.mshr[inst, e, M_NSHR] -= C.wait[inst, e, i, W_SHR]
         else:
             C.wait[inst, e, keep, W_REQ] = r
             C.wait[inst, e, keep, W_NEED] = need
+            C.wait[inst, e, keep, W_SHR] = C.wait[inst, e, i, W_SHR]
             keep += 1
     C.mshr[inst, e, M_NWAIT] = keep
     return n

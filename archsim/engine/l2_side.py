@@ -7,8 +7,9 @@ other half: near and far replies wait in separate delay pipelines, so a near rep
 behind a far one), misses go through the slice's MSHRs to the DRAM channel of the address. With
 ``l2.near_replicas`` an SM reads through the slice of its own half that mirrors the address's
 home slice: a miss there takes the line from the home slice (``hit_latency_cycles +
-far_half_extra_cycles`` later) or, when the home lacks it, from DRAM into both; a write goes to
-the home slice and drops the mirrors' copies. Without an L2 the endpoint is the controller."""
+far_half_extra_cycles`` later) or, when the home lacks it, waits in the home's MSHR entry (one
+DRAM read for both halves); a write goes to the home slice and drops the mirrors' copies. Without
+an L2 the endpoint is the controller."""
 
 from __future__ import annotations
 
@@ -80,16 +81,27 @@ def _fetch(MS, sl, line, mask, now):
 
 @njit(cache=True)
 def fetch_copy(MS, sl, home, line, mask, now):
-    """Sectors `mask` of a line missing in slice sl, which mirrors home slice `home`. The request
-    crosses to the home and back (hit_latency_cycles + far_half_extra_cycles, lumped before its
-    answer): the home's copy when it holds every sector, else a DRAM read issued then, whose fill
-    goes to sl and to the home (dram_done)."""
+    """Sectors `mask` of a line missing in slice sl, which mirrors home slice `home`. The home's
+    copy when it holds every sector: it reaches sl hit_latency_cycles + far_half_extra_cycles
+    later. Else the home takes the request as a read of its own (the point of coherence): it joins
+    the home's pending miss of the line or opens one, so the two halves' misses of a line make one
+    DRAM read, and the home's fill forwards the sectors to sl that latency later (fill_slice).
+    When the home's MSHRs cannot take it, a DRAM read issued after that latency fills sl and the
+    home (dram_done)."""
     v = CA.cache_probe(MS.L2, home, line)
     hit = v >= 0 and (mask & ~v) == 0
     nb = CA.popcount(mask) * MS.cfg[M_SECTOR]
     rd = req_alloc(MS.R, line, nb, KIND_READ, COPY_HIT if hit else COPY_MISS, sl, now)
     MS.R.aux0[rd] = mask
     MS.R.aux1[rd] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
+    if not hit:
+        status, newm = CA.cache_access_sharer(MS.L2, home, line, mask, rd, now)
+        if status != CA.RESERVATION_FAIL:
+            MS.bytes[BY_L2] += nb
+            _writeback(MS, home, now)
+            if newm != 0:
+                _fetch(MS, home, line, newm, now)
+            return                            # waits in the home's MSHR entry
     if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd):   # sized for every sector the MSHRs can fetch
         raise RuntimeError("near-copy queue full")
     if hit:
@@ -122,6 +134,13 @@ def fill_slice(MS, sl, line, mask, now):
         rr = MS.waiters[i]
         if R.kind[rr] == KIND_WRITE:
             req_free(R, rr)
+        elif R.src[rr] == COPY_MISS:
+            # a near copy's miss that waited at its home: the sectors cross to the mirror slice,
+            # due after the same latency as every entry of that queue (it stays in due order)
+            R.src[rr] = COPY_HIT
+            R.aux1[rr] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
+            if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + R.tag[rr], rr):
+                raise RuntimeError("near-copy queue full")
         else:
             respond_l2(MS, sl, rr, now)
     CA.mshr_free(MS.L2, sl, e)

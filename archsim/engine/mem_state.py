@@ -244,6 +244,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
     lat[2] = 1 << 62
+    max_wait = max([1] + [c.wait.shape[2] for c in (l1, l2) if c is not None])   # mshr_waiters' scratch
     return MState(
         cfg=cfg, clocks=np.zeros(CK_N, np.int64), Q=Q, R=make_requests(nreq),
         mio=np.zeros((cores, mio_cap, E_N), np.int64), mio_addr=np.zeros((cores, mio_cap, W), np.int64),
@@ -254,7 +255,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         trk_nfree=np.full(cores, trackers, np.int32), slice_busy=np.zeros(nmem, np.int64),
         slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
-        req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(64, np.int32), runs=np.zeros((2, 8), np.int64),
+        req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(max_wait, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
         gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64))
 
