@@ -80,6 +80,16 @@ def _fetch(MS, sl, line, mask, now):
 
 
 @njit(cache=True)
+def _cross(MS, sl, rd, now):
+    """Queue near copy rd for mirror slice sl, due after the home's lookup and the crossing
+    (hit_latency_cycles + far_half_extra_cycles). Every entry of that queue waits this one latency
+    from the cycle it is queued, so the queue stays in due order (slice_cycle reads only its head)."""
+    MS.R.aux1[rd] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
+    if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd):   # sized for every sector the MSHRs can fetch
+        raise RuntimeError("near-copy queue full")
+
+
+@njit(cache=True)
 def fetch_copy(MS, sl, home, line, mask, now):
     """Sectors `mask` of a line missing in slice sl, which mirrors home slice `home`. The home's
     copy when it holds every sector: it reaches sl hit_latency_cycles + far_half_extra_cycles
@@ -93,7 +103,6 @@ def fetch_copy(MS, sl, home, line, mask, now):
     nb = CA.popcount(mask) * MS.cfg[M_SECTOR]
     rd = req_alloc(MS.R, line, nb, KIND_READ, COPY_HIT if hit else COPY_MISS, sl, now)
     MS.R.aux0[rd] = mask
-    MS.R.aux1[rd] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
     if not hit:
         status, newm = CA.cache_access_sharer(MS.L2, home, line, mask, rd, now)
         if status != CA.RESERVATION_FAIL:
@@ -102,8 +111,7 @@ def fetch_copy(MS, sl, home, line, mask, now):
             if newm != 0:
                 _fetch(MS, home, line, newm, now)
             return                            # waits in the home's MSHR entry
-    if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + sl, rd):   # sized for every sector the MSHRs can fetch
-        raise RuntimeError("near-copy queue full")
+    _cross(MS, sl, rd, now)
     if hit:
         CA.cache_touch(MS.L2, home, line)
         MS.bytes[BY_L2] += nb
@@ -135,12 +143,8 @@ def fill_slice(MS, sl, line, mask, now):
         if R.kind[rr] == KIND_WRITE:
             req_free(R, rr)
         elif R.src[rr] == COPY_MISS:
-            # a near copy's miss that waited at its home: the sectors cross to the mirror slice,
-            # due after the same latency as every entry of that queue (it stays in due order)
-            R.src[rr] = COPY_HIT
-            R.aux1[rr] = now + MS.cfg[M_L2_LAT] + MS.cfg[M_FAR]
-            if not q_push(MS.Q, MS.cfg[M_Q_RFILL] + R.tag[rr], rr):
-                raise RuntimeError("near-copy queue full")
+            R.src[rr] = COPY_HIT              # a near copy's miss that waited at its home
+            _cross(MS, R.tag[rr], rr, now)
         else:
             respond_l2(MS, sl, rr, now)
     CA.mshr_free(MS.L2, sl, e)
