@@ -29,6 +29,8 @@ curve compares the same kernel shape on the model and on the chip:
   cold, in step, after the windows were pushed out of the L2 (how it takes many SMs missing on one line).
 - gemm_twin: archsim's own tensor-core GEMM kernel in CUDA (mma.sync, 128 x 128 x 64 tiles, 4 stages of
   cp.async, ldmatrix, grouped raster), checked against a float32 product, timed beside cuBLAS.
+- gemm_parts: gemm_twin's main loop with its copies, fragment loads, mma or barrier left out, on 1 block, one
+  wave and 4096^3, each block's loop timed by clock64 (where a k tile's cycles go).
 - gemm (torch.matmul, cuBLAS), attention (scaled_dot_product_attention, flash), gemv (decode).
 
 Needs CuPy and PyTorch with a GPU. Writes JSON (one object per benchmark) to the path given, after
@@ -538,6 +540,40 @@ __device__ __forceinline__ void tw_copy(unsigned sbase, const unsigned short* A,
     }
 }
 
+// The main loop's copies, addressed once as the emitter does (its per-copy pointer registers): copy i < 8 of a
+// thread is A row (tid / 8 + 16 i), chunk tid % 8, at ga + 16 K i (+ 64 a k tile), shared offset oa + 2048 i; copy
+// 8 + j is B row (tid / 16 + 8 j), chunk tid % 16, at gb + 8 N j (+ 64 N a k tile), offset ob + 2048 j (rows 8 or 16
+// apart keep their XOR swizzle). tw_copy computes the same addresses from scratch, copy by copy.
+struct TwCopies {
+    const unsigned short* ga;
+    const unsigned short* gb;
+    size_t sa, sb, kb;
+    unsigned oa, ob;
+};
+
+__device__ __forceinline__ TwCopies tw_copies(const unsigned short* A, const unsigned short* B, int m0, int n0,
+                                              int N, int K, int tid)
+{
+    TwCopies t;
+    const int ra = tid >> 3, ca = tid & 7, rb = tid >> 4, cb = tid & 15;
+    t.ga = A + (size_t)(m0 + ra) * K + ca * 8;
+    t.gb = B + (size_t)rb * N + n0 + cb * 8;
+    t.sa = (size_t)16 * K;
+    t.sb = (size_t)8 * N;
+    t.kb = (size_t)64 * N;
+    t.oa = ra * 128 + ((ca ^ (ra & 7)) << 4);
+    t.ob = 16384 + rb * 256 + ((cb ^ (rb & 7)) << 4);
+    return t;
+}
+
+// copy i of the k tile whose A and B rows start at pa and pb, into the stage at sbase
+__device__ __forceinline__ void tw_copy_at(unsigned sbase, const TwCopies& t, const unsigned short* pa,
+                                           const unsigned short* pb, int i)
+{
+    if (i < 8) tw_cp16(sbase + t.oa + i * 2048, pa + i * t.sa);
+    else tw_cp16(sbase + t.ob + (i - 8) * 2048, pb + (i - 8) * t.sb);
+}
+
 // all 2048 chunks of tile kt, 16 a thread
 __device__ __forceinline__ void tw_load(unsigned sbase, const unsigned short* A, const unsigned short* B,
                                         int m0, int n0, int kt, int N, int K, int tid)
@@ -592,10 +628,21 @@ __device__ __forceinline__ void tw_mma(float (&acc)[4][8][4], const unsigned (&a
 // CUTLASS's multistage order, as the emitter: fragments double buffered in registers (k-step s runs its mma
 // beside the ldmatrix of k-step s+1); tile kt+S-1's copies spread over k-steps 0-2 and committed after k-step
 // 2; the barrier before k-step 3, after which tile kt+1's first fragments load beside k-step 3's mma.
+// The main loop's copies use the addresses tw_copies sets up once, as the emitter's pointer registers do.
+// -DTW_SLOW_COPY computes each copy's addresses from scratch (tw_copy: 20-30 integer instructions a copy in nvcc's
+// code, which at one warp a sub-core cost about as much as the mma). gemm_parts builds it with parts of the main loop left out (TW_NO_COPY, TW_NO_LDM, TW_NO_MMA, TW_NO_BAR: the
+// copies, the fragment loads, the mma, the barrier) and times each block's main loop into cycles[2 b] (its SM
+// in cycles[2 b + 1]); the fragments then come from the stages once, before the loop, and C is not the product.
 extern "C" __global__ void __launch_bounds__(128) gemm_twin(const unsigned short* __restrict__ A,
-    const unsigned short* __restrict__ B, float* __restrict__ C, int M, int N, int K, int group, int raster_n)
+    const unsigned short* __restrict__ B, float* __restrict__ C, int M, int N, int K, int group, int raster_n,
+    long long* cycles)
 {
     extern __shared__ __align__(128) unsigned char tw_smem[];
+    long long c_in = 0, ns_in = 0;
+    if (cycles && threadIdx.x == 0) {
+        c_in = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_in));
+    }
     const unsigned sm0 = (unsigned)__cvta_generic_to_shared(tw_smem);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 1, wn = warp & 1;
     int m0, n0;
@@ -610,6 +657,14 @@ extern "C" __global__ void __launch_bounds__(128) gemm_twin(const unsigned short
     unsigned fa[2][4][4], fb[2][8][2];
     int rs = 0, ws = TW_S - 1;
     tw_frags(sm0, 0, lane, wm, wn, fa[0], fb[0]);
+    const TwCopies cps = tw_copies(A, B, m0, n0, N, K, tid);
+    const unsigned short* pa = cps.ga + (size_t)(TW_S - 1) * TW_BK;     // tile S-1, the loop's first copies
+    const unsigned short* pb = cps.gb + (size_t)(TW_S - 1) * cps.kb;
+#ifdef TW_NO_LDM
+    tw_frags(sm0, 1, lane, wm, wn, fa[1], fb[1]);
+#endif
+    __syncthreads();
+    const long long t0 = clock64();
     for (int kt = 0; kt < KT; ++kt) {
         const bool more = kt + TW_S - 1 < KT;
         const unsigned wbase = sm0 + ws * TW_STAGE_BYTES;
@@ -617,23 +672,57 @@ extern "C" __global__ void __launch_bounds__(128) gemm_twin(const unsigned short
         for (int ks = 0; ks < 4; ++ks) {
             if (ks == 3) {
                 asm volatile("cp.async.wait_group %0;" :: "n"(TW_S - 2));
+#ifndef TW_NO_BAR
                 __syncthreads();
+#endif
                 ws = rs;
                 rs = rs + 1 == TW_S ? 0 : rs + 1;
+#ifndef TW_NO_LDM
                 tw_frags(sm0 + rs * TW_STAGE_BYTES, 0, lane, wm, wn, fa[0], fb[0]);
+#endif
             } else {
+#ifndef TW_NO_LDM
                 tw_frags(sm0 + rs * TW_STAGE_BYTES, ks + 1, lane, wm, wn, fa[(ks + 1) & 1], fb[(ks + 1) & 1]);
+#endif
+#ifndef TW_NO_COPY
                 if (more)
 #pragma unroll
                     for (int i = ks * 16 / 3; i < (ks + 1) * 16 / 3; ++i)
+#ifdef TW_SLOW_COPY
                         tw_copy(wbase, A, B, m0, n0, kt + TW_S - 1, N, K, tid + i * 128);
+#else
+                        tw_copy_at(wbase, cps, pa, pb, i);
+#endif
+#endif
                 if (ks == 2) asm volatile("cp.async.commit_group;");
             }
+#ifndef TW_NO_MMA
             tw_mma(acc, fa[ks & 1], fb[ks & 1]);
+#endif
         }
+        pa += TW_BK;
+        pb += cps.kb;
     }
+    const long long t1 = clock64();
     asm volatile("cp.async.wait_group 0;");
+#ifdef TW_NO_MMA
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[0][j][0] += __uint_as_float(fa[0][j & 3][0] ^ fb[1][j][1]);
+#endif
     tw_store(C, N, m0, n0, lane, wm, wn, acc);
+    if (cycles && tid == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        long long ns_out;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns_out));
+        const long long b = (long long)blockIdx.y * gridDim.x + blockIdx.x;
+        cycles[6 * b] = t1 - t0;
+        cycles[6 * b + 1] = smid;
+        cycles[6 * b + 2] = clock64() - c_in;     // the block's cycles and nanoseconds: the SM clock it ran at
+        cycles[6 * b + 3] = ns_out - ns_in;
+        cycles[6 * b + 4] = ns_in;                // the launch's span, first block in to last block out
+        cycles[6 * b + 5] = ns_out;
+    }
 }
 
 // The same kernel with each k-step's fragments loaded right before its mma and the tile's copies at the top of
@@ -1352,10 +1441,11 @@ def main(path: str) -> None:
         kern3 = cp.RawKernel(GEMM_TWIN_SRC, "gemm_twin", options=("-DTW_S=3",))
         kern3.max_dynamic_shared_size_bytes = 98304
 
-        def launch(a, b, c, m, n, k, fn=kern, smem=131072, per_sm=1):
+        def launch(a, b, c, m, n, k, fn=kern, smem=131072, per_sm=1, cyc=None):
             group, raster_n = twin_raster(m // 128, n // 128, per_sm * sms)
+            extra = ((np.uint64(0) if cyc is None else cyc),) if fn is not kern_simple else ()
             fn((n // 128, m // 128), (128,), (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int32(group),
-                                             np.int32(raster_n)), shared_mem=smem)
+                                             np.int32(raster_n)) + extra, shared_mem=smem)
 
         m, n, k = 256, 384, 192
         a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(cp.float16)
@@ -1382,7 +1472,11 @@ def main(path: str) -> None:
             ta, tb = torch.as_tensor(a, device="cuda"), torch.as_tensor(b, device="cuda")
             flops = 2 * m * n * k
             inner = max(1, int(2e9 * 1000 / flops))   # back-to-back launches, about 2 ms at 1 PFLOP/s
-            ms_twin = cuda_ms(lambda: [launch(a, b, c, m, n, k) for _ in range(inner)], reps=5) / inner
+            cyc = cp.zeros(6 * (m // 128) * (n // 128), cp.int64)
+            ms_twin = cuda_ms(lambda: [launch(a, b, c, m, n, k, cyc=cyc) for _ in range(inner)], reps=5) / inner
+            rows = cyc.get().reshape(-1, 6)                 # the last timed launch's blocks: the clock they ran at
+            clk_during = 1e3 * rows[:, 2].sum() / max(1, rows[:, 3].sum())
+            span_cycles = (rows[:, 5].max() - rows[:, 4].min()) * clk_during / 1e3
             clk_twin = sm_clock_mhz()
             ms_cublas = cuda_ms(lambda: [torch.matmul(ta, tb) for _ in range(inner)], reps=5) / inner
             clk_cublas = sm_clock_mhz()
@@ -1390,16 +1484,62 @@ def main(path: str) -> None:
             ms_s3 = cuda_ms(lambda: [launch(a, b, c, m, n, k, kern3, 98304, 2) for _ in range(inner)], reps=5) / inner
             pts.append([m, n, k, round(flops / (ms_twin * 1e-3) / 1e12, 1), round(clk_twin),
                         round(flops / (ms_cublas * 1e-3) / 1e12, 1), round(clk_cublas),
-                        round(flops / (ms_s3 * 1e-3) / 1e12, 1), round(flops / (ms_simple * 1e-3) / 1e12, 1)])
+                        round(flops / (ms_s3 * 1e-3) / 1e12, 1), round(flops / (ms_simple * 1e-3) / 1e12, 1),
+                        round(clk_during), round(flops / (ms_twin * 1e-3) / 1e12 * 1980 / clk_during, 1),
+                        round(float(span_cycles))])
             print(f"  gemm_twin {m}x{n}x{k}: twin {pts[-1][3]} TFLOP/s at {clk_twin:.0f} MHz, cuBLAS {pts[-1][5]} at "
                   f"{clk_cublas:.0f} MHz, twin with 3 stages (2 blocks an SM) {pts[-1][7]}, "
-                  f"simple twin {pts[-1][8]}", flush=True)
+                  f"simple twin {pts[-1][8]}; the twin's blocks ran at {clk_during:.0f} MHz ({pts[-1][10]} at 1980), "
+                  f"first block in to last out {pts[-1][11]} cycles",
+                  flush=True)
             del a, b, c, ta, tb
         return {"columns": ["m", "n", "k", "twin_tflops", "twin_sm_mhz_after", "cublas_tflops", "cublas_sm_mhz_after",
-                            "twin_3_stages_tflops", "twin_simple_tflops"],
+                            "twin_3_stages_tflops", "twin_simple_tflops", "twin_sm_mhz_during",
+                            "twin_tflops_at_1980_mhz", "twin_span_cycles"],
                 "dtype": "fp16 in, f32 out (twin), fp16 out (cuBLAS)", "layout": "A[m,k] @ B[k,n]",
-                "kernel": "gemm_twin: archsim's mma.sync GEMM (128x128x64, 4 stages, 4 warps, grouped raster)",
+                "kernel": "gemm_twin: archsim's mma.sync GEMM (128x128x64, 4 stages, 4 warps, grouped raster, copies "
+                          "addressed once as the emitter's pointer registers)",
                 "max_rel_error": err, "points": pts}
+
+    @bench("gemm_parts", path)
+    def _():
+        """Where the twin's k-tile cycles go: its main loop with parts left out, timed by each block's clock64,
+        on 1 block, one wave (a block on every SM) and 4096^3 (7.8 waves). No variant leaves the mma out while
+        keeping ldmatrix: ptxas drops ldmatrix whose registers nothing reads."""
+        variants = {"full": (), "slow_copy": ("TW_SLOW_COPY",), "no_copy": ("TW_NO_COPY",), "no_ldm": ("TW_NO_LDM",),
+                    "no_bar": ("TW_NO_BAR",), "mma_only": ("TW_NO_COPY", "TW_NO_LDM", "TW_NO_BAR"),
+                    "copy_only": ("TW_NO_LDM", "TW_NO_MMA"), "mma_ldm": ("TW_NO_COPY", "TW_NO_BAR"),
+                    "slow_copy_only": ("TW_SLOW_COPY", "TW_NO_LDM", "TW_NO_MMA")}
+        tiles = (12, 11) if sms == 132 else (sms, 1)
+        grids = [("1 block", 128, 128, 8192), ("one wave", 128 * tiles[1], 128 * tiles[0], 8192),
+                 ("4096^3", 4096, 4096, 4096)]
+        pts = []
+        for gname, m, n, k in grids:
+            a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(cp.float16)
+            b = cp.random.standard_normal((k, n), dtype=cp.float32).astype(cp.float16)
+            c = cp.zeros((m, n), cp.float32)
+            blocks = (m // 128) * (n // 128)
+            cyc = cp.zeros(6 * blocks, cp.int64)
+            group, raster_n = twin_raster(m // 128, n // 128, sms)
+            for vname, flags in variants.items():
+                fn = cp.RawKernel(GEMM_TWIN_SRC, "gemm_twin", options=tuple(f"-D{f}" for f in flags))
+                fn.max_dynamic_shared_size_bytes = 131072
+                args = (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int32(group), np.int32(raster_n))
+                run = lambda: fn((n // 128, m // 128), (128,), args + (cyc,), shared_mem=131072)
+                ms = cuda_ms(run, warm=2, reps=5)
+                rows = cyc.get().reshape(-1, 6)
+                per_block = rows[:, 0] / (k // 64)
+                mhz = 1e3 * rows[:, 2].sum() / max(1, rows[:, 3].sum())     # the clock the blocks ran at
+                pts.append([gname, vname, m, n, k, round(ms * 1e3, 1), round(mhz),
+                            round(float(np.median(per_block)), 1), round(float(per_block.min()), 1),
+                            round(float(per_block.max()), 1), round(2 * m * n * k / (ms * 1e-3) / 1e12, 1)])
+                print(f"  gemm_parts {gname} {vname}: {pts[-1][7]} cycles a k-tile (min {pts[-1][8]}, max "
+                      f"{pts[-1][9]}), {pts[-1][5]} us, {pts[-1][10]} TFLOP/s-equivalent at {mhz:.0f} MHz", flush=True)
+            del a, b, c
+        return {"columns": ["grid", "variant", "m", "n", "k", "kernel_us", "sm_mhz_during", "cycles_per_ktile_median",
+                            "cycles_per_ktile_min", "cycles_per_ktile_max", "tflops_equivalent"],
+                "kernel": "gemm_twin's main loop with parts left out (-DTW_NO_COPY / LDM / MMA / BAR), each block's "
+                          "loop timed by clock64, cycles over its k tiles", "variants": variants, "points": pts}
 
     @bench("gemm", path)
     def _():
