@@ -76,7 +76,9 @@ PARAMS = {
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
-             "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false")},
+             "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
+             "tile": (str, "auto", "auto (the tile rule's) or a tensor-core tile BMxBNxBK/warps/stages, as "
+                                   "128x128x64/4/4 (GPU)")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
@@ -91,7 +93,7 @@ PARAMS = {
             "direction": (str, "put", "put or get"),
             "reps": (int, 16, "transfers, each waited for, >= 1")},
     "asm": {"file": (str, None, "a .s path or a name in isa/validation; {n} in it is replaced by n"),
-            "n": (int, 1, "an integer >= 0 put in place of {n} in file"),
+            "n": (int, 1, "an integer >= 0 put in place of {n} in file's name and text"),
             "iters": (int, 64, "the kernel's .arg iters for the first run (the second runs 2 x iters), >= 1"),
             "per_iter": (float, 1.0, "units of work one loop iteration does (the value is cycles per unit), > 0"),
             "threads": (int, 0, "threads per block (0: the file's .launch)")},
@@ -646,7 +648,7 @@ def micro_mma(machine, p: dict, out: MicroResult) -> float:
 
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
-    (archsim.workloads.emit.gemm_gpu: the tile rule's block tile, a multistage cp.async pipeline,
+    (archsim.workloads.emit.gemm_gpu: the tile rule's block tile or ``tile``'s, a multistage cp.async pipeline,
     swizzled shared memory, ldmatrix and mma; FFMA where the tensor units lack the dtype)."""
     from archsim.workloads.emit import gemm_kernel
 
@@ -656,12 +658,13 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
-    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
+    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]))
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
     out.kernels[-1]["model_flops"] = g.flops
     tf = g.flops / stats.seconds(machine, t.cycles) / 1e12
     peak = stats.machine_record(machine)["peak_tflops"]
+    out.extra["warps"] = g.tile.warps
     out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
     out.extra["stages"] = g.tile.stages
     out.extra["kernel"] = g.kind
@@ -669,6 +672,25 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     if pk:
         out.extra["share_of_peak"] = tf / pk
     return tf
+
+
+def _gemm_tile(text: str):
+    """micro gemm's ``tile``: None for auto (the tile rule), else the Tile BMxBNxBK/warps/stages."""
+    from archsim.workloads.emit.gemm_gpu import Tile
+
+    if text == "auto":
+        return None
+    allowed = "auto or BMxBNxBK/warps/stages with BM, BN powers of two from 16 to 256, BK 32 or 64, 4 or 8 warps, " \
+              "2-8 stages (as 128x128x64/4/4)"
+    try:
+        dims, warps, stages = text.split("/")
+        bm, bn, bk = (int(v) for v in dims.lower().split("x"))
+        warps, stages = int(warps), int(stages)
+    except ValueError:
+        raise InputError("--param tile", repr(text), allowed) from None
+    _need(min(bm, bn) >= 16 and max(bm, bn) <= 256 and bm & (bm - 1) == 0 and bn & (bn - 1) == 0 and bk in (32, 64) and warps in (4, 8)
+          and 2 <= stages <= 8, "--param tile", repr(text), allowed)
+    return Tile(bm, bn, bk, warps, stages)
 
 
 GEMM_DTYPES = ("fp16", "bf16", "tf32", "fp32")
@@ -686,6 +708,8 @@ def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in SUNWAY_GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(SUNWAY_GEMM_DTYPES))
+    _need(p["tile"] == "auto", "--param tile", f"{p['tile']} on {machine.name}",
+          "auto (the Sunway GEMM's tile is its CPE's C tile in LDM)")
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
@@ -913,7 +937,7 @@ def micro_asm(machine, p: dict, out: MicroResult) -> float:
     _need(p["iters"] >= 1, "--param iters", f"{p['iters']}", "an integer >= 1")
     _need(p["per_iter"] > 0, "--param per_iter", f"{p['per_iter']}", "a number > 0")
     path = asm_path(p["file"].replace("{n}", str(p["n"])))
-    prog = assemble_file(path)
+    prog = assemble_file(path, {"{n}": str(p["n"])})
     caps = capabilities(machine)
     check(prog, caps)
     spec = {a.name: a for a in prog.args}

@@ -45,7 +45,8 @@ def test_defaults_are_the_values_the_engine_had():
     m = load_machine("a100")
     assert (m.cores.mio_queue_entries, m.cores.load_trackers, m.cores.miss_queue_entries) == (8, 512, 64)
     assert (m.fabric.header_bytes, m.fabric.lookahead_rounds, m.memory_controllers.row_hit_cap) == (8, 3, 16)
-    assert (m.l1.replacement, m.l1.max_merge, m.l2.replacement, m.l2.max_merge) == ("lru", 8, "lru", 4)
+    assert (m.l1.replacement, m.l1.max_merge, m.l2.replacement, m.l2.max_merge) == ("lru", 8, "lru", 64)
+    assert load_machine("tiny-gpu").l2.max_merge == 4    # the schema's default (a100 / h100 set the measured 64)
     assert m.l2.retry_spare_entries == 256
     s = load_machine("sw26010pro")
     assert (s.dma.descriptors_per_engine, s.rma.descriptors_per_engine) == (8, 8)

@@ -378,6 +378,38 @@ def test_gemm_micro_is_the_emitted_tiled_kernel_and_rejects_bad_params(tiny):
     assert e.value.where == "--param dtype"
 
 
+def test_gemm_micro_times_a_given_tile(tiny):
+    from archsim.workloads.emit import gemm_kernel
+    from archsim.workloads.emit.gemm_gpu import Tile
+
+    r = MI.run_micro("gemm", tiny, {"m": 128, "n": 128, "k": 128, "tile": "64x32x32/4/2"})
+    g = gemm_kernel(capabilities(tiny), 128, 128, 128, "fp16", tile=Tile(64, 32, 32, 4, 2))
+    assert r.extra["tile"] == [64, 32, 32] and r.extra["stages"] == 2 and r.extra["warps"] == 4
+    assert r.kernels[0]["grid"] == list(g.launch.grid) == [4, 2, 1]
+    auto = MI.run_micro("gemm", tiny, {"m": 128, "n": 128, "k": 128})
+    assert auto.extra["tile"] != [64, 32, 32] or auto.extra["stages"] != 2
+
+
+@pytest.mark.parametrize("tile,what", [("12x3", "'12x3'"), ("128x128x64", "'128x128x64'"),
+                                        ("48x64x32/4/2", "powers of two"), ("1024x64x32/8/2", "to 256"), ("64x64x16/4/2", "BK 32 or 64"),
+                                        ("64x64x32/6/2", "4 or 8 warps"), ("64x64x32/4/9", "2-8 stages"),
+                                        ("axbxc/4/2", "'axbxc/4/2'")])
+def test_gemm_micro_bad_tile_is_one_clear_error(tiny, tile, what):
+    with pytest.raises(InputError) as e:
+        MI.run_micro("gemm", tiny, {"tile": tile})
+    assert e.value.where == "--param tile" and (what in e.value.what or what in e.value.allowed)
+
+
+def test_gemm_micro_tile_needs_the_tensor_kernel_and_a_gpu(tiny):
+    with pytest.raises(InputError, match="vector FFMA kernel"):
+        MI.run_micro("gemm", tiny, {"dtype": "fp32", "tile": "64x32x32/4/2"})
+    with pytest.raises(InputError, match="does not fit a core"):
+        MI.run_micro("gemm", tiny, {"tile": "128x128x64/4/8"})
+    with pytest.raises(InputError) as e:
+        MI.run_micro("gemm", load_machine("tiny-sunway"), {"tile": "64x32x32/4/2"})
+    assert e.value.where == "--param tile"
+
+
 
 
 # ----------------------------------------------------------------------------- micro asm (slope of an ISA kernel)
@@ -422,7 +454,7 @@ def test_micro_asm_finds_builtin_validation_kernels_by_name_and_n(tmp_path):
     assert files
     caps = capabilities(load_machine("h100"))
     for f in files:
-        prog = assemble_file(f)
+        prog = assemble_file(f, {"{n}": "2"})   # micro asm puts n in place of {n} in the text too
         check(prog, caps)
         assert "iters" in {a.name for a in prog.args if not a.is_buffer}, f.name
     assert MI.asm_path("mma_mix_f{n}".replace("{n}", "4")).name == "mma_mix_f4.s"
@@ -439,6 +471,44 @@ def test_micro_asm_bad_params_are_one_clear_error(tiny, params, where, what):
     with pytest.raises(InputError) as e:
         MI.run_micro("asm", tiny, params)
     assert e.value.where == where and what in e.value.what
+
+
+NESTED_S = """.kernel nested
+.param iters
+.param inner
+.launch grid=1 block=32
+.arg iters = 8
+.arg inner = {n}
+        mov.f32 r1, 1.0
+        mov.f32 r2, 1.0
+        ldparam r41, iters
+        ldparam r43, inner
+        mov.b64 r40, 0
+LOOP:
+        mov.b64 r42, 0
+INNER:
+""" + "        fma.f32 r1, r1, r2, r2\n" * 8 + """        add.i64 r42, r42, 1
+        setp.lt.i64 p1, r42, r43
+   @p1  bra INNER
+        add.i64 r40, r40, 1
+        setp.lt.i64 p0, r40, r41
+   @p0  bra LOOP
+        exit
+"""
+
+
+def test_micro_asm_puts_n_in_the_file_text(tiny, tmp_path):
+    # {n} in an .arg value: the inner loop's trip count, so the outer loop's slope grows with n
+    from archsim.isa.asm import assemble_file
+
+    f = tmp_path / "nested.s"
+    f.write_text(NESTED_S)
+    one = MI.run_micro("asm", tiny, {"file": str(f), "n": 1})
+    three = MI.run_micro("asm", tiny, {"file": str(f), "n": 3})
+    lat = tiny.pipes["fma"].latency_cycles
+    assert 8 * lat <= one.value and 2.5 * one.value < three.value <= 3 * one.value + 8
+    with pytest.raises(InputError):      # {n} left in the text is not an integer
+        assemble_file(f)
 
 
 def test_micro_asm_needs_a_loop_on_iters(tiny, tmp_path):

@@ -462,7 +462,9 @@ def _max_reg_of(row: dict) -> int:
     return best
 
 
-def assemble_file(path: str | Path) -> Program:
+def assemble_file(path: str | Path, subst: dict[str, str] | None = None) -> Program:
+    """Assemble a .s file; ``subst`` replaces each key in its text with the value first (micro asm's
+    ``{n}``)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -470,6 +472,8 @@ def assemble_file(path: str | Path) -> Program:
         raise InputError(str(path), "no such file", "a path to an assembly (.s) file")
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(str(path), f"cannot read: {e.__class__.__name__}", "a readable UTF-8 text file")
+    for k, v in (subst or {}).items():
+        text = text.replace(k, v)
     return assemble(text, source=p.name)
 
 

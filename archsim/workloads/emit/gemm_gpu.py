@@ -1624,7 +1624,10 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         return _copy_width(g, es)
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
-    if tile is not None and _uses_tensor(caps, dt):
+    if tile is not None and not _uses_tensor(caps, dt):
+        raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} with dtype {dtype}, which {caps.name} runs "
+                         "as the vector FFMA kernel (one tile)", "no tile, or a dtype the tensor units take")
+    if tile is not None:
         if tile.warps not in (4, 8):
             raise InputError("gemm", f"tile {tile}", "4 or 8 warps")
         wm, wn = (2, 2) if tile.warps == 4 else ((4, 2) if tile.BM >= tile.BN else (2, 4))
