@@ -29,26 +29,36 @@ PART_OPS = {"copy": ("cp.async.16", "cp.async.8", "cp.async.4"), "ldm": ("ldmatr
 MEASURED = {"h100": "configs/reference/measured/h100-sxm5-gemm-parts.json"}
 
 
+def opcode_names() -> list:
+    from archsim.isa.opcodes import opcodes
+
+    return [o.mnemonic for o in opcodes()]
+
+
+def _renumber(prog, cols: dict, old_to_new: np.ndarray):
+    """Point the branches and reconvergence points in ``cols`` (prog's rows after instructions
+    were dropped or inserted) at the new positions of the instructions they named; prog's labels,
+    moved the same way."""
+    names = opcode_names()
+    bra = np.array([names[o] == "bra" for o in cols["op"]], dtype=bool)
+    cols["imm"][bra] = old_to_new[cols["imm"][bra]]
+    r = cols["reconv"]
+    r[r >= 0] = old_to_new[r[r >= 0]]
+    return tuple((int(old_to_new[i]), s) for i, s in prog.labels)
+
+
 def drop(prog, lo: int, hi: int, mnemonics: set):
     """prog without the instructions in [lo, hi) whose mnemonic is in ``mnemonics``; branch targets,
     reconvergence points and labels follow the instructions they named."""
     from dataclasses import replace
 
-    from archsim.isa.opcodes import opcodes
     from archsim.isa.program import ARRAYS
 
-    ops = opcodes()
-    names = [ops[o].mnemonic for o in prog.op]
-    keep = np.array([not (lo <= i < hi and n in mnemonics) for i, n in enumerate(names)])
+    names = opcode_names()
+    keep = np.array([not (lo <= i < hi and names[o] in mnemonics) for i, o in enumerate(prog.op)], dtype=bool)
     new_index = np.cumsum(np.concatenate([[0], keep.astype(np.int64)]))   # kept rows before each index
     cols = {a: getattr(prog, a)[keep].copy() for a in ARRAYS}
-    kept_names = [n for n, k in zip(names, keep) if k]
-    for i, n in enumerate(kept_names):
-        if n == "bra":
-            cols["imm"][i] = new_index[cols["imm"][i]]
-    r = cols["reconv"]
-    r[r >= 0] = new_index[r[r >= 0]]
-    labels = tuple((int(new_index[i]), s) for i, s in prog.labels)
+    labels = _renumber(prog, cols, new_index)
     line = prog.line[keep] if prog.line is not None else None
     return replace(prog, **cols, labels=labels, line=line)
 
@@ -69,32 +79,18 @@ def zero_before(prog, at: int, regs: list):
         v = getattr(prog, a)
         ins = np.array([r if a == "dst" else row[a] for r in regs], dtype=v.dtype)
         cols[a] = np.concatenate([v[:at], ins, v[at:]])
-    shift = lambda i: i + k if i >= at else i   # noqa: E731
-    names = [opcode_names()[o] for o in cols["op"]]
-    for i, n in enumerate(names):
-        if n == "bra" and not (at <= i < at + k):
-            cols["imm"][i] = shift(int(cols["imm"][i]))
-    r = cols["reconv"]
-    r[r >= at] += k
-    labels = tuple((shift(i), s) for i, s in prog.labels)
+    old = np.arange(len(prog) + 1)
+    labels = _renumber(prog, cols, old + k * (old >= at))
     line = np.concatenate([prog.line[:at], np.zeros(k, prog.line.dtype), prog.line[at:]]) if prog.line is not None \
         else None
     return replace(prog, **cols, labels=labels, line=line)
 
 
-def opcode_names() -> list:
-    from archsim.isa.opcodes import opcodes
-
-    return [o.mnemonic for o in opcodes()]
-
-
 def loop_range(prog) -> tuple[int, int]:
     """The GEMM main loop: from its KLOOP label to the branch back to it."""
-    from archsim.isa.opcodes import opcodes
-
-    ops = opcodes()
+    names = opcode_names()
     start = dict((s, i) for i, s in prog.labels)["KLOOP"]
-    back = [i for i in range(len(prog)) if ops[prog.op[i]].mnemonic == "bra" and prog.imm[i] == start]
+    back = [i for i in range(len(prog)) if names[prog.op[i]] == "bra" and prog.imm[i] == start]
     return start, back[-1] + 1
 
 

@@ -1459,6 +1459,12 @@ def main(path: str) -> None:
                                    "first read of a line misses, with the rest of its group right behind)",
                          "points": cold}}
 
+    def twin_blocks(cyc):
+        """gemm_twin's per-block record of its last launch (rows of 6, see the kernel) and the SM
+        clock its blocks ran at: their cycles over their globaltimer nanoseconds, in MHz."""
+        rows = cyc.get().reshape(-1, 6)
+        return rows, 1e3 * rows[:, 2].sum() / max(1, rows[:, 3].sum())
+
     def twin_raster(tm: int, tn: int, cores: int) -> tuple[int, int]:
         """(group, raster_n) as archsim's gemm_gpu._raster over `cores` resident blocks."""
         root = math.sqrt(cores)
@@ -1513,8 +1519,7 @@ def main(path: str) -> None:
             inner = max(1, int(2e9 * 1000 / flops))   # back-to-back launches, about 2 ms at 1 PFLOP/s
             cyc = cp.zeros(6 * (m // 128) * (n // 128), cp.int64)
             ms_twin = cuda_ms(lambda: [launch(a, b, c, m, n, k, cyc=cyc) for _ in range(inner)], reps=5) / inner
-            rows = cyc.get().reshape(-1, 6)                 # the last timed launch's blocks: the clock they ran at
-            clk_during = 1e3 * rows[:, 2].sum() / max(1, rows[:, 3].sum())
+            rows, clk_during = twin_blocks(cyc)            # the last timed launch's blocks
             span_cycles = (rows[:, 5].max() - rows[:, 4].min()) * clk_during / 1e3
             clk_twin = sm_clock_mhz()
             ms_cublas = cuda_ms(lambda: [torch.matmul(ta, tb) for _ in range(inner)], reps=5) / inner
@@ -1568,9 +1573,8 @@ def main(path: str) -> None:
                 args = (a, b, c, np.int32(m), np.int32(n), np.int32(k), np.int32(group), np.int32(raster_n))
                 run = lambda: fn((n // 128, m // 128), (128,), args + (cyc,), shared_mem=131072)
                 ms = cuda_ms(run, warm=2, reps=5)
-                rows = cyc.get().reshape(-1, 6)
+                rows, mhz = twin_blocks(cyc)
                 per_block = rows[:, 0] / (k // 64)
-                mhz = 1e3 * rows[:, 2].sum() / max(1, rows[:, 3].sum())     # the clock the blocks ran at
                 pts.append([gname, vname, m, n, k, round(ms * 1e3, 1), round(mhz),
                             round(float(np.median(per_block)), 1), round(float(per_block.min()), 1),
                             round(float(per_block.max()), 1), round(2 * m * n * k / (ms * 1e-3) / 1e12, 1)])
