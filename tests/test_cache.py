@@ -248,7 +248,7 @@ def test_a_sharer_waits_in_slots_of_its_own_beyond_max_merge():
     """cache_access_sharer (an L2 mirror slice asking the home slice for a line) waits in the
     entry's sharer slots: it neither takes nor is refused by the max_merge slots of the cores'
     requests, and a partial fill keeps the count of sharers right."""
-    C = small(mshrs=4, max_merge=2, sharer_slots=1)
+    C = small(mshrs=4, max_merge=2, sharer_slots=1, sharer_entries=1)
 
     def share(addr, mask, req):
         s, m = K.cache_access_sharer(C, 0, addr, mask, req, 0)
@@ -272,6 +272,32 @@ def test_a_sharer_waits_in_slots_of_its_own_beyond_max_merge():
     assert acc(C, 0x1020, req=11) == (MERGED, 0)
     assert fill_all(C, 0x1000, 0b0010) == [6, 11]
     assert C.mshr[0, :, K.M_NSHR].sum() == 0
+
+
+def test_a_sharer_opens_entries_of_its_own_class():
+    """A sharer's miss opens one of sharer_entries entries, outside mshrs and the sector cap: a
+    cache whose own misses fill its MSHRs still takes another cache's request, and its own
+    requests never take a sharer's entry."""
+    C = small(mshrs=2, mshr_sectors=2, sharer_entries=1)
+
+    def share(addr, mask, req):
+        s, m = K.cache_access_sharer(C, 0, addr, mask, req, 0)
+        return int(s), int(m)
+
+    assert acc(C, 0x0000, req=1) == (MISS, 0b0001)
+    assert acc(C, 0x0100, req=2) == (MISS, 0b0001)
+    assert acc(C, 0x0200, req=3) == (RESERVATION_FAIL, 0)      # its own two entries are taken
+    assert share(0x0300, 0b1111, 4) == (MISS, 0b1111)         # beyond mshrs and the sector cap
+    assert share(0x0400, 0b0001, 5) == (RESERVATION_FAIL, 0)   # the sharers' one entry is taken
+    assert acc(C, 0x0200, req=3) == (RESERVATION_FAIL, 0)      # and never the cores'
+    assert acc(C, 0x0304, req=6) == (MERGED, 0)                # a core's read joins the sharer's entry
+    assert C.mshr_sectors[0] == 2 and C.inst[0, K.I_SHR_SECTORS] == 4
+    assert fill_all(C, 0x0300, 0b1111) == [4, 6]
+    assert C.inst[0, K.I_SHR_OPEN] == 0 and C.inst[0, K.I_SHR_SECTORS] == 0
+    assert share(0x0400, 0b0001, 5) == (MISS, 0b0001)
+    assert acc(C, 0x0200, req=3) == (RESERVATION_FAIL, 0)
+    assert fill_all(C, 0x0000, 0b0001) == [1]
+    assert acc(C, 0x0200, req=3) == (MISS, 0b0001)
 
 
 def test_sector_budget_limits_sectors_in_flight():
@@ -304,7 +330,8 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
     """Accesses and (partial) fills in any order: in-flight lines stay put, every waiting request is
     released exactly once, the sector budget balances, the counters partition the accesses."""
     alloc = WRITE_ALLOCATE if wp == WRITE_BACK else NO_WRITE_ALLOCATE
-    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc, sharer_slots=1)
+    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc, sharer_slots=1, sharer_entries=2)
+    E = C.mshr.shape[1]
     waiting, released, req = set(), [], 0
     out = np.zeros(8, np.int32)
     for op in ops:
@@ -321,7 +348,7 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
             if s in (MISS, MERGED):
                 waiting.add(req)
         else:
-            open_e = [e for e in range(3) if C.mshr_line[0, e] >= 0]
+            open_e = [e for e in range(E) if C.mshr_line[0, e] >= 0]
             if not open_e:
                 continue
             e = open_e[op[1] % len(open_e)]
@@ -331,17 +358,21 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
             n = mshr_waiters(C, 0, e, out)
             released += list(out[:n])
             mshr_free(C, 0, e)
-        for e in range(3):
+        for e in range(E):
             if C.mshr_line[0, e] >= 0:
                 s, w = C.mshr_set[0, e], C.mshr_way[0, e]
                 assert C.tag[0, s, w] == C.mshr_line[0, e] and C.reserved[0, s, w] == e
                 k = C.mshr_nwait[0, e]
                 nshr = int(C.wait[0, e, :k, K.W_SHR].sum())
                 assert nshr == C.mshr[0, e, K.M_NSHR] <= 1 and k - nshr <= 3
-        assert C.mshr_sectors[0] == sum(bin(int(p)).count("1") for p, ln in zip(C.mshr_pending[0], C.mshr_line[0])
-                                        if ln >= 0)
+        # each class within its own budget, its sectors in flight counted apart
+        live = [e for e in range(E) if C.mshr_line[0, e] >= 0]
+        by_shr = [e for e in live if C.mshr[0, e, K.M_BYSHR]]
+        assert len(by_shr) == C.inst[0, K.I_SHR_OPEN] <= 2 and len(live) - len(by_shr) <= 3
+        for cls, col in ((set(by_shr), K.I_SHR_SECTORS), (set(live) - set(by_shr), K.I_SECTORS)):
+            assert C.inst[0, col] == sum(bin(int(C.mshr_pending[0, e])).count("1") for e in cls)
     assert len(released) == len(set(released)) and set(released) <= waiting
-    still = {int(C.mshr_wait[0, e, k]) for e in range(3) if C.mshr_line[0, e] >= 0
+    still = {int(C.mshr_wait[0, e, k]) for e in range(E) if C.mshr_line[0, e] >= 0
              for k in range(C.mshr_nwait[0, e])}
     assert set(released) | still == waiting
     r = counters(C)

@@ -212,8 +212,9 @@ def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing():
 
 def test_both_halves_missing_on_a_line_read_it_from_dram_once():
     """The home slice is the point of coherence: a copy's miss joins the home's own miss of the
-    line, and the home's own read joins a copy's, in sharer slots beyond max_merge; a copy the
-    home cannot take (its sharer slot is busy) reads DRAM itself after the crossing."""
+    line, and the home's own read joins a copy's, in sharer slots beyond max_merge; a copy's miss
+    opens an entry of the mirrors' class when the home's own misses fill its MSHRs. Only a set
+    whose every way waits on a fill sends the copy to DRAM by itself, after the crossing."""
     from archsim.engine import cache as CA
 
     m = load_machine("tiny-gpu", sets=["l2.near_replicas=true", "l2.slice_indexing=consecutive"])
@@ -222,24 +223,54 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
     home = ST.slice_of(MS, line)
     mirror = ST.mirror_slice(MS, home, 0)
     q = MS.cfg[ST.M_Q_RFILL] + mirror
-    # the home's cores miss first, max_merge of them: the copy still joins
-    own = [req_alloc(MS.R, line, 32, KIND_READ, 1, 0, 0) for _ in range(m.l2.max_merge)]
-    st0, newm = CA.cache_access_mask(MS.L2, home, line, 0b0001, 0, False, own[0], 10)
-    assert st0 == CA.MISS
-    L2._fetch(MS, home, line, newm, 10)
-    for r in own[1:]:
-        assert CA.cache_access_mask(MS.L2, home, line, 0b0001, 0, False, r, 10)[0] == CA.MERGED
+
+    def homed(start, n, where=lambda a: True):
+        return [a for a in range(start, start + (1 << 24), 128) if ST.slice_of(MS, a) == home and where(a)][:n]
+
+    def own_miss(addr, t):
+        r = req_alloc(MS.R, addr, 32, KIND_READ, 1, 0, t)
+        st0, newm = CA.cache_access_mask(MS.L2, home, addr, 0b0001, 0, False, r, t)
+        if st0 == CA.MISS:
+            L2._fetch(MS, home, addr, newm, t)
+        return st0
+
+    def read_masks():
+        return sorted((int(MS.R.addr[r]) & ~127, int(MS.R.aux0[r])) for r in dram_reads(MS, m))
+
+    # the home's cores miss first, max_merge of them: the copy still joins, and a second copy of
+    # more sectors of the line joins too (a sharer slot a sector)
+    assert own_miss(line, 10) == CA.MISS
+    for _ in range(m.l2.max_merge - 1):
+        assert own_miss(line, 10) == CA.MERGED
     L2.fetch_copy(MS, mirror, home, line, 0b0001, 20)
-    assert len(dram_reads(MS, m)) == 1 and MS.Q.count[q] == 0
-    # a second copy of the line finds the sharer slot taken: the old way, its own read later
-    L2.fetch_copy(MS, mirror, home, line, 0b0001, 30)
-    assert MS.Q.count[q] == 1 and MS.R.src[q_peek(MS.Q, q, 0)] == ST.COPY_MISS
+    L2.fetch_copy(MS, mirror, home, line, 0b0010, 30)
+    assert MS.Q.count[q] == 0 and read_masks() == [(line, 0b0001), (line, 0b0010)]
     # the copy misses first: the home's own read joins it
-    two = next(a for a in range(line + 128, line + (1 << 20), 128) if ST.slice_of(MS, a) == home)
+    two = homed(line + 128, 1)[0]
     L2.fetch_copy(MS, mirror, home, two, 0b0011, 40)
     n = len(dram_reads(MS, m))
     r = req_alloc(MS.R, two, 32, KIND_READ, 1, 0, 0)
     assert CA.cache_access_mask(MS.L2, home, two, 0b0010, 0, False, r, 50) == (CA.MERGED, 0)
+    assert len(dram_reads(MS, m)) == n
+    # the home's own misses take all its MSHRs: a copy's miss still opens an entry there
+    for a in homed(two + 128, 64):
+        if CA.cache_access_mask(MS.L2, home, a, 0b0001, 0, False, req_alloc(MS.R, a, 32, KIND_READ, 1, 0, 0),
+                                60)[0] == CA.RESERVATION_FAIL:
+            break
+    three = homed(a + 128, 1)[0]
+    assert own_miss(three, 70) == CA.RESERVATION_FAIL
+    L2.fetch_copy(MS, mirror, home, three, 0b0001, 70)
+    assert MS.Q.count[q] == 0 and (three, 0b0001) in read_masks()
+    assert MS.L2.inst[home, CA.I_SHR_OPEN] == 2            # the copies of `two` and `three`
+    # every way of a set waits on a fill: the copy reads DRAM itself, after the crossing
+    L2c = MS.L2.cfg
+    s4 = CA.set_index(L2c, homed(three + 128, 1)[0] >> 7)
+    same = homed(three + 128, m.l2.assoc + 1, lambda a: CA.set_index(L2c, a >> 7) == s4)
+    for a in same[:-1]:
+        CA.cache_access_sharer(MS.L2, home, a, 0b0001, req_alloc(MS.R, a, 32, KIND_READ, 1, 0, 0), 80)
+    n = len(dram_reads(MS, m))
+    L2.fetch_copy(MS, mirror, home, same[-1], 0b0001, 90)
+    assert MS.Q.count[q] == 1 and MS.R.src[q_peek(MS.Q, q, 0)] == ST.COPY_MISS
     assert len(dram_reads(MS, m)) == n
 
 
@@ -311,4 +342,6 @@ def test_the_waiter_scratch_holds_the_longest_waiter_list():
         m, MS = mstate("tiny-gpu", sets)
         assert MS.waiters.size >= max(MS.L1.wait.shape[2], MS.L2.wait.shape[2]) >= 100
     m, MS = mstate("tiny-gpu", ["l2.near_replicas=true"])
-    assert MS.L2.wait.shape[2] == m.l2.max_merge + m.l2.halves - 1
+    sectors = m.l2.line_bytes // m.l2.sector_bytes
+    assert MS.L2.wait.shape[2] == m.l2.max_merge + (m.l2.halves - 1) * sectors
+    assert MS.L2.mshr.shape[1] == m.l2.mshrs * m.l2.halves   # the mirrors' own entries besides mshrs

@@ -70,20 +70,23 @@ CFG_MSHRS, CFG_MAX_MERGE, CFG_MSHR_SECTORS, CFG_SECTOR_SHIFT = 12, 13, 14, 15
 # interleave), halves
 CFG_SQ_LPG, CFG_SQ_SPH, CFG_SQ_HALF_LINES, CFG_SQ_HALVES = 16, 17, 18, 19
 CFG_SHARERS = 20   # an entry's waiter slots beyond max_merge that only cache_access_sharer takes
-N_CFG = 21
+CFG_SHARER_ENTRIES = 21   # entries beyond mshrs that only cache_access_sharer opens
+N_CFG = 22
 # way columns: C.way[inst, set, way, WAY_*]
 WAY_VALID, WAY_DIRTY, WAY_STAMP, WAY_MSHR = 0, 1, 2, 3
 N_WAY = 4
 # MSHR columns: C.mshr[inst, entry, M_*]; M_FREE is the free-entry stack (slots 0..nfree-1);
-# M_NSHR counts the entry's waiters that are sharers (cache_access_sharer)
-M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE, M_NSHR = 0, 1, 2, 3, 4, 5, 6, 7, 8
-N_M = 9
+# M_NSHR counts the entry's waiters that are sharers (cache_access_sharer); M_BYSHR is 1 for an
+# entry a sharer opened (it counts in I_SHR_OPEN / I_SHR_SECTORS, not in the mshrs budget)
+M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE, M_NSHR, M_BYSHR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+N_M = 10
 # waiter columns: C.wait[inst, entry, k, W_*]; W_SHR is 1 for a sharer
 W_REQ, W_NEED, W_SHR = 0, 1, 2
 N_W = 3
-# per-instance columns: C.inst[inst, I_*]
-I_TICK, I_NFREE, I_SECTORS = 0, 1, 2
-N_I = 3
+# per-instance columns: C.inst[inst, I_*]; I_SECTORS counts the sectors in flight of the entries
+# the instance's own requests opened, I_SHR_* the entries sharers opened and their sectors
+I_TICK, I_NFREE, I_SECTORS, I_SHR_OPEN, I_SHR_SECTORS = 0, 1, 2, 3, 4
+N_I = 5
 
 # counters
 COUNTER_NAMES = ("accesses", "reads", "writes", "hits", "misses", "sector_misses", "merges",
@@ -102,7 +105,8 @@ class CacheState(NamedTuple):
     mshr: np.ndarray   # int64 [I, E, N_M] line (-1 = free entry), sectors requested, sectors pending,
     #                    set, way, cycle opened, waiters, free stack
     wait: np.ndarray   # int64 [I, E, max_merge, 2] waiting request id, sectors it needs
-    inst: np.ndarray   # int64 [I, N_I] stamp clock, free entries, sectors in flight
+    inst: np.ndarray   # int64 [I, N_I] stamp clock, free entries, sectors in flight, sharers' entries
+    #                    and their sectors in flight
     cnt: np.ndarray    # int64 [I, N_CNT] counters (CNT_*)
     evict_addr: np.ndarray   # int64 [I] dirty victim of the last cache_access / cache_fill: line byte
     evict_dirty: np.ndarray  # int64 [I] address and dirty sector mask (0: that call wrote nothing back)
@@ -131,11 +135,13 @@ def _pow2(x: int) -> bool:
 
 def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, mshrs, max_merge,
                      write_policy=WRITE_BACK, alloc_policy=WRITE_ALLOCATE, replacement=REPL_LRU, *,
-                     set_hash=False, mshr_sectors=None, sharer_slots=0) -> CacheState:
+                     set_hash=False, mshr_sectors=None, sharer_slots=0, sharer_entries=0) -> CacheState:
     """``n_instances`` caches of ``size_bytes`` each. ``mshrs`` entries (lines in flight) per instance,
     each with up to ``max_merge`` waiters and ``sharer_slots`` more that only cache_access_sharer
     takes; ``mshr_sectors`` caps the sectors in flight (default: no cap beyond mshrs x sectors per
-    line). ``set_hash`` hashes higher line-address bits into the set index (see set_index)."""
+    line). ``sharer_entries`` more entries only cache_access_sharer opens, outside both caps (a
+    directory's own resources for the other caches' requests). ``set_hash`` hashes higher
+    line-address bits into the set index (see set_index)."""
     n_instances, size_bytes, line_bytes, sector_bytes = int(n_instances), int(size_bytes), int(line_bytes), int(sector_bytes)
     assoc, mshrs, max_merge = int(assoc), int(mshrs), int(max_merge)
     if n_instances <= 0:
@@ -150,8 +156,8 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
         raise ValueError(f"size_bytes {size_bytes} is not a whole number of {assoc}-way sets of {line_bytes}-B lines")
     if mshrs <= 0 or max_merge <= 0:
         raise ValueError(f"mshrs {mshrs} and max_merge {max_merge} must be positive")
-    if int(sharer_slots) < 0:
-        raise ValueError(f"sharer_slots {sharer_slots} must not be negative")
+    if int(sharer_slots) < 0 or int(sharer_entries) < 0:
+        raise ValueError(f"sharer_slots {sharer_slots} and sharer_entries {sharer_entries} must not be negative")
     if write_policy not in (WRITE_THROUGH, WRITE_BACK):
         raise ValueError(f"write_policy {write_policy}: one of WRITE_THROUGH={WRITE_THROUGH}, WRITE_BACK={WRITE_BACK}")
     if alloc_policy not in (NO_WRITE_ALLOCATE, WRITE_ALLOCATE):
@@ -186,8 +192,9 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     cfg[CFG_MSHRS] = mshrs
     cfg[CFG_MAX_MERGE] = max_merge
     cfg[CFG_SHARERS] = int(sharer_slots)
+    cfg[CFG_SHARER_ENTRIES] = int(sharer_entries)
     cfg[CFG_MSHR_SECTORS] = int(mshr_sectors)
-    I, S, W, E, M = n_instances, sets, assoc, mshrs, max_merge + int(sharer_slots)
+    I, S, W, E, M = n_instances, sets, assoc, mshrs + int(sharer_entries), max_merge + int(sharer_slots)
     way = np.zeros((I, S, W, N_WAY), np.int64)
     way[..., WAY_MSHR] = -1
     mshr = np.zeros((I, E, N_M), np.int64)
@@ -252,7 +259,7 @@ def make_l2_state(machine, *, set_hash=True):
     size = l2.size_kib * 1024 // l2.slices
     C = make_cache_state(l2.slices, size, l2.line_bytes, l2.sector_bytes, l2.assoc, l2.mshrs, l2.max_merge,
                          WRITE_BACK, WRITE_ALLOCATE, REPLACEMENT[l2.replacement], set_hash=set_hash,
-                         mshr_sectors=l2.mshrs, sharer_slots=l2.halves - 1 if l2.near_replicas else 0)
+                         mshr_sectors=l2.mshrs, **_sharer_sizes(l2))
     # a slice indexes its sets by its own line numbers (the address with the slice-select bits
     # taken out, as mem_state.slice_of interleaves granules over the slices of a half), so that a
     # contiguous footprint fills every set of every slice evenly, as a hardware slice indexing by
@@ -271,6 +278,16 @@ def make_l2_state(machine, *, set_hash=True):
                 l2.slice_indexing == "hashed" or (chunk // granule) % sph == 0):
             C.cfg[CFG_SQ_HALF_LINES] = chunk // l2.line_bytes
     return C
+
+
+def _sharer_sizes(l2):
+    """With near_replicas a home slice takes the mirrors' copy requests in resources of their own:
+    a mirror slice asks its home once per line it has in flight and once more per sector it adds,
+    so mshrs entries and a slot per sector for each other half never refuse one."""
+    if not l2.near_replicas or l2.halves < 2:
+        return dict(sharer_slots=0, sharer_entries=0)
+    return dict(sharer_slots=(l2.halves - 1) * (l2.line_bytes // l2.sector_bytes),
+                sharer_entries=(l2.halves - 1) * l2.mshrs)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -479,10 +496,23 @@ def _install(C, inst, s, w, line):
     C.way[inst, s, w, WAY_STAMP] = t
 
 
+@njit(**_NOREF_INLINE)
+def _no_entry(C, inst, sharer):
+    """Whether a new MSHR entry of the caller's class is out of budget: a sharer's among the
+    cfg[CFG_SHARER_ENTRIES] of its class, the instance's own among cfg[CFG_MSHRS]."""
+    if sharer:
+        return C.inst[inst, I_SHR_OPEN] >= C.cfg[CFG_SHARER_ENTRIES]
+    used = C.mshr.shape[1] - C.inst[inst, I_NFREE] - C.inst[inst, I_SHR_OPEN]
+    return used >= C.cfg[CFG_MSHRS]
+
+
 @njit(**_NOREF)
 def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sharer):
     """cache_access_mask past the tag lookup (line in set s, way w or -1), for all but plain hits.
-    An entry in flight takes max_merge waiters besides its sharers, and cfg[CFG_SHARERS] sharers."""
+    An entry in flight takes max_merge waiters besides its sharers, and cfg[CFG_SHARERS] sharers. A
+    sharer opens entries of its own class (cfg[CFG_SHARER_ENTRIES] of them, no sector cap), so the
+    instance's own misses never hold up another cache's request to it (no cycle of waits between
+    two caches that are each other's home)."""
     cfg = C.cfg
     write_alloc = is_write and cfg[CFG_ALLOC] == WRITE_ALLOCATE
     full = full_mask & mask if is_write else np.int64(0)
@@ -517,7 +547,7 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
             else:
                 new = need
                 status = MISS
-                if C.inst[inst, I_NFREE] == 0:
+                if _no_entry(C, inst, sharer):
                     status = RESERVATION_FAIL
     else:
         kind = CNT_MISSES
@@ -527,11 +557,13 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
             need = mask & ~full
             new = need
             status = MISS if need != 0 else HIT
-            if need != 0 and C.inst[inst, I_NFREE] == 0:
+            if need != 0 and _no_entry(C, inst, sharer):
                 status = RESERVATION_FAIL
             install = True
     nnew = popcount(new)
-    if nnew != 0 and status != RESERVATION_FAIL:
+    # sectors count in the class of the entry that fetches them: a sharer's entry has no cap
+    by_shr = C.mshr[inst, e, M_BYSHR] == 1 if e >= 0 else sharer
+    if nnew != 0 and status != RESERVATION_FAIL and not by_shr:
         if C.inst[inst, I_SECTORS] + nnew > cfg[CFG_MSHR_SECTORS]:
             status = RESERVATION_FAIL
     if install and status != RESERVATION_FAIL:
@@ -575,6 +607,9 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
                     C.mshr[inst, e, M_T] = now
                     C.mshr[inst, e, M_NWAIT] = 0
                     C.mshr[inst, e, M_NSHR] = 0
+                    C.mshr[inst, e, M_BYSHR] = 1 if sharer else 0
+                    if sharer:
+                        C.inst[inst, I_SHR_OPEN] += 1
                     C.way[inst, s, w, WAY_MSHR] = e
                 k = C.mshr[inst, e, M_NWAIT]
                 C.wait[inst, e, k, W_REQ] = req_id
@@ -586,7 +621,7 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
                 if new != 0:
                     C.mshr[inst, e, M_MASK] |= new
                     C.mshr[inst, e, M_PEND] |= new
-                    C.inst[inst, I_SECTORS] += nnew
+                    C.inst[inst, I_SHR_SECTORS if by_shr else I_SECTORS] += nnew
                     C.cnt[inst, CNT_FETCH_SECTORS] += nnew
                 ret = new
     return np.int64(status), ret
@@ -615,7 +650,7 @@ def cache_fill(C, inst, line_addr, sector_mask, now):
             p = C.mshr[inst, e, M_PEND]
             got = p & sector_mask
             C.mshr[inst, e, M_PEND] = p & ~got
-            C.inst[inst, I_SECTORS] -= popcount(got)
+            C.inst[inst, I_SHR_SECTORS if C.mshr[inst, e, M_BYSHR] == 1 else I_SECTORS] -= popcount(got)
     return e
 
 
@@ -659,6 +694,8 @@ def mshr_free(C, inst, e):
         C.way[inst, C.mshr[inst, e, M_SET], C.mshr[inst, e, M_WAY], WAY_MSHR] = -1
         C.mshr[inst, e, M_LINE] = -1
         C.mshr[inst, e, M_MASK] = 0
+        C.inst[inst, I_SHR_OPEN] -= C.mshr[inst, e, M_BYSHR]
+        C.mshr[inst, e, M_BYSHR] = 0
         n = C.inst[inst, I_NFREE]
         C.mshr[inst, n, M_FREE] = e
         C.inst[inst, I_NFREE] = n + 1

@@ -95,9 +95,11 @@ def fetch_copy(MS, sl, home, line, mask, now):
     copy when it holds every sector: it reaches sl hit_latency_cycles + far_half_extra_cycles
     later. Else the home takes the request as a read of its own (the point of coherence): it joins
     the home's pending miss of the line or opens one, so the two halves' misses of a line make one
-    DRAM read, and the home's fill forwards the sectors to sl that latency later (fill_slice).
-    When the home's MSHRs cannot take it, a DRAM read issued after that latency fills sl and the
-    home (dram_done)."""
+    DRAM read, and the home's fill forwards the sectors to sl that latency later (fill_slice). The
+    home takes it in MSHR entries and waiter slots of the mirrors' own (cache_access_sharer), so
+    its own misses never refuse it and the halves never wait on each other in a cycle. Only when
+    every way of the line's set at the home is waiting on a fill, a DRAM read issued after that
+    latency fills sl and the home (dram_done)."""
     v = CA.cache_probe(MS.L2, home, line)
     hit = v >= 0 and (mask & ~v) == 0
     nb = CA.popcount(mask) * MS.cfg[M_SECTOR]
