@@ -72,7 +72,12 @@ PARAMS = {
                   "footprint_mib": (float, 1024.0, "a size in MiB > 0"),
                   "placement": (str, "cross", "private or cross"),
                   "unroll": (int, 4, "16-byte loads (or stores) in flight a thread per iteration: 1, 2, 4 or 8"),
-                  "cores": (int, 0, "0 (every core) or the cores that stream, the others idle (GPU)")},
+                  "cores": (int, 0, "0 (every core) or the cores that stream, the others idle (GPU)"),
+                  "block": (int, 0, "0 (grid-stride over the resident warps) or the threads a block of a launch "
+                                    "with one 8-byte element a thread over the footprint (gpu-benches' "
+                                    "gpu-stream; GPU)"),
+                  "blocks_per_core": (int, 2, "blocks a core holds at once with block > 0 (shared memory "
+                                              "limits them, as gpu-stream's carve-out), >= 1")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
@@ -390,6 +395,71 @@ def _stream_kernel(kind: str, unroll: int = 4) -> str:
 
 
 STREAM_BYTES_PER_CHUNK = {"read": 16, "write": 16, "copy": 32, "triad": 48}
+STREAM_ARRAYS = {"read": 1, "write": 1, "copy": 2, "triad": 3}   # arrays a stream kernel moves
+F64_123 = 0x405EC00000000000   # the bits of 123.0: gpu-stream's read stores only a value it never holds
+
+
+def _thread_stream_kernel(kind: str, shared_bytes: int) -> str:
+    """gpu-benches' gpu-stream kernels: thread i moves element i (8 bytes) of each array and exits;
+    read: load b[i], store it to a[i] only when it is 123.0 (never: the load is consumed, nothing
+    written); write (gpu-stream's init): a[i] = 0.23; copy (scale): a[i] = 1.2 b[i]; triad: a[i] =
+    1.2 b[i] + c[i]. `shared_bytes` of shared memory a block that nothing touches (its "spoiler")
+    bound the blocks a core holds."""
+    lines = [f".kernel gpu_stream_{kind}", f".shared {shared_bytes}", ".param a", ".param b", ".param c",
+             ".param n",
+             "        s2r r0, %ctaid.x", "        s2r r1, %ntid.x", "        s2r r2, %tid.x",
+             "        mad.i64 r3, r0, r1, r2            // i: one element a thread",
+             "        ldparam r6, n", "        setp.ge.i64 p0, r3, r6", "   @p0  exit",
+             "        shl.b64 r3, r3, 3", "        ldparam r7, a", "        add.i64 r7, r7, r3"]
+    if kind != "write":
+        lines += ["        ldparam r8, b", "        add.i64 r8, r8, r3", "        ld.global.b64 r16, [r8]"]
+    if kind == "triad":
+        lines += ["        ldparam r9, c", "        add.i64 r9, r9, r3", "        ld.global.b64 r17, [r9]",
+                  "        fma.f64 r16, r16, 1.2, r17"]
+    if kind == "read":
+        lines += [f"        setp.eq.i64 p1, r16, {F64_123}", "   @p1  st.global.b64 [r7], r16"]
+    elif kind == "write":
+        lines += ["        mov.f64 r16, 0.23", "        st.global.b64 [r7], r16"]
+    else:
+        if kind == "copy":
+            lines.append("        mul.f64 r16, r16, 1.2")
+        lines.append("        st.global.b64 [r7], r16")
+    lines.append("        exit")
+    return "\n".join(lines) + "\n"
+
+
+def _thread_stream(machine, p: dict, out: MicroResult) -> float:
+    """GB/s of gpu-stream's shape: a launch of one element a thread over footprint_mib per array,
+    blocks of `block` threads, `blocks_per_core` of them on a core at once (each takes just over
+    1 / (blocks_per_core + 1) of the largest shared-memory carve-out). Timed from its first waves
+    (archsim.sample) when it has many."""
+    kind, block, bpc = p["kind"], p["block"], p["blocks_per_core"]
+    c = machine.cores
+    _need(p["occupancy"] == 1.0 and p["unroll"] == 4, "--param occupancy / unroll",
+          "with block > 0 the occupancy is block x blocks_per_core and a thread moves one element",
+          "leave occupancy and unroll out")
+    _need(bpc >= 1, "--param blocks_per_core", f"{bpc} is not a count", ">= 1")
+    _need(block % c.warp_width == 0 and block // c.warp_width * bpc <= c.warp_slots, "--param block",
+          f"{block} threads x {bpc} blocks", f"a multiple of {c.warp_width} with block x blocks_per_core "
+                                              f"<= {c.warp_slots * c.warp_width} threads a core")
+    sp = machine.scratchpad
+    largest = max([k for k in (sp.carveouts_kib or ()) if k <= sp.size_kib] or [sp.size_kib]) * 1024
+    reserved = sp.reserved_per_block_bytes if sp.kind == "shared" else 0
+    shared = -(-(largest // (bpc + 1) + 1 - reserved) // 128) * 128
+    prog = assemble(_thread_stream_kernel(kind, max(shared, 128)))
+    n = max(int(p["footprint_mib"] * 2**20) // 8, block)
+    launch = Launch((-(-n // block), 1, 1), (block, 1, 1))
+    held = blocks_per_core(prog, machine, launch)
+    _need(held == bpc, "--param blocks_per_core", f"a core holds {held} blocks of {block} threads of this kernel",
+          f"{held} here (warp slots, registers and block slots bound it)")
+    nb = n * 8
+    args = {"a": Unbacked(nb), "b": Unbacked(nb), "c": Unbacked(nb), "n": n}
+    t = _time(prog, machine, launch, args, f"gpu_stream_{kind}", out, sample=True)
+    gbps = n * 8 * STREAM_ARRAYS[kind] / stats.seconds(machine, t.cycles) / 1e9
+    out.extra["peak_dram_gbps"] = peak_bandwidth_gbps(machine)["dram"]
+    out.extra["share_of_peak"] = gbps / out.extra["peak_dram_gbps"]
+    out.extra["warps_per_core"] = bpc * block // c.warp_width
+    return gbps
 
 
 def _occupancy_launch(machine, occupancy: float, prog: Program, max_block_warps: int = 8) -> Launch:
@@ -417,12 +487,16 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
     if machine.dma is not None:
         _need(p["unroll"] == 4, "--param unroll", "a Sunway stream moves DMA blocks", "leave unroll out")
         _need(p["cores"] == 0, "--param cores", "a Sunway stream runs on every CPE", "leave cores out")
+        _need(p["block"] == 0, "--param block", "a Sunway stream runs on every CPE", "leave block out")
         return _sunway_bandwidth(machine, p, out)
     _gpu_only(machine, "bandwidth")
     all_cores = machine.groups * machine.cores.per_group
     _need(0 <= p["cores"] <= all_cores, "--param cores", f"{p['cores']} is out of range", f"0 .. {all_cores}")
     if p["cores"]:  # the cores left out would idle: a machine without them streams the same
         machine = machine.model_copy(update={"cores": machine.cores.model_copy(update={"per_group": p["cores"]})})
+    _need(p["block"] >= 0, "--param block", f"{p['block']} is not a block size", "0 or a thread count")
+    if p["block"]:
+        return _thread_stream(machine, p, out)
     prog = assemble(_stream_kernel(kind, p["unroll"]))
     launch = _occupancy_launch(machine, p["occupancy"], prog)
     threads = launch.blocks * launch.threads_per_block

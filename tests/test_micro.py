@@ -6,12 +6,15 @@ totals, the same run twice gives the same JSON, and skip-ahead changes nothing."
 
 import json
 
+import numpy as np
 import pytest
 
 from archsim import micro as MI
 from archsim.config import load_machine
 from archsim.config.derived import capabilities, peak_bandwidth_gbps, peak_tflops
 from archsim.errors import InputError
+from archsim.isa.asm import assemble
+from archsim.isa.program import Launch
 
 
 @pytest.fixture(scope="module")
@@ -521,3 +524,43 @@ def test_micro_asm_needs_a_loop_on_iters(tiny, tmp_path):
                  "        exit\n")
     with pytest.raises(InputError, match="does not grow with iters"):
         MI.run_micro("asm", tiny, {"file": str(g)})
+
+
+@pytest.mark.parametrize("kind", ["read", "write", "copy", "triad"])
+def test_gpu_stream_kernels_compute_what_gpu_benches_computes(kind):
+    """The one-element-a-thread kernels (gpu-benches' gpu-stream) on real values: read stores
+    nothing (its values are never 123.0), write 0.23, copy 1.2 b, triad 1.2 b + c."""
+    from archsim.engine.functional import run_functional
+
+    n = 200                                   # not a whole number of blocks: the guard exits the rest
+    rng = np.random.default_rng(1)
+    b, c = rng.standard_normal(n), rng.standard_normal(n)
+    a = np.full(n, 7.0)
+    prog = assemble(MI._thread_stream_kernel(kind, 1024))
+    res = run_functional(prog, {"a": a, "b": b, "c": c, "n": n}, Launch((4, 1, 1), (64, 1, 1)))
+    want = {"read": a, "write": np.full(n, 0.23), "copy": 1.2 * b, "triad": 1.2 * b + c}[kind]
+    np.testing.assert_allclose(res.output("a")[:n], want)
+
+
+def test_gpu_stream_shape_holds_its_blocks_and_moves_its_bytes(tiny):
+    """block > 0: one 8-byte element a thread over the footprint, blocks_per_core blocks on a core
+    (its shared memory bounds them); more blocks in flight stream faster; every byte read comes
+    from DRAM once."""
+    got = {}
+    for bpc in (1, 2):
+        r = MI.run_micro("bandwidth", tiny, {"block": 64, "blocks_per_core": bpc, "footprint_mib": 1})
+        k = r.kernels[0]
+        assert k["block"] == [64, 1, 1] and k["grid"] == [2**20 // 8 // 64, 1, 1]
+        assert k["bytes"]["dram_read"] == 2**20 and r.extra["warps_per_core"] == 2 * bpc
+        got[bpc] = r.value
+    assert got[2] > 1.3 * got[1]
+
+
+def test_gpu_stream_shape_refuses_what_it_cannot_run(tiny):
+    for p, what in (({"block": 48}, "block"), ({"block": 64, "blocks_per_core": 0}, "blocks_per_core"),
+                    ({"block": 64, "occupancy": 0.5}, "occupancy"), ({"block": -1}, "block"),
+                    ({"block": 64, "blocks_per_core": 64}, "block")):
+        with pytest.raises(InputError, match=what):
+            MI.run_micro("bandwidth", tiny, dict(p, footprint_mib=1))
+    with pytest.raises(InputError, match="block"):
+        MI.run_micro("bandwidth", load_machine("tiny-sunway"), {"block": 64})
