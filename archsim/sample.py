@@ -21,9 +21,13 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
 
-A head whose writes all still sit in the L2 (none written back yet) while the whole launch brings
-more lines into the L2 than it holds has not reached the steady state (later waves pay the
-writebacks of the dirty lines their fills evict): its error is taken as 1 and it grows.
+A launch that writes and brings more lines into the L2 than it holds is steady only once its L2
+is full: until then the L2 takes the writes with no writebacks, later waves pay the writebacks of
+the dirty lines their fills evict. The L2 fills at the wave where the head's lines (writes and
+fills, spread evenly over its waves) reach its capacity; the share of the steady segments before
+that wave, times the writes' share of those lines, is added to the rate's error (the traffic the
+head's rate may leave out), so a head measured while its L2 still takes the writes grows. A head
+whose writes all still sit in the L2 gets error 1.
 
 ``sample_error_est`` bounds the error from the steady segments themselves: the larger of their
 trend (the mean step between the later half of the segments against the earlier half) and twice
@@ -103,7 +107,8 @@ def refresh_stall_cycles(machine) -> float:
     return float(t) / machine.clock_ratios.memory
 
 
-def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh: float = 0.0) -> _Estimate:
+def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh: float = 0.0,
+                 fill: tuple = (0.0, 0.0)) -> _Estimate:
     """The whole launch's cycles from a head of S waves (see the module docstring). A wave's or a
     segment's time is the mean retirement cycle of its blocks: the k*C-th retirement alone moves
     with the spread of a wave's blocks, which grows as they drift apart. The rate is measured
@@ -111,7 +116,8 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh
     from the end of the warm-up to the head's end; the head's last wave is its drain (no blocks
     follow it) and its last retirement stands for the launch's. Wave 1 is warm-up; a later leading
     wave is too while its step to the next wave differs from the mean of the steps after it by
-    more than ``max_error`` and three segments remain."""
+    more than ``max_error`` and three segments remain. ``fill``: (the wave the head's L2 fills at,
+    the writes' share of its lines), see _l2_fill."""
     done = np.sort(head.block_done).astype(np.float64)
     steps = np.diff(done[:S * C].reshape(S, C).mean(axis=1))   # steps[i]: wave i's mean to wave i + 1's
     seg = P if P > 0 else C
@@ -138,6 +144,8 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh
         # plus one DRAM refresh's stall over the measured span: refreshes come every tREFI, which
         # a short head may not have spanned (a small stream's waves last a fraction of it)
         rate_err = float(max(drift, noise)) / float(d.mean()) + refresh / float(means[-1] - means[0])
+        # steady waves before the L2 filled paid none of the writebacks the later ones pay
+        rate_err += min(max(fill[0] - w0, 0.0) / (S - w0), 1.0) * fill[1]
     return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0)
 
 
@@ -176,7 +184,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             head = run((0, S * C))
             b = head.memory["bytes"]
             refresh = refresh_stall_cycles(machine) if b["dram_read"] + b["dram_write"] > 0 else 0.0
-            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh)
+            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh,
+                               _l2_fill(head, machine, B / (S * C), S))
             if _l2_still_absorbing(head, machine, B / (S * C)):
                 est = dataclasses.replace(est, error=1.0)
             attempts.append((S, round(est.error, 5)))
@@ -208,6 +217,21 @@ def _time_interval(prog: Program, machine, launch: Launch, args: dict, max_error
     done = got.info["instructions_simulated"] / max(got.info["instructions_total"], 1)
     return Sampled(got.timing, got.sampled, got.error_est, 1, round(done, 4) if got.sampled else 1.0,
                    got.info["instructions_simulated"], interval=got.info)
+
+
+def _l2_fill(head, machine, scale: float, S: int) -> tuple:
+    """(the wave of a head of S waves its L2 fills at, the writes' share of the lines the head
+    brought into it), for a launch that writes and brings more lines into the L2 than it holds
+    ((0, 0) otherwise): the head's lines taken as spread evenly over its waves."""
+    caches = head.memory.get("l2") if isinstance(head.memory, dict) else None
+    if not caches or machine.l2 is None:
+        return 0.0, 0.0
+    writes = sum(c["writes"] for c in caches)
+    lines = writes + sum(c["fills"] for c in caches)
+    held = machine.l2.size_kib * 1024
+    if writes == 0 or lines * machine.l2.line_bytes * scale <= held:
+        return 0.0, 0.0
+    return min(float(S), S * held / (lines * machine.l2.line_bytes)), writes / lines
 
 
 def _l2_still_absorbing(head, machine, scale: float) -> bool:

@@ -53,7 +53,7 @@ def test_bad_block_range_is_one_input_error(tiny):
         time_kernel(g.program, tiny, g.launch, args, blocks=(3, 3))
 
 
-@pytest.mark.parametrize("shape", [(768, 512, 64), (512, 512, 512)])
+@pytest.mark.parametrize("shape", [(768, 512, 256), (512, 512, 512)])
 def test_sampled_gemm_lands_within_the_threshold_of_the_whole_simulation(tiny, shape):
     """GEMMs of many waves whose raster groups repeat (Launch.period): the head covers the
     warm-up wave and three whole periods, and the sampled cycles land within the 3 % threshold
@@ -141,3 +141,35 @@ def test_a_short_head_with_a_small_period_leaves_enough_steady_waves(recwarn):
     done = np.array([100, 101, 102, 103, 104, 105, 106, 107, 108]).repeat(3) + np.arange(27) % 3 * 40
     est = _extrapolate(SimpleNamespace(block_done=done, memory={}), 9, 90, 3, 2, DEFAULT_MAX_ERROR)
     assert np.isfinite(est.cycles) and np.isfinite(est.error) and not recwarn.list
+
+
+def test_steady_waves_before_the_l2_fills_count_in_the_error():
+    """A write stream's head whose waves all step alike while its L2 still takes the writes (it
+    fills at wave 38 of 40): its steps bound nothing about the writebacks to come, so the waves
+    before the fill, times the writes' share of the lines, enter the error; a head past the fill
+    keeps its small error."""
+    from types import SimpleNamespace
+
+    from archsim.sample import _extrapolate, _l2_fill
+
+    m = load_machine("tiny-gpu")
+    C, S, B = 4, 40, 4000
+    lines = m.l2.size_kib * 1024 // m.l2.line_bytes
+    done = np.repeat(np.arange(1, S + 1) * 10.0, C).astype(np.int64)
+
+    def head(writes, fills):
+        return SimpleNamespace(block_done=done, memory={"l2": [{"writes": writes, "fills": fills}]})
+
+    absorbing = head(lines * 40 // 38, 0)
+    fill = _l2_fill(absorbing, m, B / (S * C), S)
+    assert fill == pytest.approx((38.0, 1.0), rel=0.01)
+    assert _extrapolate(absorbing, C, B, S, 0, DEFAULT_MAX_ERROR).error < 0.01
+    assert _extrapolate(absorbing, C, B, S, 0, DEFAULT_MAX_ERROR, 0.0, fill).error > 0.8
+    # full by wave 4, a quarter of the lines written: a small share of the steady waves
+    early = head(lines * 10 // 4, lines * 30 // 4)
+    f = _l2_fill(early, m, B / (S * C), S)
+    assert f == pytest.approx((4.0, 0.25), rel=0.01)
+    assert _extrapolate(early, C, B, S, 0, DEFAULT_MAX_ERROR, 0.0, f).error < DEFAULT_MAX_ERROR
+    # nothing written, or a launch the L2 holds: no fill to wait for
+    assert _l2_fill(head(0, 9 * lines), m, 100, S) == (0.0, 0.0)
+    assert _l2_fill(head(lines // 2, 0), m, 1.5, S) == (0.0, 0.0)
