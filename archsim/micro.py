@@ -395,7 +395,7 @@ def _stream_kernel(kind: str, unroll: int = 4) -> str:
 
 
 STREAM_BYTES_PER_CHUNK = {"read": 16, "write": 16, "copy": 32, "triad": 48}
-STREAM_ARRAYS = {"read": 1, "write": 1, "copy": 2, "triad": 3}   # arrays a stream kernel moves
+STREAM_ARRAYS = {"read": 1, "write": 1, "copy": 2, "triad": 3}   # arrays a kernel moves (b | a | b->a | b,c->a)
 F64_123 = 0x405EC00000000000   # the bits of 123.0: gpu-stream's read stores only a value it never holds
 
 
@@ -516,7 +516,6 @@ def micro_bandwidth(machine, p: dict, out: MicroResult) -> float:
 
 
 # ----------------------------------------------------------------------------- Sunway streaming
-SW_ARRAYS = {"read": 1, "write": 1, "copy": 2, "triad": 3}   # arrays a kernel moves (b | a | b->a | b,c->a)
 
 
 def sw_stream_kernel(kind: str, per_group: int, blk: int) -> str:
@@ -632,7 +631,7 @@ def sw_stream_setup(machine, p: dict, buf_at=None):
         blk //= 2
     active = max(1, int(round(p["occupancy"] * pg)))
     workers = groups * active
-    narr = SW_ARRAYS[kind]
+    narr = STREAM_ARRAYS[kind]
     per_array = int(p["footprint_mib"] * 2**20) // narr
     nblk = max(1, per_array // (workers * blk))
     per_cpe = nblk * blk

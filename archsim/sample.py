@@ -184,9 +184,9 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             head = run((0, S * C))
             b = head.memory["bytes"]
             refresh = refresh_stall_cycles(machine) if b["dram_read"] + b["dram_write"] > 0 else 0.0
-            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh,
-                               _l2_fill(head, machine, B / (S * C), S))
-            if _l2_still_absorbing(head, machine, B / (S * C)):
+            w = _l2_writes(head, machine, B / (S * C))
+            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh, _l2_fill(w, machine, S))
+            if w is not None and w[1] == 0:       # every write still sits in the L2: not steady
                 est = dataclasses.replace(est, error=1.0)
             attempts.append((S, round(est.error, 5)))
             spent += int(head.warp_instructions)
@@ -219,34 +219,28 @@ def _time_interval(prog: Program, machine, launch: Launch, args: dict, max_error
                    got.info["instructions_simulated"], interval=got.info)
 
 
-def _l2_fill(head, machine, scale: float, S: int) -> tuple:
+def _l2_writes(head, machine, scale: float) -> tuple | None:
+    """(writes, writebacks, lines brought in: writes and fills) of a head's L2, for a launch that
+    writes and brings more lines into the L2 than it holds (``scale``: the launch over the head);
+    None otherwise."""
+    caches = head.memory.get("l2") if isinstance(head.memory, dict) else None
+    if not caches or machine.l2 is None:
+        return None
+    writes = sum(c["writes"] for c in caches)
+    lines = writes + sum(c["fills"] for c in caches)
+    if writes == 0 or lines * machine.l2.line_bytes * scale <= machine.l2.size_kib * 1024:
+        return None
+    return writes, sum(c["writebacks"] for c in caches), lines
+
+
+def _l2_fill(w, machine, S: int) -> tuple:
     """(the wave of a head of S waves its L2 fills at, the writes' share of the lines the head
-    brought into it), for a launch that writes and brings more lines into the L2 than it holds
-    ((0, 0) otherwise): the head's lines taken as spread evenly over its waves."""
-    caches = head.memory.get("l2") if isinstance(head.memory, dict) else None
-    if not caches or machine.l2 is None:
+    brought into it) from _l2_writes ((0, 0) for None): the head's lines taken as spread evenly
+    over its waves."""
+    if w is None:
         return 0.0, 0.0
-    writes = sum(c["writes"] for c in caches)
-    lines = writes + sum(c["fills"] for c in caches)
-    held = machine.l2.size_kib * 1024
-    if writes == 0 or lines * machine.l2.line_bytes * scale <= held:
-        return 0.0, 0.0
-    return min(float(S), S * held / (lines * machine.l2.line_bytes)), writes / lines
-
-
-def _l2_still_absorbing(head, machine, scale: float) -> bool:
-    """The head's writes all still sit in the L2 (none written back yet) while the whole launch
-    brings more lines into the L2 than it holds: later waves will pay the writebacks of the dirty
-    lines their fills evict, which the head never saw, so its rate is not the launch's (error 1:
-    the head grows)."""
-    caches = head.memory.get("l2") if isinstance(head.memory, dict) else None
-    if not caches or machine.l2 is None:
-        return False
-    writes = sum(c["writes"] for c in caches)
-    if writes == 0 or sum(c["writebacks"] for c in caches) > 0:
-        return False
-    lines = writes + sum(c["fills"] for c in caches)
-    return lines * machine.l2.line_bytes * scale > machine.l2.size_kib * 1024
+    writes, _, lines = w
+    return min(float(S), S * machine.l2.size_kib * 1024 / (lines * machine.l2.line_bytes)), writes / lines
 
 
 def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts: list, spent: int) -> Sampled:

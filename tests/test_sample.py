@@ -150,7 +150,7 @@ def test_steady_waves_before_the_l2_fills_count_in_the_error():
     keeps its small error."""
     from types import SimpleNamespace
 
-    from archsim.sample import _extrapolate, _l2_fill
+    from archsim.sample import _extrapolate, _l2_fill, _l2_writes
 
     m = load_machine("tiny-gpu")
     C, S, B = 4, 40, 4000
@@ -158,18 +158,18 @@ def test_steady_waves_before_the_l2_fills_count_in_the_error():
     done = np.repeat(np.arange(1, S + 1) * 10.0, C).astype(np.int64)
 
     def head(writes, fills):
-        return SimpleNamespace(block_done=done, memory={"l2": [{"writes": writes, "fills": fills}]})
+        return SimpleNamespace(block_done=done, memory={"l2": [{"writes": writes, "fills": fills, "writebacks": 0}]})
 
     absorbing = head(lines * 40 // 38, 0)
-    fill = _l2_fill(absorbing, m, B / (S * C), S)
+    fill = _l2_fill(_l2_writes(absorbing, m, B / (S * C)), m, S)
     assert fill == pytest.approx((38.0, 1.0), rel=0.01)
     assert _extrapolate(absorbing, C, B, S, 0, DEFAULT_MAX_ERROR).error < 0.01
     assert _extrapolate(absorbing, C, B, S, 0, DEFAULT_MAX_ERROR, 0.0, fill).error > 0.8
     # full by wave 4, a quarter of the lines written: a small share of the steady waves
     early = head(lines * 10 // 4, lines * 30 // 4)
-    f = _l2_fill(early, m, B / (S * C), S)
+    f = _l2_fill(_l2_writes(early, m, B / (S * C)), m, S)
     assert f == pytest.approx((4.0, 0.25), rel=0.01)
     assert _extrapolate(early, C, B, S, 0, DEFAULT_MAX_ERROR, 0.0, f).error < DEFAULT_MAX_ERROR
     # nothing written, or a launch the L2 holds: no fill to wait for
-    assert _l2_fill(head(0, 9 * lines), m, 100, S) == (0.0, 0.0)
-    assert _l2_fill(head(lines // 2, 0), m, 1.5, S) == (0.0, 0.0)
+    assert _l2_writes(head(0, 9 * lines), m, 100) is None and _l2_fill(None, m, S) == (0.0, 0.0)
+    assert _l2_writes(head(lines // 2, 0), m, 1.5) is None
