@@ -171,7 +171,7 @@ def _variant(tmp_path, mutate, base="tiny-gpu") -> str:
 
 
 CORE_KEYS = ("kind, per_group, warp_width, warp_slots, max_blocks, subcores, scheduler, issue_per_cycle, "
-             "mio_queue_entries, load_trackers, miss_queue_entries")
+             "mio_queue_entries, load_trackers, miss_queue_entries, block_launch_cycles, block_interval_cycles")
 
 
 def test_unknown_key(tmp_path):

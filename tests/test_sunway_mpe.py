@@ -202,7 +202,11 @@ def test_a_gpu_kernel_has_no_launch_model():
     g = load_machine("tiny-gpu")
     t = run(g, SPIN, blocks=4, args={"n": 20})
     assert "mpe" not in t.memory
-    assert (t.block_start == 0).all()  # every block dispatched at cycle 0, as before
+    # its blocks start by the cores' own launch (core.dispatch_block): two a core on tiny-gpu's two
+    # SMs, the first block_launch_cycles in, the second one block_interval_cycles later
+    c = g.cores
+    first, second = c.block_launch_cycles, c.block_launch_cycles + c.block_interval_cycles
+    assert sorted(t.block_start) == [first, first, second, second]
 
 
 def test_sampled_launch_keeps_the_join(sw):

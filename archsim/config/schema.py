@@ -149,9 +149,20 @@ class Cores(Frozen):
     load_trackers: PosInt = 512         # loads / async copies in flight per core (L1 MSHRs bound the misses)
     # requests waiting to enter the fabric per core (the data pipe keeps two entries spare)
     miss_queue_entries: Annotated[int, Field(strict=True, ge=3, le=MAX_INT)] = 64
+    # A GPU's block launch (engine/core.py dispatch_block): a block's warps issue block_launch_cycles
+    # after its slot frees (the block before it retired, or the kernel began), and a core starts at
+    # most one block every block_interval_cycles. 0 / 0: a block starts in the cycle its slot frees.
+    # A CPE's blocks start as its MPE launches them (mpe.*) and then run on in its thread: 0 there.
+    block_launch_cycles: NonNegCycles = 0
+    block_interval_cycles: NonNegCycles = 0
 
     @model_validator(mode="after")
     def _check(self):
+        if self.kind == "cpe":
+            for f in ("block_launch_cycles", "block_interval_cycles"):
+                if getattr(self, f):
+                    raise FieldError(f, f"{f} {getattr(self, f)} on a CPE: its blocks start as its MPE launches "
+                                        "them (mpe.spawn_cycles_per_cpe) and run on in its thread", "0")
         if self.warp_width > 32 or not _is_pow2(self.warp_width):
             raise FieldError("warp_width", f"warp_width {self.warp_width} is not a power of two <= 32",
                              "1, 2, 4, 8, 16 or 32")

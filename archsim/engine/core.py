@@ -30,9 +30,9 @@ from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
 from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
                                   K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, R_BARRIER,
-                                  R_DMA_WAIT, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
+                                  R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
                                   R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
-                                  T_RUN, TState, flush_stalls, wake_core)
+                                  T_RUN, T_START, TState, flush_stalls, wake_core)
 
 SCHED_LRR, SCHED_GTO = 0, 1
 
@@ -45,7 +45,7 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W, C_MMA_HOLD, C_HOLD_PIPES, C_N) = range(13)
+ C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_N) = range(15)
 # pipes serving any of these unit classes do not wait out an mma's operand reads (C_HOLD_PIPES)
 _UNHELD_UNITS = ("lsu", "shfl", "ctrl", "sync")
 
@@ -66,6 +66,8 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
     v[C_NPIPES] = len(machine.pipes)
     v[C_W] = c.warp_width
     v[C_MMA_HOLD] = machine.tensor.operand_hold_cycles if machine.tensor is not None else 1
+    v[C_LAUNCH] = c.block_launch_cycles
+    v[C_INTERVAL] = c.block_interval_cycles
     v[C_HOLD_PIPES] = sum(1 << i for i, p in enumerate(machine.pipes.values())
                           if not any(u in _UNHELD_UNITS for u in p.serves))
     return CoreCfg(v)
@@ -96,13 +98,13 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 2), -1, np.int64),
         wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
-        wait_arg=np.zeros(NW, np.int32), cp_open=np.zeros(NW, np.int32), cp_oldest=np.zeros(NW, np.int32),
+        wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32), cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
         acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
-        launch_at=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
+        launch_at=np.zeros(cores, np.int64), launch_free=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
         else np.ascontiguousarray(core_order, np.int32),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),
@@ -134,8 +136,15 @@ def _fits(C, TS, core):
 @njit(cache=True)
 def dispatch_block(C, TS, S, core, now):
     """Place the next launch block on `core` (caller checked _fits). Its warps take consecutive
-    free slots when available (any free slots otherwise)."""
+    free slots when available (any free slots otherwise), and issue from its start: C_LAUNCH cycles
+    after its slot freed (the round trip of the block's completion to the work distributor and the
+    new block's set-up), and no sooner than C_INTERVAL after the core's previous block started (a
+    core sets up one block at a time). Until then they are resident and count as idle."""
     v = C.v
+    start = now + v[C_LAUNCH]
+    if TS.launch_free[core] > start:
+        start = TS.launch_free[core]
+    TS.launch_free[core] = start + v[C_INTERVAL]
     slots = v[C_SLOTS]
     mb = v[C_MAX_BLOCKS]
     wpb = TS.k[K_WPB]
@@ -161,7 +170,7 @@ def dispatch_block(C, TS, S, core, now):
         else:
             run = 0
     TS.bs_block[bs] = blk
-    TS.blk_start[blk] = now
+    TS.blk_start[blk] = start
     TS.blk_core[blk] = core
     TS.bs_alive[bs] = wpb
     TS.bs_arrived[bs] = 0
@@ -178,7 +187,8 @@ def dispatch_block(C, TS, S, core, now):
     tpb = S.geom[X.G_TPB]
     for i in range(wpb):
         w = first + i
-        TS.wst[w] = T_RUN
+        TS.wst[w] = T_RUN if start <= now else T_START
+        TS.start_at[w] = start
         TS.reason[w] = -1
         TS.age[w] = TS.k[K_AGE]
         TS.k[K_AGE] += 1
@@ -454,6 +464,10 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
     without reading them again (the second look at an instruction: when it issues, after the
     look that followed the previous issue)."""
     st = TS.wst[w]
+    if st == T_START:
+        if TS.start_at[w] > now:
+            return TS.start_at[w], R_IDLE
+        TS.wst[w] = T_RUN
     if st == T_BAR or st == T_GRIDBAR:
         return INF, R_BARRIER
     if st == T_CPWAIT or st == T_DMAWAIT or st == T_RMAWAIT:

@@ -16,7 +16,8 @@ from archsim.engine.queues import SPAN_SHIFT, span_bounds
 INF = np.int64(1) << 62
 
 # warp states (timing)
-T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT = range(8)
+# T_START: its block is placed but not launched yet (TState.start_at)
+T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START = range(9)
 
 # stall reasons, in CONTRACT.md order
 (R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
@@ -47,6 +48,7 @@ class TState(NamedTuple):
     wst: np.ndarray          # int32 [NW] T_*
     age: np.ndarray          # int64 [NW] dispatch order (GTO picks the oldest)
     wait_arg: np.ndarray     # int32 [NW] N of the cp.async.wait / dma.wait / rma.wait it waits on
+    start_at: np.ndarray     # int64 [NW] first cycle the warp may issue (its block's launch; T_START until then)
     cp_open: np.ndarray      # int32 [NW] number of the open cp.async group
     cp_oldest: np.ndarray    # int32 [NW] oldest group that may still have copies in flight
     cp_pending: np.ndarray   # int32 [NW, CP_GROUPS] copies in flight per group (ring by group number)
@@ -66,6 +68,7 @@ class TState(NamedTuple):
                              # queue, trackers or DMA / RMA FIFO full (wake_refused)
     launch_at: np.ndarray    # int64 [cores] cycle the core may start issuing (Sunway: its MPE launch
                              # message arrived, engine/mpe.py; INF until then; 0 on a GPU)
+    launch_free: np.ndarray  # int64 [cores] first cycle the core's next block may start (block_interval_cycles)
     core_order: np.ndarray   # int32 [cores] the order the first dispatch visits cores (dispatch_order)
     # block slots
     bs_block: np.ndarray     # int32 [cores * max_blocks] launch block id (-1 free)
