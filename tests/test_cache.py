@@ -325,12 +325,17 @@ op_st = st.one_of(st.tuples(st.just("acc"), st.integers(0, 23), st.sampled_from(
                   st.tuples(st.just("share"), st.integers(0, 23), st.integers(1, 15)))
 
 
-@given(st.lists(op_st, max_size=150), st.sampled_from([WRITE_BACK, WRITE_THROUGH]))
-def test_random_interleaving_keeps_mshr_invariants(ops, wp):
+@given(st.lists(op_st, max_size=150), st.sampled_from([(WRITE_BACK, False), (WRITE_THROUGH, False),
+                                                      (WRITE_THROUGH, True)]))
+def test_random_interleaving_keeps_mshr_invariants(ops, policy):
     """Accesses and (partial) fills in any order: in-flight lines stay put, every waiting request is
-    released exactly once, the sector budget balances, the counters partition the accesses."""
+    released exactly once, the sector budget balances, the counters partition the accesses. With
+    allocate on fill (the L1's streaming mode) an entry without a way is chained to its set and its
+    line is in none of the set's ways."""
+    wp, fill_alloc = policy
     alloc = WRITE_ALLOCATE if wp == WRITE_BACK else NO_WRITE_ALLOCATE
-    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc, sharer_slots=1, sharer_entries=2)
+    C = small(sets=2, assoc=2, mshrs=3, max_merge=3, write=wp, alloc=alloc, sharer_slots=1, sharer_entries=2,
+              fill_alloc=fill_alloc)
     E = C.mshr.shape[1]
     waiting, released, req = set(), [], 0
     out = np.zeros(8, np.int32)
@@ -361,7 +366,11 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
         for e in range(E):
             if C.mshr_line[0, e] >= 0:
                 s, w = C.mshr_set[0, e], C.mshr_way[0, e]
-                assert C.tag[0, s, w] == C.mshr_line[0, e] and C.reserved[0, s, w] == e
+                if w < 0:
+                    assert fill_alloc and e in chain(C, s) and C.mshr_line[0, e] not in C.tag[0, s]
+                else:
+                    assert C.tag[0, s, w] == C.mshr_line[0, e] and C.reserved[0, s, w] == e
+                    assert e not in chain(C, s)
                 k = C.mshr_nwait[0, e]
                 nshr = int(C.wait[0, e, :k, K.W_SHR].sum())
                 assert nshr == C.mshr[0, e, K.M_NSHR] <= 1 and k - nshr <= 3
@@ -377,6 +386,59 @@ def test_random_interleaving_keeps_mshr_invariants(ops, wp):
     assert set(released) | still == waiting
     r = counters(C)
     assert r["accesses"] == r["hits"] + r["misses"] + r["sector_misses"] + r["merges"]
+
+
+def chain(C, s, inst=0):
+    """The entries of set s that hold no way yet (allocate on fill), in chain order."""
+    out, e = [], int(C.wayless[inst, s])
+    while e >= 0:
+        out.append(e)
+        e = int(C.mshr[inst, e, K.M_NEXT])
+    return out
+
+
+def streaming(sets=1, assoc=2, mshrs=8, max_merge=4):
+    return small(sets, assoc, mshrs, max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE, fill_alloc=True)
+
+
+def test_allocate_on_fill_misses_never_wait_for_a_way():
+    # one 2-way set: allocate on miss refuses the third line while two wait on fills; allocate on
+    # fill takes it, and each line takes its way when its data arrives (the LRU one gives way)
+    C = small(sets=1, assoc=2, write=WRITE_THROUGH, alloc=NO_WRITE_ALLOCATE)
+    assert [acc(C, a, req=r)[0] for r, a in enumerate((0x0000, 0x1000, 0x2000))] == [MISS, MISS, RESERVATION_FAIL]
+    C = streaming()
+    assert [acc(C, a, req=r) for r, a in enumerate((0x0000, 0x1000, 0x2000))] == [(MISS, 0b0001)] * 3
+    assert acc(C, 0x1000, req=7) == (MERGED, 0)                # the line in flight is found without a way
+    assert acc(C, 0x1020, req=8) == (MERGED, 0b0010)           # and takes more sectors
+    assert (C.tag[0, 0] == -1).all() and chain(C, 0) == [2, 1, 0]
+    assert fill_all(C, 0x0000, 0b0001) == [0]
+    assert fill_all(C, 0x1000, 0b0011) == [1, 7, 8]
+    assert fill_all(C, 0x2000, 0b0001) == [2]                   # evicts 0x0000, the least recently used
+    assert cache_probe(C, 0, 0x0000) == -1 and cache_probe(C, 0, 0x1000) == 0b0011
+    assert chain(C, 0) == [] and counters(C)["reservation_fails"] == 0
+
+
+def test_a_fill_with_every_way_waiting_serves_from_its_entry():
+    C = streaming(assoc=1)
+    assert acc(C, 0x0000, 64, req=1) == (MISS, 0b0011)
+    assert acc(C, 0x1000, req=2) == (MISS, 0b0001)
+    assert cache_fill(C, 0, 0x0000, 0b0001, 0) == 0             # half of it: the line takes the way
+    assert C.mshr_way[0, 0] == 0 and C.reserved[0, 0, 0] == 0 and chain(C, 0) == [1]
+    assert fill_all(C, 0x1000, 0b0001) == [2]                   # no way free: served from the entry
+    assert cache_probe(C, 0, 0x1000) == -1 and chain(C, 0) == []
+    assert acc(C, 0x1000, req=3) == (MISS, 0b0001)              # not kept: a new miss
+    assert fill_all(C, 0x0000, 0b0010) == [1]
+    assert cache_probe(C, 0, 0x0000) == 0b0011
+
+
+def test_allocate_on_fill_entry_serves_arrived_sectors_as_hits():
+    C = streaming(assoc=1)
+    acc(C, 0x0000, 64, req=1)
+    acc(C, 0x1000, req=2)
+    cache_fill(C, 0, 0x0000, 0b0001, 0)                         # 0x0000 holds the only way
+    e = cache_fill(C, 0, 0x1000, 0b0001, 0)                     # 0x1000 waits in its entry
+    assert acc(C, 0x1000, req=3) == (HIT, 0)                    # its arrived sector answers at once
+    assert mshr_waiters(C, 0, e, np.zeros(8, np.int32)) == 1 and mshr_free(C, 0, e)
 
 
 # ----------------------------------------------------------------------------- write policies

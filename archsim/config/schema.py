@@ -293,6 +293,9 @@ class L1(Frozen):
     # dirty lines); the victim policy and the requests one MSHR entry takes are settings
     replacement: Literal["lru", "fifo"] = "lru"
     max_merge: PosInt = 8           # Accel-Sim's tested Volta config (SM7_QV100) "A:512:8"
+    # on_miss: a read miss reserves its way at once (a set whose ways all wait on fills refuses the next
+    # miss); on_fill: the line takes a way when its data arrives (engine/cache.py)
+    allocate: Literal["on_miss", "on_fill"] = "on_miss"
 
     @model_validator(mode="after")
     def _check(self):

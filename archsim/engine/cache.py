@@ -9,7 +9,10 @@ to it. A reserved way is never a victim; when every way of a set is reserved the
 (RESERVATION_FAIL) and the caller retries. Later misses to the same line merge into the entry
 (MERGED), extending its sector mask when they need sectors not yet requested. A fill installs
 sectors; the waiters whose sectors are all valid are read with ``mshr_waiters`` and the entry is
-released by ``mshr_free``.
+released by ``mshr_free``. With allocate on fill (``fill_alloc``, Accel-Sim's streaming L1 of Pascal
+and later), a read miss to a line that is not present opens its entry without a way: the entry
+keeps the sectors that arrive until a victim way takes the line, so a miss is refused only for want
+of MSHR entries, never because every way of its set waits on a fill.
 
 All instances of one cache level (one per SM, one per L2 slice) live in one ``CacheState``: a
 NamedTuple of a few numpy arrays indexed ``[instance, ...]`` with named columns (WAY_*, M_*, I_*,
@@ -71,15 +74,18 @@ CFG_MSHRS, CFG_MAX_MERGE, CFG_MSHR_SECTORS, CFG_SECTOR_SHIFT = 12, 13, 14, 15
 CFG_SQ_LPG, CFG_SQ_SPH, CFG_SQ_HALF_LINES, CFG_SQ_HALVES = 16, 17, 18, 19
 CFG_SHARERS = 20   # an entry's waiter slots beyond max_merge that only cache_access_sharer takes
 CFG_SHARER_ENTRIES = 21   # entries beyond mshrs that only cache_access_sharer opens
-N_CFG = 22
+CFG_FILL_ALLOC = 22   # 1: a read miss to a line not present takes a way only when its data arrives
+N_CFG = 23
 # way columns: C.way[inst, set, way, WAY_*]
 WAY_VALID, WAY_DIRTY, WAY_STAMP, WAY_MSHR = 0, 1, 2, 3
 N_WAY = 4
 # MSHR columns: C.mshr[inst, entry, M_*]; M_FREE is the free-entry stack (slots 0..nfree-1);
 # M_NSHR counts the entry's waiters that are sharers (cache_access_sharer); M_BYSHR is 1 for an
-# entry a sharer opened (it counts in I_SHR_OPEN / I_SHR_SECTORS, not in the mshrs budget)
-M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE, M_NSHR, M_BYSHR = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
-N_M = 10
+# entry a sharer opened (it counts in I_SHR_OPEN / I_SHR_SECTORS, not in the mshrs budget). An entry
+# with no way (M_WAY -1, CFG_FILL_ALLOC) keeps the sectors that arrived in M_VALID and is chained to
+# the other wayless entries of its set through M_NEXT (CacheState.wayless holds each set's first)
+M_LINE, M_MASK, M_PEND, M_SET, M_WAY, M_T, M_NWAIT, M_FREE, M_NSHR, M_BYSHR, M_NEXT, M_VALID = range(12)
+N_M = 12
 # waiter columns: C.wait[inst, entry, k, W_*]; W_SHR is 1 for a sharer
 W_REQ, W_NEED, W_SHR = 0, 1, 2
 N_W = 3
@@ -110,6 +116,7 @@ class CacheState(NamedTuple):
     cnt: np.ndarray    # int64 [I, N_CNT] counters (CNT_*)
     evict_addr: np.ndarray   # int64 [I] dirty victim of the last cache_access / cache_fill: line byte
     evict_dirty: np.ndarray  # int64 [I] address and dirty sector mask (0: that call wrote nothing back)
+    wayless: np.ndarray      # int64 [I, S] first MSHR entry of the set that holds no way yet (-1: none)
 
     # named views, for Python code and tests (jitted code indexes the columns)
     valid = property(lambda self: self.way[..., WAY_VALID])
@@ -135,13 +142,17 @@ def _pow2(x: int) -> bool:
 
 def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, mshrs, max_merge,
                      write_policy=WRITE_BACK, alloc_policy=WRITE_ALLOCATE, replacement=REPL_LRU, *,
-                     set_hash=False, mshr_sectors=None, sharer_slots=0, sharer_entries=0) -> CacheState:
+                     set_hash=False, mshr_sectors=None, sharer_slots=0, sharer_entries=0,
+                     fill_alloc=False) -> CacheState:
     """``n_instances`` caches of ``size_bytes`` each. ``mshrs`` entries (lines in flight) per instance,
     each with up to ``max_merge`` waiters and ``sharer_slots`` more that only cache_access_sharer
     takes; ``mshr_sectors`` caps the sectors in flight (default: no cap beyond mshrs x sectors per
     line). ``sharer_entries`` more entries only cache_access_sharer opens, outside both caps (a
     directory's own resources for the other caches' requests). ``set_hash`` hashes higher
-    line-address bits into the set index (see set_index)."""
+    line-address bits into the set index (see set_index). ``fill_alloc``: a read miss to a line that is
+    not present opens its entry without a way, and the line takes a victim way when its data arrives
+    (allocate on fill), so a set whose every way waits on a fill never refuses a miss; otherwise the
+    miss reserves its way at once (allocate on miss)."""
     n_instances, size_bytes, line_bytes, sector_bytes = int(n_instances), int(size_bytes), int(line_bytes), int(sector_bytes)
     assoc, mshrs, max_merge = int(assoc), int(mshrs), int(max_merge)
     if n_instances <= 0:
@@ -194,6 +205,7 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     cfg[CFG_SHARERS] = int(sharer_slots)
     cfg[CFG_SHARER_ENTRIES] = int(sharer_entries)
     cfg[CFG_MSHR_SECTORS] = int(mshr_sectors)
+    cfg[CFG_FILL_ALLOC] = 1 if fill_alloc else 0
     I, S, W, E, M = n_instances, sets, assoc, mshrs + int(sharer_entries), max_merge + int(sharer_slots)
     way = np.zeros((I, S, W, N_WAY), np.int64)
     way[..., WAY_MSHR] = -1
@@ -206,7 +218,8 @@ def make_cache_state(n_instances, size_bytes, line_bytes, sector_bytes, assoc, m
     # hands out untouched (filling a large L1's with -1 cost milliseconds a launch)
     return CacheState(cfg=cfg, tag=np.full((I, S, W), -1, np.int64), way=way, mshr=mshr,
                       wait=np.zeros((I, E, M, N_W), np.int64), inst=inst, cnt=np.zeros((I, N_CNT), np.int64),
-                      evict_addr=np.zeros(I, np.int64), evict_dirty=np.zeros(I, np.int64))
+                      evict_addr=np.zeros(I, np.int64), evict_dirty=np.zeros(I, np.int64),
+                      wayless=np.full((I, S), -1, np.int64))
 
 
 # the LDM cache keeps 32-B sectors internally so that a store writes through only the bytes' sectors;
@@ -245,7 +258,7 @@ def make_l1_state(machine, *, set_hash=False):
                          f"of {l1.line_bytes}-B lines (allowed: a multiple of {l1.line_bytes * l1.assoc} B)")
     return make_cache_state(cores_total(machine), size, l1.line_bytes, l1.sector_bytes, l1.assoc, l1.mshrs,
                             l1.max_merge, WRITE_THROUGH, NO_WRITE_ALLOCATE, REPLACEMENT[l1.replacement],
-                            set_hash=set_hash, mshr_sectors=l1.mshrs)
+                            set_hash=set_hash, mshr_sectors=l1.mshrs, fill_alloc=l1.allocate == "on_fill")
 
 
 def make_l2_state(machine, *, set_hash=True):
@@ -455,6 +468,28 @@ def _access(C, inst, line_addr, mask, full_mask, is_write, req_id, now):
 
 
 @njit(**_NOREF_INLINE)
+def _wayless(C, inst, s, line):
+    """The entry of set s fetching ``line`` without a way yet, -1 when there is none."""
+    e = C.wayless[inst, s]
+    while e >= 0 and C.mshr[inst, e, M_LINE] != line:
+        e = C.mshr[inst, e, M_NEXT]
+    return e
+
+
+@njit(**_NOREF_INLINE)
+def _unchain(C, inst, e):
+    """Take wayless entry e out of its set's chain."""
+    s = C.mshr[inst, e, M_SET]
+    p = C.wayless[inst, s]
+    if p == e:
+        C.wayless[inst, s] = C.mshr[inst, e, M_NEXT]
+        return
+    while C.mshr[inst, p, M_NEXT] != e:
+        p = C.mshr[inst, p, M_NEXT]
+    C.mshr[inst, p, M_NEXT] = C.mshr[inst, e, M_NEXT]
+
+
+@njit(**_NOREF_INLINE)
 def _victim(C, inst, s):
     """An empty way, else the non-reserved way with the smallest stamp; -1 when all are reserved."""
     w = -1
@@ -553,6 +588,25 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
         kind = CNT_MISSES
         if is_write and not write_alloc:
             status = BYPASS
+        elif cfg[CFG_FILL_ALLOC] == 1 and not is_write and not sharer:
+            # allocate on fill: the line takes no way before its data arrives
+            e = _wayless(C, inst, s, line)
+            if e >= 0:   # in flight already: join it (sectors that arrived are in its buffer)
+                need = mask & ~C.mshr[inst, e, M_VALID]
+                new = need & ~C.mshr[inst, e, M_MASK]
+                if need != 0:
+                    status = MERGED
+                    kind = CNT_SECTOR_MISSES if new != 0 else CNT_MERGES
+                    if C.mshr[inst, e, M_NWAIT] - C.mshr[inst, e, M_NSHR] >= cfg[CFG_MAX_MERGE]:
+                        status = RESERVATION_FAIL
+                else:
+                    kind = CNT_HITS
+            else:
+                need = mask
+                new = need
+                status = MISS
+                if _no_entry(C, inst, sharer):
+                    status = RESERVATION_FAIL
         else:
             need = mask & ~full
             new = need
@@ -584,18 +638,18 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
         else:
             if install:
                 _install(C, inst, s, w, line)
-            elif cfg[CFG_REPL] == REPL_LRU:
+            elif w >= 0 and cfg[CFG_REPL] == REPL_LRU:
                 t = C.inst[inst, I_TICK] + 1
                 C.inst[inst, I_TICK] = t
                 C.way[inst, s, w, WAY_STAMP] = t
-            if is_write:
+            if is_write and w >= 0:
                 C.way[inst, s, w, WAY_VALID] |= full
                 if cfg[CFG_WRITE] == WRITE_BACK:
                     C.way[inst, s, w, WAY_DIRTY] |= mask
             if need == 0:
                 status = HIT
             else:
-                if e < 0:   # open an entry tied to this way
+                if e < 0:   # open an entry tied to this way (w -1: wayless, chained to its set)
                     n = C.inst[inst, I_NFREE] - 1
                     e = C.mshr[inst, n, M_FREE]
                     C.inst[inst, I_NFREE] = n
@@ -608,9 +662,14 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
                     C.mshr[inst, e, M_NWAIT] = 0
                     C.mshr[inst, e, M_NSHR] = 0
                     C.mshr[inst, e, M_BYSHR] = 1 if sharer else 0
+                    C.mshr[inst, e, M_VALID] = 0
                     if sharer:
                         C.inst[inst, I_SHR_OPEN] += 1
-                    C.way[inst, s, w, WAY_MSHR] = e
+                    if w >= 0:
+                        C.way[inst, s, w, WAY_MSHR] = e
+                    else:
+                        C.mshr[inst, e, M_NEXT] = C.wayless[inst, s]
+                        C.wayless[inst, s] = e
                 k = C.mshr[inst, e, M_NWAIT]
                 C.wait[inst, e, k, W_REQ] = req_id
                 C.wait[inst, e, k, W_NEED] = need
@@ -637,11 +696,26 @@ def cache_fill(C, inst, line_addr, sector_mask, now):
     C.evict_dirty[inst] = 0
     line = line_addr >> cfg[CFG_LINE_SHIFT]
     s, w = _lookup(C, inst, line)
+    e = np.int64(-1)
     if w < 0:
+        wl = _wayless(C, inst, s, line) if cfg[CFG_FILL_ALLOC] == 1 else np.int64(-1)
+        if wl >= 0:
+            C.mshr[inst, wl, M_VALID] |= sector_mask
         w = _victim(C, inst, s)
         if w >= 0:
             _install(C, inst, s, w, line)
-    e = np.int64(-1)
+            if wl >= 0:   # the line has its way now: the entry is tied to it from here on
+                _unchain(C, inst, wl)
+                C.mshr[inst, wl, M_WAY] = w
+                C.way[inst, s, w, WAY_MSHR] = wl
+                C.way[inst, s, w, WAY_VALID] = C.mshr[inst, wl, M_VALID]
+        elif wl >= 0:   # every way waits on a fill: the sectors wait in the entry's buffer
+            e = wl
+            p = C.mshr[inst, e, M_PEND]
+            got = p & sector_mask
+            C.mshr[inst, e, M_PEND] = p & ~got
+            C.inst[inst, I_SECTORS] -= popcount(got)
+            C.cnt[inst, CNT_FILLS] += 1
     if w >= 0:
         C.cnt[inst, CNT_FILLS] += 1
         C.way[inst, s, w, WAY_VALID] |= sector_mask
@@ -665,7 +739,8 @@ def cache_evicted(C, inst):
 def mshr_waiters(C, inst, e, out):
     """Move the waiters of entry e whose sectors are all valid now into ``out`` (request ids, in
     arrival order); returns how many. The others stay for a later fill."""
-    v = C.way[inst, C.mshr[inst, e, M_SET], C.mshr[inst, e, M_WAY], WAY_VALID]
+    wy = C.mshr[inst, e, M_WAY]
+    v = C.way[inst, C.mshr[inst, e, M_SET], wy, WAY_VALID] if wy >= 0 else C.mshr[inst, e, M_VALID]
     k = C.mshr[inst, e, M_NWAIT]
     n = 0
     keep = 0
@@ -691,7 +766,10 @@ def mshr_free(C, inst, e):
     left; returns whether it was released."""
     ok = C.mshr[inst, e, M_LINE] >= 0 and C.mshr[inst, e, M_PEND] == 0 and C.mshr[inst, e, M_NWAIT] == 0
     if ok:
-        C.way[inst, C.mshr[inst, e, M_SET], C.mshr[inst, e, M_WAY], WAY_MSHR] = -1
+        if C.mshr[inst, e, M_WAY] >= 0:
+            C.way[inst, C.mshr[inst, e, M_SET], C.mshr[inst, e, M_WAY], WAY_MSHR] = -1
+        else:
+            _unchain(C, inst, e)
         C.mshr[inst, e, M_LINE] = -1
         C.mshr[inst, e, M_MASK] = 0
         C.inst[inst, I_SHR_OPEN] -= C.mshr[inst, e, M_BYSHR]
