@@ -98,13 +98,15 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 2), -1, np.int64),
         wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
-        wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32), cp_oldest=np.zeros(NW, np.int32),
+        wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32),
+        cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
         acct=np.zeros(cores * sub, np.int64), mem_wait=np.zeros(cores, np.int64),
-        launch_at=np.zeros(cores, np.int64), launch_free=np.zeros(cores, np.int64), core_order=np.arange(cores, dtype=np.int32) if core_order is None
+        launch_at=np.zeros(cores, np.int64), launch_free=np.zeros(cores, np.int64),
+        core_order=np.arange(cores, dtype=np.int32) if core_order is None
         else np.ascontiguousarray(core_order, np.int32),
         bs_block=np.full(cores * mb, -1, np.int32), bs_alive=np.zeros(cores * mb, np.int32),
         bs_arrived=np.zeros(cores * mb, np.int32), bs_first=np.zeros(cores * mb, np.int32),

@@ -89,7 +89,7 @@ class TState(NamedTuple):
     pc_issued: np.ndarray    # int64 [program length] warp-instructions issued at each pc (interval sampling)
     blk_issued: np.ndarray   # int64 [blocks] warp-instructions each block issued (interval sampling)
     # per launch block (for wave sampling and traces; -1 until it happens)
-    blk_start: np.ndarray    # int64 [blocks] cycle the block was dispatched
+    blk_start: np.ndarray    # int64 [blocks] first cycle its warps may issue (placed, then launched)
     blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
     blk_core: np.ndarray     # int32 [blocks] core it ran on
     k: np.ndarray            # int64 [K_N] kernel-wide scalars (K_*)
