@@ -11,20 +11,7 @@ from archsim.engine.warps import R_IDLE
 from archsim.errors import InputError
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch
-
-EXIT = """.kernel k
-        exit
-"""
-
-SPIN = """.kernel k
-.param n
-        ldparam r1, n
-        mov.b64 r2, 0
-LOOP:   add.i64 r2, r2, 1
-        setp.lt.i64 p0, r2, r1
-   @p0  bra LOOP
-        exit
-"""
+from test_sunway_mpe import EXIT, SPIN   # a warp that exits at once; one counting to n
 
 
 def tiny(launch: int, interval: int):

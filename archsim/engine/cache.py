@@ -709,22 +709,18 @@ def cache_fill(C, inst, line_addr, sector_mask, now):
                 C.mshr[inst, wl, M_WAY] = w
                 C.way[inst, s, w, WAY_MSHR] = wl
                 C.way[inst, s, w, WAY_VALID] = C.mshr[inst, wl, M_VALID]
-        elif wl >= 0:   # every way waits on a fill: the sectors wait in the entry's buffer
+        else:   # every way waits on a fill: the sectors wait in the entry's buffer (if any)
             e = wl
-            p = C.mshr[inst, e, M_PEND]
-            got = p & sector_mask
-            C.mshr[inst, e, M_PEND] = p & ~got
-            C.inst[inst, I_SECTORS] -= popcount(got)
-            C.cnt[inst, CNT_FILLS] += 1
     if w >= 0:
-        C.cnt[inst, CNT_FILLS] += 1
         C.way[inst, s, w, WAY_VALID] |= sector_mask
         e = C.way[inst, s, w, WAY_MSHR]
-        if e >= 0:
-            p = C.mshr[inst, e, M_PEND]
-            got = p & sector_mask
-            C.mshr[inst, e, M_PEND] = p & ~got
-            C.inst[inst, I_SHR_SECTORS if C.mshr[inst, e, M_BYSHR] == 1 else I_SECTORS] -= popcount(got)
+    if w >= 0 or e >= 0:
+        C.cnt[inst, CNT_FILLS] += 1
+    if e >= 0:
+        p = C.mshr[inst, e, M_PEND]
+        got = p & sector_mask
+        C.mshr[inst, e, M_PEND] = p & ~got
+        C.inst[inst, I_SHR_SECTORS if C.mshr[inst, e, M_BYSHR] == 1 else I_SECTORS] -= popcount(got)
     return e
 
 
