@@ -327,6 +327,7 @@ op_st = st.one_of(st.tuples(st.just("acc"), st.integers(0, 23), st.sampled_from(
 
 @given(st.lists(op_st, max_size=150), st.sampled_from([(WRITE_BACK, False), (WRITE_THROUGH, False),
                                                       (WRITE_THROUGH, True)]))
+@example([("acc", 0, 4, 0, False), ("share", 0, 1)], (WRITE_THROUGH, True))  # a sharer's read joins a wayless entry
 def test_random_interleaving_keeps_mshr_invariants(ops, policy):
     """Accesses and (partial) fills in any order: in-flight lines stay put, every waiting request is
     released exactly once, the sector budget balances, the counters partition the accesses. With

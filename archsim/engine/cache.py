@@ -430,7 +430,7 @@ def cache_access_sharer(C, inst, line_addr, mask, req_id, now):
     C.evict_dirty[inst] = 0
     line = line_addr >> C.cfg[CFG_LINE_SHIFT]
     s, w = _lookup(C, inst, line)
-    return _access_slow(C, inst, line, s, w, mask, np.int64(0), False, req_id, now, True)
+    return _access_slow(C, inst, line, s, w, mask, np.int64(0), np.bool_(False), req_id, now, np.bool_(True))
 
 
 @njit(**_NOREF_INLINE)
@@ -463,7 +463,8 @@ def _access(C, inst, line_addr, mask, full_mask, is_write, req_id, now):
         if is_write and cfg[CFG_WRITE] == WRITE_BACK:
             C.way[inst, s, w, WAY_DIRTY] |= mask
     else:
-        status, ret = _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, False)
+        status, ret = _access_slow(C, inst, line, s, w, mask, full_mask, is_write, np.int64(req_id), now,
+                                   np.bool_(False))
     return status, ret
 
 
@@ -541,6 +542,16 @@ def _no_entry(C, inst, sharer):
     return used >= C.cfg[CFG_MSHRS]
 
 
+@njit(**_NOREF_INLINE)
+def _merge_full(C, inst, e, sharer):
+    """Entry e takes no more waiters of this class: a sharer's past cfg[CFG_SHARERS] sharers, a
+    request's past max_merge waiters besides the sharers."""
+    nshr = C.mshr[inst, e, M_NSHR]
+    if sharer:
+        return nshr >= C.cfg[CFG_SHARERS]
+    return C.mshr[inst, e, M_NWAIT] - nshr >= C.cfg[CFG_MAX_MERGE]
+
+
 @njit(**_NOREF)
 def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sharer):
     """cache_access_mask past the tag lookup (line in set s, way w or -1), for all but plain hits.
@@ -576,8 +587,7 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
                 new = need & ~C.mshr[inst, e, M_MASK]
                 status = MERGED
                 kind = CNT_SECTOR_MISSES if new != 0 else CNT_MERGES
-                nshr = C.mshr[inst, e, M_NSHR]
-                if (nshr >= cfg[CFG_SHARERS]) if sharer else (C.mshr[inst, e, M_NWAIT] - nshr >= cfg[CFG_MAX_MERGE]):
+                if _merge_full(C, inst, e, sharer):
                     status = RESERVATION_FAIL
             else:
                 new = need
@@ -588,8 +598,8 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
         kind = CNT_MISSES
         if is_write and not write_alloc:
             status = BYPASS
-        elif cfg[CFG_FILL_ALLOC] == 1 and not is_write and not sharer:
-            # allocate on fill: the line takes no way before its data arrives
+        elif cfg[CFG_FILL_ALLOC] == 1 and not is_write:
+            # allocate on fill: the line takes no way before its data arrives (a sharer's read too)
             e = _wayless(C, inst, s, line)
             if e >= 0:   # in flight already: join it (sectors that arrived are in its buffer)
                 need = mask & ~C.mshr[inst, e, M_VALID]
@@ -597,7 +607,7 @@ def _access_slow(C, inst, line, s, w, mask, full_mask, is_write, req_id, now, sh
                 if need != 0:
                     status = MERGED
                     kind = CNT_SECTOR_MISSES if new != 0 else CNT_MERGES
-                    if C.mshr[inst, e, M_NWAIT] - C.mshr[inst, e, M_NSHR] >= cfg[CFG_MAX_MERGE]:
+                    if _merge_full(C, inst, e, sharer):
                         status = RESERVATION_FAIL
                 else:
                     kind = CNT_HITS
@@ -1162,7 +1172,7 @@ def shared_bank_conflicts(addrs, active_mask, nbytes, banks, bank_width_bytes, s
     bw = bank_width_bytes
     lpp = W if nbytes <= bw else max(1, (banks * bw) // nbytes)
     total = 0
-    p0 = 0
+    p0 = np.int64(0)
     while p0 < W:
         p1 = min(W, p0 + lpp)
         total += _phase_wavefronts(addrs, active_mask, p0, p1, nbytes, banks, bw, scratch)

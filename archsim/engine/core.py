@@ -264,7 +264,7 @@ def dispatch_all(C, TS, S, now):
     while placed and TS.k[K_NEXT] < TS.k[K_END]:
         placed = False
         for j in range(cores):
-            core = TS.core_order[j]
+            core = np.int64(TS.core_order[j])  # as _retire_block's: one compiled dispatch_block
             if TS.k[K_NEXT] >= TS.k[K_END]:
                 break
             if _fits(C, TS, core):
@@ -513,7 +513,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     TS.wake[i] = INF          # events during this cycle (a barrier its issue releases) lower it
     nxt = INF
     # evaluate every resident warp of this sub-core once
-    best = -1
+    best = np.int64(-1)  # not the literal -1, which numba would compile issue() for as well
     best_key = INF
     nready = 0
     for s in range(sub, hi, nsub):
@@ -549,7 +549,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         TS.reason[w] = R_ISSUED
         TS.last_warp[core, sub] = w
         issued += 1
-        best = -1
+        best = np.int64(-1)
         if issued < budget:  # dual issue: the next best among the others
             best_key = INF
             for s in range(sub, hi, nsub):

@@ -248,7 +248,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         am = m
         if cfg[M_FILL_LINE]:  # an LDM cache fills (and waits for) the whole line
             am = (np.int64(1) << (cfg[M_LINE] // sb)) - 1
-        status, newm = CA.cache_access_mask(MS.L1, core, line, am, np.int64(0), False, r, now)
+        status, newm = CA.cache_access_mask(MS.L1, core, line, am, np.int64(0), np.bool_(False), r, now)
         if status == CA.RESERVATION_FAIL:
             req_free(R, r)
             MS.l1_full[core] = 1
@@ -268,7 +268,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         R.aux0[r] = m
         R.aux1[r] = MS.mio_full[core, i, k]
         if cfg[M_HAS_L1]:
-            CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], True, r, now)
+            CA.cache_access_mask(MS.L1, core, line, m, MS.mio_full[core, i, k], np.bool_(True), r, now)
         core_push(MS, core, qm, r)
     else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, -1 - t, now)

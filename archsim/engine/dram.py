@@ -616,7 +616,7 @@ def _arrivals(D, Q, R, c, qi, now):
         nbytes = max(np.int64(1), np.int64(R.nbytes[r]))
         nb = (addr + nbytes - 1) // bb - addr // bb + 1
         wr = 1 if R.kind[r] == KIND_WRITE else 0
-        b, row = _burst_loc(p, addr, 0)
+        b, row = _burst_loc(p, addr, np.int64(0))
         H[c, sl, H_ADDR] = addr
         H[c, sl, H_NBYTES] = nbytes
         H[c, sl, H_K] = 0

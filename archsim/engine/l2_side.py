@@ -308,7 +308,7 @@ def dram_done(MS, c, now):
             sl = slice_of(MS, R.addr[rd])
             _respond(MS, sl, rd, now)
             continue
-        sl = R.tag[rd]
+        sl = np.int64(R.tag[rd])  # int64 as every other caller's slice: one compiled fill_slice
         line = R.addr[rd] & ~(cfg[M_LINE] - 1)
         mask = R.aux0[rd]
         req_free(R, rd)

@@ -41,22 +41,25 @@ DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
 TL_COUNTERS = ("warp_instructions",) + TL_BYTES + \
     tuple("stall_" + n for n in WS.STALL_NAMES)
+TL_UNITS_AT = len(TL_COUNTERS)  # the per-unit columns (unit_timeline) start here
 TL_ROWS = 512
 TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
 
 
 def make_timeline(MS, window_cycles: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    width = len(TL_COUNTERS) + int(UT.unit_columns(MS))
-    return np.zeros((TL_ROWS, width), np.int64), np.array([window_cycles, 0, window_cycles], np.int64)
+    """(TL, tlk). TL's rows up to TL_ROWS take the window samples; its row TL_ROWS, the per-unit
+    counters as of the cycle the loop last stopped at (_run_slice writes them there)."""
+    width = TL_UNITS_AT + UT.unit_columns(MS)
+    return np.zeros((TL_ROWS + 1, width), np.int64), np.array([window_cycles, 0, window_cycles], np.int64)
 
 
-def timeline_rows(TL, tlk, TS, MS, end_cycle: int) -> tuple[int, np.ndarray]:
-    """(window, rows): the sampled rows plus a last one with the totals at the end of the run."""
+def timeline_rows(TL, tlk, TS, MS) -> tuple[int, np.ndarray]:
+    """(window, rows): the sampled rows plus a last one with the totals at the cycle the loop
+    stopped at (the end of the run)."""
     n = int(tlk[TLK_ROWS])
-    last = np.zeros(TL.shape[1], np.int64)
-    g = len(TL_COUNTERS)
+    last = TL[TL_ROWS].copy()  # the per-unit columns as _run_slice left them
+    g = TL_UNITS_AT
     last[:g] = np.concatenate([[TS.issued.sum()], MS.bytes[:len(TL_BYTES)], TS.stall.sum(axis=0)])
-    UT.unit_sample(MS, last, g, np.int64(end_cycle))
     return int(tlk[TLK_WINDOW]), np.vstack([TL[:n], last[None, :]])
 
 
@@ -109,8 +112,8 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycle
     now = int(start)
     while True:
         t0 = time.perf_counter()
-        _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, np.int64(min(limit, now + step)), skip, out, step_out,
-                   np.int64(now))
+        _run_slice(C, TS, S, P, T, Dd, MS, TL[:TL_ROWS], tlk, np.int64(min(limit, now + step)), skip, out,
+                   step_out, np.int64(now), TL[TL_ROWS])
         if out[0] != CYCLE_LIMIT or int(out[1]) >= limit:
             return
         ran = int(out[1]) - now
@@ -121,10 +124,14 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycle
 
 
 @njit(nrt=True)  # allocates the scheduler's scratch
-def _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, start):
-    """The state tuples travel as StatePtrs (archsim.engine.ref: one word a call) from here on."""
-    _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), as_ptr(MS), TL, tlk, end,
+def _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, start, last):
+    """The state tuples travel as StatePtrs (archsim.engine.ref: one word a call) from here on.
+    ``last`` takes the per-unit counters as of the cycle the slice stops at (timeline_rows' last
+    row; sampled here, not from Python, so that unit_sample compiles once, for the StatePtr)."""
+    ms = as_ptr(MS)
+    _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), ms, TL, tlk, end,
          skip, out, step_out, start)
+    UT.unit_sample(ms, last, TL_UNITS_AT, out[1])
 
 
 @njit(cache=True)

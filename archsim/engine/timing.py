@@ -353,7 +353,7 @@ class KernelRun:
             pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
             memory=dict(M.mem_counters(self.MS, int(out[1])), carveout={
                 "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
-            timeline=MA.timeline_rows(self.TL, self.tlk, TS, self.MS, int(out[1])), buffers=buffers,
+            timeline=MA.timeline_rows(self.TL, self.tlk, TS, self.MS), buffers=buffers,
             timeline_units=UT.unit_layout(machine, self.MS),
             block_start=TS.blk_start[first:end].copy(), block_done=TS.blk_done[first:end].copy(),
             block_core=TS.blk_core[first:end].copy(), first_block=first)

@@ -39,16 +39,16 @@ def _has_mesh(MS):
     return MS.mk[MST.MK_ON] != 0
 
 
-@njit(cache=True)
-def unit_columns(MS):
-    """How many columns unit_sample fills (the layout's width)."""
+def unit_columns(MS) -> int:
+    """How many columns unit_sample fills (the layout's width). Python: jitted, it would compile
+    for the memory state as a NamedTuple, which the loops never pass (they pass a StatePtr)."""
     nl = MS.req.lt.shape[0] + MS.resp.lt.shape[0]
-    if _has_mesh(MS):
+    if MS.mk[MST.MK_ON] != 0:
         nl += MS.mesh.lt.shape[0]
     n = 2 * nl + 4 * MS.Dm.cnt.shape[0]
     if MS.cfg[MST.M_HAS_L2]:
         n += 3 * MS.L2.cnt.shape[0]
-    return n + MS.dma.cfg[DM.DC_ENGINES]
+    return int(n + MS.dma.cfg[DM.DC_ENGINES])
 
 
 @njit(cache=True)
