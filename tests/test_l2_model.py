@@ -9,6 +9,8 @@ from archsim.engine import l2_side as L2
 from archsim.engine import mem_state as ST
 from archsim.engine import noc as NC
 from archsim.engine.queues import KIND_READ, q_peek, req_alloc, req_free
+from archsim.engine.jit import njit
+from archsim.engine.ref import with_ptr
 
 _ms = {}
 # a100's 8-KB half chunk is not a multiple of 40 slices' granules: consecutive slices there need the
@@ -24,8 +26,19 @@ def mstate(name, sets=()):
     return _ms[key]
 
 
+@njit(cache=True)
+def _slices_of(MS, addrs, out):
+    for i in range(addrs.shape[0]):
+        out[i] = ST.slice_of(MS, addrs[i])
+
+
 def slices(MS, addrs):
-    return np.array([ST.slice_of(MS, int(a)) for a in addrs])
+    """The home slice of each address (one jitted call: a call a line from Python with the memory
+    state NamedTuple costs ~50 us)."""
+    addrs = np.asarray(addrs, np.int64)
+    out = np.empty(len(addrs), np.int64)
+    with_ptr(_slices_of, MS, addrs, out)
+    return out
 
 
 def half_granule(m, a):
@@ -112,12 +125,12 @@ def test_near_reply_does_not_wait_behind_a_far_one():
     lat, far_x = l2.hit_latency_cycles, l2.far_half_extra_cycles
     r_far = req_alloc(MS.R, 0, 32, KIND_READ, far_core, 0, 0)
     r_near = req_alloc(MS.R, 128, 32, KIND_READ, near_core, 0, 1)
-    L2.respond_l2(MS, sl, r_far, 0)                               # the far one is answered first
-    L2.respond_l2(MS, sl, r_near, 1)
+    with_ptr(L2.respond_l2, MS, sl, r_far, 0)                               # the far one is answered first
+    with_ptr(L2.respond_l2, MS, sl, r_near, 1)
     left = {}
     for now in range(0, 200):
         before = _injected(MS, sl)
-        L2.slice_cycle(MS, sl, now)
+        with_ptr(L2.slice_cycle, MS, sl, now)
         NC.noc_step(MS.resp, now)
         for _ in range(_injected(MS, sl) - before):
             left[len(left)] = now
@@ -183,30 +196,30 @@ def test_a_copy_comes_from_the_home_after_its_lookup_and_the_crossing():
     assert home // sph == 1 and mirror == home % sph
     CA.cache_fill(MS.L2, home, line, 0b1111, 0)     # the home holds the line
     q = MS.cfg[ST.M_Q_RFILL] + mirror
-    L2.fetch_copy(MS, mirror, home, line, 0b0011, 100)
+    with_ptr(L2.fetch_copy, MS, mirror, home, line, 0b0011, 100)
     assert MS.Q.count[q] == 1
     rd = q_peek(MS.Q, q, 0)
     assert MS.R.aux1[rd] == 100 + cross
     assert MS.R.aux0[rd] == 0b0011 and MS.R.tag[rd] == mirror and MS.R.src[rd] == ST.COPY_HIT
-    L2.slice_cycle(MS, mirror, 100 + cross)
+    with_ptr(L2.slice_cycle, MS, mirror, 100 + cross)
     assert MS.Q.count[q] == 0 and CA.cache_probe(MS.L2, mirror, line) == 0b0011
     # a line the home lacks: the copy waits in the home's MSHR entry, whose one DRAM read is the
     # home's; the home's fill forwards the sectors to the mirror after the crossing
     other = line + 128
-    L2.fetch_copy(MS, mirror, home, other, 0b0001, 100)
+    with_ptr(L2.fetch_copy, MS, mirror, home, other, 0b0001, 100)
     assert MS.Q.count[q] == 0
     (rm,) = dram_reads(MS, m)
     assert MS.R.tag[rm] == home and MS.R.aux0[rm] == 0b0001
-    L2.fill_slice(MS, home, other, 0b0001, 200)
+    with_ptr(L2.fill_slice, MS, home, other, 0b0001, 200)
     assert MS.Q.count[q] == 1 and CA.cache_probe(MS.L2, home, other) == 0b0001
     fw = q_peek(MS.Q, q, 0)
     assert MS.R.src[fw] == ST.COPY_HIT and MS.R.aux1[fw] == 200 + cross
-    L2.slice_cycle(MS, mirror, 200 + cross - 1)
+    with_ptr(L2.slice_cycle, MS, mirror, 200 + cross - 1)
     assert CA.cache_probe(MS.L2, mirror, other) == -1   # not yet across
-    L2.slice_cycle(MS, mirror, 200 + cross)
+    with_ptr(L2.slice_cycle, MS, mirror, 200 + cross)
     assert CA.cache_probe(MS.L2, mirror, other) == 0b0001
     # a write at the home drops the mirror's copy
-    L2.drop_copies(MS, home, other)
+    with_ptr(L2.drop_copies, MS, home, other)
     assert CA.cache_probe(MS.L2, mirror, other) == -1 and CA.cache_probe(MS.L2, home, other) == 0b0001
 
 
@@ -231,7 +244,7 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
         r = req_alloc(MS.R, addr, 32, KIND_READ, 1, 0, t)
         st0, newm = CA.cache_access_mask(MS.L2, home, addr, 0b0001, 0, False, r, t)
         if st0 == CA.MISS:
-            L2._fetch(MS, home, addr, newm, t)
+            with_ptr(L2._fetch, MS, home, addr, newm, t)
         return st0
 
     def read_masks():
@@ -242,12 +255,12 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
     assert own_miss(line, 10) == CA.MISS
     for _ in range(m.l2.max_merge - 1):
         assert own_miss(line, 10) == CA.MERGED
-    L2.fetch_copy(MS, mirror, home, line, 0b0001, 20)
-    L2.fetch_copy(MS, mirror, home, line, 0b0010, 30)
+    with_ptr(L2.fetch_copy, MS, mirror, home, line, 0b0001, 20)
+    with_ptr(L2.fetch_copy, MS, mirror, home, line, 0b0010, 30)
     assert MS.Q.count[q] == 0 and read_masks() == [(line, 0b0001), (line, 0b0010)]
     # the copy misses first: the home's own read joins it
     two = homed(line + 128, 1)[0]
-    L2.fetch_copy(MS, mirror, home, two, 0b0011, 40)
+    with_ptr(L2.fetch_copy, MS, mirror, home, two, 0b0011, 40)
     n = len(dram_reads(MS, m))
     r = req_alloc(MS.R, two, 32, KIND_READ, 1, 0, 0)
     assert CA.cache_access_mask(MS.L2, home, two, 0b0010, 0, False, r, 50) == (CA.MERGED, 0)
@@ -259,7 +272,7 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
             break
     three = homed(a + 128, 1)[0]
     assert own_miss(three, 70) == CA.RESERVATION_FAIL
-    L2.fetch_copy(MS, mirror, home, three, 0b0001, 70)
+    with_ptr(L2.fetch_copy, MS, mirror, home, three, 0b0001, 70)
     assert MS.Q.count[q] == 0 and (three, 0b0001) in read_masks()
     assert MS.L2.inst[home, CA.I_SHR_OPEN] == 2            # the copies of `two` and `three`
     # every way of a set waits on a fill: the copy reads DRAM itself, after the crossing
@@ -269,7 +282,7 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
     for a in same[:-1]:
         CA.cache_access_sharer(MS.L2, home, a, 0b0001, req_alloc(MS.R, a, 32, KIND_READ, 1, 0, 0), 80)
     n = len(dram_reads(MS, m))
-    L2.fetch_copy(MS, mirror, home, same[-1], 0b0001, 90)
+    with_ptr(L2.fetch_copy, MS, mirror, home, same[-1], 0b0001, 90)
     assert MS.Q.count[q] == 1 and MS.R.src[q_peek(MS.Q, q, 0)] == ST.COPY_MISS
     assert len(dram_reads(MS, m)) == n
 
