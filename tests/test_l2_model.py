@@ -33,8 +33,8 @@ def _slices_of(MS, addrs, out):
 
 
 def slices(MS, addrs):
-    """The home slice of each address (one jitted call: a call a line from Python with the memory
-    state NamedTuple costs ~50 us)."""
+    """The home slice of each address, in one jitted call (from Python, each call would hand over
+    every array of the memory state)."""
     addrs = np.asarray(addrs, np.int64)
     out = np.empty(len(addrs), np.int64)
     with_ptr(_slices_of, MS, addrs, out)

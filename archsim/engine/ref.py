@@ -96,6 +96,6 @@ def as_ptr(typingctx, state):
 def with_ptr(fn, state, *args):
     """``fn(as_ptr(state), *args)`` from Python, for block tests that call one engine function on
     a state NamedTuple. A jitted function compiled for the NamedTuple itself takes it flattened,
-    every array of it in every call down the tree: slice_cycle on the memory state compiles in
-    ~180 s that way, ~30 s through the pointer."""
+    every array of it in every call down the tree, which compiles several times slower than the
+    same tree on the pointer (see CHANGELOG)."""
     return fn(as_ptr(state), *args)
