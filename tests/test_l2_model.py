@@ -8,8 +8,8 @@ from archsim.config import load_machine
 from archsim.engine import l2_side as L2
 from archsim.engine import mem_state as ST
 from archsim.engine import noc as NC
-from archsim.engine.queues import KIND_READ, q_peek, req_alloc, req_free
 from archsim.engine.jit import njit
+from archsim.engine.queues import KIND_READ, q_peek, req_alloc, req_free
 from archsim.engine.ref import with_ptr
 
 _ms = {}
@@ -125,7 +125,7 @@ def test_near_reply_does_not_wait_behind_a_far_one():
     lat, far_x = l2.hit_latency_cycles, l2.far_half_extra_cycles
     r_far = req_alloc(MS.R, 0, 32, KIND_READ, far_core, 0, 0)
     r_near = req_alloc(MS.R, 128, 32, KIND_READ, near_core, 0, 1)
-    with_ptr(L2.respond_l2, MS, sl, r_far, 0)                               # the far one is answered first
+    with_ptr(L2.respond_l2, MS, sl, r_far, 0)                     # the far one is answered first
     with_ptr(L2.respond_l2, MS, sl, r_near, 1)
     left = {}
     for now in range(0, 200):
