@@ -238,7 +238,8 @@ def test_both_halves_missing_on_a_line_read_it_from_dram_once():
     q = MS.cfg[ST.M_Q_RFILL] + mirror
 
     def homed(start, n, where=lambda a: True):
-        return [a for a in range(start, start + (1 << 24), 128) if ST.slice_of(MS, a) == home and where(a)][:n]
+        cand = np.arange(start, start + (1 << 24), 128)
+        return [int(a) for a in cand[slices(MS, cand) == home] if where(int(a))][:n]
 
     def own_miss(addr, t):
         r = req_alloc(MS.R, addr, 32, KIND_READ, 1, 0, t)
