@@ -21,6 +21,18 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
   head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
 
+A period too long for such a head (three periods and the warm-up more than half the launch: a
+GEMM whose raster groups each sweep every column panel) is sampled in two strata. The head holds
+waves of the first period only (its segments are waves). A second run, a window of blocks around
+the first period boundary, measures what a boundary adds. The window starts cold: its warm-up
+waves (as many as the head's, and until its L2 has filled; a head shorter than that grows
+first), one steady wave, then BOUNDARY_AFTER_WAVES waves from the boundary on. A boundary adds
+the window's time from its last steady wave to its end less the head's rate over those blocks,
+once for each boundary the head left out; its error (twice the spread of the head's steady
+steps, and how far the window's last step still is from the steady one beyond that) is added to
+the estimate's. A head that would cross a boundary, or a window that would leave the launch,
+gives way to the whole launch.
+
 A launch that writes and brings more lines into the L2 than it holds is steady only once its L2
 is full: until then the L2 takes the writes with no writebacks, later waves pay the writebacks of
 the dirty lines their fills evict. The L2 fills at the wave where the head's lines (writes and
@@ -84,6 +96,7 @@ class Sampled:
     attempts: list = dataclasses.field(default_factory=list)  # (waves, error estimate) of each head tried
     warmup_waves: int = 0      # leading waves of the head left out of the steady rate
     interval: dict | None = None  # interval sampling's account (archsim.interval), when it was tried
+    boundary: dict | None = None  # the period-boundary window of a long-period launch (_with_boundaries)
 
 
 def _scale_memory(mem: dict, f: float) -> dict:
@@ -96,6 +109,8 @@ class _Estimate:
     cycles: float
     error: float
     warmup: int               # waves before the steady ones (the cold start and any settling)
+    per_block: float = 0.0    # the steady rate: cycles a block
+    step_sd: float = 0.0      # standard deviation of the steady segments' steps (cycles)
 
 
 def refresh_stall_cycles(machine) -> float:
@@ -146,7 +161,8 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh
         rate_err = float(max(drift, noise)) / float(d.mean()) + refresh / float(means[-1] - means[0])
         # steady waves before the L2 filled paid none of the writebacks the later ones pay
         rate_err += min(max(fill[0] - w0, 0.0) / (S - w0), 1.0) * fill[1]
-    return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0)
+    sd = float(d.std(ddof=1)) if len(d) >= 2 else 0.0
+    return _Estimate(cycles, rate_err * tail / cycles if cycles > 0 else 0.0, w0, per_block, sd)
 
 
 def head_waves(waves: int, C: int, P: int) -> int:
@@ -177,24 +193,71 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
 
     attempts = []
     spent = 0                                     # warp-instructions of the heads tried
-    S = head_waves(waves, C, launch.period)
+    P = launch.period
+    # a period too long for a head of three of them: the head measures waves inside the first
+    # period, and a window around the first period boundary measures what a boundary adds
+    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves
+    S = waves if strata else head_waves(waves, C, P)
     if sample and waves >= 3:
         # the first head is at most half the launch, a grown one at most two thirds of it
         while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
+            if strata and S * C > P:              # the head would cross a boundary: no strata
+                break
             head = run((0, S * C))
             b = head.memory["bytes"]
             refresh = refresh_stall_cycles(machine) if b["dram_read"] + b["dram_write"] > 0 else 0.0
             w = _l2_writes(head, machine, B / (S * C))
-            est = _extrapolate(head, C, B, S, launch.period, max_error, refresh, _l2_fill(w, machine, S))
+            est = _extrapolate(head, C, B, S, 0 if strata else P, max_error, refresh, _l2_fill(w, machine, S))
             if w is not None and w[1] == 0:       # every write still sits in the L2: not steady
                 est = dataclasses.replace(est, error=1.0)
-            attempts.append((S, round(est.error, 5)))
             spent += int(head.warp_instructions)
+            bound = None
+            if strata:
+                # the window's waves before the boundary: its warm-up, as long as the head's and
+                # until its L2 has filled, then one steady wave
+                pre = max(est.warmup, _fill_wave(w, machine, S)) + 1
+                lo, hi = P - pre * C, P + BOUNDARY_AFTER_WAVES * C
+                if lo < 0 or hi > B:
+                    break
+                if pre > S:                       # a window longer than the head: grow the head first
+                    est = dataclasses.replace(est, error=1.0)
+                else:
+                    win = run((lo, hi))
+                    spent += int(win.warp_instructions)
+                    est, bound = _with_boundaries(est, win, C, B, S, P, pre)
+            attempts.append((S, round(est.error, 5)))
             if est.error <= max_error:
-                return _scaled(head, est, C, B, S, nwaves, attempts, spent)
+                return _scaled(head, est, C, B, S, nwaves, attempts, spent, bound)
             S *= 2
     t = run()
     return Sampled(t, False, 0.0, nwaves, float(nwaves), spent + int(t.warp_instructions), attempts=attempts)
+
+
+BOUNDARY_AFTER_WAVES = 3   # a boundary window's waves from the boundary on: the boundary's, one to settle, the drain
+
+
+def _with_boundaries(est: _Estimate, win, C: int, B: int, S: int, P: int, pre: int) -> tuple:
+    """A long-period launch's estimate with its period boundaries: ``win`` ran the blocks from
+    ``pre`` waves before the boundary at block P to BOUNDARY_AFTER_WAVES after it, started cold;
+    all but the last of the ``pre`` waves are its warm-up. What a boundary adds is the window's
+    time from the mean of its last wave before the boundary to its last wave's mean, less the
+    head's steady rate over those blocks; it is added once for every boundary after the head.
+    Its error: twice the standard deviation of the head's steady steps (the noise of two wave
+    means), and the window's last step's distance from the steady step beyond that (the
+    boundary's effect has not settled)."""
+    lo, hi = win.first_block, win.first_block + len(win.block_done)
+    n = (hi - lo) // C
+    mu = np.sort(win.block_done).astype(np.float64)[:n * C].reshape(n, C).mean(axis=1)
+    step = C * est.per_block
+    excess = float(mu[-1] - mu[pre - 1]) - (n - pre) * step
+    unsettled = max(0.0, abs(float(mu[-1] - mu[-2]) - step) - 2 * est.step_sd)
+    err = 2 * est.step_sd + unsettled
+    count = (B - 1) // P - (S * C - 1) // P                # boundaries at block ids S*C .. B-1
+    cycles = est.cycles + count * excess
+    error = (est.error * est.cycles + count * err) / cycles if cycles > 0 else 1.0
+    bound = {"period_blocks": P, "boundaries": int(count), "window_blocks": [int(lo), int(hi)],
+             "excess_cycles": round(excess, 1), "error_cycles": round(err, 1)}
+    return dataclasses.replace(est, cycles=cycles, error=error), bound
 
 
 def _time_interval(prog: Program, machine, launch: Launch, args: dict, max_error: float, max_cycles: int,
@@ -233,6 +296,14 @@ def _l2_writes(head, machine, scale: float) -> tuple | None:
     return writes, sum(c["writebacks"] for c in caches), lines
 
 
+def _fill_wave(w, machine, S: int) -> int:
+    """The whole waves a launch's L2 takes to fill from cold, at a head of S waves' lines a wave
+    (_l2_writes' ``w``; 0 for None: no fill to wait for)."""
+    if w is None:
+        return 0
+    return int(np.ceil(S * machine.l2.size_kib * 1024 / (w[2] * machine.l2.line_bytes)))
+
+
 def _l2_fill(w, machine, S: int) -> tuple:
     """(the wave of a head of S waves its L2 fills at, the writes' share of the lines the head
     brought into it) from _l2_writes ((0, 0) for None): the head's lines taken as spread evenly
@@ -243,8 +314,10 @@ def _l2_fill(w, machine, S: int) -> tuple:
     return min(float(S), S * machine.l2.size_kib * 1024 / (lines * machine.l2.line_bytes)), writes / lines
 
 
-def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts: list, spent: int) -> Sampled:
-    """The sampled launch's record: the head's counters, the extensive ones scaled to B blocks."""
+def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts: list, spent: int,
+            bound: dict | None = None) -> Sampled:
+    """The sampled launch's record: the head's counters, the extensive ones scaled to B blocks
+    (a boundary window adds its time, not its counters)."""
     f = B / (S * C)
 
     def ext(a):  # an extensive counter of the head, scaled to the whole launch
@@ -254,7 +327,9 @@ def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts:
         head, cycles=int(round(est.cycles)), timeline_end=head.cycles, warp_instructions=ext(head.warp_instructions),
         skipped_cycles=ext(head.skipped_cycles), stall=ext(head.stall), flops=ext(head.flops),
         pipe_busy_cycles=ext(head.pipe_busy_cycles), memory=_scale_memory(head.memory, f), buffers={})
-    return Sampled(t, True, float(est.error), nwaves, float(S), spent, attempts=attempts, warmup_waves=est.warmup)
+    simulated = S + ((bound["window_blocks"][1] - bound["window_blocks"][0]) / C if bound else 0)
+    return Sampled(t, True, float(est.error), nwaves, float(simulated), spent, attempts=attempts,
+                   warmup_waves=est.warmup, boundary=bound)
 
 
 def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict, *, count: int = 1,
@@ -287,6 +362,8 @@ def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
     rec["sample_attempts"] = [{"waves": w, "error_est": e} for w, e in s.attempts]
     if s.sampled:
         rec["sample_warmup_waves"] = s.warmup_waves
+    if s.boundary is not None:
+        rec["sample_boundaries"] = s.boundary
     if s.interval is not None:
         rec["sample_interval"] = s.interval
         rec["sample_method"] = "interval" if s.sampled else (

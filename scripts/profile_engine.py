@@ -2,8 +2,9 @@
 
 numba links every function a jitted loop calls into that loop's library, and perf cannot name
 code that was loaded from numba's cache. This script warms the engine up, reads the object code of
-``run_loop``'s cache entry, lists its functions with ``nm`` and writes ``/tmp/perf-<pid>.map``
-(perf's map file for JIT code) so that a perf profile names them. Then it runs one micro-benchmark.
+the cache entry of ``_run_slice`` (the jitted loop ``run_loop`` calls), lists its functions with
+``nm`` and writes ``/tmp/perf-<pid>.map`` (perf's map file for JIT code) so that a perf profile
+names them. Then it runs one micro-benchmark, every launch simulated (no kernel cache).
 
     perf record -e cpu-clock -o perf.data python scripts/profile_engine.py gemm a100 m=1024 n=1024 k=1024
     perf report -i perf.data --sort symbol
@@ -54,12 +55,12 @@ def write_perf_map() -> str:
 
     from archsim.engine import machine as MA
 
-    cres = next(iter(MA.run_loop.overloads.values()))
+    cres = next(iter(MA._run_slice.overloads.values()))   # the jitted loop run_loop calls
     entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-    nbc = glob.glob(os.path.join(numba.config.CACHE_DIR, "engine_*", "machine.run_loop-*.nbc"))
+    nbc = glob.glob(os.path.join(numba.config.CACHE_DIR, "engine_*", "machine._run_slice-*.nbc"))
     if not nbc:
-        raise SystemExit("no cache entry for run_loop: run a timing simulation first")
-    with open(nbc[0], "rb") as f:
+        raise SystemExit("no cache entry for _run_slice: run a timing simulation first")
+    with open(max(nbc, key=os.path.getmtime), "rb") as f:   # the engine source's newest entry
         obj = _elf(pickle.loads(f.read()))
     path = f"/tmp/run_loop-{os.getpid()}.o"
     with open(path, "wb") as f:
@@ -86,6 +87,9 @@ def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise SystemExit(__doc__)
     name, hw, params = argv[0], argv[1], dict(a.split("=", 1) for a in argv[2:])
+    from archsim import kernel_cache
+
+    kernel_cache.configure(None, enabled=False)   # simulate every launch: the engine is loaded and timed
     MI.run_micro("gemm", load_machine("tiny-gpu"), {"m": 64, "n": 64, "k": 64})   # compile / load
     print("perf map:", write_perf_map(), file=sys.stderr)
     m = load_machine(hw)

@@ -173,3 +173,32 @@ def test_steady_waves_before_the_l2_fills_count_in_the_error():
     # nothing written, or a launch the L2 holds: no fill to wait for
     assert _l2_writes(head(0, 9 * lines), m, 100) is None and _l2_fill(None, m, S) == (0.0, 0.0)
     assert _l2_writes(head(lines // 2, 0), m, 1.5) is None
+
+
+def test_a_long_period_is_sampled_in_two_strata(tiny):
+    """A GEMM whose raster groups each sweep every column panel (a period of 12 waves: three
+    periods do not fit in half the launch) is sampled from a head inside the first period and a
+    window around the first boundary, where a group's row panels are new. Its boundaries cost
+    ~40 % of a wave each here: the sampled cycles land near the whole simulation, and nearer than
+    the head's rate alone."""
+    g = gemm_kernel(capabilities(tiny), 768, 512, 256, "fp16", "f16")
+    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    C, B, P = concurrency(g.program, tiny, g.launch), g.launch.blocks, g.launch.period
+    assert 2 * head_waves(DEFAULT_WAVES, C, P) > B // C and DEFAULT_WAVES * C < P
+    w = time_sampled(g.program, tiny, g.launch, args, sample=False)
+    s = time_sampled(g.program, tiny, g.launch, args, max_error=0.05)
+    assert s.sampled and s.error_est <= 0.05 and s.boundary is not None
+    b = s.boundary
+    S = s.attempts[-1][0]
+    lo, hi = b["window_blocks"]
+    assert b["period_blocks"] == P and b["boundaries"] == (B - 1) // P - (S * C - 1) // P > 0
+    assert lo < P < hi and (hi - P) == 3 * C and s.waves_simulated == S + (hi - lo) / C
+    assert s.simulated_warp_instructions < w.simulated_warp_instructions
+    assert abs(s.timing.cycles / w.timing.cycles - 1) <= s.error_est
+    head_only = s.timing.cycles - b["boundaries"] * b["excess_cycles"]
+    assert b["excess_cycles"] > 0 and abs(s.timing.cycles - w.timing.cycles) < abs(head_only - w.timing.cycles)
+    rec = sampled_record("g", g.program, tiny, g.launch, args, max_error=0.05)
+    assert rec["sample_method"] == "sampled" and rec["sample_boundaries"] == b
+    # at the default threshold the same launch is simulated whole (no head passes)
+    d = time_sampled(g.program, tiny, g.launch, args)
+    assert not d.sampled and d.timing.cycles == w.timing.cycles
