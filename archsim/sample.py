@@ -30,8 +30,8 @@ first), one steady wave, then BOUNDARY_AFTER_WAVES waves from the boundary on. A
 the window's time from its last steady wave to its end less the head's rate over those blocks,
 once for each boundary the head left out; its error (twice the spread of the head's steady
 steps, and how far the window's last step still is from the steady one beyond that) is added to
-the estimate's. A head that would cross a boundary, or a window that would leave the launch,
-gives way to the whole launch.
+the estimate's. A head whose own estimate is above the threshold grows without a window; one that
+would cross a boundary, or a window that would leave the launch, gives way to the whole launch.
 
 A launch that writes and brings more lines into the L2 than it holds is steady only once its L2
 is full: until then the L2 takes the writes with no writebacks, later waves pay the writebacks of
@@ -49,13 +49,16 @@ times the extrapolated share of the cycles. Segment times vary systematically (a
 groups share panels in L2 differently wave by wave) as well as by chance, hence the trend term.
 It cannot see a change of rate that starts after the head (a launch whose L2 hit rate keeps
 rising for ten waves). When it is above ``max_error`` (3 % by default, ``--sample-max-error``),
-the head doubles and is simulated again; a head that would cover more than two thirds of the
-launch gives way to the whole launch (exact, error 0). The record lists every head tried
-(``sample_attempts``) and how the launch was answered (``sample_method``), and counts the
-warp-instructions of every head in what was simulated.
+the head doubles; a head that would cover more than two thirds of the launch gives way to the
+whole launch (exact, error 0). The record lists every head tried (``sample_attempts``) and how
+the launch was answered (``sample_method``), and counts the warp-instructions the engine ran
+for it (``simulated_warp_instructions``).
 
 Blocks keep their grid ids (``time_kernel(blocks=...)``), so they touch the addresses they touch
-in the whole launch. Extensive counters (warp-instructions, flops, bytes per level, stall
+in the whole launch. The heads are forked off one run of the whole launch just before each
+head's first block beyond it is dispatched (_Heads), so a grown head, or the whole launch after
+the heads, goes on from where the last head left the run instead of starting again; each is
+the same as its own run. Extensive counters (warp-instructions, flops, bytes per level, stall
 warp-cycles, fabric blocked cycles, cache accesses) of the sampled waves are scaled by
 B / (S*C); rates (link utilization, queue depths, row-hit rates) and the timeline are those of
 the sampled waves; warp-instructions are exact when every block runs the same code.
@@ -187,30 +190,29 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
         if got is not None:
             return got
 
-    def run(blocks=None):
+    def run(blocks):
         return TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
                               blocks=blocks, placement=placement)
 
     attempts = []
-    spent = 0                                     # warp-instructions of the heads tried
     P = launch.period
     # a period too long for a head of three of them: the head measures waves inside the first
     # period, and a window around the first period boundary measures what a boundary adds
     strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves
     S = waves if strata else head_waves(waves, C, P)
+    heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement)
     if sample and waves >= 3:
         # the first head is at most half the launch, a grown one at most two thirds of it
         while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
             if strata and S * C > P:              # the head would cross a boundary: no strata
                 break
-            head = run((0, S * C))
+            head = heads.head(S * C)
             b = head.memory["bytes"]
             refresh = refresh_stall_cycles(machine) if b["dram_read"] + b["dram_write"] > 0 else 0.0
             w = _l2_writes(head, machine, B / (S * C))
             est = _extrapolate(head, C, B, S, 0 if strata else P, max_error, refresh, _l2_fill(w, machine, S))
             if w is not None and w[1] == 0:       # every write still sits in the L2: not steady
                 est = dataclasses.replace(est, error=1.0)
-            spent += int(head.warp_instructions)
             bound = None
             if strata:
                 # the window's waves before the boundary: its warm-up, as long as the head's and
@@ -219,18 +221,101 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
                 lo, hi = P - pre * C, P + BOUNDARY_AFTER_WAVES * C
                 if lo < 0 or hi > B:
                     break
-                if pre > S:                       # a window longer than the head: grow the head first
+                # a window longer than the head: grow the head first; a head above the threshold
+                # grows without one
+                if pre > S:
                     est = dataclasses.replace(est, error=1.0)
-                else:
+                elif est.error <= max_error:
                     win = run((lo, hi))
-                    spent += int(win.warp_instructions)
+                    heads.spent += int(win.warp_instructions)
                     est, bound = _with_boundaries(est, win, C, B, S, P, pre)
             attempts.append((S, round(est.error, 5)))
             if est.error <= max_error:
-                return _scaled(head, est, C, B, S, nwaves, attempts, spent, bound)
+                return _scaled(head, est, C, B, S, nwaves, attempts, heads.spent, bound)
             S *= 2
-    t = run()
-    return Sampled(t, False, 0.0, nwaves, float(nwaves), spent + int(t.warp_instructions), attempts=attempts)
+    t = heads.whole()
+    return Sampled(t, False, 0.0, nwaves, float(nwaves), heads.spent, attempts=attempts)
+
+
+class _Heads:
+    """The heads of a launch (its blocks [0, end), as time_kernel(blocks=(0, end)) gives them)
+    from one run of the whole launch: the run goes on to just before block ``end`` is dispatched,
+    a fork of it (KernelRun.fork) runs on with no block from ``end`` on, and the run itself goes
+    on towards the next head or the whole launch. A head costs its last wave and drain once more,
+    not all its waves; the results are the same. Heads and the whole launch already in the kernel
+    cache are read from it. ``spent``: the warp-instructions the engine ran (the windows' are
+    added by the caller), or a cached head's own."""
+
+    def __init__(self, prog: Program, machine, launch: Launch, args: dict, C: int, max_cycles: int,
+                 window_cycles: int, placement: str):
+        self.prog, self.machine, self.launch, self.args, self.C = prog, machine, launch, args, C
+        self.opts = dict(max_cycles=max_cycles, window_cycles=window_cycles, placement=placement)
+        self.run = None           # the whole launch, run as far as the last head needed
+        self.spent = 0
+
+    def _key(self, blocks):
+        return TI.kernel_key(self.prog, self.machine, self.launch, self.args, blocks=blocks, **self.opts)
+
+    def _advance(self, run, until: int) -> None:
+        before = run.simulated
+        run.advance(until)
+        self.spent += run.simulated - before
+
+    def head(self, end: int):
+        from archsim import kernel_cache
+
+        key = self._key((0, end))
+        got = kernel_cache.load(key)
+        if got is not None:
+            self.spent += int(got.warp_instructions)
+            return got
+        if self.run is None:
+            self.run = TI.start_kernel(self.prog, self.machine, self.launch, self.args,
+                                       window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
+        fork = self._fork_before(end)
+        self._advance(fork, self.opts["max_cycles"])
+        timing = fork.finish(self.opts["max_cycles"])
+        kernel_cache.store(key, timing)
+        return timing
+
+    def _fork_before(self, end: int):
+        """A fork of the run with no block from ``end`` on, taken at the run's last stop before
+        block ``end`` was dispatched, as late as the stops allow: the run stops at half the
+        cycles its retirement rate (C blocks in flight) says are left until the retirement that
+        frees a slot for block ``end``, at most twice as far as its last step, and keeps a fork
+        at each stop in the last wave before it."""
+        run, C, limit = self.run, self.C, self.opts["max_cycles"]
+        target = end - C + 1                      # retirements when block `end` is dispatched
+        snap = run.fork(end) if run.dispatched <= end and run.retired >= target - C else None
+        step = 512
+        while run.dispatched <= end and run.now < limit and not run.done:
+            left = target - run.retired
+            step = max(256, min(2 * step, int(left * run.now / (run.retired + C) / 2)))
+            self._advance(run, min(run.now + step, limit))
+            if run.dispatched <= end and target - run.retired <= C:
+                snap = run.fork(end)
+        if snap is None:                          # passed it before a stop in its last wave
+            snap = TI.start_kernel(self.prog, self.machine, self.launch, self.args, blocks=(0, end),
+                                   window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
+        return snap
+
+    def whole(self):
+        """The whole launch: the run goes on to its end (time_kernel's result)."""
+        from archsim import kernel_cache
+
+        if self.run is None:                      # no head was simulated: time_kernel's own run or entry
+            got = TI.time_kernel(self.prog, self.machine, self.launch, self.args, **self.opts)
+            self.spent += int(got.warp_instructions)
+            return got
+        key = self._key(None)
+        got = kernel_cache.load(key)
+        if got is not None:
+            self.spent += int(got.warp_instructions)
+            return got
+        self._advance(self.run, self.opts["max_cycles"])
+        timing = self.run.finish(self.opts["max_cycles"])
+        kernel_cache.store(key, timing)
+        return timing
 
 
 BOUNDARY_AFTER_WAVES = 3   # a boundary window's waves from the boundary on: the boundary's, one to settle, the drain

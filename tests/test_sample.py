@@ -202,3 +202,49 @@ def test_a_long_period_is_sampled_in_two_strata(tiny):
     # at the default threshold the same launch is simulated whole (no head passes)
     d = time_sampled(g.program, tiny, g.launch, args)
     assert not d.sampled and d.timing.cycles == w.timing.cycles
+
+
+def _same_timing(a, b, where: str = "") -> None:
+    """Every field of two KernelTimings equal, arrays element by element, dicts and lists deep."""
+    import dataclasses
+
+    def same(x, y, path):
+        if dataclasses.is_dataclass(x):
+            for f in dataclasses.fields(x):
+                same(getattr(x, f.name), getattr(y, f.name), f"{path}.{f.name}")
+        elif isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+            assert np.array_equal(np.asarray(x), np.asarray(y)), path
+        elif isinstance(x, dict):
+            assert x.keys() == y.keys(), path
+            for k in x:
+                same(x[k], y[k], f"{path}.{k}")
+        elif isinstance(x, (list, tuple)):
+            assert len(x) == len(y), path
+            for i, (u, v) in enumerate(zip(x, y)):
+                same(u, v, f"{path}[{i}]")
+        else:
+            assert x == y, path
+
+    same(a, b, where)
+
+
+def test_heads_forked_from_one_run_are_the_separate_runs(tiny):
+    """_Heads runs the launch once and forks each head off it before the head's end block is
+    dispatched: every head, and the whole launch after them, equal time_kernel's own runs in
+    every counter, while the engine runs little more than the longest head (each fork repeats
+    the end of its head). A head whose end block the run has already dispatched is run by itself."""
+    from archsim.sample import _Heads
+
+    g, args = _gemm(tiny, 768, 512, 64, Tile(32, 32, 32, 4, 2))
+    C = concurrency(g.program, tiny, g.launch)
+    h = _Heads(g.program, tiny, g.launch, args, C, 10**9, 1024, "cross")
+    for end in (6 * C, 12 * C, 24 * C):
+        want = time_kernel(g.program, tiny, g.launch, args, blocks=(0, end))
+        _same_timing(h.head(end), want, f"head {end}")
+    assert want.warp_instructions < h.spent < 1.1 * want.warp_instructions
+    assert h.run.dispatched > 24 * C + 1            # so this head cannot be forked off the run
+    _same_timing(h.head(24 * C + 1), time_kernel(g.program, tiny, g.launch, args, blocks=(0, 24 * C + 1)))
+    want = time_kernel(g.program, tiny, g.launch, args)
+    _same_timing(h.whole(), want, "whole")
+    with pytest.raises(ValueError, match="already dispatched"):
+        h.run.fork(C)

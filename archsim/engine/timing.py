@@ -20,7 +20,7 @@ from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
-from archsim.engine.warps import T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
+from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.check import check
@@ -264,7 +264,8 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     segment's size; "cross" (default): addresses are physical."""
     from archsim import kernel_cache
 
-    ckey = kernel_cache.key(prog, machine, launch, args, (max_cycles, skip, window_cycles, blocks, base, placement))
+    ckey = kernel_key(prog, machine, launch, args, max_cycles=max_cycles, skip=skip, window_cycles=window_cycles,
+                      blocks=blocks, base=base, placement=placement)
     cached = kernel_cache.load(ckey)
     if cached is not None:
         return cached
@@ -274,6 +275,36 @@ def time_kernel(prog: Program, machine, launch: Launch, args: dict, *, max_cycle
     timing = run.finish(max_cycles)
     kernel_cache.store(ckey, timing)
     return timing
+
+
+def kernel_key(prog: Program, machine, launch: Launch, args: dict, *, max_cycles: int = 10**9, skip: bool = True,
+               window_cycles: int = 1024, blocks: tuple[int, int] | None = None, base: int | None = None,
+               placement: str = "cross") -> str | None:
+    """The kernel cache's key of time_kernel with these arguments."""
+    from archsim import kernel_cache
+
+    return kernel_cache.key(prog, machine, launch, args, (max_cycles, skip, window_cycles, blocks, base, placement))
+
+
+def _clone_state(x, memo: dict):
+    """A copy of engine state (NamedTuples of arrays, nested) whose arrays that share memory
+    still share it: a register file seen as f32 and u32, the warp states the DMA engines read.
+    ``memo``: the copies of the buffers below the arrays, by id, shared by every part of one state."""
+    if isinstance(x, np.ndarray):
+        root = x
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        new = memo.get(id(root))
+        if new is None:
+            new = memo[id(root)] = root.copy(order="K")
+        if x is root:
+            return new
+        off = x.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        return np.ndarray(x.shape, x.dtype, buffer=new, offset=off, strides=x.strides)
+    if isinstance(x, tuple):
+        items = [_clone_state(v, memo) for v in x]
+        return type(x)(*items) if hasattr(x, "_fields") else tuple(items)
+    return x
 
 
 class KernelRun:
@@ -335,6 +366,34 @@ class KernelRun:
         kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
         self.simulated = issued
         return int(self.out[0])
+
+    @property
+    def dispatched(self) -> int:
+        """Blocks dispatched so far (the grid id of the next one)."""
+        return int(self.TS.k[K_NEXT])
+
+    @property
+    def retired(self) -> int:
+        """Blocks retired so far, counted from the range's first."""
+        return int(self.TS.k[K_FINISHED]) - self.first
+
+    def fork(self, end: int | None = None) -> "KernelRun":
+        """A copy of the launch as it stands, to go on by itself. With ``end``, the copy
+        dispatches no block from ``end`` on. Taken before block ``end`` is dispatched, it goes on
+        exactly as blocks=(first, end) would have run from the start: blocks are dispatched in
+        grid order, and the range's end is read only by a dispatch and by the end of the
+        launch."""
+        new = object.__new__(KernelRun)
+        new.__dict__.update(self.__dict__)
+        memo: dict = {}
+        for name in ("C", "S", "TS", "Dd", "MS", "out", "TL", "tlk"):
+            setattr(new, name, _clone_state(getattr(self, name), memo))
+        if end is not None:
+            if not self.dispatched <= end <= self.end:
+                raise ValueError(f"fork(end={end}): blocks up to {self.dispatched} are already dispatched")
+            new.TS.k[K_END] = end
+            new.end = int(end)
+        return new
 
     def counters(self) -> MA.KernelTiming:
         """The counters at the cycle the run stands at (the outcome and cycle of the last advance)."""
