@@ -22,16 +22,17 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
   are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
 
 A period too long for such a head (three periods and the warm-up more than half the launch: a
-GEMM whose raster groups each sweep every column panel) is sampled in two strata. The head holds
-waves of the first period only (its segments are waves). A second run, a window of blocks around
-the first period boundary, measures what a boundary adds. The window starts cold: its warm-up
-waves (as many as the head's, and until its L2 has filled; a head shorter than that grows
-first), one steady wave, then BOUNDARY_AFTER_WAVES waves from the boundary on. A boundary adds
-the window's time from its last steady wave to its end less the head's rate over those blocks,
-once for each boundary the head left out; its error (twice the spread of the head's steady
-steps, and how far the window's last step still is from the steady one beyond that) is added to
-the estimate's. A head whose own estimate is above the threshold grows without a window; one that
-would cross a boundary, or a window that would leave the launch, gives way to the whole launch.
+GEMM whose raster groups each sweep every column panel; one grid plane) is sampled in two
+strata. The head holds waves of the first period only (its segments are waves). A second run,
+a window of blocks around the first period boundary, measures what a boundary adds. The window
+starts cold: its warm-up waves (as many as the head's, and until its L2 has filled; a head
+shorter than that grows first), one steady wave, then BOUNDARY_AFTER_WAVES waves from the
+boundary on. A boundary adds the window's time from its last steady wave to the wave before its
+drain, less the head's rate over those blocks, once for each boundary the head left out; its
+error (twice the spread of the head's steady steps, and how far the window's last step before
+the drain still is from the steady one beyond that) is added to the estimate's. A head whose own
+estimate is above the threshold grows without a window; one that would cross a boundary, or a
+window that would leave the launch, gives way to the whole launch.
 
 A launch that writes and brings more lines into the L2 than it holds is steady only once its L2
 is full: until then the L2 takes the writes with no writebacks, later waves pay the writebacks of
@@ -198,7 +199,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     P = launch.period
     # a period too long for a head of three of them: the head measures waves inside the first
     # period, and a window around the first period boundary measures what a boundary adds
-    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves
+    # (one grid plane: a batched launch's periods restart at every plane)
+    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
     S = waves if strata else head_waves(waves, C, P)
     heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement)
     if sample and waves >= 3:
@@ -293,6 +295,7 @@ class _Heads:
             step = max(256, min(2 * step, int(left * run.now / (run.retired + C) / 2)))
             self._advance(run, min(run.now + step, limit))
             if run.dispatched <= end and target - run.retired <= C:
+                snap = None                       # one copy of the state at a time
                 snap = run.fork(end)
         if snap is None:                          # passed it before a stop in its last wave
             snap = TI.start_kernel(self.prog, self.machine, self.launch, self.args, blocks=(0, end),
@@ -312,30 +315,32 @@ class _Heads:
         if got is not None:
             self.spent += int(got.warp_instructions)
             return got
-        self._advance(self.run, self.opts["max_cycles"])
+        if self.run.now < self.opts["max_cycles"]:
+            self._advance(self.run, self.opts["max_cycles"])
         timing = self.run.finish(self.opts["max_cycles"])
         kernel_cache.store(key, timing)
         return timing
 
 
-BOUNDARY_AFTER_WAVES = 3   # a boundary window's waves from the boundary on: the boundary's, one to settle, the drain
+# a boundary window's waves from the boundary on: the boundary's, two to settle, the drain
+BOUNDARY_AFTER_WAVES = 4
 
 
 def _with_boundaries(est: _Estimate, win, C: int, B: int, S: int, P: int, pre: int) -> tuple:
     """A long-period launch's estimate with its period boundaries: ``win`` ran the blocks from
     ``pre`` waves before the boundary at block P to BOUNDARY_AFTER_WAVES after it, started cold;
     all but the last of the ``pre`` waves are its warm-up. What a boundary adds is the window's
-    time from the mean of its last wave before the boundary to its last wave's mean, less the
-    head's steady rate over those blocks; it is added once for every boundary after the head.
-    Its error: twice the standard deviation of the head's steady steps (the noise of two wave
-    means), and the window's last step's distance from the steady step beyond that (the
-    boundary's effect has not settled)."""
+    time from the mean of its last wave before the boundary to the mean of its last wave but
+    one (the last is its drain), less the head's steady rate over those blocks; it is added once
+    for every boundary after the head. Its error: twice the standard deviation of the head's
+    steady steps (the noise of two wave means), and the distance of the step into that wave from
+    the steady step beyond that (the boundary's effect has not settled)."""
     lo, hi = win.first_block, win.first_block + len(win.block_done)
     n = (hi - lo) // C
     mu = np.sort(win.block_done).astype(np.float64)[:n * C].reshape(n, C).mean(axis=1)
     step = C * est.per_block
-    excess = float(mu[-1] - mu[pre - 1]) - (n - pre) * step
-    unsettled = max(0.0, abs(float(mu[-1] - mu[-2]) - step) - 2 * est.step_sd)
+    excess = float(mu[-2] - mu[pre - 1]) - (n - 1 - pre) * step
+    unsettled = max(0.0, abs(float(mu[-2] - mu[-3]) - step) - 2 * est.step_sd)
     err = 2 * est.step_sd + unsettled
     count = (B - 1) // P - (S * C - 1) // P                # boundaries at block ids S*C .. B-1
     cycles = est.cycles + count * excess

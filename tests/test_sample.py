@@ -13,7 +13,8 @@ import pytest
 
 from archsim.config import capabilities, load_machine
 from archsim.engine.timing import Unbacked, time_kernel
-from archsim.sample import DEFAULT_MAX_ERROR, DEFAULT_WAVES, concurrency, head_waves, sampled_record, time_sampled
+from archsim.sample import (BOUNDARY_AFTER_WAVES, DEFAULT_MAX_ERROR, DEFAULT_WAVES, concurrency, head_waves,
+                            sampled_record, time_sampled)
 from archsim.workloads.emit import Tile, gemm_kernel
 
 
@@ -192,7 +193,7 @@ def test_a_long_period_is_sampled_in_two_strata(tiny):
     S = s.attempts[-1][0]
     lo, hi = b["window_blocks"]
     assert b["period_blocks"] == P and b["boundaries"] == (B - 1) // P - (S * C - 1) // P > 0
-    assert lo < P < hi and (hi - P) == 3 * C and s.waves_simulated == S + (hi - lo) / C
+    assert lo < P < hi and (hi - P) == BOUNDARY_AFTER_WAVES * C and s.waves_simulated == S + (hi - lo) / C
     assert s.simulated_warp_instructions < w.simulated_warp_instructions
     assert abs(s.timing.cycles / w.timing.cycles - 1) <= s.error_est
     head_only = s.timing.cycles - b["boundaries"] * b["excess_cycles"]
@@ -248,3 +249,36 @@ def test_heads_forked_from_one_run_are_the_separate_runs(tiny):
     _same_timing(h.whole(), want, "whole")
     with pytest.raises(ValueError, match="already dispatched"):
         h.run.fork(C)
+
+
+def test_a_state_copy_keeps_shared_buffers_shared_and_sparse_arrays_sparse():
+    """KernelRun.fork's copy: two arrays over one buffer (a register file seen as i64 and f64)
+    still share the copy of it, and the copy is independent of the original; a sparse_zeros
+    array (an anonymous mapping) comes back equal, written only where it holds data."""
+    from typing import NamedTuple
+
+    from archsim.engine.state import copy_state_array, sparse_zeros
+    from archsim.engine.timing import _clone_state
+
+    class Inner(NamedTuple):
+        i64: np.ndarray
+        f64: np.ndarray
+
+    class State(NamedTuple):
+        inner: Inner
+        again: np.ndarray
+        n: int
+
+    big = sparse_zeros((1024, 2048), np.int64)          # 16 MiB, mapped lazily
+    big[3, 5], big[700, 2047], big[-1, -1] = 7, -1, 9
+    st = State(Inner(big, big.view(np.float64)[10:20]), big[700], 3)
+    new = _clone_state(st, {})
+    assert new.n == 3 and np.array_equal(new.inner.i64, big) and new.inner.i64 is not big
+    new.inner.i64[10, 10:12] = np.float64(2.5).view(np.int64)
+    assert new.inner.f64[0, 10] == 2.5 and st.inner.f64[0, 10] == 0.0     # shared in the copy only
+    new.again[0] = 11
+    assert new.inner.i64[700, 0] == 11 and big[700, 0] == 0
+    c = copy_state_array(big.base)
+    assert np.array_equal(c, big.base) and not np.shares_memory(c, big)
+    small = np.arange(10)
+    assert np.array_equal(copy_state_array(small), small) and copy_state_array(small) is not small

@@ -23,3 +23,19 @@ def sparse_zeros(shape, dtype) -> np.ndarray:
     if hasattr(mm, "madvise") and hasattr(mmap, "MADV_NOHUGEPAGE"):
         mm.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(mm, dt).reshape(shape)
+
+
+def copy_state_array(a: np.ndarray) -> np.ndarray:
+    """A copy of a state array; one from sparse_zeros (its buffer an anonymous mapping) stays
+    sparse: only its 4-KiB pages that hold a non-zero byte are written into a new mapping (a
+    read of an untouched page maps the shared zero page, so the scan costs no memory)."""
+    if not (isinstance(a.base, mmap.mmap) and a.flags.c_contiguous):
+        return a.copy(order="K")
+    new = sparse_zeros(a.shape, a.dtype)
+    src, dst = a.reshape(-1).view(np.uint8), new.reshape(-1).view(np.uint8)
+    n = src.size // 4096 * 4096
+    rows = src[:n].reshape(-1, 4096)
+    touched = np.flatnonzero(rows.any(axis=1))
+    dst[:n].reshape(-1, 4096)[touched] = rows[touched]
+    dst[n:] = src[n:]
+    return new

@@ -19,6 +19,7 @@ from archsim.engine import mem_state as MST
 from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
+from archsim.engine.state import copy_state_array
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
 from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
@@ -289,14 +290,15 @@ def kernel_key(prog: Program, machine, launch: Launch, args: dict, *, max_cycles
 def _clone_state(x, memo: dict):
     """A copy of engine state (NamedTuples of arrays, nested) whose arrays that share memory
     still share it: a register file seen as f32 and u32, the warp states the DMA engines read.
-    ``memo``: the copies of the buffers below the arrays, by id, shared by every part of one state."""
+    ``memo``: the copies of the buffers below the arrays, by id, shared by every part of one state.
+    A sparse array (state.sparse_zeros) is copied sparse."""
     if isinstance(x, np.ndarray):
         root = x
         while isinstance(root.base, np.ndarray):
             root = root.base
         new = memo.get(id(root))
         if new is None:
-            new = memo[id(root)] = root.copy(order="K")
+            new = memo[id(root)] = copy_state_array(root)
         if x is root:
             return new
         off = x.__array_interface__["data"][0] - root.__array_interface__["data"][0]
@@ -369,7 +371,7 @@ class KernelRun:
 
     @property
     def dispatched(self) -> int:
-        """Blocks dispatched so far (the grid id of the next one)."""
+        """The grid id of the next block to dispatch."""
         return int(self.TS.k[K_NEXT])
 
     @property
@@ -382,14 +384,17 @@ class KernelRun:
         dispatches no block from ``end`` on. Taken before block ``end`` is dispatched, it goes on
         exactly as blocks=(first, end) would have run from the start: blocks are dispatched in
         grid order, and the range's end is read only by a dispatch and by the end of the
-        launch."""
+        launch. (A spread launch of fewer blocks than cores, whose first dispatch order depends
+        on its size, is the exception; no such launch has waves to sample.)"""
         new = object.__new__(KernelRun)
         new.__dict__.update(self.__dict__)
         memo: dict = {}
         for name in ("C", "S", "TS", "Dd", "MS", "out", "TL", "tlk"):
             setattr(new, name, _clone_state(getattr(self, name), memo))
         if end is not None:
-            if not self.dispatched <= end <= self.end:
+            if end > self.end:
+                raise ValueError(f"fork(end={end}): past the range's end {self.end}")
+            if end < self.dispatched:
                 raise ValueError(f"fork(end={end}): blocks up to {self.dispatched} are already dispatched")
             new.TS.k[K_END] = end
             new.end = int(end)
