@@ -19,8 +19,8 @@ from archsim.engine import mem_state as MST
 from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
-from archsim.engine.state import copy_state_array
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
+from archsim.engine.state import copy_state_array
 from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
