@@ -258,6 +258,10 @@ class _Heads:
     def _key(self, blocks):
         return TI.kernel_key(self.prog, self.machine, self.launch, self.args, blocks=blocks, **self.opts)
 
+    def _start(self, blocks):
+        return TI.start_kernel(self.prog, self.machine, self.launch, self.args, blocks=blocks,
+                               window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
+
     def _advance(self, run, until: int) -> None:
         before = run.simulated
         run.advance(until)
@@ -272,8 +276,7 @@ class _Heads:
             self.spent += int(got.warp_instructions)
             return got
         if self.run is None:
-            self.run = TI.start_kernel(self.prog, self.machine, self.launch, self.args,
-                                       window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
+            self.run = self._start(None)
         fork = self._fork_before(end)
         self._advance(fork, self.opts["max_cycles"])
         timing = fork.finish(self.opts["max_cycles"])
@@ -298,8 +301,7 @@ class _Heads:
                 snap = None                       # one copy of the state at a time
                 snap = run.fork(end)
         if snap is None:                          # passed it before a stop in its last wave
-            snap = TI.start_kernel(self.prog, self.machine, self.launch, self.args, blocks=(0, end),
-                                   window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
+            snap = self._start((0, end))
         return snap
 
     def whole(self):
