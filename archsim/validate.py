@@ -88,7 +88,9 @@ def p_dma_get_startup(machine, out):
 
 
 def p_dma_put_startup(machine, out):
-    return MI.dma_startup(machine, out, "put")
+    # a whole burst: [M]'s start-up is the intercept of aligned transfers, and a put of part of a
+    # burst is also a read on a machine whose controller reads before it merges (partial_writes)
+    return MI.dma_startup(machine, out, "put", nbytes=machine.dram.burst_bytes)
 
 
 def p_dma_get_stream(machine, out):

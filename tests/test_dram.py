@@ -508,6 +508,51 @@ def test_a_full_output_queue_blocks_and_loses_nothing():
     assert sum(x["reads"] for x in r.counters()) == n
 
 
+@pytest.mark.parametrize("mode", ["masked", "rmw"])
+def test_a_write_covering_part_of_a_burst_is_read_merged_and_written_under_rmw(mode):
+    m = machine("tiny-sunway", NO_REFRESH + [f"dram.partial_writes={mode}"])
+    t = tm(m)
+    r = Run(m, log_len=64)
+    B = burst(r.D)
+    bb = m.dram.burst_bytes
+    a = dram_address(r.D, 0, 5, 3, 0)
+    r.add(0, a, bb, KIND_READ)                                   # opens the row
+    full = r.add(200, a + bb, bb, kind=KIND_WRITE)               # whole burst
+    part = r.add(400, a + 8, 2 * bb - 16, kind=KIND_WRITE)      # the same two bursts, both in part
+    r.run()
+    rec = r.counters()[0]
+    cmds = [(cyc, name) for cyc, name, _, rid in dram_log(r.D, 0) if rid == part and name in ("RD", "WR")]
+    assert rec["writes"] == 2 and rec["bytes_written"] == bb + 2 * bb - 16
+    assert r.latency(full) == t.tCWL + B                         # a whole burst is never read first
+    if mode == "masked":
+        assert rec["rmw_reads"] == 0 and [n for _, n in cmds] == ["WR", "WR"]
+        assert r.latency(part) == t.tCWL + max(t.tCCD_L, B) + B   # two writes to one bank group
+    else:
+        assert rec["rmw_reads"] == 2 and [n for _, n in cmds] == ["RD", "WR", "RD", "WR"]
+        for (t_rd, _), (t_wr, _) in ((cmds[0], cmds[1]), (cmds[2], cmds[3])):
+            assert t_wr >= t_rd + t.tCL + B                      # the old data is back before the merge
+        assert r.latency(part) > t.tCWL + 2 * B + t.tCL
+        assert rec["row_hits"] + rec["row_misses"] + rec["row_conflicts"] == 3   # one class per request
+    check_timing(m, r.D, 0)
+
+
+def test_misaligned_writes_lose_most_of_the_channel_under_rmw():
+    """A stream of writes that each start 8 B into a burst: under rmw every burst turns the bus
+    around twice (a read, then the write after its data), under masked writes it streams."""
+    def run(mode, offset):
+        m = machine("tiny-sunway", NO_REFRESH + [f"dram.partial_writes={mode}"])
+        r = Run(m)
+        for i in range(256):
+            r.add(0, channel_address(r.D, 0, i * 256 + offset), 128, KIND_WRITE)
+        return r.run(), r.counters()[0]
+    aligned, _ = run("rmw", 0)
+    masked, _ = run("masked", 8)
+    rmw, rec = run("rmw", 8)
+    assert rec["rmw_reads"] == 2 * 256
+    assert masked < 1.6 * aligned          # three bursts a write instead of two
+    assert rmw > 1.5 * masked
+
+
 # ------------------------------------------------------------------------------ mapping
 
 @pytest.mark.parametrize("bank_hash", ["row", "fold"])

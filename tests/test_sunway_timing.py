@@ -148,11 +148,24 @@ def test_unloaded_dma_get_latency_is_the_sum_of_its_stages(sw):
 
 
 def test_unloaded_dma_put_latency_is_the_sum_of_its_stages(sw):
-    n = 8
+    n = sw.dram.burst_bytes                   # a whole burst: written as it is
     stages = (sw.dma.put_startup_cycles + ring_stage(sw, 8 + n) + dram_stage(sw, sw.dram.timing.tCWL, n)
               + ring_stage(sw, 8))
     got = measure(sw, PUT, n)
     assert 0 <= got - stages <= 3
+
+
+def test_a_put_of_part_of_a_burst_reads_the_burst_first(sw):
+    """partial_writes: rmw: an 8-B put's burst is read (tCL and the burst back), then written."""
+    d, t, n = sw.dram, sw.dram.timing, 8
+    burst = d.burst_bytes / (d.channel_gbps / (sw.clock_ghz * sw.clock_ratios.memory))
+    stages = (sw.dma.put_startup_cycles + ring_stage(sw, 8 + n) + dram_stage(sw, t.tCL + burst + t.tCWL, n)
+              + ring_stage(sw, 8))
+    assert sw.dram.partial_writes == "rmw"
+    got = measure(sw, PUT, n)
+    assert 0 <= got - stages <= 3
+    masked = load_machine("tiny-sunway", sets=["dram.partial_writes=masked"])
+    assert 0 <= measure(masked, PUT, n) - (stages - (t.tCL + burst) / sw.clock_ratios.memory) <= 3
 
 
 def test_each_stage_moves_the_dma_latency_by_its_own_share(sw):

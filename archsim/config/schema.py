@@ -559,6 +559,10 @@ class Dram(Frozen):
     # per_bank: the banks take turns (one every tREFI / banks-per-command-bus), each blocked for
     # timing.tRFCpb while the others keep serving requests (HBM2 REFSB, LPDDR REFpb).
     refresh: Literal["all_bank", "per_bank"] = "all_bank"
+    # masked: a write that covers part of a burst writes only its bytes (data-mask pins);
+    # rmw: the controller reads the burst, merges the new bytes and writes the whole burst back
+    # (ECC memory without data masks: the check bits cover the whole burst)
+    partial_writes: Literal["masked", "rmw"] = "masked"
 
     @model_validator(mode="after")
     def _check(self):

@@ -156,22 +156,23 @@ CMD_NAMES = {CMD_ACT: "ACT", CMD_PRE: "PRE", CMD_RD: "RD", CMD_WR: "WR", CMD_REF
  P_CHUNK, P_COLS, P_BB, P_POLICY, P_ROWPOL, P_TCL, P_TCWL, P_TRCD, P_TRP, P_TRAS, P_TRC, P_TCCDS,
  P_TCCDL, P_TRRDS, P_TRRDL, P_TFAW, P_TWR, P_TWTRS, P_TWTRL, P_TRTP, P_TRFC, P_TREFI, P_BFP, P_BINT,
  P_RETCAP, P_HITCAP, P_LOGLEN, P_QCAP, P_POW2, P_COLLOW, P_REFPB, P_TRFCPB, P_TREFIPB, P_FOLD, P_ILH, P_HALVES,
- P_SPH, P_SPHB, P_HG, P_SHASH, P_NPRM) = range(55)
+ P_SPH, P_SPHB, P_HG, P_SHASH, P_RMW, P_NPRM) = range(56)
 P_BTAB = P_NPRM              # prm[P_BTAB + 2*b], prm[P_BTAB + 2*b + 1]: bank b's sub-channel and bank group
 
 COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_misses", "row_conflicts",
             "activates", "precharges", "refreshes", "queue_occupancy_sum", "queue_max",
-            "data_bus_busy_fp", "blocked_cycles", "latency_sum", "latency_count")
+            "data_bus_busy_fp", "blocked_cycles", "latency_sum", "latency_count", "rmw_reads")
 (C_READS, C_WRITES, C_BYTES_READ, C_BYTES_WRITTEN, C_ROW_HITS, C_ROW_MISSES, C_ROW_CONFLICTS, C_ACTIVATES,
- C_PRECHARGES, C_REFRESHES, C_QUEUE_OCC, C_QUEUE_MAX, C_BUS_BUSY_FP, C_BLOCKED, C_LAT_SUM, C_LAT_COUNT) = range(16)
+ C_PRECHARGES, C_REFRESHES, C_QUEUE_OCC, C_QUEUE_MAX, C_BUS_BUSY_FP, C_BLOCKED, C_LAT_SUM, C_LAT_COUNT,
+ C_RMW_READS) = range(17)
 
 # field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
 B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
 G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
 (S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_REFB, S_OLDEST, S_YOUNGEST,
  S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15)                          # sub[C, S, :]
-(H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_OLDER, H_YOUNGER,
- H_N) = range(13)                                                             # shadow[C, QCAP, :]
+(H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_OLDER, H_YOUNGER, H_PART, H_MERGE,
+ H_N) = range(15)                                                             # shadow[C, QCAP, :]
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
 K_INFN, K_RHEAD, K_NSEEN, K_LASTCOUNT, K_LOGN, K_ERR, K_WAKE, K_ASEQ, K_N = range(9)  # chan[C, :]
 ERR_QUEUE_CAP = 1                                                            # chan[c, K_ERR] bits
@@ -189,7 +190,9 @@ class DramState(NamedTuple):
     class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival, age
     sequence number, and the slots of the next older and next younger seen entry of the same
     sub-channel: the seen entries whose next burst goes to sub-channel s form a list in age order
-    from ``sub[c, s, S_OLDEST]`` to ``sub[c, s, S_YOUNGEST]`` (-1 ends it));
+    from ``sub[c, s, S_OLDEST]`` to ``sub[c, s, S_YOUNGEST]`` (-1 ends it); with
+    ``dram.partial_writes: rmw``, the write's partial bursts (bit 0 its first, bit 1 its last)
+    and, once the read of a read-modify-write has issued, the cycle its data is back (0 none));
     ``ret`` the return buffer; ``cnt[c, C_*]`` the counters (names in
     COUNTERS); ``log[c, i, :]`` = (cycle, command, bank or sub-channel, row / request id)."""
 
@@ -325,6 +328,7 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         P_FOLD: int(mc.address_mapping.bank_hash == "fold"),
         P_POW2: int(NB & (NB - 1) == 0), P_COLLOW: int(mc.address_mapping.bank_order == "columns_low"),
         P_REFPB: int(d.refresh == "per_bank"), P_TRFCPB: t.tRFCpb or t.tRFC, P_TREFIPB: refresh_interval(machine, S),
+        P_RMW: int(d.partial_writes == "rmw"),
     }
     if mode == MODE_PARTITIONS:              # the L2's slice map (slice_map.py), which picks the channel
         l2c = machine.l2
@@ -626,6 +630,14 @@ def _arrivals(D, Q, R, c, qi, now):
         H[c, sl, H_BANK] = b
         H[c, sl, H_ROW] = row
         H[c, sl, H_ARR] = now
+        part = 0
+        if wr and p[P_RMW]:                           # bursts the write covers only in part
+            if addr % bb:
+                part |= 1
+            if (addr + nbytes) % bb:
+                part |= 1 if nb == 1 else 2
+        H[c, sl, H_PART] = part
+        H[c, sl, H_MERGE] = 0
         H[c, sl, H_SEQ] = D.chan[c, K_ASEQ]           # age order (queue positions are not)
         D.chan[c, K_ASEQ] += 1
         _enlist(D, c, p[P_BTAB + 2 * b], sl)
@@ -654,6 +666,12 @@ def _apply_rules(D, c, b, g, s, cmd, now):
             D.sub[c, s, f] = t
 
 
+@njit(inline="always")
+def _partial(part, k, last):
+    """Burst k of a write (``last``: its last burst) covers its burst only in part."""
+    return (k == 0 and (part & 1) != 0) or (last and (part & 2) != 0)
+
+
 @njit(inline="always")  # called for every entry a scan visits: no call
 def _eval(D, c, sl, b):
     """(command, earliest cycle) for the next command of the request in shadow slot ``sl``."""
@@ -663,12 +681,18 @@ def _eval(D, c, sl, b):
     s = p[P_BTAB + 2 * b]
     g = p[P_BTAB + 2 * b + 1]
     if orow == row:
-        last = D.shadow[c, sl, H_K] == D.shadow[c, sl, H_NB] - 1
+        k = D.shadow[c, sl, H_K]
+        last = k == D.shadow[c, sl, H_NB] - 1
         if D.shadow[c, sl, H_WR]:
+            merge = D.shadow[c, sl, H_MERGE]
+            if merge == 0 and _partial(D.shadow[c, sl, H_PART], k, last):
+                # read-modify-write: the burst's old data first (its read returns nothing)
+                return CMD_RD, max(D.bank[c, b, B_RD], D.bgrp[c, g, G_RD], D.sub[c, s, S_RD],
+                                   D.sub[c, s, S_BUS] // FP - p[P_TCL])
             if last and D.chan[c, K_INFN] + p[P_S] > p[P_RETCAP]:
                 return CMD_WR, NEVER
             return CMD_WR, max(D.bank[c, b, B_WR], D.bgrp[c, g, G_WR], D.sub[c, s, S_WR],
-                               D.sub[c, s, S_BUS] // FP - p[P_TCWL])
+                               D.sub[c, s, S_BUS] // FP - p[P_TCWL], merge)
         if last and D.chan[c, K_INFN] + p[P_S] > p[P_RETCAP]:
             return CMD_RD, NEVER
         return CMD_RD, max(D.bank[c, b, B_RD], D.bgrp[c, g, G_RD], D.sub[c, s, S_RD],
@@ -848,7 +872,7 @@ def _issue(D, Q, c, qi, sl, now):
     kk = H[c, sl, H_K]
     nb = H[c, sl, H_NB]
     wr = H[c, sl, H_WR]
-    if kk == 0:
+    if kk == 0 and H[c, sl, H_MERGE] == 0:
         cls = H[c, sl, H_CLS]
         if cls == 0:
             D.cnt[c, C_ROW_HITS] += 1
@@ -857,7 +881,7 @@ def _issue(D, Q, c, qi, sl, now):
         else:
             D.cnt[c, C_ROW_CONFLICTS] += 1
     _apply_rules(D, c, b, g, s, cmd, now)
-    lat = p[P_TCWL] if wr else p[P_TCL]
+    lat = p[P_TCL] if cmd == CMD_RD else p[P_TCWL]
     bfp = p[P_BFP]
     end = max(D.sub[c, s, S_BUS], (now + lat) * FP) + bfp
     D.sub[c, s, S_BUS] = end
@@ -865,6 +889,13 @@ def _issue(D, Q, c, qi, sl, now):
     D.bank[c, b, B_STREAK] += 1
     rid = Q.buf[qi, sl]
     _log(D, c, now, cmd, b, np.int64(rid))
+    if wr and cmd == CMD_RD:
+        # the read of a read-modify-write: the merged burst may be written once its old data is
+        # back (the burst stays the request's next one, and its row stays wanted)
+        H[c, sl, H_MERGE] = max(np.int64(1), (end + FP - 1 - TOL) // FP)
+        D.cnt[c, C_RMW_READS] += 1
+        return False
+    H[c, sl, H_MERGE] = 0
     kk += 1
     D.bank[c, b, B_HITS] -= 1                       # this burst no longer waits on the row
     removed = kk == nb
