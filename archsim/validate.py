@@ -88,8 +88,8 @@ def p_dma_get_startup(machine, out):
 
 
 def p_dma_put_startup(machine, out):
-    # a whole burst: [M]'s start-up is the intercept of aligned transfers, and a put of part of a
-    # burst is also a read on a machine whose controller reads before it merges (partial_writes)
+    # a whole burst, so that the start-up does not include a read-modify-write where the config
+    # chooses one (dram.partial_writes: rmw); [M] does not say what sizes its fit used
     return MI.dma_startup(machine, out, "put", nbytes=machine.dram.burst_bytes)
 
 

@@ -722,7 +722,9 @@ def test_segments_keep_private_addresses_on_their_group_and_spread_the_cross_seg
 
 # ------------------------------------------------------------------------------ skip-ahead, determinism
 
-def random_trace(r, seed, n=150, span=3000, hot_rows=4):
+def random_trace(r, seed, n=150, span=3000, hot_rows=4, misaligned=False):
+    """Requests to a few rows of random banks; aligned 32-128 B, or (``misaligned``) any 8-B
+    multiple of 8-200 B at any 8-B offset, so writes cover bursts in part and cross chunks."""
     rng = np.random.default_rng(seed)
     D, m = r.D, r.m
     for _ in range(n):
@@ -730,22 +732,39 @@ def random_trace(r, seed, n=150, span=3000, hot_rows=4):
         b = int(rng.integers(0, m.dram.banks))
         row = int(rng.integers(0, hot_rows))
         col = int(rng.integers(0, m.dram.row_bytes // 32)) * 32
-        size = int(rng.choice([32, 64, 128]))
+        size = int(rng.integers(1, 26)) * 8 if misaligned else int(rng.choice([32, 64, 128]))
         kind = KIND_WRITE if rng.random() < 0.3 else KIND_READ
         addr = dram_address(D, ch, b, row, col)
-        addr -= addr % size                                    # aligned, never across a chunk
+        if misaligned:
+            addr += int(rng.integers(0, 8)) * 8
+        else:
+            addr -= addr % size                                # aligned, never across a chunk
         r.add(int(rng.integers(0, span)), addr, size, kind)
+
+
+def partial_bursts(r):
+    """Bursts the trace's writes cover only in part (each is read first under partial_writes: rmw)."""
+    bb, n = r.m.dram.burst_bytes, 0
+    for i in r.ids:
+        if r.R.kind[i] == KIND_WRITE:
+            a, e = int(r.R.addr[i]), int(r.R.addr[i]) + int(r.R.nbytes[i])
+            first, last = a % bb != 0, e % bb != 0
+            n += (first or last) if (e - 1) // bb == a // bb else first + last
+    return n
 
 
 @pytest.mark.parametrize("name,sets", [("tiny-gpu", ()), ("a100", ()),
                                        ("tiny-gpu", ("memory_controllers.policy=fcfs",
-                                                     "memory_controllers.row_policy=closed"))])
+                                                     "memory_controllers.row_policy=closed")),
+                                       ("tiny-sunway", ("dram.partial_writes=rmw",)),
+                                       ("tiny-sunway", ("dram.partial_writes=rmw", "memory_controllers.row_hit_cap=1",
+                                                        "memory_controllers.row_policy=closed"))])
 def test_skip_ahead_gives_the_same_cycles_as_stepping_every_cycle(name, sets):
     m = machine(name, sets)
     runs = []
     for skip in (False, True, False):
         r = Run(m, log_len=4096)
-        random_trace(r, seed=7, span=3 * tm(m).tREFI // 2)
+        random_trace(r, seed=7, span=3 * tm(m).tREFI // 2, misaligned=name == "tiny-sunway")
         end = r.run(skip=skip)
         end = r.run(until=end + 2 * tm(m).tREFI, skip=skip)         # idle time with refreshes
         runs.append((r, end))
@@ -755,6 +774,9 @@ def test_skip_ahead_gives_the_same_cycles_as_stepping_every_cycle(name, sets):
     assert np.array_equal(a.D.cnt, b.D.cnt) and np.array_equal(a.D.cnt, c.D.cnt)   # deterministic
     assert a.counters(ea) == b.counters(eb)
     assert sum(x["reads"] + x["writes"] for x in a.counters()) == len(a.ids)
+    rmw = m.dram.partial_writes == "rmw"
+    assert sum(x["rmw_reads"] for x in a.counters()) == (partial_bursts(a) if rmw else 0)
+    assert sum(x["row_hits"] + x["row_misses"] + x["row_conflicts"] for x in a.counters()) == len(a.ids)
     for ch in range(a.C):
         check_timing(m, a.D, ch)
         assert dram_log(a.D, ch) == dram_log(b.D, ch)
@@ -762,12 +784,13 @@ def test_skip_ahead_gives_the_same_cycles_as_stepping_every_cycle(name, sets):
 
 @settings(max_examples=15)
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["frfcfs", "fcfs"]), st.sampled_from(["open", "closed"]),
-       st.integers(2, 16))
-def test_random_traces_finish_and_obey_the_timing_rules(seed, policy, row_policy, qcap):
-    m = machine("tiny-gpu", (f"memory_controllers.policy={policy}", f"memory_controllers.row_policy={row_policy}",
-                             "dram.timing.tREFI=700", "dram.timing.tRFC=90"))
+       st.integers(2, 16), st.booleans())
+def test_random_traces_finish_and_obey_the_timing_rules(seed, policy, row_policy, qcap, rmw):
+    name, sets = ("tiny-sunway", ("dram.partial_writes=rmw", "dram.timing.tREFI=800")) if rmw else \
+        ("tiny-gpu", ("dram.timing.tREFI=700", "dram.timing.tRFC=90"))
+    m = machine(name, (f"memory_controllers.policy={policy}", f"memory_controllers.row_policy={row_policy}") + sets)
     r = Run(m, log_len=4096, qcap=qcap, out_cap=3)
-    random_trace(r, seed, n=60, span=600, hot_rows=3)
+    random_trace(r, seed, n=60, span=600, hot_rows=3, misaligned=rmw)
     while len(r.done) < len(r.ids):
         r.run(until=r.now + 37)
         check_hits_invariant(r.D, r.Q, r.C)
@@ -775,6 +798,7 @@ def test_random_traces_finish_and_obey_the_timing_rules(seed, policy, row_policy
     recs = r.counters()
     assert sum(x["row_hits"] + x["row_misses"] + x["row_conflicts"] for x in recs) == len(r.ids)
     assert sum(x["bytes_read"] + x["bytes_written"] for x in recs) == sum(int(r.R.nbytes[i]) for i in r.ids)
+    assert sum(x["rmw_reads"] for x in recs) == (partial_bursts(r) if rmw else 0)
     for ch in range(r.C):
         check_timing(m, r.D, ch)
 

@@ -886,16 +886,17 @@ def _issue(D, Q, c, qi, sl, now):
     end = max(D.sub[c, s, S_BUS], (now + lat) * FP) + bfp
     D.sub[c, s, S_BUS] = end
     D.cnt[c, C_BUS_BUSY_FP] += bfp
-    D.bank[c, b, B_STREAK] += 1
     rid = Q.buf[qi, sl]
     _log(D, c, now, cmd, b, np.int64(rid))
     if wr and cmd == CMD_RD:
         # the read of a read-modify-write: the merged burst may be written once its old data is
-        # back (the burst stays the request's next one, and its row stays wanted)
+        # back (the burst stays the request's next one, and its row stays wanted; the pair counts
+        # as one hit of the row's streak)
         H[c, sl, H_MERGE] = max(np.int64(1), (end + FP - 1 - TOL) // FP)
         D.cnt[c, C_RMW_READS] += 1
         return False
     H[c, sl, H_MERGE] = 0
+    D.bank[c, b, B_STREAK] += 1
     kk += 1
     D.bank[c, b, B_HITS] -= 1                       # this burst no longer waits on the row
     removed = kk == nb
