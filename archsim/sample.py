@@ -4,11 +4,11 @@ A transformer's GEMMs launch thousands of blocks that all do the same work; once
 full, blocks retire at a steady rate. A launch of at least 2S waves (a wave is C blocks, as many
 as the machine holds at once; S = ``waves``, 6 by default) is timed from a head of S waves:
 
-    cycles = e_S + (B - S*C) * T_w / C
+    cycles = e_j + (B - 1 - j) * T_w / C,   j = (S-1)*C + (B-1) % C
 
-- blocks [0, S*C) of the grid are simulated cycle by cycle; e_S is the cycle the last of them
-  retires, so it holds the cold start (empty caches, idle DRAM) and one final drain, which the
-  whole launch has too;
+- blocks [0, S*C) of the grid are simulated cycle by cycle; e_j is the cycle of the j-th of
+  their retirements (in order), so it holds the cold start (empty caches, idle DRAM) and the
+  drain of the head's last wave, which the whole launch has too;
 - a wave's time is the mean retirement cycle of its C blocks (a GEMM's blocks drift apart wave
   by wave, so the last block of a wave is a straggler whose time says little about the rate).
   Wave 1 is warm-up (caches fill, DRAM queues reach their working depth); so is each following
@@ -16,10 +16,13 @@ as the machine holds at once; S = ``waves``, 6 by default) is timed from a head 
   more than ``max_error`` (the state has not settled), as long as three steady segments remain (a
   segment is a wave, or the launch's ``period`` of blocks where it has one, e.g. a GEMM's raster
   group). T_w is C times the slope between the mean retirement of the first steady segment and
-  that of the last; the head's last wave is its drain, and e_S stands for the launch's drain;
-- the B - S*C blocks left retire at C / T_w blocks a cycle; on a Sunway the MPEs' join of the
-  head (last CPE done to join, engine/mpe.py) is added once (their launch is in wave 1). Blocks
-  are dispatched as slots free up, so a last partial wave overlaps the full wave before it.
+  that of the last; the head's last wave is its drain, and e_j stands for the launch's drain;
+- the blocks left retire at C / T_w blocks a cycle. Blocks are dispatched as slots free up, so
+  the launch's last block runs in the slot of the block C retirements before it: it retires a
+  whole number of wave times after the head's j-th retirement, the one at its place in the
+  head's last wave (a last partial wave of blocks that stay in step ends when a full one would;
+  of blocks that drifted apart, sooner). On a Sunway the MPEs' join of the head (last CPE done
+  to join, engine/mpe.py) is added once (their launch is in wave 1).
 
 A period too long for such a head (three periods and the warm-up more than half the launch: a
 GEMM whose raster groups each sweep every column panel; one grid plane) is sampled in two
@@ -151,8 +154,13 @@ def _extrapolate(head, C: int, B: int, S: int, P: int, max_error: float, refresh
     # a Sunway launch ends when the MPEs have joined their CPEs: the head's join (the last block's
     # completion reaching its MPE, engine/mpe.py) follows the whole launch's last block too
     join = head.memory["mpe"]["join_cycles"] if "mpe" in head.memory else 0
-    tail = (B - S * C) * per_block
-    cycles = float(done[S * C - 1]) + join + tail
+    # the launch's last block takes the slot of the block C retirements before it, as the head's
+    # block at the same place in its last wave did: it retires a whole number of wave times after
+    # that block (blocks in step, a last partial wave ends when a full one would; blocks drifted
+    # apart, it ends that many block times sooner)
+    j0 = (S - 1) * C + (B - 1) % C
+    tail = (B - 1 - j0) * per_block
+    cycles = float(done[j0]) + join + tail
     d = np.diff(means)
     if len(d) < 2 or per_block <= 0:                          # one step bounds nothing
         rate_err = 1.0

@@ -133,6 +133,24 @@ def test_the_rate_is_read_from_whole_waves_not_from_their_last_block():
         assert abs(est.cycles / expect - 1) <= est.error + 0.001 and est.error < 0.025, seed
 
 
+def test_a_last_partial_wave_ends_when_its_blocks_say():
+    """The launch's last block runs in the slot of the block C retirements before it. Blocks in
+    step (every block of a wave retires together): a last wave of 72 blocks of 108 ends when a
+    full wave would. Blocks spread evenly over a wave: the launch ends at its last block's place."""
+    from types import SimpleNamespace
+
+    from archsim.sample import _extrapolate
+
+    C, S, T = 108, 6, 200_000
+    B = 42 * C + 72                                          # 43 waves, the last one two thirds full
+    step = np.repeat((np.arange(S) + 1) * T, C).astype(np.int64)
+    est = _extrapolate(SimpleNamespace(block_done=step, memory={}), C, B, S, 0, DEFAULT_MAX_ERROR)
+    assert est.cycles == pytest.approx(43 * T, rel=1e-9)
+    spread = (T + (np.arange(S * C) + 1) * T // C).astype(np.int64)
+    est = _extrapolate(SimpleNamespace(block_done=spread, memory={}), C, B, S, 0, DEFAULT_MAX_ERROR)
+    assert est.cycles == pytest.approx(T + B * T / C, rel=1e-6)
+
+
 def test_a_short_head_with_a_small_period_leaves_enough_steady_waves(recwarn):
     """The warm-up may not eat the steps the rate is read from (no mean of an empty slice)."""
     from types import SimpleNamespace
