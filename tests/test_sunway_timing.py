@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from archsim import micro as MI
-from archsim.config import load_machine
+from archsim.config import dram_burst_cycles, load_machine
 from archsim.engine.dma import pieces
 from archsim.engine.timing import Unbacked, buffer_addresses, time_kernel
 from archsim.errors import InputError
@@ -78,10 +78,8 @@ def ring_stage(m, nbytes, stops=1, link=None):
 def dram_stage(m, col_cycles, nbytes):
     """Unloaded DDR4 access from an idle bank: ACT, then RD/WR, then the data bursts (memory clock),
     in core cycles."""
-    d = m.dram
-    t = d.timing
-    burst = d.burst_bytes / (d.channel_gbps / (m.clock_ghz * m.clock_ratios.memory))
-    return (t.tRCD + col_cycles + math.ceil(nbytes / d.burst_bytes) * burst) / m.clock_ratios.memory
+    bursts = math.ceil(nbytes / m.dram.burst_bytes)
+    return (m.dram.timing.tRCD + col_cycles + bursts * dram_burst_cycles(m)) / m.clock_ratios.memory
 
 
 # ----------------------------------------------------------------------------- CPE core
@@ -157,8 +155,7 @@ def test_unloaded_dma_put_latency_is_the_sum_of_its_stages(sw):
 
 def test_a_put_of_part_of_a_burst_reads_the_burst_first(sw):
     """partial_writes: rmw: an 8-B put's burst is read (tCL and the burst back), then written."""
-    d, t, n = sw.dram, sw.dram.timing, 8
-    burst = d.burst_bytes / (d.channel_gbps / (sw.clock_ghz * sw.clock_ratios.memory))
+    t, n, burst = sw.dram.timing, 8, dram_burst_cycles(sw)
     stages = (sw.dma.put_startup_cycles + ring_stage(sw, 8 + n) + dram_stage(sw, t.tCL + burst + t.tCWL, n)
               + ring_stage(sw, 8))
     assert sw.dram.partial_writes == "rmw"
