@@ -62,8 +62,9 @@ def plot_validation(doc: dict, path: str) -> None:
         xs = [math.prod(map(float, p["x"])) if isinstance(p["x"], list) else float(p["x"]) ** n for p in c["points"]]
         colour = colours[i % len(colours)]
         sub.plot(xs, [p["reference"] for p in c["points"]], "o", ms=4, color=colour, label="measured")
-        sub.plot(xs, [p["simulated"] for p in c["points"]], "-", lw=1.2, color=colour, alpha=0.7,
-                 label="simulated")
+        line = sorted(zip(xs, (p["simulated"] for p in c["points"])))   # shapes' products need not rise
+        sub.plot([x for x, _ in line], [y for _, y in line], "-x", lw=1.2, ms=5, color=colour, alpha=0.7,
+                 label="simulated")   # the marker shows a one-point curve's simulated figure
         if max(xs) / min(xs) > 20:
             sub.set_xscale("log")
         name = "x".join(c["x"]) if len(c["x"]) > 1 else c["x"][0]
