@@ -20,6 +20,7 @@ from archsim.errors import InputError
 from archsim.isa.check import check
 from archsim.isa.opcodes import SEM, opcodes
 from archsim.workloads.emit import Tile, gemm_kernel
+from archsim.workloads.emit import gemm_gpu as gg
 from archsim.workloads.emit.gemm_gpu import to_float
 
 TOL = {"f32": (1e-4, 1e-5), "f16": (1e-4, 1e-3), "bf16": (1e-3, 4e-3)}
@@ -142,6 +143,42 @@ def test_small_problems_spread_over_more_cores():
     assert k.launch.blocks >= 64          # 128 x 128 tiles would give 16 blocks for 108 SMs
     small = gemm_kernel(caps, 1, 1, 1, "fp16")
     assert small.launch.blocks == 1
+
+
+def _waves(caps, k, launches=1):
+    slots = gg._blocks_per_core(caps, k.program, 32 * k.tile.warps) * caps.cores_total
+    return -(-k.launch.blocks * launches // slots)
+
+
+@pytest.mark.parametrize("hw,M,N,K,launches", [("h100", 1, 36864, 12288, 1), ("h100", 1, 12288, 12288, 1),
+                                               ("h100", 8, 49152, 12288, 1), ("a100", 1, 36864, 12288, 1),
+                                               ("a100", 1, 4096, 4096, 12), ("tiny-gpu", 16, 4096, 512, 1)])
+def test_a_skinny_gemm_takes_the_stage_count_with_the_fewest_waves(hw, M, N, K, launches):
+    """Decode's GEMV streams B: a last wave of a few blocks streams at a few cores' rate, so its
+    stage count is the one that gives the fewest waves over every core's block slots, ties to the
+    deeper pipeline."""
+    caps = caps_of(hw)
+    cfg, prog = gg.choose_tile(caps, M, N, K, launches=launches)
+    picked = gemm_kernel(caps, M, N, K, "fp16", tile=Tile(cfg.BM, cfg.BN, cfg.kb // 2, 4, cfg.stages))
+    w = _waves(caps, picked, launches)
+    for BK, stages in ((64, 4), (64, 3), (32, 3), (32, 2)):
+        try:
+            other = gemm_kernel(caps, M, N, K, "fp16", tile=Tile(cfg.BM, cfg.BN, BK, 4, stages))
+        except InputError:
+            continue                              # does not fit the core
+        assert _waves(caps, other, launches) >= w
+        if _waves(caps, other, launches) == w:
+            assert BK * stages <= cfg.kb // 2 * cfg.stages
+    if (hw, N) == ("h100", 36864):                # the deepest pipeline would take two waves
+        assert (cfg.BM, cfg.BN, cfg.stages, w) == (32, 64, 3, 1)
+        deep = gemm_kernel(caps, M, N, K, "fp16", tile=Tile(32, 64, 64, 4, 4))
+        assert _waves(caps, deep) == 2
+
+
+def test_a_wide_gemm_keeps_the_deepest_pipeline():
+    caps = caps_of("h100")
+    k = gemm_kernel(caps, 2048, 36864, 12288, "fp16")
+    assert (k.tile.BM, k.tile.BN, k.tile.BK, k.tile.stages) == (128, 128, 64, 4)
 
 
 def test_tiny_gpu_tile_fits_its_small_scratchpad():

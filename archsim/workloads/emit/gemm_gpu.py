@@ -86,7 +86,12 @@ time wins, ties to the larger tile:
 i.e. the work of the busiest core (whole tiles per core: wave quantization) divided by an
 efficiency that grows with the tile's arithmetic intensity (the 128 x 128 tile moves half the
 shared-memory and L2 bytes per flop of a 64 x 64 one). So a large GEMM gets 128 x 128 (a100:
-from about 1024^2 on), and a small one a smaller tile that spreads over more cores.
+from about 1024^2 on), and a small one a smaller tile that spreads over more cores. The tile
+takes the deepest pipeline that fits, except in a GEMM of at most ``SKINNY_M`` rows (decode's
+GEMV, bound by streaming B): there the stage count that gives the fewest waves of blocks over
+all the cores' block slots (batched GEMMs counted) wins, ties to the deeper, since a last wave
+of a few blocks streams at a few cores' rate (h100, 1 x 36864 x 12288: 576 blocks of 32 x 64,
+4 stages hold 4 blocks an SM, two waves; 3 stages hold 6, one wave).
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ _HOST = {**HOST_DTYPE, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
 # (BM, BN, warps along M, warps along N) of the tensor-core kernel, largest first
 MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
+SKINNY_M = 64      # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
 
 
@@ -1483,15 +1489,19 @@ def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple
     the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly.
     With several groups, the blocks of one (group x columns) repeat the sharing pattern: that is
     the period wave sampling measures over (0 with one group)."""
-    warps = ceil_div(threads, caps.warp_width)
-    per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
-                   caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
-                   caps.scratchpad_bytes // max(prog.shared_bytes, 1))
-    root = math.sqrt(max(per_core, 1) * caps.cores_total)
+    root = math.sqrt(max(_blocks_per_core(caps, prog, threads), 1) * caps.cores_total)
     tm, tn = ceil_div(M, c.BM), ceil_div(N, c.BN)
     rows, cols = sorted((tm, tn))
     group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
     return (group, int(tn < tm)), (group * cols if group < rows else 0)
+
+
+def _blocks_per_core(caps, prog: Program, threads: int) -> int:
+    """Blocks of this kernel a core holds at once (warp slots, registers, scratchpad, block limit)."""
+    warps = ceil_div(threads, caps.warp_width)
+    return min(caps.max_blocks_per_core, caps.warp_slots // warps,
+               caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
+               caps.scratchpad_bytes // max(prog.shared_bytes, 1))
 
 
 def _fits(prog: Program, caps, threads: int) -> bool:
@@ -1520,9 +1530,10 @@ def _uses_tensor(caps, dt: str) -> bool:
 
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, *, trans_a: bool = False, cw_a: Optional[int] = None,
-                cw_b: Optional[int] = None, alpha: float = 1.0) -> tuple[_Cfg, Program]:
+                cw_b: Optional[int] = None, alpha: float = 1.0, launches: int = 1) -> tuple[_Cfg, Program]:
     """The kernel configuration the tile rule picks (see the module docstring), and its program.
-    cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape)."""
+    cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape); launches:
+    the GEMMs of a batch (grid.z), which share the cores."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if not _uses_tensor(caps, dt):
@@ -1549,16 +1560,23 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         if not fit:
             tried.append(f"{BM}x{BN}: {2 * _stage_bytes(dt, trans_b, BM, BN, 64, trans_a)} B scratchpad")
             continue
-        kb, stages = fit[0]
-        cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb, trans_a=trans_a, alpha=alpha)
-        try:
-            prog = _emit_mma(cfg)
-        except OutOfRegisters as e:
-            tried.append(f"{BM}x{BN}: {e}")
-            continue
-        if _fits(prog, caps, 32 * WM * WN):
-            return cfg, prog
-        tried.append(f"{BM}x{BN}: {prog.nregs} registers")
+        best = None
+        for kb, stages in fit if M <= SKINNY_M else fit[:1]:
+            cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb, trans_a=trans_a, alpha=alpha)
+            try:
+                prog = _emit_mma(cfg)
+            except OutOfRegisters as e:
+                tried.append(f"{BM}x{BN}: {e}")
+                continue
+            if not _fits(prog, caps, 32 * WM * WN):
+                tried.append(f"{BM}x{BN}: {prog.nregs} registers")
+                continue
+            slots = max(_blocks_per_core(caps, prog, 32 * WM * WN), 1) * caps.cores_total
+            waves = ceil_div(ceil_div(M, BM) * ceil_div(N, BN) * launches, slots)
+            if best is None or waves < best[0]:      # ties: the deeper pipeline, listed first
+                best = (waves, cfg, prog)
+        if best is not None:
+            return best[1], best[2]
     raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
 
 
@@ -1643,7 +1661,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                              f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
     else:
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
-                                alpha=alpha_f)
+                                alpha=alpha_f, launches=nb * nh)
     check(prog, caps)
     if cfg.kind == "mma":
         threads = 32 * cfg.WM * cfg.WN
