@@ -67,6 +67,7 @@ def plot_validation(doc: dict, path: str) -> None:
                  label="simulated")   # the marker shows a one-point curve's simulated figure
         if max(xs) / min(xs) > 20:
             sub.set_xscale("log")
+            sub.tick_params(axis="x", which="minor", labelbottom=False)   # decades only: minor labels overlap
         name = "x".join(c["x"]) if len(c["x"]) > 1 else c["x"][0]
         sub.set_xlabel(name + (" (product)" if len(c["x"]) > 1 else ""), fontsize=8)
         sub.set_ylabel(c["unit"], fontsize=8)
