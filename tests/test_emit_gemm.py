@@ -21,6 +21,7 @@ from archsim.isa.check import check
 from archsim.isa.opcodes import SEM, opcodes
 from archsim.workloads.emit import Tile, gemm_kernel
 from archsim.workloads.emit import gemm_gpu as gg
+from archsim.workloads.emit.common import blocks_per_core
 from archsim.workloads.emit.gemm_gpu import to_float
 
 TOL = {"f32": (1e-4, 1e-5), "f16": (1e-4, 1e-3), "bf16": (1e-3, 4e-3)}
@@ -146,7 +147,7 @@ def test_small_problems_spread_over_more_cores():
 
 
 def _waves(caps, k, launches=1):
-    slots = gg._blocks_per_core(caps, k.program, 32 * k.tile.warps) * caps.cores_total
+    slots = blocks_per_core(caps, k.program, 32 * k.tile.warps) * caps.cores_total
     return -(-k.launch.blocks * launches // slots)
 
 

@@ -12,7 +12,7 @@ from archsim.isa.builder import Builder, Pred, Reg
 from archsim.isa.program import Program
 
 __all__ = ["Asm", "OutOfRegisters", "log2", "ceil_div", "pow2_floor", "pow2_ceil", "swizzle_offset", "check_int",
-           "check_pair", "one_to_one", "DTYPE_ALIASES", "OUT_DTYPE_ALIASES", "ELEM_BYTES", "OUT_BYTES",
+           "check_pair", "one_to_one", "blocks_per_core", "DTYPE_ALIASES", "OUT_DTYPE_ALIASES", "ELEM_BYTES", "OUT_BYTES",
            "HOST_DTYPE", "MMA_OP", "CVT_IN", "CVT_OUT", "CVT_PACK"]
 
 # ----------------------------------------------------------------------------- dtype tables
@@ -97,6 +97,15 @@ def log2(x: int) -> int:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def blocks_per_core(caps, prog: Program, threads: int) -> int:
+    """Blocks of a kernel of `threads` threads a core holds at once: its block limit, warp slots,
+    registers and (for a kernel with any) scratchpad. 0: a block does not fit."""
+    warps = ceil_div(threads, caps.warp_width)
+    n = min(caps.max_blocks_per_core, caps.warp_slots // warps,
+            caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1))
+    return min(n, caps.scratchpad_bytes // prog.shared_bytes) if prog.shared_bytes else n
 
 
 def pow2_floor(x: int) -> int:

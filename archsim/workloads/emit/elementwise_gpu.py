@@ -74,7 +74,7 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-from .common import CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm, ceil_div, log2
+from .common import CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm, blocks_per_core, ceil_div, log2
 from .gemm_gpu import to_float, to_host
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
@@ -277,11 +277,7 @@ def _vec_bytes(row_bytes: int, es: int) -> int:
 
 def _grid(caps, prog: Program, threads: int, needed: int) -> int:
     """Blocks to launch: what the work needs, capped at what the machine holds at once."""
-    warps = ceil_div(threads, 32)
-    per_core = min(caps.max_blocks_per_core, caps.warp_slots // warps,
-                   caps.regs_per_core // max(prog.nregs * warps * 32, 1))
-    if prog.shared_bytes:
-        per_core = min(per_core, caps.scratchpad_bytes // prog.shared_bytes)
+    per_core = blocks_per_core(caps, prog, threads)
     if per_core < 1 or prog.nregs > caps.max_regs_per_thread:
         raise InputError(f"{prog.name} on {caps.name}", f"a block of {threads} threads x {prog.nregs} registers, "
                          f"{prog.shared_bytes} B scratchpad does not fit a core", "a larger target")

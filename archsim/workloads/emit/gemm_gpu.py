@@ -107,8 +107,8 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.common import (CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, OUT_BYTES,
-                                          OUT_DTYPE_ALIASES, Asm, OutOfRegisters, ceil_div, check_int, check_pair,
-                                          log2, one_to_one, swizzle_offset)
+                                          OUT_DTYPE_ALIASES, Asm, OutOfRegisters, blocks_per_core, ceil_div, check_int,
+                                          check_pair, log2, one_to_one, swizzle_offset)
 
 __all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "PARAMS", "MAX_BATCH"]
 
@@ -1489,19 +1489,11 @@ def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple
     the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly.
     With several groups, the blocks of one (group x columns) repeat the sharing pattern: that is
     the period wave sampling measures over (0 with one group)."""
-    root = math.sqrt(max(_blocks_per_core(caps, prog, threads), 1) * caps.cores_total)
+    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total)
     tm, tn = ceil_div(M, c.BM), ceil_div(N, c.BN)
     rows, cols = sorted((tm, tn))
     group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
     return (group, int(tn < tm)), (group * cols if group < rows else 0)
-
-
-def _blocks_per_core(caps, prog: Program, threads: int) -> int:
-    """Blocks of this kernel a core holds at once (warp slots, registers, scratchpad, block limit)."""
-    warps = ceil_div(threads, caps.warp_width)
-    return min(caps.max_blocks_per_core, caps.warp_slots // warps,
-               caps.regs_per_core // max(prog.nregs * warps * caps.warp_width, 1),
-               caps.scratchpad_bytes // max(prog.shared_bytes, 1))
 
 
 def _fits(prog: Program, caps, threads: int) -> bool:
@@ -1560,7 +1552,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         if not fit:
             tried.append(f"{BM}x{BN}: {2 * _stage_bytes(dt, trans_b, BM, BN, 64, trans_a)} B scratchpad")
             continue
-        best = None
+        best, threads = None, 32 * WM * WN
         for kb, stages in fit if M <= SKINNY_M else fit[:1]:
             cfg = _Cfg("mma", dt, out, trans_b, BM, BN, WM, WN, stages, cw_a, cw_b, kb, trans_a=trans_a, alpha=alpha)
             try:
@@ -1568,10 +1560,10 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             except OutOfRegisters as e:
                 tried.append(f"{BM}x{BN}: {e}")
                 continue
-            if not _fits(prog, caps, 32 * WM * WN):
+            if not _fits(prog, caps, threads):
                 tried.append(f"{BM}x{BN}: {prog.nregs} registers")
                 continue
-            slots = max(_blocks_per_core(caps, prog, 32 * WM * WN), 1) * caps.cores_total
+            slots = max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total
             waves = ceil_div(ceil_div(M, BM) * ceil_div(N, BN) * launches, slots)
             if best is None or waves < best[0]:      # ties: the deeper pipeline, listed first
                 best = (waves, cfg, prog)
