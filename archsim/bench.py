@@ -20,7 +20,6 @@ import time
 
 from archsim.config import load_machine
 from archsim import kernel_cache
-from archsim import micro as MI
 
 SCHEMA = "archsim.bench/1"
 
@@ -55,6 +54,8 @@ def run_bench(cases=CASES, progress=None, repeat: int = 3, warmup=WARMUP) -> dic
 
 
 def _run_bench(cases, progress, repeat: int, warmup) -> dict:
+    from archsim import micro as MI   # the engine: not loaded before the options are checked
+
     for hw, name, params in warmup:  # JIT compile / cache load, not timed
         MI.run_micro(name, load_machine(hw), params)
     out = []

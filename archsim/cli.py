@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE")
     p.add_argument("--json", metavar="FILE", help="write the resolved machine and derived figures as JSON")
 
-    from archsim.micro import PARAMS
+    from archsim.micro_params import PARAMS
 
     p = sub.add_parser("micro", help="run a micro-benchmark (a real ISA program) on the timing model")
     p.add_argument("name", metavar="NAME", help="one of: " + ", ".join(PARAMS))
@@ -232,7 +232,6 @@ def _summary(arr: np.ndarray, dtype: str) -> dict:
 def cmd_asm(a) -> int:
     from archsim.config.derived import capabilities
     from archsim.config.load import load_machine
-    from archsim.engine.functional import run_functional
     from archsim.engine.launch import default_args, resolve_launch
     from archsim.isa.asm import disassemble
     from archsim.isa.check import check
@@ -263,6 +262,8 @@ def cmd_asm(a) -> int:
                          "--timing --sample --sample-interval")
     if a.timing:
         return _asm_timing(a, machine, prog, launch)
+    from archsim.engine.functional import run_functional   # the engine, once the input is checked
+
     args = default_args(prog)
     before = {k: v.copy() for k, v in args.items() if isinstance(v, np.ndarray)}
     try:
@@ -317,8 +318,7 @@ def _asm_timing(a, machine, prog, launch) -> int:
 
     from archsim import stats
     from archsim.engine.launch import default_args
-    from archsim.engine.machine import KernelTiming
-    from archsim.sample import sampled_record
+    from archsim.engine.names import KernelTiming
 
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
@@ -327,6 +327,8 @@ def _asm_timing(a, machine, prog, launch) -> int:
     if a.sample_interval and not a.sample:
         raise InputError("--sample-interval", "interval sampling without --sample",
                          "--timing --sample --sample-interval")
+    from archsim.sample import sampled_record   # the engine, once the input is checked
+
     args = default_args(prog, timing=True)
     workload = {"name": f"asm {prog.name}", "params": {"file": a.file, "grid": list(launch.grid),
                                                        "block": list(launch.block)}}
@@ -380,7 +382,7 @@ def cmd_show_config(a) -> int:
 
 def cmd_micro(a) -> int:
     from archsim.config.load import load_machine
-    from archsim.micro import check_machine, parse_params, run_micro
+    from archsim.micro_params import check_machine, parse_params
     from archsim.workers import check_workers
 
     workers = check_workers(a.workers)
@@ -389,6 +391,8 @@ def cmd_micro(a) -> int:
     parse_params(a.name, a.params)  # bad parameters fail before anything runs
     if a.max_cycles <= 0:
         raise InputError("--max-cycles", f"{a.max_cycles} is not a cycle count", "a positive integer")
+    from archsim.micro import run_micro
+
     try:
         r = run_micro(a.name, machine, a.params, max_cycles=a.max_cycles, workers=workers)
     except SimulationError as e:

@@ -79,10 +79,8 @@ import numpy as np
 from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
+from archsim.options import DEFAULT_MAX_ERROR, DEFAULT_WAVES
 from archsim.stats import extensive_memory_fields, kernel_record
-
-DEFAULT_WAVES = 6          # the warm-up (wave 1, often a second) and four or more steady waves, the last the drain
-DEFAULT_MAX_ERROR = 0.03   # a head whose error estimate is above this grows (--sample-max-error)
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:

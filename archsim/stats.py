@@ -13,8 +13,7 @@ import numpy as np
 
 from archsim.version import __version__
 from archsim.config.derived import fabric_clock_ghz, memory_clock_ghz, peak_bandwidth_gbps, peak_tflops
-from archsim.engine.warps import STALL_NAMES
-from archsim.engine.machine import TL_COUNTERS, KernelTiming
+from archsim.engine.names import STALL_NAMES, TL_COUNTERS, KernelTiming
 
 SCHEMA = "archsim.result/1"
 BYTE_LEVELS = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric")

@@ -20,12 +20,14 @@ from pathlib import Path
 
 import yaml
 
-from archsim import micro as MI
+from archsim import micro_params as MP
 from archsim.config.load import load_yaml_text
 from archsim.errors import InputError
 from archsim.paths import data_dir
 
 SCHEMA = "archsim.validate/1"
+# The probes import archsim.micro (and so the engine) when they run: reading and checking a
+# reference file does not load numba, so a bad one is refused at once.
 
 
 def _l1_kib(machine) -> int:
@@ -33,14 +35,20 @@ def _l1_kib(machine) -> int:
 
 
 def _chase(machine, out, **p) -> float:
+    from archsim import micro as MI
+
     return MI.micro_latency(machine, MI.parse_params("latency", p), out)
 
 
 def p_ffma_latency(machine, out):
+    from archsim import micro as MI
+
     return MI.ffma_latency(machine, out)
 
 
 def p_shared_latency(machine, out):
+    from archsim import micro as MI
+
     return MI.shared_latency(machine, out)
 
 
@@ -63,14 +71,20 @@ def p_dram_latency(machine, out):
 
 
 def p_l1_bandwidth(machine, out):
+    from archsim import micro as MI
+
     return MI.l1_bandwidth(machine, out)
 
 
 def p_l2_bandwidth(machine, out):
+    from archsim import micro as MI
+
     return MI.l2_bandwidth(machine, out)
 
 
 def p_dram_stream_share(machine, out):
+    from archsim import micro as MI
+
     # 512 MiB, as the references' benchmarks read (BabelStream's 2^25-element arrays, gpu-stream's largest
     # buffers): a 64-MiB stream on a 3-TB/s machine is ~20 us, where the ramp and the drain weigh
     MI.micro_bandwidth(machine, MI.parse_params("bandwidth", {"kind": "read", "footprint_mib": 512}), out)
@@ -78,48 +92,68 @@ def p_dram_stream_share(machine, out):
 
 
 def p_mma_fp16_tflops(machine, out):
+    from archsim import micro as MI
+
     return MI.micro_mma(machine, MI.parse_params("mma", {"dtype": "fp16"}), out)
 
 
 # Sunway (SW26010-Pro): DMA start-up and streaming of one CPE, one core group's DMA peak, the CPEs'
 # vector FMA peak (archsim.micro's Sunway probes)
 def p_dma_get_startup(machine, out):
+    from archsim import micro as MI
+
     return MI.dma_startup(machine, out, "get")
 
 
 def p_dma_put_startup(machine, out):
+    from archsim import micro as MI
+
     # a whole burst, so that the start-up does not include a read-modify-write where the config
     # chooses one (dram.partial_writes: rmw); [M] does not say what sizes its fit used
     return MI.dma_startup(machine, out, "put", nbytes=machine.dram.burst_bytes)
 
 
 def p_dma_get_stream(machine, out):
+    from archsim import micro as MI
+
     return MI.dma_stream_rate(machine, out, "get")
 
 
 def p_dma_put_stream(machine, out):
+    from archsim import micro as MI
+
     return MI.dma_stream_rate(machine, out, "put")
 
 
 def p_dma_group_gbps(machine, out):
+    from archsim import micro as MI
+
     return MI.dma_group_gbps(machine, out)
 
 
 def p_vector_fp16_tflops(machine, out):
+    from archsim import micro as MI
+
     return MI.vector_fma_tflops(machine, out, "f16x2")
 
 
 def p_vector_fp32_tflops(machine, out):
+    from archsim import micro as MI
+
     return MI.vector_fma_tflops(machine, out, "f32")
 
 
 def p_rma_latency_cluster(machine, out):
     """8-B blocking RMA put between two CPEs of one cluster (CPE 0 -> CPE 1), cycles."""
+    from archsim import micro as MI
+
     return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 1, "size_bytes": 8}), out)
 
 
 def p_rma_latency_corner(machine, out):
     """8-B blocking RMA put from the first CPE of a core group to the last (corner to corner)."""
+    from archsim import micro as MI
+
     last = machine.cores.per_group - 1
     return MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": last, "size_bytes": 8}), out)
 
@@ -127,6 +161,8 @@ def p_rma_latency_corner(machine, out):
 def p_rma_bandwidth(machine, out):
     """Point-to-point RMA streaming, B/cycle: d(bytes) / d(cycles) between one blocking put of 16
     and one of 32 KiB to the neighbouring cluster (the start-up and the last trip cancel)."""
+    from archsim import micro as MI
+
     c = [MI.micro_rma(machine, MI.parse_params("rma", {"src": 0, "dst": 2, "size_bytes": n, "reps": 1}), out)
          for n in (16384, 32768)]
     return 16384 / (c[1] - c[0])
@@ -273,21 +309,21 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         if not isinstance(c.get("source"), str) or not c["source"].strip():
             raise InputError(f"{w}.source", "missing", "where the curve was published or how it was measured")
         k = c.get("kernel")
-        if not isinstance(k, str) or k not in MI.PARAMS:
-            raise InputError(f"{w}.kernel", f"{k!r} is not a micro-benchmark", ", ".join(MI.PARAMS))
+        if not isinstance(k, str) or k not in MP.PARAMS:
+            raise InputError(f"{w}.kernel", f"{k!r} is not a micro-benchmark", ", ".join(MP.PARAMS))
         if family is not None and k not in CURVE_KERNELS[family]:
             raise InputError(f"{w}.kernel", f"a {family} machine cannot run micro {k}",
                              ", ".join(CURVE_KERNELS[family]))
-        if c.get("unit") != MI.UNITS[k]:
-            raise InputError(f"{w}.unit", f"{c.get('unit')!r} is not what micro {k} measures", MI.UNITS[k])
+        if c.get("unit") != MP.UNITS[k]:
+            raise InputError(f"{w}.unit", f"{c.get('unit')!r} is not what micro {k} measures", MP.UNITS[k])
         params = c.get("params") or {}
         if not isinstance(params, dict):
-            raise InputError(f"{w}.params", "not a mapping", f"parameters of micro {k}: " + ", ".join(MI.PARAMS[k]))
+            raise InputError(f"{w}.params", "not a mapping", f"parameters of micro {k}: " + ", ".join(MP.PARAMS[k]))
         xs = c.get("x")
         xs = [xs] if isinstance(xs, str) else xs
-        if not isinstance(xs, list) or not xs or any(not isinstance(x, str) or x not in MI.PARAMS[k] for x in xs):
+        if not isinstance(xs, list) or not xs or any(not isinstance(x, str) or x not in MP.PARAMS[k] for x in xs):
             raise InputError(f"{w}.x", f"{c.get('x')!r} is not a parameter of micro {k}",
-                             "one of " + ", ".join(MI.PARAMS[k]) + " (or a list of them)")
+                             "one of " + ", ".join(MP.PARAMS[k]) + " (or a list of them)")
         clock = c.get("clock_mhz")
         if clock is not None and not _positive(clock):
             raise InputError(f"{w}.clock_mhz", f"{clock!r} is not a clock", "MHz > 0")
@@ -325,13 +361,13 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
                     p.update(o["params"])
             p.update(dict(zip(xs, xv)))
             try:
-                p = MI.parse_params(k, p)
+                p = MP.parse_params(k, p)
                 if k == "asm":     # the kernel file must be there before anything runs
-                    MI.asm_path(p["file"].replace("{n}", str(p["n"])))
+                    MP.asm_path(p["file"].replace("{n}", str(p["n"])))
             except InputError as e:
                 raise InputError(f"{pw} ({e.where})", e.what, e.allowed) from None
             out_pts.append({"x": x, "reference": float(y), "clock_mhz": pclock, "params": p})
-        curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": MI.UNITS[k],
+        curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": MP.UNITS[k],
                        "points": out_pts})
     return curves
 
@@ -353,6 +389,8 @@ def _err_pct(sim: float, ref: float) -> float:
 def run_curve(machine, c: dict, progress=None) -> dict:
     """Every point of one curve on the model: the curve's kernel with the point's params, at the
     point's clock."""
+    from archsim import micro as MI
+
     pts = []
     for p in c["points"]:
         m = at_clock(machine, p["clock_mhz"])
@@ -382,6 +420,8 @@ def validate(machine, reference: str | None = None, progress=None, curve_progres
              only: str | list[str] | None = None) -> dict:
     """Rows and curves of the machine's reference file (or ``reference``) on the model. ``only``:
     run just the curves whose name contains it, or any text of a list (and no rows)."""
+    from archsim import micro as MI
+
     path = reference_path(machine, reference)
     rows = load_reference(path)
     curves = load_curves(path, machine.family)

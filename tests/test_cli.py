@@ -345,3 +345,31 @@ def test_a_control_character_in_yaml_is_one_line(capsys, tmp_path):
     for argv in (["run", "--hw", str(bad), "--workload", "tiny"], ["sweep", str(spec), "--out", str(tmp_path / "o")]):
         code, _, err = cli(capsys, *argv)
         assert code == 2 and "#x000" in one_line_error(err), argv
+
+
+# Inputs refused before the engine is loaded: each answers in one line, exit 2, without importing
+# numba (a refused input costs the interpreter's start and the config schema, not the engine).
+_REFUSED_EARLY = [
+    ["run", "--hw", "nosuch", "--workload", "tiny"],
+    ["run", "--hw", "tiny-gpu", "--workload", "nosuch"],
+    ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--workers", "0"],
+    ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--sample-max-error", "2"],
+    ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--set", "clock_ghz=-1"],
+    ["compare", "--hw", "tiny-gpu", "--hw", "nosuch", "--workload", "tiny"],
+    ["micro", "gemm", "--hw", "tiny-gpu", "--param", "m=x"],
+    ["micro", "dma", "--hw", "tiny-gpu", "--param", "size_bytes=8"],
+    ["asm", "vector_add", "--hw", "tiny-gpu", "--timing", "--max-cycles", "0"],
+    ["validate", "--hw", "tiny-gpu", "--reference", "nosuch.yaml"],
+    ["bench", "--repeat", "0"],
+    ["run", "--bogus"],
+]
+
+
+def test_refused_inputs_do_not_load_the_engine():
+    code = ("import sys; from archsim.cli import main; rc = main(sys.argv[1:]); "
+            "print('numba loaded' if 'numba' in sys.modules else 'numba not loaded'); sys.exit(rc)")
+    for argv in _REFUSED_EARLY:
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, (argv, r.stderr)
+        one_line_error(r.stderr)
+        assert r.stdout.strip().splitlines()[-1] == "numba not loaded", argv

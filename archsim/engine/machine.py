@@ -17,8 +17,6 @@ never after a jump.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-
 import numpy as np
 
 from archsim.engine import core as K
@@ -28,6 +26,7 @@ from archsim.engine import mpe as MP
 from archsim.engine import unit_timeline as UT
 from archsim.engine.jit import njit
 from archsim.engine.queues import span_bounds
+from archsim.engine.names import TL_BYTES, TL_COUNTERS, TL_UNITS_AT, KernelTiming  # noqa: F401 (re-exported)
 from archsim.engine.ref import as_ptr
 from archsim.engine import warps as WS
 
@@ -38,10 +37,6 @@ DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
 # stats layer into per-window rates. When the rows run out, every other row is dropped and the
 # window doubles, so any run fits in a fixed array. The machine-wide counters (TL_COUNTERS) come
 # first in a row, then the per-unit ones (unit_timeline: links, channels, slices, DMA engines).
-TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
-TL_COUNTERS = ("warp_instructions",) + TL_BYTES + \
-    tuple("stall_" + n for n in WS.STALL_NAMES)
-TL_UNITS_AT = len(TL_COUNTERS)  # the per-unit columns (unit_timeline) start here
 TL_ROWS = 512
 TLK_WINDOW, TLK_ROWS, TLK_NEXT = 0, 1, 2
 
@@ -245,27 +240,3 @@ def _first_stuck(TS):
         if TS.wst[w] != WS.T_EMPTY and TS.wst[w] != WS.T_DONE:
             return w
     return -1
-
-
-@dataclass
-class KernelTiming:
-    """What one timed launch leaves: the raw counters the stats layer turns into records."""
-
-    outcome: int
-    cycles: int
-    warp_instructions: int
-    skipped_cycles: int
-    stuck_warp: int
-    stall: np.ndarray
-    flops: int
-    pipe_busy_cycles: np.ndarray
-    memory: dict
-    timeline: tuple = (0, None)  # (window cycles, cumulative counter rows at window ends; last row = end)
-    buffers: dict = None         # backed buffer arguments as the kernel left them
-    block_start: np.ndarray = None  # per block of the range run: dispatch cycle, retire cycle, core
-    block_done: np.ndarray = None
-    block_core: np.ndarray = None
-    first_block: int = 0            # grid id of the range's first block
-    timeline_end: int = -1          # the cycle the timeline rows end at (-1: `cycles`; a sampled
-                                    # launch extrapolates `cycles` past its simulated timeline)
-    timeline_units: dict | None = None  # unit_timeline.unit_layout: the per-unit columns of the rows

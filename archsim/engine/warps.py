@@ -11,6 +11,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.engine.jit import njit
+from archsim.engine.names import STALL_NAMES  # noqa: F401 (re-exported)
 from archsim.engine.queues import SPAN_SHIFT, span_bounds
 
 INF = np.int64(1) << 62
@@ -19,11 +20,9 @@ INF = np.int64(1) << 62
 # T_START: its block is placed but not launched yet (TState.start_at)
 T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START = range(9)
 
-# stall reasons, in CONTRACT.md order
+# stall reasons, in CONTRACT.md order (names.STALL_NAMES)
 (R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
  R_IDLE) = range(9)
-STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
-               "barrier", "dma_wait", "idle")
 
 # TState.k: the next block to dispatch, blocks finished, the age counter, the end of the block range
 # (blocks total unless sampling), warps per block, registers per warp, shared bytes per block, grid

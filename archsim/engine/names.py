@@ -1,0 +1,47 @@
+"""Names and layouts the engine shares with the records, importable without numba.
+
+The stats layer and the command line read these (stall reasons, the timeline's counter columns,
+the raw counters of one timed launch) on paths that must not load the jitted engine: a refused
+input is answered before numba is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# stall reasons, in CONTRACT.md order (warps.R_* are their indices)
+STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
+               "barrier", "dma_wait", "idle")
+
+# Timeline: cumulative counters sampled at every window boundary (machine.py). The machine-wide
+# counters come first in a row, then the per-unit ones (unit_timeline: links, channels, slices,
+# DMA engines).
+TL_BYTES = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric", "dma")  # MState.bytes[:7]
+TL_COUNTERS = ("warp_instructions",) + TL_BYTES + tuple("stall_" + n for n in STALL_NAMES)
+TL_UNITS_AT = len(TL_COUNTERS)  # the per-unit columns (unit_timeline) start here
+
+
+@dataclass
+class KernelTiming:
+    """What one timed launch leaves: the raw counters the stats layer turns into records."""
+
+    outcome: int
+    cycles: int
+    warp_instructions: int
+    skipped_cycles: int
+    stuck_warp: int
+    stall: np.ndarray
+    flops: int
+    pipe_busy_cycles: np.ndarray
+    memory: dict
+    timeline: tuple = (0, None)  # (window cycles, cumulative counter rows at window ends; last row = end)
+    buffers: dict = None         # backed buffer arguments as the kernel left them
+    block_start: np.ndarray = None  # per block of the range run: dispatch cycle, retire cycle, core
+    block_done: np.ndarray = None
+    block_core: np.ndarray = None
+    first_block: int = 0            # grid id of the range's first block
+    timeline_end: int = -1          # the cycle the timeline rows end at (-1: `cycles`; a sampled
+                                    # launch extrapolates `cycles` past its simulated timeline)
+    timeline_units: dict | None = None  # unit_timeline.unit_layout: the per-unit columns of the rows
