@@ -64,7 +64,7 @@ def retire_done(en, desc, cores, TS, now):
         n += 1
     if n:
         for i in range(cores.shape[0]):
-            c = cores[i]
+            c = np.int64(cores[i])
             if c >= 0 and TS.mem_wait[c]:
                 WS.wake_refused(TS, c, now)
     return n

@@ -741,7 +741,7 @@ def cache_evicted(C, inst):
     return C.evict_addr[inst], C.evict_dirty[inst]
 
 
-@njit(**_NOREF)
+@njit(inline="always", **_NOREF)
 def mshr_waiters(C, inst, e, out):
     """Move the waiters of entry e whose sectors are all valid now into ``out`` (request ids, in
     arrival order); returns how many. The others stay for a later fill."""
@@ -766,7 +766,7 @@ def mshr_waiters(C, inst, e, out):
     return n
 
 
-@njit(**_NOREF)
+@njit(inline="always", **_NOREF)
 def mshr_free(C, inst, e):
     """Release entry e and unreserve its way once every requested sector arrived and no waiter is
     left; returns whether it was released."""
@@ -860,7 +860,7 @@ def cache_counters(C: CacheState, level: str | None = None) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------- LSU coalescer
-@njit(**_NOREF)
+@njit(inline="always", **_NOREF)
 def _range_mask(s0, s1):
     """Bits s0..s1-1 (s1 exclusive) of an int64; s1 - s0 >= 64 gives all bits."""
     m = np.int64(0)

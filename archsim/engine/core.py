@@ -581,7 +581,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         if issued > 1 or TS.wst[TS.last_warp[core, sub]] == T_EMPTY:
             nxt = now + 1
         else:
-            w = TS.last_warp[core, sub]
+            w = np.int64(TS.last_warp[core, sub])
             if TS.wst[w] != T_DONE:
                 t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now + 1)
                 TS.reason[w] = reason

@@ -274,7 +274,7 @@ def dma_issue(DM, TS, w, core, put, gaddr, nbytes, now, count=1, bsize=-1, strid
 # once, and each piece is carried over the CPE mesh from that engine's cluster to every cluster
 # with participants (sunway_side.py: an XY tree of engine-to-engine hops); a participant completes
 # when all its bytes have landed in its cluster.
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _line_ready(DM, li):
     """Has every live member of line li joined?"""
     slots = DM.cfg[DC_SLOTS]
@@ -340,7 +340,7 @@ def dma_bcast_try(DM, TS, li, now):
     L[BL_JOINED] = 0
     DM.cfg[DC_OPEN] -= 1
     for k in range(DM.line_cores.shape[1]):  # members refused for a second broadcast may issue now
-        c = DM.line_cores[li, k]
+        c = np.int64(DM.line_cores[li, k])
         if c < 0:
             break
         if TS.mem_wait[c]:
@@ -354,7 +354,7 @@ def dma_bcast_join(DM, TS, w, core, mode, gaddr, nbytes, count, bsize, stride, l
     of the first participant when the operands differ from that one's (a fault)."""
     if nbytes <= 0:
         return -1  # nothing to move: complete at issue
-    li = DM.core_line[core, mode]
+    li = np.int64(DM.core_line[core, mode])
     L = DM.lines[li]
     if L[BL_JOINED] == 0:
         L[BL_GADDR] = gaddr
@@ -417,7 +417,7 @@ def dma_bcast_land(DM, TS, e, slot, cluster, nbytes, now):
     return got
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def bcast_any(mask, ccols, i0, i1, j0, j1):
     """Has the cluster mask a cluster in rows i0..i1 and columns j0..j1 (inclusive)?"""
     if i0 > i1 or j0 > j1:

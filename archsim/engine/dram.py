@@ -597,7 +597,7 @@ def _log(D, c, t, cmd, bank, arg):
         D.chan[c, K_LOGN] += 1
 
 
-@_jit
+@njit(inline="always")
 def _slot(Q, qi, k):
     s = Q.head[qi] + k
     cap = Q.cap[qi]

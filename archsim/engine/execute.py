@@ -109,7 +109,7 @@ class FState(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- helpers
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def fault(S, code, lane, addr, nbytes, pc):
     S.fault[0] = code
     S.fault[1] = lane
@@ -145,7 +145,7 @@ def _get_f32(S, P, w, pc, slot_reg, slot, lane, immf):
     return S.rf32[w, slot_reg, 2 * lane]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _set_f32(S, w, r, lane, x):
     S.regs[w, r, lane] = 0
     S.rf32[w, r, 2 * lane] = _f32_canon(x)
@@ -165,14 +165,14 @@ def _get_f64(S, P, w, pc, slot_reg, slot, lane, immd):
     return S.rf64[w, slot_reg, lane]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _set_f64(S, w, r, lane, x):
     if x != x:
         x = np.nan
     S.rf64[w, r, lane] = x
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _half(S, dt, h):
     """A 16-bit element of f16x2 / bf16x2 -> float64 (exact)."""
     if dt == DT_F16X2:
@@ -187,7 +187,7 @@ def _to_half(dt, x):
     return f64_to_bf16(x)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _set_halves(S, w, r, lane, lo, hi):
     S.regs[w, r, lane] = (np.int64(lo) & 0xFFFF) | ((np.int64(hi) & 0xFFFF) << 16)
 
@@ -594,7 +594,7 @@ def _ldmatrix(S, P, T, w, pc, op, mask, blk):
 
 
 # ----------------------------------------------------------------------------- control
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _advance(S, w, top, nxt):
     """Set the top entry's pc and pop entries that reached their reconvergence point."""
     S.stack_pc[w, top] = nxt

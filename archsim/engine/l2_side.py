@@ -27,7 +27,7 @@ from archsim.engine.mem_state import (BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_L2, CK
 from archsim.engine.queues import KIND_READ, KIND_WRITE, q_peek, q_pop, q_push, req_alloc, req_free
 
 # ----------------------------------------------------------------------------- the memory side
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _to_dram(MS, r):
     """Queue a DRAM request at its channel (through the controller front end when the machine has
     one); False when that queue is full."""
@@ -76,7 +76,7 @@ def _to_dram_runs(MS, sl, line, mask, kind, tag, now):
 @njit(cache=True)
 def _fetch(MS, sl, line, mask, now):
     """DRAM reads for the sectors of a line missing in slice sl; the fill goes back to sl."""
-    _to_dram_runs(MS, sl, line, mask, KIND_READ, sl, now)
+    _to_dram_runs(MS, sl, line, mask, np.int64(KIND_READ), sl, now)
 
 
 @njit(cache=True)
@@ -146,7 +146,7 @@ def fill_slice(MS, sl, line, mask, now):
             req_free(R, rr)
         elif R.src[rr] == COPY_MISS:
             R.src[rr] = COPY_HIT              # a near copy's miss that waited at its home
-            _cross(MS, R.tag[rr], rr, now)
+            _cross(MS, np.int64(R.tag[rr]), rr, now)
         else:
             respond_l2(MS, sl, rr, now)
     CA.mshr_free(MS.L2, sl, e)
@@ -158,7 +158,7 @@ def _writeback(MS, sl, now):
     dirty = MS.L2.evict_dirty[sl]
     if dirty == 0:
         return
-    _to_dram_runs(MS, sl, MS.L2.evict_addr[sl], dirty, KIND_WRITE, TAG_WRITE, now)
+    _to_dram_runs(MS, sl, MS.L2.evict_addr[sl], dirty, np.int64(KIND_WRITE), np.int64(TAG_WRITE), now)
     MS.L2.evict_dirty[sl] = 0
 
 

@@ -40,17 +40,17 @@ def make_queues(caps) -> Queues:
                   count=np.zeros(caps.size, np.int32), cap=caps.copy())
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q_full(Q, q):
     return Q.count[q] >= Q.cap[q]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q_empty(Q, q):
     return Q.count[q] == 0
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q_push(Q, q, item):
     """Append; False (and no change) when the queue is full."""
     c = Q.count[q]
@@ -65,7 +65,7 @@ def q_push(Q, q, item):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q_peek(Q, q, k=0):
     """The k-th item from the head (0 = oldest); the queue must hold more than k items."""
     i = Q.head[q] + k
@@ -75,7 +75,7 @@ def q_peek(Q, q, k=0):
     return Q.buf[q, i]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def q_pop(Q, q):
     """Remove and return the oldest item; the queue must not be empty."""
     h = Q.head[q]
@@ -156,7 +156,7 @@ def make_requests(n: int) -> Requests:
                     free=np.arange(n - 1, -1, -1, dtype=np.int32), nfree=np.array([n], np.int32))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def req_alloc(R, addr, nbytes, kind, src, tag, now):
     """A new request id, or -1 when the table is full (the requester stalls)."""
     n = R.nfree[0]
@@ -176,7 +176,7 @@ def req_alloc(R, addr, nbytes, kind, src, tag, now):
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def req_free(R, r):
     n = R.nfree[0]
     R.free[n] = r

@@ -5,6 +5,8 @@ launch and completion messages (dma.py, rma.py and mpe.py keep those engines' ow
 
 from __future__ import annotations
 
+import numpy as np
+
 from archsim.engine import dma as DM
 from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
@@ -43,7 +45,7 @@ def group_replies(MS, TS, g, now):
             MS.bytes[BY_DMA] += n
             DM.dma_piece_done(MS.dma, TS, e, slot, n, now)
         else:
-            core_reply(MS, TS, R.src[r], r, now)
+            core_reply(MS, TS, np.int64(R.src[r]), r, now)
 
 
 @njit(cache=True)
@@ -109,7 +111,7 @@ def dma_engines_cycle(MS, TS, now):
 
 
 # ----------------------------------------------------------------------------- the CPE mesh
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def obox_push(MS, node, r):
     q_push(MS.obox, node, r)
     MS.mk[MK_QUEUED] += 1

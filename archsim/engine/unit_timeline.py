@@ -51,7 +51,7 @@ def unit_columns(MS) -> int:
     return int(n + MS.dma.cfg[DM.DC_ENGINES])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _links(N, row, c0, nl, j0, t):
     """Busy and blocked cycles of a network's links through its cycle t - 1."""
     for l in range(N.lt.shape[0]):

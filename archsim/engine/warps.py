@@ -153,9 +153,9 @@ def subcore_of(TS, w):
     return i - TS.home[HOME_CORE, i] * TS.k[K_SUBCORES]
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def wake_warp(TS, w, now):
-    wake_subcore(TS, TS.home[HOME_SUB, w], now)
+    wake_subcore(TS, np.int64(TS.home[HOME_SUB, w]), now)
 
 
 @njit(cache=True)
