@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from archsim.version import __version__
-from archsim.errors import ArchsimError, InputError, SimulationError
+from archsim.errors import ArchsimError, InputError, SimulationError, Terminated
 from archsim.report import jsonfmt
 from archsim.resources import DEFAULT_MAX_INSTRUCTIONS, check_asm_args
 
@@ -332,17 +332,24 @@ def _asm_timing(a, machine, prog, launch) -> int:
     args = default_args(prog, timing=True)
     workload = {"name": f"asm {prog.name}", "params": {"file": a.file, "grid": list(launch.grid),
                                                        "block": list(launch.block)}}
+    from archsim.workers import run_task
+
     t0 = time.perf_counter()
-    try:
-        rec = sampled_record(prog.name, prog, machine, launch, args, max_cycles=a.max_cycles, sample=a.sample,
-                             interval=a.sample_interval)
-    except SimulationError as e:
-        if a.json and isinstance(e.partial, KernelTiming):
-            part = stats.kernel_record(prog.name, machine, launch, e.partial)
-            _write_json(a.json, dict(stats.result(machine, workload, [part], time.perf_counter() - t0,
-                                                  complete=False), error=e.line()))
-        raise
-    doc = stats.result(machine, workload, [rec], time.perf_counter() - t0)
+    rec, error, spent = run_task(sampled_record, (prog.name, prog, machine, launch, args),
+                                 dict(max_cycles=a.max_cycles, sample=a.sample, interval=a.sample_interval))
+
+    def document(kernels, complete=True):
+        wall = time.perf_counter() - t0
+        return stats.result(machine, workload, kernels, wall, complete=complete,
+                            simulated_warp_instructions=spent["simulated_warp_instructions"],
+                            times=stats.seconds_spent(spent, max(wall - spent["task_seconds"], 0.0)))
+
+    if error is not None:
+        if a.json and isinstance(error, SimulationError) and isinstance(error.partial, KernelTiming):
+            part = stats.kernel_record(prog.name, machine, launch, error.partial)
+            _write_json(a.json, dict(document([part], complete=False), error=error.line()))
+        raise error
+    doc = document([rec])
     stalls = sorted(rec["stalls"].items(), key=lambda kv: -kv[1])[:3]
     bw = rec["bandwidth_gbps"]
     how = f", sampled ({rec['waves_simulated']:g} of {rec['waves']} waves, error est {rec['sample_error_est']:.1%})" \
@@ -873,9 +880,35 @@ class _ClosedPipeSafe:
         return getattr(self._inner, name)
 
 
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def _handle_sigterm():
+    """SIGTERM ends a command as Ctrl-C does: the worker processes it started are stopped on the
+    way out. Returns the handler it replaced (None: not the main thread, nothing installed)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 def main(argv=None) -> int:
     if not isinstance(sys.stdout, _ClosedPipeSafe):
         sys.stdout = _ClosedPipeSafe(sys.stdout)
+    previous = _handle_sigterm()
+    try:
+        return _main(argv)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv) -> int:
     try:
         a = build_parser().parse_args(argv)
         _check_output_paths(a)
@@ -891,6 +924,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("archsim: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("archsim: terminated", file=sys.stderr)
+        return 143
     except MemoryError as e:  # numpy refused an allocation: sizes the schema accepts but this host cannot hold
         print(f"archsim: error: host memory: the simulation needs more than this host has ({e}) (smaller "
               "machine sizes, shapes or footprints)", file=sys.stderr)

@@ -66,3 +66,9 @@ class VerificationError(ArchsimError):
     """A functional verification against numpy failed: exit status 1."""
 
     exit_status = 1
+
+
+class Terminated(BaseException):
+    """The process was asked to end (SIGTERM): raised where it stands, so that every pool of
+    workers is shut down on the way out (a BaseException, like KeyboardInterrupt: no task's
+    error handling catches it)."""

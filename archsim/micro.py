@@ -23,7 +23,8 @@ from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch, Program
-from archsim import stats
+from archsim import kernel_cache, stats
+from archsim.stats import seconds_spent
 
 SCHEMA = "archsim.micro/1"
 
@@ -40,10 +41,13 @@ class MicroResult:
     max_cycles: int = 10**9
     complete: bool = True
     pool: object = field(default=None, repr=False)  # workers.Pool the launches are timed on (None: this process)
+    times: dict = None             # compile, set-up and simulation seconds (stats.seconds_spent)
+    simulated: int = None          # warp-instructions simulated (not read from the kernel cache)
 
     def document(self, machine) -> dict:
         res = stats.result(machine, {"name": f"micro {self.name}", "params": self.params}, self.kernels,
-                           self.wall_seconds, complete=self.complete)
+                           self.wall_seconds, complete=self.complete, times=self.times,
+                           simulated_warp_instructions=self.simulated)
         return {"schema": SCHEMA, "name": self.name, "machine": machine.name, "params": self.params,
                 "value": self.value if self.complete else None, "unit": self.unit, **self.extra,
                 "complete": self.complete, "result": res}
@@ -939,12 +943,16 @@ def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10
     p = parse_params(name, params)
     out = MicroResult(name=name, params=p, value=0.0, unit=UNITS[name], max_cycles=int(max_cycles))
     t0 = time.perf_counter()
+    before = dict(kernel_cache.stats)
     try:
         with Pool(workers) as out.pool:
             out.value = float(MICROS[name](machine, p, out))
     finally:
         out.pool = None
         out.wall_seconds = time.perf_counter() - t0
+        spent = {k: kernel_cache.stats[k] - before[k] for k in before}
+        out.times = seconds_spent(spent, max(out.wall_seconds - spent["task_seconds"], 0.0) if workers <= 1 else 0.0)
+        out.simulated = spent["simulated_warp_instructions"]
     return out
 
 

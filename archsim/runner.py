@@ -26,7 +26,7 @@ from archsim.resources import check_work, check_workload
 from archsim.options import (DEFAULT_MAX_ERROR, DEFAULT_WAVES, MAX_ERROR_DEFAULT, WAVES_DEFAULT,  # noqa: F401
                              RunOptions, check_options, parse_error_bound)
 from archsim.stats import result as result_doc
-from archsim.stats import totals
+from archsim.stats import seconds_spent, totals
 
 
 def emit_block(machine, wl) -> list:
@@ -127,10 +127,10 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
                           timing_args(machine, k.params, placement), count=n * layers, flops=k.flops,
                           model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
                           max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace, placement=placement,
-                          interval=opts.interval)
+                          interval=opts.interval, label=f"kernel {k.name} on {machine.name}")
                for k, n in groups]
     return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, pool)
 
 
 def _cost(machine, k, opts: RunOptions) -> float:
@@ -159,6 +159,7 @@ class _PendingRun:
     workers: int
     own_pool: object = None          # the pool start_timing made, closed here
     setup_seconds: float = 0.0       # start_timing's own time (emission, checks)
+    pool: object = None              # the pool the kernels run on (its warm-up is counted once)
 
     def finish(self, progress=None) -> dict:
         """The result document, kernels in op order; the first kernel that cannot finish raises
@@ -170,16 +171,23 @@ class _PendingRun:
                 self.own_pool.close(cancel=True)
 
     def _gather(self, progress) -> dict:
-        from archsim import kernel_cache
+        from archsim.workers import add_spent
 
         if self.workers <= 1:   # the kernels run now, in this process: this machine's time only (compare)
             self.t0 = time.perf_counter() - self.setup_seconds
-        before = dict(kernel_cache.stats)
+        spent = {}
         recs = []
 
-        def sim():
-            d = {k: kernel_cache.stats[k] - before[k] for k in before}
-            return d.pop("simulated_warp_instructions"), dict(d, workers=self.workers)
+        def document(complete: bool) -> dict:
+            if self.pool is not None:   # the engine's compile before the workers started, counted once
+                add_spent(spent, self.pool.take_warm())
+            doc = result_doc(self.machine, workload_record(self.wl, self.placement), recs,
+                             time.perf_counter() - self.t0, complete=complete,
+                             simulated_warp_instructions=spent.get("simulated_warp_instructions", 0),
+                             times=seconds_spent(spent, self.setup_seconds))
+            doc["sim"]["kernel_cache"] = {"hits": spent.get("hits", 0), "misses": spent.get("misses", 0),
+                                          "workers": self.workers}
+            return doc
 
         for i, ((k, n), fut) in enumerate(zip(self.groups, self.futures)):
             if progress:
@@ -187,27 +195,22 @@ class _PendingRun:
             try:
                 rec = fut.result()
             except SimulationError as e:
-                simulated, counts = sim()
-                done = result_doc(self.machine, workload_record(self.wl, self.placement), recs,
-                                  time.perf_counter() - self.t0, complete=False, simulated_warp_instructions=simulated)
-                done["sim"]["kernel_cache"] = counts
+                add_spent(spent, fut.counts)
+                done = document(False)
                 # where the run stopped: the kernel, the instruction, and why (the warp and core in `why`)
                 done["error"] = e.line()
                 done["stopped"] = {"kernel": k.name, "kernel_index": i, "kernels_total": len(self.groups),
                                    "where": e.where, "why": e.what}
                 e.partial_document = done
                 raise
+            add_spent(spent, fut.counts)
             rec["op"] = k.op
             if n > 1:
                 rec["also"] = [x.name for x in self.kernels if x.key() == k.key() and x.name != k.name]
             recs.append(rec)
         if progress:
             progress(len(self.groups), len(self.groups), "")
-        simulated, counts = sim()
-        doc = result_doc(self.machine, workload_record(self.wl, self.placement), recs, time.perf_counter() - self.t0,
-                         simulated_warp_instructions=simulated)
-        doc["sim"]["kernel_cache"] = counts
-        return doc
+        return document(True)
 
 
 # tolerances (atol, rtol) of an op's outputs against float64 numpy from the exact inputs the

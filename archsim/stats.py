@@ -265,17 +265,34 @@ def totals(kernels: list[dict]) -> dict:
             "tflops": round(fl / sec / 1e12, 4) if sec > 0 else 0.0, "warp_instructions": int(wi)}
 
 
+def seconds_spent(spent: dict, setup_extra: float = 0.0) -> dict:
+    """The time split of a run's record (``sim``) from its tasks' counts (workers.run_task):
+    compiling the engine, setting launches up (with ``setup_extra``: emission and checks in this
+    process) and simulating them, summed over the processes that ran them."""
+    compile_s = float(spent.get("compile_seconds", 0.0))
+    simulate = float(spent.get("simulate_seconds", 0.0))
+    setup = max(float(spent.get("task_seconds", 0.0)) - compile_s - simulate, 0.0) + setup_extra
+    return {"compile_seconds": compile_s, "setup_seconds": setup, "simulate_seconds": simulate}
+
+
 def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *, complete: bool = True,
-           simulated_warp_instructions: int | None = None) -> dict:
+           simulated_warp_instructions: int | None = None, times: dict | None = None) -> dict:
     """The whole ``archsim.result/1`` document. The speed figure counts the warp-instructions
-    actually simulated (identical kernels run once), not those counted `count` times."""
+    actually simulated (identical kernels run once), not those counted `count` times. ``times``:
+    compile_seconds, setup_seconds and simulate_seconds (seconds_spent); the rate is then
+    per second of simulation alone (summed over worker processes), else per wall second."""
     sim_wi = sum(k["warp_instructions"] for k in kernels) if simulated_warp_instructions is None \
         else simulated_warp_instructions
+    sim = {"wall_seconds": round(wall_seconds, 4)}
+    per = wall_seconds
+    if times is not None:
+        sim.update({k: round(float(times[k]), 4) for k in ("compile_seconds", "setup_seconds", "simulate_seconds")})
+        per = float(times["simulate_seconds"])
+    sim["simulated_warp_instructions"] = int(sim_wi)
+    sim["warp_instructions_per_second"] = round(sim_wi / per, 1) if per > 0 else 0.0
+    sim["archsim_version"] = __version__
     return {"schema": SCHEMA, "complete": bool(complete), "machine": machine_record(machine),
-            "workload": workload, "total": totals(kernels), "kernels": kernels,
-            "sim": {"wall_seconds": round(wall_seconds, 4),
-                    "warp_instructions_per_second": round(sim_wi / wall_seconds, 1) if wall_seconds > 0 else 0.0,
-                    "archsim_version": __version__}}
+            "workload": workload, "total": totals(kernels), "kernels": kernels, "sim": sim}
 
 
 def extensive_memory_fields(mem: dict, value) -> dict:

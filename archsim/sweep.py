@@ -513,7 +513,9 @@ class _Pool:
             yield self.futs[f], _future_doc(f, self.futs[f])
 
     def close(self, cancel=False):
-        self.ex.shutdown(wait=not cancel, cancel_futures=cancel)
+        from archsim.workers import shutdown_executor
+
+        shutdown_executor(self.ex, cancel)
 
 
 class _Dask:

@@ -3,8 +3,13 @@
 A launch's timing depends only on its program, machine, launch, arguments and options, never on
 what ran before it in the process, so distinct kernels can be timed on separate processes and
 the records are identical to one process's. Workers are spawned (they inherit no threads or
-numba state of the parent), load the engine from numba's on-disk cache, and use the parent's
-kernel timing cache. With one worker, or one task, everything runs in this process.
+numba state of the parent), load the engine from numba's on-disk cache (this process compiles it
+first when the cache lacks it: archsim.warmup), and use the parent's kernel timing cache. With
+one worker, or one task, everything runs in this process.
+
+A worker ends itself within a second of its parent's end, however the parent ended (a kill -9
+included): it watches its parent process. A worker that dies ends the run with one line naming
+the kernel it was timing.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 
 from archsim.errors import InputError, SimulationError
+from archsim.lifetime import watch_parent
 
 
 ENV = "ARCHSIM_WORKERS"
@@ -41,9 +47,15 @@ def check_workers(n, option: str = "--workers") -> int:
     return n
 
 
+_TASK_DIR = "ARCHSIM_TASK_DIR"  # where a worker notes the task it is running (for a death notice)
+
+
 def worker_init(env: dict) -> None:
-    """A spawned worker's start: the parent's kernel timing cache (``kernel_cache.worker_env``)."""
+    """A spawned worker's start: the parent's kernel timing cache (``kernel_cache.worker_env``),
+    and a watch on the parent: when it is gone the worker exits (its task's result has no reader)."""
+    parent = os.getppid()
     os.environ.update(env)
+    watch_parent(parent)
     from archsim import kernel_cache
 
     try:
@@ -52,40 +64,123 @@ def worker_init(env: dict) -> None:
         kernel_cache.configure(None, enabled=False)
 
 
-def spawn_executor(workers: int):
+def spawn_executor(workers: int, task_dir: str | None = None):
     """A process pool of spawned workers (they inherit no threads or numba state of the parent)
-    that use this process's kernel timing cache."""
+    that use this process's kernel timing cache. The timing engine is compiled here first when
+    numba's cache lacks it (archsim.warmup): the workers load it instead of each compiling it.
+    ``task_dir``: where each worker notes the label of the task it runs (Pool's death notice)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from archsim import kernel_cache
+    from archsim.warmup import ensure_timing_engine
 
+    ensure_timing_engine()
+    env = dict(kernel_cache.worker_env())
+    if task_dir is not None:
+        env[_TASK_DIR] = task_dir
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=worker_init, initargs=(kernel_cache.worker_env(),))
+                               initializer=worker_init, initargs=(env,))
 
 
-def _call(fn, args, kwargs):
-    """Run one task in a worker: (its value, the exception it raised or None, the kernel cache's
-    counts for it), so that the parent counts a failed task's simulation too."""
+def shutdown_executor(ex, cancel: bool = False) -> None:
+    """Shut a pool of spawn_executor down: wait for its tasks, or (``cancel``) drop the tasks not
+    started and stop the workers running the others (SIGTERM, then SIGKILL after a second)."""
+    if not cancel:
+        ex.shutdown(wait=True)
+        return
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    ex.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join(1)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+
+
+_depth = 0
+
+
+def run_task(fn, args, kwargs, label: str = ""):
+    """Run one task in this process: (its value, the exception it raised or None, what it spent:
+    the changes of kernel_cache.stats, its seconds and its compile seconds among them), so that
+    the parent counts a failed task's simulation too. A task run inside another counts in the
+    outer one's seconds only."""
+    import time
+
     from archsim import kernel_cache
+    from archsim.engine.jit import compile_seconds
 
+    global _depth
     before = dict(kernel_cache.stats)
+    t0, c0 = time.perf_counter(), compile_seconds()
+    note = _note_task(label)
+    _depth += 1
     try:
         value, error = fn(*args, **kwargs), None
-    except Exception as e:  # noqa: BLE001  (raised again in the parent, after its counts are added)
+    except Exception as e:  # noqa: BLE001  (raised again where the result is asked for, after its counts are added)
         value, error = None, e
+    finally:
+        _depth -= 1
+        if note:
+            _remove(note)
+    if _depth == 0:
+        kernel_cache.stats["task_seconds"] += time.perf_counter() - t0
+        kernel_cache.stats["compile_seconds"] += compile_seconds() - c0
     return value, error, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
+
+
+def _note_task(label: str) -> str:
+    """In a worker of a pool with a task directory: note that this process now runs the task
+    ``label`` (the file is removed when the task ends); returns the note's path ("" for none)."""
+    d = os.environ.get(_TASK_DIR)
+    if not d or not label:
+        return ""
+    path = os.path.join(d, str(os.getpid()))
+    try:
+        tmp = os.path.join(d, f".{os.getpid()}.tmp")
+        with open(tmp, "w") as f:
+            f.write(label)
+        os.replace(tmp, path)
+    except OSError:
+        return ""               # no note: a death is reported without the kernel's name
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _call(fn, args, kwargs, label: str = ""):
+    """A task on a worker (run_task there)."""
+    return run_task(fn, args, kwargs, label)
+
+
+def add_spent(total: dict, counts: dict) -> dict:
+    """Add one task's counts (run_task) into ``total``; returns it."""
+    for k, v in counts.items():
+        total[k] = total.get(k, 0) + v
+    return total
 
 
 class Pool:
     """``submit(fn, *args, **kwargs)`` -> a Future of ``fn``'s value. ``workers`` > 1 starts that
     many spawned processes on the first submit; 1 runs each task in this process when its result
-    is asked for (so a task after a failed one never runs)."""
+    is asked for (so a task after a failed one never runs). ``label=`` names a task (its kernel)
+    in the line that reports a worker's death. Each future's ``counts`` is what its task spent
+    (run_task); ``warm``, what the pool's start spent compiling the engine (warmup)."""
 
     def __init__(self, workers: int = 1):
         self.workers = int(workers)
         self._ex = None
         self._deferred = []            # (cost, order, _Deferred) not submitted yet
+        self._tasks = None             # the directory where workers note their tasks
+        self.warm = {}
 
     def __enter__(self):
         return self
@@ -93,28 +188,53 @@ class Pool:
     def __exit__(self, *exc):
         self.close(cancel=exc[0] is not None)
 
-    def submit(self, fn, *args, **kwargs) -> Future:
+    def submit(self, fn, *args, label: str = "", **kwargs) -> Future:
         if self.workers <= 1:
             return _Lazy(fn, args, kwargs)
         if self._ex is None:
-            self._ex = spawn_executor(self.workers)
-        return _Remote(self._ex.submit(_call, fn, args, kwargs))
+            import tempfile
 
-    def defer(self, cost: float, fn, *args, **kwargs):
+            from archsim import kernel_cache
+
+            before = dict(kernel_cache.stats)
+            self._tasks = tempfile.TemporaryDirectory(prefix="archsim-tasks-")
+            self._ex = spawn_executor(self.workers, self._tasks.name)
+            self.warm = {k: kernel_cache.stats[k] - before[k] for k in before}   # the engine's compile (warmup)
+        return _Remote(self._ex.submit(_call, fn, args, kwargs, label), self, label)
+
+    def defer(self, cost: float, fn, *args, label: str = "", **kwargs):
         """Like submit, but held back until ``flush`` (or the first result asked for), which
         submits the held tasks costliest first: with tasks of very unequal length (a Sunway GEMM
         against an A100 layernorm) the longest start at once instead of last, and the pool ends
         sooner. Results are unaffected."""
         if self.workers <= 1:
             return _Lazy(fn, args, kwargs)
-        d = _Deferred(self, fn, args, kwargs)
+        d = _Deferred(self, fn, args, kwargs, label)
         self._deferred.append((-float(cost), len(self._deferred), d))
         return d
 
     def flush(self) -> None:
         held, self._deferred = sorted(self._deferred, key=lambda x: x[:2]), []
         for _, _, d in held:
-            d.fut = self.submit(d.fn, *d.args, **d.kwargs)
+            d.fut = self.submit(d.fn, *d.args, label=d.label, **d.kwargs)
+
+    def take_warm(self) -> dict:
+        """What the pool's start spent compiling the engine, once (the first run that asks)."""
+        warm, self.warm = self.warm, {}
+        return warm
+
+    def dead_worker_task(self, fallback: str) -> str:
+        """The label of the task a dead worker was running (the one it noted last), else ``fallback``."""
+        procs = (getattr(self._ex, "_processes", None) or {}) if self._ex is not None else {}
+        for pid, proc in list(procs.items()):
+            if proc.exitcode is None or proc.exitcode == 0 or self._tasks is None:
+                continue
+            try:
+                with open(os.path.join(self._tasks.name, str(pid))) as f:
+                    return f.read()
+            except OSError:
+                continue
+        return fallback
 
     def close(self, cancel: bool = False) -> None:
         """Shut the workers down; ``cancel``: drop the tasks not started and stop the running ones
@@ -122,15 +242,11 @@ class Pool:
         if self._ex is None:
             return
         ex, self._ex = self._ex, None
-        if not cancel:
-            ex.shutdown(wait=True)
-            return
-        procs = list((getattr(ex, "_processes", None) or {}).values())
-        ex.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.join(5)
+        try:
+            shutdown_executor(ex, cancel)
+        finally:
+            if self._tasks is not None:
+                self._tasks.cleanup()
 
 
 class _Lazy:
@@ -139,15 +255,13 @@ class _Lazy:
     def __init__(self, fn, args, kwargs):
         self.task = (fn, args, kwargs)
         self.done = False
+        self.counts = {}
 
     def result(self):
         if not self.done:
             fn, args, kwargs = self.task
             self.done = True
-            try:
-                self.value, self.error = fn(*args, **kwargs), None
-            except Exception as e:  # noqa: BLE001  (raised again to every caller, as a Future does)
-                self.value, self.error = None, e
+            self.value, self.error, self.counts = run_task(fn, args, kwargs)
         if self.error is not None:
             raise self.error
         return self.value
@@ -156,8 +270,8 @@ class _Lazy:
 class _Deferred:
     """A task held by Pool.defer until the pool's flush."""
 
-    def __init__(self, pool: Pool, fn, args, kwargs):
-        self.pool, self.fn, self.args, self.kwargs = pool, fn, args, kwargs
+    def __init__(self, pool: Pool, fn, args, kwargs, label: str = ""):
+        self.pool, self.fn, self.args, self.kwargs, self.label = pool, fn, args, kwargs, label
         self.fut = None
 
     def result(self):
@@ -165,13 +279,18 @@ class _Deferred:
             self.pool.flush()
         return self.fut.result()
 
+    @property
+    def counts(self) -> dict:
+        return self.fut.counts if self.fut is not None else {}
+
 
 class _Remote:
-    """A task on a worker: its value; the worker's cache counts are added to this process's."""
+    """A task on a worker: its value; the worker's counts are added to this process's."""
 
-    def __init__(self, fut: Future):
-        self.fut = fut
+    def __init__(self, fut: Future, pool: Pool, label: str):
+        self.fut, self.pool, self.label = fut, pool, label
         self.counted = False
+        self.counts = {}
 
     def result(self):
         from archsim import kernel_cache
@@ -179,12 +298,14 @@ class _Remote:
         try:
             value, error, counts = self.fut.result()
         except BrokenProcessPool:
-            raise SimulationError("worker process", "a worker process died (killed for memory, or crashed) "
-                                  "before its kernel finished; run with --workers 1 to see the kernel") from None
+            who = self.pool.dead_worker_task(self.label)
+            raise SimulationError(who or "worker process", "the worker process timing it died (killed for "
+                                  "memory, or crashed) before the kernel finished") from None
         if not self.counted:
             for k, v in counts.items():
                 kernel_cache.stats[k] = kernel_cache.stats.get(k, 0) + v
             self.counted = True
+            self.counts = counts
         if error is not None:
             raise error
         return value

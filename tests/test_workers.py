@@ -5,6 +5,11 @@ Each case runs in this process first, so the spawned workers load the engine fro
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -28,7 +33,8 @@ def test_workers_give_the_same_document(argv, tmp_path):
         for r in [d, d.get("result", {})] + list(d.get("results", [])):
             if isinstance(r, dict) and isinstance(r.get("sim"), dict):
                 r["sim"] = {k: v for k, v in r["sim"].items()
-                            if k not in ("wall_seconds", "warp_instructions_per_second", "kernel_cache")}
+                            if k not in ("wall_seconds", "warp_instructions_per_second", "kernel_cache",
+                                         "compile_seconds", "setup_seconds", "simulate_seconds")}
         d.pop("wall_seconds", None)
         return d
 
@@ -84,3 +90,98 @@ def test_the_default_comes_from_the_environment(monkeypatch, capsys):
     assert main(["run", "--hw", "tiny-gpu", "--workload", "tiny"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "ARCHSIM_WORKERS" in err
+
+
+def test_the_record_splits_compile_set_up_and_simulation(tmp_path):
+    out = tmp_path / "r.json"
+    assert main(["run", "--hw", "tiny-gpu", "--workload", "tiny", "--workers", "1", "--no-cache",
+                 "--json", str(out)]) == 0
+    sim = json.loads(out.read_text())["sim"]
+    assert sim["simulate_seconds"] > 0 and sim["setup_seconds"] > 0 and sim["compile_seconds"] >= 0
+    assert sim["simulated_warp_instructions"] > 0
+    # the rate counts the simulation's own seconds, not the wall time (compile and set-up excluded)
+    assert sim["warp_instructions_per_second"] == pytest.approx(     # (the seconds are rounded to 0.1 ms)
+        sim["simulated_warp_instructions"] / sim["simulate_seconds"], rel=1e-4 / sim["simulate_seconds"] + 1e-6)
+
+
+# ---------------------------------------------------------------------------- workers' lifetime
+# A real run with two workers, started as a command; the tests end it (or one of its workers) while
+# it simulates and check what is left. gpt2-small on a100 simulates for several seconds.
+_LONG_RUN = [sys.executable, "-m", "archsim", "run", "--hw", "a100", "--workload", "gpt2-small", "--workers", "2",
+             "--no-cache"]
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(d))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _start_long_run():
+    """The run, once its two workers are simulating: (process, worker pids)."""
+    from archsim.warmup import ensure_timing_engine
+
+    ensure_timing_engine()          # the command loads the engine from numba's cache
+    p = subprocess.Popen(_LONG_RUN, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = [c for c in _children(p.pid) if "spawn_main" in open(f"/proc/{c}/cmdline").read()]
+        if len(workers) == 2:
+            time.sleep(1.0)          # past their start: timing kernels
+            return p, workers
+        time.sleep(0.05)
+    p.kill()
+    pytest.fail("the run's workers did not start")
+
+
+def _gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(_alive(w) for w in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigterm_ends_the_run_and_its_workers():
+    p, workers = _start_long_run()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=10) == 143
+    assert _gone_within(workers, 3.0)
+    assert p.stderr.read().strip().splitlines()[-1] == "archsim: terminated"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_workers_end_when_their_parent_is_killed():
+    p, workers = _start_long_run()
+    p.kill()                          # SIGKILL: no handler runs in the parent
+    p.wait(timeout=10)
+    assert _gone_within(workers, 3.0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_dead_worker_ends_the_run_in_one_line_naming_its_kernel():
+    p, workers = _start_long_run()
+    os.kill(workers[0], signal.SIGKILL)
+    assert p.wait(timeout=60) == 3
+    err = p.stderr.read().strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    assert err[0].startswith("archsim: error: kernel ") and " on a100: the worker process timing it died" in err[0]
+    assert _gone_within(workers, 3.0)

@@ -29,6 +29,7 @@ from archsim.engine.queues import span_bounds
 from archsim.engine.names import TL_BYTES, TL_COUNTERS, TL_UNITS_AT, KernelTiming  # noqa: F401 (re-exported)
 from archsim.engine.ref import as_ptr
 from archsim.engine import warps as WS
+from archsim.engine.core_side import core_memory
 
 # run_loop outcomes
 DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
@@ -107,8 +108,7 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycle
     now = int(start)
     while True:
         t0 = time.perf_counter()
-        _run_slice(C, TS, S, P, T, Dd, MS, TL[:TL_ROWS], tlk, np.int64(min(limit, now + step)), skip, out,
-                   step_out, np.int64(now), TL[TL_ROWS])
+        _run_slice(*_slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, min(limit, now + step), skip, out, step_out, now))
         if out[0] != CYCLE_LIMIT or int(out[1]) >= limit:
             return
         ran = int(out[1]) - now
@@ -116,6 +116,22 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycle
         if not fixed and ran > 0:
             dt = max(time.perf_counter() - t0, 1e-6)
             step = int(min(max(ran * SLICE_SECONDS / dt, 1), 4 * step, 1 << 30))
+
+
+def _slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, now) -> tuple:
+    return (C, TS, S, P, T, Dd, MS, TL[:TL_ROWS], tlk, np.int64(end), skip, out, step_out, np.int64(now),
+            TL[TL_ROWS])
+
+
+def load_loop(C, TS, S, P, T, Dd, MS, TL, tlk, skip) -> None:
+    """Have the jitted loop ready for these state types before it runs: loaded from numba's
+    cache, or compiled (so that a run's simulation seconds hold neither)."""
+    from numba import typeof
+
+    args = _slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, 0, skip, np.zeros(5, np.int64), np.zeros(4, np.int64), 0)
+    sig = tuple(typeof(a) for a in args)
+    if sig not in _run_slice.overloads:
+        _run_slice.compile(sig)
 
 
 @njit(nrt=True)  # allocates the scheduler's scratch
@@ -126,10 +142,10 @@ def _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, start,
     ms = as_ptr(MS)
     _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), ms, TL, tlk, end,
          skip, out, step_out, start)
-    UT.unit_sample(ms, last, TL_UNITS_AT, out[1])
+    UT.unit_sample(ms, last, np.int64(TL_UNITS_AT), out[1])
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")   # into _run_slice: the whole loop is optimised once, not twice
 def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start):
     """The loop from cycle ``start`` (0: the launch begins) until it ends or reaches ``max_cycles``."""
     cores = C.v[K.C_CORES]
@@ -171,7 +187,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                 TS.k[WS.K_CUR] = i
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
                 if step_out[2]:
-                    _stop(TS, out, FAULT, now, step_out[3])
+                    _stop(TS, out, np.int64(FAULT), now, step_out[3])
                     return
             TS.wsum[j] = WS.wake_span_min(TS, j)
         TS.k[WS.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
@@ -193,7 +209,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                 t = t_mem
             if t >= WS.INF:
                 if TS.k[WS.K_FINISHED] < nblocks or not MP.mpe_joined(MS.mpe):
-                    _stop(TS, out, DEADLOCK, now, _first_stuck(TS))
+                    _stop(TS, out, np.int64(DEADLOCK), now, _first_stuck(TS))
                     return
             elif skip and t > nxt:
                 out[4] += t - nxt
@@ -203,9 +219,54 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                 nxt = t
         now = nxt
         if now >= max_cycles:
-            _stop(TS, out, CYCLE_LIMIT, now, _first_stuck(TS))
+            _stop(TS, out, np.int64(CYCLE_LIMIT), now, _first_stuck(TS))
             return
-    _stop(TS, out, DONE, now, -1)
+    _stop(TS, out, np.int64(DONE), now, np.int64(-1))
+
+
+# ----------------------------------------------------------------------------- compiling in parts
+# The loop's first compile takes minutes, most of it in two subtrees: the memory system's cycle
+# (mem_cycle) and the cores' side (schedulers, dispatch, the memory side's next event, counters).
+# loop_parts lists the functions _run calls with the numba types it calls them with; compiling
+# one of them (dispatcher.compile) compiles and caches its subtree. warmup.py compiles the two
+# parts in two processes at once, then the loop, which loads them from numba's cache.
+def loop_parts(C, TS, S, P, T, Dd, MS, TL, tlk) -> dict:
+    """{part: [(jitted function, argument types as _run passes them)]}, the heavier first."""
+    from numba import typeof, types
+
+    from archsim.engine.ref import ptr_type
+
+    c, ts, s, p, t, dd, ms = (ptr_type(typeof(x)) for x in (C, TS, S, P, T, Dd, MS))
+    mpe = ptr_type(typeof(MS.mpe))
+    i64, i32 = types.int64, types.int32
+    arr = typeof(np.zeros(1, np.int64))
+    return {
+        "memory": [(M.mem_cycle, (ms, ts, s, dd, i64))],
+        "cores": [(core_memory, (ms, ts, s, dd, i64, i64)),       # first: mem_cycle calls it last
+                  (K.subcore_cycle, (c, ts, s, p, t, dd, ms, i32, i64, i64, arr)),
+                  (K.dispatch_all, (c, ts, s, i64)), (MP.mpe_start, (mpe, ts, i64)), (MP.mpe_joined, (mpe,)),
+                  (WS.wake_span_min, (ts, i64)), (M.mem_idle, (ms,)), (M.mem_next_event, (ms, i64)),
+                  (M.mem_skip, (ms, i64)), (_tl_sample, (typeof(TL[:TL_ROWS]), typeof(tlk), ts, ms)),
+                  (_grid_barrier, (ts, i64)), (_first_stuck, (ts,)), (_stop, (ts, arr, i64, i64, i64)),
+                  (UT.unit_sample, (ms, arr, i64, i64))],
+    }
+
+
+def compile_loop_part(name: str, C, TS, S, P, T, Dd, MS, TL, tlk) -> None:
+    """Compile (or load from numba's cache) one part of loop_parts for these state types."""
+    for fn, sig in loop_parts(C, TS, S, P, T, Dd, MS, TL, tlk)[name]:
+        fn.compile(sig)
+
+
+def loop_compiled() -> bool:
+    """The jitted loop is compiled in this process, or numba's on-disk cache holds it for the
+    engine's current source (engine/jit.py), so a run loads it instead of compiling."""
+    if _run_slice.overloads:
+        return True
+    try:
+        return bool(_run_slice._cache._cache_file._load_index())   # numba's index of the cached signatures
+    except Exception:  # noqa: BLE001  (no index, or one that cannot be read: numba compiles)
+        return False
 
 
 @njit(cache=True)

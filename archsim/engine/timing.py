@@ -9,6 +9,8 @@ there give 0 and writes are dropped, so a large timing run allocates no tensors.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from archsim.engine import core as K
@@ -19,6 +21,7 @@ from archsim.engine import mem_state as MST
 from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
+from archsim.engine.jit import compile_seconds
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
 from archsim.engine.state import copy_state_array
 from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
@@ -362,8 +365,12 @@ class KernelRun:
         if self.done:
             return int(self.out[0])
         self.started = True
+        MA.load_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
+                     self.skip)
+        t0, c0 = time.perf_counter(), compile_seconds()
         MA.run_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
                     np.int64(until), self.skip, self.out, start=self.now)
+        kernel_cache.stats["simulate_seconds"] += time.perf_counter() - t0 - (compile_seconds() - c0)
         issued = int(self.out[3])
         kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
         self.simulated = issued

@@ -75,9 +75,22 @@ def run_table(result: dict) -> str:
     lines.append(f"{'total':<22} {'':>5} {t['cycles']:>11,} {_us(t['seconds']):>11} {t['tflops']:>8.1f}")
     sim = result.get("sim", {})
     if sim:
-        lines.append(f"simulated in {sim['wall_seconds']:.1f} s ({sim['warp_instructions_per_second']:,.0f} "
-                     "warp-instructions/s); time per kernel is per launch, the total counts every launch")
+        lines.append(sim_line(sim) + "; time per kernel is per launch, the total counts every launch")
     return "\n".join(lines)
+
+
+def sim_line(sim: dict) -> str:
+    """How long the run took and where: compiling the engine, setting launches up, simulating
+    (seconds summed over worker processes), and the rate of the simulation itself."""
+    text = f"simulated in {sim['wall_seconds']:.1f} s"
+    if "simulate_seconds" not in sim:
+        return text + f" ({sim['warp_instructions_per_second']:,.0f} warp-instructions/s)"
+    workers = sim.get("kernel_cache", {}).get("workers", 1)
+    parts = [f"compile {sim['compile_seconds']:.1f} s"] if sim["compile_seconds"] >= 0.05 else []
+    parts += [f"set-up {sim['setup_seconds']:.1f} s", f"simulation {sim['simulate_seconds']:.1f} s"
+              + (f" over {workers} workers" if workers > 1 else "")]
+    rate = sim["warp_instructions_per_second"]
+    return text + f" ({', '.join(parts)}" + (f"; {rate:,.0f} warp-instructions/s simulated)" if rate else ")")
 
 
 def compare_table(results: list[dict]) -> str:
