@@ -7,6 +7,13 @@ timed, then ``repeat`` times timed; a case's figures are those of its median run
 ``wall_seconds_runs`` lists every run), so one run slowed by the rest of the machine does not move
 them. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
 
+Each case also records its seconds of simulation alone, the engine's nanoseconds per
+warp-instruction over them, and its unit visits per family (stats.visit_shares: units looked at per
+simulated cycle, the share that changed nothing); the record carries the host's figure for a
+minimal SIMT issue loop measured in the same run (``host_loop_ns_per_issue``), so that the
+engine's cost per warp-instruction can be read against this host's speed (``--profile`` prints
+them).
+
 ``--jobs``: whole jobs users wait for (a compare, full-size models), each run once in one process
 and once on a pool of workers (archsim.workers), with the kernel timing cache off: wall seconds,
 modelled cycles per wall second and warp-instructions per second of both, beside each other in
@@ -18,8 +25,11 @@ from __future__ import annotations
 import statistics
 import time
 
+import numpy as np
+
 from archsim.config import load_machine
 from archsim import kernel_cache
+from archsim.stats import visit_shares
 
 SCHEMA = "archsim.bench/1"
 
@@ -69,16 +79,41 @@ def _run_bench(cases, progress, repeat: int, warmup) -> dict:
         walls = [x[0] for x in runs]
         wall, cpu, r = sorted(runs, key=lambda x: x[0])[(repeat - 1) // 2]   # the median run
         wi = sum(k["warp_instructions"] for k in r.kernels)
+        sim_s = r.times["simulate_seconds"]
         rec = {"name": case, "machine": hw, "micro": name, "params": r.params, "warp_instructions": wi,
                "simulated_cycles": sum(k["cycles"] for k in r.kernels), "wall_seconds": round(wall, 3),
                "warp_instructions_per_second": round(wi / wall, 1), "cpu_seconds": round(cpu, 3),
                "warp_instructions_per_cpu_second": round(wi / max(cpu, 1e-9), 1), "value": r.value, "unit": r.unit,
-               "repeat": repeat, "wall_seconds_runs": [round(w, 3) for w in walls]}
+               "repeat": repeat, "wall_seconds_runs": [round(w, 3) for w in walls],
+               "simulate_seconds": round(sim_s, 4),
+               "ns_per_warp_instruction": round(sim_s * 1e9 / r.simulated, 1) if r.simulated else None,
+               "visits": visit_shares(r.spent)}
         out.append(rec)
         if progress:
             progress(rec)
     return {"schema": SCHEMA, "cases": out,
-            "warp_instructions_per_second": statistics.median(c["warp_instructions_per_second"] for c in out)}
+            "warp_instructions_per_second": statistics.median(c["warp_instructions_per_second"] for c in out),
+            "host_loop_ns_per_issue": round(host_loop_ns(), 2)}
+
+
+def host_loop_ns(warps: int = 64, issues: int = 2_000_000) -> float:
+    """The host's figure for a minimal numba issue loop, measured now: nanoseconds per warp
+    instruction of a cycle loop over ``warps`` warps that each issue when their ready cycle has
+    come, execute a 32-lane integer add over their registers and wait out a fixed latency. The
+    engine's nanoseconds per warp-instruction over this is what its model costs beyond a bare
+    SIMT issue loop on the same host (the host's own speed divides out)."""
+    from archsim.engine.bench_loop import issue_loop
+
+    ready = np.zeros(warps, np.int64)
+    regs = np.zeros((warps, 8, 32), np.int64)
+    issue_loop(ready, regs, 1000)                # compiled (or loaded) before timing
+    best = float("inf")
+    for _ in range(3):
+        ready[:] = 0
+        t0 = time.perf_counter()
+        n = issue_loop(ready, regs, issues)
+        best = min(best, (time.perf_counter() - t0) * 1e9 / n)
+    return best
 
 
 def _job_once(machines: list, wl, workers: int) -> dict:

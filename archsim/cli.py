@@ -200,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also whole jobs (a compare, full-size models; minutes to hours), each in one process "
                         "and on --workers processes")
     p.add_argument("--job", action="append", metavar="NAME", help="only this job (implies --jobs), repeatable")
+    p.add_argument("--profile", action="store_true",
+                   help="per case, the engine's nanoseconds per warp-instruction beside the host's minimal "
+                        "loop, and per unit family the units looked at per cycle and the share that changed "
+                        "nothing")
     _add_workers_option(p)
     return parser
 
@@ -342,7 +346,7 @@ def _asm_timing(a, machine, prog, launch) -> int:
         wall = time.perf_counter() - t0
         return stats.result(machine, workload, kernels, wall, complete=complete,
                             simulated_warp_instructions=spent["simulated_warp_instructions"],
-                            times=stats.seconds_spent(spent, max(wall - spent["task_seconds"], 0.0)))
+                            times=stats.seconds_spent(spent, max(wall - spent["task_seconds"], 0.0)), spent=spent)
 
     if error is not None:
         if a.json and isinstance(error, SimulationError) and isinstance(error.partial, KernelTiming):
@@ -472,12 +476,22 @@ def cmd_bench(a) -> int:
         from archsim.bench import check_jobs
 
         check_jobs(a.job)         # before the cases run
-    print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}")
-    res = run_bench(repeat=a.repeat,
-                    progress=lambda c: print(f"{c['name']:<26} {c['warp_instructions']:>12} "
-                                             f"{c['wall_seconds']:>8.2f} {c['warp_instructions_per_second']:>14,.0f}",
-                                             flush=True))
+    print(f"{'case':<26} {'warp-instr':>12} {'wall s':>8} {'warp-instr/s':>14}"
+          + (f" {'ns/warp-instr':>14}" if a.profile else ""))
+
+    def show(c):
+        print(f"{c['name']:<26} {c['warp_instructions']:>12} {c['wall_seconds']:>8.2f} "
+              f"{c['warp_instructions_per_second']:>14,.0f}"
+              + (f" {c['ns_per_warp_instruction'] or 0:>14,.0f}" if a.profile else ""), flush=True)
+        if a.profile:
+            print("    " + "  ".join(f"{fam} {v['per_cycle']:.1f}/cycle {v['idle_share']:.0%} idle"
+                                    for fam, v in c["visits"].items()), flush=True)
+
+    res = run_bench(repeat=a.repeat, progress=show)
     print(f"median: {res['warp_instructions_per_second']:,.0f} warp-instructions/s")
+    if a.profile:
+        print(f"host minimal loop: {res['host_loop_ns_per_issue']:.1f} ns per issue (engine ns per warp-instruction "
+              "above)")
     if a.jobs or a.job:
         from archsim.bench import run_jobs
 

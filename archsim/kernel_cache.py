@@ -51,10 +51,11 @@ _dir: Path | None = None        # the cache in use (None: off)
 _configured = False
 # this process's lookups, the warp-instructions it simulated (every launch not read from the cache),
 # and the seconds its timing tasks took (workers.run_task): in all, compiling the engine, and in the
-# jitted loop less compiling (timing.KernelRun.advance); set-up is the rest. Worker processes send
-# theirs back with each task (workers.py).
+# jitted loop less compiling (timing.KernelRun.advance); set-up is the rest. Also the cycles it
+# simulated and its unit visits ("visits.<family>", "changed.<family>": memory.visit_counts).
+# Worker processes send theirs back with each task (workers.py).
 stats = {"hits": 0, "misses": 0, "simulated_warp_instructions": 0, "task_seconds": 0.0, "compile_seconds": 0.0,
-         "simulate_seconds": 0.0}
+         "simulate_seconds": 0.0, "simulated_cycles": 0}
 
 
 def default_dir() -> Path:

@@ -43,11 +43,12 @@ class MicroResult:
     pool: object = field(default=None, repr=False)  # workers.Pool the launches are timed on (None: this process)
     times: dict = None             # compile, set-up and simulation seconds (stats.seconds_spent)
     simulated: int = None          # warp-instructions simulated (not read from the kernel cache)
+    spent: dict = None             # what its tasks spent (workers.run_task counts)
 
     def document(self, machine) -> dict:
         res = stats.result(machine, {"name": f"micro {self.name}", "params": self.params}, self.kernels,
                            self.wall_seconds, complete=self.complete, times=self.times,
-                           simulated_warp_instructions=self.simulated)
+                           simulated_warp_instructions=self.simulated, spent=self.spent)
         return {"schema": SCHEMA, "name": self.name, "machine": machine.name, "params": self.params,
                 "value": self.value if self.complete else None, "unit": self.unit, **self.extra,
                 "complete": self.complete, "result": res}
@@ -950,9 +951,10 @@ def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10
     finally:
         out.pool = None
         out.wall_seconds = time.perf_counter() - t0
-        spent = {k: kernel_cache.stats[k] - before[k] for k in before}
+        spent = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
         out.times = seconds_spent(spent, max(out.wall_seconds - spent["task_seconds"], 0.0) if workers <= 1 else 0.0)
         out.simulated = spent["simulated_warp_instructions"]
+        out.spent = spent
     return out
 
 

@@ -184,7 +184,7 @@ class _PendingRun:
             doc = result_doc(self.machine, workload_record(self.wl, self.placement), recs,
                              time.perf_counter() - self.t0, complete=complete,
                              simulated_warp_instructions=spent.get("simulated_warp_instructions", 0),
-                             times=seconds_spent(spent, self.setup_seconds))
+                             times=seconds_spent(spent, self.setup_seconds), spent=spent)
             doc["sim"]["kernel_cache"] = {"hits": spent.get("hits", 0), "misses": spent.get("misses", 0),
                                           "workers": self.workers}
             return doc

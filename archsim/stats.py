@@ -13,7 +13,7 @@ import numpy as np
 
 from archsim.version import __version__
 from archsim.config.derived import fabric_clock_ghz, memory_clock_ghz, peak_bandwidth_gbps, peak_tflops
-from archsim.engine.names import STALL_NAMES, TL_COUNTERS, KernelTiming
+from archsim.engine.names import STALL_NAMES, TL_COUNTERS, VISIT_FAMILIES, KernelTiming
 
 SCHEMA = "archsim.result/1"
 BYTE_LEVELS = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric")
@@ -275,12 +275,27 @@ def seconds_spent(spent: dict, setup_extra: float = 0.0) -> dict:
     return {"compile_seconds": compile_s, "setup_seconds": setup, "simulate_seconds": simulate}
 
 
+def visit_shares(spent: dict) -> dict:
+    """Per unit family (engine/names.VISIT_FAMILIES), from a run's counts (workers.run_task): the
+    units the engine's tick looked at, per simulated cycle, and the share of those looks that
+    changed nothing (the engine's wasted work)."""
+    cycles = max(int(spent.get("simulated_cycles", 0)), 1)
+    out = {}
+    for fam in VISIT_FAMILIES:
+        v, c = int(spent.get(f"visits.{fam}", 0)), int(spent.get(f"changed.{fam}", 0))
+        if v:
+            out[fam] = {"visits": v, "per_cycle": round(v / cycles, 3), "idle_share": round(1 - c / v, 4)}
+    return out
+
+
 def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *, complete: bool = True,
-           simulated_warp_instructions: int | None = None, times: dict | None = None) -> dict:
+           simulated_warp_instructions: int | None = None, times: dict | None = None,
+           spent: dict | None = None) -> dict:
     """The whole ``archsim.result/1`` document. The speed figure counts the warp-instructions
     actually simulated (identical kernels run once), not those counted `count` times. ``times``:
     compile_seconds, setup_seconds and simulate_seconds (seconds_spent); the rate is then
-    per second of simulation alone (summed over worker processes), else per wall second."""
+    per second of simulation alone (summed over worker processes), else per wall second.
+    ``spent``: the run's counts (workers.run_task), for the simulated cycles and unit visits."""
     sim_wi = sum(k["warp_instructions"] for k in kernels) if simulated_warp_instructions is None \
         else simulated_warp_instructions
     sim = {"wall_seconds": round(wall_seconds, 4)}
@@ -290,6 +305,9 @@ def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *,
         per = float(times["simulate_seconds"])
     sim["simulated_warp_instructions"] = int(sim_wi)
     sim["warp_instructions_per_second"] = round(sim_wi / per, 1) if per > 0 else 0.0
+    if spent is not None:
+        sim["simulated_cycles"] = int(spent.get("simulated_cycles", 0))
+        sim["visits"] = visit_shares(spent)
     sim["archsim_version"] = __version__
     return {"schema": SCHEMA, "complete": bool(complete), "machine": machine_record(machine),
             "workload": workload, "total": totals(kernels), "kernels": kernels, "sim": sim}

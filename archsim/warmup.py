@@ -55,7 +55,7 @@ def ensure_timing_engine() -> dict:
     record_compile(entry, wall, final=True)
     kernel_cache.stats["task_seconds"] += wall
     kernel_cache.stats["compile_seconds"] += compile_seconds() - c0
-    return {k: kernel_cache.stats[k] - before[k] for k in before}
+    return {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
 
 
 def _cores() -> int:

@@ -199,7 +199,7 @@ class Pool:
             before = dict(kernel_cache.stats)
             self._tasks = tempfile.TemporaryDirectory(prefix="archsim-tasks-")
             self._ex = spawn_executor(self.workers, self._tasks.name)
-            self.warm = {k: kernel_cache.stats[k] - before[k] for k in before}   # the engine's compile (warmup)
+            self.warm = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}   # the engine's compile (warmup)
         return _Remote(self._ex.submit(_call, fn, args, kwargs, label), self, label)
 
     def defer(self, cost: float, fn, *args, label: str = "", **kwargs):

@@ -56,3 +56,44 @@ def test_an_unknown_job_is_one_line(capsys):
     assert main(["bench", "--job", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown job 'nope'" in err and "compare-gpt2-small" in err
+
+
+def test_profile_fields_come_with_every_case():
+    res = run_bench(TINY, repeat=1, warmup=())
+    assert res["host_loop_ns_per_issue"] > 0
+    for c in res["cases"]:
+        assert c["ns_per_warp_instruction"] > 0 and c["simulate_seconds"] > 0
+        v = c["visits"]
+        assert {"scheduler", "core_memory", "dram_channel", "fabric_port"} <= set(v)
+        for fam in v.values():
+            assert fam["visits"] > 0 and fam["per_cycle"] > 0 and 0 <= fam["idle_share"] <= 1
+
+
+def test_unit_visits_follow_the_units_stepped():
+    """With skip-ahead off every unit family that is stepped whole is looked at every cycle of its
+    clock: each L2 slice and DRAM-path channel every fabric cycle, each DRAM channel every memory
+    cycle, each core's memory side every core cycle (a GPU has no spans of cores)."""
+    from archsim.config import load_machine
+    from archsim.engine import memory as M
+    from archsim.engine.launch import Unbacked
+    from archsim.engine.timing import start_kernel
+    from archsim.isa.asm import assemble_file
+    from archsim.isa.program import Launch
+    from archsim.paths import isa_kernel
+
+    m = load_machine("tiny-gpu")
+    n = 4096
+    run = start_kernel(assemble_file(isa_kernel("examples", "vector_add")), m, Launch((8, 1, 1), (128, 1, 1)),
+                       {"x": Unbacked(4 * n), "y": Unbacked(4 * n), "out": Unbacked(4 * n), "n": n}, skip=False)
+    run.advance(10**7)
+    v = M.visit_counts(run.MS)
+    fab, mem = int(run.MS.clocks[M.CK_NOW_FAB]), int(run.MS.clocks[M.CK_NOW_MEM])
+    cores = m.groups * m.cores.per_group
+    assert v["l2_slice"][0] == m.l2.slices * fab
+    assert v["dram_path"][0] == m.dram.channels * fab
+    assert v["dram_channel"][0] == m.dram.channels * mem
+    assert v["core_memory"][0] == cores * run.now
+    assert v["scheduler"][0] == cores * m.cores.subcores * run.now       # every scheduler, every cycle
+    for looked, changed in v.values():
+        assert 0 <= changed <= looked
+    assert v["scheduler"][1] > 0 and v["dram_channel"][1] > 0 and v["fabric_port"][1] > 0

@@ -192,7 +192,8 @@ def pop_mio(MS, core):
 
 @njit(cache=True)
 def _data_pipe(MS, TS, S, Dd, core, now):
-    """One wavefront of the oldest MIO entry through the L1 / shared-memory data pipe."""
+    """One wavefront of the oldest MIO entry through the L1 / shared-memory data pipe; False when
+    the entry could not move (the miss or return path backed up, no request entry free)."""
     cfg = MS.cfg
     R = MS.R
     i = MS.mio_head[core]
@@ -210,13 +211,13 @@ def _data_pipe(MS, TS, S, Dd, core, now):
                 # one wavefront a cycle, and nothing but this entry uses the pipe meanwhile: the
                 # entry completes with its last wavefront, waves - 1 cycles on (mio_next)
                 MS.mio_next[core] = now + waves - 1
-                return
+                return True
         if cls != D.CLS_ST_SHARED:
             for j in range(Dd.nwr[pc]):
                 TS.reg_ready[w, Dd.wr[pc, j]] = now + cfg[M_SMEM_LAT] - 1
             WS.wake_warp_regs(TS, w, now)  # a warp waiting on them learns the ready cycle
         pop_mio(MS, core)
-        return
+        return True
     if e[E_STARTED] == 0:
         full = MS.mio_full[core, i]
         n = CA.coalesce(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_SECTOR], cfg[M_LINE],
@@ -230,7 +231,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
                 trk_done(MS, TS, core, t, now)
         if n == 0:
             pop_mio(MS, core)
-            return
+            return True
     k = e[E_IDX]
     line = placed_addr(cfg, core, MS.mio_lines[core, i, k])
     m = MS.mio_masks[core, i, k]
@@ -238,12 +239,12 @@ def _data_pipe(MS, TS, S, Dd, core, now):
     qm = cfg[M_Q_MISS] + core
     ql = cfg[M_Q_L1D] + core
     if MS.Q.count[qm] >= MS.Q.cap[qm] - 2 or MS.Q.count[ql] >= MS.Q.cap[ql] - 2 or R.nfree[0] < 4:
-        return  # the miss or return path is backed up: retry next cycle
+        return False  # the miss or return path is backed up: retry next cycle
     t = e[E_TRK]
     if cls == D.CLS_LD_GLOBAL and cfg[M_HAS_L1]:
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, t, now)
         if r < 0:
-            return
+            return False
         R.aux0[r] = m
         am = m
         if cfg[M_FILL_LINE]:  # an LDM cache fills (and waits for) the whole line
@@ -252,7 +253,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         if status == CA.RESERVATION_FAIL:
             req_free(R, r)
             MS.l1_full[core] = 1
-            return
+            return True
         if status == CA.HIT:
             R.aux1[r] = now + cfg[M_L1_LAT]
             core_push(MS, core, ql, r)
@@ -263,7 +264,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
     elif cls == D.CLS_ST_GLOBAL:
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_WRITE, core, TAG_WRITE, now)
         if r < 0:
-            return
+            return False
         MS.mk[MK_STORES] += 1
         R.aux0[r] = m
         R.aux1[r] = MS.mio_full[core, i, k]
@@ -273,7 +274,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
     else:  # a read that bypasses the L1: cp.async (.cg) or a machine without an L1 cache
         r = req_alloc(R, line, CA.popcount(m) * sb, KIND_READ, core, -1 - t, now)
         if r < 0:
-            return
+            return False
         R.aux0[r] = m
         core_push(MS, core, qm, r)
     MS.bytes[BY_L1] += CA.popcount(m) * sb
@@ -281,29 +282,35 @@ def _data_pipe(MS, TS, S, Dd, core, now):
     e[E_IDX] = k
     if k == e[E_NLINES]:
         pop_mio(MS, core)
+    return True
 
 
 @njit(cache=True)
 def core_memory(MS, TS, S, Dd, core, now):
+    """One cycle of a core's memory side (replies, L1 hits, the data pipe, misses onto the
+    request fabric); True when it changed anything."""
     cfg = MS.cfg
     R = MS.R
     Q = MS.Q
     node = MS.node[3, core]
     mio0 = MS.mio_count[core]
     trk0 = MS.trk_nfree[core]
+    moved = False
     while cfg[M_GROUPED] == 0:  # grouped: group_replies took them off the fabric
         r = NC.noc_eject(MS.resp, node)
         if r < 0:
             break
         core_reply(MS, TS, core, r, now)
+        moved = True
     q = cfg[M_Q_L1D] + core
     while Q.count[q] > 0 and R.aux1[q_peek(Q, q, 0)] <= now:
         r = _core_pop(MS, core, q)
         t = R.tag[r]
         req_free(R, r)
         trk_piece(MS, TS, core, t, now)
+        moved = True
     if pipe_takes_head(MS, core, now):
-        _data_pipe(MS, TS, S, Dd, core, now)
+        moved |= _data_pipe(MS, TS, S, Dd, core, now)
     if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
         WS.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
     q = cfg[M_Q_MISS] + core
@@ -316,6 +323,8 @@ def core_memory(MS, TS, S, Dd, core, now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         _core_pop(MS, core, q)
+        moved = True
+    return moved
 
 
 @njit(inline="always")

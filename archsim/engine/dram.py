@@ -209,6 +209,7 @@ class DramState(NamedTuple):
     log: np.ndarray            # [C, L, 4] command log ring (log_len=0: off)
     rules: np.ndarray          # [R, 4] the standard's timing rules (dram_rules.compile_rules), by command
     rule_at: np.ndarray        # [CMD_* + 2] the first rule of each command code
+    vis: np.ndarray            # [2] channel-cycles stepped, and those in which the channel changed (names.V_DRAM)
 
 
 # ---------------------------------------------------------------------------- Python side
@@ -356,7 +357,8 @@ def make_dram_state(machine, *, queue_cap: int | None = None, subchannels: int |
         bgrp=np.zeros((C, S * BGS, G_N), np.int64), sub=sub, shadow=np.zeros((C, qcap, H_N), np.int64),
         ret=np.zeros((C, retcap, F_N), np.int64), chan=np.zeros((C, K_N), np.int64),
         last_step=np.full(1, -1, np.int64), cnt=np.zeros((C, len(COUNTERS)), np.int64),
-        log=np.zeros((C, max(1, int(log_len)), 4), np.int64), rules=rules, rule_at=rule_at)
+        log=np.zeros((C, max(1, int(log_len)), 4), np.int64), rules=rules, rule_at=rule_at,
+        vis=np.zeros(2, np.int64))
 
 
 def dram_check(D: DramState) -> None:
@@ -1085,6 +1087,7 @@ def dram_step(D, Q, R, q_in_base, q_out_base, now_mem):
     p = D.prm
     now = np.int64(now_mem)
     gap = now - D.last_step[0] - 1
+    busy = 0
     for c in range(p[P_C]):
         qi = q_in_base + c
         if Q.cap[qi] > p[P_QCAP]:                    # would overrun the shadow: refuse the channel
@@ -1093,9 +1096,11 @@ def dram_step(D, Q, R, q_in_base, q_out_base, now_mem):
         if gap > 0:
             D.cnt[c, C_QUEUE_OCC] += D.chan[c, K_LASTCOUNT] * gap
         wake = D.chan[c, K_WAKE]
+        changed = False
         if Q.count[qi] > D.chan[c, K_NSEEN]:
             _arrivals(D, Q, R, c, qi, now)
             wake = now
+            changed = True
         n = Q.count[qi]
         D.cnt[c, C_QUEUE_OCC] += n
         if n > D.cnt[c, C_QUEUE_MAX]:
@@ -1105,12 +1110,17 @@ def dram_step(D, Q, R, q_in_base, q_out_base, now_mem):
             _retire(D, Q, c, q_out_base + c, now)
             if D.chan[c, K_INFN] != before:
                 wake = now
+                changed = True
         # the scheduler's state changes only by its own commands, arrivals and retirements, so
         # until the cycle its last scan named nothing can issue: skip the scan
         if now >= wake:
             ev, issued = _sched(D, Q, c, qi, now, np.int64(1))
             D.chan[c, K_WAKE] = now + 1 if issued else ev
+            changed |= issued
         D.chan[c, K_LASTCOUNT] = Q.count[qi]
+        busy += changed
+    D.vis[0] += p[P_C]
+    D.vis[1] += busy
     D.last_step[0] = now
 
 

@@ -184,7 +184,9 @@ def respond_l2(MS, sl, r, now):
 
 @njit(cache=True)
 def slice_cycle(MS, sl, now):
-    """One fabric cycle of L2 slice (or, without an L2, memory endpoint) sl."""
+    """One fabric cycle of L2 slice (or, without an L2, memory endpoint) sl; True when it changed
+    anything (a reply sent, a fill or DRAM request handled, a request taken or accepted)."""
+    moved = False
     cfg = MS.cfg
     R = MS.R
     Q = MS.Q
@@ -211,6 +213,7 @@ def slice_cycle(MS, sl, now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         q_pop(Q, q)
+        moved = True
         if cfg[M_HAS_L2] == 0:
             MS.ep_pending[sl] -= 1
     # copies from the home slice whose lookup and crossing have passed (or the DRAM read the home
@@ -223,23 +226,26 @@ def slice_cycle(MS, sl, now):
         else:
             _fetch(MS, sl, R.addr[rd], R.aux0[rd], now)
         req_free(R, rd)
+        moved = True
     # DRAM requests that found their channel queue full
     q = cfg[M_Q_RETRY] + sl
     while Q.count[q] > 0:
         if not _to_dram(MS, q_peek(Q, q, 0)):
             break
         q_pop(Q, q)
+        moved = True
     # one new request per cycle when the data array is free
     if MS.slice_busy[sl] > now:
-        return
+        return moved
     if MS.slice_hold[sl] < 0:
         MS.slice_hold[sl] = NC.noc_eject(MS.req, MS.node[1, sl])
+        moved |= MS.slice_hold[sl] >= 0
     r = MS.slice_hold[sl]
     if r < 0:
-        return
+        return moved
     if Q.count[cfg[M_Q_RETRY] + sl] >= cfg[M_RETRY_GATE] or Q.count[qn] >= Q.cap[qn] - 8 \
             or Q.count[qf] >= Q.cap[qf] - 8:
-        return
+        return moved
     line = R.addr[r]
     is_write = R.kind[r] == KIND_WRITE
     if cfg[M_HAS_L2] == 0:
@@ -247,22 +253,22 @@ def slice_cycle(MS, sl, now):
         # acknowledged DMA write) only while the reply queue could hold every accepted one
         answered = R.kind[r] != KIND_WRITE or R.tag[r] == TAG_DMA
         if answered and MS.ep_pending[sl] >= Q.cap[cfg[M_Q_L2D] + sl]:
-            return
+            return moved
         if not _to_dram(MS, r):
-            return
+            return moved
         if answered:
             MS.ep_pending[sl] += 1
         elif R.tag[r] == TAG_WRITE:
             MS.mk[MK_STORES] -= 1             # a core's store reached its controller
         MS.slice_hold[sl] = -1
-        return
+        return True
     if MS.slice_full[sl]:
-        return
+        return moved
     full = R.aux1[r] if is_write else np.int64(0)
     status, newm = CA.cache_access_mask(MS.L2, sl, line, R.aux0[r], full, is_write, r, now)
     if status == CA.RESERVATION_FAIL:
         MS.slice_full[sl] = 1
-        return
+        return True
     MS.slice_hold[sl] = -1
     if is_write and R.tag[r] == TAG_WRITE:
         MS.mk[MK_STORES] -= 1                 # a core's store reached the L2 (the point of coherence)
@@ -284,6 +290,7 @@ def slice_cycle(MS, sl, now):
             fetch_copy(MS, sl, home, la, newm, now)
         else:
             _fetch(MS, sl, la, newm, now)
+    return True
 
 
 @njit(cache=True)

@@ -26,7 +26,7 @@ from archsim.engine import mpe as MP
 from archsim.engine import unit_timeline as UT
 from archsim.engine.jit import njit
 from archsim.engine.queues import span_bounds
-from archsim.engine.names import TL_BYTES, TL_COUNTERS, TL_UNITS_AT, KernelTiming  # noqa: F401 (re-exported)
+from archsim.engine.names import TL_BYTES, TL_COUNTERS, TL_UNITS_AT, V_SCHED, KernelTiming  # noqa: F401 (re-exported)
 from archsim.engine.ref import as_ptr
 from archsim.engine import warps as WS
 from archsim.engine.core_side import core_memory
@@ -174,10 +174,13 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
         step_out[2] = 0
         # the schedulers in sub-core order, span by span: a span whose earliest wake lies ahead
         # holds none that is due (WS.wake_span_min)
+        looked = 0
+        issuing = 0
         for j in range(nspan):
             if TS.wsum[j] > now and not every:
                 continue
             lo, hi = span_bounds(j, nsc)
+            looked += hi - lo
             for i in range(lo, hi):
                 if TS.wake[i] > now and not every:
                     continue  # nothing it waits on is due: it sleeps (stalls accounted later)
@@ -185,11 +188,15 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet
                 TS.k[WS.K_CUR] = i
+                before = step_out[0]
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
+                issuing += step_out[0] > before
                 if step_out[2]:
                     _stop(TS, out, np.int64(FAULT), now, step_out[3])
                     return
             TS.wsum[j] = WS.wake_span_min(TS, j)
+        MS.visits[V_SCHED, 0] += looked
+        MS.visits[V_SCHED, 1] += issuing
         TS.k[WS.K_CUR] = cores * nsub  # every scheduler has run: later events wake them next cycle
         _grid_barrier(TS, now)
         nxt = now + 1

@@ -20,6 +20,7 @@ from archsim.engine import rma as RM
 from archsim.engine import slice_map as SM
 from archsim.engine import warps as WS
 from archsim.engine.jit import njit
+from archsim.engine.names import VISIT_FAMILIES
 from archsim.engine.queues import KIND_WRITE, Queues, Requests, make_queues, make_requests, n_spans
 
 COPY_HIT, COPY_MISS = -2, -3   # src of a near copy's request to its home slice: the home has it / not
@@ -111,6 +112,7 @@ class MState(NamedTuple):
     mpe: MPE.MpeState        # the MPEs' launch and join (inactive on a GPU)
     mk: np.ndarray           # int64 [MK_N]
     citems: np.ndarray       # int64 [n_spans(cores)] MK_CORE_ITEMS per span of cores
+    visits: np.ndarray       # int64 [len(names.VISIT_FAMILIES), 2]: units looked at, and of those, changed
 
 
 def _dummy_cache():
@@ -257,7 +259,8 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(max_wait, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
-        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64))
+        gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64),
+        visits=np.zeros((len(VISIT_FAMILIES), 2), np.int64))
 
 
 def frontend_capacity(machine) -> int:

@@ -22,6 +22,7 @@ from archsim.engine import rma as RM
 from archsim.engine import warps as WS
 from archsim.engine.core_side import core_memory, pipe_takes_head
 from archsim.engine.jit import njit
+from archsim.engine.names import V_CORE, V_DRAM_PATH, V_SLICE, VISIT_FAMILIES
 from archsim.engine.l2_side import dram_done, frontend_step, slice_cycle
 from archsim.engine.mem_state import (CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, MK_CORE_ITEMS, MK_ON, MK_QUEUED,
                                       M_CHANNELS, M_CORES, M_FAB_RATIO, M_FE_LAT, M_GROUPED, M_GROUPS, M_HAS_L1,
@@ -43,17 +44,27 @@ def mem_cycle(MS, TS, S, Dd, now):
         ck[CK_NOW_MEM] += 1
         ck[CK_MEM_ACC] -= ONE
     ck[CK_FAB_ACC] += cfg[M_FAB_RATIO]
+    V = MS.visits
     while ck[CK_FAB_ACC] >= ONE:
         nf = ck[CK_NOW_FAB]
         Q = MS.Q
+        busy = 0
         for c in range(C):          # only channels with something queued (a call costs more than the test)
-            if Q.count[C + c] > 0:
+            done = Q.count[C + c] > 0
+            if done:
                 dram_done(MS, c, nf)
             if cfg[M_FE_LAT] > 0 and Q.count[cfg[M_Q_FE] + c] > 0:
                 frontend_step(MS, c, nf)
+                done = True
+            busy += done
+        V[V_DRAM_PATH, 0] += C
+        V[V_DRAM_PATH, 1] += busy
+        busy = 0
         for sl in range(cfg[M_SLICES]):
             if _slice_has_work(MS, sl, nf):  # a call passes the whole state: skip idle slices
-                slice_cycle(MS, sl, nf)
+                busy += slice_cycle(MS, sl, nf)
+        V[V_SLICE, 0] += cfg[M_SLICES]
+        V[V_SLICE, 1] += busy
         NC.noc_step(MS.req, nf)
         NC.noc_step(MS.resp, nf)
         ck[CK_NOW_FAB] += 1
@@ -73,17 +84,23 @@ def mem_cycle(MS, TS, S, Dd, now):
         if MS.mk[MK_CORE_ITEMS] == 0:
             return
         n = cfg[M_CORES]
+        busy = 0
         for j in range(MS.citems.shape[0]):
             if MS.citems[j] == 0:
                 continue
             lo, hi = span_bounds(j, n)
+            V[V_CORE, 0] += hi - lo
             for core in range(lo, hi):
                 if _core_has_work(MS, core, now):
-                    core_memory(MS, TS, S, Dd, core, now)
+                    busy += core_memory(MS, TS, S, Dd, core, now)
+        V[V_CORE, 1] += busy
         return
+    busy = 0
     for core in range(cfg[M_CORES]):
         if _core_has_work(MS, core, now):
-            core_memory(MS, TS, S, Dd, core, now)
+            busy += core_memory(MS, TS, S, Dd, core, now)
+    V[V_CORE, 0] += cfg[M_CORES]
+    V[V_CORE, 1] += busy
 
 
 @njit(inline="always")
@@ -243,6 +260,16 @@ def mem_skip(MS, cycles):
     a = ck[CK_FAB_ACC] + cycles * cfg[M_FAB_RATIO]
     ck[CK_NOW_FAB] += a // ONE
     ck[CK_FAB_ACC] = a % ONE
+
+
+def visit_counts(MS) -> dict:
+    """{family: (units looked at, of those the ones that changed something)} so far (names.VISIT_FAMILIES)."""
+    out = {name: (int(MS.visits[i, 0]), int(MS.visits[i, 1])) for i, name in enumerate(VISIT_FAMILIES)}
+    out["dram_channel"] = (int(MS.Dm.vis[0]), int(MS.Dm.vis[1]))
+    out["fabric_port"] = (int(MS.req.clk[NC.C_VISITS] + MS.resp.clk[NC.C_VISITS]),
+                          int(MS.req.clk[NC.C_SENT] + MS.resp.clk[NC.C_SENT]))
+    out["cpe_mesh"] = (int(MS.mesh.clk[NC.C_VISITS]), int(MS.mesh.clk[NC.C_SENT]))
+    return out
 
 
 def mem_counters(MS, cycles: int) -> dict:

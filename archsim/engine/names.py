@@ -15,6 +15,13 @@ import numpy as np
 STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
                "barrier", "dma_wait", "idle")
 
+# Unit visits (MState.visits rows): each time the tick looks at a unit of a family (a check included),
+# and how many of those looks changed something (the rest are the engine's waste). The fabric, the
+# CPE mesh and the DRAM channels keep theirs in their own state (noc.C_VISITS, DramState.vis).
+VISIT_FAMILIES = ("scheduler", "core_memory", "l2_slice", "dram_path", "dram_channel", "fabric_port", "cpe_mesh",
+                  "dma_engine")
+(V_SCHED, V_CORE, V_SLICE, V_DRAM_PATH, V_DRAM, V_FABRIC, V_MESH, V_DMA) = range(len(VISIT_FAMILIES))
+
 # Timeline: cumulative counters sampled at every window boundary (machine.py). The machine-wide
 # counters come first in a row, then the per-unit ones (unit_timeline: links, channels, slices,
 # DMA engines).

@@ -84,7 +84,7 @@ BUF_SRC, BUF_IN, BUF_EJ = 0, 1, 2        # node source queue | router input port
 # par[] (int64): network parameters
 P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP, P_ROUNDS = range(12)
 # clk[] (int64): mutable scalars
-C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED = range(7)
+C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED, C_VISITS, C_SENT, C_N = range(10)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
 (BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF, BI_LOST, BI_NWANT,
  BI_NCRED) = range(13)  # bi int32 [B, 13]
@@ -124,7 +124,8 @@ class NocState(NamedTuple):
     of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
     par: np.ndarray          # int64 [12] P_* (P_SLEEP 0: ports never sleep, the tests' oracle)
-    clk: np.ndarray          # int64 [7] C_* (C_MOVED: the last cycle a packet moved)
+    clk: np.ndarray          # int64 [C_N] C_* (C_MOVED: the last cycle a packet moved; C_VISITS: groups
+                             # and ports looked at by the steps, C_SENT: those that sent a packet)
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
     bt: np.ndarray
@@ -435,9 +436,11 @@ def noc_step(N, now):
     iters = 1 if look == 0 else N.par[P_ROUNDS]
     nrel = 0
     ls = N.ls
+    looked = N.par[P_GROUPS]      # every group is looked at; one with packets, at each of its ports
     for g in range(N.par[P_GROUPS]):
         if gi[g, G_NPKT] == 0:
             continue
+        looked += gi[g, G_NIN] - 1
         # The group's links are visited through two lists rather than all its outputs (a crossbar
         # has ~100): ls[0] holds the links wanted (LI_WANT or LT_GAP > 0) or granted this step,
         # whose counters are read and cleared at the end; ls[1] the links offered a packet in the
@@ -556,6 +559,8 @@ def noc_step(N, now):
     for i in range(nrel):
         _occ_change(bi, bt, bi[i, BI_REL], -bi[i, BI_RELF], now + 1)
     N.clk[C_LAST] = now
+    N.clk[C_VISITS] += looked
+    N.clk[C_SENT] += nrel         # one credit return per packet sent
 
 
 @njit(cache=True, inline="always")   # inlined into jitted callers: no per-call copy of N
@@ -889,7 +894,7 @@ class _Builder:
         par = np.zeros(12, np.int64)
         par[[P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, P_LOOK, P_SLEEP,
              P_ROUNDS]] = [self.topo, self.W, self.D, self.L, nn, G, R, Lk, B, self.look, 1, LOOKAHEAD_ROUNDS]
-        clk = np.zeros(7, np.int64)
+        clk = np.zeros(C_N, np.int64)
         clk[C_LAST] = -1
         clk[C_MOVED] = -1
         clk[C_NFREE] = maxp

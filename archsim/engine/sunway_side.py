@@ -14,6 +14,7 @@ from archsim.engine import rma as RM
 from archsim.engine import warps as WS
 from archsim.engine.core_side import core_reply
 from archsim.engine.jit import njit
+from archsim.engine.names import V_DMA
 from archsim.engine.mem_state import (BY_DMA, BY_FABRIC, BY_RMA, CK_NOW_FAB, MK_CCOLS, MK_CORES, MK_NCL, MK_NODES,
                                       MK_QUEUED, M_HEADER, TAG_BCAST, TAG_DMA, TAG_MPE_DONE, TAG_MPE_LAUNCH,
                                       TAG_RMA_REQ, TAG_RMA_RESP, placed_addr, slice_of)
@@ -73,11 +74,14 @@ def dma_engines_cycle(MS, TS, now):
     R = MS.R
     now_f = MS.clocks[CK_NOW_FAB]
     ne = DMs.cfg[DM.DC_ENGINES]
+    looked = 0
+    sent = 0
     for j in range(DMs.espan.shape[0]):
         if DMs.espan[j] > now:
             continue
         t = WS.INF
         lo, hi = span_bounds(j, ne)
+        looked += hi - lo
         for e in range(lo, hi):
             en = DMs.eng[e]
             if en[DM.EN_COUNT] == 0:
@@ -89,6 +93,7 @@ def dma_engines_cycle(MS, TS, now):
             elif en[DM.EN_WAKE] > now:
                 t = min(t, en[DM.EN_WAKE])
                 continue          # nothing to send before then, or until a piece or descriptor comes (dma_wake)
+            sent += 1             # (sending, or finding what it sends next)
             while True:
                 slot = DM.dma_ready_piece(DMs, e, now)
                 if slot < 0:
@@ -108,6 +113,8 @@ def dma_engines_cycle(MS, TS, now):
                     break             # held: retried next cycle
             t = min(t, now + 1 if en[DM.EN_HOLD] >= 0 else en[DM.EN_WAKE])
         DMs.espan[j] = t
+    MS.visits[V_DMA, 0] += looked
+    MS.visits[V_DMA, 1] += sent
 
 
 # ----------------------------------------------------------------------------- the CPE mesh

@@ -346,6 +346,8 @@ class KernelRun:
         self.out = np.zeros(5, np.int64)
         self.TL, self.tlk = MA.make_timeline(self.MS, window_cycles)
         self.simulated = 0          # warp-instructions counted into kernel_cache.stats so far
+        self.visits_counted = {}    # unit visits (memory.visit_counts) and cycles counted there so far
+        self.cycles_counted = 0
         self.started = False
 
     @property
@@ -371,10 +373,24 @@ class KernelRun:
         MA.run_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
                     np.int64(until), self.skip, self.out, start=self.now)
         kernel_cache.stats["simulate_seconds"] += time.perf_counter() - t0 - (compile_seconds() - c0)
+        self._count_visits()
         issued = int(self.out[3])
         kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
         self.simulated = issued
         return int(self.out[0])
+
+    def _count_visits(self) -> None:
+        """Add the unit visits and cycles simulated since the last count to kernel_cache.stats."""
+        from archsim import kernel_cache
+
+        now = M.visit_counts(self.MS)
+        st = kernel_cache.stats
+        for fam, (v, c) in now.items():
+            v0, c0 = self.visits_counted.get(fam, (0, 0))
+            st[f"visits.{fam}"] = st.get(f"visits.{fam}", 0) + v - v0
+            st[f"changed.{fam}"] = st.get(f"changed.{fam}", 0) + c - c0
+        st["simulated_cycles"] += self.now - self.cycles_counted
+        self.visits_counted, self.cycles_counted = now, self.now
 
     @property
     def dispatched(self) -> int:
