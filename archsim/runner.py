@@ -26,7 +26,7 @@ from archsim.resources import check_work, check_workload
 from archsim.options import (DEFAULT_MAX_ERROR, DEFAULT_WAVES, MAX_ERROR_DEFAULT, WAVES_DEFAULT,  # noqa: F401
                              RunOptions, check_options, parse_error_bound)
 from archsim.stats import result as result_doc
-from archsim.stats import seconds_spent, totals
+from archsim.stats import kernel_effort, seconds_spent, totals
 
 
 def emit_block(machine, wl) -> list:
@@ -176,6 +176,7 @@ class _PendingRun:
         if self.workers <= 1:   # the kernels run now, in this process: this machine's time only (compare)
             self.t0 = time.perf_counter() - self.setup_seconds
         spent = {}
+        efforts = {}
         recs = []
 
         def document(complete: bool) -> dict:
@@ -187,6 +188,7 @@ class _PendingRun:
                              times=seconds_spent(spent, self.setup_seconds), spent=spent)
             doc["sim"]["kernel_cache"] = {"hits": spent.get("hits", 0), "misses": spent.get("misses", 0),
                                           "workers": self.workers}
+            doc["sim"]["kernels"] = dict(efforts)   # what each distinct kernel's timing cost
             return doc
 
         for i, ((k, n), fut) in enumerate(zip(self.groups, self.futures)):
@@ -205,6 +207,7 @@ class _PendingRun:
                 raise
             add_spent(spent, fut.counts)
             rec["op"] = k.op
+            efforts[k.name] = kernel_effort(fut.counts)
             if n > 1:
                 rec["also"] = [x.name for x in self.kernels if x.key() == k.key() and x.name != k.name]
             recs.append(rec)

@@ -275,6 +275,16 @@ def seconds_spent(spent: dict, setup_extra: float = 0.0) -> dict:
     return {"compile_seconds": compile_s, "setup_seconds": setup, "simulate_seconds": simulate}
 
 
+def kernel_effort(counts: dict) -> dict:
+    """What timing one kernel cost (its task's counts, workers.run_task): seconds in all and in
+    simulation, warp-instructions and cycles simulated (heads and strata of a sampled launch; 0 for
+    one read from the kernel cache)."""
+    return {"wall_seconds": round(float(counts.get("task_seconds", 0.0)), 4),
+            "simulate_seconds": round(float(counts.get("simulate_seconds", 0.0)), 4),
+            "simulated_warp_instructions": int(counts.get("simulated_warp_instructions", 0)),
+            "simulated_cycles": int(counts.get("simulated_cycles", 0))}
+
+
 def visit_shares(spent: dict) -> dict:
     """Per unit family (engine/names.VISIT_FAMILIES), from a run's counts (workers.run_task): the
     units the engine's tick looked at, per simulated cycle, and the share of those looks that
