@@ -17,6 +17,7 @@ never after a jump.
 from __future__ import annotations
 
 import time
+
 import numpy as np
 
 from archsim.engine import core as K
