@@ -894,18 +894,24 @@ class _ClosedPipeSafe:
         return getattr(self._inner, name)
 
 
+_NOT_INSTALLED = object()
+
+
 def _on_sigterm(signum, frame):
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)   # once: a second one must not cut the way out short
     raise Terminated()
 
 
 def _handle_sigterm():
     """SIGTERM ends a command as Ctrl-C does: the worker processes it started are stopped on the
-    way out. Returns the handler it replaced (None: not the main thread, nothing installed)."""
+    way out. Returns the handler it replaced (_NOT_INSTALLED off the main thread)."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
-        return None
+        return _NOT_INSTALLED
     return signal.signal(signal.SIGTERM, _on_sigterm)
 
 
@@ -915,11 +921,14 @@ def main(argv=None) -> int:
     previous = _handle_sigterm()
     try:
         return _main(argv)
+    except Terminated:              # between _main's own handler and here
+        print("archsim: terminated", file=sys.stderr)
+        return 143
     finally:
-        if previous is not None:
+        if previous is not _NOT_INSTALLED:
             import signal
 
-            signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _main(argv) -> int:

@@ -12,10 +12,11 @@ import os
 PARENT_POLL_SECONDS = 0.5      # how often a helper looks whether its parent is still there
 
 
-def watch_parent(parent: int | None = None) -> None:
+def watch_parent(parent: int | None = None, on_exit=None) -> None:
     """A daemon thread that ends this process once ``parent`` (default: the parent now) has gone
-    (the process was reparented). The engine's jitted loop returns to Python several times a
-    second (machine.SLICE_SECONDS), so the thread runs even while a kernel is being timed."""
+    (the process was reparented), after ``on_exit()`` if given. The engine's jitted loop returns
+    to Python several times a second (machine.SLICE_SECONDS), so the thread runs even while a
+    kernel is being timed."""
     import threading
     import time
 
@@ -24,6 +25,11 @@ def watch_parent(parent: int | None = None) -> None:
     def watch():
         while os.getppid() == parent:
             time.sleep(PARENT_POLL_SECONDS)
+        if on_exit is not None:
+            try:
+                on_exit()
+            finally:
+                os._exit(1)
         os._exit(1)
 
     threading.Thread(target=watch, name="archsim-parent-watch", daemon=True).start()

@@ -23,8 +23,8 @@ import numpy as np
 from archsim.config.derived import capabilities
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_work, check_workload
-from archsim.options import (DEFAULT_MAX_ERROR, DEFAULT_WAVES, MAX_ERROR_DEFAULT, WAVES_DEFAULT,  # noqa: F401
-                             RunOptions, check_options, parse_error_bound)
+from archsim.options import (MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, check_options,  # noqa: F401 (re-exported)
+                             parse_error_bound)
 from archsim.stats import result as result_doc
 from archsim.stats import kernel_effort, seconds_spent, totals
 

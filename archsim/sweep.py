@@ -497,10 +497,10 @@ class _Pool:
     """A concurrent.futures process pool (spawned workers: they do not inherit the parent's
     threads or numba state; they use the parent's kernel timing cache)."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, timing: bool = True):
         from archsim.workers import spawn_executor
 
-        self.ex = spawn_executor(workers)
+        self.ex = spawn_executor(workers, warm=timing)   # (a functional sweep needs no timing engine)
         self.futs = {}
 
     def submit(self, task):
@@ -623,7 +623,7 @@ def run_sweep(spec: Spec, out: Path, workers: int = 1, scheduler: str | None = N
     if scheduler:
         ex = _Dask(scheduler)
     elif workers > 1 and len(todo) > 1:
-        ex = _Pool(min(workers, len(todo)))
+        ex = _Pool(min(workers, len(todo)), timing=spec.run.mode != "functional")
     else:
         ex = _Local()
     executed = []

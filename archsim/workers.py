@@ -15,6 +15,7 @@ the kernel it was timing.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 
@@ -55,7 +56,7 @@ def worker_init(env: dict) -> None:
     and a watch on the parent: when it is gone the worker exits (its task's result has no reader)."""
     parent = os.getppid()
     os.environ.update(env)
-    watch_parent(parent)
+    watch_parent(parent, on_exit=_forget_task)
     from archsim import kernel_cache
 
     try:
@@ -64,18 +65,20 @@ def worker_init(env: dict) -> None:
         kernel_cache.configure(None, enabled=False)
 
 
-def spawn_executor(workers: int, task_dir: str | None = None):
+def spawn_executor(workers: int, task_dir: str | None = None, warm: bool = True):
     """A process pool of spawned workers (they inherit no threads or numba state of the parent)
-    that use this process's kernel timing cache. The timing engine is compiled here first when
-    numba's cache lacks it (archsim.warmup): the workers load it instead of each compiling it.
-    ``task_dir``: where each worker notes the label of the task it runs (Pool's death notice)."""
+    that use this process's kernel timing cache. With ``warm`` (workers that time kernels) the
+    timing engine is compiled here first when numba's cache lacks it (archsim.warmup): the workers
+    load it instead of each compiling it. ``task_dir``: where each worker notes the label of the
+    task it runs (Pool's death notice)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from archsim import kernel_cache
     from archsim.warmup import ensure_timing_engine
 
-    ensure_timing_engine()
+    if warm:
+        ensure_timing_engine()
     env = dict(kernel_cache.worker_env())
     if task_dir is not None:
         env[_TASK_DIR] = task_dir
@@ -100,7 +103,7 @@ def shutdown_executor(ex, cancel: bool = False) -> None:
             proc.join(5)
 
 
-_depth = 0
+_nesting = threading.local()      # run_task depth in this thread (a task run inside another)
 
 
 def run_task(fn, args, kwargs, label: str = ""):
@@ -114,24 +117,24 @@ def run_task(fn, args, kwargs, label: str = ""):
     from archsim import kernel_cache
     from archsim.engine.jit import compile_seconds
 
-    global _depth
+    depth = getattr(_nesting, "depth", 0)
     before = dict(kernel_cache.stats)
-    if _depth == 0:
+    if depth == 0:
         from archsim.warmup import ensure_timing_engine
 
         ensure_timing_engine()     # counts its own seconds into kernel_cache.stats
     t0, c0 = time.perf_counter(), compile_seconds()
     note = _note_task(label)
-    _depth += 1
+    _nesting.depth = depth + 1
     try:
         value, error = fn(*args, **kwargs), None
     except Exception as e:  # noqa: BLE001  (raised again where the result is asked for, after its counts are added)
         value, error = None, e
     finally:
-        _depth -= 1
+        _nesting.depth = depth
         if note:
             _remove(note)
-    if _depth == 0:
+    if depth == 0:
         kernel_cache.stats["task_seconds"] += time.perf_counter() - t0
         kernel_cache.stats["compile_seconds"] += compile_seconds() - c0
     return value, error, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
@@ -154,16 +157,23 @@ def _note_task(label: str) -> str:
     return path
 
 
+def _forget_task() -> None:
+    """A worker leaving because its parent is gone: its note goes, and the notes' directory with
+    the last worker (the parent that would remove it is gone)."""
+    d = os.environ.get(_TASK_DIR)
+    if d:
+        _remove(os.path.join(d, str(os.getpid())))
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass                # another worker's note is still there: that worker removes it
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)
     except OSError:
         pass
-
-
-def _call(fn, args, kwargs, label: str = ""):
-    """A task on a worker (run_task there)."""
-    return run_task(fn, args, kwargs, label)
 
 
 def add_spent(total: dict, counts: dict) -> dict:
@@ -200,12 +210,14 @@ class Pool:
             import tempfile
 
             from archsim import kernel_cache
+            from archsim.warmup import ensure_timing_engine
 
             before = dict(kernel_cache.stats)
+            ensure_timing_engine()     # here, before the workers start (spawn_executor would too)
+            self.warm = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
             self._tasks = tempfile.TemporaryDirectory(prefix="archsim-tasks-")
             self._ex = spawn_executor(self.workers, self._tasks.name)
-            self.warm = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}   # the engine's compile (warmup)
-        return _Remote(self._ex.submit(_call, fn, args, kwargs, label), self, label)
+        return _Remote(self._ex.submit(run_task, fn, args, kwargs, label), self, label)
 
     def defer(self, cost: float, fn, *args, label: str = "", **kwargs):
         """Like submit, but held back until ``flush`` (or the first result asked for), which
@@ -228,18 +240,25 @@ class Pool:
         warm, self.warm = self.warm, {}
         return warm
 
-    def dead_worker_task(self, fallback: str) -> str:
-        """The label of the task a dead worker was running (the one it noted last), else ``fallback``."""
+    def dead_worker_task(self) -> str:
+        """The label of the task a dead worker was running (the one it noted), "" when no worker
+        that died by itself (not stopped by the pool after it broke: SIGTERM) left a note."""
+        import signal
+        import time
+
         procs = (getattr(self._ex, "_processes", None) or {}) if self._ex is not None else {}
+        deadline = time.monotonic() + 2.0      # the pool's manager thread may be reaping them just now
+        while any(p.exitcode is None for p in procs.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
         for pid, proc in list(procs.items()):
-            if proc.exitcode is None or proc.exitcode == 0 or self._tasks is None:
+            if proc.exitcode in (None, 0, -signal.SIGTERM) or self._tasks is None:
                 continue
             try:
                 with open(os.path.join(self._tasks.name, str(pid))) as f:
                     return f.read()
             except OSError:
                 continue
-        return fallback
+        return ""
 
     def close(self, cancel: bool = False) -> None:
         """Shut the workers down; ``cancel``: drop the tasks not started and stop the running ones
@@ -265,8 +284,8 @@ class _Lazy:
     def result(self):
         if not self.done:
             fn, args, kwargs = self.task
-            self.done = True
             self.value, self.error, self.counts = run_task(fn, args, kwargs)
+            self.done = True
         if self.error is not None:
             raise self.error
         return self.value
@@ -303,9 +322,12 @@ class _Remote:
         try:
             value, error, counts = self.fut.result()
         except BrokenProcessPool:
-            who = self.pool.dead_worker_task(self.label)
-            raise SimulationError(who or "worker process", "the worker process timing it died (killed for "
-                                  "memory, or crashed) before the kernel finished") from None
+            who = self.pool.dead_worker_task()
+            if who:
+                raise SimulationError(who, "the worker process timing it died (killed for memory, or crashed) "
+                                      "before the kernel finished") from None
+            raise SimulationError("worker process", "a worker process died (killed for memory, or crashed) "
+                                  "before its kernel finished; run with --workers 1 to see the kernel") from None
         if not self.counted:
             for k, v in counts.items():
                 kernel_cache.stats[k] = kernel_cache.stats.get(k, 0) + v

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -127,6 +128,27 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _task_note(pid: int) -> str:
+    """The label of the task worker ``pid`` noted it is running (workers._note_task), "" for none."""
+    import glob
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"archsim-tasks-*/{pid}")):
+        try:
+            with open(path) as f:
+                return f.read()
+        except OSError:
+            pass
+    return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -143,7 +165,7 @@ def _start_long_run():
     p = subprocess.Popen(_LONG_RUN, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        workers = [c for c in _children(p.pid) if "spawn_main" in open(f"/proc/{c}/cmdline").read()]
+        workers = [c for c in _children(p.pid) if "spawn_main" in _cmdline(c)]
         if len(workers) == 2:
             time.sleep(1.0)          # past their start: timing kernels
             return p, workers
@@ -181,9 +203,12 @@ def test_workers_end_when_their_parent_is_killed():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_dead_worker_ends_the_run_in_one_line_naming_its_kernel():
     p, workers = _start_long_run()
+    label = _task_note(workers[0])
     os.kill(workers[0], signal.SIGKILL)
     assert p.wait(timeout=60) == 3
     err = p.stderr.read().strip().splitlines()
     assert len(err) == 1 and "Traceback" not in err[0], err
-    assert err[0].startswith("archsim: error: kernel ") and " on a100: the worker process timing it died" in err[0]
+    assert label.startswith("kernel ") and label.endswith(" on a100")
+    assert err[0] == f"archsim: error: {label}: the worker process timing it died (killed for memory, or crashed) " \
+                     "before the kernel finished"
     assert _gone_within(workers, 3.0)

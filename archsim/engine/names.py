@@ -16,8 +16,12 @@ STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_score
                "barrier", "dma_wait", "idle")
 
 # Unit visits (MState.visits rows): each time the tick looks at a unit of a family (a check included),
-# and how many of those looks changed something (the rest are the engine's waste). The fabric, the
-# CPE mesh and the DRAM channels keep theirs in their own state (noc.C_VISITS, DramState.vis).
+# and how many of those looks found something to do (the rest are the engine's waste): a scheduler
+# that issued; a core's memory side or an L2 slice that moved a request or reply; a channel's DRAM
+# path with a finished request or a front-end entry to move; a DRAM channel with an arrival, a
+# retirement or a command; a fabric or mesh port that sent a packet; a DMA engine that was due. The
+# fabric, the CPE mesh and the DRAM channels keep theirs in their own state (noc.C_VISITS,
+# DramState.vis).
 VISIT_FAMILIES = ("scheduler", "core_memory", "l2_slice", "dram_path", "dram_channel", "fabric_port", "cpe_mesh",
                   "dma_engine")
 (V_SCHED, V_CORE, V_SLICE, V_DRAM_PATH, V_DRAM, V_FABRIC, V_MESH, V_DMA) = range(len(VISIT_FAMILIES))
