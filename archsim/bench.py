@@ -79,14 +79,14 @@ def _run_bench(cases, progress, repeat: int, warmup) -> dict:
         walls = [x[0] for x in runs]
         wall, cpu, r = sorted(runs, key=lambda x: x[0])[(repeat - 1) // 2]   # the median run
         wi = sum(k["warp_instructions"] for k in r.kernels)
-        sim_s = r.times["simulate_seconds"]
+        sim_s, simulated = r.spent["simulate_seconds"], r.spent["simulated_warp_instructions"]
         rec = {"name": case, "machine": hw, "micro": name, "params": r.params, "warp_instructions": wi,
                "simulated_cycles": sum(k["cycles"] for k in r.kernels), "wall_seconds": round(wall, 3),
                "warp_instructions_per_second": round(wi / wall, 1), "cpu_seconds": round(cpu, 3),
                "warp_instructions_per_cpu_second": round(wi / max(cpu, 1e-9), 1), "value": r.value, "unit": r.unit,
                "repeat": repeat, "wall_seconds_runs": [round(w, 3) for w in walls],
                "simulate_seconds": round(sim_s, 4),
-               "ns_per_warp_instruction": round(sim_s * 1e9 / r.simulated, 1) if r.simulated else None,
+               "ns_per_warp_instruction": round(sim_s * 1e9 / simulated, 1) if simulated else None,
                "visits": visit_shares(r.spent)}
         out.append(rec)
         if progress:

@@ -344,9 +344,8 @@ def _asm_timing(a, machine, prog, launch) -> int:
 
     def document(kernels, complete=True):
         wall = time.perf_counter() - t0
-        return stats.result(machine, workload, kernels, wall, complete=complete,
-                            simulated_warp_instructions=spent["simulated_warp_instructions"],
-                            times=stats.seconds_spent(spent, max(wall - spent["task_seconds"], 0.0)), spent=spent)
+        return stats.result(machine, workload, kernels, wall, complete=complete, spent=spent,
+                            setup_extra=max(wall - spent["task_seconds"], 0.0))
 
     if error is not None:
         if a.json and isinstance(error, SimulationError) and isinstance(error.partial, KernelTiming):
@@ -921,7 +920,7 @@ def main(argv=None) -> int:
     previous = _handle_sigterm()
     try:
         return _main(argv)
-    except Terminated:              # between _main's own handler and here
+    except Terminated:              # raised wherever the command stood (main's handler)
         print("archsim: terminated", file=sys.stderr)
         return 143
     finally:
@@ -947,9 +946,6 @@ def _main(argv) -> int:
     except KeyboardInterrupt:
         print("archsim: interrupted", file=sys.stderr)
         return 130
-    except Terminated:
-        print("archsim: terminated", file=sys.stderr)
-        return 143
     except MemoryError as e:  # numpy refused an allocation: sizes the schema accepts but this host cannot hold
         print(f"archsim: error: host memory: the simulation needs more than this host has ({e}) (smaller "
               "machine sizes, shapes or footprints)", file=sys.stderr)

@@ -58,6 +58,11 @@ stats = {"hits": 0, "misses": 0, "simulated_warp_instructions": 0, "task_seconds
          "simulate_seconds": 0.0, "simulated_cycles": 0}
 
 
+def changes_since(before: dict) -> dict:
+    """What ``stats`` gained since the copy ``before`` (keys added since count from 0)."""
+    return {k: v - before.get(k, 0) for k, v in stats.items()}
+
+
 def default_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "archsim" / "kernels"

@@ -24,7 +24,6 @@ from archsim.resources import check_device
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch, Program
 from archsim import kernel_cache, stats
-from archsim.stats import seconds_spent
 
 SCHEMA = "archsim.micro/1"
 
@@ -41,14 +40,13 @@ class MicroResult:
     max_cycles: int = 10**9
     complete: bool = True
     pool: object = field(default=None, repr=False)  # workers.Pool the launches are timed on (None: this process)
-    times: dict = None             # compile, set-up and simulation seconds (stats.seconds_spent)
-    simulated: int = None          # warp-instructions simulated (not read from the kernel cache)
     spent: dict = None             # what its tasks spent (workers.run_task counts)
+    setup_extra: float = 0.0       # this process's own set-up seconds outside the tasks
 
     def document(self, machine) -> dict:
         res = stats.result(machine, {"name": f"micro {self.name}", "params": self.params}, self.kernels,
-                           self.wall_seconds, complete=self.complete, times=self.times,
-                           simulated_warp_instructions=self.simulated, spent=self.spent)
+                           self.wall_seconds, complete=self.complete, spent=self.spent,
+                           setup_extra=self.setup_extra)
         return {"schema": SCHEMA, "name": self.name, "machine": machine.name, "params": self.params,
                 "value": self.value if self.complete else None, "unit": self.unit, **self.extra,
                 "complete": self.complete, "result": res}
@@ -951,10 +949,8 @@ def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10
     finally:
         out.pool = None
         out.wall_seconds = time.perf_counter() - t0
-        spent = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
-        out.times = seconds_spent(spent, max(out.wall_seconds - spent["task_seconds"], 0.0) if workers <= 1 else 0.0)
-        out.simulated = spent["simulated_warp_instructions"]
-        out.spent = spent
+        out.spent = kernel_cache.changes_since(before)
+        out.setup_extra = max(out.wall_seconds - out.spent["task_seconds"], 0.0) if workers <= 1 else 0.0
     return out
 
 

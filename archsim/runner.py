@@ -26,7 +26,7 @@ from archsim.resources import check_work, check_workload
 from archsim.options import (MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, check_options,  # noqa: F401 (re-exported)
                              parse_error_bound)
 from archsim.stats import result as result_doc
-from archsim.stats import kernel_effort, seconds_spent, totals
+from archsim.stats import kernel_effort, totals
 
 
 def emit_block(machine, wl) -> list:
@@ -183,9 +183,8 @@ class _PendingRun:
             if self.pool is not None:   # the engine's compile before the workers started, counted once
                 add_spent(spent, self.pool.take_warm())
             doc = result_doc(self.machine, workload_record(self.wl, self.placement), recs,
-                             time.perf_counter() - self.t0, complete=complete,
-                             simulated_warp_instructions=spent.get("simulated_warp_instructions", 0),
-                             times=seconds_spent(spent, self.setup_seconds), spent=spent)
+                             time.perf_counter() - self.t0, complete=complete, spent=spent,
+                             setup_extra=self.setup_seconds)
             doc["sim"]["kernel_cache"] = {"hits": spent.get("hits", 0), "misses": spent.get("misses", 0),
                                           "workers": self.workers}
             doc["sim"]["kernels"] = dict(efforts)   # what each distinct kernel's timing cost

@@ -299,20 +299,19 @@ def visit_shares(spent: dict) -> dict:
 
 
 def result(machine, workload: dict, kernels: list[dict], wall_seconds: float, *, complete: bool = True,
-           simulated_warp_instructions: int | None = None, times: dict | None = None,
-           spent: dict | None = None) -> dict:
-    """The whole ``archsim.result/1`` document. The speed figure counts the warp-instructions
-    actually simulated (identical kernels run once), not those counted `count` times. ``times``:
-    compile_seconds, setup_seconds and simulate_seconds (seconds_spent); the rate is then
-    per second of simulation alone (summed over worker processes), else per wall second.
-    ``spent``: the run's counts (workers.run_task), for the simulated cycles and unit visits."""
-    sim_wi = sum(k["warp_instructions"] for k in kernels) if simulated_warp_instructions is None \
-        else simulated_warp_instructions
+           spent: dict | None = None, setup_extra: float = 0.0) -> dict:
+    """The whole ``archsim.result/1`` document. ``spent``: the run's counts (workers.run_task):
+    the warp-instructions actually simulated (identical kernels run once, launches read from the
+    kernel cache not at all), the time split (seconds_spent, with ``setup_extra``), the rate per
+    second of simulation alone (summed over worker processes), simulated cycles and unit visits.
+    Without it the rate counts every kernel's warp-instructions over the wall seconds."""
     sim = {"wall_seconds": round(wall_seconds, 4)}
-    per = wall_seconds
-    if times is not None:
-        sim.update({k: round(float(times[k]), 4) for k in ("compile_seconds", "setup_seconds", "simulate_seconds")})
-        per = float(times["simulate_seconds"])
+    if spent is None:
+        sim_wi, per = sum(k["warp_instructions"] for k in kernels), wall_seconds
+    else:
+        times = seconds_spent(spent, setup_extra)
+        sim.update({k: round(v, 4) for k, v in times.items()})
+        sim_wi, per = int(spent.get("simulated_warp_instructions", 0)), times["simulate_seconds"]
     sim["simulated_warp_instructions"] = int(sim_wi)
     sim["warp_instructions_per_second"] = round(sim_wi / per, 1) if per > 0 else 0.0
     if spent is not None:

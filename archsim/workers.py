@@ -137,7 +137,7 @@ def run_task(fn, args, kwargs, label: str = ""):
     if depth == 0:
         kernel_cache.stats["task_seconds"] += time.perf_counter() - t0
         kernel_cache.stats["compile_seconds"] += compile_seconds() - c0
-    return value, error, {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
+    return value, error, kernel_cache.changes_since(before)
 
 
 def _note_task(label: str) -> str:
@@ -209,15 +209,12 @@ class Pool:
         if self._ex is None:
             import tempfile
 
-            from archsim import kernel_cache
             from archsim.warmup import ensure_timing_engine
 
-            before = dict(kernel_cache.stats)
-            ensure_timing_engine()     # here, before the workers start (spawn_executor would too)
-            self.warm = {k: kernel_cache.stats[k] - before.get(k, 0) for k in kernel_cache.stats}
+            self.warm = ensure_timing_engine()   # here, before the workers start: its seconds, counted once
             self._tasks = tempfile.TemporaryDirectory(prefix="archsim-tasks-")
             self._ex = spawn_executor(self.workers, self._tasks.name)
-        return _Remote(self._ex.submit(run_task, fn, args, kwargs, label), self, label)
+        return _Remote(self._ex.submit(run_task, fn, args, kwargs, label), self)
 
     def defer(self, cost: float, fn, *args, label: str = "", **kwargs):
         """Like submit, but held back until ``flush`` (or the first result asked for), which
@@ -311,8 +308,8 @@ class _Deferred:
 class _Remote:
     """A task on a worker: its value; the worker's counts are added to this process's."""
 
-    def __init__(self, fut: Future, pool: Pool, label: str):
-        self.fut, self.pool, self.label = fut, pool, label
+    def __init__(self, fut: Future, pool: Pool):
+        self.fut, self.pool = fut, pool
         self.counted = False
         self.counts = {}
 
@@ -329,8 +326,7 @@ class _Remote:
             raise SimulationError("worker process", "a worker process died (killed for memory, or crashed) "
                                   "before its kernel finished; run with --workers 1 to see the kernel") from None
         if not self.counted:
-            for k, v in counts.items():
-                kernel_cache.stats[k] = kernel_cache.stats.get(k, 0) + v
+            add_spent(kernel_cache.stats, counts)
             self.counted = True
             self.counts = counts
         if error is not None:
