@@ -17,6 +17,7 @@ from archsim.engine.jit import njit
 from archsim.engine.numerics import (bf16_to_f64, f32_bits_to_f64, f64_to_bf16, f64_to_half, fma_round_to_odd,
                                      half_to_f64)
 from archsim.isa import opcodes as _opc
+from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, FLAG_PRED_NEG
 
 # ---- the opcode module's codes, bound to names (the engine's numba cache is keyed by a digest of
 # the opcode module as well as the engine's own files: engine/jit.py)
@@ -45,8 +46,6 @@ SPACE_GLOBAL, SPACE_SHARED = _opc.SPACE_GLOBAL, _opc.SPACE_SHARED
 (SP_TIDX, SP_TIDY, SP_TIDZ, SP_NTIDX, SP_NTIDY, SP_NTIDZ, SP_CTAX, SP_CTAY, SP_CTAZ,
  SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE) = range(18)
 
-FLAG_IMM0, FLAG_PRED_NEG = 1, 16
-
 # step() results
 ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_FAULT = 0, 1, 2, 3, -1
 # warp states
@@ -55,11 +54,14 @@ W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
 # (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue; F_CP_GROUPS: timing
 # runs only, raised by the core at cp.async.commit)
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
- F_BCAST, F_CP_GROUPS) = range(12)
+ F_BCAST, F_CP_GROUPS, F_SLICE) = range(13)
+# F_SLICE: a timing run's write landed on the scratchpad slots it watches (engine/value_slice.py); the
+# launch is timed again without the slice, never reported
 
 # S.geom layout
-G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE = \
-    range(16)
+(G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE,
+ G_WATCH_LO, G_WATCH_HI) = range(18)   # WATCH: the scratchpad bytes [LO, HI) a timing run watches (value_slice)
+G_N = 18
 MODE_FUNCTIONAL, MODE_TIMING = 0, 1  # timing: integer/address values and scratchpad only (no float math)
 
 NAN32 = np.float32(np.nan)
@@ -314,6 +316,12 @@ def _scheck(S, addr, nb, lane, pc, align):
     return ST_OK
 
 
+@njit(inline="always")
+def _watched(S, addr, nb):
+    """A write of nb scratchpad bytes at addr lands on the slots the run watches (value_slice)."""
+    return nb > 0 and addr < S.geom[G_WATCH_HI] and addr + nb > S.geom[G_WATCH_LO]
+
+
 @njit(inline="always")  # per lane: a call costs more than the work
 def _load(S, space, blk, off, nb, signed, w, d, lane, nd):
     """Read nb bytes at byte offset off (global: from GBASE; shared: block blk) into register d."""
@@ -434,6 +442,8 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
         gl = a1 if sem == S_DMA_GET else a0
         if sh < 0 or sh + n > S.geom[G_SHARED]:
             return fault(S, F_SHARED_OOB, lane, sh, n, pc)
+        if sem == S_DMA_GET and _watched(S, sh, n):
+            return fault(S, F_SLICE, lane, sh, n, pc)
         if n == 0:
             return ST_OK
         # the global span the blocks cover (stride may be negative or smaller than bsize)
@@ -473,6 +483,8 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
         return fault(S, F_SHARED_OOB, lane, remote, n, pc)
     if local < 0 or local + n > S.geom[G_SHARED]:
         return fault(S, F_SHARED_OOB, lane, local, n, pc)
+    if _watched(S, remote if sem == S_RMA_PUT else local, n):
+        return fault(S, F_SLICE, lane, remote if sem == S_RMA_PUT else local, n, pc)
     if sem == S_RMA_PUT:
         for i in range(n):
             S.s8[core, remote + i] = S.s8[blk, local + i]
@@ -710,6 +722,8 @@ def step_masked(P, T, S, w, mask):
         status = _ldmatrix(S, P, T, w, pc, op, mask, blk)
     elif sem == S_DMA_GET or sem == S_DMA_PUT or sem == S_RMA_PUT or sem == S_RMA_GET:
         status = _bulk(S, P, T, w, pc, mask, blk, sem)
+    elif P.flags[pc] & FLAG_NO_VALUE and sem != S_LD and sem != S_ST and sem != S_CPASYNC:
+        pass  # a timing run needs none of its values (engine/value_slice.py)
     elif sem == S_VOTE_ANY or sem == S_VOTE_ALL:
         acc = sem == S_VOTE_ALL
         for l in range(W):
@@ -738,6 +752,7 @@ def step_masked(P, T, S, w, mask):
     elif sem == S_LD or sem == S_ST or sem == S_CPASYNC:
         space = T.space[op]
         nb = T.access_bytes[op]
+        moves = (P.flags[pc] & FLAG_NO_VALUE) == 0   # else: the addresses and their checks only
         for l in range(W):
             if not ((mask >> l) & 1):
                 continue
@@ -752,6 +767,11 @@ def step_masked(P, T, S, w, mask):
                 status = _scheck(S, addr, nb, l, pc, True)
                 if status != ST_OK:
                     break
+                if not moves:
+                    if _watched(S, addr, nb):
+                        status = fault(S, F_SLICE, l, addr, nb, pc)
+                        break
+                    continue
                 if (nb | addr) & 7 == 0 and goff < 0:          # unbacked source (a timing run): zeros
                     for i in range(nb >> 3):
                         S.s64[blk, (addr >> 3) + i] = 0
@@ -769,6 +789,11 @@ def step_masked(P, T, S, w, mask):
                 off = addr
             if status != ST_OK:
                 break
+            if not moves:
+                if sem == S_ST and space != SPACE_GLOBAL and _watched(S, off, nb):
+                    status = fault(S, F_SLICE, l, addr, nb, pc)
+                    break
+                continue
             if sem == S_LD:
                 _load(S, space, blk, off, nb, T.signed[op], w, d, l, T.nregs_dst[op])
             else:

@@ -34,6 +34,7 @@ FAULT_TEXT = {
                "issues the same get)",
     X.F_CP_GROUPS: "cp.async.commit opens group {addr} while group {bytes} still has copies in flight: the timing "
                    "model tracks 8 groups a warp (wait with cp.async.wait before committing more)",
+    X.F_SLICE: "a write of {bytes} byte(s) at {addr} landed on the scratchpad slots the timing run watched",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
@@ -49,7 +50,7 @@ def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsiz
     spad = max((shared + 15) // 16 * 16, 16)
     smem = sparse_zeros((smem_rows, spad), np.uint8)
     tpb = launch.threads_per_block
-    geom = np.zeros(16, np.int64)
+    geom = np.zeros(X.G_N, np.int64)
     geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
           X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE]] = [
         W, (tpb + W - 1) // W, tpb, *launch.block, *launch.grid, launch.blocks, max(ncores, 1), shared,

@@ -24,6 +24,7 @@ from archsim.engine.functional import build_fstate
 from archsim.engine.jit import compile_seconds
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
 from archsim.engine.state import copy_state_array
+from archsim.engine import value_slice as VS
 from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
@@ -318,10 +319,12 @@ class KernelRun:
     sampling (archsim.interval) looks at it between stops."""
 
     def __init__(self, prog: Program, machine, launch: Launch, args: dict, window_cycles: int,
-                 blocks: tuple[int, int] | None, base: int | None, placement: str, skip: bool):
+                 blocks: tuple[int, int] | None, base: int | None, placement: str, skip: bool,
+                 value_slice: bool = True):
         from archsim.config.derived import capabilities
 
         check(prog, capabilities(machine))
+        self.made_with = (prog, machine, launch, args, window_cycles, base, placement, skip)
         self.prog, self.launch, self.skip = prog, launch, bool(skip)
         machine = self.machine = kernel_machine(prog, machine, launch)
         regs_per_warp, smem = occupancy_limits(prog, machine, launch)
@@ -349,6 +352,11 @@ class KernelRun:
         self.visits_counted = {}    # unit visits (memory.visit_counts) and cycles counted there so far
         self.cycles_counted = 0
         self.started = False
+        # the instructions whose values the timing needs (engine/value_slice.py)
+        if value_slice and VS.ENABLED:
+            self.P, (S.geom[X.G_WATCH_LO], S.geom[X.G_WATCH_HI]) = VS.timing_view(prog, bool(S.geom[X.G_GSIZE] > 0))
+        else:
+            self.P = prog.arrays()
 
     @property
     def now(self) -> int:
@@ -367,16 +375,23 @@ class KernelRun:
         if self.done:
             return int(self.out[0])
         self.started = True
-        MA.load_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
-                     self.skip)
+        MA.load_loop(self.C, self.TS, self.S, self.P, tables(), self.Dd, self.MS, self.TL, self.tlk, self.skip)
         t0, c0 = time.perf_counter(), compile_seconds()
-        MA.run_loop(self.C, self.TS, self.S, self.prog.arrays(), tables(), self.Dd, self.MS, self.TL, self.tlk,
+        MA.run_loop(self.C, self.TS, self.S, self.P, tables(), self.Dd, self.MS, self.TL, self.tlk,
                     np.int64(until), self.skip, self.out, start=self.now)
         kernel_cache.stats["simulate_seconds"] += time.perf_counter() - t0 - (compile_seconds() - c0)
         self._count_visits()
         issued = int(self.out[3])
         kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
         self.simulated = issued
+        if int(self.out[0]) == MA.FAULT and int(self.S.fault[0]) == X.F_SLICE:
+            # a write landed on the slots the slice watched: the same launch from cycle 0, every
+            # value computed, to where this one was asked to go (its blocks as a fork's, if it is one)
+            prog, machine, launch, args, window_cycles, base, placement, skip = self.made_with
+            again = KernelRun(prog, machine, launch, args, window_cycles, (self.first, self.end), base, placement,
+                              skip, value_slice=False)
+            again.advance(until)
+            self.__dict__.update(again.__dict__)
         return int(self.out[0])
 
     def _count_visits(self) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 NONE = -1
 FLAG_IMM0, FLAG_IMM1, FLAG_IMM2, FLAG_IMM3 = 1, 2, 4, 8
 FLAG_PRED_NEG = 16
+FLAG_NO_VALUE = 32   # timing runs only: nothing the timing reads needs the instruction's values (engine/value_slice.py)
 
 ARRAYS = ("op", "dst", "src0", "src1", "src2", "src3", "imm", "imm2", "pred", "flags", "reconv")
 _DTYPES = {"op": np.int16, "dst": np.int16, "src0": np.int16, "src1": np.int16, "src2": np.int16,

@@ -1,0 +1,187 @@
+"""Which instructions' values a timing run needs.
+
+A timing run carries no floating-point values (execute.MODE_TIMING); of the integer and
+predicate values it does compute, only some reach what the timing reads: a guard (which lanes
+issue), a branch, an exit, a memory instruction's address, a bulk copy's operands. The rest (a
+GEMM's operand loads from the scratchpad, which feed only its FMAs; the integer packing of those
+operands) cost the engine time and change nothing. ``needed`` finds the others: a backward
+liveness over the control-flow graph from those sinks, through registers and predicates (a
+guarded definition kills nothing), and through memory by class, since another warp's store
+reaches a load whatever the path: global memory; the scratchpad at register addresses; and the
+scratchpad's *slots*, the words ld / st reach at constant addresses (where emitters keep loop
+variables). A store or copy is needed when a needed load reads its class (a load at a register
+address reads slots too). A shuffle reads other lanes' registers, which may hold a definition
+from another path, so a needed shuffle makes every definition of its source needed.
+
+A write at a register address may land on a slot. When a needed load reads slots and none
+reads the scratchpad at register addresses, such writes are not needed, and the run watches
+the slots' byte range (``FState.geom[G_WATCH_LO:G_WATCH_HI]``): a write that lands there stops
+the run (fault F_SLICE), which is timed again without the slice (timing.KernelRun).
+
+``timing_view`` marks the instructions not needed with ``FLAG_NO_VALUE``: a marked load or
+store still checks its lanes' addresses (the same faults) and hands them to the timing model,
+and moves no value; a marked integer or predicate instruction only issues. Control
+instructions, bulk copies and tensor instructions are never marked (the last two move no
+values in a timing run anyway). Results are those of an unmarked run (tests/test_value_slice.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from archsim.isa import opcodes as O
+from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, NONE, Program, ProgArrays
+
+PRED_BIT = O.MAX_REGS                    # bit of predicate 0 (registers are bits 0 .. MAX_REGS - 1)
+GLOBAL, SHARED, SLOTS = 1, 2, 4          # memory classes (bits): global; scratchpad at register addresses; slots
+_WIDTH = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
+_CONTROL = frozenset(("bra", "exit", "bar", "bargrid"))
+_BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
+_NEVER_MARKED = _CONTROL | _BULK | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
+                                              "rma_wait"))
+ENABLED = True                           # off: timing runs compute every value (tests compare the two)
+_CACHE: dict = {}
+_CACHE_MAX = 64
+
+
+def _regs(first: int, n: int) -> int:
+    return ((1 << n) - 1) << first
+
+
+class _Ins:
+    """One instruction's operands as bit sets: ``dst`` (registers and predicates it defines),
+    ``kill`` (those it always overwrites), ``addr`` (read whatever its values: the guard, address
+    operands, a bulk copy's operands), ``val`` (read to compute its values); ``reads`` /
+    ``writes``: the memory classes whose values it reads / writes; ``slot``: the byte range of
+    a load or store at a constant scratchpad address."""
+
+    __slots__ = ("sem", "dst", "kill", "addr", "val", "reads", "writes", "shfl_src", "slot")
+
+    def __init__(self, prog: Program, pc: int, op: O.Opcode):
+        self.sem = op.sem
+        dst = addr = val = 0
+        slot = 0
+        self.shfl_src = 0
+        for kind in op.operands:
+            if kind in ("R", "R2", "R4"):
+                dst |= _regs(int(prog.dst[pc]), _WIDTH[kind])
+            elif kind == "P":
+                dst |= 1 << (PRED_BIT + int(prog.dst[pc]))
+            elif kind in ("r", "r2", "r4", "ri", "p", "m"):
+                r = int(getattr(prog, f"src{slot}")[pc])
+                imm = kind == "ri" and int(prog.flags[pc]) & (FLAG_IMM0 << slot)
+                slot += 1
+                if r == NONE or imm:
+                    continue
+                bits = (1 << (PRED_BIT + r)) if kind == "p" else _regs(r, _WIDTH[kind])
+                if kind == "m" or op.sem in _BULK:
+                    addr |= bits
+                else:
+                    val |= bits
+                if op.sem.startswith("shfl") and slot == 1:
+                    self.shfl_src = bits
+        if prog.pred[pc] != NONE:
+            addr |= 1 << (PRED_BIT + int(prog.pred[pc]))
+            self.kill = 0
+        else:
+            self.kill = dst
+        self.dst, self.addr, self.val = dst, addr, val
+        const = prog.src0[pc] == NONE            # the (first) memory operand has no base register
+        self.slot = None
+        here = GLOBAL if op.space == "global" else (SLOTS if const else SHARED | SLOTS)
+        self.reads = self.writes = 0
+        sem = op.sem
+        if sem in ("ld", "ldmatrix"):
+            self.reads = here
+        elif sem == "st":
+            self.writes = GLOBAL if op.space == "global" else (SLOTS if const else SHARED)
+        elif sem in ("cpasync", "dma_get"):
+            self.reads, self.writes = GLOBAL, SHARED
+        elif sem == "dma_put":
+            self.reads, self.writes = SHARED | SLOTS, GLOBAL
+        elif sem in ("rma_get", "rma_put"):
+            self.reads, self.writes = SHARED | SLOTS, SHARED
+        if sem in ("ld", "st") and op.space == "shared" and const:
+            lo = int(prog.imm[pc])
+            self.slot = (lo, lo + op.access_bytes)
+
+
+def _successors(prog: Program, pc: int, sem: str) -> tuple[int, ...]:
+    n = len(prog)
+    nxt = (pc + 1,) if pc + 1 < n else ()
+    guarded = prog.pred[pc] != NONE
+    if sem == "bra":
+        out = (int(prog.imm[pc]),) + (nxt if guarded else ())
+    elif sem == "exit":
+        out = nxt if guarded else ()
+    else:
+        out = nxt
+    return tuple(s for s in out if 0 <= s < n)
+
+
+def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
+    """(``needed[pc]``: the instruction's values may reach what a timing run reads; the byte
+    range of the scratchpad's slots to watch, (0, 0) when none): see the module docstring.
+    ``backed``: the run's global memory holds values (buffers the caller reads back, such as a
+    micro-benchmark's clock readings), so every global write is needed; unbacked global memory
+    reads as zeros whatever was written."""
+    ops = O.opcodes()
+    n = len(prog)
+    ins = [_Ins(prog, pc, ops[int(prog.op[pc])]) for pc in range(n)]
+    succ = [_successors(prog, pc, ins[pc].sem) for pc in range(n)]
+    need = np.array([i.sem in _CONTROL or backed and bool(i.writes & GLOBAL) for i in ins], bool)
+    live = [0] * n                 # registers and predicates live into pc
+    mem = 0                        # memory classes a needed instruction reads (global: only when backed)
+    everywhere = 0                 # registers a needed shuffle reads in other lanes
+    grew = True
+    while grew:
+        grew = False
+        changed = True
+        while changed:
+            changed = False
+            for pc in range(n - 1, -1, -1):
+                i = ins[pc]
+                out = 0
+                for s in succ[pc]:
+                    out |= live[s]
+                if not need[pc] and (i.dst & (out | everywhere) or i.writes & mem):
+                    need[pc] = True
+                    changed = True
+                new = (out & ~i.kill) | i.addr | (i.val if need[pc] else 0)
+                if new != live[pc]:
+                    live[pc] = new
+                    changed = True
+        for pc in np.flatnonzero(need):
+            i = ins[pc]
+            reads = i.reads if backed else i.reads & ~GLOBAL
+            if reads & ~mem:
+                mem |= reads
+                grew = True
+            if i.shfl_src & ~everywhere:
+                everywhere |= i.shfl_src
+                grew = True
+    watch = (0, 0)
+    if mem & SLOTS and not mem & SHARED:
+        spans = [i.slot for i in ins if i.slot is not None]
+        watch = (min(a for a, _ in spans), max(b for _, b in spans))
+    return need, watch
+
+
+def timing_view(prog: Program, backed: bool) -> tuple[ProgArrays, tuple[int, int]]:
+    """The program's arrays for a timing run, the instructions whose values it does not need
+    marked ``FLAG_NO_VALUE``, and the slots' byte range to watch (kept for the last programs
+    seen). ``backed``: as for ``needed``."""
+    key = (prog.content_digest(), bool(backed))
+    got = _CACHE.get(key)
+    if got is None:
+        ops = O.opcodes()
+        flags = prog.flags.copy()
+        need, watch = needed(prog, backed)
+        for pc in range(len(prog)):
+            if not need[pc] and ops[int(prog.op[pc])].sem not in _NEVER_MARKED:
+                flags[pc] |= FLAG_NO_VALUE
+        got = (prog.arrays()._replace(flags=flags), watch)
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = got
+    return got
