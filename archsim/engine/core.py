@@ -96,7 +96,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     home[HOME_CORE, :cores * sub] = np.arange(cores * sub) // sub
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
-        pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 2), -1, np.int64),
+        pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 3), -1, np.int64),
         wst=np.zeros(NW, np.int32), age=np.zeros(NW, np.int64),
         wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32),
         cp_oldest=np.zeros(NW, np.int32),
@@ -460,11 +460,10 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
 def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
     """(ready cycle, stall reason if not ready now) of a resident warp.
 
-    Its operands' ready cycle is remembered (TS.opready) until the warp issues: only its own
-    issue raises its registers' and predicates' ready cycles (a reply or a scratchpad read only
-    brings them forward), so a remembered cycle that has come means the operands are ready
-    without reading them again (the second look at an instruction: when it issues, after the
-    look that followed the previous issue)."""
+    Its operands' ready cycle and the kind of the latest one are remembered (TS.opready) until
+    the warp issues or a memory reply brings its registers forward (warps.wake_warp_regs): only
+    those change them, so until then the remembered answer holds without reading the operands
+    again (a warp waiting on a load is looked at each time its sub-core runs)."""
     st = TS.wst[w]
     if st == T_START:
         if TS.start_at[w] > now:
@@ -478,14 +477,18 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
         else:
             return INF, (R_LONG_SB if st == T_CPWAIT else R_DMA_WAIT)
     pc = S.stack_pc[w, S.sp[w] - 1]
-    if TS.opready[w, 0] != pc or TS.opready[w, 1] > now:
+    if TS.opready[w, 0] != pc:
         t, kind = operands_ready(TS, Dd, w, pc, now)
         TS.opready[w, 0] = pc
         TS.opready[w, 1] = t
-        if t > now:
-            if t >= INF:
-                return INF, _kind_reason(kind)
-            return t, _kind_reason(kind)
+        TS.opready[w, 2] = kind
+    else:
+        t = TS.opready[w, 1]
+        kind = TS.opready[w, 2]
+    if t > now:
+        if t >= INF:
+            return INF, _kind_reason(kind)
+        return t, _kind_reason(kind)
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY

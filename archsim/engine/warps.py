@@ -42,7 +42,7 @@ class TState(NamedTuple):
     reg_ready: np.ndarray    # int64 [NW, R] cycle the register's value is available
     reg_kind: np.ndarray     # int8  [NW, R] producer kind (decode.SRC_*) of the pending value
     pred_ready: np.ndarray   # int64 [NW, 8]
-    opready: np.ndarray      # int64 [NW, 2] the warp's last operands_ready: (pc, cycle), pc -1 when none
+    opready: np.ndarray      # int64 [NW, 3] the warp's last operands_ready: (pc, cycle, kind), pc -1 when none
                              # (see _evaluate)
     wst: np.ndarray          # int32 [NW] T_*
     age: np.ndarray          # int64 [NW] dispatch order (GTO picks the oldest)
@@ -177,7 +177,9 @@ def wake_warp_regs(TS, w, now):
     warp waits on a register (scoreboard) or has not been looked at yet. A warp whose last
     evaluation found a fixed-latency wait, a busy pipe, a barrier or a wait state, or found it
     ready, does not read (or write) a register still pending on memory (such a register would
-    have made it a scoreboard stall): its scheduler would find what it found before."""
+    have made it a scoreboard stall): its scheduler would find what it found before. The
+    warp's remembered operand readiness (core._evaluate) is forgotten."""
+    TS.opready[w, 0] = -1
     r = TS.reason[w]
     if r < 0 or r == R_LONG_SB or r == R_SHORT_SB:
         wake_warp(TS, w, now)
