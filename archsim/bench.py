@@ -131,7 +131,28 @@ def _job_once(machines: list, wl, workers: int) -> dict:
     return {"wall_seconds": round(wall, 3), "simulated_cycles": int(cycles),
             "cycles_per_second": round(cycles / wall, 1), "warp_instructions": wi,
             "warp_instructions_per_second": round(wi / wall, 1),
+            "kernels": [row for d in docs for row in job_kernels(d)],
             "totals": [d["total"] for d in docs]}
+
+
+def job_kernels(doc: dict) -> list[dict]:
+    """Where a run's time went, one row per distinct kernel of a result record: its launch's
+    waves and the waves simulated (all of them unless wave-sampled), its warp-instructions and
+    those simulated, and the wall and simulation seconds its timing cost."""
+    effort = doc.get("sim", {}).get("kernels", {})
+    rows = []
+    for k in doc["kernels"]:
+        e = effort.get(k["name"], {})
+        tried = k.get("sample_attempts") or []
+        sampled = k.get("sample_method") == "sampled" and tried
+        rows.append({"machine": doc["machine"]["name"], "kernel": k["name"], "waves": k.get("waves", 1),
+                     "simulated_waves": tried[-1]["waves"] if sampled else k.get("waves", 1),
+                     "sample_method": k.get("sample_method", "whole"),
+                     "warp_instructions": int(k["warp_instructions"]),
+                     "simulated_warp_instructions": int(e.get("simulated_warp_instructions", 0)),
+                     "wall_seconds": float(e.get("wall_seconds", 0.0)),
+                     "simulate_seconds": float(e.get("simulate_seconds", 0.0))})
+    return rows
 
 
 def check_jobs(names) -> list[str]:

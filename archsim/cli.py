@@ -499,7 +499,10 @@ def cmd_bench(a) -> int:
         res["jobs"] = run_jobs(a.job, workers, progress=lambda j: print(
             f"{j['name']:<30} {j['single']['wall_seconds']:>12.1f} {j['workers']:>8} "
             f"{j['parallel']['wall_seconds']:>8.1f} {j['speedup']:>8.2f} "
-            f"{j['parallel']['cycles_per_second'] / 1e6:>10.2f} {j['parallel']['warp_instructions_per_second']:>14,.0f}",
+            f"{j['parallel']['cycles_per_second'] / 1e6:>10.2f} {j['parallel']['warp_instructions_per_second']:>14,.0f}"
+            + "".join(f"\n  {k['machine']:<11} {k['kernel']:<16} waves {k['simulated_waves']:>4} of {k['waves']:<5} "
+                      f"warp-instr {k['simulated_warp_instructions']:>13,} of {k['warp_instructions']:<15,} "
+                      f"{k['wall_seconds']:>8.1f} s" for k in j['parallel']['kernels']),
             flush=True))
     if a.json:
         _write_json(a.json, res)

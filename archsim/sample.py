@@ -269,9 +269,11 @@ class _Heads:
                                window_cycles=self.opts["window_cycles"], placement=self.opts["placement"])
 
     def _advance(self, run, until: int) -> None:
-        before = run.simulated
-        run.advance(until)
-        self.spent += run.simulated - before
+        from archsim import kernel_cache
+
+        before = kernel_cache.stats["simulated_warp_instructions"]   # all the engine ran (a re-timed
+        run.advance(until)                                             # launch's first try included)
+        self.spent += kernel_cache.stats["simulated_warp_instructions"] - before
 
     def head(self, end: int):
         from archsim import kernel_cache

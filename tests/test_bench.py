@@ -50,6 +50,15 @@ def test_jobs_run_in_one_process_and_on_workers_with_the_same_totals(monkeypatch
         assert r["wall_seconds"] > 0 and r["simulated_cycles"] > 0 and r["warp_instructions"] > 0
     assert j["single"]["simulated_cycles"] == j["parallel"]["simulated_cycles"]
     assert j["single"]["warp_instructions"] == j["parallel"]["warp_instructions"]
+    # where the time went, per distinct kernel of each machine: what was simulated of each, and its cost
+    for side in ("single", "parallel"):
+        rows = j[side]["kernels"]
+        assert {r["machine"] for r in rows} == {"tiny-gpu", "tiny-sunway"}
+        for r in rows:
+            assert 1 <= r["simulated_waves"] <= r["waves"]
+            assert 0 < r["simulated_warp_instructions"] <= r["warp_instructions"]
+            assert r["wall_seconds"] >= r["simulate_seconds"] > 0
+        assert sum(r["simulated_warp_instructions"] for r in rows) == j[side]["warp_instructions"]
 
 
 def test_an_unknown_job_is_one_line(capsys):

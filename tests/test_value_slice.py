@@ -186,3 +186,52 @@ def test_the_slice_marks_the_operand_loads_of_both_gemms():
         P, _ = VS.timing_view(prog, False)
         names = np.array([O.opcodes()[int(o)].mnemonic for o in prog.op])
         assert (P.flags[names == marked] & FLAG_NO_VALUE).all(), hw
+
+
+# a timing run leaves the destination of a floating-point op, an mma and an ldmatrix as it was: the
+# integer value before them is what a later address reads
+KEEPS_DST = HEAD + """
+        s2r r0, %laneid
+        shl.b64 r1, r0, 4
+        mov.f32 r2, 1.0
+        mov.b64 r4, 0
+        mov.b64 r5, 0
+        mov.b64 r6, 0
+        mov.b64 r7, 0
+        mov.b64 r8, 0
+        mov.b64 r9, 0
+        mov.b64 r10, 0
+        mov.b64 r11, 0
+        {op}
+        ld.shared.b32 r3, [r1]
+        ld.shared.b32 r3, [r1+4]
+        add.i64 r9, r3, r3
+        exit
+"""
+
+# an ldmatrix reads the address register of lanes that are not running it (here: lanes 8-31 set it
+# on another path, which per-lane liveness finds dead)
+LDMATRIX_LANES = HEAD + """
+        s2r r0, %laneid
+        mov.b64 r1, 0
+        setp.ge.i64 p0, r0, 8
+   @p0  bra B
+        ldmatrix.x4 r4, [r1]
+        add.i64 r9, r4, r4
+        exit
+B:      shl.b64 r1, r0, 5
+        exit
+"""
+
+
+@pytest.mark.parametrize("text,kept", [(KEEPS_DST.format(op="add.f32 r1, r2, r2"), 1),
+                                       (KEEPS_DST.format(op="mma.m16n8k16.f32.f16 r0, r4, r8, r4"), 1),
+                                       (KEEPS_DST.format(op="ldmatrix.x1 r1, [r5]"), 1),
+                                       (LDMATRIX_LANES, 7),
+                                       # an ldmatrix at a constant address reads no slot
+                                       (HEAD + "        ldmatrix.x1 r1, [0]\n        ld.shared.b32 r2, [r1]\n"
+                                        "        exit\n", 0)])
+def test_values_a_timing_run_keeps_in_place_are_needed(asm, text, kept, monkeypatch):
+    prog = asm(text)
+    assert _timing(prog, "tiny-gpu", monkeypatch, True) == _timing(prog, "tiny-gpu", monkeypatch, False)
+    assert VS.needed(prog, False)[0][kept]   # the integer definition an address may read

@@ -1010,11 +1010,6 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
     s1 = P.src1[pc]
     s2 = P.src2[pc]
     imm = P.imm[pc]
-    immf = _f32_of_bits(S, imm)
-    S.tmp_i64[0] = imm
-    immd = S.tmp_f64[0]
-    cmpc = T.cmp[op]
-    mufu = sem == S_EX2 or sem == S_LG2 or sem == S_RCP or sem == S_RSQRT or sem == S_SQRT or sem == S_TANH
     if S.geom[G_MODE] == MODE_TIMING and sem != S_SETP and sem != S_MOV and (
             dt == DT_F32 or dt == DT_F64 or dt == DT_F16X2 or dt == DT_BF16X2):
         return ST_OK  # timing runs carry no floating-point values
@@ -1023,6 +1018,18 @@ def _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before):
                                          or sem == S_SHR or sem == S_SRA or sem == S_MOV):
         _int_lanes(S, P, w, pc, sem, d, s0, s1, s2, imm, mask, W)
         return ST_OK
+    if sem == S_SETP and (dt == DT_I64 or dt == DT_B):
+        cmpc = T.cmp[op]                       # a loop's or a guard's test: the compare decided once
+        bimm = (P.flags[pc] & (FLAG_IMM0 << 1)) != 0
+        for l in range(W):
+            if (mask >> l) & 1:
+                S.preds[w, d, l] = 1 if _cmp(cmpc, S.regs[w, s0, l], imm if bimm else S.regs[w, s1, l]) else 0
+        return ST_OK
+    immf = _f32_of_bits(S, imm)
+    S.tmp_i64[0] = imm
+    immd = S.tmp_f64[0]
+    cmpc = T.cmp[op]
+    mufu = sem == S_EX2 or sem == S_LG2 or sem == S_RCP or sem == S_RSQRT or sem == S_SQRT or sem == S_TANH
     for l in range(W):
         if not ((mask >> l) & 1):
             continue

@@ -39,6 +39,7 @@ _CONTROL = frozenset(("bra", "exit", "bar", "bargrid"))
 _BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
 _NEVER_MARKED = _CONTROL | _BULK | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
                                               "rma_wait"))
+_FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))
 ENABLED = True                           # off: timing runs compute every value (tests compare the two)
 _CACHE: dict = {}
 _CACHE_MAX = 64
@@ -55,7 +56,7 @@ class _Ins:
     ``writes``: the memory classes whose values it reads / writes; ``slot``: the byte range of
     a load or store at a constant scratchpad address."""
 
-    __slots__ = ("sem", "dst", "kill", "addr", "val", "reads", "writes", "shfl_src", "slot")
+    __slots__ = ("sem", "dst", "kill", "addr", "val", "reads", "writes", "shfl_src", "slot", "all_lanes")
 
     def __init__(self, prog: Program, pc: int, op: O.Opcode):
         self.sem = op.sem
@@ -80,18 +81,21 @@ class _Ins:
                     val |= bits
                 if op.sem.startswith("shfl") and slot == 1:
                     self.shfl_src = bits
+        # a timing run leaves the destination of a floating-point op (but mov and setp), an mma
+        # and an ldmatrix as it was: they kill nothing, like a guarded definition
+        writes_nothing = sem_writes_nothing(op)
         if prog.pred[pc] != NONE:
             addr |= 1 << (PRED_BIT + int(prog.pred[pc]))
-            self.kill = 0
-        else:
-            self.kill = dst
+        self.kill = 0 if prog.pred[pc] != NONE or writes_nothing else dst
+        # an ldmatrix reads the address register of its first 8 x matrices lanes, active or not
+        self.all_lanes = addr & ((1 << PRED_BIT) - 1) if op.sem == "ldmatrix" else 0
         self.dst, self.addr, self.val = dst, addr, val
         const = prog.src0[pc] == NONE            # the (first) memory operand has no base register
         self.slot = None
         here = GLOBAL if op.space == "global" else (SLOTS if const else SHARED | SLOTS)
         self.reads = self.writes = 0
         sem = op.sem
-        if sem in ("ld", "ldmatrix"):
+        if sem == "ld":                          # (an ldmatrix reads no values in a timing run)
             self.reads = here
         elif sem == "st":
             self.writes = GLOBAL if op.space == "global" else (SLOTS if const else SHARED)
@@ -104,6 +108,15 @@ class _Ins:
         if sem in ("ld", "st") and op.space == "shared" and const:
             lo = int(prog.imm[pc])
             self.slot = (lo, lo + op.access_bytes)
+
+
+def sem_writes_nothing(op: O.Opcode) -> bool:
+    """A timing run leaves this instruction's destination registers as they were
+    (execute._alu's floating-point early return, mma, ldmatrix)."""
+    if op.sem in ("mma", "ldmatrix"):
+        return True
+    return op.dtype in _FLOAT and op.sem not in ("mov", "setp") and bool(op.operands) and \
+        op.operands[0] in ("R", "R2", "R4")
 
 
 def _successors(prog: Program, pc: int, sem: str) -> tuple[int, ...]:
@@ -132,7 +145,9 @@ def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
     need = np.array([i.sem in _CONTROL or backed and bool(i.writes & GLOBAL) for i in ins], bool)
     live = [0] * n                 # registers and predicates live into pc
     mem = 0                        # memory classes a needed instruction reads (global: only when backed)
-    everywhere = 0                 # registers a needed shuffle reads in other lanes
+    everywhere = 0                 # registers read in other lanes: a needed shuffle's source, an ldmatrix's address
+    for i in ins:
+        everywhere |= i.all_lanes
     grew = True
     while grew:
         grew = False
@@ -163,6 +178,8 @@ def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
     watch = (0, 0)
     if mem & SLOTS and not mem & SHARED:
         spans = [i.slot for i in ins if i.slot is not None]
+        if not spans:                            # (only constant-address ld / st read slots)
+            return np.ones(n, bool), watch
         watch = (min(a for a, _ in spans), max(b for _, b in spans))
     return need, watch
 
