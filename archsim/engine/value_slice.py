@@ -11,7 +11,10 @@ reaches a load whatever the path: global memory; the scratchpad at register addr
 scratchpad's *slots*, the words ld / st reach at constant addresses (where emitters keep loop
 variables). A store or copy is needed when a needed load reads its class (a load at a register
 address reads slots too). A shuffle reads other lanes' registers, which may hold a definition
-from another path, so a needed shuffle makes every definition of its source needed.
+from another path, so a needed shuffle makes every definition of its source needed; so does
+every ldmatrix for its address register (it reads the address of each lane of its matrices,
+active or not). A floating-point op (but mov and setp), an mma and an ldmatrix leave their
+destination as it was in a timing run: like a guarded definition, they kill nothing.
 
 A write at a register address may land on a slot. When a needed load reads slots and none
 reads the scratchpad at register addresses, such writes are not needed, and the run watches
