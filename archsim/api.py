@@ -1,4 +1,4 @@
-"""The Python API for notebooks (CONTRACT.md, "Python API"): the same machines, workloads, runs and
+"""The Python API for notebooks (docs/commands.md, "Python API"): the same machines, workloads, runs and
 records as the command line, as objects.
 
     import archsim

@@ -5,7 +5,7 @@ seconds (``warp_instructions_per_cpu_second``: the figure to compare on a loaded
 Every case runs once on a tiny config first so that numba's compilation (or cache load) is not
 timed, then ``repeat`` times timed; a case's figures are those of its median run (by wall time;
 ``wall_seconds_runs`` lists every run), so one run slowed by the rest of the machine does not move
-them. The figure is the median over cases (CONTRACT.md ``archsim.bench/1``).
+them. The figure is the median over cases (``archsim.bench/1`` in docs/records.md).
 
 Each case also records its seconds of simulation alone, the engine's nanoseconds per
 warp-instruction over them, and its unit visits per family (stats.visit_shares: units looked at per

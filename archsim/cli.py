@@ -1,4 +1,4 @@
-"""The ``archsim`` command line (CONTRACT.md).
+"""The ``archsim`` command line (docs/commands.md).
 
 Exit status: 0 done; 1 a functional verification failed; 2 bad input (one line on stderr:
 ``archsim: error: <where>: <what> (<allowed>)``, never a traceback); 3 the simulation could not
@@ -107,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="NAME", help="one of: " + ", ".join(PARAMS))
     _add_machine_options(p)
     p.add_argument("--param", dest="params", action="append", default=[], metavar="KEY=VALUE",
-                   help="a benchmark parameter, repeatable (see CONTRACT.md)")
+                   help="a benchmark parameter, repeatable (see docs/commands.md)")
     p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                    help="stop a launch after N core cycles (exit 3, partial result)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.micro/1 result")
@@ -532,7 +532,7 @@ def _run_options(a):
 
 
 def _progress(label: str):
-    """A progress bar on a terminal, nothing otherwise (CONTRACT: quiet when not a terminal)."""
+    """A progress bar on a terminal, nothing otherwise (quiet when not a terminal)."""
     if not sys.stderr.isatty():
         return None, lambda: None
     from tqdm import tqdm

@@ -717,7 +717,7 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
     registers, no seq x seq matrix in memory; on Sunway K/V blocks staged in the LDM); fused=false: S = Q K^T (a batched GEMM), P =
     softmax(S / sqrt(d)) (a row kernel, causal mask), O = P V (a batched GEMM), with S and P going
     through the memory hierarchy. The value is TFLOP/s of the math executed over the kernels'
-    summed time (per the contract: 4*d per unmasked (query, key) pair plus the softmax, the
+    summed time (4*d per unmasked (query, key) pair plus the softmax, the
     result's ``flops``); ``model_flops`` holds the full seq x seq count. Big launches are timed
     from their first waves (archsim.sample)."""
     from archsim.runner import timing_args

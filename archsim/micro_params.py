@@ -1,4 +1,4 @@
-"""The micro-benchmarks' parameters and their checks (CONTRACT.md), importable without the engine:
+"""The micro-benchmarks' parameters and their checks (docs/commands.md), importable without the engine:
 the command line lists the benchmarks and refuses a bad parameter before numba is loaded."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Raw counters of timed launches -> the tidy ``archsim.result/1`` records of CONTRACT.md.
+"""Raw counters of timed launches -> the tidy ``archsim.result/1`` records of docs/records.md.
 
 Derived metrics are declared here once, with their units: seconds = cycles / core clock,
 achieved bandwidth (GB/s) = bytes / seconds / 1e9 per level, TFLOP/s = flops / seconds / 1e12,
@@ -20,9 +20,9 @@ BYTE_LEVELS = ("l1", "scratch", "l2", "dram_read", "dram_write", "fabric")
 
 
 def machine_record(machine) -> dict:
-    """CONTRACT's machine fields, plus what the plots draw: the peak GB/s of every level (roofline),
-    the fabric and memory clocks (link and channel cycles in the timeline matrices), the fabric's
-    kind, core groups and L2 halves (topology)."""
+    """The records' machine fields (docs/records.md), plus what the plots draw: the peak GB/s of
+    every level (roofline), the fabric and memory clocks (link and channel cycles in the timeline
+    matrices), the fabric's kind, core groups and L2 halves (topology)."""
     bw = peak_bandwidth_gbps(machine)
     return {"name": machine.name, "family": machine.family, "clock_ghz": machine.clock_ghz,
             "cores": machine.groups * machine.cores.per_group,
@@ -62,7 +62,7 @@ def round_shares(shares: dict, digits: int = 6) -> dict:
 
 
 def _levels(machine) -> tuple[str, ...]:
-    """The bandwidth levels this machine has (CONTRACT: only those)."""
+    """The bandwidth levels this machine has (the records list only those, docs/records.md)."""
     out = []
     if machine.l1 is not None or machine.scratchpad.cache_kib > 0:   # an SM's L1, a CPE's LDM cache
         out.append("l1")
@@ -255,7 +255,7 @@ def _cache_summary(recs: list[dict]) -> dict:
 
 
 def totals(kernels: list[dict]) -> dict:
-    """CONTRACT ``total``: every kernel times its count."""
+    """The records' ``total`` (docs/records.md): every kernel times its count."""
     cyc = sum(k["cycles"] * k["count"] for k in kernels)
     sec = sum(k["seconds"] * k["count"] for k in kernels)
     fl = sum(k["flops"] * k["count"] for k in kernels)

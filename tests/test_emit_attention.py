@@ -259,7 +259,7 @@ def test_micro_attention_runs_the_fused_kernel():
     rec = r.kernels[0]
     assert rec["name"] == "attn" and r.extra["kernels"][0]["program"] == k.program.name
     assert rec["grid"] == [2, 2, 1]
-    # the contract's flops: the matmuls (the kernel's count) plus the softmax, 5 per unmasked pair
+    # the record's flops: the matmuls (the kernel's count) plus the softmax, 5 per unmasked pair
     assert rec["flops"] == k.flops + 5 * 2 * causal_pairs(100, 100) and rec["model_flops"] == k.model_flops
     assert r.value == pytest.approx(rec["flops"] / rec["seconds"] / 1e12)
     assert r.document(tiny)["schema"] == "archsim.micro/1"

@@ -1,4 +1,4 @@
-"""The package's import graph follows DESIGN.md: no import cycle (module level or inside a
+"""The package's import graph follows the rules of docs/architecture.md: no import cycle (module level or inside a
 function), the low layers import only what sits below them (workloads -> isa <- engine; the
 engine never sees workloads or reports), no module imports another's private names, and
 matplotlib is imported in report/ alone."""

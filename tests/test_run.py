@@ -3,8 +3,8 @@
 Functional runs are the end-to-end proof: every emitted kernel of a block, chained through real
 buffers, checked op by op against numpy and as a whole block against a float64 forward pass, for
 each phase and for both attention forms and both activation/norm families. Timing runs check the
-result document: CONTRACT fields, identical kernels simulated once and counted, totals that sum the
-kernels, the seed's model_flops, determinism, and the files --out writes.
+result document: the fields of docs/records.md, identical kernels simulated once and counted,
+totals that sum the kernels, the seed's model_flops, determinism, and the files --out writes.
 """
 
 from __future__ import annotations

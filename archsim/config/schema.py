@@ -1,7 +1,7 @@
 """The hardware description: one pydantic v2 tree for both machine families.
 
 A GPU (A100, H100) and the Sunway SW26010-Pro are both "core groups of cores that run warps, a
-fabric, memory partitions" (DESIGN.md section 3); blocks a family lacks are optional and ``None``
+fabric, memory partitions" (docs/architecture.md); blocks a family lacks are optional and ``None``
 when absent (``l1``, ``l2``, ``tensor``, ``dma``, ``rma``, ``mesh``, ``mpe``).
 
 Conventions

@@ -1,4 +1,4 @@
-"""The core timing model: one model for an SM sub-core and a Sunway CPE (DESIGN.md section 3).
+"""The core timing model: one model for an SM sub-core and a Sunway CPE (docs/architecture.md).
 
 Each core has ``subcores`` schedulers; warp slot ``s`` of a core belongs to sub-core
 ``s % subcores``. Every cycle each scheduler picks at most ``issue_per_cycle`` ready warps by its
@@ -10,9 +10,9 @@ its timing: the pipe is held ``ii`` cycles, results are ready after ``lat`` cycl
 instructions go to the memory system (memory.py), which marks their registers ready when the data
 is back.
 
-Every resident warp's cycle is classified once (the stall breakdown of CONTRACT.md): issued,
-not_selected, wait (fixed-latency dependency), long_scoreboard (memory), short_scoreboard
-(scratchpad / MUFU), pipe_busy, barrier, dma_wait, idle.
+Every resident warp's cycle is classified once (the stall breakdown the records report,
+docs/records.md): issued, not_selected, wait (fixed-latency dependency), long_scoreboard (memory),
+short_scoreboard (scratchpad / MUFU), pipe_busy, barrier, dma_wait, idle.
 """
 
 from __future__ import annotations

@@ -377,7 +377,7 @@ def channel_names(D: DramState) -> list[str]:
 
 def dram_counters(D: DramState, elapsed_mem_cycles: int | None = None,
                   mem_clock_ghz: float | None = None) -> list[dict]:
-    """Per channel a tidy record: CONTRACT.md's ``memory_controllers`` fields (name, queue_mean,
+    """Per channel a tidy record: docs/records.md's ``memory_controllers`` fields (name, queue_mean,
     queue_max, row_hit_rate, gbps), the raw counters, data_bus_busy_cycles (full-width
     equivalent), data_bus_util and latency_mean (memory cycles). ``elapsed_mem_cycles``
     defaults to the last stepped cycle + 1, the clock to the machine's memory clock."""

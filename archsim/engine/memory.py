@@ -1,4 +1,4 @@
-"""The memory system around the cores, stepped in the tick order of DESIGN.md (memory -> fabric ->
+"""The memory system around the cores, stepped in the engine's tick order (memory -> fabric ->
 cores): DRAM in the memory clock, then the L2 slices or controllers and the request / response
 fabrics in the fabric clock, then the core-group side (Sunway), then every core's data pipe and
 L1. Each side lives in its own module over one state (mem_state.py): core_side.py (MIO queues,

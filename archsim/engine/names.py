@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# stall reasons, in CONTRACT.md order (warps.R_* are their indices)
+# stall reasons, in docs/records.md order (warps.R_* are their indices)
 STALL_NAMES = ("issued", "not_selected", "wait", "long_scoreboard", "short_scoreboard", "pipe_busy",
                "barrier", "dma_wait", "idle")
 

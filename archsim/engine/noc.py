@@ -1148,7 +1148,7 @@ def make_cpe_meshes(machine) -> NocState:
 # ----------------------------------------------------------------------------- results
 
 def noc_counters(N: NocState, elapsed_cycles: int) -> dict:
-    """The CONTRACT.md ``fabric`` record for one network, plus extra fields: per link utilization
+    """The ``fabric`` record (docs/records.md) for one network, plus extra fields: per link utilization
     (busy cycles / elapsed_cycles), blocked cycles, bytes, packets, occupancy of the buffers the
     link feeds (flits; mean over elapsed_cycles, max); deliveries, mean latency (injection to tail
     arrival), injection stalls."""

@@ -20,7 +20,7 @@ INF = np.int64(1) << 62
 # T_START: its block is placed but not launched yet (TState.start_at)
 T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START = range(9)
 
-# stall reasons, in CONTRACT.md order (names.STALL_NAMES)
+# stall reasons, in docs/records.md order (names.STALL_NAMES)
 (R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
  R_IDLE) = range(9)
 

@@ -4,7 +4,7 @@
     ops = w.block_ops()          # one decoder block's op graph, in execution order (ops.py)
     w.totals()                   # flops / model_flops of ``layers`` blocks
 
-The schema is CONTRACT.md's "Workload YAML", plus one optional field: ``model.norm_eps`` (the
+The schema is that of workloads/*.yaml, with one optional model field: ``model.norm_eps`` (the
 normalisation epsilon, default 1e-5, which numpy references and norm kernels need to agree on).
 Every bad input becomes one ``InputError`` naming the file (or the command-line option that
 supplied the value), the dotted field and what is allowed, in the config loader's style.
@@ -52,7 +52,7 @@ class ModelSpec(_Frozen):
     vocab: PosInt                   # not part of the block (embedding and LM head are out of scope)
     activation: Literal["gelu", "relu", "swiglu"]
     norm: Literal["layernorm", "rmsnorm"]
-    # Optional (not in CONTRACT's example): the norm epsilon, so references and kernels agree.
+    # Optional: the norm epsilon, so references and kernels agree.
     norm_eps: Annotated[float, Field(strict=False, gt=0, lt=1, allow_inf_nan=False)] = 1e-5
 
     @model_validator(mode="after")
@@ -109,7 +109,7 @@ class Workload(_Frozen):
         return {"layers": L, "block_flops": bf, "block_model_flops": bm, "flops": bf * L, "model_flops": bm * L}
 
     def summary(self) -> dict:
-        """The result JSON's ``workload`` record (CONTRACT: name, phase, batch, seq, layers, ...)."""
+        """The result JSON's ``workload`` record (docs/records.md: name, phase, batch, seq, layers, ...)."""
         m, sc = self.model, self.scenario
         return {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
                 "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,

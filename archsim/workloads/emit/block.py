@@ -5,7 +5,7 @@ A ``Kernel`` here is an emitted program bound to the block's tensors: its buffer
 ``Slot``s (a tensor of the block, an element offset into it, and the shape the kernel wants a
 numpy array in), its scalar parameters are numbers. The run layer (archsim.runner) gives the slots
 real numpy arrays in functional mode or address space in timing mode; the emitters never see the
-engine (DESIGN.md's dependency rule).
+engine (the dependency rule of docs/architecture.md).
 
 How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py):
 
@@ -28,8 +28,8 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
   for d_gamma / d_beta, with a workspace when the rows are split over the machine).
 - gelu, relu, add, and their grads: grid-stride flat kernels; swiglu(_grad): row kernels.
 
-flops and model_flops of a kernel are its share of its op's (the op graph's counts are the
-contract): a multi-kernel op splits them by the kernels' own nominal counts, and its model_flops
+flops and model_flops of a kernel are its share of its op's (the op graph's counts are
+authoritative): a multi-kernel op splits them by the kernels' own nominal counts, and its model_flops
 by the matmuls each kernel holds.
 
 Kernel naming: a kernel is named after its op (``qkv``, ``ffn1.wgrad``); an op emitted as several
@@ -84,7 +84,7 @@ class Kernel:
     op: str
     program: Program
     launch: Launch
-    flops: int                       # its share of the op's flops (CONTRACT: the math executed)
+    flops: int                       # its share of the op's flops (the math executed)
     model_flops: int                 # its share of the op's textbook count
     params: dict                     # parameter -> Slot | int
     tensors: tuple                   # TensorSpec of every tensor it reads or writes
