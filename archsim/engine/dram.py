@@ -169,8 +169,8 @@ COUNTERS = ("reads", "writes", "bytes_read", "bytes_written", "row_hits", "row_m
 # field indices of the packed arrays (few NamedTuple fields keep numba's compile time down)
 B_OPEN, B_ACT, B_PRE, B_RD, B_WR, B_STREAK, B_HITS, B_N = range(8)          # bank[C, NB, :]
 G_ACT, G_RD, G_WR, G_N = range(4)                                            # bgrp[C, S*BGS, :]
-(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_REFB, S_OLDEST, S_YOUNGEST,
- S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15)                          # sub[C, S, :]
+(S_ACT, S_RD, S_WR, S_BUS, S_REF, S_FAW, S_FAWI, S_SEL, S_SELSEQ, S_REFB, S_OLDEST, S_YOUNGEST, S_WAKE,
+ S_N) = (0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13, 14, 15, 16)                      # sub[C, S, :]
 (H_ADDR, H_NBYTES, H_K, H_NB, H_CLS, H_WR, H_BANK, H_ROW, H_ARR, H_SEQ, H_OLDER, H_YOUNGER, H_PART, H_MERGE,
  H_N) = range(15)                                                             # shadow[C, QCAP, :]
 F_ID, F_DONE, F_ARR, F_NBYTES, F_WR, F_N = range(6)                          # ret[C, RETCAP, :]
@@ -185,7 +185,9 @@ class DramState(NamedTuple):
     ``B_ACT..B_WR`` the earliest cycle for each command on it; ``bgrp`` the same per bank group
     (tRRD_L, tCCD_L, tWTR_L); ``sub`` per sub-channel (tRRD_S, tCCD_S, tWTR_S, data bus free
     time in 1/FP cycles, next refresh due, the last four ACTs for tFAW, per-bank refresh: the
-    bank (within the sub-channel) refreshed next); ``shadow`` the decoded
+    bank (within the sub-channel) refreshed next, its age list's ends, and the first cycle its
+    last FR-FCFS scan found anything could issue: until then, and until an arrival, a request
+    moved in from another sub-channel or a retirement, a scan would find the same); ``shadow`` the decoded
     input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
     class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival, age
     sequence number, and the slots of the next older and next younger seen entry of the same
@@ -792,6 +794,7 @@ def _enlist(D, c, s, sl):
     seq = H[c, sl, H_SEQ]
     o = D.sub[c, s, S_YOUNGEST]
     y = np.int64(-1)
+    D.sub[c, s, S_WAKE] = 0                          # its scheduler looks again
     while o >= 0 and H[c, o, H_SEQ] > seq:
         y = o
         o = H[c, o, H_OLDER]
@@ -989,6 +992,13 @@ def _sched(D, Q, c, qi, now, issue):
         # scan of that sub-channel ends. A sub-channel that chose nothing skipped nothing, so
         # the earliest cycle returned when nothing issues is that of a scan of every entry.
         for s in range(S):
+            if U[c, s, S_WAKE] > now:
+                # nothing of this sub-channel changed since a scan found nothing could issue before
+                # S_WAKE (its own commands, arrivals, requests moved in and retirements wake it)
+                if U[c, s, S_WAKE] < ev:
+                    ev = U[c, s, S_WAKE]
+                continue
+            U[c, s, S_WAKE] = NEVER                  # lowered by the scan and the refresh below
             refb = np.int64(-1)                      # the bank whose refresh is due (per-bank)
             if U[c, s, S_REF] <= now:
                 if p[P_REFPB] == 0:
@@ -1010,6 +1020,8 @@ def _sched(D, Q, c, qi, now, issue):
                     continue
                 if ready < ev:
                     ev = ready
+                if ready < U[c, s, S_WAKE]:
+                    U[c, s, S_WAKE] = ready
                 if ready <= now:
                     U[c, s, S_SEL] = sl
                     if hit or not col:
@@ -1034,16 +1046,24 @@ def _sched(D, Q, c, qi, now, issue):
             if issue and ready <= now:
                 _ref_issue(D, c, s, cmd, now)
                 U[c, s, S_SEL] = -1                  # the refresh took the command slot (per-bank)
+                U[c, s, S_WAKE] = now + 1
                 issued = True
-            elif ready < ev:
-                ev = ready
-        elif U[c, s, S_REF] < ev:
-            ev = U[c, s, S_REF]
+            else:
+                if ready < ev:
+                    ev = ready
+                if ready < U[c, s, S_WAKE]:
+                    U[c, s, S_WAKE] = ready
+        else:
+            if U[c, s, S_REF] < ev:
+                ev = U[c, s, S_REF]
+            if U[c, s, S_REF] < U[c, s, S_WAKE]:
+                U[c, s, S_WAKE] = U[c, s, S_REF]
     if issue:
         for s in range(S):
             sl = U[c, s, S_SEL]
             if sl < 0:
                 continue
+            U[c, s, S_WAKE] = now + 1                # (a request it moves to another sub-channel wakes that one)
             h = Q.head[qi]
             if _issue(D, Q, c, qi, sl, now) and sl != h:
                 # the request left the queue and the head entry moved into its slot
@@ -1111,6 +1131,8 @@ def dram_step(D, Q, R, q_in_base, q_out_base, now_mem):
             if D.chan[c, K_INFN] != before:
                 wake = now
                 changed = True
+                for s in range(p[P_S]):              # room in the return buffer: a last burst may go
+                    D.sub[c, s, S_WAKE] = 0
         # the scheduler's state changes only by its own commands, arrivals and retirements, so
         # until the cycle its last scan named nothing can issue: skip the scan
         if now >= wake:
