@@ -120,7 +120,9 @@ Engine notes (speed): each sub-channel's requests are scanned oldest first from 
 (kept per sub-channel, in the shadow) and the scan stops at the sub-channel's choice (its first
 ready hit, or its first ready ACT / PRE when its column timing rules every hit out); a channel
 whose last scan issued nothing sleeps until the cycle that scan named, unless a request arrives
-or one retires; a request leaves the queue in O(1) (the head entry fills its slot; ages live in
+or one retires, and within a channel each sub-channel likewise (``S_WAKE``: until the cycle its
+last scan named, an arrival, a request whose next burst moves in, a retirement or its own
+command; other sub-channels' commands only delay its candidates); a request leaves the queue in O(1) (the head entry fills its slot; ages live in
 the shadow); per-bank row-hit counts are kept incrementally; the return buffer is a ring sorted
 by completion. No allocation and no reference counting in the step (see ``_jit``). The only
 failure a step can meet, a queue larger than ``queue_cap``, is flagged in ``chan[:, K_ERR]``
