@@ -615,3 +615,19 @@ def test_bank_conflicts_match_reference(addrs, active, nbytes, geom, aligned):
     else:  # few distinct words, so that broadcasts and conflicts both occur
         addrs = [a % 320 for a in addrs]
     assert banks(addrs, nbytes, active, nb, bw) == ref_wavefronts(addrs, active, nbytes, nb, bw)
+
+
+@given(st.integers(0, 4096), st.sampled_from([1, 2, 4, 8, 16]),
+       st.sampled_from([(32, 4), (8, 8), (128, 4), (24, 4), (8, 4)]), st.sampled_from([ALL, ALL >> 1, ALL - 2]),
+       st.booleans())
+def test_contiguous_accesses_match_reference(base, nbytes, geom, active, aligned):
+    """A warp reading one contiguous span (the fast path), or nearly so (a lane off or out of place:
+    the general one)."""
+    nb, bw = geom
+    if aligned:
+        base -= base % nbytes
+    addrs = [base + i * nbytes for i in range(32)]
+    assert banks(addrs, nbytes, active, nb, bw) == ref_wavefronts(addrs, active, nbytes, nb, bw)
+    addrs[7] += nbytes
+    assert banks(addrs, nbytes, active, nb, bw) == ref_wavefronts(addrs, active, nbytes, nb, bw)
+

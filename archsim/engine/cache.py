@@ -1022,6 +1022,19 @@ def _bank_of(wd, banks, bks):
 
 
 @njit(**_NOREF)
+def _phase_contiguous(addrs, active_mask, l0, l1, nbytes, banks, bw):
+    """Wavefronts of a phase whose lanes are all active and read one contiguous span (lane i at
+    the first lane's address + i x nbytes, a vector's or a tile row's access): its n distinct
+    words fall ceil(n / banks) to the busiest bank. -1 for any other phase."""
+    a0 = addrs[l0]
+    for i in range(l0, l1):
+        if not (active_mask >> i) & 1 or addrs[i] != a0 + (i - l0) * nbytes:
+            return np.int64(-1)
+    n = (a0 + (l1 - l0) * nbytes - 1) // bw - a0 // bw + 1
+    return (n + banks - 1) // banks
+
+
+@njit(**_NOREF)
 def _phase_clean(addrs, active_mask, l0, l1, nbytes, banks, bw):
     """0 or 1 wavefront when no bank is touched by two different words (repeats of the word just
     seen, as in broadcasts, excepted); -1 when the phase needs a closer look."""
@@ -1139,7 +1152,9 @@ def _phase_wavefronts(addrs, active_mask, l0, l1, nbytes, banks, bw, scratch):
     """Wavefronts of one phase: max over banks of the distinct words it touches (a word read by
     several lanes is one broadcast)."""
     wpl = (nbytes + bw - 1) // bw + 1  # words one lane can touch (misaligned included)
-    r = _phase_clean(addrs, active_mask, l0, l1, nbytes, banks, bw)
+    r = _phase_contiguous(addrs, active_mask, l0, l1, nbytes, banks, bw)
+    if r < 0:
+        r = _phase_clean(addrs, active_mask, l0, l1, nbytes, banks, bw)
     if r < 0:
         if (l1 - l0) * wpl <= 64 and banks <= 64:
             r = _phase_rounds(addrs, active_mask, l0, l1, nbytes, banks, bw, scratch)
