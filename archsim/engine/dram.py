@@ -122,11 +122,12 @@ ready hit, or its first ready ACT / PRE when its column timing rules every hit o
 whose last scan issued nothing sleeps until the cycle that scan named, unless a request arrives
 or one retires, and within a channel each sub-channel likewise (``S_WAKE``: until the cycle its
 last scan named, an arrival, a request whose next burst moves in, a retirement or its own
-command; other sub-channels' commands only delay its candidates); a request leaves the queue in O(1) (the head entry fills its slot; ages live in
-the shadow); per-bank row-hit counts are kept incrementally; the return buffer is a ring sorted
-by completion. No allocation and no reference counting in the step (see ``_jit``). The only
-failure a step can meet, a queue larger than ``queue_cap``, is flagged in ``chan[:, K_ERR]``
-and raised by ``dram_check`` / ``dram_counters``.
+command; other sub-channels' commands only delay its candidates); a request leaves the queue
+in O(1) (the head entry fills its slot; ages live in the shadow); per-bank row-hit counts are
+kept incrementally; the return buffer is a ring sorted by completion. No allocation and no
+reference counting in the step (see ``_jit``). The only failure a step can meet, a queue larger
+than ``queue_cap``, is flagged in ``chan[:, K_ERR]`` and raised by ``dram_check`` /
+``dram_counters``.
 """
 
 from __future__ import annotations
@@ -189,8 +190,8 @@ class DramState(NamedTuple):
     time in 1/FP cycles, next refresh due, the last four ACTs for tFAW, per-bank refresh: the
     bank (within the sub-channel) refreshed next, its age list's ends, and the first cycle its
     last FR-FCFS scan found anything could issue: until then, and until an arrival, a request
-    moved in from another sub-channel or a retirement, a scan would find the same); ``shadow`` the decoded
-    input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
+    moved in from another sub-channel or a retirement, a scan would find the same); ``shadow``
+    the decoded input-queue entries per physical queue slot (address, bytes, next burst, bursts, first-burst
     class 0 none / 1 hit / 2 miss / 3 conflict, write, next burst's bank and row, arrival, age
     sequence number, and the slots of the next older and next younger seen entry of the same
     sub-channel: the seen entries whose next burst goes to sub-channel s form a list in age order
