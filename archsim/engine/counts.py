@@ -27,6 +27,7 @@ import numpy as np
 
 from archsim.engine import execute as X
 from archsim.engine.functional import DONE, build_fstate, run_loop
+from archsim.isa import cfg
 from archsim.isa import opcodes as O
 from archsim.isa.program import NONE, Launch, Program
 
@@ -95,17 +96,6 @@ def _operands(prog: Program, pc: int, op: O.Opcode, word_bit: dict) -> tuple[int
     return dst, kill, src
 
 
-def _successors(prog: Program, pc: int, sem: str) -> tuple[int, ...]:
-    n = len(prog)
-    guarded = prog.pred[pc] != NONE
-    nxt = (pc + 1,) if pc + 1 < n else ()
-    if sem == "bra":
-        return (int(prog.imm[pc]),) + (nxt if guarded else ())
-    if sem == "exit":
-        return nxt if guarded else ()
-    return nxt
-
-
 def control_slice(prog: Program, placed: bool = False) -> tuple[np.ndarray | None, str, bool, int]:
     """(keep, why, per_block, shared): ``keep[pc]`` marks the instructions the counter must
     execute: the control instructions and every definition that reaches what their guards read (a
@@ -118,32 +108,19 @@ def control_slice(prog: Program, placed: bool = False) -> tuple[np.ndarray | Non
     ops = O.opcodes()
     n = len(prog)
     sems = [ops[int(prog.op[pc])].sem for pc in range(n)]
-    dst, src, kill, succ = [0] * n, [0] * n, [0] * n, []
+    dst, src, kill = [0] * n, [0] * n, [0] * n
     word_bit: dict = {}
     for pc in range(n):
         d, k, r = _operands(prog, pc, ops[int(prog.op[pc])], word_bit)
         dst[pc], kill[pc], src[pc] = d, k, r
-        succ.append(tuple(s for s in _successors(prog, pc, sems[pc]) if 0 <= s < n))
+    succ = cfg.inner_successors(prog)
     keep = np.array([s in CONTROL for s in sems], bool)
     live = [0] * n          # values some later control instruction may read, live into pc
     slots = ~((1 << SLOT_BIT) - 1)
     grew = True
     while grew:
         grew = False
-        changed = True
-        while changed:
-            changed = False
-            for pc in range(n - 1, -1, -1):
-                out = 0
-                for s in succ[pc]:
-                    out |= live[s]
-                if not keep[pc] and dst[pc] & out:
-                    keep[pc] = True
-                    changed = True
-                new = (out & ~kill[pc]) | (src[pc] if keep[pc] else 0)
-                if new != live[pc]:
-                    live[pc] = new
-                    changed = True
+        cfg.grow_backward_slice(succ, dst, kill, [0] * n, src, keep, live)
         # a slot is the block's, not the thread's: another warp's store to a slot the slice reads
         # reaches it whatever the path, so every store to such a slot is kept
         read = 0

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from archsim.isa import cfg
 from archsim.isa import opcodes as O
 from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, NONE, Program, ProgArrays
 
@@ -122,19 +123,6 @@ def sem_writes_nothing(op: O.Opcode) -> bool:
         op.operands[0] in ("R", "R2", "R4")
 
 
-def _successors(prog: Program, pc: int, sem: str) -> tuple[int, ...]:
-    n = len(prog)
-    nxt = (pc + 1,) if pc + 1 < n else ()
-    guarded = prog.pred[pc] != NONE
-    if sem == "bra":
-        out = (int(prog.imm[pc]),) + (nxt if guarded else ())
-    elif sem == "exit":
-        out = nxt if guarded else ()
-    else:
-        out = nxt
-    return tuple(s for s in out if 0 <= s < n)
-
-
 def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
     """(``needed[pc]``: the instruction's values may reach what a timing run reads; the byte
     range of the scratchpad's slots to watch, (0, 0) when none): see the module docstring.
@@ -144,7 +132,8 @@ def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
     ops = O.opcodes()
     n = len(prog)
     ins = [_Ins(prog, pc, ops[int(prog.op[pc])]) for pc in range(n)]
-    succ = [_successors(prog, pc, ins[pc].sem) for pc in range(n)]
+    succ = cfg.inner_successors(prog)
+    dst, kill, addr, val = ([getattr(i, f) for i in ins] for f in ("dst", "kill", "addr", "val"))
     need = np.array([i.sem in _CONTROL or backed and bool(i.writes & GLOBAL) for i in ins], bool)
     live = [0] * n                 # registers and predicates live into pc
     mem = 0                        # memory classes a needed instruction reads (global: only when backed)
@@ -154,21 +143,7 @@ def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
     grew = True
     while grew:
         grew = False
-        changed = True
-        while changed:
-            changed = False
-            for pc in range(n - 1, -1, -1):
-                i = ins[pc]
-                out = 0
-                for s in succ[pc]:
-                    out |= live[s]
-                if not need[pc] and (i.dst & (out | everywhere) or i.writes & mem):
-                    need[pc] = True
-                    changed = True
-                new = (out & ~i.kill) | i.addr | (i.val if need[pc] else 0)
-                if new != live[pc]:
-                    live[pc] = new
-                    changed = True
+        cfg.grow_backward_slice(succ, dst, kill, addr, val, need, live, everywhere)
         for pc in np.flatnonzero(need):
             i = ins[pc]
             reads = i.reads if backed else i.reads & ~GLOBAL
@@ -177,6 +152,10 @@ def needed(prog: Program, backed: bool) -> tuple[np.ndarray, tuple[int, int]]:
                 grew = True
             if i.shfl_src & ~everywhere:
                 everywhere |= i.shfl_src
+                grew = True
+        for pc in range(n):       # a write to a class a needed instruction reads
+            if not need[pc] and ins[pc].writes & mem:
+                need[pc] = True
                 grew = True
     watch = (0, 0)
     if mem & SLOTS and not mem & SHARED:

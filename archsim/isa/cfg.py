@@ -46,6 +46,35 @@ def successors(prog: Program, for_reconvergence: bool = False) -> list[list[int]
     return out
 
 
+def inner_successors(prog: Program) -> list[list[int]]:
+    """Successors of each instruction within the program (the exit node left out)."""
+    n = len(prog)
+    return [[t for t in out if t < n] for out in successors(prog)]
+
+
+def grow_backward_slice(succ, dst, kill, always, uses, need: np.ndarray, live: list, also: int = 0) -> None:
+    """Grow a backward slice over the control-flow graph to its fixpoint, in place. Per
+    instruction, bit sets (registers, predicates, whatever the caller counts): ``dst`` what it
+    defines, ``kill`` what it always overwrites (a guarded definition kills nothing), ``always``
+    what it reads whether in the slice or not, ``uses`` what it reads when in the slice. An
+    instruction joins the slice (``need``) when it defines something live after it, or in
+    ``also`` (read anywhere, whatever the path); ``live[pc]`` is what is live into pc."""
+    changed = True
+    while changed:
+        changed = False
+        for pc in range(len(succ) - 1, -1, -1):
+            out = 0
+            for t in succ[pc]:
+                out |= live[t]
+            if not need[pc] and dst[pc] & (out | also):
+                need[pc] = True
+                changed = True
+            new = (out & ~kill[pc]) | always[pc] | (uses[pc] if need[pc] else 0)
+            if new != live[pc]:
+                live[pc] = new
+                changed = True
+
+
 def postdominators(prog: Program) -> list[int]:
     """Immediate post-dominator of each instruction (n = the exit node; also for an instruction
     from which the exit cannot be reached). The dominator tree of the reversed graph rooted at
