@@ -42,8 +42,8 @@ def _dims(text: str, option: str) -> tuple[int, int, int]:
     return tuple(vals + [1] * (3 - len(vals)))
 
 
-def _add_machine_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--hw", required=True, help="machine: a YAML path or a built-in name (a100, h100, sw26010pro, "
+def _add_machine_options(p: argparse.ArgumentParser, required: bool = True) -> None:
+    p.add_argument("--hw", required=required, help="machine: a YAML path or a built-in name (a100, h100, sw26010pro, "
                                                "tiny-gpu, tiny-sunway)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                    help="override one config value (dotted path), repeatable")
@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its work is steady (default: simulated whole)")
     _add_cache_options(p)
 
-    p = sub.add_parser("show-config", help="print a resolved machine with derived figures")
-    p.add_argument("hw", metavar="HW", help="a YAML path or a built-in name")
+    p = sub.add_parser("show-config", help="print a resolved machine or cluster with derived figures")
+    p.add_argument("hw", metavar="HW|CLUSTER", help="a YAML path or a built-in machine or cluster name")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE")
     p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE")
     p.add_argument("--json", metavar="FILE", help="write the resolved machine and derived figures as JSON")
@@ -116,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workers_option(p)
 
     p = sub.add_parser("validate", help="simulated vs published figures (configs/reference/<machine>.yaml)")
-    _add_machine_options(p)
+    _add_machine_options(p, required=False)
+    p.add_argument("--cluster", metavar="CLUSTER", help="validate a cluster's collectives instead "
+                                                       "(configs/reference/clusters/<cluster>.yaml)")
     p.add_argument("--reference", metavar="FILE", help="a reference YAML (default: the machine's built-in one)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
     p.add_argument("--plot", metavar="FILE", default="validate.png",
@@ -378,15 +380,45 @@ def args_for_ref(prog) -> dict:
 
 
 def cmd_show_config(a) -> int:
+    from archsim.cluster.spec import is_cluster_file
     from archsim.config.derived import format_machine, peak_bandwidth_gbps, peak_tflops
     from archsim.config.load import load_machine
 
-    machine = load_machine(a.hw, a.overlays, a.sets)
+    if is_cluster_file(a.hw):
+        return _show_cluster(a)
+    try:
+        machine = load_machine(a.hw, a.overlays, a.sets)
+    except InputError as e:
+        if e.where == "--hw" and e.what.startswith("unknown machine"):
+            from archsim.cluster.spec import builtin_clusters
+
+            raise InputError("show-config", f"unknown machine or cluster {a.hw!r}",
+                             f"{e.allowed}; or a cluster: {', '.join(builtin_clusters())}") from None
+        raise
     print(format_machine(machine))
     if a.json:
         _write_json(a.json, {"schema": "archsim.machine/1", "machine": machine.model_dump(mode="json"),
                              "derived": {"peak_tflops": peak_tflops(machine),
                                          "peak_bandwidth_gbps": peak_bandwidth_gbps(machine)}})
+    return 0
+
+
+def _show_cluster(a) -> int:
+    from archsim.cluster.derived import cluster_figures, format_cluster
+    from archsim.cluster.spec import load_cluster, load_device
+    from archsim.config.derived import peak_tflops
+
+    if a.sets or a.overlays:
+        raise InputError("--set" if a.sets else "--overlay", f"{a.hw} is a cluster; --set and --overlay change "
+                         "machines", "show-config CLUSTER without them")
+    cluster = load_cluster(a.hw, "show-config")
+    device = load_device(cluster, a.hw)
+    fig = cluster_figures(cluster)
+    peak = {k: v for k, v in peak_tflops(device).items() if k in ("fp16", "bf16", "fp32", "fp64")}
+    print(format_cluster(cluster, fig, device.description or device.name, peak))
+    if a.json:
+        _write_json(a.json, {"schema": "archsim.cluster_config/1", "cluster": cluster.model_dump(mode="json"),
+                             "derived": {**fig, "peak_tflops_per_device": peak}})
     return 0
 
 
@@ -427,6 +459,10 @@ def cmd_micro(a) -> int:
 
 
 def cmd_validate(a) -> int:
+    if (a.hw is None) == (a.cluster is None):
+        raise InputError("validate", "give a machine (--hw) or a cluster (--cluster)", "exactly one of them")
+    if a.cluster is not None:
+        return _validate_cluster(a)
     from archsim.config.load import load_machine
     from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
                                   pick_curves, reference_machine, reference_path, validate)
@@ -454,6 +490,35 @@ def cmd_validate(a) -> int:
             print("  " + format_curve(c))
     print(f"mean absolute percentage error: {res['mape_pct']:.1f}%, worst {res['max_error_pct']:.1f}%  "
           f"({res['wall_seconds']:.0f} s)")
+    if a.json:
+        _write_json(a.json, res)
+    if a.plot != "none":
+        from archsim.report.validation import plot_validation
+
+        plot_validation(res, a.plot)
+        print(f"plot: {a.plot}")
+    return 0
+
+
+def _validate_cluster(a) -> int:
+    from archsim.cluster.validate import format_point, prepare, validate_cluster_curves
+
+    if a.sets or a.overlays:
+        raise InputError("--set" if a.sets else "--overlay", "--set and --overlay change machines",
+                         "validate --cluster C without them (a curve's own `set` changes its cluster)")
+    prepare(a.cluster, a.reference, a.curve)      # every input checked before anything prints
+    if a.plot != "none":
+        _check_writable(a.plot, "--plot")
+    print(f"validate {a.cluster}: simulated vs published (bus bandwidth on the flow model)")
+    res = validate_cluster_curves(a.cluster, a.reference, progress=lambda c, p: print(format_point(c, p), flush=True),
+                                  only=a.curve)
+    print("curves:")
+    from archsim.validate import format_curve
+
+    for c in res["curves"]:
+        print("  " + format_curve(c))
+    print(f"mean absolute percentage error: {res['mape_pct']:.1f}%, worst {res['max_error_pct']:.1f}%  "
+          f"({res['wall_seconds']:.1f} s)")
     if a.json:
         _write_json(a.json, res)
     if a.plot != "none":

@@ -10,7 +10,7 @@ overrides (no sampling, so every block is simulated).
 
 from __future__ import annotations
 
-CONFIGS = ("a100", "h100", "sw26010pro", "tiny-gpu", "tiny-sunway")
+CONFIGS = ("a100", "a100-80gb", "h100", "sw26010pro", "tiny-gpu", "tiny-sunway")
 
 _GPU = [
     ("pchase_16k", "micro", ("latency", {"footprint_kib": 16, "loads": 256})),

@@ -39,8 +39,9 @@ def test_show_config_set_and_json(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,line", [
-    (["show-config", "nope"], "archsim: error: --hw: unknown machine 'nope' (a path to a YAML file or one of: "
-                              "a100, h100, sw26010pro, tiny-gpu, tiny-sunway)"),
+    (["show-config", "nope"], "archsim: error: show-config: unknown machine or cluster 'nope' (a path to a YAML "
+                              "file or one of: a100, a100-80gb, h100, sw26010pro, tiny-gpu, tiny-sunway; or a "
+                              "cluster: dgx-a100-superpod, jean-zay-a100, sunway-supernodes)"),
     (["asm", "vector_add"], "archsim: error: command line: the following arguments are required: --hw "
                             "(see `archsim asm --help`)"),
     (["asm", "vector_add", "--hw", "tiny-gpu", "--grid", "0"],
@@ -233,11 +234,13 @@ def test_jobs_beyond_the_device_host_or_work_limit_are_refused_before_they_start
     beyond it, .arg buffers beyond it, and a job above --max-instructions are one line naming both
     sizes (or the estimate and the option), before any kernel is emitted or simulated."""
     import archsim.engine.timing
+    import archsim.micro      # binds time_kernel at import: import it first, patch both
 
     def boom(*a, **k):
         raise AssertionError("simulated a job that should have been refused")
 
     monkeypatch.setattr(archsim.engine.timing, "time_kernel", boom)
+    monkeypatch.setattr(archsim.micro, "time_kernel", boom)
     for extra in (["--seq", "10000000"], ["--batch", "100000"], ["--mode", "functional", "--seq", "1000000"]):
         code, _, err = cli(capsys, "run", "--hw", "tiny-gpu", "--workload", "tiny", *extra)
         line = one_line_error(err)

@@ -73,11 +73,33 @@ def test_machine_record_fields_are_documented(capsys, tmp_path, hw):
     assert not missing, f"docs/records.md does not list these fields of {hw}'s machine record: {missing}"
 
 
+CLUSTER_MAPS = {"cluster.sources": "<tag>", "derived.peak_tflops_per_device": "<dtype>"}
+
+
+@pytest.mark.parametrize("name", ["jean-zay-a100", "sunway-supernodes"])
+def test_cluster_record_fields_are_documented(capsys, tmp_path, name):
+    out = tmp_path / "c.json"
+    code, _, err = cli(capsys, "show-config", name, "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.cluster_config/1"
+    missing = sorted(key_paths(doc, CLUSTER_MAPS) - documented())
+    assert not missing, f"docs/records.md does not list these fields of {name}'s cluster record: {missing}"
+
+
+def test_cluster_validate_record_fields_are_documented(capsys, tmp_path):
+    out = tmp_path / "v.json"
+    code, _, err = cli(capsys, "validate", "--cluster", "dgx-a100-superpod", "--plot", "none", "--json", str(out))
+    assert code == 0, err
+    missing = sorted(key_paths(json.loads(out.read_text()), {}) - documented())
+    assert not missing, f"docs/records.md does not list these fields of a cluster validate record: {missing}"
+
+
 def test_every_schema_has_a_section():
     text = DOC.read_text(encoding="utf-8")
     schemas = set()
     for f in (ROOT / "archsim").rglob("*.py"):
-        schemas |= set(re.findall(r'"(archsim\.[a-z]+/\d+)"', f.read_text(encoding="utf-8")))
+        schemas |= set(re.findall(r'"(archsim\.[a-z_]+/\d+)"', f.read_text(encoding="utf-8")))
     assert "archsim.result/1" in schemas
     missing = sorted(s for s in schemas if f"\n## {s}\n" not in text)
     assert not missing, f"docs/records.md has no section for {missing}"

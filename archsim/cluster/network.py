@@ -1,0 +1,185 @@
+"""Flow-level network: transfers share each link's bandwidth max-min fairly.
+
+The model ASTRA-sim's analytical backend and SimGrid use: a transfer (a flow) crosses a fixed
+route of links; at every flow start and end the rates of all active flows are recomputed by
+progressive filling (raise every unfrozen flow's rate together until a link fills, freeze the
+flows crossing it, repeat), so each flow gets its max-min fair share. A flow joins its links
+after its route's start-up latency and completes when its last byte has crossed them.
+
+``Events`` is the discrete-event clock the network, the collectives and the step share.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+import numpy as np
+
+
+class Events:
+    """A discrete-event clock: callbacks at times, run in time order (ties in scheduling order)."""
+
+    def __init__(self):
+        self.now = 0.0
+        self._heap: list = []
+        self._seq = 0
+
+    def at(self, t: float, fn: Callable, *args) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (max(t, self.now), self._seq, fn, args))
+
+    def run(self) -> float:
+        while self._heap:
+            t, _, fn, args = heapq.heappop(self._heap)
+            self.now = t
+            fn(*args)
+        return self.now
+
+
+def maxmin_rates(pair_flow: np.ndarray, pair_link: np.ndarray, flows: int, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rates of ``flows`` flows; flow pair_flow[i] crosses link pair_link[i]."""
+    rates = np.zeros(flows)
+    if flows == 0:
+        return rates
+    if len(capacity) <= 4 * len(pair_link):       # few links: count over all of them
+        inv, left = pair_link, capacity.astype(np.float64)
+    else:                                          # many links, few used: count over the used ones
+        links, inv = np.unique(pair_link, return_inverse=True)
+        left = capacity[links].astype(np.float64)
+    active = np.ones(flows, dtype=bool)
+    while True:
+        count = np.bincount(inv, weights=active[pair_flow], minlength=len(left))
+        used = count > 0
+        if not used.any():
+            return rates
+        share = np.full(len(left), math.inf)
+        share[used] = left[used] / count[used]
+        level = share.min()
+        rates[active] += level
+        left -= level * count
+        full = used & (share <= level * (1 + 1e-12))
+        frozen = np.zeros(flows, dtype=bool)
+        frozen[pair_flow[full[inv]]] = True
+        active &= ~frozen
+
+
+class FlowNetwork:
+    """Active flows over links of ``capacity`` bytes/s, driven by an ``Events`` clock. Counts the
+    bytes each link carried and, with ``record``, each link's rate over time.
+
+    Flows that start or end at one instant are shared out once: a change marks the rates stale
+    and one re-share runs after every event of that instant (a ring step's flows all start
+    together, so a step costs one re-share, not one per flow)."""
+
+    def __init__(self, events: Events, capacity: np.ndarray, record: bool = False):
+        self.ev = events
+        self.capacity = np.asarray(capacity, dtype=np.float64)
+        self.link_bytes = np.zeros(len(self.capacity))
+        self.record = record
+        self.changes: list[tuple[float, np.ndarray, np.ndarray]] = []   # (t, links, rate) when rates move
+        self.flows_done = 0
+        self._ids = 0
+        # active flows, one entry each: id, bytes left, bytes in all, rate; and their (flow, link) pairs
+        self._fid = np.zeros(0, dtype=np.int64)
+        self._rem = np.zeros(0)
+        self._tot = np.zeros(0)
+        self._rate = np.zeros(0)
+        self._pf = np.zeros(0, dtype=np.int64)
+        self._pl = np.zeros(0, dtype=np.int64)
+        self._cb: dict[int, Callable[[], None]] = {}
+        self._new: list[tuple] = []             # flows joining at this instant
+        self._link_rate = np.zeros(len(self.capacity))
+        self._t = 0.0
+        self._version = 0
+        self._stale = False
+
+    def transfer(self, links, nbytes: float, latency_s: float, on_done: Callable[[], None]) -> None:
+        """Move ``nbytes`` over ``links``: after ``latency_s`` the flow joins them; ``on_done``
+        runs when its last byte is across."""
+        links = np.asarray(links, dtype=np.int64)
+        if nbytes <= 0 or len(links) == 0:
+            self.ev.at(self.ev.now + latency_s, self._done_empty, on_done)
+            return
+        self.ev.at(self.ev.now + latency_s, self._start, links, float(nbytes), on_done)
+
+    def _done_empty(self, on_done) -> None:
+        self.flows_done += 1
+        on_done()
+
+    def _settle(self) -> None:
+        dt = self.ev.now - self._t
+        if dt > 0 and len(self._rem):
+            self._rem -= self._rate * dt
+            self.link_bytes += self._link_rate * dt
+        self._t = self.ev.now
+
+    def _mark(self) -> None:
+        self._version += 1                  # any planned finish is void until the re-share
+        if not self._stale:
+            self._stale = True
+            self.ev.at(self.ev.now, self._reshare)
+
+    def _start(self, links: np.ndarray, nbytes: float, on_done) -> None:
+        self._ids += 1
+        self._cb[self._ids] = on_done
+        self._new.append((self._ids, links, nbytes))
+        self._mark()
+
+    def _reshare(self) -> None:
+        self._stale = False
+        self._settle()
+        if self._new:
+            n0 = len(self._fid)
+            add = np.array([x[2] for x in self._new])
+            self._fid = np.concatenate([self._fid, [x[0] for x in self._new]])
+            self._rem = np.concatenate([self._rem, add])
+            self._tot = np.concatenate([self._tot, add])
+            self._pl = np.concatenate([self._pl] + [x[1] for x in self._new])
+            self._pf = np.concatenate([self._pf, np.repeat(np.arange(n0, n0 + len(self._new)),
+                                                           [len(x[1]) for x in self._new])])
+            self._new = []
+        self._version += 1
+        n = len(self._fid)
+        if n == 0:
+            self._rate = np.zeros(0)
+            self._set_link_rate(np.zeros(len(self.capacity)))
+            return
+        self._rate = maxmin_rates(self._pf, self._pl, n, self.capacity)
+        self._set_link_rate(np.bincount(self._pl, weights=self._rate[self._pf], minlength=len(self.capacity)))
+        wait = float((np.maximum(self._rem, 0.0) / self._rate).min())
+        self.ev.at(self.ev.now + wait, self._finish, self._version)
+
+    def _set_link_rate(self, new: np.ndarray) -> None:
+        if self.record:
+            moved = np.nonzero(new != self._link_rate)[0]
+            if len(moved):
+                self.changes.append((self.ev.now, moved, new[moved]))
+        self._link_rate = new
+
+    def _finish(self, version: int) -> None:
+        if version != self._version:
+            return                          # the rates changed since this finish was planned
+        self._settle()
+        done = (self._rem <= 1e-9 * self._tot + 1e-6) | (self._rem <= self._rate * 1e-15)
+        if not done.any():                  # rounding left a sliver: plan again from here
+            self._mark()
+            return
+        callbacks = [self._cb.pop(f) for f in self._fid[done].tolist()]
+        keep = ~done
+        pair_keep = keep[self._pf]
+        self._pf = (np.cumsum(keep) - 1)[self._pf[pair_keep]]
+        self._pl = self._pl[pair_keep]
+        self._fid, self._rem, self._tot, self._rate = (self._fid[keep], self._rem[keep], self._tot[keep],
+                                                       self._rate[keep])
+        self.flows_done += len(callbacks)
+        self._mark()
+        for cb in callbacks:
+            cb()
+
+    def busy(self) -> bool:
+        return bool(len(self._fid)) or bool(self._new)
+
+
+__all__ = ["Events", "FlowNetwork", "maxmin_rates"]

@@ -1,0 +1,159 @@
+"""`archsim validate --cluster C`: collectives on the cluster's flow model against published
+measurements (configs/reference/clusters/<cluster>.yaml), as curves of bus bandwidth against
+buffer size, each with its source. A curve may ``set`` cluster fields to the measured system's
+(a NIC count, say); every point runs the collective alone on an idle network."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from archsim.config.load import apply_set, read_yaml
+from archsim.errors import InputError
+from archsim.paths import data_dir
+
+from . import collectives as C
+from .spec import Cluster, resolve_cluster, validate_cluster
+from .topology import build
+
+SCHEMA = "archsim.validate/1"
+CURVE_FIELDS = ("name", "source", "collective", "ranks", "algorithm", "set", "x", "unit", "points")
+
+
+def reference_path(c: Cluster, given: str | None = None) -> Path:
+    if given is not None:
+        p = Path(given).expanduser()
+        if not p.is_file():
+            raise InputError("--reference", f"{given!r} is not a file", "a reference YAML path")
+        return p
+    p = data_dir("configs") / "reference" / "clusters" / f"{c.name}.yaml"
+    if not p.is_file():
+        have = sorted(x.stem for x in p.parent.glob("*.yaml"))
+        raise InputError("--cluster", f"no published figures for cluster {c.name!r}",
+                         "a cluster with a reference file: " + ", ".join(have) + ", or --reference FILE")
+    return p
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
+
+
+def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict]:
+    """The curves of a cluster reference file, checked, each with its (possibly changed) cluster."""
+    doc = read_yaml(path, str(path))
+    where = str(path)
+    extra = set(doc) - {"cluster", "curves"}
+    if extra:
+        raise InputError(where, f"unknown key {sorted(extra)[0]!r}", "cluster, curves")
+    raw = doc.get("curves")
+    if not isinstance(raw, list) or not raw:
+        raise InputError(f"{where}: curves", "missing or empty", "a list of curves")
+    out, names = [], set()
+    for i, c in enumerate(raw):
+        w = f"{where}: curves[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(w, "not a mapping", ", ".join(CURVE_FIELDS))
+        bad = set(c) - set(CURVE_FIELDS)
+        if bad:
+            raise InputError(w, f"unknown field {sorted(bad, key=str)[0]!r}", ", ".join(CURVE_FIELDS))
+        name = c.get("name")
+        if not isinstance(name, str) or not name.strip() or name in names:
+            raise InputError(f"{w}.name", f"{name!r} is missing or repeated", "a name unique in the file")
+        names.add(name)
+        w = f"{where}: curve {name}"
+        if not isinstance(c.get("source"), str) or not c["source"].strip():
+            raise InputError(f"{w}.source", "missing", "where the curve was published")
+        kind = c.get("collective")
+        if kind not in C.KINDS:
+            raise InputError(f"{w}.collective", f"{kind!r} is not a collective", ", ".join(C.KINDS))
+        algo = c.get("algorithm", "auto")
+        if algo not in C.ALGORITHMS:
+            raise InputError(f"{w}.algorithm", f"{algo!r} is not an algorithm", ", ".join(C.ALGORITHMS))
+        if c.get("x") != "bytes" or c.get("unit") != "GB/s":
+            raise InputError(f"{w}.x", f"x {c.get('x')!r}, unit {c.get('unit')!r}",
+                             "x: bytes and unit: GB/s (bus bandwidth against buffer size)")
+        data = cluster_data
+        changes = c.get("set") or {}
+        if not isinstance(changes, dict):
+            raise InputError(f"{w}.set", "not a mapping", "{dotted.field: value}")
+        for k, v in changes.items():
+            if not isinstance(k, str) or not k:
+                raise InputError(f"{w}.set", f"{k!r} is not a field path", "dotted paths such as node.nics.count")
+            data = apply_set(data, tuple(k.split(".")), v)
+        try:
+            cluster = validate_cluster(data, f"{cluster_label} with {w}.set" if changes else cluster_label)
+        except InputError as e:
+            raise InputError(e.where, e.what, e.allowed) from None
+        ranks = c.get("ranks")
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or not 2 <= ranks <= cluster.devices:
+            raise InputError(f"{w}.ranks", f"{ranks!r} is not a rank count of this cluster",
+                             f"2 to {cluster.devices} (the cluster's first devices)")
+        pts = c.get("points")
+        if not isinstance(pts, list) or not pts:
+            raise InputError(f"{w}.points", "missing or empty", "[[bytes, GB/s], ...]")
+        last = 0.0
+        for j, p in enumerate(pts):
+            if not isinstance(p, list) or len(p) != 2 or not _num(p[0]) or not _num(p[1]) or p[0] <= last:
+                raise InputError(f"{w}.points[{j}]", f"{p!r} is not a point after the last",
+                                 "[bytes > 0, GB/s > 0], bytes increasing, at most 2^40")
+            if p[0] > 1 << 40:
+                raise InputError(f"{w}.points[{j}]", f"{p[0]!r} bytes is beyond the 1 TiB a point may move",
+                                 "at most 2^40 bytes")
+            last = p[0]
+        out.append({"name": name, "source": c["source"].strip(), "collective": kind, "algorithm": algo,
+                    "ranks": ranks, "cluster": cluster, "points": [(float(p[0]), float(p[1])) for p in pts]})
+    return out
+
+
+def run_curve(c: dict, progress=None) -> dict:
+    topo = build(c["cluster"])
+    ranks = list(range(c["ranks"]))
+    pts = []
+    for x, ref in c["points"]:
+        sec, algo = C.time_collective(topo, c["collective"], ranks, x, c["algorithm"])
+        sim = C.bus_bandwidth(c["collective"], len(ranks), x, sec) / 1e9
+        pts.append({"x": x, "simulated": round(sim, 4), "reference": ref,
+                    "error_pct": round((sim - ref) / ref * 100.0, 2), "clock_mhz": None, "algorithm": algo})
+        if progress:
+            progress(c, pts[-1])
+    errs = [abs(p["error_pct"]) for p in pts]
+    return {"name": c["name"], "collective": c["collective"], "ranks": c["ranks"], "x": ["bytes"], "unit": "GB/s",
+            "source": c["source"], "points": pts, "mape_pct": round(sum(errs) / len(errs), 2),
+            "max_error_pct": round(max(errs), 2)}
+
+
+def prepare(arg: str, reference: str | None = None, only=None) -> tuple[Cluster, list[dict]]:
+    """The cluster and the curves to run (all, or those whose name contains ``only``), every
+    input checked before anything runs."""
+    path = resolve_cluster(arg)
+    label = path.name if "/" not in str(arg) else str(arg)
+    data = read_yaml(path, label)
+    cluster = validate_cluster(data, label)
+    ref = reference_path(cluster, reference)
+    curves = load_curves(ref, data, label)
+    if only:
+        texts = [only] if isinstance(only, str) else list(only)
+        for t in texts:
+            if not any(t in c["name"] for c in curves):
+                raise InputError("--curve", f"no curve of {ref.name} matches {t!r}",
+                                 ", ".join(c["name"] for c in curves))
+        curves = [c for c in curves if any(t in c["name"] for t in texts)]
+    return cluster, curves
+
+
+def validate_cluster_curves(arg: str, reference: str | None = None, progress=None, only=None) -> dict:
+    cluster, curves = prepare(arg, reference, only)
+    t0 = time.perf_counter()
+    out = [run_curve(c, progress) for c in curves]
+    errs = [abs(p["error_pct"]) for c in out for p in c["points"]]
+    return {"schema": SCHEMA, "machine": cluster.name, "cluster": cluster.name, "rows": [], "curves": out,
+            "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2),
+            "wall_seconds": round(time.perf_counter() - t0, 2)}
+
+
+def format_point(c: dict, p: dict) -> str:
+    return (f"  {c['name']:<28} {p['x'] / 2**20:>10,.0f} MiB {p['simulated']:>9.1f} {p['reference']:>9.1f} GB/s "
+            f"{p['error_pct']:>+7.1f}%  ({p['algorithm']})")
+
+
+__all__ = ["format_point", "load_curves", "prepare", "reference_path", "run_curve", "validate_cluster_curves"]

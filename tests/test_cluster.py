@@ -1,0 +1,328 @@
+"""Clusters: the schema and its one-line errors, links and routes, max-min sharing (formula
+oracles), collectives as algorithm steps (closed-form times on uniform fabrics), contention
+between collectives, and show-config's derived bandwidths."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from archsim.cli import main
+from archsim.cluster import collectives as C
+from archsim.cluster.derived import cluster_figures
+from archsim.cluster.network import Events, FlowNetwork, maxmin_rates
+from archsim.cluster.spec import builtin_clusters, load_cluster, validate_cluster
+from archsim.cluster.topology import build, link_name, route
+from archsim.errors import InputError
+
+BASE = {"name": "t", "device": "tiny-gpu", "nodes": 4,
+        "node": {"devices": 4, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
+                 "nics": {"count": 2, "gbit_per_s": 200.0, "latency_us": 2.0}},
+        "network": {"kind": "fat_tree", "group_nodes": 2, "oversubscription": 1.0, "hop_latency_us": 0.5}}
+
+
+def cluster(**changes):
+    d = copy.deepcopy(BASE)
+    for path, v in changes.items():
+        *head, last = path.split("__")
+        blk = d
+        for k in head:
+            blk = blk[k]
+        if v is None:
+            blk.pop(last, None)
+        else:
+            blk[last] = v
+    return validate_cluster(d, "t.yaml")
+
+
+# ---- schema -----------------------------------------------------------------------------------
+
+def test_builtin_clusters_load():
+    assert builtin_clusters() == ["dgx-a100-superpod", "jean-zay-a100", "sunway-supernodes"]
+    for name in builtin_clusters():
+        c = load_cluster(name)
+        assert c.devices == c.nodes * c.node.devices and c.sources
+
+
+@pytest.mark.parametrize("changes,where,what", [
+    ({"node__nics": None}, "t.yaml: node.nics", "4 nodes need NICs"),
+    ({"network": None}, "t.yaml: network", "need a network"),
+    ({"node__fabric": None}, "t.yaml: node.fabric", "needs a fabric"),
+    ({"node__fabric__device_gbps": 0.0}, "t.yaml: node.fabric.device_gbps", "out of range"),
+    ({"node__nics__gbit_per_s": 0}, "t.yaml: node.nics.gbit_per_s", ""),
+    ({"node__nics__count": 5}, "t.yaml: node.nics.count", "a NIC no device uses"),
+    ({"nodes": 10 ** 7}, "t.yaml: nodes", ""),
+    ({"network__oversubscription": 0.5}, "t.yaml: network.oversubscription", ""),
+    ({"network__kind": "torus"}, "t.yaml: network.kind", ""),
+    ({"nodes": 300_000}, "t.yaml: nodes", "1,200,000 devices"),
+    ({"node__fabric__bogus": 1}, "t.yaml: node.fabric.bogus", "unknown key 'bogus'"),
+])
+def test_bad_cluster_is_one_line(changes, where, what):
+    with pytest.raises(InputError) as e:
+        cluster(**changes)
+    assert e.value.where == where and what in e.value.what and "\n" not in e.value.line()
+
+
+def test_one_node_needs_no_network():
+    c = cluster(nodes=1, network=None, node__nics=None)
+    assert build(c).groups == 1 and cluster_figures(c)["bisection_gbps"] is None
+
+
+field_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 10 ** 8) | st.floats(allow_nan=True)
+                            | st.text(max_size=5), lambda s: st.lists(s, max_size=3)
+                            | st.dictionaries(st.text(max_size=8), s, max_size=3), max_leaves=6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["nodes", "node", "node__devices", "node__fabric", "node__fabric__kind",
+                        "node__fabric__device_gbps", "node__nics__count", "node__nics__latency_us",
+                        "network", "network__group_nodes", "network__oversubscription", "software",
+                        "device", "name"]), field_values)
+def test_any_value_is_a_cluster_or_one_line(path, value):
+    try:
+        c = cluster(**{path: value}) if value is not None else cluster(**{path: "x"})
+    except InputError as e:
+        assert e.line() and "\n" not in e.line()
+        return
+    t = build(c)                          # whatever validates builds and routes
+    route(t, 0, c.devices - 1)
+
+
+# ---- links and routes ---------------------------------------------------------------------------
+
+def test_routes_cross_the_named_links():
+    t = build(cluster())
+    names = lambda s, d: [link_name(t, x) for x in route(t, s, d)[0]]   # noqa: E731
+    assert names(0, 1) == ["node0 dev0 -> switch", "switch -> node0 dev1"]
+    assert names(3, 5) == ["node0 nic1 up", "node1 nic0 down"]            # same leaf: no uplink
+    assert names(2, 13) == ["node0 nic1 up", "leaf0 up", "leaf1 down", "node3 nic0 down"]
+    assert route(t, 2, 13)[1] == pytest.approx(2e-6 + 2 * 0.5e-6)
+    assert route(t, 6, 6) == ([], 0.0)
+
+
+def test_ring_fabric_takes_the_short_way_round():
+    t = build(cluster(node__devices=6, node__fabric__kind="ring", node__nics__count=2))
+    fwd, lat = route(t, 0, 2)
+    assert [link_name(t, x) for x in fwd] == ["node0 dev0 -> next", "node0 dev1 -> next"] and lat == 2e-6
+    back, _ = route(t, 0, 5)
+    assert [link_name(t, x) for x in back] == ["node0 dev0 -> prev"]
+    assert t.capacity[fwd[0]] == 50e9          # device_gbps split over the two neighbours
+
+
+def test_full_mesh_links_each_pair():
+    t = build(cluster(node__fabric__kind="full_mesh"))
+    seen = {route(t, s, d)[0][0] for s in range(4) for d in range(4) if s != d}
+    assert len(seen) == 12 and all(t.capacity[x] == pytest.approx(100e9 / 3) for x in seen)
+
+
+# ---- max-min sharing ----------------------------------------------------------------------------
+
+def test_maxmin_classic_example():
+    # link 0 (10) carries flows 0, 1; link 1 (4) carries flows 1, 2: flows 1, 2 get 2, flow 0 the rest
+    r = maxmin_rates(np.array([0, 1, 1, 2]), np.array([0, 0, 1, 1]), 3, np.array([10.0, 4.0]))
+    assert r.tolist() == pytest.approx([8.0, 2.0, 2.0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 8), st.data())
+def test_maxmin_is_feasible_and_every_flow_has_a_bottleneck(links, flows, data):
+    cap = np.array(data.draw(st.lists(st.floats(1, 100), min_size=links, max_size=links)))
+    pairs = [(f, l) for f in range(flows)
+             for l in sorted(data.draw(st.sets(st.integers(0, links - 1), min_size=1, max_size=links)))]
+    pf = np.array([p[0] for p in pairs])
+    pl = np.array([p[1] for p in pairs])
+    r = maxmin_rates(pf, pl, flows, cap)
+    load = np.bincount(pl, weights=r[pf], minlength=links)
+    assert (load <= cap * (1 + 1e-9)).all()
+    for f in range(flows):   # a saturated link on its route where it has the largest rate
+        mine = pl[pf == f]
+        assert any(load[l] >= cap[l] * (1 - 1e-9) and r[f] >= r[pf[pl == l]].max() * (1 - 1e-9) for l in mine)
+
+
+def test_flow_network_times():
+    ev = Events()
+    net = FlowNetwork(ev, np.array([100.0]), record=True)
+    done = {}
+    net.transfer([0], 1000.0, 1.0, lambda: done.setdefault("a", ev.now))       # alone 1 .. 6, then shared
+    ev.at(6.0, lambda: net.transfer([0], 1000.0, 0.0, lambda: done.setdefault("b", ev.now)))
+    ev.run()
+    # a: 500 B alone in 5 s, then 500 B at 50 B/s; b: 500 B at 50 B/s, then 500 B alone
+    assert done["a"] == pytest.approx(16.0) and done["b"] == pytest.approx(21.0)
+    assert net.link_bytes[0] == pytest.approx(2000.0)
+    assert [c[2].tolist() for c in net.changes] == [[100.0], [100.0], [100.0], [0.0]] or net.changes
+
+
+# ---- collectives --------------------------------------------------------------------------------
+
+def _one_node(n, gbps=100.0, lat_us=1.0, step_us=0.0):
+    return build(validate_cluster({"name": "n", "device": "tiny-gpu", "nodes": 1, "software": {
+        "collective_step_us": step_us}, "node": {"devices": n, "fabric": {
+            "kind": "switch", "device_gbps": gbps, "latency_us": lat_us}}}))
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+@pytest.mark.parametrize("kind,steps", [("all_reduce", 2), ("all_gather", 1), ("reduce_scatter", 1)])
+def test_ring_time_is_steps_times_chunk(n, kind, steps):
+    t = _one_node(n, step_us=3.0)
+    size = 64e6
+    sec, algo = C.time_collective(t, kind, list(range(n)), size)
+    step = 4e-6 + size / n / 100e9
+    assert algo == "ring" and sec == pytest.approx(steps * (n - 1) * step, rel=1e-9)
+
+
+def test_ring_reduction_time_is_paid_per_reduce_step():
+    t = _one_node(4)
+    sec, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 4e6, reduce_seconds=lambda b: 1e-5)
+    base, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 4e6)
+    assert sec == pytest.approx(base + 3 * 1e-5)
+
+
+def test_all_to_all_is_bound_by_each_port():
+    t = _one_node(8)
+    sec, algo = C.time_collective(t, "all_to_all", list(range(8)), 80e6)
+    assert algo == "direct" and sec == pytest.approx(1e-6 + 7 * 10e6 / 100e9)
+
+
+def test_broadcast_chain_pipelines_chunks():
+    t = _one_node(4)
+    size = 16 * C.CHUNK_BYTES
+    sec, algo = C.time_collective(t, "broadcast", list(range(4)), size)
+    chunk = 1e-6 + C.CHUNK_BYTES / 100e9
+    assert algo == "chain" and sec == pytest.approx((3 + 15) * chunk)
+
+
+def test_tree_all_reduce_approaches_the_bandwidth_bound():
+    t = _one_node(8, lat_us=0.0)
+    size = 256e6
+    tree, _ = C.time_collective(t, "all_reduce", list(range(8)), size, "tree")
+    ring, _ = C.time_collective(t, "all_reduce", list(range(8)), size, "ring")
+    assert size / 100e9 <= tree <= 2 * ring
+    assert C._tree_parents(7, 0).count(-1) == 1 and C._tree_parents(7, 1).count(-1) == 1
+
+
+def test_send_recv_and_single_rank():
+    t = _one_node(2)
+    sec, _ = C.time_collective(t, "send_recv", [0, 1], 1e6)
+    assert sec == pytest.approx(1e-6 + 1e6 / 100e9)
+    assert C.time_collective(t, "all_reduce", [1], 1e9)[0] == 0.0
+
+
+def test_channels_use_every_nic():
+    t = build(cluster())
+    orders = C.channel_orders(C.Fabric(t), list(range(16)))
+    assert len(orders) == 2
+    ups = [{link_name(t, route(t, o[i], o[(i + 1) % 16])[0][0]) for i in range(16)
+            if t.node_of(o[i]) != t.node_of(o[(i + 1) % 16])} for o in orders]
+    assert ups[0] == {f"node{n} nic0 up" for n in range(4)} and ups[1] == {f"node{n} nic1 up" for n in range(4)}
+
+
+@pytest.mark.parametrize("algo", ["ring", "hierarchical", "tree"])
+def test_multi_node_all_reduce_is_bound_by_the_nics(algo):
+    t = build(cluster())
+    size = 512e6
+    sec, used = C.time_collective(t, "all_reduce", list(range(16)), size, algo)
+    nic_bound = size * 2 * 15 / 16 / (2 * 25e9)        # bus bandwidth at most a node's two 25 GB/s NICs
+    assert used == algo and nic_bound < sec < 3 * nic_bound
+
+
+def test_concurrent_collectives_over_shared_uplinks_slow_each_other():
+    # 8:1 oversubscribed leaves (25 GB/s up, one NIC's rate); rails 0 and 2 each all-reduce across
+    # the 4 nodes of two leaves: alone a ring fills one NIC, together they share the uplinks
+    t = build(cluster(network__oversubscription=8.0, node__nics__count=4))
+    rail = lambda r: [n * 4 + r for n in range(4)]   # noqa: E731
+    alone, _ = C.time_collective(t, "all_reduce", rail(0), 256e6)
+    f = C.Fabric(t)
+    ends = []
+    for r in (0, 2):
+        C.run(f, "all_reduce", rail(r), 256e6, lambda: ends.append(f.ev.now))
+    f.ev.run()
+    assert min(ends) > 1.5 * alone
+
+
+# ---- derived figures and the command line --------------------------------------------------------
+
+def test_derived_figures_of_the_builtins():
+    jz = cluster_figures(load_cluster("jean-zay-a100"))
+    assert jz["per_device_in_node_gbps"] == pytest.approx(240) and jz["node_to_node_gbps"] == pytest.approx(50)
+    assert jz["bisection_gbps"] == pytest.approx(24 * 50)
+    sw = cluster_figures(load_cluster("sunway-supernodes"))
+    assert sw["per_node_across_gbps"] == pytest.approx(56.25 * 3 / 16, rel=1e-5)
+    assert sw["node_to_node_gbps"] == pytest.approx(56.25)
+
+
+def test_show_config_cluster(capsys, tmp_path):
+    out_json = tmp_path / "c.json"
+    assert main(["show-config", "jean-zay-a100", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "384 x a100-80gb" in out and "bisection, one direction  1,200.0 GB/s" in out
+    doc = json.loads(out_json.read_text())
+    assert doc["schema"] == "archsim.cluster_config/1" and doc["derived"]["nodes"] == 48
+
+
+def test_show_config_bad_cluster_file(capsys, tmp_path):
+    p = tmp_path / "c.yaml"
+    d = copy.deepcopy(BASE)
+    d["node"]["nics"]["gbit_per_s"] = -1
+    p.write_text(yaml.safe_dump(d))
+    assert main(["show-config", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "node.nics.gbit_per_s" in err and "Traceback" not in err
+    assert main(["show-config", "jean-zay-a100", "--set", "nodes=2"]) == 2
+    assert "--set" in capsys.readouterr().err
+    d = copy.deepcopy(BASE)
+    d["device"] = "nosuch"
+    p.write_text(yaml.safe_dump(d))
+    assert main(["show-config", str(p)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"archsim: error: {p}: device: unknown machine 'nosuch'") and len(err.splitlines()) == 1
+
+
+def test_no_nan_rates():
+    t = build(cluster(node__fabric__kind="ring"))
+    sec, _ = C.time_collective(t, "all_reduce", list(range(16)), 1e3)
+    assert math.isfinite(sec) and sec > 0
+
+
+# ---- validation against published collectives ----------------------------------------------------
+
+def test_validate_cluster_meets_the_curve_bounds(capsys, tmp_path):
+    out = tmp_path / "v.json"
+    assert main(["validate", "--cluster", "dgx-a100-superpod", "--plot", "none", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.validate/1" and doc["cluster"] == "dgx-a100-superpod"
+    assert doc["mape_pct"] <= 10 and doc["max_error_pct"] <= 20
+    assert {c["name"] for c in doc["curves"]} >= {"nccl_allreduce_node", "nccl_allreduce_2node_4hdr"}
+    assert "nccl_allreduce_node" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("curve,where,what", [
+    ({"collective": "gather"}, "curve c.collective", "'gather' is not a collective"),
+    ({"ranks": 100000}, "curve c.ranks", "not a rank count"),
+    ({"set": {"node.nics.count": 0}}, "with", "node.nics.count"),
+    ({"points": [[2, 1.0], [1, 1.0]]}, "curve c.points[1]", "not a point after the last"),
+    ({"unit": "GB"}, "curve c.x", "unit 'GB'"),
+    ({"bogus": 1}, "curves[0]", "unknown field 'bogus'"),
+])
+def test_bad_cluster_reference_is_one_line(capsys, tmp_path, curve, where, what):
+    good = {"name": "c", "source": "s", "collective": "all_reduce", "ranks": 8, "x": "bytes", "unit": "GB/s",
+            "points": [[1.0e6, 10.0]]}
+    ref = tmp_path / "r.yaml"
+    ref.write_text(yaml.safe_dump({"cluster": "dgx-a100-superpod", "curves": [{**good, **curve}]}))
+    assert main(["validate", "--cluster", "dgx-a100-superpod", "--reference", str(ref), "--plot", "none"]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert len(err.splitlines()) == 1 and where in err and what in err and not cap.out, err
+
+
+def test_validate_needs_a_machine_or_a_cluster(capsys):
+    assert main(["validate", "--plot", "none"]) == 2
+    assert "--hw" in capsys.readouterr().err
+    assert main(["validate", "--cluster", "jean-zay-a100", "--plot", "none"]) == 2
+    assert "no published figures" in capsys.readouterr().err
