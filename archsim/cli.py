@@ -151,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--placement", help="cross | private: tensors in the segment interleaved over every memory "
                                            "controller, or in each core group's own segment (Sunway; GPUs have "
                                            "only cross)")
+        p.add_argument("--tp", dest="tensor_parallel", metavar="N",
+                       help="one device's share of a block split over N devices by tensor parallelism (heads and "
+                            "FFN columns; the all-reduces are left out)")
         p.add_argument("--mode", choices=("timing", "functional"), default="timing",
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
@@ -578,7 +581,7 @@ def _load_workload(a):
     from archsim.workloads.model import load_workload
 
     over = {k: getattr(a, k) for k in ("phase", "batch", "seq", "layers", "dtype", "attention", "causal",
-                                       "placement")}
+                                       "placement", "tensor_parallel")}
     return load_workload(a.workload, over)
 
 

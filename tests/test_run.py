@@ -40,6 +40,9 @@ FUNCTIONAL = [
     ("train", {"causal": False, "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
     ("train", {"attention": "unfused", "causal": False, "activation": "relu", "dtype": "fp32"}),
     ("train", {"attention": "unfused", "activation": "swiglu", "norm": "rmsnorm", "dtype": "bf16"}),
+    ("prefill", {"tensor_parallel": 2}),
+    ("decode", {"tensor_parallel": 2}),
+    ("train", {"tensor_parallel": 2, "attention": "unfused"}),
 ]
 
 

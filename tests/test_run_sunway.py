@@ -31,6 +31,7 @@ FUNCTIONAL = [
     ("train", {"attention": "unfused"}),
     ("train", {}),                                  # fused attention: the Sunway flash backward
     ("train", {"causal": False, "dtype": "bf16", "seq": 40}),
+    ("train", {"tensor_parallel": 2}),
 ]
 GRADS = {"d_x", "d_w_qkv", "d_w_proj", "d_w_ffn1", "d_w_ffn2", "d_norm1_gamma", "d_norm1_beta", "d_norm2_gamma",
          "d_norm2_beta"}

@@ -405,3 +405,58 @@ def test_a_models_own_check_names_its_field_once():
     with pytest.raises(InputError) as e:
         validate_workload(d, "w.yaml")
     assert str(e.value) == "w.yaml: model.hidden: hidden 65 != heads 12 x head_dim 64 = 768 (hidden = heads x head_dim)"
+
+
+# ---- tensor parallelism: one device's shard of the block -------------------------------------------
+
+def test_tensor_parallel_shard_shapes_and_flops():
+    from archsim.workloads.model import load_workload
+
+    whole = load_workload("bloom-176b", {"phase": "prefill"})
+    shard = load_workload("bloom-176b", {"phase": "prefill", "tensor_parallel": 4})
+    h, f = 14336, 57344
+    sh = shard.tensor_shapes()
+    assert sh["w_qkv"] == (h, 3 * h // 4) and sh["w_proj"] == (h // 4, h)
+    assert sh["w_ffn1"] == (h, f // 4) and sh["w_ffn2"] == (f // 4, h) and sh["proj_out"] == (4096, h)
+    split = {o.name: o.flops for o in shard.block_ops()}
+    full = {o.name: o.flops for o in whole.block_ops()}
+    for name in ("qkv", "attn", "proj", "ffn1", "act", "ffn2"):
+        assert split[name] * 4 == pytest.approx(full[name], rel=1e-12), name
+    for name in ("norm1", "res1", "norm2", "res2"):      # whole on every device
+        assert split[name] == full[name]
+
+
+def test_tensor_parallel_partial_sums_add_up_to_the_whole():
+    """Megatron's split: each shard's projection output is a partial sum; the all-reduce of the
+    shards' partial sums is the whole block's projection output."""
+    from archsim.workloads import reference as R
+    from archsim.workloads.model import load_workload
+
+    tp = 2
+    whole = load_workload("tiny")
+    w = R.random_weights(whole, seed=3)
+    h = whole.model.hidden
+    x = np.random.default_rng(4).standard_normal((13, h))
+    env = R.execute_ops(whole, {"x": x, **w})
+    shard_wl = load_workload("tiny", {"tensor_parallel": tp})
+    a, f = h // tp, whole.model.ffn_hidden // tp
+    total = np.zeros_like(env["proj_out"])
+    for k in range(tp):
+        cols = np.arange(k * a, (k + 1) * a)
+        ws = dict(w)
+        ws["w_qkv"] = np.concatenate([w["w_qkv"][:, i * h + cols] for i in range(3)], axis=1)
+        ws["w_proj"] = w["w_proj"][cols, :]
+        ws["w_ffn1"] = w["w_ffn1"][:, k * f:(k + 1) * f]
+        ws["w_ffn2"] = w["w_ffn2"][k * f:(k + 1) * f, :]
+        part = R.execute_ops(shard_wl, {"x": x, **ws})
+        total += part["proj_out"]
+    np.testing.assert_allclose(total, env["proj_out"], rtol=1e-10, atol=1e-10)
+
+
+def test_tensor_parallel_must_divide_heads_and_ffn():
+    from archsim.errors import InputError
+    from archsim.workloads.model import load_workload
+
+    with pytest.raises(InputError) as e:
+        load_workload("tiny", {"tensor_parallel": 3})
+    assert e.value.where == "--tp" and "does not divide model.heads 2" in e.value.what

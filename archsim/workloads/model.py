@@ -78,12 +78,26 @@ class Scenario(_Frozen):
     # own process with its tensors (weights replicated, activations its share) in its own segment.
     # Machines whose memory is interleaved over all channels (GPUs) have only cross.
     placement: Literal["cross", "private"] = "cross"
+    # one device's share of a tensor-parallel group of this many devices (Megatron's split): QKV and
+    # FFN-in by columns, attention by heads, projection and FFN-out by rows (their outputs are the
+    # partial sums the group's all-reduce adds); norms and residual adds whole on every device
+    tensor_parallel: PosInt = 1
 
 
 class Workload(_Frozen):
     name: Text
     model: ModelSpec
     scenario: Scenario
+
+    @model_validator(mode="after")
+    def _shardable(self):
+        tp, m = self.scenario.tensor_parallel, self.model
+        for what, n in (("heads", m.heads), ("ffn_hidden", m.ffn_hidden)):
+            if n % tp:
+                raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} does not divide model.{what} "
+                                 f"{n}", f"a divisor of heads {m.heads} and ffn_hidden {m.ffn_hidden}",
+                                 related=(f"model.{what}",))
+        return self
 
     # ---- the op graph ----
 
@@ -113,7 +127,7 @@ class Workload(_Frozen):
         m, sc = self.model, self.scenario
         return {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
                 "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,
-                "hidden": m.hidden,
+                "hidden": m.hidden, "tensor_parallel": sc.tensor_parallel,
                 "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
                 "activation": m.activation, "norm": m.norm}
 
@@ -130,6 +144,7 @@ OVERRIDES = {
     "attention": (("scenario", "attention"), "--attention"),
     "causal": (("scenario", "causal"), "--causal"),
     "placement": (("scenario", "placement"), "--placement"),
+    "tensor_parallel": (("scenario", "tensor_parallel"), "--tp"),
 }
 
 

@@ -170,7 +170,10 @@ class _Builder:
 def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     """(ops in execution order, tensor name -> shape) of one decoder block of ``w``."""
     m, sc = w.model, w.scenario
-    b, h, n, d, f = sc.batch, m.hidden, m.heads, m.head_dim, m.ffn_hidden
+    tp = sc.tensor_parallel
+    # one device's shard: n heads of d (attention width a = n*d) and an FFN of width f; h stays whole
+    b, h, n, d, f = sc.batch, m.hidden, m.heads // tp, m.head_dim, m.ffn_hidden // tp
+    a = n * d
     decode = sc.phase == "decode"
     train = sc.phase == "train"
     q_len = 1 if decode else sc.seq
@@ -192,19 +195,19 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     # ---- forward ----
     t("x", (T, h))
     B.eltwise("norm1", m.norm, T, h, norm_inputs(1, "x"), [t("x_n1", (T, h))])
-    B.gemm("qkv", "x_n1", t("w_qkv", (h, 3 * h)), t("qkv", (T, 3 * h)), T, 3 * h, h)
+    B.gemm("qkv", "x_n1", t("w_qkv", (h, 3 * a)), t("qkv", (T, 3 * a)), T, 3 * a, h)
     adims = dict(batch=b, heads=n, q_len=q_len, kv_len=kv_len, head_dim=d, causal=sc.causal, fused=fused)
     cells = b * n * unmasked_scores(q_len, kv_len, sc.causal)
     a_flops = cells * (2 * 2 * d + ELEMENTWISE_FLOPS["softmax"])
-    a_model = 2 * 2 * b * q_len * kv_len * h
+    a_model = 2 * 2 * b * q_len * kv_len * a
     a_in = ["qkv"]
     if decode:
-        a_in += [t("k_cache", (b, kv_len, h)), t("v_cache", (b, kv_len, h))]
-    a_out = [t("attn_out", (T, h))]
+        a_in += [t("k_cache", (b, kv_len, a)), t("v_cache", (b, kv_len, a))]
+    a_out = [t("attn_out", (T, a))]
     if train:
         a_out.append(t("attn_lse", (b, n, sc.seq)) if fused else t("attn_probs", (b, n, sc.seq, sc.seq)))
     B.add("attn", "attention", adims, a_in, a_out, a_flops, a_model)
-    B.gemm("proj", "attn_out", t("w_proj", (h, h)), t("proj_out", (T, h)), T, h, h)
+    B.gemm("proj", "attn_out", t("w_proj", (a, h)), t("proj_out", (T, h)), T, h, a)
     B.eltwise("res1", "add", T, h, ["x", "proj_out"], [t("x_mid", (T, h))])
     B.eltwise("norm2", m.norm, T, h, norm_inputs(2, "x_mid"), [t("x_n2", (T, h))])
     B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)

@@ -196,11 +196,12 @@ def random_weights(workload: "Workload", seed: int = 0) -> dict[str, np.ndarray]
     w_ffn1 [h, f] (swiglu [h, 2f]), w_ffn2 [f, h] drawn N(0, 1/K) so activations stay O(1);
     norm gammas 1 + N(0, 0.1^2), betas N(0, 0.1^2) (layernorm only)."""
     m = workload.model
-    h, f = m.hidden, m.ffn_hidden
+    tp = workload.scenario.tensor_parallel
+    h, a, f = m.hidden, m.hidden // tp, m.ffn_hidden // tp      # a tensor-parallel shard's widths
     f1 = 2 * f if m.activation == "swiglu" else f
     rng = np.random.default_rng(seed)
     w = {}
-    for name, (K, N) in (("w_qkv", (h, 3 * h)), ("w_proj", (h, h)), ("w_ffn1", (h, f1)), ("w_ffn2", (f, h))):
+    for name, (K, N) in (("w_qkv", (h, 3 * a)), ("w_proj", (a, h)), ("w_ffn1", (h, f1)), ("w_ffn2", (f, h))):
         w[name] = rng.standard_normal((K, N)) / math.sqrt(K)
     for i in (1, 2):
         w[f"norm{i}_gamma"] = 1.0 + 0.1 * rng.standard_normal(h)
@@ -233,10 +234,11 @@ def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[di
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[1] != m.hidden or x.shape[0] % sc.batch:
         raise ValueError(f"x must be [batch*L, {m.hidden}] with batch {sc.batch}, got {x.shape}")
-    b, n, h, f = sc.batch, m.heads, m.hidden, m.ffn_hidden
+    tp = sc.tensor_parallel                  # a shard: its heads and FFN columns, partial sums added
+    b, n, a, f = sc.batch, m.heads // tp, m.hidden // tp, m.ffn_hidden // tp
     x_n1 = _norm(workload, x, weights, 1)
     qkv = x_n1 @ weights["w_qkv"]
-    q, k, v = (split_heads(qkv[:, i * h:(i + 1) * h], b, n) for i in range(3))
+    q, k, v = (split_heads(qkv[:, i * a:(i + 1) * a], b, n) for i in range(3))
     attn_out = merge_heads(ref_attention(q, k, v, sc.causal))
     x_mid = x + attn_out @ weights["w_proj"]
     x_n2 = _norm(workload, x_mid, weights, 2)
