@@ -1,0 +1,379 @@
+"""A parallel plan: how a model is split over a cluster's devices, and what that costs in memory
+and in bytes sent, before any kernel is timed.
+
+- Plan text: ``tp=4,pp=12,dp=8,mb=2,gbs=2048,schedule=1f1b,recompute=full,zero=1,sp=off``
+  (``schedule=interleaved:V`` for V model chunks a stage; ``order=tp-dp-pp`` places groups, the
+  first varying fastest over device numbers, so TP groups are neighbours in a node by default).
+- Stages: the decoder blocks plus the embedding and the LM head, each counted as one unit, split
+  into ``pp`` contiguous balanced parts (Megatron-DeepSpeed's split for BLOOM: 70 blocks over 12
+  stages give the first and last stage the embedding or head and 5 blocks, the others 6).
+- Memory per device, from the tensor-parallel shard's op graph: weights, gradients and optimizer
+  state (mixed-precision AdamW: 2 B weights, 2 B gradients plus a 4-B fp32 accumulation buffer,
+  12 B fp32 master weights, momentum and variance = 20 B a parameter; in fp32 4 + 4 + 8), sharded
+  over data parallelism by the ZeRO stage; activations are the forward tensors the backward ops
+  read (from the op graph), times the micro-batches a schedule keeps in flight, less what the
+  recompute rule recomputes; the last stage's logits in fp32; the KV cache for inference.
+- Bytes per step by kind of parallelism: tensor parallel all-reduces (two a block forward, two
+  backward, two more when recomputing), pipeline sends of activations and their gradients, data
+  parallel gradient reduction (and ZeRO's weight gathers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from archsim.errors import InputError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTE = ("none", "selective", "full")
+KEYS = ("tp", "pp", "dp", "ep", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order")
+MAX_DEGREE = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Plan:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    micro_batch: int = 1
+    global_batch: Optional[int] = None     # default: micro_batch x dp (one micro-batch a step)
+    schedule: str = "1f1b"
+    chunks: int = 1                        # model chunks a stage (interleaved)
+    recompute: str = "none"
+    zero: int = 0
+    sequence_parallel: bool = False
+    order: tuple = ("tp", "dp", "pp")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch if self.global_batch is not None else self.micro_batch * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches each pipeline runs a step (gradient accumulation)."""
+        return self.batch // (self.micro_batch * self.dp)
+
+    def summary(self) -> dict:
+        sched = f"interleaved:{self.chunks}" if self.schedule == "interleaved" else self.schedule
+        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "micro_batch": self.micro_batch,
+                "global_batch": self.batch, "schedule": sched, "recompute": self.recompute, "zero": self.zero,
+                "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order)}
+
+
+def _int(key: str, v: str, where: str, lo: int = 1, hi: int = MAX_DEGREE) -> int:
+    try:
+        n = int(v, 10)
+    except ValueError:
+        n = None
+    if n is None or not lo <= n <= hi:
+        raise InputError(where, f"{key}={v!r} is not a whole number from {lo} to {hi:,}", f"{key}=N")
+    return n
+
+
+def parse_plan(text: str, where: str = "--plan") -> Plan:
+    """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
+    allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
+               "recompute=none|selective|full, zero=0..3, sp=on|off, order=tp-dp-pp (a permutation)")
+    if not isinstance(text, str) or not text.strip():
+        raise InputError(where, "empty plan", allowed)
+    seen: dict[str, str] = {}
+    for item in text.split(","):
+        key, eq, value = item.strip().partition("=")
+        if not eq or not key or not value:
+            raise InputError(where, f"{item.strip()!r} is not key=value", allowed)
+        if key not in KEYS:
+            raise InputError(where, f"unknown key {key!r}", allowed)
+        if key in seen:
+            raise InputError(where, f"{key} given twice", "each key once")
+        seen[key] = value.strip()
+    kw: dict = {}
+    for key in ("tp", "pp", "dp", "ep"):
+        if key in seen:
+            kw[key] = _int(key, seen[key], where)
+    if "mb" in seen:
+        kw["micro_batch"] = _int("mb", seen["mb"], where)
+    if "gbs" in seen:
+        kw["global_batch"] = _int("gbs", seen["gbs"], where, hi=1 << 40)
+    if "schedule" in seen:
+        name, colon, v = seen["schedule"].partition(":")
+        if name not in SCHEDULES or (name == "interleaved") != bool(colon):
+            raise InputError(where, f"schedule={seen['schedule']!r}", "gpipe, 1f1b or interleaved:V (V chunks a stage)")
+        kw["schedule"] = name
+        if colon:
+            kw["chunks"] = _int("interleaved", v, where, lo=2, hi=1024)
+    if "recompute" in seen:
+        if seen["recompute"] not in RECOMPUTE:
+            raise InputError(where, f"recompute={seen['recompute']!r}", "none, selective or full")
+        kw["recompute"] = seen["recompute"]
+    if "zero" in seen:
+        kw["zero"] = _int("zero", seen["zero"], where, lo=0, hi=3)
+    if "sp" in seen:
+        if seen["sp"] not in ("on", "off"):
+            raise InputError(where, f"sp={seen['sp']!r}", "on or off")
+        kw["sequence_parallel"] = seen["sp"] == "on"
+    if "order" in seen:
+        order = tuple(seen["order"].split("-"))
+        if sorted(order) != ["dp", "pp", "tp"]:
+            raise InputError(where, f"order={seen['order']!r} is not a permutation of tp, dp, pp", "e.g. tp-dp-pp")
+        kw["order"] = order
+    return Plan(**kw)
+
+
+# ---- checks, before any kernel is timed ------------------------------------------------------------
+
+def check_plan(plan: Plan, cluster, workload, where: str = "--plan") -> None:
+    """The plan against the cluster and the model: one InputError naming what does not fit."""
+    m = workload.model
+    if plan.devices > cluster.devices:
+        raise InputError(where, f"tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.devices:,} devices; cluster "
+                         f"{cluster.name} has {cluster.devices:,}", f"at most {cluster.devices:,} devices")
+    if plan.ep > 1:
+        raise InputError(where, f"ep {plan.ep}: {workload.name} has no experts (expert parallelism splits the "
+                         "experts of a mixture-of-experts model)", "ep=1 for a dense model")
+    for what, n in (("heads", m.heads), ("hidden", m.hidden), ("ffn_hidden", m.ffn_hidden)):
+        if n % plan.tp:
+            raise InputError(where, f"tp {plan.tp} does not divide {workload.name}'s {what} {n}",
+                             f"a divisor of heads {m.heads}, hidden {m.hidden} and ffn_hidden {m.ffn_hidden}")
+    if plan.pp > m.layers:
+        raise InputError(where, f"pp {plan.pp} is more stages than {workload.name}'s {m.layers} layers",
+                         f"at most {m.layers}")
+    if plan.schedule == "interleaved" and plan.pp * plan.chunks > m.layers:
+        raise InputError(where, f"interleaved:{plan.chunks} over pp {plan.pp} needs {plan.pp * plan.chunks} model "
+                         f"chunks of at least one layer; {workload.name} has {m.layers}",
+                         f"pp x V <= {m.layers}")
+    per_step = plan.micro_batch * plan.dp
+    if plan.batch % per_step:
+        raise InputError(where, f"micro-batch {plan.micro_batch} x dp {plan.dp} = {per_step} does not divide the "
+                         f"global batch {plan.batch}", f"a global batch that is a multiple of {per_step}")
+    if plan.sequence_parallel and workload.scenario.phase != "decode":
+        rows = plan.micro_batch * workload.scenario.seq
+        if rows % plan.tp:
+            raise InputError(where, f"sequence parallelism splits the {rows} tokens of a micro-batch over tp "
+                             f"{plan.tp}", "tp dividing micro-batch x seq")
+
+
+# ---- placement --------------------------------------------------------------------------------------
+
+def device_of(plan: Plan, tp: int, dp: int, pp: int) -> int:
+    """The device number of the rank at (tp, dp, pp) coordinates: ``order`` varies fastest first."""
+    coord = {"tp": tp, "dp": dp, "pp": pp}
+    size = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}
+    dev, stride = 0, 1
+    for axis in plan.order:
+        dev += coord[axis] * stride
+        stride *= size[axis]
+    return dev
+
+
+def groups(plan: Plan, kind: str) -> list[list[int]]:
+    """Every group of one kind (``tp``, ``dp`` or ``pp``) as lists of device numbers."""
+    out = []
+    axes = {"tp": plan.tp, "dp": plan.dp, "pp": plan.pp}
+    others = [a for a in ("tp", "dp", "pp") if a != kind]
+    for i in range(axes[others[0]]):
+        for j in range(axes[others[1]]):
+            members = []
+            for k in range(axes[kind]):
+                c = {others[0]: i, others[1]: j, kind: k}
+                members.append(device_of(plan, c["tp"], c["dp"], c["pp"]))
+            out.append(members)
+    return out
+
+
+def stage_layers(layers: int, pp: int) -> list[int]:
+    """Decoder blocks of each pipeline stage: the blocks, the embedding and the head as layers + 2
+    units split into pp contiguous balanced parts, the embedding first, the head last."""
+    units = layers + 2
+    q, r = divmod(units, pp)
+    sizes = [q + 1 if s < r else q for s in range(pp)]
+    blocks = list(sizes)
+    blocks[0] -= 1
+    blocks[-1] -= 1
+    if pp == 1:
+        return [layers]
+    return blocks
+
+
+# ---- memory -----------------------------------------------------------------------------------------
+
+def _elem(dtype: str) -> int:
+    return 4 if dtype == "fp32" else 2
+
+
+def block_parameters(shard) -> int:
+    """Parameters of one block on one device: the weights and norm scales of the shard's op graph."""
+    shapes = shard.tensor_shapes()
+    n = 0
+    for name, shape in shapes.items():
+        if name.startswith("w_") or name.endswith(("_gamma", "_beta")):
+            size = 1
+            for s in shape:
+                size *= s
+            n += size
+    return n
+
+
+def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
+    """Bytes one block keeps from forward to backward for one micro-batch: the forward tensors its
+    backward ops read. ``full`` keeps the block's input only; ``selective`` recomputes attention's
+    internals (its probabilities or log-sum-exp); sequence parallelism splits the tensors every
+    device otherwise holds whole (the ones as wide as the model) over tp."""
+    ops = train_shard.block_ops()
+    shapes = train_shard.tensor_shapes()
+    e = _elem(train_shard.scenario.dtype)
+    produced_fwd, read_bwd = set(), set()
+    backward = False
+    for op in ops:
+        if "." in op.name:
+            backward = True
+        if backward:
+            read_bwd.update(i for i in op.inputs if not i.startswith("d_"))
+        else:
+            produced_fwd.update(op.outputs)
+    kept = {"x"} | (read_bwd & produced_fwd) if recompute != "full" else {"x"}
+    if recompute == "selective":
+        kept -= {"attn_probs", "attn_lse"}
+    h = train_shard.model.hidden
+    total = 0
+    for name in kept:
+        size = 1
+        for s in shapes[name]:
+            size *= s
+        if sp and shapes[name][-1] == h:
+            size //= tp
+        total += size * e
+    return total
+
+
+def _in_flight(plan: Plan, stage: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak."""
+    m = plan.micro_batches
+    if plan.schedule == "gpipe":
+        return m
+    held = min(plan.pp - stage, m)
+    if plan.schedule == "interleaved":        # Narayanan et al. 2021: the first stage holds this much more
+        held *= 1 + (plan.pp - 1) / (plan.pp * plan.chunks)
+    return held
+
+
+def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
+    """Bytes a device of each stage needs, and the largest: weights, gradients, optimizer state,
+    activations, KV cache, against ``capacity_bytes``."""
+    from archsim.workloads.model import validate_workload
+
+    m, sc = workload.model, workload.scenario
+    e = _elem(sc.dtype)
+    train = sc.phase == "train"
+    data = workload.model_dump(mode="json")
+    data["scenario"] = {**data["scenario"], "tensor_parallel": plan.tp, "batch": plan.micro_batch}
+    shard = validate_workload(data, workload.name)
+    per_block = block_parameters(shard)
+    embed = m.vocab * m.hidden // plan.tp          # vocab-parallel; the tied head keeps a copy on the last stage
+    blocks = stage_layers(m.layers, plan.pp)
+    grad_b, opt_b = (2 + 4, 12) if e == 2 else (4, 8)
+    d = plan.dp
+    act_block = stored_activations(shard, plan.recompute, plan.sequence_parallel, plan.tp) if train else 0
+    work_block = stored_activations(shard, "none", plan.sequence_parallel, plan.tp) if train else 0
+    stages = []
+    for s, nb in enumerate(blocks):
+        params = nb * per_block + (embed if s == 0 or s == plan.pp - 1 else 0)
+        w = params * e / (d if plan.zero >= 3 else 1)
+        g = params * grad_b / (d if plan.zero >= 2 else 1) if train else 0.0
+        o = params * opt_b / (d if plan.zero >= 1 else 1) if train else 0.0
+        act = 0.0
+        if train:
+            act = act_block * nb * _in_flight(plan, s)
+            if plan.recompute == "full":
+                act += work_block            # one block's tensors while its backward recomputes them
+            if s == plan.pp - 1:             # the logits, in fp32 for the loss
+                act += plan.micro_batch * sc.seq * m.vocab / plan.tp * 4
+        kv = 0.0
+        if sc.phase in ("prefill", "decode"):
+            kv_len = sc.seq + 1 if sc.phase == "decode" else sc.seq
+            kv = 2 * nb * plan.micro_batch * kv_len * (m.hidden // plan.tp) * e
+        total = w + g + o + act + kv
+        stages.append({"stage": s, "blocks": nb, "parameters": params, "weights": w, "gradients": g,
+                       "optimizer": o, "activations": act, "kv_cache": kv, "total": total})
+    worst = max(stages, key=lambda x: x["total"])
+    return {"stages": stages, "worst_stage": worst["stage"], "capacity": float(capacity_bytes),
+            **{k: worst[k] for k in ("weights", "gradients", "optimizer", "activations", "kv_cache", "total")}}
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:,.1f} GB"
+
+
+def check_fits(plan: Plan, workload, capacity_bytes: float, device: str, where: str = "--plan") -> dict:
+    """The memory of ``plan``; an InputError saying by how much it does not fit and what would."""
+    mem = memory_per_device(plan, workload, capacity_bytes)
+    if mem["total"] <= capacity_bytes:
+        return mem
+    parts = ", ".join(f"{k} {_gb(mem[k])}" for k in ("weights", "gradients", "optimizer", "activations", "kv_cache")
+                      if mem[k])
+    hints = []
+    for change in ({"zero": 1}, {"zero": 2}, {"zero": 3}, {"recompute": "full"}, {"zero": 1, "recompute": "full"},
+                   {"zero": 3, "recompute": "full"}):
+        alt = replace(plan, **change)
+        if alt == plan or (alt.zero < plan.zero):
+            continue
+        t = memory_per_device(alt, workload, capacity_bytes)["total"]
+        if t <= capacity_bytes:
+            hints.append(",".join(f"{k}={v}" for k, v in change.items()) + f" ({_gb(t)})")
+            break
+    if not hints:
+        hints.append("more pipeline or tensor parallelism, or a smaller micro-batch")
+    raise InputError(where, f"stage {mem['worst_stage']} needs {_gb(mem['total'])} a device ({parts}); {device} "
+                     f"has {_gb(capacity_bytes)}: {_gb(mem['total'] - capacity_bytes)} over",
+                     "what would fit: " + "; ".join(hints))
+
+
+# ---- bytes sent a step --------------------------------------------------------------------------------
+
+def step_volumes(plan: Plan, workload) -> dict:
+    """Bytes each kind of parallelism moves in one training step (inference: one forward), per
+    device of the busiest stage and over the whole cluster, with the collective each uses."""
+    m, sc = workload.model, workload.scenario
+    e = _elem(sc.dtype)
+    train = sc.phase == "train"
+    rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
+    act = rows * m.hidden * e                          # one micro-batch's hidden state
+    mbs = plan.micro_batches if train else 1
+    blocks = max(stage_layers(m.layers, plan.pp))
+    out = {}
+    if plan.tp > 1:
+        calls = 2 + (2 + (2 if plan.recompute == "full" else 0) if train else 0)
+        per_dev = blocks * mbs * calls * act
+        out["tensor_parallel"] = {"collective": "reduce_scatter+all_gather" if plan.sequence_parallel
+                                  else "all_reduce", "calls_per_device": blocks * mbs * calls,
+                                  "bytes_per_call": act, "bytes_per_device": per_dev,
+                                  "bytes_total": per_dev * plan.devices}
+    if plan.pp > 1:
+        per_dev = mbs * act / plan.tp * (2 if train else 1)   # each TP rank sends its 1/tp slice
+        out["pipeline"] = {"collective": "send_recv", "calls_per_device": mbs * (2 if train else 1),
+                           "bytes_per_call": act / plan.tp, "bytes_per_device": per_dev,
+                           "bytes_total": per_dev * plan.tp * plan.dp * (plan.pp - 1)}
+    if plan.dp > 1 and train:
+        from archsim.workloads.model import validate_workload
+
+        data = workload.model_dump(mode="json")
+        data["scenario"] = {**data["scenario"], "tensor_parallel": plan.tp}
+        params = blocks * block_parameters(validate_workload(data, workload.name)) + m.vocab * m.hidden // plan.tp
+        grad = params * (4 if e == 2 else 4)            # gradients reduced in fp32, their accumulation type
+        kind = "all_reduce" if plan.zero == 0 else "reduce_scatter+all_gather"
+        per_dev = grad + (params * e if plan.zero >= 1 else 0)
+        if plan.zero == 3:
+            per_dev += 2 * params * e                   # weights gathered for forward and for backward
+        out["data_parallel"] = {"collective": kind, "calls_per_device": 1, "bytes_per_call": grad,
+                                "bytes_per_device": per_dev, "bytes_total": per_dev * plan.devices}
+    return out
+
+
+__all__ = ["KEYS", "Plan", "RECOMPUTE", "SCHEDULES", "check_fits", "check_plan", "device_of", "groups",
+           "memory_per_device", "parse_plan", "stage_layers", "step_volumes"]
