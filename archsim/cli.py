@@ -131,7 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
                            ("compare", "the same workload on several machines, kernel by kernel")):
         p = sub.add_parser(name, help=helptext)
         if name == "run":
-            _add_machine_options(p)
+            _add_machine_options(p, required=False)
+            p.add_argument("--cluster", metavar="CLUSTER", help="a training step on a cluster (YAML path or built-in "
+                                                               "name) instead of one machine; needs --plan")
+            p.add_argument("--plan", metavar="PLAN", help="with --cluster: tp=T,pp=P,dp=D[,mb=M,gbs=G,"
+                                                         "schedule=gpipe|1f1b,recompute=none|selective|full,"
+                                                         "zero=0..2,order=tp-dp-pp]")
         else:
             p.add_argument("--hw", action="append", required=True, metavar="HW",
                            help="a machine (YAML path or built-in name); give two or more")
@@ -664,6 +669,10 @@ def cmd_run(a) -> int:
     from archsim.config.load import load_machine
     from archsim.report.tables import functional_table, run_table
 
+    if a.cluster is not None or a.plan is not None:
+        return _run_cluster(a)
+    if a.hw is None:
+        raise InputError("run", "give a machine (--hw) or a cluster (--cluster with --plan)", "one of them")
     machine = load_machine(a.hw, a.overlays, a.sets)
     wl = _load_workload(a)
     opts = _run_options(a)
@@ -679,6 +688,32 @@ def cmd_run(a) -> int:
     if opts.mode == "functional" and not doc["passed"]:
         print("archsim: functional verification failed (see the table)", file=sys.stderr)
         return 1
+    return 0
+
+
+def _run_cluster(a) -> int:
+    from archsim.cluster.run import format_cluster_run, prepare, run_cluster
+
+    if a.cluster is None or a.plan is None:
+        raise InputError("--cluster" if a.cluster is None else "--plan",
+                         "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
+    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--out", a.out),
+                        ("--trace", a.trace)):
+        if given:
+            raise InputError(flag, f"{flag} does not apply to a cluster run",
+                             "--cluster C --plan ... [--json F] (the cluster names its device; pictures of a "
+                             "step are not drawn yet)")
+    if a.mode != "timing":
+        raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
+    wl = _load_workload(a)
+    opts = _run_options(a)
+    if a.json:
+        _check_file_path(a.json, "--json")
+    prepare(a.cluster, wl, a.plan)          # every bad input before any kernel is timed
+    doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(format_cluster_run(doc))
+    if a.json:
+        _write_json(a.json, doc)
     return 0
 
 

@@ -95,6 +95,27 @@ def test_cluster_validate_record_fields_are_documented(capsys, tmp_path):
     assert not missing, f"docs/records.md does not list these fields of a cluster validate record: {missing}"
 
 
+def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
+    import yaml
+
+    cl = tmp_path / "c.yaml"
+    cl.write_text(yaml.safe_dump({
+        "name": "tc", "device": "tiny-gpu", "nodes": 2,
+        "node": {"devices": 2, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
+                 "nics": {"count": 1, "gbit_per_s": 100.0, "latency_us": 2.0}},
+        "network": {"kind": "fat_tree", "group_nodes": 1, "hop_latency_us": 0.5}}))
+    out = tmp_path / "r.json"
+    code, _, err = cli(capsys, "run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
+                       "tp=2,pp=2,mb=1,gbs=2", "--workers", "1", "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    kernel_fields = {p for p in key_paths(doc, {}) if p.startswith("stages[].kernels[].")}
+    workload_fields = {p for p in key_paths(doc, {}) if p.startswith("workload.") and p != "workload.global_batch"}
+    paths = key_paths(doc, {"volumes": "<kind>"}) - kernel_fields - workload_fields
+    missing = sorted(paths - documented())
+    assert not missing, f"docs/records.md does not list these fields of a cluster run record: {missing}"
+
+
 def test_every_schema_has_a_section():
     text = DOC.read_text(encoding="utf-8")
     schemas = set()

@@ -61,7 +61,7 @@ class Fabric:
         self.net.transfer(links, nbytes, lat + self.step_s, on_done)
 
 
-def _barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:
+def barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:
     """A callback that runs ``then`` on its n-th call (at once when n is 0)."""
     if n <= 0:
         then()
@@ -86,7 +86,7 @@ def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps
     sent = [0] * n          # steps whose send has completed, per rank
     got = [0] * n           # steps received (and reduced), per rank
     started = [0] * n       # steps started, per rank
-    finish = _barrier(n, on_done)
+    finish = barrier(n, on_done)
 
     def try_start(i):
         k = started[i]
@@ -139,7 +139,7 @@ def tree_all_reduce(f: Fabric, ranks: Sequence[int], nbytes: float, on_done: Cal
         f.ev.at(f.ev.now, on_done)
         return
     channels = _channel_heads(f, list(_nodes_of(f, ranks).values()))
-    finish = _barrier(2 * len(channels), on_done)
+    finish = barrier(2 * len(channels), on_done)
     for by_node in channels:
         order = [r for members in by_node for r in members]
         index = {r: i for i, r in enumerate(order)}
@@ -187,7 +187,7 @@ def _one_tree(f, ranks, parent, nbytes, on_done, reduce_seconds):
     up_busy = [False] * n
     down_got = [0] * n                            # chunks received from the parent
     down_sent = [0] * n                           # chunks forwarded to all children, per rank
-    finish = _barrier(n, on_done)
+    finish = barrier(n, on_done)
 
     def up_ready(i):
         c = up_sent[i]
@@ -233,7 +233,7 @@ def _one_tree(f, ranks, parent, nbytes, on_done, reduce_seconds):
         if down_busy[i] or c >= down_got[i] or not children[i]:
             return
         down_busy[i] = True
-        done = _barrier(len(children[i]), lambda: after_down(i))
+        done = barrier(len(children[i]), lambda: after_down(i))
         for ch in children[i]:
             f.send(ranks[i], ranks[ch], chunk, lambda ch=ch, c=c: (got_down(ch, c), done()))
 
@@ -275,7 +275,7 @@ def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Call
     if kind == "send_recv":
         f.send(ranks[0], ranks[1], nbytes, on_done)
     elif kind == "all_to_all":
-        finish = _barrier(n * (n - 1), on_done)
+        finish = barrier(n * (n - 1), on_done)
         for a in ranks:
             for b in ranks:
                 if a != b:
@@ -290,7 +290,7 @@ def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Call
         steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}[kind]
         red = 0 if kind == "all_gather" else n - 1
         orders = channel_orders(f, ranks)
-        done = _barrier(len(orders), on_done)
+        done = barrier(len(orders), on_done)
         for order in orders:
             ring(f, order, steps, nbytes / n / len(orders), red, done, reduce_seconds)
         algorithm = "ring"
@@ -316,7 +316,7 @@ def _chain(f, ranks, nbytes, on_done):
     have = [chunks] + [0] * (n - 1)
     sent = [0] * n
     busy = [False] * n
-    finish = _barrier(n - 1, on_done)
+    finish = barrier(n - 1, on_done)
 
     def try_send(i):
         if i == n - 1 or busy[i] or sent[i] >= have[i]:
@@ -342,12 +342,12 @@ def _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds):
     rails = [[node[i] for node in by_node] for i in range(local)]
 
     def inside(step_kind, size, then):
-        done = _barrier(len(by_node), then)
+        done = barrier(len(by_node), then)
         for node in by_node:
             run(f, step_kind, node, size, done, "ring", reduce_seconds)
 
     def across(step_kind, size, then):
-        done = _barrier(local, then)
+        done = barrier(local, then)
         for rail in rails:
             run(f, step_kind, rail, size, done, "ring", reduce_seconds)
 
@@ -379,5 +379,5 @@ def bus_bandwidth(kind: str, n: int, nbytes: float, seconds: float) -> float:
     return nbytes / seconds * factor if seconds > 0 else 0.0
 
 
-__all__ = ["ALGORITHMS", "Fabric", "KINDS", "bus_bandwidth", "choose_algorithm", "ring", "run",
+__all__ = ["ALGORITHMS", "Fabric", "KINDS", "barrier", "bus_bandwidth", "choose_algorithm", "ring", "run",
            "time_collective", "tree_all_reduce", "channel_orders"]

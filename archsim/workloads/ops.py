@@ -167,6 +167,14 @@ class _Builder:
         self.add(name, kind, dict(rows=rows, cols=cols), inputs, outputs, ELEMENTWISE_FLOPS[kind] * rows * cols, 0)
 
 
+# Where a tensor-parallel shard's partial sums meet (Megatron): after these ops the group all-reduces
+# the named tensor. Forward: the projection's and FFN-out's outputs, which the next op needs at
+# once; backward: the input gradients of QKV and FFN-in, which the weight gradient's GEMM (the op
+# after) does not read, so the all-reduce runs beside it.
+TP_ALL_REDUCE_AFTER = {"proj": ("proj_out", False), "ffn2": ("ffn2_out", False),
+                       "ffn1.dgrad": ("d_x_n2", True), "qkv.dgrad": ("d_x_n1", True)}
+
+
 def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     """(ops in execution order, tensor name -> shape) of one decoder block of ``w``."""
     m, sc = w.model, w.scenario

@@ -1,0 +1,196 @@
+"""`archsim run --cluster C --workload WL --plan ...`: a training step of the model on the cluster
+under the plan, every kernel timed by the engine, the step by the discrete-event simulation
+(step.py), written as an ``archsim.cluster/1`` record."""
+
+from __future__ import annotations
+
+import time
+
+from archsim.errors import InputError
+
+from .plan import block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes
+from .spec import load_cluster, load_device
+from .step import StepSim, block_times, check_step, link_table
+from .topology import build
+
+SCHEMA = "archsim.cluster/1"
+
+
+def _with(workload, **scenario):
+    from archsim.workloads.model import validate_workload
+
+    data = workload.model_dump(mode="json")
+    model = dict(data["model"])
+    if "layers" in scenario:
+        model["layers"] = scenario.pop("layers")
+    data["model"] = model
+    data["scenario"] = {**data["scenario"], **scenario}
+    return validate_workload(data, workload.name)
+
+
+def head_times(machine, workload, plan, opts) -> dict:
+    """The LM head on the last stage, each TP rank its vocab/tp columns: the logits GEMM forward
+    (tokens x vocab/tp x hidden) and its two gradient GEMMs, timed by micro gemm."""
+    from archsim.micro import run_micro
+
+    m, sc = workload.model, workload.scenario
+    rows = plan.micro_batch * sc.seq
+    cols = m.vocab // plan.tp
+    dtype = sc.dtype if sc.dtype in ("fp16", "bf16") else "fp32"
+
+    def seconds(mm, nn, kk):
+        r = run_micro("gemm", machine, {"m": mm, "n": nn, "k": kk, "dtype": dtype, "sample": opts.sample},
+                      workers=opts.workers)
+        return 2.0 * mm * nn * kk / (r.value * 1e12) if r.value > 0 else 0.0
+
+    fwd = seconds(rows, cols, m.hidden)
+    return {"forward": fwd, "backward": seconds(rows, m.hidden, cols) + seconds(m.hidden, cols, rows),
+            "flops_forward": 2.0 * rows * cols * m.hidden}
+
+
+def prepare(cluster_arg: str, workload, plan_text: str):
+    """Everything checked before any kernel is timed: the cluster and its device, the plan
+    against both and the model, the step's limits, the memory per device."""
+    cluster = load_cluster(cluster_arg)
+    label = cluster_arg if "/" in str(cluster_arg) else f"{cluster.name}.yaml"
+    machine = load_device(cluster, label)
+    plan = parse_plan(plan_text)
+    check_plan(plan, cluster, workload)
+    check_step(plan, workload)
+    cap = machine.dram.capacity_gib
+    if cap is None:
+        raise InputError(f"{machine.name}: dram.capacity_gib", "the device's memory size is not given",
+                         "dram.capacity_gib in its config (a cluster run checks memory per device)")
+    mem = check_fits(plan, workload, cap * 2 ** 30, machine.name)
+    return cluster, machine, plan, mem
+
+
+def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None) -> dict:
+    from archsim.config.derived import peak_tflops
+
+    t0 = time.perf_counter()
+    cluster, machine, plan, mem = prepare(cluster_arg, workload, plan_text)
+    topo = build(cluster)
+    m, sc = workload.model, workload.scenario
+    shard = _with(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
+    if progress:
+        progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
+    bt = block_times(machine, shard, opts)
+    if progress:
+        progress("timing the LM head's GEMMs")
+    head = head_times(machine, workload, plan, opts)
+    t_kernels = time.perf_counter() - t0
+    sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard))
+    out = sim.run()
+    step = out["step_seconds"]
+
+    # flops: the whole model's, counted from the op graph at the micro-batch (model), plus recompute (hardware)
+    whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
+    tot = whole.totals()
+    per_mb_model = tot["block_model_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp
+    fwd_block = sum(o.flops for o in whole.block_ops() if "." not in o.name)
+    extra = {"full": fwd_block, "selective": next((o.flops for o in whole.block_ops() if o.name == "attn"), 0.0),
+             "none": 0.0}[plan.recompute] * m.layers
+    n_mb = plan.micro_batches * plan.dp
+    model_flops = per_mb_model * n_mb
+    hw_flops = (tot["block_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp + extra) * n_mb
+    devices = plan.devices
+    tf_model = model_flops / step / devices / 1e12
+    tf_hw = hw_flops / step / devices / 1e12
+    peaks = peak_tflops(machine)
+    peak = peaks.get(sc.dtype, peaks.get("fp16", 0.0))
+
+    streams = list(sim.streams.values())
+    bubble = sum(max(0.0, st.last_end - st.tasks_seconds) for st in streams) / len(streams)
+    ar_calls = sum(1 for it in sim.b_items + bt.forward if it[0] == "ar")
+    tp_calls = plan.micro_batches * max(sim.blocks) * ar_calls if plan.tp > 1 else 0
+    tp_seconds = plan.micro_batches * max(sim.blocks) * sum(sim.ar_seconds(it[1]) for it in
+                                                            sim.b_items + bt.forward if it[0] == "ar")
+    tp_exposed = max(st.tp_exposed for st in streams)
+    pp_log, dp_log = sim.log["pipeline"], sim.log["data_parallel"]
+    pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
+    pp_exposed = sum(st.pp_exposed for st in streams) / len(streams)
+    dp_seconds = sum(x[2] for x in dp_log) / max(plan.pp, 1)
+    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] for s in range(plan.pp))
+    exposed = tp_exposed + pp_exposed + dp_exposed
+    total_comm = tp_seconds + pp_seconds + dp_seconds
+    collectives = []
+    if plan.tp > 1:
+        for nbytes, sec in sorted(sim.ar_cache.items()):
+            collectives.append({"kind": "all_reduce", "group": "tensor_parallel", "bytes": nbytes,
+                                "algorithm": "ring", "count": tp_calls // max(len(sim.ar_cache), 1),
+                                "seconds": round(sec, 9), "exposed_seconds": round(tp_exposed, 9)})
+    if pp_log:
+        collectives.append({"kind": "send_recv", "group": "pipeline", "bytes": sim.act_bytes, "algorithm": "direct",
+                            "count": len(pp_log), "seconds": round(sum(x[2] for x in pp_log) / len(pp_log), 9),
+                            "exposed_seconds": round(pp_exposed, 9)})
+    for kind in ("all_reduce", "reduce_scatter", "all_gather"):
+        calls = [x for x in dp_log if x[0] == kind]
+        if calls:
+            collectives.append({"kind": kind, "group": "data_parallel", "bytes": max(x[1] for x in calls),
+                                "algorithm": "ring", "count": len(calls),
+                                "seconds": round(sum(x[2] for x in calls) / len(calls), 9),
+                                "exposed_seconds": round(dp_exposed, 9)})
+    blocks = stage_layers(m.layers, plan.pp)
+    kernels = bt.kernels
+    return {
+        "schema": SCHEMA,
+        "cluster": {"name": cluster.name, "devices": cluster.devices, "nodes": cluster.nodes,
+                    "device": machine.name},
+        "workload": {**whole.summary(), "layers": m.layers, "global_batch": plan.batch},
+        "plan": plan.summary(),
+        "step": {"step_seconds": step, "tokens_per_second": plan.batch * sc.seq / step,
+                 "tflops_per_device_model": round(tf_model, 3), "tflops_per_device_hardware": round(tf_hw, 3),
+                 "mfu": round(tf_model / peak, 4) if peak else None, "bubble_share": round(bubble / step, 4),
+                 "comm_exposed_seconds": exposed, "comm_overlapped_seconds": max(0.0, total_comm - exposed),
+                 "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
+                 "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
+        "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
+                                                         "kv_cache", "total", "capacity")},
+        "volumes": step_volumes(plan, workload),
+        "collectives": collectives,
+        "links": link_table(sim.f, topo, step),
+        "stages": [{"stage": s, "layers": blocks[s], "end_seconds": out["stage_end"][s], "kernels": kernels}
+                   for s in range(plan.pp)],
+        "sim": {"wall_seconds": round(time.perf_counter() - t0, 3), "kernel_seconds": round(t_kernels, 3),
+                "event_seconds": round(out["event_seconds"], 3), "flows": sim.f.net.flows_done},
+    }
+
+
+def format_cluster_run(r: dict) -> str:
+    st, mem = r["step"], r["memory_per_device"]
+    p = r["plan"]
+    gb = 1e9
+    lines = [
+        f"{r['workload']['name']} training step on {r['cluster']['name']} ({r['cluster']['devices']:,} x "
+        f"{r['cluster']['device']}): tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, micro-batch {p['micro_batch']}, "
+        f"global batch {p['global_batch']}, {p['schedule']}, recompute {p['recompute']}, zero {p['zero']}",
+        f"  step            {st['step_seconds']:.4g} s   ({st['tokens_per_second']:,.0f} tokens/s)",
+        f"  per device      {st['tflops_per_device_model']:.1f} TFLOP/s model, "
+        f"{st['tflops_per_device_hardware']:.1f} hardware (with recompute); MFU "
+        + (f"{100 * st['mfu']:.1f} %" if st["mfu"] is not None else "-"),
+        f"  bubble          {100 * st['bubble_share']:.1f} % of the step",
+        f"  communication   {st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
+        "overlapped (a device)",
+        f"  memory/device   {mem['total'] / gb:.1f} GB of {mem['capacity'] / gb:.1f} (weights "
+        f"{mem['weights'] / gb:.1f}, gradients {mem['gradients'] / gb:.1f}, optimizer {mem['optimizer'] / gb:.1f}, "
+        f"activations {mem['activations'] / gb:.1f})",
+        "  bytes a step    " + ", ".join(f"{k.replace('_', ' ')} {v['bytes_per_device'] / gb:,.1f} GB a device "
+                                         f"({v['collective']})" for k, v in r["volumes"].items()),
+    ]
+    if r["collectives"]:
+        lines.append(f"  {'collective':<16}{'group':<17}{'bytes':>14}{'calls':>8}{'s a call':>11}{'exposed s':>11}")
+        for c in r["collectives"]:
+            lines.append(f"  {c['kind']:<16}{c['group']:<17}{c['bytes']:>14,.0f}{c['count']:>8}"
+                         f"{c['seconds']:>11.4g}{c['exposed_seconds']:>11.4g}")
+    if r["links"]:
+        busiest = r["links"][0]
+        lines.append(f"  busiest link    {busiest['name']}: {100 * busiest['util']:.1f} % busy, "
+                     f"{busiest['bytes'] / gb:,.2f} GB")
+    s = r["sim"]
+    lines.append(f"simulated in {s['wall_seconds']:.1f} s (kernels {s['kernel_seconds']:.1f} s, step "
+                 f"{s['event_seconds']:.1f} s, {s['flows']:,} transfers)")
+    return "\n".join(lines)
+
+
+__all__ = ["SCHEMA", "format_cluster_run", "head_times", "prepare", "run_cluster"]

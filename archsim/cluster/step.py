@@ -1,0 +1,340 @@
+"""One training step on a cluster, as a discrete-event simulation.
+
+Every kernel is timed by the engine: the tensor-parallel shard of one decoder block (forward and
+backward kernels, run_workload on the device machine, the kernel cache keeping repeats free) and,
+on the last stage, the LM head's GEMMs (micro gemm). What runs between them is simulated:
+
+- one compute stream per pipeline stage and data-parallel replica (its TP ranks run the same
+  kernels at the same time); a stream runs its schedule's tasks (forward or backward of one
+  micro-batch over the stage's blocks) in order, each after its input has arrived;
+- a task's time is its kernels, the idle gap between kernels (``software.kernel_gap_us``) and its
+  tensor-parallel all-reduces: after the projection and FFN-out in forward (the next kernel waits),
+  after the QKV and FFN-in input gradients in backward (beside the weight-gradient GEMM that
+  follows); full recompute runs a block's forward again before its backward, selective the
+  attention forward;
+- pipeline sends (each TP rank its 1/tp slice of the activations or their gradients) and the
+  data-parallel gradient reductions (one bucket a block, started when every replica's last backward
+  has finished that block; ZeRO >= 1 reduce-scatters, then all-gathers the updated weights) are
+  transfers on the cluster's flow network, so they share links max-min fairly and slow each other.
+
+Choices: a tensor-parallel all-reduce is timed once per size as the collective alone on the
+topology (inside a node it crosses only the devices' own NVSwitch ports, which the pipeline and
+data-parallel traffic reach only on its way to the NICs), not re-simulated for every call; the
+optimizer's update and the embedding lookup are not timed (memory-bound passes over the local
+parameter shard, well under 1 % of a large step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from archsim.errors import InputError
+
+from . import collectives as C
+from .network import Events
+from .plan import Plan, block_parameters, device_of, stage_layers
+from .topology import Topology, link_name
+
+
+@dataclass
+class BlockTimes:
+    """One block's shard on one device, in seconds; TP all-reduces as (bytes, beside-next-kernel)."""
+    forward: list                    # ("k", seconds) | ("ar", bytes, async)
+    backward: list
+    attention_forward: float         # what selective recompute runs again
+    kernels: list                    # the run's kernel entries (archsim.result/1)
+    flops_forward: float
+    flops_backward: float
+    model_flops: float
+
+
+def _op_seconds(kernels: list) -> dict[str, float]:
+    """Seconds each op of the block takes: the kernels emitted for it (a kernel shared by several
+    identical ops counts for each)."""
+    out: dict[str, float] = {}
+    for k in kernels:
+        for op in [k["op"]] + list(k.get("also", [])):
+            out[op] = out.get(op, 0.0) + float(k["seconds"])
+    return out
+
+
+def block_times(machine, shard, opts, pool=None) -> BlockTimes:
+    """Time one block of the shard workload (train phase) on ``machine`` and lay its ops out in
+    order with the tensor-parallel all-reduces between them."""
+    from archsim.runner import run_workload
+    from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
+
+    res = run_workload(machine, shard, opts, pool=pool)
+    secs = _op_seconds(res["kernels"])
+    ops = shard.block_ops()
+    shapes = shard.tensor_shapes()
+    e = 4 if shard.scenario.dtype == "fp32" else 2
+    tp = shard.scenario.tensor_parallel
+    fwd, bwd = [], []
+    f_fl = b_fl = model = 0.0
+    for op in ops:
+        back = "." in op.name
+        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0)))
+        if back:
+            b_fl += op.flops
+        else:
+            f_fl += op.flops
+        model += op.model_flops
+        if tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
+            tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
+            size = 1
+            for s in shapes[tensor]:
+                size *= s
+            (bwd if back else fwd).append(("ar", size * e, beside))
+    return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"], f_fl, b_fl, model)
+
+
+def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float]:
+    """Seconds a list of items takes on one stream, the kernels' share (with their gaps), and the
+    all-reduces' exposed share. An all-reduce marked beside-next runs while the next kernel runs
+    and is waited for before the kernel after it."""
+    t = busy = exposed = 0.0
+    pending = None                  # end of an all-reduce running beside a kernel
+    beside = False                  # the next kernel may run beside it
+
+    def wait():
+        nonlocal t, exposed, pending
+        if pending is not None and pending > t:
+            exposed += pending - t
+            t = pending
+        pending = None
+
+    for it in items:
+        if it[0] == "k":
+            if pending is not None and not beside:
+                wait()
+            t += it[1] + gap
+            busy += it[1] + gap
+            beside = False
+        else:
+            wait()                  # one all-reduce at a time on the group
+            d = ar_seconds(it[1])
+            if it[2]:
+                pending, beside = t + d, True
+            else:
+                t += d
+                exposed += d
+    wait()
+    return t, busy, exposed
+
+
+@dataclass
+class Stream:
+    stage: int
+    replica: int
+    tasks: list                        # ("F" | "B", micro-batch)
+    pos: int = 0
+    busy_until: float = 0.0
+    compute: float = 0.0               # kernels and the gaps between them
+    tasks_seconds: float = 0.0         # tasks' whole durations (kernels and exposed all-reduces)
+    tp_exposed: float = 0.0
+    pp_exposed: float = 0.0            # waiting for a transfer that had started
+    last_end: float = 0.0
+    arrived: dict = field(default_factory=dict)   # ("F"|"B", mb) -> arrival time of its input
+
+
+def schedule(plan: Plan, stage: int) -> list:
+    """The order of one stage's tasks: GPipe all forwards then all backwards; 1F1B pp - stage - 1
+    forwards, then one forward one backward, then the remaining backwards."""
+    m = plan.micro_batches
+    if plan.schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warm = min(plan.pp - stage - 1, m)
+    out = [("F", i) for i in range(warm)]
+    for i in range(m - warm):
+        out += [("F", warm + i), ("B", i)]
+    out += [("B", i) for i in range(m - warm, m)]
+    return out
+
+
+class StepSim:
+    """The step's streams, transfers and collectives on one flow network."""
+
+    def __init__(self, topo: Topology, plan: Plan, workload, bt: BlockTimes, head: dict, params_block: int,
+                 record_links: bool = True):
+        self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
+        m, sc = workload.model, workload.scenario
+        self.e = 4 if sc.dtype == "fp32" else 2
+        self.gap = topo.cluster.software.kernel_gap_us * 1e-6
+        self.f = C.Fabric(topo, record=record_links)
+        self.ev: Events = self.f.ev
+        self.blocks = stage_layers(m.layers, plan.pp)
+        self.params_block = params_block
+        self.embed_params = m.vocab * m.hidden // plan.tp
+        self.act_bytes = plan.micro_batch * sc.seq * m.hidden * self.e / plan.tp
+        self.ar_cache: dict[float, float] = {}
+        self.tp_group = [device_of(plan, t, 0, 0) for t in range(plan.tp)]
+        self.f_block = _run_items(bt.forward, self.ar_seconds, self.gap)
+        b_items = list(bt.backward)
+        if plan.recompute == "full":
+            b_items = list(bt.forward) + b_items
+        elif plan.recompute == "selective":
+            b_items = [("k", bt.attention_forward)] + b_items
+        self.b_items = b_items
+        self.b_block = _run_items(b_items, self.ar_seconds, self.gap)
+        self.streams = {(s, r): Stream(s, r, schedule(plan, s)) for s in range(plan.pp) for r in range(plan.dp)}
+        self.buckets = {s: self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0) for s in range(plan.pp)}
+        self.dp_wait = {(s, k): plan.dp for s in range(plan.pp) for k in range(self.buckets[s])}
+        self.dp_done = {s: 0 for s in range(plan.pp)}
+        self.stage_end = {s: None for s in range(plan.pp)}
+        self.last_compute = {s: 0.0 for s in range(plan.pp)}
+        self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
+
+    # ---- times ----
+    def ar_seconds(self, nbytes: float) -> float:
+        if self.plan.tp < 2:
+            return 0.0
+        if nbytes not in self.ar_cache:
+            self.ar_cache[nbytes] = C.time_collective(self.topo, "all_reduce", self.tp_group, nbytes)[0]
+        return self.ar_cache[nbytes]
+
+    def task_time(self, stage: int, kind: str) -> tuple[float, float, float]:
+        nb = self.blocks[stage]
+        t, busy, exp = self.f_block if kind == "F" else self.b_block
+        t, busy, exp = t * nb, busy * nb, exp * nb
+        if stage == self.plan.pp - 1:
+            h = self.head["forward"] if kind == "F" else self.head["backward"]
+            t, busy = t + h + self.gap, busy + h + self.gap
+        return t, busy, exp
+
+    def stage_params(self, s: int) -> int:
+        return self.blocks[s] * self.params_block + (self.embed_params if s in (0, self.plan.pp - 1) else 0)
+
+    def dp_group(self, s: int, t: int) -> list[int]:
+        return [device_of(self.plan, t, r, s) for r in range(self.plan.dp)]
+
+    # ---- data-parallel buckets ----
+    def bucket_ready(self, s: int, k: int) -> None:
+        self.dp_wait[(s, k)] -= 1
+        if self.dp_wait[(s, k)]:
+            return
+        plan, ev = self.plan, self.ev
+        if plan.dp == 1:
+            self._bucket_done(s)
+            return
+        n = self.embed_params if k == self.blocks[s] else self.params_block
+        nbytes = n * 4                     # gradients reduced in fp32, their accumulation type
+        kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
+        t0 = ev.now
+
+        def all_ranks():
+            self.log["data_parallel"].append((kind, nbytes, ev.now - t0))
+            self._bucket_done(s)
+        done = C.barrier(plan.tp, all_ranks)
+        for t in range(plan.tp):
+            C.run(self.f, kind, self.dp_group(s, t), nbytes, done)
+
+    def _bucket_done(self, s: int) -> None:
+        self.dp_done[s] += 1
+        if self.dp_done[s] < self.buckets[s]:
+            return
+        plan, ev = self.plan, self.ev
+        if plan.zero >= 1 and plan.dp > 1:        # the updated weights, gathered from their shards
+            nbytes = self.stage_params(s) * self.e
+            t0 = ev.now
+
+            def gathered():
+                self.log["data_parallel"].append(("all_gather", nbytes, ev.now - t0))
+                self.stage_end[s] = ev.now
+            done = C.barrier(plan.tp, gathered)
+            for t in range(plan.tp):
+                C.run(self.f, "all_gather", self.dp_group(s, t), nbytes, done)
+        else:
+            self.stage_end[s] = ev.now
+
+    # ---- streams ----
+    def try_run(self, st: Stream) -> None:
+        plan, ev = self.plan, self.ev
+        if st.pos >= len(st.tasks) or st.busy_until > ev.now:
+            return
+        kind, mb = st.tasks[st.pos]
+        if (kind == "F" and st.stage > 0) or (kind == "B" and st.stage < plan.pp - 1):
+            if (kind, mb) not in st.arrived:
+                return
+        elif kind == "B" and ("F", mb) not in st.arrived:
+            return                                  # the last stage's backward follows its own forward
+        st.pos += 1
+        dur, busy, exp = self.task_time(st.stage, kind)
+        st.compute += busy
+        st.tp_exposed += exp
+        st.tasks_seconds += dur
+        st.busy_until = ev.now + dur
+        ev.at(ev.now + dur, self.finished, st, kind, mb)
+        if kind == "B" and mb == plan.micro_batches - 1:   # the last backward: a bucket as each block ends
+            nb = self.blocks[st.stage]
+            per = dur / max(nb, 1)
+            for k in range(nb):
+                ev.at(ev.now + per * (k + 1), self.bucket_ready, st.stage, nb - 1 - k)
+            if self.buckets[st.stage] > nb:        # the embedding's gradient, at the end
+                ev.at(ev.now + dur, self.bucket_ready, st.stage, nb)
+
+    def finished(self, st: Stream, kind: str, mb: int) -> None:
+        plan, ev = self.plan, self.ev
+        st.last_end = ev.now
+        s, r = st.stage, st.replica
+        self.last_compute[s] = max(self.last_compute[s], ev.now)
+        if kind == "F" and s == plan.pp - 1:
+            st.arrived[("F", mb)] = ev.now
+        elif kind == "F" or s > 0:
+            nxt = s + 1 if kind == "F" else s - 1
+            dst = self.streams[(nxt, r)]
+            t0 = ev.now
+
+            def delivered():
+                dst.arrived[(kind, mb)] = ev.now
+                self.log["pipeline"].append(("send_recv", self.act_bytes, ev.now - t0))
+                if dst.pos < len(dst.tasks) and dst.tasks[dst.pos] == (kind, mb) and dst.busy_until <= ev.now:
+                    dst.pp_exposed += ev.now - max(t0, dst.busy_until)   # idle while the transfer ran
+                self.try_run(dst)
+            done = C.barrier(plan.tp, delivered)
+            for t in range(plan.tp):
+                self.f.send(device_of(plan, t, r, s), device_of(plan, t, r, nxt), self.act_bytes, done)
+        self.try_run(st)
+
+    def run(self) -> dict:
+        t_wall = time.perf_counter()
+        for st in self.streams.values():
+            self.try_run(st)
+        self.ev.run()
+        stuck = [k for k, st in self.streams.items() if st.pos < len(st.tasks)]
+        if stuck:
+            raise RuntimeError(f"step: streams {stuck[:4]} did not finish their schedules")
+        ends = {s: (self.stage_end[s] if self.stage_end[s] is not None else self.last_compute[s])
+                for s in range(self.plan.pp)}
+        return {"step_seconds": max(ends.values()), "stage_end": ends, "event_seconds": time.perf_counter() - t_wall}
+
+
+def link_table(f: "C.Fabric", topo: Topology, step: float, top: int = 20) -> list[dict]:
+    """The busiest links of the step: bytes carried and utilization (bytes / capacity / step)."""
+    import numpy as np
+
+    used = np.nonzero(f.net.link_bytes > 0)[0]
+    util = f.net.link_bytes[used] / (topo.capacity[used] * step) if step > 0 else f.net.link_bytes[used] * 0
+    order = used[np.argsort(-util)][:top]
+    return [{"name": link_name(topo, int(i)), "util": round(float(f.net.link_bytes[i] / (topo.capacity[i] * step)),
+                                                            4), "bytes": float(f.net.link_bytes[i])}
+            for i in order]
+
+
+def check_step(plan: Plan, workload) -> None:
+    if workload.scenario.phase != "train":
+        raise InputError("--phase", f"a cluster run of {workload.scenario.phase} is not simulated yet",
+                         "train (inference across devices is not built yet)")
+    if plan.schedule == "interleaved":
+        raise InputError("--plan", "the interleaved schedule is not simulated yet (its memory is counted)",
+                         "schedule=gpipe or schedule=1f1b")
+    if plan.zero == 3:
+        raise InputError("--plan", "ZeRO stage 3's weight gathers before every layer are not simulated yet",
+                         "zero=0, 1 or 2")
+    if plan.sequence_parallel:
+        raise InputError("--plan", "sequence parallelism's sharded norms are not simulated yet (its memory is "
+                         "counted)", "sp=off")
+
+
+__all__ = ["BlockTimes", "StepSim", "block_parameters", "block_times", "check_step", "link_table", "schedule"]

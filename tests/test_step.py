@@ -1,0 +1,130 @@
+"""The training step as a discrete-event simulation: the stream schedules against closed-form
+pipeline times, tensor-parallel all-reduces beside or between kernels, data-parallel buckets on
+the flow network, and the whole `run --cluster` on a tiny cluster with engine-timed kernels."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from archsim.cli import main
+from archsim.cluster.plan import parse_plan
+from archsim.cluster.spec import validate_cluster
+from archsim.cluster.step import BlockTimes, StepSim, _run_items, schedule
+from archsim.cluster.topology import build
+from archsim.workloads.model import load_workload
+
+TINY = {"name": "tc", "device": "tiny-gpu", "nodes": 4,
+        "node": {"devices": 4, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
+                 "nics": {"count": 2, "gbit_per_s": 200.0, "latency_us": 2.0}},
+        "network": {"kind": "fat_tree", "group_nodes": 2, "oversubscription": 1.0, "hop_latency_us": 0.5},
+        "software": {"collective_step_us": 2.0, "kernel_gap_us": 1.0}}
+
+
+def _fast():
+    """Links so fast and latencies zero that transfers take no time."""
+    d = json.loads(json.dumps(TINY))
+    d["node"]["fabric"].update(device_gbps=1e6, latency_us=0.0)
+    d["node"]["nics"].update(gbit_per_s=1e6, latency_us=0.0)
+    d["network"]["hop_latency_us"] = 0.0
+    d["software"] = {"collective_step_us": 0.0, "kernel_gap_us": 0.0}
+    return build(validate_cluster(d))
+
+
+def _synthetic(fwd=3e-3, bwd=5e-3):
+    return BlockTimes(forward=[("k", fwd)], backward=[("k", bwd)], attention_forward=1e-3, kernels=[],
+                      flops_forward=0, flops_backward=0, model_flops=0)
+
+
+NO_HEAD = {"forward": 0.0, "backward": 0.0, "flops_forward": 0.0}
+
+
+@pytest.mark.parametrize("sched", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("m", [1, 4, 7])
+def test_pipeline_makespan_is_m_plus_p_minus_1_stages(sched, m):
+    wl = load_workload("tiny", {"phase": "train"})          # 2 layers: stages of one block each
+    plan = parse_plan(f"pp=2,mb=1,gbs={m},schedule={sched}")
+    out = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000).run()
+    assert out["step_seconds"] == pytest.approx((m + 1) * 8e-3, rel=1e-9)
+
+
+def test_one_f_one_b_order():
+    plan = parse_plan("pp=4,mb=1,gbs=6")
+    assert schedule(plan, 0) == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1), ("F", 5),
+                                 ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
+    assert schedule(plan, 3) == [x for i in range(6) for x in (("F", i), ("B", i))]
+
+
+def test_all_reduces_between_and_beside_kernels():
+    ar = {100: 4.0, 200: 5.0}.__getitem__
+    assert _run_items([("k", 1.0), ("ar", 100, False), ("k", 2.0)], ar, 0.0) == (7.0, 3.0, 4.0)
+    # beside: the next kernel (2 s) runs under the 5-s all-reduce; the one after waits 3 s
+    assert _run_items([("k", 1.0), ("ar", 200, True), ("k", 2.0), ("k", 3.0)], ar, 0.0) == (9.0, 6.0, 3.0)
+    # beside a kernel longer than the all-reduce: nothing exposed; gaps count as busy time
+    assert _run_items([("ar", 100, True), ("k", 6.0), ("k", 1.0)], ar, 0.5) == (8.0, 8.0, 0.0)
+
+
+def test_data_parallel_buckets_cost_network_time():
+    wl = load_workload("tiny", {"phase": "train"})
+    topo = build(validate_cluster(TINY))
+    alone = StepSim(topo, parse_plan("pp=2,mb=1,gbs=4"), wl, _synthetic(), NO_HEAD, 10 ** 6).run()["step_seconds"]
+    sim = StepSim(topo, parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=1"), wl, _synthetic(), NO_HEAD, 10 ** 6)
+    out = sim.run()
+    kinds = [x[0] for x in sim.log["data_parallel"]]
+    assert kinds.count("reduce_scatter") == 2 * 2 and kinds.count("all_gather") == 2    # buckets, then weights
+    assert out["step_seconds"] > alone + 1e-6 * 0.5
+    # one device a node and a node a leaf: every reduction crosses the uplinks; tapered, the step grows
+    flat = json.loads(json.dumps(TINY))
+    flat["node"] = {"devices": 1, "nics": {"count": 1, "gbit_per_s": 200.0, "latency_us": 2.0}}
+    flat["network"]["group_nodes"] = 1
+    tight = json.loads(json.dumps(flat))
+    tight["network"]["oversubscription"] = 16.0
+    plan = parse_plan("pp=2,dp=2,mb=1,gbs=8")
+    wide = StepSim(build(validate_cluster(flat)), plan, wl, _synthetic(), NO_HEAD, 10 ** 7).run()["step_seconds"]
+    slow = StepSim(build(validate_cluster(tight)), plan, wl, _synthetic(), NO_HEAD, 10 ** 7).run()["step_seconds"]
+    assert slow > wide * 1.5
+
+
+def test_recompute_adds_a_forward_to_each_backward():
+    wl = load_workload("tiny", {"phase": "train"})
+    base = StepSim(_fast(), parse_plan("pp=2,mb=1,gbs=4"), wl, _synthetic(), NO_HEAD, 1).run()["step_seconds"]
+    full = StepSim(_fast(), parse_plan("pp=2,mb=1,gbs=4,recompute=full"), wl, _synthetic(), NO_HEAD, 1).run()
+    sel = StepSim(_fast(), parse_plan("pp=2,mb=1,gbs=4,recompute=selective"), wl, _synthetic(), NO_HEAD, 1).run()
+    assert full["step_seconds"] == pytest.approx(5 * 11e-3) and base == pytest.approx(5 * 8e-3)
+    assert sel["step_seconds"] == pytest.approx(5 * 9e-3)
+
+
+def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "c.json"
+    code = main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
+                 "tp=2,pp=2,dp=2,mb=1,gbs=8,zero=1", "--workers", "1", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert code == 0 and "training step on tc" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.cluster/1" and doc["plan"]["tp"] == 2 and doc["cluster"]["devices"] == 16
+    st = doc["step"]
+    assert st["step_seconds"] > 0 and 0 < st["mfu"] < 1 and 0 <= st["bubble_share"] < 1
+    assert st["tflops_per_device_hardware"] >= st["tflops_per_device_model"] > 0
+    # the step is at least the stage's kernels: m micro-batches of forward and backward
+    m = 8 // (1 * 2)
+    assert st["step_seconds"] >= m * (st["forward_block_seconds"] + st["backward_block_seconds"])
+    assert {c["group"] for c in doc["collectives"]} == {"tensor_parallel", "pipeline", "data_parallel"}
+    assert doc["links"] and all(0 <= link["util"] <= 1 for link in doc["links"])
+    assert len(doc["stages"]) == 2 and doc["stages"][0]["kernels"]
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["--plan", "tp=2"], "a cluster run needs both --cluster and --plan"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2", "--hw", "a100"], "--hw does not apply to a cluster run"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2,schedule=interleaved:2"], "interleaved schedule is not"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2,zero=3"], "ZeRO stage 3"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2", "--phase", "decode"], "decode is not simulated yet"),
+])
+def test_cluster_run_refusals_are_one_line(capsys, argv, what):
+    code = main(["run", "--workload", "tiny", "--phase", "train", *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and what in err, err
