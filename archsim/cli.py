@@ -697,12 +697,10 @@ def _run_cluster(a) -> int:
     if a.cluster is None or a.plan is None:
         raise InputError("--cluster" if a.cluster is None else "--plan",
                          "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
-    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--out", a.out),
-                        ("--trace", a.trace)):
+    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--trace", a.trace)):
         if given:
             raise InputError(flag, f"{flag} does not apply to a cluster run",
-                             "--cluster C --plan ... [--json F] (the cluster names its device; pictures of a "
-                             "step are not drawn yet)")
+                             "--cluster C --plan ... [--json F] [--out DIR] (the cluster names its device)")
     if a.mode != "timing":
         raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
     wl = _load_workload(a)
@@ -714,6 +712,13 @@ def _run_cluster(a) -> int:
     print(format_cluster_run(doc))
     if a.json:
         _write_json(a.json, doc)
+    if a.out:
+        from archsim.report.cluster import write_cluster_plots
+
+        out = _out_dir(a.out)
+        _write_json(str(out / "cluster.json"), doc)
+        for f in write_cluster_plots(doc, out):
+            print(f)
     return 0
 
 
@@ -844,7 +849,7 @@ def cmd_plot(a) -> int:
             print(f)
         return 0
     if path.is_dir():
-        cands = [path / "result.json", path / "compare.json", path / "micro.json"]
+        cands = [path / "result.json", path / "compare.json", path / "micro.json", path / "cluster.json"]
         path = next((c for c in cands if c.exists()), None)
         if path is None:
             raise InputError(a.path, "no result.json, compare.json, micro.json or results.parquet in this directory",
@@ -855,7 +860,18 @@ def cmd_plot(a) -> int:
         raise InputError(str(path), f"cannot read: {e}", "a result JSON file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}", f"not JSON: {e.msg}", "a result JSON file") from None
-    schemas = ("archsim.result/1", "archsim.compare/1", "archsim.micro/1")
+    schemas = ("archsim.result/1", "archsim.compare/1", "archsim.micro/1", "archsim.cluster/1")
+    if isinstance(doc, dict) and doc.get("schema") == "archsim.cluster/1":
+        from archsim.report.cluster import write_cluster_plots
+
+        try:
+            files = write_cluster_plots(doc, _out_dir(a.out) if a.out else path.parent)
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+            raise InputError(str(path), f"not a whole archsim.cluster/1 record ({type(e).__name__}: {e})",
+                             "a record `run --cluster --json` wrote") from None
+        for f in files:
+            print(f)
+        return 0
     if not isinstance(doc, dict) or doc.get("schema") not in schemas:
         raise InputError(str(path), f"schema {doc.get('schema') if isinstance(doc, dict) else None!r}",
                          ", ".join(schemas))

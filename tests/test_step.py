@@ -117,6 +117,27 @@ def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
     assert len(doc["stages"]) == 2 and doc["stages"][0]["kernels"]
 
 
+def test_cluster_run_pictures(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "o"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--layers", "4", "--plan",
+                 "tp=2,pp=4,dp=2,gbs=16", "--workers", "1", "--out", str(out)]) == 0
+    doc = json.loads((out / "cluster.json").read_text())
+    tasks = doc["timeline"]["tasks"]
+    assert len(tasks) == 4 * 2 * 8 and all(t1 > t0 for _, _, _, t0, t1 in tasks)
+    assert {x["level"] for x in doc["timeline"]["links"]} <= {"node", "nic", "uplink"}
+    for name in ("pipeline.png", "network.png", "memory.png"):
+        assert (out / name).stat().st_size > 5000
+    (out / "pipeline.png").unlink()
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 0 and (out / "pipeline.png").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "archsim.cluster/1", "plan": 3}')
+    assert main(["plot", str(bad)]) == 2
+    assert "not a whole archsim.cluster/1 record" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,what", [
     (["--plan", "tp=2"], "a cluster run needs both --cluster and --plan"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2", "--hw", "a100"], "--hw does not apply to a cluster run"),

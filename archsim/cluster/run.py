@@ -10,8 +10,8 @@ from archsim.errors import InputError
 
 from .plan import block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes
 from .spec import load_cluster, load_device
-from .step import StepSim, block_times, check_step, link_table
-from .topology import build
+from .step import StepSim, block_times, check_step, link_table, link_timeline
+from .topology import build, link_level, link_name
 
 SCHEMA = "archsim.cluster/1"
 
@@ -133,6 +133,16 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
                                 "exposed_seconds": round(dp_exposed, 9)})
     blocks = stage_layers(m.layers, plan.pp)
     kernels = bt.kernels
+    links = link_table(sim.f, topo, step)
+    busiest = _busiest_by_level(sim, topo)
+    timeline = {
+        "tasks": [[s, k, mb, round(t0, 9), round(t1, 9)] for s in range(plan.pp)
+                  for (k, mb, t0, t1) in sim.streams[(s, 0)].spans],
+        "data_parallel": [[s, round(sim.last_compute[s], 9), round(out["stage_end"][s], 9)] for s in range(plan.pp)],
+        "bins": 200,
+        "links": [{"name": name, "level": level, "util": u} for (name, level, _), u in
+                  zip(busiest, link_timeline(sim.f, topo, step, [x[2] for x in busiest], 200))],
+    }
     return {
         "schema": SCHEMA,
         "cluster": {"name": cluster.name, "devices": cluster.devices, "nodes": cluster.nodes,
@@ -147,14 +157,30 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
                  "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
         "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
                                                          "kv_cache", "total", "capacity")},
+        "memory_stages": [{k: (float(v) if k != "stage" and k != "blocks" else v) for k, v in x.items()
+                           if k in ("stage", "blocks", "weights", "gradients", "optimizer", "activations", "kv_cache",
+                                    "total")} for x in mem["stages"]],
         "volumes": step_volumes(plan, workload),
         "collectives": collectives,
-        "links": link_table(sim.f, topo, step),
+        "links": links,
+        "timeline": timeline,
         "stages": [{"stage": s, "layers": blocks[s], "end_seconds": out["stage_end"][s], "kernels": kernels}
                    for s in range(plan.pp)],
         "sim": {"wall_seconds": round(time.perf_counter() - t0, 3), "kernel_seconds": round(t_kernels, 3),
                 "event_seconds": round(out["event_seconds"], 3), "flows": sim.f.net.flows_done},
     }
+
+
+def _busiest_by_level(sim, topo, per_level: int = 3) -> list[tuple]:
+    """The links that carried the most bytes, a few per level (inside a node, NICs, uplinks)."""
+    import numpy as np
+
+    lb = sim.f.net.link_bytes
+    out = []
+    for level in ("node", "nic", "uplink"):
+        ids = [int(i) for i in np.argsort(-lb) if lb[i] > 0 and link_level(topo, int(i)) == level][:per_level]
+        out += [(link_name(topo, i), level, i) for i in ids]
+    return out
 
 
 def format_cluster_run(r: dict) -> str:

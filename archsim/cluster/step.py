@@ -137,6 +137,7 @@ class Stream:
     pp_exposed: float = 0.0            # waiting for a transfer that had started
     last_end: float = 0.0
     arrived: dict = field(default_factory=dict)   # ("F"|"B", mb) -> arrival time of its input
+    spans: list = field(default_factory=list)     # (kind, mb, start, end) of each task (replica 0)
 
 
 def schedule(plan: Plan, stage: int) -> list:
@@ -265,6 +266,8 @@ class StepSim:
         st.tp_exposed += exp
         st.tasks_seconds += dur
         st.busy_until = ev.now + dur
+        if st.replica == 0:
+            st.spans.append((kind, mb, ev.now, ev.now + dur))
         ev.at(ev.now + dur, self.finished, st, kind, mb)
         if kind == "B" and mb == plan.micro_batches - 1:   # the last backward: a bucket as each block ends
             nb = self.blocks[st.stage]
@@ -310,6 +313,39 @@ class StepSim:
         return {"step_seconds": max(ends.values()), "stage_end": ends, "event_seconds": time.perf_counter() - t_wall}
 
 
+def link_timeline(f: "C.Fabric", topo: Topology, step: float, links: list[int], bins: int = 200) -> list[list[float]]:
+    """Each link's mean utilization in ``bins`` equal slices of the step, from the network's
+    record of rate changes."""
+    import numpy as np
+
+    out = np.zeros((len(links), bins))
+    if step <= 0 or not links:
+        return out.tolist()
+    col = {int(x): i for i, x in enumerate(links)}
+    edges = np.linspace(0.0, step, bins + 1)
+    rate = np.zeros(len(links))
+    last = 0.0
+
+    def add(t0, t1):
+        if t1 <= t0:
+            return
+        lo = np.clip(edges[:-1], t0, t1)
+        hi = np.clip(edges[1:], t0, t1)
+        out[:] += np.outer(rate, hi - lo)
+
+    for t, moved, new in f.net.changes:
+        hit = [(col[int(x)], v) for x, v in zip(moved.tolist(), new.tolist()) if int(x) in col]
+        if not hit:
+            continue
+        add(last, min(t, step))
+        last = min(t, step)
+        for i, v in hit:
+            rate[i] = v
+    add(last, step)
+    cap = topo.capacity[np.asarray(links, dtype=np.int64)][:, None]
+    return np.round(out / (cap * (edges[1] - edges[0])), 4).tolist()
+
+
 def link_table(f: "C.Fabric", topo: Topology, step: float, top: int = 20) -> list[dict]:
     """The busiest links of the step: bytes carried and utilization (bytes / capacity / step)."""
     import numpy as np
@@ -337,4 +373,5 @@ def check_step(plan: Plan, workload) -> None:
                          "counted)", "sp=off")
 
 
-__all__ = ["BlockTimes", "StepSim", "block_parameters", "block_times", "check_step", "link_table", "schedule"]
+__all__ = ["BlockTimes", "StepSim", "block_parameters", "block_times", "check_step", "link_table", "link_timeline",
+           "schedule"]

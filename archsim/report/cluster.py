@@ -1,0 +1,102 @@
+"""Pictures of a cluster step (archsim.cluster/1): pipeline.png (a row per stage, forward and
+backward spans over the step, the data-parallel tail; the bubbles are the gaps), network.png
+(utilization of the busiest links inside a node, at the NICs and on the uplinks over the step)
+and memory.png (memory per device of each stage, stacked by kind, against the capacity)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from archsim.report.files import pyplot, save_figure
+
+COLOURS = {"F": "#4C72B0", "B": "#DD8452", "dp": "#55A868"}
+
+
+def plot_pipeline(doc: dict, path: Path) -> Path:
+    plt = pyplot()
+    tl = doc["timeline"]
+    pp = doc["plan"]["pp"]
+    fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * pp))
+    scale, unit = (1e3, "ms") if doc["step"]["step_seconds"] < 10 else (1.0, "s")
+    for s, kind, mb, t0, t1 in tl["tasks"]:
+        ax.barh(s, (t1 - t0) * scale, left=t0 * scale, height=0.8, color=COLOURS[kind], edgecolor="white", lw=0.3)
+    for s, t0, t1 in tl["data_parallel"]:
+        if t1 > t0:
+            ax.barh(s, (t1 - t0) * scale, left=t0 * scale, height=0.8, color=COLOURS["dp"])
+    rec = doc["plan"]["recompute"]
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in ("F", "B", "dp")]
+    ax.legend(handles, ["forward", f"backward (recompute {rec})", "data-parallel reduction after the last backward"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25 if pp > 2 else -0.45), ncol=3, fontsize=8, frameon=False)
+    ax.set_yticks(range(pp))
+    ax.set_yticklabels([f"stage {s}" for s in range(pp)], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(unit)
+    st = doc["step"]
+    ax.set_title(f"{doc['workload']['name']} on {doc['cluster']['name']}: step {st['step_seconds']:.4g} s, "
+                 f"bubble {100 * st['bubble_share']:.1f} % (replica 0)", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_network(doc: dict, path: Path) -> Path:
+    plt = pyplot()
+    tl = doc["timeline"]
+    step = doc["step"]["step_seconds"]
+    levels = [lv for lv in ("node", "nic", "uplink") if any(x["level"] == lv for x in tl["links"])]
+    names = {"node": "inside a node", "nic": "NICs", "uplink": "uplinks between leaf switches / supernodes"}
+    fig, axes = plt.subplots(max(len(levels), 1), 1, figsize=(11, 1.0 + 2.0 * max(len(levels), 1)), sharex=True,
+                             squeeze=False)
+    scale, unit = (1e3, "ms") if step < 10 else (1.0, "s")
+    n = tl["bins"]
+    xs = [(i + 0.5) * step / n * scale for i in range(n)]
+    for ax, lv in zip(axes[:, 0], levels):
+        for x in [x for x in tl["links"] if x["level"] == lv]:
+            ax.plot(xs, [100 * u for u in x["util"]], lw=0.9, label=x["name"])
+        ax.set_ylabel("% busy")
+        ax.set_ylim(0, 105)
+        ax.set_title(names[lv], fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    axes[-1, 0].set_xlabel(unit)
+    fig.suptitle(f"busiest links over the step ({doc['cluster']['name']})", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_memory(doc: dict, path: Path) -> Path:
+    plt = pyplot()
+    stages = doc["memory_stages"]
+    kinds = ("weights", "gradients", "optimizer", "activations", "kv_cache")
+    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(stages) + 3), 3.6))
+    bottom = [0.0] * len(stages)
+    for k in kinds:
+        vals = [s[k] / 1e9 for s in stages]
+        if any(vals):
+            ax.bar(range(len(stages)), vals, bottom=bottom, label=k.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals)]
+    cap = doc["memory_per_device"]["capacity"] / 1e9
+    ax.axhline(cap, color="k", lw=0.8, ls="--")
+    ax.text(len(stages) - 0.5, cap, f" capacity {cap:.0f} GB", va="bottom", ha="right", fontsize=8)
+    ax.set_xticks(range(len(stages)))
+    ax.set_xticklabels([str(s["stage"]) for s in stages], fontsize=8)
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel("GB a device")
+    ax.set_ylim(0, max(cap, max(bottom)) * 1.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    ax.set_title("memory per device", fontsize=10)
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def write_cluster_plots(doc: dict, out: Path) -> list[Path]:
+    out = Path(out)
+    return [plot_pipeline(doc, out / "pipeline.png"), plot_network(doc, out / "network.png"),
+            plot_memory(doc, out / "memory.png")]
+
+
+__all__ = ["plot_memory", "plot_network", "plot_pipeline", "write_cluster_plots"]
