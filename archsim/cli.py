@@ -128,9 +128,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cache_options(p)
 
     for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
-                           ("compare", "the same workload on several machines, kernel by kernel")):
+                           ("compare", "the same workload on several machines, kernel by kernel"),
+                           ("plan", "the parallel plans of a model that fit a cluster, ranked by simulated step")):
         p = sub.add_parser(name, help=helptext)
-        if name == "run":
+        if name == "plan":
+            p.add_argument("--cluster", required=True, metavar="CLUSTER", help="a cluster (YAML path or built-in "
+                                                                                "name)")
+            p.add_argument("--gbs", type=int, metavar="N", help="global batch in sequences (default: the workload's "
+                                                                "batch x the cluster's devices)")
+            p.add_argument("--top", type=int, default=10, metavar="N", help="plans to print (default 10)")
+        elif name == "run":
             _add_machine_options(p, required=False)
             p.add_argument("--cluster", metavar="CLUSTER", help="a training step on a cluster (YAML path or built-in "
                                                                "name) instead of one machine; needs --plan")
@@ -722,6 +729,28 @@ def _run_cluster(a) -> int:
     return 0
 
 
+def cmd_plan(a) -> int:
+    from archsim.cluster.search import format_search, search
+
+    if a.top < 1:
+        raise InputError("--top", f"{a.top} is not a count", "a positive integer")
+    if a.gbs is not None and not 1 <= a.gbs <= 1 << 40:
+        raise InputError("--gbs", f"{a.gbs} is not a batch", "1 to 2^40 sequences")
+    for flag, given in (("--out", a.out), ("--trace", a.trace), ("--mode", a.mode != "timing")):
+        if given:
+            raise InputError(flag, f"{flag} does not apply to plan", "plan --cluster C --workload WL [--gbs N] "
+                             "[--top N] [--json F]")
+    wl = _load_workload(a)
+    opts = _run_options(a)
+    if a.json:
+        _check_file_path(a.json, "--json")
+    doc = search(a.cluster, wl, opts, a.gbs, a.top, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    print(format_search(doc))
+    if a.json:
+        _write_json(a.json, doc)
+    return 0
+
+
 def cmd_compare(a) -> int:
     from archsim.config.load import load_machine
     from archsim.report.tables import compare_table, functional_table
@@ -986,7 +1015,7 @@ def _write_json(path: str, obj) -> None:
 
 COMMANDS = {"asm": cmd_asm, "show-config": cmd_show_config, "micro": cmd_micro, "validate": cmd_validate,
             "bench": cmd_bench, "run": cmd_run, "compare": cmd_compare, "sweep": cmd_sweep,
-            "plot": cmd_plot, "cache": cmd_cache}
+            "plot": cmd_plot, "cache": cmd_cache, "plan": cmd_plan}
 
 
 class _ClosedPipeSafe:

@@ -116,6 +116,24 @@ def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
     assert not missing, f"docs/records.md does not list these fields of a cluster run record: {missing}"
 
 
+def test_plan_record_fields_are_documented(capsys, tmp_path):
+    import yaml
+
+    cl = tmp_path / "c.yaml"
+    cl.write_text(yaml.safe_dump({
+        "name": "tc", "device": "tiny-gpu", "nodes": 2,
+        "node": {"devices": 2, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
+                 "nics": {"count": 1, "gbit_per_s": 100.0, "latency_us": 2.0}},
+        "network": {"kind": "fat_tree", "group_nodes": 1, "hop_latency_us": 0.5}}))
+    out = tmp_path / "p.json"
+    code, _, err = cli(capsys, "plan", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--gbs", "4",
+                       "--workers", "1", "--json", str(out))
+    assert code == 0, err
+    text = DOC.read_text(encoding="utf-8")
+    missing = sorted(p for p in key_paths(json.loads(out.read_text()), {}) if f"`{p}`" not in text)
+    assert not missing, f"docs/records.md does not list these fields of a plan record: {missing}"
+
+
 def test_every_schema_has_a_section():
     text = DOC.read_text(encoding="utf-8")
     schemas = set()

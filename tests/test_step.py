@@ -149,3 +149,33 @@ def test_cluster_run_refusals_are_one_line(capsys, argv, what):
     code = main(["run", "--workload", "tiny", "--phase", "train", *argv])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and what in err, err
+
+
+def test_plan_search_ranks_plans_that_fit(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--layers", "4", "--gbs",
+                 "32", "--top", "5", "--workers", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.plan/1" and doc["fit"] == doc["all_plans"] >= 5 and len(doc["plans"]) == 5
+    steps = [p["step_seconds"] for p in doc["plans"]]
+    assert steps == sorted(steps) and all(p["tp"] * p["pp"] * p["dp"] == 16 for p in doc["plans"])
+    assert doc["sim"]["distinct_kernel_sets"] <= 8
+    # the best plan's step is what run --cluster gives for it
+    best = doc["plans"][0]
+    plan = (f"tp={best['tp']},pp={best['pp']},dp={best['dp']},mb={best['micro_batch']},gbs=32,"
+            f"recompute={best['recompute']},zero={best['zero']}")
+    rec = tmp_path / "r.json"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--layers", "4", "--plan",
+                 plan, "--workers", "1", "--json", str(rec)]) == 0
+    assert json.loads(rec.read_text())["step"]["step_seconds"] == pytest.approx(best["step_seconds"], rel=1e-12)
+
+
+def test_plan_refusals(capsys, tmp_path):
+    assert main(["plan", "--cluster", "jean-zay-a100", "--workload", "tiny", "--phase", "train", "--top", "0"]) == 2
+    assert "--top" in capsys.readouterr().err
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))        # 1-GiB devices: nothing of BLOOM fits
+    assert main(["plan", "--cluster", str(cl), "--workload", "bloom-176b", "--gbs", "16"]) == 2
+    assert "no plan of bloom-176b fits" in capsys.readouterr().err

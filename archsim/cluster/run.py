@@ -48,21 +48,53 @@ def head_times(machine, workload, plan, opts) -> dict:
             "flops_forward": 2.0 * rows * cols * m.hidden}
 
 
-def prepare(cluster_arg: str, workload, plan_text: str):
-    """Everything checked before any kernel is timed: the cluster and its device, the plan
-    against both and the model, the step's limits, the memory per device."""
+def prepare_cluster(cluster_arg: str):
+    """The cluster and its device machine, which must say its memory size."""
     cluster = load_cluster(cluster_arg)
     label = cluster_arg if "/" in str(cluster_arg) else f"{cluster.name}.yaml"
     machine = load_device(cluster, label)
+    if machine.dram.capacity_gib is None:
+        raise InputError(f"{machine.name}: dram.capacity_gib", "the device's memory size is not given",
+                         "dram.capacity_gib in its config (a cluster run checks memory per device)")
+    return cluster, machine
+
+
+def prepare(cluster_arg: str, workload, plan_text: str):
+    """Everything checked before any kernel is timed: the cluster and its device, the plan
+    against both and the model, the step's limits, the memory per device."""
+    cluster, machine = prepare_cluster(cluster_arg)
     plan = parse_plan(plan_text)
     check_plan(plan, cluster, workload)
     check_step(plan, workload)
-    cap = machine.dram.capacity_gib
-    if cap is None:
-        raise InputError(f"{machine.name}: dram.capacity_gib", "the device's memory size is not given",
-                         "dram.capacity_gib in its config (a cluster run checks memory per device)")
-    mem = check_fits(plan, workload, cap * 2 ** 30, machine.name)
+    mem = check_fits(plan, workload, machine.dram.capacity_gib * 2 ** 30, machine.name)
     return cluster, machine, plan, mem
+
+
+def time_kernels(machine, workload, plan, opts, progress=None) -> tuple:
+    """The engine's times for a plan: the TP shard of one block at the micro-batch and the LM
+    head's GEMMs. Plans with the same tp and micro-batch share them."""
+    shard = _with(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
+    if progress:
+        progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
+    bt = block_times(machine, shard, opts)
+    if progress:
+        progress("timing the LM head's GEMMs")
+    return shard, bt, head_times(machine, workload, plan, opts)
+
+
+def step_flops(workload, plan, head: dict) -> tuple[float, float]:
+    """FLOPs of one step: the model's (the op graph's at the micro-batch, the head included) and
+    the hardware's (plus what recompute runs again)."""
+    m = workload.model
+    whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
+    tot = whole.totals()
+    ops = whole.block_ops()
+    per_mb_model = tot["block_model_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp
+    fwd_block = sum(o.flops for o in ops if "." not in o.name)
+    extra = {"full": fwd_block, "selective": next((o.flops for o in ops if o.name == "attn"), 0.0),
+             "none": 0.0}[plan.recompute] * m.layers
+    n_mb = plan.micro_batches * plan.dp
+    return per_mb_model * n_mb, (tot["block_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp + extra) * n_mb
 
 
 def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None) -> dict:
@@ -72,28 +104,13 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
     cluster, machine, plan, mem = prepare(cluster_arg, workload, plan_text)
     topo = build(cluster)
     m, sc = workload.model, workload.scenario
-    shard = _with(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
-    if progress:
-        progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
-    bt = block_times(machine, shard, opts)
-    if progress:
-        progress("timing the LM head's GEMMs")
-    head = head_times(machine, workload, plan, opts)
+    shard, bt, head = time_kernels(machine, workload, plan, opts, progress)
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard))
     out = sim.run()
     step = out["step_seconds"]
-
-    # flops: the whole model's, counted from the op graph at the micro-batch (model), plus recompute (hardware)
+    model_flops, hw_flops = step_flops(workload, plan, head)
     whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
-    tot = whole.totals()
-    per_mb_model = tot["block_model_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp
-    fwd_block = sum(o.flops for o in whole.block_ops() if "." not in o.name)
-    extra = {"full": fwd_block, "selective": next((o.flops for o in whole.block_ops() if o.name == "attn"), 0.0),
-             "none": 0.0}[plan.recompute] * m.layers
-    n_mb = plan.micro_batches * plan.dp
-    model_flops = per_mb_model * n_mb
-    hw_flops = (tot["block_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp + extra) * n_mb
     devices = plan.devices
     tf_model = model_flops / step / devices / 1e12
     tf_hw = hw_flops / step / devices / 1e12
@@ -219,4 +236,4 @@ def format_cluster_run(r: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMA", "format_cluster_run", "head_times", "prepare", "run_cluster"]
+__all__ = ["SCHEMA", "format_cluster_run", "head_times", "prepare", "prepare_cluster", "run_cluster", "step_flops", "time_kernels"]

@@ -1,0 +1,118 @@
+"""`archsim plan --cluster C --workload WL`: the plans that fit in memory, each step simulated,
+ranked by step time.
+
+Candidates (choice): tensor parallelism inside a node (tp dividing the devices of a node and the
+model's heads, hidden and FFN width); pp dividing the devices left, so every device is used
+(dp = devices / (tp x pp)); micro-batches of 1, 2, 4, 8 that divide the global batch over dp;
+1F1B. For each (tp, pp, mb) the cheapest memory rule that fits is kept: no recompute before
+selective before full, and the lowest ZeRO stage (0-2) that fits with it. Kernels are timed once
+per (tp, mb) and kept in the kernel cache, so a second search is fast.
+"""
+
+from __future__ import annotations
+
+import time
+
+from archsim.errors import InputError
+
+from .plan import Plan, block_parameters, check_plan, memory_per_device
+from .run import prepare_cluster, step_flops, time_kernels
+from .step import StepSim, check_step
+from .topology import build
+
+SCHEMA = "archsim.plan/1"
+MICRO_BATCHES = (1, 2, 4, 8)
+MAX_CANDIDATES = 2000
+
+
+def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int]:
+    """Plans that pass the checks and fit in memory, and how many were looked at."""
+    m = workload.model
+    per_node = cluster.node.devices
+    tps = [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
+           and m.ffn_hidden % t == 0]
+    out, seen = [], 0
+    for tp in tps:
+        rest = cluster.devices // tp
+        for pp in [p for p in range(1, min(rest, m.layers) + 1) if rest % p == 0]:
+            dp = rest // pp
+            for mb in MICRO_BATCHES:
+                if global_batch % (mb * dp):
+                    continue
+                seen += 1
+                if seen > MAX_CANDIDATES:
+                    return out, seen
+                chosen = None
+                for recompute in ("none", "selective", "full"):
+                    for zero in (0, 1, 2):
+                        p = Plan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch,
+                                 recompute=recompute, zero=zero)
+                        try:
+                            check_plan(p, cluster, workload)
+                        except InputError:
+                            break
+                        if memory_per_device(p, workload, capacity)["total"] <= capacity:
+                            chosen = p
+                            break
+                    if chosen is not None:
+                        break
+                if chosen is not None:
+                    out.append(chosen)
+    return out, seen
+
+
+def search(cluster_arg: str, workload, opts, global_batch: int | None = None, top: int = 10,
+           progress=None) -> dict:
+    from archsim.config.derived import peak_tflops
+
+    t0 = time.perf_counter()
+    cluster, machine = prepare_cluster(cluster_arg)
+    check_step(Plan(), workload)
+    gbs = global_batch if global_batch is not None else workload.scenario.batch * cluster.devices
+    capacity = machine.dram.capacity_gib * 2 ** 30
+    plans, seen = candidates(cluster, workload, gbs, capacity)
+    if not plans:
+        raise InputError("plan", f"no plan of {workload.name} fits {cluster.name}'s devices "
+                         f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",
+                         "a larger cluster, or a smaller model or batch")
+    topo = build(cluster)
+    kernels: dict = {}
+    rows = []
+    peaks = peak_tflops(machine)
+    peak = peaks.get(workload.scenario.dtype, peaks.get("fp16", 0.0))
+    for i, p in enumerate(plans):
+        key = (p.tp, p.micro_batch)
+        if key not in kernels:
+            kernels[key] = time_kernels(machine, workload, p, opts, progress)
+        shard, bt, head = kernels[key]
+        out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False).run()
+        step = out["step_seconds"]
+        model_flops, hw_flops = step_flops(workload, p, head)
+        tf = model_flops / step / p.devices / 1e12
+        mem = memory_per_device(p, workload, capacity)
+        rows.append({**p.summary(), "step_seconds": step, "tflops_per_device_model": round(tf, 3),
+                     "tflops_per_device_hardware": round(hw_flops / step / p.devices / 1e12, 3),
+                     "mfu": round(tf / peak, 4) if peak else None, "memory_per_device": mem["total"]})
+        if progress and (i + 1) % 10 == 0:
+            progress(f"{i + 1} of {len(plans)} plans simulated")
+    rows.sort(key=lambda r: r["step_seconds"])
+    return {"schema": SCHEMA, "cluster": cluster.name, "workload": workload.name, "global_batch": gbs,
+            "candidates": seen, "fit": len(plans), "plans": rows[:max(top, 1)], "all_plans": len(rows),
+            "sim": {"wall_seconds": round(time.perf_counter() - t0, 2), "distinct_kernel_sets": len(kernels)}}
+
+
+def format_search(r: dict) -> str:
+    lines = [f"{r['workload']} on {r['cluster']}, global batch {r['global_batch']}: {r['candidates']} plans "
+             f"looked at, {r['fit']} fit in memory and were simulated; the fastest:",
+             f"  {'tp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'recompute':<10} {'zero':>4} {'step s':>10} "
+             f"{'TFLOP/s':>8} {'MFU':>6} {'GB a dev':>9}"]
+    for x in r["plans"]:
+        mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] is not None else "-"
+        lines.append(f"  {x['tp']:>3} {x['pp']:>3} {x['dp']:>4} {x['micro_batch']:>3} {x['recompute']:<10} "
+                     f"{x['zero']:>4} {x['step_seconds']:>10.4g} {x['tflops_per_device_model']:>8.1f} {mfu:>6} "
+                     f"{x['memory_per_device'] / 1e9:>9.1f}")
+    lines.append(f"searched in {r['sim']['wall_seconds']:.1f} s ({r['sim']['distinct_kernel_sets']} kernel sets timed)")
+    return "\n".join(lines)
+
+
+__all__ = ["MICRO_BATCHES", "SCHEMA", "candidates", "format_search", "search"]
