@@ -156,7 +156,20 @@ def test_flow_network_times():
     # a: 500 B alone in 5 s, then 500 B at 50 B/s; b: 500 B at 50 B/s, then 500 B alone
     assert done["a"] == pytest.approx(16.0) and done["b"] == pytest.approx(21.0)
     assert net.link_bytes[0] == pytest.approx(2000.0)
-    assert [c[2].tolist() for c in net.changes] == [[100.0], [100.0], [100.0], [0.0]] or net.changes
+    # the link's rate moves twice: to 100 B/s at 1 s, back to 0 when the last flow ends (two flows
+    # of 50 B/s in between leave its total unchanged)
+    assert [(t, c.tolist(), v.tolist()) for t, c, v in net.changes] == [(1.0, [0], [100.0]), (21.0, [0], [0.0])]
+
+
+@pytest.mark.parametrize("start", [30.0, 50.0, 1e4, 1e7])
+def test_a_late_small_flow_finishes(start):
+    """At a large clock a tiny remaining wait rounds to the same instant; the flow must still end."""
+    ev = Events()
+    net = FlowNetwork(ev, np.array([240e9]))
+    done = []
+    ev.at(start, lambda: net.transfer([0], 1e5, 2e-6, lambda: done.append(ev.now)))
+    ev.run()
+    assert done and done[0] == pytest.approx(start + 2e-6 + 1e5 / 240e9, rel=1e-12)
 
 
 # ---- collectives --------------------------------------------------------------------------------
@@ -326,3 +339,31 @@ def test_validate_needs_a_machine_or_a_cluster(capsys):
     assert "--hw" in capsys.readouterr().err
     assert main(["validate", "--cluster", "jean-zay-a100", "--plot", "none"]) == 2
     assert "no published figures" in capsys.readouterr().err
+
+
+def test_ring_forwards_steps_in_order_when_reductions_lag():
+    """A reduction slower than a transfer: a rank must not count a later step before an earlier
+    one's reduction is done (the ring is then paced by the reductions)."""
+    t = _one_node(4)
+    n, size = 4, 4e6
+    sec, _ = C.time_collective(t, "all_reduce", list(range(n)), size, reduce_seconds=lambda b: 1e-3)
+    # each of the 3 reduce-scatter steps waits for its reduction; the all-gather follows
+    step = 1e-6 + size / n / 100e9
+    assert sec >= 3 * 1e-3 + 3 * step
+
+
+def test_hierarchical_on_uneven_nodes_falls_back_to_a_ring():
+    t = build(load_cluster("dgx-a100-superpod"))
+    sec, algo = C.time_collective(t, "all_reduce", list(range(12)), 64e6, "hierarchical")
+    assert algo == "ring" and sec > 0
+
+
+@pytest.mark.parametrize("changes,what", [
+    ({"node__fabric__device_gbps": 1e-300}, "out of range"),
+    ({"nodes": 16384, "node__devices": 64, "node__fabric__kind": "full_mesh", "node__nics__count": 2},
+     "links"),
+])
+def test_degenerate_clusters_are_refused(changes, what):
+    with pytest.raises(InputError) as e:
+        cluster(**changes)
+    assert what in e.value.what or what in e.value.allowed

@@ -68,6 +68,7 @@ def test_any_plan_text_is_a_plan_or_one_line(text):
     ("mb=3,dp=8,gbs=2048", "micro-batch 3 x dp 8 = 24 does not divide the global batch 2048"),
     ("ep=2", "has no experts"),
     ("pp=12,schedule=interleaved:6", "needs 72 model chunks"),
+    ("pp=2,gbs=100000000", "micro-batches a step"),
 ])
 def test_plans_that_do_not_fit_the_cluster_or_model(bloom, jean_zay, text, what):
     with pytest.raises(InputError) as e:
@@ -146,3 +147,20 @@ def test_inference_memory_holds_the_kv_cache():
     mem = memory_per_device(parse_plan("tp=8,mb=8"), wl, GB80)
     assert mem["gradients"] == mem["optimizer"] == mem["activations"] == 0
     assert mem["kv_cache"] == 2 * 70 * 8 * 2049 * (14336 // 8) * 2
+
+
+def test_sequence_parallel_splits_only_the_replicated_tensors(bloom):
+    """BLOOM at tp 4: ffn1_out and act_out are already tp shards as wide as the model; sequence
+    parallelism must not divide them again. Expected bytes of one block's kept tensors, by hand."""
+    from archsim.cluster.plan import stored_activations
+    from archsim.workloads.model import load_workload as lw
+
+    shard = lw("bloom-176b", {"tensor_parallel": 4, "batch": 1, "layers": 1})
+    T, h, f4, e = 2048, 14336, 57344 // 4, 2
+    whole_rows = {"x": T * h, "x_n1": T * h, "x_mid": T * h, "x_n2": T * h}
+    shards = {"qkv": T * 3 * h // 4, "attn_out": T * h // 4, "ffn1_out": T * f4, "act_out": T * f4,
+              "attn_lse": 1 * (112 // 4) * 2048}
+    none = stored_activations(shard, "none", False, 4)
+    sp = stored_activations(shard, "none", True, 4)
+    assert none == e * (sum(whole_rows.values()) + sum(shards.values()))
+    assert sp == e * (sum(whole_rows.values()) // 4 + sum(shards.values()))

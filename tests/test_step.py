@@ -143,7 +143,7 @@ def test_cluster_run_pictures(capsys, tmp_path):
     (["--cluster", "jean-zay-a100", "--plan", "tp=2", "--hw", "a100"], "--hw does not apply to a cluster run"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,schedule=interleaved:2"], "interleaved schedule is not"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,zero=3"], "ZeRO stage 3"),
-    (["--cluster", "jean-zay-a100", "--plan", "tp=2", "--phase", "decode"], "decode is not simulated yet"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2,sp=on"], "sequence parallelism"),
 ])
 def test_cluster_run_refusals_are_one_line(capsys, argv, what):
     code = main(["run", "--workload", "tiny", "--phase", "train", *argv])
@@ -179,3 +179,24 @@ def test_plan_refusals(capsys, tmp_path):
     cl.write_text(yaml.safe_dump(TINY))        # 1-GiB devices: nothing of BLOOM fits
     assert main(["plan", "--cluster", str(cl), "--workload", "bloom-176b", "--gbs", "16"]) == 2
     assert "no plan of bloom-176b fits" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("m", [1, 3, 6])
+def test_inference_pipelines_forwards_only(m):
+    wl = load_workload("tiny", {"phase": "decode"})
+    out = StepSim(_fast(), parse_plan(f"pp=2,mb=1,gbs={m}"), wl, _synthetic(), NO_HEAD, 1000).run()
+    assert out["step_seconds"] == pytest.approx((m + 1) * 3e-3, rel=1e-9)
+
+
+def test_decode_on_a_tiny_cluster(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "d.json"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "decode", "--plan",
+                 "tp=2,pp=2,mb=2,gbs=4", "--workers", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    st = doc["step"]
+    assert st["tokens_per_second"] == pytest.approx(4 / st["step_seconds"])
+    assert st["backward_block_seconds"] == 0 and st["head_seconds"]["backward"] == 0
+    assert doc["memory_per_device"]["kv_cache"] > 0 and doc["memory_per_device"]["optimizer"] == 0
+    assert not [c for c in doc["collectives"] if c["group"] == "data_parallel"]

@@ -453,6 +453,38 @@ def test_tensor_parallel_partial_sums_add_up_to_the_whole():
     np.testing.assert_allclose(total, env["proj_out"], rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "swiglu"])
+def test_tensor_parallel_ffn_partial_sums_add_up(activation):
+    """The FFN's split: FFN-in by columns (swiglu: the same columns of gate and of up), FFN-out by
+    rows; from the whole block's x_n2, the shards' ffn2 outputs add up to the whole's."""
+    from archsim.paths import data_dir
+    from archsim.workloads import reference as R
+    from archsim.workloads.model import validate_workload
+
+    doc = yaml.safe_load((data_dir("workloads") / "tiny.yaml").read_text())
+    doc["model"]["activation"] = activation
+    whole = validate_workload(doc, "tiny")
+    tp = 2
+    doc["scenario"]["tensor_parallel"] = tp
+    shard_wl = validate_workload(doc, "tiny")
+    w = R.random_weights(whole, seed=5)
+    x = np.random.default_rng(6).standard_normal((13, whole.model.hidden))
+    env = R.execute_ops(whole, {"x": x, **w})
+    f = whole.model.ffn_hidden
+    fl = f // tp
+    ops = {o.name: o for o in shard_wl.block_ops()}
+    total = np.zeros_like(env["ffn2_out"])
+    for k in range(tp):
+        cols = np.arange(k * fl, (k + 1) * fl)
+        w1 = w["w_ffn1"][:, cols] if activation != "swiglu" else np.concatenate(
+            [w["w_ffn1"][:, cols], w["w_ffn1"][:, f + cols]], axis=1)
+        part = {"x_n2": env["x_n2"], "w_ffn1": w1, "w_ffn2": w["w_ffn2"][cols, :]}
+        for name in ("ffn1", "act", "ffn2"):
+            part.update(R.run_op(ops[name], part, whole.model.norm_eps))
+        total += part["ffn2_out"]
+    np.testing.assert_allclose(total, env["ffn2_out"], rtol=1e-10, atol=1e-10)
+
+
 def test_tensor_parallel_must_divide_heads_and_ffn():
     from archsim.errors import InputError
     from archsim.workloads.model import load_workload

@@ -6,7 +6,8 @@
   reduction of that chunk is done). Across nodes the buffer is split over one ring (a channel)
   per NIC of a node: channel c runs through every rank of a node and leaves it from the rank
   on NIC c, so each NIC carries one channel, as NCCL builds its rings.
-- hierarchical (inside the node, then across): a ring reduce-scatter among each node's ranks,
+- hierarchical (inside the node, then across; the same number of ranks on every node, else a
+  ring): a ring reduce-scatter among each node's ranks,
   a ring all-reduce of each rank's shard among the ranks of the same local index across the
   nodes (one ring per rail, so every NIC carries its share), then a ring all-gather in the node.
 - double binary tree (NCCL's tree): per channel (one per NIC, as for rings), inside each node
@@ -84,7 +85,8 @@ def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps
         f.ev.at(f.ev.now, on_done)
         return
     sent = [0] * n          # steps whose send has completed, per rank
-    got = [0] * n           # steps received (and reduced), per rank
+    got = [0] * n           # steps received (and reduced) in order, per rank
+    early = [set() for _ in range(n)]   # steps received before an earlier one's reduction ended
     started = [0] * n       # steps started, per rank
     finish = barrier(n, on_done)
 
@@ -104,9 +106,12 @@ def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps
         try_start(i)
 
     def received(j, k):
-        got[j] = k + 1
-        if got[j] == steps:
-            finish()
+        early[j].add(k)
+        while got[j] in early[j]:
+            early[j].discard(got[j])
+            got[j] += 1
+            if got[j] == steps:
+                finish()
         try_start(j)
 
     for i in range(n):
@@ -282,7 +287,7 @@ def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Call
                     f.send(a, b, nbytes / n, finish)
     elif kind == "broadcast":
         _chain(f, ranks, nbytes, on_done)
-    elif algorithm == "hierarchical":
+    elif algorithm == "hierarchical" and len({len(v) for v in _nodes_of(f, ranks).values()}) == 1:
         _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds)
     elif algorithm == "tree" and kind == "all_reduce":
         tree_all_reduce(f, ranks, nbytes, on_done, reduce_seconds)

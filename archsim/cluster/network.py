@@ -91,6 +91,7 @@ class FlowNetwork:
         self._cb: dict[int, Callable[[], None]] = {}
         self._new: list[tuple] = []             # flows joining at this instant
         self._link_rate = np.zeros(len(self.capacity))
+        self._active = np.zeros(0, dtype=np.int64)    # links carrying flows now
         self._t = 0.0
         self._version = 0
         self._stale = False
@@ -112,7 +113,7 @@ class FlowNetwork:
         dt = self.ev.now - self._t
         if dt > 0 and len(self._rem):
             self._rem -= self._rate * dt
-            self.link_bytes += self._link_rate * dt
+            self.link_bytes[self._active] += self._link_rate[self._active] * dt
         self._t = self.ev.now
 
     def _mark(self) -> None:
@@ -144,25 +145,36 @@ class FlowNetwork:
         n = len(self._fid)
         if n == 0:
             self._rate = np.zeros(0)
-            self._set_link_rate(np.zeros(len(self.capacity)))
+            self._set_link_rate(np.zeros(0, dtype=np.int64), np.zeros(0))
             return
         self._rate = maxmin_rates(self._pf, self._pl, n, self.capacity)
-        self._set_link_rate(np.bincount(self._pl, weights=self._rate[self._pf], minlength=len(self.capacity)))
+        links, inv = np.unique(self._pl, return_inverse=True)
+        self._set_link_rate(links, np.bincount(inv, weights=self._rate[self._pf], minlength=len(links)))
         wait = float((np.maximum(self._rem, 0.0) / self._rate).min())
-        self.ev.at(self.ev.now + wait, self._finish, self._version)
+        # never the same instant again: at a large `now` a tiny wait rounds away and would loop
+        self.ev.at(max(self.ev.now + wait, math.nextafter(self.ev.now, math.inf)), self._finish, self._version)
 
-    def _set_link_rate(self, new: np.ndarray) -> None:
+    def _set_link_rate(self, links: np.ndarray, rates: np.ndarray) -> None:
+        """The links now carrying flows and their total rates; every other link is idle."""
+        old = self._active
         if self.record:
-            moved = np.nonzero(new != self._link_rate)[0]
+            before = self._link_rate[links].copy()
+            gone = np.setdiff1d(old, links)
+            moved = np.concatenate([links[before != rates], gone])
             if len(moved):
-                self.changes.append((self.ev.now, moved, new[moved]))
-        self._link_rate = new
+                vals = np.concatenate([rates[before != rates], np.zeros(len(gone))])
+                self.changes.append((self.ev.now, moved, vals))
+        self._link_rate[old] = 0.0
+        self._link_rate[links] = rates
+        self._active = links
 
     def _finish(self, version: int) -> None:
         if version != self._version:
             return                          # the rates changed since this finish was planned
         self._settle()
-        done = (self._rem <= 1e-9 * self._tot + 1e-6) | (self._rem <= self._rate * 1e-15)
+        # done: within rounding of its size, or what is left would take less than the clock's resolution
+        tick = 2 * (math.nextafter(self.ev.now, math.inf) - self.ev.now)
+        done = (self._rem <= 1e-9 * self._tot + 1e-6) | (self._rem <= self._rate * tick)
         if not done.any():                  # rounding left a sliver: plan again from here
             self._mark()
             return

@@ -29,6 +29,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 KEYS = ("tp", "pp", "dp", "ep", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order")
 MAX_DEGREE = 1 << 20
+MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
 
 
@@ -149,6 +150,9 @@ def check_plan(plan: Plan, cluster, workload, where: str = "--plan") -> None:
                          f"chunks of at least one layer; {workload.name} has {m.layers}",
                          f"pp x V <= {m.layers}")
     per_step = plan.micro_batch * plan.dp
+    if plan.batch // per_step > MAX_MICRO_BATCHES:
+        raise InputError(where, f"global batch {plan.batch} over micro-batch {plan.micro_batch} x dp {plan.dp} is "
+                         f"{plan.batch // per_step:,} micro-batches a step", f"at most {MAX_MICRO_BATCHES:,}")
     if plan.batch % per_step:
         raise InputError(where, f"micro-batch {plan.micro_batch} x dp {plan.dp} = {per_step} does not divide the "
                          f"global batch {plan.batch}", f"a global batch that is a multiple of {per_step}")
@@ -220,6 +224,11 @@ def block_parameters(shard) -> int:
     return n
 
 
+# the tensors every device of a tensor-parallel group holds whole (the residual stream and the norms'
+# outputs); sequence parallelism splits them over the group by tokens
+REPLICATED = ("x", "x_n1", "x_mid", "x_n2", "y")
+
+
 def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
     """Bytes one block keeps from forward to backward for one micro-batch: the forward tensors its
     backward ops read. ``full`` keeps the block's input only; ``selective`` recomputes attention's
@@ -240,13 +249,12 @@ def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
     kept = {"x"} | (read_bwd & produced_fwd) if recompute != "full" else {"x"}
     if recompute == "selective":
         kept -= {"attn_probs", "attn_lse"}
-    h = train_shard.model.hidden
     total = 0
     for name in kept:
         size = 1
         for s in shapes[name]:
             size *= s
-        if sp and shapes[name][-1] == h:
+        if sp and name in REPLICATED:
             size //= tp
         total += size * e
     return total
@@ -364,7 +372,10 @@ def step_volumes(plan: Plan, workload) -> dict:
 
         data = workload.model_dump(mode="json")
         data["scenario"] = {**data["scenario"], "tensor_parallel": plan.tp}
-        params = blocks * block_parameters(validate_workload(data, workload.name)) + m.vocab * m.hidden // plan.tp
+        per_block = block_parameters(validate_workload(data, workload.name))
+        embed = m.vocab * m.hidden // plan.tp
+        params = max(b * per_block + (embed if s in (0, plan.pp - 1) else 0)
+                     for s, b in enumerate(stage_layers(m.layers, plan.pp)))
         grad = params * (4 if e == 2 else 4)            # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter+all_gather"
         per_dev = grad + (params * e if plan.zero >= 1 else 0)

@@ -34,7 +34,7 @@ def head_times(machine, workload, plan, opts) -> dict:
     from archsim.micro import run_micro
 
     m, sc = workload.model, workload.scenario
-    rows = plan.micro_batch * sc.seq
+    rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
     cols = m.vocab // plan.tp
     dtype = sc.dtype if sc.dtype in ("fp16", "bf16") else "fp32"
 
@@ -44,8 +44,8 @@ def head_times(machine, workload, plan, opts) -> dict:
         return 2.0 * mm * nn * kk / (r.value * 1e12) if r.value > 0 else 0.0
 
     fwd = seconds(rows, cols, m.hidden)
-    return {"forward": fwd, "backward": seconds(rows, m.hidden, cols) + seconds(m.hidden, cols, rows),
-            "flops_forward": 2.0 * rows * cols * m.hidden}
+    bwd = seconds(rows, m.hidden, cols) + seconds(m.hidden, cols, rows) if sc.phase == "train" else 0.0
+    return {"forward": fwd, "backward": bwd, "flops_forward": 2.0 * rows * cols * m.hidden}
 
 
 def prepare_cluster(cluster_arg: str):
@@ -86,15 +86,17 @@ def step_flops(workload, plan, head: dict) -> tuple[float, float]:
     """FLOPs of one step: the model's (the op graph's at the micro-batch, the head included) and
     the hardware's (plus what recompute runs again)."""
     m = workload.model
+    train = workload.scenario.phase == "train"
     whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
     tot = whole.totals()
     ops = whole.block_ops()
-    per_mb_model = tot["block_model_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp
+    head_flops = (3 if train else 1) * head["flops_forward"] * plan.tp
+    per_mb_model = tot["block_model_flops"] * m.layers + head_flops
     fwd_block = sum(o.flops for o in ops if "." not in o.name)
     extra = {"full": fwd_block, "selective": next((o.flops for o in ops if o.name == "attn"), 0.0),
-             "none": 0.0}[plan.recompute] * m.layers
+             "none": 0.0}[plan.recompute] * m.layers if train else 0.0
     n_mb = plan.micro_batches * plan.dp
-    return per_mb_model * n_mb, (tot["block_flops"] * m.layers + 3 * head["flops_forward"] * plan.tp + extra) * n_mb
+    return per_mb_model * n_mb, (tot["block_flops"] * m.layers + head_flops + extra) * n_mb
 
 
 def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None) -> dict:
@@ -118,7 +120,8 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
     peak = peaks.get(sc.dtype, peaks.get("fp16", 0.0))
 
     streams = list(sim.streams.values())
-    bubble = sum(max(0.0, st.last_end - st.tasks_seconds) for st in streams) / len(streams)
+    # waiting between tasks, less the waits for transfers already on their way (counted as exposed communication)
+    bubble = sum(max(0.0, st.last_end - st.tasks_seconds - st.pp_exposed) for st in streams) / len(streams)
     ar_calls = sum(1 for it in sim.b_items + bt.forward if it[0] == "ar")
     tp_calls = plan.micro_batches * max(sim.blocks) * ar_calls if plan.tp > 1 else 0
     tp_seconds = plan.micro_batches * max(sim.blocks) * sum(sim.ar_seconds(it[1]) for it in
@@ -166,7 +169,8 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
                     "device": machine.name},
         "workload": {**whole.summary(), "layers": m.layers, "global_batch": plan.batch},
         "plan": plan.summary(),
-        "step": {"step_seconds": step, "tokens_per_second": plan.batch * sc.seq / step,
+        "step": {"step_seconds": step,
+                 "tokens_per_second": plan.batch * (1 if sc.phase == "decode" else sc.seq) / step,
                  "tflops_per_device_model": round(tf_model, 3), "tflops_per_device_hardware": round(tf_hw, 3),
                  "mfu": round(tf_model / peak, 4) if peak else None, "bubble_share": round(bubble / step, 4),
                  "comm_exposed_seconds": exposed, "comm_overlapped_seconds": max(0.0, total_comm - exposed),
@@ -193,11 +197,17 @@ def _busiest_by_level(sim, topo, per_level: int = 3) -> list[tuple]:
     import numpy as np
 
     lb = sim.f.net.link_bytes
+    used = np.nonzero(lb > 0)[0]
+    used = used[np.argsort(-lb[used])]
     out = []
     for level in ("node", "nic", "uplink"):
-        ids = [int(i) for i in np.argsort(-lb) if lb[i] > 0 and link_level(topo, int(i)) == level][:per_level]
+        ids = [int(i) for i in used if link_level(topo, int(i)) == level][:per_level]
         out += [(link_name(topo, i), level, i) for i in ids]
     return out
+
+
+WHAT = {"train": "training step", "prefill": "prefill (the prompt, forward)",
+        "decode": "decode step (one token for the batch)"}
 
 
 def format_cluster_run(r: dict) -> str:
@@ -205,7 +215,7 @@ def format_cluster_run(r: dict) -> str:
     p = r["plan"]
     gb = 1e9
     lines = [
-        f"{r['workload']['name']} training step on {r['cluster']['name']} ({r['cluster']['devices']:,} x "
+        f"{r['workload']['name']} {WHAT[r['workload']['phase']]} on {r['cluster']['name']} ({r['cluster']['devices']:,} x "
         f"{r['cluster']['device']}): tp {p['tp']}, pp {p['pp']}, dp {p['dp']}, micro-batch {p['micro_batch']}, "
         f"global batch {p['global_batch']}, {p['schedule']}, recompute {p['recompute']}, zero {p['zero']}",
         f"  step            {st['step_seconds']:.4g} s   ({st['tokens_per_second']:,.0f} tokens/s)",

@@ -35,7 +35,8 @@ MAX_DEVICES = 1 << 20
 Nodes = Annotated[int, Field(strict=True, gt=0, le=MAX_NODES)]
 DevicesPerNode = Annotated[int, Field(strict=True, gt=0, le=MAX_DEVICES_PER_NODE)]
 # choice: no bandwidth above 10^6 GB/s and no latency above a second (past any link built)
-Gbps = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
+Gbps = Annotated[float, Field(strict=True, ge=1e-6, le=1e6, allow_inf_nan=False)]
+MAX_LINKS = 1 << 24         # choice: links of a cluster (arrays of this many floats stay in memory)
 Micros = Annotated[float, Field(strict=True, ge=0, le=1e6, allow_inf_nan=False)]
 
 
@@ -88,6 +89,11 @@ class Cluster(Frozen):
             raise FieldError("nodes", f"{self.nodes:,} nodes of {self.node.devices} devices make "
                              f"{self.nodes * self.node.devices:,} devices", f"at most {MAX_DEVICES:,} devices in all",
                              ("node.devices",))
+        links = self.link_count()
+        if links > MAX_LINKS:
+            raise FieldError("nodes", f"{self.nodes:,} nodes of {self.node.devices} devices make {links:,} links",
+                             f"at most {MAX_LINKS:,} links (a smaller cluster, or a switch instead of a full mesh)",
+                             ("node.devices", "node.fabric.kind"))
         if self.node.devices > 1 and self.node.fabric is None:
             raise FieldError("node.fabric", f"a node of {self.node.devices} devices needs a fabric joining them",
                              "node.fabric: {kind, device_gbps, latency_us}", ("node.devices",))
@@ -106,6 +112,16 @@ class Cluster(Frozen):
     @property
     def devices(self) -> int:
         return self.nodes * self.node.devices
+
+    def link_count(self) -> int:
+        """Links topology.build makes: the node fabrics', each NIC up and down, each group's."""
+        d, n = self.node.devices, self.nodes
+        fab = 0
+        if d > 1 and self.node.fabric is not None:
+            fab = n * d * (d - 1) if self.node.fabric.kind == "full_mesh" else 2 * n * d
+        nics = 2 * n * self.node.nics.count if self.node.nics is not None and n > 1 else 0
+        groups = 2 * -(-n // self.network.group_nodes) if self.network is not None and n > 1 else 0
+        return fab + nics + groups
 
 
 def builtin_clusters() -> list[str]:

@@ -140,10 +140,13 @@ class Stream:
     spans: list = field(default_factory=list)     # (kind, mb, start, end) of each task (replica 0)
 
 
-def schedule(plan: Plan, stage: int) -> list:
+def schedule(plan: Plan, stage: int, train: bool = True) -> list:
     """The order of one stage's tasks: GPipe all forwards then all backwards; 1F1B pp - stage - 1
-    forwards, then one forward one backward, then the remaining backwards."""
+    forwards, then one forward one backward, then the remaining backwards; inference the
+    forwards."""
     m = plan.micro_batches
+    if not train:
+        return [("F", i) for i in range(m)]
     if plan.schedule == "gpipe":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     warm = min(plan.pp - stage - 1, m)
@@ -168,7 +171,9 @@ class StepSim:
         self.blocks = stage_layers(m.layers, plan.pp)
         self.params_block = params_block
         self.embed_params = m.vocab * m.hidden // plan.tp
-        self.act_bytes = plan.micro_batch * sc.seq * m.hidden * self.e / plan.tp
+        self.train = sc.phase == "train"
+        rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
+        self.act_bytes = rows * m.hidden * self.e / plan.tp
         self.ar_cache: dict[float, float] = {}
         self.tp_group = [device_of(plan, t, 0, 0) for t in range(plan.tp)]
         self.f_block = _run_items(bt.forward, self.ar_seconds, self.gap)
@@ -179,8 +184,10 @@ class StepSim:
             b_items = [("k", bt.attention_forward)] + b_items
         self.b_items = b_items
         self.b_block = _run_items(b_items, self.ar_seconds, self.gap)
-        self.streams = {(s, r): Stream(s, r, schedule(plan, s)) for s in range(plan.pp) for r in range(plan.dp)}
-        self.buckets = {s: self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0) for s in range(plan.pp)}
+        self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
+                        for r in range(plan.dp)}
+        self.buckets = {s: self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0) if self.train else 0
+                        for s in range(plan.pp)}
         self.dp_wait = {(s, k): plan.dp for s in range(plan.pp) for k in range(self.buckets[s])}
         self.dp_done = {s: 0 for s in range(plan.pp)}
         self.stage_end = {s: None for s in range(plan.pp)}
@@ -359,9 +366,6 @@ def link_table(f: "C.Fabric", topo: Topology, step: float, top: int = 20) -> lis
 
 
 def check_step(plan: Plan, workload) -> None:
-    if workload.scenario.phase != "train":
-        raise InputError("--phase", f"a cluster run of {workload.scenario.phase} is not simulated yet",
-                         "train (inference across devices is not built yet)")
     if plan.schedule == "interleaved":
         raise InputError("--plan", "the interleaved schedule is not simulated yet (its memory is counted)",
                          "schedule=gpipe or schedule=1f1b")

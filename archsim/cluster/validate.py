@@ -17,6 +17,8 @@ from .spec import Cluster, resolve_cluster, validate_cluster
 from .topology import build
 
 SCHEMA = "archsim.validate/1"
+MAX_RANKS = 1024        # choice: a ring over 1024 ranks is about 2 million transfers
+MAX_A2A_RANKS = 256     # all-to-all sends n(n-1) transfers at once
 CURVE_FIELDS = ("name", "source", "collective", "ranks", "algorithm", "set", "x", "unit", "points")
 
 
@@ -85,9 +87,11 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
         except InputError as e:
             raise InputError(e.where, e.what, e.allowed) from None
         ranks = c.get("ranks")
-        if not isinstance(ranks, int) or isinstance(ranks, bool) or not 2 <= ranks <= cluster.devices:
+        most = min(cluster.devices, MAX_A2A_RANKS if kind == "all_to_all" else MAX_RANKS)
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or not 2 <= ranks <= most:
             raise InputError(f"{w}.ranks", f"{ranks!r} is not a rank count of this cluster",
-                             f"2 to {cluster.devices} (the cluster's first devices)")
+                             f"2 to {most} (the cluster's first devices; at most {MAX_RANKS}, all-to-all "
+                             f"{MAX_A2A_RANKS}, so a curve's transfers stay in the millions)")
         pts = c.get("points")
         if not isinstance(pts, list) or not pts:
             raise InputError(f"{w}.points", "missing or empty", "[[bytes, GB/s], ...]")
