@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from .network import Events, FlowNetwork
 from .topology import Topology, route
 
@@ -54,10 +56,15 @@ class Fabric:
         self.net = FlowNetwork(self.ev, topo.capacity, record=record)
         self.step_s = topo.cluster.software.collective_step_us * US
         self.wire_bytes = 0.0
+        self._routes: dict = {}
 
     def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None]) -> None:
-        links, lat = route(self.topo, src, dst)
-        if links:
+        key = (src, dst)
+        if key not in self._routes:
+            links, lat = route(self.topo, src, dst)
+            self._routes[key] = (np.asarray(links, dtype=np.int64), lat)
+        links, lat = self._routes[key]
+        if len(links):
             self.wire_bytes += nbytes
         self.net.transfer(links, nbytes, lat + self.step_s, on_done)
 

@@ -148,8 +148,13 @@ class FlowNetwork:
             self._set_link_rate(np.zeros(0, dtype=np.int64), np.zeros(0))
             return
         self._rate = maxmin_rates(self._pf, self._pl, n, self.capacity)
-        links, inv = np.unique(self._pl, return_inverse=True)
-        self._set_link_rate(links, np.bincount(inv, weights=self._rate[self._pf], minlength=len(links)))
+        if len(self.capacity) <= 4 * len(self._pl):        # few links: count over all of them
+            total = np.bincount(self._pl, weights=self._rate[self._pf], minlength=len(self.capacity))
+            links = np.nonzero(total)[0]
+            self._set_link_rate(links, total[links])
+        else:
+            links, inv = np.unique(self._pl, return_inverse=True)
+            self._set_link_rate(links, np.bincount(inv, weights=self._rate[self._pf], minlength=len(links)))
         wait = float((np.maximum(self._rem, 0.0) / self._rate).min())
         # never the same instant again: at a large `now` a tiny wait rounds away and would loop
         self.ev.at(max(self.ev.now + wait, math.nextafter(self.ev.now, math.inf)), self._finish, self._version)
