@@ -715,14 +715,14 @@ def _run_cluster(a) -> int:
     if a.json:
         _check_file_path(a.json, "--json")
     prepare(a.cluster, wl, a.plan)          # every bad input before any kernel is timed
+    out = _out_dir(a.out) if a.out else None
     doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(format_cluster_run(doc))
     if a.json:
         _write_json(a.json, doc)
-    if a.out:
+    if out is not None:
         from archsim.report.cluster import write_cluster_plots
 
-        out = _out_dir(a.out)
         _write_json(str(out / "cluster.json"), doc)
         for f in write_cluster_plots(doc, out):
             print(f)

@@ -144,6 +144,7 @@ def test_cluster_run_pictures(capsys, tmp_path):
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,schedule=interleaved:2"], "interleaved schedule is not"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,zero=3"], "ZeRO stage 3"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,sp=on"], "sequence parallelism"),
+    (["--cluster", "sunway-supernodes", "--plan", "dp=50000,gbs=50000"], "streams"),
 ])
 def test_cluster_run_refusals_are_one_line(capsys, argv, what):
     code = main(["run", "--workload", "tiny", "--phase", "train", *argv])

@@ -17,7 +17,7 @@ from archsim.errors import InputError
 
 from .plan import Plan, block_parameters, check_plan, memory_per_device
 from .run import prepare_cluster, step_flops, time_kernels
-from .step import StepSim, check_step
+from .step import MAX_DP, MAX_STREAMS, StepSim, check_step
 from .topology import build
 
 SCHEMA = "archsim.plan/1"
@@ -25,13 +25,14 @@ MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CANDIDATES = 2000
 
 
-def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int]:
-    """Plans that pass the checks and fit in memory, and how many were looked at."""
+def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int, int]:
+    """Plans that pass the checks and fit in memory, how many were looked at, and how many had
+    more replicas than the step simulates."""
     m = workload.model
     per_node = cluster.node.devices
     tps = [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
            and m.ffn_hidden % t == 0]
-    out, seen = [], 0
+    out, seen, too_big = [], 0, 0
     for tp in tps:
         rest = cluster.devices // tp
         for pp in [p for p in range(1, min(rest, m.layers) + 1) if rest % p == 0]:
@@ -41,7 +42,7 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
                     continue
                 seen += 1
                 if seen > MAX_CANDIDATES:
-                    return out, seen
+                    return out, seen, too_big
                 chosen = None
                 for recompute in ("none", "selective", "full"):
                     for zero in (0, 1, 2):
@@ -51,6 +52,11 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
                             check_plan(p, cluster, workload)
                         except InputError:
                             break
+                        try:
+                            check_step(p, workload)
+                        except InputError:
+                            too_big += 1
+                            break
                         if memory_per_device(p, workload, capacity)["total"] <= capacity:
                             chosen = p
                             break
@@ -58,7 +64,7 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
                         break
                 if chosen is not None:
                     out.append(chosen)
-    return out, seen
+    return out, seen, too_big
 
 
 def search(cluster_arg: str, workload, opts, global_batch: int | None = None, top: int = 10,
@@ -70,7 +76,11 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
     check_step(Plan(), workload)
     gbs = global_batch if global_batch is not None else workload.scenario.batch * cluster.devices
     capacity = machine.dram.capacity_gib * 2 ** 30
-    plans, seen = candidates(cluster, workload, gbs, capacity)
+    plans, seen, too_big = candidates(cluster, workload, gbs, capacity)
+    if not plans and too_big:
+        raise InputError("plan", f"every plan of {workload.name} that uses all {cluster.devices:,} devices of "
+                         f"{cluster.name} has more replicas than the step simulates",
+                         f"dp at most {MAX_DP} and pp x dp at most {MAX_STREAMS}: a cluster file with fewer nodes")
     if not plans:
         raise InputError("plan", f"no plan of {workload.name} fits {cluster.name}'s devices "
                          f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",

@@ -365,7 +365,14 @@ def link_table(f: "C.Fabric", topo: Topology, step: float, top: int = 20) -> lis
             for i in order]
 
 
+MAX_STREAMS = 4096      # choice: stages x replicas the step simulates one by one
+MAX_DP = 1024           # choice: ranks of a data-parallel ring (about 2 million transfers a bucket at most)
+
+
 def check_step(plan: Plan, workload) -> None:
+    if plan.dp > MAX_DP or plan.pp * plan.dp > MAX_STREAMS:
+        raise InputError("--plan", f"pp {plan.pp} x dp {plan.dp} = {plan.pp * plan.dp:,} streams: the step simulates "
+                         "every replica's stream and ring", f"dp at most {MAX_DP}, pp x dp at most {MAX_STREAMS}")
     if plan.schedule == "interleaved":
         raise InputError("--plan", "the interleaved schedule is not simulated yet (its memory is counted)",
                          "schedule=gpipe or schedule=1f1b")
