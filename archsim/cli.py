@@ -499,12 +499,19 @@ def cmd_validate(a) -> int:
         print(HEADER)
     res = validate(machine, a.reference, progress=lambda r: print(format_row(r), flush=True),
                    curve_progress=lambda c, p: print(format_point(c, p), flush=True), only=a.curve)
+    return _validate_summary(a, res)
+
+
+def _validate_summary(a, res: dict) -> int:
+    """The curves' summary lines, the overall error, and the JSON and plot a validate writes."""
+    from archsim.validate import format_curve
+
     if res["curves"]:
         print("curves:")
         for c in res["curves"]:
             print("  " + format_curve(c))
     print(f"mean absolute percentage error: {res['mape_pct']:.1f}%, worst {res['max_error_pct']:.1f}%  "
-          f"({res['wall_seconds']:.0f} s)")
+          f"({res['wall_seconds']:.1f} s)")
     if a.json:
         _write_json(a.json, res)
     if a.plot != "none":
@@ -527,21 +534,7 @@ def _validate_cluster(a) -> int:
     print(f"validate {a.cluster}: simulated vs published (bus bandwidth on the flow model)")
     res = validate_cluster_curves(a.cluster, a.reference, progress=lambda c, p: print(format_point(c, p), flush=True),
                                   only=a.curve)
-    print("curves:")
-    from archsim.validate import format_curve
-
-    for c in res["curves"]:
-        print("  " + format_curve(c))
-    print(f"mean absolute percentage error: {res['mape_pct']:.1f}%, worst {res['max_error_pct']:.1f}%  "
-          f"({res['wall_seconds']:.1f} s)")
-    if a.json:
-        _write_json(a.json, res)
-    if a.plot != "none":
-        from archsim.report.validation import plot_validation
-
-        plot_validation(res, a.plot)
-        print(f"plot: {a.plot}")
-    return 0
+    return _validate_summary(a, res)
 
 
 def cmd_bench(a) -> int:

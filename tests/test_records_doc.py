@@ -95,7 +95,8 @@ def test_cluster_validate_record_fields_are_documented(capsys, tmp_path):
     assert not missing, f"docs/records.md does not list these fields of a cluster validate record: {missing}"
 
 
-def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
+def _tiny_cluster(tmp_path):
+    """Two nodes of two tiny-gpu devices."""
     import yaml
 
     cl = tmp_path / "c.yaml"
@@ -104,6 +105,11 @@ def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
         "node": {"devices": 2, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
                  "nics": {"count": 1, "gbit_per_s": 100.0, "latency_us": 2.0}},
         "network": {"kind": "fat_tree", "group_nodes": 1, "hop_latency_us": 0.5}}))
+    return cl
+
+
+def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
+    cl = _tiny_cluster(tmp_path)
     out = tmp_path / "r.json"
     code, _, err = cli(capsys, "run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
                        "tp=2,pp=2,mb=1,gbs=2", "--workers", "1", "--json", str(out))
@@ -117,14 +123,7 @@ def test_cluster_run_record_fields_are_documented(capsys, tmp_path):
 
 
 def test_plan_record_fields_are_documented(capsys, tmp_path):
-    import yaml
-
-    cl = tmp_path / "c.yaml"
-    cl.write_text(yaml.safe_dump({
-        "name": "tc", "device": "tiny-gpu", "nodes": 2,
-        "node": {"devices": 2, "fabric": {"kind": "switch", "device_gbps": 100.0, "latency_us": 1.0},
-                 "nics": {"count": 1, "gbit_per_s": 100.0, "latency_us": 2.0}},
-        "network": {"kind": "fat_tree", "group_nodes": 1, "hop_latency_us": 0.5}}))
+    cl = _tiny_cluster(tmp_path)
     out = tmp_path / "p.json"
     code, _, err = cli(capsys, "plan", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--gbs", "4",
                        "--workers", "1", "--json", str(out))
