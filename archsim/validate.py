@@ -288,6 +288,26 @@ def _x_work(x, n: int = 1) -> float:
     return w
 
 
+def check_curve_head(c, i: int, where: str, fields, names: set) -> tuple[str, str]:
+    """What every reference curve (a machine's or a cluster's) has: a mapping of known fields, a
+    name unique in the file (added to ``names``) and a source. Returns the name and the prefix the
+    curve's later messages use."""
+    w = f"{where}: curves[{i}]"
+    if not isinstance(c, dict):
+        raise InputError(w, "not a mapping", ", ".join(fields))
+    extra = set(c) - set(fields)
+    if extra:
+        raise InputError(w, f"unknown field {sorted(extra, key=str)[0]!r}", ", ".join(fields))
+    name = c.get("name")
+    if not isinstance(name, str) or not name.strip() or name in names:
+        raise InputError(f"{w}.name", f"{name!r} is missing or repeated", "a name unique in the file")
+    names.add(name)
+    w = f"{where}: curve {name}"
+    if not isinstance(c.get("source"), str) or not c["source"].strip():
+        raise InputError(f"{w}.source", "missing", "where the curve was published or how it was measured")
+    return name, w
+
+
 def load_curves(path: Path, family: str | None = None) -> list[dict]:
     """The curves of a reference file, checked: every point's params parse for its kernel, x
     increases, each curve names its source. ``family``: the machine's, whose kernels it can run."""
@@ -295,19 +315,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
     where = str(path)
     curves, names = [], set()
     for i, c in enumerate(doc.get("curves") or []):
-        w = f"{where}: curves[{i}]"
-        if not isinstance(c, dict):
-            raise InputError(w, "not a mapping", ", ".join(CURVE_FIELDS))
-        extra = set(c) - set(CURVE_FIELDS)
-        if extra:
-            raise InputError(w, f"unknown field {sorted(extra)[0]!r}", ", ".join(CURVE_FIELDS))
-        name = c.get("name")
-        if not isinstance(name, str) or not name.strip() or name in names:
-            raise InputError(f"{w}.name", f"{name!r} is missing or repeated", "a name unique in the file")
-        names.add(name)
-        w = f"{where}: curve {name}"
-        if not isinstance(c.get("source"), str) or not c["source"].strip():
-            raise InputError(f"{w}.source", "missing", "where the curve was published or how it was measured")
+        name, w = check_curve_head(c, i, where, CURVE_FIELDS, names)
         k = c.get("kernel")
         if not isinstance(k, str) or k not in MP.PARAMS:
             raise InputError(f"{w}.kernel", f"{k!r} is not a micro-benchmark", ", ".join(MP.PARAMS))

@@ -207,6 +207,18 @@ def stage_layers(layers: int, pp: int) -> list[int]:
 
 # ---- memory -----------------------------------------------------------------------------------------
 
+def with_scenario(workload, layers: int | None = None, **scenario):
+    """The workload with scenario fields (and, given, its layer count) changed, validated again:
+    a plan's shard (tensor_parallel, batch = the micro-batch) or one block of it (layers=1)."""
+    from archsim.workloads.model import validate_workload
+
+    data = workload.model_dump(mode="json")
+    if layers is not None:
+        data["model"] = {**data["model"], "layers": layers}
+    data["scenario"] = {**data["scenario"], **scenario}
+    return validate_workload(data, workload.name)
+
+
 def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
@@ -274,14 +286,10 @@ def _in_flight(plan: Plan, stage: int) -> float:
 def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
     """Bytes a device of each stage needs, and the largest: weights, gradients, optimizer state,
     activations, KV cache, against ``capacity_bytes``."""
-    from archsim.workloads.model import validate_workload
-
     m, sc = workload.model, workload.scenario
     e = _elem(sc.dtype)
     train = sc.phase == "train"
-    data = workload.model_dump(mode="json")
-    data["scenario"] = {**data["scenario"], "tensor_parallel": plan.tp, "batch": plan.micro_batch}
-    shard = validate_workload(data, workload.name)
+    shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch)
     per_block = block_parameters(shard)
     embed = m.vocab * m.hidden // plan.tp          # vocab-parallel; the tied head keeps a copy on the last stage
     blocks = stage_layers(m.layers, plan.pp)
@@ -368,15 +376,11 @@ def step_volumes(plan: Plan, workload) -> dict:
                            "bytes_per_call": act / plan.tp, "bytes_per_device": per_dev,
                            "bytes_total": per_dev * plan.tp * plan.dp * (plan.pp - 1)}
     if plan.dp > 1 and train:
-        from archsim.workloads.model import validate_workload
-
-        data = workload.model_dump(mode="json")
-        data["scenario"] = {**data["scenario"], "tensor_parallel": plan.tp}
-        per_block = block_parameters(validate_workload(data, workload.name))
+        per_block = block_parameters(with_scenario(workload, tensor_parallel=plan.tp))
         embed = m.vocab * m.hidden // plan.tp
         params = max(b * per_block + (embed if s in (0, plan.pp - 1) else 0)
                      for s, b in enumerate(stage_layers(m.layers, plan.pp)))
-        grad = params * (4 if e == 2 else 4)            # gradients reduced in fp32, their accumulation type
+        grad = params * 4                               # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter+all_gather"
         per_dev = grad + (params * e if plan.zero >= 1 else 0)
         if plan.zero == 3:
@@ -387,4 +391,4 @@ def step_volumes(plan: Plan, workload) -> dict:
 
 
 __all__ = ["KEYS", "Plan", "RECOMPUTE", "SCHEDULES", "check_fits", "check_plan", "device_of", "groups",
-           "memory_per_device", "parse_plan", "stage_layers", "step_volumes"]
+           "memory_per_device", "parse_plan", "stage_layers", "step_volumes", "with_scenario"]

@@ -8,24 +8,13 @@ import time
 
 from archsim.errors import InputError
 
-from .plan import block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes
+from .plan import (block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes,
+                   with_scenario)
 from .spec import load_cluster, load_device
 from .step import StepSim, block_times, check_step, link_table, link_timeline
 from .topology import build, link_level, link_name
 
 SCHEMA = "archsim.cluster/1"
-
-
-def _with(workload, **scenario):
-    from archsim.workloads.model import validate_workload
-
-    data = workload.model_dump(mode="json")
-    model = dict(data["model"])
-    if "layers" in scenario:
-        model["layers"] = scenario.pop("layers")
-    data["model"] = model
-    data["scenario"] = {**data["scenario"], **scenario}
-    return validate_workload(data, workload.name)
 
 
 def head_times(machine, workload, plan, opts) -> dict:
@@ -73,7 +62,7 @@ def prepare(cluster_arg: str, workload, plan_text: str):
 def time_kernels(machine, workload, plan, opts, progress=None) -> tuple:
     """The engine's times for a plan: the TP shard of one block at the micro-batch and the LM
     head's GEMMs. Plans with the same tp and micro-batch share them."""
-    shard = _with(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
+    shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
     if progress:
         progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
     bt = block_times(machine, shard, opts)
@@ -87,7 +76,7 @@ def step_flops(workload, plan, head: dict) -> tuple[float, float]:
     the hardware's (plus what recompute runs again)."""
     m = workload.model
     train = workload.scenario.phase == "train"
-    whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
+    whole = with_scenario(workload, batch=plan.micro_batch, tensor_parallel=1)
     tot = whole.totals()
     ops = whole.block_ops()
     head_flops = (3 if train else 1) * head["flops_forward"] * plan.tp
@@ -112,7 +101,7 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
-    whole = _with(workload, batch=plan.micro_batch, tensor_parallel=1)
+    whole = with_scenario(workload, batch=plan.micro_batch, tensor_parallel=1)
     devices = plan.devices
     tf_model = model_flops / step / devices / 1e12
     tf_hw = hw_flops / step / devices / 1e12

@@ -11,6 +11,7 @@ from pathlib import Path
 from archsim.config.load import apply_set, read_yaml
 from archsim.errors import InputError
 from archsim.paths import data_dir
+from archsim.validate import check_curve_head
 
 from . import collectives as C
 from .spec import Cluster, resolve_cluster, validate_cluster
@@ -46,25 +47,13 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
     where = str(path)
     extra = set(doc) - {"cluster", "curves"}
     if extra:
-        raise InputError(where, f"unknown key {sorted(extra)[0]!r}", "cluster, curves")
+        raise InputError(where, f"unknown key {sorted(extra, key=str)[0]!r}", "cluster, curves")
     raw = doc.get("curves")
     if not isinstance(raw, list) or not raw:
         raise InputError(f"{where}: curves", "missing or empty", "a list of curves")
     out, names = [], set()
     for i, c in enumerate(raw):
-        w = f"{where}: curves[{i}]"
-        if not isinstance(c, dict):
-            raise InputError(w, "not a mapping", ", ".join(CURVE_FIELDS))
-        bad = set(c) - set(CURVE_FIELDS)
-        if bad:
-            raise InputError(w, f"unknown field {sorted(bad, key=str)[0]!r}", ", ".join(CURVE_FIELDS))
-        name = c.get("name")
-        if not isinstance(name, str) or not name.strip() or name in names:
-            raise InputError(f"{w}.name", f"{name!r} is missing or repeated", "a name unique in the file")
-        names.add(name)
-        w = f"{where}: curve {name}"
-        if not isinstance(c.get("source"), str) or not c["source"].strip():
-            raise InputError(f"{w}.source", "missing", "where the curve was published")
+        name, w = check_curve_head(c, i, where, CURVE_FIELDS, names)
         kind = c.get("collective")
         if kind not in C.KINDS:
             raise InputError(f"{w}.collective", f"{kind!r} is not a collective", ", ".join(C.KINDS))
