@@ -236,7 +236,7 @@ def _read_doc(path: Path) -> dict:
                          "params, x, unit, points}]")
     extra = set(doc) - {"machine", "rows", "curves"}
     if extra:
-        raise InputError(where, f"unknown key {sorted(extra)[0]!r}", "machine, rows, curves")
+        raise InputError(where, f"unknown key {sorted(extra, key=str)[0]!r}", "machine, rows, curves")
     if not doc.get("rows") and not doc.get("curves"):
         raise InputError(where, "no row and no curve: nothing to validate", "at least one row or curve")
     return doc
@@ -253,7 +253,7 @@ def load_reference(path: Path) -> list[dict]:
             raise InputError(w, "not a mapping", "quantity, value, unit, source")
         extra = set(r) - {"quantity", "value", "unit", "source"}
         if extra:
-            raise InputError(w, f"unknown field {sorted(extra)[0]!r}", "quantity, value, unit, source")
+            raise InputError(w, f"unknown field {sorted(extra, key=str)[0]!r}", "quantity, value, unit, source")
         q = r.get("quantity")
         if q not in PROBES:
             raise InputError(f"{w}.quantity", f"{q!r} has no probe", ", ".join(PROBES))

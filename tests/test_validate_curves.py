@@ -190,3 +190,16 @@ def test_curve_filter_repeats_and_each_text_must_match(tmp_path):
     assert [c["name"] for c in pick_curves(curves, "stream", path)] == ["stream_vs_footprint", "stream_vs_occupancy"]
     with pytest.raises(InputError, match="'gemm'"):
         pick_curves(curves, ["chase", "gemm"], path)
+
+
+@pytest.mark.parametrize("text,what", [
+    ("machine: tiny-gpu\n1: x\nzz: y\nrows: []\ncurves: [{}]\n", "unknown key 1"),
+    ("machine: tiny-gpu\nrows: [{quantity: ffma_latency, 2: x, zz: y}]\n", "unknown field 2"),
+    ("machine: tiny-gpu\ncurves: [{name: c, 3: x, zz: y}]\n", "unknown field 3"),
+])
+def test_keys_yaml_reads_as_numbers_are_one_line(capsys, tmp_path, text, what):
+    """Unknown keys of mixed types (YAML reads `1:` as a number) sort by their text, not a TypeError."""
+    ref = tmp_path / "r.yaml"
+    ref.write_text(text)
+    code, out, err = _cli(capsys, "validate", "--hw", "tiny-gpu", "--reference", str(ref), "--plot", "none")
+    assert code == 2 and what in err and err.count("\n") == 1 and "Traceback" not in err, err
