@@ -34,8 +34,7 @@ def _fast():
 
 
 def _synthetic(fwd=3e-3, bwd=5e-3):
-    return BlockTimes(forward=[("k", fwd)], backward=[("k", bwd)], attention_forward=1e-3, kernels=[],
-                      flops_forward=0, flops_backward=0, model_flops=0)
+    return BlockTimes(forward=[("k", fwd)], backward=[("k", bwd)], attention_forward=1e-3, kernels=[])
 
 
 NO_HEAD = {"forward": 0.0, "backward": 0.0, "flops_forward": 0.0}

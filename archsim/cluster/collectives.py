@@ -55,7 +55,6 @@ class Fabric:
         self.ev = events or Events()
         self.net = FlowNetwork(self.ev, topo.capacity, record=record)
         self.step_s = topo.cluster.software.collective_step_us * US
-        self.wire_bytes = 0.0
         self._routes: dict = {}
 
     def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None]) -> None:
@@ -64,8 +63,6 @@ class Fabric:
             links, lat = route(self.topo, src, dst)
             self._routes[key] = (np.asarray(links, dtype=np.int64), lat)
         links, lat = self._routes[key]
-        if len(links):
-            self.wire_bytes += nbytes
         self.net.transfer(links, nbytes, lat + self.step_s, on_done)
 
 
@@ -265,10 +262,9 @@ def _nodes_of(f: Fabric, ranks: Sequence[int]) -> dict[int, list[int]]:
     return by_node
 
 
-def choose_algorithm(f: Fabric, kind: str, ranks: Sequence[int]) -> str:
+def choose_algorithm(kind: str) -> str:
     """The algorithm ``auto`` picks: NCCL's ring for reductions and gathers (its choice for large
     buffers), direct for all-to-all and send/receive, a chain for broadcast."""
-    del f, ranks
     return {"all_to_all": "direct", "send_recv": "direct", "broadcast": "chain"}.get(kind, "ring")
 
 
@@ -280,7 +276,7 @@ def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Call
     ranks = list(ranks)
     n = len(ranks)
     if algorithm == "auto":
-        algorithm = choose_algorithm(f, kind, ranks)
+        algorithm = choose_algorithm(kind)
     if n < 2 or nbytes <= 0:
         f.ev.at(f.ev.now, on_done)
         return algorithm

@@ -195,8 +195,5 @@ class FlowNetwork:
         for cb in callbacks:
             cb()
 
-    def busy(self) -> bool:
-        return bool(len(self._fid)) or bool(self._new)
-
 
 __all__ = ["Events", "FlowNetwork", "maxmin_rates"]

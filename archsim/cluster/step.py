@@ -44,9 +44,6 @@ class BlockTimes:
     backward: list
     attention_forward: float         # what selective recompute runs again
     kernels: list                    # the run's kernel entries (archsim.result/1)
-    flops_forward: float
-    flops_backward: float
-    model_flops: float
 
 
 def _op_seconds(kernels: list) -> dict[str, float]:
@@ -72,22 +69,16 @@ def block_times(machine, shard, opts, pool=None) -> BlockTimes:
     e = 4 if shard.scenario.dtype == "fp32" else 2
     tp = shard.scenario.tensor_parallel
     fwd, bwd = [], []
-    f_fl = b_fl = model = 0.0
     for op in ops:
         back = "." in op.name
         (bwd if back else fwd).append(("k", secs.get(op.name, 0.0)))
-        if back:
-            b_fl += op.flops
-        else:
-            f_fl += op.flops
-        model += op.model_flops
         if tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
             size = 1
             for s in shapes[tensor]:
                 size *= s
             (bwd if back else fwd).append(("ar", size * e, beside))
-    return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"], f_fl, b_fl, model)
+    return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"])
 
 
 def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float]:
