@@ -148,6 +148,43 @@ def test_near_reply_does_not_wait_behind_a_far_one():
     assert got == {near_core: r_near, far_core: r_far}
 
 
+def test_a_fill_answering_more_reads_than_the_reply_pipeline_holds_loses_none():
+    """The slice stops taking requests when its reply pipeline is nearly full, but one fill
+    answers every read waiting on the line at once: the replies that find the ring full wait behind
+    it, in order. (Replies pushed into a full ring were once dropped: a100-80gb's BLOOM ffn2.dgrad
+    lost seven merged reads of one line and never finished.)"""
+    from archsim.engine import cache as CA
+
+    m = load_machine("tiny-gpu")
+    MS = ST.make_mstate(m, None)
+    sl, core = 0, 0
+    q = MS.cfg[ST.M_Q_L2D] + sl
+    assert ST.is_far(MS, core, sl) == 0
+    first = []
+    while MS.Q.count[q] < MS.Q.cap[q]:               # the fabric backed up: the ring full of hits
+        r = req_alloc(MS.R, 4096, 32, KIND_READ, core, 0, 0)
+        with_ptr(L2.respond_l2, MS, sl, r, 0)
+        first.append(r)
+    line = 1 << 20
+    waiting = [req_alloc(MS.R, line, 32, KIND_READ, core, 0, 1) for _ in range(m.l2.max_merge)]
+    for i, r in enumerate(waiting):
+        st, _ = CA.cache_access_mask(MS.L2, sl, line, 0b0001, 0, False, r, 1)
+        assert st == (CA.MISS if i == 0 else CA.MERGED)
+    with_ptr(L2.fill_slice, MS, sl, line, 0b0001, 2)
+    assert MS.Q.count[q] == MS.Q.cap[q] and MS.spill[q, 0] == waiting[0] and MS.spill[q, 1] == waiting[-1]
+    got = []
+    for now in range(3, 100_000):
+        with_ptr(L2.slice_cycle, MS, sl, now)
+        NC.noc_step(MS.resp, now)
+        r = NC.noc_eject(MS.resp, MS.node[3, core])
+        if r >= 0:
+            got.append(r)
+        if len(got) == len(first) + len(waiting):
+            break
+    assert got == first + waiting                    # every reply, oldest first
+    assert MS.Q.count[q] == 0 and MS.spill[q, 0] == -1 and MS.spill[q, 1] == -1
+
+
 # ----------------------------------------------------------------------------- near replicas
 REPL = ["l2.near_replicas=true"]
 

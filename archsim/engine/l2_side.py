@@ -162,10 +162,43 @@ def _writeback(MS, sl, now):
     MS.L2.evict_dirty[sl] = 0
 
 
+@njit(cache=True, inline="always")
+def pipe_push(MS, q, r):
+    """Append reply r to delay pipeline q; never refused. The pipeline's ring holds DELAY_CAP
+    replies and the slice stops taking requests near that, but one fill answers every read waiting
+    in its MSHR entry at once: what finds the ring full waits behind it in a chain through R.nxt
+    (in order: the ring holds the oldest), instead of being lost."""
+    if MS.spill[q, 0] < 0 and q_push(MS.Q, q, r):
+        return
+    R = MS.R
+    R.nxt[r] = -1
+    t = MS.spill[q, 1]
+    if t < 0:
+        MS.spill[q, 0] = r
+    else:
+        R.nxt[t] = r
+    MS.spill[q, 1] = r
+
+
+@njit(cache=True, inline="always")
+def pipe_pop(MS, q):
+    """Remove and return the oldest reply of delay pipeline q; the first of its chain takes the
+    place freed in the ring."""
+    r = q_pop(MS.Q, q)
+    h = MS.spill[q, 0]
+    if h >= 0:
+        q_push(MS.Q, q, h)
+        nx = MS.R.nxt[h]
+        MS.spill[q, 0] = nx
+        if nx < 0:
+            MS.spill[q, 1] = -1
+    return r
+
+
 @njit(cache=True)
 def _respond(MS, sl, r, ready):
     MS.R.aux1[r] = ready
-    q_push(MS.Q, MS.cfg[M_Q_L2D] + sl, r)
+    pipe_push(MS, MS.cfg[M_Q_L2D] + sl, r)
 
 
 @njit(cache=True)
@@ -176,10 +209,10 @@ def respond_l2(MS, sl, r, now):
     cfg = MS.cfg
     if is_far(MS, MS.R.src[r], sl):
         MS.R.aux1[r] = now + cfg[M_L2_LAT] + cfg[M_FAR]
-        q_push(MS.Q, cfg[M_Q_L2F] + sl, r)
+        pipe_push(MS, cfg[M_Q_L2F] + sl, r)
     else:
         MS.R.aux1[r] = now + cfg[M_L2_LAT]
-        q_push(MS.Q, cfg[M_Q_L2D] + sl, r)
+        pipe_push(MS, cfg[M_Q_L2D] + sl, r)
 
 
 @njit(cache=True)
@@ -212,7 +245,7 @@ def slice_cycle(MS, sl, now):
         if not NC.noc_inject(MS.resp, MS.node[2, sl], r, nbytes, MS.node[3, R.src[r]], now):
             break
         MS.bytes[BY_FABRIC] += nbytes
-        q_pop(Q, q)
+        pipe_pop(MS, q)
         moved = True
         if cfg[M_HAS_L2] == 0:
             MS.ep_pending[sl] -= 1

@@ -104,6 +104,8 @@ class MState(NamedTuple):
     lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
     fe_t: np.ndarray         # int64 [channels, front-end capacity]: fabric cycle each front-end slot leaves
     ep_pending: np.ndarray   # int64 [endpoints] no L2: accepted requests whose reply has not left yet
+    spill: np.ndarray        # int32 [queues, 2] first and last request waiting behind a full reply
+                             # pipeline (chained through R.nxt; -1: none), see l2_side.pipe_push
     dma: DM.DmaState         # DMA engines (none on a GPU)
     gnode: np.ndarray        # int32 [groups, 2] fabric node of each core group: req, resp (M_GROUPED)
     rma: RM.RmaState         # RMA engines (none on a GPU)
@@ -258,7 +260,8 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(max_wait, np.int32), runs=np.zeros((2, 8), np.int64),
-        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64), dma=dma,
+        bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64),
+        spill=np.full((len(caps), 2), -1, np.int32), dma=dma,
         gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64),
         visits=np.zeros((len(VISIT_FAMILIES), 2), np.int64))
 

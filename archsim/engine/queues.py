@@ -144,6 +144,7 @@ class Requests(NamedTuple):
     t_created: np.ndarray  # int64 [N] cycle the request was made
     aux0: np.ndarray       # int64 [N] owner's scratch
     aux1: np.ndarray       # int64 [N] owner's scratch
+    nxt: np.ndarray        # int32 [N] the next request of a spill chain (a queue that must never refuse)
     free: np.ndarray       # int32 [N] free list (stack of ids)
     nfree: np.ndarray      # int32 [1]
 
@@ -152,7 +153,7 @@ def make_requests(n: int) -> Requests:
     n = int(n)
     return Requests(addr=np.zeros(n, np.int64), nbytes=np.zeros(n, np.int32), kind=np.zeros(n, np.int8),
                     src=np.zeros(n, np.int32), tag=np.zeros(n, np.int32), t_created=np.zeros(n, np.int64),
-                    aux0=np.zeros(n, np.int64), aux1=np.zeros(n, np.int64),
+                    aux0=np.zeros(n, np.int64), aux1=np.zeros(n, np.int64), nxt=np.full(n, -1, np.int32),
                     free=np.arange(n - 1, -1, -1, dtype=np.int32), nfree=np.array([n], np.int32))
 
 
