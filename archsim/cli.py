@@ -117,8 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="simulated vs published figures (configs/reference/<machine>.yaml)")
     _add_machine_options(p, required=False)
-    p.add_argument("--cluster", metavar="CLUSTER", help="validate a cluster's collectives instead "
-                                                       "(configs/reference/clusters/<cluster>.yaml)")
+    p.add_argument("--cluster", metavar="CLUSTER", help="validate a cluster instead: its collectives and "
+                                                       "training steps (configs/reference/clusters/<cluster>.yaml)")
     p.add_argument("--reference", metavar="FILE", help="a reference YAML (default: the machine's built-in one)")
     p.add_argument("--json", metavar="FILE", help="write the archsim.validate/1 result")
     p.add_argument("--plot", metavar="FILE", default="validate.png",
@@ -126,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--curve", metavar="TEXT", action="append",
                    help="run only the curves whose name contains TEXT (no rows), repeatable")
     _add_cache_options(p)
+    p.add_argument("--workers", type=int, metavar="N", help="with --cluster: processes the step curves' kernels are "
+                                                            "timed on (default: the cores available; 1: this process)")
 
     for name, helptext in (("run", "run a workload (decoder blocks of a model) on a machine"),
                            ("compare", "the same workload on several machines, kernel by kernel"),
@@ -478,6 +480,9 @@ def cmd_validate(a) -> int:
         raise InputError("validate", "give a machine (--hw) or a cluster (--cluster)", "exactly one of them")
     if a.cluster is not None:
         return _validate_cluster(a)
+    if a.workers is not None:
+        raise InputError("--workers", "a machine's curves run in this process",
+                         "--workers with --cluster (its step curves' kernels)")
     from archsim.config.load import load_machine
     from archsim.validate import (HEADER, format_curve, format_point, format_row, load_curves, load_reference,
                                   pick_curves, reference_machine, reference_path, validate)
@@ -528,12 +533,17 @@ def _validate_cluster(a) -> int:
     if a.sets or a.overlays:
         raise InputError("--set" if a.sets else "--overlay", "--set and --overlay change machines",
                          "validate --cluster C without them (a curve's own `set` changes its cluster)")
+    from archsim.runner import RunOptions
+    from archsim.workers import check_workers
+
+    opts = RunOptions(workers=check_workers(a.workers))
     prepare(a.cluster, a.reference, a.curve)      # every input checked before anything prints
     if a.plot != "none":
         _check_writable(a.plot, "--plot")
-    print(f"validate {a.cluster}: simulated vs published (bus bandwidth on the flow model)")
+    print(f"validate {a.cluster}: simulated vs published (collectives' bus bandwidth on the flow model; "
+          "training steps with every kernel timed by the engine)")
     res = validate_cluster_curves(a.cluster, a.reference, progress=lambda c, p: print(format_point(c, p), flush=True),
-                                  only=a.curve)
+                                  only=a.curve, opts=opts)
     return _validate_summary(a, res)
 
 

@@ -307,7 +307,8 @@ def test_no_nan_rates():
 
 def test_validate_cluster_meets_the_curve_bounds(capsys, tmp_path):
     out = tmp_path / "v.json"
-    assert main(["validate", "--cluster", "dgx-a100-superpod", "--plot", "none", "--json", str(out)]) == 0
+    assert main(["validate", "--cluster", "dgx-a100-superpod", "--curve", "nccl", "--plot", "none", "--json",
+                 str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["schema"] == "archsim.validate/1" and doc["cluster"] == "dgx-a100-superpod"
     assert doc["mape_pct"] <= 10 and doc["max_error_pct"] <= 20
@@ -337,8 +338,10 @@ def test_bad_cluster_reference_is_one_line(capsys, tmp_path, curve, where, what)
 def test_validate_needs_a_machine_or_a_cluster(capsys):
     assert main(["validate", "--plot", "none"]) == 2
     assert "--hw" in capsys.readouterr().err
-    assert main(["validate", "--cluster", "jean-zay-a100", "--plot", "none"]) == 2
+    assert main(["validate", "--cluster", "sunway-supernodes", "--plot", "none"]) == 2
     assert "no published figures" in capsys.readouterr().err
+    assert main(["validate", "--hw", "tiny-gpu", "--workers", "1", "--plot", "none"]) == 2
+    assert "--workers with --cluster" in capsys.readouterr().err
 
 
 def test_ring_forwards_steps_in_order_when_reductions_lag():

@@ -200,3 +200,66 @@ def test_decode_on_a_tiny_cluster(capsys, tmp_path):
     assert st["backward_block_seconds"] == 0 and st["head_seconds"]["backward"] == 0
     assert doc["memory_per_device"]["kv_cache"] > 0 and doc["memory_per_device"]["optimizer"] == 0
     assert not [c for c in doc["collectives"] if c["group"] == "data_parallel"]
+
+
+# ---- validation: training-step curves ---------------------------------------------------------------
+
+def _step_reference(tmp_path, points, **curve):
+    wl = load_workload("tiny", {"phase": "train"}).model_dump(mode="json")
+    ref = tmp_path / "ref.yaml"
+    ref.write_text(yaml.safe_dump({"cluster": "tc", "curves": [
+        {"name": "steps", "source": "test", "workload": wl, "x": "gpus", "unit": "TFLOP/s", "points": points,
+         **curve}]}))
+    return ref
+
+
+def test_a_step_curve_reports_what_run_cluster_reports(capsys, tmp_path):
+    """Each point is the step `run --cluster` simulates for its plan and model: the same TFLOP/s,
+    and a point's model change (more layers) shows in its step."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    plan = "tp=2,pp=2,dp=2,mb=1,gbs=8"
+    ref = _step_reference(tmp_path, [{"x": 8, "value": 1.0, "plan": plan},
+                                     {"x": 16, "value": 1.0, "plan": "tp=2,pp=2,dp=4,mb=1,gbs=16",
+                                      "model": {"layers": 4}}])
+    out = tmp_path / "v.json"
+    assert main(["validate", "--cluster", str(cl), "--reference", str(ref), "--workers", "1", "--plot", "none",
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    (c,) = doc["curves"]
+    assert c["kind"] == "step" and c["x"] == ["gpus"] and [p["x"] for p in c["points"]] == [8, 16]
+    run = tmp_path / "r.json"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan", plan,
+                 "--workers", "1", "--json", str(run)]) == 0
+    st = json.loads(run.read_text())["step"]
+    p0, p1 = c["points"]
+    assert p0["simulated"] == pytest.approx(st["tflops_per_device_hardware"], rel=1e-3)
+    assert p0["step_seconds"] == pytest.approx(st["step_seconds"], rel=1e-9)
+    assert p0["error_pct"] == pytest.approx((p0["simulated"] - 1.0) * 100, abs=0.01)
+    assert p1["step_seconds"] > p0["step_seconds"]        # twice the layers per stage, twice the batch
+    assert "steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("points,curve,where,what", [
+    ([{"x": 6, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {}, "points[0].x", "plan uses 8"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"ranks": 8}, "curve steps.ranks",
+     "a field of collective curves"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=3,pp=2,dp=2,mb=1,gbs=8"}], {}, "points[0]", "tp"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8", "model": {"heads": 0}}], {}, "points[0]",
+     "heads"),
+    ([{"x": 8, "value": 0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {}, "points[0]", "value > 0"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8", "gpus": 8}], {}, "points[0]",
+     "not a step point"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"unit": "GB/s"}, "curve steps.x",
+     "TFLOP/s or s"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"workload": 7}, "curve steps.workload",
+     "neither a workload name nor a mapping"),
+])
+def test_bad_step_curve_is_one_line(capsys, tmp_path, points, curve, where, what):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    ref = _step_reference(tmp_path, points, **curve)
+    assert main(["validate", "--cluster", str(cl), "--reference", str(ref), "--workers", "1", "--plot", "none"]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert len(err.splitlines()) == 1 and where in err and what in err and not cap.out, err

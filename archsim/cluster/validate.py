@@ -1,7 +1,14 @@
-"""`archsim validate --cluster C`: collectives on the cluster's flow model against published
-measurements (configs/reference/clusters/<cluster>.yaml), as curves of bus bandwidth against
-buffer size, each with its source. A curve may ``set`` cluster fields to the measured system's
-(a NIC count, say); every point runs the collective alone on an idle network."""
+"""`archsim validate --cluster C`: the cluster against published measurements
+(configs/reference/clusters/<cluster>.yaml), each curve with its source. Two kinds of curve:
+
+- a collective's bus bandwidth against buffer size (``collective``): every point runs the
+  collective alone on an idle network, on the cluster as described or with the curve's ``set``
+  (a NIC count, say);
+- a training step (``workload``): each point is a whole step of a model under a plan, simulated as
+  ``archsim run --cluster`` does (every kernel timed by the engine), compared as per-device TFLOP/s
+  (hardware FLOPs: recompute counted, as Megatron-LM logs them) or as step seconds. A point may
+  change the curve's model (``model``: layers, hidden, heads ...), so one curve can follow a
+  published weak-scaling table."""
 
 from __future__ import annotations
 
@@ -20,7 +27,9 @@ from .topology import build
 SCHEMA = "archsim.validate/1"
 MAX_RANKS = 1024        # choice: a ring over 1024 ranks is about 2 million transfers
 MAX_A2A_RANKS = 256     # all-to-all sends n(n-1) transfers at once
-CURVE_FIELDS = ("name", "source", "collective", "ranks", "algorithm", "set", "x", "unit", "points")
+CURVE_FIELDS = ("name", "source", "collective", "ranks", "algorithm", "set", "x", "unit", "points", "workload")
+STEP_UNITS = {"TFLOP/s": "tflops_per_device_hardware", "s": "step_seconds"}
+STEP_POINT_FIELDS = ("x", "value", "plan", "model")
 
 
 def reference_path(c: Cluster, given: str | None = None) -> Path:
@@ -54,6 +63,9 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
     out, names = [], set()
     for i, c in enumerate(raw):
         name, w = check_curve_head(c, i, where, CURVE_FIELDS, names)
+        if "workload" in c:
+            out.append(_step_curve(c, name, w, cluster_label))
+            continue
         kind = c.get("collective")
         if kind not in C.KINDS:
             raise InputError(f"{w}.collective", f"{kind!r} is not a collective", ", ".join(C.KINDS))
@@ -98,6 +110,81 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
     return out
 
 
+def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
+    """A training-step curve, every point's workload and plan checked against the cluster (devices,
+    divisibility, memory) before anything runs."""
+    from archsim.workloads.model import load_workload, validate_workload
+
+    from .run import prepare as prepare_step
+
+    for k in ("collective", "ranks", "algorithm", "set"):
+        if k in c:
+            raise InputError(f"{w}.{k}", "a field of collective curves", "workload, x, unit, points (a step curve "
+                             "runs on the cluster as described)")
+    if c.get("x") != "gpus" or c.get("unit") not in STEP_UNITS:
+        raise InputError(f"{w}.x", f"x {c.get('x')!r}, unit {c.get('unit')!r}",
+                         "x: gpus and unit: " + " or ".join(STEP_UNITS) + " (per-device TFLOP/s or step seconds)")
+    base = c["workload"]
+    if isinstance(base, str):
+        wl0 = load_workload(base)
+        base_doc = wl0.model_dump(mode="json")
+    elif isinstance(base, dict):
+        base_doc = base
+    else:
+        raise InputError(f"{w}.workload", f"{base!r} is neither a workload name nor a mapping",
+                         "a built-in workload, a path, or a workload mapping (name, model, scenario)")
+    pts = c.get("points")
+    if not isinstance(pts, list) or not pts:
+        raise InputError(f"{w}.points", "missing or empty", "[{x: gpus, value: figure, plan: text, model: {...}}, ...]")
+    out, last = [], 0
+    for j, p in enumerate(pts):
+        wp = f"{w}.points[{j}]"
+        if not isinstance(p, dict) or set(p) - set(STEP_POINT_FIELDS) or not {"x", "value", "plan"} <= set(p):
+            raise InputError(wp, f"{p!r} is not a step point", "{x: gpus, value: figure > 0, plan: text, "
+                             "model: {field: value} (optional)}")
+        x, v, plan_text = p["x"], p["value"], p["plan"]
+        if not isinstance(x, int) or isinstance(x, bool) or x <= last or not _num(v) or not isinstance(plan_text, str):
+            raise InputError(wp, f"x {x!r}, value {v!r}, plan {plan_text!r}",
+                             "x a GPU count above the last point's, value > 0, plan the text of --plan")
+        doc = dict(base_doc)
+        change = p.get("model") or {}
+        if not isinstance(change, dict):
+            raise InputError(f"{wp}.model", f"{change!r} is not a mapping", "{field: value} of the model")
+        doc["model"] = {**(doc.get("model") or {}), **change}
+        wl = validate_workload(doc, f"{wp} (its workload)")
+        if wl.scenario.phase != "train":
+            raise InputError(f"{wp}", f"the workload's phase is {wl.scenario.phase}", "a training workload")
+        try:
+            _cl, _m, plan, _mem = prepare_step(cluster_label, wl, plan_text)
+        except InputError as e:
+            raise InputError(f"{wp}: {e.where}", e.what, e.allowed) from None
+        if plan.devices != x:
+            raise InputError(f"{wp}.x", f"{x} GPUs, but the plan uses {plan.devices}", "the plan's tp x pp x dp")
+        out.append({"x": x, "reference": float(v), "workload": wl, "plan": plan_text})
+        last = x
+    return {"name": name, "source": c["source"].strip(), "kind": "step", "unit": c["unit"],
+            "cluster_arg": cluster_label, "points": out}
+
+
+def run_step_curve(c: dict, opts, progress=None) -> dict:
+    from .run import run_cluster
+
+    pts = []
+    for p in c["points"]:
+        r = run_cluster(c["cluster_arg"], p["workload"], p["plan"], opts)
+        sim = float(r["step"][STEP_UNITS[c["unit"]]])
+        pts.append({"x": p["x"], "simulated": round(sim, 4), "reference": p["reference"],
+                    "error_pct": round((sim - p["reference"]) / p["reference"] * 100.0, 2), "clock_mhz": None,
+                    "plan": p["plan"], "model": p["workload"].name, "step_seconds": r["step"]["step_seconds"],
+                    "tflops_per_device_hardware": r["step"]["tflops_per_device_hardware"],
+                    "tflops_per_device_model": r["step"]["tflops_per_device_model"]})
+        if progress:
+            progress(c, pts[-1])
+    errs = [abs(p["error_pct"]) for p in pts]
+    return {"name": c["name"], "kind": "step", "x": ["gpus"], "unit": c["unit"], "source": c["source"],
+            "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
+
+
 def run_curve(c: dict, progress=None) -> dict:
     topo = build(c["cluster"])
     ranks = list(range(c["ranks"]))
@@ -110,7 +197,8 @@ def run_curve(c: dict, progress=None) -> dict:
         if progress:
             progress(c, pts[-1])
     errs = [abs(p["error_pct"]) for p in pts]
-    return {"name": c["name"], "collective": c["collective"], "ranks": c["ranks"], "x": ["bytes"], "unit": "GB/s",
+    return {"name": c["name"], "kind": "collective", "collective": c["collective"], "ranks": c["ranks"],
+            "x": ["bytes"], "unit": "GB/s",
             "source": c["source"], "points": pts, "mape_pct": round(sum(errs) / len(errs), 2),
             "max_error_pct": round(max(errs), 2)}
 
@@ -134,10 +222,14 @@ def prepare(arg: str, reference: str | None = None, only=None) -> tuple[Cluster,
     return cluster, curves
 
 
-def validate_cluster_curves(arg: str, reference: str | None = None, progress=None, only=None) -> dict:
+def validate_cluster_curves(arg: str, reference: str | None = None, progress=None, only=None, opts=None) -> dict:
+    """Every curve (or those ``only`` names); ``opts`` (RunOptions) for the step curves' kernels."""
+    from archsim.runner import RunOptions
+
     cluster, curves = prepare(arg, reference, only)
     t0 = time.perf_counter()
-    out = [run_curve(c, progress) for c in curves]
+    opts = opts if opts is not None else RunOptions()
+    out = [run_step_curve(c, opts, progress) if c.get("kind") == "step" else run_curve(c, progress) for c in curves]
     errs = [abs(p["error_pct"]) for c in out for p in c["points"]]
     return {"schema": SCHEMA, "machine": cluster.name, "cluster": cluster.name, "rows": [], "curves": out,
             "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2),
@@ -145,8 +237,12 @@ def validate_cluster_curves(arg: str, reference: str | None = None, progress=Non
 
 
 def format_point(c: dict, p: dict) -> str:
+    if c.get("kind") == "step":
+        return (f"  {c['name']:<28} {p['x']:>6} GPUs {p['model']:<14} {p['simulated']:>9.2f} {p['reference']:>9.2f} "
+                f"{c['unit']:<7} {p['error_pct']:>+7.1f}%  ({p['plan']}; step {p['step_seconds']:.2f} s)")
     return (f"  {c['name']:<28} {p['x'] / 2**20:>10,.0f} MiB {p['simulated']:>9.1f} {p['reference']:>9.1f} GB/s "
             f"{p['error_pct']:>+7.1f}%  ({p['algorithm']})")
 
 
-__all__ = ["format_point", "load_curves", "prepare", "reference_path", "run_curve", "validate_cluster_curves"]
+__all__ = ["format_point", "load_curves", "prepare", "reference_path", "run_curve", "run_step_curve",
+           "validate_cluster_curves"]
