@@ -147,8 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                          "schedule=gpipe|1f1b,recompute=none|selective|full,"
                                                          "zero=0..2,order=tp-dp-pp]")
         else:
-            p.add_argument("--hw", action="append", required=True, metavar="HW",
+            p.add_argument("--hw", action="append", metavar="HW",
                            help="a machine (YAML path or built-in name); give two or more")
+            p.add_argument("--cluster", action="append", metavar="CLUSTER",
+                           help="instead of machines: a cluster (YAML path or built-in name); give two or more, "
+                                "with --plan")
+            p.add_argument("--plan", action="append", metavar="PLAN",
+                           help="with --cluster: one plan for every cluster, or one per cluster in their order")
             p.add_argument("--set", dest="sets", action="append", default=[], metavar="PATH=VALUE",
                            help="override one config value of every machine (dotted path), repeatable")
             p.add_argument("--overlay", dest="overlays", action="append", default=[], metavar="FILE",
@@ -732,6 +737,37 @@ def _run_cluster(a) -> int:
     return 0
 
 
+def _compare_clusters(a) -> int:
+    from archsim.cluster.run import COMPARE_SCHEMA, format_cluster_compare, prepare, run_cluster
+
+    clusters, plans = a.cluster or [], a.plan or []
+    if len(clusters) < 2:
+        raise InputError("--cluster", f"compare got {len(clusters)} cluster", "two or more --cluster, with --plan")
+    if len(plans) not in (1, len(clusters)):
+        raise InputError("--plan", f"{len(plans)} plans for {len(clusters)} clusters",
+                         "one plan for every cluster, or one per cluster in their order")
+    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--trace", a.trace),
+                        ("--out", a.out)):
+        if given:
+            raise InputError(flag, f"{flag} does not apply to a compare of clusters",
+                             "compare --cluster A --cluster B --plan P [--plan Q] --workload WL [--json F]")
+    if a.mode != "timing":
+        raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
+    wl = _load_workload(a)
+    opts = _run_options(a)
+    if a.json:
+        _check_file_path(a.json, "--json")
+    pairs = list(zip(clusters, plans if len(plans) > 1 else plans * len(clusters)))
+    for c, p in pairs:
+        prepare(c, wl, p)                   # every cluster and plan checked before any kernel is timed
+    docs = [run_cluster(c, wl, p, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
+            for c, p in pairs]
+    print(format_cluster_compare(docs))
+    if a.json:
+        _write_json(a.json, {"schema": COMPARE_SCHEMA, "runs": docs})
+    return 0
+
+
 def cmd_plan(a) -> int:
     from archsim.cluster.search import format_search, search
 
@@ -758,8 +794,12 @@ def cmd_compare(a) -> int:
     from archsim.config.load import load_machine
     from archsim.report.tables import compare_table, functional_table
 
+    if a.cluster or a.plan:
+        return _compare_clusters(a)
+    a.hw = a.hw or []
     if len(a.hw) < 2:
-        raise InputError("--hw", f"compare got {len(a.hw)} machine", "two or more --hw")
+        raise InputError("--hw", f"compare got {len(a.hw)} machine", "two or more --hw, or two or more --cluster "
+                         "with --plan")
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)

@@ -263,3 +263,40 @@ def test_bad_step_curve_is_one_line(capsys, tmp_path, points, curve, where, what
     cap = capsys.readouterr()
     err = cap.err.strip()
     assert len(err.splitlines()) == 1 and where in err and what in err and not cap.out, err
+
+
+def test_compare_of_clusters(capsys, tmp_path):
+    """Two clusters, one plan: the slower network's step is no shorter, the kernels the same."""
+    fast, slow = tmp_path / "fast.yaml", tmp_path / "slow.yaml"
+    fast.write_text(yaml.safe_dump(TINY))
+    d = json.loads(json.dumps(TINY))
+    d["name"] = "slow"
+    d["node"]["nics"]["gbit_per_s"] = 1.0
+    d["node"]["fabric"]["device_gbps"] = 1.0
+    slow.write_text(yaml.safe_dump(d))
+    out = tmp_path / "c.json"
+    assert main(["compare", "--cluster", str(fast), "--cluster", str(slow), "--workload", "tiny", "--phase", "train",
+                 "--plan", "tp=2,pp=2,dp=2,mb=1,gbs=8", "--workers", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "step vs first" in text and "peak PFLOP/s" in text
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "archsim.cluster_compare/1"
+    a, b = doc["runs"]
+    assert (a["cluster"]["name"], b["cluster"]["name"]) == ("tc", "slow")
+    assert b["step"]["step_seconds"] > a["step"]["step_seconds"]
+    assert b["stages"][0]["kernels"] == a["stages"][0]["kernels"]
+
+
+@pytest.mark.parametrize("args,what", [
+    (["--cluster", "X"], "compare got 1 cluster"),
+    (["--cluster", "X", "--cluster", "Y", "--plan", "tp=1", "--plan", "tp=1", "--plan", "tp=1"], "3 plans for 2"),
+    (["--cluster", "X", "--cluster", "X", "--plan", "tp=1", "--hw", "a100"], "--hw does not apply"),
+    (["--hw", "tiny-gpu"], "compare got 1 machine"),
+])
+def test_bad_compare_of_clusters_is_one_line(capsys, tmp_path, args, what):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    args = [str(cl) if x == "X" else x for x in args]
+    assert main(["compare", "--workload", "tiny", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and what in err, err

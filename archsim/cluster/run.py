@@ -161,7 +161,8 @@ def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None)
         "step": {"step_seconds": step,
                  "tokens_per_second": plan.batch * (1 if sc.phase == "decode" else sc.seq) / step,
                  "tflops_per_device_model": round(tf_model, 3), "tflops_per_device_hardware": round(tf_hw, 3),
-                 "mfu": round(tf_model / peak, 4) if peak else None, "bubble_share": round(bubble / step, 4),
+                 "mfu": round(tf_model / peak, 4) if peak else None, "peak_tflops_per_device": peak,
+                 "bubble_share": round(bubble / step, 4),
                  "comm_exposed_seconds": exposed, "comm_overlapped_seconds": max(0.0, total_comm - exposed),
                  "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
                  "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
@@ -235,4 +236,47 @@ def format_cluster_run(r: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMA", "format_cluster_run", "head_times", "prepare", "prepare_cluster", "run_cluster", "step_flops", "time_kernels"]
+COMPARE_SCHEMA = "archsim.cluster_compare/1"
+
+
+def _used(r: dict) -> int:
+    """Devices a run's plan uses."""
+    p = r["plan"]
+    return p["tp"] * p["pp"] * p["dp"]
+
+
+def format_cluster_compare(docs: list[dict]) -> str:
+    """Cluster runs side by side: the machine, the step, where its time went, memory."""
+    gb = 1e9
+
+    def pct(v):
+        return f"{100 * v:.1f} %" if v is not None else "-"
+
+    rows = [
+        ("cluster", lambda r: r["cluster"]["name"]),
+        ("devices", lambda r: f"{_used(r):,} x {r['cluster']['device']}"),
+        ("peak PFLOP/s", lambda r: f"{_used(r) * r['step']['peak_tflops_per_device'] / 1e3:,.4g}"),
+        ("plan", lambda r: f"tp {r['plan']['tp']} pp {r['plan']['pp']} dp {r['plan']['dp']} mb {r['plan']['micro_batch']}"),
+        ("step s", lambda r: f"{r['step']['step_seconds']:.4g}"),
+        ("tokens/s", lambda r: f"{r['step']['tokens_per_second']:,.0f}"),
+        ("TFLOP/s a device", lambda r: f"{r['step']['tflops_per_device_model']:.4g} model, "
+                                       f"{r['step']['tflops_per_device_hardware']:.4g} hw"),
+        ("MFU", lambda r: pct(r["step"]["mfu"])),
+        ("bubble", lambda r: pct(r["step"]["bubble_share"])),
+        ("comm exposed s", lambda r: f"{r['step']['comm_exposed_seconds']:.4g}"),
+        ("memory/device GB", lambda r: f"{r['memory_per_device']['total'] / gb:.1f} of "
+                                       f"{r['memory_per_device']['capacity'] / gb:.0f}"),
+        ("busiest link", lambda r: (f"{r['links'][0]['name']} {100 * r['links'][0]['util']:.0f} %"
+                                    if r["links"] else "-")),
+    ]
+    cols = [[f(r) for r in docs] for _, f in rows]
+    w = max(24, *(len(v) for c in cols for v in c)) + 2
+    out = []
+    for (label, _), vals in zip(rows, cols):
+        out.append(f"{label:<18}" + "".join(f"{v:>{w}}" for v in vals))
+    base = docs[0]["step"]["step_seconds"]
+    out.append(f"{'step vs first':<18}" + "".join(f"{r['step']['step_seconds'] / base:>{w - 1}.2f}x" for r in docs))
+    return "\n".join(out)
+
+
+__all__ = ["COMPARE_SCHEMA", "SCHEMA", "format_cluster_compare", "format_cluster_run", "head_times", "prepare", "prepare_cluster", "run_cluster", "step_flops", "time_kernels"]
