@@ -10,6 +10,9 @@ engine (the dependency rule of docs/architecture.md).
 How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py):
 
 - gemm: one tiled GEMM (gemm_gpu; dgrad with trans_b, wgrad with trans_a), out in the storage dtype.
+  A skinny one (decode's) whose output tiles leave cores idle is split along K when the family
+  can (``split_k``): ``<op>.partial``, the slices of K as a batched GEMM writing f32 partial sums
+  into a workspace (``<op>.partial_sums``), then ``<op>.reduce`` adding them up into the output.
 - attention in decode: first ``attn.kv_append`` copies the new tokens' K, V rows of qkv into the
   caches' last row (kvcache_gpu), then the attention kernels read K, V from the caches.
 - attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
@@ -113,6 +116,7 @@ class FamilyEmitters:
     ew: object                       # module with the elementwise / row kernels
     gemm_acc_error: object = None    # GemmKernel -> its accumulation's relative error (None: f32, 0)
     split_attention_kernel: object = None   # split-KV decode attention (None: the family has none)
+    split_k: object = None           # (caps, M, N, K, dtype, trans_b, trans_a=) -> slices of K (None: no split-K)
 
 
 def family_emitters(caps) -> FamilyEmitters:
@@ -121,7 +125,8 @@ def family_emitters(caps) -> FamilyEmitters:
         from . import attention_gpu, attention_grad_gpu, gemm_gpu, kvcache_gpu
         return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
                               attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW,
-                              split_attention_kernel=attention_gpu.split_kv_attention_kernel)
+                              split_attention_kernel=attention_gpu.split_kv_attention_kernel,
+                              split_k=gemm_gpu.split_k)
     if caps.family == "sunway":
         from . import attention_grad_sunway, attention_sunway, elementwise_sunway, gemm_sunway, kvcache_sunway
         return FamilyEmitters(gemm_sunway.gemm_kernel, attention_sunway.flash_attention_kernel,
@@ -187,13 +192,42 @@ def _gemm_call(ctx, M, N, K, *, trans_a=False, trans_b=False, **kw):
 
 def _gemm(op, ctx) -> list[Kernel]:
     d = op.dims
-    k = _gemm_call(ctx, d["M"], d["N"], d["K"], trans_a=bool(d.get("trans_a")), trans_b=bool(d.get("trans_b")))
+    ta, tb = bool(d.get("trans_a")), bool(d.get("trans_b"))
+    if ctx.E.split_k is not None:
+        S = ctx.E.split_k(ctx.caps, d["M"], d["N"], d["K"], ctx.dt, tb, trans_a=ta)
+        if S > 1:
+            return _gemm_split_k(op, ctx, S)
+    k = _gemm_call(ctx, d["M"], d["N"], d["K"], trans_a=ta, trans_b=tb)
     a, b = op.inputs[:2]
     (c,) = op.outputs
     sl = {"A": ctx.slot(a, view=k.a_shape), "B": ctx.slot(b, view=k.b_shape), "C": ctx.slot(c, view=k.c_shape)}
     kern = _mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, k.args(sl["A"], sl["B"], sl["C"]), ctx,
                ("C",))
     return [replace(kern, acc_error=_acc(ctx, k))]
+
+
+def _gemm_split_k(op, ctx, S: int) -> list[Kernel]:
+    """C = A @ B as S slices of K: block z of ``<op>.partial`` multiplies the z-th slice of A's
+    columns (rows of A^T) by the z-th slice of B's rows (columns of B^T) into f32 partial sums
+    [S, M, N]; ``<op>.reduce`` adds them into C in the storage dtype. The partial GEMM carries the
+    op's flops; the reduction its own adds."""
+    d = op.dims
+    M, N, K = d["M"], d["N"], d["K"]
+    ta, tb = bool(d.get("trans_a")), bool(d.get("trans_b"))
+    ks = K // S
+    lda, ldb = (M if ta else K), (K if tb else N)
+    k = ctx.E.gemm_kernel(ctx.caps, M, N, ks, ctx.dt, "f32", tb, trans_a=ta, lda=lda, ldb=ldb, ldc=N, batch=(S, 1),
+                          stride_a=(ks * M if ta else ks, 0), stride_b=(ks if tb else ks * N, 0),
+                          stride_c=(M * N, 0))
+    a, b = op.inputs[:2]
+    (c,) = op.outputs
+    ws = f"{op.name}.partial_sums"
+    part = _mk(f"{op.name}.partial", op, k.program, k.launch, op.flops, op.model_flops,
+               k.args(ctx.slot(a), ctx.slot(b), ctx.slot(ws, shape=(S, M, N), dtype="fp32")), ctx, ("C",))
+    r = ctx.E.ew.chunk_sum_kernel(ctx.caps, M * N, S, ctx.dt)
+    red = _mk(f"{op.name}.reduce", op, r.program, r.launch, r.flops, 0,
+              r.args(ws=ctx.slot(ws, view=(S, M * N)), y=ctx.slot(c, view=(M * N,))), ctx, ("y",))
+    return [replace(part, acc_error=_acc(ctx, k)), red]
 
 
 def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=False, trans_b=False, lda, ldb, ldc,

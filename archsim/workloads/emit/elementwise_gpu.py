@@ -1441,6 +1441,15 @@ def _ws_sum_kernel(caps, cols: int, nchunk: int, dt: str, finals: tuple) -> Elem
                    (ws,) + finals, (("cols", cols), ("chunks", nchunk)), "thread", None, None)
 
 
+def chunk_sum_kernel(caps, n: int, chunks: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y[i] = sum over c of ws[c, i] (f32 partial results, such as a split-K GEMM's), stored in
+    the storage dtype: the column-sum workspace reduction with one output."""
+    dt = _dtype("chunk_sum", dtype)
+    _pos("chunk_sum", n=n, chunks=chunks)
+    _target("chunk_sum", caps)
+    return _ws_sum_kernel(caps, n, chunks, dt, (Buf("y", (n,), dt, True),))
+
+
 def _norm_grad(op, caps, rows, cols, dtype, eps, team, ln: bool) -> KernelChain:
     dt, es, VB, tm, BT = _norm_setup(op, caps, rows, cols, dtype, eps, team)
     k1 = _norm_dx_kernel(caps, rows, cols, dt, es, VB, tm, BT, ln)

@@ -110,7 +110,8 @@ from archsim.workloads.emit.common import (CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, 
                                           OUT_DTYPE_ALIASES, Asm, OutOfRegisters, blocks_per_core, ceil_div, check_int,
                                           check_pair, log2, one_to_one, swizzle_offset)
 
-__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "PARAMS", "MAX_BATCH"]
+__all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "split_k", "PARAMS",
+           "MAX_BATCH"]
 
 # the storage dtypes' tables and tf32 (fp32 buffers the tensor units read with 10 mantissa bits);
 # _HOST also takes the output dtypes
@@ -123,6 +124,9 @@ _HOST = {**HOST_DTYPE, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
 MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
 SKINNY_M = 64      # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
+SPLIT_K_ALIGN = 64   # elements: a split of K is whole 128-byte k tiles of halves (and 16-byte aligned rows)
+SPLIT_K_MIN = 128    # elements of K a split keeps at least (two k tiles: one to copy while one is multiplied)
+SPLIT_K_MIN_K = 2048  # shorter K: the reduction's launch and round trip to memory cost what the slices save
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
 
 
@@ -1518,6 +1522,26 @@ def _normalize(dtype: str, out_dtype: str) -> tuple[str, str]:
 def _uses_tensor(caps, dt: str) -> bool:
     return (dt in _MMA and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
             and caps.has_async_copy)
+
+
+def split_k(caps, M: int, N: int, K: int, dtype: str = "fp16", trans_b: bool = False, *,
+            trans_a: bool = False) -> int:
+    """How many slices of K a skinny GEMM (at most SKINNY_M rows: decode's) is split into, 1 for
+    none. When its output tiles leave cores idle and K is at least SPLIT_K_MIN_K, K is cut into S
+    equal slices of whole 128-byte k tiles, at least SPLIT_K_MIN long: the fewest slices whose
+    tiles cover every core, else the most there are. Each slice is a GEMM of the batch (grid.z) writing f32 partial sums; a chunk
+    sum adds them up (cuBLAS's split-K with a separate reduction)."""
+    if M > SKINNY_M or K < max(2 * SPLIT_K_MIN, SPLIT_K_MIN_K):
+        return 1
+    tiles = math.prod(gemm_kernel(caps, M, N, K, dtype, "f32", trans_b, trans_a=trans_a).launch.grid)
+    cores = caps.cores_total
+    best = 1
+    for s in range(2, K // SPLIT_K_MIN + 1):
+        if tiles * best >= cores:
+            break
+        if K % s == 0 and (K // s) % SPLIT_K_ALIGN == 0:
+            best = s
+    return best
 
 
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
