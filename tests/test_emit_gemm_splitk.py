@@ -11,7 +11,8 @@ import pytest
 from archsim.config import capabilities, load_machine
 from archsim.workloads.emit import gemm_gpu as gg
 from archsim.workloads.emit.elementwise_gpu import chunk_sum_kernel
-from archsim.workloads.emit.gemm_gpu import SPLIT_K_ALIGN, SPLIT_K_MIN, gemm_kernel, split_k
+from archsim.workloads.emit.common import SPLIT_K_ALIGN, SPLIT_K_MIN
+from archsim.workloads.emit.gemm_gpu import gemm_kernel, split_k
 
 
 @pytest.mark.parametrize("M,N,K,want", [

@@ -157,6 +157,30 @@ def one_to_one(dims) -> bool:
 
 
 # ----------------------------------------------------------------------------- argument checks
+# split-K of skinny GEMMs (both families): a GEMM of at most SKINNY_ROWS rows (decode's) whose tiles
+# leave cores idle and whose K is at least SPLIT_K_MIN_K is cut into equal slices of K
+SKINNY_ROWS = 64
+SPLIT_K_ALIGN = 64   # elements: a slice is whole 128-byte k tiles of halves (and keeps rows 16-byte aligned)
+SPLIT_K_MIN = 128    # elements of K a slice keeps at least (two k tiles: one copied while one is multiplied)
+SPLIT_K_MIN_K = 2048  # shorter K: the reduction's launch and round trip to memory cost what the slices save
+
+
+def split_k_slices(M: int, K: int, tiles: int, cores: int) -> int:
+    """Slices of K for a GEMM of M rows whose unsplit launch has ``tiles`` blocks on ``cores``:
+    1 unless it is skinny, its K long enough and its tiles leave cores idle; else the fewest equal
+    slices of whole SPLIT_K_ALIGN-element k tiles, at least SPLIT_K_MIN long, whose tiles cover
+    every core, or the most there are."""
+    if M > SKINNY_ROWS or K < max(2 * SPLIT_K_MIN, SPLIT_K_MIN_K):
+        return 1
+    best = 1
+    for s in range(2, K // SPLIT_K_MIN + 1):
+        if tiles * best >= cores:
+            break
+        if K % s == 0 and (K // s) % SPLIT_K_ALIGN == 0:
+            best = s
+    return best
+
+
 def check_int(where: str, what: str, v, lo: int, allowed: str) -> int:
     """v as an int if it is an integer >= lo (not a bool); one InputError line otherwise."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:

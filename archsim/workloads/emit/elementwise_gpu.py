@@ -77,9 +77,9 @@ from archsim.isa.program import Launch, Program
 from .common import CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm, blocks_per_core, ceil_div, log2
 from .gemm_gpu import to_float, to_host
 
-__all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
-           "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
-           "swiglu_kernel", "swiglu_grad_kernel", "add_kernel"]
+__all__ = ["Buf", "ElementwiseKernel", "KernelChain", "chunk_sum_kernel", "softmax_kernel", "softmax_grad_kernel",
+           "layernorm_kernel", "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel",
+           "gelu_grad_kernel", "swiglu_kernel", "swiglu_grad_kernel", "add_kernel"]
 
 _LD = {4: "ld.global.b32", 8: "ld.global.v2.b32", 16: "ld.global.v4.b32"}
 _ST = {2: "st.global.b16", 4: "st.global.b32", 8: "st.global.v2.b32", 16: "st.global.v4.b32"}

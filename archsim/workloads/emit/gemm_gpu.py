@@ -107,8 +107,9 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit.common import (CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, OUT_BYTES,
-                                          OUT_DTYPE_ALIASES, Asm, OutOfRegisters, blocks_per_core, ceil_div, check_int,
-                                          check_pair, log2, one_to_one, swizzle_offset)
+                                          OUT_DTYPE_ALIASES, SKINNY_ROWS, SPLIT_K_MIN_K, Asm, OutOfRegisters,
+                                          blocks_per_core, ceil_div, check_int, check_pair, log2, one_to_one,
+                                          split_k_slices, swizzle_offset)
 
 __all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference", "nh_magic", "split_k", "PARAMS",
            "MAX_BATCH"]
@@ -123,10 +124,7 @@ _HOST = {**HOST_DTYPE, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
 # (BM, BN, warps along M, warps along N) of the tensor-core kernel, largest first
 MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
-SKINNY_M = 64      # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
-SPLIT_K_ALIGN = 64   # elements: a split of K is whole 128-byte k tiles of halves (and 16-byte aligned rows)
-SPLIT_K_MIN = 128    # elements of K a split keeps at least (two k tiles: one to copy while one is multiplied)
-SPLIT_K_MIN_K = 2048  # shorter K: the reduction's launch and round trip to memory cost what the slices save
+SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
 
 
@@ -1526,22 +1524,13 @@ def _uses_tensor(caps, dt: str) -> bool:
 
 def split_k(caps, M: int, N: int, K: int, dtype: str = "fp16", trans_b: bool = False, *,
             trans_a: bool = False) -> int:
-    """How many slices of K a skinny GEMM (at most SKINNY_M rows: decode's) is split into, 1 for
-    none. When its output tiles leave cores idle and K is at least SPLIT_K_MIN_K, K is cut into S
-    equal slices of whole 128-byte k tiles, at least SPLIT_K_MIN long: the fewest slices whose
-    tiles cover every core, else the most there are. Each slice is a GEMM of the batch (grid.z) writing f32 partial sums; a chunk
-    sum adds them up (cuBLAS's split-K with a separate reduction)."""
-    if M > SKINNY_M or K < max(2 * SPLIT_K_MIN, SPLIT_K_MIN_K):
+    """How many slices of K a skinny GEMM is split into, 1 for none (common.split_k_slices over
+    the unsplit launch's tiles and the SMs). Each slice is a GEMM of the batch (grid.z) writing f32
+    partial sums; a chunk sum adds them up (cuBLAS's split-K with a separate reduction)."""
+    if M > SKINNY_ROWS or K < SPLIT_K_MIN_K:
         return 1
     tiles = math.prod(gemm_kernel(caps, M, N, K, dtype, "f32", trans_b, trans_a=trans_a).launch.grid)
-    cores = caps.cores_total
-    best = 1
-    for s in range(2, K // SPLIT_K_MIN + 1):
-        if tiles * best >= cores:
-            break
-        if K % s == 0 and (K // s) % SPLIT_K_ALIGN == 0:
-            best = s
-    return best
+    return split_k_slices(M, K, tiles, caps.cores_total)
 
 
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
