@@ -712,10 +712,10 @@ def _run_cluster(a) -> int:
     if a.cluster is None or a.plan is None:
         raise InputError("--cluster" if a.cluster is None else "--plan",
                          "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
-    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--trace", a.trace)):
+    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays)):
         if given:
             raise InputError(flag, f"{flag} does not apply to a cluster run",
-                             "--cluster C --plan ... [--json F] [--out DIR] (the cluster names its device)")
+                             "--cluster C --plan ... [--json F] [--out DIR [--trace]] (the cluster names its device)")
     if a.mode != "timing":
         raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
     wl = _load_workload(a)
@@ -734,6 +734,11 @@ def _run_cluster(a) -> int:
         _write_json(str(out / "cluster.json"), doc)
         for f in write_cluster_plots(doc, out):
             print(f)
+        if a.trace:
+            from archsim.report.cluster import cluster_trace_events
+
+            _write_json(str(out / "trace.json"), {"traceEvents": cluster_trace_events(doc), "displayTimeUnit": "ms"})
+            print(out / "trace.json")
     return 0
 
 

@@ -121,13 +121,20 @@ def test_cluster_run_pictures(capsys, tmp_path):
     cl.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "o"
     assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--layers", "4", "--plan",
-                 "tp=2,pp=4,dp=2,gbs=16", "--workers", "1", "--out", str(out)]) == 0
+                 "tp=2,pp=4,dp=2,gbs=16", "--workers", "1", "--out", str(out), "--trace"]) == 0
     doc = json.loads((out / "cluster.json").read_text())
     tasks = doc["timeline"]["tasks"]
     assert len(tasks) == 4 * 2 * 8 and all(t1 > t0 for _, _, _, t0, t1 in tasks)
     assert {x["level"] for x in doc["timeline"]["links"]} <= {"node", "nic", "uplink"}
     for name in ("pipeline.png", "network.png", "memory.png"):
         assert (out / name).stat().st_size > 5000
+    page = (out / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 3 and "collectives" in page
+    ev = json.loads((out / "trace.json").read_text())["traceEvents"]
+    spans = [e for e in ev if e["ph"] == "X" and e["tid"] == 0]
+    assert len(spans) == len(tasks) and {e["pid"] for e in spans} == {1, 2, 3, 4}
+    assert all(e["dur"] > 0 for e in spans)
+    assert any(e["ph"] == "C" for e in ev)              # the busiest links' utilization
     (out / "pipeline.png").unlink()
     capsys.readouterr()
     assert main(["plot", str(out)]) == 0 and (out / "pipeline.png").exists()

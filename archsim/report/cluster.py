@@ -1,13 +1,15 @@
 """Pictures of a cluster step (archsim.cluster/1): pipeline.png (a row per stage, forward and
 backward spans over the step, the data-parallel tail; the bubbles are the gaps), network.png
 (utilization of the busiest links inside a node, at the NICs and on the uplinks over the step)
-and memory.png (memory per device of each stage, stacked by kind, against the capacity)."""
+and memory.png (memory per device of each stage, stacked by kind, against the capacity); the
+page that holds them (report.html) and a Perfetto trace (trace.json: a process per stage's
+device with its compute stream and data-parallel tail, a counter track per busy link)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from archsim.report.files import pyplot, save_figure
+from archsim.report.files import pyplot, save_figure, write_text
 
 COLOURS = {"F": "#4C72B0", "B": "#DD8452", "dp": "#55A868"}
 
@@ -94,9 +96,88 @@ def plot_memory(doc: dict, path: Path) -> Path:
 
 
 def write_cluster_plots(doc: dict, out: Path) -> list[Path]:
+    """pipeline.png, network.png, memory.png and the report.html that holds them."""
     out = Path(out)
-    return [plot_pipeline(doc, out / "pipeline.png"), plot_network(doc, out / "network.png"),
+    imgs = [plot_pipeline(doc, out / "pipeline.png"), plot_network(doc, out / "network.png"),
             plot_memory(doc, out / "memory.png")]
+    return imgs + [write_cluster_report(doc, imgs, out / "report.html")]
 
 
-__all__ = ["plot_memory", "plot_network", "plot_pipeline", "write_cluster_plots"]
+def cluster_trace_events(doc: dict) -> list[dict]:
+    """Trace events (JSON trace-event format, microseconds of simulated time) of a cluster step:
+    one process per pipeline stage (its first replica's device) with a compute thread (forward and
+    backward of each micro-batch) and a data-parallel thread (the gradient reduction after the
+    last backward); one process of counter tracks, the busiest links' utilization over the step."""
+    tl = doc["timeline"]
+    us = 1e6
+    ev = []
+    names = {"F": "forward", "B": "backward"}
+    for s in range(doc["plan"]["pp"]):
+        pid = s + 1
+        ev += [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"stage {s} (device of replica 0)"}},
+               {"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": "compute"}},
+               {"ph": "M", "pid": pid, "tid": 1, "name": "thread_name", "args": {"name": "data parallel"}}]
+    for s, kind, mb, t0, t1 in tl["tasks"]:
+        ev.append({"ph": "X", "pid": s + 1, "tid": 0, "name": f"{names.get(kind, kind)} mb {mb}",
+                   "ts": round(t0 * us, 3), "dur": round((t1 - t0) * us, 3), "args": {"micro_batch": mb}})
+    for s, t0, t1 in tl["data_parallel"]:
+        if t1 > t0:
+            ev.append({"ph": "X", "pid": s + 1, "tid": 1, "name": "gradient reduction", "ts": round(t0 * us, 3),
+                       "dur": round((t1 - t0) * us, 3)})
+    pid = doc["plan"]["pp"] + 1
+    ev.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "links (utilization)"}})
+    n = tl["bins"]
+    width = doc["step"]["step_seconds"] / n * us
+    for x in tl["links"]:
+        for i, u in enumerate(x["util"]):
+            ev.append({"ph": "C", "pid": pid, "name": f"{x['name']} ({x['level']})", "ts": round(i * width, 3),
+                       "args": {"util": u}})
+    return ev
+
+
+def _html_table(rows: list[tuple]) -> str:
+    import html
+
+    body = "".join(f"<tr><td class=n>{html.escape(str(k))}</td><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+def write_cluster_report(doc: dict, images: list[Path], path: Path) -> Path:
+    """report.html of a cluster step: the plan, the step's figures, the collectives and the plots."""
+    import base64
+    import html
+
+    from archsim.report.html import CSS
+
+    st, p, mem = doc["step"], doc["plan"], doc["memory_per_device"]
+    title = f"archsim: {doc['workload']['name']} {doc['workload'].get('phase', '')} on {doc['cluster']['name']}"
+    summary = [("devices", f"{doc['cluster']['devices']:,} x {doc['cluster']['device']}"),
+               ("plan", ", ".join(f"{k} {v}" for k, v in p.items())),
+               ("step", f"{st['step_seconds']:.4g} s ({st['tokens_per_second']:,.0f} tokens/s)"),
+               ("TFLOP/s a device", f"{st['tflops_per_device_model']:.1f} model, {st['tflops_per_device_hardware']:.1f} "
+                                    "hardware (recompute counted)"),
+               ("MFU", f"{100 * st['mfu']:.1f} %" if st["mfu"] is not None else "-"),
+               ("bubble", f"{100 * st['bubble_share']:.1f} % of the step"),
+               ("communication", f"{st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
+                                 "overlapped"),
+               ("memory a device", f"{mem['total'] / 1e9:.1f} GB of {mem['capacity'] / 1e9:.1f}")]
+    coll = [("<tr><th class=n>collective</th><th class=n>group</th><th>bytes</th><th>calls</th><th>s a call</th>"
+             "<th>exposed s</th></tr>")]
+    for c in doc["collectives"]:
+        coll.append(f"<tr><td class=n>{html.escape(c['kind'])}</td><td class=n>{html.escape(c['group'])}</td>"
+                    f"<td>{c['bytes']:,.0f}</td><td>{c['count']}</td><td>{c['seconds']:.4g}</td>"
+                    f"<td>{c['exposed_seconds']:.4g}</td></tr>")
+    parts = [f"<!DOCTYPE html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{CSS}"
+             f"</style></head><body><h1>{html.escape(title)}</h1>", _html_table(summary),
+             "<h2>collectives</h2><table>" + "".join(coll) + "</table>"]
+    for img in images:
+        data = base64.b64encode(Path(img).read_bytes()).decode("ascii")
+        parts.append(f'<h2>{html.escape(Path(img).stem)}</h2><img alt="{html.escape(Path(img).stem)}" '
+                     f'src="data:image/png;base64,{data}">')
+    parts.append("</body></html>")
+    write_text(path, "\n".join(parts))
+    return path
+
+
+__all__ = ["cluster_trace_events", "plot_memory", "plot_network", "plot_pipeline", "write_cluster_plots",
+           "write_cluster_report"]
