@@ -226,3 +226,26 @@ def test_kv_append_copies_the_new_rows_into_the_caches(h, dtype):
     assert np.array_equal(r.output("k_cache").reshape(ek.shape), ek)
     assert np.array_equal(r.output("v_cache").reshape(ev.shape), ev)
     assert not np.array_equal(ek, kc)  # the row changed
+
+
+@pytest.mark.parametrize("family,stall,label", [("gpu", "long_scoreboard", "long-scoreboard share"),
+                                                ("sunway", "dma_wait", "dma-wait share")])
+def test_timeline_plots_each_machines_own_memory_stall(monkeypatch, tmp_path, family, stall, label):
+    """timeline.png's third panel: a GPU's loads wait on the long scoreboard, a Sunway CPE's on
+    DMA; the kernels' legend sits below the panels, off the curves."""
+    from archsim.report import plots
+
+    got = {}
+    monkeypatch.setattr(plots, "save_figure", lambda fig, path: got.setdefault("fig", fig))
+    series = {"ipc": [1.0, 2.0], "dram_gbps": [10.0, 20.0], "stall_long_scoreboard": [0.1, 0.2],
+              "stall_dma_wait": [0.6, 0.7]}
+    k = {"name": "k", "timeline": {"window_cycles": 100, "series": series}}
+    result = {"machine": {"name": "m", "family": family, "clock_ghz": 1.0, "peak_dram_gbps": 100.0},
+              "kernels": [k, {**k, "name": "k2"}]}
+    plots.plot_timeline(result, tmp_path / "t.png")
+    ax = got["fig"].axes[2]
+    assert ax.get_ylabel() == label
+    assert list(ax.get_lines()[0].get_ydata()) == series[f"stall_{stall}"]
+    leg = ax.get_legend()
+    assert leg is not None and [t.get_text() for t in leg.get_texts()] == ["k", "k2"]
+    assert got["fig"].axes[1].get_legend() is None

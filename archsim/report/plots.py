@@ -53,10 +53,16 @@ def plot_kernels(result: dict, path: Path) -> Path:
     return path
 
 
+# the stall a machine's warps (CPEs) show while they wait on memory: a load's scoreboard on a GPU,
+# a DMA reply on a Sunway CPE (its loads from main memory go through DMA)
+MEMORY_STALL = {"gpu": ("long_scoreboard", "long-scoreboard share"), "sunway": ("dma_wait", "dma-wait share")}
+
+
 def plot_timeline(result: dict, path: Path) -> Path:
     plt = pyplot()
     ghz = float(result["machine"]["clock_ghz"])
-    fig, axs = plt.subplots(3, 1, figsize=(11, 7), sharex=True)
+    stall, stall_label = MEMORY_STALL.get(result["machine"].get("family", "gpu"), MEMORY_STALL["gpu"])
+    fig, axs = plt.subplots(3, 1, figsize=(11, 7.5), sharex=True)
     t0 = 0.0
     for k in result["kernels"]:
         tl = k.get("timeline", {})
@@ -66,17 +72,19 @@ def plot_timeline(result: dict, path: Path) -> Path:
         xs = [(t0 + (j + 0.5) * win) / (ghz * 1e3) for j in range(n)]
         axs[0].plot(xs, s.get("ipc", []), lw=0.8)
         axs[1].plot(xs, s.get("dram_gbps", []), lw=0.8, label=k["name"])
-        axs[2].plot(xs, s.get("stall_long_scoreboard", []), lw=0.8)
+        axs[2].plot(xs, s.get(f"stall_{stall}", []), lw=0.8)
         t0 += n * win
     peak = result["machine"].get("peak_dram_gbps")
     if peak:
         axs[1].axhline(peak, color="k", ls="--", lw=0.7)
     axs[0].set_ylabel("IPC (warp-instr/cycle)")
     axs[1].set_ylabel("DRAM GB/s")
-    axs[2].set_ylabel("long-scoreboard share")
+    axs[2].set_ylabel(stall_label)
     axs[2].set_xlabel("simulated time (us; sampled launches show their simulated waves)")
     if len(result["kernels"]) <= 16:
-        axs[1].legend(fontsize=7, ncol=4)
+        # below the panels, so that it never hides a curve
+        axs[2].legend(*axs[1].get_legend_handles_labels(), fontsize=7, ncol=6, loc="upper center",
+                      bbox_to_anchor=(0.5, -0.32), frameon=False)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
