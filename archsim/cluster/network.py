@@ -38,16 +38,23 @@ class Events:
         return self.now
 
 
-def maxmin_rates(pair_flow: np.ndarray, pair_link: np.ndarray, flows: int, capacity: np.ndarray) -> np.ndarray:
-    """Max-min fair rates of ``flows`` flows; flow pair_flow[i] crosses link pair_link[i]."""
+def _link_index(pair_link: np.ndarray, capacity: np.ndarray) -> tuple:
+    """(links counted over, each pair's index among them): every link when the pairs are not
+    much fewer than the links, else only the links the pairs use (np.unique)."""
+    if len(capacity) <= 4 * len(pair_link):
+        return None, pair_link
+    return np.unique(pair_link, return_inverse=True)
+
+
+def maxmin_rates(pair_flow: np.ndarray, pair_link: np.ndarray, flows: int, capacity: np.ndarray,
+                 index: tuple | None = None) -> np.ndarray:
+    """Max-min fair rates of ``flows`` flows; flow pair_flow[i] crosses link pair_link[i].
+    ``index``: _link_index of the pairs, when the caller has it already."""
     rates = np.zeros(flows)
     if flows == 0:
         return rates
-    if len(capacity) <= 4 * len(pair_link):       # few links: count over all of them
-        inv, left = pair_link, capacity.astype(np.float64)
-    else:                                          # many links, few used: count over the used ones
-        links, inv = np.unique(pair_link, return_inverse=True)
-        left = capacity[links].astype(np.float64)
+    links, inv = index if index is not None else _link_index(pair_link, capacity)
+    left = capacity.astype(np.float64) if links is None else capacity[links].astype(np.float64)
     active = np.ones(flows, dtype=bool)
     while True:
         count = np.bincount(inv, weights=active[pair_flow], minlength=len(left))
@@ -147,13 +154,14 @@ class FlowNetwork:
             self._rate = np.zeros(0)
             self._set_link_rate(np.zeros(0, dtype=np.int64), np.zeros(0))
             return
-        self._rate = maxmin_rates(self._pf, self._pl, n, self.capacity)
-        if len(self.capacity) <= 4 * len(self._pl):        # few links: count over all of them
+        index = _link_index(self._pl, self.capacity)
+        self._rate = maxmin_rates(self._pf, self._pl, n, self.capacity, index)
+        links, inv = index
+        if links is None:                                  # counted over every link
             total = np.bincount(self._pl, weights=self._rate[self._pf], minlength=len(self.capacity))
             links = np.nonzero(total)[0]
             self._set_link_rate(links, total[links])
         else:
-            links, inv = np.unique(self._pl, return_inverse=True)
             self._set_link_rate(links, np.bincount(inv, weights=self._rate[self._pf], minlength=len(links)))
         wait = float((np.maximum(self._rem, 0.0) / self._rate).min())
         # never the same instant again: at a large `now` a tiny wait rounds away and would loop
