@@ -868,10 +868,13 @@ def cmd_cache(a) -> int:
 
 
 def cmd_sweep(a) -> int:
+    from archsim.cluster.sweep import is_cluster_spec
     from archsim.sweep import expand, load_spec, run_sweep, summary_table
 
     if a.workers is not None and a.workers < 1:
         raise InputError("--workers", f"{a.workers} is not a worker count", "a positive integer")
+    if is_cluster_spec(a.spec):
+        return _sweep_clusters(a)
     if a.scheduler is not None and a.workers is not None:
         raise InputError("--workers", "--workers and --scheduler both given", "one of them (a Dask cluster has its "
                                                                              "own workers)")
@@ -893,6 +896,28 @@ def cmd_sweep(a) -> int:
               f"{d.get('sweep', {}).get('values', {})}) failed: {d.get('error', 'functional verification failed')}",
               file=sys.stderr)
     return res.exit_status()
+
+
+def _sweep_clusters(a) -> int:
+    from archsim.cluster.sweep import expand_cluster_spec, format_cluster_sweep, load_cluster_spec, run_cluster_sweep
+    from archsim.runner import RunOptions
+    from archsim.workers import check_workers
+
+    if a.scheduler is not None:
+        raise InputError("--scheduler", "a cluster sweep runs its points in this process",
+                         "--workers N (the processes each point's kernels are timed on)")
+    spec = load_cluster_spec(a.spec)
+    points = expand_cluster_spec(spec)      # every point checked before anything runs
+    out = _out_dir(a.out)
+    opts = RunOptions(workers=check_workers(a.workers))
+    res = run_cluster_sweep(spec, points, out, opts,
+                            progress=lambda i, n, row: print(f"  {i}/{n} {row['cluster']} {row['plan']}: step "
+                                                             f"{row['step.step_seconds']:.4g} s", file=sys.stderr,
+                                                             flush=True))
+    print(format_cluster_sweep(res, spec))
+    print(f"{len(points)} points: {len(res['ran'])} run, {len(res['skipped'])} finished before; "
+          f"{out / 'results.parquet'}")
+    return 0
 
 
 def _progress_runs(label: str):

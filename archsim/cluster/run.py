@@ -10,7 +10,7 @@ from archsim.errors import InputError
 
 from .plan import (block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes,
                    with_scenario)
-from .spec import load_cluster, load_device
+from .spec import Cluster, load_cluster, load_device
 from .step import StepSim, block_times, check_step, link_table, link_timeline
 from .topology import build, link_level, link_name
 
@@ -37,10 +37,14 @@ def head_times(machine, workload, plan, opts) -> dict:
     return {"forward": fwd, "backward": bwd, "flops_forward": 2.0 * rows * cols * m.hidden}
 
 
-def prepare_cluster(cluster_arg: str):
-    """The cluster and its device machine, which must say its memory size."""
-    cluster = load_cluster(cluster_arg)
-    label = cluster_arg if "/" in str(cluster_arg) else f"{cluster.name}.yaml"
+def prepare_cluster(cluster_arg):
+    """The cluster (a name or path, or a resolved Cluster) and its device machine, which must say
+    its memory size."""
+    if isinstance(cluster_arg, Cluster):
+        cluster, label = cluster_arg, cluster_arg.name
+    else:
+        cluster = load_cluster(cluster_arg)
+        label = cluster_arg if "/" in str(cluster_arg) else f"{cluster.name}.yaml"
     machine = load_device(cluster, label)
     if machine.dram.capacity_gib is None:
         raise InputError(f"{machine.name}: dram.capacity_gib", "the device's memory size is not given",
@@ -48,7 +52,7 @@ def prepare_cluster(cluster_arg: str):
     return cluster, machine
 
 
-def prepare(cluster_arg: str, workload, plan_text: str):
+def prepare(cluster_arg, workload, plan_text: str):
     """Everything checked before any kernel is timed: the cluster and its device, the plan
     against both and the model, the step's limits, the memory per device."""
     cluster, machine = prepare_cluster(cluster_arg)
@@ -88,7 +92,7 @@ def step_flops(workload, plan, head: dict) -> tuple[float, float]:
     return per_mb_model * n_mb, (tot["block_flops"] * m.layers + head_flops + extra) * n_mb
 
 
-def run_cluster(cluster_arg: str, workload, plan_text: str, opts, progress=None) -> dict:
+def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> dict:
     from archsim.config.derived import peak_tflops
 
     t0 = time.perf_counter()

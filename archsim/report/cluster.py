@@ -154,8 +154,8 @@ def write_cluster_report(doc: dict, images: list[Path], path: Path) -> Path:
     summary = [("devices", f"{doc['cluster']['devices']:,} x {doc['cluster']['device']}"),
                ("plan", ", ".join(f"{k} {v}" for k, v in p.items())),
                ("step", f"{st['step_seconds']:.4g} s ({st['tokens_per_second']:,.0f} tokens/s)"),
-               ("TFLOP/s a device", f"{st['tflops_per_device_model']:.1f} model, {st['tflops_per_device_hardware']:.1f} "
-                                    "hardware (recompute counted)"),
+               ("TFLOP/s a device", f"{st['tflops_per_device_model']:.1f} model, "
+                                    f"{st['tflops_per_device_hardware']:.1f} hardware (recompute counted)"),
                ("MFU", f"{100 * st['mfu']:.1f} %" if st["mfu"] is not None else "-"),
                ("bubble", f"{100 * st['bubble_share']:.1f} % of the step"),
                ("communication", f"{st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
