@@ -307,3 +307,10 @@ def test_bad_compare_of_clusters_is_one_line(capsys, tmp_path, args, what):
     assert main(["compare", "--workload", "tiny", *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and what in err, err
+
+
+def test_each_kernel_launch_of_an_op_costs_a_gap():
+    """An op emitted as two kernels (split-K's partial and reduce, split-KV's split and combine)
+    pays the gap between kernels twice."""
+    t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda b: 0.0, 0.1)
+    assert t == pytest.approx(1.0 + 0.2 + 0.5 + 0.1 + 0.25 + 0.3) and busy == pytest.approx(t) and exposed == 0.0

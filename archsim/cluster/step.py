@@ -40,20 +40,23 @@ from .topology import Topology, link_name
 @dataclass
 class BlockTimes:
     """One block's shard on one device, in seconds; TP all-reduces as (bytes, beside-next-kernel)."""
-    forward: list                    # ("k", seconds) | ("ar", bytes, async)
+    forward: list                    # ("k", seconds[, launches]) | ("ar", bytes, async)
     backward: list
     attention_forward: float         # what selective recompute runs again
     kernels: list                    # the run's kernel entries (archsim.result/1)
+    attention_launches: int = 1      # its kernel launches
 
 
-def _op_seconds(kernels: list) -> dict[str, float]:
-    """Seconds each op of the block takes: the kernels emitted for it (a kernel shared by several
-    identical ops counts for each)."""
+def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
+    """Seconds each op of the block takes and the kernels it launches: the kernels emitted for it
+    (a kernel shared by several identical ops counts for each)."""
     out: dict[str, float] = {}
+    launches: dict[str, int] = {}
     for k in kernels:
         for op in [k["op"]] + list(k.get("also", [])):
             out[op] = out.get(op, 0.0) + float(k["seconds"])
-    return out
+            launches[op] = launches.get(op, 0) + 1
+    return out, launches
 
 
 def block_times(machine, shard, opts, pool=None) -> BlockTimes:
@@ -63,7 +66,7 @@ def block_times(machine, shard, opts, pool=None) -> BlockTimes:
     from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
 
     res = run_workload(machine, shard, opts, pool=pool)
-    secs = _op_seconds(res["kernels"])
+    secs, launches = _op_seconds(res["kernels"])
     ops = shard.block_ops()
     shapes = shard.tensor_shapes()
     e = 4 if shard.scenario.dtype == "fp32" else 2
@@ -71,20 +74,20 @@ def block_times(machine, shard, opts, pool=None) -> BlockTimes:
     fwd, bwd = [], []
     for op in ops:
         back = "." in op.name
-        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0)))
+        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0), launches.get(op.name, 0)))
         if tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
             size = 1
             for s in shapes[tensor]:
                 size *= s
             (bwd if back else fwd).append(("ar", size * e, beside))
-    return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"])
+    return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"], launches.get("attn", 1))
 
 
 def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float]:
-    """Seconds a list of items takes on one stream, the kernels' share (with their gaps), and the
-    all-reduces' exposed share. An all-reduce marked beside-next runs while the next kernel runs
-    and is waited for before the kernel after it."""
+    """Seconds a list of items takes on one stream, the kernels' share (with their gaps: one after
+    each launch of an op's kernels), and the all-reduces' exposed share. An all-reduce marked
+    beside-next runs while the next kernel runs and is waited for before the kernel after it."""
     t = busy = exposed = 0.0
     pending = None                  # end of an all-reduce running beside a kernel
     beside = False                  # the next kernel may run beside it
@@ -100,8 +103,9 @@ def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float
         if it[0] == "k":
             if pending is not None and not beside:
                 wait()
-            t += it[1] + gap
-            busy += it[1] + gap
+            d = it[1] + gap * (it[2] if len(it) > 2 else 1)
+            t += d
+            busy += d
             beside = False
         else:
             wait()                  # one all-reduce at a time on the group
@@ -172,7 +176,7 @@ class StepSim:
         if plan.recompute == "full":
             b_items = list(bt.forward) + b_items
         elif plan.recompute == "selective":
-            b_items = [("k", bt.attention_forward)] + b_items
+            b_items = [("k", bt.attention_forward, bt.attention_launches)] + b_items
         self.b_items = b_items
         self.b_block = _run_items(b_items, self.ar_seconds, self.gap)
         self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
