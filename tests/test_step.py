@@ -258,7 +258,11 @@ def test_a_step_curve_reports_what_run_cluster_reports(capsys, tmp_path):
     ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8", "gpus": 8}], {}, "points[0]",
      "not a step point"),
     ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"unit": "GB/s"}, "curve steps.x",
-     "TFLOP/s or s"),
+     "TFLOP/s or s or ms/token"),
+    ([{"x": 4, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"x": "batch"}, "points[0].x",
+     "global batch is 8"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8", "scenario": {"phase": "decode"}}], {},
+     "points[0]", "TFLOP/s of a decode step"),
     ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"workload": 7}, "curve steps.workload",
      "neither a workload name nor a mapping"),
 ])
@@ -314,3 +318,24 @@ def test_each_kernel_launch_of_an_op_costs_a_gap():
     pays the gap between kernels twice."""
     t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda b: 0.0, 0.1)
     assert t == pytest.approx(1.0 + 0.2 + 0.5 + 0.1 + 0.25 + 0.3) and busy == pytest.approx(t) and exposed == 0.0
+
+
+def test_an_inference_curve_reads_milliseconds_a_token_by_batch(capsys, tmp_path):
+    """x: batch, unit: ms/token, a decode point a batch: the step over the batch, as the
+    simulated step's tokens_per_second says."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    pts = [{"x": b, "value": 1.0, "plan": f"tp=2,pp=1,dp=1,mb={b},gbs={b}", "scenario": {"batch": b}}
+           for b in (1, 4)]
+    ref = _step_reference(tmp_path, pts, x="batch", unit="ms/token")
+    doc = yaml.safe_load(ref.read_text())
+    doc["curves"][0]["workload"]["scenario"].update(phase="decode", seq=16)
+    ref.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "v.json"
+    assert main(["validate", "--cluster", str(cl), "--reference", str(ref), "--workers", "1", "--plot", "none",
+                 "--json", str(out)]) == 0
+    (c,) = json.loads(out.read_text())["curves"]
+    assert c["x"] == ["batch"] and c["unit"] == "ms/token"
+    for p in c["points"]:
+        assert p["simulated"] == pytest.approx(p["step_seconds"] * 1e3 / p["x"], rel=1e-3)
+    assert c["points"][1]["simulated"] < c["points"][0]["simulated"]     # a bigger batch, less time a token

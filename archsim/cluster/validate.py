@@ -4,11 +4,13 @@
 - a collective's bus bandwidth against buffer size (``collective``): every point runs the
   collective alone on an idle network, on the cluster as described or with the curve's ``set``
   (a NIC count, say);
-- a training step (``workload``): each point is a whole step of a model under a plan, simulated as
-  ``archsim run --cluster`` does (every kernel timed by the engine), compared as per-device TFLOP/s
-  (hardware FLOPs: recompute counted, as Megatron-LM logs them) or as step seconds. A point may
-  change the curve's model (``model``: layers, hidden, heads ...), so one curve can follow a
-  published weak-scaling table."""
+- a step (``workload``): each point is a whole step of a model under a plan (training, prefill or a
+  decode step), simulated as ``archsim run --cluster`` does (every kernel timed by the engine),
+  compared as per-device TFLOP/s (hardware FLOPs: recompute counted, as Megatron-LM logs them), as
+  step seconds, or as milliseconds a generated token (the step over the batch, as inference
+  benchmarks report throughput), against GPUs or the batch. A point may change the curve's model
+  or scenario (``model``: layers, hidden ...; ``scenario``: batch, seq ...), so one curve can follow
+  a published weak-scaling table or a batch sweep."""
 
 from __future__ import annotations
 
@@ -28,8 +30,11 @@ SCHEMA = "archsim.validate/1"
 MAX_RANKS = 1024        # choice: a ring over 1024 ranks is about 2 million transfers
 MAX_A2A_RANKS = 256     # all-to-all sends n(n-1) transfers at once
 CURVE_FIELDS = ("name", "source", "collective", "ranks", "algorithm", "set", "x", "unit", "points", "workload")
-STEP_UNITS = {"TFLOP/s": "tflops_per_device_hardware", "s": "step_seconds"}
-STEP_POINT_FIELDS = ("x", "value", "plan", "model")
+# a step curve's unit -> the figure of the archsim.cluster/1 step record it reads (ms/token: the
+# inverse of tokens_per_second, as inference benchmarks report throughput)
+STEP_UNITS = {"TFLOP/s": "tflops_per_device_hardware", "s": "step_seconds", "ms/token": "tokens_per_second"}
+STEP_X = ("gpus", "batch")      # a point's x: the plan's devices, or its global batch
+STEP_POINT_FIELDS = ("x", "value", "plan", "model", "scenario")
 
 
 def reference_path(c: Cluster, given: str | None = None) -> Path:
@@ -121,9 +126,10 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
         if k in c:
             raise InputError(f"{w}.{k}", "a field of collective curves", "workload, x, unit, points (a step curve "
                              "runs on the cluster as described)")
-    if c.get("x") != "gpus" or c.get("unit") not in STEP_UNITS:
+    if c.get("x") not in STEP_X or c.get("unit") not in STEP_UNITS:
         raise InputError(f"{w}.x", f"x {c.get('x')!r}, unit {c.get('unit')!r}",
-                         "x: gpus and unit: " + " or ".join(STEP_UNITS) + " (per-device TFLOP/s or step seconds)")
+                         "x: " + " or ".join(STEP_X) + " and unit: " + " or ".join(STEP_UNITS)
+                         + " (per-device TFLOP/s, step seconds, or milliseconds a generated token)")
     base = c["workload"]
     if isinstance(base, str):
         wl0 = load_workload(base)
@@ -135,34 +141,39 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
                          "a built-in workload, a path, or a workload mapping (name, model, scenario)")
     pts = c.get("points")
     if not isinstance(pts, list) or not pts:
-        raise InputError(f"{w}.points", "missing or empty", "[{x: gpus, value: figure, plan: text, model: {...}}, ...]")
+        raise InputError(f"{w}.points", "missing or empty",
+                         "[{x: gpus or batch, value: figure, plan: text, model: {...}, scenario: {...}}, ...]")
     out, last = [], 0
     for j, p in enumerate(pts):
         wp = f"{w}.points[{j}]"
         if not isinstance(p, dict) or set(p) - set(STEP_POINT_FIELDS) or not {"x", "value", "plan"} <= set(p):
-            raise InputError(wp, f"{p!r} is not a step point", "{x: gpus, value: figure > 0, plan: text, "
-                             "model: {field: value} (optional)}")
+            raise InputError(wp, f"{p!r} is not a step point", "{x: gpus or batch, value: figure > 0, plan: text, "
+                             "model: {field: value}, scenario: {field: value} (both optional)}")
         x, v, plan_text = p["x"], p["value"], p["plan"]
         if not isinstance(x, int) or isinstance(x, bool) or x <= last or not _num(v) or not isinstance(plan_text, str):
             raise InputError(wp, f"x {x!r}, value {v!r}, plan {plan_text!r}",
-                             "x a GPU count above the last point's, value > 0, plan the text of --plan")
+                             f"x a {c['x']} above the last point's, value > 0, plan the text of --plan")
         doc = dict(base_doc)
-        change = p.get("model") or {}
-        if not isinstance(change, dict):
-            raise InputError(f"{wp}.model", f"{change!r} is not a mapping", "{field: value} of the model")
-        doc["model"] = {**(doc.get("model") or {}), **change}
+        for part in ("model", "scenario"):
+            change = p.get(part) or {}
+            if not isinstance(change, dict):
+                raise InputError(f"{wp}.{part}", f"{change!r} is not a mapping", f"{{field: value}} of the {part}")
+            doc[part] = {**(doc.get(part) or {}), **change}
         wl = validate_workload(doc, f"{wp} (its workload)")
-        if wl.scenario.phase != "train":
-            raise InputError(f"{wp}", f"the workload's phase is {wl.scenario.phase}", "a training workload")
+        if c["unit"] == "TFLOP/s" and wl.scenario.phase != "train":
+            raise InputError(f"{wp}", f"TFLOP/s of a {wl.scenario.phase} step", "a training workload, or unit s or "
+                             "ms/token")
         try:
             _cl, _m, plan, _mem = prepare_step(cluster_label, wl, plan_text)
         except InputError as e:
             raise InputError(f"{wp}: {e.where}", e.what, e.allowed) from None
-        if plan.devices != x:
+        if c["x"] == "gpus" and plan.devices != x:
             raise InputError(f"{wp}.x", f"{x} GPUs, but the plan uses {plan.devices}", "the plan's tp x pp x dp")
+        if c["x"] == "batch" and plan.batch != x:
+            raise InputError(f"{wp}.x", f"batch {x}, but the plan's global batch is {plan.batch}", "the plan's gbs")
         out.append({"x": x, "reference": float(v), "workload": wl, "plan": plan_text})
         last = x
-    return {"name": name, "source": c["source"].strip(), "kind": "step", "unit": c["unit"],
+    return {"name": name, "source": c["source"].strip(), "kind": "step", "unit": c["unit"], "x": c["x"],
             "cluster_arg": cluster_label, "points": out}
 
 
@@ -173,6 +184,8 @@ def run_step_curve(c: dict, opts, progress=None) -> dict:
     for p in c["points"]:
         r = run_cluster(c["cluster_arg"], p["workload"], p["plan"], opts)
         sim = float(r["step"][STEP_UNITS[c["unit"]]])
+        if c["unit"] == "ms/token":
+            sim = 1e3 / sim
         pts.append({"x": p["x"], "simulated": round(sim, 4), "reference": p["reference"],
                     "error_pct": round((sim - p["reference"]) / p["reference"] * 100.0, 2), "clock_mhz": None,
                     "plan": p["plan"], "model": p["workload"].name, "step_seconds": r["step"]["step_seconds"],
@@ -181,7 +194,7 @@ def run_step_curve(c: dict, opts, progress=None) -> dict:
         if progress:
             progress(c, pts[-1])
     errs = [abs(p["error_pct"]) for p in pts]
-    return {"name": c["name"], "kind": "step", "x": ["gpus"], "unit": c["unit"], "source": c["source"],
+    return {"name": c["name"], "kind": "step", "x": [c["x"]], "unit": c["unit"], "source": c["source"],
             "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
 
 
@@ -238,7 +251,7 @@ def validate_cluster_curves(arg: str, reference: str | None = None, progress=Non
 
 def format_point(c: dict, p: dict) -> str:
     if c.get("kind") == "step":
-        return (f"  {c['name']:<28} {p['x']:>6} GPUs {p['model']:<14} {p['simulated']:>9.2f} {p['reference']:>9.2f} "
+        return (f"  {c['name']:<28} {p['x']:>6} {'GPUs' if c.get('x') == 'gpus' else 'seqs'} {p['model']:<14} {p['simulated']:>9.2f} {p['reference']:>9.2f} "
                 f"{c['unit']:<7} {p['error_pct']:>+7.1f}%  ({p['plan']}; step {p['step_seconds']:.2f} s)")
     return (f"  {c['name']:<28} {p['x'] / 2**20:>10,.0f} MiB {p['simulated']:>9.1f} {p['reference']:>9.1f} GB/s "
             f"{p['error_pct']:>+7.1f}%  ({p['algorithm']})")
