@@ -123,7 +123,7 @@ def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float
 class Stream:
     stage: int
     replica: int
-    tasks: list                        # ("F" | "B", micro-batch)
+    tasks: list                        # ("F" | "B", micro-batch, model chunk)
     pos: int = 0
     busy_until: float = 0.0
     compute: float = 0.0               # kernels and the gaps between them
@@ -135,13 +135,41 @@ class Stream:
     spans: list = field(default_factory=list)     # (kind, mb, start, end) of each task (replica 0)
 
 
+def _interleaved(plan: Plan, stage: int) -> list:
+    """Megatron-LM's interleaved 1F1B for one stage holding v model chunks: the k-th forward of the
+    stage's m*v runs chunk (k // pp) % v of micro-batch (k // (pp*v))*pp + k % pp (backwards take the
+    chunks in reverse); (pp - stage - 1)*2 + (v - 1)*pp forwards warm up (all of them when m = pp),
+    then one forward one backward, then the remaining backwards."""
+    m, pp, v = plan.micro_batches, plan.pp, plan.chunks
+    total = m * v
+
+    def task(kind, k):
+        c = (k % (pp * v)) // pp
+        return (kind, (k // (pp * v)) * pp + k % pp, c if kind == "F" else v - 1 - c)
+
+    warm = total if m == pp else min((pp - stage - 1) * 2 + (v - 1) * pp, total)
+    out = [task("F", k) for k in range(warm)]
+    for i in range(total - warm):
+        out += [task("F", warm + i), task("B", i)]
+    out += [task("B", k) for k in range(total - warm, total)]
+    return out
+
+
 def schedule(plan: Plan, stage: int, train: bool = True) -> list:
-    """The order of one stage's tasks: GPipe all forwards then all backwards; 1F1B pp - stage - 1
-    forwards, then one forward one backward, then the remaining backwards; inference the
-    forwards."""
+    """The order of one stage's tasks, (kind, micro-batch, model chunk): GPipe all forwards then all
+    backwards; 1F1B pp - stage - 1 forwards, then one forward one backward, then the remaining
+    backwards; interleaved 1F1B over v chunks a stage (_interleaved); inference the forwards.
+    Without interleaving every task is of chunk 0."""
     m = plan.micro_batches
     if not train:
-        return [("F", i) for i in range(m)]
+        return [("F", i, 0) for i in range(m)]
+    if plan.schedule == "interleaved":
+        return _interleaved(plan, stage)
+    return [(k, i, 0) for k, i in _plain(plan, stage)]
+
+
+def _plain(plan: Plan, stage: int) -> list:
+    m = plan.micro_batches
     if plan.schedule == "gpipe":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     warm = min(plan.pp - stage - 1, m)
@@ -164,6 +192,12 @@ class StepSim:
         self.f = C.Fabric(topo, record=record_links)
         self.ev: Events = self.f.ev
         self.blocks = stage_layers(m.layers, plan.pp)
+        self.v = plan.chunks if plan.schedule == "interleaved" else 1
+        # each stage's blocks split over its model chunks (the first chunks take one more), and
+        # where each chunk's blocks start among the stage's
+        self.chunk_blocks = {s: [b // self.v + (1 if c < b % self.v else 0) for c in range(self.v)]
+                             for s, b in enumerate(self.blocks)}
+        self.chunk_first = {s: [sum(cb[:c]) for c in range(self.v)] for s, cb in self.chunk_blocks.items()}
         self.params_block = params_block
         self.embed_params = m.vocab * m.hidden // plan.tp
         self.train = sc.phase == "train"
@@ -197,11 +231,11 @@ class StepSim:
             self.ar_cache[nbytes] = C.time_collective(self.topo, "all_reduce", self.tp_group, nbytes)[0]
         return self.ar_cache[nbytes]
 
-    def task_time(self, stage: int, kind: str) -> tuple[float, float, float]:
-        nb = self.blocks[stage]
+    def task_time(self, stage: int, kind: str, chunk: int = 0) -> tuple[float, float, float]:
+        nb = self.chunk_blocks[stage][chunk]
         t, busy, exp = self.f_block if kind == "F" else self.b_block
         t, busy, exp = t * nb, busy * nb, exp * nb
-        if stage == self.plan.pp - 1:
+        if stage == self.plan.pp - 1 and chunk == self.v - 1:
             h = self.head["forward"] if kind == "F" else self.head["backward"]
             t, busy = t + h + self.gap, busy + h + self.gap
         return t, busy, exp
@@ -256,45 +290,58 @@ class StepSim:
         plan, ev = self.plan, self.ev
         if st.pos >= len(st.tasks) or st.busy_until > ev.now:
             return
-        kind, mb = st.tasks[st.pos]
-        if (kind == "F" and st.stage > 0) or (kind == "B" and st.stage < plan.pp - 1):
-            if (kind, mb) not in st.arrived:
-                return
-        elif kind == "B" and ("F", mb) not in st.arrived:
-            return                                  # the last stage's backward follows its own forward
+        kind, mb, c = st.tasks[st.pos]
+        first = st.stage == 0 and c == 0                           # the model's first layers
+        last = st.stage == plan.pp - 1 and c == self.v - 1         # its last layers and the head
+        if kind == "F" and not first and (kind, mb, c) not in st.arrived:
+            return
+        if kind == "B" and ((kind, mb, c) if not last else ("F", mb, c)) not in st.arrived:
+            return                                  # the last layers' backward follows their own forward
         st.pos += 1
-        dur, busy, exp = self.task_time(st.stage, kind)
+        dur, busy, exp = self.task_time(st.stage, kind, c)
         st.compute += busy
         st.tp_exposed += exp
         st.tasks_seconds += dur
         st.busy_until = ev.now + dur
         if st.replica == 0:
             st.spans.append((kind, mb, ev.now, ev.now + dur))
-        ev.at(ev.now + dur, self.finished, st, kind, mb)
-        if kind == "B" and mb == plan.micro_batches - 1:   # the last backward: a bucket as each block ends
-            nb = self.blocks[st.stage]
+        ev.at(ev.now + dur, self.finished, st, kind, mb, c)
+        if kind == "B" and mb == plan.micro_batches - 1:   # a chunk's last backward: a bucket as each block ends
+            s = st.stage
+            nb, b0 = self.chunk_blocks[s][c], self.chunk_first[s][c]
             per = dur / max(nb, 1)
             for k in range(nb):
-                ev.at(ev.now + per * (k + 1), self.bucket_ready, st.stage, nb - 1 - k)
-            if self.buckets[st.stage] > nb:        # the embedding's gradient, at the end
-                ev.at(ev.now + dur, self.bucket_ready, st.stage, nb)
+                ev.at(ev.now + per * (k + 1), self.bucket_ready, s, b0 + nb - 1 - k)
+            # the embedding's (or the head's) gradient, at the end of the chunk that holds it
+            if self.buckets[s] > self.blocks[s] and c == (0 if s == 0 else self.v - 1):
+                ev.at(ev.now + dur, self.bucket_ready, s, self.blocks[s])
 
-    def finished(self, st: Stream, kind: str, mb: int) -> None:
+    def _next(self, kind: str, s: int, c: int):
+        """Where a task's output goes: (stage, chunk) of the task that reads it, or None (the last
+        layers' forward feeds their own backward; the first layers' backward feeds nothing)."""
+        pp = self.plan.pp
+        if kind == "F":
+            return (s + 1, c) if s < pp - 1 else ((0, c + 1) if c < self.v - 1 else None)
+        return (s - 1, c) if s > 0 else ((pp - 1, c - 1) if c > 0 else None)
+
+    def finished(self, st: Stream, kind: str, mb: int, c: int = 0) -> None:
         plan, ev = self.plan, self.ev
         st.last_end = ev.now
         s, r = st.stage, st.replica
         self.last_compute[s] = max(self.last_compute[s], ev.now)
-        if kind == "F" and s == plan.pp - 1:
-            st.arrived[("F", mb)] = ev.now
-        elif kind == "F" or s > 0:
-            nxt = s + 1 if kind == "F" else s - 1
+        to = self._next(kind, s, c)
+        if kind == "F" and to is None:
+            st.arrived[("F", mb, c)] = ev.now
+        elif to is not None:
+            nxt, nc = to
             dst = self.streams[(nxt, r)]
             t0 = ev.now
+            want = (kind, mb, nc)
 
             def delivered():
-                dst.arrived[(kind, mb)] = ev.now
+                dst.arrived[want] = ev.now
                 self.log["pipeline"].append(("send_recv", self.act_bytes, ev.now - t0))
-                if dst.pos < len(dst.tasks) and dst.tasks[dst.pos] == (kind, mb) and dst.busy_until <= ev.now:
+                if dst.pos < len(dst.tasks) and dst.tasks[dst.pos] == want and dst.busy_until <= ev.now:
                     dst.pp_exposed += ev.now - max(t0, dst.busy_until)   # idle while the transfer ran
                 self.try_run(dst)
             done = C.barrier(plan.tp, delivered)
@@ -369,8 +416,17 @@ def check_step(plan: Plan, workload) -> None:
         raise InputError("--plan", f"pp {plan.pp} x dp {plan.dp} = {plan.pp * plan.dp:,} streams: the step simulates "
                          "every replica's stream and ring", f"dp at most {MAX_DP}, pp x dp at most {MAX_STREAMS}")
     if plan.schedule == "interleaved":
-        raise InputError("--plan", "the interleaved schedule is not simulated yet (its memory is counted)",
-                         "schedule=gpipe or schedule=1f1b")
+        blocks = min(stage_layers(workload.model.layers, plan.pp))
+        if plan.pp < 2:
+            raise InputError("--plan", f"interleaved:{plan.chunks} with pp {plan.pp}", "pp >= 2 (chunks of a "
+                             "pipeline), or schedule=1f1b")
+        if plan.micro_batches % plan.pp:
+            raise InputError("--plan", f"interleaved:{plan.chunks} with {plan.micro_batches} micro-batches a replica "
+                             f"over pp {plan.pp}", "micro-batches a replica (gbs / (mb x dp)) a multiple of pp, as "
+                             "Megatron-LM's interleaved schedule needs")
+        if plan.chunks > blocks:
+            raise InputError("--plan", f"interleaved:{plan.chunks} with {blocks} blocks on the smallest stage",
+                             f"at most {blocks} chunks a stage (a chunk holds a block or more)")
     if plan.zero == 3:
         raise InputError("--plan", "ZeRO stage 3's weight gathers before every layer are not simulated yet",
                          "zero=0, 1 or 2")
