@@ -17,24 +17,30 @@ from .topology import build, link_level, link_name
 SCHEMA = "archsim.cluster/1"
 
 
+def _gemm_seconds(machine, mm: int, nn: int, kk: int, dtype: str, sample: bool) -> float:
+    """Seconds of one GEMM on the machine, from micro gemm (through the kernel cache)."""
+    from archsim.micro import run_micro
+
+    r = run_micro("gemm", machine, {"m": mm, "n": nn, "k": kk, "dtype": dtype, "sample": sample})
+    return 2.0 * mm * nn * kk / (r.value * 1e12) if r.value > 0 else 0.0
+
+
 def head_times(machine, workload, plan, opts) -> dict:
     """The LM head on the last stage, each TP rank its vocab/tp columns: the logits GEMM forward
-    (tokens x vocab/tp x hidden) and its two gradient GEMMs, timed by micro gemm."""
-    from archsim.micro import run_micro
+    (tokens x vocab/tp x hidden) and its two gradient GEMMs, timed by micro gemm, side by side on
+    the workers (each is one long launch)."""
+    from archsim.workers import Pool
 
     m, sc = workload.model, workload.scenario
     rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
     cols = m.vocab // plan.tp
     dtype = sc.dtype if sc.dtype in ("fp16", "bf16") else "fp32"
-
-    def seconds(mm, nn, kk):
-        r = run_micro("gemm", machine, {"m": mm, "n": nn, "k": kk, "dtype": dtype, "sample": opts.sample},
-                      workers=opts.workers)
-        return 2.0 * mm * nn * kk / (r.value * 1e12) if r.value > 0 else 0.0
-
-    fwd = seconds(rows, cols, m.hidden)
-    bwd = seconds(rows, m.hidden, cols) + seconds(m.hidden, cols, rows) if sc.phase == "train" else 0.0
-    return {"forward": fwd, "backward": bwd, "flops_forward": 2.0 * rows * cols * m.hidden}
+    shapes = [(rows, cols, m.hidden)] + ([(rows, m.hidden, cols), (m.hidden, cols, rows)] if sc.phase == "train"
+                                         else [])
+    with Pool(min(opts.workers, len(shapes))) as pool:
+        futs = [pool.submit(_gemm_seconds, machine, *sh, dtype, opts.sample, label=f"lm_head {sh}") for sh in shapes]
+        secs = [f.result() for f in futs]
+    return {"forward": secs[0], "backward": sum(secs[1:]), "flops_forward": 2.0 * rows * cols * m.hidden}
 
 
 def prepare_cluster(cluster_arg):
