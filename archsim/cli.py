@@ -8,6 +8,7 @@ finish.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -144,8 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cluster", metavar="CLUSTER", help="a training step on a cluster (YAML path or built-in "
                                                                "name) instead of one machine; needs --plan")
             p.add_argument("--plan", metavar="PLAN", help="with --cluster: tp=T,pp=P,dp=D[,mb=M,gbs=G,"
-                                                         "schedule=gpipe|1f1b,recompute=none|selective|full,"
-                                                         "zero=0..2,order=tp-dp-pp]")
+                                                         "schedule=gpipe|1f1b|interleaved:V,"
+                                                         "recompute=none|selective|full,zero=0..2,order=tp-dp-pp]")
         else:
             p.add_argument("--hw", action="append", metavar="HW",
                            help="a machine (YAML path or built-in name); give two or more")
@@ -201,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC.yaml", help="the sweep spec (README: Sweeps)")
     p.add_argument("--out", required=True, metavar="DIR", help="results.parquet, sweep.json and runs/<key>.json; "
                                                                "finished keys there are skipped")
-    p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default 1: in this process)")
+    p.add_argument("--workers", type=int, metavar="N", help="local worker processes (default 1: in this process; a "
+                                                            "cluster sweep: the processes each point's kernels are "
+                                                            "timed on, default the cores available)")
     p.add_argument("--scheduler", metavar="ADDRESS", help="run on the Dask cluster at ADDRESS (dask.distributed)")
     _add_cache_options(p)
 
@@ -719,7 +722,7 @@ def _run_cluster(a) -> int:
     if a.mode != "timing":
         raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
     wl = _load_workload(a)
-    opts = _run_options(a)
+    opts = dataclasses.replace(_run_options(a), trace=False)   # --trace: the step's trace, not the kernels' blocks
     if a.json:
         _check_file_path(a.json, "--json")
     prepare(a.cluster, wl, a.plan)          # every bad input before any kernel is timed

@@ -209,6 +209,7 @@ class _PendingRun:
             efforts[k.name] = kernel_effort(fut.counts)
             if n > 1:
                 rec["also"] = [x.name for x in self.kernels if x.key() == k.key() and x.name != k.name]
+                rec["also_ops"] = [x.op for x in self.kernels if x.key() == k.key() and x.name != k.name]
             recs.append(rec)
         if progress:
             progress(len(self.groups), len(self.groups), "")

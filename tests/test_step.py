@@ -12,7 +12,7 @@ import yaml
 from archsim.cli import main
 from archsim.cluster.plan import parse_plan
 from archsim.cluster.spec import validate_cluster
-from archsim.cluster.step import BlockTimes, StepSim, _run_items, schedule
+from archsim.cluster.step import BlockTimes, StepSim, _op_seconds, _run_items, schedule
 from archsim.cluster.topology import build
 from archsim.workloads.model import load_workload
 
@@ -188,6 +188,8 @@ def test_cluster_run_pictures(capsys, tmp_path):
      "a multiple of pp"),
     (["--cluster", "jean-zay-a100", "--layers", "16", "--plan", "pp=4,gbs=4,schedule=interleaved:4"],
      "at most 3 chunks"),
+    (["--cluster", "jean-zay-a100", "--layers", "8", "--phase", "decode", "--plan",
+      "pp=2,gbs=4,schedule=interleaved:2"], "a training step"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,zero=3"], "ZeRO stage 3"),
     (["--cluster", "jean-zay-a100", "--plan", "tp=2,sp=on"], "sequence parallelism"),
     (["--cluster", "sunway-supernodes", "--plan", "dp=50000,gbs=50000"], "streams"),
@@ -305,6 +307,12 @@ def test_a_step_curve_reports_what_run_cluster_reports(capsys, tmp_path):
      "points[0]", "TFLOP/s of a decode step"),
     ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"workload": 7}, "curve steps.workload",
      "neither a workload name nor a mapping"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"workload": "nosuch"}, "curve steps.workload",
+     "nosuch"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"workload": {"name": "w", "model": "big"}},
+     "curve steps.workload.model", "not a mapping"),
+    ([{"x": 8, "value": 1.0, "plan": "tp=2,pp=2,dp=2,mb=1,gbs=8"}], {"unit": "ms/token"}, "points[0]",
+     "ms/token of a train step"),
 ])
 def test_bad_step_curve_is_one_line(capsys, tmp_path, points, curve, where, what):
     cl = tmp_path / "tc.yaml"
@@ -379,3 +387,30 @@ def test_an_inference_curve_reads_milliseconds_a_token_by_batch(capsys, tmp_path
     for p in c["points"]:
         assert p["simulated"] == pytest.approx(p["step_seconds"] * 1e3 / p["x"], rel=1e-3)
     assert c["points"][1]["simulated"] < c["points"][0]["simulated"]     # a bigger batch, less time a token
+
+
+def test_a_kernel_timed_once_for_several_ops_counts_for_each_op():
+    """The runner times identical kernels once and lists the others' ops in also_ops: norm1's
+    backward kernels, timed as norm2's, count for norm1.grad (its kernels have other names)."""
+    recs = [{"name": "norm2.grad.dx", "op": "norm2.grad", "seconds": 2.0, "also": ["norm1.grad.dx"],
+             "also_ops": ["norm1.grad"]},
+            {"name": "norm2.grad.dgamma", "op": "norm2.grad", "seconds": 1.0, "also": ["norm1.grad.dgamma"],
+             "also_ops": ["norm1.grad"]},
+            {"name": "ffn2.partial", "op": "ffn2", "seconds": 3.0}]
+    secs, launches = _op_seconds(recs)
+    assert secs == {"norm2.grad": 3.0, "norm1.grad": 3.0, "ffn2": 3.0}
+    assert launches == {"norm2.grad": 2, "norm1.grad": 2, "ffn2": 1}
+
+
+def test_interleaving_sends_once_a_chunk():
+    from archsim.cluster.plan import step_volumes
+
+    wl = load_workload("tiny", {"phase": "train", "layers": 8})
+    one = step_volumes(parse_plan("pp=2,mb=1,gbs=4"), wl)["pipeline"]
+    two = step_volumes(parse_plan("pp=2,mb=1,gbs=4,schedule=interleaved:2"), wl)["pipeline"]
+    assert two["calls_per_device"] == 2 * one["calls_per_device"] == 2 * 4 * 2
+    assert two["bytes_total"] == one["bytes_total"] * 3          # pp*v - 1 = 3 boundaries against 1
+    sim = StepSim(_fast(), parse_plan("pp=2,mb=1,gbs=4,schedule=interleaved:2"), wl, _synthetic(), NO_HEAD, 1000)
+    sim.run()
+    assert len(sim.log["pipeline"]) == 4 * 2 * 3              # micro-batches x (F, B) x boundaries, tp 1
+

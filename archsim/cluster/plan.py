@@ -371,10 +371,13 @@ def step_volumes(plan: Plan, workload) -> dict:
                                   "bytes_per_call": act, "bytes_per_device": per_dev,
                                   "bytes_total": per_dev * plan.devices}
     if plan.pp > 1:
-        per_dev = mbs * act / plan.tp * (2 if train else 1)   # each TP rank sends its 1/tp slice
-        out["pipeline"] = {"collective": "send_recv", "calls_per_device": mbs * (2 if train else 1),
+        # a micro-batch crosses pp - 1 stage boundaries a model chunk, and pp * v - 1 in all with v
+        # chunks a stage (the last stage feeds the first between chunks); a device sends once a chunk
+        v = plan.chunks if plan.schedule == "interleaved" else 1
+        per_dev = mbs * v * act / plan.tp * (2 if train else 1)   # each TP rank sends its 1/tp slice
+        out["pipeline"] = {"collective": "send_recv", "calls_per_device": mbs * v * (2 if train else 1),
                            "bytes_per_call": act / plan.tp, "bytes_per_device": per_dev,
-                           "bytes_total": per_dev * plan.tp * plan.dp * (plan.pp - 1)}
+                           "bytes_total": mbs * act * (2 if train else 1) * plan.dp * (plan.pp * v - 1)}
     if plan.dp > 1 and train:
         per_block = block_parameters(with_scenario(workload, tensor_parallel=plan.tp))
         embed = m.vocab * m.hidden // plan.tp

@@ -53,7 +53,7 @@ def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
     out: dict[str, float] = {}
     launches: dict[str, int] = {}
     for k in kernels:
-        for op in [k["op"]] + list(k.get("also", [])):
+        for op in [k["op"]] + list(k.get("also_ops", [])):
             out[op] = out.get(op, 0.0) + float(k["seconds"])
             launches[op] = launches.get(op, 0) + 1
     return out, launches
@@ -237,7 +237,8 @@ class StepSim:
         t, busy, exp = t * nb, busy * nb, exp * nb
         if stage == self.plan.pp - 1 and chunk == self.v - 1:
             h = self.head["forward"] if kind == "F" else self.head["backward"]
-            t, busy = t + h + self.gap, busy + h + self.gap
+            g = self.gap * (1 if kind == "F" else 2)          # the backward's two GEMMs
+            t, busy = t + h + g, busy + h + g
         return t, busy, exp
 
     def stage_params(self, s: int) -> int:
@@ -417,6 +418,9 @@ def check_step(plan: Plan, workload) -> None:
                          "every replica's stream and ring", f"dp at most {MAX_DP}, pp x dp at most {MAX_STREAMS}")
     if plan.schedule == "interleaved":
         blocks = min(stage_layers(workload.model.layers, plan.pp))
+        if workload.scenario.phase != "train":
+            raise InputError("--plan", f"interleaved:{plan.chunks} for {workload.scenario.phase}",
+                             "a training step (inference runs its micro-batches forward through the stages)")
         if plan.pp < 2:
             raise InputError("--plan", f"interleaved:{plan.chunks} with pp {plan.pp}", "pp >= 2 (chunks of a "
                              "pipeline), or schedule=1f1b")

@@ -1,4 +1,4 @@
-"""`archsim sweep` over clusters and parallel plans: a grid of training steps from one spec.
+"""`archsim sweep` over clusters and parallel plans: a grid of cluster steps from one spec.
 
     cluster: jean-zay-a100            # or a list of clusters
     workload: bloom-176b

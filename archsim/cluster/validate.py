@@ -69,7 +69,7 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
     for i, c in enumerate(raw):
         name, w = check_curve_head(c, i, where, CURVE_FIELDS, names)
         if "workload" in c:
-            out.append(_step_curve(c, name, w, cluster_label))
+            out.append(_step_curve(c, name, w, cluster_label, path.parent))
             continue
         kind = c.get("collective")
         if kind not in C.KINDS:
@@ -115,8 +115,8 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
     return out
 
 
-def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
-    """A training-step curve, every point's workload and plan checked against the cluster (devices,
+def _step_curve(c: dict, name: str, w: str, cluster_label: str, folder: Path) -> dict:
+    """A step curve, every point's workload and plan checked against the cluster (devices,
     divisibility, memory) before anything runs."""
     from archsim.workloads.model import load_workload, validate_workload
 
@@ -131,11 +131,18 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
                          "x: " + " or ".join(STEP_X) + " and unit: " + " or ".join(STEP_UNITS)
                          + " (per-device TFLOP/s, step seconds, or milliseconds a generated token)")
     base = c["workload"]
-    if isinstance(base, str):
-        wl0 = load_workload(base)
+    if isinstance(base, str) and base:
+        try:          # a path is taken from the reference file's folder
+            wl0 = load_workload(str(folder / base) if (folder / base).is_file() else base)
+        except InputError as e:
+            raise InputError(f"{w}.workload", e.what, e.allowed) from None
         base_doc = wl0.model_dump(mode="json")
     elif isinstance(base, dict):
         base_doc = base
+        for part in ("model", "scenario"):
+            if not isinstance(base_doc.get(part, {}), dict):
+                raise InputError(f"{w}.workload.{part}", f"{base_doc[part]!r} is not a mapping",
+                                 f"{{field: value}} of the {part}")
     else:
         raise InputError(f"{w}.workload", f"{base!r} is neither a workload name nor a mapping",
                          "a built-in workload, a path, or a workload mapping (name, model, scenario)")
@@ -163,6 +170,9 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str) -> dict:
         if c["unit"] == "TFLOP/s" and wl.scenario.phase != "train":
             raise InputError(f"{wp}", f"TFLOP/s of a {wl.scenario.phase} step", "a training workload, or unit s or "
                              "ms/token")
+        if c["unit"] == "ms/token" and wl.scenario.phase != "decode":
+            raise InputError(f"{wp}", f"ms/token of a {wl.scenario.phase} step", "a decode workload (one generated "
+                             "token for the batch), or unit s")
         try:
             _cl, _m, plan, _mem = prepare_step(cluster_label, wl, plan_text)
         except InputError as e:

@@ -157,10 +157,10 @@ def one_to_one(dims) -> bool:
 
 
 # ----------------------------------------------------------------------------- argument checks
-# split-K of skinny GEMMs (both families): a GEMM of at most SKINNY_ROWS rows (decode's) whose tiles
+# split-K of skinny GEMMs (a family's split_k in block.FamilyEmitters; the GPU's today): a GEMM of at most SKINNY_ROWS rows (decode's) whose tiles
 # leave cores idle and whose K is at least SPLIT_K_MIN_K is cut into equal slices of K
 SKINNY_ROWS = 64
-SPLIT_K_ALIGN = 64   # elements: a slice is whole 128-byte k tiles of halves (and keeps rows 16-byte aligned)
+SPLIT_K_ALIGN = 64   # elements: a slice is whole k tiles (64 halves: 128 bytes) and keeps rows 16-byte aligned
 SPLIT_K_MIN = 128    # elements of K a slice keeps at least (two k tiles: one copied while one is multiplied)
 SPLIT_K_MIN_K = 2048  # shorter K: the reduction's launch and round trip to memory cost what the slices save
 
