@@ -166,9 +166,8 @@ def _start_long_run():
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         workers = [c for c in _children(p.pid) if "spawn_main" in _cmdline(c)]
-        if len(workers) == 2:
-            time.sleep(1.0)          # past their start: timing kernels
-            return p, workers
+        if len(workers) == 2 and all(_task_note(w) for w in workers):
+            return p, workers        # both past their start, each noted the kernel it times
         time.sleep(0.05)
     p.kill()
     pytest.fail("the run's workers did not start")
