@@ -802,7 +802,9 @@ def cmd_compare(a) -> int:
     from archsim.config.load import load_machine
     from archsim.report.tables import compare_table, functional_table
 
-    if a.cluster or a.plan:
+    if a.plan and not a.cluster:
+        raise InputError("--plan", "a plan applies to a compare of clusters", "--cluster A --cluster B --plan P")
+    if a.cluster:
         return _compare_clusters(a)
     a.hw = a.hw or []
     if len(a.hw) < 2:

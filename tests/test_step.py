@@ -351,6 +351,7 @@ def test_compare_of_clusters(capsys, tmp_path):
     (["--cluster", "X", "--cluster", "Y", "--plan", "tp=1", "--plan", "tp=1", "--plan", "tp=1"], "3 plans for 2"),
     (["--cluster", "X", "--cluster", "X", "--plan", "tp=1", "--hw", "a100"], "--hw does not apply"),
     (["--hw", "tiny-gpu"], "compare got 1 machine"),
+    (["--hw", "tiny-gpu", "--hw", "a100", "--plan", "tp=1"], "a plan applies to a compare of clusters"),
 ])
 def test_bad_compare_of_clusters_is_one_line(capsys, tmp_path, args, what):
     cl = tmp_path / "tc.yaml"
