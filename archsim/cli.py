@@ -709,22 +709,31 @@ def cmd_run(a) -> int:
     return 0
 
 
+def _cluster_inputs(a, refused: tuple, what: str, usage: str):
+    """What a command that runs cluster steps checks first: the flags that do not apply to it
+    ((flag, given) pairs, one line naming the first), timing mode, then the workload, the run
+    options (without the kernels' block traces: a cluster's trace is the step's) and the --json
+    path. Returns (workload, options)."""
+    for flag, given in refused:
+        if given:
+            raise InputError(flag, f"{flag} does not apply to {what}", usage)
+    if a.mode != "timing":
+        raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
+    wl = _load_workload(a)
+    opts = dataclasses.replace(_run_options(a), trace=False)
+    if a.json:
+        _check_file_path(a.json, "--json")
+    return wl, opts
+
+
 def _run_cluster(a) -> int:
     from archsim.cluster.run import format_cluster_run, prepare, run_cluster
 
     if a.cluster is None or a.plan is None:
         raise InputError("--cluster" if a.cluster is None else "--plan",
                          "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
-    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays)):
-        if given:
-            raise InputError(flag, f"{flag} does not apply to a cluster run",
-                             "--cluster C --plan ... [--json F] [--out DIR [--trace]] (the cluster names its device)")
-    if a.mode != "timing":
-        raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
-    wl = _load_workload(a)
-    opts = dataclasses.replace(_run_options(a), trace=False)   # --trace: the step's trace, not the kernels' blocks
-    if a.json:
-        _check_file_path(a.json, "--json")
+    wl, opts = _cluster_inputs(a, (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays)), "a cluster run",
+                               "--cluster C --plan ... [--json F] [--out DIR [--trace]] (the cluster names its device)")
     prepare(a.cluster, wl, a.plan)          # every bad input before any kernel is timed
     out = _out_dir(a.out) if a.out else None
     doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
@@ -754,17 +763,9 @@ def _compare_clusters(a) -> int:
     if len(plans) not in (1, len(clusters)):
         raise InputError("--plan", f"{len(plans)} plans for {len(clusters)} clusters",
                          "one plan for every cluster, or one per cluster in their order")
-    for flag, given in (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--trace", a.trace),
-                        ("--out", a.out)):
-        if given:
-            raise InputError(flag, f"{flag} does not apply to a compare of clusters",
-                             "compare --cluster A --cluster B --plan P [--plan Q] --workload WL [--json F]")
-    if a.mode != "timing":
-        raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
-    wl = _load_workload(a)
-    opts = _run_options(a)
-    if a.json:
-        _check_file_path(a.json, "--json")
+    wl, opts = _cluster_inputs(a, (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays), ("--trace", a.trace),
+                                   ("--out", a.out)), "a compare of clusters",
+                               "compare --cluster A --cluster B --plan P [--plan Q] --workload WL [--json F]")
     pairs = list(zip(clusters, plans if len(plans) > 1 else plans * len(clusters)))
     for c, p in pairs:
         prepare(c, wl, p)                   # every cluster and plan checked before any kernel is timed
