@@ -79,9 +79,9 @@ def _err(spec_label: str, where: str, what: str, allowed: str = "") -> InputErro
     return InputError(f"{spec_label}: {where}" if where else spec_label, what, allowed)
 
 
-def _beside(value: str, folder: Path, builtins: list[str]) -> str:
-    """A relative file path in the spec is taken from the spec's folder when it is there (a
-    built-in name stays one, as it does on the command line)."""
+def beside_spec(value: str, folder: Path, builtins: list[str]) -> str:
+    """A relative file path in a spec (a sweep's, a reference file's) is taken from the spec's folder
+    when it is there (a built-in name stays one, as it does on the command line)."""
     stem = value[:-5] if value.endswith(".yaml") else value
     if "/" not in value and stem in builtins:
         return value
@@ -200,12 +200,12 @@ def load_spec(path: str) -> Spec:
     from archsim.config.load import builtin_overlays
     from archsim.workloads.model import builtin_workloads
 
-    return Spec(label=label, hw=[_beside(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
-                workload=_beside(wl, folder, builtin_workloads()), options=options,
+    return Spec(label=label, hw=[beside_spec(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
+                workload=beside_spec(wl, folder, builtin_workloads()), options=options,
                 run=RunOptions(mode=mode, sample=sample, interval=interval, waves=waves, max_error=max_error,
                                max_cycles=max_cycles,
                                max_instructions=max_instructions), max_points=max_points,
-                overlays=[_beside(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
+                overlays=[beside_spec(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
 
 
@@ -683,5 +683,5 @@ def summary_table(res: SweepResult, spec: Spec, limit: int = 40) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["Point", "Spec", "SweepResult", "execute", "expand", "load_spec", "result_row", "run_key", "run_sweep",
-           "status_of", "summary_table", "write_results"]
+__all__ = ["Point", "Spec", "SweepResult", "beside_spec", "execute", "expand", "load_spec", "result_row", "run_key",
+           "run_sweep", "status_of", "summary_table", "write_results"]

@@ -117,7 +117,13 @@ def load_cluster_spec(path: str) -> dict:
     mp = data.get("max_points", MAX_POINTS)
     if isinstance(mp, bool) or not isinstance(mp, int) or mp < 1:
         raise _err(label, "max_points", f"{mp!r}", "a positive integer")
-    return {"label": label, "folder": p.resolve().parent, "clusters": clusters, "workload": data["workload"],
+    from archsim.cluster.spec import builtin_clusters
+    from archsim.sweep import beside_spec
+    from archsim.workloads.model import builtin_workloads
+
+    folder = p.resolve().parent
+    return {"label": label, "clusters": [(c, beside_spec(c, folder, builtin_clusters())) for c in clusters],
+            "workload": beside_spec(data["workload"], folder, builtin_workloads()),
             "plan": plan, "scenario": {k: data[k] for k in SCENARIO_KEYS if k in data}, "vary": dict(vary),
             "max_points": mp}
 
@@ -140,9 +146,7 @@ def expand_cluster_spec(spec: dict) -> list[ClusterPoint]:
     if n > spec["max_points"]:
         raise _err(label, "vary", f"{n:,} points", f"at most max_points ({spec['max_points']:,})")
     points = []
-    for name in spec["clusters"]:
-        cpath = Path(name) if not Path(name).is_absolute() and (spec["folder"] / name).is_file() else None
-        arg = str(spec["folder"] / name) if cpath is not None else name
+    for name, arg in spec["clusters"]:         # (as written, resolved beside the spec)
         base = read_yaml(resolve_cluster(arg, f"{label}: cluster"), name)
         for combo in itertools.product(*vary.values()) if vary else [()]:
             values = dict(zip(vary, combo))
@@ -159,8 +163,7 @@ def expand_cluster_spec(spec: dict) -> list[ClusterPoint]:
             plan_text = ",".join(f"{k}={v}" for k, v in plan.items())
             try:
                 cluster = validate_cluster(data, name)
-                wl = load_workload(spec["workload"] if not (spec["folder"] / spec["workload"]).is_file()
-                                   else str(spec["folder"] / spec["workload"]), scen)
+                wl = load_workload(spec["workload"], scen)
                 prepare(cluster, wl, plan_text)
             except InputError as e:
                 raise InputError(f"{where}: {e.where}", e.what, e.allowed) from None

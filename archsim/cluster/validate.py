@@ -132,8 +132,11 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str, folder: Path) ->
                          + " (per-device TFLOP/s, step seconds, or milliseconds a generated token)")
     base = c["workload"]
     if isinstance(base, str) and base:
+        from archsim.sweep import beside_spec
+        from archsim.workloads.model import builtin_workloads
+
         try:          # a path is taken from the reference file's folder
-            wl0 = load_workload(str(folder / base) if (folder / base).is_file() else base)
+            wl0 = load_workload(beside_spec(base, folder, builtin_workloads()))
         except InputError as e:
             raise InputError(f"{w}.workload", e.what, e.allowed) from None
         base_doc = wl0.model_dump(mode="json")
