@@ -144,10 +144,9 @@ def _html_table(rows: list[tuple]) -> str:
 
 def write_cluster_report(doc: dict, images: list[Path], path: Path) -> Path:
     """report.html of a cluster step: the plan, the step's figures, the collectives and the plots."""
-    import base64
     import html
 
-    from archsim.report.html import CSS
+    from archsim.report.html import CSS, img_tag
 
     st, p, mem = doc["step"], doc["plan"], doc["memory_per_device"]
     title = f"archsim: {doc['workload']['name']} {doc['workload'].get('phase', '')} on {doc['cluster']['name']}"
@@ -171,9 +170,7 @@ def write_cluster_report(doc: dict, images: list[Path], path: Path) -> Path:
              f"</style></head><body><h1>{html.escape(title)}</h1>", _html_table(summary),
              "<h2>collectives</h2><table>" + "".join(coll) + "</table>"]
     for img in images:
-        data = base64.b64encode(Path(img).read_bytes()).decode("ascii")
-        parts.append(f'<h2>{html.escape(Path(img).stem)}</h2><img alt="{html.escape(Path(img).stem)}" '
-                     f'src="data:image/png;base64,{data}">')
+        parts.append(f"<h2>{html.escape(Path(img).stem)}</h2>{img_tag(img)}")
     parts.append("</body></html>")
     write_text(path, "\n".join(parts))
     return path

@@ -23,7 +23,8 @@ def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _img(path: Path) -> str:
+def img_tag(path: Path) -> str:
+    """A PNG inlined as a data: URI."""
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
     return f'<img alt="{_e(Path(path).stem)}" src="data:image/png;base64,{data}">'
 
@@ -66,13 +67,13 @@ def write_report(doc: dict, results: list[dict], images: list[Path], missing: li
         parts.append("".join(f'<p class="note">not drawn: {_e(x)}</p>' for x in missing))
     sfx = (lambda r: f"-{r['machine']['name']}") if multi else (lambda r: "")
     if multi and "compare.png" in by_name:
-        parts.append("<h2>comparison</h2>" + _img(by_name["compare.png"]))
+        parts.append("<h2>comparison</h2>" + img_tag(by_name["compare.png"]))
     parts.append('<h2>runs</h2><div class="side">')
     for r in results:
         parts.append(f"<div><h3>{_e(r['machine']['name'])}</h3>{_header(r)}{_kernel_table(r)}</div>")
     parts.append("</div>")
     if "roofline.png" in by_name:
-        parts.append("<h2>roofline</h2>" + _img(by_name["roofline.png"]))
+        parts.append("<h2>roofline</h2>" + img_tag(by_name["roofline.png"]))
     for base, head in (("kernels", "kernel times and stalls"), ("timeline", "timeline"),
                        ("contention", "memory contention over time"), ("topology", "fabric topology")):
         imgs = [(r, by_name.get(f"{base}{sfx(r)}.png")) for r in results]
@@ -81,9 +82,9 @@ def write_report(doc: dict, results: list[dict], images: list[Path], missing: li
         parts.append(f"<h2>{head}</h2>")
         if multi:
             parts.append('<div class="side">' + "".join(
-                f"<div><h3>{_e(r['machine']['name'])}</h3>{_img(p) if p else ''}</div>" for r, p in imgs) + "</div>")
+                f"<div><h3>{_e(r['machine']['name'])}</h3>{img_tag(p) if p else ''}</div>" for r, p in imgs) + "</div>")
         else:
-            parts.append(_img(imgs[0][1]))
+            parts.append(img_tag(imgs[0][1]))
     parts.append("</body></html>")
     write_text(path, "\n".join(parts))
     return path
