@@ -19,7 +19,7 @@ from archsim.cluster import collectives as C
 from archsim.cluster.derived import cluster_figures
 from archsim.cluster.network import Events, FlowNetwork, maxmin_rates
 from archsim.cluster.spec import builtin_clusters, load_cluster, validate_cluster
-from archsim.cluster.topology import build, link_name, route
+from archsim.cluster.topology import build, link_level, link_name, route
 from archsim.errors import InputError
 
 BASE = {"name": "t", "device": "tiny-gpu", "nodes": 4,
@@ -174,10 +174,11 @@ def test_a_late_small_flow_finishes(start):
 
 # ---- collectives --------------------------------------------------------------------------------
 
-def _one_node(n, gbps=100.0, lat_us=1.0, step_us=0.0):
+def _one_node(n, gbps=100.0, lat_us=1.0, step_us=0.0, reduce_gbps=None):
     return build(validate_cluster({"name": "n", "device": "tiny-gpu", "nodes": 1, "software": {
         "collective_step_us": step_us}, "node": {"devices": n, "fabric": {
-            "kind": "switch", "device_gbps": gbps, "latency_us": lat_us}}}))
+            "kind": "switch", "device_gbps": gbps, "latency_us": lat_us}}}),
+        reduce_gbps * 1e9 if reduce_gbps is not None else None)
 
 
 @pytest.mark.parametrize("n", [2, 3, 8])
@@ -190,11 +191,48 @@ def test_ring_time_is_steps_times_chunk(n, kind, steps):
     assert algo == "ring" and sec == pytest.approx(steps * (n - 1) * step, rel=1e-9)
 
 
-def test_ring_reduction_time_is_paid_per_reduce_step():
-    t = _one_node(4)
-    sec, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 4e6, reduce_seconds=lambda b: 1e-5)
-    base, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 4e6)
-    assert sec == pytest.approx(base + 3 * 1e-5)
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_reduce_steps_run_at_the_reducer_rate(n):
+    """A reducer slower than the link paces the reduce-scatter steps; the all-gather steps, which
+    reduce nothing, keep the link's rate."""
+    size = 4e6
+    chunk = size / n
+    sec, _ = C.time_collective(_one_node(n, reduce_gbps=25.0), "all_reduce", list(range(n)), size)
+    assert sec == pytest.approx((n - 1) * (1e-6 + chunk / 25e9) + (n - 1) * (1e-6 + chunk / 100e9), rel=1e-9)
+    fast, _ = C.time_collective(_one_node(n, reduce_gbps=400.0), "all_reduce", list(range(n)), size)
+    free, _ = C.time_collective(_one_node(n), "all_reduce", list(range(n)), size)
+    assert fast == pytest.approx(free, rel=1e-12)
+
+
+def test_reductions_on_one_device_share_its_reducer():
+    """Two all-reduces at once over the same devices: each reduce step gets half the reducer."""
+    t = _one_node(4, gbps=1000.0, reduce_gbps=10.0)
+    f = C.Fabric(t)
+    ends = []
+    for _ in range(2):
+        C.run(f, "all_reduce", [0, 1, 2, 3], 4e6, lambda: ends.append(f.ev.now))
+    f.ev.run()
+    alone, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 4e6)
+    assert alone == pytest.approx(3 * (1e-6 + 1e6 / 10e9) + 3 * (1e-6 + 1e6 / 1000e9), rel=1e-9)
+    # reduce steps at half the reducer each, gather steps at half the link each
+    both = 3 * (1e-6 + 1e6 / 5e9) + 3 * (1e-6 + 1e6 / 500e9)
+    assert ends[0] == pytest.approx(ends[1]) and ends[0] == pytest.approx(both, rel=1e-9)
+
+
+def test_tree_reduces_at_the_parent_reducer():
+    t = _one_node(4, gbps=1000.0, reduce_gbps=5.0)
+    slow, _ = C.time_collective(t, "all_reduce", [0, 1, 2, 3], 64e6, "tree")
+    free, _ = C.time_collective(_one_node(4, gbps=1000.0), "all_reduce", [0, 1, 2, 3], 64e6, "tree")
+    # each tree carries half the buffer up a chain of 3 links into reducers of 5 GB/s (shared by
+    # the two trees where a rank is a parent in both), far slower than the links
+    assert slow > 32e6 / 5e9 and slow > 3 * free
+
+
+def test_reducer_links_are_named_and_levelled():
+    t = _one_node(4, reduce_gbps=25.0)
+    assert t.reduce0 == len(t.capacity) - 4 and t.capacity[-1] == 25e9
+    assert link_name(t, t.reduce0 + 2) == "node0 dev2 reduce" and link_level(t, t.reduce0) == "device"
+    assert _one_node(4).reduce0 == -1
 
 
 def test_all_to_all_is_bound_by_each_port():
@@ -345,14 +383,12 @@ def test_validate_needs_a_machine_or_a_cluster(capsys):
 
 
 def test_ring_forwards_steps_in_order_when_reductions_lag():
-    """A reduction slower than a transfer: a rank must not count a later step before an earlier
-    one's reduction is done (the ring is then paced by the reductions)."""
-    t = _one_node(4)
+    """A reducer much slower than a transfer: the ring is paced by the reductions, each step's
+    forward waiting for the chunk before it."""
     n, size = 4, 4e6
-    sec, _ = C.time_collective(t, "all_reduce", list(range(n)), size, reduce_seconds=lambda b: 1e-3)
-    # each of the 3 reduce-scatter steps waits for its reduction; the all-gather follows
+    sec, _ = C.time_collective(_one_node(n, reduce_gbps=1.0), "all_reduce", list(range(n)), size)
     step = 1e-6 + size / n / 100e9
-    assert sec >= 3 * 1e-3 + 3 * step
+    assert sec == pytest.approx(3 * (1e-6 + size / n / 1e9) + 3 * step, rel=1e-9)
 
 
 def test_hierarchical_on_uneven_nodes_falls_back_to_a_ring():

@@ -101,6 +101,60 @@ def test_all_reduces_between_and_beside_kernels():
     assert _run_items([("ar", 100, True), ("k", 6.0), ("k", 1.0)], ar, 0.5) == (8.0, 8.0, 0.0)
 
 
+def test_a_kernel_beside_an_all_reduce_runs_on_the_sms_it_leaves():
+    ar = {100: 4.0, 200: 5.0}.__getitem__
+    # the 5-s all-reduce outlasts the kernel's 4 contended seconds: the kernel takes them all
+    assert _run_items([("k", 1.0), ("ar", 200, True), ("k", 2.0, 1, 4.0), ("k", 3.0)], ar, 0.0) == (9.0, 8.0, 1.0)
+    # a 4-s all-reduce beside a kernel of 6 s alone, 8 s contended: half its work in the 4 s, the
+    # other half at its own rate (3 s)
+    assert _run_items([("ar", 100, True), ("k", 6.0, 1, 8.0)], ar, 0.0) == (7.0, 7.0, 0.0)
+    # without an all-reduce beside it the contended time is not used
+    assert _run_items([("k", 6.0, 1, 8.0)], ar, 0.0) == (6.0, 6.0, 0.0)
+
+
+def _with_ctas(tmp_path, name="tcc.yaml", **software):
+    d = json.loads(json.dumps(TINY))
+    d["software"].update(software)
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(d))
+    return str(p)
+
+
+def test_collective_kernels_cost_the_device(capsys, tmp_path):
+    """With the collectives' CTAs given, reductions cross each device's reducer (the add kernel's
+    rate on those CTAs, timed by the engine) and the weight-gradient GEMMs beside the backward's
+    all-reduces run on the SMs left: the step takes longer than with free collectives."""
+    plan = ["--plan", "tp=2,pp=2,dp=2,mb=1,gbs=8,zero=1", "--workers", "1"]
+    docs = []
+    for cl in (_with_ctas(tmp_path, "free.yaml"),
+               _with_ctas(tmp_path, collective_ctas=1, collective_threads=64, collective_unroll=2)):
+        out = tmp_path / (cl.rsplit("/", 1)[1] + ".json")
+        assert main(["run", "--cluster", cl, "--workload", "tiny", "--phase", "train", *plan, "--json", str(out)]) == 0
+        docs.append(json.loads(out.read_text()))
+    free, busy = docs
+    assert free["step"]["reduce_gbps"] is None and busy["step"]["reduce_gbps"] > 0
+    assert "reductions" in capsys.readouterr().out
+    assert busy["step"]["backward_block_seconds"] > free["step"]["backward_block_seconds"]
+    assert busy["step"]["step_seconds"] > free["step"]["step_seconds"]
+    assert any(link["name"].endswith(" reduce") for link in busy["links"])
+    dp = {c["kind"]: c["seconds"] for c in busy["collectives"] if c["group"] == "data_parallel"}
+    dp0 = {c["kind"]: c["seconds"] for c in free["collectives"] if c["group"] == "data_parallel"}
+    assert dp["reduce_scatter"] > dp0["reduce_scatter"] and dp["all_gather"] == pytest.approx(dp0["all_gather"])
+
+
+@pytest.mark.parametrize("software,what", [
+    ({"collective_ctas": 2}, "fewer than 2 (one SM a CTA)"),
+    ({"collective_ctas": 1, "collective_threads": 48}, "a multiple of 32"),
+    ({"collective_ctas": 1, "collective_unroll": 99}, "1 to 16"),
+])
+def test_bad_collective_kernel_is_one_line(capsys, tmp_path, software, what):
+    cl = _with_ctas(tmp_path, **software)
+    assert main(["run", "--cluster", cl, "--workload", "tiny", "--phase", "train", "--plan",
+                 "tp=2,pp=2,dp=2,mb=1,gbs=8", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert what in err and "software.collective" in err and "\n" not in err
+
+
 def test_data_parallel_buckets_cost_network_time():
     wl = load_workload("tiny", {"phase": "train"})
     topo = build(validate_cluster(TINY))
@@ -415,3 +469,19 @@ def test_interleaving_sends_once_a_chunk():
     sim.run()
     assert len(sim.log["pipeline"]) == 4 * 2 * 3              # micro-batches x (F, B) x boundaries, tp 1
 
+
+
+def test_sunway_collectives_reduce_on_cpes_and_take_none_from_kernels():
+    from archsim.cluster.device_collective import contended_machine, device_reduce_rate
+    from archsim.config import load_machine
+    from archsim.errors import InputError
+
+    d = json.loads(json.dumps(TINY))
+    d["device"] = "tiny-sunway"
+    d["software"]["collective_ctas"] = 4
+    c = validate_cluster(d)
+    m = load_machine("tiny-sunway")
+    assert device_reduce_rate(c, m, "fp16") > 0 and contended_machine(c, m) is None
+    d["software"]["collective_threads"] = 64
+    with pytest.raises(InputError, match="collective_threads.*Sunway"):
+        device_reduce_rate(validate_cluster(d), m, "fp16")

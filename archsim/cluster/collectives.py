@@ -20,8 +20,9 @@
 - send / receive: one transfer.
 
 Every step pays the cluster's software cost per step (``software.collective_step_us``) before its
-transfer. A reduction's own kernel time comes from the caller (``reduce_seconds``, a function of
-bytes timed by the engine); without it a reduction is free.
+transfer. A chunk that is reduced where it arrives (a ring's reduce-scatter steps, a tree's reduce
+phase) also crosses its receiver's reducer when the topology has them (device_collective.py: the
+collective kernel's reduction rate, timed by the engine); without them a reduction is free.
 """
 
 from __future__ import annotations
@@ -57,10 +58,14 @@ class Fabric:
         self.step_s = topo.cluster.software.collective_step_us * US
         self._routes: dict = {}
 
-    def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None]) -> None:
-        key = (src, dst)
+    def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None], reduce: bool = False) -> None:
+        """A transfer; ``reduce``: dst reduces what arrives (through its reducer, when there is one)."""
+        reduce = reduce and self.topo.reduce0 >= 0 and src != dst
+        key = (src, dst, reduce)
         if key not in self._routes:
             links, lat = route(self.topo, src, dst)
+            if reduce:
+                links = list(links) + [self.topo.reduce0 + dst]
             self._routes[key] = (np.asarray(links, dtype=np.int64), lat)
         links, lat = self._routes[key]
         self.net.transfer(links, nbytes, lat + self.step_s, on_done)
@@ -81,7 +86,7 @@ def barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:
 
 
 def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps: int,
-         on_done: Callable[[], None], reduce_seconds: Optional[Callable[[float], float]] = None) -> None:
+         on_done: Callable[[], None]) -> None:
     """``steps`` ring steps: at each, rank i sends ``chunk`` bytes to rank i+1; the first
     ``reduce_steps`` steps' received chunks are reduced before they are forwarded."""
     n = len(ranks)
@@ -98,15 +103,11 @@ def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps
         k = started[i]
         if k < steps and sent[i] >= k and got[i] >= k:
             started[i] += 1
-            f.send(ranks[i], ranks[(i + 1) % n], chunk, lambda: arrived(i, k))
+            f.send(ranks[i], ranks[(i + 1) % n], chunk, lambda: arrived(i, k), reduce=k < reduce_steps)
 
     def arrived(i, k):
         sent[i] = k + 1
-        j = (i + 1) % n
-        if k < reduce_steps and reduce_seconds is not None:
-            f.ev.at(f.ev.now + reduce_seconds(chunk), received, j, k)
-        else:
-            received(j, k)
+        received((i + 1) % n, k)
         try_start(i)
 
     def received(j, k):
@@ -139,8 +140,7 @@ def _tree_parents(n: int, shift: int) -> list[int]:
     return parent
 
 
-def tree_all_reduce(f: Fabric, ranks: Sequence[int], nbytes: float, on_done: Callable[[], None],
-                    reduce_seconds: Optional[Callable[[float], float]] = None) -> None:
+def tree_all_reduce(f: Fabric, ranks: Sequence[int], nbytes: float, on_done: Callable[[], None]) -> None:
     """Double binary tree: two trees, each reducing then broadcasting half the bytes in pipelined
     chunks; inside a node a chain, across nodes a binary tree of the chains' heads."""
     n = len(ranks)
@@ -160,7 +160,7 @@ def tree_all_reduce(f: Fabric, ranks: Sequence[int], nbytes: float, on_done: Cal
                     parent[index[b]] = index[a]
                 if node_parent[k] >= 0:
                     parent[index[members[0]]] = index[by_node[node_parent[k]][0]]
-            _one_tree(f, order, parent, nbytes / 2 / len(channels), finish, reduce_seconds)
+            _one_tree(f, order, parent, nbytes / 2 / len(channels), finish)
 
 
 def _channel_heads(f: Fabric, by_node: list[list[int]]) -> list[list[list[int]]]:
@@ -180,7 +180,7 @@ def _channel_heads(f: Fabric, by_node: list[list[int]]) -> list[list[list[int]]]
     return out
 
 
-def _one_tree(f, ranks, parent, nbytes, on_done, reduce_seconds):
+def _one_tree(f, ranks, parent, nbytes, on_done):
     n = len(ranks)
     chunks = _chunks(nbytes)
     chunk = nbytes / chunks
@@ -217,13 +217,9 @@ def _one_tree(f, ranks, parent, nbytes, on_done, reduce_seconds):
         def sent():
             up_busy[i] = False
             up_sent[i] += 1
-            p = parent[i]
-            if reduce_seconds is not None:
-                f.ev.at(f.ev.now + reduce_seconds(chunk), reduced, p, c)
-            else:
-                reduced(p, c)
+            reduced(parent[i], c)
             try_up(i)
-        f.send(ranks[i], ranks[parent[i]], chunk, sent)
+        f.send(ranks[i], ranks[parent[i]], chunk, sent, reduce=True)
 
     def reduced(p, c):
         up_got[p][c] += 1
@@ -269,7 +265,7 @@ def choose_algorithm(kind: str) -> str:
 
 
 def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Callable[[], None],
-        algorithm: str = "auto", reduce_seconds: Optional[Callable[[float], float]] = None) -> str:
+        algorithm: str = "auto") -> str:
     """Start collective ``kind`` of ``nbytes`` (each rank's buffer; for all-gather the gathered
     whole, for reduce-scatter the buffer before scattering) over ``ranks``; ``on_done`` runs when
     every rank has its result. Returns the algorithm used."""
@@ -291,16 +287,16 @@ def run(f: Fabric, kind: str, ranks: Sequence[int], nbytes: float, on_done: Call
     elif kind == "broadcast":
         _chain(f, ranks, nbytes, on_done)
     elif algorithm == "hierarchical" and len({len(v) for v in _nodes_of(f, ranks).values()}) == 1:
-        _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds)
+        _hierarchical(f, kind, ranks, nbytes, on_done)
     elif algorithm == "tree" and kind == "all_reduce":
-        tree_all_reduce(f, ranks, nbytes, on_done, reduce_seconds)
+        tree_all_reduce(f, ranks, nbytes, on_done)
     else:
         steps = {"all_reduce": 2 * (n - 1), "all_gather": n - 1, "reduce_scatter": n - 1}[kind]
         red = 0 if kind == "all_gather" else n - 1
         orders = channel_orders(f, ranks)
         done = barrier(len(orders), on_done)
         for order in orders:
-            ring(f, order, steps, nbytes / n / len(orders), red, done, reduce_seconds)
+            ring(f, order, steps, nbytes / n / len(orders), red, done)
         algorithm = "ring"
     return algorithm
 
@@ -344,7 +340,7 @@ def _chain(f, ranks, nbytes, on_done):
     try_send(0)
 
 
-def _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds):
+def _hierarchical(f, kind, ranks, nbytes, on_done):
     by_node = list(_nodes_of(f, ranks).values())
     local = len(by_node[0])
     rails = [[node[i] for node in by_node] for i in range(local)]
@@ -352,12 +348,12 @@ def _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds):
     def inside(step_kind, size, then):
         done = barrier(len(by_node), then)
         for node in by_node:
-            run(f, step_kind, node, size, done, "ring", reduce_seconds)
+            run(f, step_kind, node, size, done, "ring")
 
     def across(step_kind, size, then):
         done = barrier(local, then)
         for rail in rails:
-            run(f, step_kind, rail, size, done, "ring", reduce_seconds)
+            run(f, step_kind, rail, size, done, "ring")
 
     if kind == "all_reduce":
         inside("reduce_scatter", nbytes,
@@ -368,12 +364,12 @@ def _hierarchical(f, kind, ranks, nbytes, on_done, reduce_seconds):
         inside("reduce_scatter", nbytes, lambda: across("reduce_scatter", nbytes / local, on_done))
 
 
-def time_collective(topo: Topology, kind: str, ranks: Sequence[int], nbytes: float, algorithm: str = "auto",
-                    reduce_seconds: Optional[Callable[[float], float]] = None) -> tuple[float, str]:
+def time_collective(topo: Topology, kind: str, ranks: Sequence[int], nbytes: float,
+                    algorithm: str = "auto") -> tuple[float, str]:
     """Seconds one collective takes alone on an idle network, and the algorithm used."""
     f = Fabric(topo)
     end = [0.0]
-    algo = run(f, kind, ranks, nbytes, lambda: end.__setitem__(0, f.ev.now), algorithm, reduce_seconds)
+    algo = run(f, kind, ranks, nbytes, lambda: end.__setitem__(0, f.ev.now), algorithm)
     f.ev.run()
     return end[0], algo
 

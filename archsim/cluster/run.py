@@ -8,6 +8,7 @@ import time
 
 from archsim.errors import InputError
 
+from .device_collective import contended_machine, device_reduce_rate
 from .plan import (block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes,
                    with_scenario)
 from .spec import Cluster, load_cluster, load_device
@@ -69,13 +70,14 @@ def prepare(cluster_arg, workload, plan_text: str):
     return cluster, machine, plan, mem
 
 
-def time_kernels(machine, workload, plan, opts, progress=None) -> tuple:
-    """The engine's times for a plan: the TP shard of one block at the micro-batch and the LM
-    head's GEMMs. Plans with the same tp and micro-batch share them."""
+def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -> tuple:
+    """The engine's times for a plan: the TP shard of one block at the micro-batch (the ops beside
+    a tensor-parallel all-reduce also on ``contended``, the device less the collective's SMs) and
+    the LM head's GEMMs. Plans with the same tp and micro-batch share them."""
     shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
     if progress:
         progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
-    bt = block_times(machine, shard, opts)
+    bt = block_times(machine, shard, opts, contended=contended)
     if progress:
         progress("timing the LM head's GEMMs")
     return shard, bt, head_times(machine, workload, plan, opts)
@@ -103,9 +105,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
 
     t0 = time.perf_counter()
     cluster, machine, plan, mem = prepare(cluster_arg, workload, plan_text)
-    topo = build(cluster)
     m, sc = workload.model, workload.scenario
-    shard, bt, head = time_kernels(machine, workload, plan, opts, progress)
+    contended = contended_machine(cluster, machine)
+    reduce_rate = device_reduce_rate(cluster, machine, sc.dtype)
+    shard, bt, head = time_kernels(machine, workload, plan, opts, progress, contended)
+    topo = build(cluster, reduce_rate)
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard))
     out = sim.run()
@@ -174,6 +178,7 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
                  "mfu": round(tf_model / peak, 4) if peak else None, "peak_tflops_per_device": peak,
                  "bubble_share": round(bubble / step, 4),
                  "comm_exposed_seconds": exposed, "comm_overlapped_seconds": max(0.0, total_comm - exposed),
+                 "reduce_gbps": round(reduce_rate / 1e9, 3) if reduce_rate is not None else None,
                  "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
                  "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
         "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
@@ -200,7 +205,7 @@ def _busiest_by_level(sim, topo, per_level: int = 3) -> list[tuple]:
     used = np.nonzero(lb > 0)[0]
     used = used[np.argsort(-lb[used])]
     out = []
-    for level in ("node", "nic", "uplink"):
+    for level in ("node", "nic", "uplink", "device"):
         ids = [int(i) for i in used if link_level(topo, int(i)) == level][:per_level]
         out += [(link_name(topo, i), level, i) for i in ids]
     return out
@@ -236,6 +241,9 @@ def format_cluster_run(r: dict) -> str:
         for c in r["collectives"]:
             lines.append(f"  {c['kind']:<16}{c['group']:<17}{c['bytes']:>14,.0f}{c['count']:>8}"
                          f"{c['seconds']:>11.4g}{c['exposed_seconds']:>11.4g}")
+    if st.get("reduce_gbps") is not None:
+        lines.append(f"  reductions      {st['reduce_gbps']:,.1f} GB/s a device (the collectives' kernel, timed by "
+                     "the engine; kernels beside a tensor-parallel all-reduce lose its SMs)")
     if r["links"]:
         busiest = r["links"][0]
         lines.append(f"  busiest link    {busiest['name']}: {100 * busiest['util']:.1f} % busy, "

@@ -15,6 +15,7 @@ import time
 
 from archsim.errors import InputError
 
+from .device_collective import contended_machine, device_reduce_rate
 from .plan import Plan, block_parameters, check_plan, memory_per_device
 from .run import prepare_cluster, step_flops, time_kernels
 from .step import MAX_DP, MAX_STREAMS, StepSim, check_step
@@ -85,7 +86,8 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
         raise InputError("plan", f"no plan of {workload.name} fits {cluster.name}'s devices "
                          f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",
                          "a larger cluster, or a smaller model or batch")
-    topo = build(cluster)
+    contended = contended_machine(cluster, machine)
+    topo = build(cluster, device_reduce_rate(cluster, machine, workload.scenario.dtype))
     kernels: dict = {}
     rows = []
     peaks = peak_tflops(machine)
@@ -93,7 +95,7 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
     for i, p in enumerate(plans):
         key = (p.tp, p.micro_batch)
         if key not in kernels:
-            kernels[key] = time_kernels(machine, workload, p, opts, progress)
+            kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
         shard, bt, head = kernels[key]
         out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False).run()
         step = out["step_seconds"]

@@ -71,6 +71,12 @@ class Network(Frozen):
 class Software(Frozen):
     collective_step_us: Micros = 0.0   # a collective's cost per algorithm step (launch, handshake)
     kernel_gap_us: Micros = 0.0        # idle time on a device between one kernel and the next
+    # what a collective's kernel reduces on (device_collective.py): CTAs, one an SM (Sunway: CPEs),
+    # threads a CTA and vectors a thread loads before its math (GPUs only); not given: reductions
+    # cost nothing on the device
+    collective_ctas: Optional[PosInt] = None
+    collective_threads: Optional[PosInt] = None
+    collective_unroll: Optional[PosInt] = None
 
 
 class Cluster(Frozen):

@@ -40,7 +40,7 @@ from .topology import Topology, link_name
 @dataclass
 class BlockTimes:
     """One block's shard on one device, in seconds; TP all-reduces as (bytes, beside-next-kernel)."""
-    forward: list                    # ("k", seconds[, launches]) | ("ar", bytes, async)
+    forward: list                    # ("k", seconds[, launches[, seconds beside a collective]]) | ("ar", bytes, async)
     backward: list
     attention_forward: float         # what selective recompute runs again
     kernels: list                    # the run's kernel entries (archsim.result/1)
@@ -59,14 +59,58 @@ def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
     return out, launches
 
 
-def block_times(machine, shard, opts, pool=None) -> BlockTimes:
+def beside_ops(shard) -> list[str]:
+    """The ops that run while a tensor-parallel all-reduce runs beside them (the op after each
+    all-reduce that does not hold up the next kernel)."""
+    from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
+
+    if shard.scenario.tensor_parallel < 2:
+        return []
+    names = [op.name for op in shard.block_ops()]
+    return [names[i + 1] for i, name in enumerate(names[:-1])
+            if name in TP_ALL_REDUCE_AFTER and TP_ALL_REDUCE_AFTER[name][1]]
+
+
+def contended_seconds(machine, shard, ops: list[str], opts, pool=None) -> dict[str, float]:
+    """Seconds each of ``ops`` takes on ``machine`` (the device less the SMs a collective holds):
+    their kernels alone, timed by the engine as a run times them (the kernel cache keeps repeats
+    free)."""
+    from archsim.runner import emit_block, placement_for, timing_args
+    from archsim.sample import sampled_record
+    from archsim.workers import Pool
+
+    kernels = [k for k in emit_block(machine, shard) if k.op in ops]
+    if not kernels:
+        return {}
+    placement = placement_for(machine, shard)
+    own = Pool(min(opts.workers, len(kernels))) if pool is None else None
+    p = pool if pool is not None else own
+    try:
+        futs = [p.submit(sampled_record, k.name, k.program, machine, k.launch,
+                         timing_args(machine, k.params, placement), flops=k.flops, waves=opts.waves,
+                         max_error=opts.max_error, max_cycles=opts.max_cycles, sample=opts.sample,
+                         placement=placement, interval=opts.interval,
+                         label=f"kernel {k.name} on {machine.name} beside a collective") for k in kernels]
+        recs = [f.result() for f in futs]
+    finally:
+        if own is not None:
+            own.close()
+    out: dict[str, float] = {}
+    for k, r in zip(kernels, recs):
+        out[k.op] = out.get(k.op, 0.0) + float(r["seconds"])
+    return out
+
+
+def block_times(machine, shard, opts, pool=None, contended=None) -> BlockTimes:
     """Time one block of the shard workload (train phase) on ``machine`` and lay its ops out in
-    order with the tensor-parallel all-reduces between them."""
+    order with the tensor-parallel all-reduces between them. ``contended``: the device less the
+    SMs a collective's kernel holds, on which the ops beside an all-reduce are timed too."""
     from archsim.runner import run_workload
     from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
 
     res = run_workload(machine, shard, opts, pool=pool)
     secs, launches = _op_seconds(res["kernels"])
+    slow = contended_seconds(contended, shard, beside_ops(shard), opts, pool) if contended is not None else {}
     ops = shard.block_ops()
     shapes = shard.tensor_shapes()
     e = 4 if shard.scenario.dtype == "fp32" else 2
@@ -74,7 +118,7 @@ def block_times(machine, shard, opts, pool=None) -> BlockTimes:
     fwd, bwd = [], []
     for op in ops:
         back = "." in op.name
-        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0), launches.get(op.name, 0)))
+        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0), launches.get(op.name, 0), slow.get(op.name)))
         if tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
             size = 1
@@ -87,7 +131,10 @@ def block_times(machine, shard, opts, pool=None) -> BlockTimes:
 def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float]:
     """Seconds a list of items takes on one stream, the kernels' share (with their gaps: one after
     each launch of an op's kernels), and the all-reduces' exposed share. An all-reduce marked
-    beside-next runs while the next kernel runs and is waited for before the kernel after it."""
+    beside-next runs while the next kernel runs and is waited for before the kernel after it.
+    A kernel timed also on the SMs the collective leaves runs at that rate while the all-reduce
+    lasts and at its own after: the share of its work done by then is the time overlapped over
+    its contended seconds."""
     t = busy = exposed = 0.0
     pending = None                  # end of an all-reduce running beside a kernel
     beside = False                  # the next kernel may run beside it
@@ -103,7 +150,11 @@ def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float
         if it[0] == "k":
             if pending is not None and not beside:
                 wait()
-            d = it[1] + gap * (it[2] if len(it) > 2 else 1)
+            d = it[1]
+            if pending is not None and beside and len(it) > 3 and it[3]:
+                both = pending - t              # the all-reduce's time left, with the kernel beside it
+                d = it[3] if both >= it[3] else both + (1.0 - both / it[3]) * it[1]
+            d += gap * (it[2] if len(it) > 2 else 1)
             t += d
             busy += d
             beside = False

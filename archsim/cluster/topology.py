@@ -7,7 +7,9 @@ device, so a cluster of 10^5 nodes costs a few arrays):
   ``ring``: device -> next and device -> previous device of its node; ``full_mesh``: device ->
   every other device of its node;
 - each NIC of each node: up (node -> its leaf switch or supernode) and down;
-- each group (leaf switch or supernode) of the network: up to the core and down from it.
+- each group (leaf switch or supernode) of the network: up to the core and down from it;
+- with a reduction rate (device_collective.py), each device's reducer: the collective kernel's
+  reduction, which a reduced chunk crosses after the links that carried it.
 
 A device reaches a NIC over PCIe, which is not modelled as a link (choice: a Gen4 x16 port carries
 about twice a 100 Gb/s NIC's line rate). Device d of a node's D devices uses NIC d * count // D,
@@ -34,6 +36,7 @@ class Topology:
     nic0: int                     # first NIC link: up links nic0 + n*K + k, then the down links
     group0: int                   # first group link: up links group0 + g, then the down links
     groups: int                   # leaf switches or supernodes
+    reduce0: int = -1             # device d's reducer is link reduce0 + d (-1: reductions are free)
 
     @property
     def devices(self) -> int:
@@ -55,8 +58,8 @@ class Topology:
         return (dev % self.per_node) * nics.count // self.per_node if nics is not None else 0
 
 
-def build(cluster: Cluster) -> Topology:
-    """The cluster's links and their capacities."""
+def build(cluster: Cluster, reduce_rate: float | None = None) -> Topology:
+    """The cluster's links and their capacities; ``reduce_rate`` (bytes/s), each device's reducer."""
     d_node, n = cluster.node.devices, cluster.nodes
     devs = n * d_node
     fab = cluster.node.fabric
@@ -79,8 +82,12 @@ def build(cluster: Cluster) -> Topology:
     if groups > 1:
         up = net.group_nodes * k * nics.gbit_per_s * GB / 8 / net.oversubscription
         caps.append(np.full(2 * groups, up))
+    reduce0 = -1
+    if reduce_rate is not None and np.isfinite(reduce_rate):
+        reduce0 = int(sum(len(c) for c in caps))
+        caps.append(np.full(devs, float(reduce_rate)))
     capacity = np.concatenate(caps) if caps else np.zeros(0)
-    return Topology(cluster, capacity, fabric_links, fabric_links, fabric_links + 2 * n * k, groups)
+    return Topology(cluster, capacity, fabric_links, fabric_links, fabric_links + 2 * n * k, groups, reduce0)
 
 
 def _fabric_route(t: Topology, src: int, dst: int) -> tuple[list[int], float]:
@@ -142,6 +149,9 @@ def link_name(t: Topology, link: int) -> str:
         dev, j = divmod(link, d_node - 1)
         ls = dev % d_node
         return f"node{dev // d_node} dev{ls} -> dev{j if j < ls else j + 1}"
+    if t.reduce0 >= 0 and link >= t.reduce0:
+        dev = link - t.reduce0
+        return f"node{dev // d_node} dev{dev % d_node} reduce"
     if link < t.group0:
         k = c.node.nics.count
         i = link - t.nic0
@@ -154,7 +164,10 @@ def link_name(t: Topology, link: int) -> str:
 
 
 def link_level(t: Topology, link: int) -> str:
-    """Which level a link belongs to: ``node`` (inside a node), ``nic`` or ``uplink``."""
+    """Which level a link belongs to: ``node`` (inside a node), ``nic``, ``uplink`` or ``device``
+    (a device's reducer)."""
+    if t.reduce0 >= 0 and link >= t.reduce0:
+        return "device"
     return "node" if link < t.fabric_links else ("nic" if link < t.group0 else "uplink")
 
 

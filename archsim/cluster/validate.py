@@ -23,7 +23,8 @@ from archsim.paths import data_dir
 from archsim.validate import check_curve_head
 
 from . import collectives as C
-from .spec import Cluster, resolve_cluster, validate_cluster
+from .device_collective import device_reduce_rate
+from .spec import Cluster, load_device, resolve_cluster, validate_cluster
 from .topology import build
 
 SCHEMA = "archsim.validate/1"
@@ -212,7 +213,11 @@ def run_step_curve(c: dict, opts, progress=None) -> dict:
 
 
 def run_curve(c: dict, progress=None) -> dict:
-    topo = build(c["cluster"])
+    """A collective's curve; reductions at the device's reduction rate in fp32, nccl-tests' default
+    type (when the cluster says what its collectives run on)."""
+    cluster = c["cluster"]
+    rate = device_reduce_rate(cluster, load_device(cluster, cluster.name), "fp32")
+    topo = build(cluster, rate)
     ranks = list(range(c["ranks"]))
     pts = []
     for x, ref in c["points"]:

@@ -348,6 +348,28 @@ class ElementwiseAsm:
         a.free(raw, k=nr)
         return v
 
+    def load_raw(self, addr: Reg, n: int, p: Optional[Pred] = None) -> Reg:
+        """The load half of ``load`` (n > 1): n elements at [addr] into n * es / 4 registers as
+        stored; ``unpack`` converts them, so that several loads can be in flight first."""
+        nb = n * self.es
+        raw = self.a.reg(n if self.dt == "fp32" else nb // 4)
+        self.a(_LD[nb], raw, Mem(addr, 0), p=p)
+        return raw
+
+    def unpack(self, raw: Reg, n: int) -> Reg:
+        """load_raw's registers as n f32 registers (returned: the first; raw is freed or reused)."""
+        if self.dt == "fp32":
+            return raw
+        a = self.a
+        lo, hi = CVT_IN[self.dt]
+        nr = n * self.es // 4
+        v = a.reg(n)
+        for i in range(nr):
+            a(lo, v + 2 * i, raw + i)
+            a(hi, v + 2 * i + 1, raw + i)
+        a.free(raw, k=nr)
+        return v
+
     def store(self, addr: Reg, v: Reg, n: int) -> None:
         es, a = self.es, self.a
         nb = n * es
@@ -1498,14 +1520,17 @@ def rmsnorm_grad_kernel(caps, rows: int, cols: int, dtype: str = "fp16", eps: fl
 
 # ----------------------------------------------------------------------------- flat elementwise
 FLAT_THREADS = 256
+MAX_UNROLL = 16             # choice: vectors a thread loads before its math (registers: 2 x 4 a vector)
 
 
-def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref
-                 ) -> ElementwiseKernel:
+def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref,
+                 unroll: int = 1) -> ElementwiseKernel:
     """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
     vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
     math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
-    (it may overwrite the input registers)."""
+    (it may overwrite the input registers). ``unroll`` > 1: while a thread has that many whole
+    vectors left it loads all of them before the math (more loads in flight, as NCCL's
+    reduce-copy loop does), then takes the rest one at a time."""
     dt = _dtype(op, dtype)
     _pos(op, n=n)
     _target(op, caps)
@@ -1550,11 +1575,55 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
         for r in set(vals.values()) | set(res.values()):
             e.free(r, k=k)
 
+    if unroll > 1:
+        _unrolled(e, nb, stride, unroll, ins, outs, base, math_fn)
     e.loop(nb, body, step_b=stride)
     e("exit")
     buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
     return _finish(op, caps, e, FLAT_THREADS, ceil_div(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
                    (("n", n),), "thread", gen, ref)
+
+
+def _unrolled(e: ElementwiseAsm, nb: Reg, stride: Reg, U: int, ins: tuple, outs: tuple, base: dict,
+              math_fn: Callable) -> None:
+    """The unrolled part of a flat kernel: groups of U whole vectors stride bytes apart, every load
+    of a group issued before its math; leaves e.j0v at the first vector it did not take."""
+    V = e.VB // e.es
+    j, lim, step, p = e.reg(), e.reg(), e.reg(), e.a.pred()
+    e("and.b64", lim, nb, -e.VB)                  # the vectors' end ...
+    e("mul.i64", step, stride, U - 1)
+    e("sub.i64", lim, lim, step)                  # ... less U - 1 strides: a group starting below is whole
+    e("mul.i64", step, stride, U)
+    e("mov.b64", j, e.j0v)
+    e.a.label("LU")
+    e("setp.ge.i64", p, j, lim)
+    e("bra", "LU_end", p=p)
+    ad = e.reg()
+    raws = []
+    for u in range(U):
+        raws.append({})
+        for name in ins:
+            e("add.i64", ad, base[name], j)
+            if u:
+                e("mad.i64", ad, stride, u, ad)
+            raws[u][name] = e.load_raw(ad, V)
+    for u in range(U):
+        vals = {name: e.unpack(raws[u][name], V) for name in ins}
+        res = math_fn(e, vals, V)
+        for name in outs:
+            e("add.i64", ad, base[name], j)
+            if u:
+                e("mad.i64", ad, stride, u, ad)
+            e.store(ad, res[name], V)
+        for r in set(vals.values()) | set(res.values()):
+            e.free(r, k=V)
+    e.free(ad)
+    e("add.i64", j, j, step)
+    e("bra", "LU")
+    e.a.label("LU_end")
+    e("mov.b64", e.j0v, j)
+    e.free(j, lim, step)
+    e.a.pfree(p)
 
 
 def gelu_tanh(e: ElementwiseAsm, x: Reg, k: int, t: Reg) -> None:
@@ -1631,8 +1700,8 @@ def gelu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     return _flat_kernel("gelu_grad", caps, n, dtype, ("x", "dy"), ("dx",), math_fn, gen, ref)
 
 
-def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
-    """y = a + b over n elements (the residual connection)."""
+def add_kernel(caps, n: int, dtype: str = "fp16", unroll: int = 1) -> ElementwiseKernel:
+    """y = a + b over n elements (the residual connection; a collective's reduction, unrolled)."""
     def math_fn(e, v, k):
         a, b = v["a"], v["b"]
         for i in range(k):
@@ -1647,7 +1716,9 @@ def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     def ref(v):
         return {"y": v["a"] + v["b"]}
 
-    return _flat_kernel("add", caps, n, dtype, ("a", "b"), ("y",), math_fn, gen, ref)
+    if not isinstance(unroll, int) or not 1 <= unroll <= MAX_UNROLL:
+        raise InputError("add kernel", f"unroll {unroll!r}", f"an integer 1 to {MAX_UNROLL}")
+    return _flat_kernel("add", caps, n, dtype, ("a", "b"), ("y",), math_fn, gen, ref, unroll)
 
 
 def relu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
