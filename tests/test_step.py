@@ -93,21 +93,21 @@ def test_interleaving_shortens_a_deep_pipeline():
 
 
 def test_all_reduces_between_and_beside_kernels():
-    ar = {100: 4.0, 200: 5.0}.__getitem__
-    assert _run_items([("k", 1.0), ("ar", 100, False), ("k", 2.0)], ar, 0.0) == (7.0, 3.0, 4.0)
+    ar = lambda kind, b: {100: 4.0, 200: 5.0}[b]  # noqa: E731
+    assert _run_items([("k", 1.0), ("c", "all_reduce", 100, False), ("k", 2.0)], ar, 0.0) == (7.0, 3.0, 4.0)
     # beside: the next kernel (2 s) runs under the 5-s all-reduce; the one after waits 3 s
-    assert _run_items([("k", 1.0), ("ar", 200, True), ("k", 2.0), ("k", 3.0)], ar, 0.0) == (9.0, 6.0, 3.0)
+    assert _run_items([("k", 1.0), ("c", "all_reduce", 200, True), ("k", 2.0), ("k", 3.0)], ar, 0.0) == (9.0, 6.0, 3.0)
     # beside a kernel longer than the all-reduce: nothing exposed; gaps count as busy time
-    assert _run_items([("ar", 100, True), ("k", 6.0), ("k", 1.0)], ar, 0.5) == (8.0, 8.0, 0.0)
+    assert _run_items([("c", "all_reduce", 100, True), ("k", 6.0), ("k", 1.0)], ar, 0.5) == (8.0, 8.0, 0.0)
 
 
 def test_a_kernel_beside_an_all_reduce_runs_on_the_sms_it_leaves():
-    ar = {100: 4.0, 200: 5.0}.__getitem__
+    ar = lambda kind, b: {100: 4.0, 200: 5.0}[b]  # noqa: E731
     # the 5-s all-reduce outlasts the kernel's 4 contended seconds: the kernel takes them all
-    assert _run_items([("k", 1.0), ("ar", 200, True), ("k", 2.0, 1, 4.0), ("k", 3.0)], ar, 0.0) == (9.0, 8.0, 1.0)
+    assert _run_items([("k", 1.0), ("c", "all_reduce", 200, True), ("k", 2.0, 1, 4.0), ("k", 3.0)], ar, 0.0) == (9.0, 8.0, 1.0)
     # a 4-s all-reduce beside a kernel of 6 s alone, 8 s contended: half its work in the 4 s, the
     # other half at its own rate (3 s)
-    assert _run_items([("ar", 100, True), ("k", 6.0, 1, 8.0)], ar, 0.0) == (7.0, 7.0, 0.0)
+    assert _run_items([("c", "all_reduce", 100, True), ("k", 6.0, 1, 8.0)], ar, 0.0) == (7.0, 7.0, 0.0)
     # without an all-reduce beside it the contended time is not used
     assert _run_items([("k", 6.0, 1, 8.0)], ar, 0.0) == (6.0, 6.0, 0.0)
 
@@ -244,8 +244,8 @@ def test_cluster_run_pictures(capsys, tmp_path):
      "at most 3 chunks"),
     (["--cluster", "jean-zay-a100", "--layers", "8", "--phase", "decode", "--plan",
       "pp=2,gbs=4,schedule=interleaved:2"], "a training step"),
-    (["--cluster", "jean-zay-a100", "--plan", "tp=2,zero=3"], "ZeRO stage 3"),
-    (["--cluster", "jean-zay-a100", "--plan", "tp=2,sp=on"], "sequence parallelism"),
+    (["--cluster", "jean-zay-a100", "--phase", "decode", "--plan", "tp=2,sp=on"], "sequence parallelism in a decode"),
+    (["--cluster", "jean-zay-a100", "--plan", "tp=2,sp=on"], "tp dividing micro-batch x seq"),
     (["--cluster", "sunway-supernodes", "--plan", "dp=50000,gbs=50000"], "streams"),
 ])
 def test_cluster_run_refusals_are_one_line(capsys, argv, what):
@@ -419,7 +419,7 @@ def test_bad_compare_of_clusters_is_one_line(capsys, tmp_path, args, what):
 def test_each_kernel_launch_of_an_op_costs_a_gap():
     """An op emitted as two kernels (split-K's partial and reduce, split-KV's split and combine)
     pays the gap between kernels twice."""
-    t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda b: 0.0, 0.1)
+    t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda k, b: 0.0, 0.1)
     assert t == pytest.approx(1.0 + 0.2 + 0.5 + 0.1 + 0.25 + 0.3) and busy == pytest.approx(t) and exposed == 0.0
 
 
@@ -485,3 +485,121 @@ def test_sunway_collectives_reduce_on_cpes_and_take_none_from_kernels():
     d["software"]["collective_threads"] = 64
     with pytest.raises(InputError, match="collective_threads.*Sunway"):
         device_reduce_rate(validate_cluster(d), m, "fp16")
+
+
+def test_sequence_parallel_layout_replaces_each_all_reduce():
+    """Megatron's sequence parallelism: every all-reduce becomes a reduce-scatter after the
+    row-parallel GEMMs and an all-gather before the column-parallel ones, with the backward's
+    gathers of the weight-gradient inputs beside the dgrads."""
+    from archsim.cluster.plan import with_scenario
+    from archsim.cluster.step import beside_ops, block_layout
+
+    shard = with_scenario(load_workload("tiny", {"phase": "train"}), tensor_parallel=2)
+    plain = block_layout(shard)
+    sp = block_layout(shard, sp=True)
+    assert [it[1] for it in plain if it[0] == "c"] == ["all_reduce"] * 4
+    kinds = [(it[1], it[2], it[3]) for it in sp if it[0] == "c"]
+    assert kinds == [("all_gather", "x_n1", False), ("reduce_scatter", "proj_out", False),
+                     ("all_gather", "x_n2", False), ("reduce_scatter", "ffn2_out", False),
+                     ("all_gather", "d_y", False), ("all_gather", "x_n2", True), ("reduce_scatter", "d_x_n2", True),
+                     ("all_gather", "d_x_mid", False), ("all_gather", "x_n1", True),
+                     ("reduce_scatter", "d_x_n1", True)]
+    ops = [it[1] for it in sp if it[0] == "k"]
+    assert sp[sp.index(("k", "qkv")) - 1] == ("c", "all_gather", "x_n1", False)
+    assert ops == [it[1] for it in plain if it[0] == "k"]
+    assert beside_ops(plain) == ["ffn1.wgrad", "qkv.wgrad"]
+    assert beside_ops(sp) == ["ffn1.dgrad", "ffn1.wgrad", "qkv.dgrad", "qkv.wgrad"]
+    assert block_layout(with_scenario(shard, tensor_parallel=1), sp=True) == [("k", o) for o in ops]
+
+
+def test_sequence_parallel_step_on_a_tiny_cluster(capsys, tmp_path):
+    """The same step with sp=on: each all-reduce's bytes move as a reduce-scatter and an
+    all-gather (a ring's two halves, so about the same network time), the norms and residual
+    adds run on half the tokens, and less activation memory is kept."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    docs = {}
+    for sp in ("off", "on"):
+        out = tmp_path / f"{sp}.json"
+        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
+                     f"tp=2,pp=2,dp=2,mb=2,gbs=8,sp={sp}", "--workers", "1", "--json", str(out)]) == 0
+        docs[sp] = json.loads(out.read_text())
+    off, on = docs["off"], docs["on"]
+    tp_on = {c["kind"]: c for c in on["collectives"] if c["group"] == "tensor_parallel"}
+    tp_off = {c["kind"]: c for c in off["collectives"] if c["group"] == "tensor_parallel"}
+    assert set(tp_off) == {"all_reduce"} and set(tp_on) == {"all_gather", "reduce_scatter"}
+    assert tp_on["all_gather"]["bytes"] == tp_off["all_reduce"]["bytes"]
+    # a device's calls: 4 all-reduces a block; with sp 6 gathers and 4 reduce-scatters a block
+    assert tp_off["all_reduce"]["count"] * 6 == tp_on["all_gather"]["count"] * 4
+    assert tp_off["all_reduce"]["count"] == tp_on["reduce_scatter"]["count"]
+    assert on["plan"]["sequence_parallel"] and on["step"]["step_seconds"] > 0
+    assert on["memory_per_device"]["activations"] < off["memory_per_device"]["activations"]
+
+
+def test_sequence_parallel_norms_run_on_a_share_of_the_tokens():
+    from archsim.cluster.plan import with_scenario
+    from archsim.cluster.step import block_times
+    from archsim.config import load_machine
+    from archsim.runner import RunOptions
+
+    shard = with_scenario(load_workload("tiny", {"phase": "train"}), tensor_parallel=2, batch=2, layers=1)
+    m = load_machine("tiny-gpu")
+    opts = RunOptions(workers=1)
+    whole, part = (block_times(m, shard, opts, sp=sp) for sp in (False, True))
+    assert whole.forward[0][0] == part.forward[0][0] == "k"          # norm1 leads the block either way
+    assert part.forward[0][1] < whole.forward[0][1]
+    assert [it for it in part.forward if it[0] == "k"][1] == [it for it in whole.forward if it[0] == "k"][1]  # qkv
+
+
+def test_zero3_gathers_each_blocks_weights_before_it_runs():
+    """ZeRO 3: every forward and backward task gathers its blocks' weights over the data-parallel
+    group (one gather a block, the embedding or head with the first); with free transfers the
+    step is the compute alone, and on a slow network the waits for weights lengthen it."""
+    wl = load_workload("tiny", {"phase": "train"})
+    plan = parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=3")
+    free = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 10 ** 6)
+    base = StepSim(_fast(), parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=0"), wl, _synthetic(), NO_HEAD, 10 ** 6).run()
+    assert free.run()["step_seconds"] == pytest.approx(base["step_seconds"], rel=1e-5)   # transfers near free
+    gathers = [x for x in free.log["data_parallel"] if x[0] == "all_gather"]
+    assert len(gathers) == 2 * 2 * 4 * 2          # stages x replicas x micro-batches x (F, B), one block each
+    assert {x[0] for x in free.log["data_parallel"]} == {"all_gather", "reduce_scatter"}
+    # a block's weights and, on both stages (the first holds the embedding, the last the head), the embedding
+    assert {x[1] for x in gathers} == {(10 ** 6 + free.embed_params) * 2}
+    slow_cl = json.loads(json.dumps(TINY))
+    slow_cl["node"]["devices"] = 1
+    slow_cl["node"]["nics"] = {"count": 1, "gbit_per_s": 8.0, "latency_us": 2.0}
+    slow_cl["network"]["group_nodes"] = 1
+    topo = build(validate_cluster(slow_cl))
+    z1 = StepSim(topo, parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=1"), wl, _synthetic(), NO_HEAD, 10 ** 6)
+    z3 = StepSim(topo, plan, wl, _synthetic(), NO_HEAD, 10 ** 6)
+    t1, t3 = z1.run()["step_seconds"], z3.run()["step_seconds"]
+    assert t3 > t1
+    assert all(st.gather_exposed > 0 for st in z3.streams.values())
+    for st in z3.streams.values():
+        if st.replica == 0:     # a task lasts at least its compute
+            assert all(t1_ - t0_ >= (3e-3 if k == "F" else 5e-3) * (1 - 1e-9) for k, _, t0_, t1_ in st.spans)
+
+
+def test_zero3_step_volume_counts_every_gather():
+    from archsim.cluster.plan import step_volumes
+
+    wl = load_workload("tiny", {"phase": "train"})
+    v1 = step_volumes(parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=1"), wl)["data_parallel"]["bytes_per_device"]
+    v3 = step_volumes(parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=3"), wl)["data_parallel"]["bytes_per_device"]
+    grad_plus_weights = v1                         # fp32 gradients, then the fp16 weights once
+    weights = grad_plus_weights / 3                # (4 + 2) bytes a parameter: weights are a third
+    assert v3 == pytest.approx(grad_plus_weights - weights + 2 * 4 * weights)
+
+
+def test_zero3_run_on_a_tiny_cluster(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "z3.json"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
+                 "tp=2,pp=2,dp=2,mb=2,gbs=16,zero=3,sp=on,recompute=full", "--workers", "1", "--json",
+                 str(out)]) == 0
+    doc = json.loads(out.read_text())
+    dp = {c["kind"]: c for c in doc["collectives"] if c["group"] == "data_parallel"}
+    assert dp["all_gather"]["count"] == 2 * 2 * 4 * 2 and dp["reduce_scatter"]["count"] == 2 * 2
+    assert doc["plan"]["zero"] == 3 and doc["step"]["comm_exposed_seconds"] > 0
+    assert doc["memory_per_device"]["weights"] < doc["memory_per_device"]["gradients"] * 10

@@ -385,9 +385,9 @@ def step_volumes(plan: Plan, workload) -> dict:
                      for s, b in enumerate(stage_layers(m.layers, plan.pp)))
         grad = params * 4                               # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter+all_gather"
-        per_dev = grad + (params * e if plan.zero >= 1 else 0)
+        per_dev = grad + (params * e if plan.zero in (1, 2) else 0)     # ZeRO 1-2: the updated weights once
         if plan.zero == 3:
-            per_dev += 2 * params * e                   # weights gathered for forward and for backward
+            per_dev += 2 * mbs * params * e             # weights gathered for every forward and backward
         out["data_parallel"] = {"collective": kind, "calls_per_device": 1, "bytes_per_call": grad,
                                 "bytes_per_device": per_dev, "bytes_total": per_dev * plan.devices}
     return out

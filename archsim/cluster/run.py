@@ -77,7 +77,7 @@ def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -
     shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
     if progress:
         progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
-    bt = block_times(machine, shard, opts, contended=contended)
+    bt = block_times(machine, shard, opts, contended=contended, sp=plan.sequence_parallel)
     if progress:
         progress("timing the LM head's GEMMs")
     return shard, bt, head_times(machine, workload, plan, opts)
@@ -125,24 +125,23 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     streams = list(sim.streams.values())
     # waiting between tasks, less the waits for transfers already on their way (counted as exposed communication)
     bubble = sum(max(0.0, st.last_end - st.tasks_seconds - st.pp_exposed) for st in streams) / len(streams)
-    ar_calls = sum(1 for it in sim.b_items + bt.forward if it[0] == "ar")
-    tp_calls = plan.micro_batches * max(sim.blocks) * ar_calls if plan.tp > 1 else 0
-    tp_seconds = plan.micro_batches * max(sim.blocks) * sum(sim.ar_seconds(it[1]) for it in
-                                                            sim.b_items + bt.forward if it[0] == "ar")
+    tp_items = [it for it in bt.forward + sim.b_items if it[0] == "c"] if plan.tp > 1 else []
+    per_block = plan.micro_batches * max(sim.blocks)          # blocks a device runs a step
+    tp_seconds = per_block * sum(sim.coll_seconds(it[1], it[2]) for it in tp_items)
     tp_exposed = max(st.tp_exposed for st in streams)
     pp_log, dp_log = sim.log["pipeline"], sim.log["data_parallel"]
     pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
     pp_exposed = sum(st.pp_exposed for st in streams) / len(streams)
     dp_seconds = sum(x[2] for x in dp_log) / max(plan.pp, 1)
-    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] for s in range(plan.pp))
+    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] for s in range(plan.pp)) + \
+        sum(st.gather_exposed for st in streams) / len(streams)      # ZeRO 3's waits for weights
     exposed = tp_exposed + pp_exposed + dp_exposed
     total_comm = tp_seconds + pp_seconds + dp_seconds
     collectives = []
-    if plan.tp > 1:
-        for nbytes, sec in sorted(sim.ar_cache.items()):
-            collectives.append({"kind": "all_reduce", "group": "tensor_parallel", "bytes": nbytes,
-                                "algorithm": "ring", "count": tp_calls // max(len(sim.ar_cache), 1),
-                                "seconds": round(sec, 9), "exposed_seconds": round(tp_exposed, 9)})
+    for (kind, nbytes), sec in sorted(sim.coll_cache.items()):
+        calls = per_block * sum(1 for it in tp_items if (it[1], it[2]) == (kind, nbytes))
+        collectives.append({"kind": kind, "group": "tensor_parallel", "bytes": nbytes, "algorithm": "ring",
+                            "count": calls, "seconds": round(sec, 9), "exposed_seconds": round(tp_exposed, 9)})
     if pp_log:
         collectives.append({"kind": "send_recv", "group": "pipeline", "bytes": sim.act_bytes, "algorithm": "direct",
                             "count": len(pp_log), "seconds": round(sum(x[2] for x in pp_log) / len(pp_log), 9),

@@ -93,7 +93,7 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
     peaks = peak_tflops(machine)
     peak = peaks.get(workload.scenario.dtype, peaks.get("fp16", 0.0))
     for i, p in enumerate(plans):
-        key = (p.tp, p.micro_batch)
+        key = (p.tp, p.micro_batch, p.sequence_parallel)
         if key not in kernels:
             kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
         shard, bt, head = kernels[key]

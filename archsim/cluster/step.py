@@ -10,14 +10,17 @@ on the last stage, the LM head's GEMMs (micro gemm). What runs between them is s
 - a task's time is its kernels, the idle gap between kernels (``software.kernel_gap_us``) and its
   tensor-parallel all-reduces: after the projection and FFN-out in forward (the next kernel waits),
   after the QKV and FFN-in input gradients in backward (beside the weight-gradient GEMM that
-  follows); full recompute runs a block's forward again before its backward, selective the
-  attention forward;
+  follows), or with sequence parallelism the all-gathers and reduce-scatters that replace them
+  (ops.SP_COLLECTIVES) and the norms and residual adds on 1/tp of the tokens; a kernel beside a
+  collective runs on the SMs the collective's own kernel leaves (device_collective.py); full
+  recompute runs a block's forward again before its backward, selective the attention forward;
 - pipeline sends (each TP rank its 1/tp slice of the activations or their gradients) and the
   data-parallel gradient reductions (one bucket a block, started when every replica's last backward
-  has finished that block; ZeRO >= 1 reduce-scatters, then all-gathers the updated weights) are
+  has finished that block; ZeRO 1-2 reduce-scatter, then all-gather the updated weights; ZeRO 3
+  reduce-scatters and gathers each block's weights before every forward and backward of it) are
   transfers on the cluster's flow network, so they share links max-min fairly and slow each other.
 
-Choices: a tensor-parallel all-reduce is timed once per size as the collective alone on the
+Choices: a tensor-parallel collective is timed once per kind and size as the collective alone on the
 topology (inside a node it crosses only the devices' own NVSwitch ports, which the pipeline and
 data-parallel traffic reach only on its way to the NICs), not re-simulated for every call; the
 optimizer's update and the embedding lookup are not timed (memory-bound passes over the local
@@ -33,14 +36,16 @@ from archsim.errors import InputError
 
 from . import collectives as C
 from .network import Events
-from .plan import Plan, block_parameters, device_of, stage_layers
+from .plan import Plan, block_parameters, device_of, stage_layers, with_scenario
 from .topology import Topology, link_name
 
 
 @dataclass
 class BlockTimes:
-    """One block's shard on one device, in seconds; TP all-reduces as (bytes, beside-next-kernel)."""
-    forward: list                    # ("k", seconds[, launches[, seconds beside a collective]]) | ("ar", bytes, async)
+    """One block's shard on one device, in seconds, its ops in order with the tensor-parallel
+    collectives between them: ("k", seconds, launches, seconds beside a collective or None) and
+    ("c", collective, bytes, runs beside the next kernel)."""
+    forward: list
     backward: list
     attention_forward: float         # what selective recompute runs again
     kernels: list                    # the run's kernel entries (archsim.result/1)
@@ -59,22 +64,36 @@ def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
     return out, launches
 
 
-def beside_ops(shard) -> list[str]:
-    """The ops that run while a tensor-parallel all-reduce runs beside them (the op after each
-    all-reduce that does not hold up the next kernel)."""
-    from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
+def block_layout(shard, sp: bool = False) -> list:
+    """The shard's ops in order, ("k", op), with its tensor-parallel collectives between them,
+    ("c", collective, tensor, beside-next): all-reduces (ops.TP_ALL_REDUCE_AFTER) or, with sequence
+    parallelism, all-gathers and reduce-scatters (ops.SP_COLLECTIVES)."""
+    from archsim.workloads.ops import SP_COLLECTIVES, TP_ALL_REDUCE_AFTER
 
-    if shard.scenario.tensor_parallel < 2:
-        return []
-    names = [op.name for op in shard.block_ops()]
-    return [names[i + 1] for i, name in enumerate(names[:-1])
-            if name in TP_ALL_REDUCE_AFTER and TP_ALL_REDUCE_AFTER[name][1]]
+    tp = shard.scenario.tensor_parallel
+    out = []
+    for op in shard.block_ops():
+        if tp > 1 and sp:
+            out += [("c", kind, tensor, beside) for name, where, kind, tensor, beside in SP_COLLECTIVES
+                    if name == op.name and where == "before"]
+        out.append(("k", op.name))
+        if tp > 1 and sp:
+            out += [("c", kind, tensor, beside) for name, where, kind, tensor, beside in SP_COLLECTIVES
+                    if name == op.name and where == "after"]
+        elif tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
+            tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
+            out.append(("c", "all_reduce", tensor, beside))
+    return out
 
 
-def contended_seconds(machine, shard, ops: list[str], opts, pool=None) -> dict[str, float]:
-    """Seconds each of ``ops`` takes on ``machine`` (the device less the SMs a collective holds):
-    their kernels alone, timed by the engine as a run times them (the kernel cache keeps repeats
-    free)."""
+def beside_ops(layout: list) -> list[str]:
+    """The ops of a layout that run while a collective runs beside them."""
+    return [nxt[1] for it, nxt in zip(layout, layout[1:]) if it[0] == "c" and it[3] and nxt[0] == "k"]
+
+
+def ops_seconds(machine, shard, ops, opts, pool=None, why: str = "") -> dict[str, float]:
+    """Seconds each of ``ops`` of the shard's block takes on ``machine``: their kernels alone, timed
+    by the engine as a run times them (the kernel cache keeps repeats free)."""
     from archsim.runner import emit_block, placement_for, timing_args
     from archsim.sample import sampled_record
     from archsim.workers import Pool
@@ -90,7 +109,7 @@ def contended_seconds(machine, shard, ops: list[str], opts, pool=None) -> dict[s
                          timing_args(machine, k.params, placement), flops=k.flops, waves=opts.waves,
                          max_error=opts.max_error, max_cycles=opts.max_cycles, sample=opts.sample,
                          placement=placement, interval=opts.interval,
-                         label=f"kernel {k.name} on {machine.name} beside a collective") for k in kernels]
+                         label=f"kernel {k.name} on {machine.name}{why}") for k in kernels]
         recs = [f.result() for f in futs]
     finally:
         if own is not None:
@@ -101,42 +120,54 @@ def contended_seconds(machine, shard, ops: list[str], opts, pool=None) -> dict[s
     return out
 
 
-def block_times(machine, shard, opts, pool=None, contended=None) -> BlockTimes:
+def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = False) -> BlockTimes:
     """Time one block of the shard workload (train phase) on ``machine`` and lay its ops out in
-    order with the tensor-parallel all-reduces between them. ``contended``: the device less the
-    SMs a collective's kernel holds, on which the ops beside an all-reduce are timed too."""
+    order with the tensor-parallel collectives between them. ``contended``: the device less the
+    SMs a collective's kernel holds, on which the ops beside a collective are timed too. ``sp``:
+    sequence parallelism, whose norms and residual adds run on the device's 1/tp of the tokens
+    (timed at that many rows)."""
     from archsim.runner import run_workload
-    from archsim.workloads.ops import TP_ALL_REDUCE_AFTER
+    from archsim.workloads.ops import SP_TOKEN_OPS
 
     res = run_workload(machine, shard, opts, pool=pool)
     secs, launches = _op_seconds(res["kernels"])
-    slow = contended_seconds(contended, shard, beside_ops(shard), opts, pool) if contended is not None else {}
-    ops = shard.block_ops()
+    sc = shard.scenario
+    tp = sc.tensor_parallel
+    layout = block_layout(shard, sp)
+    if sp and tp > 1:
+        rows = sc.batch * (1 if sc.phase == "decode" else sc.seq)
+        part = with_scenario(shard, batch=1, seq=rows // tp) if sc.phase != "decode" else \
+            with_scenario(shard, batch=rows // tp)
+        secs.update(ops_seconds(machine, part, SP_TOKEN_OPS, opts, pool, " (its share of the tokens)"))
+    slow = ops_seconds(contended, shard, beside_ops(layout), opts, pool, " beside a collective") \
+        if contended is not None else {}
     shapes = shard.tensor_shapes()
-    e = 4 if shard.scenario.dtype == "fp32" else 2
-    tp = shard.scenario.tensor_parallel
+    e = 4 if sc.dtype == "fp32" else 2
     fwd, bwd = [], []
-    for op in ops:
-        back = "." in op.name
-        (bwd if back else fwd).append(("k", secs.get(op.name, 0.0), launches.get(op.name, 0), slow.get(op.name)))
-        if tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
-            tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
+    back = False
+    for it in layout:
+        if it[0] == "k":
+            back = back or "." in it[1]
+            item = ("k", secs.get(it[1], 0.0), launches.get(it[1], 0), slow.get(it[1]))
+        else:
             size = 1
-            for s in shapes[tensor]:
-                size *= s
-            (bwd if back else fwd).append(("ar", size * e, beside))
+            for n in shapes[it[2]]:
+                size *= n
+            item = ("c", it[1], size * e, it[3])
+        (bwd if back else fwd).append(item)
     return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"], launches.get("attn", 1))
 
 
-def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float]:
+def _run_items(items: list, coll_seconds, gap: float) -> tuple[float, float, float]:
     """Seconds a list of items takes on one stream, the kernels' share (with their gaps: one after
-    each launch of an op's kernels), and the all-reduces' exposed share. An all-reduce marked
-    beside-next runs while the next kernel runs and is waited for before the kernel after it.
-    A kernel timed also on the SMs the collective leaves runs at that rate while the all-reduce
-    lasts and at its own after: the share of its work done by then is the time overlapped over
-    its contended seconds."""
+    each launch of an op's kernels), and the collectives' exposed share (``coll_seconds(kind,
+    bytes)``: one collective's time on the group). A collective marked beside-next runs while the
+    next kernel runs and is waited for before the kernel after it (or the next collective: one at
+    a time on the group). A kernel timed also on the SMs the collective leaves runs at that rate
+    while the collective lasts and at its own after: the share of its work done by then is the
+    time overlapped over its contended seconds."""
     t = busy = exposed = 0.0
-    pending = None                  # end of an all-reduce running beside a kernel
+    pending = None                  # end of a collective running beside a kernel
     beside = False                  # the next kernel may run beside it
 
     def wait():
@@ -152,16 +183,16 @@ def _run_items(items: list, ar_seconds, gap: float) -> tuple[float, float, float
                 wait()
             d = it[1]
             if pending is not None and beside and len(it) > 3 and it[3]:
-                both = pending - t              # the all-reduce's time left, with the kernel beside it
+                both = pending - t              # the collective's time left, with the kernel beside it
                 d = it[3] if both >= it[3] else both + (1.0 - both / it[3]) * it[1]
             d += gap * (it[2] if len(it) > 2 else 1)
             t += d
             busy += d
             beside = False
         else:
-            wait()                  # one all-reduce at a time on the group
-            d = ar_seconds(it[1])
-            if it[2]:
+            wait()
+            d = coll_seconds(it[1], it[2])
+            if it[3]:
                 pending, beside = t + d, True
             else:
                 t += d
@@ -181,6 +212,7 @@ class Stream:
     tasks_seconds: float = 0.0         # tasks' whole durations (kernels and exposed all-reduces)
     tp_exposed: float = 0.0
     pp_exposed: float = 0.0            # waiting for a transfer that had started
+    gather_exposed: float = 0.0        # ZeRO 3: waiting for a block's weights to be gathered
     last_end: float = 0.0
     arrived: dict = field(default_factory=dict)   # ("F"|"B", mb) -> arrival time of its input
     spans: list = field(default_factory=list)     # (kind, mb, start, end) of each task (replica 0)
@@ -254,16 +286,16 @@ class StepSim:
         self.train = sc.phase == "train"
         rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
         self.act_bytes = rows * m.hidden * self.e / plan.tp
-        self.ar_cache: dict[float, float] = {}
+        self.coll_cache: dict[tuple, float] = {}
         self.tp_group = [device_of(plan, t, 0, 0) for t in range(plan.tp)]
-        self.f_block = _run_items(bt.forward, self.ar_seconds, self.gap)
+        self.f_block = _run_items(bt.forward, self.coll_seconds, self.gap)
         b_items = list(bt.backward)
         if plan.recompute == "full":
             b_items = list(bt.forward) + b_items
         elif plan.recompute == "selective":
             b_items = [("k", bt.attention_forward, bt.attention_launches)] + b_items
         self.b_items = b_items
-        self.b_block = _run_items(b_items, self.ar_seconds, self.gap)
+        self.b_block = _run_items(b_items, self.coll_seconds, self.gap)
         self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
                         for r in range(plan.dp)}
         self.buckets = {s: self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0) if self.train else 0
@@ -275,12 +307,14 @@ class StepSim:
         self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
 
     # ---- times ----
-    def ar_seconds(self, nbytes: float) -> float:
+    def coll_seconds(self, kind: str, nbytes: float) -> float:
+        """One tensor-parallel collective alone on the topology (timed once a size)."""
         if self.plan.tp < 2:
             return 0.0
-        if nbytes not in self.ar_cache:
-            self.ar_cache[nbytes] = C.time_collective(self.topo, "all_reduce", self.tp_group, nbytes)[0]
-        return self.ar_cache[nbytes]
+        key = (kind, nbytes)
+        if key not in self.coll_cache:
+            self.coll_cache[key] = C.time_collective(self.topo, kind, self.tp_group, nbytes)[0]
+        return self.coll_cache[key]
 
     def task_time(self, stage: int, kind: str, chunk: int = 0) -> tuple[float, float, float]:
         nb = self.chunk_blocks[stage][chunk]
@@ -324,7 +358,8 @@ class StepSim:
         if self.dp_done[s] < self.buckets[s]:
             return
         plan, ev = self.plan, self.ev
-        if plan.zero >= 1 and plan.dp > 1:        # the updated weights, gathered from their shards
+        if plan.zero in (1, 2) and plan.dp > 1:   # the updated weights, gathered from their shards (ZeRO 3
+                                                   # gathers each block's before it runs)
             nbytes = self.stage_params(s) * self.e
             t0 = ev.now
 
@@ -353,6 +388,9 @@ class StepSim:
         dur, busy, exp = self.task_time(st.stage, kind, c)
         st.compute += busy
         st.tp_exposed += exp
+        if plan.zero == 3 and plan.dp > 1 and self.train:
+            self._gathered_task(st, kind, mb, c, dur)
+            return
         st.tasks_seconds += dur
         st.busy_until = ev.now + dur
         if st.replica == 0:
@@ -367,6 +405,68 @@ class StepSim:
             # the embedding's (or the head's) gradient, at the end of the chunk that holds it
             if self.buckets[s] > self.blocks[s] and c == (0 if s == 0 else self.v - 1):
                 ev.at(ev.now + dur, self.bucket_ready, s, self.blocks[s])
+
+    def _gathered_task(self, st: Stream, kind: str, mb: int, c: int, dur: float) -> None:
+        """A task under ZeRO 3: each block's weights (fp16, this TP rank's shard of them) are
+        all-gathered over the data-parallel group before the block runs, the next block's gather
+        beside this one's compute (a prefetch of one block, as DeepSpeed's); the chunk's embedding
+        or LM head is gathered with its first block. The stream waits for a gather that is late."""
+        plan, ev = self.plan, self.ev
+        s, v = st.stage, self.v
+        nb = max(self.chunk_blocks[s][c], 1)
+        per = dur / nb
+        sizes = [self.params_block * self.e] * nb
+        if (s == 0 and c == 0) or (s == plan.pp - 1 and c == v - 1):
+            sizes[0] += self.embed_params * self.e
+        last_b = kind == "B" and mb == plan.micro_batches - 1
+        b0 = self.chunk_first[s][c]
+        t0 = ev.now
+        st.busy_until = float("inf")
+        g = {"gathered": 0, "done": 0, "in_flight": False, "running": False}
+
+        def maybe_gather():
+            j = g["gathered"]
+            if g["in_flight"] or j >= nb or j > g["done"] + 1:
+                return
+            g["in_flight"] = True
+            t_start = ev.now
+
+            def all_ranks():
+                self.log["data_parallel"].append(("all_gather", sizes[j], ev.now - t_start))
+                g["in_flight"] = False
+                g["gathered"] = j + 1
+                maybe_gather()
+                try_compute()
+            done = C.barrier(plan.tp, all_ranks)
+            for t in range(plan.tp):
+                C.run(self.f, "all_gather", self.dp_group(s, t), sizes[j], done)
+
+        def try_compute():
+            if g["running"] or g["done"] >= g["gathered"]:
+                return
+            g["running"] = True
+            ev.at(ev.now + per, computed)
+
+        def computed():
+            g["running"] = False
+            g["done"] += 1
+            if last_b:                              # a chunk's last backward: this block's bucket
+                self.bucket_ready(s, b0 + nb - g["done"])
+            maybe_gather()
+            if g["done"] < nb:
+                try_compute()
+                return
+            took = ev.now - t0
+            st.tasks_seconds += took
+            st.gather_exposed += took - dur
+            st.busy_until = ev.now
+            if st.replica == 0:
+                st.spans.append((kind, mb, t0, ev.now))
+            if last_b and self.buckets[s] > self.blocks[s] and c == (0 if s == 0 else v - 1):
+                self.bucket_ready(s, self.blocks[s])
+            self.finished(st, kind, mb, c)
+
+        maybe_gather()
 
     def _next(self, kind: str, s: int, c: int):
         """Where a task's output goes: (stage, chunk) of the task that reads it, or None (the last
@@ -482,12 +582,9 @@ def check_step(plan: Plan, workload) -> None:
         if plan.chunks > blocks:
             raise InputError("--plan", f"interleaved:{plan.chunks} with {blocks} blocks on the smallest stage",
                              f"at most {blocks} chunks a stage (a chunk holds a block or more)")
-    if plan.zero == 3:
-        raise InputError("--plan", "ZeRO stage 3's weight gathers before every layer are not simulated yet",
-                         "zero=0, 1 or 2")
-    if plan.sequence_parallel:
-        raise InputError("--plan", "sequence parallelism's sharded norms are not simulated yet (its memory is "
-                         "counted)", "sp=off")
+    if plan.sequence_parallel and workload.scenario.phase == "decode":
+        raise InputError("--plan", "sequence parallelism in a decode step (one token a sequence: nothing to split "
+                         "by tokens)", "sp=off, or a train or prefill step")
 
 
 __all__ = ["BlockTimes", "StepSim", "block_parameters", "block_times", "check_step", "link_table", "link_timeline",

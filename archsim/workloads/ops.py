@@ -174,6 +174,27 @@ class _Builder:
 TP_ALL_REDUCE_AFTER = {"proj": ("proj_out", False), "ffn2": ("ffn2_out", False),
                        "ffn1.dgrad": ("d_x_n2", True), "qkv.dgrad": ("d_x_n1", True)}
 
+# Megatron-LM's sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation
+# in Large Transformer Models"): outside the tensor-parallel GEMMs the tokens are split over the
+# group, so each all-reduce becomes an all-gather of the normalised input before a column-parallel
+# GEMM (QKV, FFN-in) and a reduce-scatter of a row-parallel GEMM's output (projection, FFN-out). In
+# backward: the output gradient gathered before a row-parallel GEMM's dgrad; the column-parallel
+# GEMM's input gathered again beside its dgrad (its weight gradient reads it) and its input
+# gradient reduce-scattered beside the weight gradient, as Megatron-LM overlaps them.
+# (op, "before" | "after", collective, tensor (its whole [T, h]), runs beside the next kernel)
+SP_COLLECTIVES = (("qkv", "before", "all_gather", "x_n1", False),
+                  ("proj", "after", "reduce_scatter", "proj_out", False),
+                  ("ffn1", "before", "all_gather", "x_n2", False),
+                  ("ffn2", "after", "reduce_scatter", "ffn2_out", False),
+                  ("ffn2.dgrad", "before", "all_gather", "d_y", False),
+                  ("ffn1.dgrad", "before", "all_gather", "x_n2", True),
+                  ("ffn1.dgrad", "after", "reduce_scatter", "d_x_n2", True),
+                  ("proj.dgrad", "before", "all_gather", "d_x_mid", False),
+                  ("qkv.dgrad", "before", "all_gather", "x_n1", True),
+                  ("qkv.dgrad", "after", "reduce_scatter", "d_x_n1", True))
+# the ops that sequence parallelism runs on the device's 1/tp of the tokens
+SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "norm2.grad", "res2.grad", "norm1.grad", "res1.grad")
+
 
 def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     """(ops in execution order, tensor name -> shape) of one decoder block of ``w``."""
