@@ -12,6 +12,7 @@ supplied the value), the dotted field and what is allowed, in the config loader'
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Optional
 
@@ -41,6 +42,31 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MAX_EXPERTS = 4096      # choice: experts a layer (the largest published MoE layers have a few thousand)
+
+
+class MoeSpec(_Frozen):
+    """A mixture-of-experts FFN in every block (GShard / Switch Transformer routing): a gate GEMM
+    scores the experts for each token, each token goes to its ``top_k`` best, and each expert takes
+    at most ``capacity_factor`` x its even share of the routed tokens (the rest are dropped; the
+    residual carries them). Each expert is an FFN of ``model.ffn_hidden`` with ``model.activation``."""
+
+    experts: Annotated[int, Field(strict=True, ge=2, le=MAX_EXPERTS)]
+    top_k: PosInt
+    capacity_factor: Annotated[float, Field(strict=False, gt=0, le=64, allow_inf_nan=False)]
+
+    @model_validator(mode="after")
+    def _k_of_experts(self):
+        if self.top_k > self.experts:
+            raise FieldError("top_k", f"top_k {self.top_k} > experts {self.experts}", f"1 to {self.experts}",
+                             related=("experts",))
+        return self
+
+    def capacity(self, tokens: int) -> int:
+        """Slots of one expert for ``tokens`` tokens: ceil(capacity_factor x tokens x top_k / experts)."""
+        return max(1, math.ceil(self.capacity_factor * tokens * self.top_k / self.experts - 1e-9))
+
+
 class ModelSpec(_Frozen):
     """The architecture: ``layers`` identical pre-norm decoder blocks."""
 
@@ -54,6 +80,8 @@ class ModelSpec(_Frozen):
     norm: Literal["layernorm", "rmsnorm"]
     # Optional: the norm epsilon, so references and kernels agree.
     norm_eps: Annotated[float, Field(strict=False, gt=0, lt=1, allow_inf_nan=False)] = 1e-5
+    # Optional: a mixture-of-experts FFN instead of the dense one.
+    moe: Optional[MoeSpec] = None
 
     @model_validator(mode="after")
     def _heads_times_dim(self):
@@ -97,6 +125,14 @@ class Workload(_Frozen):
                 raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} does not divide model.{what} "
                                  f"{n}", f"a divisor of heads {m.heads} and ffn_hidden {m.ffn_hidden}",
                                  related=(f"model.{what}",))
+        if m.moe is not None and tp > 1:
+            raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} with model.moe: a tensor-parallel "
+                             "shard of the experts is not built", "tensor_parallel 1 for a mixture-of-experts model",
+                             related=("model.moe",))
+        if m.moe is not None and self.scenario.phase == "train":
+            raise FieldError("scenario.phase", "train with model.moe: the router's and the experts' backward "
+                             "kernels are not emitted yet", "prefill or decode for a mixture-of-experts model",
+                             related=("model.moe",))
         return self
 
     # ---- the op graph ----
@@ -125,11 +161,14 @@ class Workload(_Frozen):
     def summary(self) -> dict:
         """The result JSON's ``workload`` record (docs/records.md: name, phase, batch, seq, layers, ...)."""
         m, sc = self.model, self.scenario
-        return {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
-                "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,
-                "hidden": m.hidden, "tensor_parallel": sc.tensor_parallel,
-                "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
-                "activation": m.activation, "norm": m.norm}
+        out = {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
+               "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,
+               "hidden": m.hidden, "tensor_parallel": sc.tensor_parallel,
+               "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
+               "activation": m.activation, "norm": m.norm}
+        if m.moe is not None:
+            out["moe"] = {**m.moe.model_dump(), "capacity": m.moe.capacity(self.tokens())}
+        return out
 
 
 # ---- loading ----------------------------------------------------------------------------------

@@ -26,6 +26,14 @@ k_cache, v_cache   [b, kv_len, h]        decode: the KV cache (heads as in qkv's
 attn_lse           [b, n, s]             train, fused: per-row natural log-sum-exp of the scaled,
                                          masked scores (what the backward recomputes P from)
 attn_probs         [b, n, s, s]          train, unfused: the softmax matrix, zeros where masked
+gate_logits        [T, E]                mixture of experts (model.moe, E experts, top k, C
+route_e, route_w   [T, k]                slots an expert): the gate's scores; each token's
+route_slot         [T, k]                experts (int32) and their probabilities (f32); its
+slot_token         [E C]                 slots (e C + position, -1: dropped); each slot's token
+expert_in          [E C, h]              (-1: empty); the slots' rows of x_n2; the experts'
+expert_h, expert_a [E C, f1], [E C, f]   FFN, batched; their outputs, which ``combine``
+expert_out         [E C, h]              weighs into ffn2_out
+w_gate [h, E], w_expert1 [E, h, f1], w_expert2 [E, f, h]   the router's and experts' weights
 d_<name>           as <name>             the gradient of the loss with respect to <name>
                                          (d_qkv in qkv's layout; d_norm*_gamma/beta summed over rows)
 d_x_part           [T, h]                norm1.grad's output: the part of d_x through norm1
@@ -196,6 +204,40 @@ SP_COLLECTIVES = (("qkv", "before", "all_gather", "x_n1", False),
 SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "norm2.grad", "res2.grad", "norm1.grad", "res1.grad")
 
 
+def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int) -> None:
+    """The mixture-of-experts FFN (model.moe), GShard-style with a fixed capacity C a expert:
+
+    - ``gate``: gate_logits [T, E] = x_n2 @ w_gate [h, E];
+    - ``route``: per token the softmax over the experts and its top_k (route_e [T, k], int32;
+      route_w [T, k], f32: the chosen experts' probabilities), then each expert's slots filled in
+      priority order (every token's first choice before any second choice, tokens in order):
+      route_slot [T, k] = e * C + position, or -1 when the expert is full (the choice is dropped);
+      slot_token [E C] = the token in each slot, or -1;
+    - ``dispatch``: expert_in [E C, h], each slot's token's row of x_n2 (zeros for an empty slot);
+    - ``expert1``, ``expert_act``, ``expert2``: every expert's FFN over its C slots, batched over the
+      experts (w_expert1 [E, h, f1], w_expert2 [E, f, h]) into expert_out [E C, h];
+    - ``combine``: ffn2_out [T, h] = sum over a token's kept choices of route_w x its slot's row.
+
+    flops count the padded slots the kernels compute; model_flops the T x top_k routed tokens."""
+    t = B.tensor
+    E, k = m.moe.experts, m.moe.top_k
+    C = m.moe.capacity(T)
+    S = E * C
+    B.gemm("gate", "x_n2", t("w_gate", (h, E)), t("gate_logits", (T, E)), T, E, h)
+    B.add("route", "moe_route", dict(tokens=T, experts=E, top_k=k, capacity=C), ["gate_logits"],
+          [t("route_e", (T, k)), t("route_w", (T, k)), t("route_slot", (T, k)), t("slot_token", (S,))],
+          ELEMENTWISE_FLOPS["softmax"] * T * E, 0)
+    B.add("dispatch", "moe_dispatch", dict(tokens=T, hidden=h, slots=S), ["x_n2", "slot_token"],
+          [t("expert_in", (S, h))], 0, 0)
+    B.add("expert1", "moe_gemm", dict(experts=E, M=C, N=f1, K=h), ["expert_in", t("w_expert1", (E, h, f1))],
+          [t("expert_h", (S, f1))], 2 * S * f1 * h, 2 * T * k * f1 * h)
+    B.eltwise("expert_act", m.activation, S, f, ["expert_h"], [t("expert_a", (S, f))])
+    B.add("expert2", "moe_gemm", dict(experts=E, M=C, N=h, K=f), ["expert_a", t("w_expert2", (E, f, h))],
+          [t("expert_out", (S, h))], 2 * S * h * f, 2 * T * k * h * f)
+    B.add("combine", "moe_combine", dict(tokens=T, hidden=h, top_k=k, slots=S),
+          ["expert_out", "route_slot", "route_w"], [t("ffn2_out", (T, h))], 2 * T * k * h, 0)
+
+
 def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     """(ops in execution order, tensor name -> shape) of one decoder block of ``w``."""
     m, sc = w.model, w.scenario
@@ -239,9 +281,12 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     B.gemm("proj", "attn_out", t("w_proj", (a, h)), t("proj_out", (T, h)), T, h, a)
     B.eltwise("res1", "add", T, h, ["x", "proj_out"], [t("x_mid", (T, h))])
     B.eltwise("norm2", m.norm, T, h, norm_inputs(2, "x_mid"), [t("x_n2", (T, h))])
-    B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)
-    B.eltwise("act", m.activation, T, f, ["ffn1_out"], [t("act_out", (T, f))])
-    B.gemm("ffn2", "act_out", t("w_ffn2", (f, h)), t("ffn2_out", (T, h)), T, h, f)
+    if m.moe is not None:
+        _moe_ffn(B, m, T, h, f, f1)
+    else:
+        B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)
+        B.eltwise("act", m.activation, T, f, ["ffn1_out"], [t("act_out", (T, f))])
+        B.gemm("ffn2", "act_out", t("w_ffn2", (f, h)), t("ffn2_out", (T, h)), T, h, f)
     B.eltwise("res2", "add", T, h, ["x_mid", "ffn2_out"], [t("y", (T, h))])
     if not train:
         return B.ops, B.shapes

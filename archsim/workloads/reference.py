@@ -176,6 +176,73 @@ def ref_attention_grad(q, k, v, dout, causal: bool, scale: Optional[float] = Non
 
 # ---- layouts ----------------------------------------------------------------------------------
 
+def ref_moe_route(logits, top_k: int, capacity: int):
+    """GShard-style routing of ``logits`` [T, E]: per token the softmax over the experts and its
+    top_k by logit (ties to the lower expert), as (route_e [T, k], route_w [T, k]: the chosen
+    probabilities); then each expert's ``capacity`` slots filled in priority order, every token's
+    j-th choice before any (j+1)-th, tokens in order: route_slot [T, k] = e * capacity + position
+    or -1 (dropped), slot_token [E * capacity] = token or -1. Returns the four arrays (float64)."""
+    z = np.asarray(logits, np.float64)
+    T, E = z.shape
+    probs = ref_softmax(z, axis=1)
+    order = np.argsort(-z, axis=1, kind="stable")[:, :top_k]     # descending, ties to the lower index
+    route_w = np.take_along_axis(probs, order, axis=1)
+    slot = np.full((T, top_k), -1, np.int64)
+    token = np.full(E * capacity, -1, np.int64)
+    filled = np.zeros(E, np.int64)
+    for j in range(top_k):
+        for t in range(T):
+            e = order[t, j]
+            if filled[e] < capacity:
+                slot[t, j] = e * capacity + filled[e]
+                token[slot[t, j]] = t
+            filled[e] += 1
+    return order.astype(np.float64), route_w, slot.astype(np.float64), token.astype(np.float64)
+
+
+def ref_moe_dispatch(x, slot_token) -> np.ndarray:
+    """[slots, h]: each slot's token's row of x, zeros for an empty slot (token -1)."""
+    x = np.asarray(x, np.float64)
+    tok = np.asarray(slot_token).astype(np.int64).reshape(-1)
+    out = np.zeros((tok.size, x.shape[1]))
+    out[tok >= 0] = x[tok[tok >= 0]]
+    return out
+
+
+def ref_moe_gemm(a, w) -> np.ndarray:
+    """Each expert's rows of a [E C, K] times its weights w [E, K, N] -> [E C, N]."""
+    w = np.asarray(w, np.float64)
+    E = w.shape[0]
+    a = np.asarray(a, np.float64).reshape(E, -1, w.shape[1])
+    return np.einsum("eck,ekn->ecn", a, w).reshape(-1, w.shape[2])
+
+
+def ref_moe_combine(expert_out, route_slot, route_w) -> np.ndarray:
+    """[T, h]: the sum over a token's kept choices (slot >= 0) of its weight times its slot's row."""
+    eo = np.asarray(expert_out, np.float64)
+    slot = np.asarray(route_slot).astype(np.int64)
+    w = np.where(slot >= 0, np.asarray(route_w, np.float64), 0.0)
+    return np.einsum("tk,tkh->th", w, eo[np.maximum(slot, 0)])
+
+
+def moe_ffn(workload: "Workload", x_n2, weights: dict, tensors: Optional[dict] = None) -> np.ndarray:
+    """The mixture-of-experts FFN of model.moe on x_n2 [T, h] (ops._moe_ffn's steps)."""
+    m = workload.model
+    C = m.moe.capacity(x_n2.shape[0])
+    logits = np.asarray(x_n2, np.float64) @ weights["w_gate"]
+    route_e, route_w, route_slot, slot_token = ref_moe_route(logits, m.moe.top_k, C)
+    expert_in = ref_moe_dispatch(x_n2, slot_token)
+    expert_h = ref_moe_gemm(expert_in, weights["w_expert1"])
+    expert_a = _activation(m.activation, expert_h, m.ffn_hidden)
+    expert_out = ref_moe_gemm(expert_a, weights["w_expert2"])
+    out = ref_moe_combine(expert_out, route_slot, route_w)
+    if tensors is not None:
+        tensors.update(gate_logits=logits, route_e=route_e, route_w=route_w, route_slot=route_slot,
+                       slot_token=slot_token, expert_in=expert_in, expert_h=expert_h, expert_a=expert_a,
+                       expert_out=expert_out)
+    return out
+
+
 def split_heads(t, batch: int, heads: int) -> np.ndarray:
     """[batch*L, heads*d] (sequences one after another) -> [batch, heads, L, d]."""
     t = np.asarray(t)
@@ -203,6 +270,11 @@ def random_weights(workload: "Workload", seed: int = 0) -> dict[str, np.ndarray]
     w = {}
     for name, (K, N) in (("w_qkv", (h, 3 * a)), ("w_proj", (a, h)), ("w_ffn1", (h, f1)), ("w_ffn2", (f, h))):
         w[name] = rng.standard_normal((K, N)) / math.sqrt(K)
+    if m.moe is not None:
+        E = m.moe.experts
+        w["w_gate"] = rng.standard_normal((h, E)) / math.sqrt(h)
+        w["w_expert1"] = rng.standard_normal((E, h, f1)) / math.sqrt(h)
+        w["w_expert2"] = rng.standard_normal((E, f, h)) / math.sqrt(f)
     for i in (1, 2):
         w[f"norm{i}_gamma"] = 1.0 + 0.1 * rng.standard_normal(h)
         if m.norm == "layernorm":
@@ -242,6 +314,11 @@ def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[di
     attn_out = merge_heads(ref_attention(q, k, v, sc.causal))
     x_mid = x + attn_out @ weights["w_proj"]
     x_n2 = _norm(workload, x_mid, weights, 2)
+    if m.moe is not None:
+        y = x_mid + moe_ffn(workload, x_n2, weights, tensors)
+        if tensors is not None:
+            tensors.update(x=x, x_n1=x_n1, qkv=qkv, attn_out=attn_out, x_mid=x_mid, x_n2=x_n2, y=y)
+        return y
     ffn1_out = x_n2 @ weights["w_ffn1"]
     act_out = _activation(m.activation, ffn1_out, f)
     y = x_mid + act_out @ weights["w_ffn2"]
@@ -302,6 +379,14 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
             outs.append(lse)
         if "attn_probs" in op.outputs:
             outs.append(ref_attention_probs(q, kk, d["causal"]))
+    elif k == "moe_route":
+        outs = list(ref_moe_route(ins[0], d["top_k"], d["capacity"]))
+    elif k == "moe_dispatch":
+        outs = [ref_moe_dispatch(*ins)]
+    elif k == "moe_gemm":
+        outs = [ref_moe_gemm(*ins)]
+    elif k == "moe_combine":
+        outs = [ref_moe_combine(*ins)]
     elif k == "attention_grad":
         q, kk, v = _attention_qkv(op, tensors)
         b, n = d["batch"], d["heads"]

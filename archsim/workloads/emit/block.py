@@ -30,6 +30,10 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
   ``<op>.rstd``, f32) for the backward, which reads them (``<op>.grad``: dx, then the column sums
   for d_gamma / d_beta, with a workspace when the rows are split over the machine).
 - gelu, relu, add, and their grads: grid-stride flat kernels; swiglu(_grad): row kernels.
+- mixture of experts (GPU family): ``route`` as ``route.topk`` (a thread a token: softmax and the
+  top_k logits) and ``route.assign`` (a block an expert: a prefix sum of its hits in priority order
+  gives each its slot, past the capacity -1); ``dispatch`` and ``combine`` row kernels (a block a
+  slot or token); ``expert1`` / ``expert2`` one batched GEMM over the experts' [C, K] slices.
 
 flops and model_flops of a kernel are its share of its op's (the op graph's counts are
 authoritative): a multi-kernel op splits them by the kernels' own nominal counts, and its model_flops
@@ -51,12 +55,12 @@ from archsim.errors import InputError
 from archsim.isa.program import Launch, Program
 
 from . import elementwise_gpu as EW
-from .common import ELEM_BYTES, OUT_BYTES
+from .common import BUF_BYTES, OUT_BYTES
 from .gemm_gpu import to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
 _OUT = {"fp16": "f16", "bf16": "bf16", "fp32": "f32"}
-_ES = {**ELEM_BYTES, **OUT_BYTES}   # bytes of an element, by storage or GEMM output dtype name
+_ES = {**BUF_BYTES, **OUT_BYTES}    # bytes of an element, by storage, index or GEMM output dtype name
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,7 @@ class Slot:
 class TensorSpec:
     name: str
     shape: tuple
-    dtype: str            # fp16 | bf16 | fp32 (host format as in gemm_gpu.to_host)
+    dtype: str            # fp16 | bf16 | fp32 | i32 (host format as in gemm_gpu.to_host)
 
     @property
     def nbytes(self) -> int:
@@ -390,7 +394,7 @@ def _ew(op, ctx, kobj, bind: dict) -> list[Kernel]:
 
 def _part(kop: str, i: int) -> str:
     return {"layernorm_grad": "dx", "rmsnorm_grad": "dx", "colsum_ln": "dgamma", "colsum_rms": "dgamma",
-            "colsum_chunks": "dgamma_sum"}.get(kop, f"k{i}")
+            "colsum_chunks": "dgamma_sum", "moe_topk": "topk", "moe_assign": "assign"}.get(kop, f"k{i}")
 
 
 def _norm(op, ctx) -> list[Kernel]:
@@ -435,10 +439,53 @@ def _swiglu(op, ctx) -> list[Kernel]:
     return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
 
 
+# ----------------------------------------------------------------------------- mixture of experts
+def _moe_ew(ctx, op, name: str = "moe_topk_kernel"):
+    """The family's MoE kernel ``name`` (a one-line error where the family has none yet)."""
+    fn = getattr(ctx.E.ew, name, None)
+    if fn is None:
+        raise InputError(ctx.caps.name, f"no mixture-of-experts kernels for the {ctx.caps.family} family yet",
+                         "a gpu-family machine")
+    return fn
+
+
+def _moe_route(op, ctx) -> list[Kernel]:
+    """``route.topk`` (softmax and top-k a token) then ``route.assign`` (each expert's slots)."""
+    d = op.dims
+    k1 = _moe_ew(ctx, op, "moe_topk_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
+    k2 = _moe_ew(ctx, op, "moe_assign_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], d["capacity"])
+    chain = EW.KernelChain(op=op.kind, kernels=(k1, k2), dtype=ctx.dt)
+    return _ew(op, ctx, chain, dict(zip(("logits", "route_e", "route_w", "route_slot", "slot_token"),
+                                        list(op.inputs) + list(op.outputs))))
+
+
+def _moe_dispatch(op, ctx) -> list[Kernel]:
+    d = op.dims
+    k = _moe_ew(ctx, op, "moe_dispatch_kernel")(ctx.caps, d["tokens"], d["hidden"], d["slots"], ctx.dt)
+    return _ew(op, ctx, k, dict(zip(("x", "slot_token", "y"), list(op.inputs) + list(op.outputs))))
+
+
+def _moe_combine(op, ctx) -> list[Kernel]:
+    d = op.dims
+    k = _moe_ew(ctx, op, "moe_combine_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt)
+    return _ew(op, ctx, k, dict(zip(("expert_out", "route_slot", "route_w", "y"), list(op.inputs) + list(op.outputs))))
+
+
+def _moe_gemm(op, ctx) -> list[Kernel]:
+    """Every expert's GEMM over its C slots, batched over the experts: [E, C, K] @ [E, K, N]."""
+    d = op.dims
+    E, M, N, K = d["experts"], d["M"], d["N"], d["K"]
+    _moe_ew(ctx, op)                              # the family has MoE kernels
+    (a, b), (c,) = op.inputs, op.outputs
+    return [_batched(ctx, op.name, op, op.flops, op.model_flops, M, N, K, (a, 0), (b, 0), (c, 0), lda=K, ldb=N,
+                     ldc=N, batch=(E, 1), stride_a=(M * K, 0), stride_b=(K * N, 0), stride_c=(M * N, 0))]
+
+
 EMITTERS = {"gemm": _gemm, "attention": _attention, "attention_grad": _attention_grad, "layernorm": _norm,
             "rmsnorm": _norm, "layernorm_grad": _norm_grad, "rmsnorm_grad": _norm_grad, "gelu": _flat,
             "relu": _flat, "add": _flat, "gelu_grad": _flat, "relu_grad": _flat, "swiglu": _swiglu,
-            "swiglu_grad": _swiglu}
+            "swiglu_grad": _swiglu, "moe_route": _moe_route, "moe_dispatch": _moe_dispatch, "moe_gemm": _moe_gemm,
+            "moe_combine": _moe_combine}
 
 
 def emit_block(caps, wl) -> list[Kernel]:

@@ -25,6 +25,9 @@ OUT_DTYPE_ALIASES = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16"
 ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}                       # bytes of an element of a storage dtype
 OUT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}                          # bytes of an element of a GEMM output dtype
 HOST_DTYPE = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}   # numpy dtype of a buffer (bf16: bits)
+INDEX_DTYPE = "i32"                                                   # index buffers (expert routing): int32
+BUF_BYTES = {**ELEM_BYTES, INDEX_DTYPE: 4}                            # bytes of an element of any buffer
+BUF_HOST = {**HOST_DTYPE, INDEX_DTYPE: np.int32}                      # numpy dtype of any buffer
 MMA_OP = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}  # tensor-core mma, f32 accumulators
 # 16-bit storage -> f32: (low half, high half) of a 32-bit register
 CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}

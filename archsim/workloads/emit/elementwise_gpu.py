@@ -74,7 +74,8 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-from .common import CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm, blocks_per_core, ceil_div, log2
+from .common import (BUF_BYTES, BUF_HOST, CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm,
+                     blocks_per_core, ceil_div, log2)
 from .gemm_gpu import to_float, to_host
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "chunk_sum_kernel", "softmax_kernel", "softmax_grad_kernel",
@@ -106,7 +107,8 @@ def _f32_bits(x: float) -> int:
 # ----------------------------------------------------------------------------- kernel objects
 @dataclass(frozen=True)
 class Buf:
-    """One buffer parameter: name, shape, storage dtype (fp16 | bf16 | fp32), written by the kernel."""
+    """One buffer parameter: name, shape, storage dtype (fp16 | bf16 | fp32, or i32 for indices), written
+    by the kernel."""
 
     name: str
     shape: tuple
@@ -116,11 +118,11 @@ class Buf:
 
     @property
     def host_dtype(self):
-        return np.dtype(HOST_DTYPE[self.dtype])
+        return np.dtype(BUF_HOST[self.dtype])
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape)) * ELEM_BYTES[self.dtype]
+        return int(np.prod(self.shape)) * BUF_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -1872,3 +1874,398 @@ def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
                        team: Optional[str] = None) -> ElementwiseKernel:
     """dx [rows, 2 ffn] = [dy * up * silu'(gate) | dy * silu(gate)] from x [rows, 2 ffn] and dy [rows, ffn]."""
     return _swiglu("swiglu_grad", caps, rows, ffn, dtype, team, True)
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+MOE_MAX_TOP_K = 16          # choice: choices a token unrolled in the routing kernels (published MoEs use 1-8)
+MOE_ASSIGN_THREADS = 128    # a block per expert: its threads split the token x choice list
+
+
+def _moe_sizes(op: str, caps, **sizes) -> None:
+    _pos(op, **sizes)
+    _target(op, caps)
+    if "top_k" in sizes and sizes["top_k"] > MOE_MAX_TOP_K:
+        raise InputError(op, f"top_k = {sizes['top_k']}", f"1 to {MOE_MAX_TOP_K}")
+    if "top_k" in sizes and "experts" in sizes and sizes["top_k"] > sizes["experts"]:
+        raise InputError(op, f"top_k {sizes['top_k']} > experts {sizes['experts']}", "top_k <= experts")
+
+
+def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """Routing, step 1: a thread a token reads its row of gate logits [tokens, experts] three times:
+    the max, the softmax's sum, then top_k passes each taking the largest logit after the last one
+    taken (ties to the lower expert). route_e [tokens, top_k] (i32): the experts; route_w (f32):
+    their softmax probabilities."""
+    op = "moe_topk"
+    dt = _dtype(op, dtype)
+    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k)
+    es = ELEM_BYTES[dt]
+    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "route_w", "tokens", "experts"), dt, es,
+                       "thread", FLAT_THREADS)
+    t, stride, tmp = e.reg(), e.reg(), e.reg()
+    e("s2r", t, "%ctaid.x")
+    e("s2r", tmp, "%ntid.x")
+    e("mul.i64", t, t, tmp)
+    e("s2r", stride, "%tid.x")
+    e("add.i64", t, t, stride)
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, tmp)
+    nt, rowb, L, RE, RW = e.reg(), e.reg(), e.reg(), e.reg(), e.reg()
+    e("ldparam", nt, "tokens")
+    e("ldparam", rowb, "experts")
+    e("mul.i64", rowb, rowb, es)
+    e("ldparam", L, "logits")
+    e("ldparam", RE, "route_e")
+    e("ldparam", RW, "route_w")
+    row, end, ad, out, i, bi, pi = (e.reg() for _ in range(7))
+    mx, sm, bv, pv, w = (e.reg() for _ in range(5))
+    p, p1, p2, p3 = e.a.pred(), e.a.pred(), e.a.pred(), e.a.pred()
+
+    def scan(label, body):
+        e("mov.b64", ad, row)
+        e("mov.b64", i, 0)
+        e.a.label(label)
+        v = e.load(ad, 1)
+        body(v)
+        e.free(v)
+        e("add.i64", i, i, 1)
+        e("add.i64", ad, ad, es)
+        e("setp.lt.i64", p, ad, end)
+        e("bra", label, p=p)
+
+    e.a.label("TOK")
+    e("setp.ge.i64", p, t, nt)
+    e("bra", "DONE", p=p)
+    e("mul.i64", row, t, rowb)
+    e("add.i64", row, row, L)
+    e("add.i64", end, row, rowb)
+    e("mov.f32", mx, -F32_MAX)
+    scan("LMAX", lambda v: e("max.f32", mx, mx, v))
+    e("mov.f32", sm, 0.0)
+
+    def add_exp(v):
+        e("sub.f32", v, v, mx)
+        e("mul.f32", v, v, LOG2E)
+        e("ex2.f32", v, v)
+        e("add.f32", sm, sm, v)
+    scan("LSUM", add_exp)
+    e("rcp.f32", sm, sm)
+    e("mov.f32", pv, F32_MAX)
+    e("mov.b64", pi, -1)
+    e("mul.i64", out, t, 4 * top_k)
+
+    def better(v):
+        e("setp.lt.f32", p1, v, pv)              # after the last choice: smaller, or equal and later
+        e("setp.eq.f32", p2, v, pv)
+        e("setp.gt.i64", p3, i, pi)
+        e("and.pred", p2, p2, p3)
+        e("or.pred", p1, p1, p2)
+        e("setp.gt.f32", p3, v, bv)              # strictly larger: the first of equals stays
+        e("and.pred", p1, p1, p3)
+        e("mov.f32", bv, v, p=p1)
+        e("mov.b64", bi, i, p=p1)
+
+    for j in range(top_k):
+        e("mov.f32", bv, -F32_MAX)
+        e("mov.b64", bi, 0)
+        scan(f"LK{j}", better)
+        e("add.i64", ad, RE, out)
+        e("st.global.b32", Mem(ad, 4 * j), bi)
+        e("sub.f32", w, bv, mx)
+        e("mul.f32", w, w, LOG2E)
+        e("ex2.f32", w, w)
+        e("mul.f32", w, w, sm)
+        e("add.i64", ad, RW, out)
+        e("st.global.b32", Mem(ad, 4 * j), w)
+        e("mov.f32", pv, bv)
+        e("mov.b64", pi, bi)
+    e("add.i64", t, t, stride)
+    e("bra", "TOK")
+    e.a.label("DONE")
+    e("exit")
+
+    def gen(rng):
+        return {"logits": _normal(rng, (tokens, experts), dt)}
+
+    def ref(v):
+        from archsim.workloads.reference import ref_moe_route
+
+        route_e, route_w, _, _ = ref_moe_route(v["logits"], top_k, 1)
+        return {"route_e": route_e, "route_w": route_w}
+
+    bufs = (Buf("logits", (tokens, experts), dt), Buf("route_e", (tokens, top_k), "i32", True),
+            Buf("route_w", (tokens, top_k), "fp32", True))
+    return _finish(op, caps, e, FLAT_THREADS, ceil_div(tokens, FLAT_THREADS), 5 * tokens * experts, bufs,
+                   (("tokens", tokens), ("experts", experts)), "thread", gen, ref)
+
+
+def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int) -> ElementwiseKernel:
+    """Routing, step 2: a block an expert fills its ``capacity`` slots in priority order (every
+    token's first choice, tokens in order, then every second choice ...). Its threads split that
+    list of tokens x top_k choices into runs, count their hits on the expert, take an exclusive
+    prefix sum of the counts (in shared memory), then walk their runs again giving each hit its
+    position: route_slot [tokens, top_k] = expert * capacity + position, or -1 past the capacity;
+    slot_token [experts * capacity] = the token, or -1 for a slot left empty."""
+    op = "moe_assign"
+    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k, capacity=capacity)
+    B = MOE_ASSIGN_THREADS
+    N = tokens * top_k
+    run = ceil_div(N, B)
+    e = ElementwiseAsm(f"{op}_k{top_k}", ("route_e", "route_slot", "slot_token"), "fp32", 4, "block", B,
+                       shared=(B + 1) * 8)
+    tid, ex, estep, RE, RS, ST = (e.reg() for _ in range(6))
+    e("s2r", tid, "%tid.x")
+    e("s2r", ex, "%ctaid.x")
+    e("s2r", estep, "%nctaid.x")
+    e("ldparam", RE, "route_e")
+    e("ldparam", RS, "route_slot")
+    e("ldparam", ST, "slot_token")
+    q, q1, j, t, a, v, cnt, tmp = (e.reg() for _ in range(8))
+    p, pc = e.a.pred(), e.a.pred()
+    so = e.reg()
+    e("shl.b64", so, tid, 3)                      # this thread's count in shared memory
+
+    def walk(label, hit):
+        """For q over this thread's run: (j, t) = divmod(q, tokens), a = route_e's byte offset."""
+        e("mul.i64", q, tid, run)
+        e("add.i64", q1, q, run)
+        e("min.i64", q1, q1, N)
+        e("div.i64", j, q, tokens)
+        e("rem.i64", t, q, tokens)
+        e.a.label(label)
+        e("setp.ge.i64", p, q, q1)
+        e("bra", f"{label}_END", p=p)
+        e("mul.i64", a, t, top_k)
+        e("add.i64", a, a, j)
+        e("shl.b64", a, a, 2)
+        e("add.i64", tmp, RE, a)
+        e("ld.global.s32", v, Mem(tmp, 0))
+        e("setp.ne.i64", p, v, ex)
+        e("bra", f"{label}_NEXT", p=p)
+        hit()
+        e.a.label(f"{label}_NEXT")
+        e("add.i64", q, q, 1)
+        e("add.i64", t, t, 1)
+        e("setp.eq.i64", p, t, tokens)
+        e("mov.b64", t, 0, p=p)
+        e("add.i64", j, j, 1, p=p)
+        e("bra", label)
+        e.a.label(f"{label}_END")
+
+    e.a.label("EXP")
+    e("setp.ge.i64", p, ex, experts)
+    e("bra", "DONE", p=p)
+    e("mov.b64", cnt, 0)
+    walk("LC", lambda: e("add.i64", cnt, cnt, 1))
+    e("st.shared.b64", Mem(so, 0), cnt)
+    e("bar.sync")
+    e("setp.ne.i64", p, tid, 0)                   # thread 0: the exclusive prefix sum of the counts
+    e("bra", "SCANNED", p=p)
+    e("mov.b64", cnt, 0)
+    e("mov.b64", a, 0)
+    e.a.label("LS")
+    e("ld.shared.b64", v, Mem(a, 0))
+    e("st.shared.b64", Mem(a, 0), cnt)
+    e("add.i64", cnt, cnt, v)
+    e("add.i64", a, a, 8)
+    e("setp.lt.i64", p, a, 8 * B)
+    e("bra", "LS", p=p)
+    e("st.shared.b64", Mem(a, 0), cnt)            # the expert's total, after the B counts
+    e.a.label("SCANNED")
+    e("bar.sync")
+    e("ld.shared.b64", cnt, Mem(so, 0))           # this run's first position
+    base = e.reg()
+    e("mul.i64", base, ex, capacity)
+
+    def place():
+        e("setp.lt.i64", pc, cnt, capacity)
+        e("add.i64", v, base, cnt)
+        e("selp.b64", v, v, -1, pc)
+        e("add.i64", tmp, RS, a)
+        e("st.global.b32", Mem(tmp, 0), v)
+        e("shl.b64", v, v, 2)
+        e("add.i64", tmp, ST, v)
+        e("st.global.b32", Mem(tmp, 0), t, p=pc)
+        e("add.i64", cnt, cnt, 1)
+    walk("LA", place)
+    e("mov.b64", a, 8 * B)
+    e("ld.shared.b64", cnt, Mem(a, 0))
+    e("min.i64", cnt, cnt, capacity)
+    e("add.i64", cnt, cnt, tid)                   # the empty slots, a thread each in turn
+    e("mov.b64", v, -1)
+    e.a.label("LF")
+    e("setp.ge.i64", p, cnt, capacity)
+    e("bra", "LF_END", p=p)
+    e("add.i64", tmp, base, cnt)
+    e("shl.b64", tmp, tmp, 2)
+    e("add.i64", tmp, tmp, ST)
+    e("st.global.b32", Mem(tmp, 0), v)
+    e("add.i64", cnt, cnt, B)
+    e("bra", "LF")
+    e.a.label("LF_END")
+    e("bar.sync")                                 # every read of the counts before the next expert's writes
+    e("add.i64", ex, ex, estep)
+    e("bra", "EXP")
+    e.a.label("DONE")
+    e("exit")
+
+    def gen(rng):
+        z = rng.standard_normal((tokens, experts))
+        return {"route_e": np.argsort(-z, axis=1, kind="stable")[:, :top_k].astype(np.int32)}
+
+    def ref(vals):
+        re_ = np.asarray(vals["route_e"]).astype(np.int64)
+        slot = np.full((tokens, top_k), -1.0)
+        tok = np.full(experts * capacity, -1.0)
+        filled = np.zeros(experts, np.int64)
+        for jj in range(top_k):
+            for tt in range(tokens):
+                x = re_[tt, jj]
+                if filled[x] < capacity:
+                    slot[tt, jj] = x * capacity + filled[x]
+                    tok[int(slot[tt, jj])] = tt
+                filled[x] += 1
+        return {"route_slot": slot, "slot_token": tok}
+
+    bufs = (Buf("route_e", (tokens, top_k), "i32"), Buf("route_slot", (tokens, top_k), "i32", True),
+            Buf("slot_token", (experts * capacity,), "i32", True))
+    return _finish(op, caps, e, B, experts, 0, bufs, (), "block", gen, ref)
+
+
+def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y [slots, hidden]: a block a slot copies its token's row of x [tokens, hidden] (as stored,
+    no conversion), or zeros for an empty slot (slot_token -1)."""
+    op = "moe_dispatch"
+    dt = _dtype(op, dtype)
+    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, slots=slots)
+    es = ELEM_BYTES[dt]
+    rb = hidden * es
+    VB = _vec_bytes(rb, es)
+    e = ElementwiseAsm(f"{op}_{dt}_v{VB}", ("x", "slot_token", "y", "slots"), dt, VB, "block", 128)
+    tt, row, step = e.team_setup()
+    S, X, ST, Y, src, dst, tok = (e.reg() for _ in range(7))
+    e("ldparam", S, "slots")
+    e("ldparam", X, "x")
+    e("ldparam", ST, "slot_token")
+    e("ldparam", Y, "y")
+    pk = e.a.pred()
+
+    def body():
+        e("shl.b64", src, row, 2)
+        e("add.i64", src, src, ST)
+        e("ld.global.s32", tok, Mem(src, 0))
+        e("setp.ge.i64", pk, tok, 0)
+        e("max.i64", tok, tok, 0)
+        e("mul.i64", src, tok, rb)
+        e("add.i64", src, src, X)
+        e("mul.i64", dst, row, rb)
+        e("add.i64", dst, dst, Y)
+
+        def vec(j, n):
+            nb = n * es                          # bytes: a vector, or one element of the tail
+            nr = max(nb // 4, 1)
+            r = e.reg(nr)
+            for i in range(nr):
+                e("mov.b64", r + i, 0)           # an empty slot's row stays zero
+            ad = e.addr(src, j)
+            e(_LD.get(nb, "ld.global.u16"), r, Mem(ad, 0), p=pk)
+            e("add.i64", ad, dst, j)
+            e(_ST[nb], Mem(ad, 0), r)
+            e.free(ad)
+            e.free(r, k=nr)
+        lim = e.reg()
+        e("mov.b64", lim, rb)
+        e.loop(lim, vec)
+        e.free(lim)
+
+    e.row_loop(row, step, S, body)
+
+    def gen(rng):
+        tok = rng.integers(-1, tokens, size=slots).astype(np.int32)
+        return {"x": _normal(rng, (tokens, hidden), dt), "slot_token": tok}
+
+    def ref(v):
+        from archsim.workloads.reference import ref_moe_dispatch
+
+        return {"y": ref_moe_dispatch(v["x"], v["slot_token"])}
+
+    bufs = (Buf("x", (tokens, hidden), dt), Buf("slot_token", (slots,), "i32"), Buf("y", (slots, hidden), dt, True))
+    return _finish(op, caps, e, 128, slots, 0, bufs, (("slots", slots),), "block", gen, ref)
+
+
+def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
+                       dtype: str = "fp16") -> ElementwiseKernel:
+    """y [tokens, hidden]: a block a token sums its kept choices' rows of expert_out [slots, hidden]
+    weighted by route_w (f32); a dropped choice (route_slot -1) adds nothing."""
+    op = "moe_combine"
+    dt = _dtype(op, dtype)
+    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
+    es = ELEM_BYTES[dt]
+    rb = hidden * es
+    VB = _vec_bytes(rb, es)
+    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}_v{VB}", ("expert_out", "route_slot", "route_w", "y", "tokens"), dt, VB,
+                       "block", 128)
+    tt, row, step = e.team_setup()
+    T, EO, RSL, RW, Y, ad, yrow = (e.reg() for _ in range(7))
+    e("ldparam", T, "tokens")
+    e("ldparam", EO, "expert_out")
+    e("ldparam", RSL, "route_slot")
+    e("ldparam", RW, "route_w")
+    e("ldparam", Y, "y")
+    p = e.a.pred()
+    bases = [e.reg() for _ in range(top_k)]
+    ws = [e.reg() for _ in range(top_k)]
+
+    def body():
+        e("mul.i64", ad, row, 4 * top_k)
+        for c in range(top_k):
+            e("add.i64", yrow, ad, RSL)
+            e("ld.global.s32", bases[c], Mem(yrow, 4 * c))
+            e("add.i64", yrow, ad, RW)
+            e("ld.global.b32", ws[c], Mem(yrow, 4 * c))
+            e("setp.ge.i64", p, bases[c], 0)
+            e("selp.b64", ws[c], ws[c], 0, p)        # a dropped choice weighs nothing (f32 0 bits)
+            e("max.i64", bases[c], bases[c], 0)
+            e("mul.i64", bases[c], bases[c], rb)
+            e("add.i64", bases[c], bases[c], EO)
+        e("mul.i64", yrow, row, rb)
+        e("add.i64", yrow, yrow, Y)
+
+        def vec(j, n):
+            acc = e.reg(n)
+            for i in range(n):
+                e("mov.f32", acc + i, 0.0)
+            for c in range(top_k):
+                a2 = e.addr(bases[c], j)
+                x = e.load(a2, n)
+                for i in range(n):
+                    e("fma.f32", acc + i, x + i, ws[c], acc + i)
+                e.free(x, k=n)
+                e.free(a2)
+            a2 = e.addr(yrow, j)
+            e.store(a2, acc, n)
+            e.free(a2)
+            e.free(acc, k=n)
+        lim = e.reg()
+        e("mov.b64", lim, rb)
+        e.loop(lim, vec)
+        e.free(lim)
+
+    e.row_loop(row, step, T, body)
+
+    def gen(rng):
+        slot = rng.integers(-1, slots, size=(tokens, top_k)).astype(np.int32)
+        return {"expert_out": _normal(rng, (slots, hidden), dt), "route_slot": slot,
+                "route_w": rng.random((tokens, top_k)).astype(np.float32)}
+
+    def ref(v):
+        from archsim.workloads.reference import ref_moe_combine
+
+        return {"y": ref_moe_combine(v["expert_out"], v["route_slot"], v["route_w"])}
+
+    bufs = (Buf("expert_out", (slots, hidden), dt), Buf("route_slot", (tokens, top_k), "i32"),
+            Buf("route_w", (tokens, top_k), "fp32"), Buf("y", (tokens, hidden), dt, True))
+    return _finish(op, caps, e, 128, tokens, 2 * tokens * top_k * hidden, bufs, (("tokens", tokens),), "block",
+                   gen, ref)
+
+
+__all__ += ["moe_assign_kernel", "moe_combine_kernel", "moe_dispatch_kernel", "moe_topk_kernel"]

@@ -106,8 +106,8 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
-from archsim.workloads.emit.common import (CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, OUT_BYTES,
-                                          OUT_DTYPE_ALIASES, SKINNY_ROWS, SPLIT_K_MIN_K, Asm, OutOfRegisters,
+from archsim.workloads.emit.common import (BUF_HOST, CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, INDEX_DTYPE, MMA_OP,
+                                          OUT_BYTES, OUT_DTYPE_ALIASES, SKINNY_ROWS, SPLIT_K_MIN_K, Asm, OutOfRegisters,
                                           blocks_per_core, ceil_div, check_int, check_pair, log2, one_to_one,
                                           split_k_slices, swizzle_offset)
 
@@ -116,10 +116,10 @@ __all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference",
 
 # the storage dtypes' tables and tf32 (fp32 buffers the tensor units read with 10 mantissa bits);
 # _HOST also takes the output dtypes
-_DTYPES = {**DTYPE_ALIASES, "tf32": "tf32"}
+_DTYPES = {**DTYPE_ALIASES, "tf32": "tf32", INDEX_DTYPE: INDEX_DTYPE}
 _ELEM_BYTES = {**ELEM_BYTES, "tf32": 4}
 _MMA = {**MMA_OP, "tf32": "mma.m16n8k8.f32.tf32"}
-_HOST = {**HOST_DTYPE, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
+_HOST = {**BUF_HOST, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
 
 # (BM, BN, warps along M, warps along N) of the tensor-core kernel, largest first
 MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2), (64, 32, 2, 2),
@@ -325,6 +325,8 @@ def to_host(x: np.ndarray, dtype: str) -> np.ndarray:
         b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
         r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
         return (r & 0xFFFF).astype(np.uint16)
+    if dtype == INDEX_DTYPE:
+        return np.ascontiguousarray(np.rint(x), np.int32)
     return np.ascontiguousarray(x, _HOST[dtype])
 
 

@@ -1,0 +1,192 @@
+"""Mixture-of-experts blocks (model.moe): the schema, the op graph, the numpy references, the
+routing / dispatch / combine kernels against numpy on tiny-gpu, and whole blocks run functionally
+and timed."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from archsim.cli import main
+from archsim.config import capabilities, load_machine
+from archsim.errors import InputError
+from archsim.workloads import reference as R
+from archsim.workloads.emit import elementwise_gpu as E
+from archsim.workloads.emit.gemm_gpu import to_float
+from archsim.workloads.model import load_workload, validate_workload
+
+
+def _moe(**moe):
+    wl = load_workload("tiny-moe")
+    d = json.loads(json.dumps({"name": "m", "model": wl.model.model_dump(), "scenario": wl.scenario.model_dump()}))
+    d["model"]["moe"].update(moe)
+    return d
+
+
+@pytest.mark.parametrize("change,where,what", [
+    ({"top_k": 5}, "model.moe.top_k", "top_k 5 > experts 4"),
+    ({"experts": 1}, "model.moe.experts", ""),
+    ({"capacity_factor": 0}, "model.moe.capacity_factor", ""),
+    ({"bogus": 1}, "model.moe.bogus", "unknown key"),
+])
+def test_bad_moe_is_one_line(change, where, what):
+    with pytest.raises(InputError) as e:
+        validate_workload(_moe(**change), "m.yaml")
+    line = e.value.line()
+    assert where in line and what in line and "\n" not in line
+
+
+def test_moe_refusals_name_the_option():
+    d = _moe()
+    d["scenario"]["tensor_parallel"] = 2
+    with pytest.raises(InputError, match="tensor_parallel 1 for a mixture-of-experts"):
+        validate_workload(d, "m.yaml")
+    with pytest.raises(InputError, match="prefill or decode"):
+        load_workload("tiny-moe", {"phase": "train"})
+
+
+def test_capacity_is_the_factor_times_the_even_share():
+    wl = load_workload("tiny-moe")
+    assert wl.model.moe.capacity(13) == math.ceil(0.75 * 13 * 2 / 4) == 5
+    assert wl.model.moe.capacity(1) == 1
+    assert load_workload("olmoe-1b-7b").summary()["moe"] == {"experts": 64, "top_k": 8, "capacity_factor": 1.25,
+                                                             "capacity": 320}
+
+
+def test_moe_op_graph():
+    wl = load_workload("tiny-moe")
+    ops = {o.name: o for o in wl.block_ops()}
+    names = [o.name for o in wl.block_ops()]
+    assert names[names.index("norm2") + 1:] == ["gate", "route", "dispatch", "expert1", "expert_act", "expert2",
+                                                 "combine", "res2"]
+    assert "ffn1" not in ops
+    T, h, f, Ex, k, C = 13, 64, 96, 4, 2, 5
+    sh = wl.tensor_shapes()
+    assert sh["slot_token"] == (Ex * C,) and sh["route_slot"] == (T, k) and sh["w_expert1"] == (Ex, h, f)
+    # the kernels compute every slot; the textbook counts the routed tokens
+    assert ops["expert1"].flops == 2 * Ex * C * h * f and ops["expert1"].model_flops == 2 * T * k * h * f
+    assert ops["gate"].model_flops == 2 * T * h * Ex
+
+
+def test_route_reference_fills_first_choices_first_and_drops_the_rest():
+    logits = np.array([[3.0, 1.0, 2.0], [3.0, 2.0, 1.0], [0.0, 5.0, 5.0]])
+    e, w, slot, tok = R.ref_moe_route(logits, 2, 1)
+    assert e.tolist() == [[0, 2], [0, 1], [1, 2]]             # ties to the lower expert
+    p = R.ref_softmax(logits, axis=1)
+    assert np.allclose(w, np.take_along_axis(p, e.astype(int), 1))
+    # first choices: token 0 -> expert 0 slot 0, token 1 -> expert 0 (full: dropped), token 2 -> expert 1
+    # second choices: token 0 -> expert 2, token 1 -> expert 1 (full: dropped), token 2 -> expert 2 (full)
+    assert slot.tolist() == [[0, 2], [-1, -1], [1, -1]] and tok.tolist() == [0, 2, 0]
+
+
+def test_moe_ffn_with_identical_experts_is_the_dense_ffn_scaled():
+    """Every expert the same FFN and room for every choice: each token gets the dense FFN times
+    the sum of its chosen probabilities."""
+    wl = load_workload("tiny-moe")
+    rng = np.random.default_rng(0)
+    w = R.random_weights(wl, 1)
+    w["w_expert1"][:] = w["w_expert1"][0]
+    w["w_expert2"][:] = w["w_expert2"][0]
+    x = rng.standard_normal((13, 64))
+    d = _moe(capacity_factor=2.0)
+    big = validate_workload(d, "m.yaml")
+    got = R.moe_ffn(big, x, w)
+    dense = R._activation("gelu", x @ w["w_expert1"][0], 96) @ w["w_expert2"][0]
+    probs = R.ref_softmax(x @ w["w_gate"], axis=1)
+    share = np.sort(probs, axis=1)[:, -2:].sum(axis=1)
+    assert np.allclose(got, dense * share[:, None])
+
+
+def _compare(k, seed=0):
+    caps = capabilities(load_machine("tiny-gpu"))
+    from archsim.engine.functional import run_functional
+
+    bufs = k.random_inputs(seed)
+    ref = k.reference(**bufs)
+    res = run_functional(k.program, k.args(**bufs), k.launch, warp_width=32, ncores=caps.cores_total)
+    for b in k.outputs:
+        got = to_float(res.output(b.name), b.dtype)
+        want = np.asarray(ref[b.name], np.float64).reshape(got.shape)
+        if b.dtype == "i32":
+            assert np.array_equal(got, want), (k.op, b.name)
+        else:
+            assert np.allclose(got, want, rtol=8e-3, atol=2e-3), (k.op, b.name, float(np.abs(got - want).max()))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("T,Ex,k", [(1, 2, 1), (13, 8, 2), (40, 5, 3), (7, 4, 4)])
+def test_topk_kernel_matches_numpy(dtype, T, Ex, k):
+    """bf16 logits tie often: the kernel breaks ties as the reference does (the lower expert)."""
+    _compare(E.moe_topk_kernel(capabilities(load_machine("tiny-gpu")), T, Ex, k, dtype))
+
+
+@pytest.mark.parametrize("T,Ex,k,C", [(13, 8, 2, 4), (40, 5, 3, 30), (7, 4, 4, 1), (300, 6, 2, 50), (1, 2, 1, 1),
+                                      (50, 40, 3, 2)])
+def test_assign_kernel_matches_numpy(T, Ex, k, C):
+    """Slots in priority order, drops past the capacity, empty slots -1; more experts than the
+    blocks tiny-gpu holds at once (the grid strides over them)."""
+    _compare(E.moe_assign_kernel(capabilities(load_machine("tiny-gpu")), T, Ex, k, C), seed=3)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("T,h,S", [(13, 64, 24), (5, 7, 9), (3, 33, 4)])
+def test_dispatch_and_combine_kernels_match_numpy(dtype, T, h, S):
+    caps = capabilities(load_machine("tiny-gpu"))
+    _compare(E.moe_dispatch_kernel(caps, T, h, S, dtype))
+    for k in (1, 3):
+        _compare(E.moe_combine_kernel(caps, T, h, k, S, dtype))
+
+
+def test_moe_kernel_bad_sizes_are_one_line():
+    caps = capabilities(load_machine("tiny-gpu"))
+    for make, what in ((lambda: E.moe_topk_kernel(caps, 4, 2, 3), "top_k 3 > experts 2"),
+                       (lambda: E.moe_topk_kernel(caps, 4, 40, 17), "1 to 16"),
+                       (lambda: E.moe_assign_kernel(caps, 0, 2, 1, 1), "tokens = 0"),
+                       (lambda: E.moe_dispatch_kernel(capabilities(load_machine("tiny-sunway")), 4, 8, 2),
+                        "gpu-family")):
+        with pytest.raises(InputError) as e:
+            make()
+        assert what in e.value.line()
+
+
+@pytest.mark.parametrize("args", [[], ["--phase", "decode", "--batch", "3"], ["--dtype", "bf16", "--seq", "40"],
+                                  ["--dtype", "fp32", "--attention", "unfused"]])
+def test_moe_block_runs_functionally(capsys, tmp_path, args):
+    out = tmp_path / "f.json"
+    assert main(["run", "--hw", "tiny-gpu", "--workload", "tiny-moe", "--mode", "functional", *args,
+                 "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["passed"] and {"route.topk", "route.assign", "dispatch", "expert1", "combine"} <= \
+        {k["name"] for k in doc["kernels"]}
+
+
+def test_moe_block_timing_follows_the_capacity(capsys, tmp_path):
+    """The experts' GEMMs run over every slot: a larger capacity factor costs them more cycles."""
+    cycles = {}
+    for cf in (0.75, 3.0):
+        p = tmp_path / f"m{cf}.yaml"
+        d = _moe(capacity_factor=cf)
+        import yaml
+
+        p.write_text(yaml.safe_dump(d))
+        out = tmp_path / f"{cf}.json"
+        assert main(["run", "--hw", "tiny-gpu", "--workload", str(p), "--workers", "1", "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        cycles[cf] = {k["name"]: k["cycles"] for k in doc["kernels"]}
+        assert doc["workload"]["moe"]["capacity"] == math.ceil(cf * 13 * 2 / 4)
+    assert cycles[3.0]["expert1"] > cycles[0.75]["expert1"]
+    assert cycles[3.0]["gate"] == cycles[0.75]["gate"]
+
+
+@pytest.mark.parametrize("argv,what", [
+    (["--hw", "tiny-sunway"], "no mixture-of-experts kernels for the sunway family"),
+    (["--hw", "tiny-gpu", "--phase", "train"], "backward kernels are not emitted yet"),
+    (["--hw", "tiny-gpu", "--tp", "2"], "tensor_parallel 1"),
+])
+def test_moe_refusals_are_one_line(capsys, argv, what):
+    assert main(["run", "--workload", "tiny-moe", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert what in err and len(err.splitlines()) == 1, err
