@@ -262,13 +262,24 @@ def _initial_tensors(wl, seed: int) -> dict:
     return init
 
 
-def _execute_block(wl, tensors: dict) -> dict:
+# a mixture-of-experts block's discrete routing: the whole-block check takes the kernels' choices
+# (rounded logits may pick another expert than float64 would; each op is checked on its own inputs)
+ROUTING = ("route_e", "route_slot", "slot_token")
+
+
+def _execute_block(wl, tensors: dict, routing: dict | None = None) -> dict:
     """The op graph in float64 (reference.run_op), with the decode step's KV-cache append: the new
-    tokens' K, V rows of qkv enter the caches' last row before attention (as the kernels do)."""
+    tokens' K, V rows of qkv enter the caches' last row before attention (as the kernels do).
+    ``routing``: the route op's discrete outputs to keep (its weights recomputed from the logits)."""
     from archsim.workloads import reference as R
 
     env = dict(tensors)
     for op in wl.block_ops():
+        if op.kind == "moe_route" and routing:
+            env.update(routing)
+            p = R.ref_softmax(env[op.inputs[0]], axis=1)
+            env["route_w"] = np.take_along_axis(p, np.asarray(routing["route_e"]).astype(np.int64), axis=1)
+            continue
         if op.kind == "attention" and "k_cache" in op.inputs:
             h = op.dims["heads"] * op.dims["head_dim"]
             for name, lo in (("k_cache", h), ("v_cache", 2 * h)):
@@ -284,7 +295,10 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
     are checked against archsim.workloads.reference.run_op on the exact values its kernels read;
     at the end the block's outputs against a float64 pass of the whole op graph from the same
     initial tensors (execute_ops) and, in prefill, against reference_block, an independent numpy
-    forward pass. ``placement`` is recorded only: the values do not depend on it."""
+    forward pass. A mixture-of-experts block's whole-block passes keep the routing choices its
+    kernels made (route_e, route_slot, slot_token, checked exactly op by op): rounded logits may
+    choose another expert than float64 would. ``placement`` is recorded only: the values do not
+    depend on it."""
     from archsim.engine.functional import run_functional
     from archsim.workloads import reference as R
     from archsim.workloads.emit.gemm_gpu import to_host
@@ -357,7 +371,8 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
         progress(len(kernels), len(kernels), "")
     # the whole block from the same initial values (as the kernels read them: rounded)
     start = {n: value(n) for n in init if n in host}
-    env = _execute_block(wl, start)
+    routing = {n: value(n) for n in ROUTING if n in host} or None
+    env = _execute_block(wl, start, routing)
     tol = BLOCK_TOL[wl.scenario.dtype]
     consumed = {n for op in ops for n in op.inputs}
     finals = [n for op in ops for n in op.outputs if n not in consumed]  # y; d_x and every weight gradient
@@ -365,7 +380,7 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
     for n in finals:
         block = _merge_ver(block, _verify(value(n), env[n], tol))
     if wl.scenario.phase == "prefill":
-        y = R.reference_block(wl, {n: v for n, v in start.items() if n != "x"}, start["x"])
+        y = R.reference_block(wl, {n: v for n, v in start.items() if n != "x"}, start["x"], routing=routing)
         block = _merge_ver(block, _verify(value("y"), y, tol))
     block["tensors"] = finals
     wall = time.perf_counter() - t0

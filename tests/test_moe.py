@@ -44,8 +44,6 @@ def test_moe_refusals_name_the_option():
     d["scenario"]["tensor_parallel"] = 2
     with pytest.raises(InputError, match="tensor_parallel 1 for a mixture-of-experts"):
         validate_workload(d, "m.yaml")
-    with pytest.raises(InputError, match="prefill or decode"):
-        load_workload("tiny-moe", {"phase": "train"})
 
 
 def test_capacity_is_the_factor_times_the_even_share():
@@ -138,6 +136,33 @@ def test_dispatch_and_combine_kernels_match_numpy(dtype, T, h, S):
     _compare(E.moe_dispatch_kernel(caps, T, h, S, dtype))
     for k in (1, 3):
         _compare(E.moe_combine_kernel(caps, T, h, k, S, dtype))
+        _compare(E.moe_combine_kernel(caps, T, h, k, S, dtype, weighted=False))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("T,h,S,k", [(13, 64, 24, 2), (5, 7, 9, 1), (3, 33, 12, 3), (40, 1200, 80, 2)])
+def test_combine_grad_kernels_match_numpy(dtype, T, h, S, k):
+    """Both kernels of combine's backward (rows past 1024 columns take a block a token)."""
+    caps = capabilities(load_machine("tiny-gpu"))
+    chain = E.moe_combine_grad_kernel(caps, T, h, k, S, dtype)
+    from archsim.engine.functional import run_functional
+
+    bufs = chain.random_inputs(1)
+    ref = chain.reference(**bufs)
+    for i, kk in enumerate(chain.kernels):
+        res = run_functional(kk.program, chain.args_for(i, **bufs), kk.launch, warp_width=32, ncores=2)
+        for b in kk.outputs:
+            bufs[b.name] = res.output(b.name)
+    for name in ("d_route_w", "d_expert_out"):
+        dt = "fp32" if name == "d_route_w" else dtype
+        assert np.allclose(to_float(bufs[name], dt), np.asarray(ref[name]).reshape(np.shape(bufs[name])),
+                           rtol=1e-2, atol=3e-2), name
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+@pytest.mark.parametrize("T,Ex,k", [(1, 2, 1), (13, 8, 2), (40, 5, 3)])
+def test_route_grad_kernel_matches_numpy(dtype, T, Ex, k):
+    _compare(E.moe_route_grad_kernel(capabilities(load_machine("tiny-gpu")), T, Ex, k, dtype))
 
 
 def test_moe_kernel_bad_sizes_are_one_line():
@@ -153,14 +178,18 @@ def test_moe_kernel_bad_sizes_are_one_line():
 
 
 @pytest.mark.parametrize("args", [[], ["--phase", "decode", "--batch", "3"], ["--dtype", "bf16", "--seq", "40"],
-                                  ["--dtype", "fp32", "--attention", "unfused"]])
+                                  ["--dtype", "fp32", "--attention", "unfused"], ["--phase", "train"],
+                                  ["--phase", "train", "--dtype", "bf16", "--batch", "3"]])
 def test_moe_block_runs_functionally(capsys, tmp_path, args):
     out = tmp_path / "f.json"
     assert main(["run", "--hw", "tiny-gpu", "--workload", "tiny-moe", "--mode", "functional", *args,
                  "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["passed"] and {"route.topk", "route.assign", "dispatch", "expert1", "combine"} <= \
-        {k["name"] for k in doc["kernels"]}
+    names = {k["name"] for k in doc["kernels"]}
+    assert doc["passed"] and {"route.topk", "route.assign", "dispatch", "expert1", "combine"} <= names
+    if "train" in args:
+        assert {"combine.grad.dw", "combine.grad.dslot", "expert2.wgrad", "dispatch.grad", "route.grad",
+                "gate.wgrad", "moe_in.grad"} <= names
 
 
 def test_moe_block_timing_follows_the_capacity(capsys, tmp_path):
@@ -183,10 +212,34 @@ def test_moe_block_timing_follows_the_capacity(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv,what", [
     (["--hw", "tiny-sunway"], "no mixture-of-experts kernels for the sunway family"),
-    (["--hw", "tiny-gpu", "--phase", "train"], "backward kernels are not emitted yet"),
     (["--hw", "tiny-gpu", "--tp", "2"], "tensor_parallel 1"),
 ])
 def test_moe_refusals_are_one_line(capsys, argv, what):
     assert main(["run", "--workload", "tiny-moe", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert what in err and len(err.splitlines()) == 1, err
+
+
+def test_moe_backward_graph_is_the_gradient():
+    """The backward ops' float64 references against central differences of the forward block:
+    sum(y * d_y) moved by one weight or input entry (small enough that no routing changes)."""
+    train = load_workload("tiny-moe", {"phase": "train", "dtype": "fp32"})
+    fwd = load_workload("tiny-moe", {"dtype": "fp32"})
+    rng = np.random.default_rng(5)
+    w = R.random_weights(train, 2)
+    x = rng.standard_normal((13, 64))
+    dy = rng.standard_normal((13, 64))
+    env = R.execute_ops(train, {**w, "x": x, "d_y": dy})
+
+    def loss(name, idx, delta):
+        ws = {k: v.copy() for k, v in w.items()}
+        xx = x.copy()
+        (xx if name == "x" else ws[name])[idx] += delta
+        return float((R.execute_ops(fwd, {**ws, "x": xx})["y"] * dy).sum())
+
+    eps = 1e-6
+    for name, idx in (("w_gate", (3, 1)), ("w_gate", (10, 2)), ("w_expert1", (1, 5, 7)), ("w_expert2", (2, 9, 4)),
+                      ("w_expert2", (0, 0, 63)), ("x", (4, 10)), ("x", (12, 0))):
+        num = (loss(name, idx, eps) - loss(name, idx, -eps)) / (2 * eps)
+        got = env["d_" + name][idx]
+        assert got == pytest.approx(num, rel=1e-4, abs=1e-6), (name, idx)

@@ -135,9 +135,15 @@ def check_plan(plan: Plan, cluster, workload, where: str = "--plan") -> None:
     if plan.devices > cluster.devices:
         raise InputError(where, f"tp {plan.tp} x pp {plan.pp} x dp {plan.dp} = {plan.devices:,} devices; cluster "
                          f"{cluster.name} has {cluster.devices:,}", f"at most {cluster.devices:,} devices")
-    if plan.ep > 1:
+    if plan.ep > 1 and m.moe is None:
         raise InputError(where, f"ep {plan.ep}: {workload.name} has no experts (expert parallelism splits the "
                          "experts of a mixture-of-experts model)", "ep=1 for a dense model")
+    if plan.ep > 1:
+        raise InputError(where, f"ep {plan.ep}: expert parallelism's all-to-all dispatch is not simulated yet",
+                         "ep=1 (each device holds every expert)")
+    if m.moe is not None and plan.tp > 1:
+        raise InputError(where, f"tp {plan.tp} with {workload.name}'s experts: a tensor-parallel shard of the "
+                         "experts is not built", "tp=1 for a mixture-of-experts model")
     for what, n in (("heads", m.heads), ("hidden", m.hidden), ("ffn_hidden", m.ffn_hidden)):
         if n % plan.tp:
             raise InputError(where, f"tp {plan.tp} does not divide {workload.name}'s {what} {n}",

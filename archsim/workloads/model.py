@@ -129,10 +129,6 @@ class Workload(_Frozen):
             raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} with model.moe: a tensor-parallel "
                              "shard of the experts is not built", "tensor_parallel 1 for a mixture-of-experts model",
                              related=("model.moe",))
-        if m.moe is not None and self.scenario.phase == "train":
-            raise FieldError("scenario.phase", "train with model.moe: the router's and the experts' backward "
-                             "kernels are not emitted yet", "prefill or decode for a mixture-of-experts model",
-                             related=("model.moe",))
         return self
 
     # ---- the op graph ----

@@ -229,13 +229,62 @@ def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int) -> None:
           ELEMENTWISE_FLOPS["softmax"] * T * E, 0)
     B.add("dispatch", "moe_dispatch", dict(tokens=T, hidden=h, slots=S), ["x_n2", "slot_token"],
           [t("expert_in", (S, h))], 0, 0)
-    B.add("expert1", "moe_gemm", dict(experts=E, M=C, N=f1, K=h), ["expert_in", t("w_expert1", (E, h, f1))],
-          [t("expert_h", (S, f1))], 2 * S * f1 * h, 2 * T * k * f1 * h)
+    _moe_gemm(B, "expert1", "expert_in", t("w_expert1", (E, h, f1)), t("expert_h", (S, f1)), E, C, f1, h,
+              model_flops=2 * T * k * f1 * h)
     B.eltwise("expert_act", m.activation, S, f, ["expert_h"], [t("expert_a", (S, f))])
-    B.add("expert2", "moe_gemm", dict(experts=E, M=C, N=h, K=f), ["expert_a", t("w_expert2", (E, f, h))],
-          [t("expert_out", (S, h))], 2 * S * h * f, 2 * T * k * h * f)
+    _moe_gemm(B, "expert2", "expert_a", t("w_expert2", (E, f, h)), t("expert_out", (S, h)), E, C, h, f,
+              model_flops=2 * T * k * h * f)
     B.add("combine", "moe_combine", dict(tokens=T, hidden=h, top_k=k, slots=S),
           ["expert_out", "route_slot", "route_w"], [t("ffn2_out", (T, h))], 2 * T * k * h, 0)
+
+
+def _moe_gemm(B: _Builder, name, a, b, c, E, M, N, K, trans_a=False, trans_b=False, model_flops=0):
+    """C[e] = op(A[e]) @ op(B[e]) for each expert e (moe_gemm: batched over the experts); C is
+    [E, M, N] (a weight gradient: ``stacked``) or the experts' rows one after another [E M, N]."""
+    stacked = len(B.shapes[c]) == 3
+    B.add(name, "moe_gemm", dict(experts=E, M=M, N=N, K=K, trans_a=trans_a, trans_b=trans_b, stacked=stacked),
+          [a, b], [c], 2 * E * M * N * K, model_flops)
+
+
+def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int) -> None:
+    """The mixture-of-experts FFN's backward from d_y (the gradient of ffn2_out):
+
+    - ``combine.grad``: d_route_w [T, k] (a kept choice: its slot's row of expert_out . d_y[t]) and
+      d_expert_out [E C, h] (a slot: its choice's weight x d_y of its token; zeros when empty);
+    - each expert's FFN backward, batched over the experts (``expert2.dgrad`` / ``.wgrad``,
+      ``expert_act.grad``, ``expert1.dgrad`` / ``.wgrad``);
+    - ``dispatch.grad``: d_x_n2_experts [T, h], the sum of the token's slots' rows of d_expert_in;
+    - ``route.grad``: d_gate_logits [T, E] through the softmax (only the chosen probabilities
+      carry a gradient; the top-k choice itself has none);
+    - ``gate.dgrad`` / ``gate.wgrad``, and ``moe_in.grad`` adding the two paths into d_x_n2."""
+    t = B.tensor
+    E, k = m.moe.experts, m.moe.top_k
+    C = m.moe.capacity(T)
+    S = E * C
+    f1 = B.shapes["expert_h"][1]
+
+    def grad(name):
+        return t("d_" + name, B.shapes[name])
+
+    B.add("combine.grad", "moe_combine_grad", dict(tokens=T, hidden=h, top_k=k, slots=S),
+          ["d_y", "expert_out", "route_slot", "route_w", "slot_token"], [grad("route_w"), grad("expert_out")],
+          2 * T * k * h + S * h, 0)
+    _moe_gemm(B, "expert2.dgrad", "d_expert_out", "w_expert2", grad("expert_a"), E, C, f, h, trans_b=True,
+              model_flops=2 * T * k * h * f)
+    _moe_gemm(B, "expert2.wgrad", "expert_a", "d_expert_out", grad("w_expert2"), E, f, h, C, trans_a=True,
+              model_flops=2 * T * k * h * f)
+    B.eltwise("expert_act.grad", m.activation + "_grad", S, f, ["expert_h", "d_expert_a"], [grad("expert_h")])
+    _moe_gemm(B, "expert1.dgrad", "d_expert_h", "w_expert1", grad("expert_in"), E, C, h, f1, trans_b=True,
+              model_flops=2 * T * k * h * f1)
+    _moe_gemm(B, "expert1.wgrad", "expert_in", "d_expert_h", grad("w_expert1"), E, h, f1, C, trans_a=True,
+              model_flops=2 * T * k * h * f1)
+    B.add("dispatch.grad", "moe_dispatch_grad", dict(tokens=T, hidden=h, top_k=k, slots=S),
+          ["d_expert_in", "route_slot"], [t("d_x_n2_experts", (T, h))], T * k * h, 0)
+    B.add("route.grad", "moe_route_grad", dict(tokens=T, experts=E, top_k=k),
+          ["gate_logits", "route_e", "d_route_w"], [grad("gate_logits")], 4 * T * E, 0)
+    B.gemm("gate.dgrad", "d_gate_logits", "w_gate", t("d_x_n2_gate", (T, h)), T, h, E, trans_b=True)
+    B.gemm("gate.wgrad", "x_n2", "d_gate_logits", grad("w_gate"), h, E, T, trans_a=True)
+    B.eltwise("moe_in.grad", "add", T, h, ["d_x_n2_experts", "d_x_n2_gate"], [t("d_x_n2", (T, h))])
 
 
 def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
@@ -307,9 +356,12 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
         outs = [t(part, (T, h)), grad(f"norm{i}_gamma")] + ([grad(f"norm{i}_beta")] if layernorm else [])
         B.eltwise(f"norm{i}.grad", m.norm + "_grad", T, h, ins, outs)
 
-    gemm_grads("ffn2", "act_out", "w_ffn2", "y")
-    B.eltwise("act.grad", m.activation + "_grad", T, f, ["ffn1_out", "d_act_out"], [grad("ffn1_out")])
-    gemm_grads("ffn1", "x_n2", "w_ffn1", "ffn1_out")
+    if m.moe is not None:
+        _moe_ffn_grad(B, m, T, h, f)
+    else:
+        gemm_grads("ffn2", "act_out", "w_ffn2", "y")
+        B.eltwise("act.grad", m.activation + "_grad", T, f, ["ffn1_out", "d_act_out"], [grad("ffn1_out")])
+        gemm_grads("ffn1", "x_n2", "w_ffn1", "ffn1_out")
     norm_grad(2, "x_mid", "d_x_mid_part")
     B.eltwise("res2.grad", "add", T, h, ["d_y", "d_x_mid_part"], [grad("x_mid")])
     gemm_grads("proj", "attn_out", "w_proj", "x_mid")

@@ -209,12 +209,43 @@ def ref_moe_dispatch(x, slot_token) -> np.ndarray:
     return out
 
 
-def ref_moe_gemm(a, w) -> np.ndarray:
-    """Each expert's rows of a [E C, K] times its weights w [E, K, N] -> [E C, N]."""
-    w = np.asarray(w, np.float64)
-    E = w.shape[0]
-    a = np.asarray(a, np.float64).reshape(E, -1, w.shape[1])
-    return np.einsum("eck,ekn->ecn", a, w).reshape(-1, w.shape[2])
+def ref_moe_gemm(a, b, experts: int, trans_a: bool = False, trans_b: bool = False,
+                 stacked: bool = False) -> np.ndarray:
+    """op(A[e]) @ op(B[e]) for each of ``experts``: a and b hold the experts' matrices one after
+    another ([E rows, cols] or [E, rows, cols]). The result is [E, M, N] when ``stacked``, else the
+    experts' rows one after another [E M, N]."""
+    A = np.asarray(a, np.float64)
+    Bm = np.asarray(b, np.float64)
+    A = A.reshape(experts, -1, A.shape[-1])
+    Bm = Bm.reshape(experts, -1, Bm.shape[-1])
+    out = np.matmul(A.transpose(0, 2, 1) if trans_a else A, Bm.transpose(0, 2, 1) if trans_b else Bm)
+    return out if stacked else out.reshape(-1, out.shape[-1])
+
+
+def ref_moe_combine_grad(d_y, expert_out, route_slot, route_w, slot_token):
+    """(d_route_w [T, k], d_expert_out [slots, h]) of combine: a kept choice's weight gradient is its
+    slot's row of expert_out . d_y[t]; a slot's gradient is its choice's weight x d_y[t] (zeros
+    when empty)."""
+    dy = np.asarray(d_y, np.float64)
+    eo = np.asarray(expert_out, np.float64)
+    slot = np.asarray(route_slot).astype(np.int64)
+    w = np.asarray(route_w, np.float64)
+    kept = slot >= 0
+    d_w = np.where(kept, np.einsum("th,tkh->tk", dy, eo[np.maximum(slot, 0)]), 0.0)
+    d_eo = np.zeros_like(eo)
+    t_idx, j_idx = np.nonzero(kept)
+    d_eo[slot[t_idx, j_idx]] = w[t_idx, j_idx, None] * dy[t_idx]
+    return d_w, d_eo
+
+
+def ref_moe_route_grad(logits, route_e, d_route_w) -> np.ndarray:
+    """d_logits [T, E]: the chosen probabilities' gradient g (scattered to their experts) through the
+    softmax, p (g - p . g)."""
+    p = ref_softmax(logits, axis=1)
+    e = np.asarray(route_e).astype(np.int64)
+    g = np.zeros_like(p)
+    np.add.at(g, (np.arange(p.shape[0])[:, None].repeat(e.shape[1], 1), e), np.asarray(d_route_w, np.float64))
+    return p * (g - (p * g).sum(axis=1, keepdims=True))
 
 
 def ref_moe_combine(expert_out, route_slot, route_w) -> np.ndarray:
@@ -225,16 +256,24 @@ def ref_moe_combine(expert_out, route_slot, route_w) -> np.ndarray:
     return np.einsum("tk,tkh->th", w, eo[np.maximum(slot, 0)])
 
 
-def moe_ffn(workload: "Workload", x_n2, weights: dict, tensors: Optional[dict] = None) -> np.ndarray:
-    """The mixture-of-experts FFN of model.moe on x_n2 [T, h] (ops._moe_ffn's steps)."""
+def moe_ffn(workload: "Workload", x_n2, weights: dict, tensors: Optional[dict] = None,
+            routing: Optional[dict] = None) -> np.ndarray:
+    """The mixture-of-experts FFN of model.moe on x_n2 [T, h] (ops._moe_ffn's steps). ``routing``
+    (route_e, route_slot, slot_token): the discrete choices to use instead of computing them (a
+    check of kernels whose rounded logits may choose otherwise than float64 would)."""
     m = workload.model
     C = m.moe.capacity(x_n2.shape[0])
     logits = np.asarray(x_n2, np.float64) @ weights["w_gate"]
     route_e, route_w, route_slot, slot_token = ref_moe_route(logits, m.moe.top_k, C)
+    if routing is not None:
+        route_e, route_slot, slot_token = (np.asarray(routing[n], np.float64)
+                                           for n in ("route_e", "route_slot", "slot_token"))
+        route_w = np.take_along_axis(ref_softmax(logits, axis=1), route_e.astype(np.int64), axis=1)
     expert_in = ref_moe_dispatch(x_n2, slot_token)
-    expert_h = ref_moe_gemm(expert_in, weights["w_expert1"])
+    E = m.moe.experts
+    expert_h = ref_moe_gemm(expert_in, weights["w_expert1"], E)
     expert_a = _activation(m.activation, expert_h, m.ffn_hidden)
-    expert_out = ref_moe_gemm(expert_a, weights["w_expert2"])
+    expert_out = ref_moe_gemm(expert_a, weights["w_expert2"], E)
     out = ref_moe_combine(expert_out, route_slot, route_w)
     if tensors is not None:
         tensors.update(gate_logits=logits, route_e=route_e, route_w=route_w, route_slot=route_slot,
@@ -297,11 +336,13 @@ def _activation(kind: str, z, f: int):
     return ref_swiglu(z[:, :f], z[:, f:])
 
 
-def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[dict] = None) -> np.ndarray:
+def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[dict] = None,
+                    routing: Optional[dict] = None) -> np.ndarray:
     """One decoder block forward in float64, prefill semantics: ``x`` is [batch*L, h], the
     scenario's ``batch`` sequences of L tokens each one after another (L = rows / batch), every
     token computed at once, causal per the scenario. Returns y [batch*L, h]. When ``tensors`` is a
-    dict it receives the intermediates under the op graph's names (x_n1, qkv, attn_out, ...)."""
+    dict it receives the intermediates under the op graph's names (x_n1, qkv, attn_out, ...).
+    ``routing``: a mixture-of-experts block's discrete choices, as moe_ffn takes them."""
     m, sc = workload.model, workload.scenario
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[1] != m.hidden or x.shape[0] % sc.batch:
@@ -315,7 +356,7 @@ def reference_block(workload: "Workload", weights: dict, x, tensors: Optional[di
     x_mid = x + attn_out @ weights["w_proj"]
     x_n2 = _norm(workload, x_mid, weights, 2)
     if m.moe is not None:
-        y = x_mid + moe_ffn(workload, x_n2, weights, tensors)
+        y = x_mid + moe_ffn(workload, x_n2, weights, tensors, routing)
         if tensors is not None:
             tensors.update(x=x, x_n1=x_n1, qkv=qkv, attn_out=attn_out, x_mid=x_mid, x_n2=x_n2, y=y)
         return y
@@ -384,9 +425,15 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
     elif k == "moe_dispatch":
         outs = [ref_moe_dispatch(*ins)]
     elif k == "moe_gemm":
-        outs = [ref_moe_gemm(*ins)]
+        outs = [ref_moe_gemm(ins[0], ins[1], d["experts"], d["trans_a"], d["trans_b"], d["stacked"])]
     elif k == "moe_combine":
         outs = [ref_moe_combine(*ins)]
+    elif k == "moe_combine_grad":
+        outs = list(ref_moe_combine_grad(*ins))
+    elif k == "moe_dispatch_grad":
+        outs = [ref_moe_combine(ins[0], ins[1], np.ones(np.shape(ins[1])))]
+    elif k == "moe_route_grad":
+        outs = [ref_moe_route_grad(*ins)]
     elif k == "attention_grad":
         q, kk, v = _attention_qkv(op, tensors)
         b, n = d["batch"], d["heads"]

@@ -394,7 +394,8 @@ def _ew(op, ctx, kobj, bind: dict) -> list[Kernel]:
 
 def _part(kop: str, i: int) -> str:
     return {"layernorm_grad": "dx", "rmsnorm_grad": "dx", "colsum_ln": "dgamma", "colsum_rms": "dgamma",
-            "colsum_chunks": "dgamma_sum", "moe_topk": "topk", "moe_assign": "assign"}.get(kop, f"k{i}")
+            "colsum_chunks": "dgamma_sum", "moe_topk": "topk", "moe_assign": "assign", "moe_combine_dw": "dw",
+            "moe_combine_dslot": "dslot"}.get(kop, f"k{i}")
 
 
 def _norm(op, ctx) -> list[Kernel]:
@@ -472,20 +473,49 @@ def _moe_combine(op, ctx) -> list[Kernel]:
 
 
 def _moe_gemm(op, ctx) -> list[Kernel]:
-    """Every expert's GEMM over its C slots, batched over the experts: [E, C, K] @ [E, K, N]."""
+    """Every expert's GEMM, batched over the experts: C[e] = op(A[e]) @ op(B[e]), each operand the
+    experts' matrices one after another (forward [E, C, K] @ [E, K, N]; dgrad with B^T, wgrad with A^T)."""
     d = op.dims
     E, M, N, K = d["experts"], d["M"], d["N"], d["K"]
+    ta, tb = bool(d.get("trans_a")), bool(d.get("trans_b"))
     _moe_ew(ctx, op)                              # the family has MoE kernels
     (a, b), (c,) = op.inputs, op.outputs
-    return [_batched(ctx, op.name, op, op.flops, op.model_flops, M, N, K, (a, 0), (b, 0), (c, 0), lda=K, ldb=N,
-                     ldc=N, batch=(E, 1), stride_a=(M * K, 0), stride_b=(K * N, 0), stride_c=(M * N, 0))]
+    return [_batched(ctx, op.name, op, op.flops, op.model_flops, M, N, K, (a, 0), (b, 0), (c, 0), trans_a=ta,
+                     trans_b=tb, lda=M if ta else K, ldb=K if tb else N, ldc=N, batch=(E, 1), stride_a=(M * K, 0),
+                     stride_b=(K * N, 0), stride_c=(M * N, 0))]
+
+
+def _moe_combine_grad(op, ctx) -> list[Kernel]:
+    """``combine.grad.dw`` (the weights' gradient, a team a token) and ``combine.grad.dslot`` (the
+    slots' gradient rows, a block a slot)."""
+    d = op.dims
+    k = _moe_ew(ctx, op, "moe_combine_grad_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"],
+                                                    ctx.dt)
+    return _ew(op, ctx, k, dict(zip(("d_y", "expert_out", "route_slot", "route_w", "slot_token", "d_route_w",
+                                     "d_expert_out"), list(op.inputs) + list(op.outputs))))
+
+
+def _moe_dispatch_grad(op, ctx) -> list[Kernel]:
+    """The dispatch's backward: each token's slots' gradient rows summed (combine, unweighted)."""
+    d = op.dims
+    k = _moe_ew(ctx, op, "moe_combine_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt,
+                                               weighted=False)
+    return _ew(op, ctx, k, dict(zip(("expert_out", "route_slot", "y"), list(op.inputs) + list(op.outputs))))
+
+
+def _moe_route_grad(op, ctx) -> list[Kernel]:
+    d = op.dims
+    k = _moe_ew(ctx, op, "moe_route_grad_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
+    return _ew(op, ctx, k, dict(zip(("logits", "route_e", "d_route_w", "d_logits"),
+                                    list(op.inputs) + list(op.outputs))))
 
 
 EMITTERS = {"gemm": _gemm, "attention": _attention, "attention_grad": _attention_grad, "layernorm": _norm,
             "rmsnorm": _norm, "layernorm_grad": _norm_grad, "rmsnorm_grad": _norm_grad, "gelu": _flat,
             "relu": _flat, "add": _flat, "gelu_grad": _flat, "relu_grad": _flat, "swiglu": _swiglu,
             "swiglu_grad": _swiglu, "moe_route": _moe_route, "moe_dispatch": _moe_dispatch, "moe_gemm": _moe_gemm,
-            "moe_combine": _moe_combine}
+            "moe_combine": _moe_combine, "moe_combine_grad": _moe_combine_grad,
+            "moe_dispatch_grad": _moe_dispatch_grad, "moe_route_grad": _moe_route_grad}
 
 
 def emit_block(caps, wl) -> list[Kernel]:

@@ -2192,24 +2192,26 @@ def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str =
     return _finish(op, caps, e, 128, slots, 0, bufs, (("slots", slots),), "block", gen, ref)
 
 
-def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
-                       dtype: str = "fp16") -> ElementwiseKernel:
+def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, dtype: str = "fp16",
+                       weighted: bool = True) -> ElementwiseKernel:
     """y [tokens, hidden]: a block a token sums its kept choices' rows of expert_out [slots, hidden]
-    weighted by route_w (f32); a dropped choice (route_slot -1) adds nothing."""
-    op = "moe_combine"
+    weighted by route_w (f32); a dropped choice (route_slot -1) adds nothing. Unweighted (no
+    route_w): the dispatch's backward, each token's slots' gradient rows summed."""
+    op = "moe_combine" if weighted else "moe_dispatch_grad"
     dt = _dtype(op, dtype)
     _moe_sizes(op, caps, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
     es = ELEM_BYTES[dt]
     rb = hidden * es
     VB = _vec_bytes(rb, es)
-    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}_v{VB}", ("expert_out", "route_slot", "route_w", "y", "tokens"), dt, VB,
-                       "block", 128)
+    params = ("expert_out", "route_slot") + (("route_w",) if weighted else ()) + ("y", "tokens")
+    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}_v{VB}", params, dt, VB, "block", 128)
     tt, row, step = e.team_setup()
     T, EO, RSL, RW, Y, ad, yrow = (e.reg() for _ in range(7))
     e("ldparam", T, "tokens")
     e("ldparam", EO, "expert_out")
     e("ldparam", RSL, "route_slot")
-    e("ldparam", RW, "route_w")
+    if weighted:
+        e("ldparam", RW, "route_w")
     e("ldparam", Y, "y")
     p = e.a.pred()
     bases = [e.reg() for _ in range(top_k)]
@@ -2220,8 +2222,11 @@ def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
         for c in range(top_k):
             e("add.i64", yrow, ad, RSL)
             e("ld.global.s32", bases[c], Mem(yrow, 4 * c))
-            e("add.i64", yrow, ad, RW)
-            e("ld.global.b32", ws[c], Mem(yrow, 4 * c))
+            if weighted:
+                e("add.i64", yrow, ad, RW)
+                e("ld.global.b32", ws[c], Mem(yrow, 4 * c))
+            else:
+                e("mov.f32", ws[c], 1.0)
             e("setp.ge.i64", p, bases[c], 0)
             e("selp.b64", ws[c], ws[c], 0, p)        # a dropped choice weighs nothing (f32 0 bits)
             e("max.i64", bases[c], bases[c], 0)
@@ -2260,12 +2265,274 @@ def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
     def ref(v):
         from archsim.workloads.reference import ref_moe_combine
 
-        return {"y": ref_moe_combine(v["expert_out"], v["route_slot"], v["route_w"])}
+        w = v["route_w"] if weighted else np.ones(np.shape(v["route_slot"]))
+        return {"y": ref_moe_combine(v["expert_out"], v["route_slot"], w)}
 
-    bufs = (Buf("expert_out", (slots, hidden), dt), Buf("route_slot", (tokens, top_k), "i32"),
-            Buf("route_w", (tokens, top_k), "fp32"), Buf("y", (tokens, hidden), dt, True))
-    return _finish(op, caps, e, 128, tokens, 2 * tokens * top_k * hidden, bufs, (("tokens", tokens),), "block",
-                   gen, ref)
+    bufs = (Buf("expert_out", (slots, hidden), dt), Buf("route_slot", (tokens, top_k), "i32")) + \
+        ((Buf("route_w", (tokens, top_k), "fp32"),) if weighted else ()) + (Buf("y", (tokens, hidden), dt, True),)
+    return _finish(op, caps, e, 128, tokens, (2 if weighted else 1) * tokens * top_k * hidden, bufs,
+                   (("tokens", tokens),), "block", gen, ref)
 
 
-__all__ += ["moe_assign_kernel", "moe_combine_kernel", "moe_dispatch_kernel", "moe_topk_kernel"]
+def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
+                            dtype: str = "fp16") -> KernelChain:
+    """combine's backward as two kernels: (1) a team a token: d_route_w [tokens, top_k] (f32), each
+    kept choice's slot row of expert_out dotted with d_y (0 when dropped); (2) a block a slot:
+    d_expert_out [slots, hidden] = its choice's weight x d_y of its token (found among the token's
+    route_slot entries), zeros for an empty slot."""
+    op = "moe_combine_grad"
+    dt = _dtype(op, dtype)
+    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
+    es = ELEM_BYTES[dt]
+    rb = hidden * es
+    VB = _vec_bytes(rb, es)
+    tm, BT = _choose_team(caps, tokens, hidden, VB // es, None)
+    # (1) the weights' gradient
+    e = ElementwiseAsm(f"moe_combine_dw_{dt}_k{top_k}_{tm}_v{VB}", ("d_y", "expert_out", "route_slot", "d_route_w",
+                                                                    "tokens"), dt, VB, tm, BT, red_vals=top_k)
+    tt, row, step = e.team_setup()
+    T, DY, EO, RSL, DW, ad, yrow = (e.reg() for _ in range(7))
+    e("ldparam", T, "tokens")
+    e("ldparam", DY, "d_y")
+    e("ldparam", EO, "expert_out")
+    e("ldparam", RSL, "route_slot")
+    e("ldparam", DW, "d_route_w")
+    p, first = e.a.pred(), e.a.pred()
+    e("setp.eq.i64", first, tt, 0)
+    bases = [e.reg() for _ in range(top_k)]
+    keep = [e.a.pred() for _ in range(top_k)]
+    acc = [e.reg() for _ in range(top_k)]
+
+    def body1():
+        e("mul.i64", ad, row, 4 * top_k)
+        e("add.i64", ad, ad, RSL)
+        for c in range(top_k):
+            e("ld.global.s32", bases[c], Mem(ad, 4 * c))
+            e("setp.ge.i64", keep[c], bases[c], 0)
+            e("max.i64", bases[c], bases[c], 0)
+            e("mul.i64", bases[c], bases[c], rb)
+            e("add.i64", bases[c], bases[c], EO)
+            e("mov.f32", acc[c], 0.0)
+        e("mul.i64", yrow, row, rb)
+        e("add.i64", yrow, yrow, DY)
+
+        def vec(j, n):
+            a2 = e.addr(yrow, j)
+            dy = e.load(a2, n)
+            for c in range(top_k):
+                e("add.i64", a2, bases[c], j)
+                x = e.load(a2, n)
+                for i in range(n):
+                    e("fma.f32", acc[c], x + i, dy + i, acc[c])
+                e.free(x, k=n)
+            e.free(dy, k=n)
+            e.free(a2)
+        lim = e.reg()
+        e("mov.b64", lim, rb)
+        e.loop(lim, vec)
+        e.free(lim)
+        e.reduce_sum(acc)
+        e("mul.i64", ad, row, 4 * top_k)
+        e("add.i64", ad, ad, DW)
+        for c in range(top_k):
+            e("selp.b64", acc[c], acc[c], 0, keep[c])     # a dropped choice: no gradient
+            e("st.global.b32", Mem(ad, 4 * c), acc[c], p=first)
+
+    e.row_loop(row, step, T, body1)
+    k1 = _finish("moe_combine_dw", caps, e, BT, tokens if tm == "block" else ceil_div(tokens, BT // 32),
+                 2 * tokens * top_k * hidden, (Buf("d_y", (tokens, hidden), dt), Buf("expert_out", (slots, hidden), dt),
+                                               Buf("route_slot", (tokens, top_k), "i32"),
+                                               Buf("d_route_w", (tokens, top_k), "fp32", True)),
+                 (("tokens", tokens),), tm, None, None)
+    # (2) the slots' gradient
+    e = ElementwiseAsm(f"moe_combine_dslot_{dt}_k{top_k}_v{VB}", ("d_y", "route_slot", "route_w", "slot_token",
+                                                                  "d_expert_out", "slots"), dt, VB, "block", 128)
+    tt, row, step = e.team_setup()
+    S, DY, RSL, RW, ST, DEO, tok, w, src, dst, v = (e.reg() for _ in range(11))
+    e("ldparam", S, "slots")
+    e("ldparam", DY, "d_y")
+    e("ldparam", RSL, "route_slot")
+    e("ldparam", RW, "route_w")
+    e("ldparam", ST, "slot_token")
+    e("ldparam", DEO, "d_expert_out")
+    pk, pj = e.a.pred(), e.a.pred()
+
+    def body2():
+        e("shl.b64", src, row, 2)
+        e("add.i64", src, src, ST)
+        e("ld.global.s32", tok, Mem(src, 0))
+        e("setp.ge.i64", pk, tok, 0)
+        e("max.i64", tok, tok, 0)
+        e("mov.f32", w, 0.0)
+        e("mul.i64", src, tok, 4 * top_k)                 # the token's choices: which one holds this slot
+        for c in range(top_k):
+            e("add.i64", dst, src, RSL)
+            e("ld.global.s32", v, Mem(dst, 4 * c))
+            e("setp.eq.i64", pj, v, row)
+            e("and.pred", pj, pj, pk)
+            e("add.i64", dst, src, RW)
+            e("ld.global.b32", w, Mem(dst, 4 * c), p=pj)
+        e("mul.i64", src, tok, rb)
+        e("add.i64", src, src, DY)
+        e("mul.i64", dst, row, rb)
+        e("add.i64", dst, dst, DEO)
+
+        def vec(j, n):
+            a2 = e.addr(src, j)
+            x = e.load(a2, n)
+            for i in range(n):
+                e("mul.f32", x + i, x + i, w)
+            e("add.i64", a2, dst, j)
+            e.store(a2, x, n)
+            e.free(x, k=n)
+            e.free(a2)
+        lim = e.reg()
+        e("mov.b64", lim, rb)
+        e.loop(lim, vec)
+        e.free(lim)
+
+    e.row_loop(row, step, S, body2)
+    k2 = _finish("moe_combine_dslot", caps, e, 128, slots, tokens * top_k * hidden,
+                 (Buf("d_y", (tokens, hidden), dt), Buf("route_slot", (tokens, top_k), "i32"),
+                  Buf("route_w", (tokens, top_k), "fp32"), Buf("slot_token", (slots,), "i32"),
+                  Buf("d_expert_out", (slots, hidden), dt, True)), (("slots", slots),), "block", None, None)
+
+    def gen(rng):
+        from archsim.workloads.reference import ref_moe_route
+
+        logits = rng.standard_normal((tokens, max(top_k, 4)))
+        cap = max(1, slots // logits.shape[1])
+        _, w, slot, tok = ref_moe_route(logits, top_k, cap)
+        full = np.full(slots, -1, np.int32)
+        full[:tok.size] = tok
+        return {"d_y": _normal(rng, (tokens, hidden), dt), "expert_out": _normal(rng, (slots, hidden), dt),
+                "route_slot": slot.astype(np.int32), "route_w": w.astype(np.float32), "slot_token": full}
+
+    def ref(v):
+        from archsim.workloads.reference import ref_moe_combine_grad
+
+        dw, deo = ref_moe_combine_grad(v["d_y"], v["expert_out"], v["route_slot"], v["route_w"], v["slot_token"])
+        return {"d_route_w": dw, "d_expert_out": deo}
+
+    return KernelChain(op=op, kernels=(k1, k2), dtype=dt, draw_inputs=gen, ref_outputs=ref)
+
+
+def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """The router's backward, a thread a token: the softmax p of its logits again, the chosen
+    probabilities' gradient g (d_route_w at their experts), and d_logits = p (g - p . g)."""
+    op = "moe_route_grad"
+    dt = _dtype(op, dtype)
+    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k)
+    es = ELEM_BYTES[dt]
+    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "d_route_w", "d_logits", "tokens", "experts"),
+                       dt, es, "thread", FLAT_THREADS)
+    t, stride, tmp = e.reg(), e.reg(), e.reg()
+    e("s2r", t, "%ctaid.x")
+    e("s2r", tmp, "%ntid.x")
+    e("mul.i64", t, t, tmp)
+    e("s2r", stride, "%tid.x")
+    e("add.i64", t, t, stride)
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, tmp)
+    nt, rowb, L, RE, DW, DL = (e.reg() for _ in range(6))
+    e("ldparam", nt, "tokens")
+    e("ldparam", rowb, "experts")
+    e("mul.i64", rowb, rowb, es)
+    e("ldparam", L, "logits")
+    e("ldparam", RE, "route_e")
+    e("ldparam", DW, "d_route_w")
+    e("ldparam", DL, "d_logits")
+    row, end, ad, i, out, drow = (e.reg() for _ in range(6))
+    mx, sm, dot, g = (e.reg() for _ in range(4))
+    ch = [e.reg() for _ in range(top_k)]
+    dw = [e.reg() for _ in range(top_k)]
+    p, pe = e.a.pred(), e.a.pred()
+
+    def scan(label, body):
+        e("mov.b64", ad, row)
+        e("mov.b64", i, 0)
+        e.a.label(label)
+        v = e.load(ad, 1)
+        body(v)
+        e.free(v)
+        e("add.i64", i, i, 1)
+        e("add.i64", ad, ad, es)
+        e("setp.lt.i64", p, ad, end)
+        e("bra", label, p=p)
+
+    def prob(v):
+        """v <- the softmax probability of logit v (mx, sm: the row's max and 1 / sum)."""
+        e("sub.f32", v, v, mx)
+        e("mul.f32", v, v, LOG2E)
+        e("ex2.f32", v, v)
+        e("mul.f32", v, v, sm)
+
+    e.a.label("TOK")
+    e("setp.ge.i64", p, t, nt)
+    e("bra", "DONE", p=p)
+    e("mul.i64", row, t, rowb)
+    e("add.i64", end, row, rowb)
+    e("add.i64", drow, row, DL)
+    e("add.i64", row, row, L)
+    e("add.i64", end, end, L)
+    e("mov.f32", mx, -F32_MAX)
+    scan("LMAX", lambda v: e("max.f32", mx, mx, v))
+    e("mov.f32", sm, 0.0)
+
+    def add_exp(v):
+        e("sub.f32", v, v, mx)
+        e("mul.f32", v, v, LOG2E)
+        e("ex2.f32", v, v)
+        e("add.f32", sm, sm, v)
+    scan("LSUM", add_exp)
+    e("rcp.f32", sm, sm)
+    e("mul.i64", out, t, 4 * top_k)
+    e("mov.f32", dot, 0.0)
+    for c in range(top_k):                       # p . g over the chosen experts
+        e("add.i64", ad, out, RE)
+        e("ld.global.s32", ch[c], Mem(ad, 4 * c))
+        e("add.i64", ad, out, DW)
+        e("ld.global.b32", dw[c], Mem(ad, 4 * c))
+        e("mul.i64", ad, ch[c], es)
+        e("add.i64", ad, ad, row)
+        v = e.load(ad, 1)
+        prob(v)
+        e("fma.f32", dot, v, dw[c], dot)
+        e.free(v)
+    e("mov.b64", tmp, drow)
+
+    def write(v):
+        prob(v)
+        e("mov.f32", g, 0.0)
+        for c in range(top_k):
+            e("setp.eq.i64", pe, ch[c], i)
+            e("add.f32", g, g, dw[c], p=pe)
+        e("sub.f32", g, g, dot)
+        e("mul.f32", v, v, g)
+        e.store(tmp, v, 1)
+        e("add.i64", tmp, tmp, es)
+    scan("LOUT", write)
+    e("add.i64", t, t, stride)
+    e("bra", "TOK")
+    e.a.label("DONE")
+    e("exit")
+
+    def gen(rng):
+        z = rng.standard_normal((tokens, experts))
+        return {"logits": _normal(rng, (tokens, experts), dt),
+                "route_e": np.argsort(-z, axis=1, kind="stable")[:, :top_k].astype(np.int32),
+                "d_route_w": rng.standard_normal((tokens, top_k)).astype(np.float32)}
+
+    def ref(v):
+        from archsim.workloads.reference import ref_moe_route_grad
+
+        return {"d_logits": ref_moe_route_grad(v["logits"], v["route_e"], v["d_route_w"])}
+
+    bufs = (Buf("logits", (tokens, experts), dt), Buf("route_e", (tokens, top_k), "i32"),
+            Buf("d_route_w", (tokens, top_k), "fp32"), Buf("d_logits", (tokens, experts), dt, True))
+    return _finish(op, caps, e, FLAT_THREADS, ceil_div(tokens, FLAT_THREADS), 4 * tokens * experts, bufs,
+                   (("tokens", tokens), ("experts", experts)), "thread", gen, ref)
+
+
+__all__ += ["moe_assign_kernel", "moe_combine_grad_kernel", "moe_combine_kernel", "moe_dispatch_kernel",
+            "moe_route_grad_kernel", "moe_topk_kernel"]
