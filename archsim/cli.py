@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tp", dest="tensor_parallel", metavar="N",
                        help="one device's share of a block split over N devices by tensor parallelism (heads and "
                             "FFN columns; the all-reduces are left out)")
+        p.add_argument("--ep", dest="expert_parallel", metavar="N",
+                       help="one device's share of a mixture-of-experts block split over N devices by expert "
+                            "parallelism (its experts over the group's slots; the all-to-alls are left out)")
         p.add_argument("--mode", choices=("timing", "functional"), default="timing",
                        help="timing (cycle model) or functional (real values, checked against numpy; small shapes)")
         p.add_argument("--no-sample", action="store_true", help="simulate every thread block of big launches "
@@ -604,7 +607,7 @@ def _load_workload(a):
     from archsim.workloads.model import load_workload
 
     over = {k: getattr(a, k) for k in ("phase", "batch", "seq", "layers", "dtype", "attention", "causal",
-                                       "placement", "tensor_parallel")}
+                                       "placement", "tensor_parallel", "expert_parallel")}
     return load_workload(a.workload, over)
 
 

@@ -243,3 +243,23 @@ def test_moe_backward_graph_is_the_gradient():
         num = (loss(name, idx, eps) - loss(name, idx, -eps)) / (2 * eps)
         got = env["d_" + name][idx]
         assert got == pytest.approx(num, rel=1e-4, abs=1e-6), (name, idx)
+
+
+def test_expert_parallel_shard_holds_its_experts_over_the_groups_slots(capsys, tmp_path):
+    """--ep 2: a device's experts are half, each over twice the slots; the same rows in all, so
+    the experts' GEMMs keep their flops; the shard still checks against numpy."""
+    whole = {o.name: o for o in load_workload("tiny-moe").block_ops()}
+    half = {o.name: o for o in load_workload("tiny-moe", {"expert_parallel": 2}).block_ops()}
+    assert (whole["expert1"].dims["experts"], whole["expert1"].dims["M"]) == (4, 5)
+    assert (half["expert1"].dims["experts"], half["expert1"].dims["M"]) == (2, 10)
+    assert half["expert1"].flops == whole["expert1"].flops
+    assert load_workload("tiny-moe", {"expert_parallel": 2}).tensor_shapes()["w_expert2"] == (2, 96, 64)
+    out = tmp_path / "ep.json"
+    assert main(["run", "--hw", "tiny-gpu", "--workload", "tiny-moe", "--mode", "functional", "--phase", "train",
+                 "--ep", "2", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["passed"]
+    for bad, what in ((["--ep", "3"], "does not divide model.moe.experts 4"),
+                      (["--workload", "tiny", "--ep", "2"], "without model.moe")):
+        argv = ["run", "--hw", "tiny-gpu", "--workload", "tiny-moe", *bad]
+        capsys.readouterr()
+        assert main(argv) == 2 and what in capsys.readouterr().err

@@ -93,7 +93,7 @@ def test_interleaving_shortens_a_deep_pipeline():
 
 
 def test_all_reduces_between_and_beside_kernels():
-    ar = lambda kind, b: {100: 4.0, 200: 5.0}[b]  # noqa: E731
+    ar = lambda kind, b, group: {100: 4.0, 200: 5.0}[b]  # noqa: E731
     assert _run_items([("k", 1.0), ("c", "all_reduce", 100, False), ("k", 2.0)], ar, 0.0) == (7.0, 3.0, 4.0)
     # beside: the next kernel (2 s) runs under the 5-s all-reduce; the one after waits 3 s
     assert _run_items([("k", 1.0), ("c", "all_reduce", 200, True), ("k", 2.0), ("k", 3.0)], ar, 0.0) == (9.0, 6.0, 3.0)
@@ -102,7 +102,7 @@ def test_all_reduces_between_and_beside_kernels():
 
 
 def test_a_kernel_beside_an_all_reduce_runs_on_the_sms_it_leaves():
-    ar = lambda kind, b: {100: 4.0, 200: 5.0}[b]  # noqa: E731
+    ar = lambda kind, b, group: {100: 4.0, 200: 5.0}[b]  # noqa: E731
     # the 5-s all-reduce outlasts the kernel's 4 contended seconds: the kernel takes them all
     assert _run_items([("k", 1.0), ("c", "all_reduce", 200, True), ("k", 2.0, 1, 4.0), ("k", 3.0)], ar, 0.0) == (9.0, 8.0, 1.0)
     # a 4-s all-reduce beside a kernel of 6 s alone, 8 s contended: half its work in the 4 s, the
@@ -419,7 +419,7 @@ def test_bad_compare_of_clusters_is_one_line(capsys, tmp_path, args, what):
 def test_each_kernel_launch_of_an_op_costs_a_gap():
     """An op emitted as two kernels (split-K's partial and reduce, split-KV's split and combine)
     pays the gap between kernels twice."""
-    t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda k, b: 0.0, 0.1)
+    t, busy, exposed = _run_items([("k", 1.0, 2), ("k", 0.5), ("k", 0.25, 3)], lambda k, b, g: 0.0, 0.1)
     assert t == pytest.approx(1.0 + 0.2 + 0.5 + 0.1 + 0.25 + 0.3) and busy == pytest.approx(t) and exposed == 0.0
 
 
@@ -505,7 +505,7 @@ def test_sequence_parallel_layout_replaces_each_all_reduce():
                      ("all_gather", "d_x_mid", False), ("all_gather", "x_n1", True),
                      ("reduce_scatter", "d_x_n1", True)]
     ops = [it[1] for it in sp if it[0] == "k"]
-    assert sp[sp.index(("k", "qkv")) - 1] == ("c", "all_gather", "x_n1", False)
+    assert sp[sp.index(("k", "qkv")) - 1] == ("c", "all_gather", "x_n1", False, "tp")
     assert ops == [it[1] for it in plain if it[0] == "k"]
     assert beside_ops(plain) == ["ffn1.wgrad", "qkv.wgrad"]
     assert beside_ops(sp) == ["ffn1.dgrad", "ffn1.wgrad", "qkv.dgrad", "qkv.wgrad"]
@@ -603,3 +603,43 @@ def test_zero3_run_on_a_tiny_cluster(capsys, tmp_path):
     assert dp["all_gather"]["count"] == 2 * 2 * 4 * 2 and dp["reduce_scatter"]["count"] == 2 * 2
     assert doc["plan"]["zero"] == 3 and doc["step"]["comm_exposed_seconds"] > 0
     assert doc["memory_per_device"]["weights"] < doc["memory_per_device"]["gradients"] * 10
+
+
+def test_expert_parallel_step_on_a_tiny_cluster(capsys, tmp_path):
+    """ep 2 over dp 4: all-to-alls in every block (two forward, two backward), a device holds half
+    the experts, and their gradients go over the replicas that hold them (less data-parallel traffic)."""
+    from archsim.cluster.plan import step_volumes
+    from archsim.cluster.step import block_layout
+    from archsim.cluster.plan import with_scenario
+
+    shard = with_scenario(load_workload("tiny-moe", {"phase": "train"}), expert_parallel=2)
+    a2a = [(it[2], it[4]) for it in block_layout(shard) if it[0] == "c"]
+    assert a2a == [("expert_in", "ep"), ("expert_out", "ep"), ("d_expert_out", "ep"), ("d_expert_in", "ep")]
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    docs = {}
+    for ep in (1, 2):
+        out = tmp_path / f"ep{ep}.json"
+        assert main(["run", "--cluster", str(cl), "--workload", "tiny-moe", "--phase", "train", "--plan",
+                     f"pp=2,dp=4,ep={ep},mb=1,gbs=8,zero=1", "--workers", "1", "--json", str(out)]) == 0
+        docs[ep] = json.loads(out.read_text())
+    one, two = docs[1], docs[2]
+    ep_calls = [c for c in two["collectives"] if c["group"] == "expert_parallel"]
+    assert len(ep_calls) == 1 and ep_calls[0]["kind"] == "all_to_all" and ep_calls[0]["count"] == 2 * 4
+    assert not [c for c in one["collectives"] if c["group"] == "expert_parallel"]
+    assert two["memory_per_device"]["weights"] < one["memory_per_device"]["weights"]
+    rs = {ep: next(c["bytes"] for c in docs[ep]["collectives"] if c["kind"] == "reduce_scatter") for ep in (1, 2)}
+    assert rs[2] < rs[1]
+    v = step_volumes(parse_plan("pp=2,dp=4,ep=2,mb=1,gbs=8"), load_workload("tiny-moe", {"phase": "train"}))
+    assert v["expert_parallel"]["collective"] == "all_to_all" and v["expert_parallel"]["calls_per_device"] == 8
+
+
+@pytest.mark.parametrize("plan,what", [("dp=4,ep=3,gbs=4", "ep dividing the experts and dp"),
+                                       ("dp=2,ep=4,gbs=2", "ep dividing the experts and dp"),
+                                       ("tp=2,dp=2,gbs=2", "tp=1 for a mixture-of-experts model")])
+def test_bad_expert_parallel_plan_is_one_line(capsys, tmp_path, plan, what):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny-moe", "--phase", "train", "--plan", plan]) == 2
+    err = capsys.readouterr().err.strip()
+    assert what in err and len(err.splitlines()) == 1, err

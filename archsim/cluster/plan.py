@@ -138,9 +138,9 @@ def check_plan(plan: Plan, cluster, workload, where: str = "--plan") -> None:
     if plan.ep > 1 and m.moe is None:
         raise InputError(where, f"ep {plan.ep}: {workload.name} has no experts (expert parallelism splits the "
                          "experts of a mixture-of-experts model)", "ep=1 for a dense model")
-    if plan.ep > 1:
-        raise InputError(where, f"ep {plan.ep}: expert parallelism's all-to-all dispatch is not simulated yet",
-                         "ep=1 (each device holds every expert)")
+    if plan.ep > 1 and (m.moe.experts % plan.ep or plan.dp % plan.ep):
+        raise InputError(where, f"ep {plan.ep} with {m.moe.experts} experts and dp {plan.dp}",
+                         "ep dividing the experts and dp (expert-parallel groups are data-parallel replicas)")
     if m.moe is not None and plan.tp > 1:
         raise InputError(where, f"tp {plan.tp} with {workload.name}'s experts: a tensor-parallel shard of the "
                          "experts is not built", "tp=1 for a mixture-of-experts model")
@@ -229,12 +229,14 @@ def _elem(dtype: str) -> int:
     return 4 if dtype == "fp32" else 2
 
 
-def block_parameters(shard) -> int:
-    """Parameters of one block on one device: the weights and norm scales of the shard's op graph."""
+def block_parameters(shard, experts_only: bool = False) -> int:
+    """Parameters of one block on one device: the weights and norm scales of the shard's op graph
+    (``experts_only``: its experts' weights, which expert parallelism splits)."""
     shapes = shard.tensor_shapes()
     n = 0
     for name, shape in shapes.items():
-        if name.startswith("w_") or name.endswith(("_gamma", "_beta")):
+        if name.startswith("w_expert") if experts_only else (name.startswith("w_") or name.endswith(("_gamma",
+                                                                                                      "_beta"))):
             size = 1
             for s in shape:
                 size *= s
@@ -295,8 +297,9 @@ def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
     m, sc = workload.model, workload.scenario
     e = _elem(sc.dtype)
     train = sc.phase == "train"
-    shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch)
+    shard = with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep, batch=plan.micro_batch)
     per_block = block_parameters(shard)
+    expert_block = block_parameters(shard, experts_only=True)
     embed = m.vocab * m.hidden // plan.tp          # vocab-parallel; the tied head keeps a copy on the last stage
     blocks = stage_layers(m.layers, plan.pp)
     grad_b, opt_b = (2 + 4, 12) if e == 2 else (4, 8)
@@ -306,9 +309,13 @@ def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
     stages = []
     for s, nb in enumerate(blocks):
         params = nb * per_block + (embed if s == 0 or s == plan.pp - 1 else 0)
-        w = params * e / (d if plan.zero >= 3 else 1)
-        g = params * grad_b / (d if plan.zero >= 2 else 1) if train else 0.0
-        o = params * opt_b / (d if plan.zero >= 1 else 1) if train else 0.0
+        # ZeRO shards a parameter over the devices that hold it: an expert's over dp / ep replicas
+        spread = params - nb * expert_block + nb * expert_block * plan.ep
+        w = params * e / (d if plan.zero >= 3 else 1) if plan.zero < 3 else spread * e / d
+        g = (params * grad_b / (d if plan.zero >= 2 else 1) if plan.zero < 2 else spread * grad_b / d) if train \
+            else 0.0
+        o = (params * opt_b / (d if plan.zero >= 1 else 1) if plan.zero < 1 else spread * opt_b / d) if train \
+            else 0.0
         act = 0.0
         if train:
             act = act_block * nb * _in_flight(plan, s)
@@ -376,6 +383,15 @@ def step_volumes(plan: Plan, workload) -> dict:
                                   else "all_reduce", "calls_per_device": blocks * mbs * calls,
                                   "bytes_per_call": act, "bytes_per_device": per_dev,
                                   "bytes_total": per_dev * plan.devices}
+    if plan.ep > 1:
+        # the slot buffer (experts x capacity rows of h) goes by all-to-all after the dispatch and
+        # after the experts, and their gradients back in backward; (ep - 1) / ep of it leaves the device
+        buf = m.moe.experts * m.moe.capacity(rows) * m.hidden * e
+        calls = 2 + (2 + (2 if plan.recompute == "full" else 0) if train else 0)
+        per_dev = blocks * mbs * calls * buf * (plan.ep - 1) / plan.ep
+        out["expert_parallel"] = {"collective": "all_to_all", "calls_per_device": blocks * mbs * calls,
+                                  "bytes_per_call": buf, "bytes_per_device": per_dev,
+                                  "bytes_total": per_dev * plan.devices}
     if plan.pp > 1:
         # a micro-batch crosses pp - 1 stage boundaries a model chunk, and pp * v - 1 in all with v
         # chunks a stage (the last stage feeds the first between chunks); a device sends once a chunk
@@ -385,7 +401,7 @@ def step_volumes(plan: Plan, workload) -> dict:
                            "bytes_per_call": act / plan.tp, "bytes_per_device": per_dev,
                            "bytes_total": mbs * act * (2 if train else 1) * plan.dp * (plan.pp * v - 1)}
     if plan.dp > 1 and train:
-        per_block = block_parameters(with_scenario(workload, tensor_parallel=plan.tp))
+        per_block = block_parameters(with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep))
         embed = m.vocab * m.hidden // plan.tp
         params = max(b * per_block + (embed if s in (0, plan.pp - 1) else 0)
                      for s, b in enumerate(stage_layers(m.layers, plan.pp)))

@@ -8,6 +8,7 @@ import time
 
 from archsim.errors import InputError
 
+from . import collectives as C
 from .device_collective import contended_machine, device_reduce_rate
 from .plan import (block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes,
                    with_scenario)
@@ -74,7 +75,8 @@ def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -
     """The engine's times for a plan: the TP shard of one block at the micro-batch (the ops beside
     a tensor-parallel all-reduce also on ``contended``, the device less the collective's SMs) and
     the LM head's GEMMs. Plans with the same tp and micro-batch share them."""
-    shard = with_scenario(workload, tensor_parallel=plan.tp, batch=plan.micro_batch, layers=1)
+    shard = with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep, batch=plan.micro_batch,
+                          layers=1)
     if progress:
         progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
     bt = block_times(machine, shard, opts, contended=contended, sp=plan.sequence_parallel)
@@ -111,7 +113,8 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     shard, bt, head = time_kernels(machine, workload, plan, opts, progress, contended)
     topo = build(cluster, reduce_rate)
     t_kernels = time.perf_counter() - t0
-    sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard))
+    sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard),
+                  expert_params_block=block_parameters(shard, experts_only=True))
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
@@ -125,9 +128,9 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     streams = list(sim.streams.values())
     # waiting between tasks, less the waits for transfers already on their way (counted as exposed communication)
     bubble = sum(max(0.0, st.last_end - st.tasks_seconds - st.pp_exposed) for st in streams) / len(streams)
-    tp_items = [it for it in bt.forward + sim.b_items if it[0] == "c"] if plan.tp > 1 else []
+    block_colls = [it for it in bt.forward + sim.b_items if it[0] == "c"]     # TP and EP collectives in a block
     per_block = plan.micro_batches * max(sim.blocks)          # blocks a device runs a step
-    tp_seconds = per_block * sum(sim.coll_seconds(it[1], it[2]) for it in tp_items)
+    tp_seconds = per_block * sum(sim.coll_seconds(it[1], it[2], it[4]) for it in block_colls)
     tp_exposed = max(st.tp_exposed for st in streams)
     pp_log, dp_log = sim.log["pipeline"], sim.log["data_parallel"]
     pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
@@ -138,10 +141,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     exposed = tp_exposed + pp_exposed + dp_exposed
     total_comm = tp_seconds + pp_seconds + dp_seconds
     collectives = []
-    for (kind, nbytes), sec in sorted(sim.coll_cache.items()):
-        calls = per_block * sum(1 for it in tp_items if (it[1], it[2]) == (kind, nbytes))
-        collectives.append({"kind": kind, "group": "tensor_parallel", "bytes": nbytes, "algorithm": "ring",
-                            "count": calls, "seconds": round(sec, 9), "exposed_seconds": round(tp_exposed, 9)})
+    for (kind, nbytes, group), sec in sorted(sim.coll_cache.items()):
+        calls = per_block * sum(1 for it in block_colls if (it[1], it[2], it[4]) == (kind, nbytes, group))
+        collectives.append({"kind": kind, "group": {"tp": "tensor_parallel", "ep": "expert_parallel"}[group],
+                            "bytes": nbytes, "algorithm": C.choose_algorithm(kind), "count": calls,
+                            "seconds": round(sec, 9), "exposed_seconds": round(tp_exposed, 9)})
     if pp_log:
         collectives.append({"kind": "send_recv", "group": "pipeline", "bytes": sim.act_bytes, "algorithm": "direct",
                             "count": len(pp_log), "seconds": round(sum(x[2] for x in pp_log) / len(pp_log), 9),

@@ -97,7 +97,8 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
         if key not in kernels:
             kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
         shard, bt, head = kernels[key]
-        out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False).run()
+        out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False,
+                      expert_params_block=block_parameters(shard, experts_only=True)).run()
         step = out["step_seconds"]
         model_flops, hw_flops = step_flops(workload, p, head)
         tf = model_flops / step / p.devices / 1e12

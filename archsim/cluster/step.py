@@ -44,7 +44,7 @@ from .topology import Topology, link_name
 class BlockTimes:
     """One block's shard on one device, in seconds, its ops in order with the tensor-parallel
     collectives between them: ("k", seconds, launches, seconds beside a collective or None) and
-    ("c", collective, bytes, runs beside the next kernel)."""
+    ("c", collective, bytes, runs beside the next kernel, group: "tp" | "ep")."""
     forward: list
     backward: list
     attention_forward: float         # what selective recompute runs again
@@ -65,24 +65,28 @@ def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
 
 
 def block_layout(shard, sp: bool = False) -> list:
-    """The shard's ops in order, ("k", op), with its tensor-parallel collectives between them,
-    ("c", collective, tensor, beside-next): all-reduces (ops.TP_ALL_REDUCE_AFTER) or, with sequence
-    parallelism, all-gathers and reduce-scatters (ops.SP_COLLECTIVES)."""
-    from archsim.workloads.ops import SP_COLLECTIVES, TP_ALL_REDUCE_AFTER
+    """The shard's ops in order, ("k", op), with its collectives between them, ("c", collective,
+    tensor, beside-next, group): tensor-parallel all-reduces (ops.TP_ALL_REDUCE_AFTER) or, with
+    sequence parallelism, all-gathers and reduce-scatters (ops.SP_COLLECTIVES), on group "tp";
+    expert parallelism's all-to-alls (ops.EP_ALL_TO_ALL) on group "ep"."""
+    from archsim.workloads.ops import EP_ALL_TO_ALL, SP_COLLECTIVES, TP_ALL_REDUCE_AFTER
 
-    tp = shard.scenario.tensor_parallel
+    tp, ep = shard.scenario.tensor_parallel, shard.scenario.expert_parallel
+    a2a = dict(EP_ALL_TO_ALL) if ep > 1 else {}
     out = []
     for op in shard.block_ops():
         if tp > 1 and sp:
-            out += [("c", kind, tensor, beside) for name, where, kind, tensor, beside in SP_COLLECTIVES
+            out += [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
                     if name == op.name and where == "before"]
         out.append(("k", op.name))
         if tp > 1 and sp:
-            out += [("c", kind, tensor, beside) for name, where, kind, tensor, beside in SP_COLLECTIVES
+            out += [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
                     if name == op.name and where == "after"]
         elif tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
-            out.append(("c", "all_reduce", tensor, beside))
+            out.append(("c", "all_reduce", tensor, beside, "tp"))
+        if op.name in a2a:
+            out.append(("c", "all_to_all", a2a[op.name], False, "ep"))
     return out
 
 
@@ -153,7 +157,7 @@ def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = Fals
             size = 1
             for n in shapes[it[2]]:
                 size *= n
-            item = ("c", it[1], size * e, it[3])
+            item = ("c", it[1], size * e, it[3], it[4])
         (bwd if back else fwd).append(item)
     return BlockTimes(fwd, bwd, secs.get("attn", 0.0), res["kernels"], launches.get("attn", 1))
 
@@ -161,7 +165,7 @@ def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = Fals
 def _run_items(items: list, coll_seconds, gap: float) -> tuple[float, float, float]:
     """Seconds a list of items takes on one stream, the kernels' share (with their gaps: one after
     each launch of an op's kernels), and the collectives' exposed share (``coll_seconds(kind,
-    bytes)``: one collective's time on the group). A collective marked beside-next runs while the
+    bytes, group)``: one collective's time on its group). A collective marked beside-next runs while the
     next kernel runs and is waited for before the kernel after it (or the next collective: one at
     a time on the group). A kernel timed also on the SMs the collective leaves runs at that rate
     while the collective lasts and at its own after: the share of its work done by then is the
@@ -191,7 +195,7 @@ def _run_items(items: list, coll_seconds, gap: float) -> tuple[float, float, flo
             beside = False
         else:
             wait()
-            d = coll_seconds(it[1], it[2])
+            d = coll_seconds(it[1], it[2], it[4] if len(it) > 4 else "tp")
             if it[3]:
                 pending, beside = t + d, True
             else:
@@ -267,7 +271,7 @@ class StepSim:
     """The step's streams, transfers and collectives on one flow network."""
 
     def __init__(self, topo: Topology, plan: Plan, workload, bt: BlockTimes, head: dict, params_block: int,
-                 record_links: bool = True):
+                 record_links: bool = True, expert_params_block: int = 0):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
         m, sc = workload.model, workload.scenario
         self.e = 4 if sc.dtype == "fp32" else 2
@@ -282,12 +286,14 @@ class StepSim:
                              for s, b in enumerate(self.blocks)}
         self.chunk_first = {s: [sum(cb[:c]) for c in range(self.v)] for s, cb in self.chunk_blocks.items()}
         self.params_block = params_block
+        self.expert_params_block = expert_params_block if plan.ep > 1 else 0    # reduced over dp / ep replicas
         self.embed_params = m.vocab * m.hidden // plan.tp
         self.train = sc.phase == "train"
         rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
         self.act_bytes = rows * m.hidden * self.e / plan.tp
         self.coll_cache: dict[tuple, float] = {}
-        self.tp_group = [device_of(plan, t, 0, 0) for t in range(plan.tp)]
+        self.groups = {"tp": [device_of(plan, t, 0, 0) for t in range(plan.tp)],
+                       "ep": [device_of(plan, 0, r, 0) for r in range(plan.ep)]}    # the first replicas
         self.f_block = _run_items(bt.forward, self.coll_seconds, self.gap)
         b_items = list(bt.backward)
         if plan.recompute == "full":
@@ -307,13 +313,14 @@ class StepSim:
         self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
 
     # ---- times ----
-    def coll_seconds(self, kind: str, nbytes: float) -> float:
-        """One tensor-parallel collective alone on the topology (timed once a size)."""
-        if self.plan.tp < 2:
+    def coll_seconds(self, kind: str, nbytes: float, group: str = "tp") -> float:
+        """One tensor- or expert-parallel collective alone on the topology (timed once a size)."""
+        ranks = self.groups[group]
+        if len(ranks) < 2:
             return 0.0
-        key = (kind, nbytes)
+        key = (kind, nbytes, group)
         if key not in self.coll_cache:
-            self.coll_cache[key] = C.time_collective(self.topo, kind, self.tp_group, nbytes)[0]
+            self.coll_cache[key] = C.time_collective(self.topo, kind, ranks, nbytes)[0]
         return self.coll_cache[key]
 
     def task_time(self, stage: int, kind: str, chunk: int = 0) -> tuple[float, float, float]:
@@ -342,16 +349,21 @@ class StepSim:
             self._bucket_done(s)
             return
         n = self.embed_params if k == self.blocks[s] else self.params_block
-        nbytes = n * 4                     # gradients reduced in fp32, their accumulation type
+        ne = self.expert_params_block if k < self.blocks[s] else 0
+        nbytes = (n - ne) * 4              # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         t0 = ev.now
+        # an expert's gradients over the dp / ep replicas that hold it (the same place in their EP group)
+        expert_groups = [[g * plan.ep + i for g in range(plan.dp // plan.ep)] for i in range(plan.ep)] if ne else []
 
         def all_ranks():
-            self.log["data_parallel"].append((kind, nbytes, ev.now - t0))
+            self.log["data_parallel"].append((kind, nbytes + ne * 4, ev.now - t0))
             self._bucket_done(s)
-        done = C.barrier(plan.tp, all_ranks)
+        done = C.barrier(plan.tp * (1 + len(expert_groups)), all_ranks)
         for t in range(plan.tp):
             C.run(self.f, kind, self.dp_group(s, t), nbytes, done)
+            for reps in expert_groups:
+                C.run(self.f, kind, [device_of(plan, t, r, s) for r in reps], ne * 4, done)
 
     def _bucket_done(self, s: int) -> None:
         self.dp_done[s] += 1

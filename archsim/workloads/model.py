@@ -110,6 +110,10 @@ class Scenario(_Frozen):
     # FFN-in by columns, attention by heads, projection and FFN-out by rows (their outputs are the
     # partial sums the group's all-reduce adds); norms and residual adds whole on every device
     tensor_parallel: PosInt = 1
+    # one device's share of an expert-parallel group of this many devices (model.moe): it holds
+    # experts / expert_parallel of the experts and, after the all-to-all, computes them over the
+    # group's tokens (its slots from every device of the group)
+    expert_parallel: PosInt = 1
 
 
 class Workload(_Frozen):
@@ -125,6 +129,11 @@ class Workload(_Frozen):
                 raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} does not divide model.{what} "
                                  f"{n}", f"a divisor of heads {m.heads} and ffn_hidden {m.ffn_hidden}",
                                  related=(f"model.{what}",))
+        ep = self.scenario.expert_parallel
+        if ep > 1 and (m.moe is None or m.moe.experts % ep):
+            raise FieldError("scenario.expert_parallel", f"expert_parallel {ep} " + (
+                "without model.moe" if m.moe is None else f"does not divide model.moe.experts {m.moe.experts}"),
+                "1 for a dense model, else a divisor of the experts", related=("model.moe",))
         if m.moe is not None and tp > 1:
             raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} with model.moe: a tensor-parallel "
                              "shard of the experts is not built", "tensor_parallel 1 for a mixture-of-experts model",
@@ -160,6 +169,7 @@ class Workload(_Frozen):
         out = {"name": self.name, "phase": sc.phase, "batch": sc.batch, "seq": sc.seq, "layers": m.layers,
                "dtype": sc.dtype, "attention": sc.attention, "causal": sc.causal, "placement": sc.placement,
                "hidden": m.hidden, "tensor_parallel": sc.tensor_parallel,
+               **({"expert_parallel": sc.expert_parallel} if sc.expert_parallel > 1 else {}),
                "heads": m.heads, "head_dim": m.head_dim, "ffn_hidden": m.ffn_hidden,
                "activation": m.activation, "norm": m.norm}
         if m.moe is not None:
@@ -180,6 +190,7 @@ OVERRIDES = {
     "causal": (("scenario", "causal"), "--causal"),
     "placement": (("scenario", "placement"), "--placement"),
     "tensor_parallel": (("scenario", "tensor_parallel"), "--tp"),
+    "expert_parallel": (("scenario", "expert_parallel"), "--ep"),
 }
 
 

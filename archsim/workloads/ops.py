@@ -200,11 +200,16 @@ SP_COLLECTIVES = (("qkv", "before", "all_gather", "x_n1", False),
                   ("proj.dgrad", "before", "all_gather", "d_x_mid", False),
                   ("qkv.dgrad", "before", "all_gather", "x_n1", True),
                   ("qkv.dgrad", "after", "reduce_scatter", "d_x_n1", True))
+# Expert parallelism (GShard, DeepSpeed-MoE): the group exchanges the slot buffers by all-to-all
+# after these ops (forward: the dispatched tokens to their experts, the experts' outputs back;
+# backward: the outputs' gradients to the experts, the inputs' gradients back). (op, tensor)
+EP_ALL_TO_ALL = (("dispatch", "expert_in"), ("expert2", "expert_out"), ("combine.grad", "d_expert_out"),
+                 ("expert1.dgrad", "d_expert_in"))
 # the ops that sequence parallelism runs on the device's 1/tp of the tokens
 SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "norm2.grad", "res2.grad", "norm1.grad", "res1.grad")
 
 
-def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int) -> None:
+def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int, ep: int = 1) -> None:
     """The mixture-of-experts FFN (model.moe), GShard-style with a fixed capacity C a expert:
 
     - ``gate``: gate_logits [T, E] = x_n2 @ w_gate [h, E];
@@ -218,21 +223,26 @@ def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int) -> None:
       experts (w_expert1 [E, h, f1], w_expert2 [E, f, h]) into expert_out [E C, h];
     - ``combine``: ffn2_out [T, h] = sum over a token's kept choices of route_w x its slot's row.
 
+    Expert parallelism over ``ep`` devices: a device holds E / ep experts; the group's all-to-all
+    (EP_ALL_TO_ALL, outside the op graph) brings it the slots of its experts from every device, so
+    its expert GEMMs run E / ep experts over ep x C slots each (the same rows in all).
+
     flops count the padded slots the kernels compute; model_flops the T x top_k routed tokens."""
     t = B.tensor
     E, k = m.moe.experts, m.moe.top_k
     C = m.moe.capacity(T)
     S = E * C
+    El, Cg = E // ep, C * ep          # expert parallelism: the device's experts, each over the group's slots
     B.gemm("gate", "x_n2", t("w_gate", (h, E)), t("gate_logits", (T, E)), T, E, h)
     B.add("route", "moe_route", dict(tokens=T, experts=E, top_k=k, capacity=C), ["gate_logits"],
           [t("route_e", (T, k)), t("route_w", (T, k)), t("route_slot", (T, k)), t("slot_token", (S,))],
           ELEMENTWISE_FLOPS["softmax"] * T * E, 0)
     B.add("dispatch", "moe_dispatch", dict(tokens=T, hidden=h, slots=S), ["x_n2", "slot_token"],
           [t("expert_in", (S, h))], 0, 0)
-    _moe_gemm(B, "expert1", "expert_in", t("w_expert1", (E, h, f1)), t("expert_h", (S, f1)), E, C, f1, h,
+    _moe_gemm(B, "expert1", "expert_in", t("w_expert1", (El, h, f1)), t("expert_h", (S, f1)), El, Cg, f1, h,
               model_flops=2 * T * k * f1 * h)
     B.eltwise("expert_act", m.activation, S, f, ["expert_h"], [t("expert_a", (S, f))])
-    _moe_gemm(B, "expert2", "expert_a", t("w_expert2", (E, f, h)), t("expert_out", (S, h)), E, C, h, f,
+    _moe_gemm(B, "expert2", "expert_a", t("w_expert2", (El, f, h)), t("expert_out", (S, h)), El, Cg, h, f,
               model_flops=2 * T * k * h * f)
     B.add("combine", "moe_combine", dict(tokens=T, hidden=h, top_k=k, slots=S),
           ["expert_out", "route_slot", "route_w"], [t("ffn2_out", (T, h))], 2 * T * k * h, 0)
@@ -246,7 +256,7 @@ def _moe_gemm(B: _Builder, name, a, b, c, E, M, N, K, trans_a=False, trans_b=Fal
           [a, b], [c], 2 * E * M * N * K, model_flops)
 
 
-def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int) -> None:
+def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int, ep: int = 1) -> None:
     """The mixture-of-experts FFN's backward from d_y (the gradient of ffn2_out):
 
     - ``combine.grad``: d_route_w [T, k] (a kept choice: its slot's row of expert_out . d_y[t]) and
@@ -261,6 +271,7 @@ def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int) -> None:
     E, k = m.moe.experts, m.moe.top_k
     C = m.moe.capacity(T)
     S = E * C
+    El, Cg = E // ep, C * ep
     f1 = B.shapes["expert_h"][1]
 
     def grad(name):
@@ -269,14 +280,14 @@ def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int) -> None:
     B.add("combine.grad", "moe_combine_grad", dict(tokens=T, hidden=h, top_k=k, slots=S),
           ["d_y", "expert_out", "route_slot", "route_w", "slot_token"], [grad("route_w"), grad("expert_out")],
           2 * T * k * h + S * h, 0)
-    _moe_gemm(B, "expert2.dgrad", "d_expert_out", "w_expert2", grad("expert_a"), E, C, f, h, trans_b=True,
+    _moe_gemm(B, "expert2.dgrad", "d_expert_out", "w_expert2", grad("expert_a"), El, Cg, f, h, trans_b=True,
               model_flops=2 * T * k * h * f)
-    _moe_gemm(B, "expert2.wgrad", "expert_a", "d_expert_out", grad("w_expert2"), E, f, h, C, trans_a=True,
+    _moe_gemm(B, "expert2.wgrad", "expert_a", "d_expert_out", grad("w_expert2"), El, f, h, Cg, trans_a=True,
               model_flops=2 * T * k * h * f)
     B.eltwise("expert_act.grad", m.activation + "_grad", S, f, ["expert_h", "d_expert_a"], [grad("expert_h")])
-    _moe_gemm(B, "expert1.dgrad", "d_expert_h", "w_expert1", grad("expert_in"), E, C, h, f1, trans_b=True,
+    _moe_gemm(B, "expert1.dgrad", "d_expert_h", "w_expert1", grad("expert_in"), El, Cg, h, f1, trans_b=True,
               model_flops=2 * T * k * h * f1)
-    _moe_gemm(B, "expert1.wgrad", "expert_in", "d_expert_h", grad("w_expert1"), E, h, f1, C, trans_a=True,
+    _moe_gemm(B, "expert1.wgrad", "expert_in", "d_expert_h", grad("w_expert1"), El, h, f1, Cg, trans_a=True,
               model_flops=2 * T * k * h * f1)
     B.add("dispatch.grad", "moe_dispatch_grad", dict(tokens=T, hidden=h, top_k=k, slots=S),
           ["d_expert_in", "route_slot"], [t("d_x_n2_experts", (T, h))], T * k * h, 0)
@@ -331,7 +342,7 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     B.eltwise("res1", "add", T, h, ["x", "proj_out"], [t("x_mid", (T, h))])
     B.eltwise("norm2", m.norm, T, h, norm_inputs(2, "x_mid"), [t("x_n2", (T, h))])
     if m.moe is not None:
-        _moe_ffn(B, m, T, h, f, f1)
+        _moe_ffn(B, m, T, h, f, f1, sc.expert_parallel)
     else:
         B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)
         B.eltwise("act", m.activation, T, f, ["ffn1_out"], [t("act_out", (T, f))])
@@ -357,7 +368,7 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
         B.eltwise(f"norm{i}.grad", m.norm + "_grad", T, h, ins, outs)
 
     if m.moe is not None:
-        _moe_ffn_grad(B, m, T, h, f)
+        _moe_ffn_grad(B, m, T, h, f, sc.expert_parallel)
     else:
         gemm_grads("ffn2", "act_out", "w_ffn2", "y")
         B.eltwise("act.grad", m.activation + "_grad", T, f, ["ffn1_out", "d_act_out"], [grad("ffn1_out")])

@@ -270,7 +270,7 @@ def moe_ffn(workload: "Workload", x_n2, weights: dict, tensors: Optional[dict] =
                                            for n in ("route_e", "route_slot", "slot_token"))
         route_w = np.take_along_axis(ref_softmax(logits, axis=1), route_e.astype(np.int64), axis=1)
     expert_in = ref_moe_dispatch(x_n2, slot_token)
-    E = m.moe.experts
+    E = m.moe.experts // workload.scenario.expert_parallel     # a shard's experts, each over ep x C slots
     expert_h = ref_moe_gemm(expert_in, weights["w_expert1"], E)
     expert_a = _activation(m.activation, expert_h, m.ffn_hidden)
     expert_out = ref_moe_gemm(expert_a, weights["w_expert2"], E)
@@ -310,8 +310,8 @@ def random_weights(workload: "Workload", seed: int = 0) -> dict[str, np.ndarray]
     for name, (K, N) in (("w_qkv", (h, 3 * a)), ("w_proj", (a, h)), ("w_ffn1", (h, f1)), ("w_ffn2", (f, h))):
         w[name] = rng.standard_normal((K, N)) / math.sqrt(K)
     if m.moe is not None:
-        E = m.moe.experts
-        w["w_gate"] = rng.standard_normal((h, E)) / math.sqrt(h)
+        E = m.moe.experts // workload.scenario.expert_parallel      # an expert-parallel shard's experts
+        w["w_gate"] = rng.standard_normal((h, m.moe.experts)) / math.sqrt(h)
         w["w_expert1"] = rng.standard_normal((E, h, f1)) / math.sqrt(h)
         w["w_expert2"] = rng.standard_normal((E, f, h)) / math.sqrt(f)
     for i in (1, 2):
