@@ -13,6 +13,7 @@ from archsim.cli import main
 from archsim.cluster.plan import parse_plan
 from archsim.cluster.spec import validate_cluster
 from archsim.cluster.step import BlockTimes, StepSim, _op_seconds, _run_items, schedule
+from archsim.errors import InputError
 from archsim.cluster.topology import build
 from archsim.workloads.model import load_workload
 
@@ -643,3 +644,33 @@ def test_bad_expert_parallel_plan_is_one_line(capsys, tmp_path, plan, what):
     assert main(["run", "--cluster", str(cl), "--workload", "tiny-moe", "--phase", "train", "--plan", plan]) == 2
     err = capsys.readouterr().err.strip()
     assert what in err and len(err.splitlines()) == 1, err
+
+
+def test_expert_parallel_groups_inside_or_across():
+    """dp 8, ep 2: inside, groups of consecutive replicas and each expert on every other replica;
+    across, groups of replicas 4 apart and each expert on a run of consecutive ones."""
+    inside = parse_plan("dp=8,ep=2,gbs=8")
+    across = parse_plan("dp=8,ep=2,gbs=8,ep_place=across")
+    assert inside.ep_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert inside.expert_replicas() == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert across.ep_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert across.expert_replicas() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert across.summary()["ep_place"] == "across" and "ep_place" not in parse_plan("dp=8").summary()
+    with pytest.raises(InputError, match="inside or across"):
+        parse_plan("dp=8,ep=2,ep_place=near")
+
+
+def test_all_to_alls_across_a_tapered_network_slow_each_other():
+    """Four EP groups at once: inside a node each crosses only its devices' ports; across nodes
+    they share the tapered uplinks, and the all-to-all takes longer than one group's alone."""
+    from archsim.cluster import collectives as C
+
+    d = json.loads(json.dumps(TINY))
+    d["network"]["oversubscription"] = 4.0
+    topo = build(validate_cluster(d))
+    inside = [[4 * n + i for i in range(2)] for n in range(4)]         # devices of one node
+    across = [[n, n + 8] for n in range(4)]                             # node 0 with node 2: other leaves
+    t_in = C.time_concurrent(topo, "all_to_all", inside, 8e6)
+    t_across = C.time_concurrent(topo, "all_to_all", across, 8e6)
+    alone = C.time_collective(topo, "all_to_all", across[0], 8e6)[0]
+    assert t_across > alone * 1.5 and t_across > t_in * 2

@@ -374,6 +374,21 @@ def time_collective(topo: Topology, kind: str, ranks: Sequence[int], nbytes: flo
     return end[0], algo
 
 
+def time_concurrent(topo: Topology, kind: str, groups: Sequence[Sequence[int]], nbytes: float) -> float:
+    """Seconds until the last of one collective run by every group at once ends, on an otherwise
+    idle network (groups that share links slow each other)."""
+    f = Fabric(topo)
+    end = [0.0]
+
+    def done():
+        end[0] = f.ev.now
+    last = barrier(len(groups), done)
+    for g in groups:
+        run(f, kind, g, nbytes, last)
+    f.ev.run()
+    return end[0]
+
+
 def bus_bandwidth(kind: str, n: int, nbytes: float, seconds: float) -> float:
     """nccl-tests' bus bandwidth in bytes/s: algorithm bandwidth (bytes / time) times the factor
     that makes it comparable with a link's speed (2(n-1)/n for all-reduce, (n-1)/n for all-gather
@@ -384,4 +399,4 @@ def bus_bandwidth(kind: str, n: int, nbytes: float, seconds: float) -> float:
 
 
 __all__ = ["ALGORITHMS", "Fabric", "KINDS", "barrier", "bus_bandwidth", "choose_algorithm", "ring", "run",
-           "time_collective", "tree_all_reduce", "channel_orders"]
+           "time_collective", "time_concurrent", "tree_all_reduce", "channel_orders"]

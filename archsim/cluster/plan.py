@@ -27,7 +27,8 @@ from archsim.errors import InputError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-KEYS = ("tp", "pp", "dp", "ep", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order")
+KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order")
+EP_PLACES = ("inside", "across")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -47,6 +48,9 @@ class Plan:
     zero: int = 0
     sequence_parallel: bool = False
     order: tuple = ("tp", "dp", "pp")
+    # an expert-parallel group: consecutive data-parallel replicas (inside a node or supernode when
+    # it fits) or replicas dp / ep apart (across them); the replicas holding the same experts are the rest
+    ep_place: str = "inside"
 
     @property
     def devices(self) -> int:
@@ -65,7 +69,20 @@ class Plan:
         sched = f"interleaved:{self.chunks}" if self.schedule == "interleaved" else self.schedule
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "micro_batch": self.micro_batch,
                 "global_batch": self.batch, "schedule": sched, "recompute": self.recompute, "zero": self.zero,
-                "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order)}
+                "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order),
+                **({"ep_place": self.ep_place} if self.ep > 1 else {})}
+
+    def ep_groups(self) -> list[list[int]]:
+        """The data-parallel replicas of each expert-parallel group."""
+        n = self.dp // self.ep
+        if self.ep_place == "across":
+            return [[i * n + g for i in range(self.ep)] for g in range(n)]
+        return [[g * self.ep + i for i in range(self.ep)] for g in range(n)]
+
+    def expert_replicas(self) -> list[list[int]]:
+        """The replicas holding the same experts (one of each expert-parallel group, at the same place)."""
+        groups = self.ep_groups()
+        return [[grp[i] for grp in groups] for i in range(self.ep)]
 
 
 def _int(key: str, v: str, where: str, lo: int = 1, hi: int = MAX_DEGREE) -> int:
@@ -81,7 +98,8 @@ def _int(key: str, v: str, where: str, lo: int = 1, hi: int = MAX_DEGREE) -> int
 def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
-               "recompute=none|selective|full, zero=0..3, sp=on|off, order=tp-dp-pp (a permutation)")
+               "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
+               "order=tp-dp-pp (a permutation)")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -115,6 +133,10 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
         kw["recompute"] = seen["recompute"]
     if "zero" in seen:
         kw["zero"] = _int("zero", seen["zero"], where, lo=0, hi=3)
+    if "ep_place" in seen:
+        if seen["ep_place"] not in EP_PLACES:
+            raise InputError(where, f"ep_place={seen['ep_place']!r}", "inside or across")
+        kw["ep_place"] = seen["ep_place"]
     if "sp" in seen:
         if seen["sp"] not in ("on", "off"):
             raise InputError(where, f"sp={seen['sp']!r}", "on or off")

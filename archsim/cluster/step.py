@@ -22,7 +22,9 @@ on the last stage, the LM head's GEMMs (micro gemm). What runs between them is s
 
 Choices: a tensor-parallel collective is timed once per kind and size as the collective alone on the
 topology (inside a node it crosses only the devices' own NVSwitch ports, which the pipeline and
-data-parallel traffic reach only on its way to the NICs), not re-simulated for every call; the
+data-parallel traffic reach only on its way to the NICs), not re-simulated for every call; an
+expert-parallel all-to-all likewise, as every EP group of a stage runs it at once (they cross the
+NICs and uplinks, where they slow each other; the pipeline and data-parallel traffic is left out); the
 optimizer's update and the embedding lookup are not timed (memory-bound passes over the local
 parameter shard, well under 1 % of a large step).
 """
@@ -292,8 +294,9 @@ class StepSim:
         rows = plan.micro_batch * (1 if sc.phase == "decode" else sc.seq)
         self.act_bytes = rows * m.hidden * self.e / plan.tp
         self.coll_cache: dict[tuple, float] = {}
-        self.groups = {"tp": [device_of(plan, t, 0, 0) for t in range(plan.tp)],
-                       "ep": [device_of(plan, 0, r, 0) for r in range(plan.ep)]}    # the first replicas
+        # a TP group's ranks; every EP group of a stage (their all-to-alls run at once and may share links)
+        self.groups = {"tp": [[device_of(plan, t, 0, 0) for t in range(plan.tp)]],
+                       "ep": [[device_of(plan, 0, r, 0) for r in g] for g in plan.ep_groups()]}
         self.f_block = _run_items(bt.forward, self.coll_seconds, self.gap)
         b_items = list(bt.backward)
         if plan.recompute == "full":
@@ -314,13 +317,14 @@ class StepSim:
 
     # ---- times ----
     def coll_seconds(self, kind: str, nbytes: float, group: str = "tp") -> float:
-        """One tensor- or expert-parallel collective alone on the topology (timed once a size)."""
-        ranks = self.groups[group]
-        if len(ranks) < 2:
+        """One tensor-parallel collective alone on the topology, or one expert-parallel collective
+        of every EP group of a stage at once (timed once a kind and size)."""
+        groups = self.groups[group]
+        if len(groups[0]) < 2:
             return 0.0
         key = (kind, nbytes, group)
         if key not in self.coll_cache:
-            self.coll_cache[key] = C.time_collective(self.topo, kind, ranks, nbytes)[0]
+            self.coll_cache[key] = C.time_concurrent(self.topo, kind, groups, nbytes)
         return self.coll_cache[key]
 
     def task_time(self, stage: int, kind: str, chunk: int = 0) -> tuple[float, float, float]:
@@ -353,8 +357,7 @@ class StepSim:
         nbytes = (n - ne) * 4              # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         t0 = ev.now
-        # an expert's gradients over the dp / ep replicas that hold it (the same place in their EP group)
-        expert_groups = [[g * plan.ep + i for g in range(plan.dp // plan.ep)] for i in range(plan.ep)] if ne else []
+        expert_groups = plan.expert_replicas() if ne else []     # an expert's gradients: over its holders
 
         def all_ranks():
             self.log["data_parallel"].append((kind, nbytes + ne * 4, ev.now - t0))
