@@ -98,8 +98,8 @@ def test_moe_ffn_with_identical_experts_is_the_dense_ffn_scaled():
     assert np.allclose(got, dense * share[:, None])
 
 
-def _compare(k, seed=0):
-    caps = capabilities(load_machine("tiny-gpu"))
+def _compare(k, seed=0, caps=None):
+    caps = caps or capabilities(load_machine("tiny-gpu"))
     from archsim.engine.functional import run_functional
 
     bufs = k.random_inputs(seed)
@@ -171,6 +171,8 @@ def test_moe_kernel_bad_sizes_are_one_line():
                        (lambda: E.moe_topk_kernel(caps, 4, 40, 17), "1 to 16"),
                        (lambda: E.moe_assign_kernel(caps, 0, 2, 1, 1), "tokens = 0"),
                        (lambda: E.moe_dispatch_kernel(capabilities(load_machine("tiny-sunway")), 4, 8, 2),
+                        "gpu-family"),
+                       (lambda: E.moe_topk_kernel(capabilities(load_machine("tiny-sunway")), 4, 8, 2, threads=64),
                         "gpu-family")):
         with pytest.raises(InputError) as e:
             make()
@@ -211,7 +213,6 @@ def test_moe_block_timing_follows_the_capacity(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,what", [
-    (["--hw", "tiny-sunway"], "no mixture-of-experts kernels for the sunway family"),
     (["--hw", "tiny-gpu", "--tp", "2"], "tensor_parallel 1"),
 ])
 def test_moe_refusals_are_one_line(capsys, argv, what):
@@ -263,3 +264,68 @@ def test_expert_parallel_shard_holds_its_experts_over_the_groups_slots(capsys, t
         argv = ["run", "--hw", "tiny-gpu", "--workload", "tiny-moe", *bad]
         capsys.readouterr()
         assert main(argv) == 2 and what in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_sunway_moe_kernels_match_numpy(dtype):
+    """The Sunway module's MoE kernels: the GPU programs at one warp (one CPE) a block, spread."""
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.emit import elementwise_sunway as SW
+
+    caps = capabilities(load_machine("tiny-sunway"))
+    for k in (SW.moe_topk_kernel(caps, 13, 8, 2, dtype), SW.moe_route_grad_kernel(caps, 13, 8, 2, dtype),
+              SW.moe_dispatch_kernel(caps, 13, 64, 24, dtype), SW.moe_combine_kernel(caps, 13, 64, 2, 24, dtype),
+              SW.moe_combine_kernel(caps, 13, 64, 2, 24, dtype, weighted=False),
+              SW.moe_assign_kernel(caps, 50, 40, 3, 2)):
+        assert k.launch.spread and k.launch.block == (32, 1, 1)
+        _compare(k, caps=caps)
+    chain = SW.moe_combine_grad_kernel(caps, 13, 64, 2, 24, dtype)
+    bufs = chain.random_inputs(1)
+    ref = chain.reference(**bufs)
+    for i, kk in enumerate(chain.kernels):
+        res = run_functional(kk.program, chain.args_for(i, **bufs), kk.launch, warp_width=32, ncores=caps.cores_total)
+        for b in kk.outputs:
+            bufs[b.name] = res.output(b.name)
+    assert np.allclose(to_float(bufs["d_expert_out"], dtype), ref["d_expert_out"], rtol=1e-2, atol=3e-2)
+    with pytest.raises(InputError, match="sunway-family"):
+        SW.moe_topk_kernel(capabilities(load_machine("tiny-gpu")), 4, 8, 2)
+
+
+@pytest.mark.parametrize("args", [[], ["--phase", "train"], ["--phase", "decode", "--batch", "3"],
+                                  ["--phase", "train", "--ep", "2"]])
+def test_moe_block_runs_functionally_on_sunway(capsys, tmp_path, args):
+    out = tmp_path / "s.json"
+    assert main(["run", "--hw", "tiny-sunway", "--workload", "tiny-moe", "--mode", "functional", *args,
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["passed"]
+
+
+@pytest.mark.parametrize("hw", ["tiny-gpu", "tiny-sunway"])
+def test_moe_kernels_at_the_largest_top_k(hw):
+    """top_k 8 (OLMoE's) and, on GPUs, 16 (the most the kernels unroll): registers and predicates
+    suffice; on Sunway's 64 registers a lane, combine at 16 is one line."""
+    from archsim.workloads.emit import elementwise_sunway as SW
+
+    caps = capabilities(load_machine(hw))
+    mod = E if hw == "tiny-gpu" else SW
+    if hw == "tiny-sunway":
+        with pytest.raises(InputError, match="registers"):
+            SW.moe_combine_kernel(caps, 9, 64, 16, 40)
+    for k in ((8, 16) if hw == "tiny-gpu" else (8,)):
+        for kern in (mod.moe_topk_kernel(caps, 9, 16, k), mod.moe_route_grad_kernel(caps, 9, 16, k),
+                     mod.moe_combine_kernel(caps, 9, 64, k, 40), mod.moe_assign_kernel(caps, 9, 16, k, 3)):
+            _compare(kern, caps=caps)
+        assert len(mod.moe_combine_grad_kernel(caps, 9, 64, k, 40).kernels) == 2
+
+
+def test_moe_train_with_top_8_runs_on_both_families(capsys, tmp_path):
+    import yaml
+
+    d = _moe(experts=16, top_k=8, capacity_factor=1.0)
+    p = tmp_path / "k8.yaml"
+    p.write_text(yaml.safe_dump(d))
+    for hw in ("tiny-gpu", "tiny-sunway"):
+        out = tmp_path / f"{hw}.json"
+        assert main(["run", "--hw", hw, "--workload", str(p), "--phase", "train", "--mode", "functional",
+                     "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["passed"]

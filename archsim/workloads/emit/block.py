@@ -30,10 +30,12 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
   ``<op>.rstd``, f32) for the backward, which reads them (``<op>.grad``: dx, then the column sums
   for d_gamma / d_beta, with a workspace when the rows are split over the machine).
 - gelu, relu, add, and their grads: grid-stride flat kernels; swiglu(_grad): row kernels.
-- mixture of experts (GPU family): ``route`` as ``route.topk`` (a thread a token: softmax and the
+- mixture of experts: ``route`` as ``route.topk`` (a thread a token: softmax and the
   top_k logits) and ``route.assign`` (a block an expert: a prefix sum of its hits in priority order
   gives each its slot, past the capacity -1); ``dispatch`` and ``combine`` row kernels (a block a
-  slot or token); ``expert1`` / ``expert2`` one batched GEMM over the experts' [C, K] slices.
+  slot or token); ``expert1`` / ``expert2`` one batched GEMM over the experts' [C, K] slices; the
+  backward's combine.grad (dw, dslot), route.grad and dispatch.grad likewise (the Sunway family runs
+  the same programs at a CPE a block, elementwise_sunway).
 
 flops and model_flops of a kernel are its share of its op's (the op graph's counts are
 authoritative): a multi-kernel op splits them by the kernels' own nominal counts, and its model_flops
@@ -55,7 +57,7 @@ from archsim.errors import InputError
 from archsim.isa.program import Launch, Program
 
 from . import elementwise_gpu as EW
-from .common import BUF_BYTES, OUT_BYTES
+from .common import BUF_BYTES, OUT_BYTES, OutOfRegisters
 from .gemm_gpu import to_float, to_host
 
 # storage dtype of a block's tensors -> the GEMM emitter's output dtype
@@ -531,6 +533,9 @@ def emit_block(caps, wl) -> list[Kernel]:
             out.extend(fn(op, ctx))
         except InputError as e:   # name the workload and op whose shape the kernel refuses
             raise InputError(f"workload {wl.name}, op {op.name} ({op.kind}): {e.where}", e.what, e.allowed) from None
+        except OutOfRegisters as e:   # an emitter with no variant left that fits the registers
+            raise InputError(f"workload {wl.name}, op {op.name} ({op.kind}) on {caps.name}",
+                             f"its kernel does not fit a core's registers ({e})", "a smaller shape") from None
     return out
 
 

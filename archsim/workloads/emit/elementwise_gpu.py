@@ -1879,28 +1879,35 @@ def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
 # ----------------------------------------------------------------------------- mixture of experts
 MOE_MAX_TOP_K = 16          # choice: choices a token unrolled in the routing kernels (published MoEs use 1-8)
 MOE_ASSIGN_THREADS = 128    # a block per expert: its threads split the token x choice list
+MOE_ROW_THREADS = 128       # dispatch / combine: a block a row
 
 
-def _moe_sizes(op: str, caps, **sizes) -> None:
+def _moe_sizes(op: str, caps, threads, **sizes) -> None:
+    """Sizes >= 1, top_k within bounds, and the target: a GPU, or a Sunway machine when the caller
+    asks for one warp a block (elementwise_sunway: a thread block is one CPE, its lanes the vector;
+    these kernels then reach memory by ld.global / st.global, not DMA)."""
     _pos(op, **sizes)
-    _target(op, caps)
+    if not (caps.family == "sunway" and threads == caps.warp_width == 32):
+        _target(op, caps)
     if "top_k" in sizes and sizes["top_k"] > MOE_MAX_TOP_K:
         raise InputError(op, f"top_k = {sizes['top_k']}", f"1 to {MOE_MAX_TOP_K}")
     if "top_k" in sizes and "experts" in sizes and sizes["top_k"] > sizes["experts"]:
         raise InputError(op, f"top_k {sizes['top_k']} > experts {sizes['experts']}", "top_k <= experts")
 
 
-def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16", *,
+                    threads: Optional[int] = None) -> ElementwiseKernel:
     """Routing, step 1: a thread a token reads its row of gate logits [tokens, experts] three times:
     the max, the softmax's sum, then top_k passes each taking the largest logit after the last one
     taken (ties to the lower expert). route_e [tokens, top_k] (i32): the experts; route_w (f32):
     their softmax probabilities."""
     op = "moe_topk"
     dt = _dtype(op, dtype)
-    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k)
+    BT = threads or FLAT_THREADS
+    _moe_sizes(op, caps, threads, tokens=tokens, experts=experts, top_k=top_k)
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "route_w", "tokens", "experts"), dt, es,
-                       "thread", FLAT_THREADS)
+                       "thread", BT)
     t, stride, tmp = e.reg(), e.reg(), e.reg()
     e("s2r", t, "%ctaid.x")
     e("s2r", tmp, "%ntid.x")
@@ -1994,11 +2001,12 @@ def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "f
 
     bufs = (Buf("logits", (tokens, experts), dt), Buf("route_e", (tokens, top_k), "i32", True),
             Buf("route_w", (tokens, top_k), "fp32", True))
-    return _finish(op, caps, e, FLAT_THREADS, ceil_div(tokens, FLAT_THREADS), 5 * tokens * experts, bufs,
+    return _finish(op, caps, e, BT, ceil_div(tokens, BT), 5 * tokens * experts, bufs,
                    (("tokens", tokens), ("experts", experts)), "thread", gen, ref)
 
 
-def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int) -> ElementwiseKernel:
+def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int, *,
+                      threads: Optional[int] = None) -> ElementwiseKernel:
     """Routing, step 2: a block an expert fills its ``capacity`` slots in priority order (every
     token's first choice, tokens in order, then every second choice ...). Its threads split that
     list of tokens x top_k choices into runs, count their hits on the expert, take an exclusive
@@ -2006,8 +2014,8 @@ def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int
     position: route_slot [tokens, top_k] = expert * capacity + position, or -1 past the capacity;
     slot_token [experts * capacity] = the token, or -1 for a slot left empty."""
     op = "moe_assign"
-    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k, capacity=capacity)
-    B = MOE_ASSIGN_THREADS
+    _moe_sizes(op, caps, threads, tokens=tokens, experts=experts, top_k=top_k, capacity=capacity)
+    B = threads or MOE_ASSIGN_THREADS
     N = tokens * top_k
     run = ceil_div(N, B)
     e = ElementwiseAsm(f"{op}_k{top_k}", ("route_e", "route_slot", "slot_token"), "fp32", 4, "block", B,
@@ -2131,16 +2139,18 @@ def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int
     return _finish(op, caps, e, B, experts, 0, bufs, (), "block", gen, ref)
 
 
-def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str = "fp16") -> ElementwiseKernel:
+def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str = "fp16", *,
+                        threads: Optional[int] = None) -> ElementwiseKernel:
     """y [slots, hidden]: a block a slot copies its token's row of x [tokens, hidden] (as stored,
     no conversion), or zeros for an empty slot (slot_token -1)."""
     op = "moe_dispatch"
     dt = _dtype(op, dtype)
-    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, slots=slots)
+    BT = threads or MOE_ROW_THREADS
+    _moe_sizes(op, caps, threads, tokens=tokens, hidden=hidden, slots=slots)
     es = ELEM_BYTES[dt]
     rb = hidden * es
     VB = _vec_bytes(rb, es)
-    e = ElementwiseAsm(f"{op}_{dt}_v{VB}", ("x", "slot_token", "y", "slots"), dt, VB, "block", 128)
+    e = ElementwiseAsm(f"{op}_{dt}_v{VB}", ("x", "slot_token", "y", "slots"), dt, VB, "block", BT)
     tt, row, step = e.team_setup()
     S, X, ST, Y, src, dst, tok = (e.reg() for _ in range(7))
     e("ldparam", S, "slots")
@@ -2189,22 +2199,23 @@ def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str =
         return {"y": ref_moe_dispatch(v["x"], v["slot_token"])}
 
     bufs = (Buf("x", (tokens, hidden), dt), Buf("slot_token", (slots,), "i32"), Buf("y", (slots, hidden), dt, True))
-    return _finish(op, caps, e, 128, slots, 0, bufs, (("slots", slots),), "block", gen, ref)
+    return _finish(op, caps, e, BT, slots, 0, bufs, (("slots", slots),), "block", gen, ref)
 
 
 def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, dtype: str = "fp16",
-                       weighted: bool = True) -> ElementwiseKernel:
+                       weighted: bool = True, *, threads: Optional[int] = None) -> ElementwiseKernel:
     """y [tokens, hidden]: a block a token sums its kept choices' rows of expert_out [slots, hidden]
     weighted by route_w (f32); a dropped choice (route_slot -1) adds nothing. Unweighted (no
     route_w): the dispatch's backward, each token's slots' gradient rows summed."""
     op = "moe_combine" if weighted else "moe_dispatch_grad"
     dt = _dtype(op, dtype)
-    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
+    BT = threads or MOE_ROW_THREADS
+    _moe_sizes(op, caps, threads, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
     es = ELEM_BYTES[dt]
     rb = hidden * es
     VB = _vec_bytes(rb, es)
     params = ("expert_out", "route_slot") + (("route_w",) if weighted else ()) + ("y", "tokens")
-    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}_v{VB}", params, dt, VB, "block", 128)
+    e = ElementwiseAsm(f"{op}_{dt}_k{top_k}_v{VB}", params, dt, VB, "block", BT)
     tt, row, step = e.team_setup()
     T, EO, RSL, RW, Y, ad, yrow = (e.reg() for _ in range(7))
     e("ldparam", T, "tokens")
@@ -2270,23 +2281,23 @@ def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, d
 
     bufs = (Buf("expert_out", (slots, hidden), dt), Buf("route_slot", (tokens, top_k), "i32")) + \
         ((Buf("route_w", (tokens, top_k), "fp32"),) if weighted else ()) + (Buf("y", (tokens, hidden), dt, True),)
-    return _finish(op, caps, e, 128, tokens, (2 if weighted else 1) * tokens * top_k * hidden, bufs,
+    return _finish(op, caps, e, BT, tokens, (2 if weighted else 1) * tokens * top_k * hidden, bufs,
                    (("tokens", tokens),), "block", gen, ref)
 
 
-def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
-                            dtype: str = "fp16") -> KernelChain:
+def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, dtype: str = "fp16", *,
+                            threads: Optional[int] = None) -> KernelChain:
     """combine's backward as two kernels: (1) a team a token: d_route_w [tokens, top_k] (f32), each
     kept choice's slot row of expert_out dotted with d_y (0 when dropped); (2) a block a slot:
     d_expert_out [slots, hidden] = its choice's weight x d_y of its token (found among the token's
     route_slot entries), zeros for an empty slot."""
     op = "moe_combine_grad"
     dt = _dtype(op, dtype)
-    _moe_sizes(op, caps, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
+    _moe_sizes(op, caps, threads, tokens=tokens, hidden=hidden, top_k=top_k, slots=slots)
     es = ELEM_BYTES[dt]
     rb = hidden * es
     VB = _vec_bytes(rb, es)
-    tm, BT = _choose_team(caps, tokens, hidden, VB // es, None)
+    tm, BT = ("warp", threads) if threads else _choose_team(caps, tokens, hidden, VB // es, None)
     # (1) the weights' gradient
     e = ElementwiseAsm(f"moe_combine_dw_{dt}_k{top_k}_{tm}_v{VB}", ("d_y", "expert_out", "route_slot", "d_route_w",
                                                                     "tokens"), dt, VB, tm, BT, red_vals=top_k)
@@ -2300,15 +2311,17 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
     p, first = e.a.pred(), e.a.pred()
     e("setp.eq.i64", first, tt, 0)
     bases = [e.reg() for _ in range(top_k)]
-    keep = [e.a.pred() for _ in range(top_k)]
+    keep = [e.reg() for _ in range(top_k)]        # 1.0 for a kept choice, 0.0 for a dropped one
     acc = [e.reg() for _ in range(top_k)]
+    one = e.const(1.0)
 
     def body1():
         e("mul.i64", ad, row, 4 * top_k)
         e("add.i64", ad, ad, RSL)
         for c in range(top_k):
             e("ld.global.s32", bases[c], Mem(ad, 4 * c))
-            e("setp.ge.i64", keep[c], bases[c], 0)
+            e("setp.ge.i64", p, bases[c], 0)
+            e("selp.b64", keep[c], one, 0, p)
             e("max.i64", bases[c], bases[c], 0)
             e("mul.i64", bases[c], bases[c], rb)
             e("add.i64", bases[c], bases[c], EO)
@@ -2335,7 +2348,7 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
         e("mul.i64", ad, row, 4 * top_k)
         e("add.i64", ad, ad, DW)
         for c in range(top_k):
-            e("selp.b64", acc[c], acc[c], 0, keep[c])     # a dropped choice: no gradient
+            e("mul.f32", acc[c], acc[c], keep[c])          # a dropped choice: no gradient
             e("st.global.b32", Mem(ad, 4 * c), acc[c], p=first)
 
     e.row_loop(row, step, T, body1)
@@ -2346,7 +2359,8 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
                  (("tokens", tokens),), tm, None, None)
     # (2) the slots' gradient
     e = ElementwiseAsm(f"moe_combine_dslot_{dt}_k{top_k}_v{VB}", ("d_y", "route_slot", "route_w", "slot_token",
-                                                                  "d_expert_out", "slots"), dt, VB, "block", 128)
+                                                                  "d_expert_out", "slots"), dt, VB, "block",
+                       threads or MOE_ROW_THREADS)
     tt, row, step = e.team_setup()
     S, DY, RSL, RW, ST, DEO, tok, w, src, dst, v = (e.reg() for _ in range(11))
     e("ldparam", S, "slots")
@@ -2392,7 +2406,7 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
         e.free(lim)
 
     e.row_loop(row, step, S, body2)
-    k2 = _finish("moe_combine_dslot", caps, e, 128, slots, tokens * top_k * hidden,
+    k2 = _finish("moe_combine_dslot", caps, e, threads or MOE_ROW_THREADS, slots, tokens * top_k * hidden,
                  (Buf("d_y", (tokens, hidden), dt), Buf("route_slot", (tokens, top_k), "i32"),
                   Buf("route_w", (tokens, top_k), "fp32"), Buf("slot_token", (slots,), "i32"),
                   Buf("d_expert_out", (slots, hidden), dt, True)), (("slots", slots),), "block", None, None)
@@ -2417,15 +2431,17 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
     return KernelChain(op=op, kernels=(k1, k2), dtype=dt, draw_inputs=gen, ref_outputs=ref)
 
 
-def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16", *,
+                          threads: Optional[int] = None) -> ElementwiseKernel:
     """The router's backward, a thread a token: the softmax p of its logits again, the chosen
     probabilities' gradient g (d_route_w at their experts), and d_logits = p (g - p . g)."""
     op = "moe_route_grad"
     dt = _dtype(op, dtype)
-    _moe_sizes(op, caps, tokens=tokens, experts=experts, top_k=top_k)
+    BT = threads or FLAT_THREADS
+    _moe_sizes(op, caps, threads, tokens=tokens, experts=experts, top_k=top_k)
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "d_route_w", "d_logits", "tokens", "experts"),
-                       dt, es, "thread", FLAT_THREADS)
+                       dt, es, "thread", BT)
     t, stride, tmp = e.reg(), e.reg(), e.reg()
     e("s2r", t, "%ctaid.x")
     e("s2r", tmp, "%ntid.x")
@@ -2530,7 +2546,7 @@ def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: st
 
     bufs = (Buf("logits", (tokens, experts), dt), Buf("route_e", (tokens, top_k), "i32"),
             Buf("d_route_w", (tokens, top_k), "fp32"), Buf("d_logits", (tokens, experts), dt, True))
-    return _finish(op, caps, e, FLAT_THREADS, ceil_div(tokens, FLAT_THREADS), 4 * tokens * experts, bufs,
+    return _finish(op, caps, e, BT, ceil_div(tokens, BT), 4 * tokens * experts, bufs,
                    (("tokens", tokens), ("experts", experts)), "thread", gen, ref)
 
 

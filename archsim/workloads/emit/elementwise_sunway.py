@@ -1828,3 +1828,54 @@ def swiglu_grad_kernel(caps, rows: int, ffn: int, dtype: str = "fp16", *,
     """dx [rows, 2 ffn] = [dy * up * silu'(gate) | dy * silu(gate)]."""
     _target("swiglu_grad", caps)
     return _swiglu(EW.swiglu_grad_kernel(_spec(caps), rows, ffn, dtype), caps, rows, ffn, team, True)
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+# The routing, dispatch and combine kernels (and their backward) are the GPU module's programs at one
+# warp a thread block, so a block is one CPE (its lanes the vector), launched spread over the core
+# groups. They move their data by ld.global / st.global, each access a round trip through the
+# memory system, not by DMA through the LDM as the kernels above do: what a port without hand-made
+# DMA staging costs on the CPEs. (The experts' GEMMs are the Sunway GEMM, batched.)
+def _spread(k):
+    """A kernel (or a chain's kernels) launched spread over the core groups."""
+    if isinstance(k, KernelChain):
+        return dataclasses.replace(k, kernels=tuple(_spread(x) for x in k.kernels))
+    return dataclasses.replace(k, launch=dataclasses.replace(k.launch, spread=True))
+
+
+def _lanes(caps) -> int:
+    if caps.family != "sunway":
+        raise InputError(f"moe kernel on {caps.name}", f"a {caps.family} machine", "a sunway-family machine")
+    return caps.warp_width
+
+
+def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """Softmax and top-k of each token's gate logits (EW.moe_topk_kernel, a CPE a block)."""
+    return _spread(EW.moe_topk_kernel(caps, tokens, experts, top_k, dtype, threads=_lanes(caps)))
+
+
+def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int) -> ElementwiseKernel:
+    """Each expert's slots in priority order (EW.moe_assign_kernel, a CPE an expert)."""
+    return _spread(EW.moe_assign_kernel(caps, tokens, experts, top_k, capacity, threads=_lanes(caps)))
+
+
+def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str = "fp16") -> ElementwiseKernel:
+    return _spread(EW.moe_dispatch_kernel(caps, tokens, hidden, slots, dtype, threads=_lanes(caps)))
+
+
+def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, dtype: str = "fp16",
+                       weighted: bool = True) -> ElementwiseKernel:
+    return _spread(EW.moe_combine_kernel(caps, tokens, hidden, top_k, slots, dtype, weighted, threads=_lanes(caps)))
+
+
+def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int,
+                            dtype: str = "fp16") -> KernelChain:
+    return _spread(EW.moe_combine_grad_kernel(caps, tokens, hidden, top_k, slots, dtype, threads=_lanes(caps)))
+
+
+def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16") -> ElementwiseKernel:
+    return _spread(EW.moe_route_grad_kernel(caps, tokens, experts, top_k, dtype, threads=_lanes(caps)))
+
+
+__all__ += ["moe_assign_kernel", "moe_combine_grad_kernel", "moe_combine_kernel", "moe_dispatch_kernel",
+            "moe_route_grad_kernel", "moe_topk_kernel"]
