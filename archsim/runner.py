@@ -276,9 +276,7 @@ def _execute_block(wl, tensors: dict, routing: dict | None = None) -> dict:
     env = dict(tensors)
     for op in wl.block_ops():
         if op.kind == "moe_route" and routing:
-            env.update(routing)
-            p = R.ref_softmax(env[op.inputs[0]], axis=1)
-            env["route_w"] = np.take_along_axis(p, np.asarray(routing["route_e"]).astype(np.int64), axis=1)
+            env.update(zip(op.outputs, R.ref_moe_route_kept(env[op.inputs[0]], routing)))
             continue
         if op.kind == "attention" and "k_cache" in op.inputs:
             h = op.dims["heads"] * op.dims["head_dim"]

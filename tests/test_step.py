@@ -562,7 +562,8 @@ def test_zero3_gathers_each_blocks_weights_before_it_runs():
     base = StepSim(_fast(), parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=0"), wl, _synthetic(), NO_HEAD, 10 ** 6).run()
     assert free.run()["step_seconds"] == pytest.approx(base["step_seconds"], rel=1e-5)   # transfers near free
     gathers = [x for x in free.log["data_parallel"] if x[0] == "all_gather"]
-    assert len(gathers) == 2 * 2 * 4 * 2          # stages x replicas x micro-batches x (F, B), one block each
+    assert len(gathers) == 2 * 4 * 2              # stages x micro-batches x (F, B), one block each: one
+    #                                               collective of every replica
     assert {x[0] for x in free.log["data_parallel"]} == {"all_gather", "reduce_scatter"}
     # a block's weights and, on both stages (the first holds the embedding, the last the head), the embedding
     assert {x[1] for x in gathers} == {(10 ** 6 + free.embed_params) * 2}
@@ -601,7 +602,7 @@ def test_zero3_run_on_a_tiny_cluster(capsys, tmp_path):
                  str(out)]) == 0
     doc = json.loads(out.read_text())
     dp = {c["kind"]: c for c in doc["collectives"] if c["group"] == "data_parallel"}
-    assert dp["all_gather"]["count"] == 2 * 2 * 4 * 2 and dp["reduce_scatter"]["count"] == 2 * 2
+    assert dp["all_gather"]["count"] == 2 * 4 * 2 and dp["reduce_scatter"]["count"] == 2 * 2
     assert doc["plan"]["zero"] == 3 and doc["step"]["comm_exposed_seconds"] > 0
     assert doc["memory_per_device"]["weights"] < doc["memory_per_device"]["gradients"] * 10
 
@@ -674,3 +675,37 @@ def test_all_to_alls_across_a_tapered_network_slow_each_other():
     t_across = C.time_concurrent(topo, "all_to_all", across, 8e6)
     alone = C.time_collective(topo, "all_to_all", across[0], 8e6)[0]
     assert t_across > alone * 1.5 and t_across > t_in * 2
+
+
+def test_zero3_gather_is_one_collective_of_every_replica():
+    """On an idle network with compute near free, each ZeRO 3 gather takes what the all-gather over
+    the data-parallel group takes alone (the replicas join one collective, not one each)."""
+    from archsim.cluster import collectives as C
+
+    wl = load_workload("tiny", {"phase": "prefill"})
+    d = json.loads(json.dumps(TINY))
+    d["node"]["devices"] = 1
+    d["node"]["nics"] = {"count": 1, "gbit_per_s": 8.0, "latency_us": 2.0}
+    d["network"]["group_nodes"] = 4
+    topo = build(validate_cluster(d))
+    sim = StepSim(topo, parse_plan("dp=4,mb=1,gbs=4,zero=3"), wl, _synthetic(1e-9, 1e-9), NO_HEAD, 10 ** 6,
+                  record_links=False)
+    sim.run()
+    gathers = [x for x in sim.log["data_parallel"] if x[0] == "all_gather"]
+    assert len(gathers) == 2                      # the two blocks (the first with the embedding)
+    for _, nbytes, sec in gathers:
+        assert sec == pytest.approx(C.time_collective(topo, "all_gather", [0, 1, 2, 3], nbytes)[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("software,what", [({"collective_threads": 64}, "collective_threads without collective_ctas"),
+                                           ({"collective_unroll": 4}, "collective_unroll without collective_ctas")])
+def test_collective_kernel_fields_need_the_ctas(software, what):
+    d = json.loads(json.dumps(TINY))
+    d["software"].update(software)
+    with pytest.raises(InputError, match=what):
+        validate_cluster(d)
+
+
+def test_ep_place_needs_expert_parallelism():
+    with pytest.raises(InputError, match="without expert parallelism"):
+        parse_plan("dp=4,ep_place=across")

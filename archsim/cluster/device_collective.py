@@ -22,7 +22,6 @@ import dataclasses
 from archsim.errors import InputError
 
 PROBE_BYTES = 8 << 20        # choice: 8 MiB an operand, past a GPU's L1s, streaming at its steady rate
-NCCL_DTYPES = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16"}
 
 
 def reduce_kernel(machine, dtype: str, ctas: int, threads: int | None = None, unroll: int | None = None):
@@ -72,13 +71,13 @@ def reduce_rate(machine, dtype: str, ctas: int, threads: int | None = None, unro
 
 
 def device_reduce_rate(cluster, machine, dtype: str) -> float | None:
-    """The cluster's collectives' reduction rate on its device (None: the cluster does not say
-    what its collectives run on, and reductions cost nothing on the device)."""
+    """The cluster's collectives' reduction rate on its device for ``dtype`` (fp16, bf16, fp32;
+    None: the cluster does not say what its collectives run on, and reductions cost nothing on the
+    device)."""
     sw = cluster.software
     if sw.collective_ctas is None:
         return None
-    return reduce_rate(machine, NCCL_DTYPES.get(dtype, "fp32"), sw.collective_ctas, sw.collective_threads,
-                       sw.collective_unroll)
+    return reduce_rate(machine, dtype, sw.collective_ctas, sw.collective_threads, sw.collective_unroll)
 
 
 def contended_machine(cluster, machine):
@@ -91,9 +90,11 @@ def contended_machine(cluster, machine):
     ctas = cluster.software.collective_ctas
     if ctas is None or machine.family != "gpu":
         return None
-    if machine.groups != 1 or ctas >= machine.cores.per_group:
-        raise InputError(f"{cluster.name}: software.collective_ctas", f"{ctas} CTAs on {machine.name}'s "
-                         f"{machine.cores.per_group} SMs", f"fewer than {machine.cores.per_group} (one SM a CTA)")
+    sms = machine.groups * machine.cores.per_group
+    if machine.groups != 1 or ctas >= sms:
+        raise InputError(f"{cluster.name}: software.collective_ctas", f"{ctas} CTAs on {machine.name}'s {sms} SMs"
+                         + (f" in {machine.groups} groups" if machine.groups != 1 else ""),
+                         f"fewer than {sms} (one SM a CTA) on a GPU of one group")
     return load_machine(cluster.device, sets=[f"cores.per_group={machine.cores.per_group - ctas}"])
 
 

@@ -136,6 +136,8 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     if "ep_place" in seen:
         if seen["ep_place"] not in EP_PLACES:
             raise InputError(where, f"ep_place={seen['ep_place']!r}", "inside or across")
+        if kw.get("ep", 1) < 2:
+            raise InputError(where, f"ep_place={seen['ep_place']} without expert parallelism", "ep=E (E >= 2) with it")
         kw["ep_place"] = seen["ep_place"]
     if "sp" in seen:
         if seen["sp"] not in ("on", "off"):
@@ -333,11 +335,9 @@ def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
         params = nb * per_block + (embed if s == 0 or s == plan.pp - 1 else 0)
         # ZeRO shards a parameter over the devices that hold it: an expert's over dp / ep replicas
         spread = params - nb * expert_block + nb * expert_block * plan.ep
-        w = params * e / (d if plan.zero >= 3 else 1) if plan.zero < 3 else spread * e / d
-        g = (params * grad_b / (d if plan.zero >= 2 else 1) if plan.zero < 2 else spread * grad_b / d) if train \
-            else 0.0
-        o = (params * opt_b / (d if plan.zero >= 1 else 1) if plan.zero < 1 else spread * opt_b / d) if train \
-            else 0.0
+        w = params * e if plan.zero < 3 else spread * e / d
+        g = (params * grad_b if plan.zero < 2 else spread * grad_b / d) if train else 0.0
+        o = (params * opt_b if plan.zero < 1 else spread * opt_b / d) if train else 0.0
         act = 0.0
         if train:
             act = act_block * nb * _in_flight(plan, s)

@@ -72,9 +72,9 @@ def prepare(cluster_arg, workload, plan_text: str):
 
 
 def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -> tuple:
-    """The engine's times for a plan: the TP shard of one block at the micro-batch (the ops beside
-    a tensor-parallel all-reduce also on ``contended``, the device less the collective's SMs) and
-    the LM head's GEMMs. Plans with the same tp and micro-batch share them."""
+    """The engine's times for a plan: the TP / EP shard of one block at the micro-batch (the ops
+    beside a tensor-parallel all-reduce also on ``contended``, the device less the collective's
+    SMs) and the LM head's GEMMs. Plans with the same tp, ep, sp and micro-batch share them."""
     shard = with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep, batch=plan.micro_batch,
                           layers=1)
     if progress:
@@ -109,12 +109,14 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     cluster, machine, plan, mem = prepare(cluster_arg, workload, plan_text)
     m, sc = workload.model, workload.scenario
     contended = contended_machine(cluster, machine)
-    reduce_rate = device_reduce_rate(cluster, machine, sc.dtype)
+    reduce_rate = device_reduce_rate(cluster, machine, sc.dtype)        # activations, in the storage type
+    grad_rate = device_reduce_rate(cluster, machine, "fp32")            # gradients, in fp32
     shard, bt, head = time_kernels(machine, workload, plan, opts, progress, contended)
-    topo = build(cluster, reduce_rate)
+    topo = build(cluster, grad_rate)
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard),
-                  expert_params_block=block_parameters(shard, experts_only=True))
+                  expert_params_block=block_parameters(shard, experts_only=True),
+                  block_topo=build(cluster, reduce_rate) if reduce_rate != grad_rate else topo)
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
@@ -182,6 +184,7 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
                  "bubble_share": round(bubble / step, 4),
                  "comm_exposed_seconds": exposed, "comm_overlapped_seconds": max(0.0, total_comm - exposed),
                  "reduce_gbps": round(reduce_rate / 1e9, 3) if reduce_rate is not None else None,
+                 "reduce_gbps_fp32": round(grad_rate / 1e9, 3) if grad_rate is not None else None,
                  "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
                  "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
         "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
@@ -245,8 +248,9 @@ def format_cluster_run(r: dict) -> str:
             lines.append(f"  {c['kind']:<16}{c['group']:<17}{c['bytes']:>14,.0f}{c['count']:>8}"
                          f"{c['seconds']:>11.4g}{c['exposed_seconds']:>11.4g}")
     if st.get("reduce_gbps") is not None:
-        lines.append(f"  reductions      {st['reduce_gbps']:,.1f} GB/s a device (the collectives' kernel, timed by "
-                     "the engine; kernels beside a tensor-parallel all-reduce lose its SMs)")
+        lines.append(f"  reductions      {st['reduce_gbps']:,.1f} GB/s a device, {st['reduce_gbps_fp32']:,.1f} fp32 "
+                     "(the collectives' kernel, timed by the engine; kernels beside a tensor-parallel "
+                     "all-reduce lose its SMs)")
     if r["links"]:
         busiest = r["links"][0]
         lines.append(f"  busiest link    {busiest['name']}: {100 * busiest['util']:.1f} % busy, "

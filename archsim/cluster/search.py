@@ -87,18 +87,19 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
                          f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",
                          "a larger cluster, or a smaller model or batch")
     contended = contended_machine(cluster, machine)
-    topo = build(cluster, device_reduce_rate(cluster, machine, workload.scenario.dtype))
+    topo = build(cluster, device_reduce_rate(cluster, machine, "fp32"))          # the step's fp32 gradients
+    block_topo = build(cluster, device_reduce_rate(cluster, machine, workload.scenario.dtype))
     kernels: dict = {}
     rows = []
     peaks = peak_tflops(machine)
     peak = peaks.get(workload.scenario.dtype, peaks.get("fp16", 0.0))
     for i, p in enumerate(plans):
-        key = (p.tp, p.micro_batch, p.sequence_parallel)
+        key = (p.tp, p.ep, p.micro_batch, p.sequence_parallel)
         if key not in kernels:
             kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
         shard, bt, head = kernels[key]
         out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False,
-                      expert_params_block=block_parameters(shard, experts_only=True)).run()
+                      expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo).run()
         step = out["step_seconds"]
         model_flops, hw_flops = step_flops(workload, p, head)
         tf = model_flops / step / p.devices / 1e12

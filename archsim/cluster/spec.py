@@ -78,6 +78,14 @@ class Software(Frozen):
     collective_threads: Optional[PosInt] = None
     collective_unroll: Optional[PosInt] = None
 
+    @model_validator(mode="after")
+    def _ctas_first(self):
+        for name in ("collective_threads", "collective_unroll"):
+            if getattr(self, name) is not None and self.collective_ctas is None:
+                raise FieldError(name, f"{name} without collective_ctas", "collective_ctas with it (the CTAs "
+                                 "the collective's kernel runs on)", related=("collective_ctas",))
+        return self
+
 
 class Cluster(Frozen):
     name: Text

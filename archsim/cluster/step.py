@@ -140,10 +140,8 @@ def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = Fals
     sc = shard.scenario
     tp = sc.tensor_parallel
     layout = block_layout(shard, sp)
-    if sp and tp > 1:
-        rows = sc.batch * (1 if sc.phase == "decode" else sc.seq)
-        part = with_scenario(shard, batch=1, seq=rows // tp) if sc.phase != "decode" else \
-            with_scenario(shard, batch=rows // tp)
+    if sp and tp > 1:                    # (train or prefill: decode is refused)
+        part = with_scenario(shard, batch=1, seq=sc.batch * sc.seq // tp)
         secs.update(ops_seconds(machine, part, SP_TOKEN_OPS, opts, pool, " (its share of the tokens)"))
     slow = ops_seconds(contended, shard, beside_ops(layout), opts, pool, " beside a collective") \
         if contended is not None else {}
@@ -273,8 +271,11 @@ class StepSim:
     """The step's streams, transfers and collectives on one flow network."""
 
     def __init__(self, topo: Topology, plan: Plan, workload, bt: BlockTimes, head: dict, params_block: int,
-                 record_links: bool = True, expert_params_block: int = 0):
+                 record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
+        # the tensor- and expert-parallel collectives inside a block are timed on their own network,
+        # whose reducers run at the storage type's rate (the step's own reduce fp32 gradients)
+        self.block_topo = block_topo or topo
         m, sc = workload.model, workload.scenario
         self.e = 4 if sc.dtype == "fp32" else 2
         self.gap = topo.cluster.software.kernel_gap_us * 1e-6
@@ -314,6 +315,7 @@ class StepSim:
         self.stage_end = {s: None for s in range(plan.pp)}
         self.last_compute = {s: 0.0 for s in range(plan.pp)}
         self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
+        self.gathers: dict = {}                               # ZeRO 3: a block's gather -> replicas waiting
 
     # ---- times ----
     def coll_seconds(self, kind: str, nbytes: float, group: str = "tp") -> float:
@@ -324,7 +326,7 @@ class StepSim:
             return 0.0
         key = (kind, nbytes, group)
         if key not in self.coll_cache:
-            self.coll_cache[key] = C.time_concurrent(self.topo, kind, groups, nbytes)
+            self.coll_cache[key] = C.time_concurrent(self.block_topo, kind, groups, nbytes)
         return self.coll_cache[key]
 
     def task_time(self, stage: int, kind: str, chunk: int = 0) -> tuple[float, float, float]:
@@ -343,7 +345,19 @@ class StepSim:
     def dp_group(self, s: int, t: int) -> list[int]:
         return [device_of(self.plan, t, r, s) for r in range(self.plan.dp)]
 
-    # ---- data-parallel buckets ----
+    # ---- data-parallel collectives ----
+    def dp_collective(self, s: int, kind: str, dense_bytes: float, expert_bytes: float, then) -> None:
+        """One data-parallel collective of stage s: the dense part over the whole data-parallel group
+        and, with expert parallelism, the experts' part over the replicas that hold each expert; a
+        group per TP rank. ``then()`` when every part has ended."""
+        plan = self.plan
+        expert_groups = plan.expert_replicas() if expert_bytes else []
+        done = C.barrier(plan.tp * (1 + len(expert_groups)), then)
+        for t in range(plan.tp):
+            C.run(self.f, kind, self.dp_group(s, t), dense_bytes, done)
+            for reps in expert_groups:
+                C.run(self.f, kind, [device_of(plan, t, r, s) for r in reps], expert_bytes, done)
+
     def bucket_ready(self, s: int, k: int) -> None:
         self.dp_wait[(s, k)] -= 1
         if self.dp_wait[(s, k)]:
@@ -354,19 +368,13 @@ class StepSim:
             return
         n = self.embed_params if k == self.blocks[s] else self.params_block
         ne = self.expert_params_block if k < self.blocks[s] else 0
-        nbytes = (n - ne) * 4              # gradients reduced in fp32, their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         t0 = ev.now
-        expert_groups = plan.expert_replicas() if ne else []     # an expert's gradients: over its holders
 
-        def all_ranks():
-            self.log["data_parallel"].append((kind, nbytes + ne * 4, ev.now - t0))
+        def all_ranks():                   # gradients reduced in fp32, their accumulation type
+            self.log["data_parallel"].append((kind, n * 4, ev.now - t0))
             self._bucket_done(s)
-        done = C.barrier(plan.tp * (1 + len(expert_groups)), all_ranks)
-        for t in range(plan.tp):
-            C.run(self.f, kind, self.dp_group(s, t), nbytes, done)
-            for reps in expert_groups:
-                C.run(self.f, kind, [device_of(plan, t, r, s) for r in reps], ne * 4, done)
+        self.dp_collective(s, kind, (n - ne) * 4, ne * 4, all_ranks)
 
     def _bucket_done(self, s: int) -> None:
         self.dp_done[s] += 1
@@ -375,17 +383,32 @@ class StepSim:
         plan, ev = self.plan, self.ev
         if plan.zero in (1, 2) and plan.dp > 1:   # the updated weights, gathered from their shards (ZeRO 3
                                                    # gathers each block's before it runs)
-            nbytes = self.stage_params(s) * self.e
+            n = self.stage_params(s)
+            ne = self.blocks[s] * self.expert_params_block
             t0 = ev.now
 
             def gathered():
-                self.log["data_parallel"].append(("all_gather", nbytes, ev.now - t0))
+                self.log["data_parallel"].append(("all_gather", n * self.e, ev.now - t0))
                 self.stage_end[s] = ev.now
-            done = C.barrier(plan.tp, gathered)
-            for t in range(plan.tp):
-                C.run(self.f, "all_gather", self.dp_group(s, t), nbytes, done)
+            self.dp_collective(s, "all_gather", (n - ne) * self.e, ne * self.e, gathered)
         else:
             self.stage_end[s] = ev.now
+
+    def gather_weights(self, s: int, key: tuple, dense_bytes: float, expert_bytes: float, then) -> None:
+        """ZeRO 3: a replica asks for a block's weights; the all-gather over the data-parallel group
+        starts when every replica of the stage has asked (a collective), and ``then`` of each runs
+        when it ends."""
+        rec = self.gathers.setdefault((s,) + key, [])
+        rec.append(then)
+        if len(rec) < self.plan.dp:
+            return
+        t0 = self.ev.now
+
+        def ended():
+            self.log["data_parallel"].append(("all_gather", dense_bytes + expert_bytes, self.ev.now - t0))
+            for cb in self.gathers.pop((s,) + key):
+                cb()
+        self.dp_collective(s, "all_gather", dense_bytes, expert_bytes, ended)
 
     # ---- streams ----
     def try_run(self, st: Stream) -> None:
@@ -403,7 +426,7 @@ class StepSim:
         dur, busy, exp = self.task_time(st.stage, kind, c)
         st.compute += busy
         st.tp_exposed += exp
-        if plan.zero == 3 and plan.dp > 1 and self.train:
+        if plan.zero == 3 and plan.dp > 1:
             self._gathered_task(st, kind, mb, c, dur)
             return
         st.tasks_seconds += dur
@@ -423,9 +446,11 @@ class StepSim:
 
     def _gathered_task(self, st: Stream, kind: str, mb: int, c: int, dur: float) -> None:
         """A task under ZeRO 3: each block's weights (fp16, this TP rank's shard of them) are
-        all-gathered over the data-parallel group before the block runs, the next block's gather
-        beside this one's compute (a prefetch of one block, as DeepSpeed's); the chunk's embedding
-        or LM head is gathered with its first block. The stream waits for a gather that is late."""
+        all-gathered over the data-parallel group before the block runs (gather_weights: one
+        collective of every replica), the next block's gather beside this one's compute (a prefetch
+        of one block, as DeepSpeed's; none across tasks, so a task's first block waits for its
+        gather); the chunk's embedding or LM head is gathered with its first block. The stream
+        waits for a gather that is late."""
         plan, ev = self.plan, self.ev
         s, v = st.stage, self.v
         nb = max(self.chunk_blocks[s][c], 1)
@@ -444,17 +469,14 @@ class StepSim:
             if g["in_flight"] or j >= nb or j > g["done"] + 1:
                 return
             g["in_flight"] = True
-            t_start = ev.now
 
-            def all_ranks():
-                self.log["data_parallel"].append(("all_gather", sizes[j], ev.now - t_start))
+            def arrived():
                 g["in_flight"] = False
                 g["gathered"] = j + 1
                 maybe_gather()
                 try_compute()
-            done = C.barrier(plan.tp, all_ranks)
-            for t in range(plan.tp):
-                C.run(self.f, "all_gather", self.dp_group(s, t), sizes[j], done)
+            expert = self.expert_params_block * self.e
+            self.gather_weights(s, (kind, mb, c, j), sizes[j] - expert, expert, arrived)
 
         def try_compute():
             if g["running"] or g["done"] >= g["gathered"]:

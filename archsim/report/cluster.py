@@ -46,8 +46,9 @@ def plot_network(doc: dict, path: Path) -> Path:
     plt = pyplot()
     tl = doc["timeline"]
     step = doc["step"]["step_seconds"]
-    levels = [lv for lv in ("node", "nic", "uplink") if any(x["level"] == lv for x in tl["links"])]
-    names = {"node": "inside a node", "nic": "NICs", "uplink": "uplinks between leaf switches / supernodes"}
+    levels = [lv for lv in ("node", "nic", "uplink", "device") if any(x["level"] == lv for x in tl["links"])]
+    names = {"node": "inside a node", "nic": "NICs", "uplink": "uplinks between leaf switches / supernodes",
+             "device": "devices' reducers (the collectives' kernels)"}
     fig, axes = plt.subplots(max(len(levels), 1), 1, figsize=(11, 1.0 + 2.0 * max(len(levels), 1)), sharex=True,
                              squeeze=False)
     scale, unit = (1e3, "ms") if step < 10 else (1.0, "s")

@@ -183,21 +183,39 @@ def ref_moe_route(logits, top_k: int, capacity: int):
     j-th choice before any (j+1)-th, tokens in order: route_slot [T, k] = e * capacity + position
     or -1 (dropped), slot_token [E * capacity] = token or -1. Returns the four arrays (float64)."""
     z = np.asarray(logits, np.float64)
-    T, E = z.shape
     probs = ref_softmax(z, axis=1)
     order = np.argsort(-z, axis=1, kind="stable")[:, :top_k]     # descending, ties to the lower index
     route_w = np.take_along_axis(probs, order, axis=1)
-    slot = np.full((T, top_k), -1, np.int64)
-    token = np.full(E * capacity, -1, np.int64)
-    filled = np.zeros(E, np.int64)
-    for j in range(top_k):
+    slot, token = ref_moe_assign(order, z.shape[1], capacity)
+    return order.astype(np.float64), route_w, slot, token
+
+
+def ref_moe_assign(route_e, experts: int, capacity: int):
+    """(route_slot [T, k], slot_token [experts * capacity]) of the choices route_e [T, k]: each
+    expert's slots filled in priority order, every token's j-th choice before any (j+1)-th, tokens
+    in order; a choice past its expert's capacity is dropped (-1), an empty slot holds -1."""
+    e_of = np.asarray(route_e).astype(np.int64)
+    T, k = e_of.shape
+    slot = np.full((T, k), -1, np.int64)
+    token = np.full(experts * capacity, -1, np.int64)
+    filled = np.zeros(experts, np.int64)
+    for j in range(k):
         for t in range(T):
-            e = order[t, j]
+            e = e_of[t, j]
             if filled[e] < capacity:
                 slot[t, j] = e * capacity + filled[e]
                 token[slot[t, j]] = t
             filled[e] += 1
-    return order.astype(np.float64), route_w, slot.astype(np.float64), token.astype(np.float64)
+    return slot.astype(np.float64), token.astype(np.float64)
+
+
+def ref_moe_route_kept(logits, routing: dict):
+    """ref_moe_route's four outputs with the discrete choices taken from ``routing`` (route_e,
+    route_slot, slot_token, as kernels made them) and the weights recomputed from the logits."""
+    route_e, route_slot, slot_token = (np.asarray(routing[n], np.float64)
+                                       for n in ("route_e", "route_slot", "slot_token"))
+    route_w = np.take_along_axis(ref_softmax(logits, axis=1), route_e.astype(np.int64), axis=1)
+    return route_e, route_w, route_slot, slot_token
 
 
 def ref_moe_dispatch(x, slot_token) -> np.ndarray:
@@ -264,11 +282,8 @@ def moe_ffn(workload: "Workload", x_n2, weights: dict, tensors: Optional[dict] =
     m = workload.model
     C = m.moe.capacity(x_n2.shape[0])
     logits = np.asarray(x_n2, np.float64) @ weights["w_gate"]
-    route_e, route_w, route_slot, slot_token = ref_moe_route(logits, m.moe.top_k, C)
-    if routing is not None:
-        route_e, route_slot, slot_token = (np.asarray(routing[n], np.float64)
-                                           for n in ("route_e", "route_slot", "slot_token"))
-        route_w = np.take_along_axis(ref_softmax(logits, axis=1), route_e.astype(np.int64), axis=1)
+    route_e, route_w, route_slot, slot_token = ref_moe_route(logits, m.moe.top_k, C) if routing is None else \
+        ref_moe_route_kept(logits, routing)
     expert_in = ref_moe_dispatch(x_n2, slot_token)
     E = m.moe.experts // workload.scenario.expert_parallel     # a shard's experts, each over ep x C slots
     expert_h = ref_moe_gemm(expert_in, weights["w_expert1"], E)

@@ -443,20 +443,11 @@ def _swiglu(op, ctx) -> list[Kernel]:
 
 
 # ----------------------------------------------------------------------------- mixture of experts
-def _moe_ew(ctx, op, name: str = "moe_topk_kernel"):
-    """The family's MoE kernel ``name`` (a one-line error where the family has none yet)."""
-    fn = getattr(ctx.E.ew, name, None)
-    if fn is None:
-        raise InputError(ctx.caps.name, f"no mixture-of-experts kernels for the {ctx.caps.family} family yet",
-                         "a gpu-family machine")
-    return fn
-
-
 def _moe_route(op, ctx) -> list[Kernel]:
     """``route.topk`` (softmax and top-k a token) then ``route.assign`` (each expert's slots)."""
     d = op.dims
-    k1 = _moe_ew(ctx, op, "moe_topk_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
-    k2 = _moe_ew(ctx, op, "moe_assign_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], d["capacity"])
+    k1 = ctx.E.ew.moe_topk_kernel(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
+    k2 = ctx.E.ew.moe_assign_kernel(ctx.caps, d["tokens"], d["experts"], d["top_k"], d["capacity"])
     chain = EW.KernelChain(op=op.kind, kernels=(k1, k2), dtype=ctx.dt)
     return _ew(op, ctx, chain, dict(zip(("logits", "route_e", "route_w", "route_slot", "slot_token"),
                                         list(op.inputs) + list(op.outputs))))
@@ -464,13 +455,13 @@ def _moe_route(op, ctx) -> list[Kernel]:
 
 def _moe_dispatch(op, ctx) -> list[Kernel]:
     d = op.dims
-    k = _moe_ew(ctx, op, "moe_dispatch_kernel")(ctx.caps, d["tokens"], d["hidden"], d["slots"], ctx.dt)
+    k = ctx.E.ew.moe_dispatch_kernel(ctx.caps, d["tokens"], d["hidden"], d["slots"], ctx.dt)
     return _ew(op, ctx, k, dict(zip(("x", "slot_token", "y"), list(op.inputs) + list(op.outputs))))
 
 
 def _moe_combine(op, ctx) -> list[Kernel]:
     d = op.dims
-    k = _moe_ew(ctx, op, "moe_combine_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt)
+    k = ctx.E.ew.moe_combine_kernel(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt)
     return _ew(op, ctx, k, dict(zip(("expert_out", "route_slot", "route_w", "y"), list(op.inputs) + list(op.outputs))))
 
 
@@ -480,7 +471,6 @@ def _moe_gemm(op, ctx) -> list[Kernel]:
     d = op.dims
     E, M, N, K = d["experts"], d["M"], d["N"], d["K"]
     ta, tb = bool(d.get("trans_a")), bool(d.get("trans_b"))
-    _moe_ew(ctx, op)                              # the family has MoE kernels
     (a, b), (c,) = op.inputs, op.outputs
     return [_batched(ctx, op.name, op, op.flops, op.model_flops, M, N, K, (a, 0), (b, 0), (c, 0), trans_a=ta,
                      trans_b=tb, lda=M if ta else K, ldb=K if tb else N, ldc=N, batch=(E, 1), stride_a=(M * K, 0),
@@ -491,7 +481,7 @@ def _moe_combine_grad(op, ctx) -> list[Kernel]:
     """``combine.grad.dw`` (the weights' gradient, a team a token) and ``combine.grad.dslot`` (the
     slots' gradient rows, a block a slot)."""
     d = op.dims
-    k = _moe_ew(ctx, op, "moe_combine_grad_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"],
+    k = ctx.E.ew.moe_combine_grad_kernel(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"],
                                                     ctx.dt)
     return _ew(op, ctx, k, dict(zip(("d_y", "expert_out", "route_slot", "route_w", "slot_token", "d_route_w",
                                      "d_expert_out"), list(op.inputs) + list(op.outputs))))
@@ -500,14 +490,14 @@ def _moe_combine_grad(op, ctx) -> list[Kernel]:
 def _moe_dispatch_grad(op, ctx) -> list[Kernel]:
     """The dispatch's backward: each token's slots' gradient rows summed (combine, unweighted)."""
     d = op.dims
-    k = _moe_ew(ctx, op, "moe_combine_kernel")(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt,
+    k = ctx.E.ew.moe_combine_kernel(ctx.caps, d["tokens"], d["hidden"], d["top_k"], d["slots"], ctx.dt,
                                                weighted=False)
     return _ew(op, ctx, k, dict(zip(("expert_out", "route_slot", "y"), list(op.inputs) + list(op.outputs))))
 
 
 def _moe_route_grad(op, ctx) -> list[Kernel]:
     d = op.dims
-    k = _moe_ew(ctx, op, "moe_route_grad_kernel")(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
+    k = ctx.E.ew.moe_route_grad_kernel(ctx.caps, d["tokens"], d["experts"], d["top_k"], ctx.dt)
     return _ew(op, ctx, k, dict(zip(("logits", "route_e", "d_route_w", "d_logits"),
                                     list(op.inputs) + list(op.outputs))))
 

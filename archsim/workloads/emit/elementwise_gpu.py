@@ -1895,6 +1895,65 @@ def _moe_sizes(op: str, caps, threads, **sizes) -> None:
         raise InputError(op, f"top_k {sizes['top_k']} > experts {sizes['experts']}", "top_k <= experts")
 
 
+def _token_thread(e: ElementwiseAsm) -> tuple:
+    """(t, stride, tmp): this thread's first token and the grid's thread count (a thread a token)."""
+    t, stride, tmp = e.reg(), e.reg(), e.reg()
+    e("s2r", t, "%ctaid.x")
+    e("s2r", tmp, "%ntid.x")
+    e("mul.i64", t, t, tmp)
+    e("s2r", stride, "%tid.x")
+    e("add.i64", t, t, stride)
+    e("s2r", stride, "%nctaid.x")
+    e("mul.i64", stride, stride, tmp)
+    return t, stride, tmp
+
+
+class _RowScan:
+    """Passes over one token's row of logits [row, end) (bytes), an element at a time: ``i`` the
+    element's index, ``ad`` its address; ``stats`` leaves the row's max in mx and 1 / (sum of
+    exp(x - max)) in sm."""
+
+    def __init__(self, e: ElementwiseAsm, es: int):
+        self.e, self.es = e, es
+        self.row, self.end, self.ad, self.i = e.reg(), e.reg(), e.reg(), e.reg()
+        self.mx, self.sm = e.reg(), e.reg()
+        self.p = e.a.pred()
+
+    def scan(self, label: str, body) -> None:
+        e = self.e
+        e("mov.b64", self.ad, self.row)
+        e("mov.b64", self.i, 0)
+        e.a.label(label)
+        v = e.load(self.ad, 1)
+        body(v)
+        e.free(v)
+        e("add.i64", self.i, self.i, 1)
+        e("add.i64", self.ad, self.ad, self.es)
+        e("setp.lt.i64", self.p, self.ad, self.end)
+        e("bra", label, p=self.p)
+
+    def stats(self) -> None:
+        e, mx, sm = self.e, self.mx, self.sm
+        e("mov.f32", mx, -F32_MAX)
+        self.scan("LMAX", lambda v: e("max.f32", mx, mx, v))
+        e("mov.f32", sm, 0.0)
+
+        def add_exp(v):
+            self.prob(v, scale=False)
+            e("add.f32", sm, sm, v)
+        self.scan("LSUM", add_exp)
+        e("rcp.f32", sm, sm)
+
+    def prob(self, v: Reg, scale: bool = True) -> None:
+        """v <- exp(v - max), times 1 / sum when ``scale`` (the softmax probability)."""
+        e = self.e
+        e("sub.f32", v, v, self.mx)
+        e("mul.f32", v, v, LOG2E)
+        e("ex2.f32", v, v)
+        if scale:
+            e("mul.f32", v, v, self.sm)
+
+
 def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "fp16", *,
                     threads: Optional[int] = None) -> ElementwiseKernel:
     """Routing, step 1: a thread a token reads its row of gate logits [tokens, experts] three times:
@@ -1908,14 +1967,7 @@ def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "f
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "route_w", "tokens", "experts"), dt, es,
                        "thread", BT)
-    t, stride, tmp = e.reg(), e.reg(), e.reg()
-    e("s2r", t, "%ctaid.x")
-    e("s2r", tmp, "%ntid.x")
-    e("mul.i64", t, t, tmp)
-    e("s2r", stride, "%tid.x")
-    e("add.i64", t, t, stride)
-    e("s2r", stride, "%nctaid.x")
-    e("mul.i64", stride, stride, tmp)
+    t, stride, _ = _token_thread(e)
     nt, rowb, L, RE, RW = e.reg(), e.reg(), e.reg(), e.reg(), e.reg()
     e("ldparam", nt, "tokens")
     e("ldparam", rowb, "experts")
@@ -1923,39 +1975,17 @@ def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "f
     e("ldparam", L, "logits")
     e("ldparam", RE, "route_e")
     e("ldparam", RW, "route_w")
-    row, end, ad, out, i, bi, pi = (e.reg() for _ in range(7))
-    mx, sm, bv, pv, w = (e.reg() for _ in range(5))
-    p, p1, p2, p3 = e.a.pred(), e.a.pred(), e.a.pred(), e.a.pred()
-
-    def scan(label, body):
-        e("mov.b64", ad, row)
-        e("mov.b64", i, 0)
-        e.a.label(label)
-        v = e.load(ad, 1)
-        body(v)
-        e.free(v)
-        e("add.i64", i, i, 1)
-        e("add.i64", ad, ad, es)
-        e("setp.lt.i64", p, ad, end)
-        e("bra", label, p=p)
+    r = _RowScan(e, es)
+    out, bi, pi, bv, pv = (e.reg() for _ in range(5))
+    p1, p2, p3 = e.a.pred(), e.a.pred(), e.a.pred()
 
     e.a.label("TOK")
-    e("setp.ge.i64", p, t, nt)
-    e("bra", "DONE", p=p)
-    e("mul.i64", row, t, rowb)
-    e("add.i64", row, row, L)
-    e("add.i64", end, row, rowb)
-    e("mov.f32", mx, -F32_MAX)
-    scan("LMAX", lambda v: e("max.f32", mx, mx, v))
-    e("mov.f32", sm, 0.0)
-
-    def add_exp(v):
-        e("sub.f32", v, v, mx)
-        e("mul.f32", v, v, LOG2E)
-        e("ex2.f32", v, v)
-        e("add.f32", sm, sm, v)
-    scan("LSUM", add_exp)
-    e("rcp.f32", sm, sm)
+    e("setp.ge.i64", r.p, t, nt)
+    e("bra", "DONE", p=r.p)
+    e("mul.i64", r.row, t, rowb)
+    e("add.i64", r.row, r.row, L)
+    e("add.i64", r.end, r.row, rowb)
+    r.stats()
     e("mov.f32", pv, F32_MAX)
     e("mov.b64", pi, -1)
     e("mul.i64", out, t, 4 * top_k)
@@ -1963,26 +1993,26 @@ def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "f
     def better(v):
         e("setp.lt.f32", p1, v, pv)              # after the last choice: smaller, or equal and later
         e("setp.eq.f32", p2, v, pv)
-        e("setp.gt.i64", p3, i, pi)
+        e("setp.gt.i64", p3, r.i, pi)
         e("and.pred", p2, p2, p3)
         e("or.pred", p1, p1, p2)
         e("setp.gt.f32", p3, v, bv)              # strictly larger: the first of equals stays
         e("and.pred", p1, p1, p3)
         e("mov.f32", bv, v, p=p1)
-        e("mov.b64", bi, i, p=p1)
+        e("mov.b64", bi, r.i, p=p1)
 
     for j in range(top_k):
         e("mov.f32", bv, -F32_MAX)
         e("mov.b64", bi, 0)
-        scan(f"LK{j}", better)
-        e("add.i64", ad, RE, out)
-        e("st.global.b32", Mem(ad, 4 * j), bi)
-        e("sub.f32", w, bv, mx)
-        e("mul.f32", w, w, LOG2E)
-        e("ex2.f32", w, w)
-        e("mul.f32", w, w, sm)
-        e("add.i64", ad, RW, out)
-        e("st.global.b32", Mem(ad, 4 * j), w)
+        r.scan(f"LK{j}", better)
+        e("add.i64", r.ad, RE, out)
+        e("st.global.b32", Mem(r.ad, 4 * j), bi)
+        w = e.reg()
+        e("mov.f32", w, bv)
+        r.prob(w)
+        e("add.i64", r.ad, RW, out)
+        e("st.global.b32", Mem(r.ad, 4 * j), w)
+        e.free(w)
         e("mov.f32", pv, bv)
         e("mov.b64", pi, bi)
     e("add.i64", t, t, stride)
@@ -2121,17 +2151,9 @@ def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int
         return {"route_e": np.argsort(-z, axis=1, kind="stable")[:, :top_k].astype(np.int32)}
 
     def ref(vals):
-        re_ = np.asarray(vals["route_e"]).astype(np.int64)
-        slot = np.full((tokens, top_k), -1.0)
-        tok = np.full(experts * capacity, -1.0)
-        filled = np.zeros(experts, np.int64)
-        for jj in range(top_k):
-            for tt in range(tokens):
-                x = re_[tt, jj]
-                if filled[x] < capacity:
-                    slot[tt, jj] = x * capacity + filled[x]
-                    tok[int(slot[tt, jj])] = tt
-                filled[x] += 1
+        from archsim.workloads.reference import ref_moe_assign
+
+        slot, tok = ref_moe_assign(vals["route_e"], experts, capacity)
         return {"route_slot": slot, "slot_token": tok}
 
     bufs = (Buf("route_e", (tokens, top_k), "i32"), Buf("route_slot", (tokens, top_k), "i32", True),
@@ -2442,14 +2464,7 @@ def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: st
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "d_route_w", "d_logits", "tokens", "experts"),
                        dt, es, "thread", BT)
-    t, stride, tmp = e.reg(), e.reg(), e.reg()
-    e("s2r", t, "%ctaid.x")
-    e("s2r", tmp, "%ntid.x")
-    e("mul.i64", t, t, tmp)
-    e("s2r", stride, "%tid.x")
-    e("add.i64", t, t, stride)
-    e("s2r", stride, "%nctaid.x")
-    e("mul.i64", stride, stride, tmp)
+    t, stride, tmp = _token_thread(e)
     nt, rowb, L, RE, DW, DL = (e.reg() for _ in range(6))
     e("ldparam", nt, "tokens")
     e("ldparam", rowb, "experts")
@@ -2458,76 +2473,46 @@ def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: st
     e("ldparam", RE, "route_e")
     e("ldparam", DW, "d_route_w")
     e("ldparam", DL, "d_logits")
-    row, end, ad, i, out, drow = (e.reg() for _ in range(6))
-    mx, sm, dot, g = (e.reg() for _ in range(4))
+    r = _RowScan(e, es)
+    out, drow, dot, g = (e.reg() for _ in range(4))
     ch = [e.reg() for _ in range(top_k)]
     dw = [e.reg() for _ in range(top_k)]
-    p, pe = e.a.pred(), e.a.pred()
-
-    def scan(label, body):
-        e("mov.b64", ad, row)
-        e("mov.b64", i, 0)
-        e.a.label(label)
-        v = e.load(ad, 1)
-        body(v)
-        e.free(v)
-        e("add.i64", i, i, 1)
-        e("add.i64", ad, ad, es)
-        e("setp.lt.i64", p, ad, end)
-        e("bra", label, p=p)
-
-    def prob(v):
-        """v <- the softmax probability of logit v (mx, sm: the row's max and 1 / sum)."""
-        e("sub.f32", v, v, mx)
-        e("mul.f32", v, v, LOG2E)
-        e("ex2.f32", v, v)
-        e("mul.f32", v, v, sm)
+    pe = e.a.pred()
 
     e.a.label("TOK")
-    e("setp.ge.i64", p, t, nt)
-    e("bra", "DONE", p=p)
-    e("mul.i64", row, t, rowb)
-    e("add.i64", end, row, rowb)
-    e("add.i64", drow, row, DL)
-    e("add.i64", row, row, L)
-    e("add.i64", end, end, L)
-    e("mov.f32", mx, -F32_MAX)
-    scan("LMAX", lambda v: e("max.f32", mx, mx, v))
-    e("mov.f32", sm, 0.0)
-
-    def add_exp(v):
-        e("sub.f32", v, v, mx)
-        e("mul.f32", v, v, LOG2E)
-        e("ex2.f32", v, v)
-        e("add.f32", sm, sm, v)
-    scan("LSUM", add_exp)
-    e("rcp.f32", sm, sm)
+    e("setp.ge.i64", r.p, t, nt)
+    e("bra", "DONE", p=r.p)
+    e("mul.i64", r.row, t, rowb)
+    e("add.i64", drow, r.row, DL)
+    e("add.i64", r.row, r.row, L)
+    e("add.i64", r.end, r.row, rowb)
+    r.stats()
     e("mul.i64", out, t, 4 * top_k)
     e("mov.f32", dot, 0.0)
     for c in range(top_k):                       # p . g over the chosen experts
-        e("add.i64", ad, out, RE)
-        e("ld.global.s32", ch[c], Mem(ad, 4 * c))
-        e("add.i64", ad, out, DW)
-        e("ld.global.b32", dw[c], Mem(ad, 4 * c))
-        e("mul.i64", ad, ch[c], es)
-        e("add.i64", ad, ad, row)
-        v = e.load(ad, 1)
-        prob(v)
+        e("add.i64", r.ad, out, RE)
+        e("ld.global.s32", ch[c], Mem(r.ad, 4 * c))
+        e("add.i64", r.ad, out, DW)
+        e("ld.global.b32", dw[c], Mem(r.ad, 4 * c))
+        e("mul.i64", r.ad, ch[c], es)
+        e("add.i64", r.ad, r.ad, r.row)
+        v = e.load(r.ad, 1)
+        r.prob(v)
         e("fma.f32", dot, v, dw[c], dot)
         e.free(v)
     e("mov.b64", tmp, drow)
 
     def write(v):
-        prob(v)
+        r.prob(v)
         e("mov.f32", g, 0.0)
         for c in range(top_k):
-            e("setp.eq.i64", pe, ch[c], i)
+            e("setp.eq.i64", pe, ch[c], r.i)
             e("add.f32", g, g, dw[c], p=pe)
         e("sub.f32", g, g, dot)
         e("mul.f32", v, v, g)
         e.store(tmp, v, 1)
         e("add.i64", tmp, tmp, es)
-    scan("LOUT", write)
+    r.scan("LOUT", write)
     e("add.i64", t, t, stride)
     e("bra", "TOK")
     e.a.label("DONE")
