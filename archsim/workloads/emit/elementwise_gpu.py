@@ -1895,6 +1895,14 @@ def _moe_sizes(op: str, caps, threads, **sizes) -> None:
         raise InputError(op, f"top_k {sizes['top_k']} > experts {sizes['experts']}", "top_k <= experts")
 
 
+def _row_loop_bytes(e: ElementwiseAsm, rb: int, vec) -> None:
+    """e.loop over a row of ``rb`` bytes (a constant) with body ``vec``."""
+    lim = e.reg()
+    e("mov.b64", lim, rb)
+    e.loop(lim, vec)
+    e.free(lim)
+
+
 def _token_thread(e: ElementwiseAsm) -> tuple:
     """(t, stride, tmp): this thread's first token and the grid's thread count (a thread a token)."""
     t, stride, tmp = e.reg(), e.reg(), e.reg()
@@ -2204,10 +2212,7 @@ def moe_dispatch_kernel(caps, tokens: int, hidden: int, slots: int, dtype: str =
             e(_ST[nb], Mem(ad, 0), r)
             e.free(ad)
             e.free(r, k=nr)
-        lim = e.reg()
-        e("mov.b64", lim, rb)
-        e.loop(lim, vec)
-        e.free(lim)
+        _row_loop_bytes(e, rb, vec)
 
     e.row_loop(row, step, S, body)
 
@@ -2283,10 +2288,7 @@ def moe_combine_kernel(caps, tokens: int, hidden: int, top_k: int, slots: int, d
             e.store(a2, acc, n)
             e.free(a2)
             e.free(acc, k=n)
-        lim = e.reg()
-        e("mov.b64", lim, rb)
-        e.loop(lim, vec)
-        e.free(lim)
+        _row_loop_bytes(e, rb, vec)
 
     e.row_loop(row, step, T, body)
 
@@ -2362,10 +2364,7 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
                 e.free(x, k=n)
             e.free(dy, k=n)
             e.free(a2)
-        lim = e.reg()
-        e("mov.b64", lim, rb)
-        e.loop(lim, vec)
-        e.free(lim)
+        _row_loop_bytes(e, rb, vec)
         e.reduce_sum(acc)
         e("mul.i64", ad, row, 4 * top_k)
         e("add.i64", ad, ad, DW)
@@ -2422,10 +2421,7 @@ def moe_combine_grad_kernel(caps, tokens: int, hidden: int, top_k: int, slots: i
             e.store(a2, x, n)
             e.free(x, k=n)
             e.free(a2)
-        lim = e.reg()
-        e("mov.b64", lim, rb)
-        e.loop(lim, vec)
-        e.free(lim)
+        _row_loop_bytes(e, rb, vec)
 
     e.row_loop(row, step, S, body2)
     k2 = _finish("moe_combine_dslot", caps, e, threads or MOE_ROW_THREADS, slots, tokens * top_k * hidden,
