@@ -1903,6 +1903,13 @@ def _row_loop_bytes(e: ElementwiseAsm, rb: int, vec) -> None:
     e.free(lim)
 
 
+def _token_threads(caps, tokens: int) -> int:
+    """Threads a block of a thread-a-token kernel: few enough that the tokens' blocks spread over
+    every core (a warp at least, FLAT_THREADS at most)."""
+    per_core = -(-tokens // caps.cores_total)
+    return max(32, min(FLAT_THREADS, 1 << max(per_core - 1, 0).bit_length()))
+
+
 def _token_thread(e: ElementwiseAsm) -> tuple:
     """(t, stride, tmp): this thread's first token and the grid's thread count (a thread a token)."""
     t, stride, tmp = e.reg(), e.reg(), e.reg()
@@ -1970,7 +1977,7 @@ def moe_topk_kernel(caps, tokens: int, experts: int, top_k: int, dtype: str = "f
     their softmax probabilities."""
     op = "moe_topk"
     dt = _dtype(op, dtype)
-    BT = threads or FLAT_THREADS
+    BT = threads or _token_threads(caps, tokens)
     _moe_sizes(op, caps, threads, tokens=tokens, experts=experts, top_k=top_k)
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "route_w", "tokens", "experts"), dt, es,
@@ -2455,7 +2462,7 @@ def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: st
     probabilities' gradient g (d_route_w at their experts), and d_logits = p (g - p . g)."""
     op = "moe_route_grad"
     dt = _dtype(op, dtype)
-    BT = threads or FLAT_THREADS
+    BT = threads or _token_threads(caps, tokens)
     _moe_sizes(op, caps, threads, tokens=tokens, experts=experts, top_k=top_k)
     es = ELEM_BYTES[dt]
     e = ElementwiseAsm(f"{op}_{dt}_k{top_k}", ("logits", "route_e", "d_route_w", "d_logits", "tokens", "experts"),
