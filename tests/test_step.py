@@ -709,3 +709,17 @@ def test_collective_kernel_fields_need_the_ctas(software, what):
 def test_ep_place_needs_expert_parallelism():
     with pytest.raises(InputError, match="without expert parallelism"):
         parse_plan("dp=4,ep_place=across")
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_expert_parallel_inference_step(capsys, tmp_path, phase):
+    """Inference with experts split over ep 2: the forward's two all-to-alls a block and micro-batch."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "i.json"
+    assert main(["run", "--cluster", str(cl), "--workload", "tiny-moe", "--phase", phase, "--plan",
+                 "pp=2,dp=4,ep=2,mb=1,gbs=8", "--workers", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    a2a = [c for c in doc["collectives"] if c["group"] == "expert_parallel"]
+    assert len(a2a) == 1 and a2a[0]["count"] == 2 * 2          # micro-batches a replica x 2 a block
+    assert doc["step"]["step_seconds"] > 0
