@@ -723,3 +723,15 @@ def test_expert_parallel_inference_step(capsys, tmp_path, phase):
     a2a = [c for c in doc["collectives"] if c["group"] == "expert_parallel"]
     assert len(a2a) == 1 and a2a[0]["count"] == 2 * 2          # micro-batches a replica x 2 a block
     assert doc["step"]["step_seconds"] > 0
+
+
+def test_plan_search_tries_expert_parallelism_for_a_moe_model(capsys, tmp_path):
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    out = tmp_path / "p.json"
+    assert main(["plan", "--cluster", str(cl), "--workload", "tiny-moe", "--phase", "train", "--top", "50",
+                 "--workers", "1", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    eps = {p["ep"] for p in doc["plans"]}
+    assert eps == {1, 2, 4} and all(p["tp"] == 1 for p in doc["plans"])
+    assert " ep " in capsys.readouterr().out

@@ -4,9 +4,10 @@ ranked by step time.
 Candidates (choice): tensor parallelism inside a node (tp dividing the devices of a node and the
 model's heads, hidden and FFN width); pp dividing the devices left, so every device is used
 (dp = devices / (tp x pp)); micro-batches of 1, 2, 4, 8 that divide the global batch over dp;
-1F1B. For each (tp, pp, mb) the cheapest memory rule that fits is kept: no recompute before
-selective before full, and the lowest ZeRO stage (0-2) that fits with it. Kernels are timed once
-per (tp, mb) and kept in the kernel cache, so a second search is fast.
+for a mixture-of-experts model every power-of-two expert parallelism dividing its experts and dp
+(placed inside); 1F1B. For each (tp, pp, ep, mb) the cheapest memory rule that fits is kept: no
+recompute before selective before full, and the lowest ZeRO stage (0-2) that fits with it.
+Kernels are timed once per (tp, ep, mb) and kept in the kernel cache, so a second search is fast.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
         rest = cluster.devices // tp
         for pp in [p for p in range(1, min(rest, m.layers) + 1) if rest % p == 0]:
             dp = rest // pp
-            for mb in MICRO_BATCHES:
+            # a mixture-of-experts model: every power-of-two expert parallelism dividing its experts and dp
+            eps = [1] if m.moe is None else [e for e in (1 << i for i in range(21))
+                                             if m.moe.experts % e == 0 and dp % e == 0]
+            for mb, ep in ((mb, ep) for mb in MICRO_BATCHES for ep in eps):
                 if global_batch % (mb * dp):
                     continue
                 seen += 1
@@ -47,7 +51,7 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
                 chosen = None
                 for recompute in ("none", "selective", "full"):
                     for zero in (0, 1, 2):
-                        p = Plan(tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=global_batch,
+                        p = Plan(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, global_batch=global_batch,
                                  recompute=recompute, zero=zero)
                         try:
                             check_plan(p, cluster, workload)
@@ -118,11 +122,11 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
 def format_search(r: dict) -> str:
     lines = [f"{r['workload']} on {r['cluster']}, global batch {r['global_batch']}: {r['candidates']} plans "
              f"looked at, {r['fit']} fit in memory and were simulated; the fastest:",
-             f"  {'tp':>3} {'pp':>3} {'dp':>4} {'mb':>3} {'recompute':<10} {'zero':>4} {'step s':>10} "
+             f"  {'tp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'mb':>3} {'recompute':<10} {'zero':>4} {'step s':>10} "
              f"{'TFLOP/s':>8} {'MFU':>6} {'GB a dev':>9}"]
     for x in r["plans"]:
         mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] is not None else "-"
-        lines.append(f"  {x['tp']:>3} {x['pp']:>3} {x['dp']:>4} {x['micro_batch']:>3} {x['recompute']:<10} "
+        lines.append(f"  {x['tp']:>3} {x['pp']:>3} {x['dp']:>4} {x['ep']:>3} {x['micro_batch']:>3} {x['recompute']:<10} "
                      f"{x['zero']:>4} {x['step_seconds']:>10.4g} {x['tflops_per_device_model']:>8.1f} {mfu:>6} "
                      f"{x['memory_per_device'] / 1e9:>9.1f}")
     lines.append(f"searched in {r['sim']['wall_seconds']:.1f} s ({r['sim']['distinct_kernel_sets']} kernel sets timed)")
