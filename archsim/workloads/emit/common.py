@@ -13,7 +13,8 @@ from archsim.isa.program import Program
 
 __all__ = ["Asm", "OutOfRegisters", "log2", "ceil_div", "pow2_floor", "pow2_ceil", "swizzle_offset", "check_int",
            "check_pair", "one_to_one", "blocks_per_core", "DTYPE_ALIASES", "OUT_DTYPE_ALIASES", "ELEM_BYTES", "OUT_BYTES",
-           "HOST_DTYPE", "MMA_OP", "CVT_IN", "CVT_OUT", "CVT_PACK"]
+           "HOST_DTYPE", "MMA_OP", "CVT_IN", "CVT_OUT", "CVT_PACK", "INDEX_DTYPE", "BUF_BYTES", "BUF_HOST",
+           "widen_halves"]
 
 # ----------------------------------------------------------------------------- dtype tables
 # a storage dtype's names -> its canonical name (fp16 | bf16 | fp32)
@@ -89,6 +90,15 @@ class Asm:
 
 class OutOfRegisters(Exception):
     """A kernel needs more registers or predicates than its Asm's pool holds."""
+
+
+def widen_halves(a, dt: str, v, raw, nr: int) -> None:
+    """Emit the conversion of ``nr`` registers of packed 16-bit ``dt`` values from ``raw`` on into
+    2 nr f32 registers from ``v`` on (each word's low half first)."""
+    lo, hi = CVT_IN[dt]
+    for i in range(nr):
+        a(lo, v + 2 * i, raw + i)
+        a(hi, v + 2 * i + 1, raw + i)
 
 
 # ----------------------------------------------------------------------------- integer helpers

@@ -75,7 +75,7 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
 from .common import (BUF_BYTES, BUF_HOST, CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm,
-                     blocks_per_core, ceil_div, log2)
+                     blocks_per_core, ceil_div, log2, widen_halves)
 from .gemm_gpu import to_float, to_host
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "chunk_sum_kernel", "softmax_kernel", "softmax_grad_kernel",
@@ -336,7 +336,7 @@ class ElementwiseAsm:
         if self.dt == "fp32":
             a(_LD[nb], v, Mem(addr, 0), p=p)
             return v
-        lo, hi = CVT_IN[self.dt]
+        lo = CVT_IN[self.dt][0]
         if n == 1:
             a("ld.global.u16", v, Mem(addr, 0), p=p)
             a(lo, v, v)
@@ -344,9 +344,7 @@ class ElementwiseAsm:
         nr = nb // 4
         raw = a.reg(nr)
         a(_LD[nb], raw, Mem(addr, 0), p=p)
-        for i in range(nr):
-            a(lo, v + 2 * i, raw + i)
-            a(hi, v + 2 * i + 1, raw + i)
+        widen_halves(a, self.dt, v, raw, nr)
         a.free(raw, k=nr)
         return v
 
@@ -363,12 +361,9 @@ class ElementwiseAsm:
         if self.dt == "fp32":
             return raw
         a = self.a
-        lo, hi = CVT_IN[self.dt]
         nr = n * self.es // 4
         v = a.reg(n)
-        for i in range(nr):
-            a(lo, v + 2 * i, raw + i)
-            a(hi, v + 2 * i + 1, raw + i)
+        widen_halves(a, self.dt, v, raw, nr)
         a.free(raw, k=nr)
         return v
 

@@ -78,7 +78,8 @@ from archsim.isa.program import Launch
 
 from . import elementwise_gpu as EW
 from .elementwise_gpu import F32_MAX, FLOPS_PER_ELEM, LOG2E, Buf, ElementwiseKernel, KernelChain
-from .common import CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2, pow2_ceil, pow2_floor
+from .common import (CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2, pow2_ceil, pow2_floor,
+                     widen_halves)
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
            "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
@@ -161,7 +162,7 @@ class LdmAsm(EW.ElementwiseAsm):
         if self.dt == "fp32":
             self.words(_LDS, v, addr, off, n, p)
             return v
-        lo, hi = CVT_IN[self.dt]
+        lo = CVT_IN[self.dt][0]
         if n == 1:
             a("ld.shared.u16", v, Mem(addr, off), p=p)
             a(lo, v, v)
@@ -169,9 +170,7 @@ class LdmAsm(EW.ElementwiseAsm):
         nr = n * es // 4
         raw = a.reg(nr)
         self.words(_LDS, raw, addr, off, nr, p)
-        for i in range(nr):
-            a(lo, v + 2 * i, raw + i)
-            a(hi, v + 2 * i + 1, raw + i)
+        widen_halves(a, self.dt, v, raw, nr)
         a.free(raw, k=nr)
         return v
 
