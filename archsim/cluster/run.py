@@ -102,6 +102,16 @@ def step_flops(workload, plan, head: dict) -> tuple[float, float]:
     return per_mb_model * n_mb, (tot["block_flops"] * m.layers + head_flops + extra) * n_mb
 
 
+def step_topologies(cluster, machine, dtype: str) -> tuple:
+    """(the step's network, whose reducers run at the fp32 rate of its gradient reductions; the one
+    the block's collectives are timed on, at the storage type's rate; the two rates, None when the
+    cluster's reductions cost its devices nothing)."""
+    reduce_rate = device_reduce_rate(cluster, machine, dtype)
+    grad_rate = reduce_rate if dtype == "fp32" else device_reduce_rate(cluster, machine, "fp32")
+    topo = build(cluster, grad_rate)
+    return topo, (build(cluster, reduce_rate) if reduce_rate != grad_rate else topo), reduce_rate, grad_rate
+
+
 def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> dict:
     from archsim.config.derived import peak_tflops
 
@@ -109,14 +119,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     cluster, machine, plan, mem = prepare(cluster_arg, workload, plan_text)
     m, sc = workload.model, workload.scenario
     contended = contended_machine(cluster, machine)
-    reduce_rate = device_reduce_rate(cluster, machine, sc.dtype)        # activations, in the storage type
-    grad_rate = device_reduce_rate(cluster, machine, "fp32")            # gradients, in fp32
+    topo, block_topo, reduce_rate, grad_rate = step_topologies(cluster, machine, sc.dtype)
     shard, bt, head = time_kernels(machine, workload, plan, opts, progress, contended)
-    topo = build(cluster, grad_rate)
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard),
-                  expert_params_block=block_parameters(shard, experts_only=True),
-                  block_topo=build(cluster, reduce_rate) if reduce_rate != grad_rate else topo)
+                  expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo)
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
@@ -304,4 +311,4 @@ def format_cluster_compare(docs: list[dict]) -> str:
     return "\n".join(out)
 
 
-__all__ = ["COMPARE_SCHEMA", "SCHEMA", "format_cluster_compare", "format_cluster_run", "head_times", "prepare", "prepare_cluster", "run_cluster", "step_flops", "time_kernels"]
+__all__ = ["COMPARE_SCHEMA", "SCHEMA", "format_cluster_compare", "format_cluster_run", "head_times", "prepare", "prepare_cluster", "run_cluster", "step_flops", "step_topologies", "time_kernels"]

@@ -16,11 +16,10 @@ import time
 
 from archsim.errors import InputError
 
-from .device_collective import contended_machine, device_reduce_rate
+from .device_collective import contended_machine
 from .plan import Plan, block_parameters, check_plan, memory_per_device
-from .run import prepare_cluster, step_flops, time_kernels
+from .run import prepare_cluster, step_flops, step_topologies, time_kernels
 from .step import MAX_DP, MAX_STREAMS, StepSim, check_step
-from .topology import build
 
 SCHEMA = "archsim.plan/1"
 MICRO_BATCHES = (1, 2, 4, 8)
@@ -91,8 +90,7 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
                          f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",
                          "a larger cluster, or a smaller model or batch")
     contended = contended_machine(cluster, machine)
-    topo = build(cluster, device_reduce_rate(cluster, machine, "fp32"))          # the step's fp32 gradients
-    block_topo = build(cluster, device_reduce_rate(cluster, machine, workload.scenario.dtype))
+    topo, block_topo, _, _ = step_topologies(cluster, machine, workload.scenario.dtype)
     kernels: dict = {}
     rows = []
     peaks = peak_tflops(machine)

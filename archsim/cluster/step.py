@@ -76,15 +76,15 @@ def block_layout(shard, sp: bool = False) -> list:
     tp, ep = shard.scenario.tensor_parallel, shard.scenario.expert_parallel
     a2a = dict(EP_ALL_TO_ALL) if ep > 1 else {}
     out = []
+    def sp_items(op, side):
+        return [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
+                if name == op.name and where == side] if tp > 1 and sp else []
+
     for op in shard.block_ops():
-        if tp > 1 and sp:
-            out += [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
-                    if name == op.name and where == "before"]
+        out += sp_items(op, "before")
         out.append(("k", op.name))
-        if tp > 1 and sp:
-            out += [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
-                    if name == op.name and where == "after"]
-        elif tp > 1 and op.name in TP_ALL_REDUCE_AFTER:
+        out += sp_items(op, "after")
+        if tp > 1 and not sp and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
             out.append(("c", "all_reduce", tensor, beside, "tp"))
         if op.name in a2a:
@@ -339,6 +339,10 @@ class StepSim:
             t, busy = t + h + g, busy + h + g
         return t, busy, exp
 
+    def holds_embedding(self, s: int, c: int) -> bool:
+        """Chunk c of stage s holds the embedding (stage 0's first) or the LM head (the last stage's last)."""
+        return (s == 0 and c == 0) or (s == self.plan.pp - 1 and c == self.v - 1)
+
     def stage_params(self, s: int) -> int:
         return self.blocks[s] * self.params_block + (self.embed_params if s in (0, self.plan.pp - 1) else 0)
 
@@ -441,7 +445,7 @@ class StepSim:
             for k in range(nb):
                 ev.at(ev.now + per * (k + 1), self.bucket_ready, s, b0 + nb - 1 - k)
             # the embedding's (or the head's) gradient, at the end of the chunk that holds it
-            if self.buckets[s] > self.blocks[s] and c == (0 if s == 0 else self.v - 1):
+            if self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
                 ev.at(ev.now + dur, self.bucket_ready, s, self.blocks[s])
 
     def _gathered_task(self, st: Stream, kind: str, mb: int, c: int, dur: float) -> None:
@@ -452,11 +456,11 @@ class StepSim:
         gather); the chunk's embedding or LM head is gathered with its first block. The stream
         waits for a gather that is late."""
         plan, ev = self.plan, self.ev
-        s, v = st.stage, self.v
+        s = st.stage
         nb = max(self.chunk_blocks[s][c], 1)
         per = dur / nb
         sizes = [self.params_block * self.e] * nb
-        if (s == 0 and c == 0) or (s == plan.pp - 1 and c == v - 1):
+        if self.holds_embedding(s, c):
             sizes[0] += self.embed_params * self.e
         last_b = kind == "B" and mb == plan.micro_batches - 1
         b0 = self.chunk_first[s][c]
@@ -499,7 +503,7 @@ class StepSim:
             st.busy_until = ev.now
             if st.replica == 0:
                 st.spans.append((kind, mb, t0, ev.now))
-            if last_b and self.buckets[s] > self.blocks[s] and c == (0 if s == 0 else v - 1):
+            if last_b and self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
                 self.bucket_ready(s, self.blocks[s])
             self.finished(st, kind, mb, c)
 
