@@ -209,6 +209,14 @@ EP_ALL_TO_ALL = (("dispatch", "expert_in"), ("expert2", "expert_out"), ("combine
 SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "norm2.grad", "res2.grad", "norm1.grad", "res1.grad")
 
 
+def _moe_sizes(m, T: int, ep: int) -> tuple:
+    """(experts E, top_k, capacity C a expert, slots S = E C, the device's experts E / ep, each over
+    the expert-parallel group's slots ep C) of model.moe for T tokens a device."""
+    E, k = m.moe.experts, m.moe.top_k
+    C = m.moe.capacity(T)
+    return E, k, C, E * C, E // ep, C * ep
+
+
 def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int, ep: int = 1) -> None:
     """The mixture-of-experts FFN (model.moe), GShard-style with a fixed capacity C a expert:
 
@@ -229,10 +237,7 @@ def _moe_ffn(B: _Builder, m, T: int, h: int, f: int, f1: int, ep: int = 1) -> No
 
     flops count the padded slots the kernels compute; model_flops the T x top_k routed tokens."""
     t = B.tensor
-    E, k = m.moe.experts, m.moe.top_k
-    C = m.moe.capacity(T)
-    S = E * C
-    El, Cg = E // ep, C * ep          # expert parallelism: the device's experts, each over the group's slots
+    E, k, C, S, El, Cg = _moe_sizes(m, T, ep)
     B.gemm("gate", "x_n2", t("w_gate", (h, E)), t("gate_logits", (T, E)), T, E, h)
     B.add("route", "moe_route", dict(tokens=T, experts=E, top_k=k, capacity=C), ["gate_logits"],
           [t("route_e", (T, k)), t("route_w", (T, k)), t("route_slot", (T, k)), t("slot_token", (S,))],
@@ -268,10 +273,7 @@ def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int, ep: int = 1) -> None:
       carry a gradient; the top-k choice itself has none);
     - ``gate.dgrad`` / ``gate.wgrad``, and ``moe_in.grad`` adding the two paths into d_x_n2."""
     t = B.tensor
-    E, k = m.moe.experts, m.moe.top_k
-    C = m.moe.capacity(T)
-    S = E * C
-    El, Cg = E // ep, C * ep
+    E, k, C, S, El, Cg = _moe_sizes(m, T, ep)
     f1 = B.shapes["expert_h"][1]
 
     def grad(name):

@@ -1898,6 +1898,13 @@ def _row_loop_bytes(e: ElementwiseAsm, rb: int, vec) -> None:
     e.free(lim)
 
 
+def _random_routes(rng, tokens: int, experts: int, top_k: int) -> np.ndarray:
+    """route_e [tokens, top_k] (int32) of random gate logits, as the reference routes them."""
+    from archsim.workloads.reference import ref_moe_route
+
+    return ref_moe_route(rng.standard_normal((tokens, experts)), top_k, 1)[0].astype(np.int32)
+
+
 def _token_threads(caps, tokens: int) -> int:
     """Threads a block of a thread-a-token kernel: few enough that the tokens' blocks spread over
     every core (a warp at least, FLAT_THREADS at most)."""
@@ -2157,8 +2164,7 @@ def moe_assign_kernel(caps, tokens: int, experts: int, top_k: int, capacity: int
     e("exit")
 
     def gen(rng):
-        z = rng.standard_normal((tokens, experts))
-        return {"route_e": np.argsort(-z, axis=1, kind="stable")[:, :top_k].astype(np.int32)}
+        return {"route_e": _random_routes(rng, tokens, experts, top_k)}
 
     def ref(vals):
         from archsim.workloads.reference import ref_moe_assign
@@ -2517,9 +2523,8 @@ def moe_route_grad_kernel(caps, tokens: int, experts: int, top_k: int, dtype: st
     e("exit")
 
     def gen(rng):
-        z = rng.standard_normal((tokens, experts))
-        return {"logits": _normal(rng, (tokens, experts), dt),
-                "route_e": np.argsort(-z, axis=1, kind="stable")[:, :top_k].astype(np.int32),
+        route_e = _random_routes(rng, tokens, experts, top_k)
+        return {"logits": _normal(rng, (tokens, experts), dt), "route_e": route_e,
                 "d_route_w": rng.standard_normal((tokens, top_k)).astype(np.float32)}
 
     def ref(v):
