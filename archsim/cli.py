@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(a fraction or a percentage: 0.03, 3%%; default 3%%)")
         p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                        help="stop a launch after N core cycles (exit 3, partial result)")
+        p.add_argument("--scale", type=int, default=1, metavar="N",
+                       help="time each kernel on a 1/N scale model of the machine (1/N of its cores, L2 slices and "
+                            "DRAM channels, 1/N of the grid) and read it back, for kernel kinds whose measured error "
+                            "at N is within 3%% (docs/scale-models.md); default 1, the whole machine")
         p.add_argument("--max-instructions", type=int, default=DEFAULT_MAX_INSTRUCTIONS, metavar="N",
                        help="refuse a job that simulates more than N warp-instructions, estimated from its flops "
                             "before it starts (default 1e11)")
@@ -619,7 +623,7 @@ def _run_options(a):
                                     waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
                                     max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions,
-                                    workers=check_workers(a.workers)))
+                                    workers=check_workers(a.workers), scale=a.scale))
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
     return opts
@@ -817,11 +821,15 @@ def cmd_compare(a) -> int:
     machines = [load_machine(h, a.overlays, a.sets) for h in a.hw]  # every bad input before any run
     wl = _load_workload(a)
     opts = _run_options(a)
-    from archsim.runner import compare_document, placement_for, preflight, run_many
+    from archsim.runner import compare_document, machine_scale, placement_for, preflight, run_many
 
     opts.strict_placement = False       # --placement private applies to the machines with private segments
+    opts.strict_scale = False           # and --scale N to the machines whose unit counts N divides
     for m in machines:
         preflight(m, wl, opts)  # every machine can run the workload, before any simulation starts
+    for m in machines:
+        if opts.scale > 1 and machine_scale(m, opts) == 1:
+            print(f"note: {m.name}'s unit counts do not divide by {opts.scale}: it runs whole", file=sys.stderr)
     if wl.scenario.placement == "private":
         for m in machines:
             if placement_for(m, wl, strict=False) != "private":

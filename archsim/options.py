@@ -30,6 +30,10 @@ class RunOptions:
     # refuse a job whose simulated warp-instructions are estimated above this (resources.check_work)
     max_instructions: int = DEFAULT_MAX_INSTRUCTIONS
     workers: int = 1               # processes the distinct kernels are timed on (results identical)
+    scale: int = 1                 # time kernels on a 1/scale model of the machine (archsim.scale_model)
+    # a machine whose unit counts the scale does not divide: an error (run), or it runs whole and
+    # its note says so (compare, where the scale is for the machines that take it)
+    strict_scale: bool = True
 
 
 def parse_error_bound(where: str, text) -> float:
@@ -61,6 +65,13 @@ def check_options(opts: RunOptions) -> RunOptions:
     if isinstance(opts.max_instructions, bool) or not isinstance(opts.max_instructions, int) \
             or opts.max_instructions <= 0:
         raise InputError("--max-instructions", f"{opts.max_instructions!r}", "a positive integer")
+    if isinstance(opts.scale, bool) or not isinstance(opts.scale, int) or opts.scale < 1:
+        raise InputError("--scale", f"{opts.scale!r}", "a positive integer (1: the whole machine)")
+    if opts.scale > 1 and opts.mode == "functional":
+        raise InputError("--scale", "a scale model in a functional run", "--scale with --mode timing")
+    if opts.scale > 1 and opts.trace:
+        raise InputError("--trace", "a block trace of the whole machine with --scale (blocks run on a scale model)",
+                         "one of --trace, --scale")
     from archsim.workers import check_workers
 
     check_workers(opts.workers)

@@ -43,6 +43,7 @@ def preflight(machine, wl, opts: RunOptions, option: str = "--max-instructions N
     names what raises it)."""
     functional = opts.mode == "functional"
     check_workload(machine, wl, functional)
+    machine_scale(machine, opts)
     kernels = emit_block(machine, wl)
     waves = opts.waves if opts.sample and not functional else None
     check_work(machine.name, [k for k, _ in _distinct(kernels)], capabilities(machine).cores_total, waves,
@@ -113,7 +114,6 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
     """Submit the block's distinct kernels to ``pool`` (None: a pool of ``opts.workers``, at most
     one per kernel, closed by ``finish``); ``.finish()`` gathers the result, so that compare can
     have every machine's kernels in one pool at once."""
-    from archsim.sample import sampled_record
     from archsim.workers import Pool
 
     t0 = time.perf_counter()
@@ -123,14 +123,45 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
     if own:
         pool = Pool(min(opts.workers, len(groups)))
     layers = wl.model.layers
-    futures = [pool.defer(_cost(machine, k, opts), sampled_record, k.name, k.program, machine, k.launch,
+    timer, how = kernel_timer(machine, opts, wl, kernels)
+    futures = [pool.defer(_cost(machine, k, opts), timer, k.name, k.program, machine, k.launch,
                           timing_args(machine, k.params, placement), count=n * layers, flops=k.flops,
                           model_flops=k.model_flops, waves=opts.waves, max_error=opts.max_error,
                           max_cycles=opts.max_cycles, sample=opts.sample, trace=opts.trace, placement=placement,
-                          interval=opts.interval, label=f"kernel {k.name} on {machine.name}")
+                          interval=opts.interval, label=f"kernel {k.name} on {machine.name}",
+                          **how[k.name])
                for k, n in groups]
     return _PendingRun(machine, wl, placement, kernels, groups, futures, t0, pool.workers, pool if own else None,
                        time.perf_counter() - t0, pool)
+
+
+def machine_scale(machine, opts: RunOptions) -> int:
+    """The scale model ``machine``'s kernels run on: ``opts.scale`` when the machine's unit counts
+    divide by it; otherwise an InputError, or (``opts.strict_scale`` off: compare) 1."""
+    if opts.scale == 1:
+        return 1
+    from archsim.scale_model import check_scale
+
+    try:
+        return check_scale(machine, opts.scale)
+    except InputError:
+        if opts.strict_scale:
+            raise
+        return 1
+
+
+def kernel_timer(machine, opts: RunOptions, wl, kernels: list) -> tuple:
+    """(the function that times a kernel into its record, {kernel name: its extra arguments}):
+    sample.sampled_record, or on a scale model (machine_scale above 1) scale_model.scaled_record
+    with the scale and each kernel's kind (whose measured error decides whether it runs there)."""
+    scale = machine_scale(machine, opts)
+    if scale == 1:
+        from archsim.sample import sampled_record
+
+        return sampled_record, {k.name: {} for k in kernels}
+    from archsim.scale_model import kernel_kinds, scaled_record
+
+    return scaled_record, {name: {"scale": scale, "kind": kind} for name, kind in kernel_kinds(wl, kernels).items()}
 
 
 def _cost(machine, k, opts: RunOptions) -> float:

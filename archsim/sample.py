@@ -109,6 +109,19 @@ def _scale_memory(mem: dict, f: float) -> dict:
     return extensive_memory_fields(mem, lambda d, key, path: int(round(d[key] * f)))
 
 
+def scale_counters(t: KernelTiming, f: float, **fields) -> KernelTiming:
+    """A launch's timing with its extensive counters (warp-instructions, skipped cycles, stall
+    warp-cycles, flops, pipe busy cycles, the memory side's bytes, accesses and blocked cycles)
+    scaled by f, ``fields`` replaced, and no buffers (a part of the launch stands for all of it)."""
+    def ext(a):
+        return np.rint(a * f).astype(np.int64) if isinstance(a, np.ndarray) else int(round(a * f))
+
+    return dataclasses.replace(
+        t, warp_instructions=ext(t.warp_instructions), skipped_cycles=ext(t.skipped_cycles), stall=ext(t.stall),
+        flops=ext(t.flops), pipe_busy_cycles=ext(t.pipe_busy_cycles), memory=_scale_memory(t.memory, f), buffers={},
+        **fields)
+
+
 @dataclasses.dataclass
 class _Estimate:
     cycles: float
@@ -183,16 +196,18 @@ def head_waves(waves: int, C: int, P: int) -> int:
 
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
                  max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, window_cycles: int = 1024,
-                 sample: bool = True, placement: str = "cross", interval: bool = False) -> Sampled:
+                 sample: bool = True, placement: str = "cross", interval: bool = False,
+                 upto: int | None = None) -> Sampled:
     """Time a launch, sampling waves when a head (head_waves) is at most half of it (see the
     module docstring); while the error estimate is above ``max_error`` the head doubles, and a
     head that would be more than two thirds of the launch gives way to the whole launch. A launch
     of one wave is sampled inside its blocks (archsim.interval) when ``interval``.
-    ``sample=False`` simulates every block. ``placement``: see timing.time_kernel."""
+    ``sample=False`` simulates every block. ``placement``: see timing.time_kernel. ``upto``: the
+    launch is cut to its first ``upto`` blocks (a scale model's grid, archsim.scale_model)."""
     C = concurrency(prog, machine, launch)
-    B = launch.blocks
+    B = launch.blocks if upto is None else upto
     nwaves = -(-B // C)
-    if sample and interval and nwaves == 1:
+    if sample and interval and nwaves == 1 and upto is None:
         got = _time_interval(prog, machine, launch, args, max_error, max_cycles, window_cycles, placement)
         if got is not None:
             return got
@@ -201,6 +216,8 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
         return TI.time_kernel(prog, machine, launch, args, max_cycles=max_cycles, window_cycles=window_cycles,
                               blocks=blocks, placement=placement)
 
+    whole_blocks = None if upto is None else (0, B)
+
     attempts = []
     P = launch.period
     # a period too long for a head of three of them: the head measures waves inside the first
@@ -208,7 +225,7 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     # (one grid plane: a batched launch's periods restart at every plane)
     strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
     S = waves if strata else head_waves(waves, C, P)
-    heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement)
+    heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement, whole_blocks)
     if sample and waves >= 3:
         # the first head is at most half the launch, a grown one at most two thirds of it
         while (3 * S <= 2 * nwaves) if attempts else (2 * S <= nwaves):
@@ -255,9 +272,10 @@ class _Heads:
     added by the caller), or a cached head's own."""
 
     def __init__(self, prog: Program, machine, launch: Launch, args: dict, C: int, max_cycles: int,
-                 window_cycles: int, placement: str):
+                 window_cycles: int, placement: str, whole: tuple[int, int] | None = None):
         self.prog, self.machine, self.launch, self.args, self.C = prog, machine, launch, args, C
         self.opts = dict(max_cycles=max_cycles, window_cycles=window_cycles, placement=placement)
+        self.blocks = whole       # the blocks of the whole launch (None: all of them)
         self.run = None           # the whole launch, run as far as the last head needed
         self.spent = 0
 
@@ -284,7 +302,7 @@ class _Heads:
             self.spent += int(got.warp_instructions)
             return got
         if self.run is None:
-            self.run = self._start(None)
+            self.run = self._start(self.blocks)
         fork = self._fork_before(end)
         self._advance(fork, self.opts["max_cycles"])
         timing = fork.finish(self.opts["max_cycles"])
@@ -317,10 +335,10 @@ class _Heads:
         from archsim import kernel_cache
 
         if self.run is None:                      # no head was simulated: time_kernel's own run or entry
-            got = TI.time_kernel(self.prog, self.machine, self.launch, self.args, **self.opts)
+            got = TI.time_kernel(self.prog, self.machine, self.launch, self.args, blocks=self.blocks, **self.opts)
             self.spent += int(got.warp_instructions)
             return got
-        key = self._key(None)
+        key = self._key(self.blocks)
         got = kernel_cache.load(key)
         if got is not None:
             self.spent += int(got.warp_instructions)
@@ -418,15 +436,7 @@ def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts:
             bound: dict | None = None) -> Sampled:
     """The sampled launch's record: the head's counters, the extensive ones scaled to B blocks
     (a boundary window adds its time, not its counters)."""
-    f = B / (S * C)
-
-    def ext(a):  # an extensive counter of the head, scaled to the whole launch
-        return np.rint(a * f).astype(np.int64) if isinstance(a, np.ndarray) else int(round(a * f))
-
-    t = dataclasses.replace(
-        head, cycles=int(round(est.cycles)), timeline_end=head.cycles, warp_instructions=ext(head.warp_instructions),
-        skipped_cycles=ext(head.skipped_cycles), stall=ext(head.stall), flops=ext(head.flops),
-        pipe_busy_cycles=ext(head.pipe_busy_cycles), memory=_scale_memory(head.memory, f), buffers={})
+    t = scale_counters(head, B / (S * C), cycles=int(round(est.cycles)), timeline_end=head.cycles)
     simulated = S + ((bound["window_blocks"][1] - bound["window_blocks"][0]) / C if bound else 0)
     return Sampled(t, True, float(est.error), nwaves, float(simulated), spent, attempts=attempts,
                    warmup_waves=est.warmup, boundary=bound)

@@ -43,7 +43,7 @@ SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
 WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
 RUN_OPTIONS = ("mode", "sample", "sample_interval", "sample_waves", "sample_max_error", "max_cycles",
-               "max_instructions")
+               "max_instructions", "scale")
 SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "max_points", "overlays", "set", "vary",
              "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
@@ -159,6 +159,11 @@ def load_spec(path: str) -> Spec:
                               int, "a positive integer")
     if max_instructions <= 0:
         raise _err(label, "max_instructions", f"value {max_instructions} out of range", "a positive integer")
+    scale = _typed(label, "scale", data.get("scale", 1), int, "a positive integer (1: the whole machine)")
+    if scale < 1:
+        raise _err(label, "scale", f"value {scale} out of range", "a positive integer (1: the whole machine)")
+    if scale > 1 and mode == "functional":
+        raise _err(label, "scale", "a scale model in a functional sweep", "scale: 1, or mode: timing")
     max_points = _typed(label, "max_points", data.get("max_points", MAX_POINTS), int, "a positive integer")
     if max_points <= 0:
         raise _err(label, "max_points", f"value {max_points} out of range", "a positive integer")
@@ -203,8 +208,8 @@ def load_spec(path: str) -> Spec:
     return Spec(label=label, hw=[beside_spec(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
                 workload=beside_spec(wl, folder, builtin_workloads()), options=options,
                 run=RunOptions(mode=mode, sample=sample, interval=interval, waves=waves, max_error=max_error,
-                               max_cycles=max_cycles,
-                               max_instructions=max_instructions), max_points=max_points,
+                               max_cycles=max_cycles, max_instructions=max_instructions, scale=scale),
+                max_points=max_points,
                 overlays=[beside_spec(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
 
@@ -335,6 +340,7 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
     point the kernel emitters refuse is an input error before any run."""
     from archsim.config.derived import capabilities
     from archsim.runner import placement_for, preflight
+    from archsim.scale_model import check_scale
 
     keys = list(spec.vary)
     npoints = len(spec.hw) * math.prod(len(spec.vary[k]) for k in keys)
@@ -352,16 +358,17 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
             wl = res.workload(values)
             if check_emit:
                 ek = (capabilities(m), m.dram.capacity_gib, wl)
-                if ek not in emitted:
-                    try:
+                try:
+                    if ek not in emitted:
                         placement_for(m, wl)   # private placement on a machine without segments
                         preflight(m, wl, spec.run, "max_instructions: N in the spec")
-                    except InputError as e:
-                        where = "hw" if e.where.startswith("--hw") else (
-                            "vary point {" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + "}"
-                            if values else "workload")
-                        raise _err(spec.label, where, f"{e.where}: {e.what}", e.allowed) from None
-                    emitted.add(ek)
+                        emitted.add(ek)
+                    check_scale(m, spec.run.scale)   # the unit counts a point varies must still divide
+                except InputError as e:
+                    where = "hw" if e.where.startswith("--hw") else (
+                        "vary point {" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + "}"
+                        if values else "workload")
+                    raise _err(spec.label, where, f"{e.where}: {e.what}", e.allowed) from None
             points.append(Point(hw=hl, values=values, machine=m, workload=wl, key=run_key(m, wl, spec.run)))
     return points
 
@@ -372,6 +379,8 @@ def _options_dict(o: RunOptions) -> dict:
          "max_cycles": o.max_cycles, "seed": o.seed}
     if o.interval:          # only when on: the run keys of sweeps without it stay as they were
         d["interval"] = True
+    if o.scale > 1:
+        d["scale"] = o.scale
     return d
 
 

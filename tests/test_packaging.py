@@ -16,6 +16,7 @@ def test_wheel_carries_the_data_and_resolves_builtin_names(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("archsim/_builtin/configs/a100.yaml", "archsim/_builtin/configs/tiny-sunway.yaml",
                    "archsim/_builtin/configs/overlays/l2-off.yaml", "archsim/_builtin/isa/opcodes.yaml",
+                   "archsim/_builtin/configs/reference/scale/sw26010pro.yaml",
                    "archsim/_builtin/isa/examples/gemm_mma.s", "archsim/_builtin/workloads/gpt2-small.yaml",
                    "archsim/_builtin/workloads/tiny.yaml", "archsim/cli.py"):
         assert needed in names, needed

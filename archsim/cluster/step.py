@@ -100,22 +100,22 @@ def beside_ops(layout: list) -> list[str]:
 def ops_seconds(machine, shard, ops, opts, pool=None, why: str = "") -> dict[str, float]:
     """Seconds each of ``ops`` of the shard's block takes on ``machine``: their kernels alone, timed
     by the engine as a run times them (the kernel cache keeps repeats free)."""
-    from archsim.runner import emit_block, placement_for, timing_args
-    from archsim.sample import sampled_record
+    from archsim.runner import emit_block, kernel_timer, placement_for, timing_args
     from archsim.workers import Pool
 
     kernels = [k for k in emit_block(machine, shard) if k.op in ops]
     if not kernels:
         return {}
+    timer, how = kernel_timer(machine, opts, shard, kernels)
     placement = placement_for(machine, shard)
     own = Pool(min(opts.workers, len(kernels))) if pool is None else None
     p = pool if pool is not None else own
     try:
-        futs = [p.submit(sampled_record, k.name, k.program, machine, k.launch,
+        futs = [p.submit(timer, k.name, k.program, machine, k.launch,
                          timing_args(machine, k.params, placement), flops=k.flops, waves=opts.waves,
                          max_error=opts.max_error, max_cycles=opts.max_cycles, sample=opts.sample,
                          placement=placement, interval=opts.interval,
-                         label=f"kernel {k.name} on {machine.name}{why}") for k in kernels]
+                         label=f"kernel {k.name} on {machine.name}{why}", **how[k.name]) for k in kernels]
         recs = [f.result() for f in futs]
     finally:
         if own is not None:
