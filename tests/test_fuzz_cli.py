@@ -212,6 +212,19 @@ def test_mutated_workloads(data):
                 "--max-instructions", "100000000", "--json", str(Path(d) / "r.json"))
 
 
+@_settings(10)
+@given(st.data())
+def test_scale_models_of_mutated_machines(data):
+    base = data.draw(st.sampled_from([TINY_GPU, TINY_SUNWAY]))
+    tree = _mutated(base, data.draw(_tree_mutations(base))) if data.draw(st.booleans()) else base
+    n = data.draw(st.sampled_from(["1", "2", "3", "0", "-1", "7", str(2**40), "x"]))
+    with tempfile.TemporaryDirectory() as d:
+        hw = _write_yaml(Path(d), "m.yaml", tree)
+        run_cli("run", "--hw", str(hw), "--workload", "tiny", "--placement",
+                "private" if base is TINY_SUNWAY else "cross", "--scale", n, "--max-cycles", "300000", "--no-cache",
+                "--workers", "1")
+
+
 SPEC = {"hw": "tiny-gpu", "workload": "tiny", "phase": "prefill", "layers": 1, "seq": 5, "max_cycles": 100000,
         "vary": {"dram.channel_gbps": [16, 64]}}
 
@@ -221,7 +234,7 @@ SPEC = {"hw": "tiny-gpu", "workload": "tiny", "phase": "prefill", "layers": 1, "
 def test_mutated_sweep_specs(data):
     tree = _mutated(SPEC, data.draw(_tree_mutations(SPEC)))
     if data.draw(st.booleans()):   # a whole top-level key replaced
-        key = data.draw(st.sampled_from(["vary", "set", "overlays", "seq", "max_points", "hw", "workload"]))
+        key = data.draw(st.sampled_from(["vary", "set", "overlays", "seq", "max_points", "hw", "workload", "scale"]))
         _put(tree, (key,), data.draw(values))
     with tempfile.TemporaryDirectory() as d:
         spec = _write_yaml(Path(d), "s.yaml", tree)
