@@ -164,7 +164,8 @@ def _options(**options):
 def run(machine, workload, **options) -> Result:
     """Simulate one decoder block's kernels (times `layers`) of `workload` on `machine`. Options as
     archsim.runner.RunOptions: mode, sample, waves, max_error, max_cycles, seed, trace, workers
-    (processes the distinct kernels are timed on; default 1)."""
+    (processes the distinct kernels are timed on; default 1), scale (a 1/N scale model where its
+    measured error allows, docs/scale-models.md)."""
     from archsim.runner import run_workload
 
     t0 = time.perf_counter()
@@ -174,11 +175,13 @@ def run(machine, workload, **options) -> Result:
 
 
 def compare(machines: Sequence, workload, **options) -> Comparison:
-    """`run` on each machine (a machine without private segments runs a private placement cross)."""
+    """`run` on each machine (a machine without private segments runs a private placement cross, one
+    whose unit counts the scale does not divide runs whole)."""
     from archsim.runner import compare_document, run_many
 
     opts = _options(**options)
     opts.strict_placement = False
+    opts.strict_scale = False
     results = run_many(list(machines), workload, opts)
     for r in results:
         if isinstance(r, Exception):

@@ -8,7 +8,6 @@ finish.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -192,9 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--max-cycles", type=int, default=10**9, metavar="N",
                        help="stop a launch after N core cycles (exit 3, partial result)")
         p.add_argument("--scale", type=int, default=1, metavar="N",
-                       help="time each kernel on a 1/N scale model of the machine (1/N of its cores, L2 slices and "
-                            "DRAM channels, 1/N of the grid) and read it back, for kernel kinds whose measured error "
-                            "at N is within 3%% (docs/scale-models.md); default 1, the whole machine")
+                       help="time each kernel on a 1/N scale model of the machine (a GPU's SMs, L2 slices and "
+                            "DRAM channels, or a Sunway's core groups, cut by N; as many waves of the grid's first "
+                            "blocks) and read it back, for kernel kinds whose measured error at N is within 3%% "
+                            "(docs/scale-models.md); default 1, the whole machine")
         p.add_argument("--max-instructions", type=int, default=DEFAULT_MAX_INSTRUCTIONS, metavar="N",
                        help="refuse a job that simulates more than N warp-instructions, estimated from its flops "
                             "before it starts (default 1e11)")
@@ -615,15 +615,18 @@ def _load_workload(a):
     return load_workload(a.workload, over)
 
 
-def _run_options(a):
+def _run_options(a, block_trace: bool = True):
+    """The run options of the command line; ``block_trace`` False: --trace is not the kernels'
+    block trace (a cluster run's trace is its step's)."""
     from archsim.runner import RunOptions, check_options, parse_error_bound
     from archsim.workers import check_workers
 
     opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, interval=a.sample_interval,
                                     waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
-                                    max_cycles=a.max_cycles, trace=a.trace, max_instructions=a.max_instructions,
-                                    workers=check_workers(a.workers), scale=a.scale))
+                                    max_cycles=a.max_cycles, trace=a.trace and block_trace,
+                                    max_instructions=a.max_instructions, workers=check_workers(a.workers),
+                                    scale=a.scale))
     if a.trace and not a.out:
         raise InputError("--trace", "a trace needs an output directory", "give --out DIR too")
     return opts
@@ -727,10 +730,18 @@ def _cluster_inputs(a, refused: tuple, what: str, usage: str):
     if a.mode != "timing":
         raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
     wl = _load_workload(a)
-    opts = dataclasses.replace(_run_options(a), trace=False)
+    opts = _run_options(a, block_trace=False)
     if a.json:
         _check_file_path(a.json, "--json")
     return wl, opts
+
+
+def _check_cluster_scale(prepared, opts) -> None:
+    """The cluster's device takes ``--scale`` (prepared: cluster.run.prepare's (cluster, device,
+    plan, memory))."""
+    from archsim.runner import machine_scale
+
+    machine_scale(prepared[1], opts)
 
 
 def _run_cluster(a) -> int:
@@ -741,7 +752,7 @@ def _run_cluster(a) -> int:
                          "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
     wl, opts = _cluster_inputs(a, (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays)), "a cluster run",
                                "--cluster C --plan ... [--json F] [--out DIR [--trace]] (the cluster names its device)")
-    prepare(a.cluster, wl, a.plan)          # every bad input before any kernel is timed
+    _check_cluster_scale(prepare(a.cluster, wl, a.plan), opts)   # every bad input before any kernel is timed
     out = _out_dir(a.out) if a.out else None
     doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(format_cluster_run(doc))
@@ -775,7 +786,7 @@ def _compare_clusters(a) -> int:
                                "compare --cluster A --cluster B --plan P [--plan Q] --workload WL [--json F]")
     pairs = list(zip(clusters, plans if len(plans) > 1 else plans * len(clusters)))
     for c, p in pairs:
-        prepare(c, wl, p)                   # every cluster and plan checked before any kernel is timed
+        _check_cluster_scale(prepare(c, wl, p), opts)   # every cluster and plan before any kernel is timed
     docs = [run_cluster(c, wl, p, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
             for c, p in pairs]
     print(format_cluster_compare(docs))

@@ -116,10 +116,10 @@ def scale_counters(t: KernelTiming, f: float, **fields) -> KernelTiming:
     def ext(a):
         return np.rint(a * f).astype(np.int64) if isinstance(a, np.ndarray) else int(round(a * f))
 
-    return dataclasses.replace(
-        t, warp_instructions=ext(t.warp_instructions), skipped_cycles=ext(t.skipped_cycles), stall=ext(t.stall),
-        flops=ext(t.flops), pipe_busy_cycles=ext(t.pipe_busy_cycles), memory=_scale_memory(t.memory, f), buffers={},
-        **fields)
+    scaled = dict(warp_instructions=ext(t.warp_instructions), skipped_cycles=ext(t.skipped_cycles),
+                  stall=ext(t.stall), flops=ext(t.flops), pipe_busy_cycles=ext(t.pipe_busy_cycles),
+                  memory=_scale_memory(t.memory, f), buffers={})
+    return dataclasses.replace(t, **{**scaled, **fields})
 
 
 @dataclasses.dataclass
@@ -451,13 +451,23 @@ def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict
     archsim.report.trace)."""
     s = time_sampled(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
                      sample=sample, placement=placement, interval=interval)
-    rec = kernel_record(name, machine, launch, s.timing, count=count, model_flops=model_flops, flops=flops,
-                        sampled=s.sampled, sample_error_est=round(s.error_est, 5))
-    sample_fields(rec, s, max_error)
+    rec = record_of(name, machine, launch, s, count=count, flops=flops, model_flops=model_flops, max_error=max_error)
     if trace:
         t = s.timing
         rec["block_trace"] = {"first_block": int(t.first_block), "start": [int(x) for x in t.block_start],
                               "done": [int(x) for x in t.block_done], "core": [int(x) for x in t.block_core]}
+    return rec
+
+
+def record_of(name: str, machine, launch: Launch, s: Sampled, *, count: int = 1, flops: int | None = None,
+              model_flops: int | None = None, max_error: float = DEFAULT_MAX_ERROR,
+              timing: KernelTiming | None = None) -> dict:
+    """The kernel record of a timed launch with its sampling fields; ``timing``: the counters to
+    report instead of ``s.timing`` (a scale model's, read back to the whole machine)."""
+    rec = kernel_record(name, machine, launch, s.timing if timing is None else timing, count=count,
+                        model_flops=model_flops, flops=flops, sampled=s.sampled,
+                        sample_error_est=round(s.error_est, 5))
+    sample_fields(rec, s, max_error)
     return rec
 
 

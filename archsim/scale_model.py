@@ -86,7 +86,7 @@ def scaled_fields(machine, n: int) -> dict:
                              f"a scale dividing {_unit_counts(machine)}")
         out[path] = value // n if exact else max(1, round(value / n))
 
-    if machine.groups > 1:                      # Sunway: whole core groups with their memory
+    if machine.family == "sunway":              # whole core groups with their memory
         cut("groups", machine.groups)
         if machine.dram.capacity_gib is not None:
             out["dram.capacity_gib"] = machine.dram.capacity_gib / n
@@ -104,7 +104,7 @@ def scaled_fields(machine, n: int) -> dict:
 
 
 def _unit_counts(machine) -> str:
-    if machine.groups > 1:
+    if machine.family == "sunway":
         return (f"groups {machine.groups}, memory_controllers.count {machine.memory_controllers.count} and "
                 f"dram.channels {machine.dram.channels}")
     l2 = f"l2.slices {machine.l2.slices} (by halves), " if machine.l2 is not None else ""
@@ -141,17 +141,19 @@ def check_scale(machine, n) -> int:
     return n
 
 
-def _table_path(name: str) -> Path:
+def table_path(name: str) -> Path:
+    """configs/reference/scale/<name>.yaml: a machine's measured scale-model errors."""
     return data_dir("configs") / "reference" / "scale" / f"{name}.yaml"
 
 
 @lru_cache(maxsize=None)
 def measured_errors(name: str) -> dict:
     """{scale: {kind: (largest measured |error|, kernels measured)}} for a built-in machine name
-    ({} when none)."""
+    ({} when none). Looked up by name: a variant of the machine (``--set``, an overlay, a sweep's
+    point) is taken to keep its base machine's errors (a choice, docs/scale-models.md)."""
     from archsim.config.load import read_yaml
 
-    path = _table_path(name)
+    path = table_path(name)
     if not path.is_file():
         return {}
     data = read_yaml(path)
@@ -190,12 +192,12 @@ def cut_refusal(prog, machine, launch, args: dict, scale: int, placement: str) -
     """Why this launch cannot be read back from its 1/scale model, whatever its kind's measured
     error (None: it can): on a Sunway, buffers in the cross segment (each group's traffic goes
     round the ring to every controller; a model of fewer groups has a shorter ring and fewer
-    controllers) or blocks that fill the groups in order without filling the machine (the groups
-    that run draw on every controller); anywhere, a cut whose blocks do other work than the
-    launch's (_unrepresentative)."""
+    controllers) or blocks that fill the groups in order without filling the machine (the whole
+    machine's busy groups are full, the model's one group holds only its share of the blocks);
+    anywhere, a cut whose blocks do other work than the launch's (_unrepresentative)."""
     if scale == 1:
         return None
-    if machine.groups > 1:
+    if machine.family == "sunway":
         from archsim.sample import concurrency
 
         if placement == "cross":
@@ -233,8 +235,7 @@ def scaled_record(name: str, prog, machine, launch, args: dict, *, scale: int = 
     False: on the scale model anyway, to measure its error). The record says how: ``scale`` (1:
     whole), ``scale_blocks`` (the blocks the scale model ran) and ``scale_refused`` (why a kernel
     asked to scale was not)."""
-    from archsim.sample import sample_fields, scale_counters, time_sampled
-    from archsim.stats import kernel_record
+    from archsim.sample import record_of, scale_counters, time_sampled
 
     why = (refusal(machine, scale, kind) or cut_refusal(prog, machine, launch, args, scale,
                                                         kw.get("placement", "cross"))) if check else None
@@ -250,10 +251,9 @@ def scaled_record(name: str, prog, machine, launch, args: dict, *, scale: int = 
     Bs = scaled_blocks(prog, machine, small, launch)
     opts = {k: kw[k] for k in ("waves", "max_error", "max_cycles", "sample", "placement") if k in kw}
     s = time_sampled(prog, small, launch, args, upto=Bs, **opts)
-    t = scale_counters(s.timing, launch.blocks / Bs)
-    rec = kernel_record(name, machine, launch, t, count=kw.get("count", 1), model_flops=kw.get("model_flops"),
-                        flops=kw.get("flops"), sampled=s.sampled, sample_error_est=round(s.error_est, 5))
-    sample_fields(rec, s, kw.get("max_error", DEFAULT_MAX_ERROR))
+    rec = record_of(name, machine, launch, s, count=kw.get("count", 1), flops=kw.get("flops"),
+                    model_flops=kw.get("model_flops"), max_error=kw.get("max_error", DEFAULT_MAX_ERROR),
+                    timing=scale_counters(s.timing, launch.blocks / Bs))
     rec["scale"] = scale
     rec["scale_blocks"] = Bs
     return rec

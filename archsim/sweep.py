@@ -220,6 +220,10 @@ def run_key(machine, workload, opts: RunOptions) -> str:
     that change the result (sorted JSON, so neither dict order nor the spec's wording matters)."""
     doc = {"machine": machine.model_dump(mode="json"), "workload": workload.model_dump(mode="json"),
            "options": _options_dict(opts)}
+    if opts.scale > 1:      # the measured errors that decide which kernels run on the scale model
+        from archsim.scale_model import measured_errors
+
+        doc["scale_errors"] = repr(sorted(measured_errors(machine.name).get(opts.scale, {}).items()))
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -367,7 +371,7 @@ def expand(spec: Spec, check_emit: bool = True) -> list[Point]:
                 except InputError as e:
                     where = "hw" if e.where.startswith("--hw") else (
                         "vary point {" + ", ".join(f"{k}={v!r}" for k, v in values.items()) + "}"
-                        if values else "workload")
+                        if values else "scale" if e.where == "--scale" else "workload")
                     raise _err(spec.label, where, f"{e.where}: {e.what}", e.allowed) from None
             points.append(Point(hw=hl, values=values, machine=m, workload=wl, key=run_key(m, wl, spec.run)))
     return points

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import time
 from pathlib import Path
 
 import yaml
@@ -42,14 +41,13 @@ def measure(hw: str, scale: int, jobs: list[str], workers: int) -> list[dict]:
             futs = []
             for k in kernels:
                 args = timing_args(machine, k.params, placement)
-                t0 = time.perf_counter()
                 full = pool.submit(sampled_record, k.name, k.program, machine, k.launch, args, flops=k.flops,
                                    placement=placement, label=f"{k.name} whole")
                 small = pool.submit(scaled_record, k.name, k.program, machine, k.launch, args, flops=k.flops,
                                     placement=placement, scale=scale, kind=kinds[k.name], check=False,
                                     label=f"{k.name} at 1/{scale}")
-                futs.append((k, full, small, t0))
-            for k, full, small, t0 in futs:
+                futs.append((k, full, small))
+            for k, full, small in futs:
                 f, s = full.result(), small.result()
                 err = (s["cycles"] - f["cycles"]) / f["cycles"]
                 why = cut_refusal(k.program, machine, k.launch, timing_args(machine, k.params, placement), scale,
@@ -70,9 +68,9 @@ def measure(hw: str, scale: int, jobs: list[str], workers: int) -> list[dict]:
 
 
 def write(hw: str, scale: int, jobs: list[str], rows: list[dict]) -> Path:
-    from archsim.paths import data_dir
+    from archsim.scale_model import table_path
 
-    path = data_dir("configs") / "reference" / "scale" / f"{hw}.yaml"
+    path = table_path(hw)
     doc = yaml.safe_load(path.read_text()) if path.is_file() else None
     doc = doc or {"machine": hw, "measured_by": "scripts/scale_check.py", "scales": {}}
     entry = doc["scales"].setdefault(scale, {})

@@ -143,12 +143,20 @@ def test_kernel_kinds_follow_their_ops():
 
 
 def test_built_in_tables_name_measured_kinds():
+    import yaml
+
     for name in ("a100", "sw26010pro"):
+        raw = yaml.safe_load(SM.table_path(name).read_text())
+        assert raw["machine"] == name
         table = SM.measured_errors(name)
-        assert table, name
+        assert table and set(table) == {int(s) for s in raw["scales"]}, name
         for scale, kinds in table.items():
             SM.check_scale(load_machine(name), scale)
-            assert set(kinds) <= set(SM.KINDS) and all(e >= 0 and n > 0 for e, n in kinds.values())
+            # every key of a scale's entry is a kind, its date or its kernels (a misspelt kind fails)
+            assert set(raw["scales"][scale]) <= set(SM.KINDS) | {"date", "kernels"}
+            assert all(e >= 0 and n > 0 for e, n in kinds.values())
+            for r in raw["scales"][scale]["kernels"]:
+                assert r["kind"] in SM.KINDS and r["scale_blocks"] <= r["blocks"]
 
 
 def test_cli_scale(capsys, tmp_path):
@@ -198,3 +206,41 @@ def test_compare_scales_the_machines_that_take_the_scale(capsys):
                  "--placement", "private", "--no-cache", "--workers", "1"])
     _, err = capsys.readouterr()
     assert code == 0 and "tiny-gpu's unit counts do not divide by 2: it runs whole" in err
+
+
+def test_a_sweep_at_a_scale(tmp_path, capsys):
+    """A sweep spec's scale reaches every point's run (its key, sweep.json's run, each kernel
+    record), and a machine the scale does not divide is one line naming the spec's scale."""
+    import yaml
+
+    from archsim import sweep as S
+    from archsim.cli import main
+
+    base = {"hw": "tiny-sunway", "workload": "tiny", "phase": "prefill", "layers": 1, "seq": 5,
+            "placement": "private"}
+    f = tmp_path / "s.yaml"
+    f.write_text(yaml.safe_dump(dict(base, scale=2)))
+    (p,) = S.expand(S.load_spec(str(f)))
+    g = tmp_path / "plain.yaml"
+    g.write_text(yaml.safe_dump(base))
+    (q,) = S.expand(S.load_spec(str(g)))
+    assert p.key != q.key
+    assert main(["sweep", str(f), "--out", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["run"]["scale"] == 2
+    run = json.loads(next((tmp_path / "out" / "runs").glob("*.json")).read_text())
+    assert all(k["scale"] == 1 and "never measured" in k["scale_refused"] for k in run["kernels"])
+    capsys.readouterr()
+    f.write_text(yaml.safe_dump(dict(base, scale=4)))
+    assert main(["sweep", str(f), "--out", str(tmp_path / "out2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and ": scale: --scale: 4:" in err and "groups 2 does not divide by 4" in err
+
+
+def test_api_compare_runs_a_machine_the_scale_does_not_divide_whole():
+    from archsim import api
+    from archsim.workloads.model import load_workload
+
+    c = api.compare([load_machine("tiny-gpu"), load_machine("tiny-sunway")], load_workload("tiny"), scale=2)
+    gpu, sw = c.record["results"]
+    assert all("scale" not in k for k in gpu["kernels"])
+    assert all(k["scale"] == 1 and "never measured" in k["scale_refused"] for k in sw["kernels"])

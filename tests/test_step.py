@@ -735,3 +735,17 @@ def test_plan_search_tries_expert_parallelism_for_a_moe_model(capsys, tmp_path):
     eps = {p["ep"] for p in doc["plans"]}
     assert eps == {1, 2, 4} and all(p["tp"] == 1 for p in doc["plans"])
     assert " ep " in capsys.readouterr().out
+
+
+def test_cluster_runs_check_the_scale_before_any_kernel(capsys, tmp_path):
+    """--scale on a cluster: its device must take it (one line before anything is timed), and the
+    step's --trace is not the kernels' block trace that --scale refuses."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    argv = ["--workload", "tiny", "--phase", "train", "--plan", "tp=2,pp=2,dp=2,mb=1,gbs=8", "--scale", "2"]
+    code = main(["run", "--cluster", str(cl), *argv, "--trace", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "--scale: 2:" in err and "--trace" not in err.split(":")[1]
+    code = main(["compare", "--cluster", str(cl), "--cluster", str(cl), *argv])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "--scale: 2:" in err
