@@ -192,9 +192,10 @@ def cut_refusal(prog, machine, launch, args: dict, scale: int, placement: str) -
     """Why this launch cannot be read back from its 1/scale model, whatever its kind's measured
     error (None: it can): on a Sunway, buffers in the cross segment (each group's traffic goes
     round the ring to every controller; a model of fewer groups has a shorter ring and fewer
-    controllers) or blocks that fill the groups in order without filling the machine (the whole
-    machine's busy groups are full, the model's one group holds only its share of the blocks);
-    anywhere, a cut whose blocks do other work than the launch's (_unrepresentative)."""
+    controllers), or fewer blocks than the machine holds (the whole machine packs them into its
+    first groups, or deals them to every group in turn, block g to group g; the model's groups
+    would run other blocks than the whole machine's first groups do); anywhere, a cut whose
+    blocks do other work than the launch's (_unrepresentative)."""
     if scale == 1:
         return None
     if machine.family == "sunway":
@@ -202,8 +203,9 @@ def cut_refusal(prog, machine, launch, args: dict, scale: int, placement: str) -
 
         if placement == "cross":
             return "its buffers interleave over every core group's memory (placement cross)"
-        if not launch.spread and launch.blocks < concurrency(prog, machine, launch):
-            return "its blocks fill the core groups in order without filling the machine"
+        if launch.blocks < concurrency(prog, machine, launch):
+            return ("its blocks do not fill the machine (dealt to the groups in turn)" if launch.spread else
+                    "its blocks fill the core groups in order without filling the machine")
     return _unrepresentative(prog, machine, launch, args, scaled_blocks(prog, machine, scaled_machine(machine, scale),
                                                                          launch))
 

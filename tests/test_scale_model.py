@@ -10,6 +10,7 @@ is timed on the whole machine and says why.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -111,6 +112,9 @@ def test_sunway_scale_model_runs_whole_core_groups():
     args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
     assert g.launch.blocks < caps.cores_total
     assert "fill the core groups in order" in SM.cut_refusal(g.program, sw, g.launch, args, 2, "private")
+    # dealt to the groups in turn, each group's blocks are not the launch's first ones: refused too
+    spread = dataclasses.replace(g.launch, spread=True)
+    assert "dealt to the groups in turn" in SM.cut_refusal(g.program, sw, spread, args, 2, "private")
 
 
 def test_an_unmeasured_or_inaccurate_kind_runs_whole(tiny4, monkeypatch):
