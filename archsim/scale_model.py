@@ -11,7 +11,7 @@ on every core of the machine. A scale model keeps each core's share of the machi
   and capacity (each group's own segment stays as large), on a ring of fewer stops;
 - the launch: its first B' = ceil(B x C' / C) blocks (C and C': the blocks each machine holds
   at once), so the scale model runs as many waves as the whole launch, each of the same blocks
-  with the same addresses as the whole launch's first ones (sampled as any launch);
+  with the same addresses as the whole launch's first ones (wave-sampled as any launch);
 - the read-back: the scale model's cycles are the launch's; its extensive counters
   (warp-instructions, flops, bytes, stall warp-cycles, accesses) are scaled by B / B'. Rates (link
   utilisation, queue depths, hit rates) and the timeline are the scale model's own units.
@@ -226,7 +226,7 @@ def _unrepresentative(prog, machine, launch, args: dict, Bs: int) -> str | None:
     per = counts.per_block.astype(float)
     skew = per[:Bs].mean() / per.mean() - 1 if per.mean() > 0 else 0.0
     if abs(skew) > MAX_CUT_SKEW:
-        return f"its first {Bs} blocks do {skew:+.1%} of the launch's mean work a block"
+        return f"its first {Bs} blocks average {skew:+.1%} against the launch's mean work a block"
     return None
 
 
