@@ -39,7 +39,7 @@ from archsim.paths import data_dir
 
 MAX_SCALE_ERROR = 0.03          # a kind whose measured error at a scale exceeds this is timed whole
 MIN_MEASURED = 3                # choice: a kind measured on fewer kernels than this is timed whole
-KINDS = ("gemm", "gemv", "attention", "elementwise")
+KINDS = ("gemm", "gemv", "attention", "decode_attention", "elementwise")
 GEMV_ROWS = 64                  # a GEMM of at most this many rows is a GEMV (decode)
 MAX_CUT_SKEW = 0.01             # the cut's mean work a block may differ this much from the launch's
 
@@ -48,14 +48,15 @@ def kernel_kind(op, kernel_name: str = "") -> str:
     """The kind a kernel's scale errors are measured and looked up by, from its op
     (workloads/ops.py): GEMMs of more than GEMV_ROWS rows (dense, batched and the experts'), GEMVs
     (at most that many rows: decode's, whose blocks share no weights), attention (forward and
-    backward, fused or not), and the rest (norms, activations, adds, softmax, routing, a split-K
-    GEMM's reduction: elementwise)."""
+    backward, fused or not) and decode's attention (at most GEMV_ROWS queries: a pass over the KV
+    cache, bound by memory as a GEMV is), and the rest (norms, activations, adds, softmax, routing,
+    a split-K GEMM's reduction: elementwise)."""
     if kernel_name.endswith(".reduce"):
         return "elementwise"
     if op.kind in ("gemm", "moe_gemm"):
         return "gemv" if op.dims["M"] <= GEMV_ROWS else "gemm"
     if op.kind.startswith("attention"):
-        return "attention"
+        return "decode_attention" if op.dims["q_len"] <= GEMV_ROWS else "attention"
     return "elementwise"
 
 

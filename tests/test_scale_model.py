@@ -144,6 +144,7 @@ def test_kernel_kinds_follow_their_ops():
     wl = load_workload("gpt2-small", {"phase": "decode"})
     kinds = SM.kernel_kinds(wl, emit_block(load_machine("a100"), wl))
     assert kinds["qkv"] == "gemv" and kinds["ffn2.partial"] == "gemv" and kinds["ffn2.reduce"] == "elementwise"
+    assert kinds["attn.split"] == "decode_attention" and kinds["attn.combine"] == "decode_attention"
 
 
 def test_built_in_tables_name_measured_kinds():
