@@ -183,7 +183,8 @@ def test_cli_scale(capsys, tmp_path):
     f = tmp_path / "r.json"
     code, out, _ = run("run", "--hw", "tiny-sunway", "--workload", "tiny", "--scale", "2", "--no-cache",
                        "--workers", "1", "--json", str(f))
-    assert code == 0
+    assert code == 0 and " model " in out.splitlines()[1] and all(ln.split()[7] == "whole" for ln in
+                                                                    out.splitlines()[2:-2])
     ks = json.loads(f.read_text())["kernels"]
     assert all(k["scale"] == 1 and "never measured" in k["scale_refused"] for k in ks)
 

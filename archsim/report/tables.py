@@ -61,16 +61,19 @@ def sample_cell(k: dict) -> str:
 
 
 def run_table(result: dict) -> str:
-    """kernel, count, cycles, time, TFLOP/s, DRAM GB/s, top stall; then the total."""
+    """kernel, count, cycles, time, TFLOP/s, DRAM GB/s, (with --scale: the model it ran on,)
+    top stall; then the total."""
     w = result["workload"]
+    scaled = any("scale" in k for k in result["kernels"])
     lines = [f"{w['name']} {w['phase']} (batch {w['batch']}, seq {w['seq']}, {w['layers']} layers, {w['dtype']}, "
              f"{w['attention']} attention{_placement(w)}) on {result['machine']['name']}",
              f"{'kernel':<22} {'count':>5} {'cycles':>11} {'time us':>11} {'TFLOP/s':>8} {'DRAM GB/s':>10} "
-             f"{'sampled':>8}  top stall"]
+             f"{'sampled':>8}" + (f" {'model':>6}" if scaled else "") + "  top stall"]
     for k in result["kernels"]:
         samp = sample_cell(k)
+        model = (f" {'1/' + str(k['scale']) if k.get('scale', 1) > 1 else 'whole':>6}" if scaled else "")
         lines.append(f"{k['name']:<22} {k['count']:>5} {k['cycles']:>11,} {_us(k['seconds']):>11} {k['tflops']:>8.1f} "
-                     f"{k['bandwidth_gbps'].get('dram', 0.0):>10.1f} {samp:>8}  {top_stall(k)}")
+                     f"{k['bandwidth_gbps'].get('dram', 0.0):>10.1f} {samp:>8}{model}  {top_stall(k)}")
     t = result["total"]
     lines.append(f"{'total':<22} {'':>5} {t['cycles']:>11,} {_us(t['seconds']):>11} {t['tflops']:>8.1f}")
     sim = result.get("sim", {})
