@@ -189,7 +189,7 @@ def test_cli_scale(capsys, tmp_path):
     assert all(k["scale"] == 1 and "never measured" in k["scale_refused"] for k in ks)
 
 
-def test_a_run_scales_the_kernels_whose_cut_stands_for_the_launch(monkeypatch):
+def test_a_run_scales_the_kernels_whose_cut_stands_for_the_launch(monkeypatch, tmp_path):
     """With every kind allowed, a run times its GEMMs on the scale model and the kernels whose
     first blocks do more work than the launch's mean (a grid-stride norm's tail) on the whole
     machine, each record saying which."""
@@ -203,6 +203,11 @@ def test_a_run_scales_the_kernels_whose_cut_stands_for_the_launch(monkeypatch):
     assert ks["ffn1"]["scale"] == 2 and ks["ffn1"]["scale_blocks"] == 2
     assert ks["norm1"]["scale"] == 1 and "mean work a block" in ks["norm1"]["scale_refused"]
     assert ks["res1"]["scale"] == 2 and ks["res1"]["scale_blocks"] == 1     # one block: all of the launch
+    # the plots take records whose timelines are the scale model's units beside whole ones
+    from archsim.report.plots import write_plots
+
+    files, missing = write_plots(doc, tmp_path)
+    assert files and not missing
 
 
 def test_compare_scales_the_machines_that_take_the_scale(capsys):
