@@ -212,10 +212,16 @@ def cut_refusal(prog, machine, launch, args: dict, scale: int, placement: str) -
 
 
 def _unrepresentative(prog, machine, launch, args: dict, Bs: int) -> str | None:
-    """Why the launch's first Bs blocks do not stand for all of it (None: they do): their mean
-    warp-instructions a block, counted exactly without timing (engine/counts.py), differ from the
-    whole grid's by more than MAX_CUT_SKEW (a causal attention's blocks do more work the later
-    their query tile), or the launch's control flow cannot be counted."""
+    """Why the launch's first Bs blocks do not stand for all of it (None: they do), from the
+    warp-instructions of each block, counted exactly without timing (engine/counts.py); also when
+    the launch's control flow cannot be counted.
+
+    Blocks that share one memory system (a GPU; a launch of several waves): the cut's mean work a
+    block must be the grid's within MAX_CUT_SKEW (a causal attention's blocks do more work the
+    later their query tile; a grid-stride kernel's first blocks take its tail's extra trip).
+    A Sunway launch of one wave in the groups' own segments: each group runs alone, and the
+    launch lasts as long as its heaviest group (the most work, and the longest block), which
+    the model's groups must include (a GEMM whose last groups hold fewer tiles)."""
     from archsim.engine.counts import count_launch
     from archsim.engine.timing import param_values
 
@@ -225,6 +231,18 @@ def _unrepresentative(prog, machine, launch, args: dict, Bs: int) -> str | None:
     if counts is None:
         return f"its blocks' work cannot be counted to check the cut ({why})"
     per = counts.per_block.astype(float)
+    per_group = launch.blocks // machine.groups
+    if machine.family == "sunway" and launch.blocks % machine.groups == 0 and Bs % per_group == 0:
+        from archsim.sample import concurrency
+
+        if launch.blocks == concurrency(prog, machine, launch):       # one wave: the groups run apart
+            groups = per.reshape(machine.groups, -1)
+            kept = Bs * machine.groups // launch.blocks
+            for name, load in (("work", groups.sum(axis=1)), ("longest block", groups.max(axis=1))):
+                if load[:kept].max() < (1 - MAX_CUT_SKEW) * load.max():
+                    return (f"its first {kept} core groups' {name} is {load[:kept].max() / load.max() - 1:+.1%} "
+                            "against the heaviest group's")
+            return None
     skew = per[:Bs].mean() / per.mean() - 1 if per.mean() > 0 else 0.0
     if abs(skew) > MAX_CUT_SKEW:
         return f"its first {Bs} blocks average {skew:+.1%} against the launch's mean work a block"

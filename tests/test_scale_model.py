@@ -255,3 +255,29 @@ def test_api_compare_runs_a_machine_the_scale_does_not_divide_whole():
     gpu, sw = c.record["results"]
     assert all("scale" not in k for k in gpu["kernels"])
     assert all(k["scale"] == 1 and "never measured" in k["scale_refused"] for k in sw["kernels"])
+
+
+def test_a_sunway_wave_is_cut_to_groups_that_hold_the_heaviest(monkeypatch):
+    """One wave in the groups' own segments: the model's groups must include the heaviest group
+    (its work and its longest block); a grid whose first groups hold more tiles is kept, one whose
+    last group is heavier is refused."""
+    import numpy as np
+
+    from archsim.engine import counts as CO
+    from archsim.workloads.emit import gemm_sunway
+
+    sw = load_machine("tiny-sunway")
+    g = gemm_sunway.gemm_kernel(capabilities(sw), 256, 256, 64, "fp16", "f16")
+    args = g.args(*(Unbacked(n) for n in g.buffer_bytes().values()))
+    B = g.launch.blocks
+
+    def fake(per):
+        return lambda *a, **k: (CO.Counts(np.asarray(per, np.int64), np.zeros(1, np.int64)), "")
+
+    monkeypatch.setattr(CO, "count_launch", fake([10] * (B // 2) + [6] * (B // 2)))
+    assert SM.cut_refusal(g.program, sw, g.launch, args, 2, "private") is None
+    monkeypatch.setattr(CO, "count_launch", fake([6] * (B // 2) + [10] * (B // 2)))
+    assert "against the heaviest group's" in SM.cut_refusal(g.program, sw, g.launch, args, 2, "private")
+    # the same sums with one long block in the second group: its longest block decides
+    monkeypatch.setattr(CO, "count_launch", fake([8] * (B // 2) + [2] * (B // 2 - 1) + [8 * B // 2 - 2 * (B // 2 - 1)]))
+    assert "longest block" in SM.cut_refusal(g.program, sw, g.launch, args, 2, "private")
