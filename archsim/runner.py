@@ -46,7 +46,7 @@ def preflight(machine, wl, opts: RunOptions, option: str = "--max-instructions N
     machine_scale(machine, opts)
     kernels = emit_block(machine, wl)
     waves = opts.waves if opts.sample and not functional else None
-    check_work(machine.name, [k for k, _ in _distinct(kernels)], capabilities(machine).cores_total, waves,
+    check_work(machine.name, [k for k, _ in distinct_kernels(kernels)], capabilities(machine).cores_total, waves,
                opts.max_instructions, f"workload {wl.name}", option)
     return kernels
 
@@ -77,7 +77,7 @@ def workload_record(wl, placement: str | None = None) -> dict:
     return rec
 
 
-def _distinct(kernels: list) -> list[tuple]:
+def distinct_kernels(kernels: list) -> list[tuple]:
     """(kernel, occurrences in the block), first occurrence order."""
     seen: dict[str, list] = {}
     for k in kernels:
@@ -118,7 +118,7 @@ def start_timing(machine, wl, opts: RunOptions, placement: str, pool=None) -> "_
 
     t0 = time.perf_counter()
     kernels = preflight(machine, wl, opts)
-    groups = _distinct(kernels)
+    groups = distinct_kernels(kernels)
     own = pool is None
     if own:
         pool = Pool(min(opts.workers, len(groups)))
@@ -473,8 +473,8 @@ def run_many(machines: list, wl, opts: RunOptions, progress_for=None) -> list:
     return out
 
 
-__all__ = ["RunOptions", "check_options", "compare_document", "emit_block", "placement_for", "preflight", "run_workload",
-           "totals"]
+__all__ = ["RunOptions", "check_options", "compare_document", "distinct_kernels", "emit_block", "kernel_timer",
+           "machine_scale", "placement_for", "preflight", "run_workload", "totals"]
 
 
 def compare_document(results: list[dict], complete: bool = True) -> dict:

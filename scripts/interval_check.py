@@ -66,12 +66,12 @@ def _synthetic(machine):
 
 
 def _workload(machine, a):
-    from archsim.runner import _distinct, emit_block, timing_args
+    from archsim.runner import distinct_kernels, emit_block, timing_args
     from archsim.sample import concurrency
     from archsim.workloads.model import load_workload
 
     wl = load_workload(a.workload, {"phase": a.phase, "batch": a.batch, "seq": a.seq, "layers": 1})
-    for k, _ in _distinct(emit_block(machine, wl)):
+    for k, _ in distinct_kernels(emit_block(machine, wl)):
         if a.only in k.name and k.launch.blocks <= concurrency(k.program, machine, k.launch):
             yield k.name, k.program, k.launch, timing_args(machine, k.params)
 

@@ -19,7 +19,7 @@ import time
 
 def main(argv: list[str]) -> int:
     from archsim.config import load_machine
-    from archsim.runner import _distinct, emit_block, timing_args
+    from archsim.runner import distinct_kernels, emit_block, timing_args
     from archsim.sample import DEFAULT_MAX_ERROR, DEFAULT_WAVES, concurrency, head_waves, time_sampled
     from archsim.workloads.model import load_workload
 
@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     print(f"{'kernel':<16} {'waves':>6} {'whole cycles':>13} {'sampled':>13} {'diff':>7} {'est':>6} "
           f"{'method':>21} {'cost':>6} {'wall s':>7}")
     worst = 0.0
-    for k, _ in _distinct(emit_block(machine, wl)):
+    for k, _ in distinct_kernels(emit_block(machine, wl)):
         if a.only not in k.name:
             continue
         C = concurrency(k.program, machine, k.launch)

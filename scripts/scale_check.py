@@ -21,7 +21,7 @@ import yaml
 
 def measure(hw: str, scale: int, jobs: list[str], workers: int) -> list[dict]:
     from archsim.config.load import load_machine
-    from archsim.runner import _distinct, emit_block, placement_for, timing_args
+    from archsim.runner import distinct_kernels, emit_block, placement_for, timing_args
     from archsim.sample import sampled_record
     from archsim.scale_model import cut_refusal, kernel_kinds, scaled_record
     from archsim.workers import Pool
@@ -33,7 +33,7 @@ def measure(hw: str, scale: int, jobs: list[str], workers: int) -> list[dict]:
         name, phase, placement = (job.split(":") + ["", ""])[:3]
         over = {k: v for k, v in (("phase", phase), ("placement", placement)) if v}
         wl = load_workload(name, over or None)
-        kernels = [k for k, _ in _distinct(emit_block(machine, wl))]
+        kernels = [k for k, _ in distinct_kernels(emit_block(machine, wl))]
         kinds = kernel_kinds(wl, kernels)
         placement = placement_for(machine, wl)
         pool = Pool(min(workers, 2 * len(kernels)))

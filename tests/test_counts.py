@@ -12,7 +12,7 @@ from archsim.engine.counts import control_slice, count_launch
 from archsim.engine.launch import Unbacked
 from archsim.isa.asm import assemble
 from archsim.isa.program import Launch
-from archsim.runner import _distinct, emit_block, timing_args
+from archsim.runner import distinct_kernels, emit_block, timing_args
 from archsim.workloads.model import load_workload
 
 
@@ -28,7 +28,7 @@ def test_counts_equal_the_timing_engines_issues_on_every_kernel_of_a_block(hw):
     machine = load_machine(hw)
     wl = load_workload("gpt2-small", {"phase": "prefill", "layers": 1, "seq": 64, "batch": 1})
     counted = 0
-    for k, _ in _distinct(emit_block(machine, wl)):
+    for k, _ in distinct_kernels(emit_block(machine, wl)):
         args = timing_args(machine, k.params)
         counts, why = count_launch(k.program, k.launch, TI.param_values(k.program, args), machine.cores.warp_width)
         assert counts is not None, f"{k.name}: {why}"
