@@ -704,6 +704,9 @@ def cmd_run(a) -> int:
     machine = load_machine(a.hw, a.overlays, a.sets)
     wl = _load_workload(a)
     opts = _run_options(a)
+    from archsim.runner import machine_scale
+
+    machine_scale(machine, opts)        # a scale the machine cannot take, before the engine loads
     try:
         doc = _run_one(a, machine, wl, opts, f"{wl.name} on {machine.name}")
     except SimulationError as e:

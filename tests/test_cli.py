@@ -358,6 +358,7 @@ _REFUSED_EARLY = [
     ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--workers", "0"],
     ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--sample-max-error", "2"],
     ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--set", "clock_ghz=-1"],
+    ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--scale", "2"],
     ["compare", "--hw", "tiny-gpu", "--hw", "nosuch", "--workload", "tiny"],
     ["micro", "gemm", "--hw", "tiny-gpu", "--param", "m=x"],
     ["micro", "dma", "--hw", "tiny-gpu", "--param", "size_bytes=8"],
