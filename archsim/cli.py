@@ -739,23 +739,17 @@ def _cluster_inputs(a, refused: tuple, what: str, usage: str):
     return wl, opts
 
 
-def _check_cluster_scale(prepared, opts) -> None:
-    """The cluster's device takes ``--scale`` (prepared: cluster.run.prepare's (cluster, device,
-    plan, memory))."""
-    from archsim.runner import machine_scale
-
-    machine_scale(prepared[1], opts)
-
-
 def _run_cluster(a) -> int:
     from archsim.cluster.run import format_cluster_run, prepare, run_cluster
+    from archsim.runner import machine_scale
 
     if a.cluster is None or a.plan is None:
         raise InputError("--cluster" if a.cluster is None else "--plan",
                          "a cluster run needs both --cluster and --plan", "--cluster C --plan tp=T,pp=P,dp=D,...")
     wl, opts = _cluster_inputs(a, (("--hw", a.hw), ("--set", a.sets), ("--overlay", a.overlays)), "a cluster run",
                                "--cluster C --plan ... [--json F] [--out DIR [--trace]] (the cluster names its device)")
-    _check_cluster_scale(prepare(a.cluster, wl, a.plan), opts)   # every bad input before any kernel is timed
+    _, device, _, _ = prepare(a.cluster, wl, a.plan)   # every bad input before any kernel is timed
+    machine_scale(device, opts)                         # the device takes --scale
     out = _out_dir(a.out) if a.out else None
     doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
     print(format_cluster_run(doc))
@@ -777,6 +771,7 @@ def _run_cluster(a) -> int:
 
 def _compare_clusters(a) -> int:
     from archsim.cluster.run import COMPARE_SCHEMA, format_cluster_compare, prepare, run_cluster
+    from archsim.runner import machine_scale
 
     clusters, plans = a.cluster or [], a.plan or []
     if len(clusters) < 2:
@@ -789,7 +784,8 @@ def _compare_clusters(a) -> int:
                                "compare --cluster A --cluster B --plan P [--plan Q] --workload WL [--json F]")
     pairs = list(zip(clusters, plans if len(plans) > 1 else plans * len(clusters)))
     for c, p in pairs:
-        _check_cluster_scale(prepare(c, wl, p), opts)   # every cluster and plan before any kernel is timed
+        _, device, _, _ = prepare(c, wl, p)   # every cluster and plan before any kernel is timed
+        machine_scale(device, opts)
     docs = [run_cluster(c, wl, p, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
             for c, p in pairs]
     print(format_cluster_compare(docs))
