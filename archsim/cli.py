@@ -183,6 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--sample-interval", action="store_true",
                        help="extrapolate a long one-wave launch from an interval of it when its work is steady, "
                             "within --sample-max-error (default: one-wave launches are simulated whole)")
+        p.add_argument("--sample-k-loop", action="store_true",
+                       help="time a GEMM whose blocks loop over at least 128 k tiles from its loop cut to 8, 16 and "
+                            "32 tiles, carried to its length, within --sample-max-error (default: the whole loop)")
         p.add_argument("--sample-waves", type=int, default=6, metavar="N",
                        help="waves simulated before a big launch is extrapolated (>= 3; default 6)")
         p.add_argument("--sample-max-error", default="3%", metavar="E",
@@ -622,7 +625,7 @@ def _run_options(a, block_trace: bool = True):
     from archsim.workers import check_workers
 
     opts = check_options(RunOptions(mode=a.mode, sample=not a.no_sample, interval=a.sample_interval,
-                                    waves=a.sample_waves,
+                                    k_loop=a.sample_k_loop, waves=a.sample_waves,
                                     max_error=parse_error_bound("--sample-max-error", a.sample_max_error),
                                     max_cycles=a.max_cycles, trace=a.trace and block_trace,
                                     max_instructions=a.max_instructions, workers=check_workers(a.workers),

@@ -47,7 +47,7 @@ from archsim.engine import machine as MA
 from archsim.engine import timing as TI
 from archsim.engine.counts import control_slice, count_launch
 from archsim.isa.program import Launch, Program
-from archsim.stats import extensive_memory_fields
+from archsim.stats import extend_counters
 
 STOP_CYCLES = 16384            # D: the first stop is at 4D, the first answer at 8D (a launch of fewer
                                # than 12D cycles ends before two thirds of it could be extrapolated)
@@ -68,24 +68,6 @@ class IntervalResult:
     sampled: bool
     error_est: float
     info: dict                   # the record's sample_interval
-
-
-def _extend(a, b, g: float):
-    """b + (b - a) x g for a counter (int, array) at the interval's start (a) and end (b)."""
-    if isinstance(b, np.ndarray):
-        return np.rint(b + (b - a) * g).astype(np.int64)
-    return int(round(b + (b - a) * g))
-
-
-def _extend_memory(a: dict, b: dict, g: float) -> dict:
-    """The memory counters at the end, extensive ones extended at the interval's rate."""
-    return extensive_memory_fields(b, lambda d, key, path: _extend(_get(a, path), d[key], g))
-
-
-def _get(d, path):
-    for k in path:
-        d = d[k]
-    return d
 
 
 def _issue_rate_error(t: MA.KernelTiming, lo: int, hi: int, rest: float) -> float:
@@ -188,12 +170,8 @@ def time_interval(prog: Program, machine, launch: Launch, args: dict, *, max_err
         tried.append({"cycle": t, "error_est": round(got[1], 5)})
         if got[1] <= max_error:
             cycles, err, g = got
-            timing = dataclasses.replace(
-                b, cycles=int(round(cycles)), timeline_end=t, warp_instructions=total,
-                skipped_cycles=_extend(a.skipped_cycles, b.skipped_cycles, g), stall=_extend(a.stall, b.stall, g),
-                flops=_extend(a.flops, b.flops, g), pipe_busy_cycles=_extend(a.pipe_busy_cycles, b.pipe_busy_cycles, g),
-                memory=_extend_memory(a.memory, b.memory, g), buffers={},
-                block_done=np.where(b.block_done >= 0, b.block_done, int(round(cycles))))
+            timing = extend_counters(a, b, g, cycles=int(round(cycles)), timeline_end=t, warp_instructions=total,
+                                     block_done=np.where(b.block_done >= 0, b.block_done, int(round(cycles))))
             info = {"instructions_total": total, "instructions_simulated": int(b.warp_instructions),
                     "interval_cycles": [int(t_a), int(t)], "stops": tried}
             return IntervalResult(timing, True, float(err), info)

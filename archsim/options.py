@@ -20,6 +20,7 @@ class RunOptions:
     sample: bool = True            # wave sampling of big launches (--no-sample: every block)
     waves: int = WAVES_DEFAULT     # waves simulated before extrapolating
     interval: bool = False         # one-wave launches sampled inside their blocks (archsim.interval)
+    k_loop: bool = False           # GEMMs with long k-loops timed from the loop cut short (sample._time_k_loop)
     max_error: float = MAX_ERROR_DEFAULT  # a sampled launch's error bound above this simulates more
     max_cycles: int = 10**9
     seed: int = 0
@@ -62,6 +63,9 @@ def check_options(opts: RunOptions) -> RunOptions:
     if opts.interval and not opts.sample:
         raise InputError("--sample-interval", "interval sampling with sampling off (--no-sample)",
                          "one of --sample-interval, --no-sample")
+    if opts.k_loop and not opts.sample:
+        raise InputError("--sample-k-loop", "k-loop sampling with sampling off (--no-sample)",
+                         "one of --sample-k-loop, --no-sample")
     if isinstance(opts.max_instructions, bool) or not isinstance(opts.max_instructions, int) \
             or opts.max_instructions <= 0:
         raise InputError("--max-instructions", f"{opts.max_instructions!r}", "a positive integer")

@@ -153,15 +153,18 @@ def machine_scale(machine, opts: RunOptions) -> int:
 def kernel_timer(machine, opts: RunOptions, wl, kernels: list) -> tuple:
     """(the function that times a kernel into its record, {kernel name: its extra arguments}):
     sample.sampled_record, or on a scale model (machine_scale above 1) scale_model.scaled_record
-    with the scale and each kernel's kind (whose measured error decides whether it runs there)."""
+    with the scale and each kernel's kind (whose measured error decides whether it runs there);
+    with ``opts.k_loop``, a GEMM's k tile (its k-loop sampled)."""
     scale = machine_scale(machine, opts)
+    how = {k.name: {"k_tile": k.k_tile} if opts.k_loop and k.k_tile else {} for k in kernels}
     if scale == 1:
         from archsim.sample import sampled_record
 
-        return sampled_record, {k.name: {} for k in kernels}
+        return sampled_record, how
     from archsim.scale_model import kernel_kinds, scaled_record
 
-    return scaled_record, {name: {"scale": scale, "kind": kind} for name, kind in kernel_kinds(wl, kernels).items()}
+    return scaled_record, {name: {"scale": scale, "kind": kind, **how[name]}
+                           for name, kind in kernel_kinds(wl, kernels).items()}
 
 
 def _cost(machine, k, opts: RunOptions) -> float:

@@ -80,7 +80,7 @@ from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
 from archsim.options import DEFAULT_MAX_ERROR, DEFAULT_WAVES
-from archsim.stats import extensive_memory_fields, kernel_record
+from archsim.stats import extend_counter, extend_counters, extensive_memory_fields, kernel_record
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:
@@ -102,6 +102,7 @@ class Sampled:
     warmup_waves: int = 0      # leading waves of the head left out of the steady rate
     interval: dict | None = None  # interval sampling's account (archsim.interval), when it was tried
     boundary: dict | None = None  # the period-boundary window of a long-period launch (_with_boundaries)
+    k_loop: dict | None = None    # k-loop sampling's account (_time_k_loop), when it was tried
 
 
 def _scale_memory(mem: dict, f: float) -> dict:
@@ -197,13 +198,30 @@ def head_waves(waves: int, C: int, P: int) -> int:
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
                  max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, window_cycles: int = 1024,
                  sample: bool = True, placement: str = "cross", interval: bool = False,
-                 upto: int | None = None) -> Sampled:
+                 upto: int | None = None, k_tile: int = 0) -> Sampled:
     """Time a launch, sampling waves when a head (head_waves) is at most half of it (see the
     module docstring); while the error estimate is above ``max_error`` the head doubles, and a
     head that would be more than two thirds of the launch gives way to the whole launch. A launch
     of one wave is sampled inside its blocks (archsim.interval) when ``interval``.
     ``sample=False`` simulates every block. ``placement``: see timing.time_kernel. ``upto``: the
-    launch is cut to its first ``upto`` blocks (a scale model's grid, archsim.scale_model)."""
+    launch is cut to its first ``upto`` blocks (a scale model's grid, archsim.scale_model).
+    ``k_tile``: a GEMM's k tile (Kernel.k_tile; 0: none), whose long k-loop is then sampled
+    (_time_k_loop) before any of the above is tried."""
+    kinfo = None
+    if sample and k_tile > 0:
+        got, kinfo = _time_k_loop(prog, machine, launch, args, k_tile, waves=waves, max_error=max_error,
+                                  max_cycles=max_cycles, window_cycles=window_cycles, placement=placement, upto=upto)
+        if got is not None:
+            return got
+    s = _time_waves(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
+                    window_cycles=window_cycles, sample=sample, placement=placement, interval=interval, upto=upto)
+    return s if kinfo is None else dataclasses.replace(s, k_loop=kinfo)
+
+
+def _time_waves(prog: Program, machine, launch: Launch, args: dict, *, waves: int, max_error: float,
+                max_cycles: int, window_cycles: int, sample: bool, placement: str, interval: bool,
+                upto: int | None) -> Sampled:
+    """time_sampled without the k-loop."""
     C = concurrency(prog, machine, launch)
     B = launch.blocks if upto is None else upto
     nwaves = -(-B // C)
@@ -260,6 +278,93 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             S *= 2
     t = heads.whole()
     return Sampled(t, False, 0.0, nwaves, float(nwaves), heads.spent, attempts=attempts)
+
+
+# k-loop sampling: the shortest cut of the loop, in k tiles (the cuts are n, 2n, 4n: two slopes over
+# equal doublings of the loop, the later carried on, their difference the error), the longest such
+# n first; a loop is cut only when it is at least 16n long (the cuts cost at most 7/16 of it)
+K_LOOP_FIRST = (8, 4)
+K_LOOP_MIN_TILES = 16 * K_LOOP_FIRST[-1]
+
+
+def k_loop_cuts(tiles: int) -> tuple | None:
+    """The k-loop cuts (n, 2n, 4n tiles) of a loop of ``tiles`` k tiles; None when it is too short."""
+    n = next((n for n in K_LOOP_FIRST if 16 * n <= tiles), None)
+    return None if n is None else (n, 2 * n, 4 * n)
+
+
+def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int, *, waves: int, max_error: float,
+                 max_cycles: int, window_cycles: int, placement: str, upto: int | None) -> tuple:
+    """(Sampled, its account) of a GEMM timed from its k-loop cut short, or (None, account or None)
+    when that does not apply, its cuts do not grow alike or its error estimate is above ``max_error``.
+
+    A GEMM block's time is its prologue, n passes of its k-loop at a steady cost each once the
+    copy pipeline is full, and its epilogue; so is a launch's. The same program and launch are
+    timed whole with the K argument cut to n, 2n and 4n k tiles (k_loop_cuts: n = 8, or 4 for a
+    loop of 64 to 127 tiles; K - (tiles - n) x k_tile: the residue tile is kept, and each block
+    reads the first K columns of its operands at their real addresses). Each counter (cycles,
+    each block's dispatch and retirement, the extensive counters) is carried along the line
+    through the 2n- and 4n-tile cuts to the launch's tiles. The error estimate is the slope's
+    change from the first doubling to the second, carried over the tiles left (a cost a tile that
+    still moves, moves on). Warp-instructions must grow by the same count a tile in both
+    doublings (the loop is the only thing K changes), and then they are exact.
+
+    Not tried where an L2 sits between the operands and the cores and the launch has more than
+    one wave: at short K the L2 keeps one wave's operand panels for the next, at the full K it
+    does not, so the DRAM traffic a tile (and a memory-bound launch's time) changes beyond the
+    cuts (gpt3-175b's ffn2 on a100, 15 waves: its cycles carried within 0.1 %, its DRAM bytes
+    half the launch's). A Sunway's CPEs read their operands by DMA from memory, with no cache to
+    keep them. Not tried either on a loop shorter than K_LOOP_MIN_TILES tiles, or on a launch of
+    many waves whose cuts, each run whole, would cost more than half the head wave sampling
+    simulates at the full K. The DRAM bytes read a tile must agree between the doublings within
+    ``max_error``."""
+    K = args.get("K")
+    if not isinstance(K, (int, np.integer)) or k_tile <= 0:
+        return None, None
+    nt = -(-int(K) // k_tile)
+    cuts = k_loop_cuts(nt)
+    if cuts is None:
+        return None, None
+    C = concurrency(prog, machine, launch)
+    B = launch.blocks if upto is None else upto
+    nwaves = -(-B // C)
+    if machine.l2 is not None and nwaves > 1:
+        return None, None
+    P = launch.period
+    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
+    S = waves if strata else head_waves(waves, C, P)
+    if waves >= 3 and 2 * S <= nwaves and 2 * nwaves * sum(cuts) > S * nt:
+        return None, None                   # the cuts, each whole, would cost more than half a head
+    blocks = None if upto is None else (0, B)
+    pts = [TI.time_kernel(prog, machine, launch, {**args, "K": int(K) - (nt - n) * k_tile}, max_cycles=max_cycles,
+                          window_cycles=window_cycles, blocks=blocks, placement=placement) for n in cuts]
+    spent = sum(int(t.warp_instructions) for t in pts)
+    n1, n2, n3 = cuts
+    w = [int(t.warp_instructions) for t in pts]
+    c = [float(t.cycles) for t in pts]
+    info = {"k_tile": int(k_tile), "k_tiles": nt,
+            "points": [{"k_tiles": n, "cycles": int(x), "warp_instructions": y} for n, x, y in zip(cuts, c, w)]}
+    if (w[2] - w[1]) * (n2 - n1) != (w[1] - w[0]) * (n3 - n2):
+        info["refused"] = "its warp-instructions do not grow by the same count a k tile"
+        return None, info
+    r = [int(t.memory["bytes"]["dram_read"]) for t in pts]
+    b12, b23 = (r[1] - r[0]) / (n2 - n1), (r[2] - r[1]) / (n3 - n2)
+    if abs(b23 - b12) > max_error * max(b23, b12):
+        info["refused"] = "its DRAM bytes read a k tile differ between the doublings"
+        return None, info
+    s12, s23 = (c[1] - c[0]) / (n2 - n1), (c[2] - c[1]) / (n3 - n2)
+    g = (nt - n3) / (n3 - n2)
+    timing = extend_counters(pts[1], pts[2], g, cycles=int(round(c[2] + (c[2] - c[1]) * g)),
+                             timeline_end=pts[2].cycles,
+                             block_start=extend_counter(pts[1].block_start, pts[2].block_start, g),
+                             block_done=extend_counter(pts[1].block_done, pts[2].block_done, g))
+    err = min(1.0, abs(s23 - s12) * (nt - n3) / timing.cycles) if timing.cycles > 0 else 1.0
+    info.update(slope_cycles=[round(s12, 2), round(s23, 2)], error_est=round(err, 5))
+    if err > max_error or timing.cycles > max_cycles:
+        info["refused"] = f"error estimate {err:.4f} above {max_error}" if err > max_error else \
+            "the launch would pass --max-cycles"
+        return None, info
+    return Sampled(timing, True, err, nwaves, round(nwaves * sum(cuts) / nt, 4), spent, k_loop=info), info
 
 
 class _Heads:
@@ -445,12 +550,12 @@ def _scaled(head, est: _Estimate, C: int, B: int, S: int, nwaves: int, attempts:
 def sampled_record(name: str, prog: Program, machine, launch: Launch, args: dict, *, count: int = 1,
                    flops: int | None = None, model_flops: int | None = None, waves: int = DEFAULT_WAVES,
                    max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, sample: bool = True,
-                   trace: bool = False, placement: str = "cross", interval: bool = False) -> dict:
+                   trace: bool = False, placement: str = "cross", interval: bool = False, k_tile: int = 0) -> dict:
     """One ``kernels`` entry of archsim.result/1 for a launch, sampled when it is big. ``trace``
     adds ``block_trace``: dispatch and retire cycle and core of every simulated block (for
-    archsim.report.trace)."""
+    archsim.report.trace). ``k_tile``: see time_sampled."""
     s = time_sampled(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
-                     sample=sample, placement=placement, interval=interval)
+                     sample=sample, placement=placement, interval=interval, k_tile=k_tile)
     rec = record_of(name, machine, launch, s, count=count, flops=flops, model_flops=model_flops, max_error=max_error)
     if trace:
         t = s.timing
@@ -484,6 +589,11 @@ def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
         rec["sample_warmup_waves"] = s.warmup_waves
     if s.boundary is not None:
         rec["sample_boundaries"] = s.boundary
+    if s.k_loop is not None:
+        rec["sample_k_loop"] = s.k_loop
+        if s.sampled and "refused" not in s.k_loop:
+            rec["sample_method"] = "k_loop"
+            return
     if s.interval is not None:
         rec["sample_interval"] = s.interval
         rec["sample_method"] = "interval" if s.sampled else (

@@ -270,7 +270,7 @@ def scaled_record(name: str, prog, machine, launch, args: dict, *, scale: int = 
         return rec
     small = scaled_machine(machine, scale)
     Bs = scaled_blocks(prog, machine, small, launch)
-    opts = {k: kw[k] for k in ("waves", "max_error", "max_cycles", "sample", "placement") if k in kw}
+    opts = {k: kw[k] for k in ("waves", "max_error", "max_cycles", "sample", "placement", "k_tile") if k in kw}
     s = time_sampled(prog, small, launch, args, upto=Bs, **opts)
     rec = record_of(name, machine, launch, s, count=kw.get("count", 1), flops=kw.get("flops"),
                     model_flops=kw.get("model_flops"), max_error=kw.get("max_error", DEFAULT_MAX_ERROR),

@@ -42,8 +42,8 @@ from archsim.runner import MAX_ERROR_DEFAULT, WAVES_DEFAULT, RunOptions, parse_e
 SWEEP_SCHEMA = "archsim.sweep/1"
 # run options of the spec: the scenario fields `archsim run` overrides, then the run controls
 WORKLOAD_OPTIONS = ("phase", "batch", "seq", "layers", "dtype", "attention", "causal", "placement")
-RUN_OPTIONS = ("mode", "sample", "sample_interval", "sample_waves", "sample_max_error", "max_cycles",
-               "max_instructions", "scale")
+RUN_OPTIONS = ("mode", "sample", "sample_interval", "sample_k_loop", "sample_waves", "sample_max_error",
+               "max_cycles", "max_instructions", "scale")
 SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "max_points", "overlays", "set", "vary",
              "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
@@ -144,6 +144,9 @@ def load_spec(path: str) -> Spec:
     interval = _typed(label, "sample_interval", data.get("sample_interval", False), bool, "true or false")
     if interval and not sample:
         raise _err(label, "sample_interval", "true with sample: false", "sample: true, or sample_interval: false")
+    k_loop = _typed(label, "sample_k_loop", data.get("sample_k_loop", False), bool, "true or false")
+    if k_loop and not sample:
+        raise _err(label, "sample_k_loop", "true with sample: false", "sample: true, or sample_k_loop: false")
     waves = _typed(label, "sample_waves", data.get("sample_waves", WAVES_DEFAULT), int, "an integer >= 3")
     if waves < 3:
         raise _err(label, "sample_waves", f"value {waves} out of range",
@@ -207,8 +210,9 @@ def load_spec(path: str) -> Spec:
 
     return Spec(label=label, hw=[beside_spec(h, folder, builtins) for h in hw_list], hw_labels=list(hw_list),
                 workload=beside_spec(wl, folder, builtin_workloads()), options=options,
-                run=RunOptions(mode=mode, sample=sample, interval=interval, waves=waves, max_error=max_error,
-                               max_cycles=max_cycles, max_instructions=max_instructions, scale=scale),
+                run=RunOptions(mode=mode, sample=sample, interval=interval, k_loop=k_loop, waves=waves,
+                               max_error=max_error, max_cycles=max_cycles, max_instructions=max_instructions,
+                               scale=scale),
                 max_points=max_points,
                 overlays=[beside_spec(o, folder, builtin_overlays()) for o in overlays], sets=dict(sets),
                 vary=dict(vary))
@@ -383,6 +387,8 @@ def _options_dict(o: RunOptions) -> dict:
          "max_cycles": o.max_cycles, "seed": o.seed}
     if o.interval:          # only when on: the run keys of sweeps without it stay as they were
         d["interval"] = True
+    if o.k_loop:
+        d["k_loop"] = True
     if o.scale > 1:
         d["scale"] = o.scale
     return d

@@ -99,6 +99,7 @@ class Kernel:
     tensors: tuple                   # TensorSpec of every tensor it reads or writes
     outputs: tuple                   # parameters it writes
     acc_error: float = 0.0           # a GEMM accumulating below f32: relative error vs sum |a*b| (see gemm_sunway)
+    k_tile: int = 0                  # a GEMM's k tile: elements of its K argument one pass of its k-loop takes
 
     def key(self) -> str:
         """Identity for memoization: the same program, launch and arguments (sizes and scalars)
@@ -209,7 +210,7 @@ def _gemm(op, ctx) -> list[Kernel]:
     sl = {"A": ctx.slot(a, view=k.a_shape), "B": ctx.slot(b, view=k.b_shape), "C": ctx.slot(c, view=k.c_shape)}
     kern = _mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, k.args(sl["A"], sl["B"], sl["C"]), ctx,
                ("C",))
-    return [replace(kern, acc_error=_acc(ctx, k))]
+    return [replace(kern, acc_error=_acc(ctx, k), k_tile=k.tile.BK)]
 
 
 def _gemm_split_k(op, ctx, S: int) -> list[Kernel]:
@@ -233,7 +234,7 @@ def _gemm_split_k(op, ctx, S: int) -> list[Kernel]:
     r = ctx.E.ew.chunk_sum_kernel(ctx.caps, M * N, S, ctx.dt)
     red = _mk(f"{op.name}.reduce", op, r.program, r.launch, r.flops, 0,
               r.args(ws=ctx.slot(ws, view=(S, M * N)), y=ctx.slot(c, view=(M * N,))), ctx, ("y",))
-    return [replace(part, acc_error=_acc(ctx, k)), red]
+    return [replace(part, acc_error=_acc(ctx, k), k_tile=k.tile.BK), red]
 
 
 def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=False, trans_b=False, lda, ldb, ldc,
@@ -243,7 +244,7 @@ def _batched(ctx, name, op, flops, model_flops, M, N, K, A, B, C, *, trans_a=Fal
                    stride_a=stride_a, stride_b=stride_b, stride_c=stride_c)
     sl = [ctx.slot(t[0], t[1], shape=t[2] if len(t) > 2 else None) for t in (A, B, C)]
     return replace(_mk(name, op, k.program, k.launch, flops, model_flops, k.args(*sl), ctx, ("C",)),
-                   acc_error=_acc(ctx, k))
+                   acc_error=_acc(ctx, k), k_tile=k.tile.BK)
 
 
 # ----------------------------------------------------------------------------- attention
