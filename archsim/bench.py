@@ -145,8 +145,10 @@ def job_kernels(doc: dict) -> list[dict]:
         e = effort.get(k["name"], {})
         tried = k.get("sample_attempts") or []
         sampled = k.get("sample_method") == "sampled" and tried
+        simulated = tried[-1]["waves"] if sampled else (
+            k["waves_simulated"] if k.get("sample_method") == "k_loop" else k.get("waves", 1))
         rows.append({"machine": doc["machine"]["name"], "kernel": k["name"], "waves": k.get("waves", 1),
-                     "simulated_waves": tried[-1]["waves"] if sampled else k.get("waves", 1),
+                     "simulated_waves": simulated,
                      "sample_method": k.get("sample_method", "whole"),
                      "warp_instructions": int(k["warp_instructions"]),
                      "simulated_warp_instructions": int(e.get("simulated_warp_instructions", 0)),

@@ -184,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="extrapolate a long one-wave launch from an interval of it when its work is steady, "
                             "within --sample-max-error (default: one-wave launches are simulated whole)")
         p.add_argument("--sample-k-loop", action="store_true",
-                       help="time a GEMM whose blocks loop over at least 128 k tiles from its loop cut to 8, 16 and "
-                            "32 tiles, carried to its length, within --sample-max-error (default: the whole loop)")
+                       help="time a GEMM whose blocks loop over at least 64 k tiles from its loop cut to n, 2n and 4n "
+                            "tiles (n = 8, or 4 below 128), carried to its length, within --sample-max-error "
+                            "(Sunway GEMMs and one-wave GPU GEMMs; default: the whole loop)")
         p.add_argument("--sample-waves", type=int, default=6, metavar="N",
                        help="waves simulated before a big launch is extrapolated (>= 3; default 6)")
         p.add_argument("--sample-max-error", default="3%", metavar="E",

@@ -47,7 +47,7 @@ from archsim.engine import machine as MA
 from archsim.engine import timing as TI
 from archsim.engine.counts import control_slice, count_launch
 from archsim.isa.program import Launch, Program
-from archsim.stats import extend_counters
+from archsim.stats import extensive_memory_fields
 
 STOP_CYCLES = 16384            # D: the first stop is at 4D, the first answer at 8D (a launch of fewer
                                # than 12D cycles ends before two thirds of it could be extrapolated)
@@ -68,6 +68,31 @@ class IntervalResult:
     sampled: bool
     error_est: float
     info: dict                   # the record's sample_interval
+
+
+def extend_counter(a, b, g: float):
+    """b + (b - a) x g for a counter (int, array) at two points a and b."""
+    if isinstance(b, np.ndarray):
+        return np.rint(b + (b - a) * g).astype(np.int64)
+    return int(round(b + (b - a) * g))
+
+
+def _at(d, path):
+    for k in path:
+        d = d[k]
+    return d
+
+
+def extend_counters(a: MA.KernelTiming, b: MA.KernelTiming, g: float, **fields) -> MA.KernelTiming:
+    """b's timing with its extensive counters carried on along the line from a to b: c_b + (c_b -
+    c_a) x g (an interval's rate carried over the work left, a k-loop cut's over the tiles left),
+    ``fields`` replaced, and no buffers. It lives here, not in the stats layer, because the kernel
+    cache keeps interval answers and its code fingerprint holds this module."""
+    mem = extensive_memory_fields(b.memory, lambda d, key, path: extend_counter(_at(a.memory, path), d[key], g))
+    ext = {f: extend_counter(getattr(a, f), getattr(b, f), g)
+           for f in ("warp_instructions", "skipped_cycles", "stall", "flops", "pipe_busy_cycles")}
+    ext.update(memory=mem, buffers={})
+    return dataclasses.replace(b, **{**ext, **fields})
 
 
 def _issue_rate_error(t: MA.KernelTiming, lo: int, hi: int, rest: float) -> float:

@@ -68,6 +68,9 @@ B / (S*C); rates (link utilization, queue depths, row-hit rates) and the timelin
 the sampled waves; warp-instructions are exact when every block runs the same code.
 
 A ``bar.grid`` kernel is never sampled: its whole grid must be resident, so it is one wave.
+
+With ``k_tile`` (opt-in, ``--sample-k-loop``) a GEMM whose blocks loop long over K is timed instead
+from its loop cut short and carried along the loop (_time_k_loop).
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ from archsim.engine import timing as TI
 from archsim.engine.machine import KernelTiming
 from archsim.isa.program import Launch, Program
 from archsim.options import DEFAULT_MAX_ERROR, DEFAULT_WAVES
-from archsim.stats import extend_counter, extend_counters, extensive_memory_fields, kernel_record
+from archsim.stats import extensive_memory_fields, kernel_record
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:
@@ -215,7 +218,10 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
             return got
     s = _time_waves(prog, machine, launch, args, waves=waves, max_error=max_error, max_cycles=max_cycles,
                     window_cycles=window_cycles, sample=sample, placement=placement, interval=interval, upto=upto)
-    return s if kinfo is None else dataclasses.replace(s, k_loop=kinfo)
+    if kinfo is None:
+        return s
+    return dataclasses.replace(s, k_loop=kinfo, simulated_warp_instructions=s.simulated_warp_instructions
+                               + kinfo["simulated_warp_instructions"])
 
 
 def _time_waves(prog: Program, machine, launch: Launch, args: dict, *, waves: int, max_error: float,
@@ -318,6 +324,8 @@ def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int
     many waves whose cuts, each run whole, would cost more than half the head wave sampling
     simulates at the full K. The DRAM bytes read a tile must agree between the doublings within
     ``max_error``."""
+    from archsim.interval import extend_counter, extend_counters
+
     K = args.get("K")
     if not isinstance(K, (int, np.integer)) or k_tile <= 0:
         return None, None
@@ -342,24 +350,25 @@ def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int
     n1, n2, n3 = cuts
     w = [int(t.warp_instructions) for t in pts]
     c = [float(t.cycles) for t in pts]
-    info = {"k_tile": int(k_tile), "k_tiles": nt,
+    info = {"k_tile": int(k_tile), "k_tiles": nt, "simulated_warp_instructions": spent,
             "points": [{"k_tiles": n, "cycles": int(x), "warp_instructions": y} for n, x, y in zip(cuts, c, w)]}
     if (w[2] - w[1]) * (n2 - n1) != (w[1] - w[0]) * (n3 - n2):
         info["refused"] = "its warp-instructions do not grow by the same count a k tile"
         return None, info
+    s12, s23 = (c[1] - c[0]) / (n2 - n1), (c[2] - c[1]) / (n3 - n2)
+    info["slope_cycles"] = [round(s12, 2), round(s23, 2)]
     r = [int(t.memory["bytes"]["dram_read"]) for t in pts]
     b12, b23 = (r[1] - r[0]) / (n2 - n1), (r[2] - r[1]) / (n3 - n2)
     if abs(b23 - b12) > max_error * max(b23, b12):
         info["refused"] = "its DRAM bytes read a k tile differ between the doublings"
         return None, info
-    s12, s23 = (c[1] - c[0]) / (n2 - n1), (c[2] - c[1]) / (n3 - n2)
     g = (nt - n3) / (n3 - n2)
     timing = extend_counters(pts[1], pts[2], g, cycles=int(round(c[2] + (c[2] - c[1]) * g)),
                              timeline_end=pts[2].cycles,
                              block_start=extend_counter(pts[1].block_start, pts[2].block_start, g),
                              block_done=extend_counter(pts[1].block_done, pts[2].block_done, g))
     err = min(1.0, abs(s23 - s12) * (nt - n3) / timing.cycles) if timing.cycles > 0 else 1.0
-    info.update(slope_cycles=[round(s12, 2), round(s23, 2)], error_est=round(err, 5))
+    info["error_est"] = round(err, 5)
     if err > max_error or timing.cycles > max_cycles:
         info["refused"] = f"error estimate {err:.4f} above {max_error}" if err > max_error else \
             "the launch would pass --max-cycles"
@@ -599,4 +608,6 @@ def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
         rec["sample_method"] = "interval" if s.sampled else (
             "whole_after_fallback" if s.interval["stops"] else "whole")
         return
-    rec["sample_method"] = "sampled" if s.sampled else ("whole_after_fallback" if s.attempts else "whole")
+    refused_cuts = s.k_loop is not None and "refused" in s.k_loop
+    rec["sample_method"] = "sampled" if s.sampled else (
+        "whole_after_fallback" if s.attempts or refused_cuts else "whole")

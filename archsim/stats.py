@@ -8,7 +8,6 @@ stall shares = warp-cycles of each reason / all resident warp-cycles.
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 
@@ -345,27 +344,3 @@ def extensive_memory_fields(mem: dict, value) -> dict:
                 if k in rec:
                     put(rec, k, (lvl, i))
     return out
-
-
-def extend_counter(a, b, g: float):
-    """b + (b - a) x g for a counter (int, array) at two points a and b."""
-    if isinstance(b, np.ndarray):
-        return np.rint(b + (b - a) * g).astype(np.int64)
-    return int(round(b + (b - a) * g))
-
-
-def _at(d, path):
-    for k in path:
-        d = d[k]
-    return d
-
-
-def extend_counters(a: KernelTiming, b: KernelTiming, g: float, **fields) -> KernelTiming:
-    """b's timing with its extensive counters carried on along the line from a to b: c_b + (c_b -
-    c_a) x g (an interval's rate carried over the work left, a k-loop cut's over the tiles left),
-    ``fields`` replaced, and no buffers."""
-    mem = extensive_memory_fields(b.memory, lambda d, key, path: extend_counter(_at(a.memory, path), d[key], g))
-    ext = {f: extend_counter(getattr(a, f), getattr(b, f), g)
-           for f in ("warp_instructions", "skipped_cycles", "stall", "flops", "pipe_busy_cycles")}
-    ext.update(memory=mem, buffers={})
-    return dataclasses.replace(b, **{**ext, **fields})

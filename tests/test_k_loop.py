@@ -55,8 +55,11 @@ def test_the_record_says_how_and_an_estimate_above_the_threshold_times_it_as_usu
     assert rec["sample_method"] == "k_loop" and rec["sample_error_est"] == rec["sample_k_loop"]["error_est"]
     usual = sampled_record("g", g.program, machine, g.launch, args)
     strict = sampled_record("g", g.program, machine, g.launch, args, k_tile=g.tile.BK, max_error=1e-6)
-    assert "refused" in strict["sample_k_loop"] and strict["sample_method"] == usual["sample_method"]
-    assert strict["cycles"] == usual["cycles"]
+    assert "refused" in strict["sample_k_loop"] and strict["cycles"] == usual["cycles"]
+    assert usual["sample_method"] == "whole" and strict["sample_method"] == "whole_after_fallback"
+    # what the refused cuts ran is counted
+    assert strict["simulated_warp_instructions"] == (usual["simulated_warp_instructions"]
+                                                    + strict["sample_k_loop"]["simulated_warp_instructions"])
 
 
 def test_a_short_loop_is_not_cut():
