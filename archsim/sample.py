@@ -198,6 +198,15 @@ def head_waves(waves: int, C: int, P: int) -> int:
     return max(waves, 1 + -(-3 * P // C)) if P > 0 else waves
 
 
+def _first_head(waves: int, C: int, P: int, nwaves: int, launch: Launch) -> tuple[bool, int]:
+    """(sampled in strata, waves of the first head) of a launch of ``nwaves`` waves of C blocks
+    and period P. A period too long for a head of three of them: the head measures waves inside
+    the first period, and a window around the first period boundary measures what a boundary
+    adds (one grid plane: a batched launch's periods restart at every plane)."""
+    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
+    return strata, (waves if strata else head_waves(waves, C, P))
+
+
 def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: int = DEFAULT_WAVES,
                  max_error: float = DEFAULT_MAX_ERROR, max_cycles: int = 10**9, window_cycles: int = 1024,
                  sample: bool = True, placement: str = "cross", interval: bool = False,
@@ -244,11 +253,7 @@ def _time_waves(prog: Program, machine, launch: Launch, args: dict, *, waves: in
 
     attempts = []
     P = launch.period
-    # a period too long for a head of three of them: the head measures waves inside the first
-    # period, and a window around the first period boundary measures what a boundary adds
-    # (one grid plane: a batched launch's periods restart at every plane)
-    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
-    S = waves if strata else head_waves(waves, C, P)
+    strata, S = _first_head(waves, C, P, nwaves, launch)
     heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement, whole_blocks)
     if sample and waves >= 3:
         # the first head is at most half the launch, a grown one at most two thirds of it
@@ -338,9 +343,7 @@ def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int
     nwaves = -(-B // C)
     if machine.l2 is not None and nwaves > 1:
         return None, None
-    P = launch.period
-    strata = P > 0 and 2 * head_waves(waves, C, P) > nwaves and launch.grid[2] == 1
-    S = waves if strata else head_waves(waves, C, P)
+    S = _first_head(waves, C, launch.period, nwaves, launch)[1]
     if waves >= 3 and 2 * S <= nwaves and 2 * nwaves * sum(cuts) > S * nt:
         return None, None                   # the cuts, each whole, would cost more than half a head
     blocks = None if upto is None else (0, B)
@@ -363,7 +366,7 @@ def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int
         info["refused"] = "its DRAM bytes read a k tile differ between the doublings"
         return None, info
     g = (nt - n3) / (n3 - n2)
-    timing = extend_counters(pts[1], pts[2], g, cycles=int(round(c[2] + (c[2] - c[1]) * g)),
+    timing = extend_counters(pts[1], pts[2], g, cycles=extend_counter(pts[1].cycles, pts[2].cycles, g),
                              timeline_end=pts[2].cycles,
                              block_start=extend_counter(pts[1].block_start, pts[2].block_start, g),
                              block_done=extend_counter(pts[1].block_done, pts[2].block_done, g))
@@ -598,16 +601,17 @@ def sample_fields(rec: dict, s: Sampled, max_error: float) -> None:
         rec["sample_warmup_waves"] = s.warmup_waves
     if s.boundary is not None:
         rec["sample_boundaries"] = s.boundary
+    refused_cuts = False
     if s.k_loop is not None:
         rec["sample_k_loop"] = s.k_loop
-        if s.sampled and "refused" not in s.k_loop:
+        refused_cuts = "refused" in s.k_loop
+        if not refused_cuts:                  # the cuts answered
             rec["sample_method"] = "k_loop"
             return
     if s.interval is not None:
         rec["sample_interval"] = s.interval
         rec["sample_method"] = "interval" if s.sampled else (
-            "whole_after_fallback" if s.interval["stops"] else "whole")
+            "whole_after_fallback" if s.interval["stops"] or refused_cuts else "whole")
         return
-    refused_cuts = s.k_loop is not None and "refused" in s.k_loop
     rec["sample_method"] = "sampled" if s.sampled else (
         "whole_after_fallback" if s.attempts or refused_cuts else "whole")
