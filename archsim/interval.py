@@ -185,7 +185,7 @@ def time_interval(prog: Program, machine, launch: Launch, args: dict, *, max_err
         if np.any(issued > counts.per_block):
             break                             # not the counted program's path: simulate it all
         snaps[stop] = (run.counters(), issued, TS.pc_issued.copy(), t)
-        if int(run.out[3]) * 3 > 2 * total:
+        if int(run.out[MA.RO_ISSUED]) * 3 > 2 * total:
             break                             # two thirds done: the rest costs less than a wrong answer
         if stop // 2 not in snaps:
             continue

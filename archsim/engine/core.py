@@ -498,10 +498,15 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
     return now, R_ISSUED
 
 
+# subcore_cycle's out[]: instructions issued, a fault (1), the faulting warp
+SO_ISSUED, SO_FAULT, SO_FAULT_WARP, SO_N = range(4)
+
+
 @njit(cache=True)
 def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
     """One scheduler cycle of sub-core `sub` of `core` (TS.k[K_CUR] names it while it runs).
-    out[0] += instructions issued; out[2] = 1 and out[3] = warp on a fault. Leaves TS.wake set
+    out[SO_ISSUED] += instructions issued; out[SO_FAULT] = 1 and out[SO_FAULT_WARP] = warp on a
+    fault. Leaves TS.wake set
     to the first cycle one of its warps may issue (INF: only an event can wake it)."""
     v = C.v
     slots = v[C_SLOTS]
@@ -546,8 +551,8 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         w = best
         st = issue(C, TS, S, P, T, Dd, MS, core, sub, w, now)
         if st == X.ST_FAULT:
-            out[2] = 1
-            out[3] = w
+            out[SO_FAULT] = 1
+            out[SO_FAULT_WARP] = w
             return
         TS.reason[w] = R_ISSUED
         TS.last_warp[core, sub] = w
@@ -566,7 +571,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                 if key < best_key:
                     best_key = key
                     best = w2
-    out[0] += issued
+    out[SO_ISSUED] += issued
     # account this cycle
     for s in range(sub, hi, nsub):
         w = base + s

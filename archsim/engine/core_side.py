@@ -18,12 +18,12 @@ from archsim.engine import noc as NC
 from archsim.engine import rma as RM
 from archsim.engine import warps as WS
 from archsim.engine.jit import njit
-from archsim.engine.mem_state import (BY_FABRIC, BY_L1, BY_SCRATCH, CK_NOW_FAB, E_BYTES, E_CLS, E_IDX, E_MASK, E_NLINES,
-                                      E_PC, E_STARTED, E_TRK, E_WARP, MK_CORE_ITEMS, MK_STORES, M_BANKS, M_BANK_W,
-                                      M_FILL_LINE, M_GROUPED, M_HAS_L1, M_HEADER, M_L1_LAT, M_LINE, M_Q_L1D, M_Q_MISS,
-                                      M_SECTOR, M_SMEM_LAT, M_W, TAG_WRITE, TK_DST, TK_GROUP, TK_KIND, TK_NDST,
-                                      TK_PENDING, TK_T0, TK_WARP, TRK_CP, TRK_LOAD, dest_slice, placed_addr, trk_done,
-                                      trk_piece)
+from archsim.engine.mem_state import (BY_FABRIC, BY_L1, BY_SCRATCH, CK_NOW_FAB, E_BYTES, E_CLS, E_IDX, E_MASK,
+                                      E_NLINES, E_PC, E_STARTED, E_TRK, E_WARP, MK_CORE_ITEMS, MK_STORES, M_BANKS,
+                                      M_BANK_W, M_FILL_LINE, M_GROUPED, M_HAS_L1, M_HEADER, M_L1_LAT, M_LINE_BYTES,
+                                      M_Q_L1D, M_Q_MISS, M_SECTOR, M_SMEM_LAT, M_W, ND_REQ_CORE, ND_REQ_MEM,
+                                      ND_RESP_CORE, TAG_WRITE, TK_DST, TK_GROUP, TK_KIND, TK_NDST, TK_PENDING, TK_T0,
+                                      TK_WARP, TRK_CP, TRK_LOAD, dest_slice, placed_addr, trk_done, trk_piece)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, SPAN_SHIFT, q_peek, q_pop, q_push, req_alloc, req_free
 
 # ----------------------------------------------------------------------------- issue side
@@ -220,7 +220,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         return True
     if e[E_STARTED] == 0:
         full = MS.mio_full[core, i]
-        n = CA.coalesce(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_SECTOR], cfg[M_LINE],
+        n = CA.coalesce(MS.mio_addr[core, i], e[E_MASK], e[E_BYTES], cfg[M_SECTOR], cfg[M_LINE_BYTES],
                         MS.mio_lines[core, i], MS.mio_masks[core, i], full)
         e[E_NLINES] = n
         e[E_STARTED] = 1
@@ -248,7 +248,7 @@ def _data_pipe(MS, TS, S, Dd, core, now):
         R.aux0[r] = m
         am = m
         if cfg[M_FILL_LINE]:  # an LDM cache fills (and waits for) the whole line
-            am = (np.int64(1) << (cfg[M_LINE] // sb)) - 1
+            am = (np.int64(1) << (cfg[M_LINE_BYTES] // sb)) - 1
         status, newm = CA.cache_access_mask(MS.L1, core, line, am, np.int64(0), np.bool_(False), r, now)
         if status == CA.RESERVATION_FAIL:
             req_free(R, r)
@@ -292,7 +292,7 @@ def core_memory(MS, TS, S, Dd, core, now):
     cfg = MS.cfg
     R = MS.R
     Q = MS.Q
-    node = MS.node[3, core]
+    node = MS.node[ND_RESP_CORE, core]
     mio0 = MS.mio_count[core]
     trk0 = MS.trk_nfree[core]
     moved = False
@@ -318,8 +318,8 @@ def core_memory(MS, TS, S, Dd, core, now):
     while Q.count[q] > 0:
         r = q_peek(Q, q, 0)
         nbytes = MS.cfg[M_HEADER] + (R.nbytes[r] if R.kind[r] == KIND_WRITE else 0)
-        dest = MS.node[1, dest_slice(MS, core, r)]
-        if not NC.noc_inject(MS.req, MS.node[0, core], r, nbytes, dest, now_f):
+        dest = MS.node[ND_REQ_MEM, dest_slice(MS, core, r)]
+        if not NC.noc_inject(MS.req, MS.node[ND_REQ_CORE, core], r, nbytes, dest, now_f):
             break
         MS.bytes[BY_FABRIC] += nbytes
         _core_pop(MS, core, q)

@@ -21,9 +21,9 @@ from archsim.engine import noc as NC
 from archsim.engine.jit import njit
 from archsim.engine.mem_state import (BY_DRAM_R, BY_DRAM_W, BY_FABRIC, BY_L2, CK_NOW_FAB, COPY_HIT, COPY_MISS,
                                       MK_STORES, M_CHANNELS, M_FAR, M_FE_LAT, M_HALVES, M_HAS_L2, M_HEADER, M_L2_BPC,
-                                      M_L2_LAT, M_LINE, M_Q_FE, M_Q_L2D, M_Q_L2F, M_Q_RETRY, M_Q_RFILL, M_REPL,
-                                      M_RETRY_GATE, M_SECTOR, M_SPH, TAG_DMA, TAG_WRITE, is_far, mask_runs,
-                                      mirror_slice, slice_of)
+                                      M_L2_LAT, M_LINE_BYTES, M_Q_FE, M_Q_L2D, M_Q_L2F, M_Q_RETRY, M_Q_RFILL, M_REPL,
+                                      M_RETRY_GATE, M_SECTOR, M_SPH, ND_REQ_MEM, ND_RESP_CORE, ND_RESP_MEM, TAG_DMA,
+                                      TAG_WRITE, is_far, mask_runs, mirror_slice, slice_of)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, q_peek, q_pop, q_push, req_alloc, req_free
 
 # ----------------------------------------------------------------------------- the memory side
@@ -242,7 +242,7 @@ def slice_cycle(MS, sl, now):
         if q < 0:
             break
         nbytes = MS.cfg[M_HEADER] + (R.nbytes[r] if R.kind[r] != KIND_WRITE else 0)  # a write's ack: a header
-        if not NC.noc_inject(MS.resp, MS.node[2, sl], r, nbytes, MS.node[3, R.src[r]], now):
+        if not NC.noc_inject(MS.resp, MS.node[ND_RESP_MEM, sl], r, nbytes, MS.node[ND_RESP_CORE, R.src[r]], now):
             break
         MS.bytes[BY_FABRIC] += nbytes
         pipe_pop(MS, q)
@@ -271,7 +271,7 @@ def slice_cycle(MS, sl, now):
     if MS.slice_busy[sl] > now:
         return moved
     if MS.slice_hold[sl] < 0:
-        MS.slice_hold[sl] = NC.noc_eject(MS.req, MS.node[1, sl])
+        MS.slice_hold[sl] = NC.noc_eject(MS.req, MS.node[ND_REQ_MEM, sl])
         moved |= MS.slice_hold[sl] >= 0
     r = MS.slice_hold[sl]
     if r < 0:
@@ -317,7 +317,7 @@ def slice_cycle(MS, sl, now):
         else:
             respond_l2(MS, sl, r, now)
     elif newm != 0:
-        la = line & ~(cfg[M_LINE] - 1)
+        la = line & ~(cfg[M_LINE_BYTES] - 1)
         home = slice_of(MS, la) if cfg[M_REPL] else sl
         if home != sl:
             fetch_copy(MS, sl, home, la, newm, now)
@@ -349,7 +349,7 @@ def dram_done(MS, c, now):
             _respond(MS, sl, rd, now)
             continue
         sl = np.int64(R.tag[rd])  # int64 as every other caller's slice: one compiled fill_slice
-        line = R.addr[rd] & ~(cfg[M_LINE] - 1)
+        line = R.addr[rd] & ~(cfg[M_LINE_BYTES] - 1)
         mask = R.aux0[rd]
         req_free(R, rd)
         fill_slice(MS, sl, line, mask, now)

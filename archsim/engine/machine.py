@@ -34,6 +34,9 @@ from archsim.engine.core_side import core_memory
 
 # run_loop outcomes
 DONE, FAULT, DEADLOCK, CYCLE_LIMIT = 0, 1, 2, 3
+# run_loop's out[]: outcome, the cycle it stopped at, the warp (fault, deadlock), warp-instructions
+# issued, cycles jumped over
+RO_OUTCOME, RO_CYCLES, RO_WARP, RO_ISSUED, RO_SKIPPED, RO_N = range(6)
 
 # Timeline: cumulative counters sampled at every window boundary (rows), then differenced by the
 # stats layer into per-window rates. When the rows run out, every other row is dropped and the
@@ -97,12 +100,12 @@ SLICE_SECONDS = 0.25
 
 def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycles: int | None = None,
              start: int = 0):
-    """Run one launch to completion. out: [0] outcome, [1] cycles, [2] warp (fault/deadlock),
-    [3] warp-instructions, [4] skipped cycles. TL/tlk: the timeline (make_timeline). The loop
+    """Run one launch to completion. out: RO_* (outcome, cycles, warp on a fault or deadlock,
+    warp-instructions, skipped cycles). TL/tlk: the timeline (make_timeline). The loop
     runs in slices (``slice_cycles`` fixed, else sized by wall time from SLICE_CYCLES) and goes
     on where each stopped. ``start``: the cycle a launch stopped at ``max_cycles`` (CYCLE_LIMIT)
     goes on from (interval sampling looks at the launch between such stops); 0 starts it."""
-    step_out = np.zeros(4, np.int64)
+    step_out = np.zeros(K.SO_N, np.int64)
     limit = int(max_cycles)
     fixed = slice_cycles is not None
     step = max(int(slice_cycles if fixed else SLICE_CYCLES), 1)
@@ -110,10 +113,10 @@ def run_loop(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, slice_cycle
     while True:
         t0 = time.perf_counter()
         _run_slice(*_slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, min(limit, now + step), skip, out, step_out, now))
-        if out[0] != CYCLE_LIMIT or int(out[1]) >= limit:
+        if out[RO_OUTCOME] != CYCLE_LIMIT or int(out[RO_CYCLES]) >= limit:
             return
-        ran = int(out[1]) - now
-        now = int(out[1])
+        ran = int(out[RO_CYCLES]) - now
+        now = int(out[RO_CYCLES])
         if not fixed and ran > 0:
             dt = max(time.perf_counter() - t0, 1e-6)
             step = int(min(max(ran * SLICE_SECONDS / dt, 1), 4 * step, 1 << 30))
@@ -129,7 +132,7 @@ def load_loop(C, TS, S, P, T, Dd, MS, TL, tlk, skip) -> None:
     cache, or compiled (so that a run's simulation seconds hold neither)."""
     from numba import typeof
 
-    args = _slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, 0, skip, np.zeros(5, np.int64), np.zeros(4, np.int64), 0)
+    args = _slice_args(C, TS, S, P, T, Dd, MS, TL, tlk, 0, skip, np.zeros(RO_N, np.int64), np.zeros(K.SO_N, np.int64), 0)
     sig = tuple(typeof(a) for a in args)
     if sig not in _run_slice.overloads:
         _run_slice.compile(sig)
@@ -143,7 +146,7 @@ def _run_slice(C, TS, S, P, T, Dd, MS, TL, tlk, end, skip, out, step_out, start,
     ms = as_ptr(MS)
     _run(as_ptr(C), as_ptr(TS), as_ptr(S), as_ptr(P), as_ptr(T), as_ptr(Dd), ms, TL, tlk, end,
          skip, out, step_out, start)
-    UT.unit_sample(ms, last, np.int64(TL_UNITS_AT), out[1])
+    UT.unit_sample(ms, last, np.int64(TL_UNITS_AT), out[RO_CYCLES])
 
 
 @njit(cache=True, inline="always")   # into _run_slice: the whole loop is optimised once, not twice
@@ -171,8 +174,8 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
             _tl_sample(TL, tlk, TS, MS)
         TS.k[WS.K_CUR] = -1  # memory events wake sub-cores for this cycle
         M.mem_cycle(MS, TS, S, Dd, now)
-        step_out[0] = 0
-        step_out[2] = 0
+        step_out[K.SO_ISSUED] = 0
+        step_out[K.SO_FAULT] = 0
         # the schedulers in sub-core order, span by span: a span whose earliest wake lies ahead
         # holds none that is due (WS.wake_span_min)
         looked = 0
@@ -189,11 +192,11 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                 if TS.core_blocks[c] == 0 or TS.launch_at[c] > now:
                     continue  # no block, or (Sunway) not launched yet
                 TS.k[WS.K_CUR] = i
-                before = step_out[0]
+                before = step_out[K.SO_ISSUED]
                 K.subcore_cycle(C, TS, S, P, T, Dd, MS, c, i - c * nsub, now, step_out)
-                issuing += step_out[0] > before
-                if step_out[2]:
-                    _stop(TS, out, np.int64(FAULT), now, step_out[3])
+                issuing += step_out[K.SO_ISSUED] > before
+                if step_out[K.SO_FAULT]:
+                    _stop(TS, out, np.int64(FAULT), now, step_out[K.SO_FAULT_WARP])
                     return
             TS.wsum[j] = WS.wake_span_min(TS, j)
         MS.visits[V_SCHED, 0] += looked
@@ -205,7 +208,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
         # the loop stops at now + 1 as it would with skip off, never after a jump
         ended = TS.k[WS.K_FINISHED] >= nblocks and MP.mpe_joined(MS.mpe) and \
             not (MS.mk[MST.MK_STORES] > 0 and not M.mem_idle(MS))
-        if step_out[0] == 0 and not ended:
+        if step_out[K.SO_ISSUED] == 0 and not ended:
             t = WS.INF  # the first cycle a scheduler may issue
             for j in range(nspan):
                 if TS.wsum[j] < t:
@@ -220,7 +223,7 @@ def _run(C, TS, S, P, T, Dd, MS, TL, tlk, max_cycles, skip, out, step_out, start
                     _stop(TS, out, np.int64(DEADLOCK), now, _first_stuck(TS))
                     return
             elif skip and t > nxt:
-                out[4] += t - nxt
+                out[RO_SKIPPED] += t - nxt
                 M.mem_skip(MS, t - nxt)
                 while tlk[TLK_NEXT] < t:  # samples inside the jump (sleeping warps keep their reasons)
                     _tl_sample(TL, tlk, TS, MS)
@@ -280,10 +283,10 @@ def loop_compiled() -> bool:
 @njit(cache=True)
 def _stop(TS, out, outcome, now, warp):
     WS.flush_all(TS, now)
-    out[0] = outcome
-    out[1] = now
-    out[2] = warp
-    out[3] = TS.issued.sum()
+    out[RO_OUTCOME] = outcome
+    out[RO_CYCLES] = now
+    out[RO_WARP] = warp
+    out[RO_ISSUED] = TS.issued.sum()
 
 
 @njit(cache=True)

@@ -34,7 +34,7 @@ TK_WARP, TK_DST, TK_NDST, TK_PENDING, TK_KIND, TK_GROUP, TK_T0, TK_N = range(8)
 TRK_LOAD, TRK_CP = 0, 1
 # cfg fields
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
- M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
+ M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE_BYTES, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
  M_Q_MISS, M_Q_L1D, M_Q_L2D, M_Q_RETRY, M_Q_FE, M_FE_LAT, M_GROUPED, M_GROUPS, M_SLICE_HASH, M_SPH_BITS,
  M_HALF_GRAN, M_Q_L2F, M_FILL_LINE, M_PRIV_SEG, M_PER_GROUP, M_REPL, M_Q_RFILL, M_HEADER, M_RETRY_GATE,
  M_N) = range(41)
@@ -46,6 +46,10 @@ TRK_LOAD, TRK_CP = 0, 1
 # addresses [0, M_PRIV_SEG) reaches the same offset in g's own segment (0: addresses are physical)
 # M_GROUPED: the cores of a group share one fabric node (Sunway: a ring stop per core group), so
 # replies are taken off the fabric per group and handed to their core or DMA engine
+# MState.node rows: the fabric node of each core and memory endpoint, per network
+ND_REQ_CORE, ND_REQ_MEM, ND_RESP_MEM, ND_RESP_CORE = range(4)
+# MState.lat fields: global load latency (issue -> data)
+LAT_SUM, LAT_COUNT, LAT_MIN, LAT_MAX = range(4)
 # clocks
 CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, CK_N = range(5)
 # bytes moved per level
@@ -96,12 +100,12 @@ class MState(NamedTuple):
     L2: CA.CacheState
     req: NC.NocState         # cores -> memory side
     resp: NC.NocState        # memory side -> cores
-    node: np.ndarray         # int32 [4, max(cores, slices)]: req core, req mem, resp mem, resp core
+    node: np.ndarray         # int32 [ND_*, max(cores, slices)]: req core, req mem, resp mem, resp core
     Dm: DR.DramState
     waiters: np.ndarray      # int32 scratch for mshr_waiters
     runs: np.ndarray         # int64 [2, 8] scratch: sector runs (first, length)
     bytes: np.ndarray        # int64 [BY_N]
-    lat: np.ndarray          # int64 [4]: global load latency sum, count, min, max (issue -> data)
+    lat: np.ndarray          # int64 [LAT_*]: global load latency sum, count, min, max (issue -> data)
     fe_t: np.ndarray         # int64 [channels, front-end capacity]: fabric cycle each front-end slot leaves
     ep_pending: np.ndarray   # int64 [endpoints] no L2: accepted requests whose reply has not left yet
     spill: np.ndarray        # int32 [queues, 2] first and last request waiting behind a full reply
@@ -178,10 +182,10 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     cfg[M_BANK_W] = sc.bank_width_bytes
     cfg[M_L2_BPC] = l2c.bytes_per_cycle if l2c else 1 << 20
     cfg[M_SECTOR] = l1c.sector_bytes if l1c else (l2c.sector_bytes if l2c else 32)
-    cfg[M_LINE] = l1c.line_bytes if l1c else (l2c.line_bytes if l2c else 128)
+    cfg[M_LINE_BYTES] = l1c.line_bytes if l1c else (l2c.line_bytes if l2c else 128)
     if l1c is None and l1 is not None:        # a CPE's LDM cache: whole lines filled on a miss
         cfg[M_SECTOR] = CA.LDM_CACHE_SECTOR
-        cfg[M_LINE] = sc.cache_line_bytes
+        cfg[M_LINE_BYTES] = sc.cache_line_bytes
         cfg[M_FILL_LINE] = 1
     cfg[M_HAS_L1] = int(l1 is not None)
     cfg[M_HAS_L2] = int(l2 is not None)
@@ -205,10 +209,10 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     nodes = np.full((4, max(cores, nmem)), -1, np.int32)
     grouped = len(fab.req_core) != cores  # Sunway: one fabric node per core group
     core_node = np.arange(cores) // machine.cores.per_group if grouped else np.arange(cores)
-    nodes[0, :cores] = fab.req_core[core_node]
-    nodes[1, :nmem] = fab.req_mem
-    nodes[2, :nmem] = fab.resp_mem
-    nodes[3, :cores] = fab.resp_core[core_node]
+    nodes[ND_REQ_CORE, :cores] = fab.req_core[core_node]
+    nodes[ND_REQ_MEM, :nmem] = fab.req_mem
+    nodes[ND_RESP_MEM, :nmem] = fab.resp_mem
+    nodes[ND_RESP_CORE, :cores] = fab.resp_core[core_node]
     cfg[M_GROUPED] = int(grouped)
     cfg[M_GROUPS] = len(fab.req_core) if grouped else 0
     gnode = np.stack([fab.req_core, fab.resp_core], axis=1).astype(np.int32) if grouped else \
@@ -247,7 +251,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     nreq = cores * (trackers + 2 * miss_q) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * spare + 64) + 4096 + \
         int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
-    lat[2] = 1 << 62
+    lat[LAT_MIN] = 1 << 62
     max_wait = max([1] + [c.wait.shape[2] for c in (l1, l2) if c is not None])   # mshr_waiters' scratch
     return MState(
         cfg=cfg, clocks=np.zeros(CK_N, np.int64), Q=Q, R=make_requests(nreq),
@@ -346,12 +350,12 @@ def trk_done(MS, TS, core, t, now):
         for j in range(MS.trk[core, t, TK_NDST]):
             TS.reg_ready[w, d + j] = now
         lat = now - MS.trk[core, t, TK_T0]
-        MS.lat[0] += lat
-        MS.lat[1] += 1
-        if lat < MS.lat[2]:
-            MS.lat[2] = lat
-        if lat > MS.lat[3]:
-            MS.lat[3] = lat
+        MS.lat[LAT_SUM] += lat
+        MS.lat[LAT_COUNT] += 1
+        if lat < MS.lat[LAT_MIN]:
+            MS.lat[LAT_MIN] = lat
+        if lat > MS.lat[LAT_MAX]:
+            MS.lat[LAT_MAX] = lat
         WS.wake_warp_regs(TS, w, now)  # its scheduler looks again if it waits on them
     else:
         g = MS.trk[core, t, TK_GROUP]

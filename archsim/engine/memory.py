@@ -24,10 +24,11 @@ from archsim.engine.core_side import core_memory, pipe_takes_head
 from archsim.engine.jit import njit
 from archsim.engine.names import V_CORE, V_DRAM_PATH, V_SLICE, VISIT_FAMILIES
 from archsim.engine.l2_side import dram_done, frontend_step, slice_cycle
-from archsim.engine.mem_state import (CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, MK_CORE_ITEMS, MK_ON, MK_QUEUED,
-                                      M_CHANNELS, M_CORES, M_FAB_RATIO, M_FE_LAT, M_GROUPED, M_GROUPS, M_HAS_L1,
-                                      M_HAS_L2, M_MEM_RATIO, M_Q_FE, M_Q_L1D, M_Q_L2D, M_Q_L2F, M_Q_MISS, M_Q_RETRY,
-                                      M_Q_RFILL, M_SLICES, ONE)
+from archsim.engine.mem_state import (CK_FAB_ACC, CK_MEM_ACC, CK_NOW_FAB, CK_NOW_MEM, LAT_COUNT, LAT_MAX, LAT_MIN,
+                                      LAT_SUM, MK_CORE_ITEMS, MK_ON, MK_QUEUED, M_CHANNELS, M_CORES, M_FAB_RATIO,
+                                      M_FE_LAT, M_GROUPED, M_GROUPS, M_HAS_L1, M_HAS_L2, M_MEM_RATIO, M_Q_FE,
+                                      M_Q_L1D, M_Q_L2D, M_Q_L2F, M_Q_MISS, M_Q_RETRY, M_Q_RFILL, M_SLICES,
+                                      ND_REQ_MEM, ND_RESP_CORE, ONE)
 from archsim.engine.queues import q_peek, span_bounds
 from archsim.engine.sunway_side import dma_engines_cycle, group_replies, mesh_cycle, mesh_next_event
 
@@ -114,7 +115,7 @@ def _slice_has_work(MS, sl, now):
     return (head_due(MS, cfg[M_Q_L2D] + sl, now) or head_due(MS, cfg[M_Q_L2F] + sl, now)
             or head_due(MS, cfg[M_Q_RFILL] + sl, now) or Q.count[cfg[M_Q_RETRY] + sl] > 0
             or (MS.slice_busy[sl] <= now and (MS.slice_full[sl] == 0 if MS.slice_hold[sl] >= 0
-                                              else NC.noc_deliverable(MS.req, MS.node[1, sl]))))
+                                              else NC.noc_deliverable(MS.req, MS.node[ND_REQ_MEM, sl]))))
 
 
 @njit(inline="always")
@@ -131,7 +132,7 @@ def _core_has_work(MS, core, now):
     Q = MS.Q
     return (pipe_takes_head(MS, core, now) or head_due(MS, cfg[M_Q_L1D] + core, now)
             or Q.count[cfg[M_Q_MISS] + core] > 0
-            or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[3, core])))
+            or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[ND_RESP_CORE, core])))
 
 
 @njit(cache=True)
@@ -190,7 +191,7 @@ def _fabric_next_event(MS, now):
         if MS.slice_hold[sl] >= 0:
             if MS.slice_full[sl] == 0:
                 t = min(t, _after(MS.slice_busy[sl], F))  # (full: a DRAM fill frees it)
-        elif NC.noc_deliverable(MS.req, MS.node[1, sl]):
+        elif NC.noc_deliverable(MS.req, MS.node[ND_REQ_MEM, sl]):
             t = min(t, _after(MS.slice_busy[sl], F))
     if cfg[M_GROUPED]:
         for g in range(cfg[M_GROUPS]):
@@ -198,7 +199,7 @@ def _fabric_next_event(MS, now):
                 return -1
     else:
         for core in range(cfg[M_CORES]):
-            if NC.noc_deliverable(MS.resp, MS.node[3, core]):
+            if NC.noc_deliverable(MS.resp, MS.node[ND_RESP_CORE, core]):
                 return -1
     for N in (MS.req, MS.resp):
         if not NC.noc_idle(N):
@@ -275,8 +276,8 @@ def visit_counts(MS) -> dict:
 def mem_counters(MS, cycles: int) -> dict:
     out = {"bytes": {k: int(MS.bytes[i]) for i, k in enumerate(("l1", "scratch", "l2", "dram_read", "dram_write",
                                                                "fabric", "dma", "rma"))},
-           "load_latency": {"sum": int(MS.lat[0]), "count": int(MS.lat[1]),
-                            "min": int(MS.lat[2]) if MS.lat[1] else 0, "max": int(MS.lat[3])},
+           "load_latency": {"sum": int(MS.lat[LAT_SUM]), "count": int(MS.lat[LAT_COUNT]),
+                            "min": int(MS.lat[LAT_MIN]) if MS.lat[LAT_COUNT] else 0, "max": int(MS.lat[LAT_MAX])},
            "now_mem": int(MS.clocks[CK_NOW_MEM]), "now_fab": int(MS.clocks[CK_NOW_FAB])}
     if MS.cfg[M_HAS_L1]:
         out["l1"] = CA.cache_counters(MS.L1, "l1")

@@ -16,8 +16,8 @@ from archsim.engine.core_side import core_reply
 from archsim.engine.jit import njit
 from archsim.engine.names import V_DMA
 from archsim.engine.mem_state import (BY_DMA, BY_FABRIC, BY_RMA, CK_NOW_FAB, MK_CCOLS, MK_CORES, MK_NCL, MK_NODES,
-                                      MK_QUEUED, M_HEADER, TAG_BCAST, TAG_DMA, TAG_MPE_DONE, TAG_MPE_LAUNCH,
-                                      TAG_RMA_REQ, TAG_RMA_RESP, placed_addr, slice_of)
+                                      MK_QUEUED, M_HEADER, ND_REQ_MEM, TAG_BCAST, TAG_DMA, TAG_MPE_DONE,
+                                      TAG_MPE_LAUNCH, TAG_RMA_REQ, TAG_RMA_RESP, placed_addr, slice_of)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, q_peek, q_pop, q_push, req_alloc, req_free, span_bounds
 
 @njit(cache=True)
@@ -55,7 +55,7 @@ def _dma_send(MS, e, r, now_f):
     is held and retried next cycle (back-pressure)."""
     R = MS.R
     nbytes = MS.cfg[M_HEADER] + (R.nbytes[r] if R.kind[r] == KIND_WRITE else 0)
-    dest = MS.node[1, slice_of(MS, R.addr[r])]
+    dest = MS.node[ND_REQ_MEM, slice_of(MS, R.addr[r])]
     if NC.noc_inject(MS.req, MS.gnode[MS.dma.engine_group[e], 0], r, nbytes, dest, now_f):
         MS.bytes[BY_FABRIC] += nbytes
         MS.dma.eng[e, DM.EN_HOLD] = -1

@@ -346,7 +346,7 @@ class KernelRun:
                                 K.dispatch_order(machine, launch.spread, end - first), npc=len(prog))
         self.Dd = D.decode(prog, machine)
         self.MS = MST.make_mstate(machine, self.TS, private)
-        self.out = np.zeros(5, np.int64)
+        self.out = np.zeros(MA.RO_N, np.int64)
         self.TL, self.tlk = MA.make_timeline(self.MS, window_cycles)
         self.simulated = 0          # warp-instructions counted into kernel_cache.stats so far
         self.visits_counted = {}    # unit visits (memory.visit_counts) and cycles counted there so far
@@ -360,12 +360,12 @@ class KernelRun:
 
     @property
     def now(self) -> int:
-        return int(self.out[1])
+        return int(self.out[MA.RO_CYCLES])
 
     @property
     def done(self) -> bool:
         """The launch ended (done, a fault or a deadlock); it can only go on after a cycle limit."""
-        return self.started and int(self.out[0]) != MA.CYCLE_LIMIT
+        return self.started and int(self.out[MA.RO_OUTCOME]) != MA.CYCLE_LIMIT
 
     def advance(self, until: int) -> int:
         """Run on until the launch ends or reaches cycle ``until``; returns the outcome. A launch
@@ -373,7 +373,7 @@ class KernelRun:
         from archsim import kernel_cache
 
         if self.done:
-            return int(self.out[0])
+            return int(self.out[MA.RO_OUTCOME])
         self.started = True
         MA.load_loop(self.C, self.TS, self.S, self.P, tables(), self.Dd, self.MS, self.TL, self.tlk, self.skip)
         t0, c0 = time.perf_counter(), compile_seconds()
@@ -381,10 +381,10 @@ class KernelRun:
                     np.int64(until), self.skip, self.out, start=self.now)
         kernel_cache.stats["simulate_seconds"] += time.perf_counter() - t0 - (compile_seconds() - c0)
         self._count_visits()
-        issued = int(self.out[3])
+        issued = int(self.out[MA.RO_ISSUED])
         kernel_cache.stats["simulated_warp_instructions"] += issued - self.simulated
         self.simulated = issued
-        if int(self.out[0]) == MA.FAULT and int(self.S.fault[0]) == X.F_SLICE:
+        if int(self.out[MA.RO_OUTCOME]) == MA.FAULT and int(self.S.fault[0]) == X.F_SLICE:
             # a write landed on the slots the slice watched: the same launch from cycle 0, every
             # value computed, to where this one was asked to go (its blocks as a fork's, if it is one)
             prog, machine, launch, args, window_cycles, base, placement, skip = self.made_with
@@ -392,7 +392,7 @@ class KernelRun:
                               skip, value_slice=False)
             again.advance(until)
             self.__dict__.update(again.__dict__)
-        return int(self.out[0])
+        return int(self.out[MA.RO_OUTCOME])
 
     def _count_visits(self) -> None:
         """Add the unit visits and cycles simulated since the last count to kernel_cache.stats."""
@@ -450,10 +450,10 @@ class KernelRun:
             buffers[name] = raw.view(v.dtype).reshape(v.shape)
         first, end = self.first, self.end
         return MA.KernelTiming(
-            outcome=int(out[0]), cycles=int(out[1]), warp_instructions=int(out[3]), skipped_cycles=int(out[4]),
-            stuck_warp=int(out[2]), stall=TS.stall.copy(), flops=int(TS.flops.sum()),
+            outcome=int(out[MA.RO_OUTCOME]), cycles=int(out[MA.RO_CYCLES]),
+            warp_instructions=int(out[MA.RO_ISSUED]), skipped_cycles=int(out[MA.RO_SKIPPED]), stuck_warp=int(out[MA.RO_WARP]), stall=TS.stall.copy(), flops=int(TS.flops.sum()),
             pipe_busy_cycles=TS.pipe_busy_cycles.copy(),
-            memory=dict(M.mem_counters(self.MS, int(out[1])), carveout={
+            memory=dict(M.mem_counters(self.MS, int(out[MA.RO_CYCLES])), carveout={
                 "shared_kib": machine.scratchpad.size_kib, "l1_cache_kib": l1_cache_kib(machine)}),
             timeline=MA.timeline_rows(self.TL, self.tlk, TS, self.MS), buffers=buffers,
             timeline_units=UT.unit_layout(machine, self.MS),

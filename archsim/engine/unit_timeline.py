@@ -124,7 +124,7 @@ def unit_layout(machine, MS) -> dict:
     fams.append(("channels", chans, [machine.clock_ratios.memory] * len(chans)))
     if MS.cfg[MST.M_HAS_L2]:
         nodes = NC.node_names(MS.req)
-        slices = [nodes[int(MS.node[1, s])] for s in range(MS.L2.cnt.shape[0])]
+        slices = [nodes[int(MS.node[MST.ND_REQ_MEM, s])] for s in range(MS.L2.cnt.shape[0])]
         fams.append(("l2_slices", slices, [1.0] * len(slices)))
     ne = int(MS.dma.cfg[DM.DC_ENGINES])
     if ne:
