@@ -169,6 +169,7 @@ class Capabilities:
     has_dma: bool
     has_rma: bool
     dma_broadcast_modes: frozenset
+    features: frozenset = frozenset()    # opcode features beyond the units (isa opcodes.FEATURE_NAMES)
     # the CPE mesh of a core group (Sunway; 0 without one): a block on CPE k of group g sits at
     # mesh row k // mesh_cols, column k % mesh_cols (the lines of DMA broadcast)
     mesh_rows: int = 0
@@ -209,6 +210,7 @@ def capabilities(m: Machine) -> Capabilities:
         has_dma=m.dma is not None,
         has_rma=m.rma is not None,
         dma_broadcast_modes=frozenset(m.dma.broadcast_modes) if m.dma is not None else frozenset(),
+        features=frozenset({"wgmma"} if m.tensor is not None and m.tensor.wgmma is not None else ()),
         mesh_rows=m.mesh.rows if m.mesh is not None else 0,
         mesh_cols=m.mesh.cols if m.mesh is not None else 0,
         cores_per_group=m.cores.per_group,

@@ -199,6 +199,13 @@ class Pipe(Frozen):
         return self
 
 
+class Wgmma(Frozen):
+    """Warpgroup MMA (wgmma.mma_async): each warp of a warpgroup runs its 16-row slice on its own
+    sub-core's tensor unit at mac_steps_per_cycle, asynchronously to its issue."""
+    latency_cycles: NonNegInt       # after the last step until the accumulators are complete
+    queue_depth: PosInt             # wgmma a sub-core's tensor unit holds issued and unfinished; one more waits
+
+
 class Tensor(Frozen):
     units_per_core: PosInt                       # tensor units per core (A100: one per sub-core)
     mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
@@ -212,6 +219,7 @@ class Tensor(Frozen):
     # shfl, ctrl, sync) take no other instruction: the mma's A, B and C operands hold the register-file
     # reads (1: only its own issue cycle)
     operand_hold_cycles: PosCycles = 1
+    wgmma: Optional[Wgmma] = None   # the ISA's wgmma.* opcodes run here (Hopper); absent: refused at load
 
     @model_validator(mode="after")
     def _check(self):

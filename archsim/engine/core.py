@@ -32,7 +32,8 @@ from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_
                                   K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, R_BARRIER,
                                   R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
                                   R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
-                                  T_RUN, T_START, TState, flush_stalls, wake_core)
+                                  T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState, flush_stalls,
+                                  wake_core)
 
 SCHED_LRR, SCHED_GTO = 0, 1
 
@@ -45,7 +46,7 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_N) = range(15)
+ C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_WG_QUEUE, C_N) = range(16)
 # pipes serving any of these unit classes do not wait out an mma's operand reads (C_HOLD_PIPES)
 _UNHELD_UNITS = ("lsu", "shfl", "ctrl", "sync")
 
@@ -68,6 +69,8 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
     v[C_MMA_HOLD] = machine.tensor.operand_hold_cycles if machine.tensor is not None else 1
     v[C_LAUNCH] = c.block_launch_cycles
     v[C_INTERVAL] = c.block_interval_cycles
+    wg = machine.tensor.wgmma if machine.tensor is not None else None
+    v[C_WG_QUEUE] = wg.queue_depth if wg is not None else 1
     v[C_HOLD_PIPES] = sum(1 << i for i, p in enumerate(machine.pipes.values())
                           if not any(u in _UNHELD_UNITS for u in p.serves))
     return CoreCfg(v)
@@ -101,6 +104,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32),
         cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
+        wg=np.zeros((NW, WG_DONE0 + WG_GROUPS), np.int64), wg_queue=np.zeros((cores * sub, int(v[C_WG_QUEUE]) + 1), np.int64),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
@@ -201,6 +205,8 @@ def dispatch_block(C, TS, S, core, now):
             TS.cp_pending[w, g] = 0
         TS.bulk_pending[w, 0] = 0
         TS.bulk_pending[w, 1] = 0
+        for j in range(TS.wg.shape[1]):
+            TS.wg[w, j] = 0
         for r in range(TS.reg_ready.shape[1]):
             TS.reg_ready[w, r] = now
             TS.reg_kind[w, r] = 0
@@ -333,6 +339,10 @@ def unit_free_at(TS, Dd, core, sub, pc):
     cls = Dd.cls[pc]
     if cls == D.CLS_TENSOR:
         return TS.tensor_free[core, sub]
+    if cls == D.CLS_WGMMA:            # the oldest of the last `depth` wgmma, whose slot it takes
+        q = TS.wg_queue
+        i = core * TS.k[K_SUBCORES] + sub
+        return q[i, q[i, q.shape[1] - 1]]
     p = Dd.pipe[pc]
     if p < 0:
         return np.int64(0)
@@ -355,6 +365,45 @@ def waiting_done(TS, w):
     if st == T_RMAWAIT:
         return TS.bulk_pending[w, 1] <= TS.wait_arg[w]
     return False
+
+
+# ----------------------------------------------------------------------------- warpgroup MMA
+# Each warp of a warpgroup runs its 16-row slice of a wgmma on its own sub-core's tensor unit (the
+# slot a warp takes in its block puts the 4 warps of a group on 4 sub-cores): the slice starts when
+# the unit is free, takes decode's ii cycles and is complete lat cycles after it starts, all known
+# at issue, so wgmma.wait_group is a wait for a known cycle (no event wakes it). The accumulators
+# are not scoreboarded: wait_group and wgmma.fence order them, as PTX requires of a program.
+@njit(cache=True)
+def _wgmma_issue(TS, Dd, core, sub, w, pc, now):
+    ii = Dd.ii[pc]
+    start = TS.tensor_free[core, sub] if TS.tensor_free[core, sub] > now else now
+    TS.tensor_free[core, sub] = start + ii
+    TS.pipe_busy_cycles[core, TS.pipe_busy_cycles.shape[1] - 1] += ii
+    done = start + Dd.lat[pc]
+    q = TS.wg_queue
+    i = core * TS.k[K_SUBCORES] + sub
+    depth = q.shape[1] - 1
+    pos = q[i, depth]
+    q[i, pos] = done
+    q[i, depth] = (pos + 1) % depth
+    if done > TS.wg[w, WG_PEND]:
+        TS.wg[w, WG_PEND] = done
+
+
+@njit(cache=True)
+def _wgmma_wait(TS, P, Dd, w, pc):
+    """(cycle, reason) from which warp w's wgmma.wait_group N (every group but the N newest
+    complete) or wgmma.fence (every register write it issued complete) lets it go on."""
+    if Dd.cls[pc] == D.CLS_WGWAIT:
+        idx = TS.wg[w, WG_NCOMMIT] - 1 - P.imm[pc]   # the newest group that must be complete
+        if idx < 0:
+            return np.int64(0), R_WAIT
+        return TS.wg[w, WG_DONE0 + idx % WG_GROUPS], R_WAIT
+    t = np.int64(0)
+    for r in range(TS.reg_ready.shape[1]):
+        if TS.reg_ready[w, r] > t:
+            t = TS.reg_ready[w, r]
+    return t, (R_LONG_SB if t >= INF else R_WAIT)
 
 
 # ----------------------------------------------------------------------------- issue
@@ -403,6 +452,8 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             for p in range(C.v[C_NPIPES]):
                 if (held >> p) & 1 and TS.pipe_free[core, sub, p] < now + hold:
                     TS.pipe_free[core, sub, p] = now + hold
+    elif cls == D.CLS_WGMMA:
+        _wgmma_issue(TS, Dd, core, sub, w, pc, now)
     elif Dd.pipe[pc] >= 0:
         TS.pipe_free[core, sub, Dd.pipe[pc]] = now + ii
         TS.pipe_busy_cycles[core, Dd.pipe[pc]] += ii
@@ -424,6 +475,12 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             X.fault(S, X.F_CP_GROUPS, 0, g, g - CP_GROUPS, pc)
             return X.ST_FAULT
         TS.cp_pending[w, g % CP_GROUPS] = 0
+    elif cls == D.CLS_WGCOMMIT:
+        n = TS.wg[w, WG_NCOMMIT]
+        prev = TS.wg[w, WG_DONE0 + (n - 1) % WG_GROUPS] if n > 0 else np.int64(0)
+        TS.wg[w, WG_DONE0 + n % WG_GROUPS] = max(prev, TS.wg[w, WG_PEND])
+        TS.wg[w, WG_PEND] = 0
+        TS.wg[w, WG_NCOMMIT] = n + 1
     elif cls == D.CLS_CPWAIT or cls == D.CLS_DMAWAIT or cls == D.CLS_RMAWAIT:
         TS.wait_arg[w] = np.int32(P.imm[pc])
         TS.wst[w] = T_CPWAIT if cls == D.CLS_CPWAIT else (T_DMAWAIT if cls == D.CLS_DMAWAIT else T_RMAWAIT)
@@ -457,7 +514,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
 
 # ----------------------------------------------------------------------------- scheduling
 @njit(cache=True)
-def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
+def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
     """(ready cycle, stall reason if not ready now) of a resident warp.
 
     Its operands' ready cycle and the kind of the latest one are remembered (TS.opready) until
@@ -489,6 +546,11 @@ def _evaluate(C, TS, S, Dd, MS, core, sub, w, now):
         if t >= INF:
             return INF, _kind_reason(kind)
         return t, _kind_reason(kind)
+    cls = Dd.cls[pc]
+    if cls == D.CLS_WGWAIT or cls == D.CLS_WGFENCE:
+        t, reason = _wgmma_wait(TS, P, Dd, w, pc)
+        if t > now:
+            return t, reason
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY
@@ -530,7 +592,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         if st == T_EMPTY or st == T_DONE:
             TS.reason[w] = -1
             continue
-        t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now)
+        t, reason = _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now)
         if reason == R_ISSUED:
             TS.reason[w] = R_NOT_SELECTED
             nready += 1
@@ -564,7 +626,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
                 w2 = base + s
                 if TS.reason[w2] != R_NOT_SELECTED:
                     continue
-                t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w2, now)
+                t, reason = _evaluate(C, TS, S, P, Dd, MS, core, sub, w2, now)
                 if reason != R_ISSUED:
                     continue
                 key = TS.age[w2] if gto else np.int64((s - (w - base) - 1) % slots)
@@ -591,7 +653,7 @@ def subcore_cycle(C, TS, S, P, T, Dd, MS, core, sub, now, out):
         else:
             w = np.int64(TS.last_warp[core, sub])
             if TS.wst[w] != T_DONE:
-                t, reason = _evaluate(C, TS, S, Dd, MS, core, sub, w, now + 1)
+                t, reason = _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now + 1)
                 TS.reason[w] = reason
                 if t < nxt:
                     nxt = t

@@ -41,7 +41,6 @@ CLOCK, COREID = O.SPECIAL["clock"], O.SPECIAL["coreid"]
 BLOCK_IDS = (O.SPECIAL["ctaid.x"], O.SPECIAL["ctaid.y"], O.SPECIAL["ctaid.z"], COREID)
 MAX_STEPS = 2_000_000_000     # folded steps before the counter gives up (a loop that never ends)
 CHUNK_BYTES = 256 << 20       # register file of one chunk of blocks run together
-_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4}
 PRED_BIT = O.MAX_REGS + 1     # bit of predicate 0 in an instruction's bit sets
 SLOT_BIT = PRED_BIT + O.MAX_PREDS   # bit of the first scratchpad slot word
 
@@ -70,15 +69,17 @@ def _operands(prog: Program, pc: int, op: O.Opcode, word_bit: dict) -> tuple[int
     dst, src = 0, 0
     slot = 0
     for kind in op.operands:
-        if kind in ("R", "R2", "R4"):
-            dst |= ((1 << _RANGE[kind]) - 1) << int(prog.dst[pc])
+        if kind in ("R", "R2", "R4", "Ra"):
+            dst |= ((1 << O.operand_width(op, kind)) - 1) << int(prog.dst[pc])
+            if kind == "Ra":                # an accumulator is read as well
+                src |= ((1 << O.operand_width(op, kind)) - 1) << int(prog.dst[pc])
         elif kind == "P":
             dst |= 1 << (PRED_BIT + int(prog.dst[pc]))
         elif kind in ("r", "r2", "r4", "ri", "p", "m"):
             r = int(getattr(prog, f"src{slot}")[pc])
             slot += 1
             if r != NONE:
-                src |= (1 << (PRED_BIT + r)) if kind == "p" else ((1 << _RANGE.get(kind, 1)) - 1) << r
+                src |= (1 << (PRED_BIT + r)) if kind == "p" else ((1 << O.operand_width(op, kind)) - 1) << r
     kill = dst
     words = _slot_words(prog, pc, op)
     if words is not None:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.errors import InputError
-from archsim.isa.opcodes import BCAST, opcodes
+from archsim.isa.opcodes import BCAST, opcodes, operand_width
 from archsim.isa.program import FLAG_IMM0, NONE, Program
 
 MAX_RD = 12
@@ -25,7 +25,8 @@ MAX_WR = 4
 # issue classes
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
- CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT) = range(21)   # CLS_DMA: dma.get, CLS_RMA: rma.get
+ CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT, CLS_WGMMA, CLS_WGFENCE, CLS_WGCOMMIT,
+ CLS_WGWAIT) = range(25)   # CLS_DMA: dma.get, CLS_RMA: rma.get
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -53,11 +54,11 @@ class Decoded(NamedTuple):
     bcast: np.ndarray     # int8 [n] DMA broadcast mode (archsim.isa.opcodes.BCAST_*; 0: none)
 
 
-_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
 _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC, "cpcommit": CLS_CPCOMMIT,
         "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA_PUT, "dma_wait": CLS_DMAWAIT,
         "rma_put": CLS_RMA_PUT, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
-        "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP}
+        "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP, "wgmma": CLS_WGMMA, "wgfence": CLS_WGFENCE,
+        "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT}
 
 
 def pipe_names(machine) -> list[str]:
@@ -95,17 +96,27 @@ def _static(op, machine, where: str) -> tuple:
         t = machine.tensor
         if t is None:
             raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor units", "a machine with tensor:")
+        if op.feature == "wgmma" and t.wgmma is None:
+            raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} have no warpgroup MMA",
+                             "a machine with tensor.wgmma")
+    if op.sem in ("wgfence", "wgcommit", "wgwait"):
+        pass                            # issue only: their waits are the core's (core.py)
+    elif op.unit == "tensor":
         tdt = _TENSOR_DTYPE[op.src_dtype]
-        rate = t.mma_sync_steps_per_cycle.get(tdt, t.mac_steps_per_cycle.get(tdt))
+        wg = op.sem == "wgmma"          # a warp's 16-row slice of the warpgroup's tile, at the unit's peak
+        rate = t.mac_steps_per_cycle.get(tdt) if wg else \
+            t.mma_sync_steps_per_cycle.get(tdt, t.mac_steps_per_cycle.get(tdt))
         if rate is None:
             raise InputError(where, f"{op.mnemonic}: the tensor units of {machine.name} do not run {tdt}",
                              "dtypes: " + ", ".join(t.mac_steps_per_cycle))
         m, nn, k = op.shape
+        if wg:
+            m //= 4
         am, an, ak = t.mac_array
         steps = math.ceil(m / am) * math.ceil(nn / an) * math.ceil(k / ak)
         units = max(t.units_per_core // machine.cores.subcores, 1)
         busy = max(1, math.ceil(steps / (rate * units) - 1e-3))   # a rate such as 16/3 given as 5.3333
-        ii, lat, src_kind = busy, busy + t.latency_cycles, SRC_FIXED
+        ii, lat, src_kind = busy, busy + (t.wgmma.latency_cycles if wg else t.latency_cycles), SRC_FIXED
     elif op.unit not in ("dma", "rma"):
         pipe = _pipe_for(machine, op.unit, where)
         p = list(machine.pipes.values())[pipe]
@@ -162,15 +173,15 @@ def decode(prog: Program, machine) -> Decoded:
         slot = 0
         flags = flags_l[pc]
         preds = []
-        for kind in op.operands:
-            if kind in ("R", "R2", "R4"):
-                wr += range(dst[pc], dst[pc] + _RANGE[kind])
+        for kind in op.operands:    # (an accumulator range, Ra, is not scoreboarded: wgmma.fence and
+            if kind in ("R", "R2", "R4"):   # wgmma.wait_group order it, core.py)
+                wr += range(dst[pc], dst[pc] + operand_width(op, kind))
             elif kind == "P":
                 pwr[pc] = dst[pc]
             elif kind in ("r", "r2", "r4", "ri", "m"):
                 r = srcs[slot][pc]
                 if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
-                    rd += range(r, r + _RANGE[kind])
+                    rd += range(r, r + operand_width(op, kind))
                 slot += 1
             elif kind == "p":
                 preds.append(srcs[slot][pc])

@@ -28,14 +28,16 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
  S_EX2, S_LG2, S_RCP, S_RSQRT, S_SQRT, S_TANH, S_CVT,
  S_SHFL_BFLY, S_SHFL_DOWN, S_SHFL_UP, S_SHFL_IDX,
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
- S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT) = (_S[n] for n in (
+ S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT,
+ S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT) = (_S[n] for n in (
     "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
     "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
     "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
     "ex2", "lg2", "rcp", "rsqrt", "sqrt", "tanh", "cvt",
     "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
-    "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait"))
+    "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
+    "wgmma", "wgfence", "wgcommit", "wgwait"))
 DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
     _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
 SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
@@ -54,7 +56,7 @@ W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
 # (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue; F_CP_GROUPS: timing
 # runs only, raised by the core at cp.async.commit)
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
- F_BCAST, F_CP_GROUPS, F_SLICE) = range(13)
+ F_BCAST, F_CP_GROUPS, F_SLICE, F_WARPGROUP, F_WG_ALIGN) = range(15)
 # F_SLICE: a timing run's write landed on the scratchpad slots it watches (engine/value_slice.py); the
 # launch is timed again without the slice, never reported
 
@@ -105,7 +107,7 @@ class FState(NamedTuple):
     tmp_i64: np.ndarray   # int64 [1] scratch for bit casts
     tmp_f64: np.ndarray   # float64 view of tmp_i64
     vals: np.ndarray      # int64 [W] shuffle scratch
-    mat: np.ndarray       # float64 [3, 16, 16] mma scratch (A, B, C)
+    mat: np.ndarray       # float64 [3, 16, 256] mma / wgmma scratch (A [m, k], B [k, n], C [m, n])
     rows: np.ndarray      # uint16 [8, 8] ldmatrix scratch
     addr: np.ndarray      # int64 [NW, W] effective addresses of the last memory instruction
 
@@ -605,6 +607,150 @@ def _ldmatrix(S, P, T, w, pc, op, mask, blk):
     return ST_OK
 
 
+# ----------------------------------------------------------------------------- warpgroup MMA
+@njit(cache=True, inline="always")
+def _wg_swizzle(desc):
+    """The swizzle width S in bytes of a wgmma descriptor (0: none)."""
+    sw = (desc >> 62) & 3
+    return 0 if sw == 0 else (128 if sw == 1 else (64 if sw == 2 else 32))
+
+
+@njit(cache=True, inline="always")
+def _wg_rpart(desc, kmaj, r):
+    """The part of element (r, k)'s logical address that depends on r (isa/README.md)."""
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    sz = _wg_swizzle(desc)
+    if kmaj:
+        return (r >> 3) * sbo + (r & 7) * (sz if sz else 16)
+    h = sz // 2 if sz else 8
+    return (r // h) * lbo + 2 * (r % h)
+
+
+@njit(cache=True, inline="always")
+def _wg_kpart(desc, kmaj, k):
+    """The part of element (r, k)'s logical address that depends on k."""
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    sz = _wg_swizzle(desc)
+    if kmaj:
+        return 2 * k if sz else ((2 * k) >> 4) * lbo + (2 * k) % 16
+    return (k >> 3) * sbo + (k & 7) * (sz if sz else 16)
+
+
+@njit(cache=True, inline="always")
+def _wg_phys(desc, a):
+    """A logical scratchpad address of a wgmma tile -> physical (the swizzle, by absolute address)."""
+    sz = _wg_swizzle(desc)
+    if sz == 0:
+        return a
+    return a ^ (((a >> 7) & (sz // 16 - 1)) << 4)
+
+
+@njit(cache=True)
+def _wg_tile(S, desc, kmaj, r0, nr, blk, pc, out, trans, values):
+    """Check (and with ``values`` read) rows r0 .. r0+nr-1 x k 0..15 of a wgmma operand tile into
+    out[k, i] (trans: B as [k, n]) or out[i, k]. A swizzled tile's element stays in the aligned
+    S-byte row of its logical address, so a tile whose rows all lie inside the scratchpad needs no
+    scan of its elements in a timing run."""
+    start = (desc & 0x3FFF) << 4
+    sz = _wg_swizzle(desc)
+    if sz and ((kmaj and start % sz + 32 > sz) or (not kmaj and start % sz != 0)):
+        return fault(S, F_WG_ALIGN, 0, start, sz, pc)
+    shared = S.geom[G_SHARED]
+    if not values:
+        hi_r = 0
+        for i in range(nr):
+            v = _wg_rpart(desc, kmaj, r0 + i)
+            if v > hi_r:
+                hi_r = v
+        hi_k = 0
+        for k in range(16):
+            v = _wg_kpart(desc, kmaj, k)
+            if v > hi_k:
+                hi_k = v
+        top = start + hi_r + hi_k + 2
+        if sz:
+            top = (top + sz - 1) // sz * sz
+        if top <= shared:
+            return ST_OK
+    for i in range(nr):
+        ra = start + _wg_rpart(desc, kmaj, r0 + i)
+        for k in range(16):
+            a = _wg_phys(desc, ra + _wg_kpart(desc, kmaj, k))
+            if a + 2 > shared:
+                return fault(S, F_SHARED_OOB, 0, a, 2, pc)
+            if values:
+                h = S.s16[blk, a >> 1]
+                if trans:
+                    out[k, i] = h
+                else:
+                    out[i, k] = h
+    return ST_OK
+
+
+@njit(cache=True)
+def _wgmma(S, P, T, w, pc, op, mask, blk):
+    """One warp's part of a warpgroup MMA (isa/README.md): rows 16q..16q+15 of D = A*B + D, q its
+    rank in the warpgroup. A timing run checks the tiles' addresses and computes nothing."""
+    W = S.geom[G_W]
+    if W != 32:
+        return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+    wib = S.warp_wib[w]
+    if mask != 0xFFFFFFFF or (wib >> 2) * 4 + 3 >= S.geom[G_WPB]:
+        return fault(S, F_WARPGROUP, 0, mask, 0, pc)
+    q = wib & 3
+    N = T.shape_n[op]
+    lay = P.imm[pc]
+    values = S.geom[G_MODE] == MODE_FUNCTIONAL
+    A = S.mat[0]
+    B = S.mat[1]
+    C = S.mat[2]
+    rs = T.wg_rs[op] == 1
+    dt = DT_F16X2 if T.src_dtype[op] == SDT_F16 else DT_BF16X2
+    if not rs:
+        st = _wg_tile(S, S.regs[w, P.src0[pc], 0], (lay & 1) == 0, 16 * q, 16, blk, pc, A, False, values)
+        if st != ST_OK:
+            return st
+    st = _wg_tile(S, S.regs[w, P.src1[pc], 0], (lay & 2) == 0, 0, N, blk, pc, B, True, values)
+    if st != ST_OK or not values:
+        return st
+    for i in range(16):               # the tiles' raw halves -> values
+        if not rs:
+            for k in range(16):
+                A[i, k] = _half(S, dt, np.int64(A[i, k]))
+        for n in range(N):
+            B[i, n] = _half(S, dt, np.int64(B[i, n]))
+    a = P.src0[pc]
+    d = P.dst[pc]
+    for L in range(32):
+        g = L >> 2
+        t = L & 3
+        if rs:
+            for j in range(4):
+                v = S.regs[w, a + j, L]
+                row = g + 8 * (j & 1)
+                col = 2 * t + 8 * (j >> 1)
+                A[row, col] = _half(S, dt, v & 0xFFFF)
+                A[row, col + 1] = _half(S, dt, (v >> 16) & 0xFFFF)
+        for c in range(N >> 3):
+            for j in range(4):
+                C[g + 8 * (j >> 1), 8 * c + 2 * t + (j & 1)] = float(S.rf32[w, d + 4 * c + j, 2 * L])
+    for i in range(16):
+        for n in range(N):
+            acc32 = np.float32(C[i, n])
+            for k in range(16):
+                acc32 = np.float32(acc32 + np.float32(A[i, k] * B[k, n]))
+            C[i, n] = float(acc32)
+    for L in range(32):
+        g = L >> 2
+        t = L & 3
+        for c in range(N >> 3):
+            for j in range(4):
+                _set_f32(S, w, d + 4 * c + j, L, np.float32(C[g + 8 * (j >> 1), 8 * c + 2 * t + (j & 1)]))
+    return ST_OK
+
+
 # ----------------------------------------------------------------------------- control
 @njit(cache=True, inline="always")
 def _advance(S, w, top, nxt):
@@ -713,8 +859,11 @@ def step_masked(P, T, S, w, mask):
         return ST_GRIDBAR
 
     status = ST_OK
-    if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT:
+    if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT or \
+            sem == S_WGFENCE or sem == S_WGCOMMIT or sem == S_WGWAIT:
         pass
+    elif sem == S_WGMMA:
+        status = _wgmma(S, P, T, w, pc, op, mask, blk)
     elif sem == S_MMA:
         if S.geom[G_MODE] == MODE_FUNCTIONAL:
             status = _mma(S, P, T, w, pc, op, mask)

@@ -35,6 +35,10 @@ FAULT_TEXT = {
     X.F_CP_GROUPS: "cp.async.commit opens group {addr} while group {bytes} still has copies in flight: the timing "
                    "model tracks 8 groups a warp (wait with cp.async.wait before committing more)",
     X.F_SLICE: "a write of {bytes} byte(s) at {addr} landed on the scratchpad slots the timing run watched",
+    X.F_WARPGROUP: "wgmma needs the 4 warps of its warpgroup in the block, each with all 32 lanes active "
+                   "(active lanes {addr:#x})",
+    X.F_WG_ALIGN: "wgmma tile at scratchpad address {addr} is misaligned for its {bytes}-byte swizzle (isa/README.md: "
+                  "a K-major tile's 32 bytes of k within one swizzle row, an MN-major tile's start on one)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
@@ -71,7 +75,7 @@ def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsiz
         stack_mask=stack_mask, sp=np.ones(NW, np.int32), wstate=np.zeros(NW, np.int32),
         icount=np.zeros(NW, np.int64), fault=np.zeros(6, np.int64), tmp_u32=tmp_u32,
         tmp_f32=tmp_u32.view(np.float32), tmp_i64=tmp_i64, tmp_f64=tmp_i64.view(np.float64),
-        vals=np.zeros(W, np.int64), mat=np.zeros((3, 16, 16), np.float64), rows=np.zeros((8, 8), np.uint16),
+        vals=np.zeros(W, np.int64), mat=np.zeros((3, 16, 256), np.float64), rows=np.zeros((8, 8), np.uint16),
         addr=np.zeros((NW, W), np.int64))
 
 

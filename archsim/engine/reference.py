@@ -15,7 +15,7 @@ Model (see the module-level constants and ``run_reference``):
   top entry as GPGPU-Sim does) and pushes the fall-through path, then the taken path: the
   **taken path runs first**.  An entry is popped when it reaches its reconvergence pc or has no
   lanes left; ``exit`` removes its lanes from every entry.  Reconvergence pc -1 means "at exit".
-* Warp-collective reads (shuffles, ``ldmatrix`` row addresses, ``mma`` fragments) read every lane's
+* Warp-collective reads (shuffles, ``ldmatrix`` row addresses, ``mma`` and ``wgmma .rs`` fragments) read every lane's
   registers whether or not that lane is active; results are written to active lanes only.
 """
 
@@ -937,6 +937,102 @@ class _Machine:
             for j, (row, col) in enumerate(self._cd_layout(sd, g, t)):
                 v = D[row][col]
                 R[ins.dst + j][L] = _f64_bits(v) if sd == "f64" else _f32_bits(v)
+
+    # ------------------------------------------------------------------ warpgroup MMA (wgmma)
+    op_wgfence = op_wgcommit = op_wgwait = op_nop  # timing only
+
+    def _wg_tile(self, w, ins, desc: int, rows: range, mn_major: bool, what: str):
+        """Elements (row r, k) of a descriptor tile for r in `rows`, k < 16, as exact floats:
+        tile[r - rows.start][k]. Faults (lane 0: the descriptor's lane) on a misaligned
+        swizzled start or an element outside the scratchpad."""
+        start = (desc & 0x3FFF) << 4
+        lbo = ((desc >> 16) & 0x3FFF) << 4
+        sbo = ((desc >> 32) & 0x3FFF) << 4
+        swz = (desc >> 62) & 3
+        S = (0, 128, 64, 32)[swz]
+        if S:
+            if not mn_major and start % S + 32 > S:
+                raise self.fault(w, ins.pc, 0, f"{ins.opc.mnemonic}: {what} tile (K-major, {S}-byte swizzle) starts "
+                                                f"at scratchpad address {start:#x}, so its 32 bytes of k cross a "
+                                                f"{S}-byte row (misaligned)")
+            if mn_major and start % S:
+                raise self.fault(w, ins.pc, 0, f"{ins.opc.mnemonic}: {what} tile (MN-major, {S}-byte swizzle) starts "
+                                                f"at scratchpad address {start:#x}, not aligned to {S} bytes "
+                                                "(misaligned)")
+        fmt = F16 if ins.opc.src_dtype == "f16" else BF16
+        sh = self.shared[w.block]
+        out = []
+        for r in rows:
+            row = []
+            for k in range(16):
+                if not mn_major:
+                    if S:
+                        a = start + (r // 8) * sbo + (r % 8) * S + 2 * k
+                    else:
+                        a = start + (r // 8) * sbo + (2 * k // 16) * lbo + (r % 8) * 16 + (2 * k) % 16
+                elif S:
+                    h = S // 2
+                    a = start + (r // h) * lbo + (k // 8) * sbo + (k % 8) * S + 2 * (r % h)
+                else:
+                    a = start + (r // 8) * lbo + (k // 8) * sbo + (k % 8) * 16 + 2 * (r % 8)
+                if S:
+                    a ^= ((a >> 7) & (S // 16 - 1)) << 4
+                self.check(w, ins.pc, 0, "shared", a, 2, 2, f"{ins.opc.mnemonic} {what} element ({r}, {k})")
+                row.append(_fmt_to_float(sh[a] | (sh[a + 1] << 8), fmt))
+            out.append(row)
+        return out
+
+    def op_wgmma(self, w, ins, active, top, clock):
+        if self.W != 32:
+            raise self.error(ins.pc, f"block {w.block} warp {w.widx}: wgmma needs warp width 32, not {self.W}")
+        if not active:
+            return
+        if 4 * (w.widx // 4) + 3 >= self.wpb:
+            lane = (active & -active).bit_length() - 1
+            raise self.fault(w, ins.pc, lane, f"{ins.opc.mnemonic}: warp {w.widx} is in warpgroup {w.widx // 4} "
+                                              f"(warps {4 * (w.widx // 4)}..{4 * (w.widx // 4) + 3}), but the "
+                                              f"block has {self.wpb} warps: not a whole warpgroup")
+        if active != (1 << 32) - 1:
+            lane = next(l for l in range(32) if not (active >> l) & 1)
+            raise self.fault(w, ins.pc, lane, f"{ins.opc.mnemonic}: lane {lane} is not active (wgmma needs all 32 "
+                                              "lanes of the warp)")
+        _, N, K = ins.opc.shape
+        q = w.widx % 4
+        rs = ins.opc.operands[1] == "r4"
+        R = w.regs
+        ra, rb = ins.src[0], ins.src[1]
+        # A: the warp's 16 x 16 slice (rows 16q .. 16q+15 of the 64 x 16 tile)
+        if rs:
+            fmt = F16 if ins.opc.src_dtype == "f16" else BF16
+            A = [[0.0] * K for _ in range(16)]
+            for L in range(32):
+                g, t = L // 4, L % 4
+                for j, (row, col) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+                    v = R[ra + j][L]
+                    A[row][col] = _fmt_to_float(v & 0xFFFF, fmt)
+                    A[row][col + 1] = _fmt_to_float((v >> 16) & 0xFFFF, fmt)
+        else:
+            A = self._wg_tile(w, ins, R[ra][0], range(16 * q, 16 * q + 16), bool(ins.imm & 1), "A")
+        Bt = self._wg_tile(w, ins, R[rb][0], range(N), bool(ins.imm & 2), "B")  # Bt[n][k] = B[k][n]
+        # the accumulators: register 4c+j of lane L holds D(row, col) of the warp's 16 x N slice
+        places = []
+        for L in range(32):
+            g, t = L // 4, L % 4
+            for c in range(N // 8):
+                for j, (row, col) in enumerate(((g, 8 * c + 2 * t), (g, 8 * c + 2 * t + 1),
+                                                (g + 8, 8 * c + 2 * t), (g + 8, 8 * c + 2 * t + 1))):
+                    places.append((L, ins.dst + 4 * c + j, row, col))
+        D = [[0.0] * N for _ in range(16)]
+        for L, reg, row, col in places:
+            D[row][col] = _f32_val(R[reg][L])
+        for i in range(16):
+            for n in range(N):
+                acc = D[i][n]
+                for k in range(K):
+                    acc = _f32_round(acc + _f32_round(A[i][k] * Bt[n][k]))
+                D[i][n] = acc
+        for L, reg, row, col in places:
+            R[reg][L] = _f32_bits(D[row][col])
 
     @staticmethod
     def _cd_layout(sd, g, t):

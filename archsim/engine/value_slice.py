@@ -38,11 +38,10 @@ from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, NONE, Program, ProgArr
 
 PRED_BIT = O.MAX_REGS                    # bit of predicate 0 (registers are bits 0 .. MAX_REGS - 1)
 GLOBAL, SHARED, SLOTS = 1, 2, 4          # memory classes (bits): global; scratchpad at register addresses; slots
-_WIDTH = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
 _CONTROL = frozenset(("bra", "exit", "bar", "bargrid"))
 _BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
 _NEVER_MARKED = _CONTROL | _BULK | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
-                                              "rma_wait"))
+                                              "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
 _FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))
 ENABLED = True                           # off: timing runs compute every value (tests compare the two)
 _CACHE: dict = {}
@@ -68,8 +67,10 @@ class _Ins:
         slot = 0
         self.shfl_src = 0
         for kind in op.operands:
-            if kind in ("R", "R2", "R4"):
-                dst |= _regs(int(prog.dst[pc]), _WIDTH[kind])
+            if kind in ("R", "R2", "R4", "Ra"):
+                dst |= _regs(int(prog.dst[pc]), O.operand_width(op, kind))
+                if kind == "Ra":                 # an accumulator is read as well
+                    val |= _regs(int(prog.dst[pc]), O.operand_width(op, kind))
             elif kind == "P":
                 dst |= 1 << (PRED_BIT + int(prog.dst[pc]))
             elif kind in ("r", "r2", "r4", "ri", "p", "m"):
@@ -78,15 +79,15 @@ class _Ins:
                 slot += 1
                 if r == NONE or imm:
                     continue
-                bits = (1 << (PRED_BIT + r)) if kind == "p" else _regs(r, _WIDTH[kind])
-                if kind == "m" or op.sem in _BULK:
+                bits = (1 << (PRED_BIT + r)) if kind == "p" else _regs(r, O.operand_width(op, kind))
+                if kind == "m" or op.sem in _BULK or (op.sem == "wgmma" and kind == "r"):   # (a descriptor)
                     addr |= bits
                 else:
                     val |= bits
                 if op.sem.startswith("shfl") and slot == 1:
                     self.shfl_src = bits
-        # a timing run leaves the destination of a floating-point op (but mov and setp), an mma
-        # and an ldmatrix as it was: they kill nothing, like a guarded definition
+        # a timing run leaves the destination of a floating-point op (but mov and setp), an mma, a
+        # wgmma and an ldmatrix as it was: they kill nothing, like a guarded definition
         writes_nothing = sem_writes_nothing(op)
         if prog.pred[pc] != NONE:
             addr |= 1 << (PRED_BIT + int(prog.pred[pc]))
@@ -116,8 +117,8 @@ class _Ins:
 
 def sem_writes_nothing(op: O.Opcode) -> bool:
     """A timing run leaves this instruction's destination registers as they were
-    (execute._alu's floating-point early return, mma, ldmatrix)."""
-    if op.sem in ("mma", "ldmatrix"):
+    (execute._alu's floating-point early return, mma, wgmma, ldmatrix)."""
+    if op.sem in ("mma", "ldmatrix", "wgmma"):
         return True
     return op.dtype in _FLOAT and op.sem not in ("mov", "setp") and bool(op.operands) and \
         op.operands[0] in ("R", "R2", "R4")

@@ -34,6 +34,9 @@ HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 # waited for must not exceed it (a GEMM pipeline keeps at most stages - 1). Not a machine figure:
 # real hardware has no such limit, so it is no config setting.
 CP_GROUPS = 8
+# wgmma groups a warp tracks (isa check.WG_GROUPS): TState.wg columns
+WG_GROUPS = 8
+WG_PEND, WG_NCOMMIT, WG_DONE0 = 0, 1, 2
 
 
 class TState(NamedTuple):
@@ -52,6 +55,11 @@ class TState(NamedTuple):
     cp_oldest: np.ndarray    # int32 [NW] oldest group that may still have copies in flight
     cp_pending: np.ndarray   # int32 [NW, CP_GROUPS] copies in flight per group (ring by group number)
     bulk_pending: np.ndarray  # int32 [NW, 2] DMA and RMA transfers in flight
+    wg: np.ndarray           # int64 [NW, WG_DONE0 + WG_GROUPS] warpgroup MMA: the latest completion of its
+                             # uncommitted wgmma, groups committed, and (ring by group number) the cycle by
+                             # which a group and every older one are complete
+    wg_queue: np.ndarray     # int64 [cores * subcores, depth + 1] the completion cycles of the last `depth`
+                             # wgmma each sub-core's tensor unit took (a ring), and the ring's next slot
     slot_block: np.ndarray   # int32 [NW] block slot (core * max_blocks + b) the warp belongs to
     reason: np.ndarray       # int8  [NW] the warp's stall reason this cycle (R_*; -1 not resident)
     pipe_free: np.ndarray    # int64 [cores, subcores, pipes]

@@ -16,7 +16,7 @@ import numpy as np
 
 from archsim.errors import InputError
 from archsim.isa import cfg
-from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, SPECIAL_NAMES, by_mnemonic, opcodes
+from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, SPECIAL_NAMES, by_mnemonic, opcodes, operand_width
 from archsim.isa.program import (ARG_DTYPES, ARG_INITS, FLAG_IMM0, FLAG_PRED_NEG, NONE, ArgSpec, Launch,
                                  Program)
 
@@ -26,8 +26,7 @@ _REG_RE = re.compile(r"^r(\d+)$")
 _PRED_RE = re.compile(r"^p(\d+)$")
 _GUARD_RE = re.compile(r"^@(!?)p(\d+)\s+(.*)$")
 _MEM_RE = re.compile(r"^\[\s*(?:(r\d+)\s*(?:([+-])\s*([^\]\s]+))?|([^\]\s]+))\s*\]$")
-_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4}
-_DST_KINDS = ("R", "R2", "R4", "P")
+_DST_KINDS = ("R", "R2", "R4", "P", "Ra")
 _SRC_KINDS = ("r", "r2", "r4", "ri", "p", "m")
 DIRECTIVES = (".kernel", ".param", ".regs", ".shared", ".launch", ".arg")
 
@@ -345,15 +344,16 @@ def _encode(op, lineno: int, guard, mn: str, opnds: list, src, labels: dict, par
     slot = 0
     nmem = 0
     for kind, text in zip(op.operands, opnds):
-        if kind in ("R", "R2", "R4"):
-            row["dst"] = _reg(text, src, lineno, _RANGE[kind])
-            max_reg = max(max_reg, row["dst"] + _RANGE[kind] - 1)
+        if kind in ("R", "R2", "R4", "Ra"):
+            width = operand_width(op, kind)
+            row["dst"] = _reg(text, src, lineno, width)
+            max_reg = max(max_reg, row["dst"] + width - 1)
         elif kind == "P":
             row["dst"] = _pred(text, src, lineno)
         elif kind in ("r", "r2", "r4"):
-            r = _reg(text, src, lineno, _RANGE[kind])
+            r = _reg(text, src, lineno, operand_width(op, kind))
             row[f"src{slot}"] = r
-            max_reg = max(max_reg, r + _RANGE[kind] - 1)
+            max_reg = max(max_reg, r + operand_width(op, kind) - 1)
             slot += 1
         elif kind == "ri":
             if _REG_RE.match(text):
@@ -452,12 +452,12 @@ def _max_reg_of(row: dict) -> int:
     best = -1
     slot = 0
     for kind in op.operands:
-        if kind in ("R", "R2", "R4"):
-            best = max(best, row["dst"] + _RANGE[kind] - 1)
+        if kind in ("R", "R2", "R4", "Ra"):
+            best = max(best, row["dst"] + operand_width(op, kind) - 1)
         elif kind in ("r", "r2", "r4", "ri", "m", "p"):
             v = row.get(f"src{slot}", NONE)
             if kind != "p" and v != NONE:
-                best = max(best, v + _RANGE.get(kind, 1) - 1)
+                best = max(best, v + operand_width(op, kind) - 1)
             slot += 1
     return best
 
@@ -487,7 +487,7 @@ def disassemble_instruction(prog: Program, pc: int, label_of: dict[int, str] | N
     nmem = 0
     flags = int(prog.flags[pc])
     for kind in op.operands:
-        if kind in ("R", "R2", "R4"):
+        if kind in ("R", "R2", "R4", "Ra"):
             parts.append(f"r{int(prog.dst[pc])}")
         elif kind == "P":
             parts.append(f"p{int(prog.dst[pc])}")

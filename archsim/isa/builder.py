@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from archsim.errors import InputError
 from archsim.isa import cfg
 from archsim.isa.asm import parse_imm
-from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, by_mnemonic
+from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, by_mnemonic, operand_width
 from archsim.isa.program import FLAG_IMM0, FLAG_PRED_NEG, NONE, ArgSpec, Launch, Program
 
 
@@ -115,18 +115,17 @@ class Builder:
                 row["flags"] |= FLAG_PRED_NEG
         slot = 0
         nmem = 0
-        width = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4}
 
         def bad(kind, v):                 # built only when raised (emit runs thousands of times a kernel)
             return InputError(f"kernel {self.name}", f"{mnemonic}: operand {v!r} does not fit kind {kind}",
                               f"{mnemonic} {', '.join(op.operands)}")
 
         for kind, v in zip(op.operands, operands):
-            if kind in ("R", "R2", "R4"):
+            if kind in ("R", "R2", "R4", "Ra"):
                 if not isinstance(v, Reg):
                     raise bad(kind, v)
                 row["dst"] = v.n
-                self._max_reg = max(self._max_reg, v.n + width[kind] - 1)
+                self._max_reg = max(self._max_reg, v.n + operand_width(op, kind) - 1)
             elif kind == "P":
                 if not isinstance(v, Pred):
                     raise bad(kind, v)
@@ -135,7 +134,7 @@ class Builder:
                 if not isinstance(v, Reg):
                     raise bad(kind, v)
                 row[f"src{slot}"] = v.n
-                self._max_reg = max(self._max_reg, v.n + width[kind] - 1)
+                self._max_reg = max(self._max_reg, v.n + operand_width(op, kind) - 1)
                 slot += 1
             elif kind == "ri":
                 if isinstance(v, Reg):

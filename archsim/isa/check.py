@@ -16,10 +16,10 @@ import hashlib
 
 from archsim.errors import InputError
 from archsim.isa import cfg
-from archsim.isa.opcodes import opcodes
+from archsim.isa.opcodes import opcodes, operand_width
 from archsim.isa.program import ARRAYS, FLAG_IMM0, NONE, Program
 
-_RANGE = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
+WG_GROUPS = 8   # wgmma groups a warp tracks: wait_group N leaves at most N < WG_GROUPS pending
 
 
 def _uses_defs(prog: Program, pc: int):
@@ -29,16 +29,18 @@ def _uses_defs(prog: Program, pc: int):
     slot = 0
     flags = int(prog.flags[pc])
     for kind in op.operands:
-        if kind in ("R", "R2", "R4"):
+        if kind in ("R", "R2", "R4", "Ra"):
             d = int(prog.dst[pc])
-            for j in range(_RANGE[kind]):
+            for j in range(operand_width(op, kind)):
                 rd |= 1 << (d + j)
+                if kind == "Ra":          # an accumulator is read as well
+                    ru |= 1 << (d + j)
         elif kind == "P":
             pd |= 1 << int(prog.dst[pc])
         elif kind in ("r", "r2", "r4", "ri", "m"):
             r = int(getattr(prog, f"src{slot}")[pc])
             if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
-                for j in range(_RANGE[kind]):
+                for j in range(operand_width(op, kind)):
                     ru |= 1 << (r + j)
             slot += 1
         elif kind == "p":
@@ -58,6 +60,20 @@ def check_program(prog: Program) -> None:
     if last.sem not in ("exit", "bra") or int(prog.pred[n - 1]) != NONE:
         raise InputError(prog.where(n - 1), "control can run past the last instruction",
                          "end the program with an unguarded exit or bra")
+    ops = opcodes()
+    for i, code in enumerate(prog.op.tolist()):
+        op = ops[code]
+        if op.sem not in ("wgwait", "wgmma"):
+            continue
+        if op.sem == "wgwait" and not 0 <= int(prog.imm[i]) < WG_GROUPS:
+            raise InputError(prog.where(i), f"wgmma.wait_group {int(prog.imm[i])}: groups left pending",
+                             f"0 to {WG_GROUPS - 1}")
+        if op.sem == "wgmma" and not 0 <= int(prog.imm[i]) <= 3:
+            raise InputError(prog.where(i), f"{op.mnemonic}: layout bits {int(prog.imm[i])}",
+                             "0 to 3 (bit 0: A is MN-major, bit 1: B is MN-major)")
+        if op.sem == "wgmma" and op.operands[1] == "r4" and int(prog.imm[i]) & 1:
+            raise InputError(prog.where(i), f"{op.mnemonic}: A comes from registers, so it has no MN-major layout",
+                             "layout bits 0 or 2")
     succ = cfg.successors(prog)
     _check_definite_assignment(prog, succ)
     bad = cfg.unbalanced_barrier(prog)
@@ -124,7 +140,11 @@ def check_target(prog: Program, caps) -> None:
             have = ", ".join(m for m in ("row", "column", "array") if m in caps.dma_broadcast_modes)
             raise InputError(prog.where(i), f"{op.mnemonic}: the DMA engines of {caps.name} have no {op.bcast} "
                              "broadcast mode", f"dma.broadcast_modes of {caps.name}: {have or 'none'}")
-        if op.sem in ("mma", "ldmatrix") and caps.warp_width != 32:
+        if op.feature != "none" and op.feature not in caps.features:
+            raise InputError(prog.where(i), f"{op.mnemonic}: the target {caps.name} has no {op.feature} "
+                             "(warpgroup MMA: tensor.wgmma in the machine config)",
+                             f"features of {caps.name}: {', '.join(sorted(caps.features)) or 'none'}")
+        if op.sem in ("mma", "ldmatrix", "wgmma") and caps.warp_width != 32:
             raise InputError(prog.where(i), f"{op.mnemonic} needs a warp width of 32; {caps.name} has "
                              f"{caps.warp_width}", "targets with 32-lane warps")
     if prog.shared_bytes > caps.scratchpad_bytes:

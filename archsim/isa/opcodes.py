@@ -26,6 +26,7 @@ SEM_NAMES = (
     "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
+    "wgmma", "wgfence", "wgcommit", "wgwait",
 )
 SEM = {n: i for i, n in enumerate(SEM_NAMES)}
 for _n, _i in SEM.items():
@@ -54,7 +55,10 @@ BCAST_NAMES = ("none", "row", "column", "array")
 BCAST = {n: i for i, n in enumerate(BCAST_NAMES)}
 BCAST_NONE, BCAST_ROW, BCAST_COLUMN, BCAST_ARRAY = range(4)
 
-OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s", "k", "i")
+OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s", "k", "i", "Ra")
+DST_RANGES = ("R", "R2", "R4")      # register ranges an instruction writes (Ra: read and written)
+# capabilities an opcode needs beyond its unit (archsim.config.derived.Capabilities.features)
+FEATURE_NAMES = ("none", "wgmma")
 
 SPECIAL_NAMES = (
     "tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
@@ -86,11 +90,12 @@ class Opcode:
     shape: tuple[int, int, int] = (0, 0, 0)
     strided: int = 0          # dma.get.s / dma.put.s: count blocks of bsize bytes, stride apart in global memory
     bcast: str = "none"       # DMA broadcast mode (BCAST_NAMES)
+    feature: str = "none"     # a capability the target must have (FEATURE_NAMES)
 
 
 _FIELDS = {"mnemonic", "operands", "unit", "latency", "sem", "dtype", "flops_per_lane", "cmp", "space",
            "access_bytes", "signed", "src_dtype", "matrices", "trans", "shape",
-           "strided", "bcast"}
+           "strided", "bcast", "feature"}
 
 
 def _bad(row: int, what: str, allowed: str) -> InputError:
@@ -125,7 +130,8 @@ def _parse(path) -> tuple[Opcode, ...]:
         for key, names in (("sem", SEM), ("dtype", DT), ("unit", UNIT)):
             if r.get(key) not in names:
                 raise _bad(i, f"{mn}: unknown {key} {r.get(key)!r}", ", ".join(names))
-        for key, names in (("cmp", CMP), ("space", SPACE), ("src_dtype", SDT), ("bcast", BCAST)):
+        for key, names in (("cmp", CMP), ("space", SPACE), ("src_dtype", SDT), ("bcast", BCAST),
+                           ("feature", {n: 0 for n in FEATURE_NAMES})):
             if r.get(key, "none") not in names:
                 raise _bad(i, f"{mn}: unknown {key} {r.get(key)!r}", ", ".join(names))
         ab = int(r.get("access_bytes", 0))
@@ -141,7 +147,11 @@ def _parse(path) -> tuple[Opcode, ...]:
             space=r.get("space", "none"), access_bytes=int(r.get("access_bytes", 0)), signed=int(r.get("signed", 0)),
             src_dtype=r.get("src_dtype", "none"), matrices=int(r.get("matrices", 0)), trans=int(r.get("trans", 0)),
             shape=tuple(r.get("shape", (0, 0, 0))), strided=int(r.get("strided", 0)), bcast=r.get("bcast", "none"),
+            feature=r.get("feature", "none"),
         ))
+        if "Ra" in ops and (ops[0] != "Ra" or out[-1].shape[0] * out[-1].shape[1] % 128):
+            raise _bad(i, f"{mn}: an accumulator range (Ra) comes first, of a shape whose m x n splits over 128 "
+                          "threads", "operands [Ra, ...] and shape [64, N, K]")
     return tuple(out)
 
 
@@ -176,6 +186,7 @@ class OpTables(NamedTuple):
     shape_k: np.ndarray
     strided: np.ndarray       # dma.get.s / dma.put.s
     bcast: np.ndarray         # DMA broadcast mode (archsim.isa.opcodes.BCAST_*)
+    wg_rs: np.ndarray         # wgmma whose A comes from registers (.rs)
 
 
 @lru_cache(maxsize=None)
@@ -195,8 +206,9 @@ def tables():
         access_bytes=arr(lambda o: o.access_bytes),
         signed=arr(lambda o: o.signed),
         src_dtype=arr(lambda o: SDT[o.src_dtype]),
-        nregs_dst=arr(lambda o: _range_len(o.operands[0]) if o.operands and o.operands[0] in ("R", "R2", "R4") else 0),
-        nregs_src=arr(lambda o: _range_len(o.operands[1]) if o.sem == "st" else 0),
+        nregs_dst=arr(lambda o: operand_width(o, o.operands[0]) if o.operands and o.operands[0] in DST_RANGES + ("Ra",)
+                      else 0),
+        nregs_src=arr(lambda o: operand_width(o, o.operands[1]) if o.sem == "st" else 0),
         matrices=arr(lambda o: o.matrices),
         trans=arr(lambda o: o.trans),
         flops_per_lane=arr(lambda o: o.flops_per_lane, np.int64),
@@ -205,8 +217,16 @@ def tables():
         shape_k=arr(lambda o: o.shape[2]),
         strided=arr(lambda o: o.strided),
         bcast=arr(lambda o: BCAST[o.bcast]),
+        wg_rs=arr(lambda o: int(o.sem == "wgmma" and o.operands[1] == "r4")),
     )
 
 
-def _range_len(kind: str) -> int:
-    return {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4}.get(kind, 0)
+_WIDTHS = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
+
+
+def operand_width(op: Opcode, kind: str) -> int:
+    """Registers an operand of this kind names (0: none, e.g. a predicate or an immediate); an
+    accumulator range (Ra) holds one f32 a thread of the m x n tile over a warpgroup's 128 threads."""
+    if kind == "Ra":
+        return op.shape[0] * op.shape[1] // 128
+    return _WIDTHS.get(kind, 0)
