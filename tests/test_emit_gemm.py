@@ -34,10 +34,10 @@ def caps_of(hw: str):
     return _CAPS[hw]
 
 
-def run_and_compare(caps, M, N, K, dtype, out, trans_b, tile=None, seed=0, engine="numba"):
+def run_and_compare(caps, M, N, K, dtype, out, trans_b, tile=None, seed=0, engine="numba", kernel=None):
     from archsim.engine.functional import run_functional
 
-    k = gemm_kernel(caps, M, N, K, dtype, out, trans_b, tile=tile)
+    k = gemm_kernel(caps, M, N, K, dtype, out, trans_b, tile=tile, kernel=kernel)
     A, B, C = k.random_inputs(seed)
     res = run_functional(k.program, k.args(A, B, C), k.launch, warp_width=caps.warp_width,
                          ncores=caps.cores_total, engine=engine)
@@ -178,8 +178,10 @@ def test_a_skinny_gemm_takes_the_stage_count_with_the_fewest_waves(hw, M, N, K, 
 
 def test_a_wide_gemm_keeps_the_deepest_pipeline():
     caps = caps_of("h100")
-    k = gemm_kernel(caps, 2048, 36864, 12288, "fp16")
+    k = gemm_kernel(caps, 2048, 36864, 12288, "fp16", kernel="mma")
     assert (k.tile.BM, k.tile.BN, k.tile.BK, k.tile.stages) == (128, 128, 64, 4)
+    k = gemm_kernel(caps, 2048, 36864, 12288, "fp16")
+    assert (k.kind, k.tile.BM, k.tile.BN, k.tile.BK, k.tile.stages) == ("wgmma", 128, 256, 64, 4)
 
 
 def test_tiny_gpu_tile_fits_its_small_scratchpad():
@@ -380,3 +382,55 @@ def test_raster_groups_the_dimension_with_fewer_tiles():
     assert tall.raster == (16, 1)
     square = gemm_kernel(caps, 8192, 8192, 1024, "fp16", "f32")
     assert square.raster[1] == 0 and 8 <= square.raster[0] <= 20
+
+
+# h100 (warpgroup MMA): fp16 / bf16 GEMMs with A row-major take the wgmma kernel; odd shapes,
+# residue k tiles, edge blocks, narrow copies and both B layouts, as for mma
+WGMMA_CASES = [
+    (128, 256, 128, "fp16", "f32", True),
+    (128, 256, 128, "fp16", "f32", False),
+    (200, 300, 100, "bf16", "bf16", False),
+    (96, 64, 64, "fp16", "f16", True),
+    (67, 70, 260, "fp16", "f32", False),
+    (77, 45, 19, "bf16", "f32", True),
+    (65, 1, 1, "fp16", "f16", False),
+    (130, 66, 40, "fp16", "f16", False),
+]
+
+
+@pytest.mark.parametrize("M,N,K,dtype,out,trans_b", WGMMA_CASES,
+                         ids=[f"{c[0]}x{c[1]}x{c[2]}-{c[3]}-{c[4]}{'-tb' if c[5] else ''}" for c in WGMMA_CASES])
+def test_wgmma_gemm_matches_numpy(M, N, K, dtype, out, trans_b):
+    k, _ = run_and_compare(caps_of("h100"), M, N, K, dtype, out, trans_b, seed=M + 3 * N + 7 * K, kernel="wgmma")
+    assert k.kind == "wgmma"
+    assert any(opcodes()[int(c)].sem == "wgmma" for c in k.program.op)
+
+
+def test_wgmma_kernel_on_the_reference_engine():
+    run_and_compare(caps_of("h100"), 70, 130, 72, "fp16", "f32", False, seed=5, engine="reference", kernel="wgmma")
+
+
+def test_h100_picks_wgmma_for_big_gemms_and_mma_for_skinny_or_small_ones():
+    caps = caps_of("h100")
+    # decode's GEMMs stream B: an m64 wgmma would compute 64 rows for each of theirs
+    assert gemm_kernel(caps, 8, 4096, 4096).kind == "mma"
+    assert gemm_kernel(caps, 65, 4096, 4096, kernel="wgmma").kind == "wgmma"
+    assert gemm_kernel(caps, 1024, 4096, 4096).kind == "wgmma"
+    k = gemm_kernel(caps, 4096, 4096, 4096)
+    assert (k.kind, k.tile.BM, k.tile.BN, k.tile.warps) == ("wgmma", 128, 256, 8)
+    # 256^3: 64 blocks of 32 x 32 at mma.sync's 2/3 rate beat 16 of 64 x 64 at the peak
+    assert gemm_kernel(caps, 256, 256, 256).kind == "mma"
+    assert gemm_kernel(caps, 256, 256, 256, kernel="wgmma").kind == "wgmma"
+    with pytest.raises(InputError, match="wgmma"):
+        gemm_kernel(caps_of("a100"), 512, 512, 512, kernel="wgmma")
+    with pytest.raises(InputError, match="wgmma"):
+        gemm_kernel(caps, 512, 512, 512, trans_a=True, kernel="wgmma")
+
+
+def test_h100_without_wgmma_keeps_the_mma_kernel():
+    caps = capabilities(load_machine("h100", sets=["tensor.wgmma=null"]))
+    assert "wgmma" not in caps.features
+    k, _ = run_and_compare(caps, 128, 128, 64, "fp16", "f32", False)
+    assert k.kind == "mma"
+    # a forced tile is the mma kernel on h100 too (the Ampere-style kernel, for comparison)
+    assert gemm_kernel(caps_of("h100"), 128, 128, 64, tile=T128).kind == "mma"

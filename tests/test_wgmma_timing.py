@@ -59,6 +59,23 @@ def test_back_to_back_wgmma_take_n_over_2_cycles_each(h100, n):
     t = run(h100, n, ["wgmma.fence"] + [wg(n)] * 4 + ["wgmma.commit_group", "wgmma.wait_group 0"])
     assert t.flops == 4 * 4 * 2 * 16 * n * 16     # 4 warps x 4 wgmma x a 16 x N x 16 slice
     assert t.pipe_busy_cycles[0, -1] == 4 * 4 * n // 2   # the tensor column: each sub-core busy 4 x N/2
+    # the operands read from the scratchpad: each warp's 16 rows of A, and B once a warpgroup
+    assert t.memory["bytes"]["scratch"] == 4 * (64 * 16 * 2 + n * 16 * 2)
+
+
+def test_narrow_wgmma_from_shared_memory_is_bound_by_its_data_pipe(h100):
+    # m64n32k16: each warp's slice takes 16 cycles of its unit but reads 16 x 16 x 2 bytes of A and a
+    # quarter of B (32 x 16 x 2 / 4): 768 bytes, 6 of the SM's 128-byte wavefronts, 24 for the 4
+    # warps. From registers (.rs) only B's 2 wavefronts a warp: the units' 16 cycles bind (Luo et
+    # al.: below N = 64, SS is slower than RS)
+    setup = "\n".join(f"    mov.b64 r{r}, 0" for r in range(3, 7))
+    rs = "wgmma.m64n32k16.f32.f16.rs r10, r3, r2, 0"
+
+    def cyc(op, k):
+        return run(h100, 32, ["wgmma.fence"] + [op] * k + ["wgmma.commit_group", "wgmma.wait_group 0"],
+                   setup=setup).cycles
+    assert cyc(wg(32), 8) - cyc(wg(32), 4) == 4 * 24
+    assert cyc(rs, 8) - cyc(rs, 4) == 4 * 16
 
 
 def test_wait_group_n_leaves_the_newest_groups_pending(h100):

@@ -170,6 +170,8 @@ class Capabilities:
     has_rma: bool
     dma_broadcast_modes: frozenset
     features: frozenset = frozenset()    # opcode features beyond the units (isa opcodes.FEATURE_NAMES)
+    # ((dtype, the ISA's warp-level mma rate over the unit's peak), ...) where it is below 1 (Hopper)
+    mma_sync_share: tuple = ()
     # the CPE mesh of a core group (Sunway; 0 without one): a block on CPE k of group g sits at
     # mesh row k // mesh_cols, column k % mesh_cols (the lines of DMA broadcast)
     mesh_rows: int = 0
@@ -206,6 +208,8 @@ def capabilities(m: Machine) -> Capabilities:
         units=frozenset(units),
         tensor_dtypes=frozenset(m.tensor.mac_steps_per_cycle) if m.tensor is not None else frozenset(),
         tensor_mac_array=tuple(m.tensor.mac_array) if m.tensor is not None else None,
+        mma_sync_share=tuple((dt, r / m.tensor.mac_steps_per_cycle[dt]) for dt, r in
+                             m.tensor.mma_sync_steps_per_cycle.items()) if m.tensor is not None else (),
         has_async_copy=m.async_copy,
         has_dma=m.dma is not None,
         has_rma=m.rma is not None,

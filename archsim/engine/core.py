@@ -25,7 +25,7 @@ from archsim.engine import decode as D
 from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
-from archsim.engine.core_side import mem_can_issue, mem_issue
+from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads
 from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
 from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
@@ -371,15 +371,19 @@ def waiting_done(TS, w):
 # Each warp of a warpgroup runs its 16-row slice of a wgmma on its own sub-core's tensor unit (the
 # slot a warp takes in its block puts the 4 warps of a group on 4 sub-cores): the slice starts when
 # the unit is free, takes decode's ii cycles and is complete lat cycles after it starts, all known
-# at issue, so wgmma.wait_group is a wait for a known cycle (no event wakes it). The accumulators
+# at issue, so wgmma.wait_group is a wait for a known cycle (no event wakes it). Its operands (the
+# warp's A rows unless .rs, a quarter of B) take the SM's shared-memory data pipe as they stream in
+# (core_side.scratch_reads): a result is no earlier than its last read. The accumulators
 # are not scoreboarded: wait_group and wgmma.fence order them, as PTX requires of a program.
 @njit(cache=True)
-def _wgmma_issue(TS, Dd, core, sub, w, pc, now):
+def _wgmma_issue(TS, Dd, core, sub, w, pc, now, read):
+    """``read``: the cycle after the slice's operands are read from the scratchpad (they stream
+    in as the unit works; a busy data pipe delays the result)."""
     ii = Dd.ii[pc]
     start = TS.tensor_free[core, sub] if TS.tensor_free[core, sub] > now else now
     TS.tensor_free[core, sub] = start + ii
     TS.pipe_busy_cycles[core, TS.pipe_busy_cycles.shape[1] - 1] += ii
-    done = start + Dd.lat[pc]
+    done = (start + ii if start + ii > read else read) + Dd.lat[pc] - ii
     q = TS.wg_queue
     i = core * TS.k[K_SUBCORES] + sub
     depth = q.shape[1] - 1
@@ -453,7 +457,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
                 if (held >> p) & 1 and TS.pipe_free[core, sub, p] < now + hold:
                     TS.pipe_free[core, sub, p] = now + hold
     elif cls == D.CLS_WGMMA:
-        _wgmma_issue(TS, Dd, core, sub, w, pc, now)
+        _wgmma_issue(TS, Dd, core, sub, w, pc, now, scratch_reads(MS, core, Dd.access[pc], now))
     elif Dd.pipe[pc] >= 0:
         TS.pipe_free[core, sub, Dd.pipe[pc]] = now + ii
         TS.pipe_busy_cycles[core, Dd.pipe[pc]] += ii

@@ -327,6 +327,21 @@ def core_memory(MS, TS, S, Dd, core, now):
     return moved
 
 
+@njit(cache=True)
+def scratch_reads(MS, core, nbytes, now):
+    """Operand reads that bypass the MIO queue (a wgmma's tiles) take the core's shared-memory data
+    pipe, one wavefront of banks x bank width bytes a cycle, from the first cycle after this one it
+    is free: MIO entries wait behind them. Returns the cycle after the last read."""
+    cfg = MS.cfg
+    wave = cfg[M_BANKS] * cfg[M_BANK_W]
+    r0 = MS.mio_next[core]
+    if r0 < now + 1:
+        r0 = now + 1
+    MS.mio_next[core] = r0 + (nbytes + wave - 1) // wave
+    MS.bytes[BY_SCRATCH] += nbytes
+    return MS.mio_next[core]
+
+
 @njit(inline="always")
 def pipe_takes_head(MS, core, now):
     """The data pipe takes the core's oldest MIO entry this cycle: there is one, it is not in the

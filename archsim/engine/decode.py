@@ -50,7 +50,8 @@ class Decoded(NamedTuple):
     lat: np.ndarray       # int32 [n] issue -> result, cycles (memory ops: address generation only)
     src_kind: np.ndarray  # int8 [n] SRC_* of the value it produces
     flops: np.ndarray     # int64 [n] flops per active lane
-    access: np.ndarray    # int32 [n] bytes per lane of a memory access
+    access: np.ndarray    # int32 [n] bytes per lane of a memory access (wgmma: the scratchpad bytes a warp's
+                          # slice reads: its A rows unless .rs, and a quarter of B, read once a warpgroup)
     bcast: np.ndarray     # int8 [n] DMA broadcast mode (archsim.isa.opcodes.BCAST_*; 0: none)
 
 
@@ -134,7 +135,11 @@ def _static(op, machine, where: str) -> tuple:
         src_kind = SRC_SHORT
     elif cls == CLS_LD_GLOBAL:
         src_kind = SRC_LONG
-    return cls, pipe, ii, lat, src_kind, op.flops_per_lane, op.access_bytes, BCAST[op.bcast]
+    access = op.access_bytes
+    if op.sem == "wgmma":
+        m, nn, k = op.shape
+        access = (0 if op.operands[1] == "r4" else m // 4 * k * 2) + nn * k * 2 // 4
+    return cls, pipe, ii, lat, src_kind, op.flops_per_lane, access, BCAST[op.bcast]
 
 
 _STATIC_COLS = (("cls", np.int8), ("pipe", np.int8), ("ii", np.int32), ("lat", np.int32), ("src_kind", np.int8),

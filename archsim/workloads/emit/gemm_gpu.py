@@ -68,6 +68,14 @@ an Ampere CUTLASS-style kernel is:
   fragment's registers 0-3. tf32 A^T is read with scalar ld.shared.b32 from padded rows.
 - alpha != 1: one mul.f32 per accumulator before the stores (emitted only then).
 
+Warpgroup-MMA kernel (targets with wgmma, h100; fp16 / bf16 with A row-major; ``_emit_wgmma``):
+BM / 64 warpgroups (BM 64 or 128, BN 64 to 256), each warp's 16 x BN slice of the tile in BN / 2
+f32 accumulators, four wgmma.m64nBNk16 a k tile of 64 read from the stages through descriptors
+(128-byte swizzle, the copies' own layout; B k-major in 64-column panels, MN-major). cp.async
+fills the stages S - 2 k tiles ahead; after a tile's wgmma are committed, wait_group 1 leaves them
+running while the stage that every warp finished before the barrier takes the next copies. The
+K residue, the clamped edge rows, the copy widths and the epilogue are the mma kernel's.
+
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
 converted to f32 on the way to shared memory), register prefetch of the next tile while the
@@ -92,6 +100,12 @@ GEMV, bound by streaming B): there the stage count that gives the fewest waves o
 all the cores' block slots (batched GEMMs counted) wins, ties to the deeper, since a last wave
 of a few blocks streams at a few cores' rate (h100, 1 x 36864 x 12288: 576 blocks of 32 x 64,
 4 stages hold 4 blocks an SM, two waves; 3 stages hold 6, one wave).
+
+On a target with wgmma, a GEMM of more than ``SKINNY_M`` rows takes the wgmma kernel when the cost
+of its best tile (128 x 256 down to 64 x 64) is below that of the mma kernel's best, its
+efficiency raised up to 1 / (mma.sync's share of the units' peak) where the tile's intensity
+allows: eff = min(1 / share, intensity / 64). So a large GEMM runs wgmma 128 x 256, and a small
+one, or one bound by its operands' traffic, mma's smaller tiles. ``kernel`` overrides the choice.
 """
 
 from __future__ import annotations
@@ -126,6 +140,9 @@ MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
 SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
+_TENSOR_RATE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "tf32": "tf32"}   # the config's names of the dtypes
+# (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
+WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 
 
 class Tile(NamedTuple):
@@ -138,7 +155,7 @@ class Tile(NamedTuple):
 
 @dataclass(frozen=True)
 class _Cfg:
-    kind: str          # mma | ffma
+    kind: str          # mma | wgmma | ffma
     dtype: str         # fp16 bf16 tf32 fp32
     out: str           # f32 f16 bf16
     trans_b: bool
@@ -189,7 +206,7 @@ class GemmKernel:
     dtype: str             # fp16 | bf16 | tf32 | fp32
     out_dtype: str         # f32 | f16 | bf16
     trans_b: bool
-    kind: str              # "mma" (tensor cores) or "ffma" (vector fallback)
+    kind: str              # "mma" (tensor cores), "wgmma" (warpgroup MMA) or "ffma" (vector fallback)
     trans_a: bool = False
     lda: int = 0           # row strides in elements (0: dense, set by gemm_kernel)
     ldb: int = 0
@@ -731,12 +748,28 @@ def _mma_operands(ctx: _MmaCtx) -> None:
         a("mul.i64", ctx.astep, ld, BK * es)      # A^T: BK rows further per k tile
     a("ldparam", ld, "ldb")
     if c.trans_b:
-        Bop = _Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, ctx.B_OFF, es)
+        ctx.Bops = [_Operand("B", "Bt", c.BN, KB, KB, lay_k, c.cw_b, ctx.B_OFF, es)]
         a("sub.i64", lim, Nr, 1)
+        _plan_copies(a, ctx.Bops[0], ctx.T, tid, n0, lim, ld, kshift, pB)
     else:
-        Bop = _Operand("B", "Bn", ctx.b_rows, ctx.b_payload, ctx.b_RB, ctx.b_lay, c.cw_b, ctx.B_OFF, es)
         a("sub.i64", lim, Nr, c.cw_b // es)       # the last chunk start that stays inside a row
-    _plan_copies(a, Bop, ctx.T, tid, n0, lim, ld, kshift, pB)
+        # B's k rows in one stage row (mma), or in panels of 64 columns (wgmma: 128-byte rows, the
+        # MN-major layout a descriptor names), the panels one after another
+        panel = 128 // es if c.kind == "wgmma" else c.BN
+        RB, lay = (128, "sw128") if c.kind == "wgmma" else (ctx.b_RB, ctx.b_lay)
+        ctx.Bops = []
+        for j in range(c.BN // panel):
+            op = _Operand("B", "Bn", ctx.b_rows, panel * es if c.kind == "wgmma" else ctx.b_payload, RB, lay,
+                          c.cw_b, ctx.B_OFF + j * ctx.b_rows * RB, es)
+            col0 = n0
+            if j:
+                col0 = a.reg()
+                a("add.i64", col0, n0, j * panel)
+            _plan_copies(a, op, ctx.T, tid, col0, lim, ld, kshift, pB)
+            if j:
+                a.free(col0)
+            ctx.Bops.append(op)
+    Bop = ctx.Bops[0]
     a.free(pB, lim, Mr)
     ctx.bstep = None
     if not c.trans_b:
@@ -909,7 +942,7 @@ def _mma_ops(ctx: _MmaCtx, buf: int) -> list:
 
 def _mma_advance(ctx: _MmaCtx) -> None:
     """Emit the steps of A's and B's copy pointers to the next k tile."""
-    for op in (ctx.A, ctx.Bop):
+    for op in (ctx.A, *ctx.Bops):
         for g in op.gregs:
             ctx.a("add.i64", g, g, ctx.kstep[op.name])
 
@@ -925,7 +958,7 @@ def _mma_pipeline_prologue(ctx: _MmaCtx) -> None:
             stage = a.reg()
             a("mov.b64", stage, j * SB)
             a("setp.gt.i64", pm, ctx.nt, j)       # tile j exists
-        for op in (ctx.A, ctx.Bop):
+        for op in (ctx.A, *ctx.Bops):
             _emit_copies(a, op, stage, pm if j else None, j == 0, ctx.kshift, ctx.acc)
         a("cp.async.commit")
         _mma_advance(ctx)
@@ -989,15 +1022,17 @@ def _mma_main_loop(ctx: _MmaCtx) -> None:
 
 def _mma_release(ctx: _MmaCtx) -> None:
     """Free the main loop's registers (all but the accumulators) for the epilogue."""
-    a, A, Bop = ctx.a, ctx.A, ctx.Bop
-    for r in [ctx.rs, ctx.ws, ctx.kt, ctx.nt, *ctx.fA, *ctx.fB, *ctx.aA, *ctx.bB,
-              *A.sregs, *A.gregs, *Bop.sregs, *Bop.gregs]:
+    a = ctx.a
+    ops = (ctx.A, *ctx.Bops)
+    loop = [ctx.rs, ctx.ws, ctx.kt, ctx.nt] + ([*ctx.fA, *ctx.fB, *ctx.aA, *ctx.bB] if ctx.c.kind == "mma" else [])
+    for r in loop + [r for op in ops for r in (*op.sregs, *op.gregs)]:
         a.free(r)
-    for r in (A.rb, A.cb, Bop.rb, Bop.cb, ctx.astep, ctx.bstep):
+    for r in [r for op in ops for r in (op.rb, op.cb)] + [ctx.astep, ctx.bstep]:
         if r is not None:
             a.free(r)
-    a.free(ctx.fa[0], ctx.fa[1], k=ctx.MI * 4)
-    a.free(ctx.fb[0], ctx.fb[1], k=ctx.NI * 2)
+    if ctx.c.kind == "mma":
+        a.free(ctx.fa[0], ctx.fa[1], k=ctx.MI * 4)
+        a.free(ctx.fb[0], ctx.fb[1], k=ctx.NI * 2)
 
 
 def _emit_mma(c: _Cfg) -> Program:
@@ -1011,6 +1046,105 @@ def _emit_mma(c: _Cfg) -> Program:
     _mma_release(ctx)
     _epilogue(ctx.a, c, ctx.pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, ctx.S * ctx.SB)
     return ctx.a.build()
+
+
+# ----------------------------------------------------------------------------- warpgroup MMA kernel
+def _wgmma_loop(ctx: _MmaCtx) -> None:
+    """The copy pipeline and main loop of the wgmma kernel (see _emit_wgmma)."""
+    a, c, S, SB = ctx.a, ctx.c, ctx.S, ctx.SB
+    ops = (ctx.A, *ctx.Bops)
+    d = S - 2                                     # k tiles copied ahead
+    ctx.pm = pm = a.pred()
+    for j in range(d):                            # prologue: tiles 0 .. d-1 (tile 0 the K residue)
+        stage = None
+        if j:
+            stage = a.reg()
+            a("mov.b64", stage, j * SB)
+            a("setp.gt.i64", pm, ctx.nt, j)
+        for op in ops:
+            _emit_copies(a, op, stage, pm if j else None, j == 0, ctx.kshift, ctx.acc)
+        a("cp.async.commit")
+        _mma_advance(ctx)
+        if stage is not None:
+            a.free(stage)
+    a.free(ctx.kshift)
+    ctx.rs, ctx.ws, ctx.kt = rs, ws, kt = a.reg(), a.reg(), a.reg()
+    a("mov.b64", rs, 0)
+    a("mov.b64", ws, d * SB)
+    a("mov.b64", kt, 0)
+    # descriptors: 128-byte swizzle, 8-row groups 1 KiB apart; B k-major in 64-column panels BK rows long
+    kmaj = (1024 >> 4) << 32 | 1 << 62
+    bconst = kmaj if c.trans_b else kmaj | (ctx.b_rows * 128 >> 4) << 16
+    bstep = 2 if c.trans_b else 16 * 128 >> 4     # a k16 step: 32 bytes along a row, or 16 k rows
+    wgoff, tmp = a.reg(), a.reg()
+    a("s2r", wgoff, "%tid.x")
+    a("shr.u64", wgoff, wgoff, 7)                 # this warp's warpgroup: A rows 64 wg ..
+    a("mul.i64", wgoff, wgoff, 64 * 128 >> 4)
+    a("add.i64", wgoff, wgoff, kmaj)
+    dA, dB = a.reg(), a.reg()
+    mn = f"wgmma.m64n{c.BN}k16.f32.{'f16' if c.dtype == 'fp16' else 'bf16'}"
+    a.label("KLOOP")
+    a("cp.async.wait", d - 1)                     # tile kt landed (this thread) ...
+    a("bar.sync")                                 # ... for everyone
+    a("shr.u64", tmp, rs, 4)
+    a("add.i64", dA, tmp, wgoff)
+    a("add.i64", dB, tmp, (ctx.B_OFF >> 4) + bconst)
+    a("wgmma.fence")
+    for s_ in range(ctx.NSTEP):
+        a(mn, ctx.acc, dA, dB, 0 if c.trans_b else 2)
+        if s_ + 1 < ctx.NSTEP:
+            a("add.i64", dA, dA, 2)
+            a("add.i64", dB, dB, bstep)
+    a("wgmma.commit_group")
+    # tile kt-1's wgmma are done (this warp); every warp's tile kt-2 was done before the barrier,
+    # so its stage takes tile kt+d
+    a("wgmma.wait_group", 1)
+    a("add.i64", tmp, kt, d)
+    a("setp.lt.i64", pm, tmp, ctx.nt)
+    base = {}
+    for op in ops:
+        for sr in op.sregs:
+            r = a.reg()
+            a("add.i64", r, ws, sr)
+            base[sr.n] = r
+    for op in ops:
+        for f in _copy_ops(a, op, base, pm):
+            f()
+    for r in base.values():
+        a.free(r)
+    a("cp.async.commit")
+    _mma_advance(ctx)
+    for r in (rs, ws):                            # the next stage, round the ring
+        a("add.i64", r, r, SB)
+        a("setp.ge.i64", pm, r, S * SB)
+        a("mov.b64", r, 0, p=pm)
+    a("add.i64", kt, kt, 1)
+    a("setp.lt.i64", pm, kt, ctx.nt)
+    a("bra", "KLOOP", p=pm)
+    a("wgmma.wait_group", 0)
+    a.free(wgoff, tmp, dA, dB)
+
+
+def _emit_wgmma(c: _Cfg) -> Program:
+    """The warpgroup-MMA kernel (machines with wgmma; fp16 / bf16, A row-major): BM / 64
+    warpgroups, each computing a 64 x BN slab of the block tile with wgmma.m64nBNk16 from the
+    shared-memory stages (descriptors, 128-byte swizzle: the stages' layout is the mma kernel's,
+    B k-major in 64-column panels), accumulators in registers (BN / 2 a thread). The stages are
+    filled by cp.async from every thread, S - 2 k tiles ahead: after a k tile's wgmma are
+    committed, wait_group 1 leaves them running while the stage of tile kt - 2, which every warp
+    finished before the barrier, takes tile kt + S - 2 (a CUTLASS 3 cp.async mainloop without
+    warp specialization). The epilogue is the mma kernel's (each warp's 16 x BN slice in the
+    mma C layout)."""
+    ctx = _MmaCtx(c)
+    a = ctx.a
+    ctx.acc = a.reg(c.BN // 2)
+    for i in range(c.BN // 2):
+        a("mov.f32", ctx.acc + i, 0.0)
+    _mma_operands(ctx)
+    _wgmma_loop(ctx)
+    _mma_release(ctx)
+    _epilogue(a, c, ctx.pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, ctx.S * ctx.SB)
+    return a.build()
 
 
 def _aligned(a: Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
@@ -1478,9 +1612,12 @@ def _stage_bytes(dtype: str, trans_b: bool, BM: int, BN: int, kb: int = 64, tran
     return ceil_div(a + b, 128) * 128
 
 
-def _cost(M: int, N: int, BM: int, BN: int, cores: int) -> float:
+def _cost(M: int, N: int, BM: int, BN: int, cores: int, rate: float = 1.0) -> float:
+    """The tile rule's cost (module docstring); ``rate``: the tensor time of a tile relative to the
+    mma kernel's (wgmma: mma.sync's share of the peak), which a tile bound by its operands'
+    traffic (arithmetic intensity below 64) does not see."""
     blocks = ceil_div(M, BM) * ceil_div(N, BN)
-    eff = min(1.0, BM * BN / (BM + BN) / 64.0)
+    eff = min(1.0 / rate, BM * BN / (BM + BN) / 64.0)      # (rate 1: min(1, intensity / 64))
     return ceil_div(blocks, max(cores, 1)) * BM * BN / eff
 
 
@@ -1537,10 +1674,12 @@ def split_k(caps, M: int, N: int, K: int, dtype: str = "fp16", trans_b: bool = F
 
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, *, trans_a: bool = False, cw_a: Optional[int] = None,
-                cw_b: Optional[int] = None, alpha: float = 1.0, launches: int = 1) -> tuple[_Cfg, Program]:
+                cw_b: Optional[int] = None, alpha: float = 1.0, launches: int = 1,
+                kernel: Optional[str] = None) -> tuple[_Cfg, Program]:
     """The kernel configuration the tile rule picks (see the module docstring), and its program.
     cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape); launches:
-    the GEMMs of a batch (grid.z), which share the cores."""
+    the GEMMs of a batch (grid.z), which share the cores; kernel: "mma" or "wgmma" instead of the
+    rule's choice between them."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if not _uses_tensor(caps, dt):
@@ -1556,8 +1695,38 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         cw_a = _copy_width((M if trans_a else K) * es, es)
     if cw_b is None:
         cw_b = _copy_width((K if trans_b else N) * es, es)
-    order = sorted(MMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total), -t[0] * t[1]))
     tried = []
+    order = sorted(MMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total), -t[0] * t[1]))
+    # warpgroup MMA where the target has it, for A row-major and more rows than decode's skinny
+    # GEMMs (those stream B: the mma kernel's small tiles and wave rule serve them), when the cost
+    # of its best tile, at the units' peak, is below that of mma's at the rate mma.sync gets (a
+    # small GEMM spreads over more cores in mma's smaller tiles; a tile bound by its operands'
+    # traffic gains nothing from the faster units)
+    share = dict(caps.mma_sync_share).get(_TENSOR_RATE_DTYPE.get(dt), 1.0)
+    wg_order = sorted(WGMMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share), -t[0] * t[1]))
+    can_wg = "wgmma" in caps.features and dt in ("fp16", "bf16") and not trans_a
+    if kernel == "wgmma" and not can_wg:
+        raise InputError(f"gemm on {caps.name}", f"the wgmma kernel with dtype {dtype}"
+                         f"{', A given k-major' if trans_a else ''}", "fp16 or bf16, A row-major, on a machine "
+                         "with tensor.wgmma")
+    if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M and _cost(M, N, *wg_order[0], caps.cores_total,
+                                                                                share)
+                             < _cost(M, N, *order[0][:2], caps.cores_total)):
+        for BM, BN in wg_order:
+            for stages in (4, 3):                 # two or one k tiles copied ahead of the wgmma
+                if stages * _stage_bytes(dt, trans_b, BM, BN, 128) > caps.scratchpad_bytes:
+                    continue
+                cfg = _Cfg("wgmma", dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
+                try:
+                    prog = _emit_wgmma(cfg)
+                except OutOfRegisters as e:
+                    tried.append(f"wgmma {BM}x{BN}: {e}")
+                    continue
+                if _fits(prog, caps, 2 * BM):
+                    return cfg, prog
+                tried.append(f"wgmma {BM}x{BN}: {prog.nregs} registers")
+        if kernel == "wgmma":
+            raise InputError(f"gemm on {caps.name}", "no wgmma tile fits: " + "; ".join(tried), "kernel mma")
     # k-tile rows of 128 bytes (BK = 64 halves / 32 tf32) halve the barriers and the cp.async
     # wavefronts of A per flop; they need K of at least two such tiles to pay off
     kbs = ((128, 4), (128, 3), (64, 3), (64, 2)) if K * es >= 256 else ((64, 3), (64, 2))
@@ -1591,7 +1760,8 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, tile: Optional[Tile] = None, *, trans_a: bool = False,
                 lda: Optional[int] = None, ldb: Optional[int] = None, ldc: Optional[int] = None,
-                batch=(1, 1), stride_a=(0, 0), stride_b=(0, 0), stride_c=(0, 0), alpha: float = 1.0) -> GemmKernel:
+                batch=(1, 1), stride_a=(0, 0), stride_b=(0, 0), stride_c=(0, 0), alpha: float = 1.0,
+                kernel: Optional[str] = None) -> GemmKernel:
     """Emit C = alpha * op(A) @ op(B) for a GPU-family target: op(A) is A[M,K] (A given as [K,M]
     with ``trans_a``), op(B) is B[K,N] (B given as [N,K] with ``trans_b``), C is [M,N].
 
@@ -1599,7 +1769,9 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     tf32 (f32 buffers, mma.m16n8k8) or fp32 (vector FFMA); a dtype the tensor units lack also
     takes the FFMA kernel. out_dtype: f32, or the input dtype for fp16 / bf16.
     ``tile`` forces a tensor-core tile instead of the rule: BM, BN, BK (64 or 128 bytes of k a
-    row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages.
+    row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages (the
+    mma kernel). ``kernel``: "mma" or "wgmma" (machines with warpgroup MMA) instead of the
+    rule's choice between the two.
 
     Layout (all in elements; kernel parameters, so one program serves every value of the same
     alignment class): ``lda``, ``ldb``, ``ldc`` are the row strides of A, B, C as stored (default:
@@ -1667,10 +1839,12 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
                              f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
     else:
+        if kernel not in (None, "mma", "wgmma"):
+            raise InputError(where, f"kernel {kernel!r}", "mma or wgmma")
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
-                                alpha=alpha_f, launches=nb * nh)
+                                alpha=alpha_f, launches=nb * nh, kernel=kernel)
     check(prog, caps)
-    if cfg.kind == "mma":
+    if cfg.kind in ("mma", "wgmma"):
         threads = 32 * cfg.WM * cfg.WN
         t = Tile(cfg.BM, cfg.BN, cfg.kb // es, cfg.WM * cfg.WN, cfg.stages)
     else:
