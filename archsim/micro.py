@@ -628,6 +628,49 @@ def micro_mma(machine, p: dict, out: MicroResult) -> float:
     return t.flops / stats.seconds(machine, t.cycles) / 1e12
 
 
+WGMMA_N = (16, 32, 64, 96, 128, 192, 256)
+
+
+def wgmma_kernel(dtype: str, n: int, registers: bool) -> str:
+    """Each warpgroup of the block issues 4 wgmma.m64nNk16 a loop iteration into one accumulator,
+    commits them as a group and waits for the one before (wait_group 1), as a GEMM's main loop
+    does: the tensor units (or the operands' shared-memory reads) bound the rate. The operands lie
+    in the scratchpad as 128-byte swizzled rows (A 64 of them, B N); their values do not matter."""
+    src = "f16" if dtype == "fp16" else "bf16"
+    op = f"wgmma.m64n{n}k16.f32.{src}" + (".rs" if registers else "")
+    kmaj = (1024 >> 4) << 32 | 1 << 62
+    lines = [f".kernel wgmma_{dtype}_n{n}{'_rs' if registers else ''}", ".param iters", f".regs {n // 2 + 16}",
+             f".shared {8192 + 128 * n}"]
+    lines += [f"        mov.b64 r{r}, 0" for r in range(4)]              # the .rs A fragment
+    lines += [f"        mov.b64 r4, {kmaj}", f"        mov.b64 r5, {kmaj | 8192 >> 4}"]
+    lines += [f"        mov.f32 r{16 + i}, 0.0" for i in range(n // 2)]
+    lines += ["        ldparam r8, iters", "        mov.b64 r9, 0", "        wgmma.fence", "LOOP:"]
+    lines += [f"        {op} r16, {'r0' if registers else 'r4'}, r5, 0"] * 4
+    lines += ["        wgmma.commit_group", "        wgmma.wait_group 1", "        add.i64 r9, r9, 1",
+              "        setp.lt.i64 p0, r9, r8", "   @p0  bra LOOP", "        wgmma.wait_group 0", "        exit"]
+    return "\n".join(lines) + "\n"
+
+
+def micro_wgmma(machine, p: dict, out: MicroResult) -> float:
+    """Warpgroup MMA throughput (machines with tensor.wgmma): every core runs ``warpgroups``
+    warpgroups of wgmma_kernel's loop."""
+    _gpu_only(machine, "wgmma")
+    caps = capabilities(machine)
+    _need("wgmma" in caps.features, f"micro wgmma on {machine.name}", "the machine has no warpgroup MMA",
+          "a machine with tensor.wgmma (h100)")
+    _need(p["dtype"] in ("fp16", "bf16"), "--param dtype", repr(p["dtype"]), "fp16 or bf16")
+    _need(p["n"] in WGMMA_N, "--param n", str(p["n"]), ", ".join(map(str, WGMMA_N)))
+    _need(p["a"] in ("shared", "registers"), "--param a", repr(p["a"]), "shared or registers")
+    _need(p["iterations"] > 0, "--param iterations", "must be > 0", ">= 1")
+    c = machine.cores
+    _need(1 <= p["warpgroups"] <= c.warp_slots // 4, "--param warpgroups", str(p["warpgroups"]),
+          f"1 to {c.warp_slots // 4} (the warp slots of a core)")
+    prog = assemble(wgmma_kernel(p["dtype"], p["n"], p["a"] == "registers"))
+    launch = Launch((machine.groups * c.per_group, 1, 1), (4 * p["warpgroups"] * c.warp_width, 1, 1))
+    t = _time(prog, machine, launch, {"iters": p["iterations"]}, prog.name, out)
+    return t.flops / stats.seconds(machine, t.cycles) / 1e12
+
+
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
     (archsim.workloads.emit.gemm_gpu: the tile rule's block tile or ``tile``'s, a multistage cp.async pipeline,
@@ -640,7 +683,9 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
-    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]))
+    _need(p["kernel"] in ("auto", "mma", "wgmma"), "--param kernel", repr(p["kernel"]), "auto, mma or wgmma")
+    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]),
+                    kernel=None if p["kernel"] == "auto" else p["kernel"])
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
     out.kernels[-1]["model_flops"] = g.flops
@@ -650,7 +695,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
     out.extra["stages"] = g.tile.stages
     out.extra["kernel"] = g.kind
-    pk = peak.get(g.dtype if g.kind == "mma" else "fp32")
+    pk = peak.get(g.dtype if g.kind in ("mma", "wgmma") else "fp32")
     if pk:
         out.extra["share_of_peak"] = tf / pk
     return tf
@@ -930,7 +975,8 @@ def micro_asm(machine, p: dict, out: MicroResult) -> float:
     return (t2.cycles - t1.cycles) / (p["iters"] * p["per_iter"])
 
 
-MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "gemm": micro_gemm,
+MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "wgmma": micro_wgmma,
+          "gemm": micro_gemm,
           "attention": micro_attention, "dma": micro_dma, "rma": micro_rma, "asm": micro_asm}
 
 

@@ -35,11 +35,16 @@ PARAMS = {
                   "blocks_per_core": (int, 2, "blocks a core holds at once with block > 0 (shared memory "
                                               "limits them, as gpu-stream's carve-out), >= 1")},
     "mma": {"dtype": (str, "fp16", "fp16, bf16, tf32 or fp64"), "iterations": (int, 64, "> 0")},
+    "wgmma": {"dtype": (str, "fp16", "fp16 or bf16"), "n": (int, 256, "16, 32, 64, 96, 128, 192 or 256"),
+              "a": (str, "shared", "shared (A by descriptor) or registers (.rs)"),
+              "warpgroups": (int, 2, "warpgroups a core, >= 1 (within its warp slots)"),
+              "iterations": (int, 16, "> 0")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
              "tile": (str, "auto", "auto (the tile rule's) or a tensor-core tile BMxBNxBK/warps/stages, as "
-                                   "128x128x64/4/4 (GPU)")},
+                                   "128x128x64/4/4 (GPU; the mma kernel)"),
+             "kernel": (str, "auto", "auto (the tile rule's choice), mma or wgmma (machines with warpgroup MMA; GPU)")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
@@ -59,7 +64,7 @@ PARAMS = {
             "per_iter": (float, 1.0, "units of work one loop iteration does (the value is cycles per unit), > 0"),
             "threads": (int, 0, "threads per block (0: the file's .launch)")},
 }
-UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "wgmma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
          "dma": "B/cycle", "rma": "cycles", "asm": "cycles"}
 
 

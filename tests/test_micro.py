@@ -199,6 +199,22 @@ def test_mma_reaches_the_tensor_peak(tiny):
     assert 0.9 * peak < r.value <= peak * 1.0001
 
 
+def test_wgmma_reaches_the_tensor_peak_and_narrow_tiles_bind_on_shared_memory():
+    # h100: a warpgroup's m64n256k16 keeps the SM's tensor units busy (989 TFLOP/s peak); at N = 32
+    # the operands read from shared memory bind (Luo et al.: SS below RS under N = 64)
+    h100 = load_machine("h100")
+    peak = peak_tflops(h100)["fp16"]
+    wide = MI.run_micro("wgmma", h100, {"iterations": 8})
+    assert 0.9 * peak < wide.value <= peak * 1.0001
+    ss = MI.run_micro("wgmma", h100, {"iterations": 8, "n": 32}).value
+    rs = MI.run_micro("wgmma", h100, {"iterations": 8, "n": 32, "a": "registers"}).value
+    assert ss < 0.8 * rs
+    with pytest.raises(InputError, match="warpgroup MMA"):
+        MI.run_micro("wgmma", load_machine("a100"), {})
+    with pytest.raises(InputError, match="--param n"):
+        MI.run_micro("wgmma", h100, {"n": 48})
+
+
 def test_result_record_fields_and_sums(tiny):
     r = MI.run_micro("bandwidth", tiny, {"footprint_mib": 0.25})
     doc = r.document(tiny)
