@@ -52,6 +52,9 @@ def cases(config: str) -> list:
     phases, and on the full-size machines GPT-2 small's decode and a short prefill."""
     sunway = config in ("sw26010pro", "tiny-sunway")
     out = list(_SUNWAY if sunway else _GPU) + _TINY_RUNS
+    if config == "h100":                # the warpgroup-MMA kernel, which the tile rule keeps for big GEMMs
+        out.append(("gemm_wgmma", "micro", ("gemm", {"m": 256, "n": 256, "k": 256, "sample": False,
+                                                     "kernel": "wgmma"})))
     if not config.startswith("tiny"):
         out += _BIG_RUNS
     return out

@@ -432,5 +432,22 @@ def test_h100_without_wgmma_keeps_the_mma_kernel():
     assert "wgmma" not in caps.features
     k, _ = run_and_compare(caps, 128, 128, 64, "fp16", "f32", False)
     assert k.kind == "mma"
-    # a forced tile is the mma kernel on h100 too (the Ampere-style kernel, for comparison)
-    assert gemm_kernel(caps_of("h100"), 128, 128, 64, tile=T128).kind == "mma"
+    # a forced tile is the mma kernel on h100 too (the Ampere-style kernel, for comparison), where the
+    # rule would take wgmma
+    big = (1024, 4096, 4096)
+    assert gemm_kernel(caps_of("h100"), *big).kind == "wgmma"
+    assert gemm_kernel(caps_of("h100"), *big, tile=Tile(128, 128, 64, 4, 4)).kind == "mma"
+    for bad in ({"kernel": "bogus"}, {"kernel": "wgmma", "tile": T128}, {"kernel": "wgmma", "dtype": "fp32"}):
+        with pytest.raises(InputError):
+            gemm_kernel(caps_of("h100"), *big, **bad)
+
+
+def test_wgmma_gemm_skip_ahead_changes_nothing():
+    from archsim.engine.timing import Unbacked, time_kernel
+    h100 = load_machine("h100")
+    k = gemm_kernel(caps_of("h100"), 256, 512, 256, kernel="wgmma")
+    args = k.args(*(Unbacked(n) for n in k.buffer_bytes().values()))
+    a = time_kernel(k.program, h100, k.launch, args, skip=True)
+    b = time_kernel(k.program, h100, k.launch, args, skip=False)
+    assert (a.cycles, a.warp_instructions, a.memory["bytes"]) == (b.cycles, b.warp_instructions, b.memory["bytes"])
+    assert (a.stall == b.stall).all()

@@ -132,6 +132,12 @@ def test_skip_ahead_changes_nothing(h100):
     assert (a.stall == b.stall).all()
 
 
+def test_a_guarded_off_wgmma_does_nothing(h100):
+    body = ["wgmma.fence", "setp.lt.i64 p1, r1, 0", f"@p1 {wg(256)}", "wgmma.commit_group", "wgmma.wait_group 0"]
+    t = run(h100, 256, body)
+    assert t.flops == 0 and t.memory["bytes"]["scratch"] == 0 and t.pipe_busy_cycles[:, -1].sum() == 0
+
+
 def test_a_machine_without_wgmma_refuses_it_at_decode():
     from archsim.errors import InputError
     with pytest.raises(InputError, match="warpgroup MMA"):

@@ -203,7 +203,8 @@ class Wgmma(Frozen):
     """Warpgroup MMA (wgmma.mma_async): each warp of a warpgroup runs its 16-row slice on its own
     sub-core's tensor unit at mac_steps_per_cycle, asynchronously to its issue."""
     latency_cycles: NonNegInt       # after the last step until the accumulators are complete
-    queue_depth: PosInt             # wgmma a sub-core's tensor unit holds issued and unfinished; one more waits
+    queue_depth: Annotated[int, Field(strict=True, gt=0, le=64)]   # wgmma a sub-core's tensor unit holds issued
+                                    # and unfinished; one more waits
 
 
 class Tensor(Frozen):
@@ -212,8 +213,8 @@ class Tensor(Frozen):
     mac_steps_per_cycle: Annotated[FMap[TensorDtype, PosFloat], Field(min_length=1)]  # per unit
     latency_cycles: PosCycles                       # pipeline fill/drain after the last step
     # per unit, the rate of the ISA's warp-level mma where it is below the unit's own (the peak): Hopper's
-    # units reach theirs only from warpgroup wgmma, which the ISA does not have; dtypes left out run at
-    # mac_steps_per_cycle
+    # units reach theirs only from warpgroup wgmma (the ISA's wgmma.*, with `wgmma` below); dtypes left
+    # out run at mac_steps_per_cycle
     mma_sync_steps_per_cycle: FMap[TensorDtype, PosFloat] = Field(default_factory=FrozenDict)
     # cycles from an mma's issue during which its sub-core's arithmetic pipes (those serving none of lsu,
     # shfl, ctrl, sync) take no other instruction: the mma's A, B and C operands hold the register-file

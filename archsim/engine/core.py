@@ -404,10 +404,12 @@ def _wgmma_wait(TS, P, Dd, w, pc):
             return np.int64(0), R_WAIT
         return TS.wg[w, WG_DONE0 + idx % WG_GROUPS], R_WAIT
     t = np.int64(0)
+    kind = 0
     for r in range(TS.reg_ready.shape[1]):
         if TS.reg_ready[w, r] > t:
             t = TS.reg_ready[w, r]
-    return t, (R_LONG_SB if t >= INF else R_WAIT)
+            kind = TS.reg_kind[w, r]
+    return t, _kind_reason(kind)
 
 
 # ----------------------------------------------------------------------------- issue
@@ -456,7 +458,7 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             for p in range(C.v[C_NPIPES]):
                 if (held >> p) & 1 and TS.pipe_free[core, sub, p] < now + hold:
                     TS.pipe_free[core, sub, p] = now + hold
-    elif cls == D.CLS_WGMMA:
+    elif cls == D.CLS_WGMMA and mask != 0:      # (no lane passes: it does nothing at all)
         _wgmma_issue(TS, Dd, core, sub, w, pc, now, scratch_reads(MS, core, Dd.access[pc], now))
     elif Dd.pipe[pc] >= 0:
         TS.pipe_free[core, sub, Dd.pipe[pc]] = now + ii

@@ -331,7 +331,8 @@ def core_memory(MS, TS, S, Dd, core, now):
 def scratch_reads(MS, core, nbytes, now):
     """Operand reads that bypass the MIO queue (a wgmma's tiles) take the core's shared-memory data
     pipe, one wavefront of banks x bank width bytes a cycle, from the first cycle after this one it
-    is free: MIO entries wait behind them. Returns the cycle after the last read."""
+    is free: queued MIO entries wait behind them (an entry in the middle of its wavefronts finishes
+    after them). Returns the cycle after the last read."""
     cfg = MS.cfg
     wave = cfg[M_BANKS] * cfg[M_BANK_W]
     r0 = MS.mio_next[core]

@@ -13,6 +13,7 @@ import numpy as np
 from archsim.engine.jit import njit
 from archsim.engine.names import STALL_NAMES  # noqa: F401 (re-exported)
 from archsim.engine.queues import SPAN_SHIFT, span_bounds
+from archsim.isa.check import WG_GROUPS  # noqa: F401 (re-exported)
 
 INF = np.int64(1) << 62
 
@@ -34,8 +35,7 @@ HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 # waited for must not exceed it (a GEMM pipeline keeps at most stages - 1). Not a machine figure:
 # real hardware has no such limit, so it is no config setting.
 CP_GROUPS = 8
-# wgmma groups a warp tracks (isa check.WG_GROUPS): TState.wg columns
-WG_GROUPS = 8
+# wgmma groups a warp tracks (the ISA refuses wait_group WG_GROUPS or more): TState.wg columns
 WG_PEND, WG_NCOMMIT, WG_DONE0 = 0, 1, 2
 
 

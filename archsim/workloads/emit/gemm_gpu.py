@@ -140,7 +140,6 @@ MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
 SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
-_TENSOR_RATE_DTYPE = {"fp16": "fp16", "bf16": "bf16", "tf32": "tf32"}   # the config's names of the dtypes
 # (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
 WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 
@@ -1136,6 +1135,8 @@ def _emit_wgmma(c: _Cfg) -> Program:
     warp specialization). The epilogue is the mma kernel's (each warp's 16 x BN slice in the
     mma C layout)."""
     ctx = _MmaCtx(c)
+    if ctx.S * ctx.SB > 1 << 18:
+        raise OutOfRegisters(f"{ctx.S * ctx.SB} B of stages beyond a descriptor's 256 KiB reach")
     a = ctx.a
     ctx.acc = a.reg(c.BN // 2)
     for i in range(c.BN // 2):
@@ -1682,6 +1683,11 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     rule's choice between them."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
+    if kernel not in (None, "mma", "wgmma"):
+        raise InputError("gemm", f"kernel {kernel!r}", "mma or wgmma")
+    if kernel is not None and not _uses_tensor(caps, dt):
+        raise InputError(f"gemm on {caps.name}", f"kernel {kernel} with dtype {dtype}, which {caps.name} runs as "
+                         "the vector FFMA kernel", "no kernel, or a dtype the tensor units take")
     if not _uses_tensor(caps, dt):
         cfg = _Cfg("ffma", dt, out, trans_b, FFMA_TILE[0], FFMA_TILE[1], 4, 4, 1, es, es,
                    trans_a=trans_a, alpha=alpha)
@@ -1702,19 +1708,21 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     # of its best tile, at the units' peak, is below that of mma's at the rate mma.sync gets (a
     # small GEMM spreads over more cores in mma's smaller tiles; a tile bound by its operands'
     # traffic gains nothing from the faster units)
-    share = dict(caps.mma_sync_share).get(_TENSOR_RATE_DTYPE.get(dt), 1.0)
+    share = dict(caps.mma_sync_share).get(dt, 1.0)
     wg_order = sorted(WGMMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share), -t[0] * t[1]))
     can_wg = "wgmma" in caps.features and dt in ("fp16", "bf16") and not trans_a
     if kernel == "wgmma" and not can_wg:
         raise InputError(f"gemm on {caps.name}", f"the wgmma kernel with dtype {dtype}"
                          f"{', A given k-major' if trans_a else ''}", "fp16 or bf16, A row-major, on a machine "
                          "with tensor.wgmma")
-    if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M and _cost(M, N, *wg_order[0], caps.cores_total,
-                                                                                share)
-                             < _cost(M, N, *order[0][:2], caps.cores_total)):
+    if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M):
+        mma_best = _cost(M, N, *order[0][:2], caps.cores_total)
         for BM, BN in wg_order:
+            if kernel is None and _cost(M, N, BM, BN, caps.cores_total, share) >= mma_best:
+                break                             # no wgmma tile that fits beats mma's best
             for stages in (4, 3):                 # two or one k tiles copied ahead of the wgmma
                 if stages * _stage_bytes(dt, trans_b, BM, BN, 128) > caps.scratchpad_bytes:
+                    tried.append(f"wgmma {BM}x{BN}: {stages * _stage_bytes(dt, trans_b, BM, BN, 128)} B scratchpad")
                     continue
                 cfg = _Cfg("wgmma", dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
                 try:
@@ -1821,6 +1829,10 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         return _copy_width(g, es)
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
+    if kernel not in (None, "mma", "wgmma"):
+        raise InputError(where, f"kernel {kernel!r}", "mma or wgmma")
+    if tile is not None and kernel == "wgmma":
+        raise InputError(where, "a tile with kernel wgmma", "a tile (the mma kernel's) or kernel wgmma (its own rule)")
     if tile is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} with dtype {dtype}, which {caps.name} runs "
                          "as the vector FFMA kernel (one tile)", "no tile, or a dtype the tensor units take")
@@ -1839,8 +1851,6 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
                              f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
     else:
-        if kernel not in (None, "mma", "wgmma"):
-            raise InputError(where, f"kernel {kernel!r}", "mma or wgmma")
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
                                 alpha=alpha_f, launches=nb * nh, kernel=kernel)
     check(prog, caps)
