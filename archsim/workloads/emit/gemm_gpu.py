@@ -692,7 +692,7 @@ class _MmaCtx:
                 f"_{c.BM}x{c.BN}x{BK}_s{S}")
         self.a = Asm(name, PARAMS, S * self.SB)
         # the registers (acc, fa, fb, tid, nt, kshift, aA, bB, rs, ws, kt, fA, fB, pm) and the copy plans
-        # (A, Bop) are set by the steps that allocate them
+        # (A, Bops) are set by the steps that allocate them
 
     def accr(self, mi: int, ni: int) -> Reg:
         """The 4 accumulators of mma tile (mi, ni) of the warp tile."""
@@ -768,7 +768,6 @@ def _mma_operands(ctx: _MmaCtx) -> None:
             if j:
                 a.free(col0)
             ctx.Bops.append(op)
-    Bop = ctx.Bops[0]
     a.free(pB, lim, Mr)
     ctx.bstep = None
     if not c.trans_b:
@@ -778,7 +777,7 @@ def _mma_operands(ctx: _MmaCtx) -> None:
     # a k tile further: BK elements along a row (A, B^T), or BK rows (A^T, B: a register)
     ctx.kstep = {"A": ctx.astep if c.trans_a else BK * es, "B": BK * es if c.trans_b else ctx.bstep}
     a.free(Nr, Kr, m0, n0)
-    ctx.A, ctx.Bop = A, Bop
+    ctx.A = A
 
 
 def _mma_a_frag_bases(ctx: _MmaCtx, lane: Reg, warp: Reg, t1: Reg, t2: Reg) -> None:
@@ -946,12 +945,12 @@ def _mma_advance(ctx: _MmaCtx) -> None:
             ctx.a("add.i64", g, g, ctx.kstep[op.name])
 
 
-def _mma_pipeline_prologue(ctx: _MmaCtx) -> None:
-    """Emit the copies of tiles 0 .. S-2 into stages 0 .. S-2, then tile 0's first fragments."""
-    # tile 0 is the K residue: its chunks at k < 0 are zero-filled (_emit_copies)
-    a, S, SB = ctx.a, ctx.S, ctx.SB
+def _copy_prologue(ctx: _MmaCtx, tiles: int) -> None:
+    """Emit the copies of k tiles 0 .. tiles-1 into stages 0 .. tiles-1, a commit group each, and
+    allocate ctx.pm. Tile 0 is the K residue: its chunks at k < 0 are zero-filled (_emit_copies)."""
+    a, SB = ctx.a, ctx.SB
     ctx.pm = pm = a.pred()
-    for j in range(S - 1):
+    for j in range(tiles):
         stage = None
         if j:
             stage = a.reg()
@@ -964,6 +963,23 @@ def _mma_pipeline_prologue(ctx: _MmaCtx) -> None:
         if stage is not None:
             a.free(stage)
     a.free(ctx.kshift)
+
+
+def _stage_bases(ctx: _MmaCtx, ws: Reg) -> dict:
+    """Registers holding ws + each copy plan's shared offset: where a k tile's copies go."""
+    base = {}
+    for op in (ctx.A, *ctx.Bops):
+        for sr in op.sregs:
+            r = ctx.a.reg()
+            ctx.a("add.i64", r, ws, sr)
+            base[sr.n] = r
+    return base
+
+
+def _mma_pipeline_prologue(ctx: _MmaCtx) -> None:
+    """Emit the copies of tiles 0 .. S-2 into stages 0 .. S-2, then tile 0's first fragments."""
+    a, S, SB = ctx.a, ctx.S, ctx.SB
+    _copy_prologue(ctx, S - 1)
     a("mov.b64", ctx.rs, 0)
     a("mov.b64", ctx.ws, (S - 1) * SB)
     a("mov.b64", ctx.kt, 0)
@@ -986,13 +1002,8 @@ def _mma_main_loop(ctx: _MmaCtx) -> None:
     a("add.i64", t, kt, S - 1)
     a("setp.lt.i64", pm, t, ctx.nt)               # tile kt+S-1 exists?
     a.free(t)
-    base = {}
-    for op in (ctx.A, ctx.Bop):
-        for sr in op.sregs:
-            r = a.reg()
-            a("add.i64", r, ws, sr)               # where this tile's copies go
-            base[sr.n] = r
-    copies = _copy_ops(a, ctx.A, base, pm) + _copy_ops(a, ctx.Bop, base, pm)
+    base = _stage_bases(ctx, ws)                  # where this tile's copies go
+    copies = [f for op in (ctx.A, *ctx.Bops) for f in _copy_ops(a, op, base, pm)]
     pre = NSTEP - 1                               # k-steps before the barrier
     share = [copies[i * len(copies) // pre:(i + 1) * len(copies) // pre] for i in range(pre)]
     for s_ in range(NSTEP):
@@ -1051,22 +1062,9 @@ def _emit_mma(c: _Cfg) -> Program:
 def _wgmma_loop(ctx: _MmaCtx) -> None:
     """The copy pipeline and main loop of the wgmma kernel (see _emit_wgmma)."""
     a, c, S, SB = ctx.a, ctx.c, ctx.S, ctx.SB
-    ops = (ctx.A, *ctx.Bops)
     d = S - 2                                     # k tiles copied ahead
-    ctx.pm = pm = a.pred()
-    for j in range(d):                            # prologue: tiles 0 .. d-1 (tile 0 the K residue)
-        stage = None
-        if j:
-            stage = a.reg()
-            a("mov.b64", stage, j * SB)
-            a("setp.gt.i64", pm, ctx.nt, j)
-        for op in ops:
-            _emit_copies(a, op, stage, pm if j else None, j == 0, ctx.kshift, ctx.acc)
-        a("cp.async.commit")
-        _mma_advance(ctx)
-        if stage is not None:
-            a.free(stage)
-    a.free(ctx.kshift)
+    _copy_prologue(ctx, d)
+    pm = ctx.pm
     ctx.rs, ctx.ws, ctx.kt = rs, ws, kt = a.reg(), a.reg(), a.reg()
     a("mov.b64", rs, 0)
     a("mov.b64", ws, d * SB)
@@ -1100,13 +1098,8 @@ def _wgmma_loop(ctx: _MmaCtx) -> None:
     a("wgmma.wait_group", 1)
     a("add.i64", tmp, kt, d)
     a("setp.lt.i64", pm, tmp, ctx.nt)
-    base = {}
-    for op in ops:
-        for sr in op.sregs:
-            r = a.reg()
-            a("add.i64", r, ws, sr)
-            base[sr.n] = r
-    for op in ops:
+    base = _stage_bases(ctx, ws)
+    for op in (ctx.A, *ctx.Bops):
         for f in _copy_ops(a, op, base, pm):
             f()
     for r in base.values():
