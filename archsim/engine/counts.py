@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from archsim.engine import execute as X
-from archsim.engine.functional import DONE, build_fstate, run_loop
+from archsim.engine.functional import DONE, FO_N, FO_OUTCOME, FO_PC, FO_STEPS, build_fstate, run_loop
 from archsim.isa import cfg
 from archsim.isa import opcodes as O
 from archsim.isa.program import NONE, Launch, Program
@@ -239,14 +239,14 @@ def count_launch(prog: Program, launch: Launch, params: np.ndarray, warp_width: 
                          warp_core=np.zeros(nb * wpb, np.int32) if block_core is None else
                          np.repeat(block_core[blocks], wpb).astype(np.int32), block_smem=np.arange(nb),
                          stack_mask0=mask_of_wib[wib])
-        out = np.zeros(4, np.int64)
+        out = np.zeros(FO_N, np.int64)
         per_warp = np.zeros(nb * wpb, np.int64)
         run_loop(P, T, S, np.int64(MAX_STEPS - steps), out, weight, per_warp, visits)
-        if int(out[0]) != DONE:
-            at = int(start[min(max(int(out[2]), 0), len(start) - 1)])   # the folded pc's first original pc
+        if int(out[FO_OUTCOME]) != DONE:
+            at = int(start[min(max(int(out[FO_PC]), 0), len(start) - 1)])   # the folded pc's first original pc
             return None, "the instruction counter did not finish (a fault, a deadlock or over " \
                          f"{MAX_STEPS} steps at {prog.where(at)})"
-        steps += int(out[3])
+        steps += int(out[FO_STEPS])
         counts[blocks] = per_warp.reshape(nb, wpb).sum(axis=1)
     if len(run_blocks) == 1 and len(run_blocks[0]) == 1 and B > 1:
         counts[:] = counts[0]

@@ -42,6 +42,8 @@ FAULT_TEXT = {
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
+# run_loop's out[]: outcome, the warp and pc it stopped at (fault, deadlock, limit), warp-instructions run
+FO_OUTCOME, FO_WARP, FO_PC, FO_STEPS, FO_N = range(5)
 
 
 def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsize: int, smem_rows: int,
@@ -107,8 +109,8 @@ def mem_base() -> int:
 
 @njit(cache=True)
 def run_loop(P, T, S, max_instructions, out, weight, counts, visits):
-    """Run every warp to completion. out[0] = outcome, out[1] = warp, out[2] = pc, out[3] = total
-    (instructions executed; the limit applies to it). ``counts[w]`` adds ``weight[pc]`` for every
+    """Run every warp to completion. out: FO_* (outcome, warp, pc, and the instructions executed,
+    to which the limit applies). ``counts[w]`` adds ``weight[pc]`` for every
     instruction warp w executes (the instruction counter runs a compressed program whose
     instructions stand for runs of the original's: engine/counts.py), and ``visits[pc]`` one. The
     state tuples travel as StatePtrs (archsim.engine.ref) from here on."""
@@ -135,17 +137,17 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
                 visits[pc] += 1
                 if st == X.ST_OK:
                     if total >= max_instructions:
-                        out[0] = LIMIT
-                        out[1] = w
-                        out[2] = S.stack_pc[w, S.sp[w] - 1]
-                        out[3] = total
+                        out[FO_OUTCOME] = LIMIT
+                        out[FO_WARP] = w
+                        out[FO_PC] = S.stack_pc[w, S.sp[w] - 1]
+                        out[FO_STEPS] = total
                         return
                     continue
                 if st == X.ST_FAULT:
-                    out[0] = FAULT
-                    out[1] = w
-                    out[2] = pc
-                    out[3] = total
+                    out[FO_OUTCOME] = FAULT
+                    out[FO_WARP] = w
+                    out[FO_PC] = pc
+                    out[FO_STEPS] = total
                     return
                 if st == X.ST_BAR:
                     S.wstate[w] = X.W_BAR
@@ -180,13 +182,13 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
             continue
         for w in range(NW):
             if S.wstate[w] != X.W_DONE:
-                out[0] = DEADLOCK
-                out[1] = w
-                out[2] = S.stack_pc[w, S.sp[w] - 1] - 1
-                out[3] = total
+                out[FO_OUTCOME] = DEADLOCK
+                out[FO_WARP] = w
+                out[FO_PC] = S.stack_pc[w, S.sp[w] - 1] - 1
+                out[FO_STEPS] = total
                 return
-        out[0] = DONE
-        out[3] = total
+        out[FO_OUTCOME] = DONE
+        out[FO_STEPS] = total
         return
 
 
@@ -226,13 +228,13 @@ def run_functional(prog: Program, args: dict, launch: Launch | None = None, *, w
     launch = resolve_launch(prog, launch)
     mem, params, _ = build_memory(prog, args)
     S = make_state(prog, launch, mem, params, warp_width, ncores)
-    out = np.zeros(4, np.int64)
+    out = np.zeros(FO_N, np.int64)
     run_loop(prog.arrays(), tables(), S, np.int64(max_instructions), out, np.ones(max(len(prog), 1), np.int64),
              np.zeros(S.wstate.shape[0], np.int64), np.zeros(max(len(prog), 1), np.int64))
     mem.data[:] = S.g8[: len(mem.data)]
     result = FunctionalResult(memory=mem, regs=S.regs, preds=S.preds.astype(bool),
-                              warp_instructions=int(out[3]), launch=launch)
-    outcome, w, pc = int(out[0]), int(out[1]), int(out[2])
+                              warp_instructions=int(out[FO_STEPS]), launch=launch)
+    outcome, w, pc = int(out[FO_OUTCOME]), int(out[FO_WARP]), int(out[FO_PC])
     if outcome == DONE:
         return result
     wpb = int(S.geom[X.G_WPB])
