@@ -616,11 +616,9 @@ def _wg_swizzle(desc):
 
 
 @njit(cache=True, inline="always")
-def _wg_rpart(desc, kmaj, r):
-    """The part of element (r, k)'s logical address that depends on r (isa/README.md)."""
-    lbo = ((desc >> 16) & 0x3FFF) << 4
-    sbo = ((desc >> 32) & 0x3FFF) << 4
-    sz = _wg_swizzle(desc)
+def _wg_rpart(lbo, sbo, sz, kmaj, r):
+    """The part of element (r, k)'s logical address that depends on r (isa/README.md), for a
+    descriptor's LBO, SBO and swizzle width."""
     if kmaj:
         return (r >> 3) * sbo + (r & 7) * (sz if sz else 16)
     h = sz // 2 if sz else 8
@@ -628,20 +626,17 @@ def _wg_rpart(desc, kmaj, r):
 
 
 @njit(cache=True, inline="always")
-def _wg_kpart(desc, kmaj, k):
+def _wg_kpart(lbo, sbo, sz, kmaj, k):
     """The part of element (r, k)'s logical address that depends on k."""
-    lbo = ((desc >> 16) & 0x3FFF) << 4
-    sbo = ((desc >> 32) & 0x3FFF) << 4
-    sz = _wg_swizzle(desc)
     if kmaj:
         return 2 * k if sz else ((2 * k) >> 4) * lbo + (2 * k) % 16
     return (k >> 3) * sbo + (k & 7) * (sz if sz else 16)
 
 
 @njit(cache=True, inline="always")
-def _wg_phys(desc, a):
-    """A logical scratchpad address of a wgmma tile -> physical (the swizzle, by absolute address)."""
-    sz = _wg_swizzle(desc)
+def _wg_phys(sz, a):
+    """A logical scratchpad address of a wgmma tile -> physical (the swizzle of width sz, by
+    absolute address)."""
     if sz == 0:
         return a
     return a ^ (((a >> 7) & (sz // 16 - 1)) << 4)
@@ -654,6 +649,8 @@ def _wg_tile(S, desc, kmaj, r0, nr, blk, pc, out, trans, values):
     S-byte row of its logical address, so a tile whose rows all lie inside the scratchpad needs no
     scan of its elements in a timing run."""
     start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
     sz = _wg_swizzle(desc)
     if sz and ((kmaj and start % sz + 32 > sz) or (not kmaj and start % sz != 0)):
         return fault(S, F_WG_ALIGN, 0, start, sz, pc)
@@ -661,12 +658,12 @@ def _wg_tile(S, desc, kmaj, r0, nr, blk, pc, out, trans, values):
     if not values:
         hi_r = 0
         for i in range(nr):
-            v = _wg_rpart(desc, kmaj, r0 + i)
+            v = _wg_rpart(lbo, sbo, sz, kmaj, r0 + i)
             if v > hi_r:
                 hi_r = v
         hi_k = 0
         for k in range(16):
-            v = _wg_kpart(desc, kmaj, k)
+            v = _wg_kpart(lbo, sbo, sz, kmaj, k)
             if v > hi_k:
                 hi_k = v
         top = start + hi_r + hi_k + 2
@@ -675,9 +672,9 @@ def _wg_tile(S, desc, kmaj, r0, nr, blk, pc, out, trans, values):
         if top <= shared:
             return ST_OK
     for i in range(nr):
-        ra = start + _wg_rpart(desc, kmaj, r0 + i)
+        ra = start + _wg_rpart(lbo, sbo, sz, kmaj, r0 + i)
         for k in range(16):
-            a = _wg_phys(desc, ra + _wg_kpart(desc, kmaj, k))
+            a = _wg_phys(sz, ra + _wg_kpart(lbo, sbo, sz, kmaj, k))
             if a + 2 > shared:
                 return fault(S, F_SHARED_OOB, 0, a, 2, pc)
             if values:
