@@ -167,10 +167,13 @@ def source_digest() -> str:
 def _arg_key(h, name: str, v) -> bool:
     """Feed one argument to the key; False if it cannot be keyed (the call is not cached)."""
     from archsim.engine.launch import Unbacked
+    from archsim.isa.tensor_map import TensorMap
 
     h.update(name.encode() + b"\0")
     if isinstance(v, Unbacked):
         h.update(repr(("U", int(v.nbytes), v.at)).encode())
+    elif isinstance(v, TensorMap):
+        h.update(repr(("T", v.of, tuple(int(x) for x in v.words), v.offset)).encode())
     elif isinstance(v, np.ndarray):
         a = np.ascontiguousarray(v)
         h.update(repr(("A", a.dtype.str, a.shape)).encode())

@@ -230,6 +230,8 @@ def kernel_record(name: str, machine, launch, timing: KernelTiming, *, count: in
     }
     if machine.l1 is not None and "carveout" in mem:    # the split of the unified L1 / shared array
         rec["carveout"] = dict(mem["carveout"])
+    if "tma" in mem:
+        rec["tma"] = dict(mem["tma"])
     if "dma" in mem:
         rec["dma"] = dict(mem["dma"])
         rec["bytes"]["dma"] = int(b.get("dma", 0))

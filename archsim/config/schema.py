@@ -207,6 +207,16 @@ class Wgmma(Frozen):
                                     # and unfinished; one more waits
 
 
+class Tma(Frozen):
+    """The tensor memory accelerator of an SM (Hopper TMA): bulk tensor copies from global memory into
+    the scratchpad, completing on transaction barriers (the ISA's mbarrier.* and cp.async.bulk.tensor)."""
+    startup_cycles: NonNegInt        # issue until a copy's first request may leave: descriptor fetch and decode
+    requests_per_cycle: Annotated[int, Field(strict=True, gt=0, le=8)]   # line requests the unit generates a cycle
+    queue_depth: Annotated[int, Field(strict=True, gt=0, le=64)]   # copies issued and still generating requests;
+                                     # one more stalls its warp (pipe busy)
+    max_inflight_lines: PosInt       # line requests of the SM's unit in flight at once
+
+
 class Tensor(Frozen):
     units_per_core: PosInt                       # tensor units per core (A100: one per sub-core)
     mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
@@ -604,6 +614,7 @@ class Machine(Frozen):
     scratchpad: Scratchpad
     l1: Optional[L1] = None
     async_copy: Bool = False        # GPU cp.async: global -> shared without registers
+    tma: Optional[Tma] = None       # GPU tensor memory accelerator (mbarrier, cp.async.bulk.tensor); absent: refused
     dma: Optional[Dma] = None
     rma: Optional[Rma] = None
     mesh: Optional[Mesh] = None
@@ -666,6 +677,10 @@ class Machine(Frozen):
                     raise FieldError(f"scratchpad.shared_modes[{i}]", f"shared-LDM mode {r}x{c} does not tile "
                                      f"the {m.rows}x{m.cols} mesh", "rows and cols dividing the mesh's",
                                      ("mesh.rows", "mesh.cols"))
+        if self.tma is not None and (fam != "gpu" or self.l1 is None or self.cores.warp_width != 32):
+            raise FieldError("tma", "a TMA unit belongs to a GPU SM with 32-lane warps and an L1 (its copies "
+                             "take the SM's path to L2)", "tma: null, or family gpu, warp_width 32, an l1 block",
+                             ("family", "l1", "cores.warp_width"))
         for blk in ("dma", "rma"):
             if getattr(self, blk) is not None and self.mesh is None:
                 raise FieldError(blk, f"a {blk} block needs a mesh block (its engines are per cluster)",

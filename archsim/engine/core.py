@@ -25,15 +25,15 @@ from archsim.engine import decode as D
 from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
-from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads
+from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads, tma_issue
 from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
 from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
                                   K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, R_BARRIER,
-                                  R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB,
-                                  R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
+                                  MB_SLOTS, R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY,
+                                  R_SHORT_SB, R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
                                   T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState, flush_stalls,
-                                  wake_core)
+                                  mb_reset, mb_slot, wake_core)
 
 SCHED_LRR, SCHED_GTO = 0, 1
 
@@ -46,7 +46,7 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_WG_QUEUE, C_N) = range(16)
+ C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_WG_QUEUE, C_TMA, C_N) = range(17)   # C_TMA: 1 with a TMA unit
 # pipes serving any of these unit classes do not wait out an mma's operand reads (C_HOLD_PIPES)
 _UNHELD_UNITS = ("lsu", "shfl", "ctrl", "sync")
 
@@ -71,6 +71,7 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
     v[C_INTERVAL] = c.block_interval_cycles
     wg = machine.tensor.wgmma if machine.tensor is not None else None
     v[C_WG_QUEUE] = wg.queue_depth if wg is not None else 1
+    v[C_TMA] = int(machine.tma is not None)
     v[C_HOLD_PIPES] = sum(1 << i for i, p in enumerate(machine.pipes.values())
                           if not any(u in _UNHELD_UNITS for u in p.serves))
     return CoreCfg(v)
@@ -97,6 +98,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     w = np.arange(NW)
     home[HOME_SUB, :NW] = (w // slots) * sub + (w % slots) % sub
     home[HOME_CORE, :cores * sub] = np.arange(cores * sub) // sub
+    mbs = (cores * mb, MB_SLOTS) if v[C_TMA] else (1, 1)
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 3), -1, np.int64),
@@ -105,6 +107,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         wg=np.zeros((NW, WG_DONE0 + WG_GROUPS), np.int64), wg_queue=np.zeros((cores * sub, int(v[C_WG_QUEUE]) + 1), np.int64),
+        mb_addr=np.full(mbs, -1, np.int64), mb_bytes=np.zeros(mbs + (2,), np.int64), mb_gen=np.zeros(mbs, np.int64),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
@@ -234,6 +237,9 @@ def dispatch_block(C, TS, S, core, now):
                 S.preds[w, p, l] = 0
     for j in range(S.s8.shape[1]):
         S.s8[bs, j] = 0
+    if v[C_TMA]:
+        for j in range(TS.mb_addr.shape[1]):
+            TS.mb_addr[bs, j] = -1
 
 
 def dispatch_order(machine, spread: bool, nblocks: int = 0) -> np.ndarray:
@@ -412,6 +418,60 @@ def _wgmma_wait(TS, P, Dd, w, pc):
     return t, _kind_reason(kind)
 
 
+# ----------------------------------------------------------------------------- transaction barriers
+# mbarrier.wait issues once the phase it waits for has completed functionally (the arrivals and
+# transaction bytes counted at issue, execute.py) and the bulk tensor copies counted into that phase
+# have landed (TS.mb_bytes, which the TMA unit's replies lower). An arrival that completes a phase,
+# and a phase's last bytes landing, wake the core's schedulers (warps.mb_landed).
+@njit(cache=True)
+def _mbwait_blocked(TS, S, P, w, pc):
+    """Why warp w's mbarrier.wait may not issue yet: R_BARRIER (its phase has arrivals or
+    transaction bytes to come), R_LONG_SB (copies counted into it are in flight), or -1: it may
+    (also when its operands would fault: issue reports that)."""
+    top = S.sp[w] - 1
+    mask = X.active_mask(P, S, w, pc, S.stack_mask[w, top])
+    if mask == 0:
+        return -1
+    lane = 0
+    while not ((mask >> lane) & 1):
+        lane += 1
+    addr = (S.regs[w, P.src0[pc], lane] if P.src0[pc] >= 0 else np.int64(0)) + P.imm[pc]
+    if addr < 0 or addr & 7 or addr + 8 > S.geom[X.G_SHARED]:
+        return -1
+    bs = S.warp_smem[w]
+    v = S.s64[bs, addr >> 3]
+    parity = S.regs[w, P.src1[pc], lane] & 1
+    if (v >> 22) & X.MB_FIELD == 0:
+        return -1
+    if v & 1 == parity:
+        return R_BARRIER
+    i = mb_slot(TS, bs, addr, False)
+    if i >= 0 and TS.mb_bytes[bs, i, parity] > 0:
+        return R_LONG_SB
+    return -1
+
+
+@njit(cache=True)
+def _mbar_issue(TS, S, P, T, core, w, pc, now):
+    """Book an issued mbarrier operation or bulk tensor copy (execute left its operands in S.addr)
+    in the block's barrier rows. Returns the barrier's row, -1 after a fault (the rows are full)."""
+    bs = S.warp_smem[w]
+    sem = T.sem[P.op[pc]]
+    tma = sem == X.S_TMA
+    addr = S.addr[w, 1] if tma else S.addr[w, 0]
+    i = mb_slot(TS, bs, addr, True)
+    if i < 0:
+        X.fault(S, X.F_MB_SLOTS, S.addr[w, 4] if tma else 0, addr, MB_SLOTS, pc)
+        return -1
+    if sem == X.S_MBINIT:
+        mb_reset(TS, bs, i)
+    if tma:
+        TS.mb_bytes[bs, i, S.addr[w, 3]] += S.addr[w, 6]
+    if S.addr[w, 5] if tma else S.addr[w, 2]:
+        wake_core(TS, core, now)        # a phase completed: its waiters look again
+    return i
+
+
 # ----------------------------------------------------------------------------- issue
 @njit(cache=True)
 def _release_barrier(C, TS, bs, now):
@@ -511,6 +571,14 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
                 _retire_block(C, TS, S, TS.slot_block[w], now)
                 if TS.core_blocks[core] == 0 and TS.k[K_NEXT] >= TS.k[K_END]:
                     mem_core_done(MS, TS, core, now)  # no block left: a Sunway CPE tells its MPE
+    elif cls == D.CLS_MBAR or cls == D.CLS_TMA:
+        i = _mbar_issue(TS, S, P, T, core, w, pc, now)
+        if i < 0:
+            return X.ST_FAULT
+        if cls == D.CLS_TMA:
+            tma_issue(MS, TS, S, P, T, core, w, pc, i, now)
+    elif cls == D.CLS_MBWAIT:
+        pass
     elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
         # memory instructions: the memory system books them and marks results ready later
         if mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
@@ -557,6 +625,10 @@ def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
         t, reason = _wgmma_wait(TS, P, Dd, w, pc)
         if t > now:
             return t, reason
+    elif cls == D.CLS_MBWAIT:
+        why = _mbwait_blocked(TS, S, P, w, pc)
+        if why >= 0:        # an arrival completing its phase, or its last bytes landing, wakes it
+            return INF, why
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY

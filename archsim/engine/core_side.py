@@ -16,6 +16,7 @@ from archsim.engine import dma as DM
 from archsim.engine import execute as X
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
+from archsim.engine import tma as TM
 from archsim.engine import warps as WS
 from archsim.engine.jit import njit
 from archsim.engine.mem_state import (BY_FABRIC, BY_L1, BY_SCRATCH, CK_NOW_FAB, E_BYTES, E_CLS, E_IDX, E_MASK,
@@ -23,7 +24,8 @@ from archsim.engine.mem_state import (BY_FABRIC, BY_L1, BY_SCRATCH, CK_NOW_FAB, 
                                       M_BANK_W, M_FILL_LINE, M_GROUPED, M_HAS_L1, M_HEADER, M_L1_LAT, M_LINE_BYTES,
                                       M_Q_L1D, M_Q_MISS, M_SECTOR, M_SMEM_LAT, M_W, ND_REQ_CORE, ND_REQ_MEM,
                                       ND_RESP_CORE, TAG_WRITE, TK_DST, TK_GROUP, TK_KIND, TK_NDST, TK_PENDING, TK_T0,
-                                      TK_WARP, TRK_CP, TRK_LOAD, dest_slice, placed_addr, trk_done, trk_piece)
+                                      TK_WARP, TRK_CP, TRK_LOAD, TRK_TMA, dest_slice, placed_addr, trk_done, trk_piece,
+                                      trk_release)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, SPAN_SHIFT, q_peek, q_pop, q_push, req_alloc, req_free
 
 # ----------------------------------------------------------------------------- issue side
@@ -43,6 +45,8 @@ def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
         return DM.dma_can_issue(MS.dma, core, Dd.bcast[pc])  # the engine's descriptor FIFO has room
     elif cls == D.CLS_RMA or cls == D.CLS_RMA_PUT:
         return RM.rma_can_issue(MS.rma, core)
+    elif cls == D.CLS_TMA:
+        return TM.tma_has_room(MS.tma, core) and MS.trk_nfree[core] > 0
     return True
 
 
@@ -132,6 +136,32 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
         if cls == D.CLS_CPASYNC:
             TS.cp_pending[w, TS.cp_open[w] % WS.CP_GROUPS] += 1
     return 0
+
+
+@njit(cache=True)
+def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
+    """Queue an issued bulk tensor copy at the SM's TMA unit (execute._tma left its operands in
+    S.addr[w]; ``row``: its barrier's row in the block's table, core._mbar_issue) with a tracker
+    for its requests; the unit starts it after its start-up (tma.py)."""
+    lane = S.addr[w, 4]
+    rank = T.rank[P.op[pc]]
+    box = S.vals[:18]                            # (scratch; execute checked the map: no fault now)
+    X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
+    coords = S.vals[18:23]
+    for k in range(5):
+        coords[k] = S.regs[w, P.src3[pc] + k, lane] if k < rank else 0
+    t = MS.trk_free[core, MS.trk_nfree[core] - 1]
+    MS.trk_nfree[core] -= 1
+    bs = S.warp_smem[w]
+    MS.trk[core, t, TK_WARP] = w
+    MS.trk[core, t, TK_DST] = S.addr[w, 6]
+    MS.trk[core, t, TK_NDST] = S.addr[w, 1] | (TS.mb_gen[bs, row] << 32)   # the barrier and its generation
+    MS.trk[core, t, TK_PENDING] = 1              # until its last request is sent
+    MS.trk[core, t, TK_KIND] = TRK_TMA
+    MS.trk[core, t, TK_GROUP] = ((bs * WS.MB_SLOTS + row) << 1) | S.addr[w, 3]
+    MS.trk[core, t, TK_T0] = now
+    TM.tma_push(MS.tma, core, t, box, coords, now)
+    core_items(MS, core, 1)                      # the SM's memory side has the copy to send
 
 
 # ----------------------------------------------------------------------------- the SM side
@@ -286,6 +316,45 @@ def _data_pipe(MS, TS, S, Dd, core, now):
 
 
 @njit(cache=True)
+def _tma_cycle(MS, TS, core, now):
+    """Up to tma.requests_per_cycle line requests of the SM's oldest bulk tensor copies onto its
+    miss queue (tma.py); False when none could go (the miss or return path is backed up)."""
+    cfg = MS.cfg
+    R = MS.R
+    U = MS.tma
+    qm = cfg[M_Q_MISS] + core
+    ql = cfg[M_Q_L1D] + core
+    lb = cfg[M_LINE_BYTES]
+    sb = cfg[M_SECTOR]
+    moved = False
+    sent = 0
+    while sent < U.cfg[TM.TC_RPC] and TM.tma_ready(U, core, now):
+        if MS.Q.count[qm] >= MS.Q.cap[qm] - 2 or MS.Q.count[ql] >= MS.Q.cap[ql] - 2 or R.nfree[0] < 4:
+            break
+        t = U.desc[core, U.head[core], TM.TD_TRK]
+        a, n = TM.tma_piece(U, core, lb)
+        moved = True
+        if a < 0:                                # every piece sent: the copy leaves the queue
+            TM.tma_pop(U, core)
+            core_items(MS, core, -1)
+            trk_release(MS, TS, core, t, now)
+            continue
+        line = a - a % lb
+        first = (a - line) // sb
+        last = (a + n - 1 - line) // sb
+        nbytes = (last - first + 1) * sb
+        r = req_alloc(R, placed_addr(cfg, core, line), nbytes, KIND_READ, core, -1 - t, now)
+        R.aux0[r] = ((np.int64(1) << (last + 1)) - 1) ^ ((np.int64(1) << first) - 1)
+        core_push(MS, core, qm, r)
+        MS.trk[core, t, TK_PENDING] += 1
+        U.fly[core] += 1
+        U.cnt[core, TM.TX_REQS] += 1
+        U.cnt[core, TM.TX_REQ_BYTES] += nbytes
+        sent += 1
+    return moved
+
+
+@njit(cache=True)
 def core_memory(MS, TS, S, Dd, core, now):
     """One cycle of a core's memory side (replies, L1 hits, the data pipe, misses onto the
     request fabric); True when it changed anything."""
@@ -311,8 +380,11 @@ def core_memory(MS, TS, S, Dd, core, now):
         moved = True
     if pipe_takes_head(MS, core, now):
         moved |= _data_pipe(MS, TS, S, Dd, core, now)
-    if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0):
-        WS.wake_refused(TS, core, now)  # a warp refused for a full MIO queue or no tracker may go now
+    tma0 = MS.tma.count[core]
+    if TM.tma_ready(MS.tma, core, now):
+        moved |= _tma_cycle(MS, TS, core, now)
+    if TS.mem_wait[core] and (MS.mio_count[core] < mio0 or MS.trk_nfree[core] > trk0 or MS.tma.count[core] < tma0):
+        WS.wake_refused(TS, core, now)  # a warp refused for a full MIO queue, TMA queue or no tracker may go now
     q = cfg[M_Q_MISS] + core
     now_f = MS.clocks[CK_NOW_FAB]
     while Q.count[q] > 0:

@@ -59,7 +59,7 @@ def _slot_words(prog: Program, pc: int, op: O.Opcode):
 def _bulk_writes_slots(prog: Program, pc: int, op: O.Opcode) -> bool:
     """A copy (cp.async, DMA, RMA) that writes the scratchpad at a constant address: its size is
     a register's, so it may cover a slot (copies through a register address are taken not to)."""
-    return op.sem in ("cpasync", "dma_get", "rma_get", "rma_put") and prog.src0[pc] == NONE
+    return op.sem in ("cpasync", "dma_get", "rma_get", "rma_put", "tma") and prog.src0[pc] == NONE
 
 
 def _operands(prog: Program, pc: int, op: O.Opcode, word_bit: dict) -> tuple[int, int, int]:
@@ -75,7 +75,7 @@ def _operands(prog: Program, pc: int, op: O.Opcode, word_bit: dict) -> tuple[int
                 src |= ((1 << O.operand_width(op, kind)) - 1) << int(prog.dst[pc])
         elif kind == "P":
             dst |= 1 << (PRED_BIT + int(prog.dst[pc]))
-        elif kind in ("r", "r2", "r4", "ri", "p", "m"):
+        elif kind in O.SRC_RANGES + ("ri", "p", "m"):
             r = int(getattr(prog, f"src{slot}")[pc])
             slot += 1
             if r != NONE:

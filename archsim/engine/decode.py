@@ -16,7 +16,7 @@ from typing import NamedTuple
 import numpy as np
 
 from archsim.errors import InputError
-from archsim.isa.opcodes import BCAST, opcodes, operand_width
+from archsim.isa.opcodes import BCAST, SRC_RANGES, opcodes, operand_width
 from archsim.isa.program import FLAG_IMM0, NONE, Program
 
 MAX_RD = 12
@@ -26,7 +26,8 @@ MAX_WR = 4
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
  CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT, CLS_WGMMA, CLS_WGFENCE, CLS_WGCOMMIT,
- CLS_WGWAIT) = range(25)   # CLS_DMA: dma.get, CLS_RMA: rma.get
+ CLS_WGWAIT, CLS_MBAR, CLS_MBWAIT, CLS_TMA) = range(28)   # CLS_DMA: dma.get, CLS_RMA: rma.get; CLS_MBAR:
+# mbarrier.init / arrive / expect_tx
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -59,7 +60,8 @@ _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC
         "cpwait": CLS_CPWAIT, "mma": CLS_TENSOR, "dma_get": CLS_DMA, "dma_put": CLS_DMA_PUT, "dma_wait": CLS_DMAWAIT,
         "rma_put": CLS_RMA_PUT, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP, "wgmma": CLS_WGMMA, "wgfence": CLS_WGFENCE,
-        "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT}
+        "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT, "mbinit": CLS_MBAR, "mbarrive": CLS_MBAR, "mbtx": CLS_MBAR,
+        "mbwait": CLS_MBWAIT, "tma": CLS_TMA}
 
 
 def pipe_names(machine) -> list[str]:
@@ -93,6 +95,9 @@ def _static(op, machine, where: str) -> tuple:
     else:
         cls = _CLS.get(op.sem, CLS_ALU)
     pipe, ii, lat, src_kind = -1, 1, 1, 0
+    if op.feature == "tma" and machine.tma is None:
+        raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor memory accelerator",
+                         "a machine with tma:")
     if op.unit == "tensor":
         t = machine.tensor
         if t is None:
@@ -183,7 +188,7 @@ def decode(prog: Program, machine) -> Decoded:
                 wr += range(dst[pc], dst[pc] + operand_width(op, kind))
             elif kind == "P":
                 pwr[pc] = dst[pc]
-            elif kind in ("r", "r2", "r4", "ri", "m"):
+            elif kind in SRC_RANGES + ("ri", "m"):
                 r = srcs[slot][pc]
                 if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
                     rd += range(r, r + operand_width(op, kind))

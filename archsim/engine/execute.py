@@ -29,7 +29,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
  S_SHFL_BFLY, S_SHFL_DOWN, S_SHFL_UP, S_SHFL_IDX,
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
  S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT,
- S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT) = (_S[n] for n in (
+ S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT, S_MBINIT, S_MBARRIVE, S_MBTX, S_MBWAIT, S_TMA) = (_S[n] for n in (
     "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
     "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
     "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
@@ -37,7 +37,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
     "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
-    "wgmma", "wgfence", "wgcommit", "wgwait"))
+    "wgmma", "wgfence", "wgcommit", "wgwait", "mbinit", "mbarrive", "mbtx", "mbwait", "tma"))
 DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
     _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
 SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
@@ -49,14 +49,17 @@ SPACE_GLOBAL, SPACE_SHARED = _opc.SPACE_GLOBAL, _opc.SPACE_SHARED
  SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE) = range(18)
 
 # step() results
-ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_FAULT = 0, 1, 2, 3, -1
-# warp states
-W_RUN, W_BAR, W_GRIDBAR, W_DONE = 0, 1, 2, 3
+# (ST_MBWAIT: an mbarrier.wait whose phase has not completed; the warp stays at it)
+ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_MBWAIT, ST_FAULT = 0, 1, 2, 3, 4, -1
+# warp states (W_MBWAIT: the functional interpreter's warp at an incomplete mbarrier.wait)
+W_RUN, W_BAR, W_GRIDBAR, W_DONE, W_MBWAIT = 0, 1, 2, 3, 4
 # fault codes (S.fault[0])
 # (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue; F_CP_GROUPS: timing
 # runs only, raised by the core at cp.async.commit)
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
- F_BCAST, F_CP_GROUPS, F_SLICE, F_WARPGROUP, F_WG_ALIGN) = range(15)
+ F_BCAST, F_CP_GROUPS, F_SLICE, F_WARPGROUP, F_WG_ALIGN, F_MB_COUNT, F_MB_INIT, F_MB_OVER, F_MB_TX, F_MB_SLOTS,
+ F_TMA_MAP, F_TMA_RANK, F_TMA_FORMAT, F_TMA_STRIDE, F_TMA_BOX, F_TMA_INNER, F_TMA_DST) = range(27)
+# F_MB_SLOTS: timing runs only (the core's table of live transaction barriers is full)
 # F_SLICE: a timing run's write landed on the scratchpad slots it watches (engine/value_slice.py); the
 # launch is timed again without the slice, never reported
 
@@ -808,10 +811,225 @@ def _branch(S, P, w, pc, top, mask, taken):
     return ST_OK
 
 
+# ----------------------------------------------------------------------------- transaction barriers, TMA
+# An mbarrier is a 64-bit scratchpad word (isa/README.md): bit 0 the phase parity, bits 1-21 pending
+# arrivals, bits 22-42 expected arrivals, bits 43-63 the transaction count + MB_BIAS.
+MB_MAX = (1 << 20) - 1        # the largest count, byte count or |transaction count|
+MB_BIAS = 1 << 20
+MB_FIELD = (1 << 21) - 1
+TMAP_WORDS = 16               # a tensor map: 16 int64 words, 64-byte aligned
+TMA_BOX_MAX = 256             # elements in one box dimension
+
+
+@njit(cache=True, inline="always")
+def mb_pack(phase, pend, exp, tx):
+    return phase | (pend << 1) | (exp << 22) | ((tx + MB_BIAS) << 43)
+
+
+@njit(cache=True, inline="always")
+def mb_phase(v):
+    return v & 1
+
+
+@njit(cache=True)
+def mb_update(S, blk, addr, arrive, tx_add, lane, pc):
+    """Add tx_add to the barrier's transaction count, then arrive (arrive: 1) or not; complete the
+    phase when no arrival and no byte is pending. Returns (status, the phase the update counted
+    into, 1 if it completed that phase)."""
+    v = S.s64[blk, addr >> 3]
+    phase = v & 1
+    pend = (v >> 1) & MB_FIELD
+    exp = (v >> 22) & MB_FIELD
+    tx = ((v >> 43) & MB_FIELD) - MB_BIAS
+    if exp == 0:
+        return fault(S, F_MB_INIT, lane, addr, 0, pc), phase, 0
+    tx += tx_add
+    if tx > MB_MAX or tx < -MB_MAX:
+        return fault(S, F_MB_TX, lane, addr, tx, pc), phase, 0
+    if arrive:
+        if pend == 0:
+            return fault(S, F_MB_OVER, lane, addr, 0, pc), phase, 0
+        pend -= 1
+    done = 0
+    if pend == 0 and tx == 0:
+        S.s64[blk, addr >> 3] = mb_pack(phase ^ 1, exp, exp, 0)
+        done = 1
+    else:
+        S.s64[blk, addr >> 3] = mb_pack(phase, pend, exp, tx)
+    return ST_OK, phase, done
+
+
+@njit(cache=True, inline="always")
+def _lowest(mask, W):
+    lane = 0
+    while lane < W and not ((mask >> lane) & 1):
+        lane += 1
+    return lane
+
+
+@njit(cache=True)
+def _mbar(S, P, T, w, pc, mask, blk, sem):
+    """mbarrier.init / arrive[.expect_tx] / expect_tx / wait: once per warp, the lowest active
+    lane's operands. Leaves in S.addr[w]: 0 the barrier's address, 1 the phase the operation counted
+    into (wait: the parity waited for), 2 1 if it completed that phase. ST_MBWAIT: a wait whose phase
+    has not completed (the warp stays at it)."""
+    if S.geom[G_W] != 32:
+        return fault(S, F_WARP_WIDTH, 0, S.geom[G_W], 0, pc)
+    lane = _lowest(mask, S.geom[G_W])
+    addr = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+    status = _scheck(S, addr, 8, lane, pc, True)
+    if status != ST_OK:
+        return status
+    S.addr[w, 0] = addr
+    S.addr[w, 2] = 0
+    n = S.regs[w, P.src1[pc], lane] if P.src1[pc] >= 0 else np.int64(0)
+    if sem == S_MBINIT:
+        if n < 1 or n > MB_MAX:
+            return fault(S, F_MB_COUNT, lane, addr, n, pc)
+        S.s64[blk, addr >> 3] = mb_pack(0, n, n, 0)
+        S.addr[w, 1] = 0
+        return ST_OK
+    v = S.s64[blk, addr >> 3]
+    if (v >> 22) & MB_FIELD == 0:
+        return fault(S, F_MB_INIT, lane, addr, 0, pc)
+    if sem == S_MBWAIT:
+        S.addr[w, 1] = n & 1
+        return ST_MBWAIT if (v & 1) == (n & 1) else ST_OK
+    if n < 0 or n > MB_MAX:
+        return fault(S, F_MB_COUNT, lane, addr, n, pc)
+    status, phase, done = mb_update(S, blk, addr, sem == S_MBARRIVE, n, lane, pc)
+    S.addr[w, 1] = phase
+    S.addr[w, 2] = done
+    return status
+
+
+@njit(cache=True)
+def tma_box(S, m, rank, lane, pc, out):
+    """Read and check the tensor map at global address m for a copy of `rank` dimensions into
+    out[]: 0 base, 1 element bytes, 2 swizzle, 3-7 dims, 8-12 strides (8: the element size), 13-17
+    box dims (1 past the rank). Returns a status (a fault names the broken rule)."""
+    off = m - S.geom[G_GBASE]
+    if m & 63 or off < 0 or off + TMAP_WORDS * 8 > S.geom[G_GSIZE]:
+        return fault(S, F_TMA_MAP, lane, m, 0, pc)
+    o = off >> 3
+    if S.g64[o + 1] != rank:
+        return fault(S, F_TMA_RANK, lane, S.g64[o + 1], rank, pc)
+    eb = S.g64[o + 2]
+    sw = S.g64[o + 3]
+    if not (eb == 1 or eb == 2 or eb == 4 or eb == 8) or not (sw == 0 or sw == 32 or sw == 64 or sw == 128):
+        return fault(S, F_TMA_FORMAT, lane, eb, sw, pc)
+    out[0] = S.g64[o]
+    out[1] = eb
+    out[2] = sw
+    out[8] = eb
+    if out[0] & 15:
+        return fault(S, F_TMA_STRIDE, lane, out[0], 0, pc)
+    for k in range(5):
+        if k < rank:
+            d = S.g64[o + 4 + k]
+            b = (S.g64[o + 13] >> (16 * k)) & 0xFFFF if k < 4 else S.g64[o + 14] & 0xFFFF
+            if k > 0:
+                st = S.g64[o + 8 + k]
+                if st <= 0 or st & 15:
+                    return fault(S, F_TMA_STRIDE, lane, st, k, pc)
+                out[8 + k] = st
+            if b < 1 or b > TMA_BOX_MAX or d < b:
+                return fault(S, F_TMA_BOX, lane, k, b, pc)
+            out[3 + k] = d
+            out[13 + k] = b
+        else:
+            out[3 + k] = 1
+            out[13 + k] = 1
+            if k > 0:
+                out[8 + k] = 0
+    inner = out[13] * eb
+    if inner & 15 or (sw > 0 and inner > sw):
+        return fault(S, F_TMA_INNER, lane, inner, sw, pc)
+    return ST_OK
+
+
+@njit(cache=True)
+def _tma(S, P, T, w, pc, op, mask, blk):
+    """cp.async.bulk.tensor.Nd [dst], [bar], map, coords: once per warp, the lowest active lane's
+    operands. Copies the box (zeros outside the tensor; swizzled as a wgmma tile) and completes its
+    bytes on the barrier. Leaves in S.addr[w]: 0 dst, 1 the barrier, 2 the map, 3 the phase its
+    bytes counted into, 4 the lane, 5 1 if it completed that phase, 6 the box's bytes."""
+    W = S.geom[G_W]
+    if W != 32:
+        return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+    lane = _lowest(mask, W)
+    rank = T.rank[op]
+    dst = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+    bar = _base(S, P, w, pc, P.src1[pc], lane) + P.imm2[pc]
+    m = S.regs[w, P.src2[pc], lane]
+    bx = S.vals  # (scratch: 18 words; W >= 32 on a machine with a TMA unit)
+    status = tma_box(S, m, rank, lane, pc, bx)
+    if status != ST_OK:
+        return status
+    eb = bx[1]
+    sw = bx[2]
+    rows = bx[14] * bx[15] * bx[16] * bx[17]
+    inner = bx[13] * eb
+    total = rows * inner
+    extent = (total + 127) // 128 * 128 if sw > 0 else total   # (a swizzle moves bytes within 128-byte rows)
+    if dst < 0 or dst & 127 or dst + extent > S.geom[G_SHARED]:
+        return fault(S, F_TMA_DST, lane, dst, total, pc)
+    status = _scheck(S, bar, 8, lane, pc, True)
+    if status != ST_OK:
+        return status
+    c = P.src3[pc]
+    moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
+    for row in range(rows):
+        # the row's global start; row_in: none of its coordinates lies outside the tensor
+        r = row
+        g = bx[0]
+        row_in = True
+        for k in range(1, 5):
+            i = r % bx[13 + k]
+            r //= bx[13 + k]
+            x = (S.regs[w, c + k, lane] if k < rank else np.int64(0)) + i
+            if x < 0 or x >= bx[3 + k]:
+                row_in = False
+                break
+            g += x * bx[8 + k]
+        x0 = S.regs[w, c, lane]
+        base = dst + row * inner
+        for i in range(bx[13]):
+            x = x0 + i
+            p = _wg_phys(sw, base + i * eb)
+            inside = row_in and 0 <= x < bx[3]
+            goff = np.int64(-1)
+            if inside:
+                ga = g + x * eb
+                goff = ga - S.geom[G_GBASE]
+                if goff < 0 or goff + eb > S.geom[G_VSIZE]:
+                    return fault(S, F_GLOBAL_OOB, lane, ga, eb, pc)
+                if goff + eb > S.geom[G_GSIZE]:
+                    goff = -1                          # a timing run's unbacked memory: zeros
+            if not moves:                              # (a timing run that needs none of its values)
+                if _watched(S, p, eb):
+                    return fault(S, F_SLICE, lane, p, eb, pc)
+                continue
+            for b in range(eb):
+                S.s8[blk, p + b] = S.g8[goff + b] if goff >= 0 else 0
+    status, phase, done = mb_update(S, blk, bar, 0, -total, lane, pc)
+    if status != ST_OK:
+        return status
+    S.addr[w, 0] = dst
+    S.addr[w, 1] = bar
+    S.addr[w, 2] = m
+    S.addr[w, 3] = phase
+    S.addr[w, 4] = lane
+    S.addr[w, 5] = done
+    S.addr[w, 6] = total
+    return ST_OK
+
+
 # ----------------------------------------------------------------------------- one instruction
 @njit(cache=True)
 def step(P, T, S, w):
-    """Execute warp w's next instruction. Returns ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED or ST_FAULT."""
+    """Execute warp w's next instruction. Returns ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_MBWAIT
+    (an mbarrier.wait whose phase is incomplete: nothing changed) or ST_FAULT."""
     top = S.sp[w] - 1
     pc = S.stack_pc[w, top]
     return step_masked(P, T, S, w, active_mask(P, S, w, pc, S.stack_mask[w, top]))
@@ -861,6 +1079,10 @@ def step_masked(P, T, S, w, mask):
         pass
     elif sem == S_WGMMA:
         status = _wgmma(S, P, T, w, pc, op, mask, blk)
+    elif sem == S_MBINIT or sem == S_MBARRIVE or sem == S_MBTX or sem == S_MBWAIT:
+        status = _mbar(S, P, T, w, pc, mask, blk, sem)     # (ST_MBWAIT: the warp stays at the wait)
+    elif sem == S_TMA:
+        status = _tma(S, P, T, w, pc, op, mask, blk)
     elif sem == S_MMA:
         if S.geom[G_MODE] == MODE_FUNCTIONAL:
             status = _mma(S, P, T, w, pc, op, mask)
@@ -946,6 +1168,9 @@ def step_masked(P, T, S, w, mask):
                 _store(S, space, blk, off, nb, w, s1, l, T.nregs_src[op])
     else:
         status = _alu(P, T, S, w, pc, op, sem, dt, mask, clock_before)
+    if status == ST_MBWAIT:
+        S.icount[w] = clock_before      # a wait that must wait has not issued (%clock counts issues)
+        return status
     if status != ST_OK:
         return status
     _advance(S, w, top, pc + 1)

@@ -39,6 +39,25 @@ FAULT_TEXT = {
                    "(active lanes {addr:#x})",
     X.F_WG_ALIGN: "wgmma tile at scratchpad address {addr} is misaligned for its {bytes}-byte swizzle (isa/README.md: "
                   "a K-major tile's 32 bytes of k within one swizzle row, an MN-major tile's start on one)",
+    X.F_MB_COUNT: "mbarrier at scratchpad {addr}: count {bytes} out of range (arrivals 1 .. 2^20-1, bytes 0 .. "
+                  "2^20-1)",
+    X.F_MB_INIT: "mbarrier at scratchpad {addr} is not initialised (mbarrier.init first)",
+    X.F_MB_OVER: "mbarrier at scratchpad {addr}: an arrival with none pending (more arrivals than mbarrier.init "
+                 "expects in one phase)",
+    X.F_MB_TX: "mbarrier at scratchpad {addr}: transaction count {bytes} leaves -(2^20-1) .. 2^20-1",
+    X.F_MB_SLOTS: "mbarrier at scratchpad {addr}: more than {bytes} transaction barriers live on one core (the "
+                  "timing model's table)",
+    X.F_TMA_MAP: "tensor map at {addr:#x} is not 64-byte aligned inside a backed global buffer of 128 bytes",
+    X.F_TMA_RANK: "tensor map rank {addr} for a {bytes}-d copy (the rank equals the instruction's)",
+    X.F_TMA_FORMAT: "tensor map element size {addr} or swizzle {bytes} not allowed (element 1, 2, 4 or 8 bytes; "
+                    "swizzle 0, 32, 64 or 128)",
+    X.F_TMA_STRIDE: "tensor map base or stride {addr} (dimension {bytes}; 0: the base) is not a multiple of 16 "
+                    "bytes (strides: positive)",
+    X.F_TMA_BOX: "TMA box dimension {addr} of {bytes} elements: 1 .. 256 and at most the tensor's",
+    X.F_TMA_INNER: "TMA box inner row of {addr} bytes: a multiple of 16, at most the swizzle ({bytes} bytes; "
+                   "0: none)",
+    X.F_TMA_DST: "TMA box of {bytes} bytes at scratchpad {addr}: 128-byte aligned, inside the block's {shared} "
+                 "bytes (swizzled: rounded up to 128)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
@@ -126,12 +145,16 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
     while True:
         ran = False
         for w in range(NW):
-            if S.wstate[w] != X.W_RUN:
+            if S.wstate[w] != X.W_RUN and S.wstate[w] != X.W_MBWAIT:
                 continue
-            ran = True
             for _ in range(QUANTUM):
                 pc = S.stack_pc[w, S.sp[w] - 1]
                 st = X.step(P, T, S, w)
+                if st == X.ST_MBWAIT:   # its phase is incomplete: no progress, the next warp's turn
+                    S.wstate[w] = X.W_MBWAIT
+                    break
+                S.wstate[w] = X.W_RUN
+                ran = True
                 total += 1
                 counts[w] += weight[pc]
                 visits[pc] += 1
@@ -184,7 +207,7 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
             if S.wstate[w] != X.W_DONE:
                 out[FO_OUTCOME] = DEADLOCK
                 out[FO_WARP] = w
-                out[FO_PC] = S.stack_pc[w, S.sp[w] - 1] - 1
+                out[FO_PC] = S.stack_pc[w, S.sp[w] - 1] - (S.wstate[w] != X.W_MBWAIT)
                 out[FO_STEPS] = total
                 return
         out[FO_OUTCOME] = DONE
@@ -195,6 +218,8 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
 def _deadlock_text(S, prog: Program, w: int) -> str:
     wpb = int(S.geom[X.G_WPB])
     b = w // wpb
+    if S.wstate[w] == X.W_MBWAIT:
+        return f"deadlock: block {b} warp {w - b * wpb} {mbwait_text(S.s64[S.warp_smem[w]], int(S.addr[w, 0]))}"
     states = [int(S.wstate[v]) for v in range(b * wpb, (b + 1) * wpb)]
     kind = "bar.grid" if S.wstate[w] == X.W_GRIDBAR else "bar.sync"
     exited = [v - b * wpb for v in range(b * wpb, (b + 1) * wpb) if S.wstate[v] == X.W_DONE]
@@ -206,6 +231,15 @@ def _deadlock_text(S, prog: Program, w: int) -> str:
     elif kind == "bar.grid":
         others = "; not every warp of the launch reached bar.grid"
     return f"deadlock: block {b} warp {w - b * wpb} waits at {kind} forever{others}"
+
+
+def mbwait_text(smem64, addr: int) -> str:
+    """What a warp stuck at mbarrier.wait waits for: the barrier's state (smem64: its block's
+    scratchpad as int64 words)."""
+    v = int(smem64[addr >> 3])
+    pend, tx = (v >> 1) & X.MB_FIELD, ((v >> 43) & X.MB_FIELD) - X.MB_BIAS
+    return (f"waits at mbarrier.wait forever: the barrier at scratchpad {addr} is in phase {v & 1} with {pend} "
+            f"arrival(s) and {tx} transaction byte(s) pending, and no warp left can complete it")
 
 
 MAX_INSTRUCTIONS = 200_000_000   # the numba engine's default limit (a loop that never ends stops there)

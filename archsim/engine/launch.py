@@ -14,6 +14,7 @@ import numpy as np
 
 from archsim.errors import InputError
 from archsim.isa.program import ARG_DTYPES, Launch, Program
+from archsim.isa.tensor_map import TensorMap
 
 GLOBAL_BASE = 0x10000
 ALIGN = 256
@@ -134,8 +135,13 @@ def build_memory(prog: Program, args: dict, where: str = "arguments") -> tuple[M
     mem = Memory()
     params = np.zeros(max(len(prog.params), 1), np.int64)
     spec = {a.name: a for a in prog.args}
+    maps = [(i, name) for i, name in enumerate(prog.params) if isinstance(args[name], TensorMap)]
+    for i, name in maps:                               # first (TensorMap): filled in below
+        params[i] = mem.alloc(name, 128, "i64", (16,))
     for i, name in enumerate(prog.params):
         v = args[name]
+        if isinstance(v, TensorMap):
+            continue
         if isinstance(v, np.ndarray):
             dt = "bf16" if (name in spec and spec[name].dtype == "bf16") else _dtype_name(v.dtype)
             addr = mem.alloc(name, v.nbytes, dt, v.shape)
@@ -143,7 +149,20 @@ def build_memory(prog: Program, args: dict, where: str = "arguments") -> tuple[M
             params[i] = addr
         else:
             params[i] = int(v)
+    for i, name in maps:
+        mem.write(int(params[i]), args[name].array(map_target(mem.buffers, args, name)))
     return mem, params, {n: mem.buffers[n][2] for n in mem.buffers}
+
+
+def map_target(addresses: dict, args: dict, name: str) -> int:
+    """The address of the buffer tensor map ``name`` describes (``addresses``: buffer name ->
+    address, or a tuple starting with it)."""
+    of = args[name].of
+    if of not in addresses or isinstance(args.get(of), TensorMap):
+        raise InputError(f"argument {name}", f"TensorMap of {of!r}, which is not a buffer argument",
+                         "a TensorMap of one of the kernel's buffer parameters")
+    a = addresses[of]
+    return int(a[0] if isinstance(a, tuple) else a)
 
 
 def _dtype_name(dt) -> str:

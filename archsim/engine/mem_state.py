@@ -18,6 +18,7 @@ from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
 from archsim.engine import slice_map as SM
+from archsim.engine import tma as TM
 from archsim.engine import warps as WS
 from archsim.engine.jit import njit
 from archsim.engine.names import VISIT_FAMILIES
@@ -31,7 +32,9 @@ ONE = np.int64(1) << 32  # fixed point: one cycle of a clock domain
 (E_WARP, E_PC, E_CLS, E_MASK, E_BYTES, E_TRK, E_NLINES, E_IDX, E_STARTED, E_N) = range(10)
 # tracker fields
 TK_WARP, TK_DST, TK_NDST, TK_PENDING, TK_KIND, TK_GROUP, TK_T0, TK_N = range(8)
-TRK_LOAD, TRK_CP = 0, 1
+TRK_LOAD, TRK_CP, TRK_TMA = 0, 1, 2   # TRK_TMA: a bulk tensor copy (TK_DST its bytes, TK_NDST its barrier's
+# address + its row's generation << 32, TK_GROUP (block slot x MB_SLOTS + the barrier's row) x 2 + the phase
+# parity its bytes count into)
 # cfg fields
 (M_CORES, M_W, M_SLICES, M_HALVES, M_SPH, M_IL_HALF, M_IL_SLICE, M_L1_LAT, M_L2_LAT, M_FAR, M_SMEM_LAT,
  M_BANKS, M_BANK_W, M_L2_BPC, M_SECTOR, M_LINE_BYTES, M_HAS_L1, M_HAS_L2, M_CHANNELS, M_FAB_RATIO, M_MEM_RATIO,
@@ -111,6 +114,7 @@ class MState(NamedTuple):
     spill: np.ndarray        # int32 [queues, 2] first and last request waiting behind a full reply
                              # pipeline (chained through R.nxt; -1: none), see l2_side.pipe_push
     dma: DM.DmaState         # DMA engines (none on a GPU)
+    tma: TM.TmaState         # the SMs' tensor memory accelerators (none without machine.tma)
     gnode: np.ndarray        # int32 [groups, 2] fabric node of each core group: req, resp (M_GROUPED)
     rma: RM.RmaState         # RMA engines (none on a GPU)
     mesh: NC.NocState        # the CPE meshes of all core groups (noc.make_cpe_meshes; a stub without one)
@@ -248,7 +252,9 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
     l2_mshrs = l2c.mshrs if l2c else 0
     # requests in flight at once, bounded by the queues and engines that hold them (with room to spare)
     miss_q = machine.cores.miss_queue_entries
-    nreq = cores * (trackers + 2 * miss_q) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * spare + 64) + 4096 + \
+    tma_fly = machine.tma.max_inflight_lines if machine.tma is not None else 0
+    nreq = cores * (trackers + 2 * miss_q + tma_fly) + nmem * ((6 if cfg[M_REPL] else 2) * l2_mshrs + 2 * spare + 64) \
+        + 4096 + \
         int(dma.cfg[DM.DC_ENGINES]) * (machine.dma.max_inflight + 1 if machine.dma is not None else 0) + mesh_reqs
     lat = np.zeros(4, np.int64)
     lat[LAT_MIN] = 1 << 62
@@ -265,7 +271,7 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
         req=fab.req, resp=fab.resp, node=nodes, Dm=Dm, waiters=np.zeros(max_wait, np.int32), runs=np.zeros((2, 8), np.int64),
         bytes=np.zeros(BY_N, np.int64), lat=lat, fe_t=np.zeros((chans, fe_cap), np.int64), ep_pending=np.zeros(nmem, np.int64),
-        spill=np.full((len(caps), 2), -1, np.int32), dma=dma,
+        spill=np.full((len(caps), 2), -1, np.int32), dma=dma, tma=TM.make_tma_state(machine, cores),
         gnode=gnode, rma=rma, mesh=mesh, obox=obox, mpe=mpe, mk=mk, citems=np.zeros(n_spans(cores), np.int64),
         visits=np.zeros((len(VISIT_FAMILIES), 2), np.int64))
 
@@ -343,9 +349,18 @@ def is_far(MS, core, sl):
 
 @njit(cache=True)
 def trk_done(MS, TS, core, t, now):
-    """A tracker's last piece arrived: its registers (a load) or its cp.async group (a copy)."""
+    """A tracker's last piece arrived: its registers (a load), its cp.async group (a copy) or its
+    barrier's bytes in flight (a bulk tensor copy)."""
     w = MS.trk[core, t, TK_WARP]
-    if MS.trk[core, t, TK_KIND] == TRK_LOAD:
+    kind = MS.trk[core, t, TK_KIND]
+    if kind == TRK_TMA:
+        TM.tma_done(MS.tma, core, MS.trk[core, t, TK_T0], now)
+        g = MS.trk[core, t, TK_GROUP]
+        row = g >> 1
+        key = MS.trk[core, t, TK_NDST]
+        WS.mb_landed(TS, core, row // WS.MB_SLOTS, row % WS.MB_SLOTS, g & 1, key & 0xFFFFFFFF, key >> 32,
+                     MS.trk[core, t, TK_DST], now)
+    elif kind == TRK_LOAD:
         d = MS.trk[core, t, TK_DST]
         for j in range(MS.trk[core, t, TK_NDST]):
             TS.reg_ready[w, d + j] = now
@@ -372,6 +387,15 @@ def trk_done(MS, TS, core, t, now):
 
 @njit(cache=True)
 def trk_piece(MS, TS, core, t, now):
+    """A reply for tracker t came back."""
+    if MS.trk[core, t, TK_KIND] == TRK_TMA:
+        MS.tma.fly[core] -= 1
+    trk_release(MS, TS, core, t, now)
+
+
+@njit(cache=True)
+def trk_release(MS, TS, core, t, now):
+    """One of tracker t's pending pieces is over (a reply, or a copy's last request sent)."""
     MS.trk[core, t, TK_PENDING] -= 1
     if MS.trk[core, t, TK_PENDING] == 0:
         trk_done(MS, TS, core, t, now)

@@ -19,6 +19,7 @@ from archsim.engine import dram as DR
 from archsim.engine import mpe as MPE
 from archsim.engine import noc as NC
 from archsim.engine import rma as RM
+from archsim.engine import tma as TM
 from archsim.engine import warps as WS
 from archsim.engine.core_side import core_memory, pipe_takes_head
 from archsim.engine.jit import njit
@@ -127,11 +128,11 @@ def head_due(MS, q, now):
 @njit(inline="always")
 def _core_has_work(MS, core, now):
     """Anything for core_memory to look at: replies delivered, L1 hits due, an MIO entry the data
-    pipe takes (pipe_takes_head), misses waiting for the request fabric."""
+    pipe takes (pipe_takes_head), misses waiting for the request fabric, a TMA copy's next request."""
     cfg = MS.cfg
     Q = MS.Q
     return (pipe_takes_head(MS, core, now) or head_due(MS, cfg[M_Q_L1D] + core, now)
-            or Q.count[cfg[M_Q_MISS] + core] > 0
+            or Q.count[cfg[M_Q_MISS] + core] > 0 or TM.tma_ready(MS.tma, core, now)
             or (cfg[M_GROUPED] == 0 and NC.noc_deliverable(MS.resp, MS.node[ND_RESP_CORE, core])))
 
 
@@ -141,7 +142,7 @@ def mem_idle(MS):
     if MS.R.nfree[0] != MS.R.free.shape[0]:
         return False
     for core in range(MS.cfg[M_CORES]):
-        if MS.mio_count[core] > 0:
+        if MS.mio_count[core] > 0 or MS.tma.count[core] > 0:
             return False
     return not DM.dma_busy(MS.dma) and not RM.rma_busy(MS.rma) and MS.mk[MK_QUEUED] == 0 and NC.noc_idle(MS.mesh) \
         and not MPE.mpe_busy(MS.mpe)
@@ -235,6 +236,8 @@ def mem_next_event(MS, now):
             q = cfg[M_Q_L1D] + core
             if Q.count[q] > 0:
                 t = min(t, _after(R.aux1[q_peek(Q, q, 0)], now + 1))
+            if MS.tma.count[core] > 0:
+                t = min(t, TM.tma_next_event(MS.tma, core, now))
     tf = _fabric_next_event(MS, now)
     if tf < 0:
         return now + 1
@@ -287,6 +290,8 @@ def mem_counters(MS, cycles: int) -> dict:
     out["fabric"] = NC.fabric_counters(MS.req, MS.resp, max(int(MS.clocks[CK_NOW_FAB]), 1))
     if MS.dma.cfg[DM.DC_ENGINES] > 0:
         out["dma"] = DM.dma_counters(MS.dma)
+    if MS.tma.cfg[TM.TC_ON]:
+        out["tma"] = TM.tma_counters(MS.tma)
     if MS.rma.cfg[RM.RC_ENGINES] > 0:
         out["rma"] = RM.rma_counters(MS.rma)
     if MS.mk[MK_ON]:

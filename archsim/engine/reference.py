@@ -17,6 +17,9 @@ Model (see the module-level constants and ``run_reference``):
   lanes left; ``exit`` removes its lanes from every entry.  Reconvergence pc -1 means "at exit".
 * Warp-collective reads (shuffles, ``ldmatrix`` row addresses, ``mma`` and ``wgmma .rs`` fragments) read every lane's
   registers whether or not that lane is active; results are written to active lanes only.
+* ``mbarrier.wait`` on a phase not yet complete does not issue: the warp stays at the wait (pc
+  unchanged, no instruction counted) and the other warps run; it retries on its next turn.  When
+  no warp can issue and no barrier can be released, the run is a deadlock.
 """
 
 from __future__ import annotations
@@ -46,6 +49,12 @@ BF16 = (7, 8)
 F32 = (23, 8)
 
 _RUN, _BAR, _GRID, _DONE = "run", "bar.sync", "bar.grid", "done"
+_MBWAIT = "mbarrier.wait"
+
+# transaction barriers (isa/README.md, `mbinit`): a 64-bit scratchpad word
+MB_FIELD = (1 << 21) - 1     # pending arrivals (bits 1-21), expected arrivals (22-42), tx + 2^20 (43-63)
+MB_BIAS = 1 << 20
+MB_MAX = (1 << 20) - 1       # counts 1 .. 2^20-1, bytes 0 .. 2^20-1, |transaction count| <= 2^20-1
 
 
 # ============================================================================ bit-level helpers
@@ -209,7 +218,7 @@ class _Ins:
 
 
 class _Warp:
-    __slots__ = ("block", "widx", "gidx", "regs", "preds", "stack", "issued", "state", "wait_pc")
+    __slots__ = ("block", "widx", "gidx", "regs", "preds", "stack", "issued", "state", "wait_pc", "wait_bar")
 
     def __init__(self, block, widx, gidx, nregs, W, live_mask):
         self.block = block
@@ -221,6 +230,7 @@ class _Warp:
         self.issued = 0
         self.state = _RUN if live_mask else _DONE
         self.wait_pc = -1
+        self.wait_bar = -1    # scratchpad address of the barrier an mbarrier.wait waits on
 
 
 class _Machine:
@@ -269,23 +279,27 @@ class _Machine:
         while True:
             progressed = False
             for w in self.warps:
-                if w.state == _RUN:
-                    self.run_warp(w)
-                    progressed = True
+                if w.state in (_RUN, _MBWAIT):
+                    progressed |= self.run_warp(w)
             released = self.release_barriers()
             if all(w.state == _DONE for w in self.warps):
                 return self.result()
             if not progressed and not released:
                 self.deadlock()
 
-    def run_warp(self, w: _Warp) -> None:
+    def run_warp(self, w: _Warp) -> bool:
+        """Run the warp for up to QUANTUM instructions; True if it issued one or finished (a warp
+        that only found its mbarrier.wait phase incomplete made no progress)."""
+        w.state = _RUN
+        start = w.issued
         for _ in range(QUANTUM):
             if not self.settle(w):
-                return
+                return True
             self.step(w)
             if w.state != _RUN:
-                return
+                return w.issued != start or w.state == _DONE
         self.settle(w)
+        return True
 
     def settle(self, w: _Warp) -> bool:
         """Pop finished stack entries; mark the warp done when none is left. True if it can run."""
@@ -335,9 +349,17 @@ class _Machine:
         return released
 
     def deadlock(self) -> None:
+        first = next(w for w in self.warps if w.state != _DONE)
+        if first.state == _MBWAIT:
+            v = self._mb_read(first, first.wait_bar)
+            pend, tx = (v >> 1) & MB_FIELD, ((v >> 43) & MB_FIELD) - MB_BIAS
+            raise self.error(first.wait_pc, f"deadlock: block {first.block} warp {first.widx} waits at mbarrier.wait "
+                                            f"forever: the barrier at scratchpad {first.wait_bar} is in phase {v & 1} "
+                                            f"with {pend} arrival(s) and {tx} transaction byte(s) pending, and no "
+                                            "warp left can complete it")
         v = next(w for w in self.warps if w.state in (_BAR, _GRID))
         others = sorted({f"block {w.block} warp {w.widx} at {w.state}" for w in self.warps
-                         if w.state in (_BAR, _GRID) and w.state != v.state})
+                         if w.state in (_BAR, _GRID, _MBWAIT) and w.state != v.state})
         extra = f" (while {others[0]})" if others else ""
         raise self.error(v.wait_pc, f"deadlock: block {v.block} warp {v.widx} waits at {v.state} and nothing can "
                                     f"make progress{extra}")
@@ -808,13 +830,15 @@ class _Machine:
             o = g - GLOBAL_BASE
             sh[s:s + n] = self.gmem[o:o + n]
 
-    def _bulk_operands(self, w, ins, active, nsrc):
-        """Operands of the lowest active lane: (lane, addr0, addr1, [registers ...])."""
+    def _bulk_operands(self, w, ins, active, nsrc, regs=None):
+        """Operands of the lowest active lane: (lane, addr0, addr1, [registers ...]): the registers
+        of source slots 2 .. 2+nsrc-1, or those named in `regs`, as signed values."""
         lane = (active & -active).bit_length() - 1
         a0 = self.addr(w, ins.src[0], ins.imm, lane)
-        a1 = self.addr(w, ins.src[1], ins.imm2, lane)
-        regs = [_s64(w.regs[ins.src[k]][lane]) for k in range(2, 2 + nsrc)]
-        return lane, a0, a1, regs
+        a1 = self.addr(w, ins.src[1], ins.imm2, lane) if regs is None else None
+        if regs is None:
+            regs = [ins.src[k] for k in range(2, 2 + nsrc)]
+        return lane, a0, a1, [_s64(w.regs[r][lane]) for r in regs]
 
     def _size(self, w, ins, lane, n, what):
         if n < 0:
@@ -885,6 +909,169 @@ class _Machine:
 
     def op_rma_get(self, w, ins, active, top, clock):
         self._rma(w, ins, active, put=False)
+
+    # ------------------------------------------------------------------ transaction barriers and TMA
+    def _mb_addr(self, w, ins, lane, addr):
+        """A barrier operand: 8 bytes, 8-byte aligned, inside the scratchpad (as an 8-byte ld.shared)."""
+        self.check(w, ins.pc, lane, "shared", addr, 8, 8, f"{ins.opc.mnemonic} barrier access")
+
+    def _mb_read(self, w, addr) -> int:
+        return int.from_bytes(self.shared[w.block][addr:addr + 8], "little")
+
+    def _mb_write(self, w, addr, v) -> None:
+        self.shared[w.block][addr:addr + 8] = (v & MASK64).to_bytes(8, "little")
+
+    def _mb_fields(self, v):
+        """(parity, pending arrivals, expected arrivals, transaction count) of a barrier word."""
+        return v & 1, (v >> 1) & MB_FIELD, (v >> 22) & MB_FIELD, ((v >> 43) & MB_FIELD) - MB_BIAS
+
+    def _mb_init_check(self, w, ins, lane, addr, expected):
+        if expected == 0:
+            raise self.fault(w, ins.pc, lane, f"mbarrier at scratchpad {addr} is not initialised (mbarrier.init "
+                             "first)")
+
+    def _mb_bytes(self, w, ins, lane, addr, n, lo):
+        if not lo <= n <= MB_MAX:
+            raise self.fault(w, ins.pc, lane, f"mbarrier at scratchpad {addr}: count {n} out of range (arrivals "
+                             "1 .. 2^20-1, bytes 0 .. 2^20-1)")
+
+    def _mb_update(self, w, ins, lane, addr, tx_delta, arrive):
+        """Add tx_delta bytes to the transaction count, then (arrive) one arrival; the phase
+        completes when pending arrivals and the transaction count are both 0."""
+        parity, pend, expected, tx = self._mb_fields(self._mb_read(w, addr))
+        self._mb_init_check(w, ins, lane, addr, expected)
+        tx += tx_delta
+        if abs(tx) > MB_MAX:
+            raise self.fault(w, ins.pc, lane, f"mbarrier at scratchpad {addr}: transaction count {tx} leaves "
+                             "-(2^20-1) .. 2^20-1")
+        if arrive:
+            if pend == 0:
+                raise self.fault(w, ins.pc, lane, f"mbarrier at scratchpad {addr}: an arrival with none pending "
+                                 "(more arrivals than mbarrier.init expects in one phase)")
+            pend -= 1
+        if pend == 0 and tx == 0:
+            parity ^= 1
+            pend = expected
+        self._mb_write(w, addr, parity | (pend << 1) | (expected << 22) | ((tx + MB_BIAS) << 43))
+
+    def _needs_32(self, w, ins):
+        if self.W != 32:
+            raise self.error(ins.pc, f"block {w.block} warp {w.widx}: {ins.opc.mnemonic} needs warp width 32, "
+                             f"not {self.W}")
+
+    def op_mbinit(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        lane, addr, _, (count,) = self._bulk_operands(w, ins, active, 0, regs=(ins.src[1],))
+        self._mb_addr(w, ins, lane, addr)
+        self._mb_bytes(w, ins, lane, addr, count, 1)
+        self._mb_write(w, addr, (count << 1) | (count << 22) | (MB_BIAS << 43))
+
+    def op_mbarrive(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        with_tx = len(ins.opc.operands) == 2
+        lane, addr, _, regs = self._bulk_operands(w, ins, active, 0, regs=(ins.src[1],) if with_tx else ())
+        self._mb_addr(w, ins, lane, addr)
+        self._mb_init_check(w, ins, lane, addr, self._mb_fields(self._mb_read(w, addr))[2])
+        n = regs[0] if with_tx else 0
+        self._mb_bytes(w, ins, lane, addr, n, 0)
+        self._mb_update(w, ins, lane, addr, n, arrive=True)
+
+    def op_mbtx(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        lane, addr, _, (n,) = self._bulk_operands(w, ins, active, 0, regs=(ins.src[1],))
+        self._mb_addr(w, ins, lane, addr)
+        self._mb_init_check(w, ins, lane, addr, self._mb_fields(self._mb_read(w, addr))[2])
+        self._mb_bytes(w, ins, lane, addr, n, 0)
+        self._mb_update(w, ins, lane, addr, n, arrive=False)
+
+    def op_mbwait(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        lane, addr, _, (p,) = self._bulk_operands(w, ins, active, 0, regs=(ins.src[1],))
+        self._mb_addr(w, ins, lane, addr)
+        parity, _, expected, _ = self._mb_fields(self._mb_read(w, addr))
+        self._mb_init_check(w, ins, lane, addr, expected)
+        if parity == (p & 1):
+            # the phase of that parity is still running: the wait does not issue; retry later
+            self.total -= 1
+            w.issued -= 1
+            top[0] = ins.pc
+            w.state, w.wait_pc, w.wait_bar = _MBWAIT, ins.pc, addr
+
+    def op_tma(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        N = ins.opc.rank
+        lane, dst, bar, _ = self._bulk_operands(w, ins, active, 0)
+        m = _s64(w.regs[ins.src[2]][lane])
+        coords = [_s64(w.regs[ins.src[3] + k][lane]) for k in range(N)]
+
+        def bad(text):
+            return self.fault(w, ins.pc, lane, text)
+
+        # the tensor map: 16 words, 64-byte aligned, inside global memory
+        if m % 64 or m < GLOBAL_BASE or m + 128 > GLOBAL_BASE + len(self.gmem):
+            raise bad(f"tensor map at {m:#x} is not 64-byte aligned inside a backed global buffer of 128 bytes")
+        o = m - GLOBAL_BASE
+        word = [_s64(int.from_bytes(self.gmem[o + 8 * i:o + 8 * i + 8], "little")) for i in range(16)]
+        base, rank, eb, S = word[0], word[1], word[2], word[3]
+        if rank != N:
+            raise bad(f"tensor map rank {rank} for a {N}-d copy (the rank equals the instruction's)")
+        if eb not in (1, 2, 4, 8) or S not in (0, 32, 64, 128):
+            raise bad(f"tensor map element size {eb} or swizzle {S} not allowed (element 1, 2, 4 or 8 bytes; "
+                      "swizzle 0, 32, 64 or 128)")
+        if base % 16:
+            raise bad(f"tensor map base or stride {base} (dimension 0; 0: the base) is not a multiple of 16 bytes "
+                      "(strides: positive)")
+        dims = word[4:9]
+        strides = [eb] + word[9:13]                          # bytes between consecutive elements of dim k
+        box = [(word[13] >> (16 * k)) & 0xFFFF for k in range(4)] + [word[14] & 0xFFFF]
+        for k in range(N):
+            if k >= 1 and (strides[k] <= 0 or strides[k] % 16):
+                raise bad(f"tensor map base or stride {strides[k]} (dimension {k}; 0: the base) is not a multiple "
+                          "of 16 bytes (strides: positive)")
+            if not 1 <= box[k] <= 256 or box[k] > dims[k]:
+                raise bad(f"TMA box dimension {k} of {box[k]} elements: 1 .. 256 and at most the tensor's")
+        inner = box[0] * eb
+        if inner % 16 or (S and inner > S):
+            raise bad(f"TMA box inner row of {inner} bytes: a multiple of 16, at most the swizzle ({S} bytes; "
+                      "0: none)")
+        nel = 1
+        for k in range(N):
+            nel *= box[k]
+        total = nel * eb
+        extent = -(-total // 128) * 128 if S else total       # a swizzle moves bytes within 128-byte rows
+        if dst % 128 or dst < 0 or dst + extent > self.prog.shared_bytes:
+            raise bad(f"TMA box of {total} bytes at scratchpad {dst}: 128-byte aligned, inside the block's "
+                      f"{self.prog.shared_bytes} bytes (swizzled: rounded up to 128)")
+        self._mb_addr(w, ins, lane, bar)
+        # the copy: box element (i0, .., iN-1) lands densely (dimension 0 innermost), then swizzled
+        data = bytearray(total)
+        idx = [0] * N
+        for e in range(nel):
+            r = e
+            for k in range(N):
+                r, idx[k] = divmod(r, box[k])
+            inside = all(0 <= coords[k] + idx[k] < dims[k] for k in range(N))
+            if inside:
+                g = base + sum((coords[k] + idx[k]) * strides[k] for k in range(N))
+                self.check(w, ins.pc, lane, "global", g, eb, 1, f"{ins.opc.mnemonic} read")
+                data[e * eb:e * eb + eb] = self.gmem[g - GLOBAL_BASE:g - GLOBAL_BASE + eb]
+        sh = self.shared[w.block]
+        for c in range(0, total, 16):    # 16-byte chunks (rows are multiples of 16 bytes): the swizzle's unit
+            a = dst + c
+            if S:
+                a ^= ((a >> 7) & (S // 16 - 1)) << 4
+            sh[a:a + 16] = data[c:c + 16]
+        self._mb_update(w, ins, lane, bar, -total, arrive=False)
 
     # ------------------------------------------------------------------ tensor (mma)
     def op_mma(self, w, ins, active, top, clock):

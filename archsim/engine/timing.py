@@ -22,14 +22,14 @@ from archsim.engine import memory as M
 from archsim.engine import unit_timeline as UT
 from archsim.engine.functional import build_fstate
 from archsim.engine.jit import compile_seconds
-from archsim.engine.launch import ALIGN, GLOBAL_BASE, Unbacked
+from archsim.engine.launch import ALIGN, GLOBAL_BASE, TensorMap, Unbacked, map_target
 from archsim.engine.state import copy_state_array
 from archsim.engine import value_slice as VS
 from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.check import check
-from archsim.isa.opcodes import tables
+from archsim.isa.opcodes import opcodes, tables
 from archsim.isa.program import Launch, Program
 
 
@@ -67,11 +67,21 @@ def _layout(prog: Program, args: dict, base: int | None = None):
     images = []
     placed = {}
     spans = []
-    for i, name in enumerate(prog.params):
+    for name in prog.params:
         if name not in args:
             raise InputError("arguments", f"no value for parameter {name!r} of kernel {prog.name}",
                              "give every .param a value")
+    maps = [(i, name) for i, name in enumerate(prog.params) if isinstance(args[name], TensorMap)]
+    for i, name in maps:                    # first, in the backed image (launch.TensorMap)
+        addr = (addr + ALIGN - 1) // ALIGN * ALIGN
+        params[i] = addr
+        spans.append((addr, addr + 128, name))
+        addr += 128
+        backed_end = top = addr
+    for i, name in enumerate(prog.params):
         v = args[name]
+        if isinstance(v, TensorMap):
+            continue
         if isinstance(v, (np.ndarray, Unbacked)):
             n = max(int(v.nbytes), 1)
             at = v.at if isinstance(v, Unbacked) else None
@@ -93,6 +103,9 @@ def _layout(prog: Program, args: dict, base: int | None = None):
                 backed_end = max(backed_end, a + int(v.nbytes))
         else:
             params[i] = int(v)
+    where = {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
+    for i, name in maps:
+        images.append((int(params[i]), args[name].array(map_target(where, args, name)).view(np.uint8)))
     spans.sort()
     for (a0, e0, n0), (a1, _, n1) in zip(spans, spans[1:]):
         if a1 < e0:
@@ -119,7 +132,8 @@ def _place(prog: Program, args: dict, base: int | None = None, machine=None):
 def buffer_addresses(prog: Program, args: dict, base: int | None = None) -> dict[str, int]:
     """The global address each buffer argument gets (a pointer-chase table holds addresses)."""
     params = _layout(prog, args, base)[0]
-    return {n: int(params[i]) for i, n in enumerate(prog.params) if isinstance(args[n], (np.ndarray, Unbacked))}
+    return {n: int(params[i]) for i, n in enumerate(prog.params)
+            if isinstance(args[n], (np.ndarray, Unbacked, TensorMap))}
 
 
 def param_values(prog: Program, args: dict, base: int | None = None) -> np.ndarray:
@@ -481,6 +495,14 @@ class KernelRun:
         state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CPWAIT: "waits at cp.async.wait",
                  T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
             if w >= 0 else ""
+        if w >= 0 and state == "is stuck" and opcodes()[int(prog.op[pc])].sem == "mbwait":
+            from archsim.engine.functional import mbwait_text
+
+            mask = int(S.stack_mask[w, max(S.sp[w] - 1, 0)])
+            lane = max((mask & -mask).bit_length() - 1, 0)   # (the lowest lane on its path: the guard aside)
+            addr = int(prog.imm[pc]) + (int(S.regs[w, prog.src0[pc], lane]) if prog.src0[pc] >= 0 else 0)
+            state = mbwait_text(S.s64[S.warp_smem[w]], addr) if 0 <= addr < S.s64.shape[1] * 8 else \
+                "waits at mbarrier.wait"
         if timing.outcome == MA.DEADLOCK:
             raise SimulationError(where, f"deadlock at cycle {timing.cycles}: {who} {state} and nothing can wake it",
                                   partial=timing)

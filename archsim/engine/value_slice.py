@@ -40,8 +40,11 @@ PRED_BIT = O.MAX_REGS                    # bit of predicate 0 (registers are bit
 GLOBAL, SHARED, SLOTS = 1, 2, 4          # memory classes (bits): global; scratchpad at register addresses; slots
 _CONTROL = frozenset(("bra", "exit", "bar", "bargrid"))
 _BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
-_NEVER_MARKED = _CONTROL | _BULK | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
-                                              "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
+# transaction barriers: their operands are always needed, and their barrier words are state of their
+# own (no memory class: a program keeps its data off them)
+_MBAR = frozenset(("mbinit", "mbarrive", "mbtx", "mbwait"))
+_NEVER_MARKED = _CONTROL | _BULK | _MBAR | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
+                                                      "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
 _FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))
 ENABLED = True                           # off: timing runs compute every value (tests compare the two)
 _CACHE: dict = {}
@@ -73,14 +76,15 @@ class _Ins:
                     val |= _regs(int(prog.dst[pc]), O.operand_width(op, kind))
             elif kind == "P":
                 dst |= 1 << (PRED_BIT + int(prog.dst[pc]))
-            elif kind in ("r", "r2", "r4", "ri", "p", "m"):
+            elif kind in O.SRC_RANGES + ("ri", "p", "m"):
                 r = int(getattr(prog, f"src{slot}")[pc])
                 imm = kind == "ri" and int(prog.flags[pc]) & (FLAG_IMM0 << slot)
                 slot += 1
                 if r == NONE or imm:
                     continue
                 bits = (1 << (PRED_BIT + r)) if kind == "p" else _regs(r, O.operand_width(op, kind))
-                if kind == "m" or op.sem in _BULK or (op.sem == "wgmma" and kind == "r"):   # (a descriptor)
+                if kind == "m" or op.sem in _BULK or op.sem in _MBAR or op.sem == "tma" or \
+                        (op.sem == "wgmma" and kind == "r"):   # (a descriptor)
                     addr |= bits
                 else:
                     val |= bits
@@ -104,7 +108,7 @@ class _Ins:
             self.reads = here
         elif sem == "st":
             self.writes = GLOBAL if op.space == "global" else (SLOTS if const else SHARED)
-        elif sem in ("cpasync", "dma_get"):
+        elif sem in ("cpasync", "dma_get", "tma"):
             self.reads, self.writes = GLOBAL, SHARED
         elif sem == "dma_put":
             self.reads, self.writes = SHARED | SLOTS, GLOBAL

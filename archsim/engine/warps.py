@@ -35,6 +35,9 @@ HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 # waited for must not exceed it (a GEMM pipeline keeps at most stages - 1). Not a machine figure:
 # real hardware has no such limit, so it is no config setting.
 CP_GROUPS = 8
+# transaction barriers (mbarrier) a block may use at once: TState.mb_addr columns. Bookkeeping of the
+# timing model (an mbarrier is a scratchpad word, unlimited in hardware), so no config setting.
+MB_SLOTS = 32
 # wgmma groups a warp tracks (the ISA refuses wait_group WG_GROUPS or more): TState.wg columns
 WG_PEND, WG_NCOMMIT, WG_DONE0 = 0, 1, 2
 
@@ -61,6 +64,12 @@ class TState(NamedTuple):
     wg_queue: np.ndarray     # int64 [cores * subcores, depth + 1] the completion cycles of the last `depth`
                              # wgmma each sub-core's tensor unit took (a ring), and the ring's next slot
     slot_block: np.ndarray   # int32 [NW] block slot (core * max_blocks + b) the warp belongs to
+    mb_addr: np.ndarray      # int64 [block slots, MB_SLOTS] scratchpad address of each transaction barrier a
+                             # block initialised (-1 free); [1, 1] on a machine without a TMA unit
+    mb_bytes: np.ndarray     # int64 [block slots, MB_SLOTS, 2] bytes of bulk tensor copies counted into the
+                             # barrier's phase of each parity and not landed yet
+    mb_gen: np.ndarray       # int64 [block slots, MB_SLOTS] the row's initialisations so far: a copy counted
+                             # into an earlier one (a barrier initialised again, a block gone) lands on nothing
     reason: np.ndarray       # int8  [NW] the warp's stall reason this cycle (R_*; -1 not resident)
     pipe_free: np.ndarray    # int64 [cores, subcores, pipes]
     tensor_free: np.ndarray  # int64 [cores, subcores]
@@ -191,6 +200,45 @@ def wake_warp_regs(TS, w, now):
     r = TS.reason[w]
     if r < 0 or r == R_LONG_SB or r == R_SHORT_SB:
         wake_warp(TS, w, now)
+
+
+@njit(cache=True)
+def mb_slot(TS, bs, addr, create):
+    """Block slot bs's row for its barrier at scratchpad address addr (-1: none); create: take a
+    free row, its bytes cleared, when it has none (-1: the table is full)."""
+    free = -1
+    for i in range(TS.mb_addr.shape[1]):
+        a = TS.mb_addr[bs, i]
+        if a == addr:
+            return i
+        if a < 0 and free < 0:
+            free = i
+    if not create or free < 0:
+        return -1
+    TS.mb_addr[bs, free] = addr
+    mb_reset(TS, bs, free)
+    return free
+
+
+@njit(cache=True)
+def mb_reset(TS, bs, i):
+    """Row i of block slot bs starts afresh (its barrier initialised): nothing in flight, a new
+    generation."""
+    TS.mb_bytes[bs, i, 0] = 0
+    TS.mb_bytes[bs, i, 1] = 0
+    TS.mb_gen[bs, i] += 1
+
+
+@njit(cache=True)
+def mb_landed(TS, core, bs, i, parity, addr, gen, nbytes, now):
+    """A bulk tensor copy's nbytes landed for the phase of that parity of block slot bs's barrier
+    in row i (if it is still the barrier at addr of generation gen: not initialised again since,
+    nor its block gone): the warps of the core look again when none is left in flight."""
+    if TS.mb_addr[bs, i] != addr or TS.mb_gen[bs, i] != gen:
+        return
+    TS.mb_bytes[bs, i, parity] -= nbytes
+    if TS.mb_bytes[bs, i, parity] == 0:
+        wake_core(TS, core, now)
 
 
 @njit(cache=True)

@@ -16,7 +16,8 @@ import numpy as np
 
 from archsim.errors import InputError
 from archsim.isa import cfg
-from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, SPECIAL_NAMES, by_mnemonic, opcodes, operand_width
+from archsim.isa.opcodes import (MAX_PREDS, MAX_REGS, SPECIAL, SPECIAL_NAMES, SRC_RANGES, by_mnemonic, opcodes,
+                                 operand_width)
 from archsim.isa.program import (ARG_DTYPES, ARG_INITS, FLAG_IMM0, FLAG_PRED_NEG, NONE, ArgSpec, Launch,
                                  Program)
 
@@ -27,7 +28,7 @@ _PRED_RE = re.compile(r"^p(\d+)$")
 _GUARD_RE = re.compile(r"^@(!?)p(\d+)\s+(.*)$")
 _MEM_RE = re.compile(r"^\[\s*(?:(r\d+)\s*(?:([+-])\s*([^\]\s]+))?|([^\]\s]+))\s*\]$")
 _DST_KINDS = ("R", "R2", "R4", "P", "Ra")
-_SRC_KINDS = ("r", "r2", "r4", "ri", "p", "m")
+_SRC_KINDS = ("r", "r2", "r4", "rc", "ri", "p", "m")
 DIRECTIVES = (".kernel", ".param", ".regs", ".shared", ".launch", ".arg")
 
 
@@ -350,7 +351,7 @@ def _encode(op, lineno: int, guard, mn: str, opnds: list, src, labels: dict, par
             max_reg = max(max_reg, row["dst"] + width - 1)
         elif kind == "P":
             row["dst"] = _pred(text, src, lineno)
-        elif kind in ("r", "r2", "r4"):
+        elif kind in SRC_RANGES:
             r = _reg(text, src, lineno, operand_width(op, kind))
             row[f"src{slot}"] = r
             max_reg = max(max_reg, r + operand_width(op, kind) - 1)
@@ -454,7 +455,7 @@ def _max_reg_of(row: dict) -> int:
     for kind in op.operands:
         if kind in ("R", "R2", "R4", "Ra"):
             best = max(best, row["dst"] + operand_width(op, kind) - 1)
-        elif kind in ("r", "r2", "r4", "ri", "m", "p"):
+        elif kind in SRC_RANGES + ("ri", "m", "p"):
             v = row.get(f"src{slot}", NONE)
             if kind != "p" and v != NONE:
                 best = max(best, v + operand_width(op, kind) - 1)
@@ -491,7 +492,7 @@ def disassemble_instruction(prog: Program, pc: int, label_of: dict[int, str] | N
             parts.append(f"r{int(prog.dst[pc])}")
         elif kind == "P":
             parts.append(f"p{int(prog.dst[pc])}")
-        elif kind in ("r", "r2", "r4"):
+        elif kind in SRC_RANGES:
             parts.append(f"r{int(getattr(prog, f'src{slot}')[pc])}")
             slot += 1
         elif kind == "ri":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from archsim.errors import InputError
 from archsim.isa import cfg
 from archsim.isa.asm import parse_imm
-from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, by_mnemonic, operand_width
+from archsim.isa.opcodes import MAX_PREDS, MAX_REGS, SPECIAL, SRC_RANGES, by_mnemonic, operand_width
 from archsim.isa.program import FLAG_IMM0, FLAG_PRED_NEG, NONE, ArgSpec, Launch, Program
 
 
@@ -130,7 +130,7 @@ class Builder:
                 if not isinstance(v, Pred):
                     raise bad(kind, v)
                 row["dst"] = v.n
-            elif kind in ("r", "r2", "r4"):
+            elif kind in SRC_RANGES:
                 if not isinstance(v, Reg):
                     raise bad(kind, v)
                 row[f"src{slot}"] = v.n

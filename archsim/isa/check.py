@@ -16,7 +16,7 @@ import hashlib
 
 from archsim.errors import InputError
 from archsim.isa import cfg
-from archsim.isa.opcodes import opcodes, operand_width
+from archsim.isa.opcodes import SRC_RANGES, opcodes, operand_width
 from archsim.isa.program import ARRAYS, FLAG_IMM0, NONE, Program
 
 WG_GROUPS = 8   # wgmma groups a warp tracks: wait_group N leaves at most N < WG_GROUPS pending
@@ -37,7 +37,7 @@ def _uses_defs(prog: Program, pc: int):
                     ru |= 1 << (d + j)
         elif kind == "P":
             pd |= 1 << int(prog.dst[pc])
-        elif kind in ("r", "r2", "r4", "ri", "m"):
+        elif kind in SRC_RANGES + ("ri", "m"):
             r = int(getattr(prog, f"src{slot}")[pc])
             if r != NONE and not (kind == "ri" and flags & (FLAG_IMM0 << slot)):
                 for j in range(operand_width(op, kind)):
