@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from archsim.config.derived import capabilities, l1_cache_kib, peak_bandwidth_gbps
+from archsim.isa.tensor_map import TensorMap, tensor_map_words
 from archsim.engine.timing import Unbacked, blocks_per_core, buffer_addresses, shared_buffers, time_kernel
 from archsim.engine.machine import KernelTiming
 from archsim.errors import InputError, SimulationError
@@ -671,6 +672,94 @@ def micro_wgmma(machine, p: dict, out: MicroResult) -> float:
     return t.flops / stats.seconds(machine, t.cycles) / 1e12
 
 
+TMA_DTYPES = {"fp16": 2, "fp32": 4}
+
+
+def tma_kernel(rank: int, stages: int, stage_bytes: int) -> str:
+    """One warp a block streams boxes of a tensor into ``stages`` scratchpad buffers with
+    cp.async.bulk.tensor, each completing on its own mbarrier: box i of block b is tile
+    b + i * nctaid of the tensor's tiles (tiles_x across), loaded into stage i % stages once the
+    box before it there has landed (the wait on that stage's barrier), so ``stages`` copies are in
+    flight. out[b] gets the cycles from the first copy's issue to the last one's landing. With
+    rank 1 the tensor is a row of tiles; rank 2 a grid of tiles_x across."""
+    lines = [f".kernel tma_stream_{rank}d", ".param map", ".param out", ".param copies", ".param tiles_x",
+             ".param box_x", ".param box_y", ".param tbytes", ".param tensor",
+             f".shared {1024 + stages * stage_bytes}",
+             "        s2r r0, %ctaid.x", "        s2r r1, %nctaid.x", "        ldparam r2, map",
+             "        ldparam r3, copies", "        ldparam r14, tbytes", "        mov.b64 r4, 0", "        mov.b64 r6, 1",
+             "INIT:   shl.b64 r5, r4, 3", "        mbarrier.init [r5], r6", "        add.i64 r4, r4, 1",
+             f"        setp.lt.i64 p0, r4, {stages}", "   @p0  bra INIT",
+             "        ldparam r15, tiles_x", "        ldparam r16, box_x", "        ldparam r17, box_y",
+             "        s2r r30, %clock", "        mov.b64 r4, 0",
+             f"LOOP:   rem.i64 r5, r4, {stages}", f"        div.i64 r6, r4, {stages}", "        shl.b64 r7, r5, 3",
+             f"        mul.i64 r8, r5, {stage_bytes}", "        add.i64 r8, r8, 1024",
+             f"        setp.lt.i64 p0, r4, {stages}", "   @p0  bra ISSUE",
+             "        sub.i64 r9, r6, 1", "        and.b64 r9, r9, 1", "        mbarrier.wait [r7], r9",
+             "ISSUE:  mad.i64 r10, r4, r1, r0", "        rem.i64 r11, r10, r15", "        div.i64 r13, r10, r15",
+             "        mul.i64 r12, r11, r16", "        mul.i64 r13, r13, r17",
+             "        mbarrier.arrive.expect_tx [r7], r14",
+             f"        cp.async.bulk.tensor.{rank}d [r8], [r7], r2, r12",
+             "        add.i64 r4, r4, 1", "        setp.lt.i64 p0, r4, r3", "   @p0  bra LOOP",
+             # the last use of each stage: stage s was used u = (copies - s + stages - 1) / stages times
+             "        mov.b64 r4, 0",
+             f"DRAIN:  sub.i64 r5, r3, r4", f"        add.i64 r5, r5, {stages - 1}", f"        div.i64 r5, r5, {stages}",
+             "        setp.le.i64 p0, r5, 0", "   @p0  bra NEXT", "        sub.i64 r9, r5, 1", "        and.b64 r9, r9, 1",
+             "        shl.b64 r7, r4, 3", "        mbarrier.wait [r7], r9",
+             "NEXT:   add.i64 r4, r4, 1", f"        setp.lt.i64 p0, r4, {stages}", "   @p0  bra DRAIN",
+             "        s2r r31, %clock", "        sub.i64 r31, r31, r30", "        ldparam r20, out",
+             "        shl.b64 r21, r0, 3", "        add.i64 r20, r20, r21", "        st.global.b64 [r20], r31", "        exit"]
+    return "\n".join(lines) + "\n"
+
+
+def micro_tma(machine, p: dict, out: MicroResult) -> float:
+    """Bulk tensor copy bandwidth (and, with one block of one stage, latency): ``blocks_per_core``
+    one-warp blocks on every core (or ``cores``) each stream ``copies`` boxes of box_cols x
+    box_rows elements of a tensor that holds each box once (tma_kernel), ``stages`` in flight a
+    block. The value: box bytes a second over the launch; extra: cycles a copy in block 0 (issue
+    to landed, ``stages`` overlapping) and the TMA units' mean copy latency."""
+    _gpu_only(machine, "tma")
+    _need("tma" in capabilities(machine).features, f"micro tma on {machine.name}",
+          "the machine has no tensor memory accelerator", "a machine with tma (h100)")
+    _need(p["dtype"] in TMA_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(TMA_DTYPES))
+    eb = TMA_DTYPES[p["dtype"]]
+    bx, by = p["box_cols"], p["box_rows"]
+    _need(1 <= bx <= 256 and bx * eb % 16 == 0, "--param box_cols", str(bx),
+          "1 .. 256 elements whose bytes are a multiple of 16")
+    _need(1 <= by <= 256, "--param box_rows", str(by), "1 .. 256")
+    _need(p["copies"] >= 1, "--param copies", str(p["copies"]), ">= 1")
+    _need(1 <= p["stages"] <= 16, "--param stages", str(p["stages"]), "1 .. 16")
+    all_cores = machine.groups * machine.cores.per_group
+    _need(0 <= p["cores"] <= all_cores, "--param cores", str(p["cores"]), f"0 .. {all_cores}")
+    _need(1 <= p["blocks_per_core"] <= machine.cores.max_blocks, "--param blocks_per_core",
+          str(p["blocks_per_core"]), f"1 .. {machine.cores.max_blocks}")
+    box = bx * by * eb
+    stage = -(-box // 128) * 128
+    _need(1024 + p["stages"] * stage <= machine.scratchpad.size_kib * 1024, "--param stages",
+          f"{p['stages']} stages of {stage} bytes", f"at most {machine.scratchpad.size_kib} KiB of scratchpad")
+    if p["cores"]:  # the cores left out would idle: a machine without them streams the same
+        machine = machine.model_copy(update={"cores": machine.cores.model_copy(update={"per_group": p["cores"]})})
+        all_cores = p["cores"]
+    blocks = all_cores * p["blocks_per_core"]
+    tiles = blocks * p["copies"]
+    tiles_x = 8 if by > 1 else tiles                       # rank 1: one row of boxes
+    rank = 2 if by > 1 else 1
+    rows = -(-tiles // tiles_x) * by
+    cols = tiles_x * bx
+    check_device(machine, rows * cols * eb, "the tensor", "--param copies", "fewer copies or smaller boxes")
+    sw = bx * eb if bx * eb in (32, 64, 128) else 0
+    prog = assemble(tma_kernel(rank, p["stages"], stage))
+    # out is backed (placed before the tensor, address space only)
+    args = {"map": TensorMap("tensor", tensor_map_words([cols, rows][:rank], eb, [bx, by][:rank], sw)),
+            "out": np.zeros(blocks, np.int64), "copies": p["copies"], "tiles_x": tiles_x, "box_x": bx,
+            "box_y": by if rank == 2 else 0, "tbytes": box, "tensor": shared_buffers(machine, [rows * cols * eb])[0]}
+    t = _time(prog, machine, Launch((blocks, 1, 1), (machine.cores.warp_width, 1, 1)), args, prog.name, out)
+    out.extra["cycles_per_copy"] = float(t.buffers["out"][0]) / p["copies"]
+    out.extra["copy_latency_mean_cycles"] = t.memory["tma"]["latency_mean_cycles"]
+    out.extra["box_bytes"] = box
+    out.extra["peak_dram_gbps"] = peak_bandwidth_gbps(machine)["dram"]
+    return tiles * box / stats.seconds(machine, t.cycles) / 1e9
+
+
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
     (archsim.workloads.emit.gemm_gpu: the tile rule's block tile or ``tile``'s, a multistage cp.async pipeline,
@@ -683,7 +772,8 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
-    _need(p["kernel"] in ("auto", "mma", "wgmma"), "--param kernel", repr(p["kernel"]), "auto, mma or wgmma")
+    _need(p["kernel"] in ("auto", "mma", "wgmma", "tma"), "--param kernel", repr(p["kernel"]),
+          "auto, mma, wgmma or tma")
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]),
                     kernel=None if p["kernel"] == "auto" else p["kernel"])
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
@@ -695,7 +785,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
     out.extra["stages"] = g.tile.stages
     out.extra["kernel"] = g.kind
-    pk = peak.get(g.dtype if g.kind in ("mma", "wgmma") else "fp32")
+    pk = peak.get(g.dtype if g.kind in ("mma", "wgmma", "tma") else "fp32")
     if pk:
         out.extra["share_of_peak"] = tf / pk
     return tf
@@ -976,6 +1066,7 @@ def micro_asm(machine, p: dict, out: MicroResult) -> float:
 
 
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "wgmma": micro_wgmma,
+          "tma": micro_tma,
           "gemm": micro_gemm,
           "attention": micro_attention, "dma": micro_dma, "rma": micro_rma, "asm": micro_asm}
 

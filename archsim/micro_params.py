@@ -39,12 +39,18 @@ PARAMS = {
               "a": (str, "shared", "shared (A by descriptor) or registers (.rs)"),
               "warpgroups": (int, 2, "warpgroups a core, >= 1 (within its warp slots)"),
               "iterations": (int, 16, "> 0")},
+    "tma": {"box_cols": (int, 64, "elements of the box's inner dimension, 1 .. 256, its bytes a multiple of 16"),
+            "box_rows": (int, 64, "1 .. 256 (1: a 1-d box)"), "dtype": (str, "fp16", "fp16 or fp32"),
+            "stages": (int, 4, "copies in flight a block, 1 .. 16"), "copies": (int, 32, "boxes a block loads, >= 1"),
+            "blocks_per_core": (int, 1, "one-warp blocks a core, >= 1"),
+            "cores": (int, 0, "0 (every core) or the cores that stream, the others idle")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
              "tile": (str, "auto", "auto (the tile rule's) or a tensor-core tile BMxBNxBK/warps/stages, as "
                                    "128x128x64/4/4 (GPU; the mma kernel)"),
-             "kernel": (str, "auto", "auto (the tile rule's choice), mma or wgmma (machines with warpgroup MMA; GPU)")},
+             "kernel": (str, "auto", "auto (the tile rule's choice), mma, wgmma (machines with warpgroup MMA) or tma "
+                                     "(wgmma fed by the TMA unit, warp specialized: machines with tma; GPU)")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32")},
@@ -64,8 +70,8 @@ PARAMS = {
             "per_iter": (float, 1.0, "units of work one loop iteration does (the value is cycles per unit), > 0"),
             "threads": (int, 0, "threads per block (0: the file's .launch)")},
 }
-UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "wgmma": "TFLOP/s", "gemm": "TFLOP/s", "attention": "TFLOP/s",
-         "dma": "B/cycle", "rma": "cycles", "asm": "cycles"}
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "wgmma": "TFLOP/s", "tma": "GB/s", "gemm": "TFLOP/s",
+         "attention": "TFLOP/s", "dma": "B/cycle", "rma": "cycles", "asm": "cycles"}
 
 
 def check_machine(name: str, machine) -> None:

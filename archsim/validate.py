@@ -274,7 +274,7 @@ def _positive(v) -> bool:
 
 # the micro-benchmarks a curve may name, by machine family (dma / rma need a Sunway DMA engine and
 # RMA; mma needs tensor units, which a CPE has not)
-CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "wgmma", "gemm", "attention", "asm"),
+CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "wgmma", "tma", "gemm", "attention", "asm"),
                  "sunway": ("latency", "bandwidth", "gemm", "attention", "dma", "rma", "asm")}
 CURVE_FIELDS = ("name", "source", "kernel", "params", "x", "unit", "clock_mhz", "points", "overrides", "note")
 

@@ -76,6 +76,16 @@ fills the stages S - 2 k tiles ahead; after a tile's wgmma are committed, wait_g
 running while the stage that every warp finished before the barrier takes the next copies. The
 K residue, the clamped edge rows, the copy widths and the epilogue are the mma kernel's.
 
+TMA kernel (``kernel="tma"``: targets with wgmma and tma; ``_emit_wgmma_tma``): the wgmma kernel's
+tiles and consumer warpgroups, warp specialized as CUTLASS 3's TMA kernels are: one producer warp
+more a block fills the S stages with cp.async.bulk.tensor (A as one BM x 64 box, B as 64-column
+panels or, B^T, one BN x 64 box, from tensor maps the kernel object builds: ``GemmKernel.args``),
+each stage completing on its "full" mbarrier; consumers wait on it, run the tile's wgmma and
+release the stage on its "empty" mbarrier once wait_group 1 says the previous tile's wgmma are
+done. The TMA unit zero-fills what lies outside the matrices (the K residue, edge rows), so the
+copies carry no bounds logic. Its boxes need rows and batch strides in multiples of 16 bytes and
+matrices at least a box large (``tma_fits``); it is chosen only when asked for.
+
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
 converted to f32 on the way to shared memory), register prefetch of the next tile while the
@@ -120,6 +130,7 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
+from archsim.isa.tensor_map import TensorMap, tensor_map_words
 from archsim.workloads.emit.common import (BUF_HOST, CVT_PACK, DTYPE_ALIASES, ELEM_BYTES, INDEX_DTYPE, MMA_OP,
                                           OUT_BYTES, OUT_DTYPE_ALIASES, SKINNY_ROWS, SPLIT_K_MIN_K, Asm, OutOfRegisters,
                                           blocks_per_core, ceil_div, check_int, check_pair, log2, one_to_one,
@@ -140,6 +151,7 @@ MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
 SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
+KERNELS = (None, "mma", "wgmma", "tma")   # gemm_kernel's kernel: the rule's choice, or one of these
 # (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
 WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 
@@ -154,7 +166,7 @@ class Tile(NamedTuple):
 
 @dataclass(frozen=True)
 class _Cfg:
-    kind: str          # mma | wgmma | ffma
+    kind: str          # mma | wgmma | tma | ffma
     dtype: str         # fp16 bf16 tf32 fp32
     out: str           # f32 f16 bf16
     trans_b: bool
@@ -205,7 +217,7 @@ class GemmKernel:
     dtype: str             # fp16 | bf16 | tf32 | fp32
     out_dtype: str         # f32 | f16 | bf16
     trans_b: bool
-    kind: str              # "mma" (tensor cores), "wgmma" (warpgroup MMA) or "ffma" (vector fallback)
+    kind: str              # "mma" (tensor cores), "wgmma" (warpgroup MMA), "tma" (wgmma fed by the TMA unit) or "ffma"
     trans_a: bool = False
     lda: int = 0           # row strides in elements (0: dense, set by gemm_kernel)
     ldb: int = 0
@@ -293,11 +305,16 @@ class GemmKernel:
                                      f"a C-contiguous {np.dtype(dt)} array of at least {self.extent(name)} elements")
             elif int(getattr(v, "nbytes", -1)) < want[name]:
                 raise InputError(where, f"{name} has {getattr(v, 'nbytes', None)} bytes", f"at least {want[name]}")
-        return {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
-                "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]),
-                "sa_b": self.stride_a[0], "sa_h": self.stride_a[1], "sb_b": self.stride_b[0], "sb_h": self.stride_b[1],
-                "sc_b": self.stride_c[0], "sc_h": self.stride_c[1], "group": self.raster[0],
-                "raster_n": self.raster[1]}
+        out = {"A": A, "B": B, "C": C, "M": self.M, "N": self.N, "K": self.K, "lda": self.lda, "ldb": self.ldb,
+               "ldc": self.ldc, "nh": self.batch[1], "nh_magic": nh_magic(self.batch[1]),
+               "sa_b": self.stride_a[0], "sa_h": self.stride_a[1], "sb_b": self.stride_b[0], "sb_h": self.stride_b[1],
+               "sc_b": self.stride_c[0], "sc_h": self.stride_c[1], "group": self.raster[0],
+               "raster_n": self.raster[1]}
+        if self.kind == "tma":
+            out["mapA"], out["mapB"] = _tensor_maps(self.M, self.N, self.K, self.dtype, self.trans_b, self.tile.BM,
+                                                    self.tile.BN, self.lda, self.ldb, self.batch, self.stride_a,
+                                                    self.stride_b)
+        return out
 
     def random_inputs(self, seed: int = 0) -> tuple:
         """(A, B, C): standard-normal inputs in the kernel's input format, C zeros. Dense kernels get
@@ -1059,6 +1076,47 @@ def _emit_mma(c: _Cfg) -> Program:
 
 
 # ----------------------------------------------------------------------------- warpgroup MMA kernel
+class _WgDesc(NamedTuple):
+    """The wgmma kernels' operand descriptors: registers for this warpgroup's A offset (with the
+    constant fields) and the two descriptors, B's constant fields, the k16 step along B, the opcode."""
+    wgoff: Reg
+    dA: Reg
+    dB: Reg
+    bconst: int
+    bstep: int
+    mn: str
+
+
+def _wg_descriptors(ctx: _MmaCtx, tid: Reg) -> _WgDesc:
+    """Emit this warp's warpgroup offset into A (``tid``: a register holding %tid.x) and allocate
+    the descriptor registers. Descriptors: 128-byte swizzle, 8-row groups 1 KiB apart; B k-major
+    in 64-column panels BK rows long."""
+    a, c = ctx.a, ctx.c
+    kmaj = (1024 >> 4) << 32 | 1 << 62
+    bconst = kmaj if c.trans_b else kmaj | (ctx.b_rows * 128 >> 4) << 16
+    bstep = 2 if c.trans_b else 16 * 128 >> 4     # a k16 step: 32 bytes along a row, or 16 k rows
+    wgoff = a.reg()
+    a("shr.u64", wgoff, tid, 7)                   # this warp's warpgroup: A rows 64 wg ..
+    a("mul.i64", wgoff, wgoff, 64 * 128 >> 4)
+    a("add.i64", wgoff, wgoff, kmaj)
+    mn = f"wgmma.m64n{c.BN}k16.f32.{'f16' if c.dtype == 'fp16' else 'bf16'}"
+    return _WgDesc(wgoff, a.reg(), a.reg(), bconst, bstep, mn)
+
+
+def _wgmma_k_tile(ctx: _MmaCtx, d: _WgDesc, base16: Reg) -> None:
+    """Emit one k tile's wgmma from the stage at ``base16`` (its scratchpad offset / 16), one group."""
+    a, c = ctx.a, ctx.c
+    a("add.i64", d.dA, base16, d.wgoff)
+    a("add.i64", d.dB, base16, (ctx.B_OFF >> 4) + d.bconst)
+    a("wgmma.fence")
+    for s_ in range(ctx.NSTEP):
+        a(d.mn, ctx.acc, d.dA, d.dB, 0 if c.trans_b else 2)
+        if s_ + 1 < ctx.NSTEP:
+            a("add.i64", d.dA, d.dA, 2)
+            a("add.i64", d.dB, d.dB, d.bstep)
+    a("wgmma.commit_group")
+
+
 def _wgmma_loop(ctx: _MmaCtx) -> None:
     """The copy pipeline and main loop of the wgmma kernel (see _emit_wgmma)."""
     a, c, S, SB = ctx.a, ctx.c, ctx.S, ctx.SB
@@ -1069,30 +1127,14 @@ def _wgmma_loop(ctx: _MmaCtx) -> None:
     a("mov.b64", rs, 0)
     a("mov.b64", ws, d * SB)
     a("mov.b64", kt, 0)
-    # descriptors: 128-byte swizzle, 8-row groups 1 KiB apart; B k-major in 64-column panels BK rows long
-    kmaj = (1024 >> 4) << 32 | 1 << 62
-    bconst = kmaj if c.trans_b else kmaj | (ctx.b_rows * 128 >> 4) << 16
-    bstep = 2 if c.trans_b else 16 * 128 >> 4     # a k16 step: 32 bytes along a row, or 16 k rows
-    wgoff, tmp = a.reg(), a.reg()
-    a("s2r", wgoff, "%tid.x")
-    a("shr.u64", wgoff, wgoff, 7)                 # this warp's warpgroup: A rows 64 wg ..
-    a("mul.i64", wgoff, wgoff, 64 * 128 >> 4)
-    a("add.i64", wgoff, wgoff, kmaj)
-    dA, dB = a.reg(), a.reg()
-    mn = f"wgmma.m64n{c.BN}k16.f32.{'f16' if c.dtype == 'fp16' else 'bf16'}"
+    tmp = a.reg()
+    a("s2r", tmp, "%tid.x")
+    desc = _wg_descriptors(ctx, tmp)
     a.label("KLOOP")
     a("cp.async.wait", d - 1)                     # tile kt landed (this thread) ...
     a("bar.sync")                                 # ... for everyone
     a("shr.u64", tmp, rs, 4)
-    a("add.i64", dA, tmp, wgoff)
-    a("add.i64", dB, tmp, (ctx.B_OFF >> 4) + bconst)
-    a("wgmma.fence")
-    for s_ in range(ctx.NSTEP):
-        a(mn, ctx.acc, dA, dB, 0 if c.trans_b else 2)
-        if s_ + 1 < ctx.NSTEP:
-            a("add.i64", dA, dA, 2)
-            a("add.i64", dB, dB, bstep)
-    a("wgmma.commit_group")
+    _wgmma_k_tile(ctx, desc, tmp)
     # tile kt-1's wgmma are done (this warp); every warp's tile kt-2 was done before the barrier,
     # so its stage takes tile kt+d
     a("wgmma.wait_group", 1)
@@ -1114,7 +1156,7 @@ def _wgmma_loop(ctx: _MmaCtx) -> None:
     a("setp.lt.i64", pm, kt, ctx.nt)
     a("bra", "KLOOP", p=pm)
     a("wgmma.wait_group", 0)
-    a.free(wgoff, tmp, dA, dB)
+    a.free(desc.wgoff, tmp, desc.dA, desc.dB)
 
 
 def _emit_wgmma(c: _Cfg) -> Program:
@@ -1139,6 +1181,170 @@ def _emit_wgmma(c: _Cfg) -> Program:
     _mma_release(ctx)
     _epilogue(a, c, ctx.pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, ctx.S * ctx.SB)
     return a.build()
+
+
+# ----------------------------------------------------------------------------- TMA + warpgroup MMA kernel
+TMA_PARAMS = PARAMS + ("mapA", "mapB")   # the tensor maps of A and B (GemmKernel.args builds them)
+
+
+def _tma_boxes(c: _Cfg) -> list:
+    """(map, stage offset, box coordinates as (k offset, column offset)) of each bulk copy of a k
+    tile: A as one BM x 64 box; B^T as one BN x 64 box; B k-major as BN / 64 boxes of 64 rows of
+    k x 64 columns (the wgmma kernel's panels)."""
+    ctx_a = c.BM * 128
+    if c.trans_b:
+        return [("A", 0, None), ("B", ctx_a, None)]
+    return [("A", 0, None)] + [("B", ctx_a + j * 64 * 128, 64 * j) for j in range(c.BN // 64)]
+
+
+def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb) -> tuple:
+    """The TMA kernel's tensor maps of A and B: 4-d (k or n, rows, head, batch), 128-byte swizzle."""
+    es = _ELEM_BYTES[dtype]
+    nb, nh = batch
+
+    def strides(ld, s):      # (a dimension of one matrix is never stepped: any positive multiple of 16)
+        return [ld * es, s[1] * es if nh > 1 else 16, s[0] * es if nb > 1 else 16]
+
+    mA = TensorMap("A", tensor_map_words([K, M, nh, nb], es, [64, BM, 1, 1], 128, strides(lda, sa)))
+    if trans_b:
+        mB = TensorMap("B", tensor_map_words([K, N, nh, nb], es, [64, BN, 1, 1], 128, strides(ldb, sb)))
+    else:
+        mB = TensorMap("B", tensor_map_words([N, K, nh, nb], es, [64, 64, 1, 1], 128, strides(ldb, sb)))
+    return mA, mB
+
+
+def tma_fits(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb) -> bool:
+    """Can the TMA kernel's boxes (tile BM x BN) describe this layout? Every stride a positive
+    multiple of 16 bytes (a head or batch stride of 0 is not), and no box larger than its matrix
+    (isa/README.md's tensor-map rules)."""
+    es = _ELEM_BYTES[dtype]
+    nb, nh = batch
+    steps = [lda * es, ldb * es] + [s[i] * es for s in (sa, sb) for i, n in ((1, nh), (0, nb)) if n > 1]
+    if any(s <= 0 or s % 16 for s in steps):
+        return False
+    return K >= 64 and M >= BM and (N >= BN if trans_b else N >= 64)
+
+
+def tma_tile_bytes(c: _Cfg) -> int:
+    """Bytes a k tile's copies bring (A's BM and B's BN rows of 128 bytes)."""
+    return (c.BM + c.BN) * 128
+
+
+def _emit_wgmma_tma(c: _Cfg) -> Program:
+    """The warpgroup-MMA kernel fed by the tensor memory accelerator, warp specialized as CUTLASS 3's
+    TMA kernels are (machines with wgmma and tma; fp16 / bf16, A row-major): BM / 64 consumer
+    warpgroups compute the tile as the wgmma kernel's do, and one producer warp (the block's last)
+    fills S stages with cp.async.bulk.tensor, each stage's copies completing on its "full"
+    mbarrier (arrive.expect_tx of the tile's bytes); a consumer warp waits on it, runs the tile's
+    four wgmma, and once wait_group 1 says the previous tile's are done arrives on that tile's
+    "empty" barrier (one arrival a consumer warp), which the producer waits on before it reuses
+    the stage. The boxes land 128-byte swizzled, the layout the descriptors name; elements outside
+    the matrices (the K residue, a first k tile reaching below k = 0; edge rows) arrive as zeros
+    from the TMA unit. The epilogue is the wgmma kernel's; the producer passes its barriers."""
+    ctx = _MmaCtx(c)
+    S, SB, T = ctx.S, ctx.SB, ctx.T
+    full, empty = S * SB, S * SB + 8 * S           # the barriers, after the stages
+    a = ctx.a = Asm(ctx.a.b.name + "_tma", TMA_PARAMS, S * SB + 16 * S)
+    ctx.acc = a.reg(c.BN // 2)
+    for i in range(c.BN // 2):
+        a("mov.f32", ctx.acc + i, 0.0)
+    tid, nt, kt, si, ph, t = a.reg(), a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    p, pw = a.pred(), a.pred()
+    a("s2r", tid, "%tid.x")
+    a("ldparam", t, "K")
+    a("add.i64", nt, t, 63)
+    a("shr.u64", nt, nt, 6)                        # k tiles of 64
+    # warp 0 sets the barriers up: full[s] takes the producer's one arrival (and the bytes), empty[s]
+    # one arrival from each consumer warp
+    a("setp.lt.i64", p, tid, 32)
+    cnt = a.reg()
+    for s in range(S):
+        a("mov.b64", cnt, 1)
+        a("mbarrier.init", Mem(None, full + 8 * s), cnt, p=p)
+        a("mov.b64", cnt, T // 32)
+        a("mbarrier.init", Mem(None, empty + 8 * s), cnt, p=p)
+    a.free(cnt)
+    a("bar.sync")
+    a("mov.b64", kt, 0)
+    a("mov.b64", si, 0)                            # the stage, and the phase of its barriers
+    a("mov.b64", ph, 0)
+    a("setp.ge.i64", p, tid, T)
+    a("bra", "PRODUCER", p=p)
+    # -- consumers
+    desc = _wg_descriptors(ctx, tid)
+    bar, prev = a.reg(), a.reg()
+    a("mov.b64", prev, 0)
+    a.label("KLOOP")
+    a("shl.b64", bar, si, 3)
+    a("mbarrier.wait", Mem(bar, full), ph)         # tile kt landed
+    a("mul.i64", t, si, SB >> 4)
+    _wgmma_k_tile(ctx, desc, t)
+    a("wgmma.wait_group", 1)                       # tile kt-1's wgmma are done: its stage is free
+    a("setp.gt.i64", pw, kt, 0)
+    a("mbarrier.arrive", Mem(prev, empty), p=pw)
+    a("mov.b64", prev, bar)
+    _next_stage(a, si, ph, kt, S, p)
+    a("setp.lt.i64", p, kt, nt)
+    a("bra", "KLOOP", p=p)
+    a("wgmma.wait_group", 0)
+    a.free(desc.wgoff, desc.dA, desc.dB, bar, prev)   # (the producer's path below still reads nt, kt, si, ph)
+    pm = a.pred()
+    _epilogue(a, c, pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, S * SB)
+    # -- the producer warp: its registers are the consumers' (the same program); it writes no C
+    a.label("PRODUCER")
+    m0, n0, kc, eph, bytes_, mA, mB, sb = (a.reg() for _ in range(8))
+    _tile_origin(a, c, m0, n0)
+    a("ldparam", t, "K")
+    a("shl.b64", kc, nt, 6)
+    a("sub.i64", kc, t, kc)                        # K - 64 nt <= 0: tile 0 starts below k = 0
+    zb, zh = batch_index(a)
+    a("ldparam", mA, "mapA")
+    a("ldparam", mB, "mapB")
+    a("mov.b64", bytes_, tma_tile_bytes(c))
+    # coordinates (dimension 0 first): A (k, m0, head, batch); B^T (k, n0, ...); B (n0 + 64 j, k, ...)
+    ca, cb = a.reg(4), a.reg(4)
+    a("mov.b64", ca + 1, m0)
+    a("mov.b64", ca + 2, zh)
+    a("mov.b64", ca + 3, zb)
+    a("mov.b64", cb + 2, zh)
+    a("mov.b64", cb + 3, zb)
+    if c.trans_b:
+        a("mov.b64", cb + 1, n0)
+    a.free(zb, zh)
+    a.label("PLOOP")
+    a("shl.b64", t, si, 3)
+    a("setp.ge.i64", p, kt, S)                     # the stage's previous tile must be consumed:
+    a("xor.b64", eph, ph, 1)                       # the empty barrier's phase of one round ago
+    a("mbarrier.wait", Mem(t, empty), eph, p=p)
+    a("mbarrier.arrive.expect_tx", Mem(t, full), bytes_)
+    a("mul.i64", sb, si, SB)
+    a("mov.b64", ca, kc)      # (A's box: BM rows of 64 k at (k, m0); B's at _tma_boxes' coordinates)
+    a("cp.async.bulk.tensor.4d", Mem(sb, 0), Mem(t, full), mA, ca)
+    for _, off, col in _tma_boxes(c)[1:]:
+        if c.trans_b:
+            a("mov.b64", cb, kc)
+        else:
+            a("add.i64", cb, n0, col)
+            a("mov.b64", cb + 1, kc)
+        a("cp.async.bulk.tensor.4d", Mem(sb, off), Mem(t, full), mB, cb)
+    a("add.i64", kc, kc, 64)
+    _next_stage(a, si, ph, kt, S, p)
+    a("setp.lt.i64", p, kt, nt)
+    a("bra", "PLOOP", p=p)
+    if c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
+        a("bar.sync")                              # the epilogue's two barriers (_staged_store)
+        a("bar.sync")
+    a("exit")
+    return a.build()
+
+
+def _next_stage(a: Asm, si: Reg, ph: Reg, kt: Reg, S: int, p: Pred) -> None:
+    """kt += 1; the next stage round the ring, the barriers' phase flipping at each wrap."""
+    a("add.i64", kt, kt, 1)
+    a("add.i64", si, si, 1)
+    a("setp.ge.i64", p, si, S)
+    a("mov.b64", si, 0, p=p)
+    a("xor.b64", ph, ph, 1, p=p)
 
 
 def _aligned(a: Asm, dst: Reg, params: tuple, mask: int, tmp: Reg) -> None:
@@ -1669,15 +1875,17 @@ def split_k(caps, M: int, N: int, K: int, dtype: str = "fp16", trans_b: bool = F
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, *, trans_a: bool = False, cw_a: Optional[int] = None,
                 cw_b: Optional[int] = None, alpha: float = 1.0, launches: int = 1,
-                kernel: Optional[str] = None) -> tuple[_Cfg, Program]:
+                kernel: Optional[str] = None, tma_ok=None) -> tuple[_Cfg, Program]:
     """The kernel configuration the tile rule picks (see the module docstring), and its program.
     cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape); launches:
     the GEMMs of a batch (grid.z), which share the cores; kernel: "mma" or "wgmma" instead of the
-    rule's choice between them."""
+    rule's choice between them, or "tma" (the wgmma kernel fed by the TMA unit: machines with
+    tma; ``tma_ok(BM, BN)`` says whether the layout takes its boxes, tma_fits; default: dense
+    matrices of this shape)."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
-    if kernel not in (None, "mma", "wgmma"):
-        raise InputError("gemm", f"kernel {kernel!r}", "mma or wgmma")
+    if kernel not in KERNELS:
+        raise InputError("gemm", f"kernel {kernel!r}", "mma, wgmma or tma")
     if kernel is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"kernel {kernel} with dtype {dtype}, which {caps.name} runs as "
                          "the vector FFMA kernel", "no kernel, or a dtype the tensor units take")
@@ -1704,10 +1912,15 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     share = dict(caps.mma_sync_share).get(dt, 1.0)
     wg_order = sorted(WGMMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share), -t[0] * t[1]))
     can_wg = "wgmma" in caps.features and dt in ("fp16", "bf16") and not trans_a
-    if kernel == "wgmma" and not can_wg:
-        raise InputError(f"gemm on {caps.name}", f"the wgmma kernel with dtype {dtype}"
+    if kernel in ("wgmma", "tma") and not can_wg:
+        raise InputError(f"gemm on {caps.name}", f"the {kernel} kernel with dtype {dtype}"
                          f"{', A given k-major' if trans_a else ''}", "fp16 or bf16, A row-major, on a machine "
                          "with tensor.wgmma")
+    if kernel == "tma":
+        if tma_ok is None:                        # dense matrices of this shape
+            def tma_ok(BM, BN):
+                return tma_fits(M, N, K, dt, trans_b, BM, BN, K, K if trans_b else N, (1, 1), (0, 0), (0, 0))
+        return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok)
     if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M):
         mma_best = _cost(M, N, *order[0][:2], caps.cores_total)
         for BM, BN in wg_order:
@@ -1757,6 +1970,33 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
 
 
+def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok) -> tuple[_Cfg, Program]:
+    """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits."""
+    where = f"gemm on {caps.name}"
+    if "tma" not in caps.features:
+        raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
+    tried = []
+    for BM, BN in wg_order:
+        if not tma_ok(BM, BN):
+            tried.append(f"tma {BM}x{BN}: a box larger than its matrix, or a stride not a multiple of 16 bytes")
+            continue
+        for stages in (4, 3, 2):
+            smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + 16)
+            if smem > caps.scratchpad_bytes:
+                tried.append(f"tma {BM}x{BN}: {smem} B scratchpad")
+                continue
+            cfg = _Cfg("tma", dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
+            try:
+                prog = _emit_wgmma_tma(cfg)
+            except OutOfRegisters as e:
+                tried.append(f"tma {BM}x{BN}: {e}")
+                continue
+            if _fits(prog, caps, 2 * BM + 32):
+                return cfg, prog
+            tried.append(f"tma {BM}x{BN}: {prog.nregs} registers")
+    raise InputError(where, "no tma tile fits: " + "; ".join(tried), "kernel wgmma or mma")
+
+
 # ----------------------------------------------------------------------------- API
 def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, tile: Optional[Tile] = None, *, trans_a: bool = False,
@@ -1772,7 +2012,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     ``tile`` forces a tensor-core tile instead of the rule: BM, BN, BK (64 or 128 bytes of k a
     row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages (the
     mma kernel). ``kernel``: "mma" or "wgmma" (machines with warpgroup MMA) instead of the
-    rule's choice between the two.
+    rule's choice between the two, or "tma" (the wgmma kernel fed by the TMA unit; machines with
+    tma, layouts tma_fits takes).
 
     Layout (all in elements; kernel parameters, so one program serves every value of the same
     alignment class): ``lda``, ``ldb``, ``ldc`` are the row strides of A, B, C as stored (default:
@@ -1822,10 +2063,11 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         return _copy_width(g, es)
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
-    if kernel not in (None, "mma", "wgmma"):
-        raise InputError(where, f"kernel {kernel!r}", "mma or wgmma")
-    if tile is not None and kernel == "wgmma":
-        raise InputError(where, "a tile with kernel wgmma", "a tile (the mma kernel's) or kernel wgmma (its own rule)")
+    if kernel not in KERNELS:
+        raise InputError(where, f"kernel {kernel!r}", "mma, wgmma or tma")
+    if tile is not None and kernel in ("wgmma", "tma"):
+        raise InputError(where, f"a tile with kernel {kernel}",
+                         f"a tile (the mma kernel's) or kernel {kernel} (its own rule)")
     if tile is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} with dtype {dtype}, which {caps.name} runs "
                          "as the vector FFMA kernel (one tile)", "no tile, or a dtype the tensor units take")
@@ -1844,12 +2086,16 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             raise InputError(f"gemm on {caps.name}", f"tile {tile.BM}x{tile.BN} x {tile.stages} stages does not fit a "
                              f"core ({prog.nregs} registers, {prog.shared_bytes} B scratchpad)", "a smaller tile")
     else:
+        def tma_ok(BM, BN):
+            return tma_fits(M, N, K, dt, bool(trans_b), BM, BN, lda, ldb, (nb, nh), sa, sb)
+
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
-                                alpha=alpha_f, launches=nb * nh, kernel=kernel)
+                                alpha=alpha_f, launches=nb * nh, kernel=kernel, tma_ok=tma_ok)
     check(prog, caps)
-    if cfg.kind in ("mma", "wgmma"):
-        threads = 32 * cfg.WM * cfg.WN
-        t = Tile(cfg.BM, cfg.BN, cfg.kb // es, cfg.WM * cfg.WN, cfg.stages)
+    if cfg.kind in ("mma", "wgmma", "tma"):
+        producer = int(cfg.kind == "tma")           # the TMA kernel's producer warp
+        threads = 32 * (cfg.WM * cfg.WN + producer)
+        t = Tile(cfg.BM, cfg.BN, cfg.kb // es, cfg.WM * cfg.WN + producer, cfg.stages)
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
