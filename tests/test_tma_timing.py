@@ -273,3 +273,19 @@ def test_a_copy_counted_before_its_barrier_was_initialised_again_lands_on_nothin
     t = time_kernel(assemble(src, "reinit.s"), h100, ONE_WARP, args)
     assert t.memory["tma"]["copies_landed"] == 2
     assert t.cycles >= t.memory["tma"]["latency_max_cycles"]
+
+
+def test_micro_tma_measures_copies_in_flight(h100):
+    from archsim.errors import InputError
+    from archsim.micro import run_micro
+
+    one = run_micro("tma", h100, {"cores": "1", "stages": "1", "copies": "4", "box_rows": "8"})
+    four = run_micro("tma", h100, {"cores": "1", "stages": "4", "copies": "4", "box_rows": "8"})
+    assert one.extra["box_bytes"] == 8 * 64 * 2
+    # one copy at a time: a copy's time is its latency; four in flight overlap their round trips
+    assert one.extra["cycles_per_copy"] >= one.extra["copy_latency_mean_cycles"] >= h100.tma.startup_cycles
+    assert four.value > 2 * one.value
+    with pytest.raises(InputError, match="tensor memory accelerator"):
+        run_micro("tma", load_machine("a100"), {})
+    with pytest.raises(InputError, match="box_cols"):
+        run_micro("tma", h100, {"box_cols": "12"})          # 24 bytes: not a multiple of 16
