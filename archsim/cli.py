@@ -289,7 +289,7 @@ def cmd_asm(a) -> int:
     if grid is None or block is None:
         raise InputError(a.file, f"kernel {prog.name} has no .launch directive",
                          "give --grid and --block, or add .launch grid=X block=Y")
-    launch = Launch(grid, block)
+    launch = resolve_launch(prog, Launch(grid, block, cluster=prog.launch.cluster if prog.launch else 1))
     tpb = launch.threads_per_block
     if tpb > caps.warp_slots * caps.warp_width:
         raise InputError("--block", f"{tpb} threads per block exceed what one core of {caps.name} holds",
@@ -330,7 +330,7 @@ def cmd_asm(a) -> int:
         if example in EXAMPLES:
             verification = verify(example, args_for_ref(prog), result)
     out = {"schema": "archsim.asm/1", "complete": True, "kernel": prog.name, "machine": caps.name,
-           "launch": {"grid": list(launch.grid), "block": list(launch.block)},
+           "launch": {"grid": list(launch.grid), "block": list(launch.block), "cluster": launch.cluster},
            "warp_instructions": result.warp_instructions, "written": written}
     if verification is not None:
         out["verification"] = verification

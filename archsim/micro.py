@@ -53,7 +53,7 @@ class MicroResult:
                 "complete": self.complete, "result": res}
 
 
-from archsim.micro_params import PARAMS, UNITS, asm_path, check_machine, parse_params  # noqa: F401 (re-exported)
+from archsim.micro_params import PARAMS, UNITS, asm_path, check_machine, parse_params, unit_of  # noqa: F401
 
 
 def _need(cond: bool, where: str, what: str, allowed: str) -> None:
@@ -760,6 +760,63 @@ def micro_tma(machine, p: dict, out: MicroResult) -> float:
     return tiles * box / stats.seconds(machine, t.cycles) / 1e9
 
 
+def dsmem_kernel(kind: str, cluster: int, loads: int) -> str:
+    """Distributed shared memory. latency: warp 0 of rank 0 chases ``loads`` dependent 4-byte
+    ld.dsmem in the scratchpad of rank cluster-1 (zeros: each address is the word it reads);
+    bandwidth: every warp of every block reads ``loads`` (a multiple of 4, four in flight) 16-byte
+    words a lane from the next rank's scratchpad (a ring), the last ones awaited. Both end with barrier.cluster, which keeps every
+    scratchpad until its readers are done."""
+    lines = [f".kernel dsmem_{kind}", ".param out", ".shared 16384", "        s2r r0, %cluster_ctarank",
+             "        mov.b64 r5, 0"]
+    if kind == "latency":
+        lines += [f"        mov.b64 r2, {cluster - 1}", "        mov.b64 r1, 0", "        s2r r3, %tid.x",
+                  "        setp.ne.i64 p1, r3, 0", "        setp.ne.i64 p2, r0, 0", "        or.pred p1, p1, p2",
+                  "  @p1   bra DONE",
+                  "LOOP:   ld.dsmem.b32 r1, [r1], r2", "        add.i64 r5, r5, 1",
+                  f"        setp.lt.i64 p0, r5, {loads}", "  @p0   bra LOOP", "        mov.b64 r6, r1"]
+    else:
+        lines += ["        add.i64 r2, r0, 1", f"        rem.i64 r2, r2, {cluster}", "        s2r r3, %tid.x",
+                  "        and.b64 r3, r3, 511", "        shl.b64 r3, r3, 4", "LOOP:"]
+        lines += [f"        ld.dsmem.v4.b32 r{8 + 4 * i}, [r3], r2" for i in range(4)]   # 4 in flight a warp
+        lines += ["        add.i64 r5, r5, 4", f"        setp.lt.i64 p0, r5, {loads}", "  @p0   bra LOOP",
+                  "        mov.b64 r6, r8", "        mov.b64 r7, r20"]
+    lines += ["DONE:   barrier.cluster", "        exit"]
+    return "\n".join(lines) + "\n"
+
+
+def micro_dsmem(machine, p: dict, out: MicroResult) -> float:
+    """Distributed shared memory between the blocks of thread-block clusters (machines with
+    clusters). ``kind`` latency: cycles a remote load (a dependent chain in one cluster, the slope
+    over ``loads`` and 2 x loads); bandwidth: GB/s over every SM, clusters of ``cluster`` one-block-
+    an-SM (the scratchpad), ``warps`` warps a block each reading its ring neighbour (the slope)."""
+    _gpu_only(machine, "dsmem")
+    cl = machine.clusters
+    _need(cl is not None, f"micro dsmem on {machine.name}", "the machine has no thread-block clusters",
+          "a machine with clusters (h100)")
+    _need(p["kind"] in ("latency", "bandwidth"), "--param kind", repr(p["kind"]), "latency or bandwidth")
+    _need(2 <= p["cluster"] <= cl.max_blocks, "--param cluster", str(p["cluster"]), f"2 .. {cl.max_blocks}")
+    _need(p["loads"] >= 1 and (p["kind"] == "latency" or p["loads"] % 4 == 0), "--param loads", str(p["loads"]),
+          ">= 1 (bandwidth: a multiple of 4)")
+    _need(1 <= p["warps"] <= machine.cores.warp_slots, "--param warps", str(p["warps"]),
+          f"1 .. {machine.cores.warp_slots}")
+    k = p["cluster"]
+    if p["kind"] == "latency":
+        launch = Launch((k, 1, 1), (32, 1, 1), cluster=k)
+    else:
+        clusters = sum(n // k for n in cl.gpc_sms)          # one block an SM: as many as the GPCs hold
+        launch = Launch((clusters * k, 1, 1), (32 * p["warps"], 1, 1), cluster=k)
+    runs = [(assemble(dsmem_kernel(p["kind"], k, n)), launch, {"out": np.zeros(1, np.int64)}, f"dsmem_{n}")
+            for n in (p["loads"], 2 * p["loads"])]
+    t1, t2 = _time_many(runs, machine, out)
+    extra = t2.cycles - t1.cycles
+    out.extra["cycles"] = [int(t1.cycles), int(t2.cycles)]
+    if p["kind"] == "latency":
+        return extra / p["loads"]
+    moved = launch.blocks * p["warps"] * 32 * 16 * p["loads"]
+    out.extra["blocks"] = launch.blocks
+    return moved / stats.seconds(machine, extra) / 1e9
+
+
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
     (archsim.workloads.emit.gemm_gpu: the tile rule's block tile or ``tile``'s, a multistage cp.async pipeline,
@@ -1046,7 +1103,7 @@ def micro_asm(machine, p: dict, out: MicroResult) -> float:
           ".param iters and .arg iters = N: the loop count micro asm sets")
     launch = resolve_launch(prog, None)
     if p["threads"]:
-        launch = Launch(launch.grid, (p["threads"], 1, 1))
+        launch = Launch(launch.grid, (p["threads"], 1, 1), cluster=launch.cluster)
     tpb = launch.threads_per_block
     _need(0 < tpb <= caps.warp_slots * caps.warp_width, "--param threads", f"{tpb} threads per block",
           f"1 .. {caps.warp_slots * caps.warp_width} (what one core of {caps.name} holds)")
@@ -1066,7 +1123,7 @@ def micro_asm(machine, p: dict, out: MicroResult) -> float:
 
 
 MICROS = {"latency": micro_latency, "bandwidth": micro_bandwidth, "mma": micro_mma, "wgmma": micro_wgmma,
-          "tma": micro_tma,
+          "tma": micro_tma, "dsmem": micro_dsmem,
           "gemm": micro_gemm,
           "attention": micro_attention, "dma": micro_dma, "rma": micro_rma, "asm": micro_asm}
 
@@ -1077,7 +1134,7 @@ def run_micro(name: str, machine, params: list[str] | dict, max_cycles: int = 10
 
     check_machine(name, machine)
     p = parse_params(name, params)
-    out = MicroResult(name=name, params=p, value=0.0, unit=UNITS[name], max_cycles=int(max_cycles))
+    out = MicroResult(name=name, params=p, value=0.0, unit=unit_of(name, p), max_cycles=int(max_cycles))
     t0 = time.perf_counter()
     before = dict(kernel_cache.stats)
     try:

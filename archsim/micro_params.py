@@ -44,6 +44,10 @@ PARAMS = {
             "stages": (int, 4, "copies in flight a block, 1 .. 16"), "copies": (int, 32, "boxes a block loads, >= 1"),
             "blocks_per_core": (int, 1, "one-warp blocks a core, >= 1"),
             "cores": (int, 0, "0 (every core) or the cores that stream, the others idle")},
+    "dsmem": {"kind": (str, "latency", "latency (a dependent chain, cycles a load) or bandwidth (GB/s, every SM)"),
+              "cluster": (int, 2, "blocks a cluster, 2 .. the machine's clusters.max_blocks"),
+              "loads": (int, 64, "loads a warp (the slope: loads and 2 x loads), >= 1"),
+              "warps": (int, 8, "warps a block (bandwidth), >= 1")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
@@ -70,8 +74,16 @@ PARAMS = {
             "per_iter": (float, 1.0, "units of work one loop iteration does (the value is cycles per unit), > 0"),
             "threads": (int, 0, "threads per block (0: the file's .launch)")},
 }
-UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "wgmma": "TFLOP/s", "tma": "GB/s", "gemm": "TFLOP/s",
-         "attention": "TFLOP/s", "dma": "B/cycle", "rma": "cycles", "asm": "cycles"}
+UNITS = {"latency": "cycles", "bandwidth": "GB/s", "mma": "TFLOP/s", "wgmma": "TFLOP/s", "tma": "GB/s",
+         "dsmem": "cycles", "gemm": "TFLOP/s", "attention": "TFLOP/s", "dma": "B/cycle", "rma": "cycles",
+         "asm": "cycles"}   # (dsmem kind=bandwidth: GB/s)
+
+
+def unit_of(name: str, params: dict) -> str:
+    """The unit micro ``name`` measures with these parameters (dsmem: by its kind)."""
+    if name == "dsmem" and params.get("kind") == "bandwidth":
+        return "GB/s"
+    return UNITS[name]
 
 
 def check_machine(name: str, machine) -> None:

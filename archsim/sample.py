@@ -218,7 +218,10 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     ``sample=False`` simulates every block. ``placement``: see timing.time_kernel. ``upto``: the
     launch is cut to its first ``upto`` blocks (a scale model's grid, archsim.scale_model).
     ``k_tile``: a GEMM's k tile (Kernel.k_tile; 0: none), whose long k-loop is then sampled
-    (_time_k_loop) before any of the above is tried."""
+    (_time_k_loop) before any of the above is tried. A launch of thread-block clusters is simulated
+    whole (its blocks' ranges would have to keep clusters whole)."""
+    if launch.cluster > 1:
+        sample, interval, k_tile = False, False, 0
     kinfo = None
     if sample and k_tile > 0:
         got, kinfo = _time_k_loop(prog, machine, launch, args, k_tile, waves=waves, max_error=max_error,

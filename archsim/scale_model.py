@@ -101,6 +101,8 @@ def scaled_fields(machine, n: int) -> dict:
             out["l2.size_kib"] = machine.l2.size_kib * (machine.l2.slices // n) // machine.l2.slices
     cut("memory_controllers.count", machine.memory_controllers.count)
     cut("dram.channels", machine.dram.channels)
+    if getattr(machine, "clusters", None) is not None:
+        out["clusters"] = None    # GPCs are not cut: a scale model runs no thread-block clusters
     return out
 
 

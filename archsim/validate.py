@@ -274,7 +274,7 @@ def _positive(v) -> bool:
 
 # the micro-benchmarks a curve may name, by machine family (dma / rma need a Sunway DMA engine and
 # RMA; mma needs tensor units, which a CPE has not)
-CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "wgmma", "tma", "gemm", "attention", "asm"),
+CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "wgmma", "tma", "dsmem", "gemm", "attention", "asm"),
                  "sunway": ("latency", "bandwidth", "gemm", "attention", "dma", "rma", "asm")}
 CURVE_FIELDS = ("name", "source", "kernel", "params", "x", "unit", "clock_mhz", "points", "overrides", "note")
 
@@ -322,8 +322,9 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         if family is not None and k not in CURVE_KERNELS[family]:
             raise InputError(f"{w}.kernel", f"a {family} machine cannot run micro {k}",
                              ", ".join(CURVE_KERNELS[family]))
-        if c.get("unit") != MP.UNITS[k]:
-            raise InputError(f"{w}.unit", f"{c.get('unit')!r} is not what micro {k} measures", MP.UNITS[k])
+        unit = MP.unit_of(k, c.get("params") if isinstance(c.get("params"), dict) else {})
+        if c.get("unit") != unit:
+            raise InputError(f"{w}.unit", f"{c.get('unit')!r} is not what micro {k} measures", unit)
         params = c.get("params") or {}
         if not isinstance(params, dict):
             raise InputError(f"{w}.params", "not a mapping", f"parameters of micro {k}: " + ", ".join(MP.PARAMS[k]))
@@ -375,7 +376,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
             except InputError as e:
                 raise InputError(f"{pw} ({e.where})", e.what, e.allowed) from None
             out_pts.append({"x": x, "reference": float(y), "clock_mhz": pclock, "params": p})
-        curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": MP.UNITS[k],
+        curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": c["unit"],
                        "points": out_pts})
     return curves
 

@@ -160,7 +160,8 @@ def test_generated_programs_round_trip(prog):
      "k.s:3: bra: unknown label 'NOWHERE' (a label defined in this file)"),
     ("    s2r r1, %tid.w\n    exit\n",
      "k.s:3: s2r: unknown special register '%tid.w' (%tid.x %tid.y %tid.z %ntid.x %ntid.y %ntid.z %ctaid.x "
-     "%ctaid.y %ctaid.z %nctaid.x %nctaid.y %nctaid.z %laneid %warpid %nwarpid %clock %coreid %warpsize)"),
+     "%ctaid.y %ctaid.z %nctaid.x %nctaid.y %nctaid.z %laneid %warpid %nwarpid %clock %coreid %warpsize "
+     "%cluster_ctarank %cluster_nctarank)"),
     ("    ldparam r1, y\n    exit\n",
      "k.s:3: ldparam: unknown parameter 'y' (parameters: x)"),
     ("    ld.global.b32 r1, [r2+]\n    exit\n",

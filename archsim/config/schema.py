@@ -217,6 +217,18 @@ class Tma(Frozen):
     max_inflight_lines: PosInt       # line requests of the SM's unit in flight at once
 
 
+class Clusters(Frozen):
+    """Thread-block clusters (Hopper): a cluster's blocks run at once on distinct SMs of one GPC
+    and reach each other's scratchpads over the SM-to-SM network (the ISA's barrier.cluster,
+    ld.dsmem, st.dsmem)."""
+    gpc_sms: Annotated[tuple[PosInt, ...], Field(min_length=1)]   # SMs of each GPC, in core order
+    max_blocks: PosInt                   # blocks a cluster may have
+    dsmem_latency_cycles: PosCycles      # a remote scratchpad access's round trip, no contention
+    dsmem_bytes_per_cycle: PosInt        # an SM's port into the SM-to-SM network (accesses it serves)
+    gpc_bytes_per_cycle: PosInt          # a GPC's SM-to-SM switch, all its SMs' accesses together
+    barrier_cycles: PosCycles            # barrier.cluster: its last arrival until its warps go on
+
+
 class Tensor(Frozen):
     units_per_core: PosInt                       # tensor units per core (A100: one per sub-core)
     mac_array: tuple[PosInt, PosInt, PosInt]     # m, n, k of one MAC step (4x4x4 = 64 FMA)
@@ -615,6 +627,7 @@ class Machine(Frozen):
     l1: Optional[L1] = None
     async_copy: Bool = False        # GPU cp.async: global -> shared without registers
     tma: Optional[Tma] = None       # GPU tensor memory accelerator (mbarrier, cp.async.bulk.tensor); absent: refused
+    clusters: Optional[Clusters] = None   # GPU thread-block clusters and distributed shared memory; absent: refused
     dma: Optional[Dma] = None
     rma: Optional[Rma] = None
     mesh: Optional[Mesh] = None
@@ -681,6 +694,19 @@ class Machine(Frozen):
             raise FieldError("tma", "a TMA unit belongs to a GPU SM with 32-lane warps and an L1 (its copies "
                              "take the SM's path to L2)", "tma: null, or family gpu, warp_width 32, an l1 block",
                              ("family", "l1", "cores.warp_width"))
+        cl = self.clusters
+        if cl is not None:
+            if fam != "gpu":
+                raise FieldError("clusters", "thread-block clusters belong to a GPU", "clusters: null, or family gpu",
+                                 ("family",))
+            if sum(cl.gpc_sms) != self.groups * self.cores.per_group:
+                raise FieldError("clusters.gpc_sms", f"the GPCs hold {sum(cl.gpc_sms)} SMs, the machine has "
+                                 f"{self.groups * self.cores.per_group}", "SMs per GPC summing to cores.per_group",
+                                 ("cores.per_group",))
+            if cl.max_blocks > max(cl.gpc_sms):
+                raise FieldError("clusters.max_blocks", f"a cluster of {cl.max_blocks} blocks fits no GPC (the "
+                                 f"largest has {max(cl.gpc_sms)} SMs)", f"at most {max(cl.gpc_sms)}",
+                                 ("clusters.gpc_sms",))
         for blk in ("dma", "rma"):
             if getattr(self, blk) is not None and self.mesh is None:
                 raise FieldError(blk, f"a {blk} block needs a mesh block (its engines are per cluster)",

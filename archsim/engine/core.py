@@ -29,11 +29,11 @@ from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads, tm
 from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
 from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
-                                  K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, R_BARRIER,
-                                  MB_SLOTS, R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY,
-                                  R_SHORT_SB, R_WAIT, T_BAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
-                                  T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState, flush_stalls,
-                                  mb_reset, mb_slot, wake_core)
+                                  K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, MB_SLOTS,
+                                  R_BARRIER, R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY,
+                                  R_SHORT_SB, R_WAIT, T_BAR, T_CBAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR,
+                                  T_RMAWAIT, T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState,
+                                  flush_stalls, mb_reset, mb_slot, wake_core, wake_placed)
 
 SCHED_LRR, SCHED_GTO = 0, 1
 
@@ -46,14 +46,19 @@ class CoreCfg(NamedTuple):
 
 # CoreCfg.v layout
 (C_CORES, C_SUBCORES, C_SLOTS, C_MAX_BLOCKS, C_REGS_PER_CORE, C_SMEM_BYTES, C_SCHED, C_ISSUE, C_NPIPES,
- C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_WG_QUEUE, C_TMA, C_N) = range(17)   # C_TMA: 1 with a TMA unit
+ C_W, C_MMA_HOLD, C_HOLD_PIPES, C_LAUNCH, C_INTERVAL, C_WG_QUEUE, C_TMA, C_CLUSTER, C_DS_LAT, C_DS_BPC, C_GPC_BPC,
+ C_CBAR, C_SMEM_LAT, C_N) = range(23)
+# C_TMA: 1 with a TMA unit; C_CLUSTER: the launch's blocks per cluster; C_DS_*, C_GPC_BPC, C_CBAR: the SM-to-SM
+# network and the cluster barrier (machine.clusters); C_SMEM_LAT: a scratchpad load's latency
 # pipes serving any of these unit classes do not wait out an mma's operand reads (C_HOLD_PIPES)
 _UNHELD_UNITS = ("lsu", "shfl", "ctrl", "sync")
 
 
-def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blocks: int | None = None) -> CoreCfg:
+def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blocks: int | None = None,
+                  cluster: int = 1) -> CoreCfg:
     """``slots`` / ``max_blocks``: the warp and block slots per core the engine keeps (default the
-    machine's; a launch passes what its occupancy can fill, timing.resident_slots)."""
+    machine's; a launch passes what its occupancy can fill, timing.resident_slots); ``cluster``:
+    the launch's blocks per thread-block cluster."""
     c = machine.cores
     v = np.zeros(C_N, np.int64)
     v[C_CORES] = machine.groups * c.per_group
@@ -72,17 +77,25 @@ def make_core_cfg(machine, scratch_bytes: int, slots: int | None = None, max_blo
     wg = machine.tensor.wgmma if machine.tensor is not None else None
     v[C_WG_QUEUE] = wg.queue_depth if wg is not None else 1
     v[C_TMA] = int(machine.tma is not None)
+    v[C_CLUSTER] = cluster
+    v[C_SMEM_LAT] = machine.scratchpad.latency_cycles
+    cl = machine.clusters
+    if cl is not None:
+        v[C_DS_LAT], v[C_DS_BPC], v[C_GPC_BPC] = cl.dsmem_latency_cycles, cl.dsmem_bytes_per_cycle, cl.gpc_bytes_per_cycle
+        v[C_CBAR] = cl.barrier_cycles
     v[C_HOLD_PIPES] = sum(1 << i for i, p in enumerate(machine.pipes.values())
                           if not any(u in _UNHELD_UNITS for u in p.serves))
     return CoreCfg(v)
 
 
 def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp: int, smem_per_block: int,
-                first_block: int = 0, end_block: int | None = None, core_order=None, *, npc: int) -> TState:
+                first_block: int = 0, end_block: int | None = None, core_order=None, *, npc: int,
+                gpc_sms=None) -> TState:
     """Timing state for a launch of `nblocks` blocks of which blocks [first_block, end_block) run
     (all of them by default; a range serves wave sampling: the blocks keep their grid ids).
     ``core_order``: the order in which the first dispatch visits the cores (default 0, 1, ...;
-    see dispatch_order). ``npc``: the program's length (issues are counted per pc)."""
+    see dispatch_order). ``npc``: the program's length (issues are counted per pc). ``gpc_sms``:
+    the SMs of each GPC (machine.clusters), for a launch of clusters."""
     v = cfg.v
     cores, sub, slots, mb, npipes = (int(v[C_CORES]), int(v[C_SUBCORES]), int(v[C_SLOTS]), int(v[C_MAX_BLOCKS]),
                                      int(v[C_NPIPES]))
@@ -99,6 +112,11 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
     home[HOME_SUB, :NW] = (w // slots) * sub + (w % slots) % sub
     home[HOME_CORE, :cores * sub] = np.arange(cores * sub) // sub
     mbs = (cores * mb, MB_SLOTS) if v[C_TMA] else (1, 1)
+    k_cl = int(v[C_CLUSTER])
+    gsm = list(gpc_sms) if (gpc_sms is not None and k_cl > 1) else [cores]
+    gpc_lo = np.concatenate([[0], np.cumsum(gsm)]).astype(np.int32)
+    core_gpc = np.repeat(np.arange(len(gsm), dtype=np.int32), gsm)
+    ncl = nblocks // k_cl + 1          # (a launch without clusters: clusters of one, block ids)
     return TState(
         reg_ready=np.zeros((NW, max(nregs, 1)), np.int64), reg_kind=np.zeros((NW, max(nregs, 1)), np.int8),
         pred_ready=np.zeros((NW, 8), np.int64), opready=np.full((NW, 3), -1, np.int64),
@@ -123,7 +141,10 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         issued=np.zeros(cores, np.int64), flops=np.zeros(cores, np.int64),
         pipe_busy_cycles=np.zeros((cores, npipes + 1), np.int64), pc_issued=np.zeros(max(npc, 1), np.int64),
         blk_issued=np.zeros(nblocks, np.int64), blk_start=np.full(nblocks, -1, np.int64),
-        blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), k=k, home=home)
+        blk_done=np.full(nblocks, -1, np.int64), blk_core=np.full(nblocks, -1, np.int32), core_gpc=core_gpc,
+        gpc_lo=gpc_lo, cl_arrived=np.zeros(ncl, np.int32), cl_store=np.zeros(ncl, np.int64),
+        cl_pick=np.zeros(max(k_cl, 1), np.int64), ds_port=np.zeros(cores if k_cl > 1 else 1, np.int64),
+        ds_gpc=np.zeros(len(gsm), np.int64), k=k, home=home)
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -269,10 +290,45 @@ def dispatch_order(machine, spread: bool, nblocks: int = 0) -> np.ndarray:
 
 
 @njit(cache=True)
+def _place_cluster(C, TS, S, g, now):
+    """Place the launch's next cluster (C_CLUSTER consecutive blocks) on as many distinct cores of
+    GPC g, those holding the fewest blocks first (ties: the lower core), if that many fit a block;
+    True if it did (Hopper co-schedules a cluster in a GPC; each block starts when its core can
+    launch it)."""
+    k = C.v[C_CLUSTER]
+    pick = TS.cl_pick
+    for j in range(k):
+        best = -1
+        for core in range(TS.gpc_lo[g], TS.gpc_lo[g + 1]):
+            taken = False
+            for i in range(j):
+                if pick[i] == core:
+                    taken = True
+            if not taken and _fits(C, TS, core) and (best < 0 or TS.core_blocks[core] < TS.core_blocks[best]):
+                best = core
+        if best < 0:
+            return False
+        pick[j] = best
+    for j in range(k):
+        dispatch_block(C, TS, S, pick[j], now)
+    for j in range(k):
+        wake_placed(TS, pick[j])
+    return True
+
+
+@njit(cache=True)
 def dispatch_all(C, TS, S, now):
-    """Fill every core with blocks, round robin over cores, in launch order."""
+    """Fill every core with blocks, round robin over cores, in launch order (clusters: round robin
+    over GPCs, a cluster at a time)."""
     cores = C.v[C_CORES]
     placed = True
+    if C.v[C_CLUSTER] > 1:
+        while placed and TS.k[K_NEXT] < TS.k[K_END]:
+            placed = False
+            for g in range(TS.gpc_lo.shape[0] - 1):
+                if TS.k[K_NEXT] < TS.k[K_END] and _place_cluster(C, TS, S, g, now):
+                    placed = True
+        return
     while placed and TS.k[K_NEXT] < TS.k[K_END]:
         placed = False
         for j in range(cores):
@@ -301,9 +357,12 @@ def _retire_block(C, TS, S, bs, now):
     TS.core_regs[core] -= TS.bs_nwarps[bs] * TS.k[K_REGS]
     TS.core_smem[core] -= TS.k[K_SMEM]
     TS.k[K_FINISHED] += 1
-    # the core takes the next block of the launch
-    if TS.k[K_NEXT] < TS.k[K_END] and _fits(C, TS, core):
-        dispatch_block(C, TS, S, core, now)
+    # the core takes the next block of the launch (clusters: its GPC the next cluster, if it fits now)
+    if TS.k[K_NEXT] < TS.k[K_END]:
+        if C.v[C_CLUSTER] > 1:
+            _place_cluster(C, TS, S, TS.core_gpc[core], now)
+        elif _fits(C, TS, core):
+            dispatch_block(C, TS, S, core, now)
 
 
 # ----------------------------------------------------------------------------- readiness
@@ -472,6 +531,69 @@ def _mbar_issue(TS, S, P, T, core, w, pc, now):
     return i
 
 
+# ----------------------------------------------------------------------------- thread-block clusters
+@njit(cache=True)
+def _cluster_arrive(C, TS, S, w, now):
+    """Warp w arrived at barrier.cluster; the last warp of the cluster releases them all
+    C_CBAR cycles on (and no sooner than the cluster's st.dsmem have landed)."""
+    k = C.v[C_CLUSTER]
+    cid = S.warp_block[w] // k
+    TS.wst[w] = T_CBAR
+    TS.start_at[w] = INF
+    TS.cl_arrived[cid] += 1
+    if TS.cl_arrived[cid] < k * TS.k[K_WPB]:
+        return
+    TS.cl_arrived[cid] = 0
+    t = now if now > TS.cl_store[cid] else TS.cl_store[cid]
+    t += C.v[C_CBAR]
+    for b in range(cid * k, cid * k + k):
+        bs = S.block_smem[b]
+        for i in range(TS.bs_nwarps[bs]):
+            v = TS.bs_first[bs] + i
+            if TS.wst[v] == T_CBAR:
+                TS.start_at[v] = t
+        wake_core(TS, bs // C.v[C_MAX_BLOCKS], now)
+
+
+@njit(cache=True)
+def _dsmem_issue(C, TS, S, Dd, core, w, pc, mask, now):
+    """An ld.dsmem / st.dsmem over the SM-to-SM network: each target block's share of the lanes'
+    bytes passes its GPC's switch (in issue order, at its rate), then the port of the SM the
+    block runs on (likewise), and lands C_DS_LAT cycles (the round trip) after the port; a lane's
+    own block's scratchpad answers at the scratchpad's latency. The switch and the ports keep
+    their next free time in bytes (cycle x rate), so a rate that is no multiple of an access's
+    bytes is met exactly. Returns the cycle the last bytes land."""
+    nb = Dd.access[pc]
+    done = now + 1
+    handled = np.int64(0)
+    W = C.v[C_W]
+    for l in range(W):
+        if not ((mask >> l) & 1) or (handled >> l) & 1:
+            continue
+        tb = S.addr[w, l] >> 32                   # the target block (execute._dsmem)
+        n = np.int64(0)
+        for m in range(l, W):
+            if (mask >> m) & 1 and S.addr[w, m] >> 32 == tb:
+                n += nb
+                handled |= np.int64(1) << m
+        tcore = TS.blk_core[tb]
+        if tcore == core:
+            t = now + C.v[C_SMEM_LAT]
+        else:                                     # the GPC's switch, then the target SM's port
+            g = TS.core_gpc[tcore]
+            gb, pb = C.v[C_GPC_BPC], C.v[C_DS_BPC]
+            b0 = now * gb if now * gb > TS.ds_gpc[g] else TS.ds_gpc[g]
+            TS.ds_gpc[g] = b0 + n
+            p0 = (b0 // gb) * pb
+            if TS.ds_port[tcore] > p0:
+                p0 = TS.ds_port[tcore]
+            TS.ds_port[tcore] = p0 + n
+            t = (p0 + n + pb - 1) // pb + C.v[C_DS_LAT]
+        if t > done:
+            done = t
+    return done
+
+
 # ----------------------------------------------------------------------------- issue
 @njit(cache=True)
 def _release_barrier(C, TS, bs, now):
@@ -579,6 +701,19 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
             tma_issue(MS, TS, S, P, T, core, w, pc, i, now)
     elif cls == D.CLS_MBWAIT:
         pass
+    elif cls == D.CLS_CBAR:
+        if st == X.ST_CBAR:
+            _cluster_arrive(C, TS, S, w, now)
+    elif cls == D.CLS_DSLD or cls == D.CLS_DSST:
+        done = _dsmem_issue(C, TS, S, Dd, core, w, pc, mask, now)
+        if cls == D.CLS_DSLD:
+            for i in range(Dd.nwr[pc]):
+                TS.reg_ready[w, Dd.wr[pc, i]] = done
+                TS.reg_kind[w, Dd.wr[pc, i]] = D.SRC_LONG
+        else:
+            cid = S.warp_block[w] // C.v[C_CLUSTER]
+            if done > TS.cl_store[cid]:
+                TS.cl_store[cid] = done
     elif cls != D.CLS_BRANCH and cls != D.CLS_NOP:
         # memory instructions: the memory system books them and marks results ready later
         if mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
@@ -602,6 +737,10 @@ def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
         TS.wst[w] = T_RUN
     if st == T_BAR or st == T_GRIDBAR:
         return INF, R_BARRIER
+    if st == T_CBAR:
+        if TS.start_at[w] > now:
+            return TS.start_at[w], R_BARRIER
+        TS.wst[w] = T_RUN
     if st == T_CPWAIT or st == T_DMAWAIT or st == T_RMAWAIT:
         if waiting_done(TS, w):
             TS.wst[w] = T_RUN

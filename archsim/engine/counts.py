@@ -38,7 +38,7 @@ EXACT_SEMS = frozenset(("s2r", "ldparam", "mov", "selp", "add", "sub", "mul", "m
                         "pnot", "vote_any", "vote_all", "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx"))
 INT_DTYPES = frozenset(("b", "i64", "pred"))
 CLOCK, COREID = O.SPECIAL["clock"], O.SPECIAL["coreid"]
-BLOCK_IDS = (O.SPECIAL["ctaid.x"], O.SPECIAL["ctaid.y"], O.SPECIAL["ctaid.z"], COREID)
+BLOCK_IDS = (O.SPECIAL["ctaid.x"], O.SPECIAL["ctaid.y"], O.SPECIAL["ctaid.z"], O.SPECIAL["cluster_ctarank"], COREID)
 MAX_STEPS = 2_000_000_000     # folded steps before the counter gives up (a loop that never ends)
 CHUNK_BYTES = 256 << 20       # register file of one chunk of blocks run together
 PRED_BIT = O.MAX_REGS + 1     # bit of predicate 0 in an instruction's bit sets

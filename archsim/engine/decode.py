@@ -26,8 +26,8 @@ MAX_WR = 4
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
  CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT, CLS_WGMMA, CLS_WGFENCE, CLS_WGCOMMIT,
- CLS_WGWAIT, CLS_MBAR, CLS_MBWAIT, CLS_TMA) = range(28)   # CLS_DMA: dma.get, CLS_RMA: rma.get; CLS_MBAR:
-# mbarrier.init / arrive / expect_tx
+ CLS_WGWAIT, CLS_MBAR, CLS_MBWAIT, CLS_TMA, CLS_CBAR, CLS_DSLD, CLS_DSST) = range(31)   # CLS_DMA: dma.get,
+# CLS_RMA: rma.get; CLS_MBAR: mbarrier.init / arrive / expect_tx; CLS_CBAR: barrier.cluster
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -61,7 +61,7 @@ _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC
         "rma_put": CLS_RMA_PUT, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP, "wgmma": CLS_WGMMA, "wgfence": CLS_WGFENCE,
         "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT, "mbinit": CLS_MBAR, "mbarrive": CLS_MBAR, "mbtx": CLS_MBAR,
-        "mbwait": CLS_MBWAIT, "tma": CLS_TMA}
+        "mbwait": CLS_MBWAIT, "tma": CLS_TMA, "clusterbar": CLS_CBAR, "dsld": CLS_DSLD, "dsst": CLS_DSST}
 
 
 def pipe_names(machine) -> list[str]:
@@ -98,6 +98,9 @@ def _static(op, machine, where: str) -> tuple:
     if op.feature == "tma" and machine.tma is None:
         raise InputError(where, f"{op.mnemonic}: {machine.name} has no tensor memory accelerator",
                          "a machine with tma:")
+    if op.feature == "cluster" and machine.clusters is None:
+        raise InputError(where, f"{op.mnemonic}: {machine.name} has no thread-block clusters",
+                         "a machine with clusters:")
     if op.unit == "tensor":
         t = machine.tensor
         if t is None:
@@ -138,7 +141,7 @@ def _static(op, machine, where: str) -> tuple:
         src_kind = SRC_SHORT if op.unit == "mufu" else SRC_FIXED
     if cls in (CLS_LD_SHARED, CLS_LDMATRIX):
         src_kind = SRC_SHORT
-    elif cls == CLS_LD_GLOBAL:
+    elif cls in (CLS_LD_GLOBAL, CLS_DSLD):
         src_kind = SRC_LONG
     access = op.access_bytes
     if op.sem == "wgmma":

@@ -29,7 +29,8 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
  S_SHFL_BFLY, S_SHFL_DOWN, S_SHFL_UP, S_SHFL_IDX,
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
  S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT,
- S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT, S_MBINIT, S_MBARRIVE, S_MBTX, S_MBWAIT, S_TMA) = (_S[n] for n in (
+ S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT, S_MBINIT, S_MBARRIVE, S_MBTX, S_MBWAIT, S_TMA, S_CLUSTERBAR, S_DSLD,
+ S_DSST) = (_S[n] for n in (
     "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
     "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
     "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
@@ -37,7 +38,8 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
     "shfl_bfly", "shfl_down", "shfl_up", "shfl_idx",
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
-    "wgmma", "wgfence", "wgcommit", "wgwait", "mbinit", "mbarrive", "mbtx", "mbwait", "tma"))
+    "wgmma", "wgfence", "wgcommit", "wgwait", "mbinit", "mbarrive", "mbtx", "mbwait", "tma", "clusterbar", "dsld",
+    "dsst"))
 DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
     _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
 SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
@@ -46,27 +48,31 @@ C_NONE, C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE = (_CMP[n] for n in ("none", "eq", "n
 SPACE_GLOBAL, SPACE_SHARED = _opc.SPACE_GLOBAL, _opc.SPACE_SHARED
 
 (SP_TIDX, SP_TIDY, SP_TIDZ, SP_NTIDX, SP_NTIDY, SP_NTIDZ, SP_CTAX, SP_CTAY, SP_CTAZ,
- SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE) = range(18)
+ SP_NCTAX, SP_NCTAY, SP_NCTAZ, SP_LANE, SP_WARP, SP_NWARP, SP_CLOCK, SP_CORE, SP_WARPSIZE, SP_CRANK,
+ SP_NCRANK) = range(20)
 
 # step() results
-# (ST_MBWAIT: an mbarrier.wait whose phase has not completed; the warp stays at it)
-ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_MBWAIT, ST_FAULT = 0, 1, 2, 3, 4, -1
-# warp states (W_MBWAIT: the functional interpreter's warp at an incomplete mbarrier.wait)
-W_RUN, W_BAR, W_GRIDBAR, W_DONE, W_MBWAIT = 0, 1, 2, 3, 4
+# (ST_MBWAIT: an mbarrier.wait whose phase has not completed; the warp stays at it; ST_CBAR: barrier.cluster)
+ST_OK, ST_BAR, ST_GRIDBAR, ST_EXITED, ST_MBWAIT, ST_CBAR, ST_FAULT = 0, 1, 2, 3, 4, 5, -1
+# warp states (W_MBWAIT: the functional interpreter's warp at an incomplete mbarrier.wait; W_CBAR: at
+# barrier.cluster)
+W_RUN, W_BAR, W_GRIDBAR, W_DONE, W_MBWAIT, W_CBAR = 0, 1, 2, 3, 4, 5
 # fault codes (S.fault[0])
 # (F_RMA_GROUP, F_BCAST: timing runs only, raised by the memory system at issue; F_CP_GROUPS: timing
 # runs only, raised by the core at cp.async.commit)
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
  F_BCAST, F_CP_GROUPS, F_SLICE, F_WARPGROUP, F_WG_ALIGN, F_MB_COUNT, F_MB_INIT, F_MB_OVER, F_MB_TX, F_MB_SLOTS,
- F_TMA_MAP, F_TMA_RANK, F_TMA_FORMAT, F_TMA_STRIDE, F_TMA_BOX, F_TMA_INNER, F_TMA_DST) = range(27)
+ F_TMA_MAP, F_TMA_RANK, F_TMA_FORMAT, F_TMA_STRIDE, F_TMA_BOX, F_TMA_INNER, F_TMA_DST, F_CLUSTER_RANK,
+ F_CLUSTER_GONE) = range(29)
 # F_MB_SLOTS: timing runs only (the core's table of live transaction barriers is full)
 # F_SLICE: a timing run's write landed on the scratchpad slots it watches (engine/value_slice.py); the
 # launch is timed again without the slice, never reported
 
 # S.geom layout
 (G_W, G_WPB, G_TPB, G_BX, G_BY, G_BZ, G_GX, G_GY, G_GZ, G_NBLK, G_NCORES, G_SHARED, G_GBASE, G_GSIZE, G_MODE, G_VSIZE,
- G_WATCH_LO, G_WATCH_HI) = range(18)   # WATCH: the scratchpad bytes [LO, HI) a timing run watches (value_slice)
-G_N = 18
+ G_WATCH_LO, G_WATCH_HI, G_CLUSTER) = range(19)   # WATCH: the scratchpad bytes [LO, HI) a timing run watches
+# (value_slice); CLUSTER: blocks per thread-block cluster (1: none)
+G_N = 19
 MODE_FUNCTIONAL, MODE_TIMING = 0, 1  # timing: integer/address values and scratchpad only (no float math)
 
 NAN32 = np.float32(np.nan)
@@ -1025,6 +1031,53 @@ def _tma(S, P, T, w, pc, op, mask, blk):
     return ST_OK
 
 
+@njit(cache=True, inline="always")
+def _block_exited(S, b):
+    """Have all warps of block b exited? (The functional interpreter, which holds every block: a
+    timing run unmaps a block's scratchpad when it retires.)"""
+    wpb = S.geom[G_WPB]
+    for v in range(b * wpb, (b + 1) * wpb):
+        if S.wstate[v] != W_DONE:
+            return False
+    return True
+
+
+@njit(cache=True)
+def _dsmem(S, P, T, w, pc, op, mask, sem):
+    """ld.dsmem / st.dsmem: per lane, the scratchpad of the cluster's block of rank r (a register:
+    the last operand). Leaves in S.addr[w, l] the target block << 32 | the address (the timing
+    model's)."""
+    nb = T.access_bytes[op]
+    k = S.geom[G_CLUSTER]
+    blk = S.warp_block[w]
+    first = blk - blk % k
+    rr = P.src1[pc] if sem == S_DSLD else P.src2[pc]
+    moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
+    for l in range(S.geom[G_W]):
+        if not ((mask >> l) & 1):
+            continue
+        r = S.regs[w, rr, l]
+        addr = _base(S, P, w, pc, P.src0[pc], l) + P.imm[pc]
+        if r < 0 or r >= k:
+            return fault(S, F_CLUSTER_RANK, l, r, k, pc)
+        row = S.block_smem[first + r]
+        if row < 0 or (S.geom[G_MODE] == MODE_FUNCTIONAL and _block_exited(S, first + r)):
+            return fault(S, F_CLUSTER_GONE, l, r, k, pc)
+        status = _scheck(S, addr, nb, l, pc, True)
+        if status != ST_OK:
+            return status
+        S.addr[w, l] = ((first + r) << 32) | addr
+        if not moves:
+            if sem == S_DSST and _watched(S, addr, nb):
+                return fault(S, F_SLICE, l, addr, nb, pc)
+            continue
+        if sem == S_DSLD:
+            _load(S, SPACE_SHARED, row, addr, nb, 0, w, P.dst[pc], l, T.nregs_dst[op])
+        else:
+            _store(S, SPACE_SHARED, row, addr, nb, w, P.src1[pc], l, T.nregs_src[op])
+    return ST_OK
+
+
 # ----------------------------------------------------------------------------- one instruction
 @njit(cache=True)
 def step(P, T, S, w):
@@ -1072,6 +1125,9 @@ def step_masked(P, T, S, w, mask):
     if sem == S_BARGRID:
         _advance(S, w, top, pc + 1)
         return ST_GRIDBAR
+    if sem == S_CLUSTERBAR:
+        _advance(S, w, top, pc + 1)
+        return ST_CBAR
 
     status = ST_OK
     if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT or \
@@ -1083,6 +1139,8 @@ def step_masked(P, T, S, w, mask):
         status = _mbar(S, P, T, w, pc, mask, blk, sem)     # (ST_MBWAIT: the warp stays at the wait)
     elif sem == S_TMA:
         status = _tma(S, P, T, w, pc, op, mask, blk)
+    elif sem == S_DSLD or sem == S_DSST:
+        status = _dsmem(S, P, T, w, pc, op, mask, sem)
     elif sem == S_MMA:
         if S.geom[G_MODE] == MODE_FUNCTIONAL:
             status = _mma(S, P, T, w, pc, op, mask)
@@ -1219,6 +1277,10 @@ def _special(S, w, l, code, clock_before):
         return clock_before
     if code == SP_WARPSIZE:
         return W
+    if code == SP_CRANK:
+        return blk % S.geom[G_CLUSTER]
+    if code == SP_NCRANK:
+        return S.geom[G_CLUSTER]
     return np.int64(S.warp_core[w])
 
 

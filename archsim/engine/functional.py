@@ -58,6 +58,10 @@ FAULT_TEXT = {
                    "0: none)",
     X.F_TMA_DST: "TMA box of {bytes} bytes at scratchpad {addr}: 128-byte aligned, inside the block's {shared} "
                  "bytes (swizzled: rounded up to 128)",
+    X.F_CLUSTER_RANK: "distributed shared memory access to cluster rank {addr}, outside the cluster's {bytes} "
+                      "blocks (0 .. {bytes}-1)",
+    X.F_CLUSTER_GONE: "distributed shared memory access to cluster rank {addr}, whose block has exited "
+                      "(barrier.cluster before a block exits keeps its scratchpad)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3
@@ -77,9 +81,9 @@ def build_fstate(*, NW: int, nregs: int, W: int, g: np.ndarray, gsize: int, vsiz
     tpb = launch.threads_per_block
     geom = np.zeros(X.G_N, np.int64)
     geom[[X.G_W, X.G_WPB, X.G_TPB, X.G_BX, X.G_BY, X.G_BZ, X.G_GX, X.G_GY, X.G_GZ, X.G_NBLK, X.G_NCORES,
-          X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE]] = [
+          X.G_SHARED, X.G_GBASE, X.G_GSIZE, X.G_MODE, X.G_VSIZE, X.G_CLUSTER]] = [
         W, (tpb + W - 1) // W, tpb, *launch.block, *launch.grid, launch.blocks, max(ncores, 1), shared,
-        mem_base(), gsize, mode, vsize]
+        mem_base(), gsize, mode, vsize, launch.cluster]
     stack_mask = np.zeros((NW, STACK_DEPTH), np.int64)
     stack_mask[:, 0] = stack_mask0
     tmp_u32 = np.zeros(2, np.uint32)
@@ -174,6 +178,8 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
                     return
                 if st == X.ST_BAR:
                     S.wstate[w] = X.W_BAR
+                elif st == X.ST_CBAR:
+                    S.wstate[w] = X.W_CBAR
                 elif st == X.ST_GRIDBAR:
                     S.wstate[w] = X.W_GRIDBAR
                 else:
@@ -190,6 +196,17 @@ def _run(P, T, S, max_instructions, out, weight, counts, visits):
                     nbar += 1
             if nbar == wpb:
                 for w in range(b * wpb, (b + 1) * wpb):
+                    S.wstate[w] = X.W_RUN
+                released = True
+        k = S.geom[X.G_CLUSTER]
+        for c in range(nblk // k if not released else 0):   # barrier.cluster: every warp of the cluster
+            lo, hi = c * k * wpb, (c + 1) * k * wpb
+            ncb = 0
+            for w in range(lo, hi):
+                if S.wstate[w] == X.W_CBAR:
+                    ncb += 1
+            if ncb == hi - lo:
+                for w in range(lo, hi):
                     S.wstate[w] = X.W_RUN
                 released = True
         if not released:
@@ -220,6 +237,13 @@ def _deadlock_text(S, prog: Program, w: int) -> str:
     b = w // wpb
     if S.wstate[w] == X.W_MBWAIT:
         return f"deadlock: block {b} warp {w - b * wpb} {mbwait_text(S.s64[S.warp_smem[w]], int(S.addr[w, 0]))}"
+    if S.wstate[w] == X.W_CBAR:
+        k = int(S.geom[X.G_CLUSTER])
+        first = b - b % k
+        exited = [v for v in range(first * wpb, (first + k) * wpb) if S.wstate[v] == X.W_DONE]
+        why = (f"; warp(s) of block(s) {sorted({v // wpb for v in exited})} of the cluster already exited" if exited
+               else "")
+        return f"deadlock: block {b} warp {w - b * wpb} waits at barrier.cluster forever{why}"
     states = [int(S.wstate[v]) for v in range(b * wpb, (b + 1) * wpb)]
     kind = "bar.grid" if S.wstate[w] == X.W_GRIDBAR else "bar.sync"
     exited = [v - b * wpb for v in range(b * wpb, (b + 1) * wpb) if S.wstate[v] == X.W_DONE]

@@ -179,6 +179,10 @@ def resolve_launch(prog: Program, launch: Launch | None) -> Launch:
     launch = launch or prog.launch
     if launch is None:
         raise InputError(prog.source, f"kernel {prog.name} has no launch", "a .launch directive or --grid/--block")
+    k = launch.cluster
+    if not isinstance(k, int) or k < 1 or launch.grid[0] % k:
+        raise InputError(f"kernel {prog.name}", f"clusters of {k} with grid x {launch.grid[0]}",
+                         "a cluster size >= 1 dividing grid x")
     return launch
 
 

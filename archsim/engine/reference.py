@@ -17,6 +17,10 @@ Model (see the module-level constants and ``run_reference``):
   lanes left; ``exit`` removes its lanes from every entry.  Reconvergence pc -1 means "at exit".
 * Warp-collective reads (shuffles, ``ldmatrix`` row addresses, ``mma`` and ``wgmma .rs`` fragments) read every lane's
   registers whether or not that lane is active; results are written to active lanes only.
+* Thread-block clusters (``Launch.cluster`` = N): blocks b and b' share a cluster when
+  b // N == b' // N.  ``barrier.cluster`` is ``bar.sync`` over every warp of the cluster;
+  ``ld.dsmem`` / ``st.dsmem`` reach the scratchpad of the cluster's block of rank r (the lane's
+  register).  Every block is resident, so a block "has exited" once all of its warps have.
 * ``mbarrier.wait`` on a phase not yet complete does not issue: the warp stays at the wait (pc
   unchanged, no instruction counted) and the other warps run; it retries on its next turn.  When
   no warp can issue and no barrier can be released, the run is a deadlock.
@@ -31,7 +35,7 @@ from fractions import Fraction
 import numpy as np
 
 from archsim.engine.launch import GLOBAL_BASE, FunctionalResult, build_memory, resolve_launch
-from archsim.errors import SimulationError
+from archsim.errors import InputError, SimulationError
 from archsim.isa.opcodes import SPECIAL_NAMES, opcodes
 from archsim.isa.program import FLAG_IMM0, FLAG_PRED_NEG, NONE, Launch, Program
 
@@ -49,6 +53,7 @@ BF16 = (7, 8)
 F32 = (23, 8)
 
 _RUN, _BAR, _GRID, _DONE = "run", "bar.sync", "bar.grid", "done"
+_CLUSTER = "barrier.cluster"
 _MBWAIT = "mbarrier.wait"
 
 # transaction barriers (isa/README.md, `mbinit`): a 64-bit scratchpad word
@@ -246,6 +251,10 @@ class _Machine:
         self.gmem = bytearray(self.memory.data.tobytes())
         self.code = [_Ins(prog, pc) for pc in range(len(prog))]
         self.nblocks = launch.blocks
+        self.cluster = int(launch.cluster)
+        if self.cluster < 1 or launch.grid[0] % self.cluster:
+            raise InputError(prog.source, f"launch cluster={launch.cluster} does not divide grid x {launch.grid[0]}",
+                             "a cluster size dividing grid x")
         self.tpb = launch.threads_per_block
         self.wpb = -(-self.tpb // W)
         self.shared = [bytearray(prog.shared_bytes) for _ in range(self.nblocks)]
@@ -335,6 +344,23 @@ class _Machine:
                 for w in ws:
                     w.state = _RUN
                 released = True
+        N = self.cluster
+        span = N * self.wpb                      # the warps of one cluster, block-major
+        for c in range(self.nblocks // N):
+            ws = self.warps[c * span:(c + 1) * span]
+            waiting = [w for w in ws if w.state == _CLUSTER]
+            if not waiting:
+                continue
+            done = [w for w in ws if w.state == _DONE]
+            if done:
+                v = waiting[0]
+                raise self.error(v.wait_pc, f"deadlock: block {v.block} warp {v.widx} waits at barrier.cluster "
+                                            f"forever; warp(s) of block(s) {sorted({d.block for d in done})} of "
+                                            "the cluster already exited")
+            if len(waiting) == len(ws):
+                for w in ws:
+                    w.state = _RUN
+                released = True
         waiting = [w for w in self.warps if w.state == _GRID]
         if waiting:
             done = [w for w in self.warps if w.state == _DONE]
@@ -357,9 +383,9 @@ class _Machine:
                                             f"forever: the barrier at scratchpad {first.wait_bar} is in phase {v & 1} "
                                             f"with {pend} arrival(s) and {tx} transaction byte(s) pending, and no "
                                             "warp left can complete it")
-        v = next(w for w in self.warps if w.state in (_BAR, _GRID))
+        v = next(w for w in self.warps if w.state in (_BAR, _GRID, _CLUSTER))
         others = sorted({f"block {w.block} warp {w.widx} at {w.state}" for w in self.warps
-                         if w.state in (_BAR, _GRID, _MBWAIT) and w.state != v.state})
+                         if w.state in (_BAR, _GRID, _CLUSTER, _MBWAIT) and w.state != v.state})
         extra = f" (while {others[0]})" if others else ""
         raise self.error(v.wait_pc, f"deadlock: block {v.block} warp {v.widx} waits at {v.state} and nothing can "
                                     f"make progress{extra}")
@@ -433,6 +459,10 @@ class _Machine:
         if active:
             w.state, w.wait_pc = _GRID, ins.pc
 
+    def op_clusterbar(self, w, ins, active, top, clock):
+        if active:    # a fully guarded-off barrier.cluster is no arrival
+            w.state, w.wait_pc = _CLUSTER, ins.pc
+
     # ------------------------------------------------------------------ moves, specials, params
     def op_s2r(self, w, ins, active, top, clock):
         name = SPECIAL_NAMES[ins.imm]
@@ -463,6 +493,10 @@ class _Machine:
                 v = b % self.ncores
             elif name == "warpsize":
                 v = self.W
+            elif name == "cluster_ctarank":
+                v = b % self.cluster
+            elif name == "cluster_nctarank":
+                v = self.cluster
             else:  # pragma: no cover - the assembler rejects unknown names
                 raise self.error(ins.pc, f"unknown special register {name}")
             w.regs[ins.dst][l] = v & MASK64
@@ -786,6 +820,53 @@ class _Machine:
             else:
                 for j in range(nvec):
                     buf[o + 4 * j:o + 4 * j + 4] = (w.regs[ins.src[1] + j][l] & MASK32).to_bytes(4, "little")
+
+    # ------------------------------------------------------------------ distributed shared memory
+    def block_exited(self, b: int) -> bool:
+        return all(v.state == _DONE for v in self.warps[b * self.wpb:(b + 1) * self.wpb])
+
+    def _dsmem_lanes(self, w, ins, active, rank_slot: int, what: str):
+        """[(lane, target block, scratchpad address)] of a dsmem access, each lane checked in turn:
+        its rank inside the cluster, then the target block not exited, then bounds and alignment."""
+        N = self.cluster
+        n = ins.opc.access_bytes
+        todo = []
+        for l in self.lanes(active):
+            r = _s64(w.regs[ins.src[rank_slot]][l])
+            if not 0 <= r < N:
+                raise self.fault(w, ins.pc, l, f"distributed shared memory access to cluster rank {r}, outside the "
+                                               f"cluster's {N} blocks (0 .. {N}-1)")
+            b = (w.block // N) * N + r
+            if self.block_exited(b):
+                raise self.fault(w, ins.pc, l, f"distributed shared memory access to cluster rank {r}, whose block "
+                                               "has exited (barrier.cluster before a block exits keeps its "
+                                               "scratchpad)")
+            a = self.addr(w, ins.src[0], ins.imm, l)
+            self.check(w, ins.pc, l, "shared", a, n, n, what, block=b)
+            todo.append((l, b, a))
+        return todo
+
+    def op_dsld(self, w, ins, active, top, clock):
+        n = ins.opc.access_bytes
+        nvec = {"R": 1, "R4": 4}[ins.opc.operands[0]]
+        for l, b, a in self._dsmem_lanes(w, ins, active, 1, "ld.dsmem"):
+            buf = self.shared[b]
+            if nvec == 1:
+                w.regs[ins.dst][l] = int.from_bytes(buf[a:a + n], "little")
+            else:
+                for j in range(nvec):
+                    w.regs[ins.dst + j][l] = int.from_bytes(buf[a + 4 * j:a + 4 * j + 4], "little")
+
+    def op_dsst(self, w, ins, active, top, clock):
+        n = ins.opc.access_bytes
+        nvec = {"r": 1, "r4": 4}[ins.opc.operands[1]]
+        for l, b, a in self._dsmem_lanes(w, ins, active, 2, "st.dsmem"):  # lane order: the highest lane's value stays
+            buf = self.shared[b]
+            if nvec == 1:
+                buf[a:a + n] = (w.regs[ins.src[1]][l] & ((1 << (8 * n)) - 1)).to_bytes(n, "little")
+            else:
+                for j in range(nvec):
+                    buf[a + 4 * j:a + 4 * j + 4] = (w.regs[ins.src[1] + j][l] & MASK32).to_bytes(4, "little")
 
     def op_ldmatrix(self, w, ins, active, top, clock):
         if self.W != 32:

@@ -25,7 +25,7 @@ from archsim.engine.jit import compile_seconds
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, TensorMap, Unbacked, map_target
 from archsim.engine.state import copy_state_array
 from archsim.engine import value_slice as VS
-from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
+from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CBAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.check import check
@@ -346,7 +346,8 @@ class KernelRun:
         wpb = (launch.threads_per_block + W - 1) // W
         scratch = scratch_bytes(machine)
         self.slots, nbs = resident_slots(prog, machine, launch)
-        self.C = K.make_core_cfg(machine, scratch, self.slots, nbs)
+        _check_cluster(prog, machine, launch, blocks)
+        self.C = K.make_core_cfg(machine, scratch, self.slots, nbs, launch.cluster)
         cores = int(self.C.v[K.C_CORES])
         self.placed, self.S = make_timing_fstate(prog, machine, launch, args, cores * nbs, base, self.slots)
         S = self.S
@@ -357,7 +358,8 @@ class KernelRun:
                              f"a non-empty range within the launch's {launch.blocks} blocks")
         self.first, self.end = first, end
         self.TS = K.make_tstate(self.C, prog.nregs, launch.blocks, wpb, regs_per_warp, smem, first, end,
-                                K.dispatch_order(machine, launch.spread, end - first), npc=len(prog))
+                                K.dispatch_order(machine, launch.spread, end - first), npc=len(prog),
+                                gpc_sms=machine.clusters.gpc_sms if machine.clusters is not None else None)
         self.Dd = D.decode(prog, machine)
         self.MS = MST.make_mstate(machine, self.TS, private)
         self.out = np.zeros(MA.RO_N, np.int64)
@@ -492,7 +494,8 @@ class KernelRun:
             text = FAULT_TEXT[code].format(addr=addr, bytes=nbytes, shared=prog.shared_bytes,
                                            blocks=self.launch.blocks)
             raise SimulationError(prog.where(int(S.fault[4])), f"{who} lane {lane}: {text}", partial=timing)
-        state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CPWAIT: "waits at cp.async.wait",
+        state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CBAR: "waits at barrier.cluster",
+                 T_CPWAIT: "waits at cp.async.wait",
                  T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
             if w >= 0 else ""
         if w >= 0 and state == "is stuck" and opcodes()[int(prog.op[pc])].sem == "mbwait":
@@ -508,6 +511,27 @@ class KernelRun:
                                   partial=timing)
         raise SimulationError(where, f"stopped at --max-cycles {max_cycles}: {who} was at this instruction",
                               partial=timing)
+
+
+def _check_cluster(prog: Program, machine, launch: Launch, blocks) -> None:
+    """A launch of clusters needs a machine with them, a cluster size it allows, dividing grid x,
+    and (a block range) whole clusters."""
+    k = launch.cluster
+    where = f"kernel {prog.name}"
+    if not isinstance(k, int) or k < 1:
+        raise InputError(where, f"clusters of {k!r} blocks", "a cluster size >= 1")
+    if k == 1:
+        return
+    cl = machine.clusters
+    if cl is None:
+        raise InputError(where, f"a launch of clusters of {k} on {machine.name}, which has none",
+                         "cluster=1, or a machine with clusters: (h100)")
+    if k > cl.max_blocks:
+        raise InputError(where, f"clusters of {k} blocks", f"at most {cl.max_blocks} on {machine.name}")
+    if launch.grid[0] % k:
+        raise InputError(where, f"clusters of {k} with grid x {launch.grid[0]}", "a cluster size dividing grid x")
+    if blocks is not None and (blocks[0] % k or blocks[1] % k):
+        raise InputError(where, f"block range {tuple(blocks)} splits clusters of {k}", "whole clusters")
 
 
 def start_kernel(prog: Program, machine, launch: Launch, args: dict, *, window_cycles: int = 1024,

@@ -38,7 +38,7 @@ from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, NONE, Program, ProgArr
 
 PRED_BIT = O.MAX_REGS                    # bit of predicate 0 (registers are bits 0 .. MAX_REGS - 1)
 GLOBAL, SHARED, SLOTS = 1, 2, 4          # memory classes (bits): global; scratchpad at register addresses; slots
-_CONTROL = frozenset(("bra", "exit", "bar", "bargrid"))
+_CONTROL = frozenset(("bra", "exit", "bar", "bargrid", "clusterbar"))
 _BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
 # transaction barriers: their operands are always needed, and their barrier words are state of their
 # own (no memory class: a program keeps its data off them)
@@ -46,6 +46,7 @@ _MBAR = frozenset(("mbinit", "mbarrive", "mbtx", "mbwait"))
 _NEVER_MARKED = _CONTROL | _BULK | _MBAR | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
                                                       "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
 _FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))
+_DS_RANK_SLOT = {"dsld": 1, "dsst": 2}   # the source slot of ld.dsmem's / st.dsmem's rank register
 ENABLED = True                           # off: timing runs compute every value (tests compare the two)
 _CACHE: dict = {}
 _CACHE_MAX = 64
@@ -83,8 +84,9 @@ class _Ins:
                 if r == NONE or imm:
                     continue
                 bits = (1 << (PRED_BIT + r)) if kind == "p" else _regs(r, O.operand_width(op, kind))
-                if kind == "m" or op.sem in _BULK or op.sem in _MBAR or op.sem == "tma" or \
-                        (op.sem == "wgmma" and kind == "r"):   # (a descriptor)
+                rank = slot - 1 == _DS_RANK_SLOT.get(op.sem, -1)   # a dsmem access's cluster rank
+                if kind == "m" or op.sem in _BULK or op.sem in _MBAR or op.sem == "tma" or rank or \
+                        (op.sem == "wgmma" and kind == "r"):   # (a descriptor; a dsmem access's cluster rank)
                     addr |= bits
                 else:
                     val |= bits
@@ -106,6 +108,10 @@ class _Ins:
         sem = op.sem
         if sem == "ld":                          # (an ldmatrix reads no values in a timing run)
             self.reads = here
+        elif sem == "dsld":                      # another block's scratchpad: any of its words
+            self.reads = SHARED | SLOTS
+        elif sem == "dsst":
+            self.writes = SHARED | SLOTS
         elif sem == "st":
             self.writes = GLOBAL if op.space == "global" else (SLOTS if const else SHARED)
         elif sem in ("cpasync", "dma_get", "tma"):

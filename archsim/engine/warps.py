@@ -18,8 +18,9 @@ from archsim.isa.check import WG_GROUPS  # noqa: F401 (re-exported)
 INF = np.int64(1) << 62
 
 # warp states (timing)
-# T_START: its block is placed but not launched yet (TState.start_at)
-T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START = range(9)
+# T_START: its block is placed but not launched yet (TState.start_at); T_CBAR: at barrier.cluster (start_at:
+# the cycle its cluster's barrier releases it, INF until every warp arrived)
+T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START, T_CBAR = range(10)
 
 # stall reasons, in docs/records.md order (names.STALL_NAMES)
 (R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
@@ -108,6 +109,15 @@ class TState(NamedTuple):
     blk_start: np.ndarray    # int64 [blocks] first cycle its warps may issue (placed, then launched)
     blk_done: np.ndarray     # int64 [blocks] cycle its last warp exited
     blk_core: np.ndarray     # int32 [blocks] core it ran on
+    # thread-block clusters (the launch's cluster size C_CLUSTER > 1; else arrays of one)
+    core_gpc: np.ndarray     # int32 [cores] GPC of each core
+    gpc_lo: np.ndarray       # int32 [GPCs + 1] first core of each GPC
+    cl_arrived: np.ndarray   # int32 [clusters] warps of the cluster at barrier.cluster
+    cl_store: np.ndarray     # int64 [clusters] the latest cycle a st.dsmem of the cluster lands
+    cl_pick: np.ndarray      # int64 [max cluster] scratch: the cores a cluster is placed on
+    ds_port: np.ndarray      # int64 [cores] an SM's port into the SM-to-SM network is free from this cycle x its
+                             # bytes per cycle (bytes: a fractional rate is met exactly)
+    ds_gpc: np.ndarray       # int64 [GPCs] the same for a GPC's SM-to-SM switch
     k: np.ndarray            # int64 [K_N] kernel-wide scalars (K_*)
     home: np.ndarray         # int32 [2, max(NW, cores * subcores)]: the sub-core (core * subcores + sub) of
                              # each warp slot (HOME_SUB), the core of each sub-core (HOME_CORE), so that
@@ -161,6 +171,17 @@ def wake_subcore(TS, i, now):
         TS.wake[i] = at
         if at < TS.wsum[i >> SPAN_SHIFT] and TS.core_blocks[TS.home[HOME_CORE, i]] > 0:
             TS.wsum[i >> SPAN_SHIFT] = at   # (wake_span_min)
+
+
+@njit(cache=True)
+def wake_placed(TS, core):
+    """A block was placed on `core` from outside its span's look (a cluster placed over a GPC at
+    another core's retirement): its sub-cores' wakes, set while the core held no block, enter
+    their spans' entries now (wake_span_min)."""
+    nsub = TS.k[K_SUBCORES]
+    for i in range(core * nsub, core * nsub + nsub):
+        if TS.wake[i] < TS.wsum[i >> SPAN_SHIFT]:
+            TS.wsum[i >> SPAN_SHIFT] = TS.wake[i]
 
 
 @njit(cache=True, inline="always")

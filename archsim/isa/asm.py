@@ -204,14 +204,17 @@ def _directive(words: list[str], meta: dict, src: _Src, lineno: int) -> None:
         kv = {}
         for w in rest:
             if "=" not in w:
-                raise src.err(lineno, f"bad .launch field {w!r}", "grid=X[,Y,Z] block=X[,Y,Z]")
+                raise src.err(lineno, f"bad .launch field {w!r}", "grid=X[,Y,Z] block=X[,Y,Z] [cluster=N]")
             k, v = w.split("=", 1)
-            if k not in ("grid", "block"):
-                raise src.err(lineno, f"unknown .launch field {k!r}", "grid, block")
-            kv[k] = _dims(v, src, lineno, k)
-        if set(kv) != {"grid", "block"}:
-            raise src.err(lineno, ".launch needs both grid= and block=", "grid=X[,Y,Z] block=X[,Y,Z]")
-        meta["launch"] = Launch(kv["grid"], kv["block"])
+            if k not in ("grid", "block", "cluster"):
+                raise src.err(lineno, f"unknown .launch field {k!r}", "grid, block, cluster")
+            kv[k] = _int_arg(v, src, lineno, ".launch cluster", 1) if k == "cluster" else _dims(v, src, lineno, k)
+        if not {"grid", "block"} <= set(kv):
+            raise src.err(lineno, ".launch needs both grid= and block=", "grid=X[,Y,Z] block=X[,Y,Z] [cluster=N]")
+        if kv["grid"][0] % kv.get("cluster", 1):
+            raise src.err(lineno, f".launch cluster={kv['cluster']} does not divide grid x {kv['grid'][0]}",
+                          "a cluster size dividing grid x")
+        meta["launch"] = Launch(kv["grid"], kv["block"], cluster=kv.get("cluster", 1))
     elif d == ".arg":
         meta["args"].append(_parse_arg(rest, src, lineno))
     else:
@@ -543,7 +546,8 @@ def disassemble(prog: Program) -> str:
     out.append(f".regs {prog.nregs}")
     out.append(f".shared {prog.shared_bytes}")
     if prog.launch is not None:
-        out.append(f".launch grid={_fmt_dims(prog.launch.grid)} block={_fmt_dims(prog.launch.block)}")
+        out.append(f".launch grid={_fmt_dims(prog.launch.grid)} block={_fmt_dims(prog.launch.block)}"
+                   + (f" cluster={prog.launch.cluster}" if prog.launch.cluster > 1 else ""))
     for a in prog.args:
         if a.is_buffer:
             out.append(f".arg {a.name} {a.dtype}[{','.join(str(s) for s in a.shape)}] {a.init}")

@@ -28,6 +28,7 @@ SEM_NAMES = (
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
     "wgmma", "wgfence", "wgcommit", "wgwait",
     "mbinit", "mbarrive", "mbtx", "mbwait", "tma",
+    "clusterbar", "dsld", "dsst",
 )
 SEM = {n: i for i, n in enumerate(SEM_NAMES)}
 for _n, _i in SEM.items():
@@ -60,11 +61,12 @@ OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s"
 DST_RANGES = ("R", "R2", "R4")      # register ranges an instruction writes (Ra: read and written)
 SRC_RANGES = ("r", "r2", "r4", "rc")  # register ranges an instruction reads (rc: `rank` coordinates)
 # capabilities an opcode needs beyond its unit (archsim.config.derived.Capabilities.features)
-FEATURE_NAMES = ("none", "wgmma", "tma")
+FEATURE_NAMES = ("none", "wgmma", "tma", "cluster")
 
 SPECIAL_NAMES = (
     "tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
     "nctaid.x", "nctaid.y", "nctaid.z", "laneid", "warpid", "nwarpid", "clock", "coreid", "warpsize",
+    "cluster_ctarank", "cluster_nctarank",
 )
 SPECIAL = {n: i for i, n in enumerate(SPECIAL_NAMES)}
 
@@ -214,7 +216,7 @@ def tables():
         src_dtype=arr(lambda o: SDT[o.src_dtype]),
         nregs_dst=arr(lambda o: operand_width(o, o.operands[0]) if o.operands and o.operands[0] in DST_RANGES + ("Ra",)
                       else 0),
-        nregs_src=arr(lambda o: operand_width(o, o.operands[1]) if o.sem == "st" else 0),
+        nregs_src=arr(lambda o: operand_width(o, o.operands[1]) if o.sem in ("st", "dsst") else 0),
         matrices=arr(lambda o: o.matrices),
         trans=arr(lambda o: o.trans),
         flops_per_lane=arr(lambda o: o.flops_per_lane, np.int64),

@@ -65,12 +65,15 @@ class Launch:
     (the Sunway GEMM's row / column broadcasts) needs. A launch that fills the machine, and any
     launch on a GPU (one group), runs the same either way. ``period``: blocks (in dispatch order)
     after which the grid's pattern of data sharing repeats, where it does (a GEMM's raster
-    groups); wave sampling measures whole periods. 0: no such pattern is known."""
+    groups); wave sampling measures whole periods. 0: no such pattern is known. ``cluster``:
+    blocks per thread-block cluster (machines with clusters), along grid x, which it divides:
+    blocks b and b' share a cluster when b // cluster == b' // cluster (isa/README.md)."""
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     spread: bool = False
     period: int = 0
+    cluster: int = 1        # blocks per thread-block cluster, along grid x (consecutive block ids)
 
     @property
     def blocks(self) -> int:
