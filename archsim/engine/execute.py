@@ -832,11 +832,6 @@ def mb_pack(phase, pend, exp, tx):
     return phase | (pend << 1) | (exp << 22) | ((tx + MB_BIAS) << 43)
 
 
-@njit(cache=True, inline="always")
-def mb_phase(v):
-    return v & 1
-
-
 @njit(cache=True)
 def mb_update(S, blk, addr, arrive, tx_add, lane, pc):
     """Add tx_add to the barrier's transaction count, then arrive (arrive: 1) or not; complete the
