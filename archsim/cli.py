@@ -290,6 +290,9 @@ def cmd_asm(a) -> int:
         raise InputError(a.file, f"kernel {prog.name} has no .launch directive",
                          "give --grid and --block, or add .launch grid=X block=Y")
     launch = resolve_launch(prog, Launch(grid, block, cluster=prog.launch.cluster if prog.launch else 1))
+    if launch.cluster > 1 and "cluster" not in caps.features:
+        raise InputError(a.file, f"a launch of clusters of {launch.cluster} on {caps.name}, which has none",
+                         "cluster=1, or a machine with clusters: (h100)")
     tpb = launch.threads_per_block
     if tpb > caps.warp_slots * caps.warp_width:
         raise InputError("--block", f"{tpb} threads per block exceed what one core of {caps.name} holds",

@@ -169,6 +169,8 @@ def test_asm_keeps_the_files_cluster(tmp_path, capsys):
         exit
 """)
     out = tmp_path / "o.json"
+    assert main(["asm", str(f), "--hw", "a100"]) == 2            # a machine without clusters
+    assert "which has none" in capsys.readouterr().err
     assert main(["asm", str(f), "--hw", "h100", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["launch"]["cluster"] == 2 and rec["written"]["out"]["head"] == [2, 2, 2, 2]
