@@ -174,3 +174,19 @@ def test_asm_keeps_the_files_cluster(tmp_path, capsys):
     assert main(["asm", str(f), "--hw", "h100", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["launch"]["cluster"] == 2 and rec["written"]["out"]["head"] == [2, 2, 2, 2]
+
+
+def test_an_unbalanced_barrier_cluster_is_refused_at_load():
+    from archsim.config.derived import capabilities
+    from archsim.isa.check import check
+
+    prog = assemble(""".kernel u
+.param out
+        s2r r0, %tid.x
+        setp.lt.i64 p0, r0, 16
+  @p0   bra SKIP
+        barrier.cluster
+SKIP:   exit
+""", "u.s")
+    with pytest.raises(InputError, match="barrier.cluster is not reached the same number of times"):
+        check(prog, capabilities(load_machine("h100")))

@@ -12,7 +12,7 @@ import numpy as np
 from archsim.isa.opcodes import SEM, opcodes
 from archsim.isa.program import NONE, Program
 
-_BRA, _EXIT, _BAR = SEM["bra"], SEM["exit"], SEM["bar"]
+_BRA, _EXIT = SEM["bra"], SEM["exit"]
 
 
 def _sems(prog: Program) -> list[int]:
@@ -162,13 +162,14 @@ def set_reconvergence(prog: Program) -> None:
     prog.reconv = reconv
 
 
-def unbalanced_barrier(prog: Program) -> tuple[int, int] | None:
+def unbalanced_barrier(prog: Program, sem: str = "bar") -> tuple[int, int] | None:
     """A conditional branch whose forward paths to its reconvergence point pass different numbers
-    of ``bar.sync``: returns (branch pc, a barrier pc inside), or None. Back edges (loops) are taken
-    as uniform and not followed."""
+    of barriers of this sem (``bar.sync``; "clusterbar": ``barrier.cluster``): returns (branch pc,
+    a barrier pc inside), or None. Back edges (loops) are taken as uniform and not followed."""
     n = len(prog)
     succ = successors(prog, for_reconvergence=True)
     sems = _sems(prog)
+    barrier = SEM[sem]
     for b in range(n):
         if sems[b] != _BRA or int(prog.pred[b]) == NONE:
             continue
@@ -187,7 +188,7 @@ def unbalanced_barrier(prog: Program) -> tuple[int, int] | None:
             if i >= stop or i >= n:
                 counts.setdefault(stop, set()).update(here)
                 continue
-            add = 1 if sems[i] == _BAR else 0
+            add = 1 if sems[i] == barrier else 0
             if add and inside_bar is None:
                 inside_bar = i
             for s in succ[i]:

@@ -4,8 +4,8 @@ allowed (InputError, exit status 2).
 - registers and predicates read before they are written on some path (definite assignment over
   the control-flow graph; a guarded write counts as a write, as compilers assume);
 - control that can run off the end of the program;
-- unbalanced barriers: a ``bar.sync`` inside a conditional region that not every path through
-  the region passes the same number of times;
+- unbalanced barriers: a ``bar.sync`` (or ``barrier.cluster``) inside a conditional region that not every path
+  through the region passes the same number of times;
 - target capabilities: an opcode whose unit class the machine lacks (MMA on a Sunway CPE),
   more scratchpad or registers than the machine gives a block or a thread.
 """
@@ -76,13 +76,14 @@ def check_program(prog: Program) -> None:
                              "layout bits 0 or 2")
     succ = cfg.successors(prog)
     _check_definite_assignment(prog, succ)
-    bad = cfg.unbalanced_barrier(prog)
-    if bad is not None:
-        b, bar = bad
-        raise InputError(prog.where(bar),
-                         f"bar.sync is not reached the same number of times on every path from the branch at "
-                         f"{prog.where(b)} (unbalanced barrier)",
-                         "barriers outside divergent branches, or on every path alike")
+    for sem, name in (("bar", "bar.sync"), ("clusterbar", "barrier.cluster")):
+        bad = cfg.unbalanced_barrier(prog, sem)
+        if bad is not None:
+            b, bar = bad
+            raise InputError(prog.where(bar),
+                             f"{name} is not reached the same number of times on every path from the branch at "
+                             f"{prog.where(b)} (unbalanced barrier)",
+                             "barriers outside divergent branches, or on every path alike")
 
 
 def _check_definite_assignment(prog: Program, succ) -> None:
