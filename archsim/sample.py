@@ -87,8 +87,13 @@ from archsim.stats import extensive_memory_fields, kernel_record
 
 
 def concurrency(prog: Program, machine, launch: Launch) -> int:
-    """Blocks the whole machine holds at once: one wave."""
-    return TI.blocks_per_core(prog, machine, launch) * machine.groups * machine.cores.per_group
+    """Blocks the whole machine holds at once: one wave (clusters of k: whole clusters of k distinct
+    SMs in each GPC)."""
+    bpc = TI.blocks_per_core(prog, machine, launch)
+    k = launch.cluster
+    if k > 1 and getattr(machine, "clusters", None) is not None:
+        return k * sum(n * bpc // k for n in machine.clusters.gpc_sms if n >= k)
+    return bpc * machine.groups * machine.cores.per_group
 
 
 @dataclasses.dataclass

@@ -190,3 +190,19 @@ SKIP:   exit
 """, "u.s")
     with pytest.raises(InputError, match="barrier.cluster is not reached the same number of times"):
         check(prog, capabilities(load_machine("h100")))
+
+
+def test_a_wave_of_clusters_counts_whole_clusters_in_each_gpc(h100):
+    from archsim.sample import concurrency, time_sampled
+
+    prog = assemble(""".kernel w
+.param out
+.shared 204800
+        barrier.cluster
+        exit
+""", "w.s")
+    one = Launch((8 * 16, 1, 1), (32, 1, 1), cluster=16)         # one block an SM (the scratchpad)
+    assert concurrency(prog, h100, one) == 7 * 16                # the 12-SM GPC holds none
+    assert concurrency(prog, h100, Launch((132, 1, 1), (32, 1, 1), cluster=2)) == 132
+    s = time_sampled(prog, h100, one, {"out": np.zeros(1, np.int64)})
+    assert not s.sampled and s.waves_total == 2
