@@ -506,6 +506,20 @@ def _bulk(S, P, T, w, pc, mask, blk, sem):
 
 
 # ----------------------------------------------------------------------------- tensor ops
+@njit(cache=True, inline="always")
+def _a_frag16(S, w, a, L, dt, A):
+    """Lane L's four registers from a of a 16 x 16 fp16 / bf16 A fragment (mma.m16n8k16's layout,
+    isa/README.md; a .rs wgmma's A slice) into A[row, col]."""
+    g = L >> 2
+    t = L & 3
+    for j in range(4):
+        v = S.regs[w, a + j, L]
+        row = g + 8 * (j & 1)
+        col = 2 * t + 8 * (j >> 1)
+        A[row, col] = _half(S, dt, v & 0xFFFF)
+        A[row, col + 1] = _half(S, dt, (v >> 16) & 0xFFFF)
+
+
 @njit(cache=True)
 def _mma(S, P, T, w, pc, op, mask):
     W = S.geom[G_W]
@@ -527,12 +541,7 @@ def _mma(S, P, T, w, pc, op, mask):
         t = L & 3
         if sdt == SDT_F16 or sdt == SDT_BF16:
             dt = DT_F16X2 if sdt == SDT_F16 else DT_BF16X2
-            for j in range(4):
-                v = S.regs[w, a + j, L]
-                row = g + 8 * (j & 1)
-                col = 2 * t + 8 * (j >> 1)
-                A[row, col] = _half(S, dt, v & 0xFFFF)
-                A[row, col + 1] = _half(S, dt, (v >> 16) & 0xFFFF)
+            _a_frag16(S, w, a, L, dt, A)
             for j in range(2):
                 v = S.regs[w, b + j, L]
                 B[2 * t + 8 * j, g] = _half(S, dt, v & 0xFFFF)
@@ -733,12 +742,7 @@ def _wgmma(S, P, T, w, pc, op, mask, blk):
         g = L >> 2
         t = L & 3
         if rs:
-            for j in range(4):
-                v = S.regs[w, a + j, L]
-                row = g + 8 * (j & 1)
-                col = 2 * t + 8 * (j >> 1)
-                A[row, col] = _half(S, dt, v & 0xFFFF)
-                A[row, col + 1] = _half(S, dt, (v >> 16) & 0xFFFF)
+            _a_frag16(S, w, a, L, dt, A)
         for c in range(N >> 3):
             for j in range(4):
                 C[g + 8 * (j >> 1), 8 * c + 2 * t + (j & 1)] = float(S.rf32[w, d + 4 * c + j, 2 * L])

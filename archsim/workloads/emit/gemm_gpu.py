@@ -1926,19 +1926,9 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         for BM, BN in wg_order:
             if kernel is None and _cost(M, N, BM, BN, caps.cores_total, share) >= mma_best:
                 break                             # no wgmma tile that fits beats mma's best
-            for stages in (4, 3):                 # two or one k tiles copied ahead of the wgmma
-                if stages * _stage_bytes(dt, trans_b, BM, BN, 128) > caps.scratchpad_bytes:
-                    tried.append(f"wgmma {BM}x{BN}: {stages * _stage_bytes(dt, trans_b, BM, BN, 128)} B scratchpad")
-                    continue
-                cfg = _Cfg("wgmma", dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
-                try:
-                    prog = _emit_wgmma(cfg)
-                except OutOfRegisters as e:
-                    tried.append(f"wgmma {BM}x{BN}: {e}")
-                    continue
-                if _fits(prog, caps, 2 * BM):
-                    return cfg, prog
-                tried.append(f"wgmma {BM}x{BN}: {prog.nregs} registers")
+            got = _fit_wg_tile(caps, "wgmma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3), 0, tried)
+            if got is not None:                   # (4 or 3 stages: two or one k tiles copied ahead)
+                return got
         if kernel == "wgmma":
             raise InputError(f"gemm on {caps.name}", "no wgmma tile fits: " + "; ".join(tried), "kernel mma")
     # k-tile rows of 128 bytes (BK = 64 halves / 32 tf32) halve the barriers and the cp.async
@@ -1970,6 +1960,30 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     raise InputError(f"gemm on {caps.name}", "no tile fits: " + "; ".join(tried), "a larger target")
 
 
+def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_counts, barrier_bytes,
+                 tried) -> Optional[tuple[_Cfg, Program]]:
+    """The warpgroup kernel ``kind`` ("wgmma", or "tma": a producer warp more and ``barrier_bytes``
+    of mbarriers a stage) of tile BM x BN with the most of ``stage_counts`` stages that fits the
+    target, or None; what did not fit goes to ``tried``."""
+    emit = _emit_wgmma_tma if kind == "tma" else _emit_wgmma
+    threads = 2 * BM + (32 if kind == "tma" else 0)
+    for stages in stage_counts:
+        smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + barrier_bytes)
+        if smem > caps.scratchpad_bytes:
+            tried.append(f"{kind} {BM}x{BN}: {smem} B scratchpad")
+            continue
+        cfg = _Cfg(kind, dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
+        try:
+            prog = emit(cfg)
+        except OutOfRegisters as e:
+            tried.append(f"{kind} {BM}x{BN}: {e}")
+            continue
+        if _fits(prog, caps, threads):
+            return cfg, prog
+        tried.append(f"{kind} {BM}x{BN}: {prog.nregs} registers")
+    return None
+
+
 def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok) -> tuple[_Cfg, Program]:
     """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits."""
     where = f"gemm on {caps.name}"
@@ -1980,20 +1994,9 @@ def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok) -> 
         if not tma_ok(BM, BN):
             tried.append(f"tma {BM}x{BN}: a box larger than its matrix, or a stride not a multiple of 16 bytes")
             continue
-        for stages in (4, 3, 2):
-            smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + 16)
-            if smem > caps.scratchpad_bytes:
-                tried.append(f"tma {BM}x{BN}: {smem} B scratchpad")
-                continue
-            cfg = _Cfg("tma", dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
-            try:
-                prog = _emit_wgmma_tma(cfg)
-            except OutOfRegisters as e:
-                tried.append(f"tma {BM}x{BN}: {e}")
-                continue
-            if _fits(prog, caps, 2 * BM + 32):
-                return cfg, prog
-            tried.append(f"tma {BM}x{BN}: {prog.nregs} registers")
+        got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3, 2), 16, tried)
+        if got is not None:
+            return got
     raise InputError(where, "no tma tile fits: " + "; ".join(tried), "kernel wgmma or mma")
 
 
