@@ -1,10 +1,10 @@
 """Profile the numba timing engine per function with Linux perf.
 
-numba links every function a jitted loop calls into that loop's library, and perf cannot name
-code that was loaded from numba's cache. This script warms the engine up, reads the object code of
-the cache entry of ``_run_slice`` (the jitted loop ``run_loop`` calls), lists its functions with
-``nm`` and writes ``/tmp/perf-<pid>.map`` (perf's map file for JIT code) so that a perf profile
-names them. Then it runs one micro-benchmark, every launch simulated (no kernel cache).
+perf cannot name code that numba compiled or loaded from its cache. This script warms the engine
+up, reads the object code of every library of the engine's jitted functions (compiled here, or
+their numba cache entries), lists their functions with ``nm`` and writes ``/tmp/perf-<pid>.map``
+(perf's map file for JIT code) so that a perf profile names them. Then it runs one
+micro-benchmark, every launch simulated (no kernel cache).
 
     perf record -e cpu-clock -o perf.data python scripts/profile_engine.py gemm a100 m=1024 n=1024 k=1024
     perf report -i perf.data --sort symbol
@@ -50,33 +50,77 @@ def _short(sym: str) -> str:
     return ".".join(parts[-2:])
 
 
+def _objects():
+    """(entry address, llvm name, ELF object) of every compiled or cache-loaded overload of the
+    engine's jitted functions. A function that several libraries define (numba links callees into
+    each caller's library as weak symbols) runs from the library loaded first, so every library
+    is mapped, not only the loop's."""
+    import importlib
+    import pkgutil
+
+    import archsim.engine as E
+    from numba.core.registry import CPUDispatcher
+
+    seen = set()
+    for mi in pkgutil.iter_modules(E.__path__):
+        mod = importlib.import_module("archsim.engine." + mi.name)
+        for v in vars(mod).values():
+            if not isinstance(v, CPUDispatcher) or id(v) in seen:
+                continue
+            seen.add(id(v))
+            for cres in list(v.overloads.values()):
+                name = cres.fndesc.llvm_func_name
+                entry = cres.library.get_pointer_to_function(name)
+                try:
+                    obj = cres.library._get_compiled_object()
+                except RuntimeError:       # loaded from numba's cache: read the object there
+                    obj = _cached_object(v, name.encode())
+                if obj is not None:
+                    yield entry, name, obj
+
+
+def _cached_object(disp, name: bytes):
+    cache = getattr(disp, "_cache", None)
+    path = getattr(cache, "_cache_path", None)
+    if not path:
+        return None
+    for nbc in sorted(glob.glob(os.path.join(path, "*.nbc")), key=os.path.getmtime, reverse=True):
+        with open(nbc, "rb") as f:
+            raw = f.read()
+        if name in raw:
+            try:
+                obj = _elf(pickle.loads(raw))
+            except Exception:  # noqa: BLE001  (another numba version's entry: skip it)
+                continue
+            if obj is not None and name in obj:
+                return obj
+    return None
+
+
 def write_perf_map() -> str:
-    import numba
-
-    from archsim.engine import machine as MA
-
-    cres = next(iter(MA._run_slice.overloads.values()))   # the jitted loop run_loop calls
-    entry = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
-    nbc = glob.glob(os.path.join(numba.config.CACHE_DIR, "engine_*", "machine._run_slice-*.nbc"))
-    if not nbc:
-        raise SystemExit("no cache entry for _run_slice: run a timing simulation first")
-    with open(max(nbc, key=os.path.getmtime), "rb") as f:   # the engine source's newest entry
-        obj = _elf(pickle.loads(f.read()))
-    path = f"/tmp/run_loop-{os.getpid()}.o"
-    with open(path, "wb") as f:
-        f.write(obj)
-    out = subprocess.run(["nm", "-S", "--defined-only", path], capture_output=True, text=True, check=True).stdout
-    syms = []
-    for line in out.splitlines():
-        p = line.split()
-        if len(p) == 4 and p[2] in "tTwW":
-            syms.append((int(p[0], 16), int(p[1], 16), p[3]))
-    off = [o for o, _, n in syms if n == cres.fndesc.llvm_func_name]
-    base = entry - (off[0] if off else 0)
+    path = f"/tmp/engine-{os.getpid()}.o"
+    rows = {}
+    for entry, fname, obj in _objects():
+        with open(path, "wb") as f:
+            f.write(obj)
+        out = subprocess.run(["nm", "-S", "--defined-only", path], capture_output=True, text=True,
+                             check=True).stdout
+        syms = []
+        for line in out.splitlines():
+            p = line.split()
+            if len(p) == 4 and p[2] in "tTwW":
+                syms.append((int(p[0], 16), int(p[1], 16), p[3]))
+        off = [o for o, _, n in syms if n == fname]
+        if not off:
+            continue
+        base = entry - off[0]
+        for o, size, name in syms:
+            rows[base + o] = (size, _short(name))
+    os.remove(path)
     mp = f"/tmp/perf-{os.getpid()}.map"
     with open(mp, "w") as f:
-        for o, size, name in syms:
-            f.write(f"{base + o:x} {size:x} {_short(name)}\n")
+        for a in sorted(rows):
+            f.write(f"{a:x} {rows[a][0]:x} {rows[a][1]}\n")
     return mp
 
 

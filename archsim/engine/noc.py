@@ -58,6 +58,9 @@ at all when it lands beyond the port's window. Two cases sleep without a scan, w
 (_doze): a port whose read port is busy after a send, until it frees, and a port a packet is
 pushed into while empty, until that packet can go (a scan would stop at its first packet).
 
+A step visits only the groups and input ports that hold packets, through a bitmap of each
+(``gm``, ``pm``), in the ascending order a scan of every one would take.
+
 Counters per link: flits sent (= busy cycles), packets, bytes, blocked cycles (cycles in which at
 least one arrived packet wanted the link and did not get it: lost arbitration, no credit, or link
 busy with another input's packet), occupancy of the buffers the link feeds (time integral and
@@ -87,9 +90,9 @@ P_TOPO, P_WIDTH, P_DEPTH, P_LAT, P_NODES, P_GROUPS, P_ROUTERS, P_LINKS, P_BUFS, 
 C_LAST, C_NFREE, C_DELIVERED, C_LAT_SUM, C_BYTES, C_STAMP, C_MOVED, C_VISITS, C_SENT, C_N = range(10)
 # columns of the per-entity tables (one row per buffer / group / link / node / packet slot)
 (BI_KIND, BI_POOL, BI_LAT, BI_GRP, BI_OCC, BI_MAX, BI_REL, BI_RELF, BI_RDW, BI_OFF, BI_LOST, BI_NWANT,
- BI_NCRED) = range(13)  # bi int32 [B, 13]
+ BI_NCRED, BI_K) = range(14)  # bi int32 [B, 14]
 BT_FREE, BT_AREA, BT_T, BT_SLEEP = range(4)                                # bt int64 [B, 4]
-G_IN0, G_NIN, G_OUT0, G_NOUT, G_NPKT = range(5)                            # gi int32 [G, 5]
+G_IN0, G_NIN, G_OUT0, G_NOUT, G_NPKT, G_PW0 = range(6)                     # gi int32 [G, 6]
 LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH, LI_RR, LI_WANT, LI_CAND, LI_DIST, LI_GOT = range(10)  # li int32 [Lk, 10]
 LT_BUSY, LT_FLITS, LT_PKTS, LT_BYTES, LT_BLOCKED, LT_GAP, LT_SEEN = range(7)  # lt int64 [Lk, 7]
 NI_ROUTER, NI_GRP, NI_SRC, NI_EJ = range(4)                                # ni int32 [nodes, 4]
@@ -110,10 +113,10 @@ class NocState(NamedTuple):
     Buffers (bi/bt): kind (BUF_*), pool (credits, flits), lat (cycles from header entry to
     eligibility: L for router ports), grp (arbiter group reading it, -1 for ejection buffers),
     occ (credits in use), max, credit-return scratch, read width (bytes per cycle), the window
-    position of the packet offered this step (lookahead); read port
+    position of the packet offered this step (lookahead), place among its group's inputs; read port
     busy-until, occupancy integral, cycle from which occ holds. Groups (gi): routers 0..R-1, then
     one per sending node's interface: slices of gin (input buffers) and gout (output links),
-    packets waiting. Links (li/lt): driving
+    packets waiting, first word of its input ports' bitmap in pm. Links (li/lt): driving
     group, buffer fed per virtual channel, dateline flag, width (bytes per cycle), last round-robin
     winner (index in the group's inputs), per-step scratch; busy-until, busy cycles, packets,
     bytes, blocked cycles, scratch. Nodes (ni/nt): router, interface group (-1: cannot send),
@@ -124,8 +127,8 @@ class NocState(NamedTuple):
     of free slots (``clk[C_NFREE]`` of them). ``bw`` / ``bc``: what a sleeping port remembers."""
 
     par: np.ndarray          # int64 [12] P_* (P_SLEEP 0: ports never sleep, the tests' oracle)
-    clk: np.ndarray          # int64 [C_N] C_* (C_MOVED: the last cycle a packet moved; C_VISITS: groups
-                             # and ports looked at by the steps, C_SENT: those that sent a packet)
+    clk: np.ndarray          # int64 [C_N] C_* (C_MOVED: the last cycle a packet moved; C_VISITS: input
+                             # ports looked at by the steps, C_SENT: those that sent a packet)
     Q: Queues                # one FIFO of packet slots per buffer
     bi: np.ndarray
     bt: np.ndarray
@@ -143,6 +146,8 @@ class NocState(NamedTuple):
     bw: np.ndarray           # int32 [B, lookahead + 1] links a sleeping port's packets want (BT_SLEEP)
     bc: np.ndarray           # int32 [B, lookahead + 1, 4] (buffer, flits, window place, index in bw) of
                              # each packet that waits credits, in window order
+    gm: np.ndarray           # int64 [ceil(G / 64)] bitmap of the groups holding packets (G_NPKT > 0)
+    pm: np.ndarray           # int64 flat: per group (from G_PW0), bitmap of its input ports holding packets
     ls: np.ndarray           # int32 [3, Lk] step scratch: links of the group wanted (or granted) this
                              # step; links offered a packet in this offer round; input ports (index
                              # in the group) that offered in the last round (a router has no more
@@ -162,6 +167,70 @@ def _occ_change(bi, bt, b, delta, t):
     bi[b, BI_OCC] = o
     if o > bi[b, BI_MAX]:
         bi[b, BI_MAX] = o
+
+
+# The lowest set bit of a word by de Bruijn multiplication: bitmaps of the groups and ports that
+# hold packets let a step visit those alone, in ascending order, as a scan of every one would.
+_DEBRUIJN = np.array([0, 1, 56, 2, 57, 49, 28, 3, 61, 58, 42, 50, 38, 29, 17, 4, 62, 47, 59, 36, 45, 43, 51,
+                      22, 53, 39, 33, 30, 24, 18, 12, 5, 63, 55, 48, 27, 60, 41, 37, 16, 46, 35, 44, 21, 52, 32,
+                      23, 11, 54, 26, 40, 15, 34, 20, 31, 10, 25, 14, 19, 9, 13, 8, 7, 6], np.int64)
+_DEBRUIJN_MUL = np.int64(0x03F79D71B4CA8B09)
+
+
+@njit(cache=True, inline="always")
+def _low_bit(w):
+    """Index of the lowest set bit of a non-zero int64 word."""
+    return _DEBRUIJN[((w & -w) * _DEBRUIJN_MUL >> 58) & 63]
+
+
+@njit(cache=True, inline="always")
+def _above(bit):
+    """Mask of the bits above ``bit`` (none above 63)."""
+    return -(np.int64(2) << bit)
+
+
+@njit(cache=True, inline="always")
+def _port_filled(N, b):
+    """Input buffer b took a packet: its group holds one more; both bitmaps say so."""
+    g = N.bi[b, BI_GRP]
+    if N.Q.count[b] == 1:
+        k = N.bi[b, BI_K]
+        N.pm[N.gi[g, G_PW0] + (k >> 6)] |= np.int64(1) << (k & 63)
+    n = N.gi[g, G_NPKT] + 1
+    N.gi[g, G_NPKT] = n
+    if n == 1:
+        N.gm[g >> 6] |= np.int64(1) << (g & 63)
+    return g
+
+
+@njit(cache=True, inline="always")
+def _port_drained(N, b, g):
+    """Input buffer b of group g gave up a packet."""
+    if N.Q.count[b] == 0:
+        k = N.bi[b, BI_K]
+        N.pm[N.gi[g, G_PW0] + (k >> 6)] &= ~(np.int64(1) << (k & 63))
+    n = N.gi[g, G_NPKT] - 1
+    N.gi[g, G_NPKT] = n
+    if n == 0:
+        N.gm[g >> 6] &= ~(np.int64(1) << (g & 63))
+
+
+@njit(cache=True, inline="always")
+def _ports_listed(N, g, row):
+    """Write group g's input ports that hold packets into ls[row] in ascending order; their count."""
+    if N.gi[g, G_NIN] == 1:
+        N.ls[row, 0] = 0
+        return 1
+    n = 0
+    w0 = N.gi[g, G_PW0]
+    for i in range((N.gi[g, G_NIN] + 63) >> 6):
+        w = N.pm[w0 + i]
+        while w != 0:
+            bit = _low_bit(w)
+            N.ls[row, n] = (i << 6) + bit
+            n += 1
+            w &= _above(bit)
+    return n
 
 
 @njit(cache=True, inline="always")
@@ -306,7 +375,7 @@ def noc_inject(N, node, req_id, nbytes, dest_node, now):
     _occ_change(bi, N.bt, b, min(f, pool), t)
     q_push(N.Q, b, p)
     _pushed(N, b, g, now)
-    N.gi[g, G_NPKT] += 1
+    _port_filled(N, b)
     nt[node, NT_INJECTED] += 1
     return True
 
@@ -385,7 +454,7 @@ def _grant(N, g, l, i0, nrel, ntl, now):
     b = N.gin[i0 + k]
     p = _take(Q, b, bi[b, BI_OFF])
     bi[b, BI_LOST] = 0
-    gi[g, G_NPKT] -= 1
+    _port_drained(N, b, g)
     f = pi[p, PI_FLITS]
     w = li[l, LI_WIDTH]
     ser = (pi[p, PI_BYTES] + w - 1) // w
@@ -414,8 +483,7 @@ def _grant(N, g, l, i0, nrel, ntl, now):
         pt[p, PT_READY] = now + pi[p, PI_SER] - 1
     else:
         pt[p, PT_READY] = now + bi[tb, BI_LAT]
-        g2 = bi[tb, BI_GRP]
-        gi[g2, G_NPKT] += 1
+        g2 = _port_filled(N, tb)
         pi[p, PI_LINK] = N.route[g2, pi[p, PI_DST]]  # the link it wants next
         _pushed(N, tb, g2, now + bi[tb, BI_LAT])
     return nrel, ntl
@@ -436,126 +504,135 @@ def noc_step(N, now):
     iters = 1 if look == 0 else N.par[P_ROUNDS]
     nrel = 0
     ls = N.ls
-    looked = N.par[P_GROUPS]      # every group is looked at; one with packets, at each of its ports
-    for g in range(N.par[P_GROUPS]):
-        if gi[g, G_NPKT] == 0:
-            continue
-        looked += gi[g, G_NIN] - 1
-        # The group's links are visited through two lists rather than all its outputs (a crossbar
-        # has ~100): ls[0] holds the links wanted (LI_WANT or LT_GAP > 0) or granted this step,
-        # whose counters are read and cleared at the end; ls[1] the links offered a packet in the
-        # current round (LI_CAND >= 0), cleared by the grants. Between steps every link has
-        # LI_WANT = LI_GOT = LT_GAP = 0 and LI_CAND = -1.
-        ntl = 0
-        i0 = gi[g, G_IN0]
-        nin = gi[g, G_NIN]
-        # a group with one output (a node's interface) has every packet want that link: only the
-        # head can go, and the packets behind it would all be skipped as wanting it too
-        glook = look if gi[g, G_NOUT] > 1 else 0
-        nlost = 0                             # ls[2, :nlost]: the ports that offered in the last round
-        for it in range(iters):
-            # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
-            # its window that can go); later iterations let ports that lost offer another packet
-            # to an output still free (their own read port is busy once they sent)
-            ncl = 0
-            offered = False
-            nk = nin if it == 0 else nlost
-            nlost = 0
-            for kk in range(nk):
-                # after the first round only the ports that offered are visited (ascending, as
-                # in the first): the list is rewritten in place, never ahead of the reading
-                k = kk if it == 0 else ls[2, kk]
-                b = N.gin[i0 + k]
-                cnt = Q.count[b]
-                if cnt == 0:
-                    continue
-                if it > 0 and bi[b, BI_LOST] == 0:
-                    # only a port that offered and lost can offer again: the grants of this step
-                    # only took links and credits, and a port that sent is busy reading out
-                    continue
-                bi[b, BI_LOST] = 0
-                nwin = cnt if cnt <= glook else glook + 1
-                if has_gap and it == 0:
-                    ntl = _gap_wants(N, b, nwin, gap_lo, gap_hi, ntl)
-                if it == 0 and bt[b, BT_SLEEP] > now:
-                    # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
-                    # has room now, the scan would find what it found when the port fell asleep:
-                    # the same links wanted, nothing to offer
-                    # Woken by a credit before its wake cycle, the scan would find the same window:
-                    # the packets not yet arrived are still on their way and the busy links still
-                    # busy (a link's busy time only grows), so only the packets that waited
-                    # credits can go; they are looked at alone, in window order. Wanted links are
-                    # counted up to the packet offered (a scan stops there), all when none is.
-                    # The port is awake from then on (next cycle it scans in full).
-                    ncl, ntl, sent = _sleeper_offer(N, b, k, nin, ncl, ntl, now)
-                    if sent:
+    looked = 0                    # input ports looked at (those holding packets)
+    gm = N.gm
+    for gw in range(gm.shape[0]):
+        # the groups holding packets in ascending order, each word read again after each group (a
+        # grant may fill a later group's port), as a scan of every group would find them
+        above = np.int64(-1)
+        while (gm[gw] & above) != 0:
+            gbit = _low_bit(gm[gw] & above)
+            above = _above(gbit)
+            g = (gw << 6) + gbit
+            # The group's links are visited through two lists rather than all its outputs (a crossbar
+            # has ~100): ls[0] holds the links wanted (LI_WANT or LT_GAP > 0) or granted this step,
+            # whose counters are read and cleared at the end; ls[1] the links offered a packet in the
+            # current round (LI_CAND >= 0), cleared by the grants. Between steps every link has
+            # LI_WANT = LI_GOT = LT_GAP = 0 and LI_CAND = -1.
+            ntl = 0
+            i0 = gi[g, G_IN0]
+            nin = gi[g, G_NIN]
+            # a group with one output (a node's interface) has every packet want that link: only the
+            # head can go, and the packets behind it would all be skipped as wanting it too
+            glook = look if gi[g, G_NOUT] > 1 else 0
+            nlost = 0                             # ls[2, :nlost]: the ports that offered in the last round
+            for it in range(iters):
+                # offers: each input port offers one packet (FIFO: its head; lookahead: the oldest of
+                # its window that can go); later iterations let ports that lost offer another packet
+                # to an output still free (their own read port is busy once they sent)
+                ncl = 0
+                offered = False
+                if it == 0:
+                    nk = _ports_listed(N, g, 2)   # the ports holding packets
+                    looked += nk
+                else:
+                    nk = nlost
+                nlost = 0
+                for kk in range(nk):
+                    # ls[2]: the ports holding packets, then after the first round those that
+                    # offered (ascending): the list is rewritten in place, never ahead of the reading
+                    k = ls[2, kk]
+                    b = N.gin[i0 + k]
+                    cnt = Q.count[b]
+                    if cnt == 0:
+                        continue
+                    if it > 0 and bi[b, BI_LOST] == 0:
+                        # only a port that offered and lost can offer again: the grants of this step
+                        # only took links and credits, and a port that sent is busy reading out
+                        continue
+                    bi[b, BI_LOST] = 0
+                    nwin = cnt if cnt <= glook else glook + 1
+                    if has_gap and it == 0:
+                        ntl = _gap_wants(N, b, nwin, gap_lo, gap_hi, ntl)
+                    if it == 0 and bt[b, BT_SLEEP] > now:
+                        # asleep (see "Sleeping ports" above): unless a buffer it waits credits of
+                        # has room now, the scan would find what it found when the port fell asleep:
+                        # the same links wanted, nothing to offer
+                        # Woken by a credit before its wake cycle, the scan would find the same window:
+                        # the packets not yet arrived are still on their way and the busy links still
+                        # busy (a link's busy time only grows), so only the packets that waited
+                        # credits can go; they are looked at alone, in window order. Wanted links are
+                        # counted up to the packet offered (a scan stops there), all when none is.
+                        # The port is awake from then on (next cycle it scans in full).
+                        ncl, ntl, sent = _sleeper_offer(N, b, k, nin, ncl, ntl, now)
+                        if sent:
+                            offered = True
+                            ls[2, nlost] = k
+                            nlost += 1
+                        continue
+                    stamp = _new_scan(N) if nwin > 1 else 0
+                    nw = 0                        # links wanted (iteration 0), for the port's sleep
+                    nc = 0                        # buffers its packets wait credits of
+                    wake = INF                    # the first cycle the scan can find anything else
+                    for j in range(nwin):         # the head, then (lookahead) packets for other outputs
+                        p = q_peek(Q, b, j)
+                        l = pi[p, PI_LINK]
+                        if nwin > 1 and _window_dup(lt, l, stamp):
+                            continue
+                        e = pt[p, PT_READY]
+                        if bt[b, BT_FREE] > e:
+                            e = bt[b, BT_FREE]
+                        if e > now:
+                            if e < wake:
+                                wake = e
+                            break                 # packets arrive in order: the later ones are not here yet
+                        if it == 0:
+                            if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
+                                ls[0, ntl] = l
+                                ntl += 1
+                            li[l, LI_WANT] += 1
+                            N.bw[b, nw] = l
+                            nw += 1
+                        if lt[l, LT_BUSY] > now:
+                            if lt[l, LT_BUSY] < wake:
+                                wake = lt[l, LT_BUSY]
+                            continue
+                        tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
+                        o = bi[tb, BI_OCC]
+                        if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
+                            if it == 0:
+                                N.bc[b, nc, 0] = tb
+                                N.bc[b, nc, 1] = pi[p, PI_FLITS]
+                                N.bc[b, nc, 2] = j
+                                N.bc[b, nc, 3] = nw - 1   # its link's place in bw
+                                nc += 1
+                            continue
+                        ncl = _offer(N, b, j, k, l, nin, ncl)
                         offered = True
                         ls[2, nlost] = k
                         nlost += 1
-                    continue
-                stamp = _new_scan(N) if nwin > 1 else 0
-                nw = 0                        # links wanted (iteration 0), for the port's sleep
-                nc = 0                        # buffers its packets wait credits of
-                wake = INF                    # the first cycle the scan can find anything else
-                for j in range(nwin):         # the head, then (lookahead) packets for other outputs
-                    p = q_peek(Q, b, j)
-                    l = pi[p, PI_LINK]
-                    if nwin > 1 and _window_dup(lt, l, stamp):
-                        continue
-                    e = pt[p, PT_READY]
-                    if bt[b, BT_FREE] > e:
-                        e = bt[b, BT_FREE]
-                    if e > now:
-                        if e < wake:
-                            wake = e
-                        break                 # packets arrive in order: the later ones are not here yet
-                    if it == 0:
-                        if li[l, LI_WANT] == 0 and lt[l, LT_GAP] == 0:
-                            ls[0, ntl] = l
-                            ntl += 1
-                        li[l, LI_WANT] += 1
-                        N.bw[b, nw] = l
-                        nw += 1
-                    if lt[l, LT_BUSY] > now:
-                        if lt[l, LT_BUSY] < wake:
-                            wake = lt[l, LT_BUSY]
-                        continue
-                    tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
-                    o = bi[tb, BI_OCC]
-                    if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
-                        if it == 0:
-                            N.bc[b, nc, 0] = tb
-                            N.bc[b, nc, 1] = pi[p, PI_FLITS]
-                            N.bc[b, nc, 2] = j
-                            N.bc[b, nc, 3] = nw - 1   # its link's place in bw
-                            nc += 1
-                        continue
-                    ncl = _offer(N, b, j, k, l, nin, ncl)
-                    offered = True
-                    ls[2, nlost] = k
-                    nlost += 1
+                        break
+                    if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1 and N.par[P_SLEEP]:
+                        bt[b, BT_SLEEP] = wake    # nothing to offer before `wake` or room in a buffer
+                        bi[b, BI_NWANT] = nw
+                        bi[b, BI_NCRED] = nc
+                if not offered:
                     break
-                if it == 0 and bi[b, BI_LOST] == 0 and wake > now + 1 and N.par[P_SLEEP]:
-                    bt[b, BT_SLEEP] = wake    # nothing to offer before `wake` or room in a buffer
-                    bi[b, BI_NWANT] = nw
-                    bi[b, BI_NCRED] = nc
-            if not offered:
-                break
-            # grants: each output link takes the offer nearest after its last winner (the grants
-            # of a round touch disjoint links, input ports and buffers: their order is immaterial)
-            for j in range(ncl):
-                nrel, ntl = _grant(N, g, ls[1, j], i0, nrel, ntl, now)
-        # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
-        # credit, link busy); the skipped cycles before this one count as the gap says
-        for j in range(ntl):
-            l = ls[0, j]
-            if has_gap:
-                lt[l, LT_BLOCKED] += lt[l, LT_GAP]
-            if li[l, LI_WANT] > li[l, LI_GOT]:
-                lt[l, LT_BLOCKED] += 1
-            li[l, LI_WANT] = 0
-            li[l, LI_GOT] = 0
-            lt[l, LT_GAP] = 0
+                # grants: each output link takes the offer nearest after its last winner (the grants
+                # of a round touch disjoint links, input ports and buffers: their order is immaterial)
+                for j in range(ncl):
+                    nrel, ntl = _grant(N, g, ls[1, j], i0, nrel, ntl, now)
+            # blocked: an arrived packet wanted the link and did not get it (lost arbitration, no
+            # credit, link busy); the skipped cycles before this one count as the gap says
+            for j in range(ntl):
+                l = ls[0, j]
+                if has_gap:
+                    lt[l, LT_BLOCKED] += lt[l, LT_GAP]
+                if li[l, LI_WANT] > li[l, LI_GOT]:
+                    lt[l, LT_BLOCKED] += 1
+                li[l, LI_WANT] = 0
+                li[l, LI_GOT] = 0
+                lt[l, LT_GAP] = 0
     for i in range(nrel):
         _occ_change(bi, bt, bi[i, BI_REL], -bi[i, BI_RELF], now + 1)
     N.clk[C_LAST] = now
@@ -606,34 +683,35 @@ def noc_next_event(N, now):
     best = INF
     Q, bi, bt, gi, li, lt, pi, pt = N.Q, N.bi, N.bt, N.gi, N.li, N.lt, N.pi, N.pt
     look = N.par[P_LOOK]
-    for g in range(N.par[P_GROUPS]):
-        if gi[g, G_NPKT] == 0:
-            continue
-        i0 = gi[g, G_IN0]
-        glook = look if gi[g, G_NOUT] > 1 else 0  # one output: only the head can go (as in noc_step)
-        for k in range(gi[g, G_NIN]):
-            b = N.gin[i0 + k]
-            cnt = Q.count[b]
-            if cnt == 0:
-                continue
-            nwin = cnt if cnt <= glook else glook + 1
-            stamp = _new_scan(N) if nwin > 1 else 0
-            for j in range(nwin):
-                p = q_peek(Q, b, j)
-                l = pi[p, PI_LINK]
-                if nwin > 1 and _window_dup(lt, l, stamp):
-                    continue
-                tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
-                o = bi[tb, BI_OCC]
-                if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
-                    continue                  # waits for a credit: another event frees it
-                e = pt[p, PT_READY]
-                if bt[b, BT_FREE] > e:
-                    e = bt[b, BT_FREE]
-                if lt[l, LT_BUSY] > e:
-                    e = lt[l, LT_BUSY]
-                if e < best:
-                    best = e
+    for gw in range(N.gm.shape[0]):
+        w = N.gm[gw]
+        while w != 0:
+            gbit = _low_bit(w)
+            w &= _above(gbit)
+            g = (gw << 6) + gbit
+            i0 = gi[g, G_IN0]
+            glook = look if gi[g, G_NOUT] > 1 else 0  # one output: only the head can go (as in noc_step)
+            for kk in range(_ports_listed(N, g, 2)):
+                b = N.gin[i0 + N.ls[2, kk]]
+                cnt = Q.count[b]
+                nwin = cnt if cnt <= glook else glook + 1
+                stamp = _new_scan(N) if nwin > 1 else 0
+                for j in range(nwin):
+                    p = q_peek(Q, b, j)
+                    l = pi[p, PI_LINK]
+                    if nwin > 1 and _window_dup(lt, l, stamp):
+                        continue
+                    tb = li[l, LI_DST1] if (li[l, LI_DATELINE] or pi[p, PI_VC]) else li[l, LI_DST0]
+                    o = bi[tb, BI_OCC]
+                    if o != 0 and o + pi[p, PI_FLITS] > bi[tb, BI_POOL]:
+                        continue                  # waits for a credit: another event frees it
+                    e = pt[p, PT_READY]
+                    if bt[b, BT_FREE] > e:
+                        e = bt[b, BT_FREE]
+                    if lt[l, LT_BUSY] > e:
+                        e = lt[l, LT_BUSY]
+                    if e < best:
+                        best = e
     for n in range(N.par[P_NODES]):
         b = N.ni[n, NI_EJ]
         if b >= 0 and Q.count[b] > 0:
@@ -664,23 +742,26 @@ def noc_blocked_until(N, t, row, c0):
     if gap_hi >= gap_lo:
         Q, bt, gi, pi, pt = N.Q, N.bt, N.gi, N.pi, N.pt
         look = N.par[P_LOOK]
-        for g in range(N.par[P_GROUPS]):
-            if gi[g, G_NPKT] == 0:
-                continue
-            glook = look if gi[g, G_NOUT] > 1 else 0
-            i0 = gi[g, G_IN0]
-            for k in range(gi[g, G_NIN]):
-                b = N.gin[i0 + k]
-                cnt = Q.count[b]
-                nwin = cnt if cnt <= glook else glook + 1
-                for j in range(nwin):
-                    p = q_peek(Q, b, j)
-                    lo = _wants_from(bt, pt, b, p, gap_lo)
-                    if lo > gap_hi:
-                        break
-                    l = pi[p, PI_LINK]
-                    if gap_hi - lo + 1 > row[c0 + l]:
-                        row[c0 + l] = gap_hi - lo + 1
+        for gw in range(N.gm.shape[0]):
+            w = N.gm[gw]
+            while w != 0:
+                gbit = _low_bit(w)
+                w &= _above(gbit)
+                g = (gw << 6) + gbit
+                glook = look if gi[g, G_NOUT] > 1 else 0
+                i0 = gi[g, G_IN0]
+                for kk in range(_ports_listed(N, g, 2)):
+                    b = N.gin[i0 + N.ls[2, kk]]
+                    cnt = Q.count[b]
+                    nwin = cnt if cnt <= glook else glook + 1
+                    for j in range(nwin):
+                        p = q_peek(Q, b, j)
+                        lo = _wants_from(bt, pt, b, p, gap_lo)
+                        if lo > gap_hi:
+                            break
+                        l = pi[p, PI_LINK]
+                        if gap_hi - lo + 1 > row[c0 + l]:
+                            row[c0 + l] = gap_hi - lo + 1
     for l in range(L):
         row[c0 + l] += lt[l, LT_BLOCKED]
 
@@ -865,8 +946,10 @@ class _Builder:
                 route[nd["grp"], recv] = nd["inj_link"]
         route[:R, ~recv] = -1                  # every router-to-ejection route must reach a receiving node
         B, Lk = len(self.bufs), len(self.links)
-        bi = np.zeros((B, 13), np.int32)
+        bi = np.zeros((B, 14), np.int32)
         bi[:, [BI_KIND, BI_POOL, BI_LAT, BI_GRP]] = np.array(self.bufs, np.int64).reshape(B, 4)
+        for ins in self.g_in:
+            bi[ins, BI_K] = np.arange(len(ins))
         lk = np.array([l[:5] for l in self.links], np.int64).reshape(Lk, 5)   # grp, dst0, dst1, dateline, width
         # a buffer reads out at the rate of the link filling it (both virtual channels of a link)
         bi[lk[:, 1:3].ravel(), BI_RDW] = np.repeat(lk[:, 4], 2)
@@ -882,9 +965,11 @@ class _Builder:
             start = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int32)
             return start, count, np.array([i for x in lists for i in x] or [0], np.int32)
 
-        gi = np.zeros((G, 5), np.int32)
+        gi = np.zeros((G, 6), np.int32)
         gi[:, G_IN0], gi[:, G_NIN], gin = flat(self.g_in)
         gi[:, G_OUT0], gi[:, G_NOUT], gout = flat(self.g_out)
+        words = (gi[:, G_NIN] + 63) // 64
+        gi[:, G_PW0] = np.concatenate([[0], np.cumsum(words)[:-1]]) if G else words
         li = np.zeros((Lk, 10), np.int32)
         li[:, [LI_GRP, LI_DST0, LI_DST1, LI_DATELINE, LI_WIDTH]] = lk
         li[:, LI_RR] = gi[lk[:, 0], G_NIN] - 1
@@ -903,7 +988,8 @@ class _Builder:
             li=li, lt=np.zeros((Lk, 7), np.int64), ni=ni, nt=np.zeros((nn, 3), np.int64),
             pi=np.zeros((maxp, 7), np.int32), pt=np.zeros((maxp, 2), np.int64),
             pfree=np.arange(maxp - 1, -1, -1, dtype=np.int32), bw=np.zeros((B, self.look + 1), np.int32),
-            bc=np.zeros((B, self.look + 1, 4), np.int32), ls=np.zeros((3, max(Lk, 1)), np.int32),
+            bc=np.zeros((B, self.look + 1, 4), np.int32), gm=np.zeros(max((G + 63) // 64, 1), np.int64),
+            pm=np.zeros(max(int(words.sum()), 1), np.int64), ls=np.zeros((3, max(Lk, 1)), np.int32),
             link_names=_name_array([l[5] for l in self.links]),
             node_names=_name_array([n["name"] for n in self.nodes]))
 
