@@ -392,3 +392,42 @@ def test_unrolled_add_keeps_more_loads_in_flight():
         r = time_kernel(k.program, tiny, k.launch, k.args(**{b: Unbacked(v) for b, v in k.buffer_bytes().items()}))
         cycles.append(r.cycles)
     assert cycles[1] < 0.7 * cycles[0]
+
+
+# ----------------------------------------------------------------------------- optimizer
+def _torch_adamw(x, lr, b1, b2, eps, wd, step):
+    """torch.optim.AdamW's update, written out (an oracle independent of the emitter's constants)."""
+    p = x["p"] * (1.0 - lr * wd)
+    m = b1 * x["m"] + (1.0 - b1) * x["g"]
+    v = b2 * x["v"] + (1.0 - b2) * x["g"] ** 2
+    denom = np.sqrt(v) / np.sqrt(1.0 - b2 ** step) + eps
+    return {"p_out": p - lr / (1.0 - b1 ** step) * m / denom, "m_out": m, "v_out": v}
+
+
+@pytest.mark.parametrize("hw,n,step,lr", [("tiny-gpu", 1, 1, 1e-2), ("tiny-gpu", 1003, 2, 1e-2),
+                                          ("tiny-gpu", 4099, 1000, 6e-5), ("a100", 70001, 5, 1e-3)])
+def test_adamw_matches_torch_update(hw, n, step, lr):
+    """One AdamW step: the moments and the master weights as torch.optim.AdamW computes them, in
+    f32 (an early step, where the bias corrections are far from 1, and a late one)."""
+    caps = caps_of(hw)
+    k = E.adamw_kernel(caps, n, lr=lr, step=step)
+    got, _ = compare(k, caps, seed=n)
+    bufs = k.random_inputs(n)
+    want = _torch_adamw({b: to_float(bufs[b], "fp32") for b in ("p", "g", "m", "v")}, lr, 0.9, 0.95, 1e-8, 0.1, step)
+    for name, w in want.items():
+        assert np.allclose(got[name], w, rtol=2e-5, atol=1e-6 * np.abs(w).max()), name   # (f32 cancellation near 0)
+    moved = np.abs(got["p_out"] - to_float(bufs["p"], "fp32"))
+    assert moved.max() > 10 * np.abs(want["p_out"]).max() * 1e-5, "the update is visible above the tolerance"
+    assert k.flops == 14 * n and k.dtype == "fp32"
+
+
+@pytest.mark.parametrize("kw,what", [({"lr": -1e-3}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": float("nan")}, "beta2"),
+                                     ({"step": 0}, "step"), ({"weight_decay": "0.1"}, "weight_decay"),
+                                     ({"beta1": 0.0, "step": 1}, None)])
+def test_adamw_refuses_bad_hyperparameters(kw, what):
+    caps = caps_of("tiny-gpu")
+    if what is None:                                  # beta1 = 0: plain RMS scaling, allowed
+        assert E.adamw_kernel(caps, 8, **kw).flops == 14 * 8
+        return
+    with pytest.raises(InputError, match=what):
+        E.adamw_kernel(caps, 8, **kw)

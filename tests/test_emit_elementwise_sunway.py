@@ -225,6 +225,16 @@ def test_flat_kernels_match_numpy(op, hw, n, dtype):
     compare(k, caps, seed=n)
 
 
+@pytest.mark.parametrize("hw,n,step", [("tiny-sunway", 1, 1), ("tiny-sunway", 40999, 2), ("sw26010pro", 12345, 7)])
+def test_adamw_matches_the_gpu_reference(hw, n, step):
+    """The optimizer step on the CPEs: the same outputs, to f32 rounding, as the float64 update
+    (the GPU module's reference, itself checked against torch's formula there)."""
+    caps = caps_of(hw)
+    k = E.adamw_kernel(caps, n, lr=1e-2, step=step)
+    assert k.team == "flat" and k.dtype == "fp32"
+    compare(k, caps, seed=n)
+
+
 SWIGLU = [("tiny-sunway", 1, 1, "fp32", {}), ("tiny-sunway", 7, 31, "fp16", {}), ("tiny-sunway", 33, 97, "bf16", {}),
           ("tiny-sunway", 7, 1000, "fp16", {}), ("tiny-sunway", 33, 1000, "fp32", dict(team="block")),
           ("tiny-sunway", 5, 4099, "fp16", {})]
@@ -248,7 +258,8 @@ def test_kernels_keep_the_gpu_kernels_contract():
             ("gelu_kernel", (1000, "fp16"), {}), ("gelu_grad_kernel", (1000, "fp32"), {}),
             ("add_kernel", (77, "bf16"), {}),
             ("relu_kernel", (77, "fp16"), {}), ("relu_grad_kernel", (77, "fp16"), {}),
-            ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {})]
+            ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {}),
+            ("adamw_kernel", (77,), dict(step=3))]
     for fn, a, kw in reqs:
         s, g = getattr(E, fn)(sw, *a, **kw), getattr(G, fn)(gpu, *a, **kw)
         assert isinstance(s, G.ElementwiseKernel)

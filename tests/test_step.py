@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -186,6 +187,54 @@ def test_recompute_adds_a_forward_to_each_backward():
     assert sel["step_seconds"] == pytest.approx(5 * 9e-3)
 
 
+@pytest.mark.parametrize("plan_text", ["pp=2,mb=1,gbs=4", "pp=2,dp=2,mb=1,gbs=8,zero=1", "pp=2,dp=2,mb=1,gbs=8,zero=3"])
+def test_the_optimizer_runs_after_the_last_gradient_reduction(plan_text):
+    """A stage's optimizer step starts when its last bucket is reduced and ends the stage's step (a
+    ZeRO 1-2 gather after it); with links free of cost it adds its own time to the step."""
+    wl = load_workload("tiny", {"phase": "train"})
+    plan = parse_plan(plan_text)
+    base = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000).run()
+    sim = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000, optimizer=[2e-3, 7e-3])
+    out = sim.run()
+    assert out["step_seconds"] == pytest.approx(max(base["stage_end"][s] + x for s, x in enumerate((2e-3, 7e-3))))
+    for s, x in enumerate((2e-3, 7e-3)):
+        a, b = sim.opt_span[s]
+        assert b - a == pytest.approx(x) and a >= sim.last_compute[s] and out["stage_end"][s] >= b
+
+
+def test_optimizer_times_split_the_update_as_apex_launches(monkeypatch):
+    """A device's update goes in launches of 320 x 65,536 parameters, each an engine-timed kernel:
+    whole launches, then one of the parameters left (timed once per distinct size)."""
+    from archsim.cluster import run as R
+    from archsim.cluster.plan import optimizer_parameters
+
+    wl = load_workload("tiny", {"phase": "train"})
+    plan = parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=1")
+    seen = []
+    monkeypatch.setattr(R, "_adamw_seconds", lambda machine, n: seen.append(n) or n * 1e-9)
+    monkeypatch.setattr(R, "OPT_CHUNK", 64)
+    monkeypatch.setattr(R, "OPT_LAUNCH_CHUNKS", 4)           # 256 parameters a launch
+    params = optimizer_parameters(plan, wl)
+    got = R.optimizer_times(None, wl, plan)
+    for n, t in zip(params, got):
+        whole, last = divmod(int(np.ceil(n)), 256)
+        assert t == pytest.approx((whole * 256 + last) * 1e-9)
+    assert all(n <= 256 for n in seen) and len(seen) == len(set(seen))
+    assert R.optimizer_times(None, load_workload("tiny", {"phase": "prefill"}), plan) == []
+
+
+def test_adamw_launch_is_timed_by_the_engine():
+    """The optimizer's kernel on tiny-gpu: memory-bound, its time follows the bytes it moves (more
+    parameters, longer), and the kernel cache gives the same time again."""
+    from archsim.cluster.run import _adamw_seconds
+    from archsim.config import load_machine
+
+    tiny = load_machine("tiny-gpu")
+    t1, t2 = _adamw_seconds(tiny, 1 << 14), _adamw_seconds(tiny, 1 << 16)
+    assert 0 < t1 < t2 and _adamw_seconds(tiny, 1 << 14) == t1
+    assert t2 > 2 * t1
+
+
 def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
     cl = tmp_path / "tc.yaml"
     cl.write_text(yaml.safe_dump(TINY))
@@ -205,6 +254,10 @@ def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
     assert {c["group"] for c in doc["collectives"]} == {"tensor_parallel", "pipeline", "data_parallel"}
     assert doc["links"] and all(0 <= link["util"] <= 1 for link in doc["links"])
     assert len(doc["stages"]) == 2 and doc["stages"][0]["kernels"]
+    opt = st["optimizer_seconds"]
+    assert len(opt) == 2 and all(x > 0 for x in opt)
+    assert [s for s, a, b in doc["timeline"]["optimizer"]] == [0, 1]
+    assert all(b - a == pytest.approx(opt[s]) for s, a, b in doc["timeline"]["optimizer"])
 
 
 def test_cluster_run_pictures(capsys, tmp_path):

@@ -315,6 +315,23 @@ def _in_flight(plan: Plan, stage: int) -> float:
     return held
 
 
+def optimizer_parameters(plan: Plan, workload) -> list[float]:
+    """Per stage, the parameters whose optimizer state (and update) one device holds: all of the
+    stage's on its TP shard, or under ZeRO 1-3 its share of them over the devices that hold each
+    (a dense parameter over dp, an expert's over dp / ep)."""
+    m = workload.model
+    shard = with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep, batch=plan.micro_batch)
+    per_block = block_parameters(shard)
+    expert_block = block_parameters(shard, experts_only=True)
+    embed = m.vocab * m.hidden // plan.tp          # vocab-parallel; the tied head keeps a copy on the last stage
+    out = []
+    for s, nb in enumerate(stage_layers(m.layers, plan.pp)):
+        params = nb * per_block + (embed if s == 0 or s == plan.pp - 1 else 0)
+        spread = params - nb * expert_block + nb * expert_block * plan.ep
+        out.append(float(params) if plan.zero < 1 else spread / plan.dp)
+    return out
+
+
 def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
     """Bytes a device of each stage needs, and the largest: weights, gradients, optimizer state,
     activations, KV cache, against ``capacity_bytes``."""
@@ -330,6 +347,7 @@ def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
     d = plan.dp
     act_block = stored_activations(shard, plan.recompute, plan.sequence_parallel, plan.tp) if train else 0
     work_block = stored_activations(shard, "none", plan.sequence_parallel, plan.tp) if train else 0
+    opt_params = optimizer_parameters(plan, workload)
     stages = []
     for s, nb in enumerate(blocks):
         params = nb * per_block + (embed if s == 0 or s == plan.pp - 1 else 0)
@@ -337,7 +355,7 @@ def memory_per_device(plan: Plan, workload, capacity_bytes: float) -> dict:
         spread = params - nb * expert_block + nb * expert_block * plan.ep
         w = params * e if plan.zero < 3 else spread * e / d
         g = (params * grad_b if plan.zero < 2 else spread * grad_b / d) if train else 0.0
-        o = (params * opt_b if plan.zero < 1 else spread * opt_b / d) if train else 0.0
+        o = opt_params[s] * opt_b if train else 0.0
         act = 0.0
         if train:
             act = act_block * nb * _in_flight(plan, s)

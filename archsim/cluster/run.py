@@ -4,6 +4,7 @@ under the plan, every kernel timed by the engine, the step by the discrete-event
 
 from __future__ import annotations
 
+import math
 import time
 
 from archsim.errors import InputError
@@ -43,6 +44,54 @@ def head_times(machine, workload, plan, opts) -> dict:
         futs = [pool.submit(_gemm_seconds, machine, *sh, dtype, opts.sample, label=f"lm_head {sh}") for sh in shapes]
         secs = [f.result() for f in futs]
     return {"forward": secs[0], "backward": sum(secs[1:]), "flops_forward": 2.0 * rows * cols * m.hidden}
+
+
+# The optimizer's update goes in launches of at most OPT_LAUNCH_CHUNKS chunks of OPT_CHUNK
+# parameters, as apex's multi_tensor_apply runs FusedAdam (chunk_size 2048 x 32; at most 320
+# blocks a launch); the same split on a Sunway, so a device's update is at most two distinct kernels.
+OPT_CHUNK = 65536
+OPT_LAUNCH_CHUNKS = 320
+
+
+def _adamw_seconds(machine, n: int) -> float:
+    """Seconds of one AdamW launch over n fp32 parameters, timed by the engine (kernel cache)."""
+    from archsim.config import capabilities
+    from archsim.engine.timing import shared_buffers, time_kernel
+
+    if machine.family == "gpu":
+        from archsim.workloads.emit.elementwise_gpu import adamw_kernel
+    else:
+        from archsim.workloads.emit.elementwise_sunway import adamw_kernel
+    k = adamw_kernel(capabilities(machine), n)
+    sizes = k.buffer_bytes()
+    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
+    return t.cycles / (machine.clock_ghz * 1e9)
+
+
+def optimizer_times(machine, workload, plan) -> list[float]:
+    """Per stage, seconds of the AdamW step on one device over the parameters whose state it
+    holds (plan.optimizer_parameters): whole launches of OPT_LAUNCH_CHUNKS x OPT_CHUNK, then one
+    of the chunks left. Empty unless the step trains."""
+    from .plan import optimizer_parameters
+
+    if workload.scenario.phase != "train":
+        return []
+    full = OPT_CHUNK * OPT_LAUNCH_CHUNKS
+    times: dict[int, float] = {}
+
+    def launch(n: int) -> float:
+        if n not in times:
+            times[n] = _adamw_seconds(machine, n)
+        return times[n]
+
+    out = []
+    for params in optimizer_parameters(plan, workload):
+        n = math.ceil(params)
+        whole, last = divmod(n, full)
+        out.append(whole * launch(full) if whole else 0.0)
+        if last:
+            out[-1] += launch(last)
+    return out
 
 
 def prepare_cluster(cluster_arg):
@@ -121,9 +170,13 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     contended = contended_machine(cluster, machine)
     topo, block_topo, reduce_rate, grad_rate = step_topologies(cluster, machine, sc.dtype)
     shard, bt, head = time_kernels(machine, workload, plan, opts, progress, contended)
+    if progress and sc.phase == "train":
+        progress("timing the optimizer's update")
+    opt = optimizer_times(machine, workload, plan)
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard),
-                  expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo)
+                  expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo,
+                  optimizer=opt)
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
@@ -145,7 +198,7 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
     pp_exposed = sum(st.pp_exposed for st in streams) / len(streams)
     dp_seconds = sum(x[2] for x in dp_log) / max(plan.pp, 1)
-    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] for s in range(plan.pp)) + \
+    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] - sim.optimizer[s] for s in range(plan.pp)) + \
         sum(st.gather_exposed for st in streams) / len(streams)      # ZeRO 3's waits for weights
     exposed = tp_exposed + pp_exposed + dp_exposed
     total_comm = tp_seconds + pp_seconds + dp_seconds
@@ -174,6 +227,7 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
         "tasks": [[s, k, mb, round(t0, 9), round(t1, 9)] for s in range(plan.pp)
                   for (k, mb, t0, t1) in sim.streams[(s, 0)].spans],
         "data_parallel": [[s, round(sim.last_compute[s], 9), round(out["stage_end"][s], 9)] for s in range(plan.pp)],
+        "optimizer": [[s, round(a, 9), round(b, 9)] for s, (a, b) in sorted(sim.opt_span.items())],
         "bins": 200,
         "links": [{"name": name, "level": level, "util": u} for (name, level, _), u in
                   zip(busiest, link_timeline(sim.f, topo, step, [x[2] for x in busiest], 200))],
@@ -193,7 +247,8 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
                  "reduce_gbps": round(reduce_rate / 1e9, 3) if reduce_rate is not None else None,
                  "reduce_gbps_fp32": round(grad_rate / 1e9, 3) if grad_rate is not None else None,
                  "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
-                 "head_seconds": {"forward": head["forward"], "backward": head["backward"]}},
+                 "head_seconds": {"forward": head["forward"], "backward": head["backward"]},
+                 "optimizer_seconds": [round(x, 9) for x in sim.optimizer] if sc.phase == "train" else []},
         "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
                                                          "kv_cache", "total", "capacity")},
         "memory_stages": [{k: (float(v) if k != "stage" and k != "blocks" else v) for k, v in x.items()
@@ -241,6 +296,11 @@ def format_cluster_run(r: dict) -> str:
         f"{st['tflops_per_device_hardware']:.1f} hardware (with recompute); MFU "
         + (f"{100 * st['mfu']:.1f} %" if st["mfu"] is not None else "-"),
         f"  bubble          {100 * st['bubble_share']:.1f} % of the step",
+    ]
+    if st.get("optimizer_seconds"):
+        lines.append(f"  optimizer       {max(st['optimizer_seconds']) * 1e3:.4g} ms (AdamW on a device's share of its "
+                     "stage's parameters, after its last gradient reduction)")
+    lines += [
         f"  communication   {st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
         "overlapped (a device)",
         f"  memory/device   {mem['total'] / gb:.1f} GB of {mem['capacity'] / gb:.1f} (weights "

@@ -18,7 +18,7 @@ from archsim.errors import InputError
 
 from .device_collective import contended_machine
 from .plan import Plan, block_parameters, check_plan, memory_per_device
-from .run import prepare_cluster, step_flops, step_topologies, time_kernels
+from .run import optimizer_times, prepare_cluster, step_flops, step_topologies, time_kernels
 from .step import MAX_DP, MAX_STREAMS, StepSim, check_step
 
 SCHEMA = "archsim.plan/1"
@@ -101,7 +101,8 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
             kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
         shard, bt, head = kernels[key]
         out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False,
-                      expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo).run()
+                      expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo,
+                      optimizer=optimizer_times(machine, workload, p)).run()
         step = out["step_seconds"]
         model_flops, hw_flops = step_flops(workload, p, head)
         tf = model_flops / step / p.devices / 1e12

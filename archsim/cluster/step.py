@@ -25,8 +25,9 @@ topology (inside a node it crosses only the devices' own NVSwitch ports, which t
 data-parallel traffic reach only on its way to the NICs), not re-simulated for every call; an
 expert-parallel all-to-all likewise, as every EP group of a stage runs it at once (they cross the
 NICs and uplinks, where they slow each other; the pipeline and data-parallel traffic is left out); the
-optimizer's update and the embedding lookup are not timed (memory-bound passes over the local
-parameter shard, well under 1 % of a large step).
+embedding lookup and the loss are not timed; the optimizer's update is (AdamW on the parameters
+whose state the device holds, after the stage's last gradient reduction, run.optimizer_times), but
+not the copy of the updated fp32 master weights into the half-precision ones.
 """
 
 from __future__ import annotations
@@ -271,8 +272,12 @@ class StepSim:
     """The step's streams, transfers and collectives on one flow network."""
 
     def __init__(self, topo: Topology, plan: Plan, workload, bt: BlockTimes, head: dict, params_block: int,
-                 record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None):
+                 record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None,
+                 optimizer: list | None = None):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
+        # per stage, a device's AdamW step (run.optimizer_times): after its last gradient reduction,
+        # before ZeRO's gather of the updated weights
+        self.optimizer = list(optimizer) if optimizer else [0.0] * plan.pp
         # the tensor- and expert-parallel collectives inside a block are timed on their own network,
         # whose reducers run at the storage type's rate (the step's own reduce fp32 gradients)
         self.block_topo = block_topo or topo
@@ -313,6 +318,7 @@ class StepSim:
         self.dp_wait = {(s, k): plan.dp for s in range(plan.pp) for k in range(self.buckets[s])}
         self.dp_done = {s: 0 for s in range(plan.pp)}
         self.stage_end = {s: None for s in range(plan.pp)}
+        self.opt_span: dict[int, tuple] = {}                  # stage -> (start, end) of its optimizer step
         self.last_compute = {s: 0.0 for s in range(plan.pp)}
         self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
         self.gathers: dict = {}                               # ZeRO 3: a block's gather -> replicas waiting
@@ -384,6 +390,13 @@ class StepSim:
         self.dp_done[s] += 1
         if self.dp_done[s] < self.buckets[s]:
             return
+        if self.optimizer[s] > 0:       # every gradient of the stage reduced: the optimizer's kernels
+            self.opt_span[s] = (self.ev.now, self.ev.now + self.optimizer[s])
+            self.ev.at(self.ev.now + self.optimizer[s], self._updated, s)
+        else:
+            self._updated(s)
+
+    def _updated(self, s: int) -> None:
         plan, ev = self.plan, self.ev
         if plan.zero in (1, 2) and plan.dp > 1:   # the updated weights, gathered from their shards (ZeRO 3
                                                    # gathers each block's before it runs)

@@ -96,7 +96,7 @@ COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum blo
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
-                  "relu": 1, "relu_grad": 1,
+                  "relu": 1, "relu_grad": 1, "adamw": 14,
                   "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
 
 
@@ -1521,19 +1521,21 @@ MAX_UNROLL = 16             # choice: vectors a thread loads before its math (re
 
 
 def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref,
-                 unroll: int = 1) -> ElementwiseKernel:
+                 unroll: int = 1, fscalars: tuple = ()) -> ElementwiseKernel:
     """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
     vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
     math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
     (it may overwrite the input registers). ``unroll`` > 1: while a thread has that many whole
     vectors left it loads all of them before the math (more loads in flight, as NCCL's
-    reduce-copy loop does), then takes the rest one at a time."""
+    reduce-copy loop does), then takes the rest one at a time. ``fscalars``: (name, value) f32
+    parameters, loaded once into ``e.fs[name]`` for the math."""
     dt = _dtype(op, dtype)
     _pos(op, n=n)
     _target(op, caps)
     es = ELEM_BYTES[dt]
     VB = 16
-    e = ElementwiseAsm(f"{op}_{dt}", ins + outs + ("n",), dt, VB, "thread", FLAT_THREADS)
+    fnames = tuple(name for name, _ in fscalars)
+    e = ElementwiseAsm(f"{op}_{dt}", ins + outs + ("n",) + fnames, dt, VB, "thread", FLAT_THREADS)
     gid, t, stride = e.reg(), e.reg(), e.reg()
     e("s2r", gid, "%ctaid.x")
     e("s2r", t, "%ntid.x")
@@ -1554,6 +1556,7 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     for name in ins + outs:
         base[name] = e.reg()
         e("ldparam", base[name], name)
+    e.fs = {name: e.fparam(name) for name in fnames}
 
     e.const(1.0)                                   # constants the math uses, set on every path
     e.const(0.5)
@@ -1577,8 +1580,9 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     e.loop(nb, body, step_b=stride)
     e("exit")
     buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
+    scalars = (("n", n),) + tuple((name, _f32_bits(_finite(op, name, v))) for name, v in fscalars)
     return _finish(op, caps, e, FLAT_THREADS, ceil_div(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
-                   (("n", n),), "thread", gen, ref)
+                   scalars, "thread", gen, ref)
 
 
 def _unrolled(e: ElementwiseAsm, nb: Reg, stride: Reg, U: int, ins: tuple, outs: tuple, base: dict,
@@ -1750,6 +1754,75 @@ def relu_grad_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
 
 
 # ----------------------------------------------------------------------------- SwiGLU
+ADAMW_BUFFERS = (("p", "g", "m", "v"), ("p_out", "m_out", "v_out"))
+
+
+def adamw_scalars(lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, step: int) -> tuple:
+    """The f32 parameters of the AdamW kernel: the moments' decay rates and their complements, the
+    bias corrections folded into the step size (lr / (1 - b1^t)) and the denominator's scale
+    (1 / sqrt(1 - b2^t)), eps, and the decoupled decay factor (1 - lr wd)."""
+    for name, v, lo, hi in (("lr", lr, 0.0, 1.0), ("beta1", beta1, 0.0, 1.0), ("beta2", beta2, 0.0, 1.0),
+                            ("eps", eps, 0.0, 1.0), ("weight_decay", weight_decay, 0.0, 1.0)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= float(v) < hi:
+            raise InputError("adamw", f"{name} = {v!r}", f"{name} a number in [{lo:g}, {hi:g})")
+    _pos("adamw", step=step)
+    c1 = 1.0 - beta1 ** step
+    c2 = 1.0 - beta2 ** step
+    if c1 <= 0.0 or c2 <= 0.0:
+        raise InputError("adamw", f"beta1 = {beta1!r}, beta2 = {beta2!r}", "betas above 0 (bias corrections > 0)")
+    return (("b1", beta1), ("omb1", 1.0 - beta1), ("b2", beta2), ("omb2", 1.0 - beta2),
+            ("rc2", 1.0 / math.sqrt(c2)), ("eps", eps), ("decay", 1.0 - lr * weight_decay), ("nstep", -lr / c1))
+
+
+def adamw_math(e, v, k):
+    """One AdamW update of k parameters in f32 registers (see adamw_kernel); the parameters'
+    registers come from ``e.fs``."""
+    f = e.fs
+    p, g, m, vv = v["p"], v["g"], v["m"], v["v"]
+    t = e.reg()
+    for i in range(k):
+        e("mul.f32", m + i, m + i, f["b1"])
+        e("fma.f32", m + i, g + i, f["omb1"], m + i)      # m = b1 m + (1 - b1) g
+        e("mul.f32", t, g + i, g + i)
+        e("mul.f32", vv + i, vv + i, f["b2"])
+        e("fma.f32", vv + i, t, f["omb2"], vv + i)        # v = b2 v + (1 - b2) g^2
+        e("sqrt.f32", t, vv + i)
+        e("fma.f32", t, t, f["rc2"], f["eps"])            # sqrt(v / (1 - b2^t)) + eps
+        e("rcp.f32", t, t)
+        e("mul.f32", t, t, m + i)
+        e("mul.f32", p + i, p + i, f["decay"])           # decoupled weight decay
+        e("fma.f32", p + i, t, f["nstep"], p + i)         # p -= lr / (1 - b1^t) m / (...)
+    e.free(t)
+    return {"p_out": p, "m_out": m, "v_out": vv}
+
+
+def adamw_reference(scalars: dict, x: dict) -> dict:
+    """The AdamW update in float64 from the kernel's f32 parameters (as torch.optim.AdamW)."""
+    f = {k: float(np.float32(v)) for k, v in scalars.items()}
+    m = f["b1"] * x["m"] + f["omb1"] * x["g"]
+    v = f["b2"] * x["v"] + f["omb2"] * x["g"] ** 2
+    p = x["p"] * f["decay"] + f["nstep"] * m / (np.sqrt(v) * f["rc2"] + f["eps"])
+    return {"p_out": p, "m_out": m, "v_out": v}
+
+
+def adamw_inputs(rng, n: int) -> dict:
+    """Master weights, a gradient, and moments as after some steps (v >= 0)."""
+    return {"p": _normal(rng, (n,), "fp32", 0.02), "g": _normal(rng, (n,), "fp32", 1e-3),
+            "m": _normal(rng, (n,), "fp32", 1e-3), "v": to_host((rng.random(n) * 1e-6).astype(np.float32), "fp32")}
+
+
+def adamw_kernel(caps, n: int, *, lr: float = 6e-5, beta1: float = 0.9, beta2: float = 0.95, eps: float = 1e-8,
+                 weight_decay: float = 0.1, step: int = 1000) -> ElementwiseKernel:
+    """One AdamW step over n fp32 master parameters (mixed-precision training keeps the weights,
+    their gradient and both moments in f32): reads p, g, m, v and writes p_out, m_out, v_out
+    (the same bytes as an update in place, 28 a parameter). Defaults: BLOOM's hyperparameters;
+    the step only sets the bias corrections."""
+    sc = adamw_scalars(lr, beta1, beta2, eps, weight_decay, step)
+    ins, outs = ADAMW_BUFFERS
+    return _flat_kernel("adamw", caps, n, "fp32", ins, outs, adamw_math, lambda rng: adamw_inputs(rng, n),
+                        lambda x: adamw_reference(dict(sc), x), fscalars=sc)
+
+
 def sigmoid(e: ElementwiseAsm, g: Reg, s: Reg) -> None:
     """s = sigmoid(g) = 0.5 tanh(g / 2) + 0.5."""
     e("mul.f32", s, g, 0.5)

@@ -83,7 +83,7 @@ from .common import (CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div,
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
            "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel", "gelu_grad_kernel",
-           "relu_kernel", "relu_grad_kernel", "swiglu_kernel", "swiglu_grad_kernel", "add_kernel", "FLOPS_PER_ELEM"]
+           "relu_kernel", "relu_grad_kernel", "adamw_kernel", "swiglu_kernel", "swiglu_grad_kernel", "add_kernel", "FLOPS_PER_ELEM"]
 
 _LDS = {4: "ld.shared.b32", 8: "ld.shared.v2.b32", 16: "ld.shared.v4.b32"}
 _STS = {4: "st.shared.b32", 8: "st.shared.v2.b32", 16: "st.shared.v4.b32"}
@@ -314,8 +314,10 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     CHB = max(min(512, cap), min(cap, pow2_ceil(ceil_div(nb, 3 * G))))
     setb = nbuf * CHB
     VB = 16
-    e = LdmAsm(f"{op}_{dt}_sw_c{CHB}", tuple(b.name for b in spec.buffers) + ("n",), dt, VB, 2 * setb, caps)
+    fnames = tuple(name for name, _ in spec.scalars if name != "n")   # f32 parameters (AdamW's)
+    e = LdmAsm(f"{op}_{dt}_sw_c{CHB}", tuple(b.name for b in spec.buffers) + ("n",) + fnames, dt, VB, 2 * setb, caps)
     e.lanes()
+    e.fs = {name: e.fparam(name) for name in fnames}
     k, step, nbr, kend = e.reg(), e.reg(), e.reg(), e.reg()
     e("s2r", k, "%ctaid.x")
     e("s2r", step, "%nctaid.x")
@@ -448,6 +450,13 @@ def add_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     """y = a + b over n elements (the residual connection)."""
     _target("add", caps)
     return _flat(EW.add_kernel(_spec(caps), n, dtype), caps, _m_add)
+
+
+def adamw_kernel(caps, n: int, **hyper) -> ElementwiseKernel:
+    """One AdamW step over n fp32 master parameters (elementwise_gpu.adamw_kernel), each CPE
+    streaming its chunks of p, g, m, v through its LDM and putting back p_out, m_out, v_out."""
+    _target("adamw", caps)
+    return _flat(EW.adamw_kernel(_spec(caps), n, **hyper), caps, EW.adamw_math)
 
 
 def relu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
