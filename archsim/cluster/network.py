@@ -55,21 +55,56 @@ def maxmin_rates(pair_flow: np.ndarray, pair_link: np.ndarray, flows: int, capac
         return rates
     links, inv = index if index is not None else _link_index(pair_link, capacity)
     left = capacity.astype(np.float64) if links is None else capacity[links].astype(np.float64)
-    active = np.ones(flows, dtype=bool)
+    _filling()(np.ascontiguousarray(pair_flow, dtype=np.int64), np.ascontiguousarray(inv, dtype=np.int64), left,
+               rates, np.ones(flows, dtype=np.bool_), np.zeros(len(left)), np.zeros(len(left), dtype=np.bool_))
+    return rates
+
+
+def _progressive_filling(pair_flow, inv, left, rates, active, count, full):
+    """Raise every active flow's rate by the smallest fair share of a link (its capacity left over
+    the active flows crossing it), freeze the flows crossing the links that filled, repeat. The
+    arithmetic of each round is numpy's over the same arrays (bincount's sums in pair order), so
+    the rates are those of the vectorised form, bit for bit."""
+    nl = left.shape[0]
+    npairs = pair_flow.shape[0]
     while True:
-        count = np.bincount(inv, weights=active[pair_flow], minlength=len(left))
-        used = count > 0
-        if not used.any():
-            return rates
-        share = np.full(len(left), math.inf)
-        share[used] = left[used] / count[used]
-        level = share.min()
-        rates[active] += level
-        left -= level * count
-        full = used & (share <= level * (1 + 1e-12))
-        frozen = np.zeros(flows, dtype=bool)
-        frozen[pair_flow[full[inv]]] = True
-        active &= ~frozen
+        for j in range(nl):
+            count[j] = 0.0
+        for i in range(npairs):
+            if active[pair_flow[i]]:
+                count[inv[i]] += 1.0
+        level = math.inf
+        used = False
+        for j in range(nl):
+            if count[j] > 0:
+                used = True
+                share = left[j] / count[j]
+                if share < level:
+                    level = share
+        if not used:
+            return
+        for f in range(rates.shape[0]):
+            if active[f]:
+                rates[f] += level
+        for j in range(nl):
+            full[j] = count[j] > 0 and left[j] / count[j] <= level * (1 + 1e-12)
+            left[j] -= level * count[j]
+        for i in range(npairs):
+            if full[inv[i]]:
+                active[pair_flow[i]] = False
+
+
+_FILLING = []
+
+
+def _filling():
+    """_progressive_filling compiled (numba is loaded on the first share, not when a command that
+    refuses its input imports this module)."""
+    if not _FILLING:
+        from archsim.engine.jit import njit
+
+        _FILLING.append(njit(_progressive_filling))
+    return _FILLING[0]
 
 
 class FlowNetwork:
@@ -99,6 +134,7 @@ class FlowNetwork:
         self._new: list[tuple] = []             # flows joining at this instant
         self._link_rate = np.zeros(len(self.capacity))
         self._active = np.zeros(0, dtype=np.int64)    # links carrying flows now
+        self._mask = np.zeros(len(self.capacity), dtype=bool)   # scratch, all False between uses
         self._t = 0.0
         self._version = 0
         self._stale = False
@@ -172,7 +208,10 @@ class FlowNetwork:
         old = self._active
         if self.record:
             before = self._link_rate[links].copy()
-            gone = np.setdiff1d(old, links)
+            keep = self._mask
+            keep[links] = True
+            gone = old[~keep[old]]                    # (both sorted: as np.setdiff1d, cheaper)
+            keep[links] = False
             moved = np.concatenate([links[before != rates], gone])
             if len(moved):
                 vals = np.concatenate([rates[before != rates], np.zeros(len(gone))])
