@@ -198,7 +198,12 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
     pp_exposed = sum(st.pp_exposed for st in streams) / len(streams)
     dp_seconds = sum(x[2] for x in dp_log) / max(plan.pp, 1)
-    dp_exposed = max(out["stage_end"][s] - sim.last_compute[s] - sim.optimizer[s] for s in range(plan.pp)) + \
+    emb_log = sim.log["embedding"]            # one call a replica, for its first and last stage's devices
+    dp_seconds += sum(x[2] for x in emb_log) / len(emb_log) if emb_log else 0.0
+    # a stage's data-parallel tail: from its last compute, or from the embedding sum it waited for
+    # (waiting for the other stage's compute is not communication), less its optimizer step
+    dp_exposed = max(out["stage_end"][s] - max(sim.last_compute[s], sim.sync_start.get(s, 0.0)) - sim.optimizer[s]
+                     for s in range(plan.pp)) + \
         sum(st.gather_exposed for st in streams) / len(streams)      # ZeRO 3's waits for weights
     exposed = tp_exposed + pp_exposed + dp_exposed
     total_comm = tp_seconds + pp_seconds + dp_seconds
@@ -212,6 +217,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
         collectives.append({"kind": "send_recv", "group": "pipeline", "bytes": sim.act_bytes, "algorithm": "direct",
                             "count": len(pp_log), "seconds": round(sum(x[2] for x in pp_log) / len(pp_log), 9),
                             "exposed_seconds": round(pp_exposed, 9)})
+    if emb_log:
+        collectives.append({"kind": "all_reduce", "group": "embedding", "bytes": emb_log[0][1],
+                            "algorithm": C.choose_algorithm("all_reduce"), "count": len(emb_log),
+                            "seconds": round(sum(x[2] for x in emb_log) / len(emb_log), 9),
+                            "exposed_seconds": round(dp_exposed, 9)})
     for kind in ("all_reduce", "reduce_scatter", "all_gather"):
         calls = [x for x in dp_log if x[0] == kind]
         if calls:

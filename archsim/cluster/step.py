@@ -320,7 +320,9 @@ class StepSim:
         self.stage_end = {s: None for s in range(plan.pp)}
         self.opt_span: dict[int, tuple] = {}                  # stage -> (start, end) of its optimizer step
         self.last_compute = {s: 0.0 for s in range(plan.pp)}
-        self.log = {"pipeline": [], "data_parallel": []}      # (collective, bytes, seconds) of each call
+        self.log = {"pipeline": [], "data_parallel": [], "embedding": []}   # (collective, bytes, seconds) a call
+        self.tied_wait: dict[int, int] = {}                   # replica -> embedding copies with their gradient
+        self.sync_start: dict[int, float] = {}                # stage -> the last embedding sum's start
         self.gathers: dict = {}                               # ZeRO 3: a block's gather -> replicas waiting
 
     # ---- times ----
@@ -385,6 +387,33 @@ class StepSim:
             self.log["data_parallel"].append((kind, n * 4, ev.now - t0))
             self._bucket_done(s)
         self.dp_collective(s, kind, (n - ne) * 4, ne * 4, all_ranks)
+
+    def embedding_grad(self, s: int, r: int) -> None:
+        """Replica r's first stage has its word embeddings' gradient, or its last stage the tied
+        LM head's. With more than one stage the two copies' gradients are summed before either
+        enters its data-parallel bucket: an all-reduce of each TP rank's vocabulary shard (fp32
+        gradients) between its first- and last-stage devices, Megatron-LM's embedding group
+        (DeepSpeed's tied-module reduction)."""
+        plan, ev = self.plan, self.ev
+        last = plan.pp - 1
+        if last == 0:
+            self.bucket_ready(s, self.blocks[s])
+            return
+        self.tied_wait[r] = self.tied_wait.get(r, 0) + 1
+        if self.tied_wait[r] < 2:
+            return
+        t0 = ev.now
+        nbytes = self.embed_params * 4
+        for st in (0, last):            # a stage's tail waits from here, not from its own last compute
+            self.sync_start[st] = max(self.sync_start.get(st, 0.0), t0)
+
+        def summed():
+            self.log["embedding"].append(("all_reduce", nbytes, ev.now - t0))
+            self.bucket_ready(0, self.blocks[0])
+            self.bucket_ready(last, self.blocks[last])
+        done = C.barrier(plan.tp, summed)
+        for t in range(plan.tp):
+            C.run(self.f, "all_reduce", [device_of(plan, t, r, 0), device_of(plan, t, r, last)], nbytes, done)
 
     def _bucket_done(self, s: int) -> None:
         self.dp_done[s] += 1
@@ -459,7 +488,7 @@ class StepSim:
                 ev.at(ev.now + per * (k + 1), self.bucket_ready, s, b0 + nb - 1 - k)
             # the embedding's (or the head's) gradient, at the end of the chunk that holds it
             if self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
-                ev.at(ev.now + dur, self.bucket_ready, s, self.blocks[s])
+                ev.at(ev.now + dur, self.embedding_grad, s, st.replica)
 
     def _gathered_task(self, st: Stream, kind: str, mb: int, c: int, dur: float) -> None:
         """A task under ZeRO 3: each block's weights (fp16, this TP rank's shard of them) are
