@@ -366,6 +366,9 @@ _REFUSED_EARLY = [
     ["validate", "--hw", "tiny-gpu", "--reference", "nosuch.yaml"],
     ["bench", "--repeat", "0"],
     ["run", "--bogus"],
+    ["run", "--cluster", "nosuch", "--workload", "tiny", "--plan", "tp=1"],
+    ["run", "--cluster", "jean-zay-a100", "--workload", "tiny", "--plan", "tp=3"],
+    ["plan", "--cluster", "nosuch", "--workload", "tiny"],
 ]
 
 
