@@ -213,6 +213,10 @@ def test_tied_embedding_gradients_are_summed_between_first_and_last_stage():
     m = wl.model
     assert [x[:2] for x in sim.log["embedding"]] == [("all_reduce", m.vocab * m.hidden * 4)] * 2   # a replica each
     assert all(x[2] > 0 for x in sim.log["embedding"])
+    z3 = StepSim(build(validate_cluster(TINY)), parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=3"), wl, _synthetic(),
+                 NO_HEAD, 1000)
+    z3.run()
+    assert len(z3.log["embedding"]) == 2                                   # under ZeRO 3 too
     one = StepSim(_fast(), parse_plan("pp=1,dp=2,mb=1,gbs=8"), wl, _synthetic(), NO_HEAD, 1000)
     one.run()
     assert one.log["embedding"] == []

@@ -546,7 +546,7 @@ class StepSim:
             if st.replica == 0:
                 st.spans.append((kind, mb, t0, ev.now))
             if last_b and self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
-                self.bucket_ready(s, self.blocks[s])
+                self.embedding_grad(s, st.replica)
             self.finished(st, kind, mb, c)
 
         maybe_gather()
