@@ -19,8 +19,8 @@ from archsim.errors import InputError, SimulationError
 from archsim.isa.asm import assemble, disassemble
 from archsim.isa.check import check_program, check_target
 from archsim.isa.program import Launch
+from engine_pair import ENGINES, copy_args, run_both
 
-ENGINES = ("numba", "reference")
 WIDTHS = {4: ("b32", "b32"), 8: ("b64", "b64"), 16: ("v4.b32", "v4.b32")}   # access bytes -> (dsmem, ld/st)
 
 
@@ -38,22 +38,6 @@ def assemble_checked(src: str):
     return prog
 
 
-def _copy(args):
-    return {p: (v.copy() if isinstance(v, np.ndarray) else v) for p, v in args.items()}
-
-
-def run_both(prog, args, launch=None):
-    """Run on both engines; they must agree on memory, registers, predicates and instruction count."""
-    out = {eng: run_functional(prog, _copy(args), launch, engine=eng) for eng in ENGINES}
-    a, b = out["numba"], out["reference"]
-    assert np.array_equal(a.memory.data, b.memory.data), \
-        f"memory differs at bytes {np.nonzero(a.memory.data != b.memory.data)[0][:8]}"
-    assert np.array_equal(a.regs, b.regs), np.argwhere(a.regs != b.regs)[:5]
-    assert np.array_equal(a.preds, b.preds)
-    assert a.warp_instructions == b.warp_instructions, (a.warp_instructions, b.warp_instructions)
-    return a
-
-
 def line_of(src: str, text: str) -> int:
     hits = [i for i, line in enumerate(src.splitlines(), start=1) if text in line]
     assert len(hits) == 1, (text, hits)
@@ -65,7 +49,7 @@ def fails_both(prog, args, src: str, marker: str, *fragments, engines=ENGINES) -
     errs = {}
     for eng in engines:
         with pytest.raises(SimulationError) as e:
-            run_functional(prog, _copy(args), engine=eng)
+            run_functional(prog, copy_args(args), engine=eng)
         err = e.value
         assert err.where == f"<asm>:{line_of(src, marker)}", (eng, err.where, err.what)
         for f in fragments:
@@ -97,7 +81,7 @@ def test_cluster_specials(grid, cluster):
 """, ("out",), grid=grid, block="40", cluster=cluster)
     prog = assemble_checked(src)
     nb = int(np.prod([int(g) for g in grid.split(",")]))
-    res = run_both(prog, dict(out=np.full(2 * nb, -7, np.int64)))
+    res = run_both(prog, dict(out=np.full(2 * nb, -7, np.int64)))["numba"]
     N = cluster or 1
     b = np.arange(nb)
     want = np.stack([b % N, np.full(nb, N)], axis=1).ravel()
@@ -163,7 +147,7 @@ def test_ld_dsmem_exchange(n, N, grid, lane_step):
     prog = assemble_checked(src)
     data = np.random.default_rng(n * 100 + N).integers(0, 256, grid * T * n, dtype=np.uint8)
     data[::4] |= 0x80                                # high bits set: loads zero-extend
-    res = run_both(prog, dict(src=data, out=np.zeros(grid * T * n, np.uint8)))
+    res = run_both(prog, dict(src=data, out=np.zeros(grid * T * n, np.uint8)))["numba"]
     assert np.array_equal(res.output("out"), oracle_load(data, n, N, grid, T, lane_step)), src
     # registers: zero-extended words (b32 / v4: 4 bytes each, b64: 8 bytes)
     want = oracle_load(data, n, N, grid, T, lane_step).reshape(grid, T, n)
@@ -195,7 +179,7 @@ def test_ld_dsmem_own_rank_and_cluster_of_one():
         exit
 """, ("out",), shared=256, grid="3", block="32", cluster=0)
     prog = assemble_checked(src)
-    res = run_both(prog, dict(out=np.zeros(96, np.int64)))
+    res = run_both(prog, dict(out=np.zeros(96, np.int64)))["numba"]
     assert np.array_equal(res.output("out"), (np.arange(3)[:, None] * 1000 + np.arange(32)).ravel())
 
 
@@ -253,7 +237,7 @@ def test_st_dsmem_then_barrier_then_own_scratchpad(n, N, grid, lane_step):
     src = store_kernel(n, N, grid, T, lane_step)
     prog = assemble_checked(src)
     data = np.random.default_rng(7 * n + N).integers(0, 256, grid * T * n, dtype=np.uint8)
-    res = run_both(prog, dict(src=data, out=np.zeros(grid * N * T * n, np.uint8)))
+    res = run_both(prog, dict(src=data, out=np.zeros(grid * N * T * n, np.uint8)))["numba"]
     assert np.array_equal(res.output("out"), oracle_store(data, n, N, grid, T, lane_step))
 
 
@@ -272,7 +256,7 @@ def test_st_dsmem_stores_the_low_bytes_and_the_highest_lane_wins():
         ld.shared.b64 r6, [8]
         exit
 """, (), shared=16, grid="2", block="32", cluster=2)
-    res = run_both(assemble_checked(src), {})
+    res = run_both(assemble_checked(src), {})["numba"]
     assert np.all(res.regs[:, 6, :] == 0x5566771F)
 
 
@@ -304,7 +288,7 @@ def test_guarded_barrier_cluster():
         barrier.cluster
         exit
 """, (), shared=256, grid="6", block="64", cluster=3)
-    res = run_both(assemble_checked(src), {})
+    res = run_both(assemble_checked(src), {})["numba"]
     b = np.arange(6)
     peer = (b // 3) * 3 + (b % 3 + 1) % 3
     want = peer[:, None, None] * 100 + np.arange(32)[None, None, :]
@@ -336,7 +320,7 @@ WRITE:  mad.i64 r5, r1, 100, r0
         barrier.cluster
         exit
 """, (), shared=256, grid="4", block="32", cluster=2)
-    res = run_both(assemble_checked(src), {})
+    res = run_both(assemble_checked(src), {})["numba"]
     assert np.array_equal(res.regs[:, 7, :], (np.arange(4) ^ 1)[:, None] * 100 + np.arange(32))
 
 
@@ -412,7 +396,7 @@ def test_fault_order_rank_before_bounds_and_lane_order():
 
 def test_guarded_off_lanes_do_not_fault():
     src = fault_case("@!p0 ld.dsmem.b64 r6, [r4], r3", bad_rank=-1)   # p0: lane 3 only
-    res = run_both(assemble_checked(src), {})
+    res = run_both(assemble_checked(src), {})["numba"]
     assert np.all(res.regs[:, 6, 3] == 0)
 
 
@@ -458,7 +442,7 @@ def test_peer_block_with_a_live_warp_has_not_exited():
                                                     "mov.b64 r12, 2000\n        selp.b64 r11, r12, 400, p0\n"
                                                     "        setp.lt.i64 p1, r10, r11"),
                (), shared=256, grid="2", block="64", cluster=2)
-    res = run_both(assemble_checked(src), {})
+    res = run_both(assemble_checked(src), {})["numba"]
     assert np.all(res.regs[:2, 6, :] == 0)
 
 
@@ -568,7 +552,7 @@ def test_launch_argument_overrides_the_directive():
         s2r r5, %cluster_nctarank
         exit
 """, grid="4", block="32", cluster=2)
-    res = run_both(assemble_checked(src), {}, Launch((4, 1, 1), (32, 1, 1), cluster=4))
+    res = run_both(assemble_checked(src), {}, Launch((4, 1, 1), (32, 1, 1), cluster=4))["numba"]
     assert np.array_equal(res.regs[:, 4, 0], np.arange(4)) and np.all(res.regs[:, 5, 0] == 4)
 
 

@@ -16,8 +16,8 @@ from archsim.engine.launch import build_memory
 from archsim.errors import InputError, SimulationError
 from archsim.isa.asm import assemble
 from archsim.isa.check import check_program, check_target
+from engine_pair import ENGINES, copy_args, run_both
 
-ENGINES = ("numba", "reference")
 MB_BIAS = 1 << 20
 
 
@@ -92,28 +92,12 @@ def addresses(prog, args) -> dict:
     return {p: int(v) for p, v in zip(prog.params, params)}
 
 
-def run_both(prog, args):
-    """Run on both engines; they must agree on memory, registers, predicates and instruction count."""
-    out = {}
-    for eng in ENGINES:
-        out[eng] = run_functional(prog, {p: (v.copy() if isinstance(v, np.ndarray) else v) for p, v in args.items()},
-                                  engine=eng)
-    a, b = out["numba"], out["reference"]
-    assert np.array_equal(a.memory.data, b.memory.data), \
-        f"memory differs at bytes {np.nonzero(a.memory.data != b.memory.data)[0][:8]}"
-    assert np.array_equal(a.regs, b.regs), np.argwhere(a.regs != b.regs)[:5]
-    assert np.array_equal(a.preds, b.preds)
-    assert a.warp_instructions == b.warp_instructions, (a.warp_instructions, b.warp_instructions)
-    return out
-
-
 def faults_both(prog, args, marker: str, src: str, *fragments, lane=None):
     """Both engines fault at the instruction on the line holding `marker`, each naming every fragment."""
     errs = {}
     for eng in ENGINES:
         with pytest.raises(SimulationError) as e:
-            run_functional(prog, {p: (v.copy() if isinstance(v, np.ndarray) else v) for p, v in args.items()},
-                           engine=eng)
+            run_functional(prog, copy_args(args), engine=eng)
         err = e.value
         assert err.where == f"<asm>:{line_of(src, marker)}", (eng, err.where, err.what)
         for f in fragments:
