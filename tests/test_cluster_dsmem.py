@@ -97,13 +97,10 @@ def test_cluster_specials(grid, cluster):
 OFF = 16    # scratchpad bytes before the exchanged data (the memory operand's immediate)
 
 
-def load_kernel(n: int, N: int, grid: int, T: int, lane_step: int) -> str:
-    """Each block copies its slice of src (T threads x n bytes) into its scratchpad at OFF, then after
-    barrier.cluster thread t reads n bytes at OFF + t*n of cluster rank (ctarank + lane_step*t + 1) % N
-    and stores them to out; a last barrier.cluster keeps every scratchpad alive until all have read."""
-    ds, gw = WIDTHS[n]
-    return kern(f"""
-        s2r r0, %tid.x
+def _slice_load(n: int, gw: str) -> str:
+    """Thread t of block b loads its n bytes of src, at (b * ntid + t) * n, into r8; r0..r4 hold
+    tid, ctaid, cluster rank, cluster size and ntid."""
+    return f"""        s2r r0, %tid.x
         s2r r1, %ctaid.x
         s2r r2, %cluster_ctarank
         s2r r3, %cluster_nctarank
@@ -113,7 +110,16 @@ def load_kernel(n: int, N: int, grid: int, T: int, lane_step: int) -> str:
         ldparam r7, src
         add.i64 r7, r7, r6
         ld.global.{gw} r8, [r7]
-        mul.i64 r20, r0, {n}
+"""
+
+
+def load_kernel(n: int, N: int, grid: int, T: int, lane_step: int) -> str:
+    """Each block copies its slice of src (T threads x n bytes) into its scratchpad at OFF, then after
+    barrier.cluster thread t reads n bytes at OFF + t*n of cluster rank (ctarank + lane_step*t + 1) % N
+    and stores them to out; a last barrier.cluster keeps every scratchpad alive until all have read."""
+    ds, gw = WIDTHS[n]
+    return kern(f"""
+{_slice_load(n, gw)}        mul.i64 r20, r0, {n}
         st.shared.{gw} [r20+{OFF}], r8
         barrier.cluster
         mul.i64 r21, r0, {lane_step}
@@ -192,17 +198,7 @@ def store_kernel(n: int, N: int, grid: int, T: int, lane_step: int) -> str:
         ld.shared.{gw} r8, [r20+{OFF + j * T * n}]
         st.global.{gw} [r23+{j * T * n}], r8""" for j in range(N))
     return kern(f"""
-        s2r r0, %tid.x
-        s2r r1, %ctaid.x
-        s2r r2, %cluster_ctarank
-        s2r r3, %cluster_nctarank
-        s2r r4, %ntid.x
-        mad.i64 r5, r1, r4, r0          // global thread id
-        mul.i64 r6, r5, {n}
-        ldparam r7, src
-        add.i64 r7, r7, r6
-        ld.global.{gw} r8, [r7]
-        mul.i64 r21, r0, {lane_step}
+{_slice_load(n, gw)}        mul.i64 r21, r0, {lane_step}
         add.i64 r21, r21, r2
         add.i64 r21, r21, 1
         rem.i64 r21, r21, r3            // the rank this lane writes to
