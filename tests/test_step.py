@@ -178,6 +178,42 @@ def test_data_parallel_buckets_cost_network_time():
     assert slow > wide * 1.5
 
 
+def test_gradients_reduced_after_the_backward_are_one_exposed_collective():
+    """grad_reduce=after (Megatron-LM's local DDP, DeepSpeed's pipeline engine): each stage reduces
+    all its gradients in one collective after its last backward, so the step ends that collective's
+    own time after the last compute; overlapped buckets hide part of it behind the backward."""
+    from archsim.cluster import collectives as C
+
+    wl = load_workload("tiny", {"phase": "train"})
+    topo = build(validate_cluster(TINY))
+    params = 10 ** 6
+    sim = StepSim(topo, parse_plan("dp=2,mb=1,gbs=8,grad_reduce=after"), wl, _synthetic(), NO_HEAD, params)
+    out = sim.run()
+    stage = sim.stage_params(0)
+    assert [x[:2] for x in sim.log["data_parallel"]] == [("all_reduce", stage * 4)]
+    alone = C.time_concurrent(topo, "all_reduce", [sim.dp_group(0, 0)], stage * 4)
+    assert out["step_seconds"] == pytest.approx(sim.last_compute[0] + alone, rel=1e-9)
+    overlap = StepSim(topo, parse_plan("dp=2,mb=1,gbs=8"), wl, _synthetic(), NO_HEAD, params).run()
+    assert overlap["step_seconds"] < out["step_seconds"] - 1e-6
+    # two stages and ZeRO 1: a reduce-scatter a stage after the tied embedding's sum, then the gather
+    sim2 = StepSim(topo, parse_plan("pp=2,dp=2,mb=1,gbs=8,zero=1,grad_reduce=after"), wl, _synthetic(), NO_HEAD,
+                   params)
+    sim2.run()
+    kinds = [x[:2] for x in sim2.log["data_parallel"]]
+    assert sorted(kinds) == sorted([("reduce_scatter", sim2.stage_params(s) * 4) for s in (0, 1)] +
+                                   [("all_gather", sim2.stage_params(s) * sim2.e) for s in (0, 1)])
+    assert len(sim2.log["embedding"]) == 2
+
+
+def test_grad_reduce_plan_key():
+    assert parse_plan("dp=2").grad_reduce == "overlap"
+    assert parse_plan("dp=2,grad_reduce=after").summary()["grad_reduce"] == "after"
+    for text, what in (("dp=2,grad_reduce=later", "grad_reduce='later'"),
+                       ("dp=2,zero=3,grad_reduce=after", "zero=3")):
+        with pytest.raises(InputError, match=what):
+            parse_plan(text)
+
+
 def test_recompute_adds_a_forward_to_each_backward():
     wl = load_workload("tiny", {"phase": "train"})
     base = StepSim(_fast(), parse_plan("pp=2,mb=1,gbs=4"), wl, _synthetic(), NO_HEAD, 1).run()["step_seconds"]

@@ -27,8 +27,10 @@ from archsim.errors import InputError
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
-KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order")
+KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order",
+        "grad_reduce")
 EP_PLACES = ("inside", "across")
+GRAD_REDUCE = ("overlap", "after")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -51,6 +53,11 @@ class Plan:
     # an expert-parallel group: consecutive data-parallel replicas (inside a node or supernode when
     # it fits) or replicas dp / ep apart (across them); the replicas holding the same experts are the rest
     ep_place: str = "inside"
+    # the data-parallel gradient reduction: a bucket a block as the last backward finishes it
+    # (PyTorch DDP, Megatron-core's overlap_grad_reduce), or one reduction of the stage's gradients
+    # after its last backward (Megatron-LM's local DDP, its default until 2023; DeepSpeed's pipeline
+    # engine, whose schedule ends with ReduceTiedGrads, ReduceGrads, OptimizerStep)
+    grad_reduce: str = "overlap"
 
     @property
     def devices(self) -> int:
@@ -70,6 +77,7 @@ class Plan:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "micro_batch": self.micro_batch,
                 "global_batch": self.batch, "schedule": sched, "recompute": self.recompute, "zero": self.zero,
                 "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order),
+                "grad_reduce": self.grad_reduce,
                 **({"ep_place": self.ep_place} if self.ep > 1 else {})}
 
     def ep_groups(self) -> list[list[int]]:
@@ -99,7 +107,7 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
                "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
-               "order=tp-dp-pp (a permutation)")
+               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -143,6 +151,14 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
         if seen["sp"] not in ("on", "off"):
             raise InputError(where, f"sp={seen['sp']!r}", "on or off")
         kw["sequence_parallel"] = seen["sp"] == "on"
+    if "grad_reduce" in seen:
+        if seen["grad_reduce"] not in GRAD_REDUCE:
+            raise InputError(where, f"grad_reduce={seen['grad_reduce']!r}", "overlap (a bucket a block during the "
+                             "backward) or after (one reduction after the stage's last backward)")
+        if kw.get("zero") == 3 and seen["grad_reduce"] == "after":
+            raise InputError(where, "grad_reduce=after with zero=3 (ZeRO 3 reduce-scatters each block's gradients "
+                             "as its backward ends, to free them)", "grad_reduce=overlap, or zero=0..2")
+        kw["grad_reduce"] = seen["grad_reduce"]
     if "order" in seen:
         order = tuple(seen["order"].split("-"))
         if sorted(order) != ["dp", "pp", "tp"]:

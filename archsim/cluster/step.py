@@ -16,7 +16,9 @@ on the last stage, the LM head's GEMMs (micro gemm). What runs between them is s
   recompute runs a block's forward again before its backward, selective the attention forward;
 - pipeline sends (each TP rank its 1/tp slice of the activations or their gradients) and the
   data-parallel gradient reductions (one bucket a block, started when every replica's last backward
-  has finished that block; ZeRO 1-2 reduce-scatter, then all-gather the updated weights; ZeRO 3
+  has finished that block, or with ``grad_reduce=after`` one reduction of the stage's gradients
+  after its last backward and the tied embedding's sum; ZeRO 1-2 reduce-scatter, then all-gather
+  the updated weights; ZeRO 3
   reduce-scatters and gathers each block's weights before every forward and backward of it) are
   transfers on the cluster's flow network, so they share links max-min fairly and slow each other.
 
@@ -313,8 +315,13 @@ class StepSim:
         self.b_block = _run_items(b_items, self.coll_seconds, self.gap)
         self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
                         for r in range(plan.dp)}
-        self.buckets = {s: self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0) if self.train else 0
-                        for s in range(plan.pp)}
+        # grad_reduce=after: one bucket, the stage's gradients, once every chunk's last backward has
+        # ended (grads_left counts them a stream) and, on the first and last stage, the tied
+        # embedding's sum; overlap: a bucket a block, and one for the embedding or LM head
+        self.after = plan.grad_reduce == "after"
+        self.buckets = {s: (1 if self.after else self.blocks[s] + (1 if s in (0, plan.pp - 1) else 0))
+                        if self.train else 0 for s in range(plan.pp)}
+        self.grads_left = {(s, r): self.v for s in range(plan.pp) for r in range(plan.dp)}
         self.dp_wait = {(s, k): plan.dp for s in range(plan.pp) for k in range(self.buckets[s])}
         self.dp_done = {s: 0 for s in range(plan.pp)}
         self.stage_end = {s: None for s in range(plan.pp)}
@@ -378,8 +385,7 @@ class StepSim:
         if plan.dp == 1:
             self._bucket_done(s)
             return
-        n = self.embed_params if k == self.blocks[s] else self.params_block
-        ne = self.expert_params_block if k < self.blocks[s] else 0
+        n, ne = self.bucket_params(s, k)
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         t0 = ev.now
 
@@ -387,6 +393,28 @@ class StepSim:
             self.log["data_parallel"].append((kind, n * 4, ev.now - t0))
             self._bucket_done(s)
         self.dp_collective(s, kind, (n - ne) * 4, ne * 4, all_ranks)
+
+    def bucket_params(self, s: int, k: int) -> tuple[int, int]:
+        """Parameters of stage s's bucket k, and how many of them are experts'."""
+        if self.after:
+            return self.stage_params(s), self.blocks[s] * self.expert_params_block
+        if k == self.blocks[s]:
+            return self.embed_params, 0
+        return self.params_block, self.expert_params_block
+
+    def embedding_bucket(self, s: int) -> int:
+        return 0 if self.after else self.blocks[s]
+
+    def grads_done(self, s: int, r: int) -> None:
+        """grad_reduce=after: a chunk of stage s on replica r ran its last backward; after the
+        stage's last, its tied embedding's sum (first and last stage) and then its one bucket."""
+        self.grads_left[(s, r)] -= 1
+        if self.grads_left[(s, r)]:
+            return
+        if s in (0, self.plan.pp - 1):
+            self.embedding_grad(s, r)
+        else:
+            self.bucket_ready(s, 0)
 
     def embedding_grad(self, s: int, r: int) -> None:
         """Replica r's first stage has its word embeddings' gradient, or its last stage the tied
@@ -397,7 +425,7 @@ class StepSim:
         plan, ev = self.plan, self.ev
         last = plan.pp - 1
         if last == 0:
-            self.bucket_ready(s, self.blocks[s])
+            self.bucket_ready(s, self.embedding_bucket(s))
             return
         self.tied_wait[r] = self.tied_wait.get(r, 0) + 1
         if self.tied_wait[r] < 2:
@@ -409,8 +437,8 @@ class StepSim:
 
         def summed():
             self.log["embedding"].append(("all_reduce", nbytes, ev.now - t0))
-            self.bucket_ready(0, self.blocks[0])
-            self.bucket_ready(last, self.blocks[last])
+            self.bucket_ready(0, self.embedding_bucket(0))
+            self.bucket_ready(last, self.embedding_bucket(last))
         done = C.barrier(plan.tp, summed)
         for t in range(plan.tp):
             C.run(self.f, "all_reduce", [device_of(plan, t, r, 0), device_of(plan, t, r, last)], nbytes, done)
@@ -480,7 +508,9 @@ class StepSim:
         if st.replica == 0:
             st.spans.append((kind, mb, ev.now, ev.now + dur))
         ev.at(ev.now + dur, self.finished, st, kind, mb, c)
-        if kind == "B" and mb == plan.micro_batches - 1:   # a chunk's last backward: a bucket as each block ends
+        if kind == "B" and mb == plan.micro_batches - 1 and self.after:
+            ev.at(ev.now + dur, self.grads_done, st.stage, st.replica)
+        elif kind == "B" and mb == plan.micro_batches - 1:   # a chunk's last backward: a bucket as each block ends
             s = st.stage
             nb, b0 = self.chunk_blocks[s][c], self.chunk_first[s][c]
             per = dur / max(nb, 1)
