@@ -421,6 +421,22 @@ def test_adamw_matches_torch_update(hw, n, step, lr):
     assert k.flops == 14 * n and k.dtype == "fp32"
 
 
+@pytest.mark.parametrize("hw,n,dtype", [("tiny-gpu", 1, "fp16"), ("tiny-gpu", 1003, "bf16"), ("a100", 40999, "fp16")])
+def test_grad_accum_adds_the_half_gradient_into_fp32(hw, n, dtype):
+    """A micro-batch's 16-bit gradient added into the fp32 accumulation buffer: numpy's sum of
+    the two in f32, exactly (one f32 add of exact values); 10 bytes a parameter."""
+    caps = caps_of(hw)
+    k = E.grad_accum_kernel(caps, n, dtype)
+    got, _ = compare(k, caps, seed=n)
+    bufs = k.random_inputs(n)
+    want = to_float(bufs["acc"], "fp32").astype(np.float32) + to_float(bufs["g"], dtype).astype(np.float32)
+    assert np.array_equal(got["acc_out"].astype(np.float32), want)
+    assert not np.array_equal(want, to_float(bufs["acc"], "fp32").astype(np.float32))
+    assert sum(b.nbytes for b in k.buffers) == 10 * n and k.flops == n
+    with pytest.raises(InputError, match="fp32 gradient"):
+        E.grad_accum_kernel(caps, n, "fp32")
+
+
 @pytest.mark.parametrize("kw,what", [({"lr": -1e-3}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": float("nan")}, "beta2"),
                                      ({"step": 0}, "step"), ({"weight_decay": "0.1"}, "weight_decay"),
                                      ({"beta1": 0.0, "step": 1}, None)])

@@ -235,6 +235,17 @@ def test_adamw_matches_the_gpu_reference(hw, n, step):
     compare(k, caps, seed=n)
 
 
+@pytest.mark.parametrize("hw,n,dtype", [("tiny-sunway", 1, "fp16"), ("tiny-sunway", 40999, "bf16"),
+                                       ("sw26010pro", 12345, "fp16")])
+def test_grad_accum_matches_the_gpu_reference(hw, n, dtype):
+    """The fp32 gradient accumulation on the CPEs: the 16-bit gradient's chunks come in half as
+    many bytes as the buffer's; the same sums as the float64 reference."""
+    caps = caps_of(hw)
+    k = E.grad_accum_kernel(caps, n, dtype)
+    assert k.team == "flat" and [b.dtype for b in k.buffers] == ["fp32", dtype, "fp32"]
+    compare(k, caps, seed=n)
+
+
 SWIGLU = [("tiny-sunway", 1, 1, "fp32", {}), ("tiny-sunway", 7, 31, "fp16", {}), ("tiny-sunway", 33, 97, "bf16", {}),
           ("tiny-sunway", 7, 1000, "fp16", {}), ("tiny-sunway", 33, 1000, "fp32", dict(team="block")),
           ("tiny-sunway", 5, 4099, "fp16", {})]
@@ -259,7 +270,7 @@ def test_kernels_keep_the_gpu_kernels_contract():
             ("add_kernel", (77, "bf16"), {}),
             ("relu_kernel", (77, "fp16"), {}), ("relu_grad_kernel", (77, "fp16"), {}),
             ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {}),
-            ("adamw_kernel", (77,), dict(step=3))]
+            ("adamw_kernel", (77,), dict(step=3)), ("grad_accum_kernel", (77, "bf16"), {})]
     for fn, a, kw in reqs:
         s, g = getattr(E, fn)(sw, *a, **kw), getattr(G, fn)(gpu, *a, **kw)
         assert isinstance(s, G.ElementwiseKernel)

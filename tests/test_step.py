@@ -288,6 +288,56 @@ def test_optimizer_times_split_the_update_as_apex_launches(monkeypatch):
     assert R.optimizer_times(None, load_workload("tiny", {"phase": "prefill"}), plan) == []
 
 
+def test_grad_accum_kernel_runs_after_each_backward():
+    """grad_accum=kernel: every backward task ends with the fp32 accumulation of its blocks'
+    gradients and, on the stage holding it, the embedding's (or tied head's): on two stages of
+    one block each, each holding one of them, the closed-form pipeline with longer backwards."""
+    wl = load_workload("tiny", {"phase": "train"})
+    plan = parse_plan("pp=2,mb=1,gbs=4,grad_accum=kernel")
+    accum = {"block": 1e-3, "embedding": 5e-4}
+    out = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000, grad_accum=accum).run()
+    assert out["step_seconds"] == pytest.approx(5 * (3e-3 + 5e-3 + 1.5e-3), abs=1e-8)
+    none = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000).run()
+    assert none["step_seconds"] == pytest.approx(5 * 8e-3, abs=1e-8)
+
+
+def test_grad_accum_times_split_as_the_optimizer(monkeypatch):
+    """A block's and the embedding's gradients are accumulated in launches of 320 x 65,536
+    parameters (each an engine-timed kernel, once a size); nothing unless grad_accum=kernel in a
+    half-precision training step."""
+    from archsim.cluster import run as R
+
+    seen = []
+    monkeypatch.setattr(R, "_grad_accum_seconds", lambda machine, n, dt: seen.append((n, dt)) or n * 1e-9)
+    monkeypatch.setattr(R, "OPT_CHUNK", 64)
+    monkeypatch.setattr(R, "OPT_LAUNCH_CHUNKS", 4)           # 256 parameters a launch
+    wl = load_workload("tiny", {"phase": "train", "dtype": "bf16"})
+    plan = parse_plan("tp=2,pp=2,mb=1,gbs=4,grad_accum=kernel")
+    got = R.grad_accum_times(None, wl, plan, 1000)
+    m = wl.model
+    assert got == pytest.approx({"block": 1000e-9, "embedding": m.vocab * m.hidden // 2 * 1e-9})
+    assert {dt for _, dt in seen} == {"bf16"} and all(n <= 256 for n, _ in seen)
+    assert len(seen) == len(set(seen))
+    assert R.grad_accum_times(None, wl, parse_plan("tp=2,pp=2,mb=1,gbs=4"), 1000) is None
+    assert R.grad_accum_times(None, load_workload("tiny", {"phase": "train", "dtype": "fp32"}), plan, 1000) is None
+    assert R.grad_accum_times(None, load_workload("tiny", {"phase": "prefill"}), plan, 1000) is None
+    with pytest.raises(InputError, match="grad_accum='later'"):
+        parse_plan("dp=2,grad_accum=later")
+
+
+def test_grad_accum_launch_is_timed_by_the_engine():
+    """The accumulation kernel on tiny-gpu and tiny-sunway: memory-bound, longer for more
+    parameters, the same time again from the kernel cache."""
+    from archsim.cluster.run import _grad_accum_seconds
+    from archsim.config import load_machine
+
+    for name in ("tiny-gpu", "tiny-sunway"):
+        hw = load_machine(name)
+        t1, t2 = _grad_accum_seconds(hw, 1 << 14, "fp16"), _grad_accum_seconds(hw, 1 << 16, "fp16")
+        assert 0 < t1 < t2 and _grad_accum_seconds(hw, 1 << 14, "fp16") == t1
+        assert t2 > 2 * t1
+
+
 def test_adamw_launch_is_timed_by_the_engine():
     """The optimizer's kernel on tiny-gpu: memory-bound, its time follows the bytes it moves (more
     parameters, longer), and the kernel cache gives the same time again."""
@@ -323,6 +373,26 @@ def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
     assert len(opt) == 2 and all(x > 0 for x in opt)
     assert [s for s, a, b in doc["timeline"]["optimizer"]] == [0, 1]
     assert all(b - a == pytest.approx(opt[s]) for s, a, b in doc["timeline"]["optimizer"])
+
+
+def test_grad_accum_kernel_in_a_tiny_cluster_run(capsys, tmp_path):
+    """grad_accum=kernel in a whole run: the record gives the accumulation's seconds a block and
+    for the embedding, and the step is longer than with the accumulation fused."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    steps = {}
+    for mode in ("fused", "kernel"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--dtype", "fp16",
+                     "--plan", f"tp=2,pp=2,dp=2,mb=1,gbs=8,grad_accum={mode}", "--workers", "1",
+                     "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        steps[mode] = doc["step"]
+    capsys.readouterr()
+    assert steps["fused"]["grad_accum_seconds"] is None
+    acc = steps["kernel"]["grad_accum_seconds"]
+    assert acc["block"] > 0 and acc["embedding"] > 0
+    assert steps["kernel"]["step_seconds"] > steps["fused"]["step_seconds"] + acc["block"]
 
 
 def test_cluster_run_pictures(capsys, tmp_path):

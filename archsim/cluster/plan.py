@@ -28,9 +28,10 @@ from archsim.errors import InputError
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order",
-        "grad_reduce")
+        "grad_reduce", "grad_accum")
 EP_PLACES = ("inside", "across")
 GRAD_REDUCE = ("overlap", "after")
+GRAD_ACCUM = ("fused", "kernel")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -58,6 +59,11 @@ class Plan:
     # after its last backward (Megatron-LM's local DDP, its default until 2023; DeepSpeed's pipeline
     # engine, whose schedule ends with ReduceTiedGrads, ReduceGrads, OptimizerStep)
     grad_reduce: str = "overlap"
+    # how a micro-batch's half-precision weight gradients reach the fp32 accumulation buffer: in the
+    # weight-gradient GEMMs (Megatron-core's gradient_accumulation_fusion; their fp32 epilogue is not
+    # timed), or by a kernel after each backward (Megatron-LM's local DDP main_grad hook, DeepSpeed's
+    # bf16 update_hp_grads): 10 bytes a parameter a micro-batch
+    grad_accum: str = "fused"
 
     @property
     def devices(self) -> int:
@@ -77,7 +83,7 @@ class Plan:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "micro_batch": self.micro_batch,
                 "global_batch": self.batch, "schedule": sched, "recompute": self.recompute, "zero": self.zero,
                 "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order),
-                "grad_reduce": self.grad_reduce,
+                "grad_reduce": self.grad_reduce, "grad_accum": self.grad_accum,
                 **({"ep_place": self.ep_place} if self.ep > 1 else {})}
 
     def ep_groups(self) -> list[list[int]]:
@@ -107,7 +113,7 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
                "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
-               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after")
+               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|kernel")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -159,6 +165,11 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
             raise InputError(where, "grad_reduce=after with zero=3 (ZeRO 3 reduce-scatters each block's gradients "
                              "as its backward ends, to free them)", "grad_reduce=overlap, or zero=0..2")
         kw["grad_reduce"] = seen["grad_reduce"]
+    if "grad_accum" in seen:
+        if seen["grad_accum"] not in GRAD_ACCUM:
+            raise InputError(where, f"grad_accum={seen['grad_accum']!r}", "fused (in the weight-gradient GEMMs) or "
+                             "kernel (an fp32 accumulation kernel after each backward)")
+        kw["grad_accum"] = seen["grad_accum"]
     if "order" in seen:
         order = tuple(seen["order"].split("-"))
         if sorted(order) != ["dp", "pp", "tp"]:

@@ -68,6 +68,47 @@ def _adamw_seconds(machine, n: int) -> float:
     return t.cycles / (machine.clock_ghz * 1e9)
 
 
+def _launches_seconds(n: int, launch) -> float:
+    """n elements in whole launches of OPT_LAUNCH_CHUNKS x OPT_CHUNK and one of the rest, each
+    launch(size) seconds."""
+    whole, last = divmod(int(n), OPT_CHUNK * OPT_LAUNCH_CHUNKS)
+    return (whole * launch(OPT_CHUNK * OPT_LAUNCH_CHUNKS) if whole else 0.0) + (launch(last) if last else 0.0)
+
+
+def _grad_accum_seconds(machine, n: int, dtype: str) -> float:
+    """Seconds of one fp32 gradient-accumulation launch over n parameters (kernel cache)."""
+    from archsim.config import capabilities
+    from archsim.engine.timing import shared_buffers, time_kernel
+
+    if machine.family == "gpu":
+        from archsim.workloads.emit.elementwise_gpu import grad_accum_kernel
+    else:
+        from archsim.workloads.emit.elementwise_sunway import grad_accum_kernel
+    k = grad_accum_kernel(capabilities(machine), n, dtype)
+    sizes = k.buffer_bytes()
+    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
+    return t.cycles / (machine.clock_ghz * 1e9)
+
+
+def grad_accum_times(machine, workload, plan, params_block: int) -> dict | None:
+    """grad_accum=kernel in a half-precision training step: seconds a device takes after each
+    backward to add one block's weight gradients (its TP shard) and the embedding's (or tied LM
+    head's) into the fp32 buffer, in launches split as the optimizer's; None otherwise."""
+    sc = workload.scenario
+    if plan.grad_accum != "kernel" or sc.phase != "train" or sc.dtype == "fp32":
+        return None
+    times: dict[int, float] = {}
+
+    def launch(n: int) -> float:
+        if n not in times:
+            times[n] = _grad_accum_seconds(machine, n, sc.dtype)
+        return times[n]
+
+    m = workload.model
+    return {"block": _launches_seconds(params_block, launch),
+            "embedding": _launches_seconds(m.vocab * m.hidden // plan.tp, launch)}
+
+
 def optimizer_times(machine, workload, plan) -> list[float]:
     """Per stage, seconds of the AdamW step on one device over the parameters whose state it
     holds (plan.optimizer_parameters): whole launches of OPT_LAUNCH_CHUNKS x OPT_CHUNK, then one
@@ -76,7 +117,6 @@ def optimizer_times(machine, workload, plan) -> list[float]:
 
     if workload.scenario.phase != "train":
         return []
-    full = OPT_CHUNK * OPT_LAUNCH_CHUNKS
     times: dict[int, float] = {}
 
     def launch(n: int) -> float:
@@ -84,14 +124,7 @@ def optimizer_times(machine, workload, plan) -> list[float]:
             times[n] = _adamw_seconds(machine, n)
         return times[n]
 
-    out = []
-    for params in optimizer_parameters(plan, workload):
-        n = math.ceil(params)
-        whole, last = divmod(n, full)
-        out.append(whole * launch(full) if whole else 0.0)
-        if last:
-            out[-1] += launch(last)
-    return out
+    return [_launches_seconds(math.ceil(params), launch) for params in optimizer_parameters(plan, workload)]
 
 
 def prepare_cluster(cluster_arg):
@@ -173,10 +206,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     if progress and sc.phase == "train":
         progress("timing the optimizer's update")
     opt = optimizer_times(machine, workload, plan)
+    accum = grad_accum_times(machine, workload, plan, block_parameters(shard))
     t_kernels = time.perf_counter() - t0
     sim = StepSim(topo, plan, workload, bt, head, block_parameters(shard),
                   expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo,
-                  optimizer=opt)
+                  optimizer=opt, grad_accum=accum)
     out = sim.run()
     step = out["step_seconds"]
     model_flops, hw_flops = step_flops(workload, plan, head)
@@ -258,7 +292,8 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
                  "reduce_gbps_fp32": round(grad_rate / 1e9, 3) if grad_rate is not None else None,
                  "forward_block_seconds": sim.f_block[0], "backward_block_seconds": sim.b_block[0],
                  "head_seconds": {"forward": head["forward"], "backward": head["backward"]},
-                 "optimizer_seconds": [round(x, 9) for x in sim.optimizer] if sc.phase == "train" else []},
+                 "optimizer_seconds": [round(x, 9) for x in sim.optimizer] if sc.phase == "train" else [],
+                 "grad_accum_seconds": ({k: round(v, 9) for k, v in accum.items()} if accum else None)},
         "memory_per_device": {k: float(mem[k]) for k in ("weights", "gradients", "optimizer", "activations",
                                                          "kv_cache", "total", "capacity")},
         "memory_stages": [{k: (float(v) if k != "stage" and k != "blocks" else v) for k, v in x.items()
@@ -310,6 +345,10 @@ def format_cluster_run(r: dict) -> str:
     if st.get("optimizer_seconds"):
         lines.append(f"  optimizer       {max(st['optimizer_seconds']) * 1e3:.4g} ms (AdamW on a device's share of its "
                      "stage's parameters, after its last gradient reduction)")
+    if st.get("grad_accum_seconds"):
+        ga = st["grad_accum_seconds"]
+        lines.append(f"  grad accum      {ga['block'] * 1e3:.4g} ms a block, {ga['embedding'] * 1e3:.4g} ms the embedding "
+                     "(into the fp32 buffer after each backward)")
     lines += [
         f"  communication   {st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
         "overlapped (a device)",

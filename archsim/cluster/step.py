@@ -28,8 +28,10 @@ data-parallel traffic reach only on its way to the NICs), not re-simulated for e
 expert-parallel all-to-all likewise, as every EP group of a stage runs it at once (they cross the
 NICs and uplinks, where they slow each other; the pipeline and data-parallel traffic is left out); the
 embedding lookup and the loss are not timed; the optimizer's update is (AdamW on the parameters
-whose state the device holds, after the stage's last gradient reduction, run.optimizer_times), but
-not the copy of the updated fp32 master weights into the half-precision ones.
+whose state the device holds, after the stage's last gradient reduction, run.optimizer_times), and
+with ``grad_accum=kernel`` the fp32 gradient accumulation after each backward
+(run.grad_accum_times), but not the copy of the updated fp32 master weights into the
+half-precision ones.
 """
 
 from __future__ import annotations
@@ -275,8 +277,11 @@ class StepSim:
 
     def __init__(self, topo: Topology, plan: Plan, workload, bt: BlockTimes, head: dict, params_block: int,
                  record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None,
-                 optimizer: list | None = None):
+                 optimizer: list | None = None, grad_accum: dict | None = None):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
+        # grad_accum=kernel: seconds after each backward adding a block's (and the embedding's or
+        # tied head's) half gradients into the fp32 buffer (run.grad_accum_times)
+        self.accum = grad_accum or {"block": 0.0, "embedding": 0.0}
         # per stage, a device's AdamW step (run.optimizer_times): after its last gradient reduction,
         # before ZeRO's gather of the updated weights
         self.optimizer = list(optimizer) if optimizer else [0.0] * plan.pp
@@ -352,6 +357,9 @@ class StepSim:
             h = self.head["forward"] if kind == "F" else self.head["backward"]
             g = self.gap * (1 if kind == "F" else 2)          # the backward's two GEMMs
             t, busy = t + h + g, busy + h + g
+        if kind == "B":                                       # the gradients into the fp32 buffer
+            a = nb * self.accum["block"] + (self.accum["embedding"] if self.holds_embedding(stage, chunk) else 0.0)
+            t, busy = t + a, busy + a
         return t, busy, exp
 
     def holds_embedding(self, s: int, c: int) -> bool:

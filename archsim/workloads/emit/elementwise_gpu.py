@@ -96,7 +96,7 @@ COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum blo
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
-                  "relu": 1, "relu_grad": 1, "adamw": 14,
+                  "relu": 1, "relu_grad": 1, "adamw": 14, "grad_accum": 1,
                   "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
 
 
@@ -328,15 +328,17 @@ class ElementwiseAsm:
         return r
 
     # ---- memory
-    def load(self, addr: Reg, n: int, p: Optional[Pred] = None) -> Reg:
-        """n elements of the storage dtype at [addr] -> n consecutive f32 registers (returned: the first)."""
-        es, a = self.es, self.a
+    def load(self, addr: Reg, n: int, p: Optional[Pred] = None, dt: Optional[str] = None) -> Reg:
+        """n elements of the storage dtype (or ``dt``) at [addr] -> n consecutive f32 registers
+        (returned: the first)."""
+        dt = dt or self.dt
+        es, a = ELEM_BYTES[dt], self.a
         nb = n * es
         v = a.reg(n)
-        if self.dt == "fp32":
+        if dt == "fp32":
             a(_LD[nb], v, Mem(addr, 0), p=p)
             return v
-        lo = CVT_IN[self.dt][0]
+        lo = CVT_IN[dt][0]
         if n == 1:
             a("ld.global.u16", v, Mem(addr, 0), p=p)
             a(lo, v, v)
@@ -344,7 +346,7 @@ class ElementwiseAsm:
         nr = nb // 4
         raw = a.reg(nr)
         a(_LD[nb], raw, Mem(addr, 0), p=p)
-        widen_halves(a, self.dt, v, raw, nr)
+        widen_halves(a, dt, v, raw, nr)
         a.free(raw, k=nr)
         return v
 
@@ -367,13 +369,14 @@ class ElementwiseAsm:
         a.free(raw, k=nr)
         return v
 
-    def store(self, addr: Reg, v: Reg, n: int) -> None:
-        es, a = self.es, self.a
+    def store(self, addr: Reg, v: Reg, n: int, dt: Optional[str] = None) -> None:
+        dt = dt or self.dt
+        es, a = ELEM_BYTES[dt], self.a
         nb = n * es
-        if self.dt == "fp32":
+        if dt == "fp32":
             a(_ST[nb], Mem(addr, 0), v)
             return
-        cvt = CVT_OUT[self.dt]
+        cvt = CVT_OUT[dt]
         if n == 1:
             pk = a.reg()
             a(cvt, pk, v, v)
@@ -1521,15 +1524,21 @@ MAX_UNROLL = 16             # choice: vectors a thread loads before its math (re
 
 
 def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref,
-                 unroll: int = 1, fscalars: tuple = ()) -> ElementwiseKernel:
+                 unroll: int = 1, fscalars: tuple = (), narrow: Optional[dict] = None) -> ElementwiseKernel:
     """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
     vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
     math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
     (it may overwrite the input registers). ``unroll`` > 1: while a thread has that many whole
     vectors left it loads all of them before the math (more loads in flight, as NCCL's
     reduce-copy loop does), then takes the rest one at a time. ``fscalars``: (name, value) f32
-    parameters, loaded once into ``e.fs[name]`` for the math."""
+    parameters, loaded once into ``e.fs[name]`` for the math. ``narrow``: buffer name -> a 16-bit
+    storage dtype for buffers narrower than ``dtype`` (fp32): the same elements, at half the byte
+    offset (not with ``unroll``)."""
     dt = _dtype(op, dtype)
+    narrow = dict(narrow or {})
+    if narrow and (dt != "fp32" or unroll > 1 or any(ELEM_BYTES[d] != 2 for d in narrow.values())):
+        raise InputError(f"{op} kernel", f"narrow buffers {narrow} in an {dt} kernel (unroll {unroll})",
+                         "16-bit buffers beside fp32 ones, without unroll")
     _pos(op, n=n)
     _target(op, caps)
     es = ELEM_BYTES[dt]
@@ -1561,16 +1570,23 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     e.const(1.0)                                   # constants the math uses, set on every path
     e.const(0.5)
 
+    def at(ad, name, j):
+        if name in narrow:                         # a 16-bit buffer: half the fp32 byte offset
+            e("shr.u64", ad, j, 1)
+            e("add.i64", ad, base[name], ad)
+        else:
+            e("add.i64", ad, base[name], j)
+
     def body(j, k):
         ad = e.reg()
         vals = {}
         for name in ins:
-            e("add.i64", ad, base[name], j)
-            vals[name] = e.load(ad, k)
+            at(ad, name, j)
+            vals[name] = e.load(ad, k, dt=narrow.get(name))
         res = math_fn(e, vals, k)
         for name in outs:
-            e("add.i64", ad, base[name], j)
-            e.store(ad, res[name], k)
+            at(ad, name, j)
+            e.store(ad, res[name], k, dt=narrow.get(name))
         e.free(ad)
         for r in set(vals.values()) | set(res.values()):
             e.free(r, k=k)
@@ -1579,7 +1595,8 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
         _unrolled(e, nb, stride, unroll, ins, outs, base, math_fn)
     e.loop(nb, body, step_b=stride)
     e("exit")
-    buffers = tuple(Buf(x, (n,), dt) for x in ins) + tuple(Buf(x, (n,), dt, True) for x in outs)
+    buffers = tuple(Buf(x, (n,), narrow.get(x, dt)) for x in ins) + \
+        tuple(Buf(x, (n,), narrow.get(x, dt), True) for x in outs)
     scalars = (("n", n),) + tuple((name, _f32_bits(_finite(op, name, v))) for name, v in fscalars)
     return _finish(op, caps, e, FLAT_THREADS, ceil_div(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
                    scalars, "thread", gen, ref)
@@ -1821,6 +1838,27 @@ def adamw_kernel(caps, n: int, *, lr: float = 6e-5, beta1: float = 0.9, beta2: f
     ins, outs = ADAMW_BUFFERS
     return _flat_kernel("adamw", caps, n, "fp32", ins, outs, adamw_math, lambda rng: adamw_inputs(rng, n),
                         lambda x: adamw_reference(dict(sc), x), fscalars=sc)
+
+
+def grad_accum_math(e, v, k):
+    for i in range(k):
+        e("add.f32", v["acc"] + i, v["acc"] + i, v["g"] + i)
+    return {"acc_out": v["acc"]}
+
+
+def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """acc_out = acc + g over n parameters: a micro-batch's half-precision weight gradient g added
+    into the fp32 accumulation buffer (Megatron-LM's main_grad, DeepSpeed's fp32 gradients under
+    bf16): 10 bytes a parameter."""
+    dt = _dtype("grad_accum", dtype)
+    if dt == "fp32":
+        raise InputError("grad_accum kernel", "an fp32 gradient", "fp16 or bf16 (fp32 training accumulates in place)")
+
+    def gen(rng):
+        return {"acc": _normal(rng, (n,), "fp32", 1e-2), "g": _normal(rng, (n,), dt, 1e-2)}
+
+    return _flat_kernel("grad_accum", caps, n, "fp32", ("acc", "g"), ("acc_out",), grad_accum_math, gen,
+                        lambda v: {"acc_out": v["acc"] + v["g"]}, narrow={"g": dt})
 
 
 def sigmoid(e: ElementwiseAsm, g: Reg, s: Reg) -> None:

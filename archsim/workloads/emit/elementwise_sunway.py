@@ -156,13 +156,14 @@ class LdmAsm(EW.ElementwiseAsm):
                 self.a(mn[4 * w], v + i, Mem(addr, off + 4 * i), p=p)
             i += w
 
-    def load(self, addr: Reg, n: int, p=None, off: int = 0) -> Reg:
-        es, a = self.es, self.a
+    def load(self, addr: Reg, n: int, p=None, off: int = 0, dt: Optional[str] = None) -> Reg:
+        dt = dt or self.dt
+        es, a = ELEM_BYTES[dt], self.a
         v = a.reg(n)
-        if self.dt == "fp32":
+        if dt == "fp32":
             self.words(_LDS, v, addr, off, n, p)
             return v
-        lo = CVT_IN[self.dt][0]
+        lo = CVT_IN[dt][0]
         if n == 1:
             a("ld.shared.u16", v, Mem(addr, off), p=p)
             a(lo, v, v)
@@ -170,16 +171,17 @@ class LdmAsm(EW.ElementwiseAsm):
         nr = n * es // 4
         raw = a.reg(nr)
         self.words(_LDS, raw, addr, off, nr, p)
-        widen_halves(a, self.dt, v, raw, nr)
+        widen_halves(a, dt, v, raw, nr)
         a.free(raw, k=nr)
         return v
 
-    def store(self, addr: Reg, v: Reg, n: int, off: int = 0) -> None:
-        es, a = self.es, self.a
-        if self.dt == "fp32":
+    def store(self, addr: Reg, v: Reg, n: int, off: int = 0, dt: Optional[str] = None) -> None:
+        dt = dt or self.dt
+        es, a = ELEM_BYTES[dt], self.a
+        if dt == "fp32":
             self.words(_STS, v, addr, off, n, store=True)
             return
-        cvt = CVT_OUT[self.dt]
+        cvt = CVT_OUT[dt]
         if n == 1:
             pk = a.reg()
             a(cvt, pk, v, v)
@@ -299,7 +301,8 @@ def _kernel(spec: ElementwiseKernel, prog, launch: Launch, team: str, vb: int) -
 
 # ----------------------------------------------------------------------------- flat kernels
 def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel:
-    """Grid-stride over chunks of CHB bytes of every buffer (all [n], the storage dtype)."""
+    """Grid-stride over chunks of CHB bytes of every buffer (all [n], the storage dtype; a 16-bit
+    buffer beside fp32 ones takes the same elements in half the bytes)."""
     op = spec.op
     _target(op, caps)
     dt = spec.dtype
@@ -307,12 +310,14 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     n = int(dict(spec.scalars)["n"])
     ins = [b.name for b in spec.inputs]
     outs = [b.name for b in spec.outputs]
+    narrow = {b.name: b.dtype for b in spec.buffers if b.dtype != dt}     # 16-bit beside fp32
     nbuf = len(ins) + len(outs)
     nb = n * es
     G = caps.cores_total
     cap = min(FLAT_CHUNK_MAX, pow2_floor(caps.scratchpad_bytes // (2 * nbuf)))
     CHB = max(min(512, cap), min(cap, pow2_ceil(ceil_div(nb, 3 * G))))
-    setb = nbuf * CHB
+    chb = {name: CHB // 2 if name in narrow else CHB for name in ins + outs}
+    setb = sum(chb.values())
     VB = 16
     fnames = tuple(name for name, _ in spec.scalars if name != "n")   # f32 parameters (AdamW's)
     e = LdmAsm(f"{op}_{dt}_sw_c{CHB}", tuple(b.name for b in spec.buffers) + ("n",) + fnames, dt, VB, 2 * setb, caps)
@@ -327,7 +332,9 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     e("shr.u64", kend, kend, log2(CHB))
     e.const(1.0)
     e.const(0.5)
-    off_of = {name: i * CHB for i, name in enumerate(ins + outs)}
+    off_of, o = {}, 0
+    for name in ins + outs:
+        off_of[name], o = o, o + chb[name]
 
     def span(kk):
         off, ln = e.reg(), e.reg()
@@ -339,14 +346,21 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     def dmas(kk, boff, names, put):
         off, ln = span(kk)
         g, s = e.reg(), e.reg()
+        if any(name in narrow for name in names):
+            off2, ln2 = e.reg(), e.reg()
+            e("shr.u64", off2, off, 1)
+            e("shr.u64", ln2, ln, 1)
         for name in names:
+            o, n_ = (off2, ln2) if name in narrow else (off, ln)
             e("ldparam", g, name)
-            e("add.i64", g, g, off)
+            e("add.i64", g, g, o)
             e("add.i64", s, boff, off_of[name])
             if put:
-                e("dma.put", Mem(g, 0), Mem(s, 0), ln)
+                e("dma.put", Mem(g, 0), Mem(s, 0), n_)
             else:
-                e("dma.get", Mem(s, 0), Mem(g, 0), ln)
+                e("dma.get", Mem(s, 0), Mem(g, 0), n_)
+        if any(name in narrow for name in names):
+            e.free(off2, ln2)
         e.free(off, ln, g, s)
 
     def body(kk, boff):
@@ -356,16 +370,23 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
         for name, r in ptr.items():
             e("add.i64", r, boff, off_of[name])
 
+        def at(ad, name, j):
+            if name in narrow:
+                e("shr.u64", ad, j, 1)
+                e("add.i64", ad, ptr[name], ad)
+            else:
+                e("add.i64", ad, ptr[name], j)
+
         def elem(j, m):
             ad = e.reg()
             vals = {}
             for name in ins:
-                e("add.i64", ad, ptr[name], j)
-                vals[name] = e.load(ad, m)
+                at(ad, name, j)
+                vals[name] = e.load(ad, m, dt=narrow.get(name))
             res = math_fn(e, vals, m)
             for name in outs:
-                e("add.i64", ad, ptr[name], j)
-                e.store(ad, res[name], m)
+                at(ad, name, j)
+                e.store(ad, res[name], m, dt=narrow.get(name))
             e.free(ad)
             for r in set(vals.values()) | set(res.values()):
                 e.free(r, k=m)
@@ -457,6 +478,14 @@ def adamw_kernel(caps, n: int, **hyper) -> ElementwiseKernel:
     streaming its chunks of p, g, m, v through its LDM and putting back p_out, m_out, v_out."""
     _target("adamw", caps)
     return _flat(EW.adamw_kernel(_spec(caps), n, **hyper), caps, EW.adamw_math)
+
+
+def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """acc_out = acc + g: a micro-batch's half-precision weight gradient added into the fp32
+    accumulation buffer (elementwise_gpu.grad_accum_kernel), each CPE streaming its chunks of
+    both through its LDM (the gradient's chunks half as long in bytes)."""
+    _target("grad_accum", caps)
+    return _flat(EW.grad_accum_kernel(_spec(caps), n, dtype), caps, EW.grad_accum_math)
 
 
 def relu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
