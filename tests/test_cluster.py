@@ -406,3 +406,16 @@ def test_degenerate_clusters_are_refused(changes, what):
     with pytest.raises(InputError) as e:
         cluster(**changes)
     assert what in e.value.what or what in e.value.allowed
+
+@pytest.mark.parametrize("name", ["dgx-a100-superpod", "jean-zay-a100"])
+def test_builtin_cluster_references_pass_their_checks(name):
+    """Every curve of a built-in cluster reference loads, and each training point's plan passes
+    the checks a run makes before timing anything (devices, divisibility, schedule, memory)."""
+    from archsim.cluster.validate import prepare
+
+    _cluster, curves = prepare(name)
+    steps = [c for c in curves if c.get("kind") == "step"]
+    assert steps and all(c["points"] for c in curves)
+    for c in steps:
+        for p in c["points"]:
+            assert "grad_reduce=" in p["plan"] and "grad_accum=" in p["plan"] or c["unit"] == "ms/token", p["plan"]

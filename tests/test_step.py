@@ -289,11 +289,11 @@ def test_optimizer_times_split_the_update_as_apex_launches(monkeypatch):
 
 
 def test_grad_accum_kernel_runs_after_each_backward():
-    """grad_accum=kernel: every backward task ends with the fp32 accumulation of its blocks'
+    """grad_accum=fp32: every backward task ends with the fp32 accumulation of its blocks'
     gradients and, on the stage holding it, the embedding's (or tied head's): on two stages of
     one block each, each holding one of them, the closed-form pipeline with longer backwards."""
     wl = load_workload("tiny", {"phase": "train"})
-    plan = parse_plan("pp=2,mb=1,gbs=4,grad_accum=kernel")
+    plan = parse_plan("pp=2,mb=1,gbs=4,grad_accum=fp32")
     accum = {"block": 1e-3, "embedding": 5e-4}
     out = StepSim(_fast(), plan, wl, _synthetic(), NO_HEAD, 1000, grad_accum=accum).run()
     assert out["step_seconds"] == pytest.approx(5 * (3e-3 + 5e-3 + 1.5e-3), abs=1e-8)
@@ -303,26 +303,46 @@ def test_grad_accum_kernel_runs_after_each_backward():
 
 def test_grad_accum_times_split_as_the_optimizer(monkeypatch):
     """A block's and the embedding's gradients are accumulated in launches of 320 x 65,536
-    parameters (each an engine-timed kernel, once a size); nothing unless grad_accum=kernel in a
-    half-precision training step."""
+    parameters (each an engine-timed kernel, once a size): into fp32 with the accumulation
+    kernel, into the 16-bit gradient with the add kernel; nothing when fused, in fp32 training or
+    out of training."""
     from archsim.cluster import run as R
 
     seen = []
-    monkeypatch.setattr(R, "_grad_accum_seconds", lambda machine, n, dt: seen.append((n, dt)) or n * 1e-9)
+    monkeypatch.setattr(R, "_grad_accum_seconds", lambda machine, n, dt: seen.append(("fp32", n, dt)) or n * 1e-9)
+    monkeypatch.setattr(R, "_half_accum_seconds", lambda machine, n, dt: seen.append(("half", n, dt)) or n * 2e-9)
     monkeypatch.setattr(R, "OPT_CHUNK", 64)
     monkeypatch.setattr(R, "OPT_LAUNCH_CHUNKS", 4)           # 256 parameters a launch
     wl = load_workload("tiny", {"phase": "train", "dtype": "bf16"})
-    plan = parse_plan("tp=2,pp=2,mb=1,gbs=4,grad_accum=kernel")
-    got = R.grad_accum_times(None, wl, plan, 1000)
     m = wl.model
-    assert got == pytest.approx({"block": 1000e-9, "embedding": m.vocab * m.hidden // 2 * 1e-9})
-    assert {dt for _, dt in seen} == {"bf16"} and all(n <= 256 for n, _ in seen)
-    assert len(seen) == len(set(seen))
+    for mode, per in (("fp32", 1e-9), ("half", 2e-9)):
+        seen.clear()
+        plan = parse_plan(f"tp=2,pp=2,mb=1,gbs=4,grad_accum={mode}")
+        got = R.grad_accum_times(None, wl, plan, 1000)
+        assert got == pytest.approx({"block": 1000 * per, "embedding": m.vocab * m.hidden // 2 * per})
+        assert {(k, dt) for k, _, dt in seen} == {(mode, "bf16")} and all(n <= 256 for _, n, _ in seen)
+        assert len(seen) == len(set(seen))
     assert R.grad_accum_times(None, wl, parse_plan("tp=2,pp=2,mb=1,gbs=4"), 1000) is None
     assert R.grad_accum_times(None, load_workload("tiny", {"phase": "train", "dtype": "fp32"}), plan, 1000) is None
     assert R.grad_accum_times(None, load_workload("tiny", {"phase": "prefill"}), plan, 1000) is None
     with pytest.raises(InputError, match="grad_accum='later'"):
         parse_plan("dp=2,grad_accum=later")
+
+
+def test_half_accumulation_reduces_16_bit_gradients():
+    """grad_accum=half keeps the gradients in the storage type, so the data-parallel reduction and
+    the tied embedding's sum move half the bytes of fp32 accumulation."""
+    wl = load_workload("tiny", {"phase": "train", "dtype": "fp16"})
+    topo = build(validate_cluster(TINY))
+    logs = {}
+    for mode in ("fp32", "half"):
+        sim = StepSim(topo, parse_plan(f"pp=2,dp=2,mb=1,gbs=8,grad_reduce=after,grad_accum={mode}"), wl, _synthetic(),
+                      NO_HEAD, 1000)
+        sim.run()
+        logs[mode] = sim.log
+    for key in ("data_parallel", "embedding"):
+        assert [x[1] for x in logs["half"][key]] == [x[1] / 2 for x in logs["fp32"][key]]
+    assert parse_plan("grad_accum=half").grad_bytes("fp32") == 4
 
 
 def test_grad_accum_launch_is_timed_by_the_engine():
@@ -376,12 +396,12 @@ def test_run_cluster_on_a_tiny_cluster(capsys, tmp_path):
 
 
 def test_grad_accum_kernel_in_a_tiny_cluster_run(capsys, tmp_path):
-    """grad_accum=kernel in a whole run: the record gives the accumulation's seconds a block and
+    """grad_accum=fp32 in a whole run: the record gives the accumulation's seconds a block and
     for the embedding, and the step is longer than with the accumulation fused."""
     cl = tmp_path / "tc.yaml"
     cl.write_text(yaml.safe_dump(TINY))
     steps = {}
-    for mode in ("fused", "kernel"):
+    for mode in ("fused", "fp32"):
         out = tmp_path / f"{mode}.json"
         assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--dtype", "fp16",
                      "--plan", f"tp=2,pp=2,dp=2,mb=1,gbs=8,grad_accum={mode}", "--workers", "1",
@@ -390,9 +410,9 @@ def test_grad_accum_kernel_in_a_tiny_cluster_run(capsys, tmp_path):
         steps[mode] = doc["step"]
     capsys.readouterr()
     assert steps["fused"]["grad_accum_seconds"] is None
-    acc = steps["kernel"]["grad_accum_seconds"]
+    acc = steps["fp32"]["grad_accum_seconds"]
     assert acc["block"] > 0 and acc["embedding"] > 0
-    assert steps["kernel"]["step_seconds"] > steps["fused"]["step_seconds"] + acc["block"]
+    assert steps["fp32"]["step_seconds"] > steps["fused"]["step_seconds"] + acc["block"]
 
 
 def test_cluster_run_pictures(capsys, tmp_path):

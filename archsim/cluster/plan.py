@@ -31,7 +31,7 @@ KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute"
         "grad_reduce", "grad_accum")
 EP_PLACES = ("inside", "across")
 GRAD_REDUCE = ("overlap", "after")
-GRAD_ACCUM = ("fused", "kernel")
+GRAD_ACCUM = ("fused", "fp32", "half")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -59,11 +59,17 @@ class Plan:
     # after its last backward (Megatron-LM's local DDP, its default until 2023; DeepSpeed's pipeline
     # engine, whose schedule ends with ReduceTiedGrads, ReduceGrads, OptimizerStep)
     grad_reduce: str = "overlap"
-    # how a micro-batch's half-precision weight gradients reach the fp32 accumulation buffer: in the
-    # weight-gradient GEMMs (Megatron-core's gradient_accumulation_fusion; their fp32 epilogue is not
-    # timed), or by a kernel after each backward (Megatron-LM's local DDP main_grad hook, DeepSpeed's
-    # bf16 update_hp_grads): 10 bytes a parameter a micro-batch
+    # how a micro-batch's weight gradients join the step's: in the weight-gradient GEMMs into an fp32
+    # buffer (Megatron-core's gradient_accumulation_fusion; their fp32 epilogue is not timed), or by
+    # a kernel after each backward into an fp32 buffer (Megatron-LM's main_grad hook with fp32
+    # accumulation, DeepSpeed's bf16 update_hp_grads: 10 bytes a parameter) or into the 16-bit
+    # gradient itself (PyTorch autograd's accumulation, fp16 Megatron-LM: 6 bytes, and the
+    # data-parallel reduction in 16 bits); fp32 training accumulates in fp32 whatever the key says
     grad_accum: str = "fused"
+
+    def grad_bytes(self, dtype: str) -> int:
+        """Bytes a gradient element has when the data-parallel reduction takes it."""
+        return 2 if self.grad_accum == "half" and dtype in ("fp16", "bf16") else 4
 
     @property
     def devices(self) -> int:
@@ -113,7 +119,7 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
                "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
-               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|kernel")
+               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|fp32|half")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -167,8 +173,8 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
         kw["grad_reduce"] = seen["grad_reduce"]
     if "grad_accum" in seen:
         if seen["grad_accum"] not in GRAD_ACCUM:
-            raise InputError(where, f"grad_accum={seen['grad_accum']!r}", "fused (in the weight-gradient GEMMs) or "
-                             "kernel (an fp32 accumulation kernel after each backward)")
+            raise InputError(where, f"grad_accum={seen['grad_accum']!r}", "fused (in the weight-gradient GEMMs), fp32 "
+                             "(a kernel after each backward into an fp32 buffer) or half (into the 16-bit gradient)")
         kw["grad_accum"] = seen["grad_accum"]
     if "order" in seen:
         order = tuple(seen["order"].split("-"))
@@ -472,7 +478,7 @@ def step_volumes(plan: Plan, workload) -> dict:
         embed = m.vocab * m.hidden // plan.tp
         params = max(b * per_block + (embed if s in (0, plan.pp - 1) else 0)
                      for s, b in enumerate(stage_layers(m.layers, plan.pp)))
-        grad = params * 4                               # gradients reduced in fp32, their accumulation type
+        grad = params * plan.grad_bytes(sc.dtype)       # gradients reduced in their accumulation type
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter+all_gather"
         per_dev = grad + (params * e if plan.zero in (1, 2) else 0)     # ZeRO 1-2: the updated weights once
         if plan.zero == 3:

@@ -90,18 +90,34 @@ def _grad_accum_seconds(machine, n: int, dtype: str) -> float:
     return t.cycles / (machine.clock_ghz * 1e9)
 
 
+def _half_accum_seconds(machine, n: int, dtype: str) -> float:
+    """Seconds of one 16-bit accumulation launch (g = g + g_new, the add kernel) over n parameters."""
+    from archsim.config import capabilities
+    from archsim.engine.timing import shared_buffers, time_kernel
+
+    if machine.family == "gpu":
+        from archsim.workloads.emit.elementwise_gpu import add_kernel
+    else:
+        from archsim.workloads.emit.elementwise_sunway import add_kernel
+    k = add_kernel(capabilities(machine), n, dtype)
+    sizes = k.buffer_bytes()
+    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
+    return t.cycles / (machine.clock_ghz * 1e9)
+
+
 def grad_accum_times(machine, workload, plan, params_block: int) -> dict | None:
-    """grad_accum=kernel in a half-precision training step: seconds a device takes after each
-    backward to add one block's weight gradients (its TP shard) and the embedding's (or tied LM
-    head's) into the fp32 buffer, in launches split as the optimizer's; None otherwise."""
+    """grad_accum=fp32 or half in a half-precision training step: seconds a device takes after
+    each backward to add one block's weight gradients (its TP shard) and the embedding's (or tied
+    LM head's) into the accumulation buffer, in launches split as the optimizer's; None otherwise."""
     sc = workload.scenario
-    if plan.grad_accum != "kernel" or sc.phase != "train" or sc.dtype == "fp32":
+    if plan.grad_accum == "fused" or sc.phase != "train" or sc.dtype == "fp32":
         return None
     times: dict[int, float] = {}
+    timer = _grad_accum_seconds if plan.grad_accum == "fp32" else _half_accum_seconds
 
     def launch(n: int) -> float:
         if n not in times:
-            times[n] = _grad_accum_seconds(machine, n, sc.dtype)
+            times[n] = timer(machine, n, sc.dtype)
         return times[n]
 
     m = workload.model
@@ -348,7 +364,7 @@ def format_cluster_run(r: dict) -> str:
     if st.get("grad_accum_seconds"):
         ga = st["grad_accum_seconds"]
         lines.append(f"  grad accum      {ga['block'] * 1e3:.4g} ms a block, {ga['embedding'] * 1e3:.4g} ms the embedding "
-                     "(into the fp32 buffer after each backward)")
+                     "(into the gradient buffer after each backward)")
     lines += [
         f"  communication   {st['comm_exposed_seconds']:.4g} s exposed, {st['comm_overlapped_seconds']:.4g} s "
         "overlapped (a device)",

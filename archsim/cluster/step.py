@@ -290,6 +290,7 @@ class StepSim:
         self.block_topo = block_topo or topo
         m, sc = workload.model, workload.scenario
         self.e = 4 if sc.dtype == "fp32" else 2
+        self.ge = plan.grad_bytes(sc.dtype)        # a gradient element as the data-parallel reduction takes it
         self.gap = topo.cluster.software.kernel_gap_us * 1e-6
         self.f = C.Fabric(topo, record=record_links)
         self.ev: Events = self.f.ev
@@ -397,10 +398,10 @@ class StepSim:
         kind = "all_reduce" if plan.zero == 0 else "reduce_scatter"
         t0 = ev.now
 
-        def all_ranks():                   # gradients reduced in fp32, their accumulation type
-            self.log["data_parallel"].append((kind, n * 4, ev.now - t0))
+        def all_ranks():                   # gradients reduced in their accumulation type
+            self.log["data_parallel"].append((kind, n * self.ge, ev.now - t0))
             self._bucket_done(s)
-        self.dp_collective(s, kind, (n - ne) * 4, ne * 4, all_ranks)
+        self.dp_collective(s, kind, (n - ne) * self.ge, ne * self.ge, all_ranks)
 
     def bucket_params(self, s: int, k: int) -> tuple[int, int]:
         """Parameters of stage s's bucket k, and how many of them are experts'."""
@@ -427,8 +428,8 @@ class StepSim:
     def embedding_grad(self, s: int, r: int) -> None:
         """Replica r's first stage has its word embeddings' gradient, or its last stage the tied
         LM head's. With more than one stage the two copies' gradients are summed before either
-        enters its data-parallel bucket: an all-reduce of each TP rank's vocabulary shard (fp32
-        gradients) between its first- and last-stage devices, Megatron-LM's embedding group
+        enters its data-parallel bucket: an all-reduce of each TP rank's vocabulary shard (in the
+        gradients' accumulation type) between its first- and last-stage devices, Megatron-LM's embedding group
         (DeepSpeed's tied-module reduction)."""
         plan, ev = self.plan, self.ev
         last = plan.pp - 1
@@ -439,7 +440,7 @@ class StepSim:
         if self.tied_wait[r] < 2:
             return
         t0 = ev.now
-        nbytes = self.embed_params * 4
+        nbytes = self.embed_params * self.ge
         for st in (0, last):            # a stage's tail waits from here, not from its own last compute
             self.sync_start[st] = max(self.sync_start.get(st, 0.0), t0)
 
