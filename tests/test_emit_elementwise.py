@@ -22,7 +22,7 @@ from archsim.isa.opcodes import SEM, opcodes
 from archsim.workloads.emit import elementwise_gpu as E
 from archsim.workloads.emit.gemm_gpu import to_float
 
-TOL = {"fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (8e-3, 1e-5)}
+TOL = {"fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (8e-3, 1e-5), "u8": (0.0, 0.0)}
 _CAPS = {}
 
 
@@ -435,6 +435,42 @@ def test_grad_accum_adds_the_half_gradient_into_fp32(hw, n, dtype):
     assert sum(b.nbytes for b in k.buffers) == 10 * n and k.flops == n
     with pytest.raises(InputError, match="fp32 gradient"):
         E.grad_accum_kernel(caps, n, "fp32")
+
+
+# ----------------------------------------------------------------------------- dropout
+@pytest.mark.parametrize("hw,n,dtype,p", [("tiny-gpu", 1, "fp16", 0.1), ("tiny-gpu", 1003, "bf16", 0.5),
+                                         ("tiny-gpu", 40999, "fp32", 0.1), ("a100", 70001, "fp16", 0.1)])
+def test_dropout_kernels_match_numpy(hw, n, dtype, p):
+    """Dropout, dropout-add and dropout's gradient: the kept elements scaled by 1 / (1 - p), the
+    mask a byte an element, and the share dropped near p (the hash as the numpy oracle draws it)."""
+    caps = caps_of(hw)
+    k = E.dropout_kernel(caps, n, p, 11, dtype)
+    got, _ = compare(k, caps, seed=n)
+    bufs = k.random_inputs(n)
+    x = to_float(bufs["x"], dtype)
+    keep = got["mask"] != 0
+    assert set(np.unique(got["mask"])) <= {0.0, 1.0}
+    assert np.array_equal(got["y"][~keep], np.zeros(int((~keep).sum())))
+    assert np.allclose(got["y"][keep], x[keep] / (1 - p), rtol=TOL[dtype][0] * 2, atol=0)
+    if n > 1000:
+        assert abs((~keep).mean() - p) < 0.02
+        assert not np.array_equal(keep, E.dropout_keep(n, p, 12)), "the seed moves the mask"
+    assert [b.dtype for b in k.buffers] == [E._dtype("dropout", dtype), E._dtype("dropout", dtype), "u8"]
+    compare(E.dropout_add_kernel(caps, n, p, 5, dtype), caps, seed=n + 1)
+    g = E.dropout_grad_kernel(caps, n, p, dtype)
+    got, _ = compare(g, caps, seed=n + 2)
+    gb = g.random_inputs(n + 2)
+    want = np.where(gb["mask"] != 0, to_float(gb["dy"], dtype) / (1 - p), 0.0)
+    assert np.allclose(got["dx"], want, rtol=TOL[dtype][0] * 2, atol=1e-30)
+
+
+@pytest.mark.parametrize("kw,what", [(dict(p=1.0), "probability"), (dict(p=-0.1), "probability"),
+                                     (dict(p="0.1"), "probability"), (dict(seed=-1), "seed"),
+                                     (dict(seed=1 << 33), "seed")])
+def test_dropout_refuses_bad_arguments(kw, what):
+    args = {"p": 0.1, "seed": 1, **kw}
+    with pytest.raises(InputError, match=what):
+        E.dropout_kernel(caps_of("tiny-gpu"), 8, args["p"], args["seed"])
 
 
 @pytest.mark.parametrize("kw,what", [({"lr": -1e-3}, "lr"), ({"beta1": 1.0}, "beta1"), ({"beta2": float("nan")}, "beta2"),

@@ -19,7 +19,7 @@ from archsim.workloads.emit import elementwise_gpu as G
 from archsim.workloads.emit import elementwise_sunway as E
 from archsim.workloads.emit.gemm_gpu import to_float, to_host
 
-TOL = {"fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (8e-3, 1e-5)}
+TOL = {"fp32": (1e-5, 1e-5), "fp16": (1e-3, 1e-5), "bf16": (8e-3, 1e-5), "u8": (0.0, 0.0)}
 _CAPS = {}
 
 
@@ -246,6 +246,18 @@ def test_grad_accum_matches_the_gpu_reference(hw, n, dtype):
     compare(k, caps, seed=n)
 
 
+@pytest.mark.parametrize("hw,n,dtype", [("tiny-sunway", 1, "fp16"), ("tiny-sunway", 40999, "bf16"),
+                                       ("tiny-sunway", 1003, "fp32"), ("sw26010pro", 12345, "fp16")])
+def test_dropout_kernels_match_the_gpu_reference(hw, n, dtype):
+    """Dropout on the CPEs: the mask's chunks come in a fraction of the data's bytes, and the
+    element index the hash takes runs over the whole buffer, so the mask is the GPU kernel's."""
+    caps = caps_of(hw)
+    got, _ = compare(E.dropout_kernel(caps, n, 0.1, 3, dtype), caps, seed=n)
+    assert np.array_equal(got["mask"] != 0, G.dropout_keep(n, 0.1, 3))
+    compare(E.dropout_add_kernel(caps, n, 0.2, 4, dtype), caps, seed=n)
+    compare(E.dropout_grad_kernel(caps, n, 0.1, dtype), caps, seed=n)
+
+
 SWIGLU = [("tiny-sunway", 1, 1, "fp32", {}), ("tiny-sunway", 7, 31, "fp16", {}), ("tiny-sunway", 33, 97, "bf16", {}),
           ("tiny-sunway", 7, 1000, "fp16", {}), ("tiny-sunway", 33, 1000, "fp32", dict(team="block")),
           ("tiny-sunway", 5, 4099, "fp16", {})]
@@ -270,7 +282,9 @@ def test_kernels_keep_the_gpu_kernels_contract():
             ("add_kernel", (77, "bf16"), {}),
             ("relu_kernel", (77, "fp16"), {}), ("relu_grad_kernel", (77, "fp16"), {}),
             ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {}),
-            ("adamw_kernel", (77,), dict(step=3)), ("grad_accum_kernel", (77, "bf16"), {})]
+            ("adamw_kernel", (77,), dict(step=3)), ("grad_accum_kernel", (77, "bf16"), {}),
+            ("dropout_kernel", (77, 0.1, 3, "fp16"), {}), ("dropout_add_kernel", (77, 0.1, 3, "bf16"), {}),
+            ("dropout_grad_kernel", (77, 0.1, "fp32"), {})]
     for fn, a, kw in reqs:
         s, g = getattr(E, fn)(sw, *a, **kw), getattr(G, fn)(gpu, *a, **kw)
         assert isinstance(s, G.ElementwiseKernel)

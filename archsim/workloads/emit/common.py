@@ -13,7 +13,7 @@ from archsim.isa.program import Program
 
 __all__ = ["Asm", "OutOfRegisters", "log2", "ceil_div", "pow2_floor", "pow2_ceil", "swizzle_offset", "check_int",
            "check_pair", "one_to_one", "blocks_per_core", "DTYPE_ALIASES", "OUT_DTYPE_ALIASES", "ELEM_BYTES", "OUT_BYTES",
-           "HOST_DTYPE", "MMA_OP", "CVT_IN", "CVT_OUT", "CVT_PACK", "INDEX_DTYPE", "BUF_BYTES", "BUF_HOST",
+           "HOST_DTYPE", "MMA_OP", "CVT_IN", "CVT_OUT", "CVT_PACK", "INDEX_DTYPE", "MASK_DTYPE", "BUF_BYTES", "BUF_HOST",
            "widen_halves"]
 
 # ----------------------------------------------------------------------------- dtype tables
@@ -27,8 +27,9 @@ ELEM_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}                       # bytes of 
 OUT_BYTES = {"f32": 4, "f16": 2, "bf16": 2}                          # bytes of an element of a GEMM output dtype
 HOST_DTYPE = {"fp16": np.float16, "bf16": np.uint16, "fp32": np.float32}   # numpy dtype of a buffer (bf16: bits)
 INDEX_DTYPE = "i32"                                                   # index buffers (expert routing): int32
-BUF_BYTES = {**ELEM_BYTES, INDEX_DTYPE: 4}                            # bytes of an element of any buffer
-BUF_HOST = {**HOST_DTYPE, INDEX_DTYPE: np.int32}                      # numpy dtype of any buffer
+MASK_DTYPE = "u8"                                                     # dropout masks: a byte an element, 0 or 1
+BUF_BYTES = {**ELEM_BYTES, INDEX_DTYPE: 4, MASK_DTYPE: 1}             # bytes of an element of any buffer
+BUF_HOST = {**HOST_DTYPE, INDEX_DTYPE: np.int32, MASK_DTYPE: np.uint8}   # numpy dtype of any buffer
 MMA_OP = {"fp16": "mma.m16n8k16.f32.f16", "bf16": "mma.m16n8k16.f32.bf16"}  # tensor-core mma, f32 accumulators
 # 16-bit storage -> f32: (low half, high half) of a 32-bit register
 CVT_IN = {"fp16": ("cvt.f32.f16", "cvt.f32.f16h"), "bf16": ("cvt.f32.bf16", "cvt.f32.bf16h")}

@@ -74,7 +74,7 @@ from archsim.isa.builder import Mem, Pred, Reg
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 
-from .common import (BUF_BYTES, BUF_HOST, CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, Asm,
+from .common import (BUF_BYTES, BUF_HOST, CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MASK_DTYPE, Asm,
                      blocks_per_core, ceil_div, log2, widen_halves)
 from .gemm_gpu import to_float, to_host
 
@@ -96,8 +96,27 @@ COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum blo
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
-                  "relu": 1, "relu_grad": 1, "adamw": 14, "grad_accum": 1,
+                  "relu": 1, "relu_grad": 1, "adamw": 14, "grad_accum": 1, "dropout": 1, "dropout_add": 2,
+                  "dropout_grad": 1,
                   "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
+
+
+def unpack_bytes(a, v: Reg, raw: Reg, n: int) -> None:
+    """Registers v..v+n-1 = the n bytes packed in the words raw.. (each word's low byte first)."""
+    for i in range(n):
+        a("shr.u64", v + i, raw + i // 4, 8 * (i % 4))
+        a("and.b64", v + i, v + i, 0xFF)
+
+
+def pack_bytes(a, pk: Reg, v: Reg, n: int) -> None:
+    """Words pk.. = the bytes in registers v..v+n-1 (0 / 1 each), four a word, low byte first."""
+    t = a.reg()
+    for w in range(n // 4):
+        a("mov.b64", pk + w, v + 4 * w)
+        for b in range(1, 4):
+            a("shl.b64", t, v + 4 * w + b, 8 * b)
+            a("or.b64", pk + w, pk + w, t)
+    a.free(t)
 
 
 def _f32_bits(x: float) -> int:
@@ -332,6 +351,8 @@ class ElementwiseAsm:
         """n elements of the storage dtype (or ``dt``) at [addr] -> n consecutive f32 registers
         (returned: the first)."""
         dt = dt or self.dt
+        if dt == MASK_DTYPE:
+            return self.load_bytes(addr, n, p)
         es, a = ELEM_BYTES[dt], self.a
         nb = n * es
         v = a.reg(n)
@@ -369,8 +390,37 @@ class ElementwiseAsm:
         a.free(raw, k=nr)
         return v
 
+    def load_bytes(self, addr: Reg, n: int, p: Optional[Pred] = None) -> Reg:
+        """n bytes at [addr] -> n registers holding them as integers (a mask's 0 / 1)."""
+        a = self.a
+        v = a.reg(n)
+        if n == 1:
+            a("ld.global.u8", v, Mem(addr, 0), p=p)
+            return v
+        nw = n // 4
+        raw = a.reg(nw)
+        a(_LD[4 * nw], raw, Mem(addr, 0), p=p)
+        unpack_bytes(a, v, raw, n)
+        a.free(raw, k=nw)
+        return v
+
+    def store_bytes(self, addr: Reg, v: Reg, n: int) -> None:
+        """n registers of byte values (0 / 1) -> n bytes at [addr]."""
+        a = self.a
+        if n == 1:
+            a("st.global.b8", Mem(addr, 0), v)
+            return
+        nw = n // 4
+        pk = a.reg(nw)
+        pack_bytes(a, pk, v, n)
+        a(_ST[4 * nw], Mem(addr, 0), pk)
+        a.free(pk, k=nw)
+
     def store(self, addr: Reg, v: Reg, n: int, dt: Optional[str] = None) -> None:
         dt = dt or self.dt
+        if dt == MASK_DTYPE:
+            self.store_bytes(addr, v, n)
+            return
         es, a = ELEM_BYTES[dt], self.a
         nb = n * es
         if dt == "fp32":
@@ -1524,26 +1574,29 @@ MAX_UNROLL = 16             # choice: vectors a thread loads before its math (re
 
 
 def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref,
-                 unroll: int = 1, fscalars: tuple = (), narrow: Optional[dict] = None) -> ElementwiseKernel:
+                 unroll: int = 1, fscalars: tuple = (), narrow: Optional[dict] = None,
+                 iscalars: tuple = ()) -> ElementwiseKernel:
     """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
     vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
     math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
     (it may overwrite the input registers). ``unroll`` > 1: while a thread has that many whole
     vectors left it loads all of them before the math (more loads in flight, as NCCL's
     reduce-copy loop does), then takes the rest one at a time. ``fscalars``: (name, value) f32
-    parameters, loaded once into ``e.fs[name]`` for the math. ``narrow``: buffer name -> a 16-bit
-    storage dtype for buffers narrower than ``dtype`` (fp32): the same elements, at half the byte
-    offset (not with ``unroll``)."""
+    parameters, loaded once into ``e.fs[name]`` for the math; ``iscalars``: (name, value) integer
+    ones, in ``e.fs`` too. ``narrow``: buffer name -> the dtype of a buffer narrower than
+    ``dtype`` (16-bit beside fp32, or a u8 mask): the same elements at a fraction of the byte
+    offset (not with ``unroll``). The math finds the index of its first element in ``e.idx``."""
     dt = _dtype(op, dtype)
     narrow = dict(narrow or {})
-    if narrow and (dt != "fp32" or unroll > 1 or any(ELEM_BYTES[d] != 2 for d in narrow.values())):
+    if narrow and (unroll > 1 or any(d not in BUF_BYTES or BUF_BYTES[d] >= ELEM_BYTES[dt] for d in narrow.values())):
         raise InputError(f"{op} kernel", f"narrow buffers {narrow} in an {dt} kernel (unroll {unroll})",
-                         "16-bit buffers beside fp32 ones, without unroll")
+                         "buffers narrower than the kernel's dtype, without unroll")
+    shift = {name: log2(ELEM_BYTES[dt] // BUF_BYTES[d]) for name, d in narrow.items()}
     _pos(op, n=n)
     _target(op, caps)
     es = ELEM_BYTES[dt]
     VB = 16
-    fnames = tuple(name for name, _ in fscalars)
+    fnames = tuple(name for name, _ in fscalars) + tuple(name for name, _ in iscalars)
     e = ElementwiseAsm(f"{op}_{dt}", ins + outs + ("n",) + fnames, dt, VB, "thread", FLAT_THREADS)
     gid, t, stride = e.reg(), e.reg(), e.reg()
     e("s2r", gid, "%ctaid.x")
@@ -1571,14 +1624,16 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     e.const(0.5)
 
     def at(ad, name, j):
-        if name in narrow:                         # a 16-bit buffer: half the fp32 byte offset
-            e("shr.u64", ad, j, 1)
+        if name in narrow:                         # a narrower buffer: a fraction of the byte offset
+            e("shr.u64", ad, j, shift[name])
             e("add.i64", ad, base[name], ad)
         else:
             e("add.i64", ad, base[name], j)
 
     def body(j, k):
         ad = e.reg()
+        e.idx = e.reg()
+        e("shr.u64", e.idx, j, log2(es))
         vals = {}
         for name in ins:
             at(ad, name, j)
@@ -1587,7 +1642,7 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
         for name in outs:
             at(ad, name, j)
             e.store(ad, res[name], k, dt=narrow.get(name))
-        e.free(ad)
+        e.free(ad, e.idx)
         for r in set(vals.values()) | set(res.values()):
             e.free(r, k=k)
 
@@ -1597,7 +1652,8 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     e("exit")
     buffers = tuple(Buf(x, (n,), narrow.get(x, dt)) for x in ins) + \
         tuple(Buf(x, (n,), narrow.get(x, dt), True) for x in outs)
-    scalars = (("n", n),) + tuple((name, _f32_bits(_finite(op, name, v))) for name, v in fscalars)
+    scalars = (("n", n),) + tuple((name, _f32_bits(_finite(op, name, v))) for name, v in fscalars) + \
+        tuple((name, int(v)) for name, v in iscalars)
     return _finish(op, caps, e, FLAT_THREADS, ceil_div(n, FLAT_THREADS * (VB // es)), FLOPS_PER_ELEM[op] * n, buffers,
                    scalars, "thread", gen, ref)
 
@@ -1859,6 +1915,129 @@ def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
 
     return _flat_kernel("grad_accum", caps, n, "fp32", ("acc", "g"), ("acc_out",), grad_accum_math, gen,
                         lambda v: {"acc_out": v["acc"] + v["g"]}, narrow={"g": dt})
+
+
+# ----------------------------------------------------------------------------- dropout
+# Which elements dropout keeps: a counter-based hash of (element index + seed), a 32-bit
+# multiply-xorshift finalizer, kept when it is at least p 2^32. It stands in for PyTorch's Philox
+# generator: another mask, the same bytes moved (the output, and a byte of mask an element).
+HASH_MUL = (0x9E3779B1, 0x85EBCA6B)
+M32 = 0xFFFFFFFF
+MAX_DROP = 0.999            # choice: a probability close to 1 keeps nothing worth scaling
+
+
+def dropout_scalars(op: str, p: float, seed: int) -> tuple:
+    """(f32 scalars, integer scalars) of a dropout kernel: the kept elements' scale 1 / (1 - p),
+    the hash's seed and its keep threshold."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= float(p) <= MAX_DROP:
+        raise InputError(f"{op} kernel", f"dropout probability {p!r}", f"a number from 0 to {MAX_DROP}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= M32:
+        raise InputError(f"{op} kernel", f"seed {seed!r}", f"a whole number from 0 to {M32}")
+    return (("scale", 1.0 / (1.0 - float(p))),), (("seed", int(seed)), ("thresh", int(round(float(p) * 2.0 ** 32))))
+
+
+def dropout_keep(n: int, p: float, seed: int, start: int = 0) -> np.ndarray:
+    """The kernels' mask of elements start .. start + n - 1: True where an element is kept."""
+    thresh = int(round(float(p) * 2.0 ** 32))
+    h = (np.arange(start, start + n, dtype=np.uint64) + np.uint64(seed)) & np.uint64(M32)
+    for mul, sh in zip(HASH_MUL, (16, 13)):
+        h = (h * np.uint64(mul)) & np.uint64(M32)
+        h ^= h >> np.uint64(sh)
+    return h >= np.uint64(thresh)
+
+
+def _keep_pred(e, i: int, pk) -> None:
+    """pk = element e.idx + i is kept (dropout_keep's hash, in 64-bit integer registers)."""
+    h, t = e.reg(), e.reg()
+    e("add.i64", h, e.idx, i)
+    e("add.i64", h, h, e.fs["seed"])
+    e("and.b64", h, h, M32)
+    for mul, sh in zip(HASH_MUL, (16, 13)):
+        e("mul.i64", h, h, mul)
+        e("and.b64", h, h, M32)
+        e("shr.u64", t, h, sh)
+        e("xor.b64", h, h, t)
+    e("setp.ge.i64", pk, h, e.fs["thresh"])
+    e.free(h, t)
+
+
+def dropout_math(src: str, add: Optional[str] = None):
+    """The math of dropout (y = src kept and scaled, or add + that) with its mask."""
+    def math_fn(e, v, k):
+        x = v[src]
+        m, t = e.reg(k), e.reg()
+        pk = e.a.pred()
+        for i in range(k):
+            _keep_pred(e, i, pk)
+            e("mov.f32", t, 0.0)
+            e("mov.b64", t, e.fs["scale"], p=pk)
+            e("mul.f32", x + i, x + i, t)
+            if add is not None:
+                e("add.f32", x + i, x + i, v[add] + i)
+            e("mov.b64", m + i, 0)
+            e("mov.b64", m + i, 1, p=pk)
+        e.free(t)
+        e.a.pfree(pk)
+        return {"y": x, "mask": m}
+    return math_fn
+
+
+def dropout_grad_math(e, v, k):
+    dy, m = v["dy"], v["mask"]
+    t = e.reg()
+    pk = e.a.pred()
+    for i in range(k):
+        e("setp.ne.i64", pk, m + i, 0)
+        e("mov.f32", t, 0.0)
+        e("mov.b64", t, e.fs["scale"], p=pk)
+        e("mul.f32", dy + i, dy + i, t)
+    e.free(t)
+    e.a.pfree(pk)
+    return {"dx": dy}
+
+
+def _dropout_ref(n, p, seed, add: bool):
+    keep = dropout_keep(n, p, seed)
+    scale = float(np.float32(1.0 / (1.0 - p)))
+
+    def ref(v):
+        y = np.where(keep, v["x"] * scale, 0.0)
+        return {"y": y + v["a"] if add else y, "mask": keep.astype(np.float64)}
+    return ref
+
+
+def dropout_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = x / (1 - p) where kept, 0 where dropped, and the mask (a byte an element) for the
+    backward: torch.nn.functional.dropout in training (attention's probabilities)."""
+    dt = _dtype("dropout", dtype)
+    fs, ints = dropout_scalars("dropout", p, seed)
+    return _flat_kernel("dropout", caps, n, dt, ("x",), ("y", "mask"), dropout_math("x"),
+                        lambda rng: {"x": _normal(rng, (n,), dt)}, _dropout_ref(n, p, seed, False),
+                        fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE})
+
+
+def dropout_add_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = a + dropout(x), and the mask: Megatron-LM's bias-dropout-add after the projection and
+    FFN-out (no bias here), the residual a kept whole."""
+    dt = _dtype("dropout_add", dtype)
+    fs, ints = dropout_scalars("dropout_add", p, seed)
+    return _flat_kernel("dropout_add", caps, n, dt, ("a", "x"), ("y", "mask"), dropout_math("x", "a"),
+                        lambda rng: {"a": _normal(rng, (n,), dt), "x": _normal(rng, (n,), dt)},
+                        _dropout_ref(n, p, seed, True), fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE})
+
+
+def dropout_grad_kernel(caps, n: int, p: float, dtype: str = "fp16") -> ElementwiseKernel:
+    """dx = dy / (1 - p) where the mask kept the element, 0 elsewhere."""
+    dt = _dtype("dropout_grad", dtype)
+    fs, _ = dropout_scalars("dropout_grad", p, 0)
+    scale = float(np.float32(fs[0][1]))
+
+    def gen(rng):
+        return {"dy": _normal(rng, (n,), dt), "mask": (rng.random(n) >= p).astype(np.uint8)}
+
+    return _flat_kernel("dropout_grad", caps, n, dt, ("dy", "mask"), ("dx",), dropout_grad_math, gen,
+                        lambda v: {"dx": np.where(v["mask"] != 0, v["dy"] * scale, 0.0)}, fscalars=fs,
+                        narrow={"mask": MASK_DTYPE})
 
 
 def sigmoid(e: ElementwiseAsm, g: Reg, s: Reg) -> None:

@@ -78,7 +78,7 @@ from archsim.isa.program import Launch
 
 from . import elementwise_gpu as EW
 from .elementwise_gpu import F32_MAX, FLOPS_PER_ELEM, LOG2E, Buf, ElementwiseKernel, KernelChain
-from .common import (CVT_IN, CVT_OUT, ELEM_BYTES, Asm, OutOfRegisters, ceil_div, log2, pow2_ceil, pow2_floor,
+from .common import (BUF_BYTES, CVT_IN, CVT_OUT, ELEM_BYTES, MASK_DTYPE, Asm, OutOfRegisters, ceil_div, log2, pow2_ceil, pow2_floor,
                      widen_halves)
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "softmax_kernel", "softmax_grad_kernel", "layernorm_kernel",
@@ -158,6 +158,16 @@ class LdmAsm(EW.ElementwiseAsm):
 
     def load(self, addr: Reg, n: int, p=None, off: int = 0, dt: Optional[str] = None) -> Reg:
         dt = dt or self.dt
+        if dt == MASK_DTYPE:
+            v = self.a.reg(n)
+            if n == 1:
+                self.a("ld.shared.u8", v, Mem(addr, off), p=p)
+                return v
+            raw = self.a.reg(n // 4)
+            self.words(_LDS, raw, addr, off, n // 4, p)
+            EW.unpack_bytes(self.a, v, raw, n)
+            self.a.free(raw, k=n // 4)
+            return v
         es, a = ELEM_BYTES[dt], self.a
         v = a.reg(n)
         if dt == "fp32":
@@ -177,6 +187,15 @@ class LdmAsm(EW.ElementwiseAsm):
 
     def store(self, addr: Reg, v: Reg, n: int, off: int = 0, dt: Optional[str] = None) -> None:
         dt = dt or self.dt
+        if dt == MASK_DTYPE:
+            if n == 1:
+                self.a("st.shared.b8", Mem(addr, off), v)
+                return
+            pk = self.a.reg(n // 4)
+            EW.pack_bytes(self.a, pk, v, n)
+            self.words(_STS, pk, addr, off, n // 4, store=True)
+            self.a.free(pk, k=n // 4)
+            return
         es, a = ELEM_BYTES[dt], self.a
         if dt == "fp32":
             self.words(_STS, v, addr, off, n, store=True)
@@ -310,13 +329,14 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     n = int(dict(spec.scalars)["n"])
     ins = [b.name for b in spec.inputs]
     outs = [b.name for b in spec.outputs]
-    narrow = {b.name: b.dtype for b in spec.buffers if b.dtype != dt}     # 16-bit beside fp32
+    narrow = {b.name: b.dtype for b in spec.buffers if b.dtype != dt}     # 16-bit beside fp32, u8 masks
+    shift = {name: log2(es // BUF_BYTES[d]) for name, d in narrow.items()}
     nbuf = len(ins) + len(outs)
     nb = n * es
     G = caps.cores_total
     cap = min(FLAT_CHUNK_MAX, pow2_floor(caps.scratchpad_bytes // (2 * nbuf)))
     CHB = max(min(512, cap), min(cap, pow2_ceil(ceil_div(nb, 3 * G))))
-    chb = {name: CHB // 2 if name in narrow else CHB for name in ins + outs}
+    chb = {name: CHB >> shift.get(name, 0) for name in ins + outs}
     setb = sum(chb.values())
     VB = 16
     fnames = tuple(name for name, _ in spec.scalars if name != "n")   # f32 parameters (AdamW's)
@@ -346,12 +366,13 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     def dmas(kk, boff, names, put):
         off, ln = span(kk)
         g, s = e.reg(), e.reg()
-        if any(name in narrow for name in names):
-            off2, ln2 = e.reg(), e.reg()
-            e("shr.u64", off2, off, 1)
-            e("shr.u64", ln2, ln, 1)
+        off2, ln2 = e.reg(), e.reg()
         for name in names:
-            o, n_ = (off2, ln2) if name in narrow else (off, ln)
+            o, n_ = off, ln
+            if name in narrow:
+                e("shr.u64", off2, off, shift[name])
+                e("shr.u64", ln2, ln, shift[name])
+                o, n_ = off2, ln2
             e("ldparam", g, name)
             e("add.i64", g, g, o)
             e("add.i64", s, boff, off_of[name])
@@ -359,26 +380,26 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
                 e("dma.put", Mem(g, 0), Mem(s, 0), n_)
             else:
                 e("dma.get", Mem(s, 0), Mem(g, 0), n_)
-        if any(name in narrow for name in names):
-            e.free(off2, ln2)
-        e.free(off, ln, g, s)
+        e.free(off, ln, g, s, off2, ln2)
 
     def body(kk, boff):
         off, ln = span(kk)
-        e.free(off)
         ptr = {name: e.reg() for name in ins + outs}
         for name, r in ptr.items():
             e("add.i64", r, boff, off_of[name])
 
         def at(ad, name, j):
             if name in narrow:
-                e("shr.u64", ad, j, 1)
+                e("shr.u64", ad, j, shift[name])
                 e("add.i64", ad, ptr[name], ad)
             else:
                 e("add.i64", ad, ptr[name], j)
 
         def elem(j, m):
             ad = e.reg()
+            e.idx = e.reg()                        # the element's index in the whole buffer
+            e("add.i64", e.idx, off, j)
+            e("shr.u64", e.idx, e.idx, log2(es))
             vals = {}
             for name in ins:
                 at(ad, name, j)
@@ -387,12 +408,13 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
             for name in outs:
                 at(ad, name, j)
                 e.store(ad, res[name], m, dt=narrow.get(name))
+            e.free(e.idx)
             e.free(ad)
             for r in set(vals.values()) | set(res.values()):
                 e.free(r, k=m)
 
         e.loop(ln, elem)
-        e.free(ln, *ptr.values())
+        e.free(off, ln, *ptr.values())
 
     e.pipeline(k, step, kend, setb, lambda kk, b: dmas(kk, b, ins, False), body, lambda kk, b: dmas(kk, b, outs, True))
     e("dma.wait", 0)
@@ -486,6 +508,25 @@ def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     both through its LDM (the gradient's chunks half as long in bytes)."""
     _target("grad_accum", caps)
     return _flat(EW.grad_accum_kernel(_spec(caps), n, dtype), caps, EW.grad_accum_math)
+
+
+def dropout_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = x / (1 - p) where kept, 0 where dropped, and its byte mask (elementwise_gpu.dropout_kernel:
+    the same hash of the element's index, so the same mask)."""
+    _target("dropout", caps)
+    return _flat(EW.dropout_kernel(_spec(caps), n, p, seed, dtype), caps, EW.dropout_math("x"))
+
+
+def dropout_add_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = a + dropout(x), and its byte mask."""
+    _target("dropout_add", caps)
+    return _flat(EW.dropout_add_kernel(_spec(caps), n, p, seed, dtype), caps, EW.dropout_math("x", "a"))
+
+
+def dropout_grad_kernel(caps, n: int, p: float, dtype: str = "fp16") -> ElementwiseKernel:
+    """dx = dy / (1 - p) where the mask kept the element, 0 elsewhere."""
+    _target("dropout_grad", caps)
+    return _flat(EW.dropout_grad_kernel(_spec(caps), n, p, dtype), caps, EW.dropout_grad_math)
 
 
 def relu_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:

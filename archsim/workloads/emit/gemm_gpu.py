@@ -141,7 +141,7 @@ __all__ = ["GemmKernel", "Tile", "choose_tile", "gemm_kernel", "gemm_reference",
 
 # the storage dtypes' tables and tf32 (fp32 buffers the tensor units read with 10 mantissa bits);
 # _HOST also takes the output dtypes
-_DTYPES = {**DTYPE_ALIASES, "tf32": "tf32", INDEX_DTYPE: INDEX_DTYPE}
+_DTYPES = {**DTYPE_ALIASES, "tf32": "tf32", INDEX_DTYPE: INDEX_DTYPE, "u8": "u8"}
 _ELEM_BYTES = {**ELEM_BYTES, "tf32": 4}
 _MMA = {**MMA_OP, "tf32": "mma.m16n8k8.f32.tf32"}
 _HOST = {**BUF_HOST, "tf32": np.float32, "f32": np.float32, "f16": np.float16}
@@ -360,6 +360,8 @@ def to_host(x: np.ndarray, dtype: str) -> np.ndarray:
         return (r & 0xFFFF).astype(np.uint16)
     if dtype == INDEX_DTYPE:
         return np.ascontiguousarray(np.rint(x), np.int32)
+    if dtype == "u8":
+        return np.ascontiguousarray(np.rint(x), np.uint8)
     return np.ascontiguousarray(x, _HOST[dtype])
 
 
