@@ -253,7 +253,7 @@ class _PendingRun:
 # tolerances (atol, rtol) of an op's outputs against float64 numpy from the exact inputs the
 # kernels read, by storage dtype: f32 math, one rounding to the storage format per kernel (an op of
 # several kernels rounds its intermediates too, hence 2-4 ulps of the format)
-OP_TOL = {"i32": (0.5, 0.0), "fp32": (1e-4, 1e-4), "f32": (1e-4, 1e-4), "fp16": (4e-3, 8e-3), "f16": (4e-3, 8e-3),
+OP_TOL = {"i32": (0.5, 0.0), "u8": (0.5, 0.0), "fp32": (1e-4, 1e-4), "f32": (1e-4, 1e-4), "fp16": (4e-3, 8e-3), "f16": (4e-3, 8e-3),
           "bf16": (3e-2, 6e-2)}
 # the whole block's output against a float64 forward pass from the same initial tensors: every
 # intermediate was rounded to the storage format (about 10 roundings on the longest path)
@@ -367,7 +367,7 @@ def run_functional_block(machine, wl, opts: RunOptions, placement: str, progress
         of one kernel may cover different parts of one tensor, e.g. dK and dV of d_qkv)."""
         flat = host[slot.tensor].reshape(-1)
         a, g = np.asarray(arr).reshape(-1), np.asarray(given).reshape(-1)
-        bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize]
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize]
         changed = np.nonzero(a.view(bits) != g.view(bits))[0]
         flat[slot.offset + changed] = a[changed]
 

@@ -325,15 +325,15 @@ def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
             produced_fwd.update(op.outputs)
     kept = {"x"} | (read_bwd & produced_fwd) if recompute != "full" else {"x"}
     if recompute == "selective":
-        kept -= {"attn_probs", "attn_lse"}
+        kept -= {"attn_probs", "attn_lse", "attn_drop", "attn_mask"}
     total = 0
     for name in kept:
         size = 1
         for s in shapes[name]:
             size *= s
-        if sp and name in REPLICATED:
+        if sp and (name in REPLICATED or name in ("res1_mask", "res2_mask")):
             size //= tp
-        total += size * e
+        total += size * (1 if name.endswith("_mask") else e)     # dropout masks: a byte an element
     return total
 
 

@@ -33,6 +33,7 @@ ACTIVATIONS = ("gelu", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 ATTENTIONS = ("fused", "unfused")
 
+MAX_DROPOUT = 0.999         # elementwise_gpu.MAX_DROP: above, nothing is kept worth scaling
 PosInt = Annotated[int, Field(strict=True, gt=0)]
 Bool = Annotated[bool, Field(strict=True)]
 Text = Annotated[str, Field(strict=True, min_length=1)]
@@ -82,6 +83,10 @@ class ModelSpec(_Frozen):
     norm_eps: Annotated[float, Field(strict=False, gt=0, lt=1, allow_inf_nan=False)] = 1e-5
     # Optional: a mixture-of-experts FFN instead of the dense one.
     moe: Optional[MoeSpec] = None
+    # Optional: dropout probabilities in training (Megatron-LM's --attention-dropout on attention's
+    # probabilities, needing unfused attention, and --hidden-dropout in the residual adds); 0: none.
+    attention_dropout: Annotated[float, Field(strict=False, ge=0, le=MAX_DROPOUT, allow_inf_nan=False)] = 0.0
+    hidden_dropout: Annotated[float, Field(strict=False, ge=0, le=MAX_DROPOUT, allow_inf_nan=False)] = 0.0
 
     @model_validator(mode="after")
     def _heads_times_dim(self):
@@ -134,6 +139,11 @@ class Workload(_Frozen):
             raise FieldError("scenario.expert_parallel", f"expert_parallel {ep} " + (
                 "without model.moe" if m.moe is None else f"does not divide model.moe.experts {m.moe.experts}"),
                 "1 for a dense model, else a divisor of the experts", related=("model.moe",))
+        sc = self.scenario
+        if m.attention_dropout and sc.phase == "train" and sc.attention == "fused":
+            raise FieldError("model.attention_dropout", f"attention_dropout {m.attention_dropout} with fused "
+                             "attention: the fused kernels do not drop", "0, or scenario.attention unfused",
+                             related=("scenario.attention",))
         if m.moe is not None and tp > 1:
             raise FieldError("scenario.tensor_parallel", f"tensor_parallel {tp} with model.moe: a tensor-parallel "
                              "shard of the experts is not built", "tensor_parallel 1 for a mixture-of-experts model",
@@ -174,6 +184,8 @@ class Workload(_Frozen):
                "activation": m.activation, "norm": m.norm}
         if m.moe is not None:
             out["moe"] = {**m.moe.model_dump(), "capacity": m.moe.capacity(self.tokens())}
+        if m.attention_dropout or m.hidden_dropout:
+            out["dropout"] = {"attention": m.attention_dropout, "hidden": m.hidden_dropout}
         return out
 
 

@@ -62,6 +62,14 @@ Norm and activation gradients recompute what they need from their forward inputs
 tanh, sigmoid) instead of storing it. ``attn.grad`` (fused, FlashAttention-2 style) recomputes the
 scores from Q, K and the saved log-sum-exp; unfused reads the stored softmax matrix.
 
+Dropout (training; ``model.attention_dropout`` and ``hidden_dropout``, Megatron-LM's): unfused
+``attn`` drops its probabilities into attn_drop [b, n, s, s], which P V reads, keeping attn_mask
+(u8, a byte an element); ``res1`` / ``res2`` become dropout-adds (y = residual + dropout(x), masks
+res1_mask / res2_mask [T, h]). Backward, ``res2.dropout.grad`` and ``res1.dropout.grad`` drop d_y
+and d_x_mid into d_ffn2_out and d_proj_out (the GEMM grads' dY), and ``attn.grad`` reads
+attn_drop for dV and drops dP through attn_mask before the softmax's gradient. A dropout kernel's
+flops are ``ELEMENTWISE_FLOPS`` per element of its whole tensor (masked scores included).
+
 ``flops`` counts the math the kernels execute:
 
 - GEMM: 2 M N K.
@@ -112,11 +120,15 @@ ELEMENTWISE_FLOPS = {
                             # + 0.5 x dt (0.5 x 1, fma 2); * dy 1
     "swiglu_grad": 11,      # recompute sigmoid 3, silu 1, d_up = dy*silu 1,
                             # d_gate = dy*up*s*(1 + g (1 - s)) 6
+    "dropout": 1,           # x * scale where kept (the mask's hash is integer work)
+    "dropout_add": 2,       # a + x * scale
+    "dropout_grad": 1,      # dy * scale where kept
 }
 
 GEMM_NAMES = ("qkv", "proj", "ffn1", "ffn2")
 KINDS = ("gemm", "attention", "attention_grad", "layernorm", "rmsnorm", "gelu", "relu", "swiglu",
-         "add", "layernorm_grad", "rmsnorm_grad", "gelu_grad", "relu_grad", "swiglu_grad")
+         "add", "layernorm_grad", "rmsnorm_grad", "gelu_grad", "relu_grad", "swiglu_grad", "dropout_add",
+         "dropout_grad")
 
 
 @dataclass(frozen=True)
@@ -206,7 +218,10 @@ SP_COLLECTIVES = (("qkv", "before", "all_gather", "x_n1", False),
 EP_ALL_TO_ALL = (("dispatch", "expert_in"), ("expert2", "expert_out"), ("combine.grad", "d_expert_out"),
                  ("expert1.dgrad", "d_expert_in"))
 # the ops that sequence parallelism runs on the device's 1/tp of the tokens
-SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "norm2.grad", "res2.grad", "norm1.grad", "res1.grad")
+SP_TOKEN_OPS = ("norm1", "res1", "norm2", "res2", "res2.dropout.grad", "norm2.grad", "res2.grad", "res1.dropout.grad",
+                "norm1.grad", "res1.grad")
+# dropout's seeds (its mask hashes the element's index with the op's seed)
+DROPOUT_SEEDS = {"attn": 1, "res1": 2, "res2": 3}
 
 
 def _moe_sizes(m, T: int, ep: int) -> tuple:
@@ -261,8 +276,9 @@ def _moe_gemm(B: _Builder, name, a, b, c, E, M, N, K, trans_a=False, trans_b=Fal
           [a, b], [c], 2 * E * M * N * K, model_flops)
 
 
-def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int, ep: int = 1) -> None:
-    """The mixture-of-experts FFN's backward from d_y (the gradient of ffn2_out):
+def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int, ep: int = 1, dy: str = "d_y") -> None:
+    """The mixture-of-experts FFN's backward from ``dy`` (the gradient of ffn2_out: d_y, or
+    d_ffn2_out under hidden dropout):
 
     - ``combine.grad``: d_route_w [T, k] (a kept choice: its slot's row of expert_out . d_y[t]) and
       d_expert_out [E C, h] (a slot: its choice's weight x d_y of its token; zeros when empty);
@@ -280,7 +296,7 @@ def _moe_ffn_grad(B: _Builder, m, T: int, h: int, f: int, ep: int = 1) -> None:
         return t("d_" + name, B.shapes[name])
 
     B.add("combine.grad", "moe_combine_grad", dict(tokens=T, hidden=h, top_k=k, slots=S),
-          ["d_y", "expert_out", "route_slot", "route_w", "slot_token"], [grad("route_w"), grad("expert_out")],
+          [dy, "expert_out", "route_slot", "route_w", "slot_token"], [grad("route_w"), grad("expert_out")],
           2 * T * k * h + S * h, 0)
     _moe_gemm(B, "expert2.dgrad", "d_expert_out", "w_expert2", grad("expert_a"), El, Cg, f, h, trans_b=True,
               model_flops=2 * T * k * h * f)
@@ -316,6 +332,9 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     f1 = 2 * f if swiglu else f                      # ffn1's output width
     fused = sc.attention == "fused"
     layernorm = m.norm == "layernorm"
+    # dropout in training only: attention's on its probabilities (unfused), hidden in the residual adds
+    pa = m.attention_dropout if train else 0.0
+    ph = m.hidden_dropout if train else 0.0
     B = _Builder(sc.dtype)
     t = B.tensor
 
@@ -329,9 +348,11 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     t("x", (T, h))
     B.eltwise("norm1", m.norm, T, h, norm_inputs(1, "x"), [t("x_n1", (T, h))])
     B.gemm("qkv", "x_n1", t("w_qkv", (h, 3 * a)), t("qkv", (T, 3 * a)), T, 3 * a, h)
-    adims = dict(batch=b, heads=n, q_len=q_len, kv_len=kv_len, head_dim=d, causal=sc.causal, fused=fused)
+    adims = dict(batch=b, heads=n, q_len=q_len, kv_len=kv_len, head_dim=d, causal=sc.causal, fused=fused,
+                 dropout=pa)
     cells = b * n * unmasked_scores(q_len, kv_len, sc.causal)
-    a_flops = cells * (2 * 2 * d + ELEMENTWISE_FLOPS["softmax"])
+    drops = b * n * q_len * kv_len if pa else 0    # dropout runs over the whole probability matrix
+    a_flops = cells * (2 * 2 * d + ELEMENTWISE_FLOPS["softmax"]) + drops * ELEMENTWISE_FLOPS["dropout"]
     a_model = 2 * 2 * b * q_len * kv_len * a
     a_in = ["qkv"]
     if decode:
@@ -339,9 +360,19 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
     a_out = [t("attn_out", (T, a))]
     if train:
         a_out.append(t("attn_lse", (b, n, sc.seq)) if fused else t("attn_probs", (b, n, sc.seq, sc.seq)))
+        if pa:
+            a_out += [t("attn_drop", (b, n, sc.seq, sc.seq)), t("attn_mask", (b, n, sc.seq, sc.seq))]
     B.add("attn", "attention", adims, a_in, a_out, a_flops, a_model)
     B.gemm("proj", "attn_out", t("w_proj", (a, h)), t("proj_out", (T, h)), T, h, a)
-    B.eltwise("res1", "add", T, h, ["x", "proj_out"], [t("x_mid", (T, h))])
+
+    def residual(name, a_, x_, out):
+        if ph:                                       # Megatron-LM's bias-dropout-add (no bias)
+            B.add(name, "dropout_add", dict(rows=T, cols=h, p=ph, seed=DROPOUT_SEEDS[name]), [a_, x_],
+                  [t(out, (T, h)), t(f"{name}_mask", (T, h))], ELEMENTWISE_FLOPS["dropout_add"] * T * h, 0)
+        else:
+            B.eltwise(name, "add", T, h, [a_, x_], [t(out, (T, h))])
+
+    residual("res1", "x", "proj_out", "x_mid")
     B.eltwise("norm2", m.norm, T, h, norm_inputs(2, "x_mid"), [t("x_n2", (T, h))])
     if m.moe is not None:
         _moe_ffn(B, m, T, h, f, f1, sc.expert_parallel)
@@ -349,7 +380,7 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
         B.gemm("ffn1", "x_n2", t("w_ffn1", (h, f1)), t("ffn1_out", (T, f1)), T, f1, h)
         B.eltwise("act", m.activation, T, f, ["ffn1_out"], [t("act_out", (T, f))])
         B.gemm("ffn2", "act_out", t("w_ffn2", (f, h)), t("ffn2_out", (T, h)), T, h, f)
-    B.eltwise("res2", "add", T, h, ["x_mid", "ffn2_out"], [t("y", (T, h))])
+    residual("res2", "x_mid", "ffn2_out", "y")
     if not train:
         return B.ops, B.shapes
 
@@ -369,18 +400,29 @@ def build_block(w: "Workload") -> tuple[list[Op], dict[str, tuple]]:
         outs = [t(part, (T, h)), grad(f"norm{i}_gamma")] + ([grad(f"norm{i}_beta")] if layernorm else [])
         B.eltwise(f"norm{i}.grad", m.norm + "_grad", T, h, ins, outs)
 
+    def dropped(name, dy, x):
+        """The gradient of x, dropped with the residual op's mask (or dy itself)."""
+        if not ph:
+            return dy[len("d_"):]
+        B.add(f"{name}.dropout.grad", "dropout_grad", dict(rows=T, cols=h, p=ph), [dy, f"{name}_mask"], [grad(x)],
+              ELEMENTWISE_FLOPS["dropout_grad"] * T * h, 0)
+        return x
+
+    d_ffn = dropped("res2", "d_y", "ffn2_out")
     if m.moe is not None:
-        _moe_ffn_grad(B, m, T, h, f, sc.expert_parallel)
+        _moe_ffn_grad(B, m, T, h, f, sc.expert_parallel, "d_" + d_ffn)
     else:
-        gemm_grads("ffn2", "act_out", "w_ffn2", "y")
+        gemm_grads("ffn2", "act_out", "w_ffn2", d_ffn)
         B.eltwise("act.grad", m.activation + "_grad", T, f, ["ffn1_out", "d_act_out"], [grad("ffn1_out")])
         gemm_grads("ffn1", "x_n2", "w_ffn1", "ffn1_out")
     norm_grad(2, "x_mid", "d_x_mid_part")
     B.eltwise("res2.grad", "add", T, h, ["d_y", "d_x_mid_part"], [grad("x_mid")])
-    gemm_grads("proj", "attn_out", "w_proj", "x_mid")
-    g_in = ["qkv", "attn_out", "attn_lse", "d_attn_out"] if fused else ["qkv", "attn_probs", "d_attn_out"]
+    gemm_grads("proj", "attn_out", "w_proj", dropped("res1", "d_x_mid", "proj_out"))
+    g_in = ["qkv", "attn_out", "attn_lse", "d_attn_out"] if fused else \
+        ["qkv", "attn_probs"] + (["attn_drop", "attn_mask"] if pa else []) + ["d_attn_out"]
     mm, ew = (7, 8) if fused else (4, 4)
-    g_flops = cells * (mm * 2 * d + ew) + (b * n * q_len * 2 * d if fused else 0)
+    g_flops = cells * (mm * 2 * d + ew) + (b * n * q_len * 2 * d if fused else 0) + \
+        drops * ELEMENTWISE_FLOPS["dropout_grad"]
     B.add("attn.grad", "attention_grad", adims, g_in, [grad("qkv")], g_flops, 2 * a_model)
     gemm_grads("qkv", "x_n1", "w_qkv", "qkv")
     norm_grad(1, "x", "d_x_part")

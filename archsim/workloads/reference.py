@@ -174,6 +174,41 @@ def ref_attention_grad(q, k, v, dout, causal: bool, scale: Optional[float] = Non
     return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
 
 
+# ---- dropout ----------------------------------------------------------------------------------
+# Which elements dropout keeps: a counter-based hash of (element index + seed), a 32-bit
+# multiply-xorshift finalizer, kept when it is at least p 2^32. The kernels compute the same in
+# integer registers; it stands in for PyTorch's Philox generator (another mask, the same bytes).
+HASH_MUL = (0x9E3779B1, 0x85EBCA6B)
+HASH_SHIFT = (16, 13)
+M32 = 0xFFFFFFFF
+
+
+def dropout_keep(n: int, p: float, seed: int, start: int = 0) -> np.ndarray:
+    """The mask of elements start .. start + n - 1 (flat, row-major): True where kept."""
+    thresh = int(round(float(p) * 2.0 ** 32))
+    h = (np.arange(start, start + n, dtype=np.uint64) + np.uint64(seed)) & np.uint64(M32)
+    for mul, sh in zip(HASH_MUL, HASH_SHIFT):
+        h = (h * np.uint64(mul)) & np.uint64(M32)
+        h ^= h >> np.uint64(sh)
+    return h >= np.uint64(thresh)
+
+
+def dropout_scale(p: float) -> float:
+    """1 / (1 - p) as the kernels hold it (an f32)."""
+    return float(np.float32(1.0 / (1.0 - float(p))))
+
+
+def ref_dropout(x, p: float, seed: int):
+    """(x scaled where kept and 0 elsewhere, the mask as 0 / 1)."""
+    x = np.asarray(x, np.float64)
+    keep = dropout_keep(x.size, p, seed).reshape(x.shape)
+    return np.where(keep, x * dropout_scale(p), 0.0), keep.astype(np.float64)
+
+
+def ref_dropout_grad(dy, mask, p: float):
+    return np.where(np.asarray(mask) != 0, np.asarray(dy, np.float64) * dropout_scale(p), 0.0)
+
+
 # ---- layouts ----------------------------------------------------------------------------------
 
 def ref_moe_route(logits, top_k: int, capacity: int):
@@ -427,6 +462,12 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
     elif k == "swiglu_grad":
         f = d["cols"]
         outs = [np.concatenate(ref_swiglu_grad(ins[0][:, :f], ins[0][:, f:], ins[1]), axis=1)]
+    elif k == "attention" and d.get("dropout"):    # unfused, training: P dropped before P V
+        from archsim.workloads.ops import DROPOUT_SEEDS
+        q, kk, v = _attention_qkv(op, tensors)
+        probs = ref_attention_probs(q, kk, d["causal"])
+        dropped, mask = ref_dropout(probs, d["dropout"], DROPOUT_SEEDS[op.name])
+        outs = [merge_heads(dropped @ v), probs, dropped, mask]
     elif k == "attention":
         q, kk, v = _attention_qkv(op, tensors)
         out, lse = ref_attention(q, kk, v, d["causal"], return_lse=True)
@@ -435,6 +476,11 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
             outs.append(lse)
         if "attn_probs" in op.outputs:
             outs.append(ref_attention_probs(q, kk, d["causal"]))
+    elif k == "dropout_add":
+        dropped, mask = ref_dropout(ins[1], d["p"], d["seed"])
+        outs = [ins[0] + dropped, mask]
+    elif k == "dropout_grad":
+        outs = [ref_dropout_grad(ins[0], ins[1], d["p"])]
     elif k == "moe_route":
         outs = list(ref_moe_route(ins[0], d["top_k"], d["capacity"]))
     elif k == "moe_dispatch":
@@ -458,7 +504,17 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
             probs = np.exp(s - np.asarray(tensors["attn_lse"], np.float64)[..., None])
         else:                                        # unfused: the stored softmax matrix
             probs = tensors["attn_probs"]
-        grads = ref_attention_grad(q, kk, v, do, d["causal"], probs=probs)
+        if d.get("dropout"):                         # dV from the dropped P; dP through the mask
+            p = np.asarray(probs, np.float64)
+            vv = np.asarray(v, np.float64)
+            dv = np.swapaxes(np.asarray(tensors["attn_drop"], np.float64), -1, -2) @ do
+            dp = ref_dropout_grad(do @ np.swapaxes(vv, -1, -2), tensors["attn_mask"], d["dropout"])
+            ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+            scale = 1.0 / math.sqrt(d["head_dim"])
+            grads = (scale * ds @ np.asarray(kk, np.float64), scale * np.swapaxes(ds, -1, -2) @ np.asarray(q, np.float64),
+                     dv)
+        else:
+            grads = ref_attention_grad(q, kk, v, do, d["causal"], probs=probs)
         outs = [np.concatenate([merge_heads(g) for g in grads], axis=1)]
     else:
         raise ValueError(f"op {op.name}: no reference for kind {k!r}")
@@ -485,7 +541,7 @@ def execute_ops(workload: "Workload", tensors: dict) -> dict[str, np.ndarray]:
     return env
 
 
-__all__ = ["causal_mask", "execute_ops", "merge_heads", "random_weights", "ref_add", "ref_attention",
+__all__ = ["causal_mask", "dropout_keep", "dropout_scale", "execute_ops", "ref_dropout", "ref_dropout_grad", "merge_heads", "random_weights", "ref_add", "ref_attention",
            "ref_attention_grad", "ref_attention_probs", "ref_gelu", "ref_gelu_grad", "ref_gemm", "ref_layernorm",
            "ref_layernorm_grad", "ref_relu", "ref_relu_grad", "ref_rmsnorm", "ref_rmsnorm_grad", "ref_softmax",
            "ref_swiglu", "ref_swiglu_grad", "reference_block", "run_op", "split_heads"]

@@ -291,12 +291,14 @@ def _attention_math(op, ctx) -> list[Kernel]:
         params = k.args(*sl, q_off=0, k_off=kt[1], v_off=vt[1], **extra)
         return [_mk(op.name, op, k.program, k.launch, op.flops, op.model_flops, params, ctx,
                     ("O", "LSE") if lse else ("O",))]
-    # unfused: S = Q K^T -> P = softmax(S / sqrt(d)) -> O = P V, S and P through memory
+    # unfused: S = Q K^T -> P = softmax(S / sqrt(d)) [-> dropout] -> O = P V, S and P through memory
     sq = (b, n, q, kv)
     probs = op.outputs[1] if len(op.outputs) > 1 else f"{op.name}.probs"
+    p_drop = d.get("dropout", 0.0)
     sm = ctx.E.ew.softmax_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
-    cells = op.flops // (4 * hd + EW.FLOPS_PER_ELEM["softmax"])   # unmasked (query, key) pairs
-    f_qk, f_sm, f_av = 2 * hd * cells, op.flops - 4 * hd * cells, 2 * hd * cells
+    f_drop = b * n * q * kv * EW.FLOPS_PER_ELEM["dropout"] if p_drop else 0
+    cells = (op.flops - f_drop) // (4 * hd + EW.FLOPS_PER_ELEM["softmax"])   # unmasked (query, key) pairs
+    f_qk, f_sm, f_av = 2 * hd * cells, op.flops - f_drop - 4 * hd * cells, 2 * hd * cells
     m_half = op.model_flops // 2
     qk = _batched(ctx, f"{op.name}.qk", op, f_qk, m_half, q, kv, hd, ("qkv", 0), kt[:2],
                   (f"{op.name}.scores", 0, sq), trans_b=True, lda=3 * h, ldb=kt[2], ldc=kv, batch=(b, n),
@@ -304,10 +306,19 @@ def _attention_math(op, ctx) -> list[Kernel]:
     ssl = {"x": ctx.slot(f"{op.name}.scores", view=(b * n * q, kv), shape=sq),
            "y": ctx.slot(probs, view=(b * n * q, kv), shape=sq)}
     smk = _mk(f"{op.name}.softmax", op, sm.program, sm.launch, f_sm, 0, sm.args(**ssl), ctx, ("y",))
+    drop = []
+    if p_drop:                          # P V reads the dropped probabilities; the mask is kept
+        from archsim.workloads.ops import DROPOUT_SEEDS
+        probs, mask = op.outputs[2], op.outputs[3]
+        dk = ctx.E.ew.dropout_kernel(ctx.caps, b * n * q * kv, p_drop, DROPOUT_SEEDS[op.name], ctx.dt)
+        dsl = {"x": ctx.slot(ssl["y"].tensor, view=(b * n * q * kv,), shape=sq),
+               "y": ctx.slot(probs, view=(b * n * q * kv,), shape=sq),
+               "mask": ctx.slot(mask, view=(b * n * q * kv,), shape=sq, dtype="u8")}
+        drop = [_mk(f"{op.name}.dropout", op, dk.program, dk.launch, f_drop, 0, dk.args(**dsl), ctx, ("y", "mask"))]
     av = _batched(ctx, f"{op.name}.av", op, f_av, op.model_flops - m_half, q, hd, kv, (probs, 0, sq), vt[:2],
                   (op.outputs[0], 0), lda=kv, ldb=vt[2], ldc=h, batch=(b, n), stride_a=(n * q * kv, q * kv),
                   stride_b=(kv * vt[2], hd), stride_c=(q * h, hd))
-    return [qk, smk, av]
+    return [qk, smk] + drop + [av]
 
 
 def _attention_split(op, ctx, sk, kt, vt, lse) -> list[Kernel]:
@@ -330,25 +341,35 @@ def _attention_grad(op, ctx) -> list[Kernel]:
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
         return _attention_grad_fused(op, ctx)
-    probs, dout = op.inputs[1], op.inputs[2]
+    probs, dout = op.inputs[1], op.inputs[-1]
+    p_drop = d.get("dropout", 0.0)
+    dropped, mask = (op.inputs[2], op.inputs[3]) if p_drop else (probs, None)   # what P V read; the mask
     (dqkv,) = op.outputs
     sq = (b, n, q, kv)
     dp, ds = f"{op.name}.dprobs", f"{op.name}.dscores"
     sg = ctx.E.ew.softmax_grad_kernel(ctx.caps, b * n * q, kv, ctx.dt, 1.0 / math.sqrt(hd), d["causal"], q_len=q)
-    cells = op.flops // (8 * hd + 4)               # unmasked pairs: 4 matmuls of 2d, 4 elementwise
+    f_drop = b * n * q * kv * EW.FLOPS_PER_ELEM["dropout_grad"] if p_drop else 0
+    cells = (op.flops - f_drop) // (8 * hd + 4)    # unmasked pairs: 4 matmuls of 2d, 4 elementwise
     f_mm = 2 * hd * cells
-    f_sg = op.flops - 4 * f_mm
+    f_sg = op.flops - f_drop - 4 * f_mm
     m4 = _split(op.model_flops, [1, 1, 1, 1])
     P = dict(batch=(b, n))
     sP = (n * q * kv, q * kv)          # a (b, head) matrix of P, dP, dS
     sO = (q * h, hd)                   # a head of dO (rows of h)
     sQKV = (q * 3 * h, hd)             # a head of Q / dQ / dK / dV in the [T, 3h] layout
+    ddrop = f"{op.name}.ddrop" if p_drop else dp    # dO V^T: the dropped probabilities' gradient
     ks = [
-        _batched(ctx, f"{op.name}.dv", op, f_mm, m4[0], kv, hd, q, (probs, 0, sq), (dout, 0), (dqkv, 2 * h),
+        _batched(ctx, f"{op.name}.dv", op, f_mm, m4[0], kv, hd, q, (dropped, 0, sq), (dout, 0), (dqkv, 2 * h),
                  trans_a=True, lda=kv, ldb=h, ldc=3 * h, stride_a=sP, stride_b=sO, stride_c=sQKV, **P),
-        _batched(ctx, f"{op.name}.dp", op, f_mm, m4[1], q, kv, hd, (dout, 0), vt[:2], (dp, 0, sq), trans_b=True,
+        _batched(ctx, f"{op.name}.dp", op, f_mm, m4[1], q, kv, hd, (dout, 0), vt[:2], (ddrop, 0, sq), trans_b=True,
                  lda=h, ldb=vt[2], ldc=kv, stride_a=sO, stride_b=(kv * vt[2], hd), stride_c=sP, **P),
     ]
+    if p_drop:
+        gk = ctx.E.ew.dropout_grad_kernel(ctx.caps, b * n * q * kv, p_drop, ctx.dt)
+        fl = (b * n * q * kv,)
+        gsl0 = {"dy": ctx.slot(ddrop, view=fl, shape=sq), "mask": ctx.slot(mask, view=fl, shape=sq, dtype="u8"),
+                "dx": ctx.slot(dp, view=fl, shape=sq)}
+        ks.append(_mk(f"{op.name}.dropout", op, gk.program, gk.launch, f_drop, 0, gk.args(**gsl0), ctx, ("dx",)))
     gsl = {"p": ctx.slot(probs, view=(b * n * q, kv), shape=sq), "dp": ctx.slot(dp, view=(b * n * q, kv), shape=sq),
            "dx": ctx.slot(ds, view=(b * n * q, kv), shape=sq)}
     ks.append(_mk(f"{op.name}.softmax", op, sg.program, sg.launch, f_sg, 0, sg.args(**gsl), ctx, ("dx",)))
@@ -435,6 +456,18 @@ def _flat(op, ctx) -> list[Kernel]:
     return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
 
 
+def _dropout(op, ctx) -> list[Kernel]:
+    """A dropout-add (forward residual, its mask out) or a dropout's gradient (the mask in)."""
+    d = op.dims
+    n = d["rows"] * d["cols"]
+    if op.kind == "dropout_add":
+        k = ctx.E.ew.dropout_add_kernel(ctx.caps, n, d["p"], d["seed"], ctx.dt)
+    else:
+        k = ctx.E.ew.dropout_grad_kernel(ctx.caps, n, d["p"], ctx.dt)
+    names = [b.name for b in k.buffers]
+    return _ew(op, ctx, k, dict(zip(names, list(op.inputs) + list(op.outputs))))
+
+
 def _swiglu(op, ctx) -> list[Kernel]:
     d = op.dims
     fn = ctx.E.ew.swiglu_grad_kernel if op.kind == "swiglu_grad" else ctx.E.ew.swiglu_kernel
@@ -508,7 +541,8 @@ EMITTERS = {"gemm": _gemm, "attention": _attention, "attention_grad": _attention
             "relu": _flat, "add": _flat, "gelu_grad": _flat, "relu_grad": _flat, "swiglu": _swiglu,
             "swiglu_grad": _swiglu, "moe_route": _moe_route, "moe_dispatch": _moe_dispatch, "moe_gemm": _moe_gemm,
             "moe_combine": _moe_combine, "moe_combine_grad": _moe_combine_grad,
-            "moe_dispatch_grad": _moe_dispatch_grad, "moe_route_grad": _moe_route_grad}
+            "moe_dispatch_grad": _moe_dispatch_grad, "moe_route_grad": _moe_route_grad, "dropout_add": _dropout,
+            "dropout_grad": _dropout}
 
 
 def emit_block(caps, wl) -> list[Kernel]:

@@ -77,6 +77,7 @@ from archsim.isa.program import Launch, Program
 from .common import (BUF_BYTES, BUF_HOST, CVT_IN, CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MASK_DTYPE, Asm,
                      blocks_per_core, ceil_div, log2, widen_halves)
 from .gemm_gpu import to_float, to_host
+from ..reference import HASH_MUL, HASH_SHIFT, M32, dropout_keep, dropout_scale
 
 __all__ = ["Buf", "ElementwiseKernel", "KernelChain", "chunk_sum_kernel", "softmax_kernel", "softmax_grad_kernel",
            "layernorm_kernel", "layernorm_grad_kernel", "rmsnorm_kernel", "rmsnorm_grad_kernel", "gelu_kernel",
@@ -1575,7 +1576,7 @@ MAX_UNROLL = 16             # choice: vectors a thread loads before its math (re
 
 def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn: Callable, gen, ref,
                  unroll: int = 1, fscalars: tuple = (), narrow: Optional[dict] = None,
-                 iscalars: tuple = ()) -> ElementwiseKernel:
+                 iscalars: tuple = (), index: bool = False) -> ElementwiseKernel:
     """A grid-stride kernel over n elements of same-shaped buffers: thread g takes the 16-byte
     vectors g, g + G, g + 2G, ... (G = threads in the grid), then one element of the tail.
     math_fn(e, vals: dict name -> first f32 register, k) returns {out name: first register}
@@ -1585,7 +1586,8 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
     parameters, loaded once into ``e.fs[name]`` for the math; ``iscalars``: (name, value) integer
     ones, in ``e.fs`` too. ``narrow``: buffer name -> the dtype of a buffer narrower than
     ``dtype`` (16-bit beside fp32, or a u8 mask): the same elements at a fraction of the byte
-    offset (not with ``unroll``). The math finds the index of its first element in ``e.idx``."""
+    offset (not with ``unroll``). ``index``: the math finds the index of its first element in
+    ``e.idx``."""
     dt = _dtype(op, dtype)
     narrow = dict(narrow or {})
     if narrow and (unroll > 1 or any(d not in BUF_BYTES or BUF_BYTES[d] >= ELEM_BYTES[dt] for d in narrow.values())):
@@ -1632,8 +1634,9 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
 
     def body(j, k):
         ad = e.reg()
-        e.idx = e.reg()
-        e("shr.u64", e.idx, j, log2(es))
+        if index:
+            e.idx = e.reg()
+            e("shr.u64", e.idx, j, log2(es))
         vals = {}
         for name in ins:
             at(ad, name, j)
@@ -1642,7 +1645,9 @@ def _flat_kernel(op: str, caps, n: int, dtype, ins: tuple, outs: tuple, math_fn:
         for name in outs:
             at(ad, name, j)
             e.store(ad, res[name], k, dt=narrow.get(name))
-        e.free(ad, e.idx)
+        e.free(ad)
+        if index:
+            e.free(e.idx)
         for r in set(vals.values()) | set(res.values()):
             e.free(r, k=k)
 
@@ -1918,11 +1923,7 @@ def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
 
 
 # ----------------------------------------------------------------------------- dropout
-# Which elements dropout keeps: a counter-based hash of (element index + seed), a 32-bit
-# multiply-xorshift finalizer, kept when it is at least p 2^32. It stands in for PyTorch's Philox
-# generator: another mask, the same bytes moved (the output, and a byte of mask an element).
-HASH_MUL = (0x9E3779B1, 0x85EBCA6B)
-M32 = 0xFFFFFFFF
+# Which elements dropout keeps: reference.dropout_keep's hash of (element index + seed).
 MAX_DROP = 0.999            # choice: a probability close to 1 keeps nothing worth scaling
 
 
@@ -1936,23 +1937,13 @@ def dropout_scalars(op: str, p: float, seed: int) -> tuple:
     return (("scale", 1.0 / (1.0 - float(p))),), (("seed", int(seed)), ("thresh", int(round(float(p) * 2.0 ** 32))))
 
 
-def dropout_keep(n: int, p: float, seed: int, start: int = 0) -> np.ndarray:
-    """The kernels' mask of elements start .. start + n - 1: True where an element is kept."""
-    thresh = int(round(float(p) * 2.0 ** 32))
-    h = (np.arange(start, start + n, dtype=np.uint64) + np.uint64(seed)) & np.uint64(M32)
-    for mul, sh in zip(HASH_MUL, (16, 13)):
-        h = (h * np.uint64(mul)) & np.uint64(M32)
-        h ^= h >> np.uint64(sh)
-    return h >= np.uint64(thresh)
-
-
 def _keep_pred(e, i: int, pk) -> None:
     """pk = element e.idx + i is kept (dropout_keep's hash, in 64-bit integer registers)."""
     h, t = e.reg(), e.reg()
     e("add.i64", h, e.idx, i)
     e("add.i64", h, h, e.fs["seed"])
     e("and.b64", h, h, M32)
-    for mul, sh in zip(HASH_MUL, (16, 13)):
+    for mul, sh in zip(HASH_MUL, HASH_SHIFT):
         e("mul.i64", h, h, mul)
         e("and.b64", h, h, M32)
         e("shr.u64", t, h, sh)
@@ -1998,7 +1989,7 @@ def dropout_grad_math(e, v, k):
 
 def _dropout_ref(n, p, seed, add: bool):
     keep = dropout_keep(n, p, seed)
-    scale = float(np.float32(1.0 / (1.0 - p)))
+    scale = dropout_scale(p)
 
     def ref(v):
         y = np.where(keep, v["x"] * scale, 0.0)
@@ -2013,7 +2004,7 @@ def dropout_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> El
     fs, ints = dropout_scalars("dropout", p, seed)
     return _flat_kernel("dropout", caps, n, dt, ("x",), ("y", "mask"), dropout_math("x"),
                         lambda rng: {"x": _normal(rng, (n,), dt)}, _dropout_ref(n, p, seed, False),
-                        fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE})
+                        fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE}, index=True)
 
 
 def dropout_add_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
@@ -2023,14 +2014,15 @@ def dropout_add_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -
     fs, ints = dropout_scalars("dropout_add", p, seed)
     return _flat_kernel("dropout_add", caps, n, dt, ("a", "x"), ("y", "mask"), dropout_math("x", "a"),
                         lambda rng: {"a": _normal(rng, (n,), dt), "x": _normal(rng, (n,), dt)},
-                        _dropout_ref(n, p, seed, True), fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE})
+                        _dropout_ref(n, p, seed, True), fscalars=fs, iscalars=ints, narrow={"mask": MASK_DTYPE},
+                        index=True)
 
 
 def dropout_grad_kernel(caps, n: int, p: float, dtype: str = "fp16") -> ElementwiseKernel:
     """dx = dy / (1 - p) where the mask kept the element, 0 elsewhere."""
     dt = _dtype("dropout_grad", dtype)
     fs, _ = dropout_scalars("dropout_grad", p, 0)
-    scale = float(np.float32(fs[0][1]))
+    scale = dropout_scale(p)
 
     def gen(rng):
         return {"dy": _normal(rng, (n,), dt), "mask": (rng.random(n) >= p).astype(np.uint8)}

@@ -331,6 +331,7 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     outs = [b.name for b in spec.outputs]
     narrow = {b.name: b.dtype for b in spec.buffers if b.dtype != dt}     # 16-bit beside fp32, u8 masks
     shift = {name: log2(es // BUF_BYTES[d]) for name, d in narrow.items()}
+    index = any(name == "seed" for name, _ in spec.scalars)    # dropout hashes the element's index
     nbuf = len(ins) + len(outs)
     nb = n * es
     G = caps.cores_total
@@ -366,7 +367,9 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
     def dmas(kk, boff, names, put):
         off, ln = span(kk)
         g, s = e.reg(), e.reg()
-        off2, ln2 = e.reg(), e.reg()
+        narrowed = any(name in narrow for name in names)
+        if narrowed:
+            off2, ln2 = e.reg(), e.reg()
         for name in names:
             o, n_ = off, ln
             if name in narrow:
@@ -380,10 +383,14 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
                 e("dma.put", Mem(g, 0), Mem(s, 0), n_)
             else:
                 e("dma.get", Mem(s, 0), Mem(g, 0), n_)
-        e.free(off, ln, g, s, off2, ln2)
+        if narrowed:
+            e.free(off2, ln2)
+        e.free(off, ln, g, s)
 
     def body(kk, boff):
         off, ln = span(kk)
+        if not index:
+            e.free(off)
         ptr = {name: e.reg() for name in ins + outs}
         for name, r in ptr.items():
             e("add.i64", r, boff, off_of[name])
@@ -397,9 +404,10 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
 
         def elem(j, m):
             ad = e.reg()
-            e.idx = e.reg()                        # the element's index in the whole buffer
-            e("add.i64", e.idx, off, j)
-            e("shr.u64", e.idx, e.idx, log2(es))
+            if index:                              # the element's index in the whole buffer (dropout's hash)
+                e.idx = e.reg()
+                e("add.i64", e.idx, off, j)
+                e("shr.u64", e.idx, e.idx, log2(es))
             vals = {}
             for name in ins:
                 at(ad, name, j)
@@ -408,13 +416,16 @@ def _flat(spec: ElementwiseKernel, caps, math_fn: Callable) -> ElementwiseKernel
             for name in outs:
                 at(ad, name, j)
                 e.store(ad, res[name], m, dt=narrow.get(name))
-            e.free(e.idx)
+            if index:
+                e.free(e.idx)
             e.free(ad)
             for r in set(vals.values()) | set(res.values()):
                 e.free(r, k=m)
 
         e.loop(ln, elem)
-        e.free(off, ln, *ptr.values())
+        e.free(ln, *ptr.values())
+        if index:
+            e.free(off)
 
     e.pipeline(k, step, kend, setb, lambda kk, b: dmas(kk, b, ins, False), body, lambda kk, b: dmas(kk, b, outs, True))
     e("dma.wait", 0)
