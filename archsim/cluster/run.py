@@ -53,19 +53,26 @@ OPT_CHUNK = 65536
 OPT_LAUNCH_CHUNKS = 320
 
 
-def _adamw_seconds(machine, n: int) -> float:
-    """Seconds of one AdamW launch over n fp32 parameters, timed by the engine (kernel cache)."""
+def _flat_seconds(machine, kernel: str, n: int, *args) -> float:
+    """Seconds of one launch of a flat elementwise kernel (``kernel``, the emitters' function
+    name) over n elements on the machine, timed by the engine (kernel cache)."""
     from archsim.config import capabilities
     from archsim.engine.timing import shared_buffers, time_kernel
 
     if machine.family == "gpu":
-        from archsim.workloads.emit.elementwise_gpu import adamw_kernel
+        from archsim.workloads.emit import elementwise_gpu as ew
     else:
-        from archsim.workloads.emit.elementwise_sunway import adamw_kernel
-    k = adamw_kernel(capabilities(machine), n)
+        from archsim.workloads.emit import elementwise_sunway as ew
+    k = getattr(ew, kernel)(capabilities(machine), n, *args)
     sizes = k.buffer_bytes()
-    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
+    t = time_kernel(k.program, machine, k.launch,
+                    k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
     return t.cycles / (machine.clock_ghz * 1e9)
+
+
+def _adamw_seconds(machine, n: int) -> float:
+    """Seconds of one AdamW launch over n fp32 parameters."""
+    return _flat_seconds(machine, "adamw_kernel", n)
 
 
 def _launches_seconds(n: int, launch) -> float:
@@ -76,33 +83,13 @@ def _launches_seconds(n: int, launch) -> float:
 
 
 def _grad_accum_seconds(machine, n: int, dtype: str) -> float:
-    """Seconds of one fp32 gradient-accumulation launch over n parameters (kernel cache)."""
-    from archsim.config import capabilities
-    from archsim.engine.timing import shared_buffers, time_kernel
-
-    if machine.family == "gpu":
-        from archsim.workloads.emit.elementwise_gpu import grad_accum_kernel
-    else:
-        from archsim.workloads.emit.elementwise_sunway import grad_accum_kernel
-    k = grad_accum_kernel(capabilities(machine), n, dtype)
-    sizes = k.buffer_bytes()
-    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
-    return t.cycles / (machine.clock_ghz * 1e9)
+    """Seconds of one fp32 gradient-accumulation launch over n parameters."""
+    return _flat_seconds(machine, "grad_accum_kernel", n, dtype)
 
 
 def _half_accum_seconds(machine, n: int, dtype: str) -> float:
     """Seconds of one 16-bit accumulation launch (g = g + g_new, the add kernel) over n parameters."""
-    from archsim.config import capabilities
-    from archsim.engine.timing import shared_buffers, time_kernel
-
-    if machine.family == "gpu":
-        from archsim.workloads.emit.elementwise_gpu import add_kernel
-    else:
-        from archsim.workloads.emit.elementwise_sunway import add_kernel
-    k = add_kernel(capabilities(machine), n, dtype)
-    sizes = k.buffer_bytes()
-    t = time_kernel(k.program, machine, k.launch, k.args(**dict(zip(sizes, shared_buffers(machine, list(sizes.values()))))))
-    return t.cycles / (machine.clock_ghz * 1e9)
+    return _flat_seconds(machine, "add_kernel", n, dtype)
 
 
 def grad_accum_times(machine, workload, plan, params_block: int) -> dict | None:

@@ -29,7 +29,7 @@ expert-parallel all-to-all likewise, as every EP group of a stage runs it at onc
 NICs and uplinks, where they slow each other; the pipeline and data-parallel traffic is left out); the
 embedding lookup and the loss are not timed; the optimizer's update is (AdamW on the parameters
 whose state the device holds, after the stage's last gradient reduction, run.optimizer_times), and
-with ``grad_accum=kernel`` the fp32 gradient accumulation after each backward
+with ``grad_accum=fp32`` or ``half`` the gradient accumulation after each backward
 (run.grad_accum_times), but not the copy of the updated fp32 master weights into the
 half-precision ones.
 """
@@ -279,8 +279,8 @@ class StepSim:
                  record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None,
                  optimizer: list | None = None, grad_accum: dict | None = None):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
-        # grad_accum=kernel: seconds after each backward adding a block's (and the embedding's or
-        # tied head's) half gradients into the fp32 buffer (run.grad_accum_times)
+        # grad_accum=fp32 or half: seconds after each backward adding a block's (and the embedding's
+        # or tied head's) gradients into the accumulation buffer (run.grad_accum_times)
         self.accum = grad_accum or {"block": 0.0, "embedding": 0.0}
         # per stage, a device's AdamW step (run.optimizer_times): after its last gradient reduction,
         # before ZeRO's gather of the updated weights
@@ -358,7 +358,7 @@ class StepSim:
             h = self.head["forward"] if kind == "F" else self.head["backward"]
             g = self.gap * (1 if kind == "F" else 2)          # the backward's two GEMMs
             t, busy = t + h + g, busy + h + g
-        if kind == "B":                                       # the gradients into the fp32 buffer
+        if kind == "B":                                       # the gradients into the accumulation buffer
             a = nb * self.accum["block"] + (self.accum["embedding"] if self.holds_embedding(stage, chunk) else 0.0)
             t, busy = t + a, busy + a
         return t, busy, exp
@@ -429,8 +429,8 @@ class StepSim:
         """Replica r's first stage has its word embeddings' gradient, or its last stage the tied
         LM head's. With more than one stage the two copies' gradients are summed before either
         enters its data-parallel bucket: an all-reduce of each TP rank's vocabulary shard (in the
-        gradients' accumulation type) between its first- and last-stage devices, Megatron-LM's embedding group
-        (DeepSpeed's tied-module reduction)."""
+        gradients' accumulation type) between its first- and last-stage devices, Megatron-LM's
+        embedding group (DeepSpeed's tied-module reduction)."""
         plan, ev = self.plan, self.ev
         last = plan.pp - 1
         if last == 0:
