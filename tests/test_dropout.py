@@ -109,3 +109,21 @@ def test_dropout_costs_time():
     cyc = {n: r["cycles"] for r in with_d["kernels"] for n in [r["name"]] + r.get("also", [])}
     assert cyc["attn.dropout"] > 0 and cyc["attn.grad.dropout"] > 0 and cyc["res1.dropout.grad"] > 0
     assert with_d["total"]["cycles"] > without["total"]["cycles"]
+
+
+def test_dropout_in_a_cluster_step_with_sequence_parallelism(capsys, tmp_path):
+    """A training step of a model with dropout under tp 2 and sequence parallelism: the residual
+    dropout-adds and their gradients run on the device's share of the tokens, like the adds."""
+    from test_step import TINY
+
+    cl, wf, out = tmp_path / "tc.yaml", tmp_path / "w.yaml", tmp_path / "c.json"
+    cl.write_text(yaml.safe_dump(TINY))
+    wf.write_text(yaml.safe_dump(_doc(seq=16)))
+    assert main(["run", "--cluster", str(cl), "--workload", str(wf), "--plan", "tp=2,pp=2,dp=2,mb=1,gbs=8,sp=on",
+                 "--workers", "1", "--json", str(out)]) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["workload"]["dropout"] == {"attention": 0.1, "hidden": 0.2} and doc["step"]["step_seconds"] > 0
+    ops = {k["op"] for k in doc["stages"][0]["kernels"]}
+    assert {"res1.dropout.grad", "res2.dropout.grad"} <= ops | {o for k in doc["stages"][0]["kernels"]
+                                                                 for o in k.get("also_ops", [])}
