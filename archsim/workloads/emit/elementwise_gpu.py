@@ -1988,10 +1988,10 @@ def dropout_grad_math(e, v, k):
 
 
 def _dropout_ref(n, p, seed, add: bool):
-    keep = dropout_keep(n, p, seed)
     scale = dropout_scale(p)
 
-    def ref(v):
+    def ref(v):                                   # the mask drawn only when a check asks for it
+        keep = dropout_keep(n, p, seed)
         y = np.where(keep, v["x"] * scale, 0.0)
         return {"y": y + v["a"] if add else y, "mask": keep.astype(np.float64)}
     return ref
