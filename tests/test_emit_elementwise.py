@@ -437,6 +437,17 @@ def test_grad_accum_adds_the_half_gradient_into_fp32(hw, n, dtype):
         E.grad_accum_kernel(caps, n, "fp32")
 
 
+@pytest.mark.parametrize("hw,n,dtype", [("tiny-gpu", 1, "fp16"), ("tiny-gpu", 4099, "bf16")])
+def test_cast_widens_to_fp32_exactly(hw, n, dtype):
+    caps = caps_of(hw)
+    k = E.cast_kernel(caps, n, dtype)
+    got, _ = compare(k, caps, seed=n)
+    assert np.array_equal(got["y"], to_float(k.random_inputs(n)["x"], dtype))
+    assert [b.dtype for b in k.buffers] == [dtype, "fp32"]
+    with pytest.raises(InputError, match="fp32 input"):
+        E.cast_kernel(caps, n, "fp32")
+
+
 # ----------------------------------------------------------------------------- dropout
 @pytest.mark.parametrize("hw,n,dtype,p", [("tiny-gpu", 1, "fp16", 0.1), ("tiny-gpu", 1003, "bf16", 0.5),
                                          ("tiny-gpu", 40999, "fp32", 0.1), ("a100", 70001, "fp16", 0.1)])

@@ -284,7 +284,7 @@ def test_kernels_keep_the_gpu_kernels_contract():
             ("swiglu_kernel", (5, 40, "fp16"), {}), ("swiglu_grad_kernel", (5, 40, "bf16"), {}),
             ("adamw_kernel", (77,), dict(step=3)), ("grad_accum_kernel", (77, "bf16"), {}),
             ("dropout_kernel", (77, 0.1, 3, "fp16"), {}), ("dropout_add_kernel", (77, 0.1, 3, "bf16"), {}),
-            ("dropout_grad_kernel", (77, 0.1, "fp32"), {})]
+            ("dropout_grad_kernel", (77, 0.1, "fp32"), {}), ("cast_kernel", (77, "bf16"), {})]
     for fn, a, kw in reqs:
         s, g = getattr(E, fn)(sw, *a, **kw), getattr(G, fn)(gpu, *a, **kw)
         assert isinstance(s, G.ElementwiseKernel)

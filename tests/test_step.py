@@ -311,11 +311,12 @@ def test_grad_accum_times_split_as_the_optimizer(monkeypatch):
     seen = []
     monkeypatch.setattr(R, "_grad_accum_seconds", lambda machine, n, dt: seen.append(("fp32", n, dt)) or n * 1e-9)
     monkeypatch.setattr(R, "_half_accum_seconds", lambda machine, n, dt: seen.append(("half", n, dt)) or n * 2e-9)
+    monkeypatch.setattr(R, "_copy_accum_seconds", lambda machine, n, dt: seen.append(("fp32_copy", n, dt)) or n * 3e-9)
     monkeypatch.setattr(R, "OPT_CHUNK", 64)
     monkeypatch.setattr(R, "OPT_LAUNCH_CHUNKS", 4)           # 256 parameters a launch
     wl = load_workload("tiny", {"phase": "train", "dtype": "bf16"})
     m = wl.model
-    for mode, per in (("fp32", 1e-9), ("half", 2e-9)):
+    for mode, per in (("fp32", 1e-9), ("half", 2e-9), ("fp32_copy", 3e-9)):
         seen.clear()
         plan = parse_plan(f"tp=2,pp=2,mb=1,gbs=4,grad_accum={mode}")
         got = R.grad_accum_times(None, wl, plan, 1000)
@@ -356,6 +357,16 @@ def test_grad_accum_launch_is_timed_by_the_engine():
         t1, t2 = _grad_accum_seconds(hw, 1 << 14, "fp16"), _grad_accum_seconds(hw, 1 << 16, "fp16")
         assert 0 < t1 < t2 and _grad_accum_seconds(hw, 1 << 14, "fp16") == t1
         assert t2 > 2 * t1
+
+
+def test_copy_then_add_costs_more_than_one_accumulation():
+    """fp32_copy (DeepSpeed's add of an fp32 copy) is two launches, 18 bytes a parameter against
+    the accumulation kernel's 10: on tiny-gpu it takes longer."""
+    from archsim.cluster.run import _copy_accum_seconds, _grad_accum_seconds
+    from archsim.config import load_machine
+
+    tiny = load_machine("tiny-gpu")
+    assert _copy_accum_seconds(tiny, 1 << 16, "bf16") > 1.3 * _grad_accum_seconds(tiny, 1 << 16, "bf16")
 
 
 def test_adamw_launch_is_timed_by_the_engine():

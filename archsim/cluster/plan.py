@@ -31,7 +31,7 @@ KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute"
         "grad_reduce", "grad_accum")
 EP_PLACES = ("inside", "across")
 GRAD_REDUCE = ("overlap", "after")
-GRAD_ACCUM = ("fused", "fp32", "half")
+GRAD_ACCUM = ("fused", "fp32", "fp32_copy", "half")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -62,9 +62,10 @@ class Plan:
     # how a micro-batch's weight gradients join the step's: in the weight-gradient GEMMs into an fp32
     # buffer (Megatron-core's gradient_accumulation_fusion; their fp32 epilogue is not timed), or by
     # a kernel after each backward into an fp32 buffer (Megatron-LM's main_grad hook with fp32
-    # accumulation, DeepSpeed's bf16 update_hp_grads: 10 bytes a parameter) or into the 16-bit
-    # gradient itself (PyTorch autograd's accumulation, fp16 Megatron-LM: 6 bytes, and the
-    # data-parallel reduction in 16 bits); fp32 training accumulates in fp32 whatever the key says
+    # accumulation: 10 bytes a parameter; fp32_copy: the gradient first copied to fp32, then added,
+    # as DeepSpeed's bf16 update_hp_grads does: 18 bytes) or into the 16-bit gradient itself
+    # (PyTorch autograd's accumulation, fp16 Megatron-LM: 6 bytes, and the data-parallel reduction
+    # in 16 bits); fp32 training accumulates in fp32 whatever the key says
     grad_accum: str = "fused"
 
     def grad_bytes(self, dtype: str) -> int:
@@ -119,7 +120,7 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
                "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
-               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|fp32|half")
+               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|fp32|fp32_copy|half")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -174,7 +175,8 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     if "grad_accum" in seen:
         if seen["grad_accum"] not in GRAD_ACCUM:
             raise InputError(where, f"grad_accum={seen['grad_accum']!r}", "fused (in the weight-gradient GEMMs), fp32 "
-                             "(a kernel after each backward into an fp32 buffer) or half (into the 16-bit gradient)")
+                             "(a kernel after each backward into an fp32 buffer), fp32_copy (the gradient copied "
+                             "to fp32, then added) or half (into the 16-bit gradient)")
         kw["grad_accum"] = seen["grad_accum"]
     if "order" in seen:
         order = tuple(seen["order"].split("-"))

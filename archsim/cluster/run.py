@@ -87,20 +87,26 @@ def _grad_accum_seconds(machine, n: int, dtype: str) -> float:
     return _flat_seconds(machine, "grad_accum_kernel", n, dtype)
 
 
+def _copy_accum_seconds(machine, n: int, dtype: str) -> float:
+    """Seconds of copying n 16-bit gradients to fp32 and adding the copy into the fp32 buffer:
+    two launches (DeepSpeed's ``hp_grad.add_(lp.grad.to(hp_grad.dtype))``)."""
+    return _flat_seconds(machine, "cast_kernel", n, dtype) + _flat_seconds(machine, "add_kernel", n, "fp32")
+
+
 def _half_accum_seconds(machine, n: int, dtype: str) -> float:
     """Seconds of one 16-bit accumulation launch (g = g + g_new, the add kernel) over n parameters."""
     return _flat_seconds(machine, "add_kernel", n, dtype)
 
 
 def grad_accum_times(machine, workload, plan, params_block: int) -> dict | None:
-    """grad_accum=fp32 or half in a half-precision training step: seconds a device takes after
+    """grad_accum=fp32, fp32_copy or half in a half-precision training step: seconds a device takes after
     each backward to add one block's weight gradients (its TP shard) and the embedding's (or tied
     LM head's) into the accumulation buffer, in launches split as the optimizer's; None otherwise."""
     sc = workload.scenario
     if plan.grad_accum == "fused" or sc.phase != "train" or sc.dtype == "fp32":
         return None
     times: dict[int, float] = {}
-    timer = _grad_accum_seconds if plan.grad_accum == "fp32" else _half_accum_seconds
+    timer = {"fp32": _grad_accum_seconds, "fp32_copy": _copy_accum_seconds, "half": _half_accum_seconds}[plan.grad_accum]
 
     def launch(n: int) -> float:
         if n not in times:

@@ -29,7 +29,7 @@ expert-parallel all-to-all likewise, as every EP group of a stage runs it at onc
 NICs and uplinks, where they slow each other; the pipeline and data-parallel traffic is left out); the
 embedding lookup and the loss are not timed; the optimizer's update is (AdamW on the parameters
 whose state the device holds, after the stage's last gradient reduction, run.optimizer_times), and
-with ``grad_accum=fp32`` or ``half`` the gradient accumulation after each backward
+with ``grad_accum`` other than ``fused`` the gradient accumulation after each backward
 (run.grad_accum_times), but not the copy of the updated fp32 master weights into the
 half-precision ones.
 """
@@ -279,7 +279,7 @@ class StepSim:
                  record_links: bool = True, expert_params_block: int = 0, block_topo: Topology | None = None,
                  optimizer: list | None = None, grad_accum: dict | None = None):
         self.topo, self.plan, self.wl, self.bt, self.head = topo, plan, workload, bt, head
-        # grad_accum=fp32 or half: seconds after each backward adding a block's (and the embedding's
+        # grad_accum other than fused: seconds after each backward adding a block's (and the embedding's
         # or tied head's) gradients into the accumulation buffer (run.grad_accum_times)
         self.accum = grad_accum or {"block": 0.0, "embedding": 0.0}
         # per stage, a device's AdamW step (run.optimizer_times): after its last gradient reduction,

@@ -97,7 +97,7 @@ COLSUM_WARPS = 16                     # warps of a dgamma / dbeta column-sum blo
 # work such as reductions and rescales is not counted)
 FLOPS_PER_ELEM = {"softmax": 5, "softmax_grad": 4, "layernorm": 8, "rmsnorm": 4, "layernorm_grad": 11,
                   "rmsnorm_grad": 7, "gelu": 9, "gelu_grad": 18, "swiglu": 6, "swiglu_grad": 11, "add": 1,
-                  "relu": 1, "relu_grad": 1, "adamw": 14, "grad_accum": 1, "dropout": 1, "dropout_add": 2,
+                  "relu": 1, "relu_grad": 1, "adamw": 14, "grad_accum": 1, "cast": 0, "dropout": 1, "dropout_add": 2,
                   "dropout_grad": 1,
                   "colsum_ln": 5, "colsum_rms": 3, "colsum_chunks": 1}
 
@@ -2030,6 +2030,15 @@ def dropout_grad_kernel(caps, n: int, p: float, dtype: str = "fp16") -> Elementw
     return _flat_kernel("dropout_grad", caps, n, dt, ("dy", "mask"), ("dx",), dropout_grad_math, gen,
                         lambda v: {"dx": np.where(v["mask"] != 0, v["dy"] * scale, 0.0)}, fscalars=fs,
                         narrow={"mask": MASK_DTYPE})
+
+
+def cast_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = x over n elements, a 16-bit x widened to fp32 (torch's ``.to(torch.float32)``)."""
+    dt = _dtype("cast", dtype)
+    if dt == "fp32":
+        raise InputError("cast kernel", "an fp32 input", "fp16 or bf16 (the output is fp32)")
+    return _flat_kernel("cast", caps, n, "fp32", ("x",), ("y",), lambda e, v, k: {"y": v["x"]},
+                        lambda rng: {"x": _normal(rng, (n,), dt)}, lambda v: {"y": v["x"]}, narrow={"x": dt})
 
 
 def sigmoid(e: ElementwiseAsm, g: Reg, s: Reg) -> None:

@@ -521,6 +521,12 @@ def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     return _flat(EW.grad_accum_kernel(_spec(caps), n, dtype), caps, EW.grad_accum_math)
 
 
+def cast_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
+    """y = x, a 16-bit x widened to fp32 (elementwise_gpu.cast_kernel)."""
+    _target("cast", caps)
+    return _flat(EW.cast_kernel(_spec(caps), n, dtype), caps, lambda e, v, k: {"y": v["x"]})
+
+
 def dropout_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
     """y = x / (1 - p) where kept, 0 where dropped, and its byte mask (elementwise_gpu.dropout_kernel:
     the same hash of the element's index, so the same mask)."""
