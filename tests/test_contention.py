@@ -4,6 +4,7 @@ topology / roofline plots, report.html, the trace's counter tracks and the Pytho
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -235,6 +236,27 @@ _docs = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=
 @given(_docs)
 def test_json_text_round_trips(doc):
     assert json.loads(jsonfmt.dumps(doc)) == doc
+    assert jsonfmt.dumps(doc) == _indented_with_flat_lists(doc)
+
+
+# the writer's rule, applied to json.dumps's own indented text: every list of scalars on one line
+_FLAT_LIST = re.compile(r'\[\s*((?:(?:-?[\d.eE+-]+|null|true|false|"[^"\[\]{}\n]*")\s*,\s*)*'
+                        r'(?:-?[\d.eE+-]+|null|true|false|"[^"\[\]{}\n]*"))\s*\]')
+
+
+def _indented_with_flat_lists(obj) -> str:
+    text = json.dumps(obj, indent=2)
+    return _FLAT_LIST.sub(lambda m: "[" + re.sub(r",\n\s*", ", ", m.group(1)) + "]", text)
+
+
+def test_json_text_keeps_the_rule_on_odd_values():
+    """Non-finite numbers, strings with quotes or brackets, and keys that are not strings: written
+    as json.dumps writes them, and a list holding any of the first two not joined."""
+    doc = {"t": [[1, 2.5, None], [True, "a b"]], "s": ['say "x"', "y"], "n": [float("nan"), 1], "b": ["a[b", "c"],
+           1: {}, None: [], 2.5: (1, 2)}
+    text = jsonfmt.dumps(doc)
+    assert text == _indented_with_flat_lists(doc)
+    assert '[1, 2.5, null]' in text and '"null": []' in text and '"2.5": [1, 2]' in text
 
 
 @pytest.mark.skipif(not any(shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome")),
