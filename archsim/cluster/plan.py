@@ -305,7 +305,7 @@ def block_parameters(shard, experts_only: bool = False) -> int:
 
 # the tensors every device of a tensor-parallel group holds whole (the residual stream and the norms'
 # outputs); sequence parallelism splits them over the group by tokens
-REPLICATED = ("x", "x_n1", "x_mid", "x_n2", "y")
+REPLICATED = ("x", "x_n1", "x_mid", "x_n2", "y", "res1_mask", "res2_mask")
 
 
 def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
@@ -333,7 +333,7 @@ def stored_activations(train_shard, recompute: str, sp: bool, tp: int) -> int:
         size = 1
         for s in shapes[name]:
             size *= s
-        if sp and (name in REPLICATED or name in ("res1_mask", "res2_mask")):
+        if sp and name in REPLICATED:
             size //= tp
         total += size * (1 if name.endswith("_mask") else e)     # dropout masks: a byte an element
     return total

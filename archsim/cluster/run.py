@@ -75,6 +75,17 @@ def _adamw_seconds(machine, n: int) -> float:
     return _flat_seconds(machine, "adamw_kernel", n)
 
 
+def _per_size(timer):
+    """timer(n) remembered for each size n (a device's launches repeat a few sizes)."""
+    times: dict[int, float] = {}
+
+    def launch(n: int) -> float:
+        if n not in times:
+            times[n] = timer(n)
+        return times[n]
+    return launch
+
+
 def _launches_seconds(n: int, launch) -> float:
     """n elements in whole launches of OPT_LAUNCH_CHUNKS x OPT_CHUNK and one of the rest, each
     launch(size) seconds."""
@@ -105,14 +116,8 @@ def grad_accum_times(machine, workload, plan, params_block: int) -> dict | None:
     sc = workload.scenario
     if plan.grad_accum == "fused" or sc.phase != "train" or sc.dtype == "fp32":
         return None
-    times: dict[int, float] = {}
     timer = {"fp32": _grad_accum_seconds, "fp32_copy": _copy_accum_seconds, "half": _half_accum_seconds}[plan.grad_accum]
-
-    def launch(n: int) -> float:
-        if n not in times:
-            times[n] = timer(machine, n, sc.dtype)
-        return times[n]
-
+    launch = _per_size(lambda n: timer(machine, n, sc.dtype))
     m = workload.model
     return {"block": _launches_seconds(params_block, launch),
             "embedding": _launches_seconds(m.vocab * m.hidden // plan.tp, launch)}
@@ -126,13 +131,7 @@ def optimizer_times(machine, workload, plan) -> list[float]:
 
     if workload.scenario.phase != "train":
         return []
-    times: dict[int, float] = {}
-
-    def launch(n: int) -> float:
-        if n not in times:
-            times[n] = _adamw_seconds(machine, n)
-        return times[n]
-
+    launch = _per_size(lambda n: _adamw_seconds(machine, n))
     return [_launches_seconds(math.ceil(params), launch) for params in optimizer_parameters(plan, workload)]
 
 

@@ -162,14 +162,17 @@ def ref_swiglu_grad(gate, up, dy):
     return dy * u * s * (1.0 + g * (1.0 - s)), dy * g * s
 
 
-def ref_attention_grad(q, k, v, dout, causal: bool, scale: Optional[float] = None, probs=None):
+def ref_attention_grad(q, k, v, dout, causal: bool, scale: Optional[float] = None, probs=None, dropout=None):
     """(dq, dk, dv) of ref_attention. ``probs`` (the stored softmax matrix) is used when given,
-    otherwise it is recomputed from q and k."""
+    otherwise it is recomputed from q and k. ``dropout``: (dropped probabilities, mask, p) when
+    P V read the dropped matrix: dV from it, and dP through the mask."""
     q, k, v, do = (np.asarray(t, np.float64) for t in (q, k, v, dout))
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     p = ref_attention_probs(q, k, causal, scale) if probs is None else np.asarray(probs, np.float64)
-    dv = np.swapaxes(p, -1, -2) @ do
+    dv = np.swapaxes(p if dropout is None else np.asarray(dropout[0], np.float64), -1, -2) @ do
     dp = do @ np.swapaxes(v, -1, -2)
+    if dropout is not None:
+        dp = ref_dropout_grad(dp, dropout[1], dropout[2])
     ds = p * (dp - (dp * p).sum(-1, keepdims=True))
     return scale * ds @ k, scale * np.swapaxes(ds, -1, -2) @ q, dv
 
@@ -504,17 +507,8 @@ def run_op(op, tensors: dict, norm_eps: float = 1e-5) -> dict[str, np.ndarray]:
             probs = np.exp(s - np.asarray(tensors["attn_lse"], np.float64)[..., None])
         else:                                        # unfused: the stored softmax matrix
             probs = tensors["attn_probs"]
-        if d.get("dropout"):                         # dV from the dropped P; dP through the mask
-            p = np.asarray(probs, np.float64)
-            vv = np.asarray(v, np.float64)
-            dv = np.swapaxes(np.asarray(tensors["attn_drop"], np.float64), -1, -2) @ do
-            dp = ref_dropout_grad(do @ np.swapaxes(vv, -1, -2), tensors["attn_mask"], d["dropout"])
-            ds = p * (dp - (dp * p).sum(-1, keepdims=True))
-            scale = 1.0 / math.sqrt(d["head_dim"])
-            grads = (scale * ds @ np.asarray(kk, np.float64), scale * np.swapaxes(ds, -1, -2) @ np.asarray(q, np.float64),
-                     dv)
-        else:
-            grads = ref_attention_grad(q, kk, v, do, d["causal"], probs=probs)
+        drop = (tensors["attn_drop"], tensors["attn_mask"], d["dropout"]) if d.get("dropout") else None
+        grads = ref_attention_grad(q, kk, v, do, d["causal"], probs=probs, dropout=drop)
         outs = [np.concatenate([merge_heads(g) for g in grads], axis=1)]
     else:
         raise ValueError(f"op {op.name}: no reference for kind {k!r}")

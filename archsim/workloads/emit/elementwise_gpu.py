@@ -2032,12 +2032,16 @@ def dropout_grad_kernel(caps, n: int, p: float, dtype: str = "fp16") -> Elementw
                         narrow={"mask": MASK_DTYPE})
 
 
+def cast_math(e, v, k):
+    return {"y": v["x"]}
+
+
 def cast_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     """y = x over n elements, a 16-bit x widened to fp32 (torch's ``.to(torch.float32)``)."""
     dt = _dtype("cast", dtype)
     if dt == "fp32":
         raise InputError("cast kernel", "an fp32 input", "fp16 or bf16 (the output is fp32)")
-    return _flat_kernel("cast", caps, n, "fp32", ("x",), ("y",), lambda e, v, k: {"y": v["x"]},
+    return _flat_kernel("cast", caps, n, "fp32", ("x",), ("y",), cast_math,
                         lambda rng: {"x": _normal(rng, (n,), dt)}, lambda v: {"y": v["x"]}, narrow={"x": dt})
 
 

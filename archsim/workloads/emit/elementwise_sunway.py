@@ -524,7 +524,7 @@ def grad_accum_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
 def cast_kernel(caps, n: int, dtype: str = "fp16") -> ElementwiseKernel:
     """y = x, a 16-bit x widened to fp32 (elementwise_gpu.cast_kernel)."""
     _target("cast", caps)
-    return _flat(EW.cast_kernel(_spec(caps), n, dtype), caps, lambda e, v, k: {"y": v["x"]})
+    return _flat(EW.cast_kernel(_spec(caps), n, dtype), caps, EW.cast_math)
 
 
 def dropout_kernel(caps, n: int, p: float, seed: int, dtype: str = "fp16") -> ElementwiseKernel:
