@@ -5,14 +5,17 @@ Candidates (choice): tensor parallelism inside a node (tp dividing the devices o
 model's heads, hidden and FFN width); pp dividing the devices left, so every device is used
 (dp = devices / (tp x pp)); micro-batches of 1, 2, 4, 8 that divide the global batch over dp;
 for a mixture-of-experts model every power-of-two expert parallelism dividing its experts and dp
-(placed inside); 1F1B. For each (tp, pp, ep, mb) the cheapest memory rule that fits is kept: no
-recompute before selective before full, and the lowest ZeRO stage (0-2) that fits with it.
-Kernels are timed once per (tp, ep, mb) and kept in the kernel cache, so a second search is fast.
+(placed inside); sequence parallelism off and on where tp > 1; 1F1B, and in training interleaved
+1F1B with 2 chunks a stage where it applies. For each of those the cheapest memory rule that fits
+is kept: no recompute before selective before full, and the lowest ZeRO stage (0-2) that fits
+with it.
+Kernels are timed once per (tp, ep, mb, sp) and kept in the kernel cache, so a second search is fast.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from archsim.errors import InputError
 
@@ -26,10 +29,41 @@ MICRO_BATCHES = (1, 2, 4, 8)
 MAX_CANDIDATES = 2000
 
 
+def _variants(tp: int, phase: str) -> list[tuple]:
+    """(sequence parallel, schedule, chunks) a (tp, pp, dp, mb, ep) is tried with: sequence
+    parallelism where tensor parallelism splits something by tokens, and in training Megatron-LM's
+    interleaved 1F1B with 2 chunks a stage beside plain 1F1B (choice: the smallest interleaving,
+    which shortens the bubble most for its extra pipeline traffic)."""
+    sps = (False, True) if tp > 1 and phase != "decode" else (False,)
+    scheds = (("1f1b", 1), ("interleaved", 2)) if phase == "train" else (("1f1b", 1),)
+    return [(sp, sched, v) for sp in sps for sched, v in scheds]
+
+
+def _cheapest_fit(base: Plan, cluster, workload, capacity: float):
+    """The plan with the cheapest memory rule that fits (no recompute before selective before
+    full, then the lowest ZeRO stage 0-2), None if none does, or "too_big" when the step cannot
+    simulate its replicas."""
+    for recompute in ("none", "selective", "full"):
+        for zero in (0, 1, 2):
+            p = replace(base, recompute=recompute, zero=zero)
+            try:
+                check_plan(p, cluster, workload)
+            except InputError:
+                break
+            try:
+                check_step(p, workload)
+            except InputError:
+                return "too_big"
+            if memory_per_device(p, workload, capacity)["total"] <= capacity:
+                return p
+    return None
+
+
 def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int, int]:
     """Plans that pass the checks and fit in memory, how many were looked at, and how many had
     more replicas than the step simulates."""
     m = workload.model
+    phase = workload.scenario.phase
     per_node = cluster.node.devices
     tps = [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
            and m.ffn_hidden % t == 0]
@@ -44,31 +78,31 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
             for mb, ep in ((mb, ep) for mb in MICRO_BATCHES for ep in eps):
                 if global_batch % (mb * dp):
                     continue
-                seen += 1
-                if seen > MAX_CANDIDATES:
-                    return out, seen, too_big
-                chosen = None
-                for recompute in ("none", "selective", "full"):
-                    for zero in (0, 1, 2):
-                        p = Plan(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, global_batch=global_batch,
-                                 recompute=recompute, zero=zero)
-                        try:
-                            check_plan(p, cluster, workload)
-                        except InputError:
-                            break
-                        try:
-                            check_step(p, workload)
-                        except InputError:
-                            too_big += 1
-                            break
-                        if memory_per_device(p, workload, capacity)["total"] <= capacity:
-                            chosen = p
-                            break
-                    if chosen is not None:
-                        break
-                if chosen is not None:
-                    out.append(chosen)
+                for sp, sched, v in _variants(tp, phase):
+                    base = Plan(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, global_batch=global_batch,
+                                schedule=sched, chunks=v, sequence_parallel=sp)
+                    if sched == "interleaved" and not _interleaves(base, cluster, workload):
+                        continue
+                    seen += 1
+                    if seen > MAX_CANDIDATES:
+                        return out, seen, too_big
+                    chosen = _cheapest_fit(base, cluster, workload, capacity)
+                    if chosen == "too_big":
+                        too_big += 1
+                    elif chosen is not None:
+                        out.append(chosen)
     return out, seen, too_big
+
+
+def _interleaves(plan: Plan, cluster, workload) -> bool:
+    """Whether the interleaved schedule applies to the plan (pp >= 2, the micro-batches a multiple
+    of pp, a block or more a chunk)."""
+    try:
+        check_plan(plan, cluster, workload)
+        check_step(plan, workload)
+    except InputError:
+        return False
+    return True
 
 
 def search(cluster_arg: str, workload, opts, global_batch: int | None = None, top: int = 10,
@@ -121,11 +155,14 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
 def format_search(r: dict) -> str:
     lines = [f"{r['workload']} on {r['cluster']}, global batch {r['global_batch']}: {r['candidates']} plans "
              f"looked at, {r['fit']} fit in memory and were simulated; the fastest:",
-             f"  {'tp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'mb':>3} {'recompute':<10} {'zero':>4} {'step s':>10} "
+             f"  {'tp':>3} {'pp':>3} {'dp':>4} {'ep':>3} {'mb':>3} {'sp':>3} {'schedule':<13} {'recompute':<10} "
+             f"{'zero':>4} {'step s':>10} "
              f"{'TFLOP/s':>8} {'MFU':>6} {'GB a dev':>9}"]
     for x in r["plans"]:
         mfu = f"{100 * x['mfu']:.1f}%" if x["mfu"] is not None else "-"
-        lines.append(f"  {x['tp']:>3} {x['pp']:>3} {x['dp']:>4} {x['ep']:>3} {x['micro_batch']:>3} {x['recompute']:<10} "
+        sp = "on" if x["sequence_parallel"] else "off"
+        lines.append(f"  {x['tp']:>3} {x['pp']:>3} {x['dp']:>4} {x['ep']:>3} {x['micro_batch']:>3} {sp:>3} "
+                     f"{x['schedule']:<13} {x['recompute']:<10} "
                      f"{x['zero']:>4} {x['step_seconds']:>10.4g} {x['tflops_per_device_model']:>8.1f} {mfu:>6} "
                      f"{x['memory_per_device'] / 1e9:>9.1f}")
     lines.append(f"searched in {r['sim']['wall_seconds']:.1f} s ({r['sim']['distinct_kernel_sets']} kernel sets timed)")
