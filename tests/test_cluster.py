@@ -181,7 +181,7 @@ def _one_node(n, gbps=100.0, lat_us=1.0, step_us=0.0, reduce_gbps=None):
         reduce_gbps * 1e9 if reduce_gbps is not None else None)
 
 
-@pytest.mark.parametrize("n", [2, 3, 8])
+@pytest.mark.parametrize("n", [2, 3, 8, 21])       # 21: 20 steps a phase, moved as RING_STEPS transfers
 @pytest.mark.parametrize("kind,steps", [("all_reduce", 2), ("all_gather", 1), ("reduce_scatter", 1)])
 def test_ring_time_is_steps_times_chunk(n, kind, steps):
     t = _one_node(n, step_us=3.0)
@@ -281,6 +281,37 @@ def test_multi_node_all_reduce_is_bound_by_the_nics(algo):
     sec, used = C.time_collective(t, "all_reduce", list(range(16)), size, algo)
     nic_bound = size * 2 * 15 / 16 / (2 * 25e9)        # bus bandwidth at most a node's two 25 GB/s NICs
     assert used == algo and nic_bound < sec < 3 * nic_bound
+
+
+@given(st.integers(0, 300), st.integers(0, 300), st.integers(1, 40))
+def test_ring_phases_cover_every_step_in_order(reduced, forwarded, limit):
+    ph = C.ring_phases(reduced + forwarded, reduced, limit)
+    red = [g for g, r in ph if r]
+    fwd = [g for g, r in ph if not r]
+    assert [r for _, r in ph] == [True] * len(red) + [False] * len(fwd)
+    assert sum(red) == reduced and sum(fwd) == forwarded and all(g >= 1 for g, _ in ph)
+    assert len(red) == min(reduced, limit) and len(fwd) == min(forwarded, limit)
+    assert all(max(part) - min(part) <= 1 for part in (red, fwd) if part)
+
+
+def test_long_rings_in_runs_of_steps_keep_their_time(monkeypatch):
+    """Rings of 16 ranks over 4 nodes (15 steps a phase), two groups sharing NICs and uplinks and
+    starting apart: moved in RING_STEPS runs of steps or step by step, the same end times."""
+    t = build(cluster(network__oversubscription=4.0))
+
+    def ends():
+        f = C.Fabric(t)
+        out = []
+        C.run(f, "all_reduce", list(range(16)), 64e6, lambda: out.append(f.ev.now))
+        f.ev.at(3e-4, lambda: C.run(f, "reduce_scatter", [1, 5, 9, 13, 0, 4, 8, 12], 32e6,
+                                     lambda: out.append(f.ev.now)))
+        f.ev.run()
+        return out, f.net.flows_done
+    coarse, n_coarse = ends()
+    monkeypatch.setattr(C, "RING_STEPS", 10 ** 6)
+    exact, n_exact = ends()
+    assert n_coarse < n_exact
+    assert coarse == pytest.approx(exact, rel=2e-3)
 
 
 def test_concurrent_collectives_over_shared_uplinks_slow_each_other():

@@ -42,6 +42,9 @@ ALGORITHMS = ("ring", "hierarchical", "tree", "direct", "chain", "auto")
 # without changing a large transfer's time by more than a chunk's share)
 CHUNK_BYTES = 1 << 20
 MAX_CHUNKS = 64
+# choice: a ring's reduce-scatter or all-gather of more steps moves as this many transfers a rank
+# (a data-parallel ring over 384 ranks and 4 channels is 1.2 million transfers a bucket step by step)
+RING_STEPS = 8
 
 
 def _chunks(nbytes: float) -> int:
@@ -58,8 +61,11 @@ class Fabric:
         self.step_s = topo.cluster.software.collective_step_us * US
         self._routes: dict = {}
 
-    def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None], reduce: bool = False) -> None:
-        """A transfer; ``reduce``: dst reduces what arrives (through its reducer, when there is one)."""
+    def send(self, src: int, dst: int, nbytes: float, on_done: Callable[[], None], reduce: bool = False,
+             steps: int = 1) -> None:
+        """A transfer; ``reduce``: dst reduces what arrives (through its reducer, when there is one);
+        ``steps``: the algorithm steps it stands for, each paying the route's latency and the
+        software cost."""
         reduce = reduce and self.topo.reduce0 >= 0 and src != dst
         key = (src, dst, reduce)
         if key not in self._routes:
@@ -68,7 +74,7 @@ class Fabric:
                 links = list(links) + [self.topo.reduce0 + dst]
             self._routes[key] = (np.asarray(links, dtype=np.int64), lat)
         links, lat = self._routes[key]
-        self.net.transfer(links, nbytes, lat + self.step_s, on_done)
+        self.net.transfer(links, nbytes, (lat + self.step_s) * steps, on_done)
 
 
 def barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:
@@ -85,14 +91,31 @@ def barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:
     return hit
 
 
+def ring_phases(steps: int, reduce_steps: int, limit: int) -> list[tuple[int, bool]]:
+    """The ring's steps as (ring steps it covers, reduced) transfers: the reduced steps and the rest
+    each as they are when there are at most ``limit`` of them, else merged into ``limit`` runs of
+    consecutive steps as near equal as can be."""
+    out = []
+    for count, red in ((reduce_steps, True), (steps - reduce_steps, False)):
+        parts = min(count, limit)
+        for i in range(parts):
+            out.append(((i + 1) * count // parts - i * count // parts, red))
+    return out
+
+
 def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps: int,
          on_done: Callable[[], None]) -> None:
     """``steps`` ring steps: at each, rank i sends ``chunk`` bytes to rank i+1; the first
-    ``reduce_steps`` steps' received chunks are reduced before they are forwarded."""
+    ``reduce_steps`` steps' received chunks are reduced before they are forwarded. A long ring
+    (more than RING_STEPS reduced or forwarded steps) moves g consecutive steps as one transfer of
+    g chunks paying g steps' latency and software cost (ring_phases): in step with each other, as
+    a ring's ranks are, the same time, with fewer events."""
     n = len(ranks)
     if n < 2 or steps == 0:
         f.ev.at(f.ev.now, on_done)
         return
+    phases = ring_phases(steps, reduce_steps, RING_STEPS)
+    steps = len(phases)
     sent = [0] * n          # steps whose send has completed, per rank
     got = [0] * n           # steps received (and reduced) in order, per rank
     early = [set() for _ in range(n)]   # steps received before an earlier one's reduction ended
@@ -103,7 +126,8 @@ def ring(f: Fabric, ranks: Sequence[int], steps: int, chunk: float, reduce_steps
         k = started[i]
         if k < steps and sent[i] >= k and got[i] >= k:
             started[i] += 1
-            f.send(ranks[i], ranks[(i + 1) % n], chunk, lambda: arrived(i, k), reduce=k < reduce_steps)
+            g, red = phases[k]
+            f.send(ranks[i], ranks[(i + 1) % n], chunk * g, lambda: arrived(i, k), reduce=red, steps=g)
 
     def arrived(i, k):
         sent[i] = k + 1
@@ -399,4 +423,4 @@ def bus_bandwidth(kind: str, n: int, nbytes: float, seconds: float) -> float:
 
 
 __all__ = ["ALGORITHMS", "Fabric", "KINDS", "barrier", "bus_bandwidth", "choose_algorithm", "ring", "run",
-           "time_collective", "time_concurrent", "tree_all_reduce", "channel_orders"]
+           "time_collective", "time_concurrent", "tree_all_reduce", "channel_orders", "ring_phases"]
