@@ -68,13 +68,14 @@ class Fabric:
         software cost."""
         reduce = reduce and self.topo.reduce0 >= 0 and src != dst
         key = (src, dst, reduce)
-        if key not in self._routes:
+        got = self._routes.get(key)
+        if got is None:
             links, lat = route(self.topo, src, dst)
             if reduce:
                 links = list(links) + [self.topo.reduce0 + dst]
-            self._routes[key] = (np.asarray(links, dtype=np.int64), lat)
-        links, lat = self._routes[key]
-        self.net.transfer(links, nbytes, (lat + self.step_s) * steps, on_done)
+            got = self._routes[key] = (np.asarray(links, dtype=np.int64), lat + self.step_s)
+        links, step = got
+        self.net.transfer(links, nbytes, step * steps, on_done)
 
 
 def barrier(n: int, then: Callable[[], None]) -> Callable[[], None]:

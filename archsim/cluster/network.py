@@ -142,7 +142,8 @@ class FlowNetwork:
     def transfer(self, links, nbytes: float, latency_s: float, on_done: Callable[[], None]) -> None:
         """Move ``nbytes`` over ``links``: after ``latency_s`` the flow joins them; ``on_done``
         runs when its last byte is across."""
-        links = np.asarray(links, dtype=np.int64)
+        if type(links) is not np.ndarray or links.dtype != np.int64:
+            links = np.asarray(links, dtype=np.int64)
         if nbytes <= 0 or len(links) == 0:
             self.ev.at(self.ev.now + latency_s, self._done_empty, on_done)
             return
