@@ -296,7 +296,8 @@ def test_ring_phases_cover_every_step_in_order(reduced, forwarded, limit):
 
 def test_long_rings_in_runs_of_steps_keep_their_time(monkeypatch):
     """Rings of 16 ranks over 4 nodes (15 steps a phase), two groups sharing NICs and uplinks and
-    starting apart: moved in RING_STEPS runs of steps or step by step, the same end times."""
+    starting apart: moved in RING_STEPS runs of steps or step by step, the same end times within
+    0.2 % (the rings keep in step but for the moments the other group starts and ends)."""
     t = build(cluster(network__oversubscription=4.0))
 
     def ends():
