@@ -503,6 +503,22 @@ def test_plan_search_ranks_plans_that_fit(capsys, tmp_path):
         assert json.loads(rec.read_text())["step"]["step_seconds"] == pytest.approx(best["step_seconds"], rel=1e-12)
 
 
+def test_plan_steps_on_two_workers_are_the_ones_on_one(monkeypatch):
+    from archsim.cluster import search as S
+
+    wl = load_workload("tiny", {"phase": "train"})
+    cluster = validate_cluster(TINY)
+    plans, _, _ = S.candidates(cluster, wl, 32, 2 ** 30)
+    monkeypatch.setattr(S, "optimizer_times", lambda machine, workload, p: [1e-4 / p.dp] * p.pp)
+    kernels = {(p.tp, p.ep, p.micro_batch, p.sequence_parallel):
+               (1000, 0, _synthetic(1e-3 * p.micro_batch / p.tp, 2e-3 * p.micro_batch / p.tp), NO_HEAD)
+               for p in plans}
+    topo = build(cluster)
+    rows = [S._simulate_steps(plans, kernels, topo, topo, None, wl, 2 ** 30, 100.0, n, None) for n in (1, 2)]
+    assert len(rows[0]) == len(plans) >= 15 and len({r["step_seconds"] for r in rows[0]}) > 10
+    assert rows[0] == rows[1]
+
+
 def test_plan_refusals(capsys, tmp_path):
     assert main(["plan", "--cluster", "jean-zay-a100", "--workload", "tiny", "--phase", "train", "--top", "0"]) == 2
     assert "--top" in capsys.readouterr().err

@@ -9,7 +9,8 @@ for a mixture-of-experts model every power-of-two expert parallelism dividing it
 1F1B with 2 chunks a stage where it applies. For each of those the cheapest memory rule that fits
 is kept: no recompute before selective before full, and the lowest ZeRO stage (0-2) that fits
 with it.
-Kernels are timed once per (tp, ep, mb, sp) and kept in the kernel cache, so a second search is fast.
+Kernels are timed once per (tp, ep, mb, sp) and kept in the kernel cache, so a second search is fast;
+the plans' steps, independent of each other, are simulated on the command's worker processes.
 """
 
 from __future__ import annotations
@@ -126,30 +127,61 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
     contended = contended_machine(cluster, machine)
     topo, block_topo, _, _ = step_topologies(cluster, machine, workload.scenario.dtype)
     kernels: dict = {}
-    rows = []
     peaks = peak_tflops(machine)
     peak = peaks.get(workload.scenario.dtype, peaks.get("fp16", 0.0))
-    for i, p in enumerate(plans):
+    for p in plans:
         key = (p.tp, p.ep, p.micro_batch, p.sequence_parallel)
         if key not in kernels:
-            kernels[key] = time_kernels(machine, workload, p, opts, progress, contended)
-        shard, bt, head = kernels[key]
-        out = StepSim(topo, p, workload, bt, head, block_parameters(shard), record_links=False,
-                      expert_params_block=block_parameters(shard, experts_only=True), block_topo=block_topo,
-                      optimizer=optimizer_times(machine, workload, p)).run()
-        step = out["step_seconds"]
-        model_flops, hw_flops = step_flops(workload, p, head)
-        tf = model_flops / step / p.devices / 1e12
-        mem = memory_per_device(p, workload, capacity)
-        rows.append({**p.summary(), "step_seconds": step, "tflops_per_device_model": round(tf, 3),
-                     "tflops_per_device_hardware": round(hw_flops / step / p.devices / 1e12, 3),
-                     "mfu": round(tf / peak, 4) if peak else None, "memory_per_device": mem["total"]})
-        if progress and (i + 1) % 10 == 0:
-            progress(f"{i + 1} of {len(plans)} plans simulated")
+            shard, bt, head = time_kernels(machine, workload, p, opts, progress, contended)
+            # the step needs the ops' times, not the kernels' records (which workers would be sent)
+            kernels[key] = (block_parameters(shard), block_parameters(shard, experts_only=True),
+                            replace(bt, kernels=[]), head)
+    rows = _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacity, peak, opts.workers,
+                           progress)
     rows.sort(key=lambda r: r["step_seconds"])
     return {"schema": SCHEMA, "cluster": cluster.name, "workload": workload.name, "global_batch": gbs,
             "candidates": seen, "fit": len(plans), "plans": rows[:max(top, 1)], "all_plans": len(rows),
             "sim": {"wall_seconds": round(time.perf_counter() - t0, 2), "distinct_kernel_sets": len(kernels)}}
+
+
+def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacity, peak, workers, progress):
+    """Each plan's step, simulated on ``workers`` processes (the plans are independent); rows in
+    the plans' order, so the ranking does not depend on the workers."""
+    from archsim.workers import Pool
+
+    opt = {}
+    for p in plans:          # the optimizer's kernels are timed here, once a size, not in every worker
+        k = (p.pp, p.dp, p.tp, p.ep, p.zero)
+        if k not in opt:
+            opt[k] = optimizer_times(machine, workload, p)
+    with Pool(min(max(1, workers), len(plans))) as pool:
+        futs = []
+        for p in plans:
+            args = (topo, block_topo, p, workload, kernels[(p.tp, p.ep, p.micro_batch, p.sequence_parallel)],
+                    opt[(p.pp, p.dp, p.tp, p.ep, p.zero)], capacity, peak)
+            # the costliest first: a plan's transfers grow with its replicas and its micro-batches a stage
+            futs.append(pool.defer(p.dp * (p.micro_batches * p.pp + workload.model.layers), _plan_row, *args,
+                                   label="the step of plan " + ",".join(f"{k}={v}" for k, v in p.summary().items())))
+        rows = []
+        for i, f in enumerate(futs):
+            rows.append(f.result())
+            if progress and (i + 1) % 10 == 0:
+                progress(f"{i + 1} of {len(plans)} plans simulated")
+    return rows
+
+
+def _plan_row(topo, block_topo, p, workload, kernels, optimizer, capacity, peak) -> dict:
+    """One plan's step simulated: its row of the search's table."""
+    params, expert_params, bt, head = kernels
+    out = StepSim(topo, p, workload, bt, head, params, record_links=False, expert_params_block=expert_params,
+                  block_topo=block_topo, optimizer=optimizer).run()
+    step = out["step_seconds"]
+    model_flops, hw_flops = step_flops(workload, p, head)
+    tf = model_flops / step / p.devices / 1e12
+    mem = memory_per_device(p, workload, capacity)
+    return {**p.summary(), "step_seconds": step, "tflops_per_device_model": round(tf, 3),
+            "tflops_per_device_hardware": round(hw_flops / step / p.devices / 1e12, 3),
+            "mfu": round(tf / peak, 4) if peak else None, "memory_per_device": mem["total"]}
 
 
 def format_search(r: dict) -> str:
