@@ -106,12 +106,13 @@ def shutdown_executor(ex, cancel: bool = False) -> None:
 _nesting = threading.local()      # run_task depth in this thread (a task run inside another)
 
 
-def run_task(fn, args, kwargs, label: str = ""):
+def run_task(fn, args, kwargs, label: str = "", engine: bool = True):
     """Run one task in this process: (its value, the exception it raised or None, what it spent:
     the changes of kernel_cache.stats, its seconds and its compile seconds among them), so that
     the parent counts a failed task's simulation too. A task run inside another counts in the
     outer one's seconds only. The timing engine is compiled first if numba's cache lacks it
-    (warmup: on two processes), its seconds counted with the task's."""
+    (warmup: on two processes), its seconds counted with the task's, unless the task does not
+    time kernels (``engine`` false)."""
     import time
 
     from archsim import kernel_cache
@@ -119,7 +120,7 @@ def run_task(fn, args, kwargs, label: str = ""):
 
     depth = getattr(_nesting, "depth", 0)
     before = dict(kernel_cache.stats)
-    if depth == 0:
+    if depth == 0 and engine:
         from archsim.warmup import ensure_timing_engine
 
         ensure_timing_engine()     # counts its own seconds into kernel_cache.stats
@@ -188,10 +189,12 @@ class Pool:
     many spawned processes on the first submit; 1 runs each task in this process when its result
     is asked for (so a task after a failed one never runs). ``label=`` names a task (its kernel)
     in the line that reports a worker's death. Each future's ``counts`` is what its task spent
-    (run_task); ``warm``, what the pool's start spent compiling the engine (warmup)."""
+    (run_task); ``warm``, what the pool's start spent compiling the engine (warmup). ``engine``
+    false: the tasks time no kernels (a plan's step), so the timing engine is not compiled for them."""
 
-    def __init__(self, workers: int = 1):
+    def __init__(self, workers: int = 1, engine: bool = True):
         self.workers = int(workers)
+        self.engine = engine
         self._ex = None
         self._deferred = []            # (cost, order, _Deferred) not submitted yet
         self._tasks = None             # the directory where workers note their tasks
@@ -205,16 +208,17 @@ class Pool:
 
     def submit(self, fn, *args, label: str = "", **kwargs) -> Future:
         if self.workers <= 1:
-            return _Lazy(fn, args, kwargs)
+            return _Lazy(fn, args, kwargs, self.engine)
         if self._ex is None:
             import tempfile
 
             from archsim.warmup import ensure_timing_engine
 
-            self.warm = ensure_timing_engine()   # here, before the workers start: its seconds, counted once
+            if self.engine:
+                self.warm = ensure_timing_engine()   # here, before the workers start: its seconds, counted once
             self._tasks = tempfile.TemporaryDirectory(prefix="archsim-tasks-")
-            self._ex = spawn_executor(self.workers, self._tasks.name)
-        return _Remote(self._ex.submit(run_task, fn, args, kwargs, label), self)
+            self._ex = spawn_executor(self.workers, self._tasks.name, warm=self.engine)
+        return _Remote(self._ex.submit(run_task, fn, args, kwargs, label, self.engine), self)
 
     def defer(self, cost: float, fn, *args, label: str = "", **kwargs):
         """Like submit, but held back until ``flush`` (or the first result asked for), which
@@ -222,7 +226,7 @@ class Pool:
         against an A100 layernorm) the longest start at once instead of last, and the pool ends
         sooner. Results are unaffected."""
         if self.workers <= 1:
-            return _Lazy(fn, args, kwargs)
+            return _Lazy(fn, args, kwargs, self.engine)
         d = _Deferred(self, fn, args, kwargs, label)
         self._deferred.append((-float(cost), len(self._deferred), d))
         return d
@@ -273,15 +277,16 @@ class Pool:
 class _Lazy:
     """A task run in this process when its result is first asked for."""
 
-    def __init__(self, fn, args, kwargs):
+    def __init__(self, fn, args, kwargs, engine: bool = True):
         self.task = (fn, args, kwargs)
+        self.engine = engine
         self.done = False
         self.counts = {}
 
     def result(self):
         if not self.done:
             fn, args, kwargs = self.task
-            self.value, self.error, self.counts = run_task(fn, args, kwargs)
+            self.value, self.error, self.counts = run_task(fn, args, kwargs, engine=self.engine)
             self.done = True
         if self.error is not None:
             raise self.error

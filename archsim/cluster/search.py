@@ -154,7 +154,7 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
         k = (p.pp, p.dp, p.tp, p.ep, p.zero)
         if k not in opt:
             opt[k] = optimizer_times(machine, workload, p)
-    with Pool(min(max(1, workers), len(plans))) as pool:
+    with Pool(min(max(1, workers), len(plans)), engine=False) as pool:
         futs = []
         for p in plans:
             args = (topo, block_topo, p, workload, kernels[(p.tp, p.ep, p.micro_batch, p.sequence_parallel)],
