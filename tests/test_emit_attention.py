@@ -32,8 +32,11 @@ _CAPS = {}
 
 
 def caps_of(hw: str):
+    """A machine's capabilities; "a100-4sm": an A100 of 4 SMs, whose small grids already fill it (so
+    the emitter takes FlashAttention-2's 128-row blocks for them)."""
     if hw not in _CAPS:
-        _CAPS[hw] = capabilities(load_machine(hw))
+        _CAPS[hw] = (dataclasses.replace(caps_of("a100"), name="a100 (4 SMs)", cores_total=4) if hw == "a100-4sm"
+                     else capabilities(load_machine(hw)))
     return _CAPS[hw]
 
 
@@ -85,6 +88,10 @@ CASES = [
     ("a100", 2, 3, 1, 77, 64, "fp16", True, False),       # decode: one query sees the whole cache
     ("a100", 2, 3, 1, 77, 128, "bf16", False, False),
     ("a100", 1, 2, 37, 100, 64, "fp16", True, False),     # chunked prefill: kv_len > q_len
+    ("a100-4sm", 2, 3, 70, 70, 64, "fp16", True, True),  # 128-row blocks: two m-tiles a warp
+    ("a100-4sm", 2, 3, 129, 129, 64, "bf16", False, False),
+    ("a100-4sm", 1, 4, 200, 250, 32, "fp16", True, False),
+    ("a100-4sm", 1, 4, 130, 130, 128, "fp16", True, False),   # head_dim 128: 64-row blocks
     ("tiny-gpu", 2, 3, 70, 70, 64, "fp16", False, False),
     ("tiny-gpu", 2, 3, 129, 129, 32, "bf16", True, False),
     ("tiny-gpu", 2, 3, 37, 37, 64, "bf16", True, True),
@@ -98,7 +105,11 @@ CASES = [
 def test_flash_attention_matches_numpy(hw, batch, heads, q_len, kv_len, d, dtype, causal, qkv):
     k, _ = run_and_compare(caps_of(hw), batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=q_len + 7 * d)
     assert k.kind == "mma"
-    assert k.launch.grid == (-(-q_len // 64), heads, batch) and k.launch.block == (128, 1, 1)
+    # FlashAttention-2's 128-row blocks (two m-tiles a warp) where 64-row blocks would fill the SMs twice
+    # over and 64-key tiles fit (the a100 cases' grids are too small for them)
+    rows = 128 if q_len > 64 and hw == "a100-4sm" and d <= 64 else 64
+    assert k.block_rows == rows and ("_br128" in k.program.name) == (rows == 128)
+    assert k.launch.grid == (-(-q_len // rows), heads, batch) and k.launch.block == (128, 1, 1)
 
 
 FFMA_CASES = [
@@ -130,10 +141,14 @@ def test_ffma_variant_matches_numpy(hw, batch, heads, q_len, kv_len, d, dtype, c
 # ----------------------------------------------------------------------------- what the program is
 def test_program_shape_and_instruction_mix():
     caps = caps_of("a100")
-    small = flash_attention_kernel(caps, 1, 1, 37, 37, 64)
+    small = flash_attention_kernel(caps, 2, 48, 200, 200, 64)
     big = flash_attention_kernel(caps, 8, 16, 4096, 4096, 64)
     assert small.program == big.program            # lengths, strides and offsets are kernel parameters
-    assert big.launch.grid == (64, 16, 8)
+    assert big.launch.grid == (32, 16, 8) and big.block_rows == 128
+    # FA2's dispatch: 128-row blocks from 0.8 x 2 x 108 = 172.8 blocks of 64 rows (2 x 48 x 2 = 192 here)
+    assert flash_attention_kernel(caps, 1, 87, 100, 100, 64).block_rows == 128     # 174 blocks
+    assert flash_attention_kernel(caps, 1, 86, 100, 100, 64).block_rows == 64      # 172 blocks
+    assert flash_attention_kernel(caps, 8, 48, 64, 64, 64).block_rows == 64       # one 64-row block holds it
     bra = SEM["bra"]
     sems = [SEM[opcodes()[int(o)].sem] for o in big.program.op]
     assert any(s == bra and int(big.program.imm[pc]) <= pc for pc, s in enumerate(sems)), "a K/V loop"
@@ -141,8 +156,10 @@ def test_program_shape_and_instruction_mix():
     assert {"cp.async.16", "ldmatrix.x4", "ldmatrix.x4.trans", "mma.m16n8k16.f32.f16", "ex2.f32",
             "shfl.bfly.b64", "cvt.f16x2.f32", "rcp.f32"} <= set(mn)
     assert not any(m.startswith("st.global") and m != "st.global.b32" for m in mn)   # only O is stored
-    # the loop body: S = Q K^T and O += P V as (d/16)(Bc/8) + (Bc/16)(d/8) mma, written once
-    assert mn.count("mma.m16n8k16.f32.f16") == 2 * (64 // 16) * (big.Bc // 8)
+    # the loop body: S = Q K^T and O += P V as (d/16)(Bc/8) + (Bc/16)(d/8) mma an m-tile, written once
+    assert mn.count("mma.m16n8k16.f32.f16") == 2 * 2 * (64 // 16) * (big.Bc // 8)
+    # each K and V fragment loaded once for both m-tiles
+    assert mn.count("ldmatrix.x4.trans") == (big.Bc // 16) * (64 // 16)
     bf = flash_attention_kernel(caps, 1, 1, 37, 37, 64, "bf16", causal=True)
     assert "mma.m16n8k16.f32.bf16" in {opcodes()[int(o)].mnemonic for o in bf.program.op}
 

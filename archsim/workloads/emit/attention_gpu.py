@@ -19,9 +19,14 @@ kv_len >= q_len (otherwise the first queries would see no key at all).
 
 The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's Algorithm 9.1):
 
-- grid = (ceil(q_len / 64), heads, batch); a block of 4 warps owns Br = 64 query rows of one
-  (batch, head), warp w rows 16w .. 16w+15. Query rows past q_len are clamped to the last row
-  (they compute a copy of it and are never stored).
+- grid = (ceil(q_len / Br), heads, batch); a block of 4 warps owns Br query rows of one
+  (batch, head). Br = 128 as FlashAttention-2's forward kernels have it (Flash_fwd_kernel_traits
+  <d, 128, Bc, 4 warps>) where its dispatch takes them (q_len > 64 and batch x heads x
+  ceil(q_len / 64) >= 1.6 x the SMs): warp w owns two 16-row m-tiles, rows 32w .. 32w+31, and
+  every K and V fragment it loads feeds both. Br = 64 (one m-tile a warp, rows 16w .. 16w+15)
+  otherwise, as FA2's split-KV blocks, and where 128 rows leave no room for 64-key tiles
+  (head_dim 128, or a small core). Query rows past q_len are clamped to the last row (they
+  compute a copy of it and are never stored).
 - Q is copied once (cp.async.16) into swizzled shared memory and moved to registers with
   ldmatrix.x4: the A fragments of all d/16 k-steps stay in registers for the whole kernel.
 - K and V tiles of Bc rows (64, or 32 / 16 where shared memory or registers are short) stream
@@ -50,9 +55,10 @@ The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's A
   (64-byte rows: chunk c at c ^ ((row/2) % 4); 128 bytes or more: c ^ (row % 8)), so every
   ldmatrix phase hits 8 distinct bank groups.
 
-Tile rule: the first of Bc = 64, 32, 16 (Q in its own region, else Q staged in the K/V stages and
-moved to registers before the first K/V copy) whose shared memory, registers per thread and
-registers per block fit the target. head_dim 32, 64, 128; fp16 and bf16 on tensor units.
+Tile rule: 128 x 64 where FA2 takes 128-row blocks (above), then 64 x Bc for the first of
+Bc = 64, 32, 16 (Q in its own region, else Q staged in the K/V stages and moved to registers
+before the first K/V copy) whose shared memory, registers per thread and registers per block fit
+the target. head_dim 32, 64, 128; fp16 and bf16 on tensor units.
 
 FFMA variant (fp32, or fp16 / bf16 where the tensor units lack them): the same algorithm on the
 vector pipes. A pair of adjacent threads owns a query row, each holding half of the row of Q
@@ -111,7 +117,7 @@ __all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attentio
            "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
 
 HEAD_DIMS = (32, 64, 128)
-BR = 64                      # query rows per block
+BR = 64                      # query rows of a block of one m-tile a warp (split-KV, short queries)
 WARPS = 4                    # 16 query rows each
 THREADS = 32 * WARPS
 BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
@@ -137,6 +143,7 @@ class _Cfg:
     c: float            # scale * log2(e)
     lse: bool = False   # also write the natural log-sum-exp of each row's scaled scores to LSE
     split: bool = False  # split-KV: block x of the grid runs K/V tiles x*chunk .. (x+1)*chunk-1 (q_len <= BR)
+    mt: int = 1         # 16-row m-tiles a warp: the block holds 64 * mt query rows
 
 
 def causal_pairs(q_len: int, kv_len: int) -> int:
@@ -168,6 +175,7 @@ class AttentionKernel:
     Bc: int                # key rows per K/V tile
     kind: str = "mma"
     with_lse: bool = False  # the program also writes LSE (f32 [batch, heads, q_len])
+    block_rows: int = BR    # query rows a block (grid x = ceil(q_len / block_rows))
 
     @property
     def host_dtype(self):
@@ -286,11 +294,11 @@ def attention_reference(Q, K, V, dtype: str, batch: int, heads: int, q_len: int,
 # its query rows start at 0 (q_len <= BR) and it runs K/V tiles j0 = split*chunk .. min(j0 + chunk,
 # n_tiles) - 1 of the block's visible tiles; tile numbers stay absolute, so the mask logic (tiles
 # below n_full need no mask) is the same as the whole-row kernel's.
-def _first_tile(a, i0, split: bool):
-    """i0 = the block's first query row; split: also returns j = split * chunk (else None)."""
+def _first_tile(a, i0, split: bool, rows: int = BR):
+    """i0 = the block's first query row (blocks of ``rows``); split: also returns j = split * chunk (else None)."""
     if not split:
         a("s2r", i0, "%ctaid.x")
-        a("shl.b64", i0, i0, log2(BR))
+        a("shl.b64", i0, i0, log2(rows))
         return None
     j = a.reg()
     a("s2r", j, "%ctaid.x")
@@ -439,7 +447,10 @@ class _MmaCtx:
         self.d, self.Bc = d, Bc = c.d, c.Bc
         self.RB = RB = 2 * d                      # bytes of a Q / K / V row in shared memory
         self.lay = "sw64" if RB == 64 else "sw128"
-        Q_BYTES, self.KV_BYTES = BR * RB, Bc * RB
+        self.MT = c.mt                            # m-tiles a warp (16 rows each)
+        self.BR = 16 * WARPS * c.mt               # query rows a block
+        assert c.mt == 1 or not c.split
+        Q_BYTES, self.KV_BYTES = self.BR * RB, Bc * RB
         self.SB = SB = 2 * self.KV_BYTES          # one stage: K tile then V tile
         self.ST0 = ST0 = Q_BYTES if c.qsep else 0  # first stage (Q always at 0)
         self.SWAP = ST0 ^ (ST0 + SB)              # rs ^ SWAP: the other stage
@@ -450,7 +461,8 @@ class _MmaCtx:
         if Bc % self.RS:
             raise OutOfRegisters(f"a {Bc}-row tile of {CPR} chunks a row does not split over {THREADS} threads")
         self.mma, self.cvt = MMA_OP[c.dtype], CVT_OUT[c.dtype]
-        name = f"flash_attn_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
+        rows = f"_br{self.BR}" if c.mt > 1 else ""
+        name = f"flash_attn_{c.dtype}_d{d}{rows}_bc{Bc}{'_causal' if c.causal else ''}{'_lse' if c.lse else ''}"
         if c.split:
             name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
         self.a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
@@ -458,14 +470,15 @@ class _MmaCtx:
 
 
 def _mma_registers(ctx: _MmaCtx) -> None:
-    """Allocate the big register blocks first (O, Q and K / V fragments, S, a zero tile); zero O."""
-    a, NO = ctx.a, ctx.NO
-    ctx.o = o = a.reg(4 * NO)                     # O accumulators: n-tile nt at o + 4nt
-    ctx.q = a.reg(4 * ctx.KQ)                     # Q A-fragments: k-step ks at q + 4ks
-    ctx.s = a.reg(4 * ctx.NS)                     # S tiles (then P fragments: k-step kk at s + 8kk)
+    """Allocate the big register blocks first (O, Q and K / V fragments, S, a zero tile); zero O.
+    Each is MT blocks, m-tile mt's at offset mt times the block's size."""
+    a, NO, MT = ctx.a, ctx.NO, ctx.MT
+    ctx.o = o = a.reg(4 * NO * MT)                # O accumulators: n-tile nt at o + 4nt
+    ctx.q = a.reg(4 * ctx.KQ * MT)                # Q A-fragments: k-step ks at q + 4ks
+    ctx.s = a.reg(4 * ctx.NS * MT)                # S tiles (then P fragments: k-step kk at s + 8kk)
     ctx.kf = [a.reg(4), a.reg(4)]                 # K / V B-fragments (two n-tiles), double buffered
     ctx.zero = zero = a.reg(4)
-    for i in range(4 * NO):
+    for i in range(4 * NO * MT):
         a("mov.f32", o + i, 0.0)
     for i in range(4):
         a("mov.f32", zero + i, 0.0)
@@ -481,7 +494,7 @@ def _mma_block(ctx: _MmaCtx) -> None:
     ctx.bq, ctx.hd, ctx.i0 = bq, hd, i0 = a.reg(), a.reg(), a.reg()
     a("s2r", bq, "%ctaid.z")
     a("s2r", hd, "%ctaid.y")
-    ctx.j = _first_tile(a, i0, ctx.c.split)
+    ctx.j = _first_tile(a, i0, ctx.c.split, ctx.BR)
     ctx.Lq, ctx.Lk = Lq, Lk = a.reg(), a.reg()
     a("ldparam", Lq, "q_len")
     a("ldparam", Lk, "kv_len")
@@ -519,7 +532,7 @@ def _mma_copy_q(ctx: _MmaCtx) -> None:
     qldb = _mma_col_base(ctx, gq, "Q", ctx.Lq, "q_ld", "q_off")
     qlim, t = a.reg(), a.reg()
     a("sub.i64", qlim, ctx.Lq, 1)
-    for i in range(BR // RS):
+    for i in range(ctx.BR // RS):
         a("add.i64", t, ctx.r0, ctx.i0)
         if i:
             a("add.i64", t, t, RS * i)
@@ -577,14 +590,17 @@ def _mma_frag_bases(ctx: _MmaCtx) -> None:
 
 
 def _mma_q_to_registers(ctx: _MmaCtx) -> None:
-    """The warp's 16 Q rows from shared memory into its A fragments."""
+    """The warp's 16 MT Q rows from shared memory into its A fragments."""
     a, t1, t2 = ctx.a, ctx.t1, ctx.t2
-    a("mul.i64", t1, ctx.warp, 16 * ctx.RB)
-    a("add.i64", t1, t1, ctx.vx0)                 # row 16w + L%16 keeps the swizzle of row L%16
-    for ks in range(ctx.KQ):
-        if ks:
-            a("xor.b64", t2, t1, 32 * ks)
-        a("ldmatrix.x4", ctx.q + 4 * ks, Mem(t1 if ks == 0 else t2, 0))
+    for mt in range(ctx.MT):
+        a("mul.i64", t1, ctx.warp, 16 * ctx.MT * ctx.RB)
+        a("add.i64", t1, t1, ctx.vx0)             # row 16 (MT w + mt) + L%16 keeps the swizzle of row L%16
+        if mt:
+            a("add.i64", t1, t1, 16 * mt * ctx.RB)
+        for ks in range(ctx.KQ):
+            if ks:
+                a("xor.b64", t2, t1, 32 * ks)
+            a("ldmatrix.x4", ctx.q + 4 * ctx.KQ * mt + 4 * ks, Mem(t1 if ks == 0 else t2, 0))
 
 
 def _mma_start(ctx: _MmaCtx) -> None:
@@ -609,15 +625,15 @@ def _mma_tile_limits(ctx: _MmaCtx) -> None:
     a, c, t1, t2 = ctx.a, ctx.c, ctx.t1, ctx.t2
     ntl, nfull, limA, limB = a.reg(), a.reg(), a.reg(), a.reg()
     ctx.ntl, ctx.nfull = ntl, nfull
-    kv_tile_counts(a, ntl, nfull, ctx.i0, ctx.Lq, ctx.Lk, BR, ctx.Bc, c.causal, t1, t2)
+    kv_tile_counts(a, ntl, nfull, ctx.i0, ctx.Lq, ctx.Lk, ctx.BR, ctx.Bc, c.causal, t1, t2)
     if c.causal:
         diff = t2
-        a("shl.b64", t1, ctx.warp, 4)
+        a("shl.b64", t1, ctx.warp, log2(16 * ctx.MT))
         a("add.i64", limA, t1, ctx.i0)
         a("shr.u64", t1, ctx.lane, 2)
         a("add.i64", limA, limA, t1)              # row g of this lane
         a("add.i64", limA, limA, diff)
-        a("add.i64", limB, limA, 8)               # row g + 8
+        a("add.i64", limB, limA, 8)               # row g + 8 (m-tile mt: both + 16 mt)
     else:
         a("mov.b64", limA, ctx.klim)
         a.free(limB)
@@ -630,11 +646,10 @@ def _mma_tile_limits(ctx: _MmaCtx) -> None:
 def _mma_loop_state(ctx: _MmaCtx) -> None:
     """Emit the softmax state (m, l), the tile counter j, the lane's first key column jkey, stage rs."""
     a, c = ctx.a, ctx.c
-    ctx.m, ctx.l = m, l = a.reg(2), a.reg(2)      # row max (scaled by nothing), partial row sums
-    a("mov.f32", m, float("-inf"))
-    a("mov.f32", m + 1, float("-inf"))
-    a("mov.f32", l, 0.0)
-    a("mov.f32", l + 1, 0.0)
+    ctx.m, ctx.l = m, l = a.reg(2 * ctx.MT), a.reg(2 * ctx.MT)   # row max, partial row sums (rows g, g + 8 a tile)
+    for r in range(2 * ctx.MT):
+        a("mov.f32", m + r, float("-inf"))
+        a("mov.f32", l + r, 0.0)
     if c.split:
         jkey, rs = a.reg(), a.reg()
     else:
@@ -663,9 +678,10 @@ def _mma_scores(ctx: _MmaCtx) -> None:
 
     def s_mma(st, buf):
         ks, jp = st
-        for h in range(2):
-            acc = s + 4 * (2 * jp + h)
-            a(ctx.mma, acc, ctx.q + 4 * ks, kf[buf] + 2 * h, ctx.zero if ks == 0 else acc)
+        for mt in range(ctx.MT):                  # one K fragment serves every m-tile of the warp
+            for h in range(2):
+                acc = s + 4 * ctx.NS * mt + 4 * (2 * jp + h)
+                a(ctx.mma, acc, ctx.q + 4 * ctx.KQ * mt + 4 * ks, kf[buf] + 2 * h, ctx.zero if ks == 0 else acc)
 
     pipelined([(ks, jp) for ks in range(ctx.KQ) for jp in range(ctx.NS // 2)], k_load, s_mma)
 
@@ -679,18 +695,31 @@ def _mma_mask(ctx: _MmaCtx) -> None:
     a("sub.i64", t1, ctx.limA, ctx.jkey)
     if c.causal:
         a("sub.i64", t2, ctx.limB, ctx.jkey)
-    for nt in range(ctx.NS):
-        for e in range(4):
-            a("setp.lt.i64", pe, t2 if (c.causal and e >= 2) else t1, 8 * nt + (e & 1))
-            a("mov.f32", ctx.s + 4 * nt + e, float("-inf"), p=pe)
+    for mt in range(ctx.MT):
+        if mt and c.causal:                       # the m-tile's rows are 16 further down
+            a("add.i64", t1, t1, 16)
+            a("add.i64", t2, t2, 16)
+        for nt in range(ctx.NS):
+            for e in range(4):
+                a("setp.lt.i64", pe, t2 if (c.causal and e >= 2) else t1, 8 * nt + (e & 1))
+                a("mov.f32", ctx.s + 4 * ctx.NS * mt + 4 * nt + e, float("-inf"), p=pe)
     a.pfree(pe)
     a.label("UNMASKED")
 
 
 def _mma_online_softmax(ctx: _MmaCtx) -> None:
-    """Emit the online softmax of rows g, g + 8 (e = 0, 1 and 2, 3), then P as A fragments."""
-    a, c, s, m, l, o, t1, NS = ctx.a, ctx.c, ctx.s, ctx.m, ctx.l, ctx.o, ctx.t1, ctx.NS
+    """Emit the online softmax of each m-tile's rows g, g + 8 (e = 0, 1 and 2, 3), then P as A fragments."""
+    a = ctx.a
     mx, nmc, al = a.reg(2), a.reg(2), a.reg(2)
+    for mt in range(ctx.MT):
+        _mma_softmax_tile(ctx, ctx.s + 4 * ctx.NS * mt, ctx.m + 2 * mt, ctx.l + 2 * mt, ctx.o + 4 * ctx.NO * mt,
+                          mx, nmc, al)
+    a.free(mx, nmc, al, k=2)
+
+
+def _mma_softmax_tile(ctx: _MmaCtx, s, m, l, o, mx, nmc, al) -> None:
+    """The online softmax of one m-tile: its S block s, row state m, l, O block o (mx, nmc, al: scratch pairs)."""
+    a, c, t1, NS = ctx.a, ctx.c, ctx.t1, ctx.NS
     for r in range(2):
         a("max.f32", mx + r, s + 2 * r, s + 2 * r + 1)
         for nt in range(1, NS):
@@ -725,7 +754,6 @@ def _mma_online_softmax(ctx: _MmaCtx) -> None:
     for nt in range(ctx.NO):
         for e in range(4):
             a("mul.f32", o + 4 * nt + e, o + 4 * nt + e, al + (e >> 1))
-    a.free(mx, nmc, al, k=2)
     c_to_a(a, ctx.cvt, s, ctx.KP)                         # P k-step kk -> s + 8kk .. +3
 
 
@@ -742,9 +770,10 @@ def _mma_pv(ctx: _MmaCtx) -> None:
 
     def pv_mma(st, buf):
         np_, kk = st
-        for h in range(2):
-            acc = o + 4 * (2 * np_ + h)
-            a(ctx.mma, acc, ctx.s + 8 * kk, kf[buf] + 2 * h, acc)
+        for mt in range(ctx.MT):                  # one V fragment serves every m-tile of the warp
+            for h in range(2):
+                acc = o + 4 * ctx.NO * mt + 4 * (2 * np_ + h)
+                a(ctx.mma, acc, ctx.s + 4 * ctx.NS * mt + 8 * kk, kf[buf] + 2 * h, acc)
 
     pipelined([(np_, kk) for np_ in range(ctx.NP) for kk in range(ctx.KP)], v_load, pv_mma)
 
@@ -779,18 +808,19 @@ def _mma_row_sums(ctx: _MmaCtx):
     if ctx.limB is not ctx.limA:
         a.free(ctx.limB)
     a.free(ctx.limA)
+    R = 2 * ctx.MT                                        # rows g, g + 8 of each m-tile
     for sh in (1, 2):
-        for r in range(2):
+        for r in range(R):
             a("shfl.bfly.b64", t1, l + r, sh)
             a("add.f32", l + r, l + r, t1)
     lz = None
     if c.lse or c.split:                                  # ln(sum e^(scale s)) = ln2 (c m + log2 l)
-        lz = a.reg(2)
-        for r in range(2):
+        lz = a.reg(R)
+        for r in range(R):
             a("lg2.f32", lz + r, l + r)
             a("fma.f32", lz + r, ctx.m + r, c.c, lz + r)
             a("mul.f32", lz + r, lz + r, LN2)
-    for r in range(2):
+    for r in range(R):
         a("rcp.f32", l + r, l + r)
     if c.split:
         _zero_if_empty(a, l, 2)
@@ -798,72 +828,78 @@ def _mma_row_sums(ctx: _MmaCtx):
 
 
 def _mma_epilogue(ctx: _MmaCtx) -> None:
-    """Emit O / l of rows g, g + 8 in the input dtype (split: f32 partials) and, with lse, the LSE."""
+    """Emit O / l of each m-tile's rows g, g + 8 in the input dtype (split: f32 partials) and, with
+    lse, the LSE."""
     # each lane: 2 columns of each 16 x 8 tile
     a, c, tid, t1, pm = ctx.a, ctx.c, ctx.tid, ctx.t1, ctx.pm
     lz = _mma_row_sums(ctx)
-    row, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    row0, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    row = a.reg() if ctx.MT > 1 else row0                 # one m-tile: its rows are row0's
     if c.split:
-        a("mov.b64", row, 0)
+        a("mov.b64", row0, 0)
     else:
-        a("s2r", row, "%ctaid.x")
-        a("shl.b64", row, row, log2(BR))
+        a("s2r", row0, "%ctaid.x")
+        a("shl.b64", row0, row0, log2(ctx.BR))
     a("shr.u64", t1, tid, 5)
-    a("shl.b64", t1, t1, 4)
-    a("add.i64", row, row, t1)
+    a("shl.b64", t1, t1, log2(16 * ctx.MT))
+    a("add.i64", row0, row0, t1)
     a("and.b64", t1, tid, 31)
     a("shr.u64", t1, t1, 2)
-    a("add.i64", row, row, t1)                            # i0 + 16w + g
+    a("add.i64", row0, row0, t1)                          # i0 + 16 MT w + g
     a("ldparam", x, "q_len")
     pB = a.pred()
-    a("setp.lt.i64", pm, row, x)
-    a("add.i64", t1, row, 8)
-    a("setp.lt.i64", pB, t1, x)
-    if c.split:
-        _split_epilogue_mma(a, c, ctx.o, ctx.l, lz, row, ptr, ptrB, x, t1, tid, pm, pB, ctx.NO)
-        a("exit")
-        return
-    if c.lse:                                             # lane t == 0 of each quad stores rows g, g + 8
-        pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
-        a("and.b64", t1, tid, 3)
-        a("setp.eq.i64", pz, t1, 0)
-        a("and.pred", pA2, pm, pz)
-        a("and.pred", pB2, pB, pz)
+    for mt in range(ctx.MT):
+        if ctx.MT > 1:
+            a("add.i64", row, row0, 16 * mt)              # the m-tile's row g
+        a("setp.lt.i64", pm, row, x)
+        a("add.i64", t1, row, 8)
+        a("setp.lt.i64", pB, t1, x)
+        if c.split:
+            _split_epilogue_mma(a, c, ctx.o, ctx.l, lz, row, ptr, ptrB, x, t1, tid, pm, pB, ctx.NO)
+            a("exit")
+            return
+        if c.lse:                                         # lane t == 0 of each quad stores rows g, g + 8
+            pz, pA2, pB2 = a.pred(), a.pred(), a.pred()
+            a("and.b64", t1, tid, 3)
+            a("setp.eq.i64", pz, t1, 0)
+            a("and.pred", pA2, pm, pz)
+            a("and.pred", pB2, pB, pz)
+            a("s2r", t1, "%ctaid.z")
+            a("s2r", ptr, "%nctaid.y")
+            a("s2r", ptrB, "%ctaid.y")
+            a("mad.i64", t1, t1, ptr, ptrB)               # b*heads + head
+            a("mad.i64", t1, t1, x, row)                  # (b*heads + head)*q_len + row
+            a("shl.b64", t1, t1, 2)
+            a("ldparam", ptr, "LSE")
+            a("add.i64", ptr, ptr, t1)
+            a("st.global.b32", Mem(ptr, 0), lz + 2 * mt, p=pA2)
+            a("st.global.b32", Mem(ptr, 32), lz + 2 * mt + 1, p=pB2)   # row + 8
+            a.pfree(pz, pA2, pB2)
         a("s2r", t1, "%ctaid.z")
-        a("s2r", ptr, "%nctaid.y")
-        a("s2r", ptrB, "%ctaid.y")
-        a("mad.i64", t1, t1, ptr, ptrB)                   # b*heads + head
-        a("mad.i64", t1, t1, x, row)                      # (b*heads + head)*q_len + row
-        a("shl.b64", t1, t1, 2)
-        a("ldparam", ptr, "LSE")
-        a("add.i64", ptr, ptr, t1)
-        a("st.global.b32", Mem(ptr, 0), lz, p=pA2)
-        a("st.global.b32", Mem(ptr, 32), lz + 1, p=pB2)   # row + 8
-        a.pfree(pz, pA2, pB2)
-        a.free(lz, k=2)
-    a("s2r", t1, "%ctaid.z")
-    a("mad.i64", row, t1, x, row)                         # b*q_len + row
-    a("ldparam", ldb, "o_ld")
-    a("mul.i64", row, row, ldb)
-    a("s2r", t1, "%ctaid.y")
-    a("mad.i64", row, t1, ctx.d, row)
-    a("ldparam", t1, "o_off")
-    a("add.i64", row, row, t1)
-    a("and.b64", t1, tid, 3)
-    a("shl.b64", t1, t1, 1)
-    a("add.i64", row, row, t1)                            # + 2t
-    a("shl.b64", row, row, 1)
-    a("ldparam", ptr, "O")
-    a("add.i64", ptr, ptr, row)
-    a("shl.b64", ldb, ldb, 4)                             # 8 rows of O
-    a("add.i64", ptrB, ptr, ldb)
-    for nt in range(ctx.NO):
-        for r, (pr, pp) in enumerate(((pm, ptr), (pB, ptrB))):
-            acc = ctx.o + 4 * nt + 2 * r
-            a("mul.f32", acc, acc, ctx.l + r)
-            a("mul.f32", acc + 1, acc + 1, ctx.l + r)
-            a(ctx.cvt, x, acc, acc + 1)
-            a("st.global.b32", Mem(pp, 16 * nt), x, p=pr)
+        a("mad.i64", row, t1, x, row)                     # b*q_len + row
+        a("ldparam", ldb, "o_ld")
+        a("mul.i64", row, row, ldb)
+        a("s2r", t1, "%ctaid.y")
+        a("mad.i64", row, t1, ctx.d, row)
+        a("ldparam", t1, "o_off")
+        a("add.i64", row, row, t1)
+        a("and.b64", t1, tid, 3)
+        a("shl.b64", t1, t1, 1)
+        a("add.i64", row, row, t1)                        # + 2t
+        a("shl.b64", row, row, 1)
+        a("ldparam", ptr, "O")
+        a("add.i64", ptr, ptr, row)
+        a("shl.b64", ldb, ldb, 4)                         # 8 rows of O
+        a("add.i64", ptrB, ptr, ldb)
+        for nt in range(ctx.NO):
+            for r, (pr, pp) in enumerate(((pm, ptr), (pB, ptrB))):
+                acc = ctx.o + 4 * ctx.NO * mt + 4 * nt + 2 * r
+                a("mul.f32", acc, acc, ctx.l + 2 * mt + r)
+                a("mul.f32", acc + 1, acc + 1, ctx.l + 2 * mt + r)
+                a(ctx.cvt, x, acc, acc + 1)
+                a("st.global.b32", Mem(pp, 16 * nt), x, p=pr)
+        if mt + 1 < ctx.MT:
+            a("ldparam", x, "q_len")                      # (x held a converted pair)
     a("exit")
 
 
@@ -1423,25 +1459,34 @@ def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = F
 
 
 def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
-            split: bool = False) -> tuple[_Cfg, Program]:
+            split: bool = False, rows128: bool = False) -> tuple[_Cfg, Program]:
+    """The first tile that fits: with ``rows128`` FlashAttention-2's forward blocks of 128 query
+    rows (4 warps of two 16-row m-tiles sharing each K and V fragment) with 64-key tiles, then
+    blocks of 64 rows (its split-KV blocks) with the largest Bc. (FA2's head-dim-128 kernel reads Q
+    from shared memory at every tile, which this one holds in registers: there 128 rows leave room
+    for 16-key tiles only, and 64 rows are taken.)"""
     tried = []
-    for Bc in BC_CHOICES:
-        for qsep in (True, False):
-            shared = (BR * 2 * d if qsep else 0) + 2 * 2 * Bc * 2 * d
-            if not qsep and BR * 2 * d > 2 * 2 * Bc * 2 * d:
-                continue
-            if shared > caps.scratchpad_bytes:
-                tried.append(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
-                continue
-            cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split)
-            try:
-                prog = _emit_mma(cfg)
-            except OutOfRegisters as e:
-                tried.append(f"Bc {Bc}: {e}")
-                continue
-            if _fits(prog, caps):
-                return cfg, prog
-            tried.append(f"Bc {Bc}: {prog.nregs} registers x {THREADS} threads")
+    tiles = [(1, Bc) for Bc in BC_CHOICES]
+    if rows128 and not split:
+        tiles.insert(0, (2, BC_CHOICES[0]))
+    for mt, Bc, qsep in ((mt, Bc, qsep) for mt, Bc in tiles for qsep in (True, False)):
+        rows = 16 * WARPS * mt
+        shared = (rows * 2 * d if qsep else 0) + 2 * 2 * Bc * 2 * d
+        if not qsep and rows * 2 * d > 2 * 2 * Bc * 2 * d:
+            continue
+        what = f"{rows} x {Bc}"
+        if shared > caps.scratchpad_bytes:
+            tried.append(f"{what}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
+            continue
+        cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split, mt)
+        try:
+            prog = _emit_mma(cfg)
+        except OutOfRegisters as e:
+            tried.append(f"{what}: {e}")
+            continue
+        if _fits(prog, caps):
+            return cfg, prog
+        tried.append(f"{what}: {prog.nregs} registers x {THREADS} threads")
     raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype}: no K/V tile fits a core ("
                      + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
@@ -1503,16 +1548,23 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
     use_mma = dt in MMA_OP and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     if use_mma:
-        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
+        # FlashAttention-2 runs its 128-row kernel where 64-row blocks would nearly fill the GPU at two
+        # blocks an SM (flash_api's num_splits_heuristic: at least 0.8 x 2 x SMs of them), and its
+        # 64-row split-KV kernel otherwise (this emitter splits the keys only for q_len <= 64)
+        rows128 = q_len > BR and batch * heads * ceil_div(q_len, BR) >= 1.6 * caps.cores_total
+        cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse), rows128=rows128)
+        rows = 16 * WARPS * cfg.mt
     else:
         cfg, prog = _choose_ffma(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse))
+        rows = BR
     check(prog, caps)
-    launch = Launch((ceil_div(q_len, BR), heads, batch), (THREADS, 1, 1))
+    launch = Launch((ceil_div(q_len, rows), heads, batch), (THREADS, 1, 1))
     pairs = causal_pairs(q_len, kv_len) if causal else q_len * kv_len
     return AttentionKernel(program=prog, launch=launch, flops=4 * d * batch * heads * pairs,
                            model_flops=4 * d * batch * heads * q_len * kv_len, batch=batch, heads=heads,
                            q_len=q_len, kv_len=kv_len, head_dim=d, dtype=dt, causal=bool(causal), scale=scale,
-                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", with_lse=bool(with_lse), **lds)
+                           Bc=cfg.Bc, kind="mma" if use_mma else "ffma", with_lse=bool(with_lse), block_rows=rows,
+                           **lds)
 
 
 # ----------------------------------------------------------------------------- split-KV (flash-decoding)
