@@ -59,9 +59,9 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_workers_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workers", type=int, metavar="N", help="processes the distinct kernels are timed on (default: "
-                                                            "the cores available; 1: this process); results are "
-                                                            "identical")
+    p.add_argument("--workers", type=int, metavar="N", help="processes the distinct kernels (and plan's steps) are "
+                                                            "simulated on (default: the cores available; 1: this "
+                                                            "process); results are identical")
 
 
 def build_parser() -> argparse.ArgumentParser:

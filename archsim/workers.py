@@ -325,11 +325,14 @@ class _Remote:
             value, error, counts = self.fut.result()
         except BrokenProcessPool:
             who = self.pool.dead_worker_task()
+            kernel = self.pool.engine             # (a pool without the engine runs other tasks: a plan's step)
             if who:
-                raise SimulationError(who, "the worker process timing it died (killed for memory, or crashed) "
-                                      "before the kernel finished") from None
+                raise SimulationError(who, f"the worker process {'timing' if kernel else 'running'} it died (killed "
+                                      f"for memory, or crashed) before {'the kernel' if kernel else 'it'} "
+                                      "finished") from None
+            what = "kernel" if kernel else "task"
             raise SimulationError("worker process", "a worker process died (killed for memory, or crashed) "
-                                  "before its kernel finished; run with --workers 1 to see the kernel") from None
+                                  f"before its {what} finished; run with --workers 1 to see the {what}") from None
         if not self.counted:
             add_spent(kernel_cache.stats, counts)
             self.counted = True

@@ -284,3 +284,25 @@ def test_micro_attention_runs_the_fused_kernel():
         MI.run_micro("attention", tiny, {"head_dim": 48})
     with pytest.raises(InputError, match="seq"):
         MI.run_micro("attention", tiny, {"seq": 0})
+
+
+def test_two_m_tiles_a_warp_write_each_rows_log_sum_exp():
+    from archsim.engine.functional import run_functional
+    from archsim.workloads.emit.gemm_gpu import to_float
+
+    caps = caps_of("a100-4sm")
+    b, h, q, kv, d = 1, 4, 130, 200, 64
+    k = flash_attention_kernel(caps, b, h, q, kv, d, "fp16", causal=True, with_lse=True)
+    assert k.block_rows == 128
+    Q, K, V, O = k.random_inputs(5)
+    lse = k.lse_buffer()
+    res = run_functional(k.program, k.args(Q, K, V, O, LSE=lse), k.launch, warp_width=32, ncores=4)
+    qf = to_float(Q.ravel(), "fp16").reshape(b, q, h, d).transpose(0, 2, 1, 3)
+    kf = to_float(K.ravel(), "fp16").reshape(b, kv, h, d).transpose(0, 2, 1, 3)
+    s = k.scale * np.einsum("bhid,bhjd->bhij", qf, kf)
+    s = np.where(np.arange(kv)[None, :] <= np.arange(q)[:, None] + (kv - q), s, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    want = (mx + np.log(np.exp(s - mx).sum(axis=-1, keepdims=True)))[..., 0]
+    got = np.asarray(res.output("LSE")).reshape(b, h, q)
+    assert np.abs(got - want).max() < 1e-4
+    assert np.abs(k.output(res.output("O")) - k.reference(Q, K, V)).max() < 1e-2

@@ -145,8 +145,9 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
 
 
 def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacity, peak, workers, progress):
-    """Each plan's step, simulated on ``workers`` processes (the plans are independent); rows in
-    the plans' order, so the ranking does not depend on the workers."""
+    """Each plan's step, simulated on ``workers`` processes (the plans are independent) in a few
+    batches a worker (the network is sent once a batch, not once a plan), the costliest plans
+    dealt first; rows in the plans' order, so the ranking does not depend on the workers."""
     from archsim.workers import Pool
 
     opt = {}
@@ -154,20 +155,33 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
         k = (p.pp, p.dp, p.tp, p.ep, p.zero)
         if k not in opt:
             opt[k] = optimizer_times(machine, workload, p)
-    with Pool(min(max(1, workers), len(plans)), engine=False) as pool:
+    # a plan's transfers grow with its replicas and its micro-batches a stage
+    order = sorted(range(len(plans)), key=lambda i: -plans[i].dp * (plans[i].micro_batches * plans[i].pp
+                                                                    + workload.model.layers))
+    n = min(len(plans), 4 * max(1, workers))
+    batches = [order[b::n] for b in range(n)]
+    rows: list = [None] * len(plans)
+    with Pool(min(max(1, workers), n), engine=False) as pool:
         futs = []
-        for p in plans:
-            args = (topo, block_topo, p, workload, kernels[(p.tp, p.ep, p.micro_batch, p.sequence_parallel)],
-                    opt[(p.pp, p.dp, p.tp, p.ep, p.zero)], capacity, peak)
-            # the costliest first: a plan's transfers grow with its replicas and its micro-batches a stage
-            futs.append(pool.defer(p.dp * (p.micro_batches * p.pp + workload.model.layers), _plan_row, *args,
-                                   label="the step of plan " + ",".join(f"{k}={v}" for k, v in p.summary().items())))
-        rows = []
-        for i, f in enumerate(futs):
-            rows.append(f.result())
-            if progress and (i + 1) % 10 == 0:
-                progress(f"{i + 1} of {len(plans)} plans simulated")
+        for b in batches:
+            items = [(i, plans[i], kernels[(plans[i].tp, plans[i].ep, plans[i].micro_batch,
+                                            plans[i].sequence_parallel)],
+                      opt[(plans[i].pp, plans[i].dp, plans[i].tp, plans[i].ep, plans[i].zero)]) for i in b]
+            futs.append(pool.submit(_plan_rows, topo, block_topo, workload, items, capacity, peak,
+                                    label=f"the steps of {len(b)} plans"))
+        done = 0
+        for f in futs:
+            for i, row in f.result():
+                rows[i] = row
+            done += 1
+            if progress:
+                progress(f"{done} of {len(futs)} batches of plans simulated")
     return rows
+
+
+def _plan_rows(topo, block_topo, workload, items, capacity, peak) -> list:
+    """(index, row) of each plan of a batch: (index, plan, its kernels, its optimizer times)."""
+    return [(i, _plan_row(topo, block_topo, p, workload, k, o, capacity, peak)) for i, p, k, o in items]
 
 
 def _plan_row(topo, block_topo, p, workload, kernels, optimizer, capacity, peak) -> dict:

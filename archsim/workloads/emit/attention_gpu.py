@@ -20,12 +20,14 @@ kv_len >= q_len (otherwise the first queries would see no key at all).
 The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's Algorithm 9.1):
 
 - grid = (ceil(q_len / Br), heads, batch); a block of 4 warps owns Br query rows of one
-  (batch, head). Br = 128 as FlashAttention-2's forward kernels have it (Flash_fwd_kernel_traits
-  <d, 128, Bc, 4 warps>) where its dispatch takes them (q_len > 64 and batch x heads x
-  ceil(q_len / 64) >= 1.6 x the SMs): warp w owns two 16-row m-tiles, rows 32w .. 32w+31, and
+  (batch, head). Br = 128 as FlashAttention-2's standard forward kernel has it
+  (Flash_fwd_kernel_traits<d, 128, Bc, 4 warps>) where the 64-row blocks would fill the GPU
+  (q_len > 64 and batch x heads x ceil(q_len / 64) >= 0.8 x 2 x SMs, the test FA2's
+  num_splits_heuristic starts with): warp w owns two 16-row m-tiles, rows 32w .. 32w+31, and
   every K and V fragment it loads feeds both. Br = 64 (one m-tile a warp, rows 16w .. 16w+15)
-  otherwise, as FA2's split-KV blocks, and where 128 rows leave no room for 64-key tiles
-  (head_dim 128, or a small core). Query rows past q_len are clamped to the last row (they
+  otherwise (a simplification: below that test FA2 may split the keys over 64-row blocks or still
+  run 128 rows; smaller blocks here spread a small grid over more SMs), and where 128 rows leave
+  no room for 64-key tiles (head_dim 128, or a small core). Query rows past q_len are clamped to the last row (they
   compute a copy of it and are never stored).
 - Q is copied once (cp.async.16) into swizzled shared memory and moved to registers with
   ldmatrix.x4: the A fragments of all d/16 k-steps stay in registers for the whole kernel.
@@ -649,6 +651,7 @@ def _mma_loop_state(ctx: _MmaCtx) -> None:
     ctx.m, ctx.l = m, l = a.reg(2 * ctx.MT), a.reg(2 * ctx.MT)   # row max, partial row sums (rows g, g + 8 a tile)
     for r in range(2 * ctx.MT):
         a("mov.f32", m + r, float("-inf"))
+    for r in range(2 * ctx.MT):
         a("mov.f32", l + r, 0.0)
     if c.split:
         jkey, rs = a.reg(), a.reg()
@@ -1474,19 +1477,20 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
         shared = (rows * 2 * d if qsep else 0) + 2 * 2 * Bc * 2 * d
         if not qsep and rows * 2 * d > 2 * 2 * Bc * 2 * d:
             continue
-        what = f"{rows} x {Bc}"
+        # (a refusal names the 64-row tiles' reasons only: the 128-row one is a preference)
+        note = tried.append if mt == 1 else (lambda _: None)
         if shared > caps.scratchpad_bytes:
-            tried.append(f"{what}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
+            note(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
             continue
         cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split, mt)
         try:
             prog = _emit_mma(cfg)
         except OutOfRegisters as e:
-            tried.append(f"{what}: {e}")
+            note(f"Bc {Bc}: {e}")
             continue
         if _fits(prog, caps):
             return cfg, prog
-        tried.append(f"{what}: {prog.nregs} registers x {THREADS} threads")
+        note(f"Bc {Bc}: {prog.nregs} registers x {THREADS} threads")
     raise InputError(f"attention on {caps.name}", f"head_dim {d} {dtype}: no K/V tile fits a core ("
                      + "; ".join(dict.fromkeys(tried)) + ")", "a smaller head_dim or a larger target")
 
@@ -1548,9 +1552,9 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
     use_mma = dt in MMA_OP and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
     if use_mma:
-        # FlashAttention-2 runs its 128-row kernel where 64-row blocks would nearly fill the GPU at two
-        # blocks an SM (flash_api's num_splits_heuristic: at least 0.8 x 2 x SMs of them), and its
-        # 64-row split-KV kernel otherwise (this emitter splits the keys only for q_len <= 64)
+        # FlashAttention-2's 128-row kernel where 64-row blocks would nearly fill the GPU at two blocks
+        # an SM (at least 0.8 x 2 x SMs of them: the test flash_api's num_splits_heuristic starts
+        # with); 64-row blocks below it (a simplification of FA2's split choice, module docstring)
         rows128 = q_len > BR and batch * heads * ceil_div(q_len, BR) >= 1.6 * caps.cores_total
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse), rows128=rows128)
         rows = 16 * WARPS * cfg.mt
