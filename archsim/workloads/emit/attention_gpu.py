@@ -27,8 +27,8 @@ The kernel follows FlashAttention-2 (the forward pass of Dao, 2023; the seed's A
   every K and V fragment it loads feeds both. Br = 64 (one m-tile a warp, rows 16w .. 16w+15)
   otherwise (a simplification: below that test FA2 may split the keys over 64-row blocks or still
   run 128 rows; smaller blocks here spread a small grid over more SMs), and where 128 rows leave
-  no room for 64-key tiles (head_dim 128, or a small core). Query rows past q_len are clamped to the last row (they
-  compute a copy of it and are never stored).
+  no room for 64-key tiles (head_dim 128, or a small core). Query rows past q_len are clamped to
+  the last row (they compute a copy of it and are never stored).
 - Q is copied once (cp.async.16) into swizzled shared memory and moved to registers with
   ldmatrix.x4: the A fragments of all d/16 k-steps stay in registers for the whole kernel.
 - K and V tiles of Bc rows (64, or 32 / 16 where shared memory or registers are short) stream
@@ -120,7 +120,7 @@ __all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attentio
 
 HEAD_DIMS = (32, 64, 128)
 BR = 64                      # query rows of a block of one m-tile a warp (split-KV, short queries)
-WARPS = 4                    # 16 query rows each
+WARPS = 4                    # a block's warps (16 query rows an m-tile)
 THREADS = 32 * WARPS
 BC_CHOICES = (64, 32, 16)    # key rows per K/V tile, largest first
 FFMA_BC_CHOICES = (64, 32, 16, 8)
