@@ -211,3 +211,17 @@ def test_a_dead_worker_ends_the_run_in_one_line_naming_its_kernel():
     assert err[0] == f"archsim: error: {label}: the worker process timing it died (killed for memory, or crashed) " \
                      "before the kernel finished"
     assert _gone_within(workers, 3.0)
+
+
+def test_a_pool_without_the_engine_does_not_compile_it(monkeypatch):
+    from archsim import warmup
+    from archsim.workers import Pool
+
+    def refuse():
+        raise AssertionError("the timing engine was asked for")
+
+    monkeypatch.setattr(warmup, "ensure_timing_engine", refuse)
+    with Pool(1, engine=False) as pool:
+        assert pool.submit(sum, (1, 2, 3)).result() == 6
+    with Pool(1) as pool, pytest.raises(AssertionError, match="timing engine"):
+        pool.submit(sum, (1, 2, 3)).result()
