@@ -130,7 +130,7 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
     peaks = peak_tflops(machine)
     peak = peaks.get(workload.scenario.dtype, peaks.get("fp16", 0.0))
     for p in plans:
-        key = (p.tp, p.ep, p.micro_batch, p.sequence_parallel)
+        key = _kernel_key(p)
         if key not in kernels:
             shard, bt, head = time_kernels(machine, workload, p, opts, progress, contended)
             # the step needs the ops' times, not the kernels' records (which workers would be sent)
@@ -150,11 +150,12 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
     dealt first; rows in the plans' order, so the ranking does not depend on the workers."""
     from archsim.workers import Pool
 
-    opt = {}
+    opt, work = {}, []
     for p in plans:          # the optimizer's kernels are timed here, once a size, not in every worker
-        k = (p.pp, p.dp, p.tp, p.ep, p.zero)
+        k = (p.pp, p.dp, p.tp, p.ep, p.zero)          # what plan.optimizer_parameters depends on
         if k not in opt:
             opt[k] = optimizer_times(machine, workload, p)
+        work.append((p, kernels[_kernel_key(p)], opt[k]))
     # a plan's transfers grow with its replicas and its micro-batches a stage
     order = sorted(range(len(plans)), key=lambda i: -plans[i].dp * (plans[i].micro_batches * plans[i].pp
                                                                     + workload.model.layers))
@@ -164,9 +165,7 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
     with Pool(min(max(1, workers), n), engine=False) as pool:
         futs = []
         for b in batches:
-            items = [(i, plans[i], kernels[(plans[i].tp, plans[i].ep, plans[i].micro_batch,
-                                            plans[i].sequence_parallel)],
-                      opt[(plans[i].pp, plans[i].dp, plans[i].tp, plans[i].ep, plans[i].zero)]) for i in b]
+            items = [(i, *work[i]) for i in b]
             futs.append(pool.submit(_plan_rows, topo, block_topo, workload, items, capacity, peak,
                                     label=f"the steps of {len(b)} plans"))
         done = 0
@@ -177,6 +176,11 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
             if progress:
                 progress(f"{done} of {len(futs)} batches of plans simulated")
     return rows
+
+
+def _kernel_key(p: Plan) -> tuple:
+    """What a plan's kernels depend on: plans that share it share their kernel set."""
+    return (p.tp, p.ep, p.micro_batch, p.sequence_parallel)
 
 
 def _plan_rows(topo, block_topo, workload, items, capacity, peak) -> list:
