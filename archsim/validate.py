@@ -276,7 +276,10 @@ def _positive(v) -> bool:
 # RMA; mma needs tensor units, which a CPE has not)
 CURVE_KERNELS = {"gpu": ("latency", "bandwidth", "mma", "wgmma", "tma", "dsmem", "gemm", "attention", "asm"),
                  "sunway": ("latency", "bandwidth", "gemm", "attention", "dma", "rma", "asm")}
-CURVE_FIELDS = ("name", "source", "kernel", "params", "x", "unit", "clock_mhz", "points", "overrides", "note")
+CURVE_FIELDS = ("name", "source", "kernel", "params", "x", "unit", "clock_mhz", "call_overhead_us", "points",
+                "overrides", "note")
+# kernels whose figure is work over their launches' summed time, to which a call's own time can be added
+CALL_OVERHEAD_KERNELS = ("gemm", "attention")
 
 
 def _x_work(x, n: int = 1) -> float:
@@ -336,6 +339,14 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         clock = c.get("clock_mhz")
         if clock is not None and not _positive(clock):
             raise InputError(f"{w}.clock_mhz", f"{clock!r} is not a clock", "MHz > 0")
+        overhead = c.get("call_overhead_us")
+        if overhead is not None:
+            if k not in CALL_OVERHEAD_KERNELS:
+                raise InputError(f"{w}.call_overhead_us", f"micro {k}'s figure is not work over its kernels' time",
+                                 "a curve of micro " + " or ".join(CALL_OVERHEAD_KERNELS))
+            if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead < 1e6:
+                raise InputError(f"{w}.call_overhead_us", f"{overhead!r} is not a time",
+                                 "microseconds >= 0 (a measured call's time beyond its kernels)")
         overrides = c.get("overrides") or []
         if not isinstance(overrides, list) or any(
                 not isinstance(o, dict) or set(o) != {"from_x", "params"} or not isinstance(o["params"], dict)
@@ -377,7 +388,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
                 raise InputError(f"{pw} ({e.where})", e.what, e.allowed) from None
             out_pts.append({"x": x, "reference": float(y), "clock_mhz": pclock, "params": p})
         curves.append({"name": name, "source": c["source"].strip(), "kernel": k, "x": xs, "unit": c["unit"],
-                       "points": out_pts})
+                       "call_overhead_us": float(overhead or 0.0), "points": out_pts})
     return curves
 
 
@@ -395,23 +406,37 @@ def _err_pct(sim: float, ref: float) -> float:
     return (sim - ref) / ref * 100.0
 
 
+def with_call_overhead(value: float, kernel_seconds: float, overhead_us: float) -> float:
+    """A figure of work over ``kernel_seconds`` as the measurement saw it: over the kernels' time
+    and the call's own ``overhead_us`` (a lone call timed between two CUDA events also holds its
+    launch: the GPU waits from the first event for the host to submit the kernel)."""
+    if overhead_us <= 0 or kernel_seconds <= 0:
+        return value
+    return value * kernel_seconds / (kernel_seconds + overhead_us * 1e-6)
+
+
 def run_curve(machine, c: dict, progress=None) -> dict:
     """Every point of one curve on the model: the curve's kernel with the point's params, at the
-    point's clock."""
+    point's clock, and the call's own time (``call_overhead_us``) added to its kernels'."""
     from archsim import micro as MI
 
     pts = []
+    overhead = c.get("call_overhead_us", 0.0)
     for p in c["points"]:
         m = at_clock(machine, p["clock_mhz"])
         res = MI.MicroResult(c["kernel"], p["params"], 0.0, c["unit"])
-        sim = float(MI.MICROS[c["kernel"]](m, p["params"], res))
+        kernels = float(MI.MICROS[c["kernel"]](m, p["params"], res))
+        sim = with_call_overhead(kernels, sum(k["seconds"] for k in res.kernels), overhead)
         pts.append({"x": p["x"], "simulated": round(sim, 4), "reference": p["reference"],
                     "error_pct": round(_err_pct(sim, p["reference"]), 2), "clock_mhz": p["clock_mhz"]})
+        if overhead > 0:
+            pts[-1]["kernels_only"] = round(kernels, 4)
         if progress:
             progress(c, pts[-1])
     errs = [abs(x["error_pct"]) for x in pts]
     return {"name": c["name"], "kernel": c["kernel"], "x": c["x"], "unit": c["unit"], "source": c["source"],
-            "points": pts, "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
+            **({"call_overhead_us": overhead} if overhead > 0 else {}), "points": pts,
+            "mape_pct": round(sum(errs) / len(errs), 2), "max_error_pct": round(max(errs), 2)}
 
 
 def pick_curves(curves: list[dict], only, path: Path) -> list[dict]:

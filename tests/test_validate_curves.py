@@ -86,6 +86,22 @@ def test_overrides_change_the_params_from_an_x_on(tmp_path):
     assert [x["params"]["warmup"] for x in pts] == [1, 0]
 
 
+def test_a_calls_own_time_is_added_to_its_kernels(tmp_path):
+    """A point measured as one call between two CUDA events holds the call's launch: the model's
+    figure is the same work over the kernels' time and ``call_overhead_us``."""
+    m = load_machine("tiny-gpu")
+    base = validate(m, str(_ref(tmp_path, [GEMM])))["curves"][0]
+    with_call = validate(m, str(_ref(tmp_path, [dict(GEMM, call_overhead_us=3.0)])))["curves"][0]
+    assert "call_overhead_us" not in base and with_call["call_overhead_us"] == 3.0
+    for p0, p1, (x, _, *clock) in zip(base["points"], with_call["points"], GEMM["points"]):
+        mnk = x if isinstance(x, list) else [x] * 3
+        flops = 2 * mnk[0] * mnk[1] * mnk[2]
+        kernel_s = flops / (p0["simulated"] * 1e12)          # the kernel alone, as the curve without it
+        assert p1["kernels_only"] == pytest.approx(p0["simulated"], rel=1e-6)
+        assert p1["simulated"] == pytest.approx(flops / (kernel_s + 3e-6) / 1e12, rel=3e-3)  # (4 decimals)
+        assert p1["simulated"] < p0["simulated"]
+
+
 def test_cli_validate_prints_curves_writes_json_and_plot(capsys, tmp_path):
     ref = _ref(tmp_path, [CHASE])
     png, js = tmp_path / "v.png", tmp_path / "v.json"
@@ -121,6 +137,10 @@ def _bad(**change):
     (_bad(points=[]), "missing or empty"),
     (_bad(params={"stride_bytes": "wide"}), "(--param stride_bytes)"),
     (_bad(clock_mhz=0), "is not a clock"),
+    (_bad(call_overhead_us=5.0), "micro latency's figure is not work over its kernels' time"),
+    (dict(GEMM, call_overhead_us=-1), "call_overhead_us: -1 is not a time"),
+    (dict(GEMM, call_overhead_us="7 us"), "is not a time"),
+    (dict(GEMM, call_overhead_us=True), "is not a time"),
     (_bad(overrides=[{"from": 3}]), "overrides"),
     (_bad(colour="red"), "unknown field 'colour'"),
     (_bad(kernel="asm", unit="cycles", x="n", params={"file": "mma_mix_f{n}"}, points=[[3, 7.0]]),
@@ -159,7 +179,8 @@ _leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_
 _doc = st.recursive(_leaf, lambda kids: st.one_of(st.lists(kids, max_size=3),
                                                   st.dictionaries(st.sampled_from(
                                                       ["name", "source", "kernel", "params", "x", "unit",
-                                                       "points", "clock_mhz", "overrides", "from_x"]), kids,
+                                                       "points", "clock_mhz", "overrides", "from_x",
+                                                       "call_overhead_us"]), kids,
                                                       max_size=5)), max_leaves=12)
 
 
@@ -167,7 +188,7 @@ _near = st.fixed_dictionaries(
     {"name": st.just("c"), "source": st.just("s"), "kernel": st.sampled_from(["latency", "gemm", "dma"]),
      "x": st.one_of(st.just("footprint_kib"), st.just(["m", "n", "k"]), _doc),
      "unit": st.sampled_from(["cycles", "TFLOP/s"]), "points": _doc},
-    optional={"params": _doc, "overrides": _doc, "clock_mhz": _leaf})
+    optional={"params": _doc, "overrides": _doc, "clock_mhz": _leaf, "call_overhead_us": _leaf})
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
