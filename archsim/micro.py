@@ -917,8 +917,12 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
 
     for k in ("batch", "heads", "seq"):
         _need(p[k] > 0, f"--param {k}", f"{p[k]}", "> 0")
+    _need(p["kernel"] in ("auto", "mma", "wgmma"), "--param kernel", repr(p["kernel"]), "auto, mma or wgmma")
+    _need(p["kernel"] == "auto" or (p["fused"] and machine.family == "gpu"), "--param kernel",
+          f"{p['kernel']} with fused={str(p['fused']).lower()} on {machine.name}",
+          "kernel=auto, or a fused attention on a GPU")
     ks = attention_kernels(capabilities(machine), p["batch"], p["heads"], p["seq"], p["head_dim"], p["dtype"],
-                           p["causal"], p["fused"])
+                           p["causal"], p["fused"], kernel=None if p["kernel"] == "auto" else p["kernel"])
     cycles = 0
     times = _time_many([(k.program, k.launch, timing_args(machine, k.params), k.name) for k in ks], machine, out,
                        sample=True)
@@ -928,7 +932,8 @@ def micro_attention(machine, p: dict, out: MicroResult) -> float:
         cycles += t.cycles
     flops = sum(k.flops for k in ks)
     tf = flops / stats.seconds(machine, cycles) / 1e12
-    out.extra["kernels"] = [{"name": k.name, "program": k.program.name, "grid": list(k.launch.grid)} for k in ks]
+    out.extra["kernels"] = [{"name": k.name, "program": k.program.name, "grid": list(k.launch.grid),
+                             "block": list(k.launch.block)} for k in ks]
     out.extra["cycles"] = cycles
     out.extra["dram_bytes"] = sum(r["bytes"]["dram_read"] + r["bytes"]["dram_write"] for r in out.kernels)
     pk = stats.machine_record(machine)["peak_tflops"].get(p["dtype"])

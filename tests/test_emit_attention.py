@@ -26,6 +26,7 @@ from archsim.errors import InputError
 from archsim.isa.check import check
 from archsim.isa.opcodes import SEM, opcodes
 from archsim.workloads.emit.attention_gpu import causal_pairs, flash_attention_kernel
+from archsim.workloads.emit.attention_wgmma import flash_attention3_kernel
 
 U = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "fp32": 2.0 ** -17}
 _CAPS = {}
@@ -49,12 +50,16 @@ def _no_fp16_tensor(caps):
                                tensor_dtypes=frozenset({"tf32"}))
 
 
-def run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv=False, seed=0):
+def run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv=False, seed=0, kernel=None,
+                    engine="numba"):
+    """Run the kernel (``kernel`` "wgmma": FlashAttention-3's) on one functional engine and check O
+    against float64 numpy to the tolerance above; returns (kernel, result)."""
     from archsim.engine.functional import run_functional
 
     hd = heads * d
     ld = 3 * hd if qkv else None
-    k = flash_attention_kernel(caps, batch, heads, q_len, kv_len, d, dtype, causal, q_ld=ld, kv_ld=ld)
+    emit = flash_attention3_kernel if kernel == "wgmma" else flash_attention_kernel
+    k = emit(caps, batch, heads, q_len, kv_len, d, dtype, causal, q_ld=ld, kv_ld=ld)
     Q, K, V, O = k.random_inputs(seed)
     if qkv:                                     # one [b*s, 3*h*d] buffer, read in place
         offs = {"q_off": 0, "k_off": hd, "v_off": 2 * hd}
@@ -63,7 +68,8 @@ def run_and_compare(caps, batch, heads, q_len, kv_len, d, dtype, causal, qkv=Fal
     else:
         offs = {}
         args = k.args(Q, K, V, O)
-    res = run_functional(k.program, args, k.launch, warp_width=caps.warp_width, ncores=caps.cores_total)
+    res = run_functional(k.program, args, k.launch, warp_width=caps.warp_width, ncores=caps.cores_total,
+                         engine=engine)
     got = k.output(res.output("O"))
     ref = k.reference(Q, K, V, **offs)
     pv = k.reference(Q, K, _abs(V, k.dtype), **offs)          # P |V|
@@ -286,9 +292,22 @@ def test_micro_attention_runs_the_fused_kernel():
         MI.run_micro("attention", tiny, {"seq": 0})
 
 
+def causal_lse(k, Q, K) -> np.ndarray:
+    """The natural log-sum-exp of each causal row's scaled scores, [batch, heads, q_len], from the
+    exact fp16 inputs of kernel ``k`` (its own Q, K layout: ld = heads*d)."""
+    from archsim.workloads.emit.gemm_gpu import to_float
+
+    b, h, q, kv, d = k.batch, k.heads, k.q_len, k.kv_len, k.head_dim
+    qf = to_float(Q.ravel(), "fp16").reshape(b, q, h, d).transpose(0, 2, 1, 3)
+    kf = to_float(K.ravel(), "fp16").reshape(b, kv, h, d).transpose(0, 2, 1, 3)
+    s = k.scale * np.einsum("bhid,bhjd->bhij", qf, kf)
+    s = np.where(np.arange(kv)[None, :] <= np.arange(q)[:, None] + (kv - q), s, -np.inf)
+    mx = s.max(axis=-1, keepdims=True)
+    return (mx + np.log(np.exp(s - mx).sum(axis=-1, keepdims=True)))[..., 0]
+
+
 def test_two_m_tiles_a_warp_write_each_rows_log_sum_exp():
     from archsim.engine.functional import run_functional
-    from archsim.workloads.emit.gemm_gpu import to_float
 
     caps = caps_of("a100-4sm")
     b, h, q, kv, d = 1, 4, 130, 200, 64
@@ -297,12 +316,6 @@ def test_two_m_tiles_a_warp_write_each_rows_log_sum_exp():
     Q, K, V, O = k.random_inputs(5)
     lse = k.lse_buffer()
     res = run_functional(k.program, k.args(Q, K, V, O, LSE=lse), k.launch, warp_width=32, ncores=4)
-    qf = to_float(Q.ravel(), "fp16").reshape(b, q, h, d).transpose(0, 2, 1, 3)
-    kf = to_float(K.ravel(), "fp16").reshape(b, kv, h, d).transpose(0, 2, 1, 3)
-    s = k.scale * np.einsum("bhid,bhjd->bhij", qf, kf)
-    s = np.where(np.arange(kv)[None, :] <= np.arange(q)[:, None] + (kv - q), s, -np.inf)
-    mx = s.max(axis=-1, keepdims=True)
-    want = (mx + np.log(np.exp(s - mx).sum(axis=-1, keepdims=True)))[..., 0]
     got = np.asarray(res.output("LSE")).reshape(b, h, q)
-    assert np.abs(got - want).max() < 1e-4
+    assert np.abs(got - causal_lse(k, Q, K)).max() < 1e-4
     assert np.abs(k.output(res.output("O")) - k.reference(Q, K, V)).max() < 1e-2

@@ -111,6 +111,7 @@ from archsim.errors import InputError
 from archsim.isa.builder import Mem
 from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
+from archsim.isa.tensor_map import TensorMap, tensor_map_words
 from archsim.workloads.emit.common import (CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, HOST_DTYPE, MMA_OP, Asm,
                                           OutOfRegisters, ceil_div, log2, swizzle_offset)
 from archsim.workloads.emit.gemm_gpu import to_float, to_host
@@ -119,6 +120,7 @@ __all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attentio
            "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
 
 HEAD_DIMS = (32, 64, 128)
+KERNELS = (None, "mma")      # flash_attention_kernel's kernel: the rule's choice, or the tensor-core one
 BR = 64                      # query rows of a block of one m-tile a warp (split-KV, short queries)
 WARPS = 4                    # a block's warps (16 query rows an m-tile)
 THREADS = 32 * WARPS
@@ -136,7 +138,9 @@ LOG2E = 1.4426950408889634
 
 
 @dataclass(frozen=True)
-class _Cfg:
+class FlashCfg:
+    """A tensor-core kernel's tile and options (attention_wgmma builds one for its kernel too)."""
+
     dtype: str
     d: int
     causal: bool
@@ -175,7 +179,7 @@ class AttentionKernel:
     kv_ld: int
     o_ld: int
     Bc: int                # key rows per K/V tile
-    kind: str = "mma"
+    kind: str = "mma"      # mma | wgmma (attention_wgmma: TMA and warpgroup MMA) | ffma
     with_lse: bool = False  # the program also writes LSE (f32 [batch, heads, q_len])
     block_rows: int = BR    # query rows a block (grid x = ceil(q_len / block_rows))
 
@@ -230,8 +234,24 @@ class AttentionKernel:
             extra["LSE"] = LSE
         elif LSE is not None:
             raise InputError(where, "an LSE buffer for a kernel emitted without with_lse", "with_lse=True")
+        if self.kind == "wgmma":                   # the producer's tensor maps (attention_wgmma)
+            extra.update(self.tensor_maps(q_off, k_off, v_off))
         return {"Q": Q, "K": K, "V": V, "O": O, "q_len": self.q_len, "kv_len": self.kv_len, "q_ld": self.q_ld,
                 "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}, **extra}
+
+    def tensor_maps(self, q_off: int, k_off: int, v_off: int) -> dict:
+        """The TMA kernel's (attention_wgmma) tensor maps of Q, K and V: 4-d (head column, row, head,
+        batch), 128-byte swizzle, boxes of 64 columns by block_rows query or Bc key rows."""
+        es, d = ELEM_BYTES[self.dtype], self.head_dim
+
+        def one(of, rows, ld, off, box):
+            words = tensor_map_words([d, rows, self.heads, self.batch], es, [64, box, 1, 1], 128,
+                                     [ld * es, d * es, rows * ld * es])
+            return TensorMap(of, words, offset=off * es)
+
+        return {"mapQ": one("Q", self.q_len, self.q_ld, q_off, self.block_rows),
+                "mapK": one("K", self.kv_len, self.kv_ld, k_off, self.Bc),
+                "mapV": one("V", self.kv_len, self.kv_ld, v_off, self.Bc)}
 
     def qkv_args(self, QKV, O, LSE=None) -> dict:
         """Arguments for Q, K and V read in place from one fused QKV buffer [batch*s, 3*heads*d]
@@ -441,10 +461,10 @@ def c_to_a(a: Asm, cvt: str, s, n_ksteps: int) -> None:
 
 # ----------------------------------------------------------------------------- the tensor-core kernel
 class _MmaCtx:
-    """The tensor-core attention kernel being emitted: its geometry (from _Cfg), its Asm, and the
+    """The tensor-core attention kernel being emitted: its geometry (from FlashCfg), its Asm, and the
     registers that more than one step of the kernel uses."""
 
-    def __init__(self, c: _Cfg):
+    def __init__(self, c: FlashCfg):
         self.c = c
         self.d, self.Bc = d, Bc = c.d, c.Bc
         self.RB = RB = 2 * d                      # bytes of a Q / K / V row in shared memory
@@ -469,6 +489,15 @@ class _MmaCtx:
             name = f"flash_attn_split_{c.dtype}_d{d}_bc{Bc}{'_causal' if c.causal else ''}"
         self.a = Asm(name, SPLIT_PARAMS if c.split else (LSE_PARAMS if c.lse else PARAMS), ST0 + 2 * SB)
         # the registers are attributes set by the steps that allocate them
+
+    def free_loop(self) -> None:
+        """Free the K / V loop's registers (before the epilogue)."""
+        a = self.a
+        a.free(self.j, self.jkey, self.rs, self.ntl, self.nfull, self.klim, self.rj, self.gk, self.kldb, self.vx0,
+               self.kx0, self.soff)
+        if self.limB is not self.limA:
+            a.free(self.limB)
+        a.free(self.limA)
 
 
 def _mma_registers(ctx: _MmaCtx) -> None:
@@ -689,11 +718,13 @@ def _mma_scores(ctx: _MmaCtx) -> None:
     pipelined([(ks, jp) for ks in range(ctx.KQ) for jp in range(ctx.NS // 2)], k_load, s_mma)
 
 
-def _mma_mask(ctx: _MmaCtx) -> None:
-    """Mask (diagonal and tail tiles only): score (row, jkey + 8nt + e%2) -> -inf past lim(row)."""
+def mma_mask(ctx: _MmaCtx, s=None, j=None, label: str = "UNMASKED") -> None:
+    """Mask (diagonal and tail tiles only): score (row, jkey + 8nt + e%2) -> -inf past lim(row).
+    ``s``, ``j``: the S block and the register holding its tile (default ctx.s, ctx.j)."""
     a, c, t1, t2 = ctx.a, ctx.c, ctx.t1, ctx.t2
-    a("setp.lt.i64", ctx.pm, ctx.j, ctx.nfull)
-    a("bra", "UNMASKED", p=ctx.pm)
+    s = ctx.s if s is None else s
+    a("setp.lt.i64", ctx.pm, ctx.j if j is None else j, ctx.nfull)
+    a("bra", label, p=ctx.pm)
     pe = a.pred()
     a("sub.i64", t1, ctx.limA, ctx.jkey)
     if c.causal:
@@ -705,9 +736,9 @@ def _mma_mask(ctx: _MmaCtx) -> None:
         for nt in range(ctx.NS):
             for e in range(4):
                 a("setp.lt.i64", pe, t2 if (c.causal and e >= 2) else t1, 8 * nt + (e & 1))
-                a("mov.f32", ctx.s + 4 * ctx.NS * mt + 4 * nt + e, float("-inf"), p=pe)
+                a("mov.f32", s + 4 * ctx.NS * mt + 4 * nt + e, float("-inf"), p=pe)
     a.pfree(pe)
-    a.label("UNMASKED")
+    a.label(label)
 
 
 def _mma_online_softmax(ctx: _MmaCtx) -> None:
@@ -715,13 +746,15 @@ def _mma_online_softmax(ctx: _MmaCtx) -> None:
     a = ctx.a
     mx, nmc, al = a.reg(2), a.reg(2), a.reg(2)
     for mt in range(ctx.MT):
-        _mma_softmax_tile(ctx, ctx.s + 4 * ctx.NS * mt, ctx.m + 2 * mt, ctx.l + 2 * mt, ctx.o + 4 * ctx.NO * mt,
+        mma_softmax_tile(ctx, ctx.s + 4 * ctx.NS * mt, ctx.m + 2 * mt, ctx.l + 2 * mt, ctx.o + 4 * ctx.NO * mt,
                           mx, nmc, al)
     a.free(mx, nmc, al, k=2)
 
 
-def _mma_softmax_tile(ctx: _MmaCtx, s, m, l, o, mx, nmc, al) -> None:
-    """The online softmax of one m-tile: its S block s, row state m, l, O block o (mx, nmc, al: scratch pairs)."""
+def mma_softmax_tile(ctx: _MmaCtx, s, m, l, o, mx, nmc, al) -> None:
+    """The online softmax of one m-tile: its S block s, row state m, l, O block o (mx, nmc, al: scratch
+    pairs; al is left holding the rows' alpha). ``o`` None: O is not rescaled here (the caller does
+    it once O is free)."""
     a, c, t1, NS = ctx.a, ctx.c, ctx.t1, ctx.NS
     for r in range(2):
         a("max.f32", mx + r, s + 2 * r, s + 2 * r + 1)
@@ -754,10 +787,16 @@ def _mma_softmax_tile(ctx: _MmaCtx, s, m, l, o, mx, nmc, al) -> None:
             a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r)
             a("add.f32", mx + r, mx + r, s + 4 * nt + 2 * r + 1)
         a("fma.f32", l + r, l + r, al + r, mx + r)
-    for nt in range(ctx.NO):
+    if o is not None:
+        rescale_o(a, o, al, ctx.NO)
+    c_to_a(a, ctx.cvt, s, ctx.KP)                         # P k-step kk -> s + 8kk .. +3
+
+
+def rescale_o(a: Asm, o, al, NO: int) -> None:
+    """O *= alpha: rows g (e = 0, 1) and g + 8 (e = 2, 3) of each of the NO 16 x 8 tiles."""
+    for nt in range(NO):
         for e in range(4):
             a("mul.f32", o + 4 * nt + e, o + 4 * nt + e, al + (e >> 1))
-    c_to_a(a, ctx.cvt, s, ctx.KP)                         # P k-step kk -> s + 8kk .. +3
 
 
 def _mma_pv(ctx: _MmaCtx) -> None:
@@ -792,7 +831,7 @@ def _mma_kv_loop(ctx: _MmaCtx) -> None:
     a("xor.b64", t1, ctx.rs, ctx.SWAP)
     _mma_kv_copies(ctx, t1, ctx.pn)               # tile j+1 into the other stage
     _mma_scores(ctx)
-    _mma_mask(ctx)
+    mma_mask(ctx)
     _mma_online_softmax(ctx)
     _mma_pv(ctx)
     a("xor.b64", ctx.rs, ctx.rs, ctx.SWAP)
@@ -806,11 +845,7 @@ def _mma_row_sums(ctx: _MmaCtx):
     """Emit l summed over the quad and inverted; return the rows' natural LSE registers (lse, split)."""
     # the loop's registers are free from here on
     a, c, l, t1 = ctx.a, ctx.c, ctx.l, ctx.t1
-    a.free(ctx.j, ctx.jkey, ctx.rs, ctx.ntl, ctx.nfull, ctx.klim, ctx.rj, ctx.gk, ctx.kldb, ctx.vx0, ctx.kx0,
-           ctx.soff)
-    if ctx.limB is not ctx.limA:
-        a.free(ctx.limB)
-    a.free(ctx.limA)
+    ctx.free_loop()
     R = 2 * ctx.MT                                        # rows g, g + 8 of each m-tile
     for sh in (1, 2):
         for r in range(R):
@@ -830,7 +865,7 @@ def _mma_row_sums(ctx: _MmaCtx):
     return lz
 
 
-def _mma_epilogue(ctx: _MmaCtx) -> None:
+def mma_epilogue(ctx: _MmaCtx) -> None:
     """Emit O / l of each m-tile's rows g, g + 8 in the input dtype (split: f32 partials) and, with
     lse, the LSE."""
     # each lane: 2 columns of each 16 x 8 tile
@@ -906,7 +941,7 @@ def _mma_epilogue(ctx: _MmaCtx) -> None:
     a("exit")
 
 
-def _emit_mma(c: _Cfg) -> Program:
+def _emit_mma(c: FlashCfg) -> Program:
     """The tensor-core kernel (see the module docstring)."""
     ctx = _MmaCtx(c)
     _mma_registers(ctx)
@@ -918,7 +953,7 @@ def _emit_mma(c: _Cfg) -> Program:
     _mma_tile_limits(ctx)
     _mma_loop_state(ctx)
     _mma_kv_loop(ctx)
-    _mma_epilogue(ctx)
+    mma_epilogue(ctx)
     return ctx.a.build()
 
 
@@ -934,7 +969,7 @@ class _FCfg:
     Bc: int
     c: float
     lse: bool = False
-    split: bool = False  # as _Cfg.split
+    split: bool = False  # as FlashCfg.split
 
 
 class _FfmaCtx:
@@ -1462,7 +1497,7 @@ def _choose_ffma(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = F
 
 
 def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
-            split: bool = False, rows128: bool = False) -> tuple[_Cfg, Program]:
+            split: bool = False, rows128: bool = False) -> tuple[FlashCfg, Program]:
     """The first tile that fits: with ``rows128`` FlashAttention-2's forward blocks of 128 query
     rows (4 warps of two 16-row m-tiles sharing each K and V fragment) with 64-key tiles, then
     blocks of 64 rows (its split-KV blocks) with the largest Bc. (FA2's head-dim-128 kernel reads Q
@@ -1482,7 +1517,7 @@ def _choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool = False,
         if shared > caps.scratchpad_bytes:
             note(f"Bc {Bc}{' (Q apart)' if qsep else ''}: {shared} B scratchpad")
             continue
-        cfg = _Cfg(dtype, d, causal, Bc, qsep, c, lse, split, mt)
+        cfg = FlashCfg(dtype, d, causal, Bc, qsep, c, lse, split, mt)
         try:
             prog = _emit_mma(cfg)
         except OutOfRegisters as e:
@@ -1540,17 +1575,24 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
 def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                            dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
                            q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
-                           o_ld: Optional[int] = None, with_lse: bool = False) -> AttentionKernel:
+                           o_ld: Optional[int] = None, with_lse: bool = False,
+                           kernel: Optional[str] = None) -> AttentionKernel:
     """Emit fused attention O = softmax(scale Q K^T + mask) V for a GPU-family target (see the
     module docstring for the layout and the algorithm). scale defaults to 1/sqrt(head_dim);
     q_ld / kv_ld / o_ld (elements between consecutive rows) default to heads*head_dim.
     with_lse: the program takes one more buffer, LSE (float32 [batch, heads, q_len], contiguous),
     and writes there each query row's natural log-sum-exp of its scaled, masked scores (what the
-    fused backward recomputes P from)."""
+    fused backward recomputes P from). ``kernel``: None (the rule above) or "mma" (the tensor-core
+    kernel, refused where the target has none). FlashAttention-3's kernel is attention_wgmma's."""
     where = "attention"
     batch, heads, q_len, kv_len, d, dt, lds, scale = check_attention_args(
         where, caps, batch, heads, q_len, kv_len, head_dim, dtype, causal, scale, q_ld, kv_ld, o_ld, "fp16, bf16, fp32")
+    if kernel not in KERNELS:
+        raise InputError(where, f"kernel {kernel!r}", ", ".join(k for k in KERNELS if k))
     use_mma = dt in MMA_OP and dt in caps.tensor_dtypes and "tensor" in caps.units and caps.warp_width == 32
+    if kernel == "mma" and not use_mma:
+        raise InputError(f"{where} on {caps.name}", f"kernel mma: {dt} on {caps.name} has no tensor-core path",
+                         "kernel auto")
     if use_mma:
         # FlashAttention-2's 128-row kernel where 64-row blocks would nearly fill the GPU at two blocks
         # an SM (at least 0.8 x 2 x SMs of them: the test flash_api's num_splits_heuristic starts

@@ -126,11 +126,26 @@ class FamilyEmitters:
     split_k: object = None           # (caps, M, N, K, dtype, trans_b, trans_a=) -> slices of K (None: no split-K)
 
 
+GPU_ATTENTION_KERNELS = ("mma", "wgmma")   # a fused attention's kernel on a GPU when one is asked for
+
+
+def gpu_flash_attention_kernel(caps, *args, kernel: str | None = None, **kw):
+    """A GPU's fused attention kernel: FlashAttention-2's (attention_gpu; ``kernel`` None: its rule,
+    or "mma") or FlashAttention-3's ("wgmma": attention_wgmma, targets with wgmma and tma)."""
+    from . import attention_gpu, attention_wgmma
+
+    if kernel == "wgmma":
+        return attention_wgmma.flash_attention3_kernel(caps, *args, **kw)
+    if kernel not in (None,) + GPU_ATTENTION_KERNELS:
+        raise InputError("attention", f"kernel {kernel!r}", ", ".join(GPU_ATTENTION_KERNELS))
+    return attention_gpu.flash_attention_kernel(caps, *args, kernel=kernel, **kw)
+
+
 def family_emitters(caps) -> FamilyEmitters:
     """The emitters for ``caps.family``; a family without emitters is a one-line input error."""
     if caps.family == "gpu":
         from . import attention_gpu, attention_grad_gpu, gemm_gpu, kvcache_gpu
-        return FamilyEmitters(gemm_gpu.gemm_kernel, attention_gpu.flash_attention_kernel,
+        return FamilyEmitters(gemm_gpu.gemm_kernel, gpu_flash_attention_kernel,
                               attention_grad_gpu.flash_attention_grad_kernel, kvcache_gpu.kv_append_kernel, EW,
                               split_attention_kernel=attention_gpu.split_kv_attention_kernel,
                               split_k=gemm_gpu.split_k)
@@ -279,13 +294,14 @@ def _attention_math(op, ctx) -> list[Kernel]:
     b, n, hd, q, kv, h, kt, vt = _attn_geometry(op, ctx)
     if d["fused"]:
         lse = "attn_lse" in op.outputs     # train: the backward recomputes P from the log-sum-exp
-        if ctx.E.split_attention_kernel is not None:
+        if ctx.E.split_attention_kernel is not None and d.get("kernel") != "wgmma":   # (FA3's has no split form)
             sk = ctx.E.split_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h,
                                               kv_ld=kt[2], o_ld=h, with_lse=lse, name=op.name)
             if sk is not None:
                 return _attention_split(op, ctx, sk, kt, vt, lse)
+        chosen = {"kernel": d["kernel"]} if d.get("kernel") else {}
         k = ctx.E.flash_attention_kernel(ctx.caps, b, n, q, kv, hd, ctx.dt, d["causal"], q_ld=3 * h, kv_ld=kt[2], o_ld=h,
-                                   with_lse=lse)
+                                         with_lse=lse, **chosen)
         sl = [ctx.slot("qkv"), ctx.slot(kt[0]), ctx.slot(vt[0]), ctx.slot(op.outputs[0])]
         extra = {"LSE": ctx.slot("attn_lse", dtype="fp32")} if lse else {}
         params = k.args(*sl, q_off=0, k_off=kt[1], v_off=vt[1], **extra)
@@ -565,17 +581,19 @@ def emit_block(caps, wl) -> list[Kernel]:
 
 
 def attention_kernels(caps, batch: int, heads: int, seq: int, head_dim: int, dtype: str = "fp16",
-                      causal: bool = False, fused: bool = True) -> list[Kernel]:
+                      causal: bool = False, fused: bool = True, kernel: str | None = None) -> list[Kernel]:
     """Forward self-attention over a fused qkv tensor [batch*seq, 3*heads*head_dim] into
     attn_out, as a block's attention op is emitted: one flash kernel, or QK^T, softmax, AV with
-    the seq x seq matrix through memory (``micro attention``)."""
+    the seq x seq matrix through memory (``micro attention``). ``kernel``: the GPU flash kernel
+    (gpu_flash_attention_kernel's; None: the rule)."""
     from archsim.workloads.ops import ELEMENTWISE_FLOPS, Op, unmasked_scores
 
     h = heads * head_dim
     T = batch * seq
     cells = batch * heads * unmasked_scores(seq, seq, causal)
+    chosen = {} if kernel is None else {"kernel": kernel}
     op = Op(name="attn", kind="attention", dims=dict(batch=batch, heads=heads, q_len=seq, kv_len=seq,
-                                                     head_dim=head_dim, causal=causal, fused=fused),
+                                                     head_dim=head_dim, causal=causal, fused=fused, **chosen),
             dtype=dtype, inputs=("qkv",), outputs=("attn_out",),
             flops=cells * (4 * head_dim + ELEMENTWISE_FLOPS["softmax"]), model_flops=4 * batch * seq * seq * h)
     return _attention(op, _Ctx(caps, {"qkv": (T, 3 * h), "attn_out": (T, h)}, dtype))

@@ -1,0 +1,124 @@
+"""FlashAttention-3's warp-specialized kernel (archsim.workloads.emit.attention_wgmma) against numpy,
+on both functional engines, with the tolerance test_emit_attention explains (P rounded once to the
+input dtype for the P V wgmma, O once), and its timing on h100."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_emit_attention import caps_of, causal_lse, run_and_compare
+
+from archsim.errors import InputError
+from archsim.isa.check import check
+from archsim.isa.opcodes import SEM, opcodes
+from archsim.workloads.emit import attention_wgmma as WG
+from archsim.workloads.emit.attention_wgmma import flash_attention3_kernel
+from archsim.workloads.emit.block import gpu_flash_attention_kernel
+
+
+# (batch, heads, q_len, kv_len, head_dim, dtype, causal, qkv)
+CASES = [
+    (1, 2, 128, 128, 64, "fp16", False, False),     # one block, one K / V tile a head
+    (2, 1, 200, 300, 64, "fp16", False, False),     # query and key tails
+    (2, 1, 200, 200, 64, "fp16", True, True),       # the fused QKV buffer
+    (1, 2, 256, 640, 64, "bf16", True, False),      # causal with kv_len > q_len, stages reused (5 tiles)
+    (1, 1, 130, 260, 128, "fp16", True, False),     # two 64-column panels a row, a 2-row last block
+    (2, 2, 256, 256, 128, "bf16", False, True),
+]
+
+
+@pytest.mark.parametrize("batch,heads,q_len,kv_len,d,dtype,causal,qkv", CASES)
+def test_warp_specialized_kernel_matches_numpy(batch, heads, q_len, kv_len, d, dtype, causal, qkv):
+    k, _ = run_and_compare(caps_of("h100"), batch, heads, q_len, kv_len, d, dtype, causal, qkv, seed=3,
+                           kernel="wgmma")
+    assert k.kind == "wgmma" and k.block_rows == WG.BM and k.Bc == WG.BC
+    assert k.launch.block == (WG.THREADS, 1, 1) and k.launch.grid == (-(-q_len // WG.BM), heads, batch)
+
+
+def test_the_reference_engine_agrees():
+    """The pure-Python twin runs the same program to the same tolerance (TMA, mbarriers and wgmma
+    included), and to the same bits as the numba engine."""
+    k, fast = run_and_compare(caps_of("h100"), 1, 1, 128, 192, 64, "fp16", True, seed=4, kernel="wgmma")
+    _, slow = run_and_compare(caps_of("h100"), 1, 1, 128, 192, 64, "fp16", True, seed=4, kernel="wgmma",
+                              engine="reference")
+    assert np.array_equal(np.asarray(fast.output("O")), np.asarray(slow.output("O")))
+
+
+def test_log_sum_exp_of_each_row():
+    from archsim.engine.functional import run_functional
+
+    b, h, q = 1, 2, 150
+    k = flash_attention3_kernel(caps_of("h100"), b, h, q, 256, 64, "fp16", causal=True, with_lse=True)
+    Q, K, V, O = k.random_inputs(7)
+    res = run_functional(k.program, k.args(Q, K, V, O, LSE=k.lse_buffer()), k.launch, warp_width=32)
+    assert np.abs(np.asarray(res.output("LSE")).reshape(b, h, q) - causal_lse(k, Q, K)).max() < 1e-4
+    assert np.abs(k.output(res.output("O")) - k.reference(Q, K, V)).max() < 1e-2
+
+
+def test_program_is_warp_specialized_and_passes_the_load_time_checks():
+    caps = caps_of("h100")
+    for d, causal in ((64, False), (128, True)):
+        k = flash_attention3_kernel(caps, 4, 8, 1024, 1024, d, "fp16", causal)
+        check(k.program, caps)
+        mn = [opcodes()[int(o)].mnemonic for o in k.program.op]
+        # a K / V tile: d/16 wgmma for S, 8 for P V (A from registers), written for tile 0 and the
+        # loop's two halves (S: each half's next tile; P V: each half and its last-tile exit); the
+        # producer's boxes: Q's panels once, then a K and a V box a panel a tile; no cp.async,
+        # ldmatrix or mma.sync
+        assert mn.count("wgmma.m64n128k16.f32.f16") == 3 * d // 16
+        assert mn.count(f"wgmma.m64n{d}k16.f32.f16.rs") == 4 * WG.BC // 16
+        assert mn.count("cp.async.bulk.tensor.4d") == 3 * (d // 64)
+        assert not any(m.startswith(("cp.async.16", "ldmatrix", "mma.")) for m in mn)
+        bra = SEM["bra"]
+        loops = sum(SEM[opcodes()[int(o)].sem] == bra and int(k.program.imm[pc]) <= pc
+                    for pc, o in enumerate(k.program.op))
+        assert loops == 2                          # the producer's and the consumers' K / V loops
+        assert k.program.nregs * WG.THREADS <= caps.regs_per_core
+        assert k.program.shared_bytes <= caps.scratchpad_bytes
+
+
+@pytest.mark.parametrize("hw,kw,what", [
+    ("a100", {}, "a100 has no tma or wgmma"),
+    ("h100", {"q_len": 64}, "q_len 64, kv_len 64"),
+    ("h100", {"dtype": "fp32"}, "dtype fp32"),
+    ("h100", {"head_dim": 32}, "head_dim 32"),
+    ("h100", {"kernel": "fa3"}, "kernel 'fa3'"),
+])
+def test_what_it_cannot_run_is_one_line(hw, kw, what):
+    args = dict(batch=1, heads=2, q_len=kw.get("q_len", 256), kv_len=kw.get("q_len", 256),
+                head_dim=kw.get("head_dim", 64), dtype=kw.get("dtype", "fp16"), kernel=kw.get("kernel", "wgmma"))
+    with pytest.raises(InputError) as e:
+        gpu_flash_attention_kernel(caps_of(hw), **args)
+    assert what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_timing_on_h100_moves_q_k_v_and_o_once_through_dram():
+    """The TMA unit brings every box through L2: DRAM traffic is about Q + K + V + O (the other
+    query blocks' K and V reads hit L2), the engine counts every wgmma's flops, and the kernel ends."""
+    from archsim.config import load_machine
+    from archsim.engine.timing import Unbacked, time_kernel
+
+    m = load_machine("h100")
+    k = flash_attention3_kernel(caps_of("h100"), 1, 2, 256, 256, 64, "fp16")
+    nb = k.buffer_bytes()
+    r = time_kernel(k.program, m, k.launch, k.args(*(Unbacked(nb[n]) for n in "QKVO")))
+    moved = r.memory["bytes"]["dram_read"] + r.memory["bytes"]["dram_write"]
+    assert 0.9 * sum(nb.values()) <= moved <= 1.2 * sum(nb.values()), (moved, nb)
+    assert r.flops >= k.flops
+    assert r.memory["tma"]["copies"] == k.launch.blocks * (1 + 2 * 256 // WG.BC)
+
+
+def test_micro_attention_compares_the_two_kernels_on_one_chip():
+    from archsim import micro as MI
+    from archsim.config import load_machine
+
+    h100 = load_machine("h100")
+    p = {"batch": 1, "heads": 4, "seq": 256}
+    fa2 = MI.run_micro("attention", h100, p)
+    fa3 = MI.run_micro("attention", h100, {**p, "kernel": "wgmma"})
+    assert fa3.extra["kernels"][0]["program"].startswith("flash_attn3_")
+    assert fa2.extra["kernels"][0]["program"].startswith("flash_attn_fp16")
+    assert fa3.extra["kernels"][0]["block"] == [WG.THREADS, 1, 1]
+    assert fa2.value > 0 and fa3.value > 0
+    with pytest.raises(InputError, match="fused attention on a GPU"):
+        MI.run_micro("attention", h100, {**p, "kernel": "wgmma", "fused": False})
