@@ -122,3 +122,23 @@ def test_micro_attention_compares_the_two_kernels_on_one_chip():
     assert fa2.value > 0 and fa3.value > 0
     with pytest.raises(InputError, match="fused attention on a GPU"):
         MI.run_micro("attention", h100, {**p, "kernel": "wgmma", "fused": False})
+
+
+def test_hopper_runs_fa3_where_its_blocks_fill_the_gpu():
+    """The default on h100: FA3's kernel where it applies and its 128-row blocks fill the GPU (FA2's
+    own 128-row test), FA2's 64-row blocks on a small grid, and FA2's everywhere without wgmma
+    (``--set tensor.wgmma=null``) or on a100."""
+    from archsim.config import capabilities, load_machine
+    from archsim.workloads.emit.block import attention_kernels
+
+    def program(caps, batch, heads, seq, d=64):
+        return attention_kernels(caps, batch, heads, seq, d)[0].program.name
+
+    h100 = caps_of("h100")
+    assert program(h100, 32, 16, 512).startswith("flash_attn3_")        # 2048 blocks of 64 rows >= 211
+    assert program(h100, 1, 96, 2048, 128).startswith("flash_attn3_")
+    assert program(h100, 1, 12, 128).startswith("flash_attn_fp16_d64")  # 24 blocks: FA2's 64 rows
+    assert program(h100, 32, 16, 64).startswith("flash_attn_fp16_d64")  # below FA3's 128 rows
+    ampere_style = capabilities(load_machine("h100", sets=["tensor.wgmma=null"]))
+    assert program(ampere_style, 32, 16, 512).startswith("flash_attn_fp16_d64_br128")
+    assert program(caps_of("a100"), 32, 16, 512).startswith("flash_attn_fp16_d64_br128")

@@ -117,7 +117,7 @@ from archsim.workloads.emit.common import (CVT_OUT, DTYPE_ALIASES, ELEM_BYTES, H
 from archsim.workloads.emit.gemm_gpu import to_float, to_host
 
 __all__ = ["AttentionKernel", "AttentionPart", "SplitAttentionKernel", "attention_reference", "causal_pairs",
-           "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
+           "fills_gpu", "flash_attention_kernel", "kv_splits", "split_kv_attention_kernel"]
 
 HEAD_DIMS = (32, 64, 128)
 KERNELS = (None, "mma")      # flash_attention_kernel's kernel: the rule's choice, or the tensor-core one
@@ -1572,6 +1572,12 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
     return batch, heads, q_len, kv_len, d, dt, lds, scale
 
 
+def fills_gpu(caps, batch: int, heads: int, q_len: int) -> bool:
+    """Would blocks of 64 query rows nearly fill the GPU at two blocks an SM (at least 0.8 x 2 x SMs
+    of them, the first test of FA2's num_splits_heuristic)? Then 128-row blocks lose little."""
+    return batch * heads * ceil_div(q_len, BR) >= 1.6 * caps.cores_total
+
+
 def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int, head_dim: int,
                            dtype: str = "fp16", causal: bool = False, scale: Optional[float] = None,
                            q_ld: Optional[int] = None, kv_ld: Optional[int] = None,
@@ -1597,7 +1603,7 @@ def flash_attention_kernel(caps, batch: int, heads: int, q_len: int, kv_len: int
         # FlashAttention-2's 128-row kernel where 64-row blocks would nearly fill the GPU at two blocks
         # an SM (at least 0.8 x 2 x SMs of them: the test flash_api's num_splits_heuristic starts
         # with); 64-row blocks below it (a simplification of FA2's split choice, module docstring)
-        rows128 = q_len > BR and batch * heads * ceil_div(q_len, BR) >= 1.6 * caps.cores_total
+        rows128 = q_len > BR and fills_gpu(caps, batch, heads, q_len)
         cfg, prog = _choose(caps, dt, d, bool(causal), scale * LOG2E, bool(with_lse), rows128=rows128)
         rows = 16 * WARPS * cfg.mt
     else:

@@ -356,6 +356,13 @@ def emit(c: AG.FlashCfg) -> Program:
     return a.build()
 
 
+def applies(caps, dtype: str, d: int, q_len: int, kv_len: int) -> bool:
+    """Can this kernel run the attention (the target has wgmma and tma; fp16 / bf16; head_dim 64 or
+    128; q_len, kv_len at least a block's rows and a tile's keys)?"""
+    return ({"wgmma", "tma"} <= set(caps.features) and AG.DTYPE_ALIASES.get(dtype) in ("fp16", "bf16")
+            and d in HEAD_DIMS and q_len >= BM and kv_len >= BC)
+
+
 def choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, q_len: int, kv_len: int):
     """(cfg, program) of the warp-specialized kernel, or one InputError line saying why it cannot run."""
     where = f"attention on {caps.name} (kernel wgmma)"
@@ -399,4 +406,4 @@ def flash_attention3_kernel(caps, batch: int, heads: int, q_len: int, kv_len: in
                               block_rows=BM, **lds)
 
 
-__all__ = ["BC", "BM", "THREADS", "choose", "emit", "flash_attention3_kernel"]
+__all__ = ["BC", "BM", "THREADS", "applies", "choose", "emit", "flash_attention3_kernel"]

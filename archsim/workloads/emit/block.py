@@ -55,6 +55,7 @@ import numpy as np
 
 from archsim.errors import InputError
 from archsim.isa.program import Launch, Program
+from archsim.isa.tensor_map import TensorMap
 
 from . import elementwise_gpu as EW
 from .common import BUF_BYTES, OUT_BYTES, OutOfRegisters
@@ -105,9 +106,17 @@ class Kernel:
         """Identity for memoization: the same program, launch and arguments (sizes and scalars)
         time the same on the same machine."""
         h = hashlib.sha1(self.program.content_digest())
-        h.update(repr((self.launch, sorted((k, v.nbytes if isinstance(v, Slot) else int(v))
-                                           for k, v in self.params.items()))).encode())
+        h.update(repr((self.launch, sorted((k, _param_key(v)) for k, v in self.params.items()))).encode())
         return h.hexdigest()
+
+
+def _param_key(v):
+    """What identifies a kernel argument for Kernel.key: a slot's size, a tensor map's words, a scalar."""
+    if isinstance(v, Slot):
+        return v.nbytes
+    if isinstance(v, TensorMap):
+        return (v.of, v.words, v.offset)
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -129,16 +138,22 @@ class FamilyEmitters:
 GPU_ATTENTION_KERNELS = ("mma", "wgmma")   # a fused attention's kernel on a GPU when one is asked for
 
 
-def gpu_flash_attention_kernel(caps, *args, kernel: str | None = None, **kw):
-    """A GPU's fused attention kernel: FlashAttention-2's (attention_gpu; ``kernel`` None: its rule,
-    or "mma") or FlashAttention-3's ("wgmma": attention_wgmma, targets with wgmma and tma)."""
+def gpu_flash_attention_kernel(caps, batch, heads, q_len, kv_len, head_dim, dtype="fp16", causal=False, *,
+                               kernel: str | None = None, **kw):
+    """A GPU's fused attention kernel: FlashAttention-3's ("wgmma": attention_wgmma) or
+    FlashAttention-2's ("mma": attention_gpu, its own rule). ``kernel`` None: FA3's where the target
+    has wgmma and tma, it applies and its 128-row blocks fill the GPU as FA2's own 128-row rule
+    asks (attention_gpu.fills_gpu; Hopper runs FA3 so), else FA2's, whose 64-row blocks spread a
+    small grid wider; ``--set tensor.wgmma=null`` gives FA2's on h100."""
     from . import attention_gpu, attention_wgmma
 
-    if kernel == "wgmma":
-        return attention_wgmma.flash_attention3_kernel(caps, *args, **kw)
+    args = (caps, batch, heads, q_len, kv_len, head_dim, dtype, causal)
+    if kernel == "wgmma" or (kernel is None and attention_wgmma.applies(caps, dtype, head_dim, q_len, kv_len)
+                             and attention_gpu.fills_gpu(caps, batch, heads, q_len)):
+        return attention_wgmma.flash_attention3_kernel(*args, **kw)
     if kernel not in (None,) + GPU_ATTENTION_KERNELS:
         raise InputError("attention", f"kernel {kernel!r}", ", ".join(GPU_ATTENTION_KERNELS))
-    return attention_gpu.flash_attention_kernel(caps, *args, kernel=kernel, **kw)
+    return attention_gpu.flash_attention_kernel(*args, kernel=kernel, **kw)
 
 
 def family_emitters(caps) -> FamilyEmitters:
