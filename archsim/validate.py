@@ -346,7 +346,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
                                  "a curve of micro " + " or ".join(CALL_OVERHEAD_KERNELS))
             if isinstance(overhead, bool) or not isinstance(overhead, (int, float)) or not 0 <= overhead < 1e6:
                 raise InputError(f"{w}.call_overhead_us", f"{overhead!r} is not a time",
-                                 "microseconds >= 0 (a measured call's time beyond its kernels)")
+                                 "microseconds, 0 <= x < 1e6 (a measured call's time beyond its kernels)")
         overrides = c.get("overrides") or []
         if not isinstance(overrides, list) or any(
                 not isinstance(o, dict) or set(o) != {"from_x", "params"} or not isinstance(o["params"], dict)

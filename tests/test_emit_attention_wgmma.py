@@ -4,6 +4,8 @@ input dtype for the P V wgmma, O once), and its timing on h100."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_emit_attention import caps_of, causal_lse, run_and_compare
@@ -92,6 +94,28 @@ def test_what_it_cannot_run_is_one_line(hw, kw, what):
     assert what in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("q_len,kv_len,d,causal", [(384, 384, 64, True), (128, 128, 128, False),
+                                                    (256, 640, 128, True)])
+def test_timing_runs_every_tile_count_to_the_end(q_len, kv_len, d, causal):
+    """The timing engine completes copies and wgmma as they land, not at issue: blocks of one, an
+    odd and an even number of tiles (causal: 1, 2, 3 tiles at 384), one tile only, and more tiles
+    than stages all end, each block's flops counted."""
+    from archsim.config import load_machine
+    from archsim.engine.timing import Unbacked, time_kernel
+
+    k = flash_attention3_kernel(caps_of("h100"), 1, 1, q_len, kv_len, d, "bf16", causal, with_lse=causal)
+    nb = k.buffer_bytes()
+    bufs = [Unbacked(nb[n]) for n in "QKVO"]
+    r = time_kernel(k.program, load_machine("h100"), k.launch,
+                    k.args(*bufs, LSE=Unbacked(nb["LSE"])) if causal else k.args(*bufs))
+    assert r.cycles > 0 and r.flops >= k.flops
+    tiles = sum(
+        min(-(-(kv_len - q_len + min(q_len, (b + 1) * WG.BM)) // WG.BC), -(-kv_len // WG.BC)) if causal
+        else -(-kv_len // WG.BC) for b in range(k.launch.blocks))
+    # a box a 64-column panel: Q's once a block, K's and V's once a tile (causal: up to the last visible)
+    assert r.memory["tma"]["copies"] == d // 64 * (k.launch.blocks + 2 * tiles)
+
+
 def test_timing_on_h100_moves_q_k_v_and_o_once_through_dram():
     """The TMA unit brings every box through L2: DRAM traffic is about Q + K + V + O (the other
     query blocks' K and V reads hit L2), the engine counts every wgmma's flops, and the kernel ends."""
@@ -142,3 +166,18 @@ def test_hopper_runs_fa3_where_its_blocks_fill_the_gpu():
     ampere_style = capabilities(load_machine("h100", sets=["tensor.wgmma=null"]))
     assert program(ampere_style, 32, 16, 512).startswith("flash_attn_fp16_d64_br128")
     assert program(caps_of("a100"), 32, 16, 512).startswith("flash_attn_fp16_d64_br128")
+    # a core that cannot hold FA3's block: FA2's kernel does the work; asked for, FA3's is one line
+    small = dataclasses.replace(h100, name="h100 (half the registers)", regs_per_core=32768)
+    assert program(small, 32, 16, 512).startswith("flash_attn_fp16_d64")
+    with pytest.raises(InputError, match="registers x 288 threads"):
+        gpu_flash_attention_kernel(small, 32, 16, 512, 512, 64, kernel="wgmma")
+
+
+def test_a_kernel_asked_of_an_attention_that_has_none_is_one_line():
+    from archsim.config import capabilities, load_machine
+    from archsim.workloads.emit.block import attention_kernels
+
+    with pytest.raises(InputError, match="on a GPU"):
+        attention_kernels(capabilities(load_machine("tiny-sunway")), 1, 2, 128, 32, kernel="mma")
+    with pytest.raises(InputError, match="unfused"):
+        attention_kernels(caps_of("h100"), 1, 2, 128, 64, fused=False, kernel="wgmma")

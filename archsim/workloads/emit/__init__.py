@@ -9,6 +9,8 @@
   FlashAttention-2 style (K/V tiles double-buffered in shared memory, online softmax, P fed from
   the S accumulators to the P V mma), causal or not, any lengths, fused-QKV layouts; optionally
   the per-row log-sum-exp for training.
+- ``attention_wgmma``: the same forward as FlashAttention-3 runs it on Hopper (TMA, wgmma, a
+  producer warp and two consumer warpgroups in ping-pong).
 - ``attention_grad_gpu``: its backward (FlashAttention-2): three kernels, attn.grad.pre / .dkdv / .dq.
 - ``elementwise_gpu``: the elementwise and row-reduction kernels of a transformer block for the
   GPU family (softmax with causal masking, layernorm, rmsnorm, GELU, SwiGLU, residual add, and

@@ -1574,7 +1574,8 @@ def check_attention_args(where: str, caps, batch, heads, q_len, kv_len, head_dim
 
 def fills_gpu(caps, batch: int, heads: int, q_len: int) -> bool:
     """Would blocks of 64 query rows nearly fill the GPU at two blocks an SM (at least 0.8 x 2 x SMs
-    of them, the first test of FA2's num_splits_heuristic)? Then 128-row blocks lose little."""
+    of them, the first test of FA2's num_splits_heuristic)? Then blocks of 128 rows lose little
+    (at the threshold they leave a fifth of the SMs idle in the last wave: 0.8 x SMs of them)."""
     return batch * heads * ceil_div(q_len, BR) >= 1.6 * caps.cores_total
 
 

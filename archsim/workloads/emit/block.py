@@ -15,7 +15,8 @@ How each op kind is emitted (tensor names and layouts: archsim/workloads/ops.py)
   into a workspace (``<op>.partial_sums``), then ``<op>.reduce`` adding them up into the output.
 - attention in decode: first ``attn.kv_append`` copies the new tokens' K, V rows of qkv into the
   caches' last row (kvcache_gpu), then the attention kernels read K, V from the caches.
-- attention, fused: one flash-attention kernel (attention_gpu) reading Q, K, V in place from the
+- attention, fused: one flash-attention kernel (attention_gpu, FlashAttention-2's; on Hopper where
+  the grid is large attention_wgmma, FlashAttention-3's) reading Q, K, V in place from the
   fused qkv tensor [T, 3h] (decode: K, V from the cache [b, kv_len, h]) and writing attn_out.
   When the query rows fit one block (decode) and batch*heads blocks cannot cover the cores, split-KV
   instead (attention_gpu / attention_sunway.split_kv_attention_kernel): ``attn.split`` (the flash loop
@@ -142,15 +143,20 @@ def gpu_flash_attention_kernel(caps, batch, heads, q_len, kv_len, head_dim, dtyp
                                kernel: str | None = None, **kw):
     """A GPU's fused attention kernel: FlashAttention-3's ("wgmma": attention_wgmma) or
     FlashAttention-2's ("mma": attention_gpu, its own rule). ``kernel`` None: FA3's where the target
-    has wgmma and tma, it applies and its 128-row blocks fill the GPU as FA2's own 128-row rule
-    asks (attention_gpu.fills_gpu; Hopper runs FA3 so), else FA2's, whose 64-row blocks spread a
-    small grid wider; ``--set tensor.wgmma=null`` gives FA2's on h100."""
+    has wgmma and tma, it applies, one of its blocks fits a core and the grid is large by FA2's own
+    128-row test (attention_gpu.fills_gpu; Hopper runs FA3 so), else FA2's, whose 64-row blocks
+    spread a small grid wider; ``--set tensor.wgmma=null`` gives FA2's on h100."""
     from . import attention_gpu, attention_wgmma
 
     args = (caps, batch, heads, q_len, kv_len, head_dim, dtype, causal)
-    if kernel == "wgmma" or (kernel is None and attention_wgmma.applies(caps, dtype, head_dim, q_len, kv_len)
-                             and attention_gpu.fills_gpu(caps, batch, heads, q_len)):
+    if kernel == "wgmma":
         return attention_wgmma.flash_attention3_kernel(*args, **kw)
+    if (kernel is None and attention_wgmma.applies(caps, dtype, head_dim, q_len, kv_len)
+            and attention_gpu.fills_gpu(caps, batch, heads, q_len)):
+        try:
+            return attention_wgmma.flash_attention3_kernel(*args, **kw)
+        except InputError:            # its block does not fit this core: FA2's kernel does the work
+            pass
     if kernel not in (None,) + GPU_ATTENTION_KERNELS:
         raise InputError("attention", f"kernel {kernel!r}", ", ".join(GPU_ATTENTION_KERNELS))
     return attention_gpu.flash_attention_kernel(*args, kernel=kernel, **kw)
@@ -606,6 +612,9 @@ def attention_kernels(caps, batch: int, heads: int, seq: int, head_dim: int, dty
     h = heads * head_dim
     T = batch * seq
     cells = batch * heads * unmasked_scores(seq, seq, causal)
+    if kernel is not None and (caps.family != "gpu" or not fused):
+        raise InputError("attention", f"kernel {kernel!r} for a {'fused' if fused else 'unfused'} attention on "
+                         f"{caps.name} ({caps.family})", "no kernel, or a fused attention on a GPU")
     chosen = {} if kernel is None else {"kernel": kernel}
     op = Op(name="attn", kind="attention", dims=dict(batch=batch, heads=heads, q_len=seq, kv_len=seq,
                                                      head_dim=head_dim, causal=causal, fused=fused, **chosen),
