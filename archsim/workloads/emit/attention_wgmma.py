@@ -44,6 +44,7 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit import attention_gpu as AG
 from archsim.workloads.emit.common import CVT_OUT, Asm, ceil_div, log2
+from archsim.workloads.emit.gemm_gpu import next_stage
 
 CW = 2                         # consumer warpgroups a block
 BM = 64 * CW                   # query rows a block
@@ -113,15 +114,6 @@ def _barriers(ctx: _WgCtx, tid) -> None:
     a("bar.sync")
 
 
-def _next_stage(a: Asm, j, si, ph, p) -> None:
-    """j += 1; the next stage round the ring, the barriers' parity flipping at each wrap."""
-    a("add.i64", j, j, 1)
-    a("add.i64", si, si, 1)
-    a("setp.ge.i64", p, si, STAGES)
-    a("mov.b64", si, 0, p=p)
-    a("xor.b64", ph, ph, 1, p=p)
-
-
 def _producer(ctx: _WgCtx, bq, hd, i0, ntl) -> None:
     """The producer warp: Q's boxes, then each K and V tile into its stage once the stage is free."""
     a, c = ctx.a, ctx.c
@@ -155,7 +147,7 @@ def _producer(ctx: _WgCtx, bq, hd, i0, ntl) -> None:
             a("mov.b64", cq, 64 * pn)
             a("cp.async.bulk.tensor.4d", Mem(sb, off + pn * c.Bc * 128), Mem(t, full), mp, cq)
     a("add.i64", cq + 1, cq + 1, c.Bc)
-    _next_stage(a, j, si, ph, p)
+    next_stage(a, si, ph, j, STAGES, p)
     a("setp.lt.i64", p, j, ntl)
     a("bra", "PLOOP", p=p)
     a("exit")
@@ -356,24 +348,29 @@ def emit(c: AG.FlashCfg) -> Program:
     return a.build()
 
 
-def applies(caps, dtype: str, d: int, q_len: int, kv_len: int) -> bool:
-    """Can this kernel run the attention (the target has wgmma and tma; fp16 / bf16; head_dim 64 or
-    128; q_len, kv_len at least a block's rows and a tile's keys)?"""
-    return ({"wgmma", "tma"} <= set(caps.features) and AG.DTYPE_ALIASES.get(dtype) in ("fp16", "bf16")
-            and d in HEAD_DIMS and q_len >= BM and kv_len >= BC)
-
-
-def choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, q_len: int, kv_len: int):
-    """(cfg, program) of the warp-specialized kernel, or one InputError line saying why it cannot run."""
-    where = f"attention on {caps.name} (kernel wgmma)"
+def _unfit(caps, dtype: str, d: int, q_len: int, kv_len: int) -> list[str]:
+    """What keeps this kernel from running the attention (the target needs wgmma and tma; fp16 /
+    bf16; head_dim 64 or 128; q_len, kv_len at least a block's rows and a tile's keys): none if it can."""
     lacks = sorted({"wgmma", "tma"} - set(caps.features))
     bad = [f"{caps.name} has no {' or '.join(lacks)}"] if lacks else []
-    if dtype not in ("fp16", "bf16"):
+    if AG.DTYPE_ALIASES.get(dtype, dtype) not in ("fp16", "bf16"):
         bad.append(f"dtype {dtype}")
     if d not in HEAD_DIMS:
         bad.append(f"head_dim {d}")
     if q_len < BM or kv_len < BC:
         bad.append(f"q_len {q_len}, kv_len {kv_len}")
+    return bad
+
+
+def applies(caps, dtype: str, d: int, q_len: int, kv_len: int) -> bool:
+    """Can this kernel run the attention (_unfit lists nothing)?"""
+    return not _unfit(caps, dtype, d, q_len, kv_len)
+
+
+def choose(caps, dtype: str, d: int, causal: bool, c: float, lse: bool, q_len: int, kv_len: int):
+    """(cfg, program) of the warp-specialized kernel, or one InputError line saying why it cannot run."""
+    where = f"attention on {caps.name} (kernel wgmma)"
+    bad = _unfit(caps, dtype, d, q_len, kv_len)
     if bad:
         raise InputError(where, "; ".join(bad), f"a target with wgmma and tma, fp16 or bf16, head_dim "
                          f"{' or '.join(map(str, HEAD_DIMS))}, q_len >= {BM} and kv_len >= {BC} (its TMA boxes); "

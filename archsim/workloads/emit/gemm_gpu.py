@@ -1285,7 +1285,7 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("setp.gt.i64", pw, kt, 0)
     a("mbarrier.arrive", Mem(prev, empty), p=pw)
     a("mov.b64", prev, bar)
-    _next_stage(a, si, ph, kt, S, p)
+    next_stage(a, si, ph, kt, S, p)
     a("setp.lt.i64", p, kt, nt)
     a("bra", "KLOOP", p=p)
     a("wgmma.wait_group", 0)
@@ -1330,7 +1330,7 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
             a("mov.b64", cb + 1, kc)
         a("cp.async.bulk.tensor.4d", Mem(sb, off), Mem(t, full), mB, cb)
     a("add.i64", kc, kc, 64)
-    _next_stage(a, si, ph, kt, S, p)
+    next_stage(a, si, ph, kt, S, p)
     a("setp.lt.i64", p, kt, nt)
     a("bra", "PLOOP", p=p)
     if c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
@@ -1340,7 +1340,7 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     return a.build()
 
 
-def _next_stage(a: Asm, si: Reg, ph: Reg, kt: Reg, S: int, p: Pred) -> None:
+def next_stage(a: Asm, si: Reg, ph: Reg, kt: Reg, S: int, p: Pred) -> None:
     """kt += 1; the next stage round the ring, the barriers' phase flipping at each wrap."""
     a("add.i64", kt, kt, 1)
     a("add.i64", si, si, 1)
