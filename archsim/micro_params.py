@@ -53,8 +53,10 @@ PARAMS = {
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
              "tile": (str, "auto", "auto (the tile rule's) or a tensor-core tile BMxBNxBK/warps/stages, as "
                                    "128x128x64/4/4 (GPU; the mma kernel)"),
-             "kernel": (str, "auto", "auto (the tile rule's choice), mma, wgmma (machines with warpgroup MMA) or tma "
-                                     "(wgmma fed by the TMA unit, warp specialized: machines with tma; GPU)")},
+             "kernel": (str, "auto", "auto (the tile rule's choice), mma, wgmma (machines with warpgroup MMA), tma "
+                                     "(wgmma fed by the TMA unit, warp specialized: machines with tma; GPU) or "
+                                     "tma_multicast (tma on clusters of two blocks sharing B by multicast: machines "
+                                     "with tma and clusters)")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32"),

@@ -223,10 +223,11 @@ def time_sampled(prog: Program, machine, launch: Launch, args: dict, *, waves: i
     ``sample=False`` simulates every block. ``placement``: see timing.time_kernel. ``upto``: the
     launch is cut to its first ``upto`` blocks (a scale model's grid, archsim.scale_model).
     ``k_tile``: a GEMM's k tile (Kernel.k_tile; 0: none), whose long k-loop is then sampled
-    (_time_k_loop) before any of the above is tried. A launch of thread-block clusters is simulated
-    whole (its blocks' ranges would have to keep clusters whole)."""
+    (_time_k_loop) before any of the above is tried. A launch of thread-block clusters is sampled
+    in whole clusters (a wave holds whole clusters, and its period counts for strata only when it
+    is whole clusters too), never inside its blocks."""
     if launch.cluster > 1:
-        sample, interval, k_tile = False, False, 0
+        interval = False
     kinfo = None
     if sample and k_tile > 0:
         got, kinfo = _time_k_loop(prog, machine, launch, args, k_tile, waves=waves, max_error=max_error,
@@ -260,7 +261,7 @@ def _time_waves(prog: Program, machine, launch: Launch, args: dict, *, waves: in
     whole_blocks = None if upto is None else (0, B)
 
     attempts = []
-    P = launch.period
+    P = launch.period if launch.period % launch.cluster == 0 else 0
     strata, S = _first_head(waves, C, P, nwaves, launch)
     heads = _Heads(prog, machine, launch, args, C, max_cycles, window_cycles, placement, whole_blocks)
     if sample and waves >= 3:

@@ -206,3 +206,24 @@ def test_a_wave_of_clusters_counts_whole_clusters_in_each_gpc(h100):
     assert concurrency(prog, h100, Launch((132, 1, 1), (32, 1, 1), cluster=2)) == 132
     s = time_sampled(prog, h100, one, {"out": np.zeros(1, np.int64)})
     assert not s.sampled and s.waves_total == 2
+
+
+def test_a_launch_of_many_waves_of_clusters_is_sampled_in_whole_clusters(h100):
+    from archsim.sample import DEFAULT_MAX_ERROR, time_sampled
+
+    prog = assemble(""".kernel w
+.param out
+.shared 204800
+        mov.b64 r1, 0
+LOOP:   add.i64 r1, r1, 1
+        setp.lt.i64 p0, r1, 100
+   @p0  bra LOOP
+        barrier.cluster
+        exit
+""", "w.s")
+    # 16 waves of one block an SM; a period of 3 blocks is no whole clusters: no strata
+    launch = Launch((132 * 16, 1, 1), (32, 1, 1), cluster=2, period=3)
+    whole = time_sampled(prog, h100, launch, {"out": np.zeros(1, np.int64)}, sample=False)
+    s = time_sampled(prog, h100, launch, {"out": np.zeros(1, np.int64)})
+    assert s.sampled and not whole.sampled
+    assert abs(s.timing.cycles - whole.timing.cycles) <= 2 * DEFAULT_MAX_ERROR * whole.timing.cycles

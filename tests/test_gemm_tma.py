@@ -70,8 +70,11 @@ def test_the_tma_kernel_is_refused_where_it_cannot_run(caps):
         gemm_kernel(caps, 256, 256, 32, "fp16", kernel="tma")
     with pytest.raises(InputError, match="a tile with kernel tma"):
         gemm_kernel(caps, 256, 256, 256, "fp16", tile=G.Tile(128, 128, 64, 4, 3), kernel="tma")
-    with pytest.raises(InputError, match="mma, wgmma or tma"):
+    with pytest.raises(InputError, match="mma, wgmma, tma or tma_multicast"):
         gemm_kernel(caps, 256, 256, 256, "fp16", kernel="tmaa")
+    no_clusters = capabilities(load_machine("h100").model_copy(update={"clusters": None}))
+    with pytest.raises(InputError, match="the tma_multicast kernel .a machine with tma and clusters"):
+        gemm_kernel(no_clusters, 256, 256, 256, "fp16", kernel="tma_multicast")
 
 
 def test_its_copies_in_a_timing_run(h100, caps):
@@ -86,3 +89,51 @@ def test_its_copies_in_a_timing_run(h100, caps):
     assert tma["requests"] == 16 * 2 * 128 and tma["request_bytes"] == 128 * tma["requests"]
     assert tma["box_bytes"] == 64 * 64 * 128         # 64 copies of 64 rows of 128 bytes
     assert t.flops == 2 * 256 * 256 * 128
+
+
+# ------------------------------------------------------------------------- on clusters of two, B by multicast
+@pytest.mark.parametrize("shape", [
+    dict(M=192, N=256, K=192),                      # 3 M tiles: the last pair's second block is past M
+    dict(M=200, N=304, K=72),                       # edge rows and columns, K residue of 8
+    dict(M=136, N=264, K=88, trans_b=True),         # B^T in two half boxes, one a block
+    dict(M=128, N=128, K=64, trans_b=True),         # one k tile: each producer's tail
+])
+def test_the_multicast_kernel_computes_the_product(caps, shape):
+    kw = dict(shape)
+    M, N, K = kw.pop("M"), kw.pop("N"), kw.pop("K")
+    g = gemm_kernel(caps, M, N, K, "fp16", "f32", kernel="tma_multicast", **kw)
+    pairs = -(-M // (2 * g.tile.BM))
+    assert g.kind == "tma" and g.cluster == 2 and g.launch.cluster == 2
+    assert g.launch.grid == (2 * pairs * -(-N // g.tile.BN), 1, 1)
+    got, want = run(g)
+    assert np.allclose(got, want, rtol=1e-3, atol=1e-3)
+    t = gemm_kernel(caps, M, N, K, "fp16", "f32", kernel="tma", **kw)
+    if t.tile[:2] == g.tile[:2]:                    # the same wgmma in the same order: the same bits
+        assert np.array_equal(run(t)[0], got)
+
+
+def test_the_multicast_kernel_with_large_tiles_and_batches(caps, monkeypatch):
+    # 128 x 256 tiles: B in four boxes, two a block; a (2, 3) batch inside wider rows
+    monkeypatch.setattr(G, "WGMMA_TILES", ((128, 256),))
+    g = gemm_kernel(caps, 256, 256, 64, "bf16", "f32", kernel="tma_multicast", batch=(2, 3), lda=64 * 3,
+                    stride_a=(256 * 64 * 3, 64), ldb=256, stride_b=(3 * 256 * 64, 256 * 64),
+                    stride_c=(3 * 256 * 256, 256 * 256))
+    assert g.tile[:2] == (128, 256) and g.launch.grid == (2, 1, 6)
+    got, want = run(g)
+    assert np.allclose(got, want, rtol=1e-3, atol=1e-3)
+
+
+def test_the_multicast_kernel_reads_b_once_a_pair(h100, caps):
+    # 256 x 256 x 128 in 64 x 64 tiles, pairs of M tiles: each k tile of a pair brings two A boxes
+    # and one B panel, multicast, where the tma kernel brings two: 3/4 of its copies and requests
+    sizes = {}
+    got = {}
+    for kernel in ("tma", "tma_multicast"):
+        g = gemm_kernel(caps, 256, 256, 128, "fp16", "f32", kernel=kernel)
+        assert g.tile[:2] == (64, 64)
+        sizes = g.buffer_bytes()
+        got[kernel] = time_kernel(g.program, h100, g.launch, g.args(*(Unbacked(sizes[k]) for k in "ABC")))
+    uni, mc = got["tma"].memory["tma"], got["tma_multicast"].memory["tma"]
+    assert uni["copies"] == 64 and mc["copies"] == 48 == mc["copies_landed"]
+    assert mc["requests"] == 16 * 2 * 96 and 4 * mc["requests"] == 3 * uni["requests"]
+    assert got["tma_multicast"].flops == got["tma"].flops

@@ -216,7 +216,8 @@ def capabilities(m: Machine) -> Capabilities:
         dma_broadcast_modes=frozenset(m.dma.broadcast_modes) if m.dma is not None else frozenset(),
         features=frozenset(({"wgmma"} if m.tensor is not None and m.tensor.wgmma is not None else set())
                            | ({"tma"} if m.tma is not None else set())
-                           | ({"cluster"} if m.clusters is not None else set())),
+                           | ({"cluster"} if m.clusters is not None else set())
+                           | ({"cluster_tma"} if m.clusters is not None and m.tma is not None else set())),
         mesh_rows=m.mesh.rows if m.mesh is not None else 0,
         mesh_cols=m.mesh.cols if m.mesh is not None else 0,
         cores_per_group=m.cores.per_group,

@@ -126,6 +126,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
         wg=np.zeros((NW, WG_DONE0 + WG_GROUPS), np.int64), wg_queue=np.zeros((cores * sub, int(v[C_WG_QUEUE]) + 1), np.int64),
         mb_addr=np.full(mbs, -1, np.int64), mb_bytes=np.zeros(mbs + (2,), np.int64), mb_gen=np.zeros(mbs, np.int64),
+        mb_ready=np.zeros(mbs + (2,), np.int64),
         slot_block=np.full(NW, -1, np.int32), reason=np.full(NW, -1, np.int8), pipe_free=np.zeros((cores, sub, npipes), np.int64),
         tensor_free=np.zeros((cores, sub), np.int64), last_warp=np.full((cores, sub), -1, np.int32),
         wake=np.zeros(cores * sub, np.int64), wsum=np.zeros(n_spans(cores * sub), np.int64),
@@ -483,40 +484,50 @@ def _wgmma_wait(TS, P, Dd, w, pc):
 # have landed (TS.mb_bytes, which the TMA unit's replies lower). An arrival that completes a phase,
 # and a phase's last bytes landing, wake the core's schedulers (warps.mb_landed).
 @njit(cache=True)
-def _mbwait_blocked(TS, S, P, w, pc):
-    """Why warp w's mbarrier.wait may not issue yet: R_BARRIER (its phase has arrivals or
-    transaction bytes to come), R_LONG_SB (copies counted into it are in flight), or -1: it may
-    (also when its operands would fault: issue reports that)."""
+def _mbwait_blocked(TS, S, P, w, pc, now):
+    """(cycle, why) warp w's mbarrier.wait may not issue yet: R_BARRIER (its phase has arrivals or
+    transaction bytes to come: INF; or an arrival another SM sent it is on its way: the cycle it
+    lands), R_LONG_SB (copies counted into it are in flight: INF), or why -1: it may (also when
+    its operands would fault: issue reports that)."""
     top = S.sp[w] - 1
     mask = X.active_mask(P, S, w, pc, S.stack_mask[w, top])
     if mask == 0:
-        return -1
+        return now, -1
     lane = 0
     while not ((mask >> lane) & 1):
         lane += 1
     addr = (S.regs[w, P.src0[pc], lane] if P.src0[pc] >= 0 else np.int64(0)) + P.imm[pc]
     if addr < 0 or addr & 7 or addr + 8 > S.geom[X.G_SHARED]:
-        return -1
+        return now, -1
     bs = S.warp_smem[w]
     v = S.s64[bs, addr >> 3]
     parity = S.regs[w, P.src1[pc], lane] & 1
     if (v >> 22) & X.MB_FIELD == 0:
-        return -1
+        return now, -1
     if v & 1 == parity:
-        return R_BARRIER
+        return INF, R_BARRIER
     i = mb_slot(TS, bs, addr, False)
-    if i >= 0 and TS.mb_bytes[bs, i, parity] > 0:
-        return R_LONG_SB
-    return -1
+    if i >= 0:
+        if TS.mb_bytes[bs, i, parity] > 0:
+            return INF, R_LONG_SB
+        if TS.mb_ready[bs, i, parity] > now:
+            return TS.mb_ready[bs, i, parity], R_BARRIER
+    return now, -1
 
 
 @njit(cache=True)
-def _mbar_issue(TS, S, P, T, core, w, pc, now):
+def _mbar_issue(C, TS, S, P, T, core, w, pc, now):
     """Book an issued mbarrier operation or bulk tensor copy (execute left its operands in S.addr)
-    in the block's barrier rows. Returns the barrier's row, -1 after a fault (the rows are full)."""
+    in the block's barrier rows. Returns the barrier's row, -2 for a multicast copy whose mask
+    leaves out the issuer's block or a remote arrival (no row of its own), -1 after a fault (the
+    rows are full)."""
     bs = S.warp_smem[w]
     sem = T.sem[P.op[pc]]
+    if sem == X.S_MBREMOTE:
+        return _remote_arrive(C, TS, S, core, w, pc, now)
     tma = sem == X.S_TMA
+    if tma and S.addr[w, 7] != 0 and not (S.addr[w, 7] >> (S.warp_block[w] % C.v[C_CLUSTER])) & 1:
+        return -2
     addr = S.addr[w, 1] if tma else S.addr[w, 0]
     i = mb_slot(TS, bs, addr, True)
     if i < 0:
@@ -529,6 +540,29 @@ def _mbar_issue(TS, S, P, T, core, w, pc, now):
     if S.addr[w, 5] if tma else S.addr[w, 2]:
         wake_core(TS, core, now)        # a phase completed: its waiters look again
     return i
+
+
+@njit(cache=True)
+def _remote_arrive(C, TS, S, core, w, pc, now):
+    """mbarrier.arrive.remote: the arrival crosses the SM-to-SM network as an 8-byte st.dsmem does
+    (the barrier's own block on this SM: at once); a wait on the phase it counted into goes on no
+    sooner than it lands (TS.mb_ready)."""
+    tb = S.addr[w, 3]
+    tbs = S.block_smem[tb]
+    addr = S.addr[w, 0]
+    i = mb_slot(TS, tbs, addr, True)
+    if i < 0:
+        X.fault(S, X.F_MB_SLOTS, 0, addr, MB_SLOTS, pc)
+        return -1
+    tcore = TS.blk_core[tb]
+    if tcore != core:
+        t = _ds_send(C, TS, tcore, 8, now)
+        par = S.addr[w, 1]
+        if t > TS.mb_ready[tbs, i, par]:
+            TS.mb_ready[tbs, i, par] = t
+    if S.addr[w, 2]:
+        wake_core(TS, tcore, now)       # a phase completed: its waiters look again
+    return -2
 
 
 # ----------------------------------------------------------------------------- thread-block clusters
@@ -556,13 +590,28 @@ def _cluster_arrive(C, TS, S, w, now):
 
 
 @njit(cache=True)
+def _ds_send(C, TS, tcore, n, now):
+    """n bytes for the SM tcore (of another SM) over the SM-to-SM network: they pass their GPC's
+    switch (in issue order, at its rate), then the target SM's port (likewise), and land C_DS_LAT
+    cycles (the round trip) after the port. The switch and the ports keep their next free time in
+    bytes (cycle x rate), so a rate that is no multiple of an access's bytes is met exactly.
+    Returns the cycle they land."""
+    g = TS.core_gpc[tcore]
+    gb, pb = C.v[C_GPC_BPC], C.v[C_DS_BPC]
+    b0 = now * gb if now * gb > TS.ds_gpc[g] else TS.ds_gpc[g]
+    TS.ds_gpc[g] = b0 + n
+    p0 = (b0 // gb) * pb
+    if TS.ds_port[tcore] > p0:
+        p0 = TS.ds_port[tcore]
+    TS.ds_port[tcore] = p0 + n
+    return (p0 + n + pb - 1) // pb + C.v[C_DS_LAT]
+
+
+@njit(cache=True)
 def _dsmem_issue(C, TS, S, Dd, core, w, pc, mask, now):
     """An ld.dsmem / st.dsmem over the SM-to-SM network: each target block's share of the lanes'
-    bytes passes its GPC's switch (in issue order, at its rate), then the port of the SM the
-    block runs on (likewise), and lands C_DS_LAT cycles (the round trip) after the port; a lane's
-    own block's scratchpad answers at the scratchpad's latency. The switch and the ports keep
-    their next free time in bytes (cycle x rate), so a rate that is no multiple of an access's
-    bytes is met exactly. Returns the cycle the last bytes land."""
+    bytes goes as one transfer (_ds_send); a lane's own block's scratchpad answers at the
+    scratchpad's latency. Returns the cycle the last bytes land."""
     nb = Dd.access[pc]
     done = now + 1
     handled = np.int64(0)
@@ -577,18 +626,7 @@ def _dsmem_issue(C, TS, S, Dd, core, w, pc, mask, now):
                 n += nb
                 handled |= np.int64(1) << m
         tcore = TS.blk_core[tb]
-        if tcore == core:
-            t = now + C.v[C_SMEM_LAT]
-        else:                                     # the GPC's switch, then the target SM's port
-            g = TS.core_gpc[tcore]
-            gb, pb = C.v[C_GPC_BPC], C.v[C_DS_BPC]
-            b0 = now * gb if now * gb > TS.ds_gpc[g] else TS.ds_gpc[g]
-            TS.ds_gpc[g] = b0 + n
-            p0 = (b0 // gb) * pb
-            if TS.ds_port[tcore] > p0:
-                p0 = TS.ds_port[tcore]
-            TS.ds_port[tcore] = p0 + n
-            t = (p0 + n + pb - 1) // pb + C.v[C_DS_LAT]
+        t = now + C.v[C_SMEM_LAT] if tcore == core else _ds_send(C, TS, tcore, n, now)
         if t > done:
             done = t
     return done
@@ -694,11 +732,11 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
                 if TS.core_blocks[core] == 0 and TS.k[K_NEXT] >= TS.k[K_END]:
                     mem_core_done(MS, TS, core, now)  # no block left: a Sunway CPE tells its MPE
     elif cls == D.CLS_MBAR or cls == D.CLS_TMA:
-        i = _mbar_issue(TS, S, P, T, core, w, pc, now)
-        if i < 0:
+        i = _mbar_issue(C, TS, S, P, T, core, w, pc, now)
+        if i == -1:
             return X.ST_FAULT
-        if cls == D.CLS_TMA:
-            tma_issue(MS, TS, S, P, T, core, w, pc, i, now)
+        if cls == D.CLS_TMA and tma_issue(MS, TS, S, P, T, core, w, pc, i, now):
+            return X.ST_FAULT
     elif cls == D.CLS_MBWAIT:
         pass
     elif cls == D.CLS_CBAR:
@@ -765,9 +803,9 @@ def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
         if t > now:
             return t, reason
     elif cls == D.CLS_MBWAIT:
-        why = _mbwait_blocked(TS, S, P, w, pc)
+        t, why = _mbwait_blocked(TS, S, P, w, pc, now)
         if why >= 0:        # an arrival completing its phase, or its last bytes landing, wakes it
-            return INF, why
+            return t, why
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY

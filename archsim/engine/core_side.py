@@ -24,8 +24,8 @@ from archsim.engine.mem_state import (BY_FABRIC, BY_L1, BY_SCRATCH, CK_NOW_FAB, 
                                       M_BANK_W, M_FILL_LINE, M_GROUPED, M_HAS_L1, M_HEADER, M_L1_LAT, M_LINE_BYTES,
                                       M_Q_L1D, M_Q_MISS, M_SECTOR, M_SMEM_LAT, M_W, ND_REQ_CORE, ND_REQ_MEM,
                                       ND_RESP_CORE, TAG_WRITE, TK_DST, TK_GROUP, TK_KIND, TK_NDST, TK_PENDING, TK_T0,
-                                      TK_WARP, TRK_CP, TRK_LOAD, TRK_TMA, dest_slice, placed_addr, trk_done, trk_piece,
-                                      trk_release)
+                                      TK_WARP, TRK_CP, TRK_LOAD, TRK_TMA, dest_slice, mc_entry, placed_addr, trk_done,
+                                      trk_piece, trk_release)
 from archsim.engine.queues import KIND_READ, KIND_WRITE, SPAN_SHIFT, q_peek, q_pop, q_push, req_alloc, req_free
 
 # ----------------------------------------------------------------------------- issue side
@@ -141,27 +141,57 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
 @njit(cache=True)
 def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
     """Queue an issued bulk tensor copy at the SM's TMA unit (execute._tma left its operands in
-    S.addr[w]; ``row``: its barrier's row in the block's table, core._mbar_issue) with a tracker
-    for its requests; the unit starts it after its start-up (tma.py)."""
+    S.addr[w]; ``row``: its barrier's row in the block's table, core._mbar_issue, -2 when a
+    multicast leaves the issuer's block out) with a tracker for its requests; the unit starts it
+    after its start-up (tma.py). A multicast copy reads L2 once: its replies land in every block
+    of the mask as they land in the issuer's (the GPC's crossbar copies them), so its bytes count
+    on each block's barrier (their rows listed in MS.mc) until its last reply. True after a fault
+    (a target block's barrier table is full)."""
     lane = S.addr[w, 4]
+    bar = S.addr[w, 1]
+    mc = S.addr[w, 7]
+    k = S.geom[X.G_CLUSTER]
+    me = S.warp_block[w] % k
+    first = S.warp_block[w] - me
+    if mc:
+        for r in range(k):             # every target's barrier gets its row first (a fault: nothing queued)
+            if r != me and (mc >> r) & 1 and WS.mb_slot(TS, S.block_smem[first + r], bar, True) < 0:
+                X.fault(S, X.F_MB_SLOTS, lane, bar, WS.MB_SLOTS, pc)
+                return True
     rank = T.rank[P.op[pc]]
     box = S.vals[:18]                            # (scratch; execute checked the map: no fault now)
     X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
     coords = S.vals[18:23]
-    for k in range(5):
-        coords[k] = S.regs[w, P.src3[pc] + k, lane] if k < rank else 0
+    for k5 in range(5):
+        coords[k5] = S.regs[w, P.src3[pc] + k5, lane] if k5 < rank else 0
     t = MS.trk_free[core, MS.trk_nfree[core] - 1]
     MS.trk_nfree[core] -= 1
     bs = S.warp_smem[w]
     MS.trk[core, t, TK_WARP] = w
     MS.trk[core, t, TK_DST] = S.addr[w, 6]
-    MS.trk[core, t, TK_NDST] = S.addr[w, 1] | (TS.mb_gen[bs, row] << 32)   # the barrier and its generation
+    MS.trk[core, t, TK_NDST] = bar | ((TS.mb_gen[bs, row] << 32) if row >= 0 else 0)  # the barrier, its generation
     MS.trk[core, t, TK_PENDING] = 1              # until its last request is sent
     MS.trk[core, t, TK_KIND] = TRK_TMA
-    MS.trk[core, t, TK_GROUP] = ((bs * WS.MB_SLOTS + row) << 1) | S.addr[w, 3]
+    MS.trk[core, t, TK_GROUP] = ((bs * WS.MB_SLOTS + row) << 1) | S.addr[w, 3] if row >= 0 else -1
     MS.trk[core, t, TK_T0] = now
+    n = 0
+    if mc:
+        per_core = TS.mb_addr.shape[0] // MS.trk.shape[0]
+        for r in range(k):
+            if r == me or not (mc >> r) & 1:
+                continue
+            tbs = S.block_smem[first + r]
+            i = WS.mb_slot(TS, tbs, bar, False)
+            par = S.addr[w, 8 + r] & 1
+            TS.mb_bytes[tbs, i, par] += S.addr[w, 6]
+            if (S.addr[w, 8 + r] >> 1) & 1:
+                WS.wake_core(TS, tbs // per_core, now)   # a phase completed: its waiters look again
+            MS.mc[core, t, n] = mc_entry(TS.mb_gen[tbs, i], tbs, i, par)
+            n += 1
+    MS.mc_n[core, t] = n
     TM.tma_push(MS.tma, core, t, box, coords, now)
     core_items(MS, core, 1)                      # the SM's memory side has the copy to send
+    return False
 
 
 # ----------------------------------------------------------------------------- the SM side

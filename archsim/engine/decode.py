@@ -61,7 +61,8 @@ _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC
         "rma_put": CLS_RMA_PUT, "rma_get": CLS_RMA, "rma_wait": CLS_RMAWAIT, "bra": CLS_BRANCH, "exit": CLS_EXIT,
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP, "wgmma": CLS_WGMMA, "wgfence": CLS_WGFENCE,
         "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT, "mbinit": CLS_MBAR, "mbarrive": CLS_MBAR, "mbtx": CLS_MBAR,
-        "mbwait": CLS_MBWAIT, "tma": CLS_TMA, "clusterbar": CLS_CBAR, "dsld": CLS_DSLD, "dsst": CLS_DSST}
+        "mbwait": CLS_MBWAIT, "tma": CLS_TMA, "clusterbar": CLS_CBAR, "dsld": CLS_DSLD, "dsst": CLS_DSST,
+        "mbremote": CLS_MBAR}
 
 
 def pipe_names(machine) -> list[str]:

@@ -30,7 +30,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
  S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT,
  S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT, S_MBINIT, S_MBARRIVE, S_MBTX, S_MBWAIT, S_TMA, S_CLUSTERBAR, S_DSLD,
- S_DSST) = (_S[n] for n in (
+ S_DSST, S_MBREMOTE) = (_S[n] for n in (
     "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
     "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
     "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
@@ -39,7 +39,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
     "wgmma", "wgfence", "wgcommit", "wgwait", "mbinit", "mbarrive", "mbtx", "mbwait", "tma", "clusterbar", "dsld",
-    "dsst"))
+    "dsst", "mbremote"))
 DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
     _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
 SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
@@ -63,7 +63,7 @@ W_RUN, W_BAR, W_GRIDBAR, W_DONE, W_MBWAIT, W_CBAR = 0, 1, 2, 3, 4, 5
 (F_NONE, F_GLOBAL_OOB, F_SHARED_OOB, F_MISALIGNED, F_RMA_CORE, F_STACK, F_WARP_WIDTH, F_BAD_OP, F_LIMIT, F_RMA_GROUP,
  F_BCAST, F_CP_GROUPS, F_SLICE, F_WARPGROUP, F_WG_ALIGN, F_MB_COUNT, F_MB_INIT, F_MB_OVER, F_MB_TX, F_MB_SLOTS,
  F_TMA_MAP, F_TMA_RANK, F_TMA_FORMAT, F_TMA_STRIDE, F_TMA_BOX, F_TMA_INNER, F_TMA_DST, F_CLUSTER_RANK,
- F_CLUSTER_GONE) = range(29)
+ F_CLUSTER_GONE, F_MCAST_MASK) = range(30)
 # F_MB_SLOTS: timing runs only (the core's table of live transaction barriers is full)
 # F_SLICE: a timing run's write landed on the scratchpad slots it watches (engine/value_slice.py); the
 # launch is timed again without the slice, never reported
@@ -955,10 +955,13 @@ def tma_box(S, m, rank, lane, pc, out):
 
 @njit(cache=True)
 def _tma(S, P, T, w, pc, op, mask, blk):
-    """cp.async.bulk.tensor.Nd [dst], [bar], map, coords: once per warp, the lowest active lane's
-    operands. Copies the box (zeros outside the tensor; swizzled as a wgmma tile) and completes its
-    bytes on the barrier. Leaves in S.addr[w]: 0 dst, 1 the barrier, 2 the map, 3 the phase its
-    bytes counted into, 4 the lane, 5 1 if it completed that phase, 6 the box's bytes."""
+    """cp.async.bulk.tensor.Nd[.multicast] [dst], [bar], map, coords[, mask]: once per warp, the
+    lowest active lane's operands. Copies the box (zeros outside the tensor; swizzled as a wgmma
+    tile) and completes its bytes on the barrier, in the issuer's scratchpad or (multicast) in that
+    of each block of the cluster mask, at the same addresses. Leaves in S.addr[w]: 0 dst, 1 the
+    barrier, 2 the map, 3 the phase its bytes counted into, 4 the lane, 5 1 if it completed that
+    phase, 6 the box's bytes, 7 the multicast mask (0: none); multicast: 8 + r the phase counted
+    into in the block of rank r, | 2 if it completed it."""
     W = S.geom[G_W]
     if W != 32:
         return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
@@ -983,51 +986,105 @@ def _tma(S, P, T, w, pc, op, mask, blk):
     if status != ST_OK:
         return status
     c = P.src3[pc]
+    k = S.geom[G_CLUSTER]
+    me = S.warp_block[w] % k
+    first = S.warp_block[w] - me
+    mc = T.multicast[op]
+    msk = np.int64(1) << me
+    if mc:
+        msk = S.regs[w, c + rank, lane]
+        if msk <= 0 or msk >> k:
+            return fault(S, F_MCAST_MASK, lane, msk, k, pc)
+        for r in range(k):
+            if (msk >> r) & 1:
+                status = _cluster_rank(S, first, r, lane, pc)
+                if status != ST_OK:
+                    return status
     moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
-    for row in range(rows):
-        # the row's global start; row_in: none of its coordinates lies outside the tensor
-        r = row
-        g = bx[0]
-        row_in = True
-        for k in range(1, 5):
-            i = r % bx[13 + k]
-            r //= bx[13 + k]
-            x = (S.regs[w, c + k, lane] if k < rank else np.int64(0)) + i
-            if x < 0 or x >= bx[3 + k]:
-                row_in = False
-                break
-            g += x * bx[8 + k]
-        x0 = S.regs[w, c, lane]
-        base = dst + row * inner
-        for i in range(bx[13]):
-            x = x0 + i
-            p = _wg_phys(sw, base + i * eb)
-            inside = row_in and 0 <= x < bx[3]
-            goff = np.int64(-1)
-            if inside:
-                ga = g + x * eb
-                goff = ga - S.geom[G_GBASE]
-                if goff < 0 or goff + eb > S.geom[G_VSIZE]:
-                    return fault(S, F_GLOBAL_OOB, lane, ga, eb, pc)
-                if goff + eb > S.geom[G_GSIZE]:
-                    goff = -1                          # a timing run's unbacked memory: zeros
-            if not moves:                              # (a timing run that needs none of its values)
-                if _watched(S, p, eb):
-                    return fault(S, F_SLICE, lane, p, eb, pc)
-                continue
-            for b in range(eb):
-                S.s8[blk, p + b] = S.g8[goff + b] if goff >= 0 else 0
-    status, phase, done = mb_update(S, blk, bar, 0, -total, lane, pc)
-    if status != ST_OK:
-        return status
+    for tr in range(k):
+        if not (msk >> tr) & 1:
+            continue
+        trow = blk if tr == me else S.block_smem[first + tr]
+        for row in range(rows):
+            # the row's global start; row_in: none of its coordinates lies outside the tensor
+            r = row
+            g = bx[0]
+            row_in = True
+            for kk in range(1, 5):
+                i = r % bx[13 + kk]
+                r //= bx[13 + kk]
+                x = (S.regs[w, c + kk, lane] if kk < rank else np.int64(0)) + i
+                if x < 0 or x >= bx[3 + kk]:
+                    row_in = False
+                    break
+                g += x * bx[8 + kk]
+            x0 = S.regs[w, c, lane]
+            base = dst + row * inner
+            for i in range(bx[13]):
+                x = x0 + i
+                p = _wg_phys(sw, base + i * eb)
+                inside = row_in and 0 <= x < bx[3]
+                goff = np.int64(-1)
+                if inside:
+                    ga = g + x * eb
+                    goff = ga - S.geom[G_GBASE]
+                    if goff < 0 or goff + eb > S.geom[G_VSIZE]:
+                        return fault(S, F_GLOBAL_OOB, lane, ga, eb, pc)
+                    if goff + eb > S.geom[G_GSIZE]:
+                        goff = -1                          # a timing run's unbacked memory: zeros
+                if not moves:                              # (a timing run that needs none of its values)
+                    if _watched(S, p, eb):
+                        return fault(S, F_SLICE, lane, p, eb, pc)
+                    continue
+                for b in range(eb):
+                    S.s8[trow, p + b] = S.g8[goff + b] if goff >= 0 else 0
+    S.addr[w, 3] = 0
+    S.addr[w, 5] = 0
+    for tr in range(k):
+        if not (msk >> tr) & 1:
+            continue
+        trow = blk if tr == me else S.block_smem[first + tr]
+        status, phase, done = mb_update(S, trow, bar, 0, -total, lane, pc)
+        if status != ST_OK:
+            return status
+        if tr == me:
+            S.addr[w, 3] = phase
+            S.addr[w, 5] = done
+        if mc:
+            S.addr[w, 8 + tr] = phase | (done << 1)
     S.addr[w, 0] = dst
     S.addr[w, 1] = bar
     S.addr[w, 2] = m
-    S.addr[w, 3] = phase
     S.addr[w, 4] = lane
-    S.addr[w, 5] = done
     S.addr[w, 6] = total
+    S.addr[w, 7] = msk if mc else 0
     return ST_OK
+
+
+@njit(cache=True)
+def _mbremote(S, P, w, pc, mask):
+    """mbarrier.arrive.remote [s], r: once per warp, the lowest active lane's operands; one arrival
+    on the barrier at s in the scratchpad of the cluster's block of rank r. Leaves in S.addr[w]: 0
+    the barrier, 1 the phase it counted into, 2 1 if it completed that phase, 3 the target block."""
+    if S.geom[G_W] != 32:
+        return fault(S, F_WARP_WIDTH, 0, S.geom[G_W], 0, pc)
+    lane = _lowest(mask, S.geom[G_W])
+    addr = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+    r = S.regs[w, P.src1[pc], lane]
+    k = S.geom[G_CLUSTER]
+    first = S.warp_block[w] - S.warp_block[w] % k
+    status = _cluster_rank(S, first, r, lane, pc)
+    if status != ST_OK:
+        return status
+    status = _scheck(S, addr, 8, lane, pc, True)
+    if status != ST_OK:
+        return status
+    status, phase, done = mb_update(S, S.block_smem[first + r], addr, 1, 0, lane, pc)
+    S.addr[w, 0] = addr
+    S.addr[w, 1] = phase
+    S.addr[w, 2] = done
+    S.addr[w, 3] = first + r
+    return status
 
 
 @njit(cache=True, inline="always")
@@ -1039,6 +1096,18 @@ def _block_exited(S, b):
         if S.wstate[v] != W_DONE:
             return False
     return True
+
+
+@njit(cache=True)
+def _cluster_rank(S, first, r, lane, pc):
+    """Is rank r a block of the cluster whose first block is `first`, still running? (A fault
+    names which rule it breaks.)"""
+    k = S.geom[G_CLUSTER]
+    if r < 0 or r >= k:
+        return fault(S, F_CLUSTER_RANK, lane, r, k, pc)
+    if S.block_smem[first + r] < 0 or (S.geom[G_MODE] == MODE_FUNCTIONAL and _block_exited(S, first + r)):
+        return fault(S, F_CLUSTER_GONE, lane, r, k, pc)
+    return ST_OK
 
 
 @njit(cache=True)
@@ -1057,11 +1126,10 @@ def _dsmem(S, P, T, w, pc, op, mask, sem):
             continue
         r = S.regs[w, rr, l]
         addr = _base(S, P, w, pc, P.src0[pc], l) + P.imm[pc]
-        if r < 0 or r >= k:
-            return fault(S, F_CLUSTER_RANK, l, r, k, pc)
+        status = _cluster_rank(S, first, r, l, pc)
+        if status != ST_OK:
+            return status
         row = S.block_smem[first + r]
-        if row < 0 or (S.geom[G_MODE] == MODE_FUNCTIONAL and _block_exited(S, first + r)):
-            return fault(S, F_CLUSTER_GONE, l, r, k, pc)
         status = _scheck(S, addr, nb, l, pc, True)
         if status != ST_OK:
             return status
@@ -1138,6 +1206,8 @@ def step_masked(P, T, S, w, mask):
         status = _mbar(S, P, T, w, pc, mask, blk, sem)     # (ST_MBWAIT: the warp stays at the wait)
     elif sem == S_TMA:
         status = _tma(S, P, T, w, pc, op, mask, blk)
+    elif sem == S_MBREMOTE:
+        status = _mbremote(S, P, w, pc, mask)
     elif sem == S_DSLD or sem == S_DSST:
         status = _dsmem(S, P, T, w, pc, op, mask, sem)
     elif sem == S_MMA:

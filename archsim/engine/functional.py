@@ -62,6 +62,8 @@ FAULT_TEXT = {
                       "blocks (0 .. {bytes}-1)",
     X.F_CLUSTER_GONE: "distributed shared memory access to cluster rank {addr}, whose block has exited "
                       "(barrier.cluster before a block exits keeps its scratchpad)",
+    X.F_MCAST_MASK: "TMA multicast mask {addr:#x} names no block or a rank outside the cluster's {bytes} blocks "
+                    "(a non-zero mask of bits 0 .. {bytes}-1)",
 }
 # outcome codes of run_loop
 DONE, FAULT, DEADLOCK, LIMIT = 0, 1, 2, 3

@@ -95,6 +95,9 @@ class MState(NamedTuple):
     trk: np.ndarray          # int64 [cores, cores.load_trackers, TK_N]
     trk_free: np.ndarray     # int32 [cores, cores.load_trackers]
     trk_nfree: np.ndarray    # int32 [cores]
+    mc: np.ndarray           # int64 [cores, cores.load_trackers, clusters.max_blocks] a multicast bulk tensor
+                             # copy's other blocks: each one's barrier row (mc_entry)
+    mc_n: np.ndarray         # int32 [cores, cores.load_trackers] entries of mc in use
     slice_busy: np.ndarray   # int64 [slices] fabric cycle the slice's data array is free again
     slice_hold: np.ndarray   # int32 [slices] request taken from the fabric, not accepted yet (-1)
     slice_full: np.ndarray   # int32 [slices] 1: the held request found no MSHR or way free; only a fill
@@ -266,6 +269,9 @@ def make_mstate(machine, TS, private: bool = False) -> MState:
         mio_full=np.zeros((cores, mio_cap, 2 * W), np.int64), mio_head=np.zeros(cores, np.int32),
         mio_count=np.zeros(cores, np.int32), mio_next=np.zeros(cores, np.int64), l1_full=np.zeros(cores, np.int32),
         trk=np.zeros((cores, trackers, TK_N), np.int64), trk_free=trk_free,
+        mc=np.zeros((cores, trackers, machine.clusters.max_blocks if machine.clusters is not None else 1)
+                    if machine.tma is not None else (1, 1, 1), np.int64),
+        mc_n=np.zeros((cores, trackers) if machine.tma is not None else (1, 1), np.int32),
         trk_nfree=np.full(cores, trackers, np.int32), slice_busy=np.zeros(nmem, np.int64),
         slice_hold=np.full(nmem, -1, np.int32), slice_full=np.zeros(nmem, np.int32),
         L1=l1 if l1 is not None else _dummy_cache(), L2=l2 if l2 is not None else _dummy_cache(),
@@ -347,10 +353,16 @@ def is_far(MS, core, sl):
     return 1 if (sl // cfg[M_SPH]) != (core % cfg[M_HALVES]) else 0
 
 
+@njit(inline="always")
+def mc_entry(gen, bs, row, parity):
+    """A multicast target's barrier: its row's generation, the block slot, the row, the parity."""
+    return (gen << 26) | (bs << 6) | (row << 1) | parity
+
+
 @njit(cache=True)
 def trk_done(MS, TS, core, t, now):
     """A tracker's last piece arrived: its registers (a load), its cp.async group (a copy) or its
-    barrier's bytes in flight (a bulk tensor copy)."""
+    barrier's bytes in flight (a bulk tensor copy; a multicast: in each block of its mask)."""
     w = MS.trk[core, t, TK_WARP]
     kind = MS.trk[core, t, TK_KIND]
     if kind == TRK_TMA:
@@ -358,8 +370,16 @@ def trk_done(MS, TS, core, t, now):
         g = MS.trk[core, t, TK_GROUP]
         row = g >> 1
         key = MS.trk[core, t, TK_NDST]
-        WS.mb_landed(TS, core, row // WS.MB_SLOTS, row % WS.MB_SLOTS, g & 1, key & 0xFFFFFFFF, key >> 32,
-                     MS.trk[core, t, TK_DST], now)
+        nb = MS.trk[core, t, TK_DST]
+        if g >= 0:
+            WS.mb_landed(TS, core, row // WS.MB_SLOTS, row % WS.MB_SLOTS, g & 1, key & 0xFFFFFFFF, key >> 32,
+                         nb, now)
+        per_core = TS.mb_addr.shape[0] // MS.trk.shape[0]
+        for j in range(MS.mc_n[core, t]):
+            e = MS.mc[core, t, j]
+            bs = (e >> 6) & 0xFFFFF
+            WS.mb_landed(TS, bs // per_core, bs, (e >> 1) & 31, e & 1, key & 0xFFFFFFFF, e >> 26, nb, now)
+        MS.mc_n[core, t] = 0
     elif kind == TRK_LOAD:
         d = MS.trk[core, t, TK_DST]
         for j in range(MS.trk[core, t, TK_NDST]):

@@ -20,7 +20,9 @@ Model (see the module-level constants and ``run_reference``):
 * Thread-block clusters (``Launch.cluster`` = N): blocks b and b' share a cluster when
   b // N == b' // N.  ``barrier.cluster`` is ``bar.sync`` over every warp of the cluster;
   ``ld.dsmem`` / ``st.dsmem`` reach the scratchpad of the cluster's block of rank r (the lane's
-  register).  Every block is resident, so a block "has exited" once all of its warps have.
+  register); a multicast bulk tensor copy lands in the scratchpad of each block of its mask and
+  ``mbarrier.arrive.remote`` arrives on a barrier of another block of the cluster.  Every block is
+  resident, so a block "has exited" once all of its warps have.
 * ``mbarrier.wait`` on a phase not yet complete does not issue: the warp stays at the wait (pc
   unchanged, no instruction counted) and the other warps run; it retries on its next turn.  When
   no warp can issue and no barrier can be released, the run is a deadlock.
@@ -825,22 +827,26 @@ class _Machine:
     def block_exited(self, b: int) -> bool:
         return all(v.state == _DONE for v in self.warps[b * self.wpb:(b + 1) * self.wpb])
 
+    def _cluster_block(self, w, ins, lane, r: int) -> int:
+        """The block of cluster rank r, which must lie inside the cluster and not have exited."""
+        N = self.cluster
+        if not 0 <= r < N:
+            raise self.fault(w, ins.pc, lane, f"distributed shared memory access to cluster rank {r}, outside the "
+                                              f"cluster's {N} blocks (0 .. {N}-1)")
+        b = (w.block // N) * N + r
+        if self.block_exited(b):
+            raise self.fault(w, ins.pc, lane, f"distributed shared memory access to cluster rank {r}, whose block "
+                                              "has exited (barrier.cluster before a block exits keeps its "
+                                              "scratchpad)")
+        return b
+
     def _dsmem_lanes(self, w, ins, active, rank_slot: int, what: str):
         """[(lane, target block, scratchpad address)] of a dsmem access, each lane checked in turn:
         its rank inside the cluster, then the target block not exited, then bounds and alignment."""
-        N = self.cluster
         n = ins.opc.access_bytes
         todo = []
         for l in self.lanes(active):
-            r = _s64(w.regs[ins.src[rank_slot]][l])
-            if not 0 <= r < N:
-                raise self.fault(w, ins.pc, l, f"distributed shared memory access to cluster rank {r}, outside the "
-                                               f"cluster's {N} blocks (0 .. {N}-1)")
-            b = (w.block // N) * N + r
-            if self.block_exited(b):
-                raise self.fault(w, ins.pc, l, f"distributed shared memory access to cluster rank {r}, whose block "
-                                               "has exited (barrier.cluster before a block exits keeps its "
-                                               "scratchpad)")
+            b = self._cluster_block(w, ins, l, _s64(w.regs[ins.src[rank_slot]][l]))
             a = self.addr(w, ins.src[0], ins.imm, l)
             self.check(w, ins.pc, l, "shared", a, n, n, what, block=b)
             todo.append((l, b, a))
@@ -996,11 +1002,11 @@ class _Machine:
         """A barrier operand: 8 bytes, 8-byte aligned, inside the scratchpad (as an 8-byte ld.shared)."""
         self.check(w, ins.pc, lane, "shared", addr, 8, 8, f"{ins.opc.mnemonic} barrier access")
 
-    def _mb_read(self, w, addr) -> int:
-        return int.from_bytes(self.shared[w.block][addr:addr + 8], "little")
+    def _mb_read(self, w, addr, block=None) -> int:
+        return int.from_bytes(self.shared[w.block if block is None else block][addr:addr + 8], "little")
 
-    def _mb_write(self, w, addr, v) -> None:
-        self.shared[w.block][addr:addr + 8] = (v & MASK64).to_bytes(8, "little")
+    def _mb_write(self, w, addr, v, block=None) -> None:
+        self.shared[w.block if block is None else block][addr:addr + 8] = (v & MASK64).to_bytes(8, "little")
 
     def _mb_fields(self, v):
         """(parity, pending arrivals, expected arrivals, transaction count) of a barrier word."""
@@ -1016,10 +1022,11 @@ class _Machine:
             raise self.fault(w, ins.pc, lane, f"mbarrier at scratchpad {addr}: count {n} out of range (arrivals "
                              "1 .. 2^20-1, bytes 0 .. 2^20-1)")
 
-    def _mb_update(self, w, ins, lane, addr, tx_delta, arrive):
+    def _mb_update(self, w, ins, lane, addr, tx_delta, arrive, block=None):
         """Add tx_delta bytes to the transaction count, then (arrive) one arrival; the phase
-        completes when pending arrivals and the transaction count are both 0."""
-        parity, pend, expected, tx = self._mb_fields(self._mb_read(w, addr))
+        completes when pending arrivals and the transaction count are both 0 (block: the
+        barrier's block, the warp's own by default)."""
+        parity, pend, expected, tx = self._mb_fields(self._mb_read(w, addr, block))
         self._mb_init_check(w, ins, lane, addr, expected)
         tx += tx_delta
         if abs(tx) > MB_MAX:
@@ -1033,7 +1040,7 @@ class _Machine:
         if pend == 0 and tx == 0:
             parity ^= 1
             pend = expected
-        self._mb_write(w, addr, parity | (pend << 1) | (expected << 22) | ((tx + MB_BIAS) << 43))
+        self._mb_write(w, addr, parity | (pend << 1) | (expected << 22) | ((tx + MB_BIAS) << 43), block)
 
     def _needs_32(self, w, ins):
         if self.W != 32:
@@ -1134,6 +1141,14 @@ class _Machine:
             raise bad(f"TMA box of {total} bytes at scratchpad {dst}: 128-byte aligned, inside the block's "
                       f"{self.prog.shared_bytes} bytes (swizzled: rounded up to 128)")
         self._mb_addr(w, ins, lane, bar)
+        targets = [w.block]
+        if ins.opc.multicast:        # the cluster mask: the register after the coordinates
+            K = self.cluster
+            msk = _s64(w.regs[ins.src[3] + N][lane])
+            if msk <= 0 or msk >> K:
+                raise bad(f"TMA multicast mask {msk:#x} names no block or a rank outside the cluster's {K} blocks "
+                          f"(a non-zero mask of bits 0 .. {K}-1)")
+            targets = [self._cluster_block(w, ins, lane, r) for r in range(K) if msk >> r & 1]
         # the copy: box element (i0, .., iN-1) lands densely (dimension 0 innermost), then swizzled
         data = bytearray(total)
         idx = [0] * N
@@ -1146,13 +1161,24 @@ class _Machine:
                 g = base + sum((coords[k] + idx[k]) * strides[k] for k in range(N))
                 self.check(w, ins.pc, lane, "global", g, eb, 1, f"{ins.opc.mnemonic} read")
                 data[e * eb:e * eb + eb] = self.gmem[g - GLOBAL_BASE:g - GLOBAL_BASE + eb]
-        sh = self.shared[w.block]
-        for c in range(0, total, 16):    # 16-byte chunks (rows are multiples of 16 bytes): the swizzle's unit
-            a = dst + c
-            if S:
-                a ^= ((a >> 7) & (S // 16 - 1)) << 4
-            sh[a:a + 16] = data[c:c + 16]
-        self._mb_update(w, ins, lane, bar, -total, arrive=False)
+        for b in targets:
+            sh = self.shared[b]
+            for c in range(0, total, 16):    # 16-byte chunks (rows are multiples of 16 bytes): the swizzle's unit
+                a = dst + c
+                if S:
+                    a ^= ((a >> 7) & (S // 16 - 1)) << 4
+                sh[a:a + 16] = data[c:c + 16]
+        for b in targets:
+            self._mb_update(w, ins, lane, bar, -total, arrive=False, block=b)
+
+    def op_mbremote(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        lane, addr, _, (r,) = self._bulk_operands(w, ins, active, 0, regs=(ins.src[1],))
+        b = self._cluster_block(w, ins, lane, r)
+        self._mb_addr(w, ins, lane, addr)
+        self._mb_update(w, ins, lane, addr, 0, arrive=True, block=b)
 
     # ------------------------------------------------------------------ tensor (mma)
     def op_mma(self, w, ins, active, top, clock):

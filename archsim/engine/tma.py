@@ -17,8 +17,11 @@ Design note (core cycles throughout)
   L1 return path into the scratchpad (l1.hit_latency_cycles).
 - When a copy's last reply is back its bytes have landed: the barrier's count of bytes in flight
   for that phase drops (warps.mb_landed), and a warp waiting on the phase may go on.
+- Multicast (a cluster mask): the issuer's unit reads the box once; each reply lands in every
+  block of the mask as it lands in the issuer's (the GPC's crossbar copies it), so the copy's
+  bytes count on each block's barrier until its last reply (core_side.tma_issue, mem_state.trk_done).
 - Not modelled: the tensor-map cache (every copy pays the start-up), the scratchpad write port
-  the landing data takes, multicast to a cluster (no clusters yet), stores (shared to global).
+  the landing data takes (a multicast's other SMs' ports included), stores (shared to global).
 
 State is struct of arrays (``TmaState``); core_side.py runs the unit inside the SM's memory
 cycle and mem_state.py counts its copies' completions.

@@ -42,7 +42,7 @@ _CONTROL = frozenset(("bra", "exit", "bar", "bargrid", "clusterbar"))
 _BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
 # transaction barriers: their operands are always needed, and their barrier words are state of their
 # own (no memory class: a program keeps its data off them)
-_MBAR = frozenset(("mbinit", "mbarrive", "mbtx", "mbwait"))
+_MBAR = frozenset(("mbinit", "mbarrive", "mbtx", "mbwait", "mbremote"))
 _NEVER_MARKED = _CONTROL | _BULK | _MBAR | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
                                                       "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
 _FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))

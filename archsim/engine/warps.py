@@ -71,6 +71,8 @@ class TState(NamedTuple):
                              # barrier's phase of each parity and not landed yet
     mb_gen: np.ndarray       # int64 [block slots, MB_SLOTS] the row's initialisations so far: a copy counted
                              # into an earlier one (a barrier initialised again, a block gone) lands on nothing
+    mb_ready: np.ndarray     # int64 [block slots, MB_SLOTS, 2] the cycle the last arrival another SM sent
+                             # into the barrier's phase of each parity lands (mbarrier.arrive.remote)
     reason: np.ndarray       # int8  [NW] the warp's stall reason this cycle (R_*; -1 not resident)
     pipe_free: np.ndarray    # int64 [cores, subcores, pipes]
     tensor_free: np.ndarray  # int64 [cores, subcores]
@@ -247,6 +249,8 @@ def mb_reset(TS, bs, i):
     generation."""
     TS.mb_bytes[bs, i, 0] = 0
     TS.mb_bytes[bs, i, 1] = 0
+    TS.mb_ready[bs, i, 0] = 0
+    TS.mb_ready[bs, i, 1] = 0
     TS.mb_gen[bs, i] += 1
 
 

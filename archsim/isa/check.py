@@ -129,6 +129,12 @@ def _check_definite_assignment(prog: Program, succ) -> None:
                              "set a predicate (setp, ...) on every path before reading it")
 
 
+# where the machine config gives each opcode feature (isa.opcodes.FEATURE_NAMES)
+_FEATURE_CONFIG = {"wgmma": "warpgroup MMA: tensor.wgmma", "tma": "the tensor memory accelerator: tma",
+                   "cluster": "thread-block clusters: clusters",
+                   "cluster_tma": "a TMA unit and thread-block clusters: tma and clusters"}
+
+
 def check_target(prog: Program, caps) -> None:
     """Checks against a machine's capabilities (archsim.config.derived.Capabilities)."""
     units = set(caps.units)
@@ -143,7 +149,7 @@ def check_target(prog: Program, caps) -> None:
                              "broadcast mode", f"dma.broadcast_modes of {caps.name}: {have or 'none'}")
         if op.feature != "none" and op.feature not in caps.features:
             raise InputError(prog.where(i), f"{op.mnemonic}: the target {caps.name} has no {op.feature} "
-                             "(warpgroup MMA: tensor.wgmma in the machine config)",
+                             f"({_FEATURE_CONFIG[op.feature]} in the machine config)",
                              f"features of {caps.name}: {', '.join(sorted(caps.features)) or 'none'}")
         if op.sem in ("mma", "ldmatrix", "wgmma") and caps.warp_width != 32:
             raise InputError(prog.where(i), f"{op.mnemonic} needs a warp width of 32; {caps.name} has "

@@ -28,7 +28,7 @@ SEM_NAMES = (
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
     "wgmma", "wgfence", "wgcommit", "wgwait",
     "mbinit", "mbarrive", "mbtx", "mbwait", "tma",
-    "clusterbar", "dsld", "dsst",
+    "clusterbar", "dsld", "dsst", "mbremote",
 )
 SEM = {n: i for i, n in enumerate(SEM_NAMES)}
 for _n, _i in SEM.items():
@@ -60,8 +60,9 @@ BCAST_NONE, BCAST_ROW, BCAST_COLUMN, BCAST_ARRAY = range(4)
 OPERAND_KINDS = ("R", "R2", "R4", "r", "r2", "r4", "ri", "P", "p", "m", "l", "s", "k", "i", "Ra", "rc")
 DST_RANGES = ("R", "R2", "R4")      # register ranges an instruction writes (Ra: read and written)
 SRC_RANGES = ("r", "r2", "r4", "rc")  # register ranges an instruction reads (rc: `rank` coordinates)
-# capabilities an opcode needs beyond its unit (archsim.config.derived.Capabilities.features)
-FEATURE_NAMES = ("none", "wgmma", "tma", "cluster")
+# capabilities an opcode needs beyond its unit (archsim.config.derived.Capabilities.features);
+# cluster_tma: both a TMA unit and thread-block clusters
+FEATURE_NAMES = ("none", "wgmma", "tma", "cluster", "cluster_tma")
 
 SPECIAL_NAMES = (
     "tid.x", "tid.y", "tid.z", "ntid.x", "ntid.y", "ntid.z", "ctaid.x", "ctaid.y", "ctaid.z",
@@ -96,11 +97,12 @@ class Opcode:
     bcast: str = "none"       # DMA broadcast mode (BCAST_NAMES)
     feature: str = "none"     # a capability the target must have (FEATURE_NAMES)
     rank: int = 0             # cp.async.bulk.tensor: the box's dimensions (its rc operand's width)
+    multicast: int = 0        # cp.async.bulk.tensor.Nd.multicast: a cluster mask register after the coordinates
 
 
 _FIELDS = {"mnemonic", "operands", "unit", "latency", "sem", "dtype", "flops_per_lane", "cmp", "space",
            "access_bytes", "signed", "src_dtype", "matrices", "trans", "shape",
-           "strided", "bcast", "feature", "rank"}
+           "strided", "bcast", "feature", "rank", "multicast"}
 
 
 def _bad(row: int, what: str, allowed: str) -> InputError:
@@ -152,7 +154,7 @@ def _parse(path) -> tuple[Opcode, ...]:
             space=r.get("space", "none"), access_bytes=int(r.get("access_bytes", 0)), signed=int(r.get("signed", 0)),
             src_dtype=r.get("src_dtype", "none"), matrices=int(r.get("matrices", 0)), trans=int(r.get("trans", 0)),
             shape=tuple(r.get("shape", (0, 0, 0))), strided=int(r.get("strided", 0)), bcast=r.get("bcast", "none"),
-            feature=r.get("feature", "none"), rank=int(r.get("rank", 0)),
+            feature=r.get("feature", "none"), rank=int(r.get("rank", 0)), multicast=int(r.get("multicast", 0)),
         ))
         if "Ra" in ops and (ops[0] != "Ra" or out[-1].shape[0] * out[-1].shape[1] % 128):
             raise _bad(i, f"{mn}: an accumulator range (Ra) comes first, of a shape whose m x n splits over 128 "
@@ -195,6 +197,7 @@ class OpTables(NamedTuple):
     bcast: np.ndarray         # DMA broadcast mode (archsim.isa.opcodes.BCAST_*)
     wg_rs: np.ndarray         # wgmma whose A comes from registers (.rs)
     rank: np.ndarray          # cp.async.bulk.tensor: dimensions of its box
+    multicast: np.ndarray     # cp.async.bulk.tensor.Nd.multicast
 
 
 @lru_cache(maxsize=None)
@@ -227,6 +230,7 @@ def tables():
         bcast=arr(lambda o: BCAST[o.bcast]),
         wg_rs=arr(lambda o: int(o.sem == "wgmma" and o.operands[1] == "r4")),
         rank=arr(lambda o: o.rank),
+        multicast=arr(lambda o: o.multicast),
     )
 
 
@@ -236,9 +240,9 @@ _WIDTHS = {"R": 1, "R2": 2, "R4": 4, "r": 1, "r2": 2, "r4": 4, "ri": 1, "m": 1}
 def operand_width(op: Opcode, kind: str) -> int:
     """Registers an operand of this kind names (0: none, e.g. a predicate or an immediate); an
     accumulator range (Ra) holds one f32 a thread of the m x n tile over a warpgroup's 128 threads;
-    a coordinate range (rc) one coordinate a dimension of the box."""
+    a coordinate range (rc) one coordinate a dimension of the box, then (multicast) the cluster mask."""
     if kind == "Ra":
         return op.shape[0] * op.shape[1] // 128
     if kind == "rc":
-        return op.rank
+        return op.rank + op.multicast
     return _WIDTHS.get(kind, 0)

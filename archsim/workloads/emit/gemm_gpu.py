@@ -85,6 +85,12 @@ release the stage on its "empty" mbarrier once wait_group 1 says the previous ti
 done. The TMA unit zero-fills what lies outside the matrices (the K residue, edge rows), so the
 copies carry no bounds logic. Its boxes need rows and batch strides in multiples of 16 bytes and
 matrices at least a box large (``tma_fits``); it is chosen only when asked for.
+``kernel="tma_multicast"`` (machines with tma and clusters) runs it on clusters of two blocks, as
+CUTLASS's 2 x 1 clusters do: the pair takes two M tiles of one tile column (a 1-d grid of pairs in
+the grouped raster) and shares B, each producer copying half of B's boxes into both blocks by
+multicast; a consumer warp frees a stage in both blocks (a remote mbarrier arrival for the peer's),
+and a producer ends by waiting until both blocks freed every stage, so neither block exits while
+the other may still reach its barriers.
 
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
@@ -151,7 +157,9 @@ MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
              (32, 64, 2, 2), (32, 32, 2, 2))
 SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
-KERNELS = (None, "mma", "wgmma", "tma")   # gemm_kernel's kernel: the rule's choice, or one of these
+# gemm_kernel's kernel: the rule's choice, or one of these (tma_multicast: the TMA kernel on clusters of
+# two blocks that share their B tiles by multicast)
+KERNELS = (None, "mma", "wgmma", "tma", "tma_multicast")
 # (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
 WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 
@@ -180,6 +188,7 @@ class _Cfg:
     kb: int = 64       # bytes of a k-tile row (64: BK = 32 halves; 128: BK = 64 halves)
     trans_a: bool = False  # A given k-major ([K, M], row stride lda)
     alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
+    cluster: int = 1       # the TMA kernel: blocks a cluster (2: M tiles in pairs sharing B by multicast)
 
 
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
@@ -228,6 +237,7 @@ class GemmKernel:
     stride_c: tuple = (0, 0)
     alpha: float = 1.0
     raster: tuple = (1, 0)  # (group, raster_n): the block raster (kernel parameters; see _tile_origin)
+    cluster: int = 1        # blocks a thread-block cluster (the TMA kernel with multicast: 2)
 
     @property
     def a_shape(self) -> tuple[int, int]:
@@ -313,7 +323,7 @@ class GemmKernel:
         if self.kind == "tma":
             out["mapA"], out["mapB"] = _tensor_maps(self.M, self.N, self.K, self.dtype, self.trans_b, self.tile.BM,
                                                     self.tile.BN, self.lda, self.ldb, self.batch, self.stride_a,
-                                                    self.stride_b)
+                                                    self.stride_b, self.cluster)
         return out
 
     def random_inputs(self, seed: int = 0) -> tuple:
@@ -432,7 +442,11 @@ def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     over a wide grid fetches each B panel once per M tile, a wave apart). Tile rows are M tiles
     (grid y), or N tiles (grid x) when the parameter ``raster_n`` is 1; both are parameters, so
     one program serves every shape. Three divisions a call; the prologue and the epilogue each
-    call it (keeping m0, n0 live through the main loop would cost two registers there)."""
+    call it (keeping m0, n0 live through the main loop would cost two registers there). A kernel
+    on clusters of two (c.cluster) takes its origin from _cluster_tile_origin."""
+    if c.cluster > 1:
+        _cluster_tile_origin(a, c, m0, n0)
+        return
     b, R, Q, t = a.reg(), a.reg(), a.reg(), a.reg()
     pn = a.pred()
     a("s2r", b, "%ctaid.y")
@@ -463,6 +477,42 @@ def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     a("shl.b64", n0, n0, log2(c.BN))
     a.free(b, R, Q, t, g, row)
     a.pfree(pn)
+
+
+def _cluster_tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
+    """m0, n0 of a block of the TMA kernel on clusters of two (a 1-d grid, batch in z): cluster
+    b // 2 takes a pair of M tiles in one tile column (they share their B tiles), its block of
+    rank r the pair's tile r; the pairs go in _tile_origin's grouped raster with M-tile pairs as
+    tile rows and ``group`` / 2 (rounded up) of them a group. A pair's second tile past M (an odd
+    number of M tiles) computes zeros and stores nothing."""
+    b, R, Q, t, g, row = (a.reg() for _ in range(6))
+    a("s2r", b, "%ctaid.x")
+    a("shr.u64", b, b, 1)                         # the cluster
+    a("ldparam", R, "M")
+    a("add.i64", R, R, 2 * c.BM - 1)
+    a("shr.u64", R, R, log2(2 * c.BM))            # tile pairs along M
+    a("ldparam", Q, "N")
+    a("add.i64", Q, Q, c.BN - 1)
+    a("shr.u64", Q, Q, log2(c.BN))                # tile columns
+    a("ldparam", g, "group")
+    a("add.i64", g, g, 1)
+    a("shr.u64", g, g, 1)                         # pairs a group
+    a("mul.i64", t, g, Q)                         # clusters per group
+    a("div.i64", row, b, t)                       # group
+    a("mul.i64", t, row, t)
+    a("sub.i64", b, b, t)                         # index within the group
+    a("mul.i64", row, row, g)                     # the group's first pair
+    a("sub.i64", R, R, row)
+    a("min.i64", R, R, g)                         # pairs in this group (the last may be short)
+    a("rem.i64", t, b, R)
+    a("add.i64", row, row, t)                     # the pair
+    a("div.i64", n0, b, R)                        # tile column
+    a("s2r", t, "%cluster_ctarank")
+    a("shl.b64", m0, row, 1)
+    a("add.i64", m0, m0, t)
+    a("shl.b64", m0, m0, log2(c.BM))
+    a("shl.b64", n0, n0, log2(c.BN))
+    a.free(b, R, Q, t, g, row)
 
 
 # ----------------------------------------------------------------------------- tensor-core kernel
@@ -1190,17 +1240,19 @@ TMA_PARAMS = PARAMS + ("mapA", "mapB")   # the tensor maps of A and B (GemmKerne
 
 
 def _tma_boxes(c: _Cfg) -> list:
-    """(map, stage offset, box coordinates as (k offset, column offset)) of each bulk copy of a k
-    tile: A as one BM x 64 box; B^T as one BN x 64 box; B k-major as BN / 64 boxes of 64 rows of
-    k x 64 columns (the wgmma kernel's panels)."""
+    """(map, stage offset, column offset) of each bulk copy of a k tile: A as one BM x 64 box; B^T
+    as one BN x 64 box (on clusters of two, two BN / 2 x 64 boxes, one a block); B k-major as BN /
+    64 boxes of 64 rows of k x 64 columns (the wgmma kernel's panels)."""
     ctx_a = c.BM * 128
     if c.trans_b:
-        return [("A", 0, None), ("B", ctx_a, None)]
+        h = c.BN // c.cluster
+        return [("A", 0, None)] + [("B", ctx_a + j * h * 128, j * h) for j in range(c.cluster)]
     return [("A", 0, None)] + [("B", ctx_a + j * 64 * 128, 64 * j) for j in range(c.BN // 64)]
 
 
-def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb) -> tuple:
-    """The TMA kernel's tensor maps of A and B: 4-d (k or n, rows, head, batch), 128-byte swizzle."""
+def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb, cluster=1) -> tuple:
+    """The TMA kernel's tensor maps of A and B: 4-d (k or n, rows, head, batch), 128-byte swizzle
+    (B^T's box: BN / cluster rows, _tma_boxes)."""
     es = _ELEM_BYTES[dtype]
     nb, nh = batch
 
@@ -1209,7 +1261,7 @@ def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb) -> tu
 
     mA = TensorMap("A", tensor_map_words([K, M, nh, nb], es, [64, BM, 1, 1], 128, strides(lda, sa)))
     if trans_b:
-        mB = TensorMap("B", tensor_map_words([K, N, nh, nb], es, [64, BN, 1, 1], 128, strides(ldb, sb)))
+        mB = TensorMap("B", tensor_map_words([K, N, nh, nb], es, [64, BN // cluster, 1, 1], 128, strides(ldb, sb)))
     else:
         mB = TensorMap("B", tensor_map_words([N, K, nh, nb], es, [64, 64, 1, 1], 128, strides(ldb, sb)))
     return mA, mB
@@ -1242,11 +1294,22 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     "empty" barrier (one arrival a consumer warp), which the producer waits on before it reuses
     the stage. The boxes land 128-byte swizzled, the layout the descriptors name; elements outside
     the matrices (the K residue, a first k tile reaching below k = 0; edge rows) arrive as zeros
-    from the TMA unit. The epilogue is the wgmma kernel's; the producer passes its barriers."""
+    from the TMA unit. The epilogue is the wgmma kernel's; the producer passes its barriers.
+
+    On clusters of two (c.cluster, CUTLASS's 2 x 1 cluster): the blocks of a cluster hold a pair
+    of M tiles in one tile column (_cluster_tile_origin) and share B: each producer copies its own
+    A box and half of B's boxes, multicast into both blocks' stages, so L2 serves B once for two
+    tiles. A stage is free for a producer only when the consumers of both blocks are done with it:
+    each consumer warp arrives on its own block's empty barrier and, remotely, on the peer's
+    (mbarrier.arrive.remote), so empty barriers expect twice the consumer warps. The barriers are
+    set up before a barrier.cluster; at the end a consumer also frees its last stage and the
+    producer waits until every stage is free, so no block exits while its peer may still arrive
+    on its barriers (CUTLASS's producer tail)."""
     ctx = _MmaCtx(c)
     S, SB, T = ctx.S, ctx.SB, ctx.T
+    K2 = c.cluster
     full, empty = S * SB, S * SB + 8 * S           # the barriers, after the stages
-    a = ctx.a = Asm(ctx.a.b.name + "_tma", TMA_PARAMS, S * SB + 16 * S)
+    a = ctx.a = Asm(ctx.a.b.name + ("_tma" if K2 == 1 else f"_tma_c{K2}"), TMA_PARAMS, S * SB + 16 * S)
     ctx.acc = a.reg(c.BN // 2)
     for i in range(c.BN // 2):
         a("mov.f32", ctx.acc + i, 0.0)
@@ -1257,16 +1320,16 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("add.i64", nt, t, 63)
     a("shr.u64", nt, nt, 6)                        # k tiles of 64
     # warp 0 sets the barriers up: full[s] takes the producer's one arrival (and the bytes), empty[s]
-    # one arrival from each consumer warp
+    # one arrival from each consumer warp (of both blocks on a cluster of two)
     a("setp.lt.i64", p, tid, 32)
     cnt = a.reg()
     for s in range(S):
         a("mov.b64", cnt, 1)
         a("mbarrier.init", Mem(None, full + 8 * s), cnt, p=p)
-        a("mov.b64", cnt, T // 32)
+        a("mov.b64", cnt, K2 * T // 32)
         a("mbarrier.init", Mem(None, empty + 8 * s), cnt, p=p)
     a.free(cnt)
-    a("bar.sync")
+    a("barrier.cluster" if K2 > 1 else "bar.sync")
     a("mov.b64", kt, 0)
     a("mov.b64", si, 0)                            # the stage, and the phase of its barriers
     a("mov.b64", ph, 0)
@@ -1275,6 +1338,10 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     # -- consumers
     desc = _wg_descriptors(ctx, tid)
     bar, prev = a.reg(), a.reg()
+    peer = a.reg() if K2 > 1 else None
+    if K2 > 1:
+        a("s2r", peer, "%cluster_ctarank")
+        a("xor.b64", peer, peer, 1)
     a("mov.b64", prev, 0)
     a.label("KLOOP")
     a("shl.b64", bar, si, 3)
@@ -1284,11 +1351,17 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("wgmma.wait_group", 1)                       # tile kt-1's wgmma are done: its stage is free
     a("setp.gt.i64", pw, kt, 0)
     a("mbarrier.arrive", Mem(prev, empty), p=pw)
+    if K2 > 1:
+        a("mbarrier.arrive.remote", Mem(prev, empty), peer, p=pw)
     a("mov.b64", prev, bar)
     next_stage(a, si, ph, kt, S, p)
     a("setp.lt.i64", p, kt, nt)
     a("bra", "KLOOP", p=p)
     a("wgmma.wait_group", 0)
+    if K2 > 1:                                     # the last tile's stage, for the producers' tails
+        a("mbarrier.arrive", Mem(prev, empty))
+        a("mbarrier.arrive.remote", Mem(prev, empty), peer)
+        a.free(peer)
     a.free(desc.wgoff, desc.dA, desc.dB, bar, prev)   # (the producer's path below still reads nt, kt, si, ph)
     pm = a.pred()
     _epilogue(a, c, pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, S * SB)
@@ -1304,14 +1377,20 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("ldparam", mB, "mapB")
     a("mov.b64", bytes_, tma_tile_bytes(c))
     # coordinates (dimension 0 first): A (k, m0, head, batch); B^T (k, n0, ...); B (n0 + 64 j, k, ...)
-    ca, cb = a.reg(4), a.reg(4)
+    ca, cb = a.reg(4), a.reg(4 + (K2 > 1))         # (a multicast's mask after B's coordinates)
     a("mov.b64", ca + 1, m0)
     a("mov.b64", ca + 2, zh)
     a("mov.b64", ca + 3, zb)
     a("mov.b64", cb + 2, zh)
     a("mov.b64", cb + 3, zb)
-    if c.trans_b:
+    if c.trans_b and K2 == 1:
         a("mov.b64", cb + 1, n0)
+    pr = None
+    if K2 > 1:
+        a("mov.b64", cb + 4, (1 << K2) - 1)
+        pr = a.pred()
+        a("s2r", t, "%cluster_ctarank")
+        a("setp.eq.i64", pr, t, 0)                 # rank 0 copies B's even boxes, rank 1 its odd ones
     a.free(zb, zh)
     a.label("PLOOP")
     a("shl.b64", t, si, 3)
@@ -1322,17 +1401,32 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("mul.i64", sb, si, SB)
     a("mov.b64", ca, kc)      # (A's box: BM rows of 64 k at (k, m0); B's at _tma_boxes' coordinates)
     a("cp.async.bulk.tensor.4d", Mem(sb, 0), Mem(t, full), mA, ca)
-    for _, off, col in _tma_boxes(c)[1:]:
+    for j, (_, off, col) in enumerate(_tma_boxes(c)[1:]):
         if c.trans_b:
             a("mov.b64", cb, kc)
+            if K2 > 1:
+                a("add.i64", cb + 1, n0, col)
         else:
             a("add.i64", cb, n0, col)
             a("mov.b64", cb + 1, kc)
-        a("cp.async.bulk.tensor.4d", Mem(sb, off), Mem(t, full), mB, cb)
+        if K2 > 1:
+            a("cp.async.bulk.tensor.4d.multicast", Mem(sb, off), Mem(t, full), mB, cb, p=pr, neg=j % 2 == 1)
+        else:
+            a("cp.async.bulk.tensor.4d", Mem(sb, off), Mem(t, full), mB, cb)
     a("add.i64", kc, kc, 64)
     next_stage(a, si, ph, kt, S, p)
     a("setp.lt.i64", p, kt, nt)
     a("bra", "PLOOP", p=p)
+    if K2 > 1:                                     # the tail: every stage freed by both blocks' consumers
+        a("add.i64", kc, nt, S)
+        a.label("PTAIL")
+        a("shl.b64", t, si, 3)
+        a("setp.ge.i64", p, kt, S)
+        a("xor.b64", eph, ph, 1)
+        a("mbarrier.wait", Mem(t, empty), eph, p=p)
+        next_stage(a, si, ph, kt, S, p)
+        a("setp.lt.i64", p, kt, kc)
+        a("bra", "PTAIL", p=p)
     if c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
         a("bar.sync")                              # the epilogue's two barriers (_staged_store)
         a("bar.sync")
@@ -1839,6 +1933,16 @@ def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple
     return (group, int(tn < tm)), (group * cols if group < rows else 0)
 
 
+def _cluster_raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[tuple[int, int], int]:
+    """_raster for the kernel on clusters of two (_cluster_tile_origin): tile rows are pairs of M
+    tiles, a wave holds half as many clusters as blocks; ``group`` counts M tiles (twice the
+    pairs). The period in blocks."""
+    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total / 2)
+    rows, cols = ceil_div(M, 2 * c.BM), ceil_div(N, c.BN)
+    group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
+    return (2 * group, 0), (2 * group * cols if group < rows else 0)
+
+
 def _fits(prog: Program, caps, threads: int) -> bool:
     W = caps.warp_width
     warps = ceil_div(threads, W)
@@ -1887,7 +1991,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if kernel not in KERNELS:
-        raise InputError("gemm", f"kernel {kernel!r}", "mma, wgmma or tma")
+        raise InputError("gemm", f"kernel {kernel!r}", "mma, wgmma, tma or tma_multicast")
     if kernel is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"kernel {kernel} with dtype {dtype}, which {caps.name} runs as "
                          "the vector FFMA kernel", "no kernel, or a dtype the tensor units take")
@@ -1914,15 +2018,16 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     share = dict(caps.mma_sync_share).get(dt, 1.0)
     wg_order = sorted(WGMMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share), -t[0] * t[1]))
     can_wg = "wgmma" in caps.features and dt in ("fp16", "bf16") and not trans_a
-    if kernel in ("wgmma", "tma") and not can_wg:
+    if kernel in ("wgmma", "tma", "tma_multicast") and not can_wg:
         raise InputError(f"gemm on {caps.name}", f"the {kernel} kernel with dtype {dtype}"
                          f"{', A given k-major' if trans_a else ''}", "fp16 or bf16, A row-major, on a machine "
                          "with tensor.wgmma")
-    if kernel == "tma":
+    if kernel in ("tma", "tma_multicast"):
         if tma_ok is None:                        # dense matrices of this shape
             def tma_ok(BM, BN):
                 return tma_fits(M, N, K, dt, trans_b, BM, BN, K, K if trans_b else N, (1, 1), (0, 0), (0, 0))
-        return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok)
+        return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok,
+                           2 if kernel == "tma_multicast" else 1)
     if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M):
         mma_best = _cost(M, N, *order[0][:2], caps.cores_total)
         for BM, BN in wg_order:
@@ -1963,10 +2068,10 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
 
 def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_counts, barrier_bytes,
-                 tried) -> Optional[tuple[_Cfg, Program]]:
+                 tried, cluster=1) -> Optional[tuple[_Cfg, Program]]:
     """The warpgroup kernel ``kind`` ("wgmma", or "tma": a producer warp more and ``barrier_bytes``
-    of mbarriers a stage) of tile BM x BN with the most of ``stage_counts`` stages that fits the
-    target, or None; what did not fit goes to ``tried``."""
+    of mbarriers a stage; ``cluster`` blocks a cluster) of tile BM x BN with the most of
+    ``stage_counts`` stages that fits the target, or None; what did not fit goes to ``tried``."""
     emit = _emit_wgmma_tma if kind == "tma" else _emit_wgmma
     threads = 2 * BM + (32 if kind == "tma" else 0)
     for stages in stage_counts:
@@ -1974,7 +2079,8 @@ def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_
         if smem > caps.scratchpad_bytes:
             tried.append(f"{kind} {BM}x{BN}: {smem} B scratchpad")
             continue
-        cfg = _Cfg(kind, dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha)
+        cfg = _Cfg(kind, dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha,
+                   cluster=cluster)
         try:
             prog = emit(cfg)
         except OutOfRegisters as e:
@@ -1986,17 +2092,21 @@ def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_
     return None
 
 
-def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok) -> tuple[_Cfg, Program]:
-    """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits."""
+def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster=1) -> tuple[_Cfg, Program]:
+    """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits (cluster: 2
+    for the multicast form)."""
     where = f"gemm on {caps.name}"
     if "tma" not in caps.features:
         raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
+    if cluster > 1 and "cluster_tma" not in caps.features:
+        raise InputError(where, "the tma_multicast kernel", "a machine with tma and clusters")
     tried = []
     for BM, BN in wg_order:
         if not tma_ok(BM, BN):
             tried.append(f"tma {BM}x{BN}: a box larger than its matrix, or a stride not a multiple of 16 bytes")
             continue
-        got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3, 2), 16, tried)
+        got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3, 2), 16, tried,
+                           cluster)
         if got is not None:
             return got
     raise InputError(where, "no tma tile fits: " + "; ".join(tried), "kernel wgmma or mma")
@@ -2069,8 +2179,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
     if kernel not in KERNELS:
-        raise InputError(where, f"kernel {kernel!r}", "mma, wgmma or tma")
-    if tile is not None and kernel in ("wgmma", "tma"):
+        raise InputError(where, f"kernel {kernel!r}", "mma, wgmma, tma or tma_multicast")
+    if tile is not None and kernel in ("wgmma", "tma", "tma_multicast"):
         raise InputError(where, f"a tile with kernel {kernel}",
                          f"a tile (the mma kernel's) or kernel {kernel} (its own rule)")
     if tile is not None and not _uses_tensor(caps, dt):
@@ -2104,9 +2214,14 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
-    raster, period = _raster(caps, prog, threads, cfg, M, N)
-    launch = Launch((ceil_div(N, t.BN), ceil_div(M, t.BM), nb * nh), (threads, 1, 1), period=period)
+    if cfg.cluster > 1:
+        raster, period = _cluster_raster(caps, prog, threads, cfg, M, N)
+        pairs = ceil_div(M, 2 * t.BM)
+        launch = Launch((2 * pairs * ceil_div(N, t.BN), 1, nb * nh), (threads, 1, 1), period=period, cluster=2)
+    else:
+        raster, period = _raster(caps, prog, threads, cfg, M, N)
+        launch = Launch((ceil_div(N, t.BN), ceil_div(M, t.BM), nb * nh), (threads, 1, 1), period=period)
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
                       ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f,
-                      raster=raster)
+                      raster=raster, cluster=cfg.cluster)
