@@ -25,15 +25,16 @@ from archsim.engine import decode as D
 from archsim.engine.cache import popcount
 from archsim.engine import execute as X
 from archsim.engine.jit import njit
-from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads, tma_issue
+from archsim.engine.core_side import mem_can_issue, mem_issue, scratch_reads, tma_issue, tma_store_issue
 from archsim.engine.queues import n_spans
 from archsim.engine.sunway_side import mem_core_done
-from archsim.engine.warps import (CP_GROUPS, HOME_CORE, HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED,
-                                  K_GRIDBAR, K_N, K_NEXT, K_REGS, K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, MB_SLOTS,
-                                  R_BARRIER, R_DMA_WAIT, R_IDLE, R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY,
-                                  R_SHORT_SB, R_WAIT, T_BAR, T_CBAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR,
-                                  T_RMAWAIT, T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState,
-                                  flush_stalls, mb_reset, mb_slot, wake_core, wake_placed)
+from archsim.engine.warps import (BK_COMMITTED, BK_GROUPS, BK_ISSUED, BK_MARK0, BK_SENT, CP_GROUPS, HOME_CORE,
+                                  HOME_SUB, INF, K_AGE, K_CUR, K_END, K_FINISHED, K_GRIDBAR, K_N, K_NEXT, K_REGS,
+                                  K_SLOTS, K_SMEM, K_SUBCORES, K_WPB, MB_SLOTS, R_BARRIER, R_DMA_WAIT, R_IDLE,
+                                  R_ISSUED, R_LONG_SB, R_NOT_SELECTED, R_PIPE_BUSY, R_SHORT_SB, R_WAIT, T_BAR,
+                                  T_BKWAIT, T_CBAR, T_CPWAIT, T_DMAWAIT, T_DONE, T_EMPTY, T_GRIDBAR, T_RMAWAIT,
+                                  T_RUN, T_START, WG_DONE0, WG_GROUPS, WG_NCOMMIT, WG_PEND, TState, flush_stalls,
+                                  mb_reset, mb_slot, wake_core, wake_placed)
 
 SCHED_LRR, SCHED_GTO = 0, 1
 
@@ -124,6 +125,7 @@ def make_tstate(cfg: CoreCfg, nregs: int, nblocks: int, wpb: int, regs_per_warp:
         wait_arg=np.zeros(NW, np.int32), start_at=np.zeros(NW, np.int64), cp_open=np.zeros(NW, np.int32),
         cp_oldest=np.zeros(NW, np.int32),
         cp_pending=np.zeros((NW, CP_GROUPS), np.int32), bulk_pending=np.zeros((NW, 2), np.int32),
+        bk=np.zeros((NW, BK_MARK0 + BK_GROUPS), np.int64),
         wg=np.zeros((NW, WG_DONE0 + WG_GROUPS), np.int64), wg_queue=np.zeros((cores * sub, int(v[C_WG_QUEUE]) + 1), np.int64),
         mb_addr=np.full(mbs, -1, np.int64), mb_bytes=np.zeros(mbs + (2,), np.int64), mb_gen=np.zeros(mbs, np.int64),
         mb_ready=np.zeros(mbs + (2,), np.int64),
@@ -230,6 +232,9 @@ def dispatch_block(C, TS, S, core, now):
             TS.cp_pending[w, g] = 0
         TS.bulk_pending[w, 0] = 0
         TS.bulk_pending[w, 1] = 0
+        TS.bk[w, BK_ISSUED] = 0
+        TS.bk[w, BK_SENT] = 0
+        TS.bk[w, BK_COMMITTED] = 0
         for j in range(TS.wg.shape[1]):
             TS.wg[w, j] = 0
         for r in range(TS.reg_ready.shape[1]):
@@ -417,7 +422,8 @@ def unit_free_at(TS, Dd, core, sub, pc):
 
 @njit(cache=True)
 def waiting_done(TS, w):
-    """Is a warp in a wait state (cp.async.wait, dma.wait, rma.wait) free to go on?"""
+    """Is a warp in a wait state (cp.async.wait, dma.wait, rma.wait, cp.async.bulk.wait_group) free
+    to go on?"""
     st = TS.wst[w]
     if st == T_CPWAIT:
         # PTX cp.async.wait_group: every committed group but the newest wait_arg is complete (groups
@@ -426,6 +432,11 @@ def waiting_done(TS, w):
         while TS.cp_oldest[w] < TS.cp_open[w] and TS.cp_pending[w, TS.cp_oldest[w] % CP_GROUPS] == 0:
             TS.cp_oldest[w] += 1
         return TS.cp_oldest[w] >= TS.cp_open[w] - TS.wait_arg[w]
+    if st == T_BKWAIT:
+        # cp.async.bulk.wait_group N: the stores of every committed group but the newest N have
+        # left (stores leave in issue order, so a count of them says which groups are done)
+        need = TS.bk[w, BK_COMMITTED] - TS.wait_arg[w]
+        return need <= 0 or TS.bk[w, BK_SENT] >= TS.bk[w, BK_MARK0 + (need - 1) % BK_GROUPS]
     if st == T_DMAWAIT:
         return TS.bulk_pending[w, 0] <= TS.wait_arg[w]
     if st == T_RMAWAIT:
@@ -707,11 +718,18 @@ def issue(C, TS, S, P, T, Dd, MS, core, sub, w, now):
         TS.wg[w, WG_DONE0 + n % WG_GROUPS] = max(prev, TS.wg[w, WG_PEND])
         TS.wg[w, WG_PEND] = 0
         TS.wg[w, WG_NCOMMIT] = n + 1
-    elif cls == D.CLS_CPWAIT or cls == D.CLS_DMAWAIT or cls == D.CLS_RMAWAIT:
+    elif cls == D.CLS_CPWAIT or cls == D.CLS_DMAWAIT or cls == D.CLS_RMAWAIT or cls == D.CLS_BKWAIT:
         TS.wait_arg[w] = np.int32(P.imm[pc])
-        TS.wst[w] = T_CPWAIT if cls == D.CLS_CPWAIT else (T_DMAWAIT if cls == D.CLS_DMAWAIT else T_RMAWAIT)
+        TS.wst[w] = T_CPWAIT if cls == D.CLS_CPWAIT else (T_DMAWAIT if cls == D.CLS_DMAWAIT else (
+            T_RMAWAIT if cls == D.CLS_RMAWAIT else T_BKWAIT))
         if waiting_done(TS, w):
             TS.wst[w] = T_RUN
+    elif cls == D.CLS_BKCOMMIT:
+        g = TS.bk[w, BK_COMMITTED]
+        TS.bk[w, BK_MARK0 + g % BK_GROUPS] = TS.bk[w, BK_ISSUED]
+        TS.bk[w, BK_COMMITTED] = g + 1
+    elif cls == D.CLS_TMAST:
+        tma_store_issue(MS, TS, S, P, T, core, w, pc, now)
     elif cls == D.CLS_BAR:
         if st == X.ST_BAR:
             bs = TS.slot_block[w]
@@ -779,11 +797,11 @@ def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
         if TS.start_at[w] > now:
             return TS.start_at[w], R_BARRIER
         TS.wst[w] = T_RUN
-    if st == T_CPWAIT or st == T_DMAWAIT or st == T_RMAWAIT:
+    if st == T_CPWAIT or st == T_DMAWAIT or st == T_RMAWAIT or st == T_BKWAIT:
         if waiting_done(TS, w):
             TS.wst[w] = T_RUN
         else:
-            return INF, (R_LONG_SB if st == T_CPWAIT else R_DMA_WAIT)
+            return INF, (R_LONG_SB if st == T_CPWAIT or st == T_BKWAIT else R_DMA_WAIT)
     pc = S.stack_pc[w, S.sp[w] - 1]
     if TS.opready[w, 0] != pc:
         t, kind = operands_ready(TS, Dd, w, pc, now)

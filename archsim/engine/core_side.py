@@ -47,6 +47,8 @@ def mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
         return RM.rma_can_issue(MS.rma, core)
     elif cls == D.CLS_TMA:
         return TM.tma_has_room(MS.tma, core) and MS.trk_nfree[core] > 0
+    elif cls == D.CLS_TMAST:
+        return TM.tma_has_room(MS.tma, core)
     return True
 
 
@@ -192,6 +194,22 @@ def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
     TM.tma_push(MS.tma, core, t, box, coords, now)
     core_items(MS, core, 1)                      # the SM's memory side has the copy to send
     return False
+
+
+@njit(cache=True)
+def tma_store_issue(MS, TS, S, P, T, core, w, pc, now):
+    """Queue an issued bulk tensor store (execute._tma_store left its operands in S.addr[w]) at the
+    SM's TMA unit; its warp counts it in its bulk groups until its last piece has left."""
+    lane = S.addr[w, 4]
+    rank = T.rank[P.op[pc]]
+    box = S.vals[:18]
+    X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
+    coords = S.vals[18:23]
+    for k5 in range(5):
+        coords[k5] = S.regs[w, P.src2[pc] + k5, lane] if k5 < rank else 0
+    TS.bk[w, WS.BK_ISSUED] += 1
+    TM.tma_push(MS.tma, core, w, box, coords, now, 1, TS.age[w])
+    core_items(MS, core, 1)
 
 
 # ----------------------------------------------------------------------------- the SM side
@@ -361,25 +379,45 @@ def _tma_cycle(MS, TS, core, now):
     while sent < U.cfg[TM.TC_RPC] and TM.tma_ready(U, core, now):
         if MS.Q.count[qm] >= MS.Q.cap[qm] - 2 or MS.Q.count[ql] >= MS.Q.cap[ql] - 2 or R.nfree[0] < 4:
             break
-        t = U.desc[core, U.head[core], TM.TD_TRK]
+        d = U.desc[core, U.head[core]]
+        t = d[TM.TD_TRK]
+        store = d[TM.TD_STORE]
         a, n = TM.tma_piece(U, core, lb)
         moved = True
         if a < 0:                                # every piece sent: the copy leaves the queue
+            age = d[TM.TD_AGE]
             TM.tma_pop(U, core)
             core_items(MS, core, -1)
-            trk_release(MS, TS, core, t, now)
+            if not store:
+                trk_release(MS, TS, core, t, now)
+            elif TS.age[t] == age:               # (its warp, not a later one in its slot)
+                TS.bk[t, WS.BK_SENT] += 1
+                if TS.wst[t] == WS.T_BKWAIT:
+                    WS.wake_warp(TS, t, now)
             continue
         line = a - a % lb
         first = (a - line) // sb
         last = (a + n - 1 - line) // sb
         nbytes = (last - first + 1) * sb
-        r = req_alloc(R, placed_addr(cfg, core, line), nbytes, KIND_READ, core, -1 - t, now)
-        R.aux0[r] = ((np.int64(1) << (last + 1)) - 1) ^ ((np.int64(1) << first) - 1)
-        core_push(MS, core, qm, r)
-        MS.trk[core, t, TK_PENDING] += 1
-        U.fly[core] += 1
-        U.cnt[core, TM.TX_REQS] += 1
-        U.cnt[core, TM.TX_REQ_BYTES] += nbytes
+        m = ((np.int64(1) << (last + 1)) - 1) ^ ((np.int64(1) << first) - 1)
+        if store:                                # a write of the sectors the piece covers
+            r = req_alloc(R, placed_addr(cfg, core, line), nbytes, KIND_WRITE, core, TAG_WRITE, now)
+            MS.mk[MK_STORES] += 1
+            R.aux0[r] = m
+            lo = (a - line + sb - 1) // sb       # sectors the piece writes whole
+            hi = (a + n - line) // sb
+            R.aux1[r] = ((np.int64(1) << hi) - 1) ^ ((np.int64(1) << lo) - 1) if hi > lo else 0
+            core_push(MS, core, qm, r)
+            U.cnt[core, TM.TX_ST_REQS] += 1
+            MS.bytes[BY_L1] += nbytes
+        else:
+            r = req_alloc(R, placed_addr(cfg, core, line), nbytes, KIND_READ, core, -1 - t, now)
+            R.aux0[r] = m
+            core_push(MS, core, qm, r)
+            MS.trk[core, t, TK_PENDING] += 1
+            U.fly[core] += 1
+            U.cnt[core, TM.TX_REQS] += 1
+            U.cnt[core, TM.TX_REQ_BYTES] += nbytes
         sent += 1
     return moved
 

@@ -26,8 +26,10 @@ MAX_WR = 4
 (CLS_ALU, CLS_TENSOR, CLS_LD_GLOBAL, CLS_ST_GLOBAL, CLS_LD_SHARED, CLS_ST_SHARED, CLS_LDMATRIX, CLS_CPASYNC,
  CLS_CPCOMMIT, CLS_CPWAIT, CLS_DMA, CLS_DMAWAIT, CLS_RMA, CLS_RMAWAIT, CLS_BRANCH, CLS_EXIT, CLS_BAR,
  CLS_BARGRID, CLS_NOP, CLS_DMA_PUT, CLS_RMA_PUT, CLS_WGMMA, CLS_WGFENCE, CLS_WGCOMMIT,
- CLS_WGWAIT, CLS_MBAR, CLS_MBWAIT, CLS_TMA, CLS_CBAR, CLS_DSLD, CLS_DSST) = range(31)   # CLS_DMA: dma.get,
-# CLS_RMA: rma.get; CLS_MBAR: mbarrier.init / arrive / expect_tx; CLS_CBAR: barrier.cluster
+ CLS_WGWAIT, CLS_MBAR, CLS_MBWAIT, CLS_TMA, CLS_CBAR, CLS_DSLD, CLS_DSST, CLS_TMAST, CLS_BKCOMMIT,
+ CLS_BKWAIT) = range(34)   # CLS_DMA: dma.get,
+# CLS_RMA: rma.get; CLS_MBAR: mbarrier.init / arrive / expect_tx; CLS_CBAR: barrier.cluster; CLS_TMAST: a bulk
+# tensor store; CLS_BKCOMMIT / CLS_BKWAIT: cp.async.bulk.commit_group / wait_group
 
 # scoreboard producer kinds (for the stall breakdown)
 SRC_FIXED, SRC_SHORT, SRC_LONG = 0, 1, 2
@@ -62,7 +64,7 @@ _CLS = {"ld": None, "st": None, "ldmatrix": CLS_LDMATRIX, "cpasync": CLS_CPASYNC
         "bar": CLS_BAR, "bargrid": CLS_BARGRID, "nop": CLS_NOP, "wgmma": CLS_WGMMA, "wgfence": CLS_WGFENCE,
         "wgcommit": CLS_WGCOMMIT, "wgwait": CLS_WGWAIT, "mbinit": CLS_MBAR, "mbarrive": CLS_MBAR, "mbtx": CLS_MBAR,
         "mbwait": CLS_MBWAIT, "tma": CLS_TMA, "clusterbar": CLS_CBAR, "dsld": CLS_DSLD, "dsst": CLS_DSST,
-        "mbremote": CLS_MBAR}
+        "mbremote": CLS_MBAR, "tmastore": CLS_TMAST, "bkcommit": CLS_BKCOMMIT, "bkwait": CLS_BKWAIT}
 
 
 def pipe_names(machine) -> list[str]:

@@ -30,7 +30,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
  S_LD, S_ST, S_LDMATRIX, S_CPASYNC, S_CPCOMMIT, S_CPWAIT, S_MMA,
  S_DMA_GET, S_DMA_PUT, S_DMA_WAIT, S_RMA_PUT, S_RMA_GET, S_RMA_WAIT,
  S_WGMMA, S_WGFENCE, S_WGCOMMIT, S_WGWAIT, S_MBINIT, S_MBARRIVE, S_MBTX, S_MBWAIT, S_TMA, S_CLUSTERBAR, S_DSLD,
- S_DSST, S_MBREMOTE) = (_S[n] for n in (
+ S_DSST, S_MBREMOTE, S_TMASTORE, S_BKCOMMIT, S_BKWAIT) = (_S[n] for n in (
     "nop", "bra", "exit", "bar", "bargrid", "s2r", "ldparam", "mov", "selp",
     "add", "sub", "mul", "min", "max", "fma", "div", "rem", "and", "or", "xor", "not", "shl", "shr", "sra",
     "setp", "pand", "por", "pxor", "pnot", "vote_any", "vote_all", "neg", "abs",
@@ -39,7 +39,7 @@ _S, _DT, _SDT, _CMP = _opc.SEM, _opc.DT, _opc.SDT, _opc.CMP
     "ld", "st", "ldmatrix", "cpasync", "cpcommit", "cpwait", "mma",
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
     "wgmma", "wgfence", "wgcommit", "wgwait", "mbinit", "mbarrive", "mbtx", "mbwait", "tma", "clusterbar", "dsld",
-    "dsst", "mbremote"))
+    "dsst", "mbremote", "tmastore", "bkcommit", "bkwait"))
 DT_B, DT_I64, DT_F32, DT_F16X2, DT_BF16X2, DT_F64, DT_PRED = (
     _DT[n] for n in ("b", "i64", "f32", "f16x2", "bf16x2", "f64", "pred"))
 SDT_NONE, SDT_F16, SDT_F16H, SDT_BF16, SDT_BF16H, SDT_F32, SDT_I64, SDT_F64, SDT_TF32 = (
@@ -1062,6 +1062,69 @@ def _tma(S, P, T, w, pc, op, mask, blk):
 
 
 @njit(cache=True)
+def _tma_store(S, P, T, w, pc, op, mask, blk):
+    """cp.async.bulk.tensor.Nd.store [src], map, coords: once per warp, the lowest active lane's
+    operands. Writes the box, laid out in the scratchpad as a copy would land it (swizzled by the
+    map's swizzle), to the tensor at the coordinates; elements outside the tensor are not written.
+    Leaves in S.addr[w]: 0 src, 2 the map, 4 the lane, 6 the box's bytes."""
+    W = S.geom[G_W]
+    if W != 32:
+        return fault(S, F_WARP_WIDTH, 0, W, 0, pc)
+    lane = _lowest(mask, W)
+    rank = T.rank[op]
+    src = _base(S, P, w, pc, P.src0[pc], lane) + P.imm[pc]
+    m = S.regs[w, P.src1[pc], lane]
+    bx = S.vals
+    status = tma_box(S, m, rank, lane, pc, bx)
+    if status != ST_OK:
+        return status
+    eb = bx[1]
+    sw = bx[2]
+    rows = bx[14] * bx[15] * bx[16] * bx[17]
+    inner = bx[13] * eb
+    total = rows * inner
+    extent = (total + 127) // 128 * 128 if sw > 0 else total
+    if src < 0 or src & 127 or src + extent > S.geom[G_SHARED]:
+        return fault(S, F_TMA_DST, lane, src, total, pc)
+    c = P.src2[pc]
+    moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
+    for row in range(rows):
+        r = row
+        g = bx[0]
+        row_in = True
+        for kk in range(1, 5):
+            i = r % bx[13 + kk]
+            r //= bx[13 + kk]
+            x = (S.regs[w, c + kk, lane] if kk < rank else np.int64(0)) + i
+            if x < 0 or x >= bx[3 + kk]:
+                row_in = False
+                break
+            g += x * bx[8 + kk]
+        if not row_in:
+            continue
+        x0 = S.regs[w, c, lane]
+        base = src + row * inner
+        for i in range(bx[13]):
+            x = x0 + i
+            if x < 0 or x >= bx[3]:
+                continue
+            ga = g + x * eb
+            goff = ga - S.geom[G_GBASE]
+            if goff < 0 or goff + eb > S.geom[G_VSIZE]:
+                return fault(S, F_GLOBAL_OOB, lane, ga, eb, pc)
+            if not moves or goff + eb > S.geom[G_GSIZE]:
+                continue                               # (no values, or a timing run's unbacked memory)
+            p = _wg_phys(sw, base + i * eb)
+            for b in range(eb):
+                S.g8[goff + b] = S.s8[blk, p + b]
+    S.addr[w, 0] = src
+    S.addr[w, 2] = m
+    S.addr[w, 4] = lane
+    S.addr[w, 6] = total
+    return ST_OK
+
+
+@njit(cache=True)
 def _mbremote(S, P, w, pc, mask):
     """mbarrier.arrive.remote [s], r: once per warp, the lowest active lane's operands; one arrival
     on the barrier at s in the scratchpad of the cluster's block of rank r. Leaves in S.addr[w]: 0
@@ -1198,7 +1261,7 @@ def step_masked(P, T, S, w, mask):
 
     status = ST_OK
     if sem == S_NOP or sem == S_CPCOMMIT or sem == S_CPWAIT or sem == S_DMA_WAIT or sem == S_RMA_WAIT or \
-            sem == S_WGFENCE or sem == S_WGCOMMIT or sem == S_WGWAIT:
+            sem == S_WGFENCE or sem == S_WGCOMMIT or sem == S_WGWAIT or sem == S_BKCOMMIT or sem == S_BKWAIT:
         pass
     elif sem == S_WGMMA:
         status = _wgmma(S, P, T, w, pc, op, mask, blk)
@@ -1208,6 +1271,8 @@ def step_masked(P, T, S, w, mask):
         status = _tma(S, P, T, w, pc, op, mask, blk)
     elif sem == S_MBREMOTE:
         status = _mbremote(S, P, w, pc, mask)
+    elif sem == S_TMASTORE:
+        status = _tma_store(S, P, T, w, pc, op, mask, blk)
     elif sem == S_DSLD or sem == S_DSST:
         status = _dsmem(S, P, T, w, pc, op, mask, sem)
     elif sem == S_MMA:

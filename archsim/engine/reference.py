@@ -1093,15 +1093,9 @@ class _Machine:
             top[0] = ins.pc
             w.state, w.wait_pc, w.wait_bar = _MBWAIT, ins.pc, addr
 
-    def op_tma(self, w, ins, active, top, clock):
-        self._needs_32(w, ins)
-        if not active:
-            return
-        N = ins.opc.rank
-        lane, dst, bar, _ = self._bulk_operands(w, ins, active, 0)
-        m = _s64(w.regs[ins.src[2]][lane])
-        coords = [_s64(w.regs[ins.src[3] + k][lane]) for k in range(N)]
-
+    def _tma_box(self, w, ins, lane, m, N, at):
+        """The tensor map at global address m and its box at scratchpad address `at`, checked:
+        (base, element bytes, swizzle, dims, strides in bytes, box dims, box bytes)."""
         def bad(text):
             return self.fault(w, ins.pc, lane, text)
 
@@ -1137,9 +1131,25 @@ class _Machine:
             nel *= box[k]
         total = nel * eb
         extent = -(-total // 128) * 128 if S else total       # a swizzle moves bytes within 128-byte rows
-        if dst % 128 or dst < 0 or dst + extent > self.prog.shared_bytes:
-            raise bad(f"TMA box of {total} bytes at scratchpad {dst}: 128-byte aligned, inside the block's "
+        if at % 128 or at < 0 or at + extent > self.prog.shared_bytes:
+            raise bad(f"TMA box of {total} bytes at scratchpad {at}: 128-byte aligned, inside the block's "
                       f"{self.prog.shared_bytes} bytes (swizzled: rounded up to 128)")
+        return base, eb, S, dims, strides, box, total
+
+    def op_tma(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        N = ins.opc.rank
+        lane, dst, bar, _ = self._bulk_operands(w, ins, active, 0)
+        m = _s64(w.regs[ins.src[2]][lane])
+        coords = [_s64(w.regs[ins.src[3] + k][lane]) for k in range(N)]
+
+        def bad(text):
+            return self.fault(w, ins.pc, lane, text)
+
+        base, eb, S, dims, strides, box, total = self._tma_box(w, ins, lane, m, N, dst)
+        nel = total // eb
         self._mb_addr(w, ins, lane, bar)
         targets = [w.block]
         if ins.opc.multicast:        # the cluster mask: the register after the coordinates
@@ -1170,6 +1180,39 @@ class _Machine:
                 sh[a:a + 16] = data[c:c + 16]
         for b in targets:
             self._mb_update(w, ins, lane, bar, -total, arrive=False, block=b)
+
+    def op_tmastore(self, w, ins, active, top, clock):
+        self._needs_32(w, ins)
+        if not active:
+            return
+        N = ins.opc.rank
+        lane = (active & -active).bit_length() - 1
+        src = self.addr(w, ins.src[0], ins.imm, lane)
+        m = _s64(w.regs[ins.src[1]][lane])
+        coords = [_s64(w.regs[ins.src[2] + k][lane]) for k in range(N)]
+        base, eb, S, dims, strides, box, total = self._tma_box(w, ins, lane, m, N, src)
+        sh = self.shared[w.block]
+        data = bytearray(total)           # the box as it lies in the scratchpad, unswizzled
+        for c in range(0, total, 16):
+            a = src + c
+            if S:
+                a ^= ((a >> 7) & (S // 16 - 1)) << 4
+            data[c:c + 16] = sh[a:a + 16]
+        idx = [0] * N
+        for e in range(total // eb):      # element (i0, .., iN-1): written only inside the tensor
+            r = e
+            for k in range(N):
+                r, idx[k] = divmod(r, box[k])
+            if all(0 <= coords[k] + idx[k] < dims[k] for k in range(N)):
+                g = base + sum((coords[k] + idx[k]) * strides[k] for k in range(N))
+                self.check(w, ins.pc, lane, "global", g, eb, 1, f"{ins.opc.mnemonic} write")
+                self.gmem[g - GLOBAL_BASE:g - GLOBAL_BASE + eb] = data[e * eb:e * eb + eb]
+
+    def op_bkcommit(self, w, ins, active, top, clock):
+        pass                              # bulk stores complete at issue here
+
+    def op_bkwait(self, w, ins, active, top, clock):
+        pass
 
     def op_mbremote(self, w, ins, active, top, clock):
         self._needs_32(w, ins)

@@ -25,7 +25,8 @@ from archsim.engine.jit import compile_seconds
 from archsim.engine.launch import ALIGN, GLOBAL_BASE, TensorMap, Unbacked, map_target
 from archsim.engine.state import copy_state_array
 from archsim.engine import value_slice as VS
-from archsim.engine.warps import K_END, K_FINISHED, K_NEXT, T_BAR, T_CBAR, T_CPWAIT, T_DMAWAIT, T_GRIDBAR, T_RMAWAIT
+from archsim.engine.warps import (K_END, K_FINISHED, K_NEXT, T_BAR, T_BKWAIT, T_CBAR, T_CPWAIT, T_DMAWAIT,
+                                  T_GRIDBAR, T_RMAWAIT)
 from archsim.errors import InputError, SimulationError
 from archsim.resources import check_device
 from archsim.isa.check import check
@@ -495,7 +496,7 @@ class KernelRun:
                                            blocks=self.launch.blocks)
             raise SimulationError(prog.where(int(S.fault[4])), f"{who} lane {lane}: {text}", partial=timing)
         state = {T_BAR: "waits at bar.sync", T_GRIDBAR: "waits at bar.grid", T_CBAR: "waits at barrier.cluster",
-                 T_CPWAIT: "waits at cp.async.wait",
+                 T_CPWAIT: "waits at cp.async.wait", T_BKWAIT: "waits at cp.async.bulk.wait_group",
                  T_DMAWAIT: "waits at dma.wait", T_RMAWAIT: "waits at rma.wait"}.get(int(TS.wst[w]), "is stuck") \
             if w >= 0 else ""
         if w >= 0 and state == "is stuck" and opcodes()[int(prog.op[pc])].sem == "mbwait":

@@ -20,8 +20,12 @@ Design note (core cycles throughout)
 - Multicast (a cluster mask): the issuer's unit reads the box once; each reply lands in every
   block of the mask as it lands in the issuer's (the GPC's crossbar copies it), so the copy's
   bytes count on each block's barrier until its last reply (core_side.tma_issue, mem_state.trk_done).
-- Not modelled: the tensor-map cache (every copy pays the start-up), the scratchpad write port
-  the landing data takes (a multicast's other SMs' ports included), stores (shared to global).
+- Stores (``cp.async.bulk.tensor.Nd.store``, shared to global) take the same queue, start-up and
+  walk; each piece is a write request of the sectors it covers (an L1 bypass, as st.global's
+  path to L2 past the L1). A store is done for its warp's bulk groups when its last piece has
+  left (its source is read: PTX's wait_group.read); writes need no reply.
+- Not modelled: the tensor-map cache (every copy pays the start-up), the scratchpad port the
+  landing data or a store's reads take (a multicast's other SMs' ports included).
 
 State is struct of arrays (``TmaState``); core_side.py runs the unit inside the SM's memory
 cycle and mem_state.py counts its copies' completions.
@@ -47,10 +51,15 @@ TD_TRK, TD_READY, TD_T0, TD_ROW, TD_NROWS, TD_OFF, TD_BASE, TD_EB, TD_C0 = range
 TD_D0 = TD_C0 + 5
 TD_S0 = TD_D0 + 5
 TD_B0 = TD_S0 + 5
-TD_N = TD_B0 + 5
+# a store (TD_STORE 1): TD_TRK holds its warp, TD_AGE the warp's age (TState.age) when it issued
+TD_STORE = TD_B0 + 5
+TD_AGE = TD_STORE + 1
+TD_N = TD_AGE + 1
 # counters per SM: copies, their box bytes, line requests, bytes those asked for, and the latency of
 # the copies landed (issue to last byte): count, sum, min, max
-TX_COPIES, TX_BYTES, TX_REQS, TX_REQ_BYTES, TX_LANDED, TX_LAT_SUM, TX_LAT_MIN, TX_LAT_MAX, TX_N = range(9)
+TX_COPIES, TX_BYTES, TX_REQS, TX_REQ_BYTES, TX_LANDED, TX_LAT_SUM, TX_LAT_MIN, TX_LAT_MAX, TX_STORES, TX_ST_BYTES, \
+    TX_ST_REQS, TX_N = range(12)
+# (stores: bulk tensor stores, their box bytes and their write requests)
 
 
 class TmaState(NamedTuple):
@@ -76,10 +85,11 @@ def make_tma_state(machine, cores: int) -> TmaState:
 
 
 @njit(cache=True)
-def tma_push(TM, core, t, box, coords, now):
+def tma_push(TM, core, t, box, coords, now, store=0, age=0):
     """Queue a copy (tracker t) of the box execute.tma_box read (``box``: base, element bytes,
     swizzle, dims, strides, box dims) at ``coords`` (5, zero past the rank); the caller checked
-    there is room (tma_has_room)."""
+    there is room (tma_has_room). ``store``: a bulk tensor store of warp t (its age ``age``), whose
+    pieces are writes."""
     depth = TM.desc.shape[1]
     i = TM.head[core] + TM.count[core]
     if i >= depth:
@@ -102,8 +112,14 @@ def tma_push(TM, core, t, box, coords, now):
         if k > 0:
             rows *= box[13 + k]
     d[TD_NROWS] = rows
-    TM.cnt[core, TX_COPIES] += 1
-    TM.cnt[core, TX_BYTES] += rows * box[13] * box[1]
+    d[TD_STORE] = store
+    d[TD_AGE] = age
+    if store:
+        TM.cnt[core, TX_STORES] += 1
+        TM.cnt[core, TX_ST_BYTES] += rows * box[13] * box[1]
+    else:
+        TM.cnt[core, TX_COPIES] += 1
+        TM.cnt[core, TX_BYTES] += rows * box[13] * box[1]
 
 
 @njit(inline="always")
@@ -202,4 +218,6 @@ def tma_counters(TM) -> dict:
             "copies_landed": landed,
             "latency_mean_cycles": float(c[:, TX_LAT_SUM].sum()) / landed if landed else 0.0,
             "latency_min_cycles": int(c[:, TX_LAT_MIN].min()) if landed else 0,
-            "latency_max_cycles": int(c[:, TX_LAT_MAX].max())}
+            "latency_max_cycles": int(c[:, TX_LAT_MAX].max()),
+            "stores": int(c[:, TX_STORES].sum()), "store_bytes": int(c[:, TX_ST_BYTES].sum()),
+            "store_requests": int(c[:, TX_ST_REQS].sum())}

@@ -39,12 +39,13 @@ from archsim.isa.program import FLAG_IMM0, FLAG_NO_VALUE, NONE, Program, ProgArr
 PRED_BIT = O.MAX_REGS                    # bit of predicate 0 (registers are bits 0 .. MAX_REGS - 1)
 GLOBAL, SHARED, SLOTS = 1, 2, 4          # memory classes (bits): global; scratchpad at register addresses; slots
 _CONTROL = frozenset(("bra", "exit", "bar", "bargrid", "clusterbar"))
-_BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put"))
+_BULK = frozenset(("dma_get", "dma_put", "rma_get", "rma_put", "tmastore"))
 # transaction barriers: their operands are always needed, and their barrier words are state of their
 # own (no memory class: a program keeps its data off them)
 _MBAR = frozenset(("mbinit", "mbarrive", "mbtx", "mbwait", "mbremote"))
 _NEVER_MARKED = _CONTROL | _BULK | _MBAR | frozenset(("ldmatrix", "mma", "nop", "cpcommit", "cpwait", "dma_wait",
-                                                      "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait"))
+                                                      "rma_wait", "wgmma", "wgfence", "wgcommit", "wgwait",
+                                                      "bkcommit", "bkwait"))
 _FLOAT = frozenset(("f32", "f64", "f16x2", "bf16x2"))
 _DS_RANK_SLOT = {"dsld": 1, "dsst": 2}   # the source slot of ld.dsmem's / st.dsmem's rank register
 ENABLED = True                           # off: timing runs compute every value (tests compare the two)
@@ -116,7 +117,7 @@ class _Ins:
             self.writes = GLOBAL if op.space == "global" else (SLOTS if const else SHARED)
         elif sem in ("cpasync", "dma_get", "tma"):
             self.reads, self.writes = GLOBAL, SHARED
-        elif sem == "dma_put":
+        elif sem in ("dma_put", "tmastore"):
             self.reads, self.writes = SHARED | SLOTS, GLOBAL
         elif sem in ("rma_get", "rma_put"):
             self.reads, self.writes = SHARED | SLOTS, SHARED

@@ -20,7 +20,8 @@ INF = np.int64(1) << 62
 # warp states (timing)
 # T_START: its block is placed but not launched yet (TState.start_at); T_CBAR: at barrier.cluster (start_at:
 # the cycle its cluster's barrier releases it, INF until every warp arrived)
-T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START, T_CBAR = range(10)
+# T_BKWAIT: at cp.async.bulk.wait_group (TState.bk)
+T_EMPTY, T_RUN, T_BAR, T_GRIDBAR, T_DONE, T_CPWAIT, T_DMAWAIT, T_RMAWAIT, T_START, T_CBAR, T_BKWAIT = range(11)
 
 # stall reasons, in docs/records.md order (names.STALL_NAMES)
 (R_ISSUED, R_NOT_SELECTED, R_WAIT, R_LONG_SB, R_SHORT_SB, R_PIPE_BUSY, R_BARRIER, R_DMA_WAIT,
@@ -36,6 +37,11 @@ HOME_SUB, HOME_CORE = 0, 1   # TState.home rows
 # waited for must not exceed it (a GEMM pipeline keeps at most stages - 1). Not a machine figure:
 # real hardware has no such limit, so it is no config setting.
 CP_GROUPS = 8
+# TState.bk columns: a warp's bulk tensor stores issued, those whose last piece has left (in issue
+# order: one TMA unit an SM takes them in turn), its bulk groups committed, then (a ring of
+# BK_GROUPS by group number) the stores issued when each group was committed
+BK_ISSUED, BK_SENT, BK_COMMITTED, BK_MARK0 = range(4)
+BK_GROUPS = 8
 # transaction barriers (mbarrier) a block may use at once: TState.mb_addr columns. Bookkeeping of the
 # timing model (an mbarrier is a scratchpad word, unlimited in hardware), so no config setting.
 MB_SLOTS = 32
@@ -58,6 +64,7 @@ class TState(NamedTuple):
     cp_open: np.ndarray      # int32 [NW] number of the open cp.async group
     cp_oldest: np.ndarray    # int32 [NW] oldest group that may still have copies in flight
     cp_pending: np.ndarray   # int32 [NW, CP_GROUPS] copies in flight per group (ring by group number)
+    bk: np.ndarray           # int64 [NW, BK_MARK0 + BK_GROUPS] bulk tensor stores and their groups (BK_*)
     bulk_pending: np.ndarray  # int32 [NW, 2] DMA and RMA transfers in flight
     wg: np.ndarray           # int64 [NW, WG_DONE0 + WG_GROUPS] warpgroup MMA: the latest completion of its
                              # uncommitted wgmma, groups committed, and (ring by group number) the cycle by

@@ -19,7 +19,7 @@ from archsim.isa import cfg
 from archsim.isa.opcodes import SRC_RANGES, opcodes, operand_width
 from archsim.isa.program import ARRAYS, FLAG_IMM0, NONE, Program
 
-WG_GROUPS = 8   # wgmma groups a warp tracks: wait_group N leaves at most N < WG_GROUPS pending
+WG_GROUPS = 8   # wgmma (and bulk) groups a warp tracks: wait_group N leaves at most N < WG_GROUPS pending
 
 
 def _uses_defs(prog: Program, pc: int):
@@ -63,10 +63,10 @@ def check_program(prog: Program) -> None:
     ops = opcodes()
     for i, code in enumerate(prog.op.tolist()):
         op = ops[code]
-        if op.sem not in ("wgwait", "wgmma"):
+        if op.sem not in ("wgwait", "wgmma", "bkwait"):
             continue
-        if op.sem == "wgwait" and not 0 <= int(prog.imm[i]) < WG_GROUPS:
-            raise InputError(prog.where(i), f"wgmma.wait_group {int(prog.imm[i])}: groups left pending",
+        if op.sem in ("wgwait", "bkwait") and not 0 <= int(prog.imm[i]) < WG_GROUPS:
+            raise InputError(prog.where(i), f"{op.mnemonic} {int(prog.imm[i])}: groups left pending",
                              f"0 to {WG_GROUPS - 1}")
         if op.sem == "wgmma" and not 0 <= int(prog.imm[i]) <= 3:
             raise InputError(prog.where(i), f"{op.mnemonic}: layout bits {int(prog.imm[i])}",

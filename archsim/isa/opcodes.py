@@ -28,7 +28,7 @@ SEM_NAMES = (
     "dma_get", "dma_put", "dma_wait", "rma_put", "rma_get", "rma_wait",
     "wgmma", "wgfence", "wgcommit", "wgwait",
     "mbinit", "mbarrive", "mbtx", "mbwait", "tma",
-    "clusterbar", "dsld", "dsst", "mbremote",
+    "clusterbar", "dsld", "dsst", "mbremote", "tmastore", "bkcommit", "bkwait",
 )
 SEM = {n: i for i, n in enumerate(SEM_NAMES)}
 for _n, _i in SEM.items():
