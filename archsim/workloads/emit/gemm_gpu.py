@@ -84,7 +84,11 @@ each stage completing on its "full" mbarrier; consumers wait on it, run the tile
 release the stage on its "empty" mbarrier once wait_group 1 says the previous tile's wgmma are
 done. The TMA unit zero-fills what lies outside the matrices (the K residue, edge rows), so the
 copies carry no bounds logic. Its boxes need rows and batch strides in multiples of 16 bytes and
-matrices at least a box large (``tma_fits``); it is chosen only when asked for.
+matrices at least a box large (``tma_fits``); it is chosen only when asked for. Where C's rows and
+batch strides are multiples of 16 bytes too (``c_store_fits``) and the stages hold the tile, C
+leaves as CUTLASS 3's TMA epilogue stores it: the consumers write the converted tile into the
+stages as swizzled boxes of 128-byte rows and one warp stores them by bulk tensor stores
+(``_tma_c_epilogue``); otherwise by the wgmma kernel's epilogue.
 ``kernel="tma_multicast"`` (machines with tma and clusters) runs it on clusters of two blocks, as
 CUTLASS's 2 x 1 clusters do: the pair takes two M tiles of one tile column (a 1-d grid of pairs in
 the grouped raster) and shares B, each producer copying half of B's boxes into both blocks by
@@ -189,6 +193,7 @@ class _Cfg:
     trans_a: bool = False  # A given k-major ([K, M], row stride lda)
     alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
     cluster: int = 1       # the TMA kernel: blocks a cluster (2: M tiles in pairs sharing B by multicast)
+    c_tma: bool = False    # the TMA kernel: C leaves by bulk tensor stores (_tma_c_epilogue)
 
 
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
@@ -238,6 +243,7 @@ class GemmKernel:
     alpha: float = 1.0
     raster: tuple = (1, 0)  # (group, raster_n): the block raster (kernel parameters; see _tile_origin)
     cluster: int = 1        # blocks a thread-block cluster (the TMA kernel with multicast: 2)
+    c_tma: bool = False     # the TMA kernel stores C by bulk tensor stores (a third map, mapC)
 
     @property
     def a_shape(self) -> tuple[int, int]:
@@ -324,6 +330,9 @@ class GemmKernel:
             out["mapA"], out["mapB"] = _tensor_maps(self.M, self.N, self.K, self.dtype, self.trans_b, self.tile.BM,
                                                     self.tile.BN, self.lda, self.ldb, self.batch, self.stride_a,
                                                     self.stride_b, self.cluster)
+            if self.c_tma:
+                out["mapC"] = _c_map(self.M, self.N, self.out_dtype, self.tile.BM, self.ldc, self.batch,
+                                     self.stride_c)
         return out
 
     def random_inputs(self, seed: int = 0) -> tuple:
@@ -1236,7 +1245,8 @@ def _emit_wgmma(c: _Cfg) -> Program:
 
 
 # ----------------------------------------------------------------------------- TMA + warpgroup MMA kernel
-TMA_PARAMS = PARAMS + ("mapA", "mapB")   # the tensor maps of A and B (GemmKernel.args builds them)
+# the tensor maps of A and B, and of C where its stores are bulk tensor stores (GemmKernel.args builds them)
+TMA_PARAMS = PARAMS + ("mapA", "mapB")
 
 
 def _tma_boxes(c: _Cfg) -> list:
@@ -1267,6 +1277,24 @@ def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb, clust
     return mA, mB
 
 
+def _c_map(M, N, out, BM, ldc, batch, sc) -> TensorMap:
+    """The TMA kernel's tensor map of C for its bulk tensor stores: 4-d (n, m, head, batch), boxes
+    of BM rows x 128 bytes, 128-byte swizzle (_tma_c_epilogue)."""
+    osz = OUT_BYTES[out]
+    nb, nh = batch
+    st = [ldc * osz, sc[1] * osz if nh > 1 else 16, sc[0] * osz if nb > 1 else 16]
+    return TensorMap("C", tensor_map_words([N, M, nh, nb], osz, [128 // osz, BM, 1, 1], 128, st))
+
+
+def c_store_fits(N, out, ldc, batch, sc) -> bool:
+    """Can bulk tensor stores write C (rows and batch strides multiples of 16 bytes, a row at least
+    a 128-byte box wide)? The tile's rows fit M wherever the TMA kernel's A boxes do."""
+    osz = OUT_BYTES[out]
+    nb, nh = batch
+    steps = [ldc * osz] + [s * osz for s, n in ((sc[1], nh), (sc[0], nb)) if n > 1]
+    return N * osz >= 128 and all(s > 0 and s % 16 == 0 for s in steps)
+
+
 def tma_fits(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb) -> bool:
     """Can the TMA kernel's boxes (tile BM x BN) describe this layout? Every stride a positive
     multiple of 16 bytes (a head or batch stride of 0 is not), and no box larger than its matrix
@@ -1294,7 +1322,8 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     "empty" barrier (one arrival a consumer warp), which the producer waits on before it reuses
     the stage. The boxes land 128-byte swizzled, the layout the descriptors name; elements outside
     the matrices (the K residue, a first k tile reaching below k = 0; edge rows) arrive as zeros
-    from the TMA unit. The epilogue is the wgmma kernel's; the producer passes its barriers.
+    from the TMA unit. The epilogue is _tma_c_epilogue's bulk tensor stores where C's layout takes
+    them (c.c_tma), else the wgmma kernel's; the producer passes its barriers.
 
     On clusters of two (c.cluster, CUTLASS's 2 x 1 cluster): the blocks of a cluster hold a pair
     of M tiles in one tile column (_cluster_tile_origin) and share B: each producer copies its own
@@ -1309,7 +1338,8 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     S, SB, T = ctx.S, ctx.SB, ctx.T
     K2 = c.cluster
     full, empty = S * SB, S * SB + 8 * S           # the barriers, after the stages
-    a = ctx.a = Asm(ctx.a.b.name + ("_tma" if K2 == 1 else f"_tma_c{K2}"), TMA_PARAMS, S * SB + 16 * S)
+    a = ctx.a = Asm(ctx.a.b.name + ("_tma" if K2 == 1 else f"_tma_c{K2}"),
+                    TMA_PARAMS + (("mapC",) if c.c_tma else ()), S * SB + 16 * S)
     ctx.acc = a.reg(c.BN // 2)
     for i in range(c.BN // 2):
         a("mov.f32", ctx.acc + i, 0.0)
@@ -1363,8 +1393,11 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
         a("mbarrier.arrive.remote", Mem(prev, empty), peer)
         a.free(peer)
     a.free(desc.wgoff, desc.dA, desc.dB, bar, prev)   # (the producer's path below still reads nt, kt, si, ph)
-    pm = a.pred()
-    _epilogue(a, c, pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, S * SB)
+    if c.c_tma:
+        _tma_c_epilogue(ctx)
+    else:
+        pm = a.pred()
+        _epilogue(a, c, pm, ctx.acc, ctx.MI, ctx.NI, ctx.WTM, ctx.WTN, ctx.osz, ctx.accr, S * SB)
     # -- the producer warp: its registers are the consumers' (the same program); it writes no C
     a.label("PRODUCER")
     m0, n0, kc, eph, bytes_, mA, mB, sb = (a.reg() for _ in range(8))
@@ -1427,11 +1460,84 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
         next_stage(a, si, ph, kt, S, p)
         a("setp.lt.i64", p, kt, kc)
         a("bra", "PTAIL", p=p)
-    if c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
-        a("bar.sync")                              # the epilogue's two barriers (_staged_store)
+    if c.c_tma or c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
+        a("bar.sync")                              # the epilogue's two barriers (_staged_store, _tma_c_epilogue)
         a("bar.sync")
     a("exit")
     return a.build()
+
+
+def _tma_c_epilogue(ctx: "_MmaCtx") -> None:
+    """The TMA kernel's epilogue by bulk tensor stores, as CUTLASS 3's TMA epilogue: once every
+    warp is past the main loop (a barrier; the producer passes it too) the consumers write their
+    accumulators (converted to C's type) into the free stages as boxes of BM rows x 128 bytes, laid
+    out as a bulk copy lands them (128-byte swizzle: a row's 16-byte chunk q at q ^ (row % 8), so a
+    warp's 8 rows x 16 bytes fall on 32 distinct banks); after a second barrier warp 0 stores the
+    BN x osz / 128 boxes to C through the map mapC (elements outside C are not written, so edge
+    tiles need no bounds logic), commits them and waits until their sources are read."""
+    a, c = ctx.a, ctx.c
+    acc, NI, osz = ctx.acc, ctx.NI, ctx.osz
+    if c.alpha != 1.0:
+        for i in range(NI * 4):
+            a("mul.f32", acc + i, acc + i, c.alpha)
+    cols = 128 // osz                              # C's elements a box row
+    nq = 8 if osz == 2 else 4                      # the accumulator pairs of a box row (the chunks a lane writes)
+    tid, g, t, rowb, tmp = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
+    a("s2r", tid, "%tid.x")
+    a("bar.sync")                                  # every consumer's wgmma are done with the stages
+    a("and.b64", g, tid, 31)
+    a("shr.u64", g, g, 2)                          # lane / 4: rows g and g + 8 of the warp's 16
+    a("and.b64", t, tid, 3)
+    a("shr.u64", rowb, tid, 5)
+    a("shl.b64", rowb, rowb, 4)
+    a("add.i64", rowb, rowb, g)
+    a("shl.b64", rowb, rowb, 7)                    # the row's first byte in a box
+    sw = a.reg(nq)
+    for q in range(nq):
+        if osz == 2:                               # f16 / bf16: columns 8 ni + 2t at chunk ni % 8, byte 4t
+            a("xor.b64", tmp, g, q)
+            a("shl.b64", tmp, tmp, 4)
+            a("mad.i64", sw + q, t, 4, tmp)
+        else:                                      # f32: chunk 2 (ni % 4) + t / 2, byte 8 (t % 2)
+            a("shr.u64", tmp, t, 1)
+            a("add.i64", tmp, tmp, 2 * q)
+            a("xor.b64", tmp, tmp, g)
+            a("shl.b64", tmp, tmp, 4)
+            a("and.b64", sw + q, t, 1)
+            a("mad.i64", sw + q, sw + q, 8, tmp)
+        a("add.i64", sw + q, sw + q, rowb)
+    cvt = CVT_PACK.get(c.out)
+    for ni in range(NI):
+        r = ctx.accr(0, ni)
+        q, j = ni % nq, ni // nq
+        off = j * c.BM * 128
+        if cvt is not None:
+            a(cvt, tmp, r, r + 1)
+            a("st.shared.b32", Mem(sw + q, off), tmp)
+            a(cvt, tmp, r + 2, r + 3)
+            a("st.shared.b32", Mem(sw + q, off + 8 * 128), tmp)
+        else:
+            a("st.shared.v2.b32", Mem(sw + q, off), r)
+            a("st.shared.v2.b32", Mem(sw + q, off + 8 * 128), r + 2)
+    a("bar.sync")                                  # the tile is in the scratchpad
+    p = a.pred()
+    a("setp.ge.i64", p, tid, 32)
+    a("exit", p=p)
+    a.free(g, t, rowb, tmp, sw)
+    m0, n0, mC = a.reg(), a.reg(), a.reg()
+    _tile_origin(a, c, m0, n0)
+    zb, zh = batch_index(a)
+    cc = a.reg(4)
+    a("mov.b64", cc + 1, m0)
+    a("mov.b64", cc + 2, zh)
+    a("mov.b64", cc + 3, zb)
+    a("ldparam", mC, "mapC")
+    for j in range(c.BN // cols):
+        a("add.i64", cc, n0, j * cols)
+        a("cp.async.bulk.tensor.4d.store", Mem(None, j * c.BM * 128), mC, cc)
+    a("cp.async.bulk.commit_group")
+    a("cp.async.bulk.wait_group", 0)
+    a("exit")
 
 
 def next_stage(a: Asm, si: Reg, ph: Reg, kt: Reg, S: int, p: Pred) -> None:
@@ -1981,13 +2087,13 @@ def split_k(caps, M: int, N: int, K: int, dtype: str = "fp16", trans_b: bool = F
 def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: str = "f32",
                 trans_b: bool = False, *, trans_a: bool = False, cw_a: Optional[int] = None,
                 cw_b: Optional[int] = None, alpha: float = 1.0, launches: int = 1,
-                kernel: Optional[str] = None, tma_ok=None) -> tuple[_Cfg, Program]:
+                kernel: Optional[str] = None, tma_ok=None, c_store=None) -> tuple[_Cfg, Program]:
     """The kernel configuration the tile rule picks (see the module docstring), and its program.
     cw_a, cw_b: copy widths in bytes (default: those of dense matrices of this shape); launches:
     the GEMMs of a batch (grid.z), which share the cores; kernel: "mma" or "wgmma" instead of the
     rule's choice between them, or "tma" (the wgmma kernel fed by the TMA unit: machines with
-    tma; ``tma_ok(BM, BN)`` says whether the layout takes its boxes, tma_fits; default: dense
-    matrices of this shape)."""
+    tma; ``tma_ok(BM, BN)`` says whether the layout takes its boxes, tma_fits, and ``c_store``
+    whether C's takes bulk tensor stores, c_store_fits; default: dense matrices of this shape)."""
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if kernel not in KERNELS:
@@ -2026,8 +2132,10 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
         if tma_ok is None:                        # dense matrices of this shape
             def tma_ok(BM, BN):
                 return tma_fits(M, N, K, dt, trans_b, BM, BN, K, K if trans_b else N, (1, 1), (0, 0), (0, 0))
+        if c_store is None:
+            c_store = c_store_fits(N, out, N, (1, 1), (0, 0))
         return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok,
-                           2 if kernel == "tma_multicast" else 1)
+                           2 if kernel == "tma_multicast" else 1, c_store)
     if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M):
         mma_best = _cost(M, N, *order[0][:2], caps.cores_total)
         for BM, BN in wg_order:
@@ -2068,9 +2176,10 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
 
 def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_counts, barrier_bytes,
-                 tried, cluster=1) -> Optional[tuple[_Cfg, Program]]:
+                 tried, cluster=1, c_store=False) -> Optional[tuple[_Cfg, Program]]:
     """The warpgroup kernel ``kind`` ("wgmma", or "tma": a producer warp more and ``barrier_bytes``
-    of mbarriers a stage; ``cluster`` blocks a cluster) of tile BM x BN with the most of
+    of mbarriers a stage; ``cluster`` blocks a cluster; ``c_store``: C's layout takes bulk tensor
+    stores, which it then uses where the stages hold the tile) of tile BM x BN with the most of
     ``stage_counts`` stages that fits the target, or None; what did not fit goes to ``tried``."""
     emit = _emit_wgmma_tma if kind == "tma" else _emit_wgmma
     threads = 2 * BM + (32 if kind == "tma" else 0)
@@ -2079,8 +2188,9 @@ def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_
         if smem > caps.scratchpad_bytes:
             tried.append(f"{kind} {BM}x{BN}: {smem} B scratchpad")
             continue
+        c_tma = c_store and BM * BN * OUT_BYTES[out] <= stages * _stage_bytes(dt, trans_b, BM, BN, 128)
         cfg = _Cfg(kind, dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha,
-                   cluster=cluster)
+                   cluster=cluster, c_tma=c_tma)
         try:
             prog = emit(cfg)
         except OutOfRegisters as e:
@@ -2092,9 +2202,10 @@ def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_
     return None
 
 
-def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster=1) -> tuple[_Cfg, Program]:
+def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster=1,
+                c_store=False) -> tuple[_Cfg, Program]:
     """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits (cluster: 2
-    for the multicast form)."""
+    for the multicast form; c_store: C's layout takes bulk tensor stores)."""
     where = f"gemm on {caps.name}"
     if "tma" not in caps.features:
         raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
@@ -2106,7 +2217,7 @@ def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, clu
             tried.append(f"tma {BM}x{BN}: a box larger than its matrix, or a stride not a multiple of 16 bytes")
             continue
         got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3, 2), 16, tried,
-                           cluster)
+                           cluster, c_store)
         if got is not None:
             return got
     raise InputError(where, "no tma tile fits: " + "; ".join(tried), "kernel wgmma or mma")
@@ -2205,7 +2316,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             return tma_fits(M, N, K, dt, bool(trans_b), BM, BN, lda, ldb, (nb, nh), sa, sb)
 
         cfg, prog = choose_tile(caps, M, N, K, dt, out, bool(trans_b), trans_a=bool(trans_a), cw_a=cw_a, cw_b=cw_b,
-                                alpha=alpha_f, launches=nb * nh, kernel=kernel, tma_ok=tma_ok)
+                                alpha=alpha_f, launches=nb * nh, kernel=kernel, tma_ok=tma_ok,
+                                c_store=c_store_fits(N, out, ldc, (nb, nh), sc))
     check(prog, caps)
     if cfg.kind in ("mma", "wgmma", "tma"):
         producer = int(cfg.kind == "tma")           # the TMA kernel's producer warp
@@ -2224,4 +2336,4 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
                       ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f,
-                      raster=raster, cluster=cfg.cluster)
+                      raster=raster, cluster=cfg.cluster, c_tma=cfg.c_tma)
