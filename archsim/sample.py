@@ -352,7 +352,8 @@ def _time_k_loop(prog: Program, machine, launch: Launch, args: dict, k_tile: int
     nwaves = -(-B // C)
     if machine.l2 is not None and nwaves > 1:
         return None, None
-    S = _first_head(waves, C, launch.period, nwaves, launch)[1]
+    P = launch.period if launch.period % launch.cluster == 0 else 0   # (as _time_waves counts it)
+    S = _first_head(waves, C, P, nwaves, launch)[1]
     if waves >= 3 and 2 * S <= nwaves and 2 * nwaves * sum(cuts) > S * nt:
         return None, None                   # the cuts, each whole, would cost more than half a head
     blocks = None if upto is None else (0, B)

@@ -221,9 +221,10 @@ LOOP:   add.i64 r1, r1, 1
         barrier.cluster
         exit
 """, "w.s")
-    # 16 waves of one block an SM; a period of 3 blocks is no whole clusters: no strata
-    launch = Launch((132 * 16, 1, 1), (32, 1, 1), cluster=2, period=3)
+    # 16 waves of one block an SM; a period of 333 blocks (long enough for strata) is no whole
+    # clusters: no strata, no boundary window
+    launch = Launch((132 * 16, 1, 1), (32, 1, 1), cluster=2, period=333)
     whole = time_sampled(prog, h100, launch, {"out": np.zeros(1, np.int64)}, sample=False)
     s = time_sampled(prog, h100, launch, {"out": np.zeros(1, np.int64)})
-    assert s.sampled and not whole.sampled
+    assert s.sampled and not whole.sampled and s.boundary is None
     assert abs(s.timing.cycles - whole.timing.cycles) <= 2 * DEFAULT_MAX_ERROR * whole.timing.cycles

@@ -251,6 +251,8 @@ def test_cross_field_checks(tmp_path):
         "--set scratchpad.cache_kib: scratchpad.cache_kib 16 is not an allowed LDM cache size (one of: 0, 8, 32)")
     assert error_line(sets=["tensor.mac_array=[4, 4]"]) == (
         "--set tensor.mac_array: too few items in tensor.mac_array (a list of 3 items, each an integer > 0)")
+    assert error_line("h100", sets=["clusters.max_blocks=17"]) == (   # a multicast mask has 16 bits
+        "--set clusters.max_blocks: value 17 out of range (an integer > 0, at most 16)")
     p = _variant(tmp_path, lambda d: d["pipes"].pop("branch"))
     assert error_line(p) == (f"{p}: pipes: no pipe serves unit class 'ctrl' on the core "
                              "(every core needs pipes serving int, ctrl, sync)")

@@ -400,3 +400,19 @@ END:    barrier.cluster
     from archsim.engine.names import STALL_NAMES
     stalls = dict(zip(STALL_NAMES, t.stall.sum(0).tolist()))
     assert stalls["barrier"] >= lat and stalls["long_scoreboard"] == 0   # waiting on an arrival, not on bytes
+
+
+def test_a_multicast_that_leaves_out_its_issuer_in_a_timing_run():
+    # rank 0 copies into rank 1's scratchpad only: rank 1's wait holds for the bytes, rank 0's
+    # barrier counts nothing (its own arrival completes its phase)
+    h100 = load_machine("h100")
+    rows = 8
+    src = timing_kernel(True, rows).replace("mov.b64 r12, 3", "mov.b64 r12, 2").replace(
+        "        mov.b64 r3, {}\n".format(rows * 128),
+        "        mov.b64 r3, {}\n        mul.i64 r3, r3, r8\n".format(rows * 128))
+    prog = assemble_checked(src)
+    t = time_kernel(prog, h100, prog.launch, {"map": tmap(rows), "out": np.zeros(2, np.int64), "t": tensor()})
+    tma = t.memory["tma"]
+    assert tma["copies"] == 1 == tma["copies_landed"] and tma["requests"] == rows
+    t0, t1 = (int(v) for v in t.buffers["out"])
+    assert t1 - t0 >= h100.tma.startup_cycles      # rank 1 waited for the bytes, rank 0 did not

@@ -197,3 +197,22 @@ def test_wait_group_waits_for_the_sources_of_all_but_the_newest_groups(h100):
     _, none = run_groups(h100, 2, 2)                   # nothing to wait for
     assert none < 40
     assert t.memory["tma"]["store_requests"] == 2 * 32
+
+
+def test_a_launch_ends_only_after_its_stores_have_left(h100):
+    # a store followed by exit, no wait: the launch still lasts its start-up and its 32 lines
+    src = groups_kernel(1, 0).replace("        cp.async.bulk.wait_group 0\n", "")
+    mb = TensorMap("b", tensor_map_words([COLS, ROWS], 2, [COLS, 32], 0))
+    t = time_kernel(assemble_checked(src), h100, ONE_WARP, {"mapb": mb, "b": np.zeros((ROWS, COLS), np.float16),
+                                                            "out": np.zeros(1, np.int64)})
+    assert t.memory["tma"]["store_requests"] == 32
+    assert t.cycles >= h100.tma.startup_cycles + 32 // h100.tma.requests_per_cycle
+
+
+def test_wait_group_over_more_groups_than_its_ring(h100):
+    # 10 groups of one store each: wait_group 7 waits for the first 3, as long as 3 stores and
+    # wait_group 0 (stores leave in turn: the later 7 do not delay them); wait_group 0 for all 10
+    _, three = run_groups(h100, 10, 7)
+    _, first_three = run_groups(h100, 3, 0)
+    _, ten = run_groups(h100, 10, 0)
+    assert abs(three - first_three) <= 4 and ten > three + 7 * 8

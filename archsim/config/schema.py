@@ -222,7 +222,8 @@ class Clusters(Frozen):
     and reach each other's scratchpads over the SM-to-SM network (the ISA's barrier.cluster,
     ld.dsmem, st.dsmem)."""
     gpc_sms: Annotated[tuple[PosInt, ...], Field(min_length=1)]   # SMs of each GPC, in core order
-    max_blocks: PosInt                   # blocks a cluster may have
+    # blocks a cluster may have: at most 16 (a TMA multicast's mask has 16 bits [PTX ISA, ctaMask])
+    max_blocks: Annotated[PosInt, Field(le=16)]
     dsmem_latency_cycles: PosCycles      # a remote scratchpad access's round trip, no contention
     dsmem_bytes_per_cycle: PosInt        # an SM's port into the SM-to-SM network (accesses it serves)
     gpc_bytes_per_cycle: PosInt          # a GPC's SM-to-SM switch, all its SMs' accesses together

@@ -231,8 +231,8 @@ def explain(exc: ValidationError, root, full_path: bool = True) -> Explained:
     elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         what = f"value {val!r} out of range"
         allowed = describe(type_at(root, loc))
-        if typ == "less_than_equal" and ctx.get("le") == MAX_INT:
-            allowed += f", at most {MAX_INT}"
+        if typ == "less_than_equal" and ctx.get("le") is not None:
+            allowed += f", at most {ctx['le']}"
     elif typ in TYPE_WORDS:
         what = f"expected {TYPE_WORDS[typ]}, got {val!r}"
         allowed = describe(type_at(root, loc)) or TYPE_WORDS[typ]

@@ -208,6 +208,7 @@ def tma_store_issue(MS, TS, S, P, T, core, w, pc, now):
     for k5 in range(5):
         coords[k5] = S.regs[w, P.src2[pc] + k5, lane] if k5 < rank else 0
     TS.bk[w, WS.BK_ISSUED] += 1
+    MS.mk[MK_STORES] += 1                        # until its last piece has left (its pieces count their own)
     TM.tma_push(MS.tma, core, w, box, coords, now, 1, TS.age[w])
     core_items(MS, core, 1)
 
@@ -390,7 +391,9 @@ def _tma_cycle(MS, TS, core, now):
             core_items(MS, core, -1)
             if not store:
                 trk_release(MS, TS, core, t, now)
-            elif TS.age[t] == age:               # (its warp, not a later one in its slot)
+                continue
+            MS.mk[MK_STORES] -= 1
+            if TS.age[t] == age:                 # (its warp, not a later one in its slot)
                 TS.bk[t, WS.BK_SENT] += 1
                 if TS.wst[t] == WS.T_BKWAIT:
                     WS.wake_warp(TS, t, now)
@@ -409,7 +412,6 @@ def _tma_cycle(MS, TS, core, now):
             R.aux1[r] = ((np.int64(1) << hi) - 1) ^ ((np.int64(1) << lo) - 1) if hi > lo else 0
             core_push(MS, core, qm, r)
             U.cnt[core, TM.TX_ST_REQS] += 1
-            MS.bytes[BY_L1] += nbytes
         else:
             r = req_alloc(R, placed_addr(cfg, core, line), nbytes, KIND_READ, core, -1 - t, now)
             R.aux0[r] = m

@@ -91,8 +91,8 @@ stages as swizzled boxes of 128-byte rows and one warp stores them by bulk tenso
 (``_tma_c_epilogue``); otherwise by the wgmma kernel's epilogue.
 ``kernel="tma_multicast"`` (machines with tma and clusters) runs it on clusters of two blocks, as
 CUTLASS's 2 x 1 clusters do: the pair takes two M tiles of one tile column (a 1-d grid of pairs in
-the grouped raster) and shares B, each producer copying half of B's boxes into both blocks by
-multicast; a consumer warp frees a stage in both blocks (a remote mbarrier arrival for the peer's),
+the grouped raster) and shares B, each producer copying one half of each B box into both blocks
+by multicast; a consumer warp frees a stage in both blocks (a remote mbarrier arrival for the peer's),
 and a producer ends by waiting until both blocks freed every stage, so neither block exits while
 the other may still reach its barriers.
 
@@ -1250,19 +1250,22 @@ TMA_PARAMS = PARAMS + ("mapA", "mapB")
 
 
 def _tma_boxes(c: _Cfg) -> list:
-    """(map, stage offset, column offset) of each bulk copy of a k tile: A as one BM x 64 box; B^T
-    as one BN x 64 box (on clusters of two, two BN / 2 x 64 boxes, one a block); B k-major as BN /
-    64 boxes of 64 rows of k x 64 columns (the wgmma kernel's panels)."""
+    """(map, stage offset, column offset, k offset) of each bulk copy of a k tile: A as one BM x 64
+    box; B^T as one BN x 64 box; B k-major as BN / 64 boxes of 64 rows of k x 64 columns (the
+    wgmma kernel's panels). On clusters of two each B box is split in two halves (B^T: BN / 2
+    rows; B: 32 rows of k), the pair's two producers copying one each (_emit_wgmma_tma)."""
     ctx_a = c.BM * 128
     if c.trans_b:
         h = c.BN // c.cluster
-        return [("A", 0, None)] + [("B", ctx_a + j * h * 128, j * h) for j in range(c.cluster)]
-    return [("A", 0, None)] + [("B", ctx_a + j * 64 * 128, 64 * j) for j in range(c.BN // 64)]
+        return [("A", 0, None, 0)] + [("B", ctx_a + j * h * 128, j * h, 0) for j in range(c.cluster)]
+    h = 64 // c.cluster
+    return [("A", 0, None, 0)] + [("B", ctx_a + j * 64 * 128 + i * h * 128, 64 * j, i * h)
+                                  for j in range(c.BN // 64) for i in range(c.cluster)]
 
 
 def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb, cluster=1) -> tuple:
     """The TMA kernel's tensor maps of A and B: 4-d (k or n, rows, head, batch), 128-byte swizzle
-    (B^T's box: BN / cluster rows, _tma_boxes)."""
+    (B's boxes split in ``cluster`` parts, _tma_boxes)."""
     es = _ELEM_BYTES[dtype]
     nb, nh = batch
 
@@ -1273,7 +1276,7 @@ def _tensor_maps(M, N, K, dtype, trans_b, BM, BN, lda, ldb, batch, sa, sb, clust
     if trans_b:
         mB = TensorMap("B", tensor_map_words([K, N, nh, nb], es, [64, BN // cluster, 1, 1], 128, strides(ldb, sb)))
     else:
-        mB = TensorMap("B", tensor_map_words([N, K, nh, nb], es, [64, 64, 1, 1], 128, strides(ldb, sb)))
+        mB = TensorMap("B", tensor_map_words([N, K, nh, nb], es, [64, 64 // cluster, 1, 1], 128, strides(ldb, sb)))
     return mA, mB
 
 
@@ -1327,7 +1330,7 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
 
     On clusters of two (c.cluster, CUTLASS's 2 x 1 cluster): the blocks of a cluster hold a pair
     of M tiles in one tile column (_cluster_tile_origin) and share B: each producer copies its own
-    A box and half of B's boxes, multicast into both blocks' stages, so L2 serves B once for two
+    A box and one half of each B box (_tma_boxes), multicast into both blocks' stages, so L2 serves B once for two
     tiles. A stage is free for a producer only when the consumers of both blocks are done with it:
     each consumer warp arrives on its own block's empty barrier and, remotely, on the peer's
     (mbarrier.arrive.remote), so empty barriers expect twice the consumer warps. The barriers are
@@ -1434,14 +1437,17 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("mul.i64", sb, si, SB)
     a("mov.b64", ca, kc)      # (A's box: BM rows of 64 k at (k, m0); B's at _tma_boxes' coordinates)
     a("cp.async.bulk.tensor.4d", Mem(sb, 0), Mem(t, full), mA, ca)
-    for j, (_, off, col) in enumerate(_tma_boxes(c)[1:]):
+    for j, (_, off, col, kr) in enumerate(_tma_boxes(c)[1:]):
         if c.trans_b:
             a("mov.b64", cb, kc)
             if K2 > 1:
                 a("add.i64", cb + 1, n0, col)
         else:
             a("add.i64", cb, n0, col)
-            a("mov.b64", cb + 1, kc)
+            if kr:
+                a("add.i64", cb + 1, kc, kr)
+            else:
+                a("mov.b64", cb + 1, kc)
         if K2 > 1:
             a("cp.async.bulk.tensor.4d.multicast", Mem(sb, off), Mem(t, full), mB, cb, p=pr, neg=j % 2 == 1)
         else:
