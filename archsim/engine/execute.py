@@ -953,6 +953,23 @@ def tma_box(S, m, rank, lane, pc, out):
     return ST_OK
 
 
+@njit(cache=True, inline="always")
+def _box_row(S, w, c, rank, lane, bx, row):
+    """Row `row` of a box (tma_box's bx; its coordinates in registers c ..): the global address of
+    its element at dimension-0 index 0, and True when none of its coordinates of dimensions 1 .. 4
+    lies outside the tensor."""
+    r = row
+    g = bx[0]
+    for kk in range(1, 5):
+        i = r % bx[13 + kk]
+        r //= bx[13 + kk]
+        x = (S.regs[w, c + kk, lane] if kk < rank else np.int64(0)) + i
+        if x < 0 or x >= bx[3 + kk]:
+            return g, False
+        g += x * bx[8 + kk]
+    return g, True
+
+
 @njit(cache=True)
 def _tma(S, P, T, w, pc, op, mask, blk):
     """cp.async.bulk.tensor.Nd[.multicast] [dst], [bar], map, coords[, mask]: once per warp, the
@@ -1006,18 +1023,7 @@ def _tma(S, P, T, w, pc, op, mask, blk):
             continue
         trow = blk if tr == me else S.block_smem[first + tr]
         for row in range(rows):
-            # the row's global start; row_in: none of its coordinates lies outside the tensor
-            r = row
-            g = bx[0]
-            row_in = True
-            for kk in range(1, 5):
-                i = r % bx[13 + kk]
-                r //= bx[13 + kk]
-                x = (S.regs[w, c + kk, lane] if kk < rank else np.int64(0)) + i
-                if x < 0 or x >= bx[3 + kk]:
-                    row_in = False
-                    break
-                g += x * bx[8 + kk]
+            g, row_in = _box_row(S, w, c, rank, lane, bx, row)
             x0 = S.regs[w, c, lane]
             base = dst + row * inner
             for i in range(bx[13]):
@@ -1089,17 +1095,7 @@ def _tma_store(S, P, T, w, pc, op, mask, blk):
     c = P.src2[pc]
     moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
     for row in range(rows):
-        r = row
-        g = bx[0]
-        row_in = True
-        for kk in range(1, 5):
-            i = r % bx[13 + kk]
-            r //= bx[13 + kk]
-            x = (S.regs[w, c + kk, lane] if kk < rank else np.int64(0)) + i
-            if x < 0 or x >= bx[3 + kk]:
-                row_in = False
-                break
-            g += x * bx[8 + kk]
+        g, row_in = _box_row(S, w, c, rank, lane, bx, row)
         if not row_in:
             continue
         x0 = S.regs[w, c, lane]
