@@ -953,6 +953,20 @@ def tma_box(S, m, rank, lane, pc, out):
     return ST_OK
 
 
+@njit(cache=True)
+def _box_at(S, bx, at, lane, pc):
+    """A box (tma_box's bx) at scratchpad address `at`: (status, rows, bytes a row, bytes), the
+    status a fault unless the box lies 128-byte aligned inside the scratchpad (swizzled: its
+    bytes rounded up to whole 128-byte rows, within which a swizzle moves them)."""
+    rows = bx[14] * bx[15] * bx[16] * bx[17]
+    inner = bx[13] * bx[1]
+    total = rows * inner
+    extent = (total + 127) // 128 * 128 if bx[2] > 0 else total
+    if at < 0 or at & 127 or at + extent > S.geom[G_SHARED]:
+        return fault(S, F_TMA_DST, lane, at, total, pc), rows, inner, total
+    return ST_OK, rows, inner, total
+
+
 @njit(cache=True, inline="always")
 def _box_row(S, w, c, rank, lane, bx, row):
     """Row `row` of a box (tma_box's bx; its coordinates in registers c ..): the global address of
@@ -991,14 +1005,11 @@ def _tma(S, P, T, w, pc, op, mask, blk):
     status = tma_box(S, m, rank, lane, pc, bx)
     if status != ST_OK:
         return status
+    status, rows, inner, total = _box_at(S, bx, dst, lane, pc)
+    if status != ST_OK:
+        return status
     eb = bx[1]
     sw = bx[2]
-    rows = bx[14] * bx[15] * bx[16] * bx[17]
-    inner = bx[13] * eb
-    total = rows * inner
-    extent = (total + 127) // 128 * 128 if sw > 0 else total   # (a swizzle moves bytes within 128-byte rows)
-    if dst < 0 or dst & 127 or dst + extent > S.geom[G_SHARED]:
-        return fault(S, F_TMA_DST, lane, dst, total, pc)
     status = _scheck(S, bar, 8, lane, pc, True)
     if status != ST_OK:
         return status
@@ -1084,14 +1095,11 @@ def _tma_store(S, P, T, w, pc, op, mask, blk):
     status = tma_box(S, m, rank, lane, pc, bx)
     if status != ST_OK:
         return status
+    status, rows, inner, total = _box_at(S, bx, src, lane, pc)
+    if status != ST_OK:
+        return status
     eb = bx[1]
     sw = bx[2]
-    rows = bx[14] * bx[15] * bx[16] * bx[17]
-    inner = bx[13] * eb
-    total = rows * inner
-    extent = (total + 127) // 128 * 128 if sw > 0 else total
-    if src < 0 or src & 127 or src + extent > S.geom[G_SHARED]:
-        return fault(S, F_TMA_DST, lane, src, total, pc)
     c = P.src2[pc]
     moves = (P.flags[pc] & FLAG_NO_VALUE) == 0
     for row in range(rows):

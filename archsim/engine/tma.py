@@ -21,9 +21,9 @@ Design note (core cycles throughout)
   block of the mask as it lands in the issuer's (the GPC's crossbar copies it), so the copy's
   bytes count on each block's barrier until its last reply (core_side.tma_issue, mem_state.trk_done).
 - Stores (``cp.async.bulk.tensor.Nd.store``, shared to global) take the same queue, start-up and
-  walk; each piece is a write request of the sectors it covers (an L1 bypass, as st.global's
-  path to L2 past the L1). A store is done for its warp's bulk groups when its last piece has
-  left (its source is read: PTX's wait_group.read); writes need no reply.
+  walk; each piece is a write request of the sectors it covers, to L2 bypassing the L1. A store
+  is done for its warp's bulk groups when its last piece has left (its source is read: PTX's
+  wait_group.read); writes need no reply, and the launch ends once they reached L2.
 - Not modelled: the tensor-map cache (every copy pays the start-up), the scratchpad port the
   landing data or a store's reads take (a multicast's other SMs' ports included).
 
