@@ -12,12 +12,12 @@ import pytest
 from archsim.config import load_machine
 from archsim.config.derived import capabilities
 from archsim.engine.timing import time_kernel
-from archsim.errors import InputError, SimulationError
+from archsim.errors import InputError
 from archsim.isa.asm import assemble
 from archsim.isa.check import check_program, check_target
 from archsim.isa.tensor_map import TensorMap, tensor_map_words
-from engine_pair import ENGINES, copy_args, run_both
-from archsim.engine.functional import run_functional
+from engine_pair import run_both
+from test_cluster_dsmem import fails_both
 from test_tma import mb_word
 
 ROWS, COLS = 64, 64                     # an fp16 tensor of 64 x 64: 128-byte rows
@@ -36,12 +36,6 @@ def assemble_checked(src: str, machine="h100"):
     check_program(prog)
     check_target(prog, capabilities(load_machine(machine)))
     return prog
-
-
-def line_of(src: str, text: str) -> int:
-    hits = [i for i, line in enumerate(src.splitlines(), start=1) if text in line]
-    assert len(hits) == 1, (text, hits)
-    return hits[0]
 
 
 # ------------------------------------------------------------------------- one multicast
@@ -231,15 +225,9 @@ def fault_kernel(body: str, K=2, grid=2) -> str:
 """
 
 
-def faults_both(src: str, marker: str, *fragments, grid=2):
-    prog = assemble_checked(src)
-    args = {"map": tmap(4), "t": tensor()}
-    for eng in ENGINES:
-        with pytest.raises(SimulationError) as e:
-            run_functional(prog, copy_args(args), engine=eng)
-        assert e.value.where == f"<asm>:{line_of(src, marker)}", (eng, e.value.where, e.value.what)
-        for f in fragments:
-            assert f in e.value.what, (eng, f, e.value.what)
+def faults_both(src: str, marker: str, *fragments):
+    """Both engines fault at the line holding `marker` (test_cluster_dsmem.fails_both)."""
+    fails_both(assemble_checked(src), {"map": tmap(4), "t": tensor()}, src, marker, *fragments)
 
 
 @pytest.mark.parametrize("mask,text", [(0, "0x0"), (4, "0x4"), (-1, "-0x1")])

@@ -10,14 +10,14 @@ import pytest
 
 from archsim.config import load_machine
 from archsim.config.derived import capabilities
-from archsim.engine.functional import run_functional
 from archsim.engine.timing import time_kernel
-from archsim.errors import InputError, SimulationError
+from archsim.errors import InputError
 from archsim.isa.asm import assemble
 from archsim.isa.check import check_program, check_target
 from archsim.isa.program import Launch
 from archsim.isa.tensor_map import TensorMap, tensor_map_words
-from engine_pair import ENGINES, copy_args, run_both
+from engine_pair import run_both
+from test_cluster_dsmem import fails_both
 
 ROWS, COLS = 40, 64                     # fp16 tensors of 40 x 64: 128-byte rows
 ONE_WARP = Launch((1, 1, 1), (32, 1, 1))
@@ -115,14 +115,8 @@ def h100():
 
 # ------------------------------------------------------------------------- faults and refusals
 def faults_both(src, marker, *fragments, args):
-    prog = assemble_checked(src)
-    line = [i for i, x in enumerate(src.splitlines(), start=1) if marker in x][0]
-    for eng in ENGINES:
-        with pytest.raises(SimulationError) as e:
-            run_functional(prog, copy_args(args), engine=eng)
-        assert e.value.where == f"<asm>:{line}", (eng, e.value.where, e.value.what)
-        for f in fragments:
-            assert f in e.value.what, (eng, f, e.value.what)
+    """Both engines fault at the line holding `marker` (test_cluster_dsmem.fails_both)."""
+    fails_both(assemble_checked(src), args, src, marker, *fragments)
 
 
 def test_fault_store_source_misaligned():

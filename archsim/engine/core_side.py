@@ -141,6 +141,20 @@ def mem_issue(MS, TS, S, P, Dd, core, w, pc, mask, now):
 
 
 @njit(cache=True)
+def _box_and_coords(S, P, T, w, pc, lane, creg):
+    """A bulk tensor copy's or store's box (execute.tma_box of the map execute left in S.addr[w, 2];
+    it checked the map: no fault now) and its 5 coordinates (registers creg .., zero past the
+    rank), in the scratch S.vals."""
+    rank = T.rank[P.op[pc]]
+    box = S.vals[:18]
+    X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
+    coords = S.vals[18:23]
+    for k in range(5):
+        coords[k] = S.regs[w, creg + k, lane] if k < rank else 0
+    return box, coords
+
+
+@njit(cache=True)
 def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
     """Queue an issued bulk tensor copy at the SM's TMA unit (execute._tma left its operands in
     S.addr[w]; ``row``: its barrier's row in the block's table, core._mbar_issue, -2 when a
@@ -160,12 +174,7 @@ def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
             if r != me and (mc >> r) & 1 and WS.mb_slot(TS, S.block_smem[first + r], bar, True) < 0:
                 X.fault(S, X.F_MB_SLOTS, lane, bar, WS.MB_SLOTS, pc)
                 return True
-    rank = T.rank[P.op[pc]]
-    box = S.vals[:18]                            # (scratch; execute checked the map: no fault now)
-    X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
-    coords = S.vals[18:23]
-    for k5 in range(5):
-        coords[k5] = S.regs[w, P.src3[pc] + k5, lane] if k5 < rank else 0
+    box, coords = _box_and_coords(S, P, T, w, pc, lane, P.src3[pc])
     t = MS.trk_free[core, MS.trk_nfree[core] - 1]
     MS.trk_nfree[core] -= 1
     bs = S.warp_smem[w]
@@ -200,13 +209,7 @@ def tma_issue(MS, TS, S, P, T, core, w, pc, row, now):
 def tma_store_issue(MS, TS, S, P, T, core, w, pc, now):
     """Queue an issued bulk tensor store (execute._tma_store left its operands in S.addr[w]) at the
     SM's TMA unit; its warp counts it in its bulk groups until its last piece has left."""
-    lane = S.addr[w, 4]
-    rank = T.rank[P.op[pc]]
-    box = S.vals[:18]
-    X.tma_box(S, S.addr[w, 2], rank, lane, pc, box)
-    coords = S.vals[18:23]
-    for k5 in range(5):
-        coords[k5] = S.regs[w, P.src2[pc] + k5, lane] if k5 < rank else 0
+    box, coords = _box_and_coords(S, P, T, w, pc, S.addr[w, 4], P.src2[pc])
     TS.bk[w, WS.BK_ISSUED] += 1
     MS.mk[MK_STORES] += 1                        # until its last piece has left (its pieces count their own)
     TM.tma_push(MS.tma, core, w, box, coords, now, 1, TS.age[w])

@@ -470,6 +470,19 @@ def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     a("selp.b64", Q, t, Q, pn)                    # tile columns
     g, row = a.reg(), a.reg()
     a("ldparam", g, "group")
+    _grouped_raster(a, b, R, Q, g, row, t, Q)
+    a("selp.b64", m0, Q, row, pn)
+    a("selp.b64", n0, row, Q, pn)
+    a("shl.b64", m0, m0, log2(c.BM))
+    a("shl.b64", n0, n0, log2(c.BN))
+    a.free(b, R, Q, t, g, row)
+    a.pfree(pn)
+
+
+def _grouped_raster(a: Asm, b: Reg, R: Reg, Q: Reg, g: Reg, row: Reg, t: Reg, col: Reg) -> None:
+    """The grouped raster of _tile_origin: linear index b over R tile rows and Q tile columns in
+    groups of g tile rows gives the tile row (``row``) and column (``col``, which may be Q).
+    Clobbers b, R and t."""
     a("mul.i64", t, g, Q)                         # blocks per group
     a("div.i64", row, b, t)                       # group
     a("mul.i64", t, row, t)
@@ -479,13 +492,7 @@ def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     a("min.i64", R, R, g)                         # rows in this group (the last may be short)
     a("rem.i64", t, b, R)
     a("add.i64", row, row, t)                     # tile row
-    a("div.i64", Q, b, R)                         # tile column
-    a("selp.b64", m0, Q, row, pn)
-    a("selp.b64", n0, row, Q, pn)
-    a("shl.b64", m0, m0, log2(c.BM))
-    a("shl.b64", n0, n0, log2(c.BN))
-    a.free(b, R, Q, t, g, row)
-    a.pfree(pn)
+    a("div.i64", col, b, R)                       # tile column
 
 
 def _cluster_tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
@@ -506,16 +513,7 @@ def _cluster_tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
     a("ldparam", g, "group")
     a("add.i64", g, g, 1)
     a("shr.u64", g, g, 1)                         # pairs a group
-    a("mul.i64", t, g, Q)                         # clusters per group
-    a("div.i64", row, b, t)                       # group
-    a("mul.i64", t, row, t)
-    a("sub.i64", b, b, t)                         # index within the group
-    a("mul.i64", row, row, g)                     # the group's first pair
-    a("sub.i64", R, R, row)
-    a("min.i64", R, R, g)                         # pairs in this group (the last may be short)
-    a("rem.i64", t, b, R)
-    a("add.i64", row, row, t)                     # the pair
-    a("div.i64", n0, b, R)                        # tile column
+    _grouped_raster(a, b, R, Q, g, row, t, n0)     # (tile rows: M-tile pairs)
     a("s2r", t, "%cluster_ctarank")
     a("shl.b64", m0, row, 1)
     a("add.i64", m0, m0, t)
