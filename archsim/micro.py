@@ -829,8 +829,9 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
-    _need(p["kernel"] in ("auto", "mma", "wgmma", "tma", "tma_multicast"), "--param kernel", repr(p["kernel"]),
-          "auto, mma, wgmma, tma or tma_multicast")
+    kernels = ("mma", "wgmma", "tma", "tma_multicast", "tma_pingpong", "tma_pingpong_multicast")
+    _need(p["kernel"] in ("auto",) + kernels, "--param kernel", repr(p["kernel"]),
+          "auto, " + ", ".join(kernels[:-1]) + " or " + kernels[-1])
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]),
                     kernel=None if p["kernel"] == "auto" else p["kernel"])
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
@@ -841,7 +842,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     out.extra["warps"] = g.tile.warps
     out.extra["tile"] = [g.tile.BM, g.tile.BN, g.tile.BK]
     out.extra["stages"] = g.tile.stages
-    out.extra["kernel"] = g.kind if g.cluster == 1 else "tma_multicast"
+    out.extra["kernel"] = ("tma_pingpong" if g.pingpong else g.kind) + ("_multicast" if g.cluster > 1 else "")
     pk = peak.get(g.dtype if g.kind in ("mma", "wgmma", "tma") else "fp32")
     if pk:
         out.extra["share_of_peak"] = tf / pk

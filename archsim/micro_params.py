@@ -56,7 +56,9 @@ PARAMS = {
              "kernel": (str, "auto", "auto (the tile rule's choice), mma, wgmma (machines with warpgroup MMA), tma "
                                      "(wgmma fed by the TMA unit, warp specialized: machines with tma; GPU) or "
                                      "tma_multicast (tma on clusters of two blocks sharing B by multicast: machines "
-                                     "with tma and clusters)")},
+                                     "with tma and clusters), tma_pingpong (persistent, two consumer warpgroups "
+                                     "on alternate tiles: machines with tma) or tma_pingpong_multicast "
+                                     "(tma_pingpong on clusters of two sharing B)")},
     "attention": {"batch": (int, 1, "> 0"), "heads": (int, 16, "> 0"), "seq": (int, 1024, "> 0"),
                   "head_dim": (int, 64, "32, 64 or 128"), "fused": (bool, True, "true or false"),
                   "causal": (bool, False, "true or false"), "dtype": (str, "fp16", "fp16, bf16 or fp32"),

@@ -70,7 +70,7 @@ def test_the_tma_kernel_is_refused_where_it_cannot_run(caps):
         gemm_kernel(caps, 256, 256, 32, "fp16", kernel="tma")
     with pytest.raises(InputError, match="a tile with kernel tma"):
         gemm_kernel(caps, 256, 256, 256, "fp16", tile=G.Tile(128, 128, 64, 4, 3), kernel="tma")
-    with pytest.raises(InputError, match="mma, wgmma, tma or tma_multicast"):
+    with pytest.raises(InputError, match="mma, wgmma, tma, tma_multicast, tma_pingpong or tma_pingpong_multicast"):
         gemm_kernel(caps, 256, 256, 256, "fp16", kernel="tmaa")
     no_clusters = capabilities(load_machine("h100").model_copy(update={"clusters": None}))
     with pytest.raises(InputError, match="the tma_multicast kernel .a machine with tma and clusters"):

@@ -96,6 +96,18 @@ by multicast; a consumer warp frees a stage in both blocks (a remote mbarrier ar
 and a producer ends by waiting until both blocks freed every stage, so neither block exits while
 the other may still reach its barriers.
 
+Ping-pong kernel (``kernel="tma_pingpong"``: machines with wgmma and tma; ``_emit_wgmma_pingpong``),
+CUTLASS 3's persistent KernelTmaWarpSpecializedPingpong: a grid of one block an SM slot, each
+block walking the C tiles ctaid.x, ctaid.x + nctaid.x, ... of the grouped raster; its producer
+warp fills the stages tile after tile, and its two consumer warpgroups take alternate tiles,
+each a whole tile (128 x 128, 64 x 256, ...: BM / 64 wgmma a k16 step). The warpgroups take
+turns at the tensor units (a warpgroup starts a main loop once the other has issued its last
+wgmma), so each one's epilogue runs beside the other's main loop: each consumer warp stores its
+own rows by bulk tensor stores through two small buffers of its own (the stages are the other
+warpgroup's; ``_pp_store_epilogue``), or from registers where C's layout does not take them.
+``kernel="tma_pingpong_multicast"`` runs it on clusters of two that walk pairs of M tiles and
+share B by multicast, as the multicast kernel does.
+
 FFMA fallback (dtype fp32, or a dtype the target's tensor units lack): 64 x 64 block tile,
 256 threads of 4 x 4 outputs, BK = 16, elements loaded one by one (any alignment; fp16 / bf16
 converted to f32 on the way to shared memory), register prefetch of the next tile while the
@@ -162,10 +174,13 @@ MMA_TILES = ((128, 128, 2, 2), (128, 64, 2, 2), (64, 128, 2, 2), (64, 64, 2, 2),
 SKINNY_M = SKINNY_ROWS   # GEMMs of at most this many rows (decode) stream B: their stages are chosen by waves
 FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outputs)
 # gemm_kernel's kernel: the rule's choice, or one of these (tma_multicast: the TMA kernel on clusters of
-# two blocks that share their B tiles by multicast)
-KERNELS = (None, "mma", "wgmma", "tma", "tma_multicast")
+# two blocks that share their B tiles by multicast; tma_pingpong: the persistent ping-pong kernel)
+KERNELS = (None, "mma", "wgmma", "tma", "tma_multicast", "tma_pingpong", "tma_pingpong_multicast")
+_KERNEL_NAMES = ", ".join(KERNELS[1:-1]) + " or " + KERNELS[-1]
 # (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
 WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
+# (BM, BN) of one consumer warpgroup of the ping-pong kernel (BM x BN / 128 accumulators a thread)
+PINGPONG_TILES = ((128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 
 
 class Tile(NamedTuple):
@@ -194,6 +209,7 @@ class _Cfg:
     alpha: float = 1.0     # C = alpha * A @ B (an f32 multiply in the epilogue when not 1)
     cluster: int = 1       # the TMA kernel: blocks a cluster (2: M tiles in pairs sharing B by multicast)
     c_tma: bool = False    # the TMA kernel: C leaves by bulk tensor stores (_tma_c_epilogue)
+    pingpong: bool = False  # the TMA kernel as the persistent ping-pong kernel (_emit_wgmma_pingpong)
 
 
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
@@ -244,6 +260,7 @@ class GemmKernel:
     raster: tuple = (1, 0)  # (group, raster_n): the block raster (kernel parameters; see _tile_origin)
     cluster: int = 1        # blocks a thread-block cluster (the TMA kernel with multicast: 2)
     c_tma: bool = False     # the TMA kernel stores C by bulk tensor stores (a third map, mapC)
+    pingpong: bool = False  # the TMA kernel as the persistent ping-pong kernel (tile: one warpgroup's)
 
     @property
     def a_shape(self) -> tuple[int, int]:
@@ -331,8 +348,8 @@ class GemmKernel:
                                                     self.tile.BN, self.lda, self.ldb, self.batch, self.stride_a,
                                                     self.stride_b, self.cluster)
             if self.c_tma:
-                out["mapC"] = _c_map(self.M, self.N, self.out_dtype, self.tile.BM, self.ldc, self.batch,
-                                     self.stride_c)
+                out["mapC"] = _c_map(self.M, self.N, self.out_dtype, PP_C_BOX_ROWS if self.pingpong else self.tile.BM,
+                                     self.ldc, self.batch, self.stride_c)
         return out
 
     def random_inputs(self, seed: int = 0) -> tuple:
@@ -457,12 +474,18 @@ def _tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
         _cluster_tile_origin(a, c, m0, n0)
         return
     b, R, Q, t = a.reg(), a.reg(), a.reg(), a.reg()
-    pn = a.pred()
     a("s2r", b, "%ctaid.y")
     a("s2r", Q, "%nctaid.x")
     a("s2r", t, "%ctaid.x")
     a("mad.i64", b, b, Q, t)                      # linear block index
     a("s2r", R, "%nctaid.y")
+    _raster_origin(a, c, b, R, Q, t, m0, n0)
+
+
+def _raster_origin(a: Asm, c: "_Cfg", b: Reg, R: Reg, Q: Reg, t: Reg, m0: Reg, n0: Reg) -> None:
+    """m0, n0 of linear tile index b over R M tiles and Q N tiles (swapped when ``raster_n`` is 1)
+    in _tile_origin's grouped raster; frees b, R, Q and t."""
+    pn = a.pred()
     a("ldparam", t, "raster_n")
     a("setp.ne.i64", pn, t, 0)
     a("mov.b64", t, R)
@@ -495,15 +518,19 @@ def _grouped_raster(a: Asm, b: Reg, R: Reg, Q: Reg, g: Reg, row: Reg, t: Reg, co
     a("div.i64", col, b, R)                       # tile column
 
 
-def _cluster_tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg) -> None:
+def _cluster_tile_origin(a: Asm, c: "_Cfg", m0: Reg, n0: Reg, pair: Optional[Reg] = None) -> None:
     """m0, n0 of a block of the TMA kernel on clusters of two (a 1-d grid, batch in z): cluster
     b // 2 takes a pair of M tiles in one tile column (they share their B tiles), its block of
     rank r the pair's tile r; the pairs go in _tile_origin's grouped raster with M-tile pairs as
     tile rows and ``group`` / 2 (rounded up) of them a group. A pair's second tile past M (an odd
-    number of M tiles) computes zeros and stores nothing."""
+    number of M tiles) computes zeros and stores nothing. ``pair``: a register holding the pair's
+    index instead of the cluster's (the persistent ping-pong kernel's)."""
     b, R, Q, t, g, row = (a.reg() for _ in range(6))
-    a("s2r", b, "%ctaid.x")
-    a("shr.u64", b, b, 1)                         # the cluster
+    if pair is None:
+        a("s2r", b, "%ctaid.x")
+        a("shr.u64", b, b, 1)                     # the cluster
+    else:
+        a("mov.b64", b, pair)
     a("ldparam", R, "M")
     a("add.i64", R, R, 2 * c.BM - 1)
     a("shr.u64", R, R, log2(2 * c.BM))            # tile pairs along M
@@ -1374,20 +1401,8 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
         a("s2r", peer, "%cluster_ctarank")
         a("xor.b64", peer, peer, 1)
     a("mov.b64", prev, 0)
-    a.label("KLOOP")
-    a("shl.b64", bar, si, 3)
-    a("mbarrier.wait", Mem(bar, full), ph)         # tile kt landed
-    a("mul.i64", t, si, SB >> 4)
-    _wgmma_k_tile(ctx, desc, t)
-    a("wgmma.wait_group", 1)                       # tile kt-1's wgmma are done: its stage is free
-    a("setp.gt.i64", pw, kt, 0)
-    a("mbarrier.arrive", Mem(prev, empty), p=pw)
-    if K2 > 1:
-        a("mbarrier.arrive.remote", Mem(prev, empty), peer, p=pw)
-    a("mov.b64", prev, bar)
-    next_stage(a, si, ph, kt, S, p)
-    a("setp.lt.i64", p, kt, nt)
-    a("bra", "KLOOP", p=p)
+    _consumer_k_loop(a, lambda base16: _wgmma_k_tile(ctx, desc, base16), (bar, prev, t, p, pw), (si, ph, kt, nt),
+                     S, SB, (full, empty), peer)
     a("wgmma.wait_group", 0)
     if K2 > 1:                                     # the last tile's stage, for the producers' tails
         a("mbarrier.arrive", Mem(prev, empty))
@@ -1419,18 +1434,90 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
     a("mov.b64", cb + 3, zb)
     if c.trans_b and K2 == 1:
         a("mov.b64", cb + 1, n0)
-    pr = None
-    if K2 > 1:
-        a("mov.b64", cb + 4, (1 << K2) - 1)
-        pr = a.pred()
-        a("s2r", t, "%cluster_ctarank")
-        a("setp.eq.i64", pr, t, 0)                 # rank 0 copies B's even boxes, rank 1 its odd ones
+    pr = _multicast_rank(a, c, cb, t)
     a.free(zb, zh)
     a.label("PLOOP")
+    _fill_stage(a, c, (t, sb, eph, p), (si, ph, kt), S, SB, (full, empty), bytes_, (mA, mB), (ca, cb), kc, n0, pr)
+    a("add.i64", kc, kc, 64)
+    next_stage(a, si, ph, kt, S, p)
+    a("setp.lt.i64", p, kt, nt)
+    a("bra", "PLOOP", p=p)
+    if K2 > 1:                                     # the tail: every stage freed by both blocks' consumers
+        a("add.i64", kc, nt, S)
+        a.label("PTAIL")
+        _empty_wait(a, t, eph, p, si, ph, kt, S, empty)
+        next_stage(a, si, ph, kt, S, p)
+        a("setp.lt.i64", p, kt, kc)
+        a("bra", "PTAIL", p=p)
+    if c.c_tma or c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
+        a("bar.sync")                              # the epilogue's two barriers (_staged_store, _tma_c_epilogue)
+        a("bar.sync")
+    a("exit")
+    return a.build()
+
+
+def _consumer_k_loop(a: Asm, k_tile, tmp: tuple, ring: tuple, S: int, SB: int, bars: tuple,
+                     peer: Optional[Reg]) -> None:
+    """The TMA kernels' consumer loop over k tiles kt < nt: wait until tile kt's stage landed (its
+    full barrier), issue its wgmma (``k_tile(base16)``, the stage's offset / 16), and once wait_group
+    1 says tile kt-1's are done free that stage (its empty barrier; on clusters of two also the
+    peer's, a remote arrival to rank ``peer``). tmp: bar, prev (the last stage's barrier offset
+    after the loop), t, p, pw; ring: si, ph, kt, nt; bars: full, empty offsets."""
+    bar, prev, t, p, pw = tmp
+    si, ph, kt, nt = ring
+    full, empty = bars
+    a.label("KLOOP")
+    a("shl.b64", bar, si, 3)
+    a("mbarrier.wait", Mem(bar, full), ph)         # tile kt landed
+    a("mul.i64", t, si, SB >> 4)
+    k_tile(t)
+    a("wgmma.wait_group", 1)                       # tile kt-1's wgmma are done: its stage is free
+    a("setp.gt.i64", pw, kt, 0)
+    a("mbarrier.arrive", Mem(prev, empty), p=pw)
+    if peer is not None:
+        a("mbarrier.arrive.remote", Mem(prev, empty), peer, p=pw)
+    a("mov.b64", prev, bar)
+    next_stage(a, si, ph, kt, S, p)
+    a("setp.lt.i64", p, kt, nt)
+    a("bra", "KLOOP", p=p)
+
+
+def _multicast_rank(a: Asm, c: _Cfg, cb: Reg, t: Reg) -> Optional[Pred]:
+    """On clusters of two: B's multicast mask (both blocks) after its coordinates at cb, and a
+    predicate that is true on rank 0, which copies B's even boxes (rank 1 its odd ones); None on
+    single blocks. t: scratch."""
+    if c.cluster == 1:
+        return None
+    a("mov.b64", cb + 4, (1 << c.cluster) - 1)
+    pr = a.pred()
+    a("s2r", t, "%cluster_ctarank")
+    a("setp.eq.i64", pr, t, 0)
+    return pr
+
+
+def _empty_wait(a: Asm, t: Reg, eph: Reg, p: Pred, si: Reg, ph: Reg, count: Reg, S: int, empty: int) -> None:
+    """A producer's wait until stage si is free: its empty barrier's phase of one round ago, once
+    ``count`` (the k tiles issued so far) has gone round the S stages; leaves t = si * 8."""
     a("shl.b64", t, si, 3)
-    a("setp.ge.i64", p, kt, S)                     # the stage's previous tile must be consumed:
+    a("setp.ge.i64", p, count, S)                  # the stage's previous tile must be consumed:
     a("xor.b64", eph, ph, 1)                       # the empty barrier's phase of one round ago
     a("mbarrier.wait", Mem(t, empty), eph, p=p)
+
+
+def _fill_stage(a: Asm, c: _Cfg, tmp: tuple, ring: tuple, S: int, SB: int, bars: tuple, bytes_: Reg, maps: tuple,
+                coords: tuple, kc: Reg, n0: Reg, pr: Optional[Pred]) -> None:
+    """A TMA producer's k tile at kc: wait for the stage (ring: si, ph and the k tiles issued), expect
+    the tile's bytes on its full barrier, and copy A's box and B's (_tma_boxes; on clusters of two
+    this block's halves, multicast: ``pr`` says rank 0). tmp: t, sb, eph, p; bars: full, empty
+    offsets; maps: mA, mB; coords: A's and B's coordinate registers (A's m0 and both batch
+    coordinates set; B^T's n0 too on single blocks)."""
+    t, sb, eph, p = tmp
+    si, ph, count = ring
+    full, empty = bars
+    mA, mB = maps
+    ca, cb = coords
+    K2 = c.cluster
+    _empty_wait(a, t, eph, p, si, ph, count, S, empty)
     a("mbarrier.arrive.expect_tx", Mem(t, full), bytes_)
     a("mul.i64", sb, si, SB)
     a("mov.b64", ca, kc)      # (A's box: BM rows of 64 k at (k, m0); B's at _tma_boxes' coordinates)
@@ -1450,25 +1537,6 @@ def _emit_wgmma_tma(c: _Cfg) -> Program:
             a("cp.async.bulk.tensor.4d.multicast", Mem(sb, off), Mem(t, full), mB, cb, p=pr, neg=j % 2 == 1)
         else:
             a("cp.async.bulk.tensor.4d", Mem(sb, off), Mem(t, full), mB, cb)
-    a("add.i64", kc, kc, 64)
-    next_stage(a, si, ph, kt, S, p)
-    a("setp.lt.i64", p, kt, nt)
-    a("bra", "PLOOP", p=p)
-    if K2 > 1:                                     # the tail: every stage freed by both blocks' consumers
-        a("add.i64", kc, nt, S)
-        a.label("PTAIL")
-        a("shl.b64", t, si, 3)
-        a("setp.ge.i64", p, kt, S)
-        a("xor.b64", eph, ph, 1)
-        a("mbarrier.wait", Mem(t, empty), eph, p=p)
-        next_stage(a, si, ph, kt, S, p)
-        a("setp.lt.i64", p, kt, kc)
-        a("bra", "PTAIL", p=p)
-    if c.c_tma or c.BM * (c.BN * ctx.osz + (16 if ctx.osz == 2 else 32)) <= S * SB:
-        a("bar.sync")                              # the epilogue's two barriers (_staged_store, _tma_c_epilogue)
-        a("bar.sync")
-    a("exit")
-    return a.build()
 
 
 def _tma_c_epilogue(ctx: "_MmaCtx") -> None:
@@ -1496,33 +1564,11 @@ def _tma_c_epilogue(ctx: "_MmaCtx") -> None:
     a("shl.b64", rowb, rowb, 4)
     a("add.i64", rowb, rowb, g)
     a("shl.b64", rowb, rowb, 7)                    # the row's first byte in a box
-    sw = a.reg(nq)
-    for q in range(nq):
-        if osz == 2:                               # f16 / bf16: columns 8 ni + 2t at chunk ni % 8, byte 4t
-            a("xor.b64", tmp, g, q)
-            a("shl.b64", tmp, tmp, 4)
-            a("mad.i64", sw + q, t, 4, tmp)
-        else:                                      # f32: chunk 2 (ni % 4) + t / 2, byte 8 (t % 2)
-            a("shr.u64", tmp, t, 1)
-            a("add.i64", tmp, tmp, 2 * q)
-            a("xor.b64", tmp, tmp, g)
-            a("shl.b64", tmp, tmp, 4)
-            a("and.b64", sw + q, t, 1)
-            a("mad.i64", sw + q, sw + q, 8, tmp)
-        a("add.i64", sw + q, sw + q, rowb)
+    sw = _box_chunks(a, g, t, rowb, tmp, osz)
     cvt = CVT_PACK.get(c.out)
     for ni in range(NI):
-        r = ctx.accr(0, ni)
         q, j = ni % nq, ni // nq
-        off = j * c.BM * 128
-        if cvt is not None:
-            a(cvt, tmp, r, r + 1)
-            a("st.shared.b32", Mem(sw + q, off), tmp)
-            a(cvt, tmp, r + 2, r + 3)
-            a("st.shared.b32", Mem(sw + q, off + 8 * 128), tmp)
-        else:
-            a("st.shared.v2.b32", Mem(sw + q, off), r)
-            a("st.shared.v2.b32", Mem(sw + q, off + 8 * 128), r + 2)
+        _box_write(a, ctx.accr(0, ni), sw + q, j * c.BM * 128, cvt, tmp)
     a("bar.sync")                                  # the tile is in the scratchpad
     p = a.pred()
     a("setp.ge.i64", p, tid, 32)
@@ -1542,6 +1588,319 @@ def _tma_c_epilogue(ctx: "_MmaCtx") -> None:
     a("cp.async.bulk.commit_group")
     a("cp.async.bulk.wait_group", 0)
     a("exit")
+
+
+# ----------------------------------------------------------------------------- persistent ping-pong kernel
+PP_THREADS = 2 * 128 + 32      # two consumer warpgroups and the producer warp
+PP_STAGES = (8, 7, 6, 5, 4, 3, 2)
+PP_C_BOX_ROWS = 16             # the bulk-store epilogue's boxes: a consumer warp's rows of a wgmma half
+PP_EPI_WARP_BYTES = 2 * PP_C_BOX_ROWS * 128    # two box buffers a consumer warp
+PP_EPI_BYTES = 8 * PP_EPI_WARP_BYTES
+
+
+def _pp_advance(a: Asm, si: Reg, ph: Reg, n: Reg, S: int, t: Reg, q: Reg, p: Optional[Pred] = None) -> None:
+    """si, ph moved on by n stages round the ring of S (ph flips at each wrap)."""
+    a("add.i64", t, si, n, p=p)
+    a("div.i64", q, t, S, p=p)
+    a("rem.i64", si, t, S, p=p)
+    a("and.b64", q, q, 1, p=p)
+    a("xor.b64", ph, ph, q, p=p)
+
+
+def _tile_counts(a: Asm, c: "_Cfg", R: Reg, Q: Reg) -> None:
+    """R, Q = the C tiles along M and along N (from the parameters)."""
+    a("ldparam", R, "M")
+    a("add.i64", R, R, c.BM - 1)
+    a("shr.u64", R, R, log2(c.BM))
+    a("ldparam", Q, "N")
+    a("add.i64", Q, Q, c.BN - 1)
+    a("shr.u64", Q, Q, log2(c.BN))
+
+
+def _pp_origin(a: Asm, c: "_Cfg", b: Reg, m0: Reg, n0: Reg) -> None:
+    """m0, n0 of the persistent kernel's tile of linear index b (kept), in _tile_origin's raster;
+    on clusters of two, b indexes pairs of M tiles as _cluster_tile_origin's clusters do."""
+    if c.cluster > 1:
+        _cluster_tile_origin(a, c, m0, n0, b)
+        return
+    bb, R, Q, t = a.reg(), a.reg(), a.reg(), a.reg()
+    a("mov.b64", bb, b)
+    _tile_counts(a, c, R, Q)
+    _raster_origin(a, c, bb, R, Q, t, m0, n0)
+
+
+def _pp_k_tile(ctx: "_MmaCtx", d: _WgDesc, dA2: Optional[Reg], base16: Reg) -> None:
+    """One k tile's wgmma of a ping-pong warpgroup from the stage at ``base16`` (/ 16): the
+    warpgroup computes all BM rows, as BM / 64 wgmma a k16 step (A's rows 64 h .. at 8 KiB h into
+    the stage, accumulators acc + h BN / 2), one group."""
+    a, c = ctx.a, ctx.c
+    a("add.i64", d.dA, base16, d.wgoff)
+    if dA2 is not None:
+        a("add.i64", dA2, d.dA, 64 * 128 >> 4)
+    a("add.i64", d.dB, base16, (ctx.B_OFF >> 4) + d.bconst)
+    a("wgmma.fence")
+    for s_ in range(ctx.NSTEP):
+        for h, dA in enumerate((d.dA,) if dA2 is None else (d.dA, dA2)):
+            a(d.mn, ctx.acc + h * (c.BN // 2), dA, d.dB, 0 if c.trans_b else 2)
+        if s_ + 1 < ctx.NSTEP:
+            for dA in (d.dA,) if dA2 is None else (d.dA, dA2):
+                a("add.i64", dA, dA, 2)
+            a("add.i64", d.dB, d.dB, d.bstep)
+    a("wgmma.commit_group")
+
+
+def _emit_wgmma_pingpong(c: _Cfg) -> Program:
+    """The persistent ping-pong kernel (``kernel="tma_pingpong"``; machines with wgmma and tma), as
+    CUTLASS 3's KernelTmaWarpSpecializedPingpong: a block stays on its SM and takes C tiles
+    ctaid.x, ctaid.x + nctaid.x, ... (in _tile_origin's grouped raster); one producer warp fills
+    S stages with the TMA kernel's boxes tile after tile, the ring running on across tiles; two
+    consumer warpgroups take alternate tiles, each computing a whole BM x BN tile (BM / 64 wgmma a
+    k16 step, BM x BN / 128 accumulators a thread). The warpgroups take turns at the tensor units:
+    a warpgroup starts a tile's main loop only once the other has issued its previous tile's last
+    wgmma (an mbarrier a warpgroup, the other's four warps arriving on it: the ISA has no named
+    barriers), so one warpgroup's epilogue (_pp_store_epilogue's bulk stores through each warp's
+    own buffers after the stages, which stay busy with the other's tiles, or the wgmma kernel's
+    stores from registers) runs beside the other's main loop. A stage's empty barrier
+    counts the four warps of the warpgroup that consumes it; each warpgroup skips the other's
+    k tiles round the ring (nt stages a tile).
+
+    On clusters of two (``kernel="tma_pingpong_multicast"``, as cuBLAS's ping-pong kernels run on
+    2 x 1 clusters): the cluster's two blocks take the two M tiles of a pair (the multicast
+    kernel's pairs, _cluster_tile_origin), pair after pair in step, and share B as that kernel
+    does (each producer multicasts one half of each B box into both blocks; a consumer warp frees
+    a stage in both blocks, so empty barriers count eight warps; each producer ends with the
+    multicast kernel's tail)."""
+    ctx = _MmaCtx(c)
+    S, SB, H, K2 = ctx.S, ctx.SB, c.BM // 64, c.cluster
+    E = PP_EPI_BYTES if c.c_tma else 0             # the bulk-store epilogue's buffers, after the stages
+    full, empty, turn = S * SB + E, S * SB + E + 8 * S, S * SB + E + 16 * S
+    a = ctx.a = Asm(ctx.a.b.name + ("_pingpong" if K2 == 1 else f"_pingpong_c{K2}"),
+                    TMA_PARAMS + (("mapC",) if c.c_tma else ()), S * SB + E + 16 * S + 16)
+    ctx.acc = a.reg(H * c.BN // 2)
+    tid, nt, si, ph, t, b, tiles, step = (a.reg() for _ in range(8))
+    p, pw = a.pred(), a.pred()
+    a("s2r", tid, "%tid.x")
+    a("ldparam", t, "K")
+    a("add.i64", nt, t, 63)
+    a("shr.u64", nt, nt, 6)                        # k tiles of 64 a C tile
+    _tile_counts(a, c, tiles, t)
+    if K2 > 1:                                     # pairs of M tiles
+        a("add.i64", tiles, tiles, 1)
+        a("shr.u64", tiles, tiles, 1)
+    a("mul.i64", tiles, tiles, t)
+    # warp 0 sets the barriers up: full[s] the producer's arrival (and the bytes), empty[s] the four
+    # warps of the consuming warpgroup, turn[g] the four warps of the other warpgroup
+    a("setp.lt.i64", p, tid, 32)
+    for s_ in range(S):
+        a("mov.b64", t, 1)
+        a("mbarrier.init", Mem(None, full + 8 * s_), t, p=p)
+        a("mov.b64", t, 4 * K2)
+        a("mbarrier.init", Mem(None, empty + 8 * s_), t, p=p)
+    a("mov.b64", t, 4)
+    for g in range(2):
+        a("mbarrier.init", Mem(None, turn + 8 * g), t, p=p)
+    a("barrier.cluster" if K2 > 1 else "bar.sync")
+    a("s2r", b, "%ctaid.x")                        # this block's first tile, and the step between tiles
+    a("s2r", step, "%nctaid.x")
+    if K2 > 1:                                     # (of pairs, by cluster)
+        a("shr.u64", b, b, 1)
+        a("shr.u64", step, step, 1)
+    a("mov.b64", si, 0)
+    a("mov.b64", ph, 0)
+    a("setp.ge.i64", p, tid, 256)
+    a("bra", "PRODUCER", p=p)
+    # -- consumers: warpgroup g takes the block's tiles g, g + 2, ..., its first k tile nt g stages on
+    g, q, tw, to, need, tph, kt, bar, prev = (a.reg() for _ in range(9))
+    a("shr.u64", g, tid, 7)
+    a("setp.ne.i64", pw, g, 0)
+    _pp_advance(a, si, ph, nt, S, t, q, pw)
+    a("add.i64", b, b, step, p=pw)
+    a("shl.b64", step, step, 1)
+    a("mul.i64", tw, g, 8)
+    a("add.i64", tw, tw, turn)                     # this warpgroup's turn barrier
+    a("mov.b64", to, 2 * turn + 8)
+    a("sub.i64", to, to, tw)                       # the other's
+    a("mov.b64", need, g)                          # warpgroup 0's first tile waits for no turn
+    a("mov.b64", tph, 0)
+    a("mov.b64", prev, 0)
+    peer = a.reg() if K2 > 1 else None
+    if K2 > 1:
+        a("s2r", peer, "%cluster_ctarank")
+        a("xor.b64", peer, peer, 1)
+    a("setp.ge.i64", p, b, tiles)
+    a("bra", "CDONE", p=p)
+    desc = _wg_descriptors(ctx, tid)
+    a("mov.b64", desc.wgoff, (1024 >> 4) << 32 | 1 << 62)   # every warpgroup reads all BM rows of A
+    dA2 = a.reg() if H > 1 else None
+    a.label("TILE")
+    for i in range(H * c.BN // 2):
+        a("mov.f32", ctx.acc + i, 0.0)
+    a("setp.ne.i64", p, need, 0)
+    a("mbarrier.wait", Mem(tw, 0), tph, p=p)       # the other warpgroup's main loop is issued
+    a("xor.b64", tph, tph, 1, p=p)
+    a("mov.b64", need, 1)
+    a("mov.b64", kt, 0)
+    _consumer_k_loop(a, lambda base16: _pp_k_tile(ctx, desc, dA2, base16), (bar, prev, t, p, pw), (si, ph, kt, nt),
+                     S, SB, (full, empty), peer)
+    a("mbarrier.arrive", Mem(to, 0))               # the other warpgroup's turn at the tensor units
+    a("wgmma.wait_group", 0)
+    a("mbarrier.arrive", Mem(prev, empty))
+    if K2 > 1:
+        a("mbarrier.arrive.remote", Mem(prev, empty), peer)
+    _pp_advance(a, si, ph, nt, S, t, q)            # past the other warpgroup's tile
+    m0, n0 = a.reg(), a.reg()
+    _pp_origin(a, c, b, m0, n0)
+    if c.c_tma:
+        _pp_store_epilogue(ctx, m0, n0, S * SB, "NEXT")
+    else:
+        _epilogue(a, c, a.pred(), ctx.acc, ctx.MI, ctx.NI, 16, ctx.WTN, ctx.osz, ctx.accr, 0, origin=(m0, n0),
+                  end="NEXT", mi_rows=64, wg_warps=4)
+    a.label("NEXT")
+    a("add.i64", b, b, step)
+    a("setp.lt.i64", p, b, tiles)
+    a("bra", "TILE", p=p)
+    a.label("CDONE")
+    if c.c_tma:
+        a("cp.async.bulk.wait_group", 0)           # the last boxes' sources read
+    a("exit")
+    a.free(g, q, tw, to, need, tph, kt, bar, prev, desc.wgoff, desc.dA, desc.dB, m0, n0,
+           *(r for r in (dA2, peer) if r is not None))
+    # -- the producer warp: the stages tile after tile
+    a.label("PRODUCER")
+    kt, kc, eph, bytes_, mA, mB, sb, fill, m0, n0 = (a.reg() for _ in range(10))
+    zb, zh = batch_index(a)
+    a("ldparam", mA, "mapA")
+    a("ldparam", mB, "mapB")
+    a("mov.b64", bytes_, tma_tile_bytes(c))
+    a("mov.b64", fill, 0)                          # k tiles issued: the first S stages are free
+    ca, cb = a.reg(4), a.reg(4 + (K2 > 1))         # (a multicast's mask after B's coordinates)
+    for r in (ca, cb):
+        a("mov.b64", r + 2, zh)
+        a("mov.b64", r + 3, zb)
+    a.free(zb, zh)
+    pr = _multicast_rank(a, c, cb, t)
+    a("setp.ge.i64", p, b, tiles)
+    a("bra", "PDONE", p=p)
+    a.label("PTILE")
+    _pp_origin(a, c, b, m0, n0)
+    a("mov.b64", ca + 1, m0)
+    if c.trans_b and K2 == 1:
+        a("mov.b64", cb + 1, n0)
+    a("ldparam", t, "K")
+    a("shl.b64", kc, nt, 6)
+    a("sub.i64", kc, t, kc)                        # K - 64 nt <= 0: k tile 0 starts below k = 0
+    a("mov.b64", kt, 0)
+    a.label("PLOOP")
+    _fill_stage(a, c, (t, sb, eph, p), (si, ph, fill), S, SB, (full, empty), bytes_, (mA, mB), (ca, cb), kc, n0,
+                pr)
+    a("add.i64", kc, kc, 64)
+    a("add.i64", fill, fill, 1)
+    next_stage(a, si, ph, kt, S, p)
+    a("setp.lt.i64", p, kt, nt)
+    a("bra", "PLOOP", p=p)
+    a("add.i64", b, b, step)
+    a("setp.lt.i64", p, b, tiles)
+    a("bra", "PTILE", p=p)
+    a.label("PDONE")
+    if K2 > 1:                                     # the tail: every stage freed by both blocks' consumers
+        a("mov.b64", kt, 0)
+        a.label("PTAIL")
+        _empty_wait(a, t, eph, p, si, ph, fill, S, empty)
+        a("add.i64", fill, fill, 1)
+        next_stage(a, si, ph, kt, S, p)
+        a("setp.lt.i64", p, kt, S)
+        a("bra", "PTAIL", p=p)
+    a("exit")
+    return a.build()
+
+
+def _box_chunks(a: Asm, g: Reg, t: Reg, rowb: Reg, tmp: Reg, osz: int) -> Reg:
+    """The scratchpad offsets (rowb + ...) where lane (g, t) = (lane / 4, lane % 4) writes its
+    accumulator pairs of the nq 16-byte chunks of a row of C in a box of 128-byte rows, 128-byte
+    swizzled as a bulk copy lays it out (chunk q of row r at q ^ (r % 8), so a warp's 8 rows x 16
+    bytes fall on 32 distinct banks): nq new registers, the pair of mma tile ni at sw + ni % nq."""
+    nq = 8 if osz == 2 else 4
+    sw = a.reg(nq)
+    for q in range(nq):
+        if osz == 2:                               # f16 / bf16: columns 8 ni + 2t at chunk ni % 8, byte 4t
+            a("xor.b64", tmp, g, q)
+            a("shl.b64", tmp, tmp, 4)
+            a("mad.i64", sw + q, t, 4, tmp)
+        else:                                      # f32: chunk 2 (ni % 4) + t / 2, byte 8 (t % 2)
+            a("shr.u64", tmp, t, 1)
+            a("add.i64", tmp, tmp, 2 * q)
+            a("xor.b64", tmp, tmp, g)
+            a("shl.b64", tmp, tmp, 4)
+            a("and.b64", sw + q, t, 1)
+            a("mad.i64", sw + q, sw + q, 8, tmp)
+        a("add.i64", sw + q, sw + q, rowb)
+    return sw
+
+
+def _box_write(a: Asm, r: Reg, at: Reg, off: int, cvt: Optional[str], tmp: Reg) -> None:
+    """Write mma tile accumulators r..r+3 (rows g and g + 8) at their box offsets (_box_chunks'
+    ``at`` + off), converted by ``cvt`` (f16 / bf16 out) or as f32 pairs."""
+    if cvt is not None:
+        a(cvt, tmp, r, r + 1)
+        a("st.shared.b32", Mem(at, off), tmp)
+        a(cvt, tmp, r + 2, r + 3)
+        a("st.shared.b32", Mem(at, off + 8 * 128), tmp)
+    else:
+        a("st.shared.v2.b32", Mem(at, off), r)
+        a("st.shared.v2.b32", Mem(at, off + 8 * 128), r + 2)
+
+
+def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) -> None:
+    """The ping-pong kernel's epilogue by bulk tensor stores (where C's layout takes them), as
+    CUTLASS 3's TMA epilogue through its own scratchpad buffers (the stages are the other
+    warpgroup's): each consumer warp stores its own rows, boxes of 16 rows x 128 bytes (a wgmma
+    half's rows of the warp, one box column of C), through two 2 KiB buffers of its own at
+    ``ebuf``: before writing a buffer it waits until the store that last read it is done reading
+    (wait_group 1), then writes the box (_box_chunks' swizzle) and stores it through mapC (edges:
+    the unit writes nothing outside C). No warp waits for another."""
+    a, c = ctx.a, ctx.c
+    acc, NI, osz = ctx.acc, ctx.NI, ctx.osz
+    H = c.BM // 64
+    if c.alpha != 1.0:
+        for i in range(H * NI * 4):
+            a("mul.f32", acc + i, acc + i, c.alpha)
+    cols, nq = 128 // osz, (8 if osz == 2 else 4)
+    tid, g, t, wb, tmp, mC = (a.reg() for _ in range(6))
+    a("s2r", tid, "%tid.x")
+    a("and.b64", g, tid, 31)
+    a("shr.u64", g, g, 2)
+    a("and.b64", t, tid, 3)
+    a("shl.b64", wb, g, 7)
+    a("shr.u64", tmp, tid, 5)
+    a("mad.i64", wb, tmp, PP_EPI_WARP_BYTES, wb)
+    a("add.i64", wb, wb, ebuf)                     # row g of this warp's first buffer
+    sw = _box_chunks(a, g, t, wb, tmp, osz)
+    cc = a.reg(4)
+    zb, zh = batch_index(a)
+    a("mov.b64", cc + 2, zh)
+    a("mov.b64", cc + 3, zb)
+    a.free(zb, zh)
+    a("shr.u64", tmp, tid, 5)
+    a("and.b64", tmp, tmp, 3)
+    a("shl.b64", tmp, tmp, 4)
+    a("add.i64", m0, m0, tmp)                      # the warp's first row
+    a("shr.u64", wb, tid, 5)
+    a("mul.i64", wb, wb, PP_EPI_WARP_BYTES)
+    a("add.i64", wb, wb, ebuf)                     # the warp's first buffer
+    a("ldparam", mC, "mapC")
+    cvt = CVT_PACK.get(c.out)
+    for i in range(H * NI // nq):
+        h, j = divmod(i, NI // nq)
+        off = (i % 2) * 16 * 128
+        a("cp.async.bulk.wait_group", 1)           # the store two boxes ago has read this buffer
+        for ni in range(j * nq, (j + 1) * nq):
+            _box_write(a, ctx.accr(h, ni), sw + ni % nq, off, cvt, tmp)
+        a("add.i64", cc, n0, j * cols)
+        a("add.i64", cc + 1, m0, 64 * h)
+        a("cp.async.bulk.tensor.4d.store", Mem(wb, off), mC, cc)
+        a("cp.async.bulk.commit_group")
+    a.free(tid, g, t, wb, tmp, mC, sw, cc)
+    a("bra", end)
 
 
 def next_stage(a: Asm, si: Reg, ph: Reg, kt: Reg, S: int, p: Pred) -> None:
@@ -1665,7 +2024,8 @@ def _staged_store(a: Asm, c: _Cfg, acc: Reg, MI: int, NI: int, WTM: int, WTN: in
 
 
 def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, WTN: int, osz: int, accr,
-              smem: int) -> None:
+              smem: int, *, origin: Optional[tuple] = None, end: Optional[str] = None, mi_rows: int = 16,
+              wg_warps: int = 0) -> None:
     """Store the accumulators: lane (g, t) holds rows g, g+8 and columns 2t, 2t+1 of each 16 x 8
     mma tile. Fast path (whole block inside C, ldc and C's strides even): 8-byte (f32) / 4-byte
     (f16x2) stores. With ldc and strides multiples of 16 bytes, the block's C tile is staged in
@@ -1673,7 +2033,11 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     rows a warp, as CUTLASS's epilogue does: the 4-byte f16x2 stores write 16-byte pieces of
     32-byte sectors, which the L2 must fetch before it can merge them, and the 8-byte f32 stores
     of a warp touch 8 rows of C, one 32-byte sector each (8 write requests, against 4 whole lines
-    for a 16-byte store)."""
+    for a 16-byte store).
+
+    The persistent ping-pong kernel's form: ``origin`` the registers holding the tile's m0, n0;
+    ``end`` a label to branch to instead of exiting; accumulator row tiles ``mi_rows`` rows apart
+    (a warpgroup's wgmma halves: 64); the warp's place taken within its warpgroup of ``wg_warps``."""
     if c.alpha != 1.0:
         for i in range(MI * NI * 4):
             a("mul.f32", acc + i, acc + i, c.alpha)
@@ -1684,13 +2048,18 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     a("s2r", tid, "%tid.x")
     a("ldparam", Mr, "M")
     a("ldparam", Nr, "N")
-    m0, n0 = a.reg(), a.reg()
-    _tile_origin(a, c, m0, n0)
+    if origin is None:
+        m0, n0 = a.reg(), a.reg()
+        _tile_origin(a, c, m0, n0)
+    else:
+        m0, n0 = origin
     pf, pq = a.pred(), a.pred()
     # full block; ldc and C's strides even (2-column stores)
     _full_block(a, pf, pq, (m0, n0), (c.BM, c.BN), (Mr, Nr), 1, row, col)
     # row = m0 + wm*WTM + lane/4, col = n0 + wn*WTN + 2*(lane%4)
     a("shr.u64", row, tid, 5)
+    if wg_warps:
+        a("and.b64", row, row, wg_warps - 1)
     a("shr.u64", row, row, log2(c.WN))
     a("mul.i64", row, row, WTM)
     a("add.i64", row, row, m0)
@@ -1706,6 +2075,10 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     a("add.i64", col, col, t1)
     _c_ptr(a, ptr, row, col, ldc, t1, osz)
     a("mul.i64", step, ldc, 8 * osz)                   # 8 rows of C
+    step_mi = step
+    if mi_rows != 16:                                  # from row tile mi's second 8 rows to mi + 1's first
+        step_mi = a.reg()
+        a("mul.i64", step_mi, ldc, (mi_rows - 8) * osz)
     cvt = CVT_PACK.get(c.out)
     RS = c.BN * osz + (16 if osz == 2 else 32)         # staged row: BN elements + padding (_staged_store)
     if c.BM * RS <= smem:
@@ -1724,8 +2097,8 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
                 a(cvt, t1, src, src + 1)
                 a("st.global.b32", Mem(cur, 8 * ni * 2), t1)
         if q + 1 < 2 * MI:
-            a("add.i64", cur, cur, step)
-    a("exit")
+            a("add.i64", cur, cur, step_mi if q % 2 else step)
+    _leave(a, end)
     # -- edge path: every element under (row < M) and (col < N)
     a.label("EDGE")
     a("sub.i64", row, Mr, row)                          # rows left from this thread's first
@@ -1734,7 +2107,7 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
     a("mov.b64", cur, ptr)
     for q in range(2 * MI):
         mi, h = divmod(q, 2)
-        a("setp.gt.i64", pf, row, 8 * q)
+        a("setp.gt.i64", pf, row, mi * mi_rows + 8 * h)
         for ni in range(NI):
             src = accr(mi, ni) + 2 * h
             if cvt is not None:
@@ -1748,8 +2121,16 @@ def _epilogue(a: Asm, c: _Cfg, pm: Pred, acc: Reg, MI: int, NI: int, WTM: int, W
                 else:
                     a("st.global.b16", Mem(cur, (8 * ni + e) * 2), t1 if e == 0 else tid, p=pe)
         if q + 1 < 2 * MI:
-            a("add.i64", cur, cur, step)
-    a("exit")
+            a("add.i64", cur, cur, step_mi if q % 2 else step)
+    _leave(a, end)
+
+
+def _leave(a: Asm, end: Optional[str]) -> None:
+    """The end of an epilogue path: exit, or on to label ``end`` (a persistent kernel's next tile)."""
+    if end:
+        a("bra", end)
+    else:
+        a("exit")
 
 
 # ----------------------------------------------------------------------------- FFMA fallback
@@ -2027,7 +2408,8 @@ def _cost(M: int, N: int, BM: int, BN: int, cores: int, rate: float = 1.0) -> fl
     return ceil_div(blocks, max(cores, 1)) * BM * BN / eff
 
 
-def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[tuple[int, int], int]:
+def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int,
+            tiles_per_block: int = 1) -> tuple[tuple[int, int], int]:
     """((group, raster_n) of _tile_origin, the launch's period). Tile rows are the dimension with
     fewer tiles (R of
     them). A wave of W blocks in groups of G rows reads G row panels and W / G column panels,
@@ -2035,19 +2417,21 @@ def _raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple
     the R row panels for the next wave, so up to R = 2 sqrt(W) (a quarter more panels a wave)
     the group is all of R, and beyond that R splits into groups of about sqrt(W) rows, evenly.
     With several groups, the blocks of one (group x columns) repeat the sharing pattern: that is
-    the period wave sampling measures over (0 with one group)."""
-    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total)
+    the period wave sampling measures over (0 with one group). ``tiles_per_block``: the tiles a
+    block works on at once (the ping-pong kernel's two warpgroups), which the wave holds."""
+    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total * tiles_per_block)
     tm, tn = ceil_div(M, c.BM), ceil_div(N, c.BN)
     rows, cols = sorted((tm, tn))
     group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
     return (group, int(tn < tm)), (group * cols if group < rows else 0)
 
 
-def _cluster_raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int) -> tuple[tuple[int, int], int]:
+def _cluster_raster(caps, prog: Program, threads: int, c: _Cfg, M: int, N: int,
+                    tiles_per_block: int = 1) -> tuple[tuple[int, int], int]:
     """_raster for the kernel on clusters of two (_cluster_tile_origin): tile rows are pairs of M
     tiles, a wave holds half as many clusters as blocks; ``group`` counts M tiles (twice the
     pairs). The period in blocks."""
-    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total / 2)
+    root = math.sqrt(max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total / 2 * tiles_per_block)
     rows, cols = ceil_div(M, 2 * c.BM), ceil_div(N, c.BN)
     group = rows if rows <= 2 * root else ceil_div(rows, max(1, round(rows / root)))
     return (2 * group, 0), (2 * group * cols if group < rows else 0)
@@ -2101,7 +2485,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if kernel not in KERNELS:
-        raise InputError("gemm", f"kernel {kernel!r}", "mma, wgmma, tma or tma_multicast")
+        raise InputError("gemm", f"kernel {kernel!r}", _KERNEL_NAMES)
     if kernel is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"kernel {kernel} with dtype {dtype}, which {caps.name} runs as "
                          "the vector FFMA kernel", "no kernel, or a dtype the tensor units take")
@@ -2128,18 +2512,22 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     share = dict(caps.mma_sync_share).get(dt, 1.0)
     wg_order = sorted(WGMMA_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share), -t[0] * t[1]))
     can_wg = "wgmma" in caps.features and dt in ("fp16", "bf16") and not trans_a
-    if kernel in ("wgmma", "tma", "tma_multicast") and not can_wg:
+    if kernel in KERNELS[2:] and not can_wg:
         raise InputError(f"gemm on {caps.name}", f"the {kernel} kernel with dtype {dtype}"
                          f"{', A given k-major' if trans_a else ''}", "fp16 or bf16, A row-major, on a machine "
                          "with tensor.wgmma")
-    if kernel in ("tma", "tma_multicast"):
+    if kernel in KERNELS[3:]:
         if tma_ok is None:                        # dense matrices of this shape
             def tma_ok(BM, BN):
                 return tma_fits(M, N, K, dt, trans_b, BM, BN, K, K if trans_b else N, (1, 1), (0, 0), (0, 0))
         if c_store is None:
             c_store = c_store_fits(N, out, N, (1, 1), (0, 0))
-        return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok,
-                           2 if kernel == "tma_multicast" else 1, c_store)
+        cluster = 2 if kernel.endswith("multicast") else 1
+        if kernel.startswith("tma_pingpong"):
+            pp_order = sorted(PINGPONG_TILES, key=lambda t: (_cost(M, N, t[0], t[1], 2 * caps.cores_total, share),
+                                                             -t[0] * t[1]))
+            return _choose_tma(caps, pp_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster, c_store, True)
+        return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster, c_store)
     if kernel == "wgmma" or (kernel is None and can_wg and M > SKINNY_M):
         mma_best = _cost(M, N, *order[0][:2], caps.cores_total)
         for BM, BN in wg_order:
@@ -2180,36 +2568,41 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
 
 def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_counts, barrier_bytes,
-                 tried, cluster=1, c_store=False) -> Optional[tuple[_Cfg, Program]]:
+                 tried, cluster=1, c_store=False, pingpong=False) -> Optional[tuple[_Cfg, Program]]:
     """The warpgroup kernel ``kind`` ("wgmma", or "tma": a producer warp more and ``barrier_bytes``
     of mbarriers a stage; ``cluster`` blocks a cluster; ``c_store``: C's layout takes bulk tensor
-    stores, which it then uses where the stages hold the tile) of tile BM x BN with the most of
+    stores, which it then uses where the stages hold the tile; ``pingpong``: the persistent
+    ping-pong kernel, BM x BN a warpgroup's tile) of tile BM x BN with the most of
     ``stage_counts`` stages that fits the target, or None; what did not fit goes to ``tried``."""
-    emit = _emit_wgmma_tma if kind == "tma" else _emit_wgmma
-    threads = 2 * BM + (32 if kind == "tma" else 0)
+    emit = _emit_wgmma_pingpong if pingpong else _emit_wgmma_tma if kind == "tma" else _emit_wgmma
+    threads = PP_THREADS if pingpong else 2 * BM + (32 if kind == "tma" else 0)
+    name = "tma_pingpong" if pingpong else kind
     for stages in stage_counts:
-        smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + barrier_bytes)
+        smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + barrier_bytes) + (PP_EPI_BYTES if pingpong and
+                                                                                   c_store else 0)
         if smem > caps.scratchpad_bytes:
-            tried.append(f"{kind} {BM}x{BN}: {smem} B scratchpad")
+            tried.append(f"{name} {BM}x{BN}: {smem} B scratchpad")
             continue
-        c_tma = c_store and BM * BN * OUT_BYTES[out] <= stages * _stage_bytes(dt, trans_b, BM, BN, 128)
-        cfg = _Cfg(kind, dt, out, trans_b, BM, BN, BM // 16, 1, stages, cw_a, cw_b, 128, alpha=alpha,
-                   cluster=cluster, c_tma=c_tma)
+        c_tma = c_store and (pingpong or BM * BN * OUT_BYTES[out] <= stages * _stage_bytes(dt, trans_b, BM, BN, 128))
+        cfg = _Cfg(kind, dt, out, trans_b, BM, BN, 4 if pingpong else BM // 16, 1, stages, cw_a, cw_b, 128,
+                   alpha=alpha, cluster=cluster, c_tma=c_tma, pingpong=pingpong)
         try:
             prog = emit(cfg)
         except OutOfRegisters as e:
-            tried.append(f"{kind} {BM}x{BN}: {e}")
+            tried.append(f"{name} {BM}x{BN}: {e}")
             continue
         if _fits(prog, caps, threads):
             return cfg, prog
-        tried.append(f"{kind} {BM}x{BN}: {prog.nregs} registers")
+        tried.append(f"{name} {BM}x{BN}: {prog.nregs} registers")
     return None
 
 
 def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster=1,
-                c_store=False) -> tuple[_Cfg, Program]:
+                c_store=False, pingpong=False) -> tuple[_Cfg, Program]:
     """The TMA kernel's tile: the wgmma kernel's order, the deepest pipeline that fits (cluster: 2
-    for the multicast form; c_store: C's layout takes bulk tensor stores)."""
+    for the multicast form; c_store: C's layout takes bulk tensor stores; pingpong: the persistent
+    ping-pong kernel, ``wg_order`` its warpgroup tiles, up to 8 stages as CUTLASS fills the
+    scratchpad with stages)."""
     where = f"gemm on {caps.name}"
     if "tma" not in caps.features:
         raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
@@ -2220,8 +2613,8 @@ def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, clu
         if not tma_ok(BM, BN):
             tried.append(f"tma {BM}x{BN}: a box larger than its matrix, or a stride not a multiple of 16 bytes")
             continue
-        got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, (4, 3, 2), 16, tried,
-                           cluster, c_store)
+        got = _fit_wg_tile(caps, "tma", dt, out, trans_b, BM, BN, cw_a, cw_b, alpha,
+                           PP_STAGES if pingpong else (4, 3, 2), 16, tried, cluster, c_store, pingpong)
         if got is not None:
             return got
     raise InputError(where, "no tma tile fits: " + "; ".join(tried), "kernel wgmma or mma")
@@ -2243,7 +2636,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     row, else 64), warps (4: 2 x 2; 8: 4 x 2 or 2 x 4, the longer side split in 4), stages (the
     mma kernel). ``kernel``: "mma" or "wgmma" (machines with warpgroup MMA) instead of the
     rule's choice between the two, or "tma" (the wgmma kernel fed by the TMA unit; machines with
-    tma, layouts tma_fits takes).
+    tma, layouts tma_fits takes), "tma_multicast" (it on clusters of two sharing B), "tma_pingpong"
+    (the persistent ping-pong kernel; ``tile`` is then one warpgroup's) or "tma_pingpong_multicast".
 
     Layout (all in elements; kernel parameters, so one program serves every value of the same
     alignment class): ``lda``, ``ldb``, ``ldc`` are the row strides of A, B, C as stored (default:
@@ -2294,8 +2688,8 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
     if kernel not in KERNELS:
-        raise InputError(where, f"kernel {kernel!r}", "mma, wgmma, tma or tma_multicast")
-    if tile is not None and kernel in ("wgmma", "tma", "tma_multicast"):
+        raise InputError(where, f"kernel {kernel!r}", _KERNEL_NAMES)
+    if tile is not None and kernel in KERNELS[2:]:
         raise InputError(where, f"a tile with kernel {kernel}",
                          f"a tile (the mma kernel's) or kernel {kernel} (its own rule)")
     if tile is not None and not _uses_tensor(caps, dt):
@@ -2323,14 +2717,27 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
                                 alpha=alpha_f, launches=nb * nh, kernel=kernel, tma_ok=tma_ok,
                                 c_store=c_store_fits(N, out, ldc, (nb, nh), sc))
     check(prog, caps)
-    if cfg.kind in ("mma", "wgmma", "tma"):
+    if cfg.pingpong:
+        threads = PP_THREADS
+        t = Tile(cfg.BM, cfg.BN, cfg.kb // es, PP_THREADS // 32, cfg.stages)
+    elif cfg.kind in ("mma", "wgmma", "tma"):
         producer = int(cfg.kind == "tma")           # the TMA kernel's producer warp
         threads = 32 * (cfg.WM * cfg.WN + producer)
         t = Tile(cfg.BM, cfg.BN, cfg.kb // es, cfg.WM * cfg.WN + producer, cfg.stages)
     else:
         threads = 32 * FFMA_TILE[3]
         t = Tile(FFMA_TILE[0], FFMA_TILE[1], FFMA_TILE[2], FFMA_TILE[3], 1)
-    if cfg.cluster > 1:
+    if cfg.pingpong:                                # persistent: a block an SM slot (of each GEMM of a batch)
+        K2 = cfg.cluster
+        tiles = ceil_div(M, K2 * t.BM) * ceil_div(N, t.BN)      # (pairs of M tiles on clusters of two)
+        slots = max(blocks_per_core(caps, prog, threads), 1) * caps.cores_total // K2
+        blocks = K2 * min(tiles, ceil_div(slots, nb * nh))
+        if K2 > 1:
+            raster, _ = _cluster_raster(caps, prog, threads, cfg, M, N, tiles_per_block=2)
+        else:
+            raster, _ = _raster(caps, prog, threads, cfg, M, N, tiles_per_block=2)
+        launch = Launch((blocks, 1, nb * nh), (threads, 1, 1), cluster=K2)
+    elif cfg.cluster > 1:
         raster, period = _cluster_raster(caps, prog, threads, cfg, M, N)
         pairs = ceil_div(M, 2 * t.BM)
         launch = Launch((2 * pairs * ceil_div(N, t.BN), 1, nb * nh), (threads, 1, 1), period=period, cluster=2)
@@ -2340,4 +2747,4 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     return GemmKernel(program=prog, launch=launch, tile=t, flops=2 * M * N * K * nb * nh, M=M, N=N, K=K, dtype=dt,
                       out_dtype=out, trans_b=bool(trans_b), kind=cfg.kind, trans_a=bool(trans_a), lda=lda, ldb=ldb,
                       ldc=ldc, batch=(nb, nh), stride_a=sa, stride_b=sb, stride_c=sc, alpha=alpha_f,
-                      raster=raster, cluster=cfg.cluster, c_tma=cfg.c_tma)
+                      raster=raster, cluster=cfg.cluster, c_tma=cfg.c_tma, pingpong=cfg.pingpong)
