@@ -2,6 +2,9 @@
 numbers against numpy and bit for bit against the TMA kernel, persistent blocks over many tiles,
 on clusters of two sharing B, both functional engines, its refusals, and a timing run's copies."""
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 
@@ -12,6 +15,7 @@ from archsim.engine.functional import run_functional
 from archsim.engine.launch import Unbacked
 from archsim.engine.timing import time_kernel
 from archsim.errors import InputError
+from archsim.isa.asm import disassemble
 from archsim.isa.program import Launch
 from archsim.workloads.emit import gemm_kernel
 
@@ -125,7 +129,7 @@ def test_the_pingpong_kernel_is_refused_where_it_cannot_run(caps):
 
 def test_a_timing_run_copies_every_tile_once(h100, caps, monkeypatch):
     # 512 x 512 x 192 in 128 x 128 tiles on 3 persistent blocks: 16 tiles x 3 k tiles, each an A box
-    # and two B panels; C by plain stores, every tile once
+    # and two B panels; every tile once
     monkeypatch.setattr(G, "PINGPONG_TILES", ((128, 128),))
     g = gemm_kernel(caps, 512, 512, 192, "fp16", "f32", kernel="tma_pingpong")
     sizes = g.buffer_bytes()
@@ -143,3 +147,65 @@ def test_a_timing_run_copies_every_tile_once(h100, caps, monkeypatch):
                      m.args(*(Unbacked(sizes[k]) for k in "ABC")))
     assert tm.memory["tma"]["copies_landed"] == 16 * 3 * 3 and tm.flops == t.flops
     assert 4 * tm.memory["tma"]["requests"] == 3 * tma["requests"]
+
+
+def test_the_turn_passes_after_the_main_loop(h100, caps, monkeypatch):
+    # one block, 8 tiles of 128 x 128 x 128: a warpgroup's epilogue runs beside the other's main loop,
+    # against the same kernel handing the turn over only after its epilogue
+    monkeypatch.setattr(G, "PINGPONG_TILES", ((128, 128),))
+    g = gemm_kernel(caps, 512, 256, 128, "fp16", "f32", kernel="tma_pingpong")
+    cfg = G._Cfg("tma", "fp16", "f32", False, 128, 128, 4, 1, g.tile.stages, 16, 16, 128, c_tma=g.c_tma,
+                 pingpong=True)
+    assert G._emit_wgmma_pingpong(cfg) == g.program
+    sizes = g.buffer_bytes()
+    cycles = {}
+    for overlap in (True, False):
+        prog = G._emit_wgmma_pingpong(dataclasses.replace(cfg, pp_overlap=overlap))
+        cycles[overlap] = time_kernel(prog, h100, Launch((1, 1, 1), g.launch.block),
+                                      g.args(*(Unbacked(sizes[k]) for k in "ABC"))).cycles
+    assert cycles[True] < 0.9 * cycles[False]
+
+
+@pytest.mark.parametrize("out", ["f32", "f16"])
+@pytest.mark.parametrize("tile", G.PINGPONG_TILES)
+def test_no_epilogue_buffer_is_rewritten_before_its_store_read_it(caps, monkeypatch, tile, out):
+    # the epilogue's waits and stores, tile after tile: before a warp writes a buffer, no store still
+    # pending after the wait reads that buffer (an odd box count a tile shifts the buffers' parity)
+    monkeypatch.setattr(G, "PINGPONG_TILES", (tile,))
+    g = gemm_kernel(caps, 512, 512, 128, "fp16", out, kernel="tma_pingpong")
+    assert g.c_tma
+    text = disassemble(g.program)
+    body = text[:text.index("CDONE:")]
+    steps = re.findall(r"cp\.async\.bulk\.wait_group (\d+)|cp\.async\.bulk\.tensor\.4d\.store \[r\d+(?:\+(\d+))?\]",
+                       body)
+    assert steps and len(steps) % 2 == 0
+    pending = []                                  # the buffers of the stores not yet read
+    for i, (wait, buf) in enumerate(steps * 3):   # three tiles in a row
+        if not wait:                              # a store from buffer offset buf
+            pending.append(int(buf or 0))
+        else:                                     # then the box is written into the next store's buffer
+            pending = pending[len(pending) - int(wait):] if int(wait) else []
+            assert int(steps[(i + 1) % len(steps)][1] or 0) not in pending
+
+
+@pytest.mark.parametrize("kernel,out,alpha", [("tma_pingpong", "bf16", 0.5), ("tma_pingpong_multicast", "f32", 2.0)])
+def test_alpha_bf16_and_the_default_launch(caps, kernel, out, alpha):
+    # the rule's tile and launch (one tile a block here: warpgroup 1 idles), alpha before the stores
+    g = gemm_kernel(caps, 256, 384, 192, "bf16", out, kernel=kernel, alpha=alpha)
+    assert g.launch.grid[0] == (256 // g.tile.BM) * (384 // g.tile.BN) * g.cluster // (1 + (g.cluster > 1))
+    got, want = run(g)
+    assert np.allclose(G.to_float(got, out), want, rtol=2e-2, atol=2e-2)
+    # and from registers (rows of C not a multiple of 16 bytes)
+    r = gemm_kernel(caps, 256, 384, 192, "bf16", out, kernel=kernel, alpha=alpha, ldc=386)
+    assert not r.c_tma
+    assert np.array_equal(run(r)[0].reshape(got.shape), got)
+
+
+def test_micro_gemm_runs_and_names_the_kernels(h100):
+    from archsim.micro import run_micro
+
+    for kernel in ("tma_pingpong", "tma_pingpong_multicast"):
+        r = run_micro("gemm", h100, {"m": "256", "n": "256", "k": "128", "kernel": kernel})
+        assert r.extra["kernel"] == kernel and r.extra["warps"] == 9 and 0 < r.extra["share_of_peak"] < 1
+    with pytest.raises(InputError, match="tma_pingpong or tma_pingpong_multicast"):
+        run_micro("gemm", h100, {"kernel": "pingpong"})

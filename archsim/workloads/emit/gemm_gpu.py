@@ -138,6 +138,9 @@ of its best tile (128 x 256 down to 64 x 64) is below that of the mma kernel's b
 efficiency raised up to 1 / (mma.sync's share of the units' peak) where the tile's intensity
 allows: eff = min(1 / share, intensity / 64). So a large GEMM runs wgmma 128 x 256, and a small
 one, or one bound by its operands' traffic, mma's smaller tiles. ``kernel`` overrides the choice.
+The ping-pong kernel orders its warpgroup tiles (PINGPONG_TILES) by the same cost at wgmma's rate,
+one tile an SM at a time (its warpgroups' main loops take turns), and takes the most stages of up
+to 8 that fit beside its epilogue buffers.
 """
 
 from __future__ import annotations
@@ -210,6 +213,8 @@ class _Cfg:
     cluster: int = 1       # the TMA kernel: blocks a cluster (2: M tiles in pairs sharing B by multicast)
     c_tma: bool = False    # the TMA kernel: C leaves by bulk tensor stores (_tma_c_epilogue)
     pingpong: bool = False  # the TMA kernel as the persistent ping-pong kernel (_emit_wgmma_pingpong)
+    pp_overlap: bool = True  # ping-pong: the turn passes after the main loop (False, for comparison: after
+                             # the epilogue, so no epilogue runs beside the other warpgroup's main loop)
 
 
 # kernel parameters, in order: buffers, shape, leading dimensions (elements), the number of heads
@@ -1173,18 +1178,22 @@ class _WgDesc(NamedTuple):
     mn: str
 
 
-def _wg_descriptors(ctx: _MmaCtx, tid: Reg) -> _WgDesc:
-    """Emit this warp's warpgroup offset into A (``tid``: a register holding %tid.x) and allocate
-    the descriptor registers. Descriptors: 128-byte swizzle, 8-row groups 1 KiB apart; B k-major
-    in 64-column panels BK rows long."""
+def _wg_descriptors(ctx: _MmaCtx, tid: Optional[Reg]) -> _WgDesc:
+    """Emit this warp's warpgroup offset into A (``tid``: a register holding %tid.x; None: every
+    warpgroup reads A from its first row, the ping-pong kernel's) and allocate the descriptor
+    registers. Descriptors: 128-byte swizzle, 8-row groups 1 KiB apart; B k-major in 64-column
+    panels BK rows long."""
     a, c = ctx.a, ctx.c
     kmaj = (1024 >> 4) << 32 | 1 << 62
     bconst = kmaj if c.trans_b else kmaj | (ctx.b_rows * 128 >> 4) << 16
     bstep = 2 if c.trans_b else 16 * 128 >> 4     # a k16 step: 32 bytes along a row, or 16 k rows
     wgoff = a.reg()
-    a("shr.u64", wgoff, tid, 7)                   # this warp's warpgroup: A rows 64 wg ..
-    a("mul.i64", wgoff, wgoff, 64 * 128 >> 4)
-    a("add.i64", wgoff, wgoff, kmaj)
+    if tid is None:
+        a("mov.b64", wgoff, kmaj)
+    else:
+        a("shr.u64", wgoff, tid, 7)               # this warp's warpgroup: A rows 64 wg ..
+        a("mul.i64", wgoff, wgoff, 64 * 128 >> 4)
+        a("add.i64", wgoff, wgoff, kmaj)
     mn = f"wgmma.m64n{c.BN}k16.f32.{'f16' if c.dtype == 'fp16' else 'bf16'}"
     return _WgDesc(wgoff, a.reg(), a.reg(), bconst, bstep, mn)
 
@@ -1673,6 +1682,7 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
     ctx = _MmaCtx(c)
     S, SB, H, K2 = ctx.S, ctx.SB, c.BM // 64, c.cluster
     E = PP_EPI_BYTES if c.c_tma else 0             # the bulk-store epilogue's buffers, after the stages
+    assert (S * SB) % 1024 == 0                    # (their boxes' 128-byte swizzle runs on 1 KiB-aligned addresses)
     full, empty, turn = S * SB + E, S * SB + E + 8 * S, S * SB + E + 16 * S
     a = ctx.a = Asm(ctx.a.b.name + ("_pingpong" if K2 == 1 else f"_pingpong_c{K2}"),
                     TMA_PARAMS + (("mapC",) if c.c_tma else ()), S * SB + E + 16 * S + 16)
@@ -1729,8 +1739,7 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
         a("xor.b64", peer, peer, 1)
     a("setp.ge.i64", p, b, tiles)
     a("bra", "CDONE", p=p)
-    desc = _wg_descriptors(ctx, tid)
-    a("mov.b64", desc.wgoff, (1024 >> 4) << 32 | 1 << 62)   # every warpgroup reads all BM rows of A
+    desc = _wg_descriptors(ctx, None)              # every warpgroup reads all BM rows of A
     dA2 = a.reg() if H > 1 else None
     a.label("TILE")
     for i in range(H * c.BN // 2):
@@ -1742,7 +1751,8 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
     a("mov.b64", kt, 0)
     _consumer_k_loop(a, lambda base16: _pp_k_tile(ctx, desc, dA2, base16), (bar, prev, t, p, pw), (si, ph, kt, nt),
                      S, SB, (full, empty), peer)
-    a("mbarrier.arrive", Mem(to, 0))               # the other warpgroup's turn at the tensor units
+    if c.pp_overlap:
+        a("mbarrier.arrive", Mem(to, 0))           # the other warpgroup's turn at the tensor units
     a("wgmma.wait_group", 0)
     a("mbarrier.arrive", Mem(prev, empty))
     if K2 > 1:
@@ -1756,6 +1766,8 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
         _epilogue(a, c, a.pred(), ctx.acc, ctx.MI, ctx.NI, 16, ctx.WTN, ctx.osz, ctx.accr, 0, origin=(m0, n0),
                   end="NEXT", mi_rows=64, wg_warps=4)
     a.label("NEXT")
+    if not c.pp_overlap:
+        a("mbarrier.arrive", Mem(to, 0))
     a("add.i64", b, b, step)
     a("setp.lt.i64", p, b, tiles)
     a("bra", "TILE", p=p)
@@ -1856,8 +1868,9 @@ def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) ->
     warpgroup's): each consumer warp stores its own rows, boxes of 16 rows x 128 bytes (a wgmma
     half's rows of the warp, one box column of C), through two 2 KiB buffers of its own at
     ``ebuf``: before writing a buffer it waits until the store that last read it is done reading
-    (wait_group 1), then writes the box (_box_chunks' swizzle) and stores it through mapC (edges:
-    the unit writes nothing outside C). No warp waits for another."""
+    (wait_group 1; the first box of a tile of an odd box count wait_group 0, the previous tile's
+    last box having used the same buffer), then writes the box (_box_chunks' swizzle) and stores
+    it through mapC (edges: the unit writes nothing outside C). No warp waits for another."""
     a, c = ctx.a, ctx.c
     acc, NI, osz = ctx.acc, ctx.NI, ctx.osz
     H = c.BM // 64
@@ -1889,10 +1902,13 @@ def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) ->
     a("add.i64", wb, wb, ebuf)                     # the warp's first buffer
     a("ldparam", mC, "mapC")
     cvt = CVT_PACK.get(c.out)
-    for i in range(H * NI // nq):
+    boxes = H * NI // nq
+    for i in range(boxes):
         h, j = divmod(i, NI // nq)
         off = (i % 2) * 16 * 128
-        a("cp.async.bulk.wait_group", 1)           # the store two boxes ago has read this buffer
+        # the store two boxes ago has read this buffer; an odd count a tile puts the previous tile's
+        # last box in buffer 0 too, so the first box waits for every store
+        a("cp.async.bulk.wait_group", 0 if i == 0 and boxes % 2 else 1)
         for ni in range(j * nq, (j + 1) * nq):
             _box_write(a, ctx.accr(h, ni), sw + ni % nq, off, cvt, tmp)
         a("add.i64", cc, n0, j * cols)
@@ -2524,7 +2540,8 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
             c_store = c_store_fits(N, out, N, (1, 1), (0, 0))
         cluster = 2 if kernel.endswith("multicast") else 1
         if kernel.startswith("tma_pingpong"):
-            pp_order = sorted(PINGPONG_TILES, key=lambda t: (_cost(M, N, t[0], t[1], 2 * caps.cores_total, share),
+            # (the warpgroups' main loops take turns: an SM's tensor units work on one tile at a time)
+            pp_order = sorted(PINGPONG_TILES, key=lambda t: (_cost(M, N, t[0], t[1], caps.cores_total, share),
                                                              -t[0] * t[1]))
             return _choose_tma(caps, pp_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster, c_store, True)
         return _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, cluster, c_store)
@@ -2578,8 +2595,9 @@ def _fit_wg_tile(caps, kind, dt, out, trans_b, BM, BN, cw_a, cw_b, alpha, stage_
     threads = PP_THREADS if pingpong else 2 * BM + (32 if kind == "tma" else 0)
     name = "tma_pingpong" if pingpong else kind
     for stages in stage_counts:
-        smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + barrier_bytes) + (PP_EPI_BYTES if pingpong and
-                                                                                   c_store else 0)
+        smem = stages * (_stage_bytes(dt, trans_b, BM, BN, 128) + barrier_bytes)
+        if pingpong:                              # its epilogue buffers and two turn barriers
+            smem += (PP_EPI_BYTES if c_store else 0) + 16
         if smem > caps.scratchpad_bytes:
             tried.append(f"{name} {BM}x{BN}: {smem} B scratchpad")
             continue
@@ -2607,7 +2625,8 @@ def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, clu
     if "tma" not in caps.features:
         raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
     if cluster > 1 and "cluster_tma" not in caps.features:
-        raise InputError(where, "the tma_multicast kernel", "a machine with tma and clusters")
+        raise InputError(where, f"the {'tma_pingpong' if pingpong else 'tma'}_multicast kernel",
+                         "a machine with tma and clusters")
     tried = []
     for BM, BN in wg_order:
         if not tma_ok(BM, BN):
