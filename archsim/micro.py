@@ -818,9 +818,10 @@ def micro_dsmem(machine, p: dict, out: MicroResult) -> float:
 
 
 def micro_gemm(machine, p: dict, out: MicroResult) -> float:
-    """C = A @ B with the workload GEMM emitter's kernel for this machine and shape
-    (archsim.workloads.emit.gemm_gpu: the tile rule's block tile or ``tile``'s, a multistage cp.async pipeline,
-    swizzled shared memory, ldmatrix and mma; FFMA where the tensor units lack the dtype)."""
+    """C = A @ B (C in ``out``: f32, or f16 / bf16 for fp16 / bf16 inputs) with the workload GEMM
+    emitter's kernel for this machine and shape (archsim.workloads.emit.gemm_gpu: the tile rule's
+    block tile or ``tile``'s, a multistage cp.async pipeline, swizzled shared memory, ldmatrix and
+    mma; FFMA where the tensor units lack the dtype)."""
     from archsim.workloads.emit import gemm_kernel
 
     if machine.family == "sunway":
@@ -832,7 +833,9 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     kernels = ("mma", "wgmma", "tma", "tma_multicast", "tma_pingpong", "tma_pingpong_multicast")
     _need(p["kernel"] in ("auto",) + kernels, "--param kernel", repr(p["kernel"]),
           "auto, " + ", ".join(kernels[:-1]) + " or " + kernels[-1])
-    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32", tile=_gemm_tile(p["tile"]),
+    outs = ("f32",) + {"fp16": ("f16",), "bf16": ("bf16",)}.get(p["dtype"], ())
+    _need(p["out"] in outs, "--param out", f"{p['out']!r} with dtype {p['dtype']}", " or ".join(outs))
+    g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], p["out"], tile=_gemm_tile(p["tile"]),
                     kernel=None if p["kernel"] == "auto" else p["kernel"])
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])
@@ -885,6 +888,7 @@ def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     _need(p["dtype"] in SUNWAY_GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(SUNWAY_GEMM_DTYPES))
     _need(p["tile"] == "auto", "--param tile", f"{p['tile']} on {machine.name}",
           "auto (the Sunway GEMM's tile is its CPE's C tile in LDM)")
+    _need(p["out"] == "f32", "--param out", f"{p['out']} on {machine.name}", "f32 (the Sunway GEMM stores f32)")
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])

@@ -50,6 +50,7 @@ PARAMS = {
               "warps": (int, 8, "warps a block (bandwidth), >= 1")},
     "gemm": {"m": (int, 1024, "> 0"), "n": (int, 1024, "> 0"), "k": (int, 1024, "> 0"),
              "dtype": (str, "fp16", "fp16, bf16, tf32 or fp32 (Sunway: fp16, bf16 or fp32)"),
+             "out": (str, "f32", "f32, or the input dtype's own for fp16 / bf16: f16 / bf16 (GPU)"),
              "sample": (bool, True, "true (a launch of many waves is timed from its first waves) or false"),
              "tile": (str, "auto", "auto (the tile rule's) or a tensor-core tile BMxBNxBK/warps/stages, as "
                                    "128x128x64/4/4 (GPU; the mma kernel)"),

@@ -201,7 +201,7 @@ def test_alpha_bf16_and_the_default_launch(caps, kernel, out, alpha):
     assert np.array_equal(run(r)[0].reshape(got.shape), got)
 
 
-def test_micro_gemm_runs_and_names_the_kernels(h100):
+def test_micro_gemm_runs_and_names_the_kernels_and_stores_f16(h100):
     from archsim.micro import run_micro
 
     for kernel in ("tma_pingpong", "tma_pingpong_multicast"):
@@ -209,3 +209,10 @@ def test_micro_gemm_runs_and_names_the_kernels(h100):
         assert r.extra["kernel"] == kernel and r.extra["warps"] == 9 and 0 < r.extra["share_of_peak"] < 1
     with pytest.raises(InputError, match="tma_pingpong or tma_pingpong_multicast"):
         run_micro("gemm", h100, {"kernel": "pingpong"})
+    # C in the inputs' own 16-bit type: half the bytes stored
+    r = run_micro("gemm", h100, {"m": "256", "n": "256", "k": "128", "kernel": "tma_pingpong", "out": "f16"})
+    assert r.kernels[0]["tma"]["store_bytes"] == 256 * 256 * 2
+    with pytest.raises(InputError, match="--param out: 'bf16' with dtype fp16 .f32 or f16."):
+        run_micro("gemm", h100, {"out": "bf16"})
+    with pytest.raises(InputError, match="--param out: f16 on tiny-sunway"):
+        run_micro("gemm", load_machine("tiny-sunway"), {"out": "f16"})
