@@ -234,24 +234,26 @@ class AttentionKernel:
             extra["LSE"] = LSE
         elif LSE is not None:
             raise InputError(where, "an LSE buffer for a kernel emitted without with_lse", "with_lse=True")
-        if self.kind == "wgmma":                   # the producer's tensor maps (attention_wgmma)
+        if self.kind == "wgmma":                   # the producer's tensor maps and O's (attention_wgmma)
             extra.update(self.tensor_maps(q_off, k_off, v_off))
+            extra["mapO"] = self._map("O", self.q_len, self.o_ld, o_off, 16)
         return {"Q": Q, "K": K, "V": V, "O": O, "q_len": self.q_len, "kv_len": self.kv_len, "q_ld": self.q_ld,
                 "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}, **extra}
 
     def tensor_maps(self, q_off: int, k_off: int, v_off: int) -> dict:
         """The TMA kernel's (attention_wgmma) tensor maps of Q, K and V: 4-d (head column, row, head,
         batch), 128-byte swizzle, boxes of 64 columns by block_rows query or Bc key rows."""
+        return {"mapQ": self._map("Q", self.q_len, self.q_ld, q_off, self.block_rows),
+                "mapK": self._map("K", self.kv_len, self.kv_ld, k_off, self.Bc),
+                "mapV": self._map("V", self.kv_len, self.kv_ld, v_off, self.Bc)}
+
+    def _map(self, of: str, rows: int, ld: int, off: int, box: int) -> TensorMap:
+        """The 4-d tensor map (head column, row, head, batch) of buffer ``of``, 128-byte swizzle,
+        boxes of 64 columns by ``box`` rows."""
         es, d = ELEM_BYTES[self.dtype], self.head_dim
-
-        def one(of, rows, ld, off, box):
-            words = tensor_map_words([d, rows, self.heads, self.batch], es, [64, box, 1, 1], 128,
-                                     [ld * es, d * es, rows * ld * es])
-            return TensorMap(of, words, offset=off * es)
-
-        return {"mapQ": one("Q", self.q_len, self.q_ld, q_off, self.block_rows),
-                "mapK": one("K", self.kv_len, self.kv_ld, k_off, self.Bc),
-                "mapV": one("V", self.kv_len, self.kv_ld, v_off, self.Bc)}
+        words = tensor_map_words([d, rows, self.heads, self.batch], es, [64, box, 1, 1], 128,
+                                 [ld * es, d * es, rows * ld * es])
+        return TensorMap(of, words, offset=off * es)
 
     def qkv_args(self, QKV, O, LSE=None) -> dict:
         """Arguments for Q, K and V read in place from one fused QKV buffer [batch*s, 3*heads*d]
@@ -865,9 +867,10 @@ def _mma_row_sums(ctx: _MmaCtx):
     return lz
 
 
-def mma_epilogue(ctx: _MmaCtx) -> None:
+def mma_epilogue(ctx: _MmaCtx, o_store=None) -> None:
     """Emit O / l of each m-tile's rows g, g + 8 in the input dtype (split: f32 partials) and, with
-    lse, the LSE."""
+    lse, the LSE. ``o_store(ctx)``: instead of the stores from registers, emit O's stores (and the
+    end) once the accumulators hold O / l (attention_wgmma's bulk tensor stores)."""
     # each lane: 2 columns of each 16 x 8 tile
     a, c, tid, t1, pm = ctx.a, ctx.c, ctx.tid, ctx.t1, ctx.pm
     lz = _mma_row_sums(ctx)
@@ -913,6 +916,13 @@ def mma_epilogue(ctx: _MmaCtx) -> None:
             a("st.global.b32", Mem(ptr, 0), lz + 2 * mt, p=pA2)
             a("st.global.b32", Mem(ptr, 32), lz + 2 * mt + 1, p=pB2)   # row + 8
             a.pfree(pz, pA2, pB2)
+        if o_store is not None:
+            for nt in range(ctx.NO):
+                for r in range(2):
+                    acc = ctx.o + 4 * ctx.NO * mt + 4 * nt + 2 * r
+                    a("mul.f32", acc, acc, ctx.l + 2 * mt + r)
+                    a("mul.f32", acc + 1, acc + 1, ctx.l + 2 * mt + r)
+            continue
         a("s2r", t1, "%ctaid.z")
         a("mad.i64", row, t1, x, row)                     # b*q_len + row
         a("ldparam", ldb, "o_ld")
@@ -938,6 +948,10 @@ def mma_epilogue(ctx: _MmaCtx) -> None:
                 a("st.global.b32", Mem(pp, 16 * nt), x, p=pr)
         if mt + 1 < ctx.MT:
             a("ldparam", x, "q_len")                      # (x held a converted pair)
+    if o_store is not None:
+        a.free(row0, ptr, ptrB, x, ldb, *((row,) if row is not row0 else ()))
+        o_store(ctx)
+        return
     a("exit")
 
 

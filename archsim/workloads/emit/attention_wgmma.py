@@ -31,6 +31,10 @@ the tiles reach the tensor cores:
   mbarrier that the other warpgroup's four warps arrive on once they have issued theirs; PTX
   uses named barriers, which the ISA lacks), so one warpgroup's softmax runs while the other's
   wgmma do.
+- The epilogue stores O as FA3's does, by bulk tensor stores (_o_store): each consumer warp
+  writes its 16 rows of O / l over its own rows of Q's panels (free once its last S is done) as
+  128-byte-swizzled boxes and stores them through a fourth map (mapO, 16-row boxes), so O leaves
+  in whole lines; the LSE keeps its stores from registers.
 
 The TMA boxes must fit their tensors (isa/README.md), so the kernel needs q_len >= 128 and
 kv_len >= 128; ``flash_attention3_kernel`` refuses shorter ones.
@@ -44,7 +48,7 @@ from archsim.isa.check import check
 from archsim.isa.program import Launch, Program
 from archsim.workloads.emit import attention_gpu as AG
 from archsim.workloads.emit.common import CVT_OUT, Asm, ceil_div, log2
-from archsim.workloads.emit.gemm_gpu import next_stage
+from archsim.workloads.emit.gemm_gpu import box_chunks, box_write, next_stage
 
 CW = 2                         # consumer warpgroups a block
 BM = 64 * CW                   # query rows a block
@@ -52,8 +56,9 @@ THREADS = 128 * CW + 32        # the consumers and one producer warp
 STAGES = 2                     # K / V stages
 BC = 128                       # keys a K / V tile
 HEAD_DIMS = (64, 128)
-PARAMS = AG.PARAMS + ("mapQ", "mapK", "mapV")
+PARAMS = AG.PARAMS + ("mapQ", "mapK", "mapV", "mapO")
 LSE_PARAMS = PARAMS + ("LSE",)
+O_ROWS = 16                    # the bulk-store epilogue's boxes: a consumer warp's rows
 # descriptor constants: K-major, 128-byte swizzle, 8-row groups 1 KiB apart (SBO)
 KMAJ = (1024 >> 4) << 32 | 1 << 62
 
@@ -318,6 +323,43 @@ def _consumer_loop(ctx: _WgCtx) -> None:
     a.free(ctx.sn, ctx.pn, ctx.bn)
 
 
+def _o_store(ctx: _WgCtx) -> None:
+    """O by bulk tensor stores, as FA3's epilogue: each consumer warp writes its 16 rows of O / l
+    (converted) over its own rows of Q's panels, which no wgmma reads any more (warp q of a
+    warpgroup's wgmma reads A's rows 16q .. 16q + 15 only, and its last is done), as boxes of 16
+    rows x 128 bytes laid out as a bulk copy lands them (128-byte swizzle), and stores them through
+    the map mapO (rows past q_len are not written); it exits once their sources are read."""
+    a, tid = ctx.a, ctx.tid
+    g, t, wb, rb, tmp, mo = (a.reg() for _ in range(6))
+    a("and.b64", g, tid, 31)
+    a("shr.u64", g, g, 2)
+    a("and.b64", t, tid, 3)
+    a("shr.u64", wb, tid, 5)
+    a("shl.b64", wb, wb, log2(O_ROWS * 128))      # the warp's rows in panel 0
+    a("shl.b64", rb, g, 7)
+    a("add.i64", rb, rb, wb)                       # and its row g
+    sw = box_chunks(a, g, t, rb, tmp, 2)
+    for pn in range(ctx.P):
+        for ni in range(8):                        # the panel's 64 columns: 8 n-tiles
+            box_write(a, ctx.o + 4 * (8 * pn + ni), sw + ni, pn * BM * 128, ctx.cvt, tmp)
+    a.free(sw, k=8)
+    cc = a.reg(4)                                  # column, row, head, batch
+    a("s2r", cc + 1, "%ctaid.x")
+    a("shl.b64", cc + 1, cc + 1, log2(BM))
+    a("shr.u64", tmp, tid, 5)
+    a("shl.b64", tmp, tmp, log2(O_ROWS))
+    a("add.i64", cc + 1, cc + 1, tmp)
+    a("s2r", cc + 2, "%ctaid.y")
+    a("s2r", cc + 3, "%ctaid.z")
+    a("ldparam", mo, "mapO")
+    for pn in range(ctx.P):
+        a("mov.b64", cc, 64 * pn)
+        a("cp.async.bulk.tensor.4d.store", Mem(wb, pn * BM * 128), mo, cc)
+    a("cp.async.bulk.commit_group")
+    a("cp.async.bulk.wait_group", 0)
+    a("exit")
+
+
 def emit(c: AG.FlashCfg) -> Program:
     """The warp-specialized kernel (see the module docstring)."""
     ctx = _WgCtx(c)
@@ -344,7 +386,7 @@ def emit(c: AG.FlashCfg) -> Program:
     _consumer_setup(ctx, tid, i0, Lk, diff)
     a.free(bq, hd, i0, Lk, diff)
     _consumer_loop(ctx)
-    AG.mma_epilogue(ctx)
+    AG.mma_epilogue(ctx, _o_store)
     return a.build()
 
 

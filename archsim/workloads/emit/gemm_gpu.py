@@ -1573,11 +1573,11 @@ def _tma_c_epilogue(ctx: "_MmaCtx") -> None:
     a("shl.b64", rowb, rowb, 4)
     a("add.i64", rowb, rowb, g)
     a("shl.b64", rowb, rowb, 7)                    # the row's first byte in a box
-    sw = _box_chunks(a, g, t, rowb, tmp, osz)
+    sw = box_chunks(a, g, t, rowb, tmp, osz)
     cvt = CVT_PACK.get(c.out)
     for ni in range(NI):
         q, j = ni % nq, ni // nq
-        _box_write(a, ctx.accr(0, ni), sw + q, j * c.BM * 128, cvt, tmp)
+        box_write(a, ctx.accr(0, ni), sw + q, j * c.BM * 128, cvt, tmp)
     a("bar.sync")                                  # the tile is in the scratchpad
     p = a.pred()
     a("setp.ge.i64", p, tid, 32)
@@ -1826,7 +1826,7 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
     return a.build()
 
 
-def _box_chunks(a: Asm, g: Reg, t: Reg, rowb: Reg, tmp: Reg, osz: int) -> Reg:
+def box_chunks(a: Asm, g: Reg, t: Reg, rowb: Reg, tmp: Reg, osz: int) -> Reg:
     """The scratchpad offsets (rowb + ...) where lane (g, t) = (lane / 4, lane % 4) writes its
     accumulator pairs of the nq 16-byte chunks of a row of C in a box of 128-byte rows, 128-byte
     swizzled as a bulk copy lays it out (chunk q of row r at q ^ (r % 8), so a warp's 8 rows x 16
@@ -1849,8 +1849,8 @@ def _box_chunks(a: Asm, g: Reg, t: Reg, rowb: Reg, tmp: Reg, osz: int) -> Reg:
     return sw
 
 
-def _box_write(a: Asm, r: Reg, at: Reg, off: int, cvt: Optional[str], tmp: Reg) -> None:
-    """Write mma tile accumulators r..r+3 (rows g and g + 8) at their box offsets (_box_chunks'
+def box_write(a: Asm, r: Reg, at: Reg, off: int, cvt: Optional[str], tmp: Reg) -> None:
+    """Write mma tile accumulators r..r+3 (rows g and g + 8) at their box offsets (box_chunks'
     ``at`` + off), converted by ``cvt`` (f16 / bf16 out) or as f32 pairs."""
     if cvt is not None:
         a(cvt, tmp, r, r + 1)
@@ -1869,7 +1869,7 @@ def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) ->
     half's rows of the warp, one box column of C), through two 2 KiB buffers of its own at
     ``ebuf``: before writing a buffer it waits until the store that last read it is done reading
     (wait_group 1; the first box of a tile of an odd box count wait_group 0, the previous tile's
-    last box having used the same buffer), then writes the box (_box_chunks' swizzle) and stores
+    last box having used the same buffer), then writes the box (box_chunks' swizzle) and stores
     it through mapC (edges: the unit writes nothing outside C). No warp waits for another."""
     a, c = ctx.a, ctx.c
     acc, NI, osz = ctx.acc, ctx.NI, ctx.osz
@@ -1887,7 +1887,7 @@ def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) ->
     a("shr.u64", tmp, tid, 5)
     a("mad.i64", wb, tmp, PP_EPI_WARP_BYTES, wb)
     a("add.i64", wb, wb, ebuf)                     # row g of this warp's first buffer
-    sw = _box_chunks(a, g, t, wb, tmp, osz)
+    sw = box_chunks(a, g, t, wb, tmp, osz)
     cc = a.reg(4)
     zb, zh = batch_index(a)
     a("mov.b64", cc + 2, zh)
@@ -1910,7 +1910,7 @@ def _pp_store_epilogue(ctx: "_MmaCtx", m0: Reg, n0: Reg, ebuf: int, end: str) ->
         # last box in buffer 0 too, so the first box waits for every store
         a("cp.async.bulk.wait_group", 0 if i == 0 and boxes % 2 else 1)
         for ni in range(j * nq, (j + 1) * nq):
-            _box_write(a, ctx.accr(h, ni), sw + ni % nq, off, cvt, tmp)
+            box_write(a, ctx.accr(h, ni), sw + ni % nq, off, cvt, tmp)
         a("add.i64", cc, n0, j * cols)
         a("add.i64", cc + 1, m0, 64 * h)
         a("cp.async.bulk.tensor.4d.store", Mem(wb, off), mC, cc)
