@@ -888,7 +888,7 @@ def _micro_gemm_sunway(machine, p: dict, out: MicroResult) -> float:
     _need(p["dtype"] in SUNWAY_GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(SUNWAY_GEMM_DTYPES))
     _need(p["tile"] == "auto", "--param tile", f"{p['tile']} on {machine.name}",
           "auto (the Sunway GEMM's tile is its CPE's C tile in LDM)")
-    _need(p["out"] == "f32", "--param out", f"{p['out']} on {machine.name}", "f32 (the Sunway GEMM stores f32)")
+    _need(p["out"] == "f32", "--param out", f"{p['out']!r} on {machine.name}", "f32 (the Sunway GEMM stores f32)")
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], "f32")
     args = g.args(*shared_buffers(machine, g.buffer_bytes().values()))   # the cross segment
     t = _time(g.program, machine, g.launch, args, g.program.name, out, sample=p["sample"])

@@ -64,6 +64,7 @@ def test_o_leaves_by_bulk_stores():
     O2 = np.zeros(O.size + 8, O.dtype)
     res = run_functional(k.program, k.args(Q, K, V, O2, o_off=8), k.launch, warp_width=32)
     assert np.array_equal(np.asarray(res.output("O"))[8:].reshape(200, 136), got)
+    assert not np.asarray(res.output("O"))[:8].any()
 
 
 def test_log_sum_exp_of_each_row():
@@ -91,6 +92,11 @@ def test_program_is_warp_specialized_and_passes_the_load_time_checks():
         assert mn.count(f"wgmma.m64n{d}k16.f32.f16.rs") == 4 * WG.BC // 16
         assert mn.count("cp.async.bulk.tensor.4d") == 3 * (d // 64)
         assert not any(m.startswith(("cp.async.16", "ldmatrix", "mma.")) for m in mn)
+        # O by a bulk store a 64-column panel; global stores only for the LSE (two a thread)
+        assert mn.count("cp.async.bulk.tensor.4d.store") == d // 64
+        assert sum(m.startswith("st.global") for m in mn) == 0
+        lse = flash_attention3_kernel(caps, 4, 8, 1024, 1024, d, "fp16", causal, with_lse=True)
+        assert sum(opcodes()[int(o)].mnemonic.startswith("st.global") for o in lse.program.op) == 2
         bra = SEM["bra"]
         loops = sum(SEM[opcodes()[int(o)].sem] == bra and int(k.program.imm[pc]) <= pc
                     for pc, o in enumerate(k.program.op))
@@ -150,6 +156,7 @@ def test_timing_on_h100_moves_q_k_v_and_o_once_through_dram():
     r = time_kernel(k.program, m, k.launch, k.args(*(Unbacked(nb[n]) for n in "QKVO")))
     qkv = nb["Q"] + nb["K"] + nb["V"]
     assert 0.9 * qkv <= r.memory["bytes"]["dram_read"] <= 1.2 * qkv, (r.memory["bytes"], nb)
+    assert r.memory["bytes"]["dram_write"] <= 1.2 * nb["O"]
     assert r.flops >= k.flops
     tma = r.memory["tma"]
     assert tma["copies"] == k.launch.blocks * (1 + 2 * 256 // WG.BC)

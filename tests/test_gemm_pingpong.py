@@ -116,14 +116,14 @@ def test_the_pingpong_kernel_is_refused_where_it_cannot_run(caps):
     with pytest.raises(InputError, match="tensor.wgmma"):
         gemm_kernel(a100, 256, 256, 256, "fp16", kernel="tma_pingpong")
     no_tma = capabilities(load_machine("h100").model_copy(update={"tma": None}))
-    with pytest.raises(InputError, match="the tma kernel"):
+    with pytest.raises(InputError, match="the tma_pingpong kernel"):
         gemm_kernel(no_tma, 256, 256, 256, "fp16", kernel="tma_pingpong")
     with pytest.raises(InputError, match="no tma tile fits"):     # rows of 100 halves: 200 bytes
         gemm_kernel(caps, 256, 256, 100, "fp16", kernel="tma_pingpong")
     with pytest.raises(InputError, match="a tile with kernel tma_pingpong"):
         gemm_kernel(caps, 256, 256, 256, "fp16", tile=G.Tile(128, 128, 64, 4, 3), kernel="tma_pingpong")
     no_clusters = capabilities(load_machine("h100").model_copy(update={"clusters": None}))
-    with pytest.raises(InputError, match="a machine with tma and clusters"):
+    with pytest.raises(InputError, match="the tma_pingpong_multicast kernel .a machine with tma and clusters"):
         gemm_kernel(no_clusters, 256, 256, 256, "fp16", kernel="tma_pingpong_multicast")
 
 
@@ -176,23 +176,28 @@ def test_no_epilogue_buffer_is_rewritten_before_its_store_read_it(caps, monkeypa
     assert g.c_tma
     text = disassemble(g.program)
     body = text[:text.index("CDONE:")]
-    steps = re.findall(r"cp\.async\.bulk\.wait_group (\d+)|cp\.async\.bulk\.tensor\.4d\.store \[r\d+(?:\+(\d+))?\]",
-                       body)
-    assert steps and len(steps) % 2 == 0
-    pending = []                                  # the buffers of the stores not yet read
-    for i, (wait, buf) in enumerate(steps * 3):   # three tiles in a row
-        if not wait:                              # a store from buffer offset buf
-            pending.append(int(buf or 0))
-        else:                                     # then the box is written into the next store's buffer
-            pending = pending[len(pending) - int(wait):] if int(wait) else []
-            assert int(steps[(i + 1) % len(steps)][1] or 0) not in pending
+    steps = re.findall(r"cp\.async\.bulk\.(wait_group \d+|commit_group)|cp\.async\.bulk\.tensor\.4d\.store "
+                       r"\[r\d+(?:\+(\d+))?\]", body)
+    assert steps and len(steps) % 3 == 0
+    groups, stores = [], []                       # committed groups' buffers; stores not yet committed
+    for i, (op, buf) in enumerate(steps * 3):     # three tiles in a row
+        if not op:                                # a store from buffer offset buf
+            stores.append(int(buf or 0))
+        elif op == "commit_group":
+            groups.append(stores)
+            stores = []
+        else:                                     # wait_group n: then the next store's box is written
+            n = int(op.split()[1])
+            groups = groups[len(groups) - n:] if n else []
+            nxt = next(b for o, b in (steps * 4)[i + 1:] if not o)
+            assert int(nxt or 0) not in [b for grp in groups for b in grp]
 
 
 @pytest.mark.parametrize("kernel,out,alpha", [("tma_pingpong", "bf16", 0.5), ("tma_pingpong_multicast", "f32", 2.0)])
 def test_alpha_bf16_and_the_default_launch(caps, kernel, out, alpha):
     # the rule's tile and launch (one tile a block here: warpgroup 1 idles), alpha before the stores
     g = gemm_kernel(caps, 256, 384, 192, "bf16", out, kernel=kernel, alpha=alpha)
-    assert g.launch.grid[0] == (256 // g.tile.BM) * (384 // g.tile.BN) * g.cluster // (1 + (g.cluster > 1))
+    assert g.launch.grid[0] == -(-256 // (g.cluster * g.tile.BM)) * -(-384 // g.tile.BN) * g.cluster
     got, want = run(g)
     assert np.allclose(G.to_float(got, out), want, rtol=2e-2, atol=2e-2)
     # and from registers (rows of C not a multiple of 16 bytes)
@@ -214,5 +219,5 @@ def test_micro_gemm_runs_and_names_the_kernels_and_stores_f16(h100):
     assert r.kernels[0]["tma"]["store_bytes"] == 256 * 256 * 2
     with pytest.raises(InputError, match="--param out: 'bf16' with dtype fp16 .f32 or f16."):
         run_micro("gemm", h100, {"out": "bf16"})
-    with pytest.raises(InputError, match="--param out: f16 on tiny-sunway"):
+    with pytest.raises(InputError, match="--param out: 'f16' on tiny-sunway"):
         run_micro("gemm", load_machine("tiny-sunway"), {"out": "f16"})

@@ -137,6 +137,10 @@ LN2 = 0.6931471805599453
 LOG2E = 1.4426950408889634
 
 
+# rows of the boxes in which attention_wgmma's consumer warps store O (a warp's 16 rows)
+O_BOX_ROWS = 16
+
+
 @dataclass(frozen=True)
 class FlashCfg:
     """A tensor-core kernel's tile and options (attention_wgmma builds one for its kernel too)."""
@@ -236,7 +240,7 @@ class AttentionKernel:
             raise InputError(where, "an LSE buffer for a kernel emitted without with_lse", "with_lse=True")
         if self.kind == "wgmma":                   # the producer's tensor maps and O's (attention_wgmma)
             extra.update(self.tensor_maps(q_off, k_off, v_off))
-            extra["mapO"] = self._map("O", self.q_len, self.o_ld, o_off, 16)
+            extra["mapO"] = self._map("O", self.q_len, self.o_ld, o_off, O_BOX_ROWS)
         return {"Q": Q, "K": K, "V": V, "O": O, "q_len": self.q_len, "kv_len": self.kv_len, "q_ld": self.q_ld,
                 "kv_ld": self.kv_ld, "o_ld": self.o_ld, **{k: int(v) for k, v in offs.items()}, **extra}
 
@@ -867,6 +871,16 @@ def _mma_row_sums(ctx: _MmaCtx):
     return lz
 
 
+def _scale_o(ctx: _MmaCtx, mt: int) -> None:
+    """O / l of m-tile mt's rows g, g + 8 in place (l holds 1 / l)."""
+    a = ctx.a
+    for nt in range(ctx.NO):
+        for r in range(2):
+            acc = ctx.o + 4 * ctx.NO * mt + 4 * nt + 2 * r
+            a("mul.f32", acc, acc, ctx.l + 2 * mt + r)
+            a("mul.f32", acc + 1, acc + 1, ctx.l + 2 * mt + r)
+
+
 def mma_epilogue(ctx: _MmaCtx, o_store=None) -> None:
     """Emit O / l of each m-tile's rows g, g + 8 in the input dtype (split: f32 partials) and, with
     lse, the LSE. ``o_store(ctx)``: instead of the stores from registers, emit O's stores (and the
@@ -874,6 +888,11 @@ def mma_epilogue(ctx: _MmaCtx, o_store=None) -> None:
     # each lane: 2 columns of each 16 x 8 tile
     a, c, tid, t1, pm = ctx.a, ctx.c, ctx.tid, ctx.t1, ctx.pm
     lz = _mma_row_sums(ctx)
+    if o_store is not None and not c.lse:                 # no rows to find: O / l, then its stores
+        for mt in range(ctx.MT):
+            _scale_o(ctx, mt)
+        o_store(ctx)
+        return
     row0, ptr, ptrB, x, ldb = a.reg(), a.reg(), a.reg(), a.reg(), a.reg()
     row = a.reg() if ctx.MT > 1 else row0                 # one m-tile: its rows are row0's
     if c.split:
@@ -917,11 +936,7 @@ def mma_epilogue(ctx: _MmaCtx, o_store=None) -> None:
             a("st.global.b32", Mem(ptr, 32), lz + 2 * mt + 1, p=pB2)   # row + 8
             a.pfree(pz, pA2, pB2)
         if o_store is not None:
-            for nt in range(ctx.NO):
-                for r in range(2):
-                    acc = ctx.o + 4 * ctx.NO * mt + 4 * nt + 2 * r
-                    a("mul.f32", acc, acc, ctx.l + 2 * mt + r)
-                    a("mul.f32", acc + 1, acc + 1, ctx.l + 2 * mt + r)
+            _scale_o(ctx, mt)
             continue
         a("s2r", t1, "%ctaid.z")
         a("mad.i64", row, t1, x, row)                     # b*q_len + row

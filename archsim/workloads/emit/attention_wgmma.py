@@ -1,9 +1,9 @@
 """Fused attention as FlashAttention-3 runs it on Hopper: warp-specialized, the tensor memory
 accelerator feeding warpgroup MMA (targets with wgmma and tma; fp16 / bf16, head_dim 64 or 128).
 
-The math, the layout of Q, K, V and O, the causal rule, the online softmax, the mask and the
-epilogue are attention_gpu's tensor-core kernel's (its module docstring); what differs is how
-the tiles reach the tensor cores:
+The math, the layout of Q, K, V and O, the causal rule, the online softmax and the mask are
+attention_gpu's tensor-core kernel's (its module docstring); what differs is how the tiles reach
+the tensor cores and how O leaves:
 
 - grid = (ceil(q_len / 128), heads, batch); a block is CW = 2 consumer warpgroups, each owning 64
   query rows (warp w of the block rows 16w .. 16w+15, as the mma kernel's warps), and one producer
@@ -31,10 +31,10 @@ the tiles reach the tensor cores:
   mbarrier that the other warpgroup's four warps arrive on once they have issued theirs; PTX
   uses named barriers, which the ISA lacks), so one warpgroup's softmax runs while the other's
   wgmma do.
-- The epilogue stores O as FA3's does, by bulk tensor stores (_o_store): each consumer warp
-  writes its 16 rows of O / l over its own rows of Q's panels (free once its last S is done) as
-  128-byte-swizzled boxes and stores them through a fourth map (mapO, 16-row boxes), so O leaves
-  in whole lines; the LSE keeps its stores from registers.
+- O leaves by bulk tensor stores, as FA3's does, here warp by warp (_o_store): each consumer
+  warp writes its 16 rows of O / l over its own rows of Q's panels (free once its last S is
+  done) as 128-byte-swizzled boxes and stores them through a fourth map (mapO, 16-row boxes), so
+  O leaves in whole lines; the LSE keeps its stores from registers.
 
 The TMA boxes must fit their tensors (isa/README.md), so the kernel needs q_len >= 128 and
 kv_len >= 128; ``flash_attention3_kernel`` refuses shorter ones.
@@ -58,7 +58,6 @@ BC = 128                       # keys a K / V tile
 HEAD_DIMS = (64, 128)
 PARAMS = AG.PARAMS + ("mapQ", "mapK", "mapV", "mapO")
 LSE_PARAMS = PARAMS + ("LSE",)
-O_ROWS = 16                    # the bulk-store epilogue's boxes: a consumer warp's rows
 # descriptor constants: K-major, 128-byte swizzle, 8-row groups 1 KiB apart (SBO)
 KMAJ = (1024 >> 4) << 32 | 1 << 62
 
@@ -335,7 +334,7 @@ def _o_store(ctx: _WgCtx) -> None:
     a("shr.u64", g, g, 2)
     a("and.b64", t, tid, 3)
     a("shr.u64", wb, tid, 5)
-    a("shl.b64", wb, wb, log2(O_ROWS * 128))      # the warp's rows in panel 0
+    a("shl.b64", wb, wb, log2(AG.O_BOX_ROWS * 128))      # the warp's rows in panel 0
     a("shl.b64", rb, g, 7)
     a("add.i64", rb, rb, wb)                       # and its row g
     sw = box_chunks(a, g, t, rb, tmp, 2)
@@ -347,7 +346,7 @@ def _o_store(ctx: _WgCtx) -> None:
     a("s2r", cc + 1, "%ctaid.x")
     a("shl.b64", cc + 1, cc + 1, log2(BM))
     a("shr.u64", tmp, tid, 5)
-    a("shl.b64", tmp, tmp, log2(O_ROWS))
+    a("shl.b64", tmp, tmp, log2(AG.O_BOX_ROWS))
     a("add.i64", cc + 1, cc + 1, tmp)
     a("s2r", cc + 2, "%ctaid.y")
     a("s2r", cc + 3, "%ctaid.z")

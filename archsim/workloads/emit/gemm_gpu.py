@@ -2623,7 +2623,8 @@ def _choose_tma(caps, wg_order, dt, out, trans_b, cw_a, cw_b, alpha, tma_ok, clu
     scratchpad with stages)."""
     where = f"gemm on {caps.name}"
     if "tma" not in caps.features:
-        raise InputError(where, "the tma kernel", "a machine with tma (and tensor.wgmma)")
+        raise InputError(where, f"the {'tma_pingpong' if pingpong else 'tma'} kernel",
+                         "a machine with tma (and tensor.wgmma)")
     if cluster > 1 and "cluster_tma" not in caps.features:
         raise InputError(where, f"the {'tma_pingpong' if pingpong else 'tma'}_multicast kernel",
                          "a machine with tma and clusters")
