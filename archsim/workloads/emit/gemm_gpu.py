@@ -1673,8 +1673,8 @@ def _emit_wgmma_pingpong(c: _Cfg) -> Program:
     counts the four warps of the warpgroup that consumes it; each warpgroup skips the other's
     k tiles round the ring (nt stages a tile).
 
-    On clusters of two (``kernel="tma_pingpong_multicast"``, as cuBLAS's ping-pong kernels run on
-    2 x 1 clusters): the cluster's two blocks take the two M tiles of a pair (the multicast
+    On clusters of two (``kernel="tma_pingpong_multicast"``, as CUTLASS's 2 x 1 clusters): the
+    cluster's two blocks take the two M tiles of a pair (the multicast
     kernel's pairs, _cluster_tile_origin), pair after pair in step, and share B as that kernel
     does (each producer multicasts one half of each B box into both blocks; a consumer warp frees
     a stage in both blocks, so empty barriers count eight warps; each producer ends with the
