@@ -15,6 +15,14 @@ os.environ["ARCHSIM_CACHE_DIR"] = "off"
 os.environ["ARCHSIM_WORKERS"] = "1"
 
 
+@pytest.fixture(scope="module")
+def h100():
+    """The h100 machine config, loaded once a test module."""
+    from archsim.config import load_machine
+
+    return load_machine("h100")
+
+
 @pytest.fixture
 def asm():
     """Assemble a snippet: asm(text) -> Program (source name 'k.s')."""

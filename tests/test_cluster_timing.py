@@ -18,11 +18,6 @@ from archsim.isa.asm import assemble
 from archsim.isa.program import Launch
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return load_machine("h100")
-
-
 def with_clusters(machine, **kw):
     return machine.model_copy(update={"clusters": machine.clusters.model_copy(update=kw)})
 

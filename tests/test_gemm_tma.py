@@ -15,11 +15,6 @@ from archsim.workloads.emit import gemm_kernel
 
 
 @pytest.fixture(scope="module")
-def h100():
-    return load_machine("h100")
-
-
-@pytest.fixture(scope="module")
 def caps(h100):
     return capabilities(h100)
 

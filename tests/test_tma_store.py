@@ -108,11 +108,6 @@ def test_a_stored_box_in_a_timing_run(h100):
     assert tma["stores"] == 1 and tma["store_bytes"] == 8 * 128 and tma["store_requests"] == 8
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return load_machine("h100")
-
-
 # ------------------------------------------------------------------------- faults and refusals
 def faults_both(src, marker, *fragments, args):
     """Both engines fault at the line holding `marker` (test_cluster_dsmem.fails_both)."""

@@ -21,11 +21,6 @@ ONE_WARP = Launch((1, 1, 1), (32, 1, 1))
 COLS = 64                                        # fp16 tensor of 64 columns: 128-byte rows
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return load_machine("h100")
-
-
 def with_tma(machine, **kw):
     return machine.model_copy(update={"tma": machine.tma.model_copy(update=kw)})
 

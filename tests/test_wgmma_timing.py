@@ -20,11 +20,6 @@ DESC_A = (1024 >> 4) << 32 | SW128               # A at 0, 8-row groups 1 KiB ap
 DESC_B = (8192 >> 4) | (1024 >> 4) << 32 | SW128  # B at 8 KiB
 
 
-@pytest.fixture(scope="module")
-def h100():
-    return load_machine("h100")
-
-
 def program(n: int, body: list[str], setup: str = "") -> str:
     acc = "\n".join(f"    mov.f32 r{10 + r}, 0.0" for r in range(n // 2))
     lines = "\n".join("    " + b for b in body)
