@@ -823,6 +823,7 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     block tile or ``tile``'s, a multistage cp.async pipeline, swizzled shared memory, ldmatrix and
     mma; FFMA where the tensor units lack the dtype)."""
     from archsim.workloads.emit import gemm_kernel
+    from archsim.workloads.emit.gemm_gpu import KERNEL_NAMES, KERNELS
 
     if machine.family == "sunway":
         return _micro_gemm_sunway(machine, p, out)
@@ -830,9 +831,8 @@ def micro_gemm(machine, p: dict, out: MicroResult) -> float:
     M, N, K = p["m"], p["n"], p["k"]
     _need(min(M, N, K) > 0, "--param m/n/k", f"{M}x{N}x{K}", "m, n, k > 0")
     _need(p["dtype"] in GEMM_DTYPES, "--param dtype", repr(p["dtype"]), ", ".join(GEMM_DTYPES))
-    kernels = ("mma", "wgmma", "tma", "tma_multicast", "tma_pingpong", "tma_pingpong_multicast")
-    _need(p["kernel"] in ("auto",) + kernels, "--param kernel", repr(p["kernel"]),
-          "auto, " + ", ".join(kernels[:-1]) + " or " + kernels[-1])
+    _need(p["kernel"] == "auto" or p["kernel"] in KERNELS[1:], "--param kernel", repr(p["kernel"]),
+          "auto, " + KERNEL_NAMES)
     outs = ("f32",) + {"fp16": ("f16",), "bf16": ("bf16",)}.get(p["dtype"], ())
     _need(p["out"] in outs, "--param out", f"{p['out']!r} with dtype {p['dtype']}", " or ".join(outs))
     g = gemm_kernel(capabilities(machine), M, N, K, p["dtype"], p["out"], tile=_gemm_tile(p["tile"]),

@@ -179,7 +179,7 @@ FFMA_TILE = (64, 64, 16, 8)   # BM, BN, BK, warps (16 x 16 threads of 4 x 4 outp
 # gemm_kernel's kernel: the rule's choice, or one of these (tma_multicast: the TMA kernel on clusters of
 # two blocks that share their B tiles by multicast; tma_pingpong: the persistent ping-pong kernel)
 KERNELS = (None, "mma", "wgmma", "tma", "tma_multicast", "tma_pingpong", "tma_pingpong_multicast")
-_KERNEL_NAMES = ", ".join(KERNELS[1:-1]) + " or " + KERNELS[-1]
+KERNEL_NAMES = ", ".join(KERNELS[1:-1]) + " or " + KERNELS[-1]
 # (BM, BN) of the warpgroup-MMA kernel (BM / 64 warpgroups of m64nBNk16), largest first
 WGMMA_TILES = ((128, 256), (128, 128), (64, 256), (64, 128), (128, 64), (64, 64))
 # (BM, BN) of one consumer warpgroup of the ping-pong kernel (BM x BN / 128 accumulators a thread)
@@ -2501,7 +2501,7 @@ def choose_tile(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
     dt, out = _normalize(dtype, out_dtype)
     es = _ELEM_BYTES[dt]
     if kernel not in KERNELS:
-        raise InputError("gemm", f"kernel {kernel!r}", _KERNEL_NAMES)
+        raise InputError("gemm", f"kernel {kernel!r}", KERNEL_NAMES)
     if kernel is not None and not _uses_tensor(caps, dt):
         raise InputError(f"gemm on {caps.name}", f"kernel {kernel} with dtype {dtype}, which {caps.name} runs as "
                          "the vector FFMA kernel", "no kernel, or a dtype the tensor units take")
@@ -2708,7 +2708,7 @@ def gemm_kernel(caps, M: int, N: int, K: int, dtype: str = "fp16", out_dtype: st
 
     cw_a, cw_b = cw(a_cols, lda, sa), cw(b_cols, ldb, sb)
     if kernel not in KERNELS:
-        raise InputError(where, f"kernel {kernel!r}", _KERNEL_NAMES)
+        raise InputError(where, f"kernel {kernel!r}", KERNEL_NAMES)
     if tile is not None and kernel in KERNELS[2:]:
         raise InputError(where, f"a tile with kernel {kernel}",
                          f"a tile (the mma kernel's) or kernel {kernel} (its own rule)")
