@@ -284,3 +284,54 @@ def test_micro_tma_measures_copies_in_flight(h100):
         run_micro("tma", load_machine("a100"), {})
     with pytest.raises(InputError, match="box_cols"):
         run_micro("tma", h100, {"box_cols": "12"})          # 24 bytes: not a multiple of 16
+
+
+def _guard_program(second: str, guarded: bool) -> str:
+    """One warp issues a copy of one line, then ``second`` (a copy on barrier [16], or a store),
+    guarded off or not, and reads the clock: out[0] gets the cycles from before the first copy to
+    after the second."""
+    live = not guarded and "store" not in second
+    return f""".kernel tguard
+.param map
+.param out
+.param t
+.shared 1152
+        ldparam r2, map
+        ldparam r20, out
+        mov.b64 r3, 1
+        mbarrier.init [8], r3
+        mbarrier.init [16], r3
+        mov.b64 r4, 128
+        mov.b64 r10, 0
+        mov.b64 r11, 0
+        mov.b64 r12, 0
+        setp.lt.i64 p1, r10, r12
+        mbarrier.arrive.expect_tx [8], r4
+        {"mbarrier.arrive.expect_tx [16], r4" if live else ""}
+        s2r r30, %clock
+        cp.async.bulk.tensor.2d [1024], [8], r2, r10
+        {"@p1 " if guarded else ""}{second}
+        s2r r31, %clock
+        mbarrier.wait [8], r12
+        {"mbarrier.wait [16], r12" if live else ""}
+        sub.i64 r31, r31, r30
+        st.global.b64 [r20], r31
+        exit
+"""
+
+
+@pytest.mark.parametrize("second", ["cp.async.bulk.tensor.2d [1024], [16], r2, r10",
+                                    "cp.async.bulk.tensor.2d.store [1024], r2, r10"])
+def test_a_guarded_off_copy_takes_no_queue_entry(h100, second):
+    # a queue of one copy, whose start-up holds it 400 cycles: a second copy (or store) waits
+    # for that entry; the same instruction with its guard false (p1: 0 < 0) issues at once
+    one = with_tma(h100, queue_depth=1, startup_cycles=400)
+
+    def cycles(guarded):
+        prog = assemble(_guard_program(second, guarded), "tguard.s")
+        args = {"map": TensorMap("t", tensor_map_words([COLS, 256], 2, [COLS, 1], 128)),
+                "out": np.zeros(1, np.int64), "t": np.zeros((256, COLS), np.float16)}
+        return int(time_kernel(prog, one, ONE_WARP, args).buffers["out"][0])
+
+    assert cycles(guarded=False) >= 400
+    assert cycles(guarded=True) < 100

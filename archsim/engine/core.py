@@ -827,7 +827,9 @@ def _evaluate(C, TS, S, P, Dd, MS, core, sub, w, now):
     u = unit_free_at(TS, Dd, core, sub, pc)
     if u > now:
         return u, R_PIPE_BUSY
-    if not mem_can_issue(MS, TS, S, Dd, core, w, pc, now):
+    if not mem_can_issue(MS, TS, S, Dd, core, w, pc, now) and not (
+            (cls == D.CLS_TMA or cls == D.CLS_TMAST)
+            and X.active_mask(P, S, w, pc, S.stack_mask[w, S.sp[w] - 1]) == 0):  # a copy no lane issues takes no entry
         TS.mem_wait[core] |= np.int64(1) << min(sub, 62)  # the memory side wakes it when an entry frees
         return INF, R_PIPE_BUSY
     return now, R_ISSUED
