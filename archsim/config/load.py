@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any, Sequence, Union
@@ -42,13 +43,15 @@ def resolve_file(arg: str, where: str, kind: str, folder: Path, names: list[str]
     """A file named by ``arg``: a path, or one of the built-in ``names`` (stems of YAML files in
     ``folder``); otherwise one InputError naming ``where`` and what is allowed."""
     arg = str(arg)
+    allowed = "a path to a YAML file or one of: " + ", ".join(names)
+    if not arg.strip():
+        raise InputError(where, f"an empty {kind} name", allowed)
     stem = arg[:-5] if arg.endswith(".yaml") else arg
     if "/" not in arg and stem in names:
         return folder / f"{stem}.yaml"
     p = Path(arg).expanduser()
     if p.is_file():
         return p
-    allowed = "a path to a YAML file or one of: " + ", ".join(names)
     if p.is_dir():
         raise InputError(where, f"{arg!r} is a directory, not a {kind} file", allowed)
     if p.exists():  # a FIFO, a device (/dev/null), a socket: nothing a file of settings comes from
@@ -97,8 +100,21 @@ def _construct_mapping(loader, node, deep=False):
     return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
+class NumberTooLong(yaml.constructor.ConstructorError):
+    """An integer of more digits than Python reads from text (sys.get_int_max_str_digits)."""
+
+
+def _construct_int(loader, node):
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:      # past the digit limit: int() refuses it
+        raise NumberTooLong(None, None, f"an integer of {len(node.value)} characters", node.start_mark) from None
+
+
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 _FastLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_FastLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 
 
 class NestedTooDeep(yaml.YAMLError):
@@ -163,6 +179,10 @@ def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
         raise InputError(label, f"not UTF-8 text (byte {e.start})", "a YAML text file") from None
     try:
         data = load_yaml_text(text)
+    except NumberTooLong as e:
+        mark = e.problem_mark
+        raise InputError(f"{label}:{mark.line + 1}", f"{e.problem} at column {mark.column + 1}",
+                         f"numbers of at most {sys.get_int_max_str_digits()} digits") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{label}:{mark.line + 1}" if mark is not None else label

@@ -173,6 +173,12 @@ TYPE_WORDS = {
 }
 
 
+def _r(v) -> str:
+    """repr of an input value, a long one cut (a 5,000-digit number is not echoed whole)."""
+    r = repr(v)
+    return r if len(r) <= 80 else f"{r[:40]}... ({len(r)} characters)"
+
+
 class Explained(NamedTuple):
     loc: tuple          # the field the error is about
     paths: list         # it and the fields it was checked against (for naming who set them)
@@ -225,26 +231,26 @@ def explain(exc: ValidationError, root, full_path: bool = True) -> Explained:
         here = f"in {dotted(loc[:-1])}" if len(loc) > 1 else "at the top level"
         allowed = f"required {here}: " + ", ".join(required_keys(type_at(root, loc[:-1])))
     elif typ in ("literal_error", "enum"):
-        what = f"unknown value {val!r}"
+        what = f"unknown value {_r(val)}"
         exp = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         allowed = "one of: " + ", ".join(exp) if exp else describe(type_at(root, loc))
     elif typ in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        what = f"value {val!r} out of range"
+        what = f"value {_r(val)} out of range"
         allowed = describe(type_at(root, loc))
-        if typ == "less_than_equal" and ctx.get("le") is not None:
+        if typ == "less_than_equal" and ctx.get("le") is not None and "<=" not in allowed:
             allowed += f", at most {ctx['le']}"
     elif typ in TYPE_WORDS:
-        what = f"expected {TYPE_WORDS[typ]}, got {val!r}"
+        what = f"expected {TYPE_WORDS[typ]}, got {_r(val)}"
         allowed = describe(type_at(root, loc)) or TYPE_WORDS[typ]
     elif typ in ("too_short", "string_too_short"):
-        what = f"{val!r} is empty" if not val else f"{val!r} is too short"
+        what = f"{_r(val)} is empty" if not val else f"{_r(val)} is too short"
         allowed = describe(type_at(root, loc)) if typ == "string_too_short" else \
             f"at least {ctx.get('min_length', 1)} item(s)"
     elif typ == "too_long" or typ == "tuple_too_long":
-        what = f"{val!r} is too long"
+        what = f"{_r(val)} is too long"
         allowed = describe(type_at(root, loc))
     else:
-        what = f"{err['msg']}, got {val!r}"
+        what = f"{err['msg']}, got {_r(val)}"
         allowed = describe(type_at(root, loc))
     return Explained(loc, paths, what, allowed, is_field_error)
 

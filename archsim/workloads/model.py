@@ -20,8 +20,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from archsim.config import schema_errors as SE
-from archsim.config.load import read_yaml, resolve_file
-from archsim.config.schema import FieldError
+from archsim.config.load import NumberTooLong, load_yaml_text, read_yaml, resolve_file
+from archsim.config.schema import MAX_INT, FieldError
 from archsim.errors import InputError
 from archsim.paths import data_dir
 
@@ -34,7 +34,7 @@ NORMS = ("layernorm", "rmsnorm")
 ATTENTIONS = ("fused", "unfused")
 
 MAX_DROPOUT = 0.999         # elementwise_gpu.MAX_DROP: above, nothing is kept worth scaling
-PosInt = Annotated[int, Field(strict=True, gt=0)]
+PosInt = Annotated[int, Field(strict=True, gt=0, le=MAX_INT)]   # as a machine's counts: exact as floats
 Bool = Annotated[bool, Field(strict=True)]
 Text = Annotated[str, Field(strict=True, min_length=1)]
 
@@ -54,7 +54,7 @@ class MoeSpec(_Frozen):
 
     experts: Annotated[int, Field(strict=True, ge=2, le=MAX_EXPERTS)]
     top_k: PosInt
-    capacity_factor: Annotated[float, Field(strict=False, gt=0, le=64, allow_inf_nan=False)]
+    capacity_factor: Annotated[float, Field(strict=True, gt=0, le=64, allow_inf_nan=False)]
 
     @model_validator(mode="after")
     def _k_of_experts(self):
@@ -244,7 +244,9 @@ def _apply_overrides(data: dict, overrides: Optional[Mapping[str, Any]]) -> tupl
         path, flag = OVERRIDES[key]
         if isinstance(value, str) and SE.unwrap(SE.type_at(Workload, path)) in (int, bool):
             try:                                     # "4", "true" from a command line
-                parsed = yaml.safe_load(value)
+                parsed = load_yaml_text(value)
+            except NumberTooLong as e:
+                raise InputError(flag, e.problem, f"an integer of at most {MAX_INT}") from None
             except yaml.YAMLError:
                 parsed = value
             value = parsed if isinstance(parsed, (int, bool)) else value
