@@ -32,6 +32,16 @@ class _Parser(argparse.ArgumentParser):
         raise InputError("command line", message, f"see `{self.prog} --help`")
 
 
+class _Once(argparse.Action):
+    """An option that may be given once (a second one would silently replace the first)."""
+
+    def __call__(self, parser, ns, values, option_string=None):
+        if getattr(ns, self.dest, None) is not None:
+            raise InputError(option_string, f"given twice ({getattr(ns, self.dest)!r}, then {values!r})",
+                             f"one {option_string}")
+        setattr(ns, self.dest, values)
+
+
 def _dims(text: str, option: str) -> tuple[int, int, int]:
     try:
         vals = [int(v) for v in text.split(",")]
@@ -141,9 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--top", type=int, default=10, metavar="N", help="plans to print (default 10)")
         elif name == "run":
             _add_machine_options(p, required=False)
-            p.add_argument("--cluster", metavar="CLUSTER", help="a training step on a cluster (YAML path or built-in "
-                                                               "name) instead of one machine; needs --plan")
-            p.add_argument("--plan", metavar="PLAN", help="with --cluster: tp=T,pp=P,dp=D[,mb=M,gbs=G,"
+            p.add_argument("--cluster", metavar="CLUSTER", action=_Once,
+                           help="a training step on a cluster (YAML path or built-in name) instead of one machine; "
+                                "needs --plan")
+            p.add_argument("--plan", metavar="PLAN", action=_Once, help="with --cluster: tp=T,pp=P,dp=D[,mb=M,gbs=G,"
                                                          "schedule=gpipe|1f1b|interleaved:V,"
                                                          "recompute=none|selective|full,zero=0..3,sp=on|off,"
                                                          "ep=E,order=tp-dp-pp,grad_reduce=overlap|after]")
@@ -445,6 +456,7 @@ def cmd_show_config(a) -> int:
 
 def _show_cluster(a) -> int:
     from archsim.cluster.derived import cluster_figures, format_cluster
+    from archsim.cluster.device_collective import check_collective_software
     from archsim.cluster.spec import load_cluster, load_device
     from archsim.config.derived import peak_tflops
 
@@ -453,6 +465,7 @@ def _show_cluster(a) -> int:
                          "machines", "show-config CLUSTER without them")
     cluster = load_cluster(a.hw, "show-config")
     device = load_device(cluster, a.hw)
+    check_collective_software(cluster, device, a.hw)
     fig = cluster_figures(cluster)
     peak = {k: v for k, v in peak_tflops(device).items() if k in ("fp16", "bf16", "fp32", "fp64")}
     print(format_cluster(cluster, fig, device.description or device.name, peak))
@@ -640,6 +653,12 @@ def _run_options(a, block_trace: bool = True):
     return opts
 
 
+def _say(text: str) -> None:
+    """A line of progress on stderr when it is a terminal (quiet otherwise, as the bars are)."""
+    if sys.stderr.isatty():
+        print(text, file=sys.stderr, flush=True)
+
+
 def _progress(label: str):
     """A progress bar on a terminal, nothing otherwise (quiet when not a terminal)."""
     if not sys.stderr.isatty():
@@ -735,16 +754,27 @@ def _cluster_inputs(a, refused: tuple, what: str, usage: str):
     ((flag, given) pairs, one line naming the first), timing mode, then the workload, the run
     options (without the kernels' block traces: a cluster's trace is the step's) and the --json
     path. Returns (workload, options)."""
+    refused += (("--batch", a.batch), ("--tp", a.tensor_parallel), ("--ep", a.expert_parallel))
     for flag, given in refused:
         if given:
-            raise InputError(flag, f"{flag} does not apply to {what}", usage)
+            raise InputError(flag, f"{flag} does not apply to {what}",
+                             "the plan's mb=, gbs=, tp= and ep=" if flag in ("--batch", "--tp", "--ep") else usage)
     if a.mode != "timing":
         raise InputError("--mode", "a cluster run is a timing run", "--mode timing")
     wl = _load_workload(a)
+    _no_device_split(wl, a.workload)
     opts = _run_options(a, block_trace=False)
     if a.json:
         _check_file_path(a.json, "--json")
     return wl, opts
+
+
+def _no_device_split(wl, label: str) -> None:
+    """A cluster command takes tensor and expert parallelism from its plan, not the workload's scenario."""
+    for key, plan_key in (("tensor_parallel", "tp"), ("expert_parallel", "ep")):
+        if getattr(wl.scenario, key) != 1:
+            raise InputError(f"{label}: scenario.{key}", f"{getattr(wl.scenario, key)} on a cluster",
+                             f"1: the plan's {plan_key}= splits the model")
 
 
 def _run_cluster(a) -> int:
@@ -759,7 +789,7 @@ def _run_cluster(a) -> int:
     _, device, _, _ = prepare(a.cluster, wl, a.plan)   # every bad input before any kernel is timed
     machine_scale(device, opts)                         # the device takes --scale
     out = _out_dir(a.out) if a.out else None
-    doc = run_cluster(a.cluster, wl, a.plan, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    doc = run_cluster(a.cluster, wl, a.plan, opts, progress=_say)
     print(format_cluster_run(doc))
     if a.json:
         _write_json(a.json, doc)
@@ -794,7 +824,7 @@ def _compare_clusters(a) -> int:
     for c, p in pairs:
         _, device, _, _ = prepare(c, wl, p)   # every cluster and plan before any kernel is timed
         machine_scale(device, opts)
-    docs = [run_cluster(c, wl, p, opts, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    docs = [run_cluster(c, wl, p, opts, progress=_say)
             for c, p in pairs]
     print(format_cluster_compare(docs))
     if a.json:
@@ -809,15 +839,18 @@ def cmd_plan(a) -> int:
         raise InputError("--top", f"{a.top} is not a count", "a positive integer")
     if a.gbs is not None and not 1 <= a.gbs <= 1 << 40:
         raise InputError("--gbs", f"{a.gbs} is not a batch", "1 to 2^40 sequences")
-    for flag, given in (("--out", a.out), ("--trace", a.trace), ("--mode", a.mode != "timing")):
+    for flag, given in (("--out", a.out), ("--trace", a.trace), ("--mode", a.mode != "timing"),
+                        ("--tp", a.tensor_parallel), ("--ep", a.expert_parallel)):
         if given:
-            raise InputError(flag, f"{flag} does not apply to plan", "plan --cluster C --workload WL [--gbs N] "
-                             "[--top N] [--json F]")
+            raise InputError(flag, f"{flag} does not apply to plan",
+                             "none: plan tries every tp and ep itself" if flag in ("--tp", "--ep") else
+                             "plan --cluster C --workload WL [--gbs N] [--top N] [--json F]")
     wl = _load_workload(a)
+    _no_device_split(wl, a.workload)
     opts = _run_options(a)
     if a.json:
         _check_file_path(a.json, "--json")
-    doc = search(a.cluster, wl, opts, a.gbs, a.top, progress=lambda text: print(text, file=sys.stderr, flush=True))
+    doc = search(a.cluster, wl, opts, a.gbs, a.top, progress=_say)
     print(format_search(doc))
     if a.json:
         _write_json(a.json, doc)
@@ -946,9 +979,8 @@ def _sweep_clusters(a) -> int:
     out = _out_dir(a.out)
     opts = RunOptions(workers=check_workers(a.workers))
     res = run_cluster_sweep(spec, points, out, opts,
-                            progress=lambda i, n, row: print(f"  {i}/{n} {row['cluster']} {row['plan']}: step "
-                                                             f"{row['step.step_seconds']:.4g} s", file=sys.stderr,
-                                                             flush=True))
+                            progress=lambda i, n, row: _say(f"  {i}/{n} {row['cluster']} {row['plan']}: step "
+                                                            f"{row['step.step_seconds']:.4g} s"))
     print(format_cluster_sweep(res, spec))
     print(f"{len(points)} points: {len(res['ran'])} run, {len(res['skipped'])} finished before; "
           f"{out / 'results.parquet'}")

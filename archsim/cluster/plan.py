@@ -107,12 +107,11 @@ class Plan:
 
 
 def _int(key: str, v: str, where: str, lo: int = 1, hi: int = MAX_DEGREE) -> int:
-    try:
-        n = int(v, 10)
-    except ValueError:
-        n = None
+    # ASCII digits only: int() would also take 2_0, +2 and other scripts' digits
+    n = int(v) if v.isascii() and v.isdigit() and len(v) <= 20 else None
     if n is None or not lo <= n <= hi:
-        raise InputError(where, f"{key}={v!r} is not a whole number from {lo} to {hi:,}", f"{key}=N")
+        shown = v if len(v) <= 24 else f"{v[:20]}... ({len(v):,} characters)"
+        raise InputError(where, f"{key}={shown!r} is not a whole number from {lo} to {hi:,}", f"{key}=N")
     return n
 
 

@@ -10,7 +10,7 @@ import time
 from archsim.errors import InputError
 
 from . import collectives as C
-from .device_collective import contended_machine, device_reduce_rate
+from .device_collective import check_collective_software, contended_machine, device_reduce_rate
 from .plan import (block_parameters, check_fits, check_plan, parse_plan, stage_layers, step_volumes,
                    with_scenario)
 from .spec import Cluster, load_cluster, load_device
@@ -147,6 +147,7 @@ def prepare_cluster(cluster_arg):
     if machine.dram.capacity_gib is None:
         raise InputError(f"{machine.name}: dram.capacity_gib", "the device's memory size is not given",
                          "dram.capacity_gib in its config (a cluster run checks memory per device)")
+    check_collective_software(cluster, machine, label)
     return cluster, machine
 
 
@@ -159,6 +160,16 @@ def prepare(cluster_arg, workload, plan_text: str):
     check_step(plan, workload)
     mem = check_fits(plan, workload, machine.dram.capacity_gib * 2 ** 30, machine.name)
     return cluster, machine, plan, mem
+
+
+def _covered(calls) -> float:
+    """Seconds during which at least one of the calls ((kind, bytes, seconds, stage, start) each) runs."""
+    total, end = 0.0, -math.inf
+    for t0, t1 in sorted((x[4], x[4] + x[2]) for x in calls):
+        if t1 > end:
+            total += t1 - max(t0, end)
+            end = t1
+    return total
 
 
 def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -> tuple:
@@ -239,9 +250,11 @@ def run_cluster(cluster_arg, workload, plan_text: str, opts, progress=None) -> d
     pp_log, dp_log = sim.log["pipeline"], sim.log["data_parallel"]
     pp_seconds = sum(x[2] for x in pp_log) / max(len(streams), 1)
     pp_exposed = sum(st.pp_exposed for st in streams) / len(streams)
-    dp_seconds = sum(x[2] for x in dp_log) / max(plan.pp, 1)
-    emb_log = sim.log["embedding"]            # one call a replica, for its first and last stage's devices
-    dp_seconds += sum(x[2] for x in emb_log) / len(emb_log) if emb_log else 0.0
+    # a stage's data-parallel time: while one of its calls runs (a stage's buckets overlap each other),
+    # the first and last stage's with their embedding sums; a stage's mean
+    emb_log = sim.log["embedding"]
+    dp_seconds = sum(_covered([x for x in dp_log if x[3] == s] + (emb_log if s in (0, plan.pp - 1) else []))
+                     for s in range(plan.pp)) / plan.pp
     # a stage's data-parallel tail: from its last compute, or from the embedding sum it waited for
     # (waiting for the other stage's compute is not communication), less its optimizer step
     dp_exposed = max(out["stage_end"][s] - max(sim.last_compute[s], sim.sync_start.get(s, 0.0)) - sim.optimizer[s]

@@ -60,16 +60,27 @@ def _cheapest_fit(base: Plan, cluster, workload, capacity: float):
     return None
 
 
+def _tps(cluster, workload) -> list[int]:
+    """The tensor-parallel degrees tried: divisors of a node's devices that divide the heads, hidden
+    and FFN widths."""
+    m, per_node = workload.model, cluster.node.devices
+    return [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
+            and m.ffn_hidden % t == 0]
+
+
+def _min_dp(cluster, workload) -> int:
+    """The fewest replicas of the plans tried (the most devices a replica: tp x pp)."""
+    return min(cluster.devices // t // p for t in _tps(cluster, workload)
+               for p in range(1, min(cluster.devices // t, workload.model.layers) + 1) if (cluster.devices // t) % p == 0)
+
+
 def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int, int]:
     """Plans that pass the checks and fit in memory, how many were looked at, and how many had
     more replicas than the step simulates."""
     m = workload.model
     phase = workload.scenario.phase
-    per_node = cluster.node.devices
-    tps = [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
-           and m.ffn_hidden % t == 0]
     out, seen, too_big = [], 0, 0
-    for tp in tps:
+    for tp in _tps(cluster, workload):
         rest = cluster.devices // tp
         for pp in [p for p in range(1, min(rest, m.layers) + 1) if rest % p == 0]:
             dp = rest // pp
@@ -120,6 +131,13 @@ def search(cluster_arg: str, workload, opts, global_batch: int | None = None, to
         raise InputError("plan", f"every plan of {workload.name} that uses all {cluster.devices:,} devices of "
                          f"{cluster.name} has more replicas than the step simulates",
                          f"dp at most {MAX_DP} and pp x dp at most {MAX_STREAMS}: a cluster file with fewer nodes")
+    if not seen:       # no (tp, pp) leaves a dp that splits the batch into micro-batches
+        raise InputError("--gbs" if global_batch is not None else "plan",
+                         f"global batch {gbs:,} does not split over the replicas of any plan that uses all "
+                         f"{cluster.devices:,} devices of {cluster.name}",
+                         f"a multiple of some plan's dp times a micro-batch of "
+                         f"{', '.join(map(str, MICRO_BATCHES[:-1]))} or {MICRO_BATCHES[-1]}; "
+                         f"the smallest dp here is {_min_dp(cluster, workload)}")
     if not plans:
         raise InputError("plan", f"no plan of {workload.name} fits {cluster.name}'s devices "
                          f"({machine.dram.capacity_gib:g} GiB each) with global batch {gbs}",

@@ -160,7 +160,8 @@ def is_cluster_file(arg: str) -> bool:
         data = read_yaml(p, arg)
     except InputError:
         return False
-    return isinstance(data, dict) and "node" in data and "nodes" in data
+    # a machine says its family; a cluster its device, nodes, node or network (one of them may be missing)
+    return "family" not in data and any(k in data for k in ("device", "nodes", "node", "network"))
 
 
 def validate_cluster(data, label: str = "<cluster>") -> Cluster:
@@ -178,6 +179,9 @@ def load_device(c: Cluster, label: str):
     """The cluster's device machine; a bad name or file is an error at the cluster's ``device``."""
     from archsim.config.load import load_machine
 
+    if is_cluster_file(c.device):
+        raise InputError(f"{label}: device", f"{c.device!r} is a cluster, not a machine",
+                         "a machine: a built-in name or a machine YAML file")
     try:
         return load_machine(c.device)
     except InputError as e:
@@ -189,7 +193,12 @@ def load_cluster(arg: str, where: str = "--cluster") -> Cluster:
     """A cluster by built-in name or path, validated; its device machine is loaded by the caller."""
     path = resolve_cluster(arg, where)
     label = path.name if "/" not in str(arg) else str(arg)
-    return validate_cluster(read_yaml(path, label), label)
+    c = validate_cluster(read_yaml(path, label), label)
+    dev = Path(c.device).expanduser()
+    if ("/" in c.device or c.device.endswith((".yaml", ".yml"))) and not dev.is_absolute() \
+            and (path.parent / dev).is_file():   # a device file beside the cluster file, as a relative path says
+        c = c.model_copy(update={"device": str(path.parent / dev)})
+    return c
 
 
 __all__ = ["Cluster", "MAX_NODES", "Network", "Node", "NodeFabric", "Nics", "Software", "builtin_clusters",

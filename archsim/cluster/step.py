@@ -333,7 +333,9 @@ class StepSim:
         self.stage_end = {s: None for s in range(plan.pp)}
         self.opt_span: dict[int, tuple] = {}                  # stage -> (start, end) of its optimizer step
         self.last_compute = {s: 0.0 for s in range(plan.pp)}
-        self.log = {"pipeline": [], "data_parallel": [], "embedding": []}   # (collective, bytes, seconds) a call
+        # (collective, bytes, seconds) a call; data-parallel and embedding calls add (stage, start)
+        # (an embedding sum serves the first and last stage: None)
+        self.log = {"pipeline": [], "data_parallel": [], "embedding": []}
         self.tied_wait: dict[int, int] = {}                   # replica -> embedding copies with their gradient
         self.sync_start: dict[int, float] = {}                # stage -> the last embedding sum's start
         self.gathers: dict = {}                               # ZeRO 3: a block's gather -> replicas waiting
@@ -399,7 +401,7 @@ class StepSim:
         t0 = ev.now
 
         def all_ranks():                   # gradients reduced in their accumulation type
-            self.log["data_parallel"].append((kind, n * self.ge, ev.now - t0))
+            self.log["data_parallel"].append((kind, n * self.ge, ev.now - t0, s, t0))
             self._bucket_done(s)
         self.dp_collective(s, kind, (n - ne) * self.ge, ne * self.ge, all_ranks)
 
@@ -445,7 +447,7 @@ class StepSim:
             self.sync_start[st] = max(self.sync_start.get(st, 0.0), t0)
 
         def summed():
-            self.log["embedding"].append(("all_reduce", nbytes, ev.now - t0))
+            self.log["embedding"].append(("all_reduce", nbytes, ev.now - t0, None, t0))
             self.bucket_ready(0, self.embedding_bucket(0))
             self.bucket_ready(last, self.embedding_bucket(last))
         done = C.barrier(plan.tp, summed)
@@ -471,7 +473,7 @@ class StepSim:
             t0 = ev.now
 
             def gathered():
-                self.log["data_parallel"].append(("all_gather", n * self.e, ev.now - t0))
+                self.log["data_parallel"].append(("all_gather", n * self.e, ev.now - t0, s, t0))
                 self.stage_end[s] = ev.now
             self.dp_collective(s, "all_gather", (n - ne) * self.e, ne * self.e, gathered)
         else:
@@ -488,7 +490,7 @@ class StepSim:
         t0 = self.ev.now
 
         def ended():
-            self.log["data_parallel"].append(("all_gather", dense_bytes + expert_bytes, self.ev.now - t0))
+            self.log["data_parallel"].append(("all_gather", dense_bytes + expert_bytes, self.ev.now - t0, s, t0))
             for cb in self.gathers.pop((s,) + key):
                 cb()
         self.dp_collective(s, "all_gather", dense_bytes, expert_bytes, ended)
