@@ -677,6 +677,8 @@ def _progress(label: str):
 
 
 def _out_dir(path: str) -> Path:
+    if not str(path).strip():     # Path("") is the working directory
+        raise InputError("--out", "an empty path", "a directory path")
     out = Path(path)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -1023,12 +1025,16 @@ def cmd_plot(a) -> int:
         if path is None:
             raise InputError(a.path, "no result.json, compare.json, micro.json or results.parquet in this directory",
                              "a run's or a sweep's --out directory")
+    if path.exists() and not path.is_file():     # a FIFO would block the read for ever
+        raise InputError(str(path), "not a regular file", "a result JSON file")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(str(path), f"cannot read: {e}", "a result JSON file") from None
     except json.JSONDecodeError as e:
         raise InputError(f"{path}:{e.lineno}", f"not JSON: {e.msg}", "a result JSON file") from None
+    except ValueError as e:      # an integer past the digit limit
+        raise InputError(str(path), f"not a result: {e}", "a result JSON file") from None
     schemas = ("archsim.result/1", "archsim.compare/1", "archsim.micro/1", "archsim.cluster/1")
     if isinstance(doc, dict) and doc.get("schema") == "archsim.cluster/1":
         from archsim.report.cluster import write_cluster_plots
@@ -1242,12 +1248,12 @@ def _main(argv) -> int:
               "machine sizes, shapes or footprints)", file=sys.stderr)
         return 2
     except OverflowError as e:  # a number the schema accepts beyond the engine's integer state (clock ratios near 2^53)
-        print(f"archsim: error: machine: a number too large for the simulator's state ({e}) (smaller clock, "
-              "size or latency values)", file=sys.stderr)
+        print(f"archsim: error: input: a number too large for the simulator's state ({e}) (smaller values: "
+              "a machine's clock, sizes and latencies, a workload's or a reference's figures)", file=sys.stderr)
         return 2
     except RecursionError:  # an input nested so deep that processing it (past parsing) recursed too far
-        print("archsim: error: input: nested too deeply to process (a YAML file, overlay, --set value or "
-              "spec hundreds of levels deep; flatten it)", file=sys.stderr)
+        print("archsim: error: input: nested too deeply to process (a YAML or JSON file, overlay, --set value "
+              "or spec hundreds of levels deep; flatten it)", file=sys.stderr)
         return 2
 
 

@@ -48,6 +48,7 @@ SPEC_KEYS = ("hw", "workload", *WORKLOAD_OPTIONS, *RUN_OPTIONS, "max_points", "o
              "description")
 TOTAL_FIELDS = ("cycles", "seconds", "flops", "model_flops", "tflops", "warp_instructions")
 MAX_POINTS = 10_000             # choice: a larger grid is refused before it is resolved (spec key max_points)
+MAX_POINTS_CAP = 1_000_000      # choice: the most a spec's max_points may allow
 PARQUET_EVERY_S = 10.0          # choice: results.parquet is rewritten at most this often during a sweep
 
 
@@ -74,6 +75,18 @@ class Point:
     workload: Any                         # resolved Workload
     key: str
 
+
+
+def first_repeat(vals: list) -> int:
+    """The index of the first value of a list that appears earlier in it (1 and true count as one,
+    as ``==`` says), else -1; linear in the list, where a search of each prefix was quadratic."""
+    seen = set()
+    for i, v in enumerate(vals):
+        k = v if isinstance(v, (int, float, str)) else json.dumps(v, sort_keys=True, default=str)
+        if k in seen:
+            return i
+        seen.add(k)
+    return -1
 
 def _err(spec_label: str, where: str, what: str, allowed: str = "") -> InputError:
     return InputError(f"{spec_label}: {where}" if where else spec_label, what, allowed)
@@ -168,8 +181,8 @@ def load_spec(path: str) -> Spec:
     if scale > 1 and mode == "functional":
         raise _err(label, "scale", "a scale model in a functional sweep", "scale: 1, or mode: timing")
     max_points = _typed(label, "max_points", data.get("max_points", MAX_POINTS), int, "a positive integer")
-    if max_points <= 0:
-        raise _err(label, "max_points", f"value {max_points} out of range", "a positive integer")
+    if not 0 < max_points <= MAX_POINTS_CAP:
+        raise _err(label, "max_points", "value out of range", f"a positive integer, at most {MAX_POINTS_CAP:,}")
 
     overlays = data.get("overlays", [])
     if isinstance(overlays, str):
@@ -195,9 +208,9 @@ def load_spec(path: str) -> Spec:
             raise _err(label, where, f"expected a list of values, got {vals!r}", "a non-empty list, e.g. [1, 2]")
         if not vals:
             raise _err(label, where, "empty list", "a non-empty list of values")
-        for i, v in enumerate(vals):
-            if v in vals[:i]:
-                raise _err(label, where, f"value {v!r} appears twice", "each value once")
+        i = first_repeat(vals)
+        if i >= 0:
+            raise _err(label, where, f"value {vals[i]!r} appears twice", "each value once")
         if k.startswith("workload."):
             opt = k[len("workload."):]
             if opt in options:

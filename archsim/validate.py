@@ -444,6 +444,9 @@ def pick_curves(curves: list[dict], only, path: Path) -> list[dict]:
     must match a curve), in file order; a text that matches none is one input error."""
     texts = [only] if isinstance(only, str) else list(only)
     for t in texts:
+        if not t.strip():      # "" is in every name: it would run them all
+            raise InputError("--curve", "an empty text", "a part of a curve's name: "
+                             + (", ".join(c["name"] for c in curves) or "(none)"))
         if not any(t in c["name"] for c in curves):
             raise InputError("--curve", f"no curve of {path.name} matches {t!r}",
                              ", ".join(c["name"] for c in curves) or "(none)")

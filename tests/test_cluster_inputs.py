@@ -58,7 +58,7 @@ def _one_line(capsys, argv, *needles):
 def test_an_integer_past_the_digit_limit_is_one_line(capsys, tmp_path):
     p = tmp_path / "big.yaml"
     p.write_text(f"name: x\nnodes: {BIG}\n")
-    _one_line(capsys, ["show-config", str(p)], f"{p}:2", "5001 characters", "4300 digits")
+    _one_line(capsys, ["show-config", str(p)], f"{p}:2", "5001 characters", "4300 decimal digits")
     _one_line(capsys, ["run", "--hw", "tiny-gpu", "--workload", "tiny", "--batch", BIG], "--batch:", "5001")
     wl = _workload(tmp_path)
     wl.write_text(wl.read_text().replace("seq: ", f"seq: {BIG[:4000]} #", 1))
@@ -149,3 +149,73 @@ def test_overlapped_communication_counts_concurrent_calls_once():
     # (kind, bytes, seconds, stage, start): [0, 2] and [1, 4] cover 4 s, [5, 6] one more
     calls = [("a", 1, 2.0, 0, 0.0), ("a", 1, 3.0, 0, 1.0), ("a", 1, 1.0, 0, 5.0), ("a", 1, 0.5, 0, 1.5)]
     assert _covered(calls) == 5.0 and _covered([]) == 0.0
+
+
+def _sweep_spec(tmp_path, **over):
+    (tmp_path / "tc.yaml").write_text(yaml.safe_dump(TINY))
+    spec = {"cluster": "tc.yaml", "workload": "tiny", "phase": "train", "plan": "dp=2,mb=1,gbs=2", **over}
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def test_yaml_keys_and_hex_numbers_are_one_line(capsys, tmp_path):
+    p = tmp_path / "k.yaml"
+    p.write_text("? [a, b]\n: 1\n")
+    _one_line(capsys, ["show-config", str(p)], f"{p}:1", "a list as a mapping key")
+    p.write_text(yaml.safe_dump(TINY).replace("nodes: 4", "nodes: 0x" + "f" * 4000))
+    _one_line(capsys, ["show-config", str(p)], "an integer too large to read (4002 characters)")
+
+
+@pytest.mark.parametrize("over,what", [
+    ({"vary": {"plan.tp": ["1,pp=2"]}}, "not one plan value"),
+    ({"vary": {"plan.tp": [[1, 2]]}}, "not one plan value"),
+    ({"plan": "tp=1,tp=2"}, "tp given twice"),
+    ({"max_points": 10 ** 9}, "at most 100,000"),
+])
+def test_bad_sweep_spec_values_are_one_line(capsys, tmp_path, over, what):
+    _one_line(capsys, ["sweep", str(_sweep_spec(tmp_path, **over)), "--out", str(tmp_path / "o")], what)
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_repeat_is_found_in_linear_time():
+    from archsim.sweep import first_repeat
+
+    assert first_repeat(list(range(200_000)) + [7]) == 200_000
+    assert first_repeat([1, True]) == 1 and first_repeat([None, None]) == 1 and first_repeat([[1], [2]]) == -1
+
+
+def test_a_damaged_sweep_directory_is_refused_or_run_again(capsys, tmp_path):
+    spec = str(_sweep_spec(tmp_path))
+    out = tmp_path / "o"
+    assert main(["sweep", spec, "--out", str(out), "--workers", "1"]) == 0
+    rec = next((out / "runs").glob("*.json"))
+    rec.write_text("[]")                        # a damaged record: the point runs again
+    assert main(["sweep", spec, "--out", str(out), "--workers", "1"]) == 0
+    assert "1 run, 0 finished before" in capsys.readouterr().out
+    (out / "sweep.json").unlink()
+    (out / "sweep.json").mkdir()
+    _one_line(capsys, ["sweep", spec, "--out", str(out)], "sweep.json: a directory where the sweep writes")
+    _one_line(capsys, ["sweep", spec, "--out", ""], "--out: an empty path")
+
+
+def test_plot_refuses_what_it_cannot_draw(capsys, tmp_path):
+    import os
+
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)
+    _one_line(capsys, ["plot", str(fifo)], "not a regular file")
+    _sweep_spec(tmp_path)          # writes tc.yaml
+    assert main(["run", "--cluster", str(tmp_path / "tc.yaml"), "--workload", "tiny", "--phase", "train", "--plan",
+                 "dp=2,mb=1,gbs=2", "--workers", "1", "--json", str(tmp_path / "x.json")]) == 0
+    doc = json.loads((tmp_path / "x.json").read_text())
+    doc["timeline"]["bins"] = 10 ** 9
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    _one_line(capsys, ["plot", str(bad), "--out", str(tmp_path / "p")], "timeline.bins 1000000000 out of range")
+    bad.write_text(json.dumps(doc).replace('"bins": 1000000000', '"bins": 1' + "0" * 5000))
+    _one_line(capsys, ["plot", str(bad), "--out", str(tmp_path / "p")], "not a result")
+
+
+def test_an_empty_curve_text_is_refused(capsys):
+    _one_line(capsys, ["validate", "--cluster", "dgx-a100-superpod", "--curve", ""], "--curve: an empty text")

@@ -103,7 +103,8 @@ def contended_machine(cluster, machine, label: str | None = None):
         return None
     sms = machine.groups * machine.cores.per_group
     if machine.groups != 1 or ctas >= sms:
-        raise InputError(f"{label or cluster.name}: software.collective_ctas", f"{ctas} CTAs on {machine.name}'s {sms} SMs"
+        raise InputError(f"{label or cluster.name}: software.collective_ctas",
+                         f"{ctas} CTAs on {machine.name}'s {sms} SMs"
                          + (f" in {machine.groups} groups" if machine.groups != 1 else ""),
                          f"fewer than {sms}, one SM a CTA, on a GPU of one group")
     sets = [f"cores.per_group={machine.cores.per_group - ctas}"]
@@ -128,4 +129,5 @@ def _gpcs_less(gpcs, n):
     return tuple(x for x in g if x > 0)
 
 
-__all__ = ["PROBE_BYTES", "check_collective_software", "contended_machine", "device_reduce_rate", "reduce_kernel", "reduce_rate"]
+__all__ = ["PROBE_BYTES", "check_collective_software", "contended_machine", "device_reduce_rate", "reduce_kernel",
+           "reduce_rate"]

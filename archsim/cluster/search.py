@@ -71,7 +71,8 @@ def _tps(cluster, workload) -> list[int]:
 def _min_dp(cluster, workload) -> int:
     """The fewest replicas of the plans tried (the most devices a replica: tp x pp)."""
     return min(cluster.devices // t // p for t in _tps(cluster, workload)
-               for p in range(1, min(cluster.devices // t, workload.model.layers) + 1) if (cluster.devices // t) % p == 0)
+               for p in range(1, min(cluster.devices // t, workload.model.layers) + 1)
+               if (cluster.devices // t) % p == 0)
 
 
 def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int, int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ SCENARIO_KEYS = ("phase", "batch", "seq", "layers", "dtype")
 STEP_FIELDS = ("step_seconds", "tokens_per_second", "tflops_per_device_model", "tflops_per_device_hardware", "mfu",
                "bubble_share", "comm_exposed_seconds", "comm_overlapped_seconds")
 MAX_POINTS = 1000       # choice: each point is a whole step (seconds to minutes warm)
+MAX_POINTS_CAP = 100_000    # choice: the most a spec's max_points may allow (every point is checked up front)
 
 
 @dataclass
@@ -50,8 +52,11 @@ class ClusterPoint:
 def is_cluster_spec(path: str) -> bool:
     """Whether a sweep spec names clusters (a top-level ``cluster`` key) rather than machines."""
     p = Path(path)
-    if not p.is_file() or p.stat().st_size > 1 << 20:
+    if not p.is_file():
         return False
+    if p.stat().st_size > 1 << 20:      # not parsed twice: a top-level `cluster:` line says it
+        with open(p, "rb") as f:
+            return any(re.match(rb"cluster\s*:", line) for line in f)
     try:
         return "cluster" in (read_yaml(p, str(path)) or {})
     except InputError:
@@ -70,13 +75,17 @@ def _plan_items(text: str, label: str) -> dict:
         k, eq, v = part.strip().partition("=")
         if not eq or not k:
             raise _err(label, "plan", f"{part.strip()!r} is not key=value", "the text of --plan, tp=T,pp=P,dp=D,...")
+        if k in items:
+            raise _err(label, "plan", f"{k} given twice", "each key once")
         items[k] = v
     return items
+
 
 
 def load_cluster_spec(path: str) -> dict:
     """The spec's structure checked (keys, types, lists); its values are checked by expand."""
     from archsim.cluster.plan import KEYS as PLAN_KEYS
+    from archsim.sweep import first_repeat
 
     label = str(path)
     p = Path(path)
@@ -112,11 +121,16 @@ def load_cluster_spec(path: str) -> dict:
             raise _err(label, w, f"{rest} is both fixed (top-level) and varied", "name it in one place")
         if not isinstance(vals, list) or not vals:
             raise _err(label, w, f"{vals!r}", "a non-empty list of values")
-        if any(v in vals[:i] for i, v in enumerate(vals)):
+        if first_repeat(vals) >= 0:
             raise _err(label, w, "a value appears twice", "each value once")
+        if head == "plan" and not all((isinstance(v, int) and not isinstance(v, bool))
+                                      or (isinstance(v, str) and re.fullmatch(r"[A-Za-z0-9_:.-]+", v)) for v in vals):
+            raise _err(label, w, "a value that is not one plan value", "whole numbers, or words such as 1f1b, "
+                       "interleaved:2, full")
     mp = data.get("max_points", MAX_POINTS)
-    if isinstance(mp, bool) or not isinstance(mp, int) or mp < 1:
-        raise _err(label, "max_points", f"{mp!r}", "a positive integer")
+    if isinstance(mp, bool) or not isinstance(mp, int) or not 1 <= mp <= MAX_POINTS_CAP:
+        raise _err(label, "max_points", f"{mp!r}" if len(str(mp)) < 30 else "a number too large",
+                   f"a positive integer, at most {MAX_POINTS_CAP:,}")
     from archsim.cluster.spec import builtin_clusters
     from archsim.sweep import beside_spec
     from archsim.workloads.model import builtin_workloads
@@ -180,12 +194,26 @@ def _row(p: ClusterPoint, doc: dict) -> dict:
     return row
 
 
+def _whole(doc) -> bool:
+    """A record an earlier run of the sweep finished (a damaged one is simulated again)."""
+    if not isinstance(doc, dict) or doc.get("schema") != "archsim.cluster/1" or not isinstance(doc.get("step"), dict):
+        return False
+    st = doc["step"]
+    return all(isinstance(st.get(f), (int, float)) for f in STEP_FIELDS if f != "mfu") and \
+        isinstance(doc.get("memory_per_device", {}), dict)
+
+
 def run_cluster_sweep(spec: dict, points: list[ClusterPoint], out: Path, opts, progress=None) -> dict:
     """Run the points not finished in ``out``; write each record, results.parquet and sweep.json."""
     from archsim.cluster.run import run_cluster
     from archsim.sweep import write_json_atomic, write_results
 
     runs = out / "runs"
+    for f in [runs, *(runs / f"{p.key}.json" for p in points), out / "results.parquet", out / "sweep.json"]:
+        want_dir = f == runs
+        if f.exists() and (f.is_dir() != want_dir):
+            raise InputError(str(f), f"a {'file' if want_dir else 'directory'} where the sweep writes its "
+                             f"{'records' if want_dir else 'results'}", "remove it, or another --out")
     runs.mkdir(parents=True, exist_ok=True)
     rows, ran, skipped = [], [], []
     t0 = time.perf_counter()
@@ -197,7 +225,7 @@ def run_cluster_sweep(spec: dict, points: list[ClusterPoint], out: Path, opts, p
                 doc = json.loads(f.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 doc = None
-        if doc is not None and doc.get("schema") == "archsim.cluster/1":
+        if _whole(doc):
             skipped.append(p.key)
         else:
             doc = run_cluster(p.cluster, p.workload, p.plan, opts)

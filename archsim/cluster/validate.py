@@ -243,13 +243,10 @@ def prepare(arg: str, reference: str | None = None, only=None) -> tuple[Cluster,
     cluster = validate_cluster(data, label)
     ref = reference_path(cluster, reference)
     curves = load_curves(ref, data, label)
-    if only:
-        texts = [only] if isinstance(only, str) else list(only)
-        for t in texts:
-            if not any(t in c["name"] for c in curves):
-                raise InputError("--curve", f"no curve of {ref.name} matches {t!r}",
-                                 ", ".join(c["name"] for c in curves))
-        curves = [c for c in curves if any(t in c["name"] for t in texts)]
+    if only is not None:
+        from archsim.validate import pick_curves
+
+        curves = pick_curves(curves, only, ref)
     return cluster, curves
 
 

@@ -93,6 +93,11 @@ def _construct_mapping(loader, node, deep=False):
     seen = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:       # `? [a, b] : 1`: YAML allows it, a Python dict does not
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a {type(key).__name__} as a mapping key", key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
@@ -106,9 +111,13 @@ class NumberTooLong(yaml.constructor.ConstructorError):
 
 def _construct_int(loader, node):
     try:
-        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+        v = yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
     except ValueError:      # past the digit limit: int() refuses it
-        raise NumberTooLong(None, None, f"an integer of {len(node.value)} characters", node.start_mark) from None
+        v = None
+    # a hex or binary one reads, but could not be printed in decimal (repr refuses it)
+    if v is None or abs(v).bit_length() > int(sys.get_int_max_str_digits() * 3.32):   # log2(10) bits a digit
+        raise NumberTooLong(None, None, f"an integer too large to read ({len(node.value)} characters)", node.start_mark)
+    return v
 
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
@@ -182,7 +191,7 @@ def read_yaml(path: Union[str, Path], label: str | None = None) -> dict:
     except NumberTooLong as e:
         mark = e.problem_mark
         raise InputError(f"{label}:{mark.line + 1}", f"{e.problem} at column {mark.column + 1}",
-                         f"numbers of at most {sys.get_int_max_str_digits()} digits") from None
+                         f"numbers of at most {sys.get_int_max_str_digits()} decimal digits") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{label}:{mark.line + 1}" if mark is not None else label

@@ -7,6 +7,7 @@ device with its compute stream and data-parallel tail, a counter track per busy 
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from archsim.report.files import pyplot, save_figure, write_text
@@ -20,11 +21,15 @@ def plot_pipeline(doc: dict, path: Path) -> Path:
     pp = doc["plan"]["pp"]
     fig, ax = plt.subplots(figsize=(11, 1.2 + 0.45 * pp))
     scale, unit = (1e3, "ms") if doc["step"]["step_seconds"] < 10 else (1.0, "s")
+    spans: dict = {}        # (stage, kind) -> [(left, width)]: one broken_barh a row and kind, not a bar a task
     for s, kind, mb, t0, t1 in tl["tasks"]:
-        ax.barh(s, (t1 - t0) * scale, left=t0 * scale, height=0.8, color=COLOURS[kind], edgecolor="white", lw=0.3)
+        spans.setdefault((s, kind), []).append((t0 * scale, (t1 - t0) * scale))
     for s, t0, t1 in tl["data_parallel"]:
         if t1 > t0:
-            ax.barh(s, (t1 - t0) * scale, left=t0 * scale, height=0.8, color=COLOURS["dp"])
+            spans.setdefault((s, "dp"), []).append((t0 * scale, (t1 - t0) * scale))
+    for (s, kind), xs in spans.items():
+        ax.broken_barh(xs, (s - 0.4, 0.8), facecolors=COLOURS[kind],
+                       **({"edgecolor": "white", "lw": 0.3} if kind != "dp" else {}))
     rec = doc["plan"]["recompute"]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in ("F", "B", "dp")]
     ax.legend(handles, ["forward", f"backward (recompute {rec})", "data-parallel reduction after the last backward"],
@@ -34,7 +39,7 @@ def plot_pipeline(doc: dict, path: Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     st = doc["step"]
-    ax.set_title(f"{doc['workload']['name']} on {doc['cluster']['name']}: step {st['step_seconds']:.4g} s, "
+    ax.set_title(f"{_cut(doc['workload']['name'])} on {_cut(doc['cluster']['name'])}: step {st['step_seconds']:.4g} s, "
                  f"bubble {100 * st['bubble_share']:.1f} % (replica 0)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
@@ -56,13 +61,13 @@ def plot_network(doc: dict, path: Path) -> Path:
     xs = [(i + 0.5) * step / n * scale for i in range(n)]
     for ax, lv in zip(axes[:, 0], levels):
         for x in [x for x in tl["links"] if x["level"] == lv]:
-            ax.plot(xs, [100 * u for u in x["util"]], lw=0.9, label=x["name"])
+            ax.plot(xs, [100 * u for u in x["util"]], lw=0.9, label=_cut(x["name"]))
         ax.set_ylabel("% busy")
         ax.set_ylim(0, 105)
         ax.set_title(names[lv], fontsize=9, loc="left")
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     axes[-1, 0].set_xlabel(unit)
-    fig.suptitle(f"busiest links over the step ({doc['cluster']['name']})", fontsize=10)
+    fig.suptitle(f"busiest links over the step ({_cut(doc['cluster']['name'])})", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
     plt.close(fig)
@@ -96,11 +101,37 @@ def plot_memory(doc: dict, path: Path) -> Path:
     return path
 
 
+# choice: bounds of a record the pictures are drawn from (a step the simulator writes stays far inside)
+MAX_STAGES = 4096           # step.MAX_STREAMS
+MAX_TASKS = 2_000_000
+MAX_BINS = 10_000
+MAX_LINKS = 1000
+
+
+def _cut(name, n: int = 60) -> str:
+    name = str(name)
+    return name if len(name) <= n else name[:n - 3] + "..."
+
+
+def check_record(doc: dict) -> None:
+    """Raise ValueError when the record's sizes are past what its pictures are drawn for."""
+    tl = doc["timeline"]
+    for what, n, lo, hi in (("plan.pp", doc["plan"]["pp"], 1, MAX_STAGES), ("timeline.bins", tl["bins"], 1, MAX_BINS),
+                            ("timeline.tasks", len(tl["tasks"]), 0, MAX_TASKS),
+                            ("timeline.links", len(tl["links"]), 0, MAX_LINKS),
+                            ("memory_stages", len(doc["memory_stages"]), 0, MAX_STAGES)):
+        if isinstance(n, bool) or not isinstance(n, int) or not lo <= n <= hi:
+            raise ValueError(f"{what} {_cut(n, 30)} out of range ({lo} to {hi:,})")
+
+
 def write_cluster_plots(doc: dict, out: Path) -> list[Path]:
     """pipeline.png, network.png, memory.png and the report.html that holds them."""
+    check_record(doc)
     out = Path(out)
-    imgs = [plot_pipeline(doc, out / "pipeline.png"), plot_network(doc, out / "network.png"),
-            plot_memory(doc, out / "memory.png")]
+    with warnings.catch_warnings():     # matplotlib's layout notes on odd records: the picture is drawn anyway
+        warnings.simplefilter("ignore")
+        imgs = [plot_pipeline(doc, out / "pipeline.png"), plot_network(doc, out / "network.png"),
+                plot_memory(doc, out / "memory.png")]
     return imgs + [write_cluster_report(doc, imgs, out / "report.html")]
 
 
