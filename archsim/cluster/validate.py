@@ -53,7 +53,8 @@ def reference_path(c: Cluster, given: str | None = None) -> Path:
 
 
 def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and v == v and v != float("inf")
+    # choice: a published figure between 1e-9 and 1e15 in its unit (a smaller one makes the error infinite)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and 1e-9 <= v <= 1e15
 
 
 def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict]:
