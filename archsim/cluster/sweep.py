@@ -81,7 +81,6 @@ def _plan_items(text: str, label: str) -> dict:
     return items
 
 
-
 def load_cluster_spec(path: str) -> dict:
     """The spec's structure checked (keys, types, lists); its values are checked by expand."""
     from archsim.cluster.plan import KEYS as PLAN_KEYS

@@ -116,7 +116,8 @@ def _construct_int(loader, node):
         v = None
     # a hex or binary one reads, but could not be printed in decimal (repr refuses it)
     if v is None or abs(v).bit_length() > int(sys.get_int_max_str_digits() * 3.32):   # log2(10) bits a digit
-        raise NumberTooLong(None, None, f"an integer too large to read ({len(node.value)} characters)", node.start_mark)
+        raise NumberTooLong(None, None, f"an integer too large to read ({len(node.value)} characters)",
+                            node.start_mark)
     return v
 
 

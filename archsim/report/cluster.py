@@ -39,7 +39,8 @@ def plot_pipeline(doc: dict, path: Path) -> Path:
     ax.invert_yaxis()
     ax.set_xlabel(unit)
     st = doc["step"]
-    ax.set_title(f"{_cut(doc['workload']['name'])} on {_cut(doc['cluster']['name'])}: step {st['step_seconds']:.4g} s, "
+    ax.set_title(f"{_cut(doc['workload']['name'])} on {_cut(doc['cluster']['name'])}: "
+                 f"step {st['step_seconds']:.4g} s, "
                  f"bubble {100 * st['bubble_share']:.1f} % (replica 0)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path)
