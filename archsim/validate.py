@@ -258,7 +258,7 @@ def load_reference(path: Path) -> list[dict]:
         if q not in PROBES:
             raise InputError(f"{w}.quantity", f"{q!r} has no probe", ", ".join(PROBES))
         v = r.get("value")
-        if not _positive(v):
+        if not is_figure(v):
             raise InputError(f"{w}.value", f"{v!r} is not a positive number", "a number from 1e-9 to 1e15")
         if r.get("unit") != PROBES[q][0]:
             raise InputError(f"{w}.unit", f"{r.get('unit')!r} does not match the probe", PROBES[q][0])
@@ -268,8 +268,9 @@ def load_reference(path: Path) -> list[dict]:
     return rows
 
 
-def _positive(v) -> bool:
-    # choice: a figure between 1e-9 and 1e15 in its unit (a smaller one makes the error infinite)
+def is_figure(v) -> bool:
+    """A number a reference may hold: between 1e-9 and 1e15 in its unit (choice: a smaller one
+    makes the error infinite; the machine and cluster references alike)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool) and 1e-9 <= v <= 1e15
 
 
@@ -338,7 +339,7 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
             raise InputError(f"{w}.x", f"{c.get('x')!r} is not a parameter of micro {k}",
                              "one of " + ", ".join(MP.PARAMS[k]) + " (or a list of them)")
         clock = c.get("clock_mhz")
-        if clock is not None and not _positive(clock):
+        if clock is not None and not is_figure(clock):
             raise InputError(f"{w}.clock_mhz", f"{clock!r} is not a clock", "MHz > 0")
         overhead = c.get("call_overhead_us")
         if overhead is not None:
@@ -351,8 +352,8 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
         overrides = c.get("overrides") or []
         if not isinstance(overrides, list) or any(
                 not isinstance(o, dict) or set(o) != {"from_x", "params"} or not isinstance(o["params"], dict)
-                or not (_positive(o["from_x"]) or (isinstance(o["from_x"], list) and len(o["from_x"]) == len(xs)
-                                                   and all(_positive(v) for v in o["from_x"])))
+                or not (is_figure(o["from_x"]) or (isinstance(o["from_x"], list) and len(o["from_x"]) == len(xs)
+                                                   and all(is_figure(v) for v in o["from_x"])))
                 for o in overrides):
             raise InputError(f"{w}.overrides", "not a list of {from_x, params}",
                              "[{from_x: X, params: {...}}]: params for the points at x >= X")
@@ -366,12 +367,12 @@ def load_curves(path: Path, family: str | None = None) -> list[dict]:
                 raise InputError(pw, f"{pt!r} is not a point", "[x, y] or [x, y, clock_mhz]")
             x, y = pt[0], pt[1]
             xv = x if isinstance(x, list) else [x] * len(xs)
-            if len(xv) != len(xs) or not all(_positive(v) for v in xv):
+            if len(xv) != len(xs) or not all(is_figure(v) for v in xv):
                 raise InputError(pw, f"x {x!r} does not fit x: {xs}", f"a number > 0, or {len(xs)} numbers > 0")
-            if not _positive(y):
+            if not is_figure(y):
                 raise InputError(pw, f"y {y!r} is not a positive number", "a number > 0")
             pclock = pt[2] if len(pt) == 3 else clock
-            if pclock is not None and not _positive(pclock):
+            if pclock is not None and not is_figure(pclock):
                 raise InputError(pw, f"clock {pclock!r} is not a clock", "MHz > 0")
             if last is not None and _x_work(x, len(xs)) <= last:
                 raise InputError(pw, f"x {x!r} does not increase", "points in increasing x (a shape: its product)")

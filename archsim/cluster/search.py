@@ -60,19 +60,22 @@ def _cheapest_fit(base: Plan, cluster, workload, capacity: float):
     return None
 
 
-def _tps(cluster, workload) -> list[int]:
-    """The tensor-parallel degrees tried: divisors of a node's devices that divide the heads, hidden
-    and FFN widths."""
+def _shapes(cluster, workload):
+    """(tp, pp, dp) of the plans tried that use every device: tp a divisor of a node's devices that
+    divides the heads, hidden and FFN widths; pp a divisor of the rest, at most the layers."""
     m, per_node = workload.model, cluster.node.devices
-    return [t for t in range(1, per_node + 1) if per_node % t == 0 and m.heads % t == 0 and m.hidden % t == 0
-            and m.ffn_hidden % t == 0]
+    for tp in range(1, per_node + 1):
+        if per_node % tp or m.heads % tp or m.hidden % tp or m.ffn_hidden % tp:
+            continue
+        rest = cluster.devices // tp
+        for pp in range(1, min(rest, m.layers) + 1):
+            if rest % pp == 0:
+                yield tp, pp, rest // pp
 
 
 def _min_dp(cluster, workload) -> int:
     """The fewest replicas of the plans tried (the most devices a replica: tp x pp)."""
-    return min(cluster.devices // t // p for t in _tps(cluster, workload)
-               for p in range(1, min(cluster.devices // t, workload.model.layers) + 1)
-               if (cluster.devices // t) % p == 0)
+    return min(dp for _, _, dp in _shapes(cluster, workload))
 
 
 def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[list[Plan], int, int]:
@@ -81,29 +84,26 @@ def candidates(cluster, workload, global_batch: int, capacity: float) -> tuple[l
     m = workload.model
     phase = workload.scenario.phase
     out, seen, too_big = [], 0, 0
-    for tp in _tps(cluster, workload):
-        rest = cluster.devices // tp
-        for pp in [p for p in range(1, min(rest, m.layers) + 1) if rest % p == 0]:
-            dp = rest // pp
-            # a mixture-of-experts model: every power-of-two expert parallelism dividing its experts and dp
-            eps = [1] if m.moe is None else [e for e in (1 << i for i in range(21))
-                                             if m.moe.experts % e == 0 and dp % e == 0]
-            for mb, ep in ((mb, ep) for mb in MICRO_BATCHES for ep in eps):
-                if global_batch % (mb * dp):
+    for tp, pp, dp in _shapes(cluster, workload):
+        # a mixture-of-experts model: every power-of-two expert parallelism dividing its experts and dp
+        eps = [1] if m.moe is None else [e for e in (1 << i for i in range(21))
+                                         if m.moe.experts % e == 0 and dp % e == 0]
+        for mb, ep in ((mb, ep) for mb in MICRO_BATCHES for ep in eps):
+            if global_batch % (mb * dp):
+                continue
+            for sp, sched, v in _variants(tp, phase):
+                base = Plan(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, global_batch=global_batch,
+                            schedule=sched, chunks=v, sequence_parallel=sp)
+                if sched == "interleaved" and not _interleaves(base, cluster, workload):
                     continue
-                for sp, sched, v in _variants(tp, phase):
-                    base = Plan(tp=tp, pp=pp, dp=dp, ep=ep, micro_batch=mb, global_batch=global_batch,
-                                schedule=sched, chunks=v, sequence_parallel=sp)
-                    if sched == "interleaved" and not _interleaves(base, cluster, workload):
-                        continue
-                    seen += 1
-                    if seen > MAX_CANDIDATES:
-                        return out, seen, too_big
-                    chosen = _cheapest_fit(base, cluster, workload, capacity)
-                    if chosen == "too_big":
-                        too_big += 1
-                    elif chosen is not None:
-                        out.append(chosen)
+                seen += 1
+                if seen > MAX_CANDIDATES:
+                    return out, seen, too_big
+                chosen = _cheapest_fit(base, cluster, workload, capacity)
+                if chosen == "too_big":
+                    too_big += 1
+                elif chosen is not None:
+                    out.append(chosen)
     return out, seen, too_big
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from archsim.config.load import apply_set, read_yaml
 from archsim.errors import InputError
 from archsim.paths import data_dir
-from archsim.validate import check_curve_head
+from archsim.validate import check_curve_head, is_figure, pick_curves
 
 from . import collectives as C
 from .device_collective import device_reduce_rate
@@ -50,11 +50,6 @@ def reference_path(c: Cluster, given: str | None = None) -> Path:
         raise InputError("--cluster", f"no published figures for cluster {c.name!r}",
                          "a cluster with a reference file: " + ", ".join(have) + ", or --reference FILE")
     return p
-
-
-def _num(v) -> bool:
-    # choice: a published figure between 1e-9 and 1e15 in its unit (a smaller one makes the error infinite)
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and 1e-9 <= v <= 1e15
 
 
 def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict]:
@@ -105,7 +100,7 @@ def load_curves(path: Path, cluster_data: dict, cluster_label: str) -> list[dict
             raise InputError(f"{w}.points", "missing or empty", "[[bytes, GB/s], ...]")
         last = 0.0
         for j, p in enumerate(pts):
-            if not isinstance(p, list) or len(p) != 2 or not _num(p[0]) or not _num(p[1]) or p[0] <= last:
+            if not isinstance(p, list) or len(p) != 2 or not is_figure(p[0]) or not is_figure(p[1]) or p[0] <= last:
                 raise InputError(f"{w}.points[{j}]", f"{p!r} is not a point after the last",
                                  "[bytes > 0, GB/s > 0], bytes increasing, at most 2^40")
             if p[0] > 1 << 40:
@@ -162,7 +157,8 @@ def _step_curve(c: dict, name: str, w: str, cluster_label: str, folder: Path) ->
             raise InputError(wp, f"{p!r} is not a step point", "{x: gpus or batch, value: figure > 0, plan: text, "
                              "model: {field: value}, scenario: {field: value} (both optional)}")
         x, v, plan_text = p["x"], p["value"], p["plan"]
-        if not isinstance(x, int) or isinstance(x, bool) or x <= last or not _num(v) or not isinstance(plan_text, str):
+        if not isinstance(x, int) or isinstance(x, bool) or x <= last or not is_figure(v) \
+                or not isinstance(plan_text, str):
             raise InputError(wp, f"x {x!r}, value {v!r}, plan {plan_text!r}",
                              f"x a {c['x']} above the last point's, value > 0, plan the text of --plan")
         doc = dict(base_doc)
@@ -245,8 +241,6 @@ def prepare(arg: str, reference: str | None = None, only=None) -> tuple[Cluster,
     ref = reference_path(cluster, reference)
     curves = load_curves(ref, data, label)
     if only is not None:
-        from archsim.validate import pick_curves
-
         curves = pick_curves(curves, only, ref)
     return cluster, curves
 
