@@ -157,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--plan", metavar="PLAN", action=_Once, help="with --cluster: tp=T,pp=P,dp=D[,mb=M,gbs=G,"
                                                          "schedule=gpipe|1f1b|interleaved:V,"
                                                          "recompute=none|selective|full,zero=0..3,sp=on|off,"
-                                                         "ep=E,order=tp-dp-pp,grad_reduce=overlap|after]")
+                                                         "ep=E,order=tp-dp-pp,grad_reduce=overlap|after,"
+                                                         "p2p=wait|overlap,tp_async=on|off]")
         else:
             p.add_argument("--hw", action="append", metavar="HW",
                            help="a machine (YAML path or built-in name); give two or more")

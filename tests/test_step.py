@@ -51,6 +51,53 @@ def test_pipeline_makespan_is_m_plus_p_minus_1_stages(sched, m):
     assert out["step_seconds"] == pytest.approx((m + 1) * 8e-3, abs=1e-8)   # (free links: bytes cost ~1e-10 s)
 
 
+def _slow_pipeline():
+    """One device a node and 1 GB/s NICs: a pipeline send takes a while."""
+    d = json.loads(json.dumps(TINY))
+    d["node"]["devices"] = 1
+    d["node"]["nics"] = {"count": 1, "gbit_per_s": 8.0, "latency_us": 2.0}
+    d["network"]["group_nodes"] = 1
+    d["software"]["kernel_gap_us"] = 0.0
+    return build(validate_cluster(d))
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_p2p_wait_holds_the_sender_until_delivered(m):
+    """p2p=wait: a stage's stream goes on only once its pipeline send has arrived (Megatron-LM's
+    exchange ends in a synchronize, DeepSpeed sends with a blocking dist.send). GPipe over two
+    stages whose sends take tau each: stage 0 runs m x (f + tau) of forwards, stage 1 each forward
+    as it arrives and then m x (b + tau) of backwards with their sends, stage 0 the last backward:
+    its compute ends at m (f + b + 2 tau) + f + b. With p2p=overlap the sender runs on: the step
+    is (m - 1) tau shorter or more, and no stream waits for its sends."""
+    wl = load_workload("tiny", {"phase": "train"})
+    f, b = 3e-3, 5e-3
+    sims = {mode: StepSim(_slow_pipeline(), parse_plan(f"pp=2,mb=1,gbs={m},schedule=gpipe,p2p={mode}"), wl,
+                          _synthetic(f, b), NO_HEAD, 1000) for mode in ("wait", "overlap")}
+    out = {mode: sim.run() for mode, sim in sims.items()}
+    taus = [x[2] for x in sims["wait"].log["pipeline"]]
+    assert len(taus) == 2 * m and max(taus) - min(taus) < 1e-12 and taus[0] > 5e-6
+    tau = taus[0]
+    last = sims["wait"].last_compute          # (the step then sums the tied embedding's gradients)
+    assert last[0] == pytest.approx(m * (f + b + 2 * tau) + f + b, rel=1e-9)
+    spans = sims["wait"].streams[(0, 0)].spans
+    for (k0, _, _, e0), (k1, mb, s1, e1), (k2, _, s2, _) in zip(spans, spans[1:], spans[2:]):
+        if k1 == "P":                                   # from the end of the task that sent to the next one
+            assert k0 == "F" and s1 == e0 and e1 - s1 == pytest.approx(tau, rel=1e-9)
+            assert e1 == s2 if k2 == "F" else e1 < s2     # (a backward waits for its gradient)
+    assert sum(k == "P" for k, *_ in spans) == m
+    # exposed: waiting for its own sends, and for its gradients' transfers to arrive
+    assert sims["wait"].streams[(0, 0)].pp_exposed == pytest.approx(2 * m * tau, rel=1e-9)
+    assert out["overlap"]["step_seconds"] <= out["wait"]["step_seconds"] - (m - 1) * tau + 1e-12
+    assert not any(k == "P" for st in sims["overlap"].streams.values() for k, *_ in st.spans)
+
+
+def test_p2p_plan_key():
+    assert parse_plan("pp=2").p2p == "wait"
+    assert parse_plan("pp=2,p2p=overlap").summary()["p2p"] == "overlap"
+    with pytest.raises(InputError, match="p2p='later'"):
+        parse_plan("pp=2,p2p=later")
+
+
 def test_one_f_one_b_order():
     plan = parse_plan("pp=4,mb=1,gbs=6")
     assert [t[:2] for t in schedule(plan, 0)] == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4),
@@ -434,7 +481,10 @@ def test_cluster_run_pictures(capsys, tmp_path):
                  "tp=2,pp=4,dp=2,gbs=16", "--workers", "1", "--out", str(out), "--trace"]) == 0
     doc = json.loads((out / "cluster.json").read_text())
     tasks = doc["timeline"]["tasks"]
-    assert len(tasks) == 4 * 2 * 8 and all(t1 > t0 for _, _, _, t0, t1 in tasks)
+    assert all(t1 > t0 for _, _, _, t0, t1 in tasks)
+    assert sum(k in "FB" for _, k, _, _, _ in tasks) == 4 * 2 * 8
+    # p2p=wait: each stage but the last waits for its forward sends, each but the first for its backward's
+    assert sum(k == "P" for _, k, _, _, _ in tasks) == 2 * 3 * 8
     assert {x["level"] for x in doc["timeline"]["links"]} <= {"node", "nic", "uplink"}
     for name in ("pipeline.png", "network.png", "memory.png"):
         assert (out / name).stat().st_size > 5000
@@ -510,7 +560,7 @@ def test_plan_steps_on_two_workers_are_the_ones_on_one(monkeypatch):
     cluster = validate_cluster(TINY)
     plans, _, _ = S.candidates(cluster, wl, 32, 2 ** 30)
     monkeypatch.setattr(S, "optimizer_times", lambda machine, workload, p: [1e-4 / p.dp] * p.pp)
-    kernels = {(p.tp, p.ep, p.micro_batch, p.sequence_parallel):
+    kernels = {S._kernel_key(p):
                (1000, 0, _synthetic(1e-3 * p.micro_batch / p.tp, 2e-3 * p.micro_batch / p.tp), NO_HEAD)
                for p in plans}
     topo = build(cluster)
@@ -756,6 +806,30 @@ def test_sequence_parallel_layout_replaces_each_all_reduce():
     assert block_layout(with_scenario(shard, tensor_parallel=1), sp=True) == [("k", o) for o in ops]
 
 
+def test_tp_async_off_exposes_the_backward_all_reduce():
+    """tp_async=off (Megatron-LM before its async all-reduce, bigscience's Megatron-DeepSpeed): the
+    backward's all-reduces run after the layer's backward, none beside a kernel; a block's
+    backward then lasts its kernels plus every all-reduce, where with tp_async=on the weight-gradient
+    GEMM hides the two it runs beside."""
+    from archsim.cluster.plan import with_scenario
+    from archsim.cluster.step import beside_ops, block_layout
+
+    shard = with_scenario(load_workload("tiny", {"phase": "train"}), tensor_parallel=2)
+    on, off = block_layout(shard), block_layout(shard, tp_async=False)
+    assert [it[:3] for it in on] == [it[:3] for it in off] and beside_ops(off) == []
+    assert beside_ops(block_layout(shard, sp=True, tp_async=False)) == []
+    assert parse_plan("tp=2").tp_async and not parse_plan("tp=2,tp_async=off").tp_async
+    assert parse_plan("tp=2,tp_async=off").summary()["tp_async"] is False
+    with pytest.raises(InputError, match="tp_async='no'"):
+        parse_plan("tp=2,tp_async=no")
+    ar = lambda kind, b, group: 2.0  # noqa: E731
+    # backward: dgrad (1 s), all-reduce (2 s) beside or after the wgrad (3 s), then the next dgrad
+    items = [("k", 1.0), ("c", "all_reduce", 8, True), ("k", 3.0), ("k", 1.0)]
+    assert _run_items(items, ar, 0.0) == (5.0, 5.0, 0.0)
+    exposed = [it[:3] + (False,) if it[0] == "c" else it for it in items]
+    assert _run_items(exposed, ar, 0.0) == (7.0, 5.0, 2.0)
+
+
 def test_sequence_parallel_step_on_a_tiny_cluster(capsys, tmp_path):
     """The same step with sp=on: each all-reduce's bytes move as a reduce-scatter and an
     all-gather (a ring's two halves, so about the same network time), the norms and residual
@@ -822,7 +896,8 @@ def test_zero3_gathers_each_blocks_weights_before_it_runs():
     assert all(st.gather_exposed > 0 for st in z3.streams.values())
     for st in z3.streams.values():
         if st.replica == 0:     # a task lasts at least its compute
-            assert all(t1_ - t0_ >= (3e-3 if k == "F" else 5e-3) * (1 - 1e-9) for k, _, t0_, t1_ in st.spans)
+            assert all(t1_ - t0_ >= (3e-3 if k == "F" else 5e-3) * (1 - 1e-9) for k, _, t0_, t1_ in st.spans
+                       if k != "P")
 
 
 def test_zero3_step_volume_counts_every_gather():

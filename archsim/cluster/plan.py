@@ -28,10 +28,11 @@ from archsim.errors import InputError
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTE = ("none", "selective", "full")
 KEYS = ("tp", "pp", "dp", "ep", "ep_place", "mb", "gbs", "schedule", "recompute", "zero", "sp", "order",
-        "grad_reduce", "grad_accum")
+        "grad_reduce", "grad_accum", "p2p", "tp_async")
 EP_PLACES = ("inside", "across")
 GRAD_REDUCE = ("overlap", "after")
 GRAD_ACCUM = ("fused", "fp32", "fp32_copy", "half")
+P2P = ("wait", "overlap")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -67,6 +68,17 @@ class Plan:
     # (PyTorch autograd's accumulation, fp16 Megatron-LM: 6 bytes, and the data-parallel reduction
     # in 16 bits); fp32 training accumulates in fp32 whatever the key says
     grad_accum: str = "fused"
+    # a pipeline send: the sending stage's stream waits until its activations (or their gradients)
+    # are delivered before its next task (Megatron-LM's p2p exchange ends with a
+    # torch.cuda.synchronize(); DeepSpeed's pipeline engine sends with a blocking dist.send), or
+    # the send runs beside the next task (Megatron-core's overlap_p2p_comm)
+    p2p: str = "wait"
+    # the backward's tensor-parallel collectives run beside the next kernel (the input gradient's
+    # all-reduce beside the weight-gradient GEMM: Megatron-LM's async tensor-model-parallel
+    # all-reduce, opt-in from 2021-09, and Megatron-core), or after it, exposed (Megatron-LM before
+    # it, and bigscience's Megatron-DeepSpeed, whose all-reduce is the autograd backward of the
+    # column-parallel layer's input copy)
+    tp_async: bool = True
 
     def grad_bytes(self, dtype: str) -> int:
         """Bytes a gradient element has when the data-parallel reduction takes it."""
@@ -90,7 +102,8 @@ class Plan:
         return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "ep": self.ep, "micro_batch": self.micro_batch,
                 "global_batch": self.batch, "schedule": sched, "recompute": self.recompute, "zero": self.zero,
                 "sequence_parallel": self.sequence_parallel, "order": "-".join(self.order),
-                "grad_reduce": self.grad_reduce, "grad_accum": self.grad_accum,
+                "grad_reduce": self.grad_reduce, "grad_accum": self.grad_accum, "p2p": self.p2p,
+                "tp_async": self.tp_async,
                 **({"ep_place": self.ep_place} if self.ep > 1 else {})}
 
     def ep_groups(self) -> list[list[int]]:
@@ -119,7 +132,8 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
                "recompute=none|selective|full, zero=0..3, sp=on|off, ep_place=inside|across, "
-               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|fp32|fp32_copy|half")
+               "order=tp-dp-pp (a permutation), grad_reduce=overlap|after, grad_accum=fused|fp32|fp32_copy|half, "
+               "p2p=wait|overlap, tp_async=on|off")
     if not isinstance(text, str) or not text.strip():
         raise InputError(where, "empty plan", allowed)
     seen: dict[str, str] = {}
@@ -177,6 +191,16 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
                              "(a kernel after each backward into an fp32 buffer), fp32_copy (the gradient copied "
                              "to fp32, then added) or half (into the 16-bit gradient)")
         kw["grad_accum"] = seen["grad_accum"]
+    if "p2p" in seen:
+        if seen["p2p"] not in P2P:
+            raise InputError(where, f"p2p={seen['p2p']!r}", "wait (a stage waits for its pipeline sends to be "
+                             "delivered) or overlap (they run beside its next task)")
+        kw["p2p"] = seen["p2p"]
+    if "tp_async" in seen:
+        if seen["tp_async"] not in ("on", "off"):
+            raise InputError(where, f"tp_async={seen['tp_async']!r}", "on (the backward's tensor-parallel all-reduce "
+                             "beside the weight-gradient GEMM) or off (after it)")
+        kw["tp_async"] = seen["tp_async"] == "on"
     if "order" in seen:
         order = tuple(seen["order"].split("-"))
         if sorted(order) != ["dp", "pp", "tp"]:

@@ -175,12 +175,12 @@ def _covered(calls) -> float:
 def time_kernels(machine, workload, plan, opts, progress=None, contended=None) -> tuple:
     """The engine's times for a plan: the TP / EP shard of one block at the micro-batch (the ops
     beside a tensor-parallel all-reduce also on ``contended``, the device less the collective's
-    SMs) and the LM head's GEMMs. Plans with the same tp, ep, sp and micro-batch share them."""
+    SMs) and the LM head's GEMMs. Plans with the same tp, ep, sp, tp_async and micro-batch share them."""
     shard = with_scenario(workload, tensor_parallel=plan.tp, expert_parallel=plan.ep, batch=plan.micro_batch,
                           layers=1)
     if progress:
         progress(f"timing the block's kernels on {machine.name} (tp {plan.tp}, micro-batch {plan.micro_batch})")
-    bt = block_times(machine, shard, opts, contended=contended, sp=plan.sequence_parallel)
+    bt = block_times(machine, shard, opts, contended=contended, sp=plan.sequence_parallel, tp_async=plan.tp_async)
     if progress:
         progress("timing the LM head's GEMMs")
     return shard, bt, head_times(machine, workload, plan, opts)

@@ -199,7 +199,7 @@ def _simulate_steps(plans, kernels, topo, block_topo, machine, workload, capacit
 
 def _kernel_key(p: Plan) -> tuple:
     """What a plan's kernels depend on: plans that share it share their kernel set."""
-    return (p.tp, p.ep, p.micro_batch, p.sequence_parallel)
+    return (p.tp, p.ep, p.micro_batch, p.sequence_parallel, p.tp_async)
 
 
 def _plan_rows(topo, block_topo, workload, items, capacity, peak) -> list:

@@ -14,7 +14,10 @@ on the last stage, the LM head's GEMMs (micro gemm). What runs between them is s
   (ops.SP_COLLECTIVES) and the norms and residual adds on 1/tp of the tokens; a kernel beside a
   collective runs on the SMs the collective's own kernel leaves (device_collective.py); full
   recompute runs a block's forward again before its backward, selective the attention forward;
-- pipeline sends (each TP rank its 1/tp slice of the activations or their gradients) and the
+- pipeline sends (each TP rank its 1/tp slice of the activations or their gradients; with
+  ``p2p=wait`` the sending stream waits until its send is delivered, from the end of the task that
+  made it: the receiver's readiness is not waited for, since in 1F1B the partner's matching
+  receive comes in the same exchange) and the
   data-parallel gradient reductions (one bucket a block, started when every replica's last backward
   has finished that block, or with ``grad_reduce=after`` one reduction of the stage's gradients
   after its last backward and the tied embedding's sum; ZeRO 1-2 reduce-scatter, then all-gather
@@ -71,18 +74,20 @@ def _op_seconds(kernels: list) -> tuple[dict[str, float], dict[str, int]]:
     return out, launches
 
 
-def block_layout(shard, sp: bool = False) -> list:
+def block_layout(shard, sp: bool = False, tp_async: bool = True) -> list:
     """The shard's ops in order, ("k", op), with its collectives between them, ("c", collective,
     tensor, beside-next, group): tensor-parallel all-reduces (ops.TP_ALL_REDUCE_AFTER) or, with
     sequence parallelism, all-gathers and reduce-scatters (ops.SP_COLLECTIVES), on group "tp";
-    expert parallelism's all-to-alls (ops.EP_ALL_TO_ALL) on group "ep"."""
+    expert parallelism's all-to-alls (ops.EP_ALL_TO_ALL) on group "ep". Without ``tp_async`` no
+    tensor-parallel collective runs beside the next kernel."""
     from archsim.workloads.ops import EP_ALL_TO_ALL, SP_COLLECTIVES, TP_ALL_REDUCE_AFTER
 
     tp, ep = shard.scenario.tensor_parallel, shard.scenario.expert_parallel
     a2a = dict(EP_ALL_TO_ALL) if ep > 1 else {}
     out = []
     def sp_items(op, side):
-        return [("c", kind, tensor, beside, "tp") for name, where, kind, tensor, beside in SP_COLLECTIVES
+        return [("c", kind, tensor, beside and tp_async, "tp")
+                for name, where, kind, tensor, beside in SP_COLLECTIVES
                 if name == op.name and where == side] if tp > 1 and sp else []
 
     for op in shard.block_ops():
@@ -91,7 +96,7 @@ def block_layout(shard, sp: bool = False) -> list:
         out += sp_items(op, "after")
         if tp > 1 and not sp and op.name in TP_ALL_REDUCE_AFTER:
             tensor, beside = TP_ALL_REDUCE_AFTER[op.name]
-            out.append(("c", "all_reduce", tensor, beside, "tp"))
+            out.append(("c", "all_reduce", tensor, beside and tp_async, "tp"))
         if op.name in a2a:
             out.append(("c", "all_to_all", a2a[op.name], False, "ep"))
     return out
@@ -131,12 +136,13 @@ def ops_seconds(machine, shard, ops, opts, pool=None, why: str = "") -> dict[str
     return out
 
 
-def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = False) -> BlockTimes:
+def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = False,
+                tp_async: bool = True) -> BlockTimes:
     """Time one block of the shard workload (train phase) on ``machine`` and lay its ops out in
     order with the tensor-parallel collectives between them. ``contended``: the device less the
     SMs a collective's kernel holds, on which the ops beside a collective are timed too. ``sp``:
     sequence parallelism, whose norms and residual adds run on the device's 1/tp of the tokens
-    (timed at that many rows)."""
+    (timed at that many rows). ``tp_async``: block_layout's."""
     from archsim.runner import run_workload
     from archsim.workloads.ops import SP_TOKEN_OPS
 
@@ -144,7 +150,7 @@ def block_times(machine, shard, opts, pool=None, contended=None, sp: bool = Fals
     secs, launches = _op_seconds(res["kernels"])
     sc = shard.scenario
     tp = sc.tensor_parallel
-    layout = block_layout(shard, sp)
+    layout = block_layout(shard, sp, tp_async)
     if sp and tp > 1:                    # (train or prefill: decode is refused)
         part = with_scenario(shard, batch=1, seq=sc.batch * sc.seq // tp)
         secs.update(ops_seconds(machine, part, SP_TOKEN_OPS, opts, pool, " (its share of the tokens)"))
@@ -613,13 +619,22 @@ class StepSim:
             dst = self.streams[(nxt, r)]
             t0 = ev.now
             want = (kind, mb, nc)
+            wait = plan.p2p == "wait"
 
             def delivered():
                 dst.arrived[want] = ev.now
                 self.log["pipeline"].append(("send_recv", self.act_bytes, ev.now - t0))
                 if dst.pos < len(dst.tasks) and dst.tasks[dst.pos] == want and dst.busy_until <= ev.now:
                     dst.pp_exposed += ev.now - max(t0, dst.busy_until)   # idle while the transfer ran
+                if wait:                                # the sender goes on once its send is delivered
+                    st.busy_until = st.last_end = ev.now
+                    st.pp_exposed += ev.now - t0
+                    if st.replica == 0:
+                        st.spans.append(("P", mb, t0, ev.now))
+                    self.try_run(st)
                 self.try_run(dst)
+            if wait:
+                st.busy_until = float("inf")
             done = C.barrier(plan.tp, delivered)
             for t in range(plan.tp):
                 self.f.send(device_of(plan, t, r, s), device_of(plan, t, r, nxt), self.act_bytes, done)
