@@ -91,6 +91,22 @@ def test_p2p_wait_holds_the_sender_until_delivered(m):
     assert not any(k == "P" for st in sims["overlap"].streams.values() for k, *_ in st.spans)
 
 
+@pytest.mark.parametrize("rec", ["full", "selective", "none"])
+def test_backward_spans_show_each_blocks_recompute(rec):
+    """A backward with recompute is drawn as each block's recompute (R) and backward (B) in turn:
+    full recompute runs the block's forward again (3 ms here), selective its attention (1 ms)."""
+    wl = load_workload("tiny", {"phase": "train"})              # 2 blocks on one stage
+    sim = StepSim(_fast(), parse_plan(f"mb=1,gbs=2,recompute={rec}"), wl, _synthetic(), NO_HEAD, 1000)
+    sim.run()
+    spans = sim.streams[(0, 0)].spans
+    r = {"full": 3e-3, "selective": 1e-3, "none": 0.0}[rec]
+    for mb in (0, 1):
+        back = [(k, t1 - t0) for k, m, t0, t1 in spans if m == mb and k in "RB"]
+        want = [("R", r), ("B", 5e-3)] * 2 if r else [("B", 10e-3)]
+        assert [k for k, _ in back] == [k for k, _ in want]
+        assert [d for _, d in back] == pytest.approx([d for _, d in want], rel=1e-9)
+
+
 def test_p2p_plan_key():
     assert parse_plan("pp=2").p2p == "wait"
     assert parse_plan("pp=2,p2p=overlap").summary()["p2p"] == "overlap"

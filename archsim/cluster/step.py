@@ -318,11 +318,10 @@ class StepSim:
         self.groups = {"tp": [[device_of(plan, t, 0, 0) for t in range(plan.tp)]],
                        "ep": [[device_of(plan, 0, r, 0) for r in g] for g in plan.ep_groups()]}
         self.f_block = _run_items(bt.forward, self.coll_seconds, self.gap)
-        b_items = list(bt.backward)
-        if plan.recompute == "full":
-            b_items = list(bt.forward) + b_items
-        elif plan.recompute == "selective":
-            b_items = [("k", bt.attention_forward, bt.attention_launches)] + b_items
+        rec_items = list(bt.forward) if plan.recompute == "full" else \
+            [("k", bt.attention_forward, bt.attention_launches)] if plan.recompute == "selective" else []
+        b_items = rec_items + list(bt.backward)
+        self.rec_block = _run_items(rec_items, self.coll_seconds, self.gap)[0] if rec_items else 0.0
         self.b_items = b_items
         self.b_block = _run_items(b_items, self.coll_seconds, self.gap)
         self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
@@ -522,8 +521,7 @@ class StepSim:
             return
         st.tasks_seconds += dur
         st.busy_until = ev.now + dur
-        if st.replica == 0:
-            st.spans.append((kind, mb, ev.now, ev.now + dur))
+        self._spans(st, kind, mb, c, ev.now, ev.now + dur)
         ev.at(ev.now + dur, self.finished, st, kind, mb, c)
         if kind == "B" and mb == plan.micro_batches - 1 and self.after:
             ev.at(ev.now + dur, self.grads_done, st.stage, st.replica)
@@ -536,6 +534,23 @@ class StepSim:
             # the embedding's (or the head's) gradient, at the end of the chunk that holds it
             if self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
                 ev.at(ev.now + dur, self.embedding_grad, s, st.replica)
+
+    def _spans(self, st: Stream, kind: str, mb: int, c: int, t0: float, t1: float) -> None:
+        """Replica 0's spans of a task: a backward with recompute as each block's recompute (R) and
+        backward (B) in turn, the last B on to the task's end (the LM head's backward, the gradients'
+        accumulation, under ZeRO 3 the waits for weights)."""
+        if st.replica != 0:
+            return
+        nb = self.chunk_blocks[st.stage][c]
+        if kind != "B" or self.rec_block <= 0.0 or nb == 0:
+            st.spans.append((kind, mb, t0, t1))
+            return
+        t, back = t0, self.b_block[0] - self.rec_block
+        for k in range(nb):
+            st.spans.append(("R", mb, t, t + self.rec_block))
+            t += self.rec_block
+            st.spans.append(("B", mb, t, t1 if k == nb - 1 else t + back))
+            t += back
 
     def _gathered_task(self, st: Stream, kind: str, mb: int, c: int, dur: float) -> None:
         """A task under ZeRO 3: each block's weights (fp16, this TP rank's shard of them) are
@@ -590,8 +605,7 @@ class StepSim:
             st.tasks_seconds += took
             st.gather_exposed += took - dur
             st.busy_until = ev.now
-            if st.replica == 0:
-                st.spans.append((kind, mb, t0, ev.now))
+            self._spans(st, kind, mb, c, t0, ev.now)
             if last_b and self.buckets[s] > self.blocks[s] and self.holds_embedding(s, c):
                 self.embedding_grad(s, st.replica)
             self.finished(st, kind, mb, c)

@@ -1,10 +1,10 @@
-"""Pictures of a cluster step (archsim.cluster/1): pipeline.png (a row per stage, forward and
-backward spans over the step, the waits for pipeline sends, the data-parallel tail; the bubbles
-are the gaps), network.png (utilization of the busiest links inside a node, at the NICs and on
-the uplinks over the step) and memory.png (memory per device of each stage, stacked by kind,
-against the capacity); the page that holds them (report.html) and a Perfetto trace (trace.json:
-a process per stage's device with its compute stream and data-parallel tail, a counter track per
-busy link)."""
+"""Pictures of a cluster step (archsim.cluster/1): pipeline.png (a row per stage, forward,
+recompute and backward spans over the step, the waits for pipeline sends, the data-parallel
+tail; the bubbles are the gaps), network.png (utilization of the busiest links inside a node, at
+the NICs and on the uplinks over the step) and memory.png (memory per device of each stage,
+stacked by kind, against the capacity); the page that holds them (report.html) and a Perfetto
+trace (trace.json: a process per stage's device with its compute stream and data-parallel tail,
+a counter track per busy link)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from archsim.report.files import pyplot, save_figure, write_text
 
-COLOURS = {"F": "#4C72B0", "B": "#DD8452", "P": "#C44E52", "dp": "#55A868"}
+COLOURS = {"F": "#4C72B0", "R": "#8172B3", "B": "#DD8452", "P": "#C44E52", "dp": "#55A868"}
 
 
 def plot_pipeline(doc: dict, path: Path) -> Path:
@@ -32,13 +32,13 @@ def plot_pipeline(doc: dict, path: Path) -> Path:
         ax.broken_barh(xs, (s - 0.4, 0.8), facecolors=COLOURS.get(kind, "grey"),
                        **({"edgecolor": "white", "lw": 0.3} if kind not in ("dp", "P") else {}))
     rec = doc["plan"]["recompute"]
-    kinds = [("F", "forward"), ("B", f"backward (recompute {rec})"), ("P", "waiting for its pipeline send"),
+    kinds = [("F", "forward"), ("R", f"recompute ({rec})"), ("B", "backward"), ("P", "waiting for its pipeline send"),
              ("dp", "data-parallel reduction after the last backward")]
-    waits = any(kind == "P" for _, kind in spans)           # p2p=wait: the sends a stage waited for
-    kinds = [(k, label) for k, label in kinds if k != "P" or waits]
+    drawn = {kind for _, kind in spans}
+    kinds = [(k, label) for k, label in kinds if k in ("F", "B", "dp") or k in drawn]
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k, _ in kinds]
     ax.legend(handles, [label for _, label in kinds], loc="upper center",
-              bbox_to_anchor=(0.5, -0.25 if pp > 2 else -0.45), ncol=len(kinds), fontsize=8, frameon=False)
+              bbox_to_anchor=(0.5, -0.25 if pp > 2 else -0.45), ncol=min(len(kinds), 3), fontsize=8, frameon=False)
     ax.set_yticks(range(pp))
     ax.set_yticklabels([f"stage {s}" for s in range(pp)], fontsize=8)
     ax.invert_yaxis()
@@ -149,7 +149,7 @@ def cluster_trace_events(doc: dict) -> list[dict]:
     tl = doc["timeline"]
     us = 1e6
     ev = []
-    names = {"F": "forward", "B": "backward", "P": "pipeline send"}
+    names = {"F": "forward", "R": "recompute", "B": "backward", "P": "pipeline send"}
     for s in range(doc["plan"]["pp"]):
         pid = s + 1
         ev += [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"stage {s} (device of replica 0)"}},
