@@ -85,6 +85,8 @@ def test_p2p_wait_holds_the_sender_until_delivered(m):
             assert k0 == "F" and s1 == e0 and e1 - s1 == pytest.approx(tau, rel=1e-9)
             assert e1 == s2 if k2 == "F" else e1 < s2     # (a backward waits for its gradient)
     assert sum(k == "P" for k, *_ in spans) == m
+    # stage 1 waits for its gradients' sends but the last, which runs beside its data-parallel tail
+    assert sum(k == "P" for k, *_ in sims["wait"].streams[(1, 0)].spans) == m - 1
     # exposed: waiting for its own sends, and for its gradients' transfers to arrive
     assert sims["wait"].streams[(0, 0)].pp_exposed == pytest.approx(2 * m * tau, rel=1e-9)
     assert out["overlap"]["step_seconds"] <= out["wait"]["step_seconds"] - (m - 1) * tau + 1e-12
@@ -499,8 +501,9 @@ def test_cluster_run_pictures(capsys, tmp_path):
     tasks = doc["timeline"]["tasks"]
     assert all(t1 > t0 for _, _, _, t0, t1 in tasks)
     assert sum(k in "FB" for _, k, _, _, _ in tasks) == 4 * 2 * 8
-    # p2p=wait: each stage but the last waits for its forward sends, each but the first for its backward's
-    assert sum(k == "P" for _, k, _, _, _ in tasks) == 2 * 3 * 8
+    # p2p=wait: each stage but the last waits for its forward sends, each but the first for its
+    # backward's, but for its last send, which runs beside its data-parallel tail
+    assert sum(k == "P" for _, k, _, _, _ in tasks) == 2 * 3 * 8 - 3
     assert {x["level"] for x in doc["timeline"]["links"]} <= {"node", "nic", "uplink"}
     for name in ("pipeline.png", "network.png", "memory.png"):
         assert (out / name).stat().st_size > 5000
@@ -844,6 +847,24 @@ def test_tp_async_off_exposes_the_backward_all_reduce():
     assert _run_items(items, ar, 0.0) == (5.0, 5.0, 0.0)
     exposed = [it[:3] + (False,) if it[0] == "c" else it for it in items]
     assert _run_items(exposed, ar, 0.0) == (7.0, 5.0, 2.0)
+
+
+def test_tp_async_reaches_the_timed_step(capsys, tmp_path):
+    """A cluster run with tp_async=off lays its block out with the backward's all-reduces exposed:
+    the block's backward is longer than with them beside the weight-gradient GEMMs."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    steps = {}
+    for mode in ("on", "off"):
+        out = tmp_path / f"{mode}.json"
+        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
+                     f"tp=2,gbs=1,tp_async={mode}", "--workers", "1", "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["plan"]["tp_async"] is (mode == "on")
+        steps[mode] = doc["step"]
+    capsys.readouterr()
+    assert steps["off"]["backward_block_seconds"] > steps["on"]["backward_block_seconds"]
+    assert steps["off"]["forward_block_seconds"] == steps["on"]["forward_block_seconds"]
 
 
 def test_sequence_parallel_step_on_a_tiny_cluster(capsys, tmp_path):

@@ -17,7 +17,7 @@ on the last stage, the LM head's GEMMs (micro gemm). What runs between them is s
 - pipeline sends (each TP rank its 1/tp slice of the activations or their gradients; with
   ``p2p=wait`` the sending stream waits until its send is delivered, from the end of the task that
   made it: the receiver's readiness is not waited for, since in 1F1B the partner's matching
-  receive comes in the same exchange) and the
+  receive comes in the same exchange; a stream's last send runs beside its data-parallel tail) and the
   data-parallel gradient reductions (one bucket a block, started when every replica's last backward
   has finished that block, or with ``grad_reduce=after`` one reduction of the stage's gradients
   after its last backward and the tied embedding's sum; ZeRO 1-2 reduce-scatter, then all-gather
@@ -633,7 +633,8 @@ class StepSim:
             dst = self.streams[(nxt, r)]
             t0 = ev.now
             want = (kind, mb, nc)
-            wait = plan.p2p == "wait"
+            # (a stream's last send runs beside its data-parallel tail, which starts at its last compute)
+            wait = plan.p2p == "wait" and st.pos < len(st.tasks)
 
             def delivered():
                 dst.arrived[want] = ev.now
