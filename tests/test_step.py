@@ -109,6 +109,17 @@ def test_backward_spans_show_each_blocks_recompute(rec):
         assert [d for _, d in back] == pytest.approx([d for _, d in want], rel=1e-9)
 
 
+def test_backward_spans_whole_past_the_timeline_bound(monkeypatch):
+    """Past MAX_SPLIT_SPANS a backward stays one span (the pictures' bound on a record's tasks)."""
+    import archsim.cluster.step as ST
+
+    monkeypatch.setattr(ST, "MAX_SPLIT_SPANS", 7)            # 2 micro-batches x 2 layers x 2 = 8
+    wl = load_workload("tiny", {"phase": "train"})
+    sim = StepSim(_fast(), parse_plan("mb=1,gbs=2,recompute=full"), wl, _synthetic(), NO_HEAD, 1000)
+    sim.run()
+    assert [k for k, *_ in sim.streams[(0, 0)].spans] == ["F", "B", "F", "B"]
+
+
 def test_p2p_plan_key():
     assert parse_plan("pp=2").p2p == "wait"
     assert parse_plan("pp=2,p2p=overlap").summary()["p2p"] == "overlap"

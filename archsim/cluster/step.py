@@ -322,6 +322,9 @@ class StepSim:
             [("k", bt.attention_forward, bt.attention_launches)] if plan.recompute == "selective" else []
         b_items = rec_items + list(bt.backward)
         self.rec_block = _run_items(rec_items, self.coll_seconds, self.gap)[0] if rec_items else 0.0
+        # replica 0's backward spans split block by block while the timeline stays far below what
+        # its pictures take (report.cluster.MAX_TASKS); past that, one span a backward
+        self.split_spans = 2 * plan.micro_batches * m.layers <= MAX_SPLIT_SPANS
         self.b_items = b_items
         self.b_block = _run_items(b_items, self.coll_seconds, self.gap)
         self.streams = {(s, r): Stream(s, r, schedule(plan, s, self.train)) for s in range(plan.pp)
@@ -542,7 +545,7 @@ class StepSim:
         if st.replica != 0:
             return
         nb = self.chunk_blocks[st.stage][c]
-        if kind != "B" or self.rec_block <= 0.0 or nb == 0:
+        if kind != "B" or self.rec_block <= 0.0 or nb == 0 or not self.split_spans:
             st.spans.append((kind, mb, t0, t1))
             return
         t, back = t0, self.b_block[0] - self.rec_block
@@ -714,6 +717,7 @@ def link_table(f: "C.Fabric", topo: Topology, step: float, top: int = 20) -> lis
 
 
 MAX_STREAMS = 4096      # choice: stages x replicas the step simulates one by one
+MAX_SPLIT_SPANS = 500_000   # choice: recompute and backward spans of the block-by-block timeline
 MAX_DP = 1024           # choice: ranks of a data-parallel ring (about 2 million transfers a bucket at most)
 
 
