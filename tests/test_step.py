@@ -860,20 +860,26 @@ def test_tp_async_off_exposes_the_backward_all_reduce():
     assert _run_items(exposed, ar, 0.0) == (7.0, 5.0, 2.0)
 
 
+def _tiny_runs(tmp_path, plans: dict) -> dict:
+    """archsim.cluster/1 records of training steps of tiny on the TINY cluster, one per plan."""
+    cl = tmp_path / "tc.yaml"
+    cl.write_text(yaml.safe_dump(TINY))
+    docs = {}
+    for name, plan in plans.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan", plan,
+                     "--workers", "1", "--json", str(out)]) == 0
+        docs[name] = json.loads(out.read_text())
+    return docs
+
+
 def test_tp_async_reaches_the_timed_step(capsys, tmp_path):
     """A cluster run with tp_async=off lays its block out with the backward's all-reduces exposed:
     the block's backward is longer than with them beside the weight-gradient GEMMs."""
-    cl = tmp_path / "tc.yaml"
-    cl.write_text(yaml.safe_dump(TINY))
-    steps = {}
-    for mode in ("on", "off"):
-        out = tmp_path / f"{mode}.json"
-        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
-                     f"tp=2,gbs=1,tp_async={mode}", "--workers", "1", "--json", str(out)]) == 0
-        doc = json.loads(out.read_text())
-        assert doc["plan"]["tp_async"] is (mode == "on")
-        steps[mode] = doc["step"]
+    docs = _tiny_runs(tmp_path, {mode: f"tp=2,gbs=1,tp_async={mode}" for mode in ("on", "off")})
     capsys.readouterr()
+    assert docs["on"]["plan"]["tp_async"] is True and docs["off"]["plan"]["tp_async"] is False
+    steps = {mode: d["step"] for mode, d in docs.items()}
     assert steps["off"]["backward_block_seconds"] > steps["on"]["backward_block_seconds"]
     assert steps["off"]["forward_block_seconds"] == steps["on"]["forward_block_seconds"]
 
@@ -882,14 +888,7 @@ def test_sequence_parallel_step_on_a_tiny_cluster(capsys, tmp_path):
     """The same step with sp=on: each all-reduce's bytes move as a reduce-scatter and an
     all-gather (a ring's two halves, so about the same network time), the norms and residual
     adds run on half the tokens, and less activation memory is kept."""
-    cl = tmp_path / "tc.yaml"
-    cl.write_text(yaml.safe_dump(TINY))
-    docs = {}
-    for sp in ("off", "on"):
-        out = tmp_path / f"{sp}.json"
-        assert main(["run", "--cluster", str(cl), "--workload", "tiny", "--phase", "train", "--plan",
-                     f"tp=2,pp=2,dp=2,mb=2,gbs=8,sp={sp}", "--workers", "1", "--json", str(out)]) == 0
-        docs[sp] = json.loads(out.read_text())
+    docs = _tiny_runs(tmp_path, {sp: f"tp=2,pp=2,dp=2,mb=2,gbs=8,sp={sp}" for sp in ("off", "on")})
     off, on = docs["off"], docs["on"]
     tp_on = {c["kind"]: c for c in on["collectives"] if c["group"] == "tensor_parallel"}
     tp_off = {c["kind"]: c for c in off["collectives"] if c["group"] == "tensor_parallel"}
