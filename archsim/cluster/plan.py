@@ -33,6 +33,7 @@ EP_PLACES = ("inside", "across")
 GRAD_REDUCE = ("overlap", "after")
 GRAD_ACCUM = ("fused", "fp32", "fp32_copy", "half")
 P2P = ("wait", "overlap")
+ON_OFF = ("on", "off")
 MAX_DEGREE = 1 << 20
 MAX_MICRO_BATCHES = 4096    # choice: a step's micro-batches a pipeline runs (published runs use hundreds)
 GIB = 1 << 30
@@ -128,6 +129,13 @@ def _int(key: str, v: str, where: str, lo: int = 1, hi: int = MAX_DEGREE) -> int
     return n
 
 
+def _word(seen: dict, key: str, choices: tuple, where: str, allowed: str) -> str:
+    """A plan key's word, one of ``choices``."""
+    if seen[key] not in choices:
+        raise InputError(where, f"{key}={seen[key]!r}", allowed)
+    return seen[key]
+
+
 def parse_plan(text: str, where: str = "--plan") -> Plan:
     """``key=value`` pairs, comma-separated, into a Plan; one InputError on anything else."""
     allowed = ("tp, pp, dp, ep, mb, gbs (whole numbers), schedule=gpipe|1f1b|interleaved:V, "
@@ -162,45 +170,33 @@ def parse_plan(text: str, where: str = "--plan") -> Plan:
         if colon:
             kw["chunks"] = _int("interleaved", v, where, lo=2, hi=1024)
     if "recompute" in seen:
-        if seen["recompute"] not in RECOMPUTE:
-            raise InputError(where, f"recompute={seen['recompute']!r}", "none, selective or full")
-        kw["recompute"] = seen["recompute"]
+        kw["recompute"] = _word(seen, "recompute", RECOMPUTE, where, "none, selective or full")
     if "zero" in seen:
         kw["zero"] = _int("zero", seen["zero"], where, lo=0, hi=3)
     if "ep_place" in seen:
-        if seen["ep_place"] not in EP_PLACES:
-            raise InputError(where, f"ep_place={seen['ep_place']!r}", "inside or across")
+        _word(seen, "ep_place", EP_PLACES, where, "inside or across")
         if kw.get("ep", 1) < 2:
             raise InputError(where, f"ep_place={seen['ep_place']} without expert parallelism", "ep=E (E >= 2) with it")
         kw["ep_place"] = seen["ep_place"]
     if "sp" in seen:
-        if seen["sp"] not in ("on", "off"):
-            raise InputError(where, f"sp={seen['sp']!r}", "on or off")
-        kw["sequence_parallel"] = seen["sp"] == "on"
+        kw["sequence_parallel"] = _word(seen, "sp", ON_OFF, where, "on or off") == "on"
     if "grad_reduce" in seen:
-        if seen["grad_reduce"] not in GRAD_REDUCE:
-            raise InputError(where, f"grad_reduce={seen['grad_reduce']!r}", "overlap (a bucket a block during the "
-                             "backward) or after (one reduction after the stage's last backward)")
+        _word(seen, "grad_reduce", GRAD_REDUCE, where, "overlap (a bucket a block during the backward) or after "
+              "(one reduction after the stage's last backward)")
         if kw.get("zero") == 3 and seen["grad_reduce"] == "after":
             raise InputError(where, "grad_reduce=after with zero=3 (ZeRO 3 reduce-scatters each block's gradients "
                              "as its backward ends, to free them)", "grad_reduce=overlap, or zero=0..2")
         kw["grad_reduce"] = seen["grad_reduce"]
     if "grad_accum" in seen:
-        if seen["grad_accum"] not in GRAD_ACCUM:
-            raise InputError(where, f"grad_accum={seen['grad_accum']!r}", "fused (in the weight-gradient GEMMs), fp32 "
-                             "(a kernel after each backward into an fp32 buffer), fp32_copy (the gradient copied "
-                             "to fp32, then added) or half (into the 16-bit gradient)")
-        kw["grad_accum"] = seen["grad_accum"]
+        kw["grad_accum"] = _word(seen, "grad_accum", GRAD_ACCUM, where, "fused (in the weight-gradient GEMMs), "
+                                 "fp32 (a kernel after each backward into an fp32 buffer), fp32_copy (the gradient "
+                                 "copied to fp32, then added) or half (into the 16-bit gradient)")
     if "p2p" in seen:
-        if seen["p2p"] not in P2P:
-            raise InputError(where, f"p2p={seen['p2p']!r}", "wait (a stage waits for its pipeline sends to be "
-                             "delivered) or overlap (they run beside its next task)")
-        kw["p2p"] = seen["p2p"]
+        kw["p2p"] = _word(seen, "p2p", P2P, where, "wait (a stage waits for its pipeline sends to be delivered) "
+                          "or overlap (they run beside its next task)")
     if "tp_async" in seen:
-        if seen["tp_async"] not in ("on", "off"):
-            raise InputError(where, f"tp_async={seen['tp_async']!r}", "on (the backward's tensor-parallel all-reduce "
-                             "beside the weight-gradient GEMM) or off (after it)")
-        kw["tp_async"] = seen["tp_async"] == "on"
+        kw["tp_async"] = _word(seen, "tp_async", ON_OFF, where, "on (the backward's tensor-parallel all-reduce "
+                               "beside the weight-gradient GEMM) or off (after it)") == "on"
     if "order" in seen:
         order = tuple(seen["order"].split("-"))
         if sorted(order) != ["dp", "pp", "tp"]:
